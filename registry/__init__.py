@@ -1,0 +1,1 @@
+"""Where bundles live: one small protocol and one small module per backend."""
