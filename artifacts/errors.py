@@ -1,0 +1,43 @@
+"""Every error prebake raises on purpose, rooted in one base.
+
+Each message names what failed (the file, key or path) and what to do next, so a
+user can act on it without reading the code.
+"""
+
+from __future__ import annotations
+
+
+class PrebakeError(Exception):
+    """Base of every error prebake raises on purpose."""
+
+
+class RecipeError(PrebakeError, ValueError):
+    """A recipe file is missing, malformed, or asks for limits that cannot work together."""
+
+
+class UnknownModelError(RecipeError, LookupError):
+    """No recipe of that name exists."""
+
+
+class HostCannotBuildError(PrebakeError, RuntimeError):
+    """The recipe's targets need hardware or a precision this host does not have."""
+
+
+class BucketError(PrebakeError, ValueError):
+    """Bucket settings are inconsistent, or a request fits no bucket."""
+
+
+class BundleError(PrebakeError, ValueError):
+    """A bundle's manifest or payload is malformed, or its digest does not match."""
+
+
+class UnsafeArchiveError(BundleError):
+    """An archive holds an entry that would land outside its folder, or is too large to unpack."""
+
+
+class StoreError(PrebakeError, OSError):
+    """The local store could not be read or written."""
+
+
+class BuildError(PrebakeError, RuntimeError):
+    """Building an artifact (autotune, graph compilation) failed."""
