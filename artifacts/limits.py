@@ -1,0 +1,83 @@
+"""Serving limits and bucket settings: the part of a recipe that decides the shape set.
+
+These are the same knobs vLLM and vLLM on Gaudi take (max_model_len, max_num_seqs,
+max_num_batched_tokens, block_size, and the VLLM_{PROMPT,DECODE}_*_BUCKET_{MIN,STEP,MAX}
+overrides), validated once when a recipe is read.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServingLimits(_Frozen):
+    """What the engine promises to serve: the limits every bucket set is derived from."""
+
+    max_model_len: int = Field(gt=0, description="longest prompt + generation, in tokens")
+    max_num_seqs: int = Field(gt=0, description="most sequences decoded in one step")
+    max_num_batched_tokens: int = Field(gt=0, description="most prompt tokens in one prefill step")
+    block_size: int = Field(gt=0, description="KV-cache block size, in tokens")
+    max_num_prefill_seqs: int | None = Field(
+        default=None, gt=0, description="most prompts in one prefill step (default: max_num_seqs)"
+    )
+    enable_prefix_caching: bool = Field(
+        default=False, description="prefill buckets also cover cached context blocks"
+    )
+    num_device_blocks: int | None = Field(
+        default=None, gt=0, description="KV blocks the device holds; caps decode block buckets"
+    )
+
+    @model_validator(mode="after")
+    def _limits_fit_together(self) -> "ServingLimits":
+        if self.max_num_batched_tokens < self.block_size:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is below block_size "
+                f"({self.block_size}): no prefill bucket could hold one block; raise "
+                f"max_num_batched_tokens to at least {self.block_size}"
+            )
+        if self.max_model_len < self.block_size:
+            raise ValueError(
+                f"max_model_len ({self.max_model_len}) is below block_size ({self.block_size}); "
+                f"lower block_size or raise max_model_len"
+            )
+        if self.prefill_seqs > self.max_num_seqs:
+            raise ValueError(
+                f"max_num_prefill_seqs ({self.max_num_prefill_seqs}) exceeds max_num_seqs "
+                f"({self.max_num_seqs}); lower it to at most {self.max_num_seqs}"
+            )
+        return self
+
+    @property
+    def prefill_seqs(self) -> int:
+        return self.max_num_prefill_seqs or self.max_num_seqs
+
+
+class BucketRange(_Frozen):
+    """One dimension's range, as vllm-gaudi's VLLM_*_BUCKET_{MIN,STEP,MAX} variables give it."""
+
+    min: int = Field(ge=0)
+    step: int = Field(gt=0)
+    max: int = Field(gt=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "BucketRange":
+        if self.min > self.max:
+            raise ValueError(f"bucket range min ({self.min}) exceeds max ({self.max}); swap them")
+        return self
+
+
+class BucketSettings(_Frozen):
+    """How to turn serving limits into buckets: the strategy and optional per-dimension ranges."""
+
+    strategy: Literal["exponential", "linear"] = "exponential"
+    prompt_bs: BucketRange | None = None
+    prompt_seq: BucketRange | None = None
+    prompt_ctx: BucketRange | None = None
+    decode_bs: BucketRange | None = None
+    decode_block: BucketRange | None = None
