@@ -1,0 +1,44 @@
+"""The one on-disk and on-wire layout every registry backend and the local store share.
+
+    <root>/
+    ├── index/<kind>/<key-digest>.json          manifest naming a blob (created once, never replaced)
+    └── blobs/sha256/<aa>/<digest>.tar.zst      payload, content-addressed, immutable
+
+Paths are posix and relative, so the same strings serve as S3 object keys and Hub repo paths.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .errors import PrebakeError
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def index_relpath(kind: str, key_digest: str) -> str:
+    _check_hex(key_digest, "key digest")
+    if not kind.isidentifier():
+        raise PrebakeError(f"artifact kind {kind!r} must be a plain identifier such as 'graphs'")
+    return f"index/{kind}/{key_digest}.json"
+
+
+def blob_relpath(digest: str) -> str:
+    hexpart = digest.removeprefix("sha256:")
+    _check_hex(hexpart, "blob digest")
+    return f"blobs/sha256/{hexpart[:2]}/{hexpart}.tar.zst"
+
+
+def parse_index_relpath(relpath: str) -> tuple[str, str] | None:
+    """(kind, key digest) for an index path, None for anything else."""
+    parts = relpath.split("/")
+    if len(parts) == 3 and parts[0] == "index" and parts[2].endswith(".json"):
+        digest = parts[2][: -len(".json")]
+        if _HEX64.match(digest) and parts[1].isidentifier():
+            return parts[1], digest
+    return None
+
+
+def _check_hex(value: str, what: str) -> None:
+    if not _HEX64.match(value):
+        raise PrebakeError(f"{what} {value!r} must be 64 lower-case hex digits (a sha256)")

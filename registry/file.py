@@ -1,0 +1,94 @@
+"""The file backend: a registry in a local folder (the embedded default) or a mounted one.
+
+Conditional creation of index entries relies on hard links, which is atomic on local
+POSIX file systems. NFS does not give that guarantee: share bundles across nodes
+through S3 or the Hub instead of a network folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from artifacts import fsutil
+from artifacts.bundle import file_digest
+from artifacts.layout import blob_relpath, index_relpath
+from artifacts.manifest import Manifest
+
+from .base import Published
+from .errors import BlobDigestMismatch, PublishConflict, RegistryError, RegistryUnavailable
+
+
+class FileRegistry:
+    """index/ + blobs/ under one folder, written atomically."""
+
+    def __init__(self, root: Path | str):
+        self.root = Path(root).expanduser()
+        self.url = f"file://{self.root}"
+
+    def lookup(self, kind: str, key_digest: str) -> Manifest | None:
+        path = self.root / index_relpath(kind, key_digest)
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise RegistryUnavailable(f"cannot read {path}: {exc}; check the folder's permissions") from exc
+        return Manifest.parse(raw, str(path))
+
+    def fetch_blob(self, digest: str, dest: Path) -> Path:
+        src = self.blob_path(digest)
+        if not src.exists():
+            raise RegistryError(f"blob {digest} is named by an index entry but missing at {src}; run `prebake verify`")
+        h = hashlib.sha256()
+        with fsutil.atomic_target(dest) as tmp, src.open("rb") as fin, tmp.open("wb") as fout:
+            while chunk := fin.read(1 << 20):
+                h.update(chunk)
+                fout.write(chunk)
+            if "sha256:" + h.hexdigest() != digest:
+                raise BlobDigestMismatch(
+                    f"blob {src} hashes to sha256:{h.hexdigest()}, not {digest}: it is corrupt; "
+                    f"run `prebake verify --quarantine --registry {self.url}` and rebake"
+                )
+        return dest
+
+    def publish(self, manifest: Manifest, blob: Path) -> Published:
+        if file_digest(blob) != manifest.blob.digest:
+            raise BlobDigestMismatch(f"{blob} does not hash to {manifest.blob.digest}; repack it before publishing")
+        index = self.root / index_relpath(manifest.kind, manifest.key_digest)
+        existing = self.lookup(manifest.kind, manifest.key_digest)
+        if existing is not None:
+            return self._settle(existing, manifest, index)
+        target = self.blob_path(manifest.blob.digest)
+        try:
+            if not target.exists():
+                fsutil.copy_file(blob, target)
+            if fsutil.create_only(index, manifest.to_bytes()):
+                return Published(manifest, created=True, where=str(index))
+        except OSError as exc:
+            raise RegistryError(f"cannot publish into {self.root}: {exc}; free space or fix permissions") from exc
+        return self._settle(Manifest.read(index), manifest, index)
+
+    def list(self, kind: str | None = None) -> Iterator[Manifest]:
+        base = self.root / "index"
+        pattern = f"{kind}/*.json" if kind else "*/*.json"
+        for path in sorted(base.glob(pattern)):
+            if not path.name.startswith(fsutil.TMP_PREFIX):
+                yield Manifest.read(path)
+
+    def blob_path(self, digest: str) -> Path:
+        return self.root / blob_relpath(digest)
+
+    def __repr__(self) -> str:
+        return f"FileRegistry({str(self.root)!r})"
+
+    @staticmethod
+    def _settle(existing: Manifest, manifest: Manifest, index: Path) -> Published:
+        if existing.same_bundle(manifest):
+            return Published(existing, created=False, where=str(index))
+        raise PublishConflict(
+            f"{index} already names blob {existing.blob.digest[:23]}, a different build of the same key; "
+            f"the registry keeps the first one (your bake is fine: use the published bundle)",
+            existing_blob=existing.blob.digest,
+        )
