@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # the store only needs something with fetch_blob; no import o
     from registry.base import Registry
 
 HOME_ENV = "PREBAKE_HOME"
+REGISTRY_ENV = "PREBAKE_REGISTRY"
 
 
 def default_home(env=os.environ) -> Path:
@@ -56,6 +57,10 @@ class Store:
     @property
     def default_registry(self) -> Path:
         return self.home / "registry"
+
+    def registry_address(self, explicit: str | None = None, env=os.environ) -> str:
+        """The registry to use: the explicit one, else $PREBAKE_REGISTRY, else the embedded folder."""
+        return explicit or env.get(REGISTRY_ENV) or str(self.default_registry)
 
     def lookup(self, kind: str, key_digest: str) -> Installed | None:
         """The installed bundle for this key, if its tree is complete."""

@@ -1,0 +1,104 @@
+"""Baking one artifact: build its tree, pack it, publish it, install it.
+
+    inputs (upstream kinds, fetched) -> build(tree) -> pack -> Manifest -> registry.publish
+                                                                         -> store.install
+
+The build itself is handed in (`Builder`): buckets are pure Python, autotune and graphs run
+torch in a child process (engine.build). Losing a publish race to another baker of the same
+key is reported, not failed: the registry keeps the first bundle and everybody uses it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .bundle import pack
+from .errors import BuildError
+from .fetch import Miss, TrustCheck, fetch
+from .kinds import Plan
+from .manifest import Manifest
+from .store import Installed, Store
+
+UPSTREAM: dict[str, tuple[str, ...]] = {"buckets": (), "autotune": ("buckets",), "graphs": ("buckets", "autotune")}
+PREBAKE_VERSION = "0.1.0"
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """What a builder gets: the plan, the kind to build, an empty folder, and its inputs' trees."""
+
+    plan: Plan
+    kind: str
+    out: Path
+    inputs: dict[str, Path]
+
+
+Builder = Callable[[BuildRequest], None]
+Signer = Callable[[Manifest], Manifest]
+
+
+@dataclass(frozen=True)
+class Baked:
+    manifest: Manifest
+    installed: Installed
+    created: bool  # False: an identical bundle was there already, or another baker won the race
+    note: str
+
+
+def bake_kind(
+    plan: Plan,
+    kind: str,
+    *,
+    store: Store,
+    registry,
+    build: Builder,
+    sign: Signer | None = None,
+    trust: TrustCheck | None = None,
+) -> Baked:
+    """Build `kind` for `plan`, publish it to `registry` and install it into `store`."""
+    from registry.errors import PublishConflict  # registry/ depends on artifacts/, not the reverse at import
+
+    inputs = {k: _input(plan, k, store, registry, trust) for k in UPSTREAM[kind]}
+    key = plan.key(kind)
+    scratch = store.scratch(f"bake-{kind}-{key.digest[:16]}-{os.getpid()}")
+    try:
+        tree = scratch / "tree"
+        tree.mkdir()
+        build(BuildRequest(plan, kind, tree, {k: i.tree for k, i in inputs.items()}))
+        packed = pack(tree, scratch / "payload.tar.zst")
+        manifest = Manifest(
+            kind=kind,
+            key=key.to_json()["groups"],  # type: ignore[arg-type]
+            key_digest=key.digest,
+            labels=plan.labels,
+            blob=packed.blob,
+            files=packed.files,
+            inputs={k: i.manifest.blob.digest for k, i in inputs.items()},
+            created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            builder=f"prebake {PREBAKE_VERSION} on {platform.machine()} python {platform.python_version()}",
+        )
+        if sign is not None:
+            manifest = sign(manifest)
+        try:
+            published = registry.publish(manifest, scratch / "payload.tar.zst")
+            kept, created = published.manifest, published.created
+            note = "published" if created else "already published (identical bundle)"
+        except PublishConflict as exc:
+            kept, created, note = registry.lookup(kind, key.digest), False, f"another baker won: {exc}"
+        installed = store.install(kept, registry)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return Baked(kept, installed, created, note)
+
+
+def _input(plan: Plan, kind: str, store: Store, registry, trust: TrustCheck | None) -> Installed:
+    got = fetch(store, registry, plan.key(kind), trust=trust)
+    if isinstance(got, Miss):
+        raise BuildError(f"cannot build on {kind} of {plan.target.name}: {got.explain()}; bake {kind} first")
+    return got

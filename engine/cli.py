@@ -1,0 +1,122 @@
+"""The `prebake` command: list, fetch (and, with later commands, serve, verify, gc, keygen).
+
+Exit codes: 0 success, 2 bad input (unknown model, malformed recipe, bad registry
+address), 3 a miss (`fetch` found no matching bundle; the nearest one is explained).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from artifacts.errors import PrebakeError
+from artifacts.recipes import load_recipe
+from artifacts.store import Store
+
+EXIT_MISS = 3
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except PrebakeError as exc:
+        print(f"prebake: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="prebake", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    ls = sub.add_parser("ls", help="list the bundles in a registry")
+    _registry_option(ls)
+    ls.add_argument("--kind", help="only this artifact kind (buckets, autotune, graphs)")
+    ls.set_defaults(run=cmd_ls)
+
+    fetch = sub.add_parser("fetch", help="fetch, verify and install a recipe's bundles; print the environment")
+    fetch.add_argument("--model", required=True, help="recipe name (recipes/<name>.toml) or path")
+    fetch.add_argument("--precision", help="dtype to serve (default: the recipe's first buildable one)")
+    fetch.add_argument("--tp", type=int, help="tensor-parallel size (default: the smallest baked)")
+    fetch.add_argument("--json", action="store_true", help="print JSON instead of shell exports")
+    _registry_option(fetch)
+    fetch.set_defaults(run=cmd_fetch)
+    return parser
+
+
+def _registry_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--registry",
+        help="registry address: a folder, file://, s3://bucket/prefix, hf://ns/repo, or a comma list "
+        "(default: $PREBAKE_REGISTRY, else $PREBAKE_HOME/registry)",
+    )
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from registry import open_registry
+
+    store = Store()
+    registry = open_registry(store.registry_address(args.registry))
+    rows = [_ls_row(m) for m in registry.list(args.kind)]
+    headers = ("MODEL", "KIND", "PLATFORM", "PRECISION", "TP", "SIZE", "CREATED", "KEY")
+    print(_table(headers, rows) if rows else f"no bundles in {registry.url}")
+    return 0
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    from engine.install import prebake_environment, shell_exports
+    from engine.probe import probe
+    from engine.resolve import pick_plan, resolve
+    from registry import open_registry
+    from registry.signing import trust_from_env
+
+    store = Store()
+    registry = open_registry(store.registry_address(args.registry))
+    plan = pick_plan(load_recipe(args.model), probe(), dtype=args.precision, tp=args.tp)
+    resolution = resolve(plan, store=store, registry=registry, trust=trust_from_env())
+    if not resolution.complete:
+        for miss in resolution.misses:
+            print(miss.explain(), file=sys.stderr)
+        print(f"prebake: no complete bundle set for {plan.target.name} in {registry.url}", file=sys.stderr)
+        return EXIT_MISS
+    env = prebake_environment(resolution.installed)
+    if args.json:
+        payload = {
+            "target": plan.target.name,
+            "env": env,
+            "bundles": {k: {"key": i.manifest.key_digest, "blob": i.manifest.blob.digest, "tree": str(i.tree)}
+                        for k, i in resolution.installed.items()},
+        }
+        print(json.dumps(payload, indent=2, sort_keys=True))
+    else:
+        print(shell_exports(env))
+    return 0
+
+
+def _ls_row(m) -> tuple[str, ...]:
+    labels = m.labels
+    return (
+        labels.get("model", "?"), m.kind, labels.get("platform", "?"), labels.get("precision", "-"),
+        labels.get("tp", "-"), _size(m.blob.size), m.created, m.key_digest[:16],
+    )
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join(fmt.format(*r).rstrip() for r in [headers, *rows])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
