@@ -8,6 +8,8 @@ through S3 or the Hub instead of a network folder.
 from __future__ import annotations
 
 import hashlib
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +20,8 @@ from artifacts.manifest import Manifest
 
 from .base import Published
 from .errors import BlobDigestMismatch, PublishConflict, RegistryError, RegistryUnavailable
+
+QUARANTINE = "quarantine"  # <root>/quarantine/ mirrors index/ and blobs/ for entries `prebake verify` moved aside
 
 
 class FileRegistry:
@@ -80,8 +84,51 @@ class FileRegistry:
     def blob_path(self, digest: str) -> Path:
         return self.root / blob_relpath(digest)
 
+    def index_entries(self) -> Iterator[tuple[str, bytes]]:
+        """Every index entry as (relative path, raw bytes), unparsed, so a checker can report a bad one."""
+        for path in sorted((self.root / "index").glob("*/*.json")):
+            if path.name.startswith(fsutil.TMP_PREFIX):
+                continue
+            try:
+                raw = path.read_bytes()
+            except FileNotFoundError:  # quarantined or removed since the listing
+                continue
+            yield path.relative_to(self.root).as_posix(), raw
+
+    def quarantine(self, kind: str, key_digest: str, *, blob_digest: str | None = None) -> Path:
+        """Move an index entry (then, if given, its bad blob) under <root>/quarantine/; return the entry's new path.
+
+        The entry goes first, so readers miss from then on; the blob follows. Both are renames
+        within the registry's folder, so each is atomic.
+        """
+        moved = self._move_aside(index_relpath(kind, key_digest))
+        if moved is None:
+            raise RegistryError(f"cannot quarantine {kind} {key_digest[:16]}: {self.root / index_relpath(kind, key_digest)} is gone")
+        if blob_digest is not None:
+            self._move_aside(blob_relpath(blob_digest))  # None: an earlier entry naming it moved it already
+        return moved
+
     def __repr__(self) -> str:
         return f"FileRegistry({str(self.root)!r})"
+
+    def _move_aside(self, relpath: str) -> Path | None:
+        src, dest = self.root / relpath, self.root / QUARANTINE / relpath
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if dest.exists():  # quarantined before: keep both for whoever investigates
+            dest = dest.with_name(f"{dest.name}.{time.time_ns()}")
+        try:
+            os.replace(src, dest)
+        except FileNotFoundError:  # moved by an earlier entry or a concurrent verify
+            return None
+        except OSError as exc:
+            raise RegistryError(f"cannot move {src} into {dest.parent}: {exc}; fix the folder's permissions") from exc
+        for folder in (src.parent, dest.parent):
+            fd = os.open(folder, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        return dest
 
     @staticmethod
     def _settle(existing: Manifest, manifest: Manifest, index: Path) -> Published:

@@ -1,0 +1,185 @@
+"""Verifying a registry: re-check every index entry and blob, report, and move bad entries aside.
+
+For every index entry: the manifest parses and its factors hash to its key digest, it sits
+at the path of its own kind and key, a trusted key signed it (when a trust policy is given),
+its blob exists, hashes to its digest and has the recorded size. Each bad entry is one
+finding. With quarantine, bad entries are moved out of the index (and a blob whose bytes
+are wrong out of blobs/) so readers miss instead of installing them; see
+`FileRegistry.quarantine` for where they go.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from artifacts.errors import PrebakeError
+from artifacts.fetch import TrustCheck
+from artifacts.layout import parse_index_relpath
+from artifacts.manifest import Manifest
+
+from .errors import BlobDigestMismatch, RegistryError
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One bad index entry: which, what is wrong with it, and where it went if it was moved aside."""
+
+    kind: str
+    key_digest: str
+    problem: str
+    bad_blob: str | None = None  # the blob digest, when the blob's own bytes are wrong
+    quarantined_to: str | None = None
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What `verify_registry` found: counts, one finding per bad entry, notes on what was not done."""
+
+    registry: str
+    entries: int
+    ok: int
+    findings: tuple[Finding, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def bad(self) -> int:
+        return len(self.findings)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.findings else 0
+
+    def render(self) -> str:
+        lines = [f"verify {self.registry}: {self.entries} entries, {self.ok} ok, {self.bad} bad"]
+        for f in self.findings:
+            lines.append(f"  BAD {f.kind} {f.key_digest[:16]}: {f.problem}")
+            if f.quarantined_to:
+                blob = ", and its corrupt blob with it" if f.bad_blob else ""
+                lines.append(f"      moved aside to {f.quarantined_to}{blob}")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def verify_registry(registry, *, trust: TrustCheck | None, quarantine: bool) -> VerifyReport:
+    """Check every entry of `registry`; with `quarantine`, move the bad ones aside."""
+    url = getattr(registry, "url", repr(registry))
+    notes: list[str] = [] if trust is not None else ["signatures were not checked: no trusted keys were given"]
+    blobs: dict[str, _BlobCheck] = {}
+    entries, findings = 0, []
+    for kind, key_digest, manifest, problem in _entries(registry):
+        entries += 1
+        if manifest is not None:
+            problem = _check(registry, manifest, trust, blobs)
+        if problem is not None:
+            bad_blob = manifest.blob.digest if manifest is not None and blobs[manifest.blob.digest].corrupt else None
+            findings.append(Finding(kind, key_digest, problem, bad_blob))
+    if quarantine and findings:
+        findings, more = _quarantine(registry, findings)
+        notes += more
+    return VerifyReport(url, entries, entries - len(findings), tuple(findings), tuple(notes))
+
+
+# -- reading the index -----------------------------------------------------------------------
+
+_Entry = tuple[str, str, "Manifest | None", "str | None"]  # kind, key digest, manifest or None, why not
+
+
+def _entries(registry) -> Iterator[_Entry]:
+    """Every index entry, parsed where it parses; a backend with raw access reports bad ones too."""
+    raw_entries = getattr(registry, "index_entries", None)
+    if raw_entries is None:
+        yield from _listed(registry)
+        return
+    for relpath, raw in raw_entries():
+        yield _parse(relpath, raw)
+
+
+def _parse(relpath: str, raw: bytes) -> _Entry:
+    named = parse_index_relpath(relpath)
+    kind, key_digest = named if named else (relpath.split("/")[1], Path(relpath).stem)
+    if named is None:
+        return kind, key_digest, None, f"{relpath} is not named index/<kind>/<sha256>.json, so no lookup can find it"
+    try:
+        manifest = Manifest.parse(raw, relpath)
+    except PrebakeError as exc:
+        return kind, key_digest, None, str(exc)
+    if (manifest.kind, manifest.key_digest) != named:
+        where = f"{manifest.kind} {manifest.key_digest[:16]}"
+        return kind, key_digest, None, f"{relpath} holds the manifest of {where}: it was copied or edited; rebake it"
+    return kind, key_digest, manifest, None
+
+
+def _listed(registry) -> Iterator[_Entry]:
+    listing = iter(registry.list())
+    while True:
+        try:
+            manifest = next(listing)
+        except StopIteration:
+            return
+        except Exception as exc:  # the backend cannot say which entry broke its listing; report and stop
+            yield "?", "?", None, f"listing stopped at an unreadable entry: {exc}"
+            return
+        yield manifest.kind, manifest.key_digest, manifest, None
+
+
+# -- checking one entry ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _BlobCheck:
+    problem: str | None
+    corrupt: bool  # the blob's own bytes are wrong, so it goes aside with the entry
+    size: int | None = None
+
+
+def _check(registry, manifest: Manifest, trust: TrustCheck | None, blobs: dict[str, _BlobCheck]) -> str | None:
+    """Why this entry is bad (every reason, joined), or None; blobs are re-hashed once per digest."""
+    problems = []
+    if trust is not None and (refused := trust(manifest)) is not None:
+        problems.append(refused)
+    if manifest.blob.digest not in blobs:
+        blobs[manifest.blob.digest] = _check_blob(registry, manifest.blob.digest)
+    blob = blobs[manifest.blob.digest]
+    if blob.problem is not None:
+        problems.append(blob.problem)
+    elif blob.size != manifest.blob.size:
+        problems.append(
+            f"blob {manifest.blob.digest[:23]} is {blob.size} bytes but the manifest says {manifest.blob.size}: "
+            f"the entry was edited; rebake it"
+        )
+    return "; ".join(problems) or None
+
+
+def _check_blob(registry, digest: str) -> _BlobCheck:
+    """Re-hash a fresh copy of the blob (fetch_blob verifies the sha256) and measure it."""
+    with tempfile.TemporaryDirectory(prefix="prebake-verify-") as tmp:
+        try:
+            copy = registry.fetch_blob(digest, Path(tmp) / "blob")
+        except BlobDigestMismatch:
+            return _BlobCheck(f"blob is corrupt: {digest[:23]}... does not hash to its own digest; rebake this key", corrupt=True)
+        except RegistryError as exc:
+            return _BlobCheck(f"blob is unavailable: {exc}", corrupt=False)
+        return _BlobCheck(None, corrupt=False, size=copy.stat().st_size)
+
+
+# -- moving bad entries aside ----------------------------------------------------------------
+
+
+def _quarantine(registry, findings: list[Finding]) -> tuple[list[Finding], list[str]]:
+    move = getattr(registry, "quarantine", None)
+    if move is None:
+        url = getattr(registry, "url", repr(registry))
+        return findings, [f"quarantine is not supported by {url}; the bad entries were left in place"]
+    moved, notes = [], []
+    for f in findings:
+        try:
+            to = move(f.kind, f.key_digest, blob_digest=f.bad_blob)
+        except PrebakeError as exc:
+            notes.append(f"could not move {f.kind} {f.key_digest[:16]} aside: {exc}")
+            moved.append(f)
+            continue
+        moved.append(replace(f, quarantined_to=str(to)))
+    return moved, notes
