@@ -9,7 +9,7 @@ from doit import get_var
 from artifacts.store import Store
 from artifacts.tasks import BakeRequest, bake_tasks
 from engine.builders import run_kind
-from engine.probe import probe
+from engine.probe import current_host
 from registry import open_registry
 
 DOIT_CONFIG = {
@@ -33,4 +33,4 @@ def task_bake():
         tp=int(tp) if tp else None,
         registry=get_var("registry", None) or None,
     )
-    yield from bake_tasks(request, host=probe(), store=Store(), open_registry=open_registry, run_kind=run_kind)
+    yield from bake_tasks(request, host=current_host(), store=Store(), open_registry=open_registry, run_kind=run_kind)

@@ -68,14 +68,14 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def cmd_fetch(args: argparse.Namespace) -> int:
     from engine.install import prebake_environment, shell_exports
-    from engine.probe import probe
+    from engine.probe import current_host
     from engine.resolve import pick_plan, resolve
     from registry import open_registry
     from registry.signing import trust_from_env
 
     store = Store()
     registry = open_registry(store.registry_address(args.registry))
-    plan = pick_plan(load_recipe(args.model), probe(), dtype=args.precision, tp=args.tp)
+    plan = pick_plan(load_recipe(args.model), current_host(), dtype=args.precision, tp=args.tp)
     resolution = resolve(plan, store=store, registry=registry, trust=trust_from_env())
     if not resolution.complete:
         for miss in resolution.misses:

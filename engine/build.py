@@ -1,0 +1,83 @@
+"""The build child: `python -m engine.build REQUEST.json` builds autotune or graphs with torch.
+
+Run by engine.builders in a fresh process whose environment (TORCHINDUCTOR_CACHE_DIR for
+graphs) was set by the parent, so nothing here touches os.environ.
+
+    graphs tree:  inductor/     Inductor's cache (FX graphs, AOTAutograd entries, compiled kernels)
+                  graphs.json   the step shapes compiled, their tactics and compile seconds
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from artifacts.buckets import BucketSet
+from artifacts.recipes import Recipe
+
+from .autotune import load_winners, measure
+from .builders import AUTOTUNE_FILE, BUCKETS_FILE, GRAPHS_FILE
+from .loader import load_model, torch_dtype
+from .model import KVCache
+from .shapes import step_shapes
+from .steps import CompiledSteps
+
+
+def build_autotune(recipe: Recipe, dtype: str, buckets_tree: Path, out: Path) -> None:
+    shapes = _shapes(recipe, buckets_tree)
+    steps = CompiledSteps(*_model_and_cache(recipe, dtype), compile=False)
+    document = measure(steps, shapes, recipe.autotune)
+    document["measured_on"] = {"machine": platform.machine(), "processor": platform.processor()}
+    (out / AUTOTUNE_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))
+
+
+def build_graphs(recipe: Recipe, dtype: str, buckets_tree: Path, autotune_tree: Path, out: Path) -> None:
+    import torch
+
+    shapes = _shapes(recipe, buckets_tree)
+    tactics = load_winners(autotune_tree / AUTOTUNE_FILE)
+    model, cache = _model_and_cache(recipe, dtype)
+    steps = CompiledSteps(model, cache, mode=recipe.compile.mode, expected_shapes=len(shapes))
+    started = time.perf_counter()
+    seconds = steps.warm_up({s: tactics[s] for s in shapes})
+    document = {
+        "variant": recipe.compile.variant,
+        "torch": torch.__version__,
+        "total_compile_s": round(time.perf_counter() - started, 3),
+        "shapes": [{"shape": asdict(s), "tactic": asdict(tactics[s]), "compile_s": round(seconds[s], 3)} for s in shapes],
+    }
+    (out / GRAPHS_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))
+
+
+def _shapes(recipe: Recipe, buckets_tree: Path):
+    buckets = BucketSet.from_json(json.loads((buckets_tree / BUCKETS_FILE).read_text()))
+    return step_shapes(buckets, recipe.serving.max_model_len)
+
+
+def _model_and_cache(recipe: Recipe, dtype: str):
+    model = load_model(recipe.model, dtype)
+    cache = KVCache.allocate(model.config, recipe.serving.max_num_seqs, recipe.serving.max_model_len,
+                             dtype=torch_dtype(dtype))
+    return model, cache
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(Path(argv[0]).read_text())
+    recipe = Recipe.model_validate(spec["recipe"])
+    dtype, out, inputs = spec["target"]["dtype"], Path(spec["out"]), {k: Path(v) for k, v in spec["inputs"].items()}
+    if spec["kind"] == "autotune":
+        build_autotune(recipe, dtype, inputs["buckets"], out)
+    elif spec["kind"] == "graphs":
+        build_graphs(recipe, dtype, inputs["buckets"], inputs["autotune"], out)
+    else:
+        print(f"engine.build: unknown kind {spec['kind']!r}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
