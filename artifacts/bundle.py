@@ -151,7 +151,14 @@ def _extract(blob: Path, into: Path, limits: UnpackLimits) -> dict[str, FileEntr
                 entry = _extract_one(tar, member, into, blob)
                 if entry is not None:
                     seen[entry.path] = entry
-    except (tarfile.TarError, zstandard.ZstdError, EOFError) as exc:
+    except zstandard.ZstdError as exc:
+        if "memory" in str(exc) or "window" in str(exc).lower():
+            raise UnsafeArchiveError(
+                f"{blob} needs a zstd window above 2^{limits.max_window_log} bytes to decompress; refusing it "
+                f"(prebake packs with smaller windows: this blob was not made by prebake)"
+            ) from exc
+        raise BundleError(f"{blob} is not a readable .tar.zst ({exc}); delete it and fetch it again") from exc
+    except (tarfile.TarError, EOFError) as exc:
         raise BundleError(f"{blob} is not a readable .tar.zst ({exc}); delete it and fetch it again") from exc
     return seen
 

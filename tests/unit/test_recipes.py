@@ -1,0 +1,101 @@
+"""Recipes: the shipped ones load; malformed ones fail with the file, the field and the fix."""
+
+from pathlib import Path
+
+import pytest
+
+from artifacts.errors import RecipeError, UnknownModelError
+from artifacts.recipes import list_recipes, load_recipe, targets
+
+SHIPPED = Path(__file__).resolve().parents[2] / "recipes"
+
+
+def _write(tmp_path: Path, text: str, name: str = "tiny-llama") -> Path:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
+def _tiny_with(old: str, new: str, tmp_path: Path) -> Path:
+    text = (SHIPPED / "tiny-llama.toml").read_text()
+    assert old in text
+    return _write(tmp_path, text.replace(old, new))
+
+
+def test_shipped_recipes_load():
+    assert {"tiny-llama", "llama3-8b"} <= set(list_recipes(SHIPPED))
+    tiny = load_recipe("tiny-llama", SHIPPED)
+    assert tiny.model.config["num_key_value_heads"] == 2
+    big = load_recipe("llama3-8b", SHIPPED)
+    assert big.serving.max_model_len == 8192 and big.serving.block_size == 128
+    assert big.model.config["rope_scaling"]["rope_type"] == "llama3"
+
+
+def test_llama3_matrix_covers_cuda_and_gaudi_by_tp_by_dtype():
+    big = load_recipe("llama3-8b", SHIPPED)
+    built = {(t.platform, t.tp, t.dtype) for t in targets(big)}
+    assert len(built) == 3 * 4 * 2
+    assert ("gaudi3", 8, "fp8") in built and ("cuda:sm_90", 1, "bf16") in built
+
+
+def test_targets_narrow_to_a_dtype_and_refuse_one_not_in_the_matrix():
+    tiny = load_recipe("tiny-llama", SHIPPED)
+    assert [t.dtype for t in targets(tiny, dtype="bf16")] == ["bf16"]
+    with pytest.raises(RecipeError, match="not 'fp8'"):
+        targets(tiny, dtype="fp8")
+
+
+def test_unknown_model_lists_the_recipes():
+    with pytest.raises(UnknownModelError, match="known: llama3-8b, tiny-llama"):
+        load_recipe("llama4-400b", SHIPPED)
+
+
+def test_unknown_field_names_the_file_and_field(tmp_path):
+    path = _tiny_with("block_size = 64", "block_size = 64\nblok_size = 16", tmp_path)
+    with pytest.raises(RecipeError) as err:
+        load_recipe(path)
+    assert str(path) in str(err.value) and "serving.blok_size: unknown field" in str(err.value)
+
+
+def test_wrong_type_names_the_field(tmp_path):
+    path = _tiny_with("max_num_seqs = 2", 'max_num_seqs = "two"', tmp_path)
+    with pytest.raises(RecipeError, match="serving.max_num_seqs"):
+        load_recipe(path)
+
+
+def test_limits_that_cannot_work_together_say_the_fix(tmp_path):
+    path = _tiny_with("max_num_batched_tokens = 128", "max_num_batched_tokens = 16", tmp_path)
+    with pytest.raises(RecipeError, match="raise max_num_batched_tokens to at least 64"):
+        load_recipe(path)
+
+
+def test_tp_that_does_not_split_the_heads_is_refused(tmp_path):
+    path = _tiny_with("tp = [1]", "tp = [3]", tmp_path)
+    with pytest.raises(RecipeError, match="does not split"):
+        load_recipe(path)
+
+
+def test_unknown_platform_lists_the_forms(tmp_path):
+    path = _tiny_with('platform = ["cpu"]', 'platform = ["tpu-v5"]', tmp_path)
+    with pytest.raises(RecipeError, match="cuda:sm_90"):
+        load_recipe(path)
+
+
+def test_broken_toml_points_at_the_syntax(tmp_path):
+    path = _write(tmp_path, "[model\nname = 1")
+    with pytest.raises(RecipeError, match="not valid TOML"):
+        load_recipe(path)
+
+
+def test_file_name_and_model_name_must_agree(tmp_path):
+    path = _write(tmp_path, (SHIPPED / "tiny-llama.toml").read_text(), name="other")
+    with pytest.raises(RecipeError, match="make them agree"):
+        load_recipe(path)
+
+
+def test_architecture_digest_ignores_checkpoint_noise():
+    tiny = load_recipe("tiny-llama", SHIPPED)
+    noisy = tiny.model.model_copy(update={"config": {**tiny.model.config, "transformers_version": "9.9", "torch_dtype": "bfloat16"}})
+    assert noisy.architecture_digest() == tiny.model.architecture_digest()
+    wider = tiny.model.model_copy(update={"config": {**tiny.model.config, "intermediate_size": 1024}})
+    assert wider.architecture_digest() != tiny.model.architecture_digest()
