@@ -1,7 +1,8 @@
-"""The `prebake` command: list, fetch (and, with later commands, serve, verify, gc, keygen).
+"""The `prebake` command: list, fetch, serve, verify and manage bundles.
 
 Exit codes: 0 success, 2 bad input (unknown model, malformed recipe, bad registry
-address), 3 a miss (`fetch` found no matching bundle; the nearest one is explained).
+address), 3 a miss (`fetch` found no matching bundle; the nearest one is explained);
+`verify` exits 1 when it found bad entries.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from artifacts.errors import PrebakeError
 from artifacts.recipes import load_recipe
@@ -44,6 +46,16 @@ def _parser() -> argparse.ArgumentParser:
     fetch.add_argument("--json", action="store_true", help="print JSON instead of shell exports")
     _registry_option(fetch)
     fetch.set_defaults(run=cmd_fetch)
+
+    keygen = sub.add_parser("keygen", help="make an ed25519 signing key pair for bundles")
+    keygen.add_argument("name", help="the signer's name, e.g. ci-bakers-2026")
+    keygen.add_argument("--dir", default=".", help="folder to write <name>.pem and <name>.pub into")
+    keygen.set_defaults(run=cmd_keygen)
+
+    verify = sub.add_parser("verify", help="re-hash every blob and check every index entry and signature")
+    _registry_option(verify)
+    verify.add_argument("--quarantine", action="store_true", help="move bad entries aside")
+    verify.set_defaults(run=cmd_verify)
     return parser
 
 
@@ -94,6 +106,24 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     else:
         print(shell_exports(env))
     return 0
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from registry.signing import keygen_cli
+
+    print(keygen_cli(args.name, Path(args.dir).resolve()))
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from registry import open_registry
+    from registry.signing import trust_from_env
+    from registry.verify import verify_registry
+
+    registry = open_registry(Store().registry_address(args.registry))
+    report = verify_registry(registry, trust=trust_from_env(), quarantine=args.quarantine)
+    print(report.render())
+    return report.exit_code
 
 
 def _ls_row(m) -> tuple[str, ...]:

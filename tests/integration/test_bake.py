@@ -1,0 +1,135 @@
+"""The bake pipeline end to end: real doit, real torch.compile, real bundles, real fetch."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.baking import REPO, Home
+
+
+@pytest.fixture(scope="session")
+def baked(tmp_path_factory) -> Home:
+    """tiny-llama baked once (bf16) into a private home's embedded registry."""
+    home = Home(tmp_path_factory.mktemp("bake"))
+    proc = home.doit("run", "bake", "model=tiny-llama", "precision=bf16")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return home
+
+
+@pytest.mark.slow
+def test_bake_publishes_every_kind_and_fetch_installs_them(baked):
+    listing = baked.prebake("ls")
+    assert listing.returncode == 0, listing.stderr
+    rows = [line.split() for line in listing.stdout.splitlines()[1:]]
+    assert sorted(r[1] for r in rows) == ["autotune", "buckets", "graphs"]
+    assert all(r[0] == "tiny-llama" and r[3] == "bf16" for r in rows)
+
+    fetched = baked.prebake("fetch", "--model", "tiny-llama", "--precision", "bf16", "--json")
+    assert fetched.returncode == 0, fetched.stderr
+    env = json.loads(fetched.stdout)["env"]
+    buckets = json.loads(open(env["PREBAKE_BUCKETS_FILE"]).read())
+    autotune = json.loads(open(env["PREBAKE_AUTOTUNE_FILE"]).read())
+    graphs = json.loads(open(f"{env['PREBAKE_GRAPHS_DIR']}/graphs.json").read())
+    assert buckets["prompt"] and buckets["decode"]
+    assert {json.dumps(r["shape"], sort_keys=True) for r in autotune["shapes"]} == {
+        json.dumps(r["shape"], sort_keys=True) for r in graphs["shapes"]
+    }
+    for row in autotune["shapes"]:  # every shape measured under every tactic, the winner is the fastest
+        assert len(row["timings_ms"]) >= 2
+        fastest = min(row["timings_ms"], key=row["timings_ms"].get)
+        assert fastest == f"attn_impl={row['winner']['attn_impl']},threads={row['winner']['threads']}"
+    assert any(p.is_file() for p in __import__("pathlib").Path(env["TORCHINDUCTOR_CACHE_DIR"]).rglob("*"))
+
+
+@pytest.mark.slow
+def test_shell_exports_point_at_the_installed_trees(baked):
+    fetched = baked.prebake("fetch", "--model", "tiny-llama", "--precision", "bf16")
+    assert fetched.returncode == 0
+    assert "export TORCHINDUCTOR_CACHE_DIR=" in fetched.stdout and "export PREBAKE_BUCKETS_FILE=" in fetched.stdout
+
+
+@pytest.mark.slow
+def test_baked_graphs_are_inductor_cache_hits_from_a_copied_folder(baked, tmp_path):
+    env = json.loads(baked.prebake("fetch", "--model", "tiny-llama", "--precision", "bf16", "--json").stdout)["env"]
+    copy = tmp_path / "inductor"
+    shutil.copytree(env["TORCHINDUCTOR_CACHE_DIR"], copy)
+    probe = f"""
+import json, torch
+from torch._dynamo.utils import counters
+from artifacts.recipes import load_recipe
+from engine.autotune import load_winners
+from engine.loader import load_model, torch_dtype
+from engine.model import KVCache
+from engine.steps import CompiledSteps
+recipe = load_recipe("tiny-llama")
+model = load_model(recipe.model, "bf16")
+cache = KVCache.allocate(model.config, recipe.serving.max_num_seqs, recipe.serving.max_model_len, dtype=torch_dtype("bf16"))
+winners = load_winners({env['PREBAKE_AUTOTUNE_FILE']!r})
+shape, tactic = next(iter(winners.items()))
+CompiledSteps(model, cache).run_dummy(shape, tactic)
+print(json.dumps(dict(counters["inductor"])))
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=600,
+        env={**baked.env, "TORCHINDUCTOR_CACHE_DIR": str(copy)},
+    )
+    assert proc.returncode == 0, proc.stderr
+    counts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert counts.get("fxgraph_cache_hit", 0) >= 1 and counts.get("fxgraph_cache_miss", 0) == 0, counts
+
+
+@pytest.mark.slow
+def test_second_bake_runs_no_action_and_imports_no_torch(baked):
+    wrapper = (
+        "import sys; from doit.doit_cmd import DoitMain; from doit.cmd_base import DodoTaskLoader;"
+        "rc = DoitMain(DodoTaskLoader()).run(sys.argv[1:]);"
+        "assert 'torch' not in sys.modules, 'a no-op bake imported torch'; sys.exit(rc)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", wrapper, "run", "-f", str(REPO / "dodo.py"), "--db-file", str(baked.root / "doit.db"),
+         "bake", "model=tiny-llama", "precision=bf16"],
+        env=baked.env, cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    task_lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    assert task_lines and all(line.startswith("-- ") for line in task_lines), proc.stdout
+
+
+@pytest.mark.slow
+def test_fetch_of_an_unbaked_precision_exits_3_and_explains_the_miss(baked):
+    proc = baked.prebake("fetch", "--model", "tiny-llama", "--precision", "fp32")
+    assert proc.returncode == 3
+    assert "precision.dtype: fp32 here, bf16 there" in proc.stderr
+
+
+def test_unknown_model_lists_the_recipes(tmp_path):
+    proc = Home(tmp_path).doit("run", "bake", "model=gpt-17")
+    assert proc.returncode != 0
+    assert "no recipe named 'gpt-17'" in proc.stdout + proc.stderr and "tiny-llama" in proc.stdout + proc.stderr
+
+
+def test_fp8_on_this_cpu_names_the_host_and_what_would_build_it(tmp_path):
+    proc = Home(tmp_path).doit("run", "bake", "model=llama3-8b", "precision=fp8")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "this host (cpu" in out and "cuda:sm_90" in out and "gaudi3" in out
+
+
+def test_bake_without_a_model_says_how_to_name_one(tmp_path):
+    proc = Home(tmp_path).doit("run", "bake")
+    assert proc.returncode != 0 and "doit bake model=<name>" in proc.stdout + proc.stderr
+
+
+def test_doit_list_documents_the_bake_task(tmp_path):
+    proc = Home(tmp_path).doit("list", "--all", "bake", "model=tiny-llama", "precision=bf16")
+    assert proc.returncode == 0, proc.stderr
+    assert "Bake a recipe for this host" in proc.stdout
+    assert "bake:tiny-llama/cpu/tp1/bf16:graphs" in proc.stdout
+
+
+def test_fetch_on_an_empty_registry_exits_3(tmp_path):
+    proc = Home(tmp_path).prebake("fetch", "--model", "tiny-llama", "--precision", "bf16")
+    assert proc.returncode == 3 and "no bundle for this key" in proc.stderr

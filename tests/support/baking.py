@@ -1,0 +1,39 @@
+"""Running prebake's own commands as a user would: real `doit` and `prebake` subprocesses."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+@dataclass(frozen=True)
+class Home:
+    """A private PREBAKE_HOME (store + embedded registry) with its own doit dependency file."""
+
+    root: Path
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")}
+        env["PREBAKE_HOME"] = str(self.root / "home")
+        env["PREBAKE_TRUSTED_KEYS"] = ""  # unverified, on purpose: signing has its own tests
+        return env
+
+    def doit(self, command: str, *args: str, extra_env: dict[str, str] | None = None,
+             timeout: float = 1800) -> subprocess.CompletedProcess:
+        """`doit COMMAND -f dodo.py --db-file <private> ARGS`, e.g. doit("run", "bake", "model=x")."""
+        cmd = [str(BIN / "doit"), command, "-f", str(REPO / "dodo.py"), "--db-file", str(self.root / "doit.db"), *args]
+        return subprocess.run(cmd, env={**self.env, **(extra_env or {})}, cwd=REPO, capture_output=True, text=True,
+                              timeout=timeout)
+
+    def prebake(self, *args: str, extra_env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(BIN / "prebake"), *args], env={**self.env, **(extra_env or {})}, cwd=REPO,
+            capture_output=True, text=True, timeout=timeout,
+        )
