@@ -43,6 +43,7 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32")
     args = parser.parse_args()
     home = args.home or Path(tempfile.mkdtemp(prefix="prebake-noop-"))
+    home.mkdir(parents=True, exist_ok=True)
     variables = [f"model={args.model}", f"precision={args.precision}"]
     first = run(home, "run", "bake", *variables)
     print(f"first bake (or check of an existing one): {first:.1f} s")
