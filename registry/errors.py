@@ -25,5 +25,9 @@ class PublishConflict(RegistryError):
         self.existing_blob = existing_blob
 
 
+class RegistryReadOnly(RegistryError, PermissionError):
+    """The registry can be read but not written here (offline mode, a pinned commit)."""
+
+
 class BlobDigestMismatch(RegistryError, BundleError):
     """A downloaded blob's bytes do not hash to the digest that names it."""

@@ -1,0 +1,176 @@
+"""Fixtures of the registry contract suite: one `backend` per registry kind, on real servers.
+
+S3 runs against moto's server mode started as a separate process on loopback (one per test
+session, a fresh bucket per test); the Hub runs against tests/support/hub_server.py, a small
+HTTP server speaking the endpoints huggingface_hub calls (one per session, a fresh repo per
+test). Each backend comes with a way to corrupt a stored blob through its own storage.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from artifacts.layout import blob_relpath
+from registry.base import Registry
+from registry.chain import ChainRegistry
+from registry.file import FileRegistry
+from tests.support.bundles import Bundle, make_bundle
+from tests.support.hub_server import HubStandIn, hub_server
+from tests.support.moto_server import free_port, moto_server, s3_env
+
+S3_PREFIX = "team/prebake"
+
+
+@dataclass
+class Backend:
+    """A registry under test, plus what the tests need to reach around it."""
+
+    name: str
+    registry: Registry
+    corrupt_blob: Callable[[str, bytes], None]  # (blob digest, bytes): replace the stored blob's bytes
+    second_client: Callable[[], Registry]  # another, independent client of the same storage
+
+
+# -- servers ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    with moto_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def s3_client(s3_endpoint, monkeypatch):
+    """A boto3 client of the moto server; the environment points every S3 client at it."""
+    import boto3
+
+    for name, value in s3_env(s3_endpoint).items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    return boto3.client("s3")
+
+
+@pytest.fixture
+def s3_bucket(s3_client) -> str:
+    name = f"prebake-{uuid.uuid4().hex[:12]}"
+    s3_client.create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture(scope="session")
+def hub_server_session() -> Iterator[HubStandIn]:
+    with hub_server() as hub:
+        yield hub
+
+
+@pytest.fixture
+def hub(hub_server_session, monkeypatch, tmp_path) -> Iterator[HubStandIn]:
+    """The Hub stand-in, with HF_ENDPOINT, HF_TOKEN and a private HF_HUB_CACHE for this test."""
+    monkeypatch.setenv("HF_ENDPOINT", hub_server_session.url)
+    monkeypatch.setenv("HF_TOKEN", "hf_contract_token")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    yield hub_server_session
+    hub_server_session.on_commit = None
+
+
+@pytest.fixture
+def bundle(tmp_path) -> Callable[..., Bundle]:
+    """make_bundle(...) writing under this test's tmp_path."""
+    return lambda **kw: make_bundle(tmp_path, **kw)
+
+
+# -- backends --------------------------------------------------------------------------------
+
+
+def _file(request, tmp_path: Path) -> Backend:
+    root = tmp_path / "registry"
+    registry = FileRegistry(root)
+    def corrupt(digest: str, data: bytes) -> None:
+        registry.blob_path(digest).write_bytes(data)
+
+    return Backend("file", registry, corrupt, lambda: FileRegistry(root))
+
+
+def _s3(request, tmp_path: Path, *, conditional: bool = True) -> Backend:
+    from registry.s3 import S3Registry, S3Settings
+
+    bucket, client = request.getfixturevalue("s3_bucket"), request.getfixturevalue("s3_client")
+    address, settings = f"s3://{bucket}/{S3_PREFIX}", S3Settings(conditional_put=conditional)
+
+    def corrupt(digest: str, data: bytes) -> None:
+        client.put_object(Bucket=bucket, Key=f"{S3_PREFIX}/{blob_relpath(digest)}", Body=data)
+
+    name = "s3" if conditional else "s3-unconditional"
+    return Backend(name, S3Registry(address, settings), corrupt, lambda: S3Registry(address, settings))
+
+
+def _hf(request, tmp_path: Path) -> Backend:
+    from registry.hf import HubRegistry
+
+    hub = request.getfixturevalue("hub")
+    repo = f"team/registry-{uuid.uuid4().hex[:8]}"
+
+    def corrupt(digest: str, data: bytes) -> None:
+        hub.overwrite("model", repo, blob_relpath(digest), data)
+
+    second = lambda: HubRegistry(f"hf://{repo}", cache_dir=tmp_path / "hf-cache-second")  # noqa: E731
+    return Backend("hf", HubRegistry(f"hf://{repo}"), corrupt, second)
+
+
+def _chain(request, tmp_path: Path) -> Backend:
+    near, far = _file(request, tmp_path), _s3(request, tmp_path)
+    make = lambda: ChainRegistry([FileRegistry(tmp_path / "registry"), far.second_client()])  # noqa: E731
+    return Backend("chain", ChainRegistry([near.registry, far.registry]), near.corrupt_blob, make)
+
+
+BACKENDS = {
+    "file": _file,
+    "s3": _s3,
+    "s3-unconditional": lambda request, tmp_path: _s3(request, tmp_path, conditional=False),
+    "hf": _hf,
+    "chain": _chain,
+}
+
+
+@pytest.fixture(params=list(BACKENDS))
+def backend(request, tmp_path) -> Backend:
+    return BACKENDS[request.param](request, tmp_path)
+
+
+# -- registries nobody answers for ---------------------------------------------------------------
+
+
+def _s3_down(request, tmp_path: Path, monkeypatch) -> Registry:
+    from registry.s3 import S3Registry, S3Settings
+
+    request.getfixturevalue("s3_client")  # the dummy credentials and no profile files
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    return S3Registry("s3://prebake-down/team", S3Settings(max_attempts=2, timeout_s=2))
+
+
+def _hf_down(request, tmp_path: Path, monkeypatch) -> Registry:
+    from registry.hf import HubRegistry
+
+    request.getfixturevalue("hub")
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")
+    return HubRegistry("hf://team/down")
+
+
+def _chain_down(request, tmp_path: Path, monkeypatch) -> Registry:
+    return ChainRegistry([FileRegistry(tmp_path / "near"), _s3_down(request, tmp_path, monkeypatch)])
+
+
+DOWN = {"s3": _s3_down, "hf": _hf_down, "chain": _chain_down}
+
+
+@pytest.fixture(params=list(DOWN))
+def down_registry(request, tmp_path, monkeypatch) -> Registry:
+    return DOWN[request.param](request, tmp_path, monkeypatch)
