@@ -7,7 +7,6 @@ through S3 or the Hub instead of a network folder.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from collections.abc import Iterator
@@ -18,14 +17,16 @@ from artifacts.bundle import file_digest
 from artifacts.layout import blob_relpath, index_relpath
 from artifacts.manifest import Manifest
 
-from .base import Published
-from .errors import BlobDigestMismatch, PublishConflict, RegistryError, RegistryUnavailable
+from .base import Published, copy_verified, settle
+from .errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
 
 QUARANTINE = "quarantine"  # <root>/quarantine/ mirrors index/ and blobs/ for entries `prebake verify` moved aside
 
 
 class FileRegistry:
     """index/ + blobs/ under one folder, written atomically."""
+
+    writable = True
 
     def __init__(self, root: Path | str):
         self.root = Path(root).expanduser()
@@ -45,17 +46,7 @@ class FileRegistry:
         src = self.blob_path(digest)
         if not src.exists():
             raise RegistryError(f"blob {digest} is named by an index entry but missing at {src}; run `prebake verify`")
-        h = hashlib.sha256()
-        with fsutil.atomic_target(dest) as tmp, src.open("rb") as fin, tmp.open("wb") as fout:
-            while chunk := fin.read(1 << 20):
-                h.update(chunk)
-                fout.write(chunk)
-            if "sha256:" + h.hexdigest() != digest:
-                raise BlobDigestMismatch(
-                    f"blob {src} hashes to sha256:{h.hexdigest()}, not {digest}: it is corrupt; "
-                    f"run `prebake verify --quarantine --registry {self.url}` and rebake"
-                )
-        return dest
+        return copy_verified(src, dest, digest, where=str(src), registry_url=self.url)
 
     def publish(self, manifest: Manifest, blob: Path) -> Published:
         if file_digest(blob) != manifest.blob.digest:
@@ -63,7 +54,7 @@ class FileRegistry:
         index = self.root / index_relpath(manifest.kind, manifest.key_digest)
         existing = self.lookup(manifest.kind, manifest.key_digest)
         if existing is not None:
-            return self._settle(existing, manifest, index)
+            return settle(existing, manifest, str(index))
         target = self.blob_path(manifest.blob.digest)
         try:
             if not target.exists():
@@ -72,7 +63,7 @@ class FileRegistry:
                 return Published(manifest, created=True, where=str(index))
         except OSError as exc:
             raise RegistryError(f"cannot publish into {self.root}: {exc}; free space or fix permissions") from exc
-        return self._settle(Manifest.read(index), manifest, index)
+        return settle(Manifest.read(index), manifest, str(index))
 
     def list(self, kind: str | None = None) -> Iterator[Manifest]:
         base = self.root / "index"
@@ -129,13 +120,3 @@ class FileRegistry:
             finally:
                 os.close(fd)
         return dest
-
-    @staticmethod
-    def _settle(existing: Manifest, manifest: Manifest, index: Path) -> Published:
-        if existing.same_bundle(manifest):
-            return Published(existing, created=False, where=str(index))
-        raise PublishConflict(
-            f"{index} already names blob {existing.blob.digest[:23]}, a different build of the same key; "
-            f"the registry keeps the first one (your bake is fine: use the published bundle)",
-            existing_blob=existing.blob.digest,
-        )

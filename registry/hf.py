@@ -30,7 +30,6 @@ still rewrite the branch behind it.
 from __future__ import annotations
 
 import functools
-import hashlib
 import logging
 import os
 import re
@@ -39,13 +38,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from artifacts import fsutil
 from artifacts.bundle import file_digest
 from artifacts.layout import blob_relpath, index_relpath, parse_index_relpath
 from artifacts.manifest import Manifest
 
-from .base import Published
-from .errors import BlobDigestMismatch, PublishConflict, RegistryError, RegistryReadOnly, RegistryUnavailable
+from .base import Published, copy_verified, settle
+from .errors import BlobDigestMismatch, RegistryError, RegistryReadOnly, RegistryUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +112,7 @@ class HubRegistry:
             assert head is not None  # _head(create=True) creates the repo or raises
             existing = self._read_index(index, head)
             if existing is not None:
-                return self._settle(existing, manifest, index)
+                return settle(existing, manifest, self._where(index))
             if self._commit(manifest, blob, index, head):
                 return Published(manifest, created=True, where=self._where(index))
         raise RegistryUnavailable(
@@ -240,17 +238,7 @@ class HubRegistry:
         return Path(local)
 
     def _copy_verified(self, src: Path, digest: str, dest: Path, relpath: str) -> Path:
-        h = hashlib.sha256()
-        with fsutil.atomic_target(dest) as tmp, src.open("rb") as fin, tmp.open("wb") as fout:
-            while chunk := fin.read(1 << 20):
-                h.update(chunk)
-                fout.write(chunk)
-            if "sha256:" + h.hexdigest() != digest:
-                raise BlobDigestMismatch(
-                    f"blob {self._where(relpath)} hashes to sha256:{h.hexdigest()}, not {digest}: it is corrupt; "
-                    f"run `prebake verify --quarantine --registry {self.url}` and rebake"
-                )
-        return dest
+        return copy_verified(src, dest, digest, where=self._where(relpath), registry_url=self.url)
 
     def _list_cached(self, folder: str) -> Iterator[Manifest]:
         from huggingface_hub import snapshot_download
@@ -322,15 +310,6 @@ class HubRegistry:
                     return False  # someone committed since we read the head: look again
                 raise
         return True
-
-    def _settle(self, existing: Manifest, manifest: Manifest, index: str) -> Published:
-        if existing.same_bundle(manifest):
-            return Published(existing, created=False, where=self._where(index))
-        raise PublishConflict(
-            f"{self._where(index)} already names blob {existing.blob.digest[:23]}, a different build of the same key; "
-            f"the registry keeps the first one (your bake is fine: use the published bundle)",
-            existing_blob=existing.blob.digest,
-        )
 
     def _where(self, relpath: str) -> str:
         return f"{self.url}/{relpath}"

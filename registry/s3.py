@@ -40,8 +40,8 @@ from artifacts.bundle import file_digest
 from artifacts.layout import blob_relpath, index_relpath, parse_index_relpath
 from artifacts.manifest import BlobRef, Manifest
 
-from .base import Published
-from .errors import BlobDigestMismatch, PublishConflict, RegistryError, RegistryUnavailable
+from .base import Published, settle
+from .errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ class S3Registry:
         key = self._key(index_relpath(manifest.kind, manifest.key_digest))
         existing = self.lookup(manifest.kind, manifest.key_digest)
         if existing is not None:
-            return self._settle(existing, manifest, key)
+            return settle(existing, manifest, self._where(key))
         with self._faults(f"publish into {self.url}"):
             self._put_blob(manifest.blob, blob)
             return self._create_index(manifest, key)
@@ -170,7 +170,7 @@ class S3Registry:
             except ClientError as exc:
                 code, status = _error_code(exc), _status(exc)
                 if code == "PreconditionFailed" or status == 412:
-                    return self._settle(self._read_index(key), manifest, key)
+                    return settle(self._read_index(key), manifest, self._where(key))
                 if code == "ConditionalRequestConflict" or status == 409:
                     time.sleep(0.1 * 2**attempt)  # another conditional write of this key is in flight
                     continue
@@ -190,12 +190,12 @@ class S3Registry:
 
     def _create_index_unconditionally(self, manifest: Manifest, key: str, body: bytes) -> Published:
         if (raw := self._get_or_none(key)) is not None:
-            return self._settle(Manifest.parse(raw, self._where(key)), manifest, key)
+            return settle(Manifest.parse(raw, self._where(key)), manifest, self._where(key))
         self._client.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType="application/json")
         stored = self._read_index(key)
         if stored.same_bundle(manifest):
             return Published(manifest, created=True, where=self._where(key))
-        return self._settle(stored, manifest, key)  # a concurrent baker overwrote ours: theirs stands
+        return settle(stored, manifest, self._where(key))  # a concurrent baker overwrote ours: theirs stands
 
     def _read_index(self, key: str) -> Manifest:
         raw = self._get_or_none(key)
@@ -205,15 +205,6 @@ class S3Registry:
                 f"something deletes index entries behind prebake's back: check lifecycle rules on the bucket"
             )
         return Manifest.parse(raw, self._where(key))
-
-    def _settle(self, existing: Manifest, manifest: Manifest, key: str) -> Published:
-        if existing.same_bundle(manifest):
-            return Published(existing, created=False, where=self._where(key))
-        raise PublishConflict(
-            f"{self._where(key)} already names blob {existing.blob.digest[:23]}, a different build of the same key; "
-            f"the registry keeps the first one (your bake is fine: use the published bundle)",
-            existing_blob=existing.blob.digest,
-        )
 
     # -- objects ---------------------------------------------------------------------------
 
