@@ -7,8 +7,9 @@ The same tree always gives the same bytes and so the same sha256 (zstd runs with
 least one worker thread, in which mode its output does not depend on the number of
 threads). Unpacking goes into a temporary sibling folder that is renamed into place only
 after every entry passed the safety checks and every file matched the manifest's
-digest: an absolute path, a `..`, a link leaving the folder, a device file, or an archive
-that decompresses past the caps is refused, and nothing is left behind.
+digest: an absolute path, a `..`, a link leaving the folder, an entry placed through a
+link (a link to "." then a link to ".." under it reaches outside), a device file, or an
+archive that decompresses past the caps is refused, and nothing is left behind.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path, PurePosixPath
 
 import zstandard
 
+from . import fsutil
 from .errors import BundleError, UnsafeArchiveError
 from .manifest import BlobRef, FileEntry
 
@@ -78,6 +80,7 @@ def unpack(
     try:
         seen = _extract(blob, tmp, limits)
         _check_against_manifest(seen, files, blob)
+        fsutil.crash_point("unpack")
         os.replace(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -136,11 +139,12 @@ def _add(tar: tarfile.TarFile, rel: str, path: Path) -> FileEntry:
 def _extract(blob: Path, into: Path, limits: UnpackLimits) -> dict[str, FileEntry]:
     dctx = zstandard.ZstdDecompressor(max_window_size=1 << limits.max_window_log)
     seen: dict[str, FileEntry] = {}
-    total = 0
+    total = entries = 0
     try:
         with blob.open("rb") as raw, dctx.stream_reader(raw) as zr, tarfile.open(fileobj=zr, mode="r|") as tar:
             for member in tar:
-                if len(seen) >= limits.max_entries:
+                entries += 1  # folders count too: a million empty folders fill a disk's inodes
+                if entries > limits.max_entries:
                     raise UnsafeArchiveError(f"{blob} holds more than {limits.max_entries} entries; refusing it")
                 total += max(member.size, 0)
                 if total > limits.max_bytes:
@@ -166,8 +170,11 @@ def _extract(blob: Path, into: Path, limits: UnpackLimits) -> dict[str, FileEntr
 def _extract_one(tar: tarfile.TarFile, member: tarfile.TarInfo, into: Path, blob: Path) -> FileEntry | None:
     """Write one entry under `into`; return what it holds, or None for a folder."""
     rel = _safe_relpath(member.name, blob)
+    _check_no_link_on_the_way(into, rel, blob)
     target = into / rel
     if member.isdir():
+        if target.is_symlink() or (target.exists() and not target.is_dir()):
+            raise UnsafeArchiveError(f"{blob} holds {member.name!r} twice, as a folder and as a file or link; refusing it")
         target.mkdir(parents=True, exist_ok=True)
         return None
     if target.exists() or target.is_symlink():
@@ -196,6 +203,15 @@ def _safe_relpath(name: str, blob: Path) -> str:
     if p.is_absolute() or name.startswith(("/", "\\")) or ".." in p.parts or not p.parts or "\x00" in name:
         raise UnsafeArchiveError(f"{blob} holds an entry {name!r} that would land outside its folder; refusing it")
     return p.as_posix()
+
+
+def _check_no_link_on_the_way(into: Path, rel: str, blob: Path) -> None:
+    """Refuse an entry whose parent folders include a link: each link passed the check on its
+    own, but a path through several of them can still leave the folder. Packing never
+    descends into links, so no bundle prebake made has such an entry."""
+    for parent in reversed(PurePosixPath(rel).parents[:-1]):
+        if (into / parent).is_symlink():
+            raise UnsafeArchiveError(f"{blob} places {rel!r} through the link {parent.as_posix()!r}; refusing it")
 
 
 def _check_link(rel: str, target: str, blob: Path | None = None) -> None:

@@ -1,14 +1,32 @@
-"""Atomic file operations: readers see a whole file or none, never a partial one.
+"""Atomic file operations and file locks: readers see a whole file or none, never a partial one.
 
 Every write goes to a temporary name in the destination's folder, is flushed and
 fsynced, and is then renamed (or hard-linked, for create-only) into place. A crash at
 any point leaves at most a `.tmp-*` file that `sweep_temporaries` removes later.
+
+`Flock` is flock(2) on a lock file: shared or exclusive, waiting or not. The kernel
+drops it when its holder dies, even by kill -9, so a lock never outlives a crashed
+process. Local file systems only: flock does not coordinate machines over NFS.
+
+`crash_point` is the fault-injection hook of tests/faults: with PREBAKE_TEST_CRASH_AT
+naming a point, the process kills itself with SIGKILL there, exactly as `kill -9` would:
+
+    write:<glob>    atomic_target: the temporary file is complete, not yet renamed over <glob>
+    create:<glob>   create_only: the temporary file is complete, not yet linked to <glob>
+    unpack          bundle.unpack: every entry extracted into the partial folder, not yet renamed
+    evict           Store eviction: index entries gone, tree moved to tmp/, tree and blob not yet deleted
+
+(<glob> matches the destination's file name, e.g. `write:*.tar.zst`.) Unset, it costs one
+dictionary lookup.
 """
 
 from __future__ import annotations
 
+import fcntl
+import fnmatch
 import os
 import shutil
+import signal
 import tempfile
 import time
 from collections.abc import Iterator
@@ -16,6 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 TMP_PREFIX = ".tmp-"
+CRASH_ENV = "PREBAKE_TEST_CRASH_AT"
 
 
 @contextmanager
@@ -28,6 +47,7 @@ def atomic_target(dest: Path) -> Iterator[Path]:
     try:
         yield tmp
         _fsync_file(tmp)
+        crash_point("write", dest.name)
         os.replace(tmp, dest)
         _fsync_dir(dest.parent)
     except BaseException:
@@ -59,6 +79,7 @@ def create_only(dest: Path, data: bytes) -> bool:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        crash_point("create", dest.name)
         try:
             os.link(tmp, dest)
         except FileExistsError:
@@ -82,6 +103,69 @@ def sweep_temporaries(root: Path, older_than_s: float = 3600.0) -> int:
         except FileNotFoundError:
             continue
     return removed
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or unlink in `path` durable."""
+    _fsync_dir(path)
+
+
+def crash_point(point: str, subject: str = "") -> None:
+    """Die by SIGKILL here if $PREBAKE_TEST_CRASH_AT names this point (and its glob matches `subject`)."""
+    wanted = os.environ.get(CRASH_ENV)
+    if not wanted:
+        return
+    name, _, pattern = wanted.partition(":")
+    if name == point and (not pattern or fnmatch.fnmatchcase(subject, pattern)):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Flock:
+    """A held flock(2) on a lock file; the kernel releases it if the holder dies.
+
+    Whoever holds a lock exclusively may delete its file (`release(unlink=True)`): a process
+    that opened the old file and then got the lock notices the file is gone and retries on
+    the new one, so two holders can never each believe they hold the same lock.
+    """
+
+    def __init__(self, path: Path, fd: int):
+        self.path, self._fd = path, fd
+
+    @classmethod
+    def acquire(cls, path: Path, *, shared: bool = False, wait: bool = True) -> "Flock | None":
+        """Lock `path` (created if absent); None if `wait` is False and another process holds it."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        mode = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB)
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, mode)
+            except BlockingIOError:
+                os.close(fd)
+                return None
+            except BaseException:
+                os.close(fd)
+                raise
+            try:
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                    return cls(path, fd)
+            except FileNotFoundError:
+                pass
+            os.close(fd)  # the file was deleted by the previous holder: lock its successor instead
+
+    def release(self, *, unlink: bool = False) -> None:
+        if self._fd < 0:
+            return
+        if unlink:
+            Path(self.path).unlink(missing_ok=True)
+        os.close(self._fd)
+        self._fd = -1
+
+    def __enter__(self) -> "Flock":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
 def _fsync_file(path: Path) -> None:

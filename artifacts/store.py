@@ -1,27 +1,42 @@
 """The local store: bundles fetched onto this machine, verified and unpacked, safe for many processes.
 
     $PREBAKE_HOME/                                 (default ~/.cache/prebake)
-    ├── registry/                                  the embedded default registry (index/ + blobs/)
+    ├── registry/                                  the embedded default registry (index/ + blobs/); never evicted
     ├── index/<kind>/<key-digest>.json             manifests of bundles installed here
     ├── blobs/sha256/<aa>/<digest>.tar.zst         their payloads, as downloaded and verified
     ├── trees/<blob-hex>/                          the unpacked payloads engines point at
-    ├── locks/<blob-hex>.lock                      one install of a blob at a time
-    └── tmp/                                       nothing here is ever read
+    ├── leases/<blob-hex>                          engines hold it shared while they use the tree; mtime = last use
+    ├── locks/<blob-hex>.lock                      one install or eviction of a blob at a time
+    ├── locks/gc.lock                              one gc at a time
+    ├── locks/scratch-<name>.lock                  held by the live process that owns tmp/<name>
+    └── tmp/                                       scratch folders and evicted trees; nothing here is ever read
 
 A tree appears by rename only after its blob matched its digest and every file matched
 the manifest, so a reader sees a whole tree or none. The index entry is written after the
-tree, so an index entry always names a complete tree. Keep the store on local disk: file
-locks do not work on NFS.
+tree, so an index entry always names a complete tree, and `lookup` checks the tree is
+still there. Eviction runs in the reverse order: index entries first, then the tree (moved
+into tmp/ by one rename, then deleted), then the blob. A process killed at any point leaves
+only temporaries (`.tmp-*` downloads, `.<hex>.*.partial` trees, tmp/ folders) that no
+reader looks at; the next install of the same blob, or the next gc, removes them.
+
+Size: PREBAKE_STORE_MAX_BYTES (or `gc(max_bytes)`, `prebake gc --max-size`) bounds blobs/
+plus trees/, evicting the least recently used bundles first. A process that holds a tree
+with `Store.use` keeps it from eviction until it lets go. Locks are flock(2), which the
+kernel drops when a holder dies: keep the store on local disk, where flock works (not NFS).
 """
 
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass
+import re
+import shutil
+import time
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-from filelock import FileLock
 
 from . import fsutil
 from .bundle import UnpackLimits, unpack
@@ -34,10 +49,40 @@ if TYPE_CHECKING:  # the store only needs something with fetch_blob; no import o
 
 HOME_ENV = "PREBAKE_HOME"
 REGISTRY_ENV = "PREBAKE_REGISTRY"
+MAX_BYTES_ENV = "PREBAKE_STORE_MAX_BYTES"
+UNPACK_MAX_BYTES_ENV = "PREBAKE_UNPACK_MAX_BYTES"
+
+_HEX = "[0-9a-f]{64}"
+_PARTIAL_TREE = re.compile(rf"^\.({_HEX})\..*\.partial$")  # bundle.unpack's temporary folder
+_PARTIAL_BLOB = re.compile(rf"^{re.escape(fsutil.TMP_PREFIX)}({_HEX})\.tar\.zst\.")  # fsutil.atomic_target's
+_EVICTED = ".evicted-"
+_INDEX_TMP_GRACE_S = 600.0  # an index write takes milliseconds; an older temporary is a crash's
 
 
 def default_home(env=os.environ) -> Path:
     return Path(env.get(HOME_ENV) or Path.home() / ".cache" / "prebake").expanduser()
+
+
+def parse_size(text: str, what: str = "size") -> int:
+    """Bytes from '5000000', '10M', '2G', '1.5GiB': K, M, G and T are powers of 1024."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text, re.IGNORECASE)
+    if not match:
+        raise StoreError(f"{what} {text!r} is not a size; write bytes or a number with K, M, G or T, e.g. 10G")
+    return int(float(match[1]) * 1024 ** " KMGT".index(match[2].upper() or " "))
+
+
+@dataclass(frozen=True)
+class StoreLimits:
+    """How large the store may grow (None: unbounded) and how far one archive may unpack."""
+
+    max_bytes: int | None = None
+    unpack: UnpackLimits = UnpackLimits()
+
+    @classmethod
+    def from_env(cls, env=os.environ) -> "StoreLimits":
+        raw_max, raw_unpack = env.get(MAX_BYTES_ENV), env.get(UNPACK_MAX_BYTES_ENV)
+        unpack_limits = UnpackLimits(max_bytes=parse_size(raw_unpack, UNPACK_MAX_BYTES_ENV)) if raw_unpack else UnpackLimits()
+        return cls(parse_size(raw_max, MAX_BYTES_ENV) if raw_max else None, unpack_limits)
 
 
 @dataclass(frozen=True)
@@ -48,11 +93,47 @@ class Installed:
     tree: Path
 
 
+@dataclass(frozen=True)
+class GcReport:
+    """What one gc did: the store's size before and after, what went and what was held."""
+
+    max_bytes: int
+    before_bytes: int
+    after_bytes: int
+    evicted: tuple[str, ...]  # blob hex digests
+    in_use: tuple[str, ...]  # would have gone, but a process holds them
+    recovered: int  # leftovers of crashed runs removed
+
+    def render(self) -> str:
+        lines = [
+            f"gc: {_mib(self.before_bytes)} -> {_mib(self.after_bytes)} (bound {_mib(self.max_bytes)}): "
+            f"{len(self.evicted)} bundle(s) evicted, {len(self.in_use)} kept because in use, "
+            f"{self.recovered} leftover(s) of crashed runs removed"
+        ]
+        lines += [f"  evicted {h[:16]}" for h in self.evicted]
+        lines += [f"  in use  {h[:16]}" for h in self.in_use]
+        if self.after_bytes > self.max_bytes:
+            lines.append("  still above the bound: the rest is in use; run gc again when those engines stop")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One evictable bundle: its blob and/or tree, their bytes, when it was last used."""
+
+    hex: str
+    bytes: int
+    last_use_ns: int
+    index: tuple[Path, ...] = field(default=())
+
+
 class Store:
     """One machine's store of verified, unpacked bundles."""
 
-    def __init__(self, home: Path | str | None = None):
+    def __init__(self, home: Path | str | None = None, limits: StoreLimits | None = None):
         self.home = Path(home).expanduser() if home else default_home()
+        self.limits = limits if limits is not None else StoreLimits.from_env()
+        self._scratches: dict[Path, fsutil.Flock] = {}
 
     @property
     def default_registry(self) -> Path:
@@ -63,30 +144,97 @@ class Store:
         return explicit or env.get(REGISTRY_ENV) or str(self.default_registry)
 
     def lookup(self, kind: str, key_digest: str) -> Installed | None:
-        """The installed bundle for this key, if its tree is complete."""
+        """The installed bundle for this key, if its tree is complete; counts as a use for eviction."""
         path = self.home / index_relpath(kind, key_digest)
-        if not path.exists():
+        try:
+            manifest = Manifest.parse(path.read_bytes(), str(path))
+        except FileNotFoundError:
             return None
-        manifest = Manifest.read(path)
         tree = self.tree_path(manifest)
-        return Installed(manifest, tree) if tree.is_dir() else None
+        if not tree.is_dir():  # evicted after its entry was read, or its entry outlived a crashed gc
+            return None
+        self._touch(manifest.blob.hex)
+        return Installed(manifest, tree)
 
-    def install(self, manifest: Manifest, source: "Registry", *, limits: UnpackLimits = UnpackLimits()) -> Installed:
-        """Fetch, verify and unpack `manifest`'s blob from `source`, once per blob across processes."""
-        tree = self.tree_path(manifest)
-        (self.home / "locks").mkdir(parents=True, exist_ok=True)
-        with FileLock(str(self.home / "locks" / f"{manifest.blob.hex}.lock")):
+    def install(self, manifest: Manifest, source: "Registry", *, limits: UnpackLimits | None = None) -> Installed:
+        """Fetch, verify and unpack `manifest`'s blob from `source`, once per blob across processes,
+        then evict least recently used bundles if the store is above its bound."""
+        hexd, tree = manifest.blob.hex, self.tree_path(manifest)
+        with fsutil.Flock.acquire(self._install_lock(hexd)):
+            self._remove_partials_locked(hexd)
             if not tree.is_dir():
                 blob = self.blob_path(manifest.blob.digest)
                 if not blob.exists():
                     source.fetch_blob(manifest.blob.digest, blob)
                 try:
-                    unpack(blob, tree, manifest.files, limits=limits)
+                    unpack(blob, tree, manifest.files, limits=limits or self.limits.unpack)
                 except Exception:
                     blob.unlink(missing_ok=True)  # a bad blob must not be trusted on the next try
                     raise
+            self._lease(hexd).touch(exist_ok=True)
+            self._touch(hexd)
             fsutil.write_bytes(self.home / index_relpath(manifest.kind, manifest.key_digest), manifest.to_bytes())
+        if self.limits.max_bytes is not None:
+            self.gc(self.limits.max_bytes, keep=(hexd,), wait=False)  # a gc already running does the work
         return Installed(manifest, tree)
+
+    @contextmanager
+    def use(self, installed: Installed) -> Iterator[Installed]:
+        """Hold `installed`'s tree for the block (an engine: for its life); gc never evicts a held tree.
+
+        Raises StoreError if the tree was evicted between fetching and holding it: fetch again.
+        """
+        if installed.tree != self.tree_path(installed.manifest):
+            raise StoreError(f"{installed.tree} is not a tree of the store in {self.home}; fetch through this store")
+        hexd = installed.manifest.blob.hex
+        lease = fsutil.Flock.acquire(self._lease(hexd), shared=True)
+        try:
+            if not installed.tree.is_dir():
+                raise StoreError(
+                    f"{installed.tree} ({installed.manifest.kind} {installed.manifest.key_digest[:16]}) was evicted "
+                    f"before it could be held; fetch it again, and raise {MAX_BYTES_ENV} if this repeats"
+                )
+            self._touch(hexd)
+            yield installed
+        finally:
+            self._touch(hexd)  # last use is when the engine let go
+            lease.release()
+
+    def gc(self, max_bytes: int, *, keep: Collection[str] = (), wait: bool = True) -> GcReport | None:
+        """Evict least recently used bundles until blobs/ + trees/ fit in `max_bytes`, skipping
+        held trees and the blob digests (hex) in `keep`. None if `wait` is False and a gc is running."""
+        if max_bytes < 0:
+            raise StoreError(f"a store bound of {max_bytes} bytes makes no sense; give 0 or more")
+        lock = fsutil.Flock.acquire(self.home / "locks" / "gc.lock", wait=wait)
+        if lock is None:
+            return None
+        with lock:
+            recovered = self.recover()
+            entries, dangling = self._inventory()
+            recovered += sum(self._drop_dangling(path, hexd) for path, hexd in dangling)
+            before = total = sum(e.bytes for e in entries)
+            evicted, in_use = [], []
+            for entry in entries:  # least recently used first
+                if total <= max_bytes:
+                    break
+                if entry.hex in keep:
+                    continue
+                if self._evict(entry):
+                    evicted.append(entry.hex)
+                    total -= entry.bytes
+                else:
+                    in_use.append(entry.hex)
+        return GcReport(max_bytes, before, total, tuple(evicted), tuple(in_use), recovered)
+
+    def recover(self) -> int:
+        """Remove what crashed runs left behind; return how many leftovers went. Safe while other
+        processes install, use and evict: nothing a live process owns is touched."""
+        hexes = {m[1] for p in self._glob("trees/.*.partial", "blobs/sha256/*/.tmp-*") if (m := _leftover(p.name))}
+        removed = sum(self._remove_partials(h) for h in hexes) + self._sweep_tmp()
+        for lease in self._glob("leases/*"):
+            removed += self._drop_stray_lease(lease.name)
+        removed += fsutil.sweep_temporaries(self.home / "index", older_than_s=_INDEX_TMP_GRACE_S)
+        return removed
 
     def tree_path(self, manifest: Manifest) -> Path:
         return self.home / "trees" / manifest.blob.hex
@@ -95,10 +243,197 @@ class Store:
         return self.home / blob_relpath(digest)
 
     def scratch(self, name: str) -> Path:
-        """A fresh private folder under tmp/ for a build or download in progress."""
+        """A fresh private folder under tmp/ for a build or download in progress, owned by this
+        process until the folder is removed; folders of owners that died go on the way."""
+        self._release_finished_scratches()
+        self._sweep_tmp()
+        lock = fsutil.Flock.acquire(self.home / "locks" / f"scratch-{name}.lock", wait=False)
         path = self.home / "tmp" / name
-        try:
-            path.mkdir(parents=True, exist_ok=False)
-        except FileExistsError as exc:
-            raise StoreError(f"{path} is in use by another build; wait for it or remove it if no build runs") from exc
+        if lock is None:
+            raise StoreError(f"{path} is in use by another build; wait for it to finish")
+        shutil.rmtree(path, ignore_errors=True)  # a crashed owner's leftover: we hold its lock now
+        path.mkdir(parents=True)
+        self._scratches[path] = lock
         return path
+
+    # -- installing ------------------------------------------------------------------------
+
+    def _install_lock(self, hexd: str) -> Path:
+        return self.home / "locks" / f"{hexd}.lock"
+
+    def _lease(self, hexd: str) -> Path:
+        path = self.home / "leases" / hexd
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _touch(self, hexd: str) -> None:
+        now = time.time_ns()  # the kernel's file clock ticks too coarsely to order quick successive uses
+        try:
+            os.utime(self.home / "leases" / hexd, ns=(now, now))
+        except FileNotFoundError:  # evicted meanwhile; a lease file is made by install, never here
+            pass
+
+    def _remove_partials(self, hexd: str) -> int:
+        """Remove leftovers of crashed installs of `hexd`, unless an install of it is running."""
+        lock = fsutil.Flock.acquire(self._install_lock(hexd), wait=False)
+        if lock is None:
+            return 0
+        with lock:
+            return self._remove_partials_locked(hexd)
+
+    def _remove_partials_locked(self, hexd: str) -> int:
+        """Remove partial trees and downloads of `hexd`; the caller holds its install lock, so
+        any there belong to an install that died."""
+        leftovers = self._glob(f"trees/.{hexd}.*.partial", f"blobs/sha256/{hexd[:2]}/{fsutil.TMP_PREFIX}{hexd}.tar.zst.*")
+        for path in leftovers:
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        return len(leftovers)
+
+    # -- evicting --------------------------------------------------------------------------
+
+    def _inventory(self) -> tuple[list[_Entry], list[tuple[Path, str | None]]]:
+        """Every bundle in blobs/ or trees/, least recently used first; and the index entries
+        that name no tree (or are unreadable), with the blob they name."""
+        naming: dict[str, list[Path]] = {}
+        dangling: list[tuple[Path, str | None]] = []
+        for path in self._glob("index/*/*.json"):
+            if path.name.startswith(fsutil.TMP_PREFIX):
+                continue
+            hexd = _named_blob(path)
+            if hexd is None or not (self.home / "trees" / hexd).is_dir():
+                dangling.append((path, hexd))
+            else:
+                naming.setdefault(hexd, []).append(path)
+        trees = {p.name: p for p in self._glob("trees/*") if re.fullmatch(_HEX, p.name) and p.is_dir()}
+        blobs = {p.name.removesuffix(".tar.zst"): p for p in self._glob("blobs/sha256/*/*.tar.zst")}
+        entries = []
+        for hexd in trees.keys() | blobs.keys():
+            tree, blob = trees.get(hexd), blobs.get(hexd)
+            size = (_tree_bytes(tree) if tree else 0) + (_file_bytes(blob) if blob else 0)
+            lease = _mtime_ns(self.home / "leases" / hexd)
+            last = lease if lease is not None else max(_mtime_ns(p) or 0 for p in (tree, blob) if p is not None)
+            entries.append(_Entry(hexd, size, last, tuple(naming.get(hexd, ()))))
+        entries.sort(key=lambda e: (e.last_use_ns, e.hex))
+        return entries, dangling
+
+    def _evict(self, entry: _Entry) -> bool:
+        """Remove one bundle unless it is being installed or is held; True if it went."""
+        install = fsutil.Flock.acquire(self._install_lock(entry.hex), wait=False)
+        if install is None:
+            return False
+        trash = None
+        try:
+            lease = fsutil.Flock.acquire(self._lease(entry.hex), wait=False)
+            if lease is None:
+                return False
+            try:
+                for index in entry.index:  # readers miss from here on
+                    if _named_blob(index) == entry.hex:  # not replaced by another build since the inventory
+                        index.unlink(missing_ok=True)
+                tree = self.home / "trees" / entry.hex
+                if tree.is_dir():
+                    trash = self.home / "tmp" / f"{_EVICTED}{entry.hex}-{time.time_ns()}"
+                    trash.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(tree, trash)  # one rename: the tree is whole or gone, never half deleted
+                fsutil.crash_point("evict")
+                self.blob_path("sha256:" + entry.hex).unlink(missing_ok=True)
+            finally:
+                lease.release(unlink=True)
+        finally:
+            install.release(unlink=True)
+        if trash is not None:
+            shutil.rmtree(trash, ignore_errors=True)
+        return True
+
+    def _drop_dangling(self, index: Path, hexd: str | None) -> int:
+        """Remove an index entry that names no tree (a crashed gc's) or cannot be read."""
+        if hexd is None:
+            index.unlink(missing_ok=True)
+            return 1
+        lock = fsutil.Flock.acquire(self._install_lock(hexd), wait=False)
+        if lock is None:  # being installed right now: its tree is on the way
+            return 0
+        with lock:
+            if (self.home / "trees" / hexd).is_dir() or _named_blob(index) != hexd:
+                return 0
+            index.unlink(missing_ok=True)
+        return 1
+
+    # -- leftovers -------------------------------------------------------------------------
+
+    def _sweep_tmp(self) -> int:
+        tmp = self.home / "tmp"
+        return sum(self._remove_scratch_leftover(p) for p in sorted(tmp.iterdir())) if tmp.is_dir() else 0
+
+    def _remove_scratch_leftover(self, path: Path) -> int:
+        if path.name.startswith(_EVICTED):  # a gc died before deleting it; no one else reads tmp/
+            shutil.rmtree(path, ignore_errors=True)
+            return 1
+        lock = fsutil.Flock.acquire(self.home / "locks" / f"scratch-{path.name}.lock", wait=False)
+        if lock is None:  # its owner is alive
+            return 0
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        lock.release(unlink=True)
+        return 1
+
+    def _drop_stray_lease(self, hexd: str) -> int:
+        """A lease whose tree is gone: made by a `use` that came too late, or left by a killed gc."""
+        if (self.home / "trees" / hexd).is_dir() or not re.fullmatch(_HEX, hexd):
+            return 0
+        install = fsutil.Flock.acquire(self._install_lock(hexd), wait=False)
+        if install is None:  # being installed: its lease is about to be used
+            return 0
+        with install:
+            lease = fsutil.Flock.acquire(self.home / "leases" / hexd, wait=False)
+            if lease is None:
+                return 0
+            gone = not (self.home / "trees" / hexd).is_dir()
+            lease.release(unlink=gone)
+        return int(gone)
+
+    def _release_finished_scratches(self) -> None:
+        for path in [p for p in self._scratches if not p.exists()]:
+            self._scratches.pop(path).release(unlink=True)
+
+    def _glob(self, *patterns: str) -> list[Path]:
+        return [p for pattern in patterns for p in sorted(self.home.glob(pattern))]
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def _leftover(name: str) -> re.Match | None:
+    return _PARTIAL_TREE.match(name) or _PARTIAL_BLOB.match(name)
+
+
+def _named_blob(index: Path) -> str | None:
+    """The blob hex an index entry names, read without validating the whole manifest; None if unreadable."""
+    try:
+        digest = json.loads(index.read_bytes())["blob"]["digest"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    hexd = str(digest).removeprefix("sha256:")
+    return hexd if re.fullmatch(_HEX, hexd) else None
+
+
+def _tree_bytes(tree: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(tree):
+        for name in files:
+            total += _file_bytes(Path(root, name))
+    return total
+
+
+def _file_bytes(path: Path) -> int:
+    try:
+        return path.lstat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _mtime_ns(path: Path | None) -> int | None:
+    try:
+        return path.stat().st_mtime_ns if path is not None else None
+    except FileNotFoundError:
+        return None

@@ -56,6 +56,10 @@ def _parser() -> argparse.ArgumentParser:
     _registry_option(verify)
     verify.add_argument("--quarantine", action="store_true", help="move bad entries aside")
     verify.set_defaults(run=cmd_verify)
+
+    gc = sub.add_parser("gc", help="evict least recently used bundles from the local store; never one in use")
+    gc.add_argument("--max-size", help="how large the store may be, e.g. 10G or 500M (default: $PREBAKE_STORE_MAX_BYTES)")
+    gc.set_defaults(run=cmd_gc)
     return parser
 
 
@@ -124,6 +128,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
     report = verify_registry(registry, trust=trust_from_env(), quarantine=args.quarantine)
     print(report.render())
     return report.exit_code
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from artifacts.errors import StoreError
+    from artifacts.store import parse_size
+
+    store = Store()
+    bound = parse_size(args.max_size, "--max-size") if args.max_size else store.limits.max_bytes
+    if bound is None:
+        raise StoreError("say how large the store may be: prebake gc --max-size 10G, or set PREBAKE_STORE_MAX_BYTES")
+    print(store.gc(bound).render())
+    return 0
 
 
 def _ls_row(m) -> tuple[str, ...]:

@@ -1,0 +1,78 @@
+"""Post-conditions of every fault scenario: is what readers can see whole and verified?
+
+    tree_problems      a tree against its manifest: every file there, every byte matching, nothing extra
+    store_problems     every tree a store's index names (what `Store.lookup` would hand out)
+    registry_damage    re-verify a registry (registry.verify) and check the bundles published to it are still there
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from artifacts.bundle import file_digest
+from artifacts.fsutil import TMP_PREFIX
+from artifacts.manifest import Manifest
+
+
+def tree_problems(tree: Path, manifest: Manifest) -> list[str]:
+    """What is wrong with `tree` as the unpacked payload of `manifest`; [] when it is whole."""
+    found: dict[str, str] = {}
+    try:
+        for root, dirs, files in os.walk(tree):
+            for name in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+                path = Path(root, name)
+                rel = path.relative_to(tree).as_posix()
+                if path.is_symlink():
+                    found[rel] = "sha256:" + hashlib.sha256(os.readlink(path).encode()).hexdigest()
+                else:
+                    found[rel] = file_digest(path)
+    except FileNotFoundError as exc:
+        return [f"{tree} changed while it was read: {exc}"]
+    wanted = {f.path: f.sha256 for f in manifest.files}
+    problems = [f"missing {p}" for p in sorted(wanted.keys() - found.keys())]
+    problems += [f"unexpected {p}" for p in sorted(found.keys() - wanted.keys())]
+    problems += [f"wrong bytes in {p}" for p in sorted(wanted.keys() & found.keys()) if wanted[p] != found[p]]
+    if not tree.is_dir():
+        problems.insert(0, f"{tree} is not there")
+    return problems
+
+
+def store_problems(home: Path) -> list[str]:
+    """Every index entry of the store at `home` whose tree exists must name a whole, verified tree
+    (an entry whose tree is gone is a miss, which readers handle)."""
+    problems = []
+    for index in sorted(home.glob("index/*/*.json")):
+        if index.name.startswith(TMP_PREFIX):
+            continue
+        manifest = Manifest.read(index)
+        tree = home / "trees" / manifest.blob.hex
+        if tree.is_dir():
+            problems += [f"{index.name}: {p}" for p in tree_problems(tree, manifest)]
+    return problems
+
+
+@dataclass(frozen=True)
+class Damage:
+    lost: tuple[str, ...]  # published bundles that a reader can no longer get
+    corrupted: tuple[str, ...]  # entries `prebake verify` finds bad
+
+    @property
+    def bundles(self) -> int:
+        return len(self.lost) + len(self.corrupted)
+
+
+def registry_damage(registry, published: list[Manifest]) -> Damage:
+    """Re-verify `registry` (every entry, every blob re-hashed) and check each of `published` is still answered."""
+    from registry.verify import verify_registry
+
+    report = verify_registry(registry, trust=None, quarantine=False)
+    corrupted = tuple(f"{f.kind} {f.key_digest[:16]}: {f.problem}" for f in report.findings)
+    lost = []
+    for manifest in published:
+        entry = registry.lookup(manifest.kind, manifest.key_digest)
+        if entry is None or not entry.same_bundle(manifest):
+            lost.append(f"{manifest.kind} {manifest.key_digest[:16]}: published, now {'gone' if entry is None else 'replaced'}")
+    return Damage(tuple(lost), corrupted)

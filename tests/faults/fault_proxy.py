@@ -1,0 +1,218 @@
+"""An HTTP proxy in front of a real S3 server that injects the faults of a bad network or server.
+
+    with fault_proxy(moto_endpoint) as proxy:      # proxy.url: point AWS_ENDPOINT_URL here
+        proxy.inject(Fault("GET", "/blobs/", "corrupt"))
+        ...                                         # boto3 talks real HTTP through it
+        proxy.count("GET", "/blobs/")               # how many requests reached it
+
+Requests pass through unchanged unless a fault matches (method and a piece of the path):
+
+    error500   answer 500 InternalError, as an overloaded S3 does (clients retry, then give up)
+    slow       wait `seconds` before answering, longer than the client's read timeout
+    cut        GET: send the announced length's first half, then drop the connection
+               PUT: read half the upload, then drop the connection without an answer
+    short      GET: serve the first half as if it were the whole object
+    corrupt    GET: flip one byte in the middle: same length, wrong bytes
+               (both drop the x-amz-checksum-* headers, as a server without checksums sends
+               none, so only prebake's own sha256 stands between the bytes and the store)
+    corrupt+checksum  GET: flip one byte but keep the server's checksum headers (botocore checks them)
+    throttle   GET: send the body in 4 KiB pieces, `seconds` apart (a test kills the reader mid-way)
+
+Every request is logged, and the bytes of each GET body sent so far are counted, so a test
+can assert "downloaded once" or wait until a download is half done.
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length"}
+_INTERNAL_ERROR = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InternalError</Code>'
+    b"<Message>We encountered an internal error. Please try again.</Message></Error>"
+)
+
+
+@dataclass(frozen=True)
+class Fault:
+    method: str  # "GET", "PUT", "HEAD", or "*"
+    path_contains: str  # e.g. "/blobs/" or "/index/"
+    kind: str  # error500 | slow | cut | short | corrupt | throttle
+    seconds: float = 0.0  # slow: delay; throttle: pause between pieces
+
+    def matches(self, method: str, path: str) -> bool:
+        return self.method in ("*", method) and self.path_contains in path
+
+
+class FaultProxy:
+    """The proxy's state, shared with its handler threads."""
+
+    def __init__(self, upstream: str):
+        target = urlsplit(upstream)
+        self.upstream = (target.hostname, target.port)
+        self.url = ""
+        self._faults: list[Fault] = []
+        self._log: list[tuple[str, str, int]] = []  # method, path, status
+        self._sent: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def inject(self, fault: Fault) -> None:
+        with self._lock:
+            self._faults.append(fault)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
+    def count(self, method: str, path_contains: str) -> int:
+        with self._lock:
+            return sum(1 for m, p, _ in self._log if m == method and path_contains in p)
+
+    def bytes_sent(self, path_contains: str) -> int:
+        with self._lock:
+            return sum(n for p, n in self._sent.items() if path_contains in p)
+
+    def _fault_for(self, method: str, path: str) -> Fault | None:
+        with self._lock:
+            return next((f for f in self._faults if f.matches(method, path)), None)
+
+    def _record(self, method: str, path: str, status: int) -> None:
+        with self._lock:
+            self._log.append((method, path, status))
+
+    def _add_sent(self, path: str, n: int) -> None:
+        with self._lock:
+            self._sent[path] = self._sent.get(path, 0) + n
+
+
+@contextmanager
+def fault_proxy(upstream: str) -> Iterator[FaultProxy]:
+    proxy = FaultProxy(upstream)
+    handler = type("Handler", (_Handler,), {"proxy": proxy})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    proxy.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, name="fault-proxy", daemon=True)
+    thread.start()
+    try:
+        yield proxy
+    finally:
+        proxy.clear()
+        server.shutdown()
+        server.server_close()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    proxy: FaultProxy
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self._handle()
+
+    def do_PUT(self) -> None:
+        self._handle()
+
+    def do_HEAD(self) -> None:
+        self._handle()
+
+    def do_POST(self) -> None:
+        self._handle()
+
+    def do_DELETE(self) -> None:
+        self._handle()
+
+    def _handle(self) -> None:
+        fault = self.proxy._fault_for(self.command, self.path)
+        length = int(self.headers.get("Content-Length") or 0)
+        if fault is not None and fault.kind == "cut" and self.command == "PUT":
+            self.rfile.read(length // 2)
+            self.proxy._record(self.command, self.path, 0)
+            self._drop()
+            return
+        body = self.rfile.read(length)
+        if fault is not None and fault.kind == "slow":
+            time.sleep(fault.seconds)
+        if fault is not None and fault.kind == "error500":
+            self.proxy._record(self.command, self.path, 500)
+            self._reply(500, {"Content-Type": "application/xml"}, _INTERNAL_ERROR)
+            return
+        try:
+            status, headers, data = self._forward(body)
+        except OSError:  # the server is gone (a test ended while a slow answer was pending)
+            self._drop()
+            return
+        self.proxy._record(self.command, self.path, status)
+        if fault is None or self.command != "GET" or status != 200:
+            self._reply(status, headers, data, length=headers.pop("__length", None))
+            return
+        self._faulty_body(fault, status, headers, data)
+
+    def _forward(self, body: bytes) -> tuple[int, dict[str, str], bytes]:
+        conn = http.client.HTTPConnection(*self.proxy.upstream, timeout=60)
+        try:
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+            conn.request(self.command, self.path, body=body, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+            out = {k: v for k, v in resp.getheaders() if k.lower() not in _HOP_BY_HOP}
+            if self.command == "HEAD" and resp.getheader("Content-Length"):
+                out["__length"] = resp.getheader("Content-Length")
+            return resp.status, out, data
+        finally:
+            conn.close()
+
+    def _faulty_body(self, fault: Fault, status: int, headers: dict[str, str], data: bytes) -> None:
+        if fault.kind in ("short", "corrupt"):
+            headers = {k: v for k, v in headers.items() if not k.lower().startswith("x-amz-checksum")}
+        if fault.kind == "short":
+            self._reply(status, headers, data[: len(data) // 2])
+        elif fault.kind in ("corrupt", "corrupt+checksum"):
+            bad = bytearray(data)
+            bad[len(bad) // 2] ^= 0xFF
+            self._reply(status, headers, bytes(bad))
+        elif fault.kind == "cut":
+            self._head(status, headers, len(data))
+            self._send(data[: len(data) // 2])
+            self._drop()
+        elif fault.kind == "throttle":
+            self._head(status, headers, len(data))
+            for i in range(0, len(data), 4096):
+                self._send(data[i : i + 4096])
+                time.sleep(fault.seconds)
+        else:
+            self._reply(status, headers, data)
+
+    def _reply(self, status: int, headers: dict[str, str], data: bytes, length: str | None = None) -> None:
+        self._head(status, headers, int(length) if self.command == "HEAD" and length else len(data))
+        if self.command != "HEAD":
+            self._send(data)
+
+    def _head(self, status: int, headers: dict[str, str], length: int) -> None:
+        self.send_response(status)
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(length))
+        self.end_headers()
+
+    def _send(self, data: bytes) -> None:
+        self.wfile.write(data)
+        self.wfile.flush()
+        self.proxy._add_sent(self.path, len(data))
+
+    def _drop(self) -> None:
+        self.close_connection = True
+        try:
+            self.wfile.flush()
+            self.connection.shutdown(2)
+        except OSError:
+            pass

@@ -1,0 +1,50 @@
+"""Starting, waiting for and killing the actor processes of the fault scenarios."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from artifacts.store import Store, StoreLimits
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def actor(role: str, *args: str, env: dict[str, str] | None = None, **popen) -> subprocess.Popen:
+    """Start one actor process (tests/faults/actors.py) from the repository root."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")}
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.faults.actors", role, *args],
+        cwd=REPO, env={**base, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen,
+    )
+
+
+def result(proc: subprocess.Popen, timeout: float = 60) -> dict:
+    """The JSON line an actor printed; fails the scenario with its stderr if it did not exit 0."""
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, f"actor exited {proc.returncode}:\n{err[-3000:]}"
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def killed(proc: subprocess.Popen, timeout: float = 60) -> str:
+    """Wait for an actor that is meant to die by SIGKILL; its stderr."""
+    _, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == -9, f"actor was meant to be killed, exited {proc.returncode}:\n{err[-3000:]}"
+    return err
+
+
+def wait_for(path: Path, proc: subprocess.Popen | None = None, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"actor exited {proc.returncode} before {path.name}: {proc.stderr.read()[-3000:]}")
+        assert time.monotonic() < deadline, f"{path} did not appear in {timeout} s"
+        time.sleep(0.01)
+
+
+def unbounded(home: Path) -> Store:
+    return Store(home, StoreLimits())

@@ -1,0 +1,95 @@
+"""Hostile archives that pass the per-entry checks one by one: links chained to reach outside,
+entries placed through links, folders by the million, names used twice."""
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from artifacts.bundle import UnpackLimits, unpack
+from artifacts.errors import UnsafeArchiveError
+
+
+def _archive(path: Path, *entries: tuple[tarfile.TarInfo, bytes | None]) -> Path:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for info, data in entries:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    path.write_bytes(zstandard.ZstdCompressor().compress(raw.getvalue()))
+    return path
+
+
+def _file(name: str, data: bytes = b"pwned") -> tuple[tarfile.TarInfo, bytes]:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    return info, data
+
+
+def _link(name: str, target: str) -> tuple[tarfile.TarInfo, None]:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = tarfile.SYMTYPE, target
+    return info, None
+
+
+def _folder(name: str) -> tuple[tarfile.TarInfo, None]:
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.DIRTYPE
+    return info, None
+
+
+def _nothing_left(tmp_path: Path) -> list[str]:
+    """Whatever unpacking left outside the archive and the test's own folder."""
+    return sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.name != "evil.tar.zst")
+
+
+def _unpack_into(tmp_path: Path, blob: Path, **limits) -> None:
+    (tmp_path / "store").mkdir(exist_ok=True)
+    unpack(blob, tmp_path / "store" / "tree", (), limits=UnpackLimits(**limits))
+
+
+def test_a_file_written_through_a_chain_of_links_that_each_stay_inside_is_refused(tmp_path):
+    # "s" -> "." and "s/up" -> ".." each resolve inside on paper; together "s/up/x" is the tree's parent.
+    blob = _archive(tmp_path / "evil.tar.zst", _link("s", "."), _link("s/up", ".."), _file("s/up/x"))
+    with pytest.raises(UnsafeArchiveError, match="through the link 's'"):
+        _unpack_into(tmp_path, blob)
+    assert _nothing_left(tmp_path) == ["store"], "nothing may land beside the tree, and no partial tree may stay"
+
+
+def test_a_file_placed_through_a_link_to_a_folder_inside_is_refused(tmp_path):
+    blob = _archive(tmp_path / "evil.tar.zst", _folder("real"), _link("alias", "real"), _file("alias/x"))
+    with pytest.raises(UnsafeArchiveError, match="through the link 'alias'"):
+        _unpack_into(tmp_path, blob)
+    assert _nothing_left(tmp_path) == ["store"]
+
+
+def test_a_folder_or_link_placed_through_a_link_is_refused(tmp_path):
+    blob = _archive(tmp_path / "evil.tar.zst", _link("s", "."), _folder("s/made-through-s"))
+    with pytest.raises(UnsafeArchiveError, match="through the link"):
+        _unpack_into(tmp_path, blob)
+    blob = _archive(tmp_path / "evil.tar.zst", _link("s", "."), _link("s/l", "x"))
+    with pytest.raises(UnsafeArchiveError, match="through the link"):
+        _unpack_into(tmp_path, blob)
+    assert _nothing_left(tmp_path) == ["store"]
+
+
+def test_folders_count_towards_the_entry_cap(tmp_path):
+    blob = _archive(tmp_path / "evil.tar.zst", *[_folder(f"d{i}") for i in range(10)])
+    with pytest.raises(UnsafeArchiveError, match="more than 5 entries"):
+        _unpack_into(tmp_path, blob, max_entries=5)
+    assert _nothing_left(tmp_path) == ["store"]
+
+
+@pytest.mark.parametrize("second", [_folder("a"), _link("a", "b"), _file("a", b"again")])
+def test_a_name_used_twice_is_refused(tmp_path, second):
+    blob = _archive(tmp_path / "evil.tar.zst", _file("a", b"first"), second)
+    with pytest.raises(UnsafeArchiveError, match="twice"):
+        _unpack_into(tmp_path, blob)
+    assert _nothing_left(tmp_path) == ["store"]
+
+
+def test_a_link_replaced_by_a_folder_of_the_same_name_is_refused(tmp_path):
+    blob = _archive(tmp_path / "evil.tar.zst", _link("a", "."), _folder("a"))
+    with pytest.raises(UnsafeArchiveError, match="twice"):
+        _unpack_into(tmp_path, blob)
