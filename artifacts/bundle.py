@@ -57,8 +57,9 @@ def pack(tree: Path, dest: Path, *, level: int = 3, threads: int | None = None) 
     compressor = zstandard.ZstdCompressor(level=level, threads=workers)
     files: list[FileEntry] = []
     hasher = _HashingWriter(dest.open("wb"))
-    with hasher, compressor.stream_writer(hasher, closefd=False) as zw:
-        with tarfile.open(fileobj=zw, mode="w|", format=tarfile.GNU_FORMAT) as tar:
+    with hasher, compressor.stream_writer(hasher, closefd=False, write_size=_CHUNK) as zw:
+        with tarfile.open(fileobj=zw, mode="w|", format=tarfile.GNU_FORMAT, bufsize=_CHUNK) as tar:
+            tar.copybufsize = _CHUNK  # tarfile copies in 16 KiB pieces by default: far too small here
             for rel, path in _walk(tree):
                 files.append(_add(tar, rel, path))
     return Packed(blob=BlobRef(digest="sha256:" + hasher.hexdigest(), size=hasher.size), files=tuple(files))
@@ -141,7 +142,8 @@ def _extract(blob: Path, into: Path, limits: UnpackLimits) -> dict[str, FileEntr
     seen: dict[str, FileEntry] = {}
     total = entries = 0
     try:
-        with blob.open("rb") as raw, dctx.stream_reader(raw) as zr, tarfile.open(fileobj=zr, mode="r|") as tar:
+        with blob.open("rb") as raw, dctx.stream_reader(raw, read_size=_CHUNK) as zr, \
+                tarfile.open(fileobj=zr, mode="r|", bufsize=_CHUNK) as tar:
             for member in tar:
                 entries += 1  # folders count too: a million empty folders fill a disk's inodes
                 if entries > limits.max_entries:
