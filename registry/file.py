@@ -57,6 +57,8 @@ class FileRegistry:
             return settle(existing, manifest, str(index))
         target = self.blob_path(manifest.blob.digest)
         try:
+            for folder in (target.parent, index.parent):  # leftovers of bakers killed mid-write
+                fsutil.sweep_temporaries(folder, older_than_s=3600.0)
             if not target.exists():
                 fsutil.copy_file(blob, target)
             if fsutil.create_only(index, manifest.to_bytes()):

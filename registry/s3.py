@@ -256,11 +256,19 @@ class S3Registry:
     def _faults(self, doing: str) -> Iterator[None]:
         """Turn boto's exceptions into registry errors that name the endpoint, bucket and fix."""
         from boto3.exceptions import Boto3Error
-        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
+        from botocore.exceptions import (
+            BotoCoreError, ChecksumError, ClientError, FlexibleChecksumError, NoCredentialsError, PartialCredentialsError,
+        )
         from s3transfer.exceptions import RetriesExceededError
 
         try:
             yield
+        except (ChecksumError, FlexibleChecksumError) as exc:
+            raise BlobDigestMismatch(
+                f"cannot {doing}: the bytes {self.endpoint} sent do not match the checksum it stored ({exc}); "
+                f"they were damaged in transit or at rest: retry, and if it persists run "
+                f"`prebake verify --quarantine --registry {self.url}` and rebake"
+            ) from exc
         except ClientError as exc:
             raise self._client_fault(exc, doing) from exc
         except (NoCredentialsError, PartialCredentialsError) as exc:

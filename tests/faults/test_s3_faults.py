@@ -120,7 +120,7 @@ def test_http_500s_are_retried_then_reported_and_the_next_fetch_recovers(tmp_pat
         ("cut", RegistryUnavailable),
         ("short", BlobDigestMismatch),
         ("corrupt", BlobDigestMismatch),
-        ("corrupt+checksum", RegistryError),  # botocore's response checksum catches it before prebake's sha256
+        ("corrupt+checksum", BlobDigestMismatch),  # botocore's response checksum catches it before our sha256
     ],
     ids=["connection-cut-mid-body", "short-body", "wrong-bytes", "wrong-bytes-server-checksum"],
 )

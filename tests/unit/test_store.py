@@ -121,3 +121,17 @@ def test_default_home_honours_prebake_home(monkeypatch, tmp_path):
     assert Store().home == tmp_path / "h"
     monkeypatch.delenv("PREBAKE_HOME")
     assert Store().home == Path(os.path.expanduser("~")) / ".cache" / "prebake"
+
+
+def test_publish_sweeps_temporaries_left_by_killed_bakers(tmp_path):
+    registry = FileRegistry(tmp_path / "registry")
+    manifest, blob = _bundle(tmp_path, Key.of("graphs", FACTORS))
+    folder = registry.blob_path(manifest.blob.digest).parent
+    folder.mkdir(parents=True)
+    stale, fresh = folder / ".tmp-dead.tar.zst.abc", folder / ".tmp-live.tar.zst.def"
+    stale.write_bytes(b"half a blob")
+    fresh.write_bytes(b"a blob being written right now")
+    os.utime(stale, (0, 0))
+    registry.publish(manifest, blob)
+    assert not stale.exists(), "a temporary older than the grace period is a dead writer's"
+    assert fresh.exists(), "a young temporary may belong to a live writer"
