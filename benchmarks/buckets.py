@@ -18,18 +18,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, no install
 
 from artifacts.buckets import build_bucket_set  # noqa: E402
-from artifacts.limits import BucketSettings, ServingLimits  # noqa: E402
+from artifacts.limits import BucketSettings  # noqa: E402
+from artifacts.recipes import load_recipe  # noqa: E402
 
 SEED = 0
 PROMPTS = 2000
 DECODE_STEPS = 2000
-# vllm-gaudi's defaults for what the recipe leaves open: vLLM enables prefix caching, and the
-# Gaudi runner prefills one prompt per step unless VLLM_PROMPT_BS_BUCKET_MAX says otherwise.
-LIMITS = ServingLimits(max_model_len=8192, max_num_seqs=128, max_num_batched_tokens=2048, block_size=128,
-                       max_num_prefill_seqs=1, enable_prefix_caching=True)
-# recipes/llama3-8b.toml as written: ServingLimits' own defaults (prefill batch = max_num_seqs,
-# prefix caching off, hence contiguous PA for decode).
-RECIPE_LIMITS = ServingLimits(max_model_len=8192, max_num_seqs=128, max_num_batched_tokens=2048, block_size=128)
+# recipes/llama3-8b.toml: max_model_len 8192, block 128, 128 seqs, 2048 batched tokens, and
+# vllm-gaudi's defaults (prefix caching on, one prompt per prefill step).
+LIMITS = load_recipe("llama3-8b").serving
+# The same limits with ServingLimits' own defaults (prefill batch = max_num_seqs, prefix caching
+# off, hence contiguous PA for decode).
+PLAIN_LIMITS = LIMITS.model_copy(update={"max_num_prefill_seqs": None, "enable_prefix_caching": False})
 
 
 def log_uniform(rng: random.Random, low: int, high: int) -> int:
@@ -79,9 +79,9 @@ def main() -> None:
     ratio = totals["exponential"] / totals["linear"]
     print(f"\nexponential / linear bucket count: {ratio:.3f} ({1 - ratio:.0%} fewer graphs to warm up; "
           f"REFERENCE.md: up to 80%)")
-    recipe = {s: build_bucket_set(RECIPE_LIMITS, BucketSettings(strategy=s)) for s in ("linear", "exponential")}
+    recipe = {s: build_bucket_set(PLAIN_LIMITS, BucketSettings(strategy=s)) for s in ("linear", "exponential")}
     counts = ", ".join(f"{s} {len(b.prompt)} + {len(b.decode)}" for s, b in recipe.items())
-    print(f"recipe defaults (prefill batch 128, prefix caching off), prompt + decode: {counts}")
+    print(f"without vLLM's defaults (prefill batch 128, prefix caching off), prompt + decode: {counts}")
 
 
 if __name__ == "__main__":
