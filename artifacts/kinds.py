@@ -127,6 +127,7 @@ def software_factors(recipe: Recipe, host: HostFacts) -> dict[str, str]:
     factors = dict(host.software.factors())
     if recipe.model.engine != "vllm":
         factors.pop("vllm", None)
+        factors.pop("vllm_gaudi", None)
     return factors
 
 

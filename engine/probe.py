@@ -124,6 +124,7 @@ class Software:
     habana: str | None
     cuda_runtime: str | None
     driver: str | None
+    vllm_gaudi: str | None = None  # the vllm-gaudi plugin: it compiles vLLM's graphs on Gaudi
     prebake_schema: str = SCHEMA_VERSION
 
     def factors(self) -> dict[str, str]:
@@ -135,6 +136,7 @@ class Software:
             "habana": _or_none(self.habana),
             "cuda_runtime": _or_none(self.cuda_runtime),
             "driver": _driver_factor(self.driver),
+            "vllm_gaudi": _or_none(self.vllm_gaudi),
             "prebake_schema": self.prebake_schema,
         }
 
@@ -335,6 +337,7 @@ def _software(metadata_path: Sequence[str] | None, driver: str | None) -> Softwa
         habana=_version(metadata_path, "habana-torch-plugin", "habana_frameworks"),
         cuda_runtime=_cuda_runtime(torch) if torch else None,
         driver=driver,
+        vllm_gaudi=_version(metadata_path, "vllm-gaudi", "vllm_gaudi"),
     )
 
 

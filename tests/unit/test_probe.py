@@ -421,3 +421,14 @@ def test_probe_does_not_import_torch():
 
 def test_current_host_is_probed_once_per_process():
     assert current_host() is current_host()
+
+
+def test_the_vllm_gaudi_plugin_version_is_a_software_factor(tmp_path):
+    host = probe(
+        proc_root=fake_proc(tmp_path, "x86_64", X86_AMX),
+        run=CannedTools({"hl-smi": "HL-325L, 1.21.0-ca59b5a\n"}),
+        env=tools_on_path(tmp_path, {"hl-smi": "exit 99"}),
+        metadata_path=fake_site(tmp_path, {"torch": "2.6.0+hpu.1.21.0.555", "habana-torch-plugin": "1.21.0.555",
+                                           "vllm-gaudi": "0.11.2"}),
+    )
+    assert host.software.factors()["vllm_gaudi"] == "0.11.2"
