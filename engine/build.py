@@ -4,6 +4,7 @@ Run by engine.builders in a fresh process whose environment (TORCHINDUCTOR_CACHE
 graphs) was set by the parent, so nothing here touches os.environ.
 
     graphs tree:  inductor/     Inductor's cache (FX graphs, AOTAutograd entries, compiled kernels)
+                  aot/          variant "aoti" only: one precompiled function per step shape (engine.aot)
                   graphs.json   the step shapes compiled, their tactics and compile seconds
 """
 
@@ -19,38 +20,53 @@ from pathlib import Path
 from artifacts.buckets import BucketSet
 from artifacts.recipes import Recipe
 
+from . import aot
 from .autotune import load_winners, measure
 from .builders import AUTOTUNE_FILE, BUCKETS_FILE, GRAPHS_FILE
 from .loader import load_model, torch_dtype
 from .model import KVCache
-from .shapes import step_shapes
-from .steps import CompiledSteps
+from .shapes import StepShape, step_shapes
+from .steps import CompiledSteps, Tactic
 
 
 def build_autotune(recipe: Recipe, dtype: str, buckets_tree: Path, out: Path) -> None:
     shapes = _shapes(recipe, buckets_tree)
-    steps = CompiledSteps(*_model_and_cache(recipe, dtype), compile=False)
+    steps = CompiledSteps(*model_and_cache(recipe, dtype), compile=False)
     document = measure(steps, shapes, recipe.autotune)
     document["measured_on"] = {"machine": platform.machine(), "processor": platform.processor()}
     (out / AUTOTUNE_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))
 
 
 def build_graphs(recipe: Recipe, dtype: str, buckets_tree: Path, autotune_tree: Path, out: Path) -> None:
-    import torch
-
     shapes = _shapes(recipe, buckets_tree)
     tactics = load_winners(autotune_tree / AUTOTUNE_FILE)
-    model, cache = _model_and_cache(recipe, dtype)
-    steps = CompiledSteps(model, cache, mode=recipe.compile.mode, expected_shapes=len(shapes))
+    compile_graphs(*model_and_cache(recipe, dtype), recipe, {s: tactics[s] for s in shapes}, out)
+
+
+def compile_graphs(model, cache, recipe: Recipe, plan: dict[StepShape, Tactic], out: Path, log=print) -> CompiledSteps:
+    """Compile every shape of `plan` into the graphs tree `out`, in the recipe's variant; the warm steps.
+
+    The graphs builder and the serving engine's compile-in-place both call this, so a bundle
+    written back by an engine is the bundle `doit bake` would have built. Inductor writes its
+    cache into TORCHINDUCTOR_CACHE_DIR, which the caller set to out/inductor.
+    """
+    import torch
+
     started = time.perf_counter()
-    seconds = steps.warm_up({s: tactics[s] for s in shapes})
+    if recipe.compile.variant == "aoti":
+        steps, seconds = aot.compile_shapes(model, cache, plan, out, mode=recipe.compile.mode, log=log)
+        seconds = {s: seconds[s] + t for s, t in steps.warm_up(plan, log=log).items()}
+    else:
+        steps = CompiledSteps(model, cache, mode=recipe.compile.mode, expected_shapes=len(plan))
+        seconds = steps.warm_up(plan, log=log)
     document = {
         "variant": recipe.compile.variant,
         "torch": torch.__version__,
         "total_compile_s": round(time.perf_counter() - started, 3),
-        "shapes": [{"shape": asdict(s), "tactic": asdict(tactics[s]), "compile_s": round(seconds[s], 3)} for s in shapes],
+        "shapes": [{"shape": asdict(s), "tactic": asdict(t), "compile_s": round(seconds[s], 3)} for s, t in plan.items()],
     }
     (out / GRAPHS_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))
+    return steps
 
 
 def _shapes(recipe: Recipe, buckets_tree: Path):
@@ -58,7 +74,8 @@ def _shapes(recipe: Recipe, buckets_tree: Path):
     return step_shapes(buckets, recipe.serving.max_model_len)
 
 
-def _model_and_cache(recipe: Recipe, dtype: str):
+def model_and_cache(recipe: Recipe, dtype: str):
+    """The recipe's model and a KV cache of its serving limits: the builder and the engine size them alike."""
     model = load_model(recipe.model, dtype)
     cache = KVCache.allocate(model.config, recipe.serving.max_num_seqs, recipe.serving.max_model_len,
                              dtype=torch_dtype(dtype))

@@ -62,22 +62,23 @@ def _parser() -> argparse.ArgumentParser:
     gc.add_argument("--max-size", help="how large the store may be, e.g. 10G or 500M (default: $PREBAKE_STORE_MAX_BYTES)")
     gc.set_defaults(run=cmd_gc)
 
-    serve = sub.add_parser("serve", help="fetch a recipe's bundles and start vLLM from them (compiling what misses)")
+    serve = sub.add_parser("serve", help="start the bundled engine from the recipe's bundles (compiling what misses)")
     serve.add_argument("--model", required=True, help="recipe name (recipes/<name>.toml) or path")
     serve.add_argument("--precision", help="dtype to serve (default: the recipe's first buildable one)")
     serve.add_argument("--tp", type=int, help="tensor-parallel size (default: the smallest baked)")
     _registry_option(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default 8000)")
     serve.add_argument("--on-miss", choices=("compile", "fail"), default="compile",
                        help="when a bundle misses: compile in place (default) or exit 3")
     serve.add_argument("--write-back", action="store_true", help="publish what was compiled in place to the registry")
     serve.add_argument("--registry-timeout", type=float, default=5.0, help="seconds the registry lookup may take (default 5)")
     serve.add_argument("--fetch-timeout", type=float, default=600.0, help="seconds downloads may take (default 600)")
+    serve.add_argument("--eager", action="store_true", help="compilation off: serve the eager model (the benchmark's floor)")
     _engine_options(serve)
     serve.add_argument("vllm_args", nargs="*", metavar="-- VLLM_ARGS",
                        help="with --engine vllm: more `vllm serve` flags, after --")
-    serve.set_defaults(run=cmd_serve_vllm)
+    serve.set_defaults(run=cmd_serve)
     return parser
 
 
@@ -208,10 +209,24 @@ def cmd_serve_vllm(args: argparse.Namespace) -> int:
     """`serve --engine vllm -- VLLM_ARGS`: fetch, install, then run vLLM from the installed graphs."""
     from engine.adapters.vllm_serve import serve
 
-    if args.engine != "vllm":
-        raise PrebakeError("this build serves with vLLM only: add --engine vllm (and a recipe with engine = 'vllm')")
-
     return serve(_vllm_start(args), emit=lambda line: print(line, file=sys.stderr, flush=True))
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    if args.engine == "vllm":
+        return cmd_serve_vllm(args)
+    if args.vllm_args:
+        raise PrebakeError(f"flags after -- ({' '.join(args.vllm_args)}) are for --engine vllm only")
+    from engine.server import ServeSettings, serve
+    from engine.startup import StartupSettings
+
+    startup = StartupSettings(
+        model=args.model, precision=args.precision, tp=args.tp, registry=args.registry,
+        registry_timeout=args.registry_timeout, fetch_timeout=args.fetch_timeout, on_miss=args.on_miss,
+        write_back=args.write_back, eager=args.eager,
+    )
+    settings = ServeSettings(startup=startup, host=args.host, port=args.port)
+    return serve(settings, emit=lambda line: print(line, file=sys.stderr, flush=True))
 
 
 def _ls_row(m) -> tuple[str, ...]:

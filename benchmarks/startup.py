@@ -1,0 +1,289 @@
+"""Start-up of the bundled engine: cold, prebaked and eager, after vLLM's startup benchmark.
+
+Every iteration is a fresh `prebake serve` subprocess with an empty store (a fresh
+PREBAKE_HOME), timed from spawn until /health says 200 (time to ready), then one completion
+(first-request latency). Three modes on one recipe:
+
+    cold       no bundle anywhere (an empty registry): buckets, autotune and graphs are
+               built in place, as a first start on a new host would
+    prebaked   the recipe's bundles in a local registry: fetch, verify, install, load
+    eager      compilation off (--eager, bundles for buckets and autotune): the floor that
+               no cache can beat, since it compiles nothing
+
+The figure of merit is the share of the compile overhead the bundle removes:
+
+    (cold - prebaked) / (cold - eager)          target >= 0.95 on tiny-llama
+
+measured on the mean time to ready, for each graphs variant ([compile] variant of the recipe):
+"inductor-cache" (Inductor's cache folder: Dynamo still traces every shape at start-up) and
+"aoti" (Dynamo's ahead-of-time precompile, engine.aot: nothing is traced at start-up).
+Modes are interleaved per iteration, so machine noise hits them alike.
+
+    python benchmarks/startup.py [--model tiny-llama] [--precision fp32] [--variant both]
+                                 [--iterations 3] [--json results.json] [--work DIR]
+
+Before timing, each variant's bundles are made by one untimed cold start with --write-back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PREBAKE = Path(sys.executable).parent / "prebake"
+VARIANTS = ("inductor-cache", "aoti")
+PROMPT = list(range(1, 17))
+
+
+@dataclass
+class Run:
+    mode: str
+    variant: str
+    ready_s: float
+    first_request_s: float
+    steps: dict[str, float] = field(default_factory=dict)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny-llama")
+    parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--variant", choices=(*VARIANTS, "both"), default="both")
+    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--json", type=Path, help="also write every run and the summary here")
+    parser.add_argument("--work", type=Path, help="working folder (default: a new temporary one)")
+    parser.add_argument("--registry", type=Path,
+                        help="a registry that already holds the recipe's bundles (e.g. $PREBAKE_HOME/registry after "
+                             "`doit bake`): prebaked starts use it and nothing is baked; benchmarks the recipe's own variant")
+    parser.add_argument("--show-completion", action="store_true", help="print each prebaked start's first completion")
+    args = parser.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="prebake-startup-"))
+    bench = Bench(work, args.model, args.precision, show=args.show_completion)
+    if args.registry:
+        variants = (_recipe_variant(_recipe_path(args.model).read_text()),)
+        bench.registries[variants[0]] = args.registry
+    else:
+        variants = VARIANTS if args.variant == "both" else (args.variant,)
+    for variant in variants:
+        bench.bake(variant)
+    runs: list[Run] = []
+    for i in range(args.iterations):
+        runs.append(bench.start("eager", variants[0], i))  # the floor compiles nothing: one per iteration
+        for variant in variants:
+            runs.append(bench.start("cold", variant, i))
+            runs.append(bench.start("prebaked", variant, i))
+    summary = summarise(runs, variants)
+    print(render(summary, args))
+    if args.json:
+        args.json.write_text(json.dumps({"runs": [asdict(r) for r in runs], "summary": summary}, indent=1))
+
+
+class Bench:
+    """Recipes per variant, their registries, and one fresh serving process per measurement."""
+
+    def __init__(self, work: Path, model: str, precision: str, show: bool = False):
+        self.work, self.model, self.precision, self.show = work, model, precision, show
+        self.registries: dict[str, Path] = {}  # variant -> a registry given by the caller
+
+    def recipes(self, variant: str) -> Path:
+        folder = self.work / variant / "recipes"
+        if not folder.is_dir():
+            folder.mkdir(parents=True)
+            source = _recipe_path(self.model).read_text()
+            (folder / f"{self.model}.toml").write_text(_with_variant(source, variant))
+        return folder
+
+    def registry(self, variant: str) -> Path:
+        return self.registries.get(variant) or self.work / variant / "registry"
+
+    def bake(self, variant: str) -> None:
+        """One untimed cold start with --write-back fills the variant's registry."""
+        if any(self.registry(variant).glob("index/graphs/*.json")):
+            return
+        self.registry(variant).mkdir(parents=True, exist_ok=True)
+        print(f"baking {self.model} {self.precision} ({variant}) through a cold start with --write-back ...", flush=True)
+        run = self._serve(variant, "bake", ["--registry", str(self.registry(variant)), "--write-back"])
+        print(f"  baked in {run.ready_s:.1f} s", flush=True)
+
+    def start(self, mode: str, variant: str, iteration: int) -> Run:
+        if mode == "cold":
+            empty = self.work / variant / f"empty-registry-{iteration}"
+            empty.mkdir(parents=True, exist_ok=True)
+            extra = ["--registry", str(empty)]
+        else:
+            extra = ["--registry", str(self.registry(variant))] + (["--eager"] if mode == "eager" else [])
+        run = self._serve(variant, mode, extra, tag=str(iteration))
+        print(f"  {mode:<9} {variant:<15} #{iteration}: ready {run.ready_s:7.2f} s, first request "
+              f"{run.first_request_s * 1e3:7.1f} ms", flush=True)
+        return run
+
+    def _serve(self, variant: str, mode: str, extra: list[str], tag: str = "") -> Run:
+        home = Path(tempfile.mkdtemp(prefix=f"{mode}-{tag}-", dir=self.work))  # an empty store every time
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")}
+        env.update(PREBAKE_HOME=str(home), PREBAKE_RECIPES=str(self.recipes(variant)), PREBAKE_TRUSTED_KEYS="")
+        log = (home / "serve.log").open("w+")
+        cmd = [str(PREBAKE), "serve", "--model", self.model, "--precision", self.precision, "--port", "0", *extra]
+        started = time.perf_counter()
+        proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
+        try:
+            port = _wait_for_port(proc, home / "serve.log")
+            _wait_ready(proc, port, home / "serve.log")
+            ready = time.perf_counter() - started
+            first, completion = _time_completion(port)
+            if self.show and mode == "prebaked":
+                print(f"  completion from the prebaked engine: {completion}", flush=True)
+            steps = _startup_steps(_get(port, "/metrics")[1])
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(120)
+            log.close()
+        return Run(mode, variant, round(ready, 3), round(first, 4), steps)
+
+
+def summarise(runs: list[Run], variants) -> dict:
+    def stats(values: list[float]) -> dict:
+        return {"mean": statistics.fmean(values), "p50": statistics.median(values), "p90": _p90(values), "n": len(values)}
+
+    eager = [r for r in runs if r.mode == "eager"]
+    out: dict = {"eager": _mode_summary(eager, stats)}
+    for variant in variants:
+        cold = _mode_summary([r for r in runs if r.mode == "cold" and r.variant == variant], stats)
+        prebaked = _mode_summary([r for r in runs if r.mode == "prebaked" and r.variant == variant], stats)
+        ratios = {
+            stat: (cold["ready_s"][stat] - prebaked["ready_s"][stat]) / (cold["ready_s"][stat] - out["eager"]["ready_s"][stat])
+            for stat in ("mean", "p50")
+        }
+        out[variant] = {"cold": cold, "prebaked": prebaked, "compile_overhead_removed": ratios}
+    return out
+
+
+def _mode_summary(runs: list[Run], stats) -> dict:
+    step_names = sorted({name for r in runs for name in r.steps})
+    return {
+        "ready_s": stats([r.ready_s for r in runs]),
+        "first_request_s": stats([r.first_request_s for r in runs]),
+        "steps_mean_s": {name: statistics.fmean(r.steps.get(name, 0.0) for r in runs) for name in step_names},
+    }
+
+
+def render(summary: dict, args) -> str:
+    lines = [f"\nstart-up of {args.model} {args.precision}, {args.iterations} iteration(s) per mode, "
+             f"fresh subprocess and empty store each", ""]
+    header = f"{'mode':<24}{'ready mean':>12}{'p50':>9}{'p90':>9}{'1st req mean':>15}{'p50':>9}{'p90':>9}"
+    lines += [header, "-" * len(header)]
+
+    def row(name: str, m: dict) -> str:
+        r, f = m["ready_s"], m["first_request_s"]
+        return (f"{name:<24}{r['mean']:>11.2f}s{r['p50']:>8.2f}s{r['p90']:>8.2f}s"
+                f"{f['mean'] * 1e3:>12.1f}ms{f['p50'] * 1e3:>7.1f}ms{f['p90'] * 1e3:>7.1f}ms")
+
+    lines.append(row("eager (floor)", summary["eager"]))
+    for variant in (v for v in VARIANTS if v in summary):
+        lines.append(row(f"cold     {variant}", summary[variant]["cold"]))
+        lines.append(row(f"prebaked {variant}", summary[variant]["prebaked"]))
+    lines.append("")
+    for variant in (v for v in VARIANTS if v in summary):
+        ratio = summary[variant]["compile_overhead_removed"]
+        lines.append(f"compile overhead removed, {variant:<15} (cold - prebaked) / (cold - eager): "
+                     f"{ratio['mean']:.3f} on means, {ratio['p50']:.3f} on medians")
+    lines.append("\nmean seconds per start-up step:")
+    modes = [("eager", summary["eager"])] + [(f"{m} {v}", summary[v][m]) for v in VARIANTS if v in summary
+                                             for m in ("cold", "prebaked")]
+    for name, m in modes:
+        steps = ", ".join(f"{k} {s:.2f}" for k, s in m["steps_mean_s"].items())
+        lines.append(f"  {name:<24} {steps}")
+    return "\n".join(lines)
+
+
+def _recipe_path(model: str) -> Path:
+    path = Path(model)
+    if path.suffix == ".toml":
+        return path
+    folder = Path(os.environ.get("PREBAKE_RECIPES") or REPO / "recipes")
+    return folder / f"{model}.toml"
+
+
+def _recipe_variant(toml: str) -> str:
+    import tomllib
+
+    return tomllib.loads(toml).get("compile", {}).get("variant", VARIANTS[0])
+
+
+def _with_variant(toml: str, variant: str) -> str:
+    """The recipe text with [compile] variant set (the table is added when absent)."""
+    line = f'variant = "{variant}"'
+    if not re.search(r"^\[compile\]\s*$", toml, re.M):
+        return toml.rstrip() + f"\n\n[compile]\n{line}\n"
+    toml = re.sub(r'^variant\s*=.*\n', "", toml, flags=re.M)  # only [compile] has a `variant` key
+    return re.sub(r"^\[compile\]\s*$", f"[compile]\n{line}", toml, count=1, flags=re.M)
+
+
+def _wait_for_port(proc: subprocess.Popen, log: Path, timeout: float = 120) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        match = re.search(r"listening on http://[^:]+:(\d+)", log.read_text())
+        if match:
+            return int(match[1])
+        _check_alive(proc, log)
+        time.sleep(0.02)
+    raise SystemExit(f"prebake serve did not listen within {timeout:.0f} s; its log is {log}")
+
+
+def _wait_ready(proc: subprocess.Popen, port: int, log: Path, timeout: float = 3600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _get(port, "/health")[0] == 200:
+            return
+        _check_alive(proc, log)
+        time.sleep(0.05)
+    raise SystemExit(f"prebake serve was not ready within {timeout:.0f} s; its log is {log}")
+
+
+def _check_alive(proc: subprocess.Popen, log: Path) -> None:
+    if proc.poll() is not None:
+        raise SystemExit(f"prebake serve exited {proc.returncode}:\n{log.read_text()}")
+
+
+def _time_completion(port: int) -> tuple[float, str]:
+    body = json.dumps({"prompt": PROMPT, "max_tokens": 16, "temperature": 0}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    started = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=600) as response:
+        body = response.read().decode()
+    return time.perf_counter() - started, body
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+    except (urllib.error.URLError, ConnectionError):
+        return 0, ""
+
+
+def _startup_steps(metrics: str) -> dict[str, float]:
+    return {m[1]: float(m[2]) for m in re.finditer(r'^prebake_startup_step_seconds\{step="([^"]+)"\} (\S+)$', metrics, re.M)}
+
+
+def _p90(values: list[float]) -> float:
+    return statistics.quantiles(values, n=10, method="inclusive")[8] if len(values) > 1 else values[0]
+
+
+if __name__ == "__main__":
+    main()
