@@ -71,6 +71,7 @@ def main() -> None:
     parser.add_argument("--show-completion", action="store_true", help="print each prebaked start's first completion")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="prebake-startup-"))
+    work.mkdir(parents=True, exist_ok=True)
     bench = Bench(work, args.model, args.precision, show=args.show_completion)
     if args.registry:
         variants = (_recipe_variant(_recipe_path(args.model).read_text()),)
