@@ -11,6 +11,7 @@ import zstandard
 from artifacts.bundle import UnpackLimits, file_digest, pack, unpack
 from artifacts.errors import BundleError, UnsafeArchiveError
 from artifacts.manifest import FileEntry
+from tests.support.archives import archive, file
 
 
 def _tree(root: Path) -> Path:
@@ -26,19 +27,11 @@ def _tree(root: Path) -> Path:
 
 
 def _tar_zst(path: Path, entries) -> Path:
-    """An archive built by hand, entry by entry: (TarInfo, bytes or None)."""
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as tar:
-        for info, data in entries:
-            tar.addfile(info, io.BytesIO(data) if data is not None else None)
-    path.write_bytes(zstandard.ZstdCompressor().compress(raw.getvalue()))
-    return path
+    return archive(path, *entries)
 
 
-def _file(name: str, data: bytes = b"x") -> tuple[tarfile.TarInfo, bytes]:
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    return info, data
+def _file(name: str, data: bytes = b"x"):
+    return file(name, data)
 
 
 def test_same_tree_gives_the_same_blob_digest_whatever_the_thread_count(tmp_path):

@@ -1,42 +1,24 @@
 """Hostile archives that pass the per-entry checks one by one: links chained to reach outside,
 entries placed through links, folders by the million, names used twice."""
 
-import io
-import tarfile
 from pathlib import Path
 
 import pytest
-import zstandard
 
 from artifacts.bundle import UnpackLimits, unpack
 from artifacts.errors import UnsafeArchiveError
+from tests.support.archives import archive, file, folder, link
 
 
-def _archive(path: Path, *entries: tuple[tarfile.TarInfo, bytes | None]) -> Path:
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w", format=tarfile.GNU_FORMAT) as tar:
-        for info, data in entries:
-            tar.addfile(info, io.BytesIO(data) if data is not None else None)
-    path.write_bytes(zstandard.ZstdCompressor().compress(raw.getvalue()))
-    return path
+def _archive(path: Path, *entries) -> Path:
+    return archive(path, *entries)
 
 
-def _file(name: str, data: bytes = b"pwned") -> tuple[tarfile.TarInfo, bytes]:
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    return info, data
+def _file(name: str, data: bytes = b"pwned"):
+    return file(name, data)
 
 
-def _link(name: str, target: str) -> tuple[tarfile.TarInfo, None]:
-    info = tarfile.TarInfo(name)
-    info.type, info.linkname = tarfile.SYMTYPE, target
-    return info, None
-
-
-def _folder(name: str) -> tuple[tarfile.TarInfo, None]:
-    info = tarfile.TarInfo(name)
-    info.type = tarfile.DIRTYPE
-    return info, None
+_link, _folder = link, folder
 
 
 def _nothing_left(tmp_path: Path) -> list[str]:
