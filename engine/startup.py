@@ -28,7 +28,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from artifacts.bake import UPSTREAM, BuildRequest, bake_kind
 from artifacts.buckets import BucketSet
-from artifacts.errors import PrebakeError
+from artifacts.errors import PrebakeError, StoreError
 from artifacts.fetch import Miss, nearest_miss
 from artifacts.kinds import KINDS, Plan
 from artifacts.manifest import Manifest
@@ -88,12 +88,14 @@ class Engine:
     run_dir: Path
     store: Store  # owns run_dir (a store scratch folder) for as long as the engine lives
     built: tuple[str, ...] = ()  # kinds compiled in place
+    leases: ExitStack = field(default_factory=ExitStack)  # holds the store trees it was started from
 
     @property
     def recipe(self) -> Recipe:
         return self.plan.recipe
 
     def close(self) -> None:
+        self.leases.close()
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
@@ -140,15 +142,19 @@ def start(settings: StartupSettings, metrics: Metrics, emit: Emit, progress: Cal
         kinds = ("buckets", "autotune") if settings.eager else KINDS
         s.detail = f"{plan.target.name} " + ", ".join(f"{k} {plan.key(k).digest[:12]}" for k in kinds)
     run_dir = store.scratch(f"serve-{os.getpid()}-{next(_runs)}")
+    leases = ExitStack()
     try:
-        return _start(settings, plan, kinds, store, run_dir, log)
+        engine = _start(settings, plan, kinds, store, run_dir, log, leases)
     except BaseException:
+        leases.close()
         shutil.rmtree(run_dir, ignore_errors=True)
         raise
+    engine.leases = leases
+    return engine
 
 
 def _start(settings: StartupSettings, plan: Plan, kinds: tuple[str, ...], store: Store, run_dir: Path,
-           log: StepLog) -> Engine:
+           log: StepLog, leases: ExitStack) -> Engine:
     from registry.signing import trust_from_env
 
     trust = trust_from_env()
@@ -163,6 +169,7 @@ def _start(settings: StartupSettings, plan: Plan, kinds: tuple[str, ...], store:
         installed = _fetch(found, store, registry, settings.fetch_timeout)
         s.detail = ", ".join(f"{k} {i.manifest.blob.hex[:12]}" for k, i in installed.items() if isinstance(i, Installed))
         s.detail = s.detail or "nothing to fetch"
+    installed = _hold(installed, store, leases)
     misses = [v for v in installed.values() if isinstance(v, Miss)]
     installed = {k: v for k, v in installed.items() if isinstance(v, Installed)}
     _count(log.metrics, installed, misses, found)
@@ -267,6 +274,19 @@ def _fetch(found: dict, store: Store, registry, timeout: float) -> dict[str, Ins
         if kind not in out:
             out[kind] = Miss(value.the_key(), f"fetching blob {value.blob.digest[:23]} took longer than {timeout:g} s")
     return {k: out[k] for k in found}
+
+
+def _hold(got: dict[str, Installed | Miss], store: Store, leases: ExitStack) -> dict[str, Installed | Miss]:
+    """Lease every installed tree for the engine's life, so `prebake gc` never evicts one under it."""
+    held: dict[str, Installed | Miss] = {}
+    for kind, value in got.items():
+        if isinstance(value, Installed):
+            try:
+                value = leases.enter_context(store.use(value))
+            except StoreError as exc:  # evicted between fetch and hold: compile in place instead
+                value = Miss(value.manifest.the_key(), str(exc))
+        held[kind] = value
+    return held
 
 
 def _count(metrics: Metrics, installed: dict[str, Installed], misses: list[Miss], found: dict) -> None:

@@ -8,6 +8,8 @@ after it is the server every endpoint test talks to.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -187,6 +189,17 @@ def test_serving_leaves_the_stores_trees_exactly_as_their_manifests_say(warm):
         tree = home / "trees" / manifest.blob.hex
         on_disk = {p.relative_to(tree).as_posix(): file_digest(p) for p in tree.rglob("*") if p.is_file()}
         assert on_disk == {f.path: f.sha256 for f in manifest.files}
+
+
+def test_gc_never_evicts_the_trees_a_running_engine_serves_from(warm):
+    home = Path(warm.env["PREBAKE_HOME"])
+    trees = sorted(p.name for p in (home / "trees").iterdir() if p.is_dir())
+    proc = subprocess.run([str(Path(sys.executable).parent / "prebake"), "gc", "--max-size", "0"],
+                          env=warm.env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "in use" in proc.stdout + proc.stderr
+    assert sorted(p.name for p in (home / "trees").iterdir() if p.is_dir()) == trees
+    assert warm.complete(prompt=[1, 2, 3], max_tokens=2)["choices"]
 
 
 def test_graphs_carry_no_weights_so_other_weights_of_the_architecture_reuse_them(tmp_path_factory, cold, warm):
