@@ -40,9 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     ls.set_defaults(run=cmd_ls)
 
     fetch = sub.add_parser("fetch", help="fetch, verify and install a recipe's bundles; print the environment")
-    fetch.add_argument("--model", required=True, help="recipe name (recipes/<name>.toml) or path")
-    fetch.add_argument("--precision", help="dtype to serve (default: the recipe's first buildable one)")
-    fetch.add_argument("--tp", type=int, help="tensor-parallel size (default: the smallest baked)")
+    _target_options(fetch)
     fetch.add_argument("--json", action="store_true", help="print JSON instead of shell exports")
     _registry_option(fetch)
     _engine_options(fetch)
@@ -63,9 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     gc.set_defaults(run=cmd_gc)
 
     serve = sub.add_parser("serve", help="start the bundled engine from the recipe's bundles (compiling what misses)")
-    serve.add_argument("--model", required=True, help="recipe name (recipes/<name>.toml) or path")
-    serve.add_argument("--precision", help="dtype to serve (default: the recipe's first buildable one)")
-    serve.add_argument("--tp", type=int, help="tensor-parallel size (default: the smallest baked)")
+    _target_options(serve)
     _registry_option(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default 8000)")
@@ -80,6 +76,12 @@ def _parser() -> argparse.ArgumentParser:
                        help="with --engine vllm: more `vllm serve` flags, after --")
     serve.set_defaults(run=cmd_serve)
     return parser
+
+
+def _target_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="recipe name (recipes/<name>.toml) or path")
+    parser.add_argument("--precision", help="dtype to serve (default: the recipe's first buildable one)")
+    parser.add_argument("--tp", type=int, help="tensor-parallel size (default: the smallest baked)")
 
 
 def _registry_option(parser: argparse.ArgumentParser) -> None:
