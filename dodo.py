@@ -1,7 +1,7 @@
 """doit tasks of prebake: wiring only; the logic lives in artifacts/, engine/ and registry/.
 
-    doit bake model=tiny-llama precision=bf16 [tp=1] [registry=PATH|file://|s3://|hf://]
-    doit list
+doit bake model=tiny-llama precision=bf16 [tp=1] [registry=PATH|file://|s3://|hf://]
+doit list
 """
 
 from doit import get_var

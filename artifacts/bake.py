@@ -4,7 +4,7 @@
                                                                          -> store.install
 
 The build itself is handed in (`Builder`): buckets are pure Python, autotune and graphs run
-torch in a child process (engine.build). Losing a publish race to another baker of the same
+torch in a child process (engine.runtime.build). Losing a publish race to another baker of the same
 key is reported, not failed: the registry keeps the first bundle and everybody uses it.
 """
 
@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .bundle import pack
-from .errors import BuildError
+from .errors import BuildError, PublishConflict
 from .fetch import Miss, TrustCheck, fetch
 from .kinds import Plan
 from .manifest import Manifest
+from .ports import Registry
 from .store import Installed, Store
 
 UPSTREAM: dict[str, tuple[str, ...]] = {"buckets": (), "autotune": ("buckets",), "graphs": ("buckets", "autotune")}
@@ -56,14 +57,12 @@ def bake_kind(
     kind: str,
     *,
     store: Store,
-    registry,
+    registry: Registry,
     build: Builder,
     sign: Signer | None = None,
     trust: TrustCheck | None = None,
 ) -> Baked:
     """Build `kind` for `plan`, publish it to `registry` and install it into `store`."""
-    from registry.errors import PublishConflict  # registry/ depends on artifacts/, not the reverse at import
-
     inputs = {k: _input(plan, k, store, registry, trust) for k in UPSTREAM[kind]}
     key = plan.key(kind)
     scratch = store.scratch(f"bake-{kind}-{key.digest[:16]}-{os.getpid()}")
@@ -80,7 +79,7 @@ def bake_kind(
             blob=packed.blob,
             files=packed.files,
             inputs={k: i.manifest.blob.digest for k, i in inputs.items()},
-            created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             builder=f"prebake {PREBAKE_VERSION} on {platform.machine()} python {platform.python_version()}",
         )
         if sign is not None:
@@ -97,7 +96,7 @@ def bake_kind(
     return Baked(kept, installed, created, note)
 
 
-def _input(plan: Plan, kind: str, store: Store, registry, trust: TrustCheck | None) -> Installed:
+def _input(plan: Plan, kind: str, store: Store, registry: Registry, trust: TrustCheck | None) -> Installed:
     got = fetch(store, registry, plan.key(kind), trust=trust)
     if isinstance(got, Miss):
         raise BuildError(f"cannot build on {kind} of {plan.target.name}: {got.explain()}; bake {kind} first")

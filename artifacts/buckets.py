@@ -29,8 +29,9 @@ import bisect
 import hashlib
 import json
 import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Literal, Sequence
+from typing import Literal
 
 from .errors import BucketError
 from .limits import BucketRange, BucketSettings, ServingLimits
@@ -106,8 +107,10 @@ class BucketSet:
         for phase in ("prompt", "decode"):
             buckets = getattr(self, phase)
             if list(buckets) != sorted(set(buckets)):
-                raise BucketError(f"{phase} buckets are not sorted and unique; build them with "
-                                  f"build_bucket_set or load them with BucketSet.from_json")
+                raise BucketError(
+                    f"{phase} buckets are not sorted and unique; build them with "
+                    f"build_bucket_set or load them with BucketSet.from_json"
+                )
 
     def find_prompt(self, batch: int, query: int, ctx_blocks: int = 0) -> Bucket | None:
         """The first bucket >= the prefill step in every dimension, None if none holds it."""
@@ -151,15 +154,22 @@ class BucketSet:
     def from_json(cls, data: dict) -> BucketSet:
         expected = {"version", "strategy", "block_size", "prompt", "decode"}
         if not isinstance(data, dict) or set(data) != expected:
-            raise BucketError(f"a bucket set is a JSON object with exactly the keys {sorted(expected)}; "
-                              f"rebuild it with build_bucket_set")
+            raise BucketError(
+                f"a bucket set is a JSON object with exactly the keys {sorted(expected)}; "
+                f"rebuild it with build_bucket_set"
+            )
         if data["version"] != FORMAT_VERSION:
-            raise BucketError(f"bucket set format version {data['version']!r} is not {FORMAT_VERSION}; "
-                              f"rebuild it with this prebake")
+            raise BucketError(
+                f"bucket set format version {data['version']!r} is not {FORMAT_VERSION}; rebuild it with this prebake"
+            )
         if not _is_int(data["block_size"]) or data["block_size"] <= 0:
             raise BucketError(f"bucket set block_size {data['block_size']!r} is not a positive integer")
-        return cls(data["strategy"], data["block_size"],
-                   _buckets_from_json("prompt", data["prompt"]), _buckets_from_json("decode", data["decode"]))
+        return cls(
+            data["strategy"],
+            data["block_size"],
+            _buckets_from_json("prompt", data["prompt"]),
+            _buckets_from_json("decode", data["decode"]),
+        )
 
     def digest(self) -> str:
         canonical = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
@@ -175,14 +185,16 @@ def _buckets_from_json(phase: str, rows: object) -> tuple[Bucket, ...]:
         raise BucketError(f"bucket set {phase!r} is not a list of [batch, query, ctx_blocks]")
     for row in rows:
         if not (isinstance(row, list) and len(row) == 3 and all(_is_int(v) and v >= 0 for v in row)):
-            raise BucketError(f"bucket set {phase!r} holds {row!r}, not [batch, query, ctx_blocks] "
-                              f"of non-negative integers; rebuild it with build_bucket_set")
+            raise BucketError(
+                f"bucket set {phase!r} holds {row!r}, not [batch, query, ctx_blocks] "
+                f"of non-negative integers; rebuild it with build_bucket_set"
+            )
     return tuple(Bucket(*row) for row in rows)
 
 
 def _first_holding(buckets: tuple[Bucket, ...], want: Bucket) -> Bucket | None:
     # Every bucket that holds `want` sorts at or after it, so the scan can start there.
-    for bucket in buckets[bisect.bisect_left(buckets, want):]:
+    for bucket in buckets[bisect.bisect_left(buckets, want) :]:
         if bucket.holds(want.batch, want.query, want.ctx_blocks):
             return bucket
     return None
@@ -196,8 +208,10 @@ def linear_range(min: int, step: int, max: int) -> list[int]:
     _check_range(min, step, max)
     low = step if min == 0 else min
     if low > max:
-        raise BucketError(f"linear range ({min}, {step}, {max}) starts at {low}, above its max; "
-                          f"raise max to at least {low} or lower step")
+        raise BucketError(
+            f"linear range ({min}, {step}, {max}) starts at {low}, above its max; "
+            f"raise max to at least {low} or lower step"
+        )
     ramp = []
     value = low
     while value < step and value <= max:
@@ -233,8 +247,9 @@ def exponential_range(min: int, step: int, max: int, limit: int) -> list[int]:
 
 def _check_range(min: int, step: int, max: int) -> None:
     if not all(_is_int(v) for v in (min, step, max)) or min < 0 or step < 1 or max < 1:
-        raise BucketError(f"bucket range ({min!r}, {step!r}, {max!r}) needs integers with "
-                          f"min >= 0, step >= 1 and max >= 1")
+        raise BucketError(
+            f"bucket range ({min!r}, {step!r}, {max!r}) needs integers with min >= 0, step >= 1 and max >= 1"
+        )
 
 
 @dataclass(frozen=True)
@@ -254,8 +269,7 @@ def build_bucket_set(limits: ServingLimits, settings: BucketSettings) -> BucketS
     """The buckets vllm-gaudi builds for these limits with this strategy and these ranges."""
     _check_overrides(limits, settings)
     plan = _exponential_plan(limits) if settings.strategy == "exponential" else _linear_plan(limits, settings)
-    return BucketSet(settings.strategy, limits.block_size,
-                     _prompt_buckets(plan, limits), _decode_buckets(plan, limits))
+    return BucketSet(settings.strategy, limits.block_size, _prompt_buckets(plan, limits), _decode_buckets(plan, limits))
 
 
 def vllm_gaudi_env(limits: ServingLimits, settings: BucketSettings) -> dict[str, str]:
@@ -285,16 +299,22 @@ def vllm_gaudi_env(limits: ServingLimits, settings: BucketSettings) -> dict[str,
 def _check_overrides(limits: ServingLimits, settings: BucketSettings) -> None:
     given = [field for field in RANGE_VARIABLES if getattr(settings, field) is not None]
     if settings.strategy == "exponential" and given:
-        raise BucketError(f"bucket ranges {given} have no effect with strategy 'exponential': "
-                          f"vllm-gaudi ignores VLLM_*_BUCKET_* ranges there; remove them, set "
-                          f"strategy = 'linear', or set max_num_prefill_seqs for the prompt batch")
-    ceilings = {"prompt_bs": ("max_num_prefill_seqs", limits.prefill_seqs),
-                "decode_bs": ("max_num_seqs", limits.max_num_seqs)}
+        raise BucketError(
+            f"bucket ranges {given} have no effect with strategy 'exponential': "
+            f"vllm-gaudi ignores VLLM_*_BUCKET_* ranges there; remove them, set "
+            f"strategy = 'linear', or set max_num_prefill_seqs for the prompt batch"
+        )
+    ceilings = {
+        "prompt_bs": ("max_num_prefill_seqs", limits.prefill_seqs),
+        "decode_bs": ("max_num_seqs", limits.max_num_seqs),
+    }
     for field, (limit_name, ceiling) in ceilings.items():
         override = getattr(settings, field)
         if override is not None and override.max > ceiling:
-            raise BucketError(f"{field}.max ({override.max}) exceeds {limit_name} ({ceiling}): the "
-                              f"server never runs such a batch; lower {field}.max to {ceiling}")
+            raise BucketError(
+                f"{field}.max ({override.max}) exceeds {limit_name} ({ceiling}): the "
+                f"server never runs such a batch; lower {field}.max to {ceiling}"
+            )
 
 
 def _device_blocks(limits: ServingLimits) -> int:
@@ -334,8 +354,15 @@ def _linear_plan(limits: ServingLimits, settings: BucketSettings) -> _Plan:
     if contiguous and decode_block[-1] < _device_blocks(limits):
         decode_block = decode_block + [_device_blocks(limits)]
     # vllm_gaudi_env always sets VLLM_PROMPT_CTX_BUCKET_MAX for linear, so vllm-gaudi sees it.
-    return _Plan(ranges["prompt_bs"], ranges["prompt_seq"], ranges["prompt_ctx"], ranges["decode_bs"],
-                 decode_block, contiguous, configs["prompt_ctx"][2])
+    return _Plan(
+        ranges["prompt_bs"],
+        ranges["prompt_seq"],
+        ranges["prompt_ctx"],
+        ranges["decode_bs"],
+        decode_block,
+        contiguous,
+        configs["prompt_ctx"][2],
+    )
 
 
 def _exponential_plan(limits: ServingLimits) -> _Plan:
@@ -349,10 +376,8 @@ def _exponential_plan(limits: ServingLimits) -> _Plan:
     decode_max = blocks if contiguous else min(limits.max_model_len // block * seqs, blocks * seqs // 4)
     return _Plan(
         prompt_bs=_named("prompt_bs", exponential_range, 1, 2, prefill, _log2_limit(prefill)),
-        prompt_query=_named("prompt_seq", exponential_range, block, block, tokens,
-                            math.ceil(math.log2(tokens))),
-        prompt_ctx=_named("prompt_ctx", exponential_range, 0, 1, max_ctx,
-                          2 if max_ctx == 1 else _log2_limit(max_ctx)),
+        prompt_query=_named("prompt_seq", exponential_range, block, block, tokens, math.ceil(math.log2(tokens))),
+        prompt_ctx=_named("prompt_ctx", exponential_range, 0, 1, max_ctx, 2 if max_ctx == 1 else _log2_limit(max_ctx)),
         decode_bs=_named("decode_bs", exponential_range, 1, 2, seqs, _log2_limit(seqs)),
         decode_block=_named("decode_block", exponential_range, 1, seqs, decode_max, _log2_limit(blocks)),
         contiguous_pa=contiguous,
@@ -410,7 +435,9 @@ def _decode_buckets(plan: _Plan, limits: ServingLimits) -> tuple[Bucket, ...]:
 
 def _nonempty(phase: str, kept: set[Bucket]) -> tuple[Bucket, ...]:
     if not kept:
-        raise BucketError(f"no {phase} bucket survives the filters (max_model_len, "
-                          f"max_num_batched_tokens, one block per sequence); widen the {phase} "
-                          f"ranges or raise the serving limits")
+        raise BucketError(
+            f"no {phase} bucket survives the filters (max_model_len, "
+            f"max_num_batched_tokens, one block per sequence); widen the {phase} "
+            f"ranges or raise the serving limits"
+        )
     return tuple(sorted(kept))

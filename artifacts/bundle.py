@@ -142,8 +142,11 @@ def _extract(blob: Path, into: Path, limits: UnpackLimits) -> dict[str, FileEntr
     seen: dict[str, FileEntry] = {}
     total = entries = 0
     try:
-        with blob.open("rb") as raw, dctx.stream_reader(raw, read_size=_CHUNK) as zr, \
-                tarfile.open(fileobj=zr, mode="r|", bufsize=_CHUNK) as tar:
+        with (
+            blob.open("rb") as raw,
+            dctx.stream_reader(raw, read_size=_CHUNK) as zr,
+            tarfile.open(fileobj=zr, mode="r|", bufsize=_CHUNK) as tar,
+        ):
             for member in tar:
                 entries += 1  # folders count too: a million empty folders fill a disk's inodes
                 if entries > limits.max_entries:
@@ -176,7 +179,9 @@ def _extract_one(tar: tarfile.TarFile, member: tarfile.TarInfo, into: Path, blob
     target = into / rel
     if member.isdir():
         if target.is_symlink() or (target.exists() and not target.is_dir()):
-            raise UnsafeArchiveError(f"{blob} holds {member.name!r} twice, as a folder and as a file or link; refusing it")
+            raise UnsafeArchiveError(
+                f"{blob} holds {member.name!r} twice, as a folder and as a file or link; refusing it"
+            )
         target.mkdir(parents=True, exist_ok=True)
         return None
     if target.exists() or target.is_symlink():
@@ -185,7 +190,12 @@ def _extract_one(tar: tarfile.TarFile, member: tarfile.TarInfo, into: Path, blob
     if member.issym():
         _check_link(rel, member.linkname, blob)
         os.symlink(member.linkname, target)
-        return FileEntry(path=rel, size=0, sha256="sha256:" + hashlib.sha256(member.linkname.encode()).hexdigest(), link=member.linkname)
+        return FileEntry(
+            path=rel,
+            size=0,
+            sha256="sha256:" + hashlib.sha256(member.linkname.encode()).hexdigest(),
+            link=member.linkname,
+        )
     if not member.isreg():
         kind = "hard link" if member.islnk() else "device or special file"
         raise UnsafeArchiveError(f"{blob} holds a {kind} at {member.name!r}; bundles carry only files and links")

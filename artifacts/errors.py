@@ -41,3 +41,15 @@ class StoreError(PrebakeError, OSError):
 
 class BuildError(PrebakeError, RuntimeError):
     """Building an artifact (autotune, graph compilation) failed."""
+
+
+class RegistryError(PrebakeError):
+    """A registry could not be reached, read or written (backends in registry/ subclass this)."""
+
+
+class PublishConflict(RegistryError):
+    """A different bundle already answers this key; the registry keeps the first one."""
+
+    def __init__(self, message: str, existing_blob: str):
+        super().__init__(message)
+        self.existing_blob = existing_blob

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from .keys import Key
 from .manifest import Manifest
+from .ports import Registry
 from .store import Installed, Store
 
 # Checks a manifest before anything of it is installed; returns why it is refused, or None.
@@ -35,14 +36,14 @@ class Miss:
         return "\n".join(lines)
 
 
-def fetch(store: Store, registry, key: Key, *, trust: TrustCheck | None = None) -> Installed | Miss:
+def fetch(store: Store, registry: Registry, key: Key, *, trust: TrustCheck | None = None) -> Installed | Miss:
     """The installed bundle for `key`: from the store, else from `registry` (verified), else a Miss."""
     installed = store.lookup(key.kind, key.digest)
     if installed is not None and _trusted(installed.manifest, trust) is None:
         return installed
     manifest = registry.lookup(key.kind, key.digest)
     if manifest is None:
-        return nearest_miss(registry, key, "no bundle for this key in " + getattr(registry, "url", str(registry)))
+        return nearest_miss(registry, key, "no bundle for this key in " + registry.url)
     if manifest.key_digest != key.digest or manifest.the_key() != key:
         return Miss(key, f"the registry's entry for {key.digest[:16]} carries another key; it was tampered with")
     refused = _trusted(manifest, trust)
@@ -51,7 +52,7 @@ def fetch(store: Store, registry, key: Key, *, trust: TrustCheck | None = None) 
     return store.install(manifest, registry)
 
 
-def nearest_miss(registry, key: Key, reason: str) -> Miss:
+def nearest_miss(registry: Registry, key: Key, reason: str) -> Miss:
     """A Miss naming the bundle of the same kind that shares the most factors with `key`."""
     best: tuple[int, Key] | None = None
     try:

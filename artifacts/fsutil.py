@@ -132,7 +132,7 @@ class Flock:
         self.path, self._fd = path, fd
 
     @classmethod
-    def acquire(cls, path: Path, *, shared: bool = False, wait: bool = True) -> "Flock | None":
+    def acquire(cls, path: Path, *, shared: bool = False, wait: bool = True) -> Flock | None:
         """Lock `path` (created if absent); None if `wait` is False and another process holds it."""
         path.parent.mkdir(parents=True, exist_ok=True)
         mode = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | (0 if wait else fcntl.LOCK_NB)
@@ -161,7 +161,7 @@ class Flock:
         os.close(self._fd)
         self._fd = -1
 
-    def __enter__(self) -> "Flock":
+    def __enter__(self) -> Flock:
         return self
 
     def __exit__(self, *exc) -> None:

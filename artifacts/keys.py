@@ -41,7 +41,7 @@ class Key:
     groups: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]
 
     @classmethod
-    def of(cls, kind: str, groups: Mapping[str, Mapping[str, object]]) -> "Key":
+    def of(cls, kind: str, groups: Mapping[str, Mapping[str, object]]) -> Key:
         """Build a key from plain mappings; values are stringified, order is irrelevant."""
         if not kind or not kind.isidentifier():
             raise PrebakeError(f"artifact kind {kind!r} must be a plain identifier such as 'graphs'")
@@ -52,7 +52,7 @@ class Key:
         return cls(kind=kind, groups=tuple(frozen))
 
     @classmethod
-    def from_json(cls, data: Mapping[str, object]) -> "Key":
+    def from_json(cls, data: Mapping[str, object]) -> Key:
         return cls.of(str(data["kind"]), data["groups"])  # type: ignore[arg-type]
 
     def to_json(self) -> dict[str, object]:
@@ -67,7 +67,7 @@ class Key:
         """Flat view, "group.factor" -> value."""
         return {f"{g}.{name}": value for g, items in self.groups for name, value in items}
 
-    def diff(self, other: "Key") -> dict[str, tuple[str, str]]:
+    def diff(self, other: Key) -> dict[str, tuple[str, str]]:
         """Factors that differ: "group.factor" -> (value here, value in other); absent is "-"."""
         mine, theirs = self.factors(), other.factors()
         names = sorted(set(mine) | set(theirs))

@@ -26,15 +26,13 @@ class ServingLimits(_Frozen):
     max_num_prefill_seqs: int | None = Field(
         default=None, gt=0, description="most prompts in one prefill step (default: max_num_seqs)"
     )
-    enable_prefix_caching: bool = Field(
-        default=False, description="prefill buckets also cover cached context blocks"
-    )
+    enable_prefix_caching: bool = Field(default=False, description="prefill buckets also cover cached context blocks")
     num_device_blocks: int | None = Field(
         default=None, gt=0, description="KV blocks the device holds; caps decode block buckets"
     )
 
     @model_validator(mode="after")
-    def _limits_fit_together(self) -> "ServingLimits":
+    def _limits_fit_together(self) -> ServingLimits:
         if self.max_num_batched_tokens < self.block_size:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) is below block_size "
@@ -66,7 +64,7 @@ class BucketRange(_Frozen):
     max: int = Field(gt=0)
 
     @model_validator(mode="after")
-    def _ordered(self) -> "BucketRange":
+    def _ordered(self) -> BucketRange:
         if self.min > self.max:
             raise ValueError(f"bucket range min ({self.min}) exceeds max ({self.max}); swap them")
         return self

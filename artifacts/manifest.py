@@ -79,7 +79,7 @@ class Manifest(_Frozen):
     signatures: tuple[Signature, ...] = ()
 
     @classmethod
-    def parse(cls, raw: bytes | str, source: str) -> "Manifest":
+    def parse(cls, raw: bytes | str, source: str) -> Manifest:
         """Read a manifest, naming the source on any problem."""
         try:
             manifest = cls.model_validate(json.loads(raw))
@@ -98,7 +98,7 @@ class Manifest(_Frozen):
         return manifest
 
     @classmethod
-    def read(cls, path: Path) -> "Manifest":
+    def read(cls, path: Path) -> Manifest:
         return cls.parse(path.read_bytes(), str(path))
 
     def the_key(self) -> Key:
@@ -121,6 +121,6 @@ class Manifest(_Frozen):
             }
         )
 
-    def same_bundle(self, other: "Manifest") -> bool:
+    def same_bundle(self, other: Manifest) -> bool:
         """True when both describe the same payload under the same key (signatures aside)."""
         return self.key_digest == other.key_digest and self.blob == other.blob

@@ -29,8 +29,16 @@ RECIPES_ENV = "PREBAKE_RECIPES"
 DTYPES = ("fp32", "bf16", "fp16", "fp8")
 # HF config fields that describe a checkpoint or tokenizer, not the computation: left out of keys.
 _NOT_ARCHITECTURE = {
-    "_name_or_path", "transformers_version", "torch_dtype", "dtype", "use_cache",
-    "bos_token_id", "eos_token_id", "pad_token_id", "output_attentions", "output_hidden_states",
+    "_name_or_path",
+    "transformers_version",
+    "torch_dtype",
+    "dtype",
+    "use_cache",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "output_attentions",
+    "output_hidden_states",
 }
 _PLATFORM_FORMS = "'cpu', 'cuda:sm_90' (any CUDA compute capability), 'gaudi2' or 'gaudi3'"
 
@@ -56,7 +64,9 @@ class ModelSpec(_Frozen):
                 raise ValueError(f"config.{field} must be a positive integer, as in a Hugging Face config.json")
         heads, kv = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
         if config["hidden_size"] % heads and "head_dim" not in config:
-            raise ValueError(f"hidden_size {config['hidden_size']} is not divisible by num_attention_heads {heads}; set head_dim")
+            raise ValueError(
+                f"hidden_size {config['hidden_size']} is not divisible by num_attention_heads {heads}; set head_dim"
+            )
         if heads % kv:
             raise ValueError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
         return config
@@ -110,7 +120,7 @@ class Recipe(_Frozen):
     matrix: Matrix
 
     @model_validator(mode="after")
-    def _tp_divides_heads(self) -> "Recipe":
+    def _tp_divides_heads(self) -> Recipe:
         cfg = self.model.config
         kv = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
         for tp in self.matrix.tp:
@@ -145,7 +155,7 @@ def parse_platform(text: str) -> tuple[str, str]:
     """('cpu', ''), ('cuda', 'sm_90') or ('gaudi', 'gaudi3') from a matrix platform string."""
     if text == "cpu":
         return "cpu", ""
-    if text.startswith("cuda:sm_") and text[len("cuda:sm_"):].isdigit():
+    if text.startswith("cuda:sm_") and text[len("cuda:sm_") :].isdigit():
         return "cuda", text.split(":", 1)[1]
     if text in ("gaudi2", "gaudi3"):
         return "gaudi", text

@@ -36,16 +36,13 @@ from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from . import fsutil
 from .bundle import UnpackLimits, unpack
 from .errors import StoreError
 from .layout import blob_relpath, index_relpath
 from .manifest import Manifest
-
-if TYPE_CHECKING:  # the store only needs something with fetch_blob; no import of registry/ at run time
-    from registry.base import Registry
+from .ports import Registry
 
 HOME_ENV = "PREBAKE_HOME"
 REGISTRY_ENV = "PREBAKE_REGISTRY"
@@ -79,9 +76,11 @@ class StoreLimits:
     unpack: UnpackLimits = UnpackLimits()
 
     @classmethod
-    def from_env(cls, env=os.environ) -> "StoreLimits":
+    def from_env(cls, env=os.environ) -> StoreLimits:
         raw_max, raw_unpack = env.get(MAX_BYTES_ENV), env.get(UNPACK_MAX_BYTES_ENV)
-        unpack_limits = UnpackLimits(max_bytes=parse_size(raw_unpack, UNPACK_MAX_BYTES_ENV)) if raw_unpack else UnpackLimits()
+        unpack_limits = (
+            UnpackLimits(max_bytes=parse_size(raw_unpack, UNPACK_MAX_BYTES_ENV)) if raw_unpack else UnpackLimits()
+        )
         return cls(parse_size(raw_max, MAX_BYTES_ENV) if raw_max else None, unpack_limits)
 
 
@@ -156,7 +155,7 @@ class Store:
         self._touch(manifest.blob.hex)
         return Installed(manifest, tree)
 
-    def install(self, manifest: Manifest, source: "Registry", *, limits: UnpackLimits | None = None) -> Installed:
+    def install(self, manifest: Manifest, source: Registry, *, limits: UnpackLimits | None = None) -> Installed:
         """Fetch, verify and unpack `manifest`'s blob from `source`, once per blob across processes,
         then evict least recently used bundles if the store is above its bound."""
         hexd, tree = manifest.blob.hex, self.tree_path(manifest)
@@ -284,7 +283,9 @@ class Store:
     def _remove_partials_locked(self, hexd: str) -> int:
         """Remove partial trees and downloads of `hexd`; the caller holds its install lock, so
         any there belong to an install that died."""
-        leftovers = self._glob(f"trees/.{hexd}.*.partial", f"blobs/sha256/{hexd[:2]}/{fsutil.TMP_PREFIX}{hexd}.tar.zst.*")
+        leftovers = self._glob(
+            f"trees/.{hexd}.*.partial", f"blobs/sha256/{hexd[:2]}/{fsutil.TMP_PREFIX}{hexd}.tar.zst.*"
+        )
         for path in leftovers:
             shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
         return len(leftovers)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, no install
 
-from artifacts.buckets import build_bucket_set  # noqa: E402
-from artifacts.limits import BucketSettings  # noqa: E402
-from artifacts.recipes import load_recipe  # noqa: E402
+from artifacts.buckets import build_bucket_set
+from artifacts.limits import BucketSettings, ServingLimits
+from artifacts.recipes import load_recipe
 
 SEED = 0
 PROMPTS = 2000
@@ -61,24 +61,31 @@ def decode_shapes(rng: random.Random, limits: ServingLimits) -> list[tuple[int, 
 def main() -> None:
     rng = random.Random(SEED)
     prompts, decodes = prompt_shapes(rng, LIMITS), decode_shapes(rng, LIMITS)
-    print(f"llama3-8b: max_model_len 8192, block 128, max_num_seqs 128, max_num_batched_tokens 2048, "
-          f"prefill batch 1, prefix caching on")
-    print(f"traffic (seed {SEED}): {len(prompts)} prefill chunks from {PROMPTS} prompts, "
-          f"{len(decodes)} decode steps\n")
-    header = (f"{'strategy':<12}{'prompt':>7}{'decode':>7}{'total':>7}  {'prefill waste':>13}"
-              f"{'ctx waste':>10}  {'batch waste':>11}{'block waste':>12}  {'no bucket':>9}")
+    print(
+        "llama3-8b: max_model_len 8192, block 128, max_num_seqs 128, max_num_batched_tokens 2048, "
+        "prefill batch 1, prefix caching on"
+    )
+    print(f"traffic (seed {SEED}): {len(prompts)} prefill chunks from {PROMPTS} prompts, {len(decodes)} decode steps\n")
+    header = (
+        f"{'strategy':<12}{'prompt':>7}{'decode':>7}{'total':>7}  {'prefill waste':>13}"
+        f"{'ctx waste':>10}  {'batch waste':>11}{'block waste':>12}  {'no bucket':>9}"
+    )
     print(header)
     totals = {}
     for strategy in ("linear", "exponential"):
         buckets = build_bucket_set(LIMITS, BucketSettings(strategy=strategy))
         prompt, decode = buckets.padding("prompt", prompts), buckets.padding("decode", decodes)
         totals[strategy] = len(buckets.prompt) + len(buckets.decode)
-        print(f"{strategy:<12}{len(buckets.prompt):>7}{len(buckets.decode):>7}{totals[strategy]:>7}  "
-              f"{prompt.token_waste:>13.1%}{prompt.block_waste:>10.1%}  {decode.token_waste:>11.1%}"
-              f"{decode.block_waste:>12.1%}  {prompt.unfitted + decode.unfitted:>9}")
+        print(
+            f"{strategy:<12}{len(buckets.prompt):>7}{len(buckets.decode):>7}{totals[strategy]:>7}  "
+            f"{prompt.token_waste:>13.1%}{prompt.block_waste:>10.1%}  {decode.token_waste:>11.1%}"
+            f"{decode.block_waste:>12.1%}  {prompt.unfitted + decode.unfitted:>9}"
+        )
     ratio = totals["exponential"] / totals["linear"]
-    print(f"\nexponential / linear bucket count: {ratio:.3f} ({1 - ratio:.0%} fewer graphs to warm up; "
-          f"REFERENCE.md: up to 80%)")
+    print(
+        f"\nexponential / linear bucket count: {ratio:.3f} ({1 - ratio:.0%} fewer graphs to warm up; "
+        f"REFERENCE.md: up to 80%)"
+    )
     recipe = {s: build_bucket_set(PLAIN_LIMITS, BucketSettings(strategy=s)) for s in ("linear", "exponential")}
     counts = ", ".join(f"{s} {len(b.prompt)} + {len(b.decode)}" for s, b in recipe.items())
     print(f"without vLLM's defaults (prefill batch 128, prefix caching off), prompt + decode: {counts}")

@@ -28,10 +28,10 @@ from artifacts.bundle import pack, unpack  # noqa: E402
 
 COMPILE_SNIPPET = """
 from artifacts.recipes import load_recipe
-from engine.loader import load_model
-from engine.model import KVCache
-from engine.steps import CompiledSteps, Tactic
-from engine.shapes import StepShape
+from engine.runtime.loader import load_model
+from engine.runtime.model import KVCache
+from engine.runtime.steps import CompiledSteps, Tactic
+from engine.runtime.shapes import StepShape
 import torch
 recipe = load_recipe("tiny-llama")
 model = load_model(recipe.model, "fp32")
@@ -92,19 +92,32 @@ def bench(name: str, tree: Path, work: Path, repeat: int) -> None:
 
         ours_pack.append(timed(do_pack))
         ours_unpack.append(timed(lambda: unpack(blob, work / f"{name}-out-{i}", packed.files)))
-        cli_pack.append(timed(lambda: subprocess.run(
-            ["tar", "-I", "zstd -T0 -3 -q", "-cf", str(cli_blob), "-C", str(tree), "."], check=True)))
+        cli_pack.append(
+            timed(
+                lambda: subprocess.run(
+                    ["tar", "-I", "zstd -T0 -3 -q", "-cf", str(cli_blob), "-C", str(tree), "."], check=True
+                )
+            )
+        )
         out = work / f"{name}-cli-out-{i}"
         out.mkdir()
-        cli_unpack.append(timed(lambda: subprocess.run(["tar", "-I", "zstd -d -q", "-xf", str(cli_blob), "-C", str(out)], check=True)))
+        cli_unpack.append(
+            timed(lambda: subprocess.run(["tar", "-I", "zstd -d -q", "-xf", str(cli_blob), "-C", str(out)], check=True))
+        )
         ratio = blob.stat().st_size / size
         shutil.rmtree(work / f"{name}-out-{i}")
         shutil.rmtree(out)
     mb = size / 1e6
     op, ou, cp, cu = (statistics.median(x) for x in (ours_pack, ours_unpack, cli_pack, cli_unpack))
-    print(f"{name}: {mb:.1f} MB in {sum(1 for p in tree.rglob('*') if p.is_file())} files, prebake blob {ratio:.2f} of raw")
-    print(f"  pack    prebake {mb / op:8.1f} MB/s   tar+zstd {mb / cp:8.1f} MB/s   time ratio prebake/cli {op / cp:.2f}")
-    print(f"  unpack  prebake {mb / ou:8.1f} MB/s   tar+zstd {mb / cu:8.1f} MB/s   time ratio prebake/cli {ou / cu:.2f}")
+    print(
+        f"{name}: {mb:.1f} MB in {sum(1 for p in tree.rglob('*') if p.is_file())} files, prebake blob {ratio:.2f} of raw"
+    )
+    print(
+        f"  pack    prebake {mb / op:8.1f} MB/s   tar+zstd {mb / cp:8.1f} MB/s   time ratio prebake/cli {op / cp:.2f}"
+    )
+    print(
+        f"  unpack  prebake {mb / ou:8.1f} MB/s   tar+zstd {mb / cu:8.1f} MB/s   time ratio prebake/cli {ou / cu:.2f}"
+    )
 
 
 def main() -> None:

@@ -52,8 +52,12 @@ def main() -> None:
         bake.append(run(home, "run", "bake", *variables))
         listing.append(run(home, "list", "--all", "bake", *variables))
     mb, ml = statistics.median(bake), statistics.median(listing)
-    print(f"no-op doit bake: median {mb * 1e3:.0f} ms (min {min(bake) * 1e3:.0f}, max {max(bake) * 1e3:.0f}) over {args.repeat}")
-    print(f"doit list:       median {ml * 1e3:.0f} ms (min {min(listing) * 1e3:.0f}, max {max(listing) * 1e3:.0f}) over {args.repeat}")
+    print(
+        f"no-op doit bake: median {mb * 1e3:.0f} ms (min {min(bake) * 1e3:.0f}, max {max(bake) * 1e3:.0f}) over {args.repeat}"
+    )
+    print(
+        f"doit list:       median {ml * 1e3:.0f} ms (min {min(listing) * 1e3:.0f}, max {max(listing) * 1e3:.0f}) over {args.repeat}"
+    )
     print(f"ratio no-op bake / doit list: {mb / ml:.2f}")
 
 

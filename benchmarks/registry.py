@@ -44,7 +44,9 @@ _MiB = 1 << 20
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size-mb", type=int, default=256, help="blob size in MiB (at least 256 for the issue's figure)")
+    parser.add_argument(
+        "--size-mb", type=int, default=256, help="blob size in MiB (at least 256 for the issue's figure)"
+    )
     parser.add_argument("--repeat", type=int, default=3, help="timed rounds per measurement; the median is reported")
     args = parser.parse_args(argv)
     if shutil.which("aws") is None:
@@ -98,7 +100,9 @@ def _run(tmp: Path, endpoint: str, size_mb: int, repeat: int) -> dict[str, list[
             (tmp / leftover).unlink(missing_ok=True)
         _delete_prefixes(s3, bucket, [f"pub-{r}/", f"aws-{r}/"])  # moto keeps objects in memory
         results["aws start-up"].append(
-            _timed(lambda: subprocess.run([*aws, "s3api", "head-bucket", "--bucket", bucket], check=True, stdout=DEVNULL))
+            _timed(
+                lambda: subprocess.run([*aws, "s3api", "head-bucket", "--bucket", bucket], check=True, stdout=DEVNULL)
+            )
         )
         results["sha256 of the blob"].append(_timed(lambda: file_digest(blob)))
     _check_downloads_verified(seeded, manifest, tmp)
@@ -114,7 +118,9 @@ def _report(results: dict[str, list[float]], size_mb: int) -> None:
         print(f"  {name:17s} {med[name]:7.2f} s  {rate[name]:8.1f} MiB/s")
     startup = med["aws start-up"]
     print(f"  aws start-up      {startup:7.2f} s  (one `aws s3api head-bucket`: process start and one request)")
-    print(f"  sha256 of the blob {med['sha256 of the blob']:6.2f} s  (inside every prebake publish: it checks the blob first)")
+    print(
+        f"  sha256 of the blob {med['sha256 of the blob']:6.2f} s  (inside every prebake publish: it checks the blob first)"
+    )
     for op in ("download", "publish"):
         raw = rate[f"prebake {op}"] / rate[f"aws {op}"]
         net = (med[f"aws {op}"] - startup) / med[f"prebake {op}"]

@@ -16,7 +16,7 @@ The figure of merit is the share of the compile overhead the bundle removes:
 
 measured on the mean time to ready, for each graphs variant ([compile] variant of the recipe):
 "inductor-cache" (Inductor's cache folder: Dynamo still traces every shape at start-up) and
-"aoti" (Dynamo's ahead-of-time precompile, engine.aot: nothing is traced at start-up).
+"aoti" (Dynamo's ahead-of-time precompile, engine.runtime.aot: nothing is traced at start-up).
 Modes are interleaved per iteration, so machine noise hits them alike.
 
     python benchmarks/startup.py [--model tiny-llama] [--precision fp32] [--variant both]
@@ -65,9 +65,12 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write every run and the summary here")
     parser.add_argument("--work", type=Path, help="working folder (default: a new temporary one)")
-    parser.add_argument("--registry", type=Path,
-                        help="a registry that already holds the recipe's bundles (e.g. $PREBAKE_HOME/registry after "
-                             "`doit bake`): prebaked starts use it and nothing is baked; benchmarks the recipe's own variant")
+    parser.add_argument(
+        "--registry",
+        type=Path,
+        help="a registry that already holds the recipe's bundles (e.g. $PREBAKE_HOME/registry after "
+        "`doit bake`): prebaked starts use it and nothing is baked; benchmarks the recipe's own variant",
+    )
     parser.add_argument("--show-completion", action="store_true", help="print each prebaked start's first completion")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="prebake-startup-"))
@@ -115,7 +118,9 @@ class Bench:
         if any(self.registry(variant).glob("index/graphs/*.json")):
             return
         self.registry(variant).mkdir(parents=True, exist_ok=True)
-        print(f"baking {self.model} {self.precision} ({variant}) through a cold start with --write-back ...", flush=True)
+        print(
+            f"baking {self.model} {self.precision} ({variant}) through a cold start with --write-back ...", flush=True
+        )
         run = self._serve(variant, "bake", ["--registry", str(self.registry(variant)), "--write-back"])
         print(f"  baked in {run.ready_s:.1f} s", flush=True)
 
@@ -127,8 +132,11 @@ class Bench:
         else:
             extra = ["--registry", str(self.registry(variant))] + (["--eager"] if mode == "eager" else [])
         run = self._serve(variant, mode, extra, tag=str(iteration))
-        print(f"  {mode:<9} {variant:<15} #{iteration}: ready {run.ready_s:7.2f} s, first request "
-              f"{run.first_request_s * 1e3:7.1f} ms", flush=True)
+        print(
+            f"  {mode:<9} {variant:<15} #{iteration}: ready {run.ready_s:7.2f} s, first request "
+            f"{run.first_request_s * 1e3:7.1f} ms",
+            flush=True,
+        )
         return run
 
     def _serve(self, variant: str, mode: str, extra: list[str], tag: str = "") -> Run:
@@ -156,7 +164,12 @@ class Bench:
 
 def summarise(runs: list[Run], variants) -> dict:
     def stats(values: list[float]) -> dict:
-        return {"mean": statistics.fmean(values), "p50": statistics.median(values), "p90": _p90(values), "n": len(values)}
+        return {
+            "mean": statistics.fmean(values),
+            "p50": statistics.median(values),
+            "p90": _p90(values),
+            "n": len(values),
+        }
 
     eager = [r for r in runs if r.mode == "eager"]
     out: dict = {"eager": _mode_summary(eager, stats)}
@@ -164,7 +177,8 @@ def summarise(runs: list[Run], variants) -> dict:
         cold = _mode_summary([r for r in runs if r.mode == "cold" and r.variant == variant], stats)
         prebaked = _mode_summary([r for r in runs if r.mode == "prebaked" and r.variant == variant], stats)
         ratios = {
-            stat: (cold["ready_s"][stat] - prebaked["ready_s"][stat]) / (cold["ready_s"][stat] - out["eager"]["ready_s"][stat])
+            stat: (cold["ready_s"][stat] - prebaked["ready_s"][stat])
+            / (cold["ready_s"][stat] - out["eager"]["ready_s"][stat])
             for stat in ("mean", "p50")
         }
         out[variant] = {"cold": cold, "prebaked": prebaked, "compile_overhead_removed": ratios}
@@ -181,15 +195,20 @@ def _mode_summary(runs: list[Run], stats) -> dict:
 
 
 def render(summary: dict, args) -> str:
-    lines = [f"\nstart-up of {args.model} {args.precision}, {args.iterations} iteration(s) per mode, "
-             f"fresh subprocess and empty store each", ""]
+    lines = [
+        f"\nstart-up of {args.model} {args.precision}, {args.iterations} iteration(s) per mode, "
+        f"fresh subprocess and empty store each",
+        "",
+    ]
     header = f"{'mode':<24}{'ready mean':>12}{'p50':>9}{'p90':>9}{'1st req mean':>15}{'p50':>9}{'p90':>9}"
     lines += [header, "-" * len(header)]
 
     def row(name: str, m: dict) -> str:
         r, f = m["ready_s"], m["first_request_s"]
-        return (f"{name:<24}{r['mean']:>11.2f}s{r['p50']:>8.2f}s{r['p90']:>8.2f}s"
-                f"{f['mean'] * 1e3:>12.1f}ms{f['p50'] * 1e3:>7.1f}ms{f['p90'] * 1e3:>7.1f}ms")
+        return (
+            f"{name:<24}{r['mean']:>11.2f}s{r['p50']:>8.2f}s{r['p90']:>8.2f}s"
+            f"{f['mean'] * 1e3:>12.1f}ms{f['p50'] * 1e3:>7.1f}ms{f['p90'] * 1e3:>7.1f}ms"
+        )
 
     lines.append(row("eager (floor)", summary["eager"]))
     for variant in (v for v in VARIANTS if v in summary):
@@ -198,11 +217,14 @@ def render(summary: dict, args) -> str:
     lines.append("")
     for variant in (v for v in VARIANTS if v in summary):
         ratio = summary[variant]["compile_overhead_removed"]
-        lines.append(f"compile overhead removed, {variant:<15} (cold - prebaked) / (cold - eager): "
-                     f"{ratio['mean']:.3f} on means, {ratio['p50']:.3f} on medians")
+        lines.append(
+            f"compile overhead removed, {variant:<15} (cold - prebaked) / (cold - eager): "
+            f"{ratio['mean']:.3f} on means, {ratio['p50']:.3f} on medians"
+        )
     lines.append("\nmean seconds per start-up step:")
-    modes = [("eager", summary["eager"])] + [(f"{m} {v}", summary[v][m]) for v in VARIANTS if v in summary
-                                             for m in ("cold", "prebaked")]
+    modes = [("eager", summary["eager"])] + [
+        (f"{m} {v}", summary[v][m]) for v in VARIANTS if v in summary for m in ("cold", "prebaked")
+    ]
     for name, m in modes:
         steps = ", ".join(f"{k} {s:.2f}" for k, s in m["steps_mean_s"].items())
         lines.append(f"  {name:<24} {steps}")
@@ -228,7 +250,7 @@ def _with_variant(toml: str, variant: str) -> str:
     line = f'variant = "{variant}"'
     if not re.search(r"^\[compile\]\s*$", toml, re.M):
         return toml.rstrip() + f"\n\n[compile]\n{line}\n"
-    toml = re.sub(r'^variant\s*=.*\n', "", toml, flags=re.M)  # only [compile] has a `variant` key
+    toml = re.sub(r"^variant\s*=.*\n", "", toml, flags=re.M)  # only [compile] has a `variant` key
     return re.sub(r"^\[compile\]\s*$", f"[compile]\n{line}", toml, count=1, flags=re.M)
 
 
@@ -260,8 +282,12 @@ def _check_alive(proc: subprocess.Popen, log: Path) -> None:
 
 def _time_completion(port: int) -> tuple[float, str]:
     body = json.dumps({"prompt": PROMPT, "max_tokens": 16, "temperature": 0}).encode()
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions",
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
     started = time.perf_counter()
     with urllib.request.urlopen(request, timeout=600) as response:
         body = response.read().decode()
@@ -279,7 +305,9 @@ def _get(port: int, path: str) -> tuple[int, str]:
 
 
 def _startup_steps(metrics: str) -> dict[str, float]:
-    return {m[1]: float(m[2]) for m in re.finditer(r'^prebake_startup_step_seconds\{step="([^"]+)"\} (\S+)$', metrics, re.M)}
+    return {
+        m[1]: float(m[2]) for m in re.finditer(r'^prebake_startup_step_seconds\{step="([^"]+)"\} (\S+)$', metrics, re.M)
+    }
 
 
 def _p90(values: list[float]) -> float:

@@ -35,8 +35,23 @@ def bake(env: dict[str, str], work: Path) -> float:
     import time
 
     started = time.monotonic()
-    done = subprocess.run([str(BIN / "doit"), "run", "-f", str(REPO / "dodo.py"), "--db-file", str(work / "doit.db"),
-                           "bake", f"model={MODEL}", "precision=bf16"], env=env, cwd=REPO, capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            str(BIN / "doit"),
+            "run",
+            "-f",
+            str(REPO / "dodo.py"),
+            "--db-file",
+            str(work / "doit.db"),
+            "bake",
+            f"model={MODEL}",
+            "precision=bf16",
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         sys.exit(f"bake failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     return time.monotonic() - started
@@ -44,8 +59,22 @@ def bake(env: dict[str, str], work: Path) -> float:
 
 def one_start(env: dict[str, str], registry: str, run: Path) -> dict:
     port = free_port()
-    argv = (str(BIN / "prebake"), "serve", "--engine", "vllm", "--model", MODEL, "--precision", "bf16",
-            "--registry", registry, "--port", str(port), "--cache-root", str(run / "cache"))
+    argv = (
+        str(BIN / "prebake"),
+        "serve",
+        "--engine",
+        "vllm",
+        "--model",
+        MODEL,
+        "--precision",
+        "bf16",
+        "--registry",
+        registry,
+        "--port",
+        str(port),
+        "--cache-root",
+        str(run / "cache"),
+    )
     running = start(Launch(argv, env, None, run / "vllm.log"))
     try:
         seconds = wait_ready(running, f"http://127.0.0.1:{port}", timeout_s=900)
@@ -69,8 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     empty.mkdir(parents=True, exist_ok=True)
 
     bake_s = bake(baked_env, work)
-    subprocess.run([str(BIN / "prebake"), "fetch", "--engine", "vllm", "--model", MODEL, "--registry", str(empty)],
-                   env=cold_env, capture_output=True)  # saves the cold home's model folder, untimed (a miss: exit 3)
+    subprocess.run(
+        [str(BIN / "prebake"), "fetch", "--engine", "vllm", "--model", MODEL, "--registry", str(empty)],
+        env=cold_env,
+        capture_output=True,
+    )  # saves the cold home's model folder, untimed (a miss: exit 3)
     runs: dict[str, list[dict]] = {"cold": [], "prebaked": []}
     for i in range(args.runs):
         runs["cold"].append(one_start(cold_env, str(empty), work / f"cold-{i}"))
@@ -78,8 +110,10 @@ def main(argv: list[str] | None = None) -> int:
     cold = statistics.mean(r["ready_s"] for r in runs["cold"])
     warm = statistics.mean(r["ready_s"] for r in runs["prebaked"])
     print(json.dumps({"bake_s": round(bake_s, 1), **runs}, indent=1))
-    print(f"vLLM start to ready, mean of {args.runs}: cold {cold:.1f} s, prebaked {warm:.1f} s; "
-          f"prebaked/cold = {warm / cold:.2f} (work folder: {work})")
+    print(
+        f"vLLM start to ready, mean of {args.runs}: cold {cold:.1f} s, prebaked {warm:.1f} s; "
+        f"prebaked/cold = {warm / cold:.2f} (work folder: {work})"
+    )
     return 0 if all(r["warm"] for r in runs["prebaked"]) else 1
 
 

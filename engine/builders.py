@@ -1,8 +1,8 @@
 """The builder of each artifact kind, and the doit action that bakes one kind.
 
     buckets   pure Python, in this process: buckets.json
-    autotune  torch, in a child process (engine.build): autotune.json
-    graphs    torch.compile, in a child process (engine.build) whose Inductor cache folder
+    autotune  torch, in a child process (engine.runtime.build): autotune.json
+    graphs    torch.compile, in a child process (engine.runtime.build) whose Inductor cache folder
               is the artifact: inductor/ + graphs.json
     engine = "vllm" recipes: autotune and graphs come from vLLM's own start-up (engine.adapters.vllm)
 
@@ -64,8 +64,13 @@ def run_kind(plan: Plan, kind: str, registry, store: Store | None = None) -> boo
 
     started = time.monotonic()
     baked: Baked = bake_kind(
-        plan, kind, store=store or Store(), registry=registry, build=build,
-        sign=signer_from_env(), trust=trust_from_env(),
+        plan,
+        kind,
+        store=store or Store(),
+        registry=registry,
+        build=build,
+        sign=signer_from_env(),
+        trust=trust_from_env(),
     )
     seconds = time.monotonic() - started
     print(
@@ -80,14 +85,18 @@ def _run_child(request: BuildRequest) -> None:
     spec = {
         "kind": request.kind,
         "recipe": request.plan.recipe.model_dump(mode="json"),
-        "target": {"platform": request.plan.target.platform, "tp": request.plan.target.tp, "dtype": request.plan.target.dtype},
+        "target": {
+            "platform": request.plan.target.platform,
+            "tp": request.plan.target.tp,
+            "dtype": request.plan.target.dtype,
+        },
         "inputs": {k: str(v) for k, v in request.inputs.items()},
         "out": str(request.out),
     }
     spec_path = request.out.parent / f"{request.kind}-request.json"
     spec_path.write_text(json.dumps(spec))
     proc = subprocess.run(
-        [sys.executable, "-m", "engine.build", str(spec_path)],
+        [sys.executable, "-m", "engine.runtime.build", str(spec_path)],
         env=child_env(request.kind, request.out),
         cwd=request.out.parent,
     )

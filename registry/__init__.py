@@ -29,7 +29,9 @@ def open_registry(address: str | Path) -> Registry:
         return FileRegistry(address)
     parts = [part.strip() for part in str(address).split(",") if part.strip()]
     if not parts:
-        raise UnknownRegistryError(f"registry address {address!r} is empty; name a folder or one of {', '.join(SCHEMES)}")
+        raise UnknownRegistryError(
+            f"registry address {address!r} is empty; name a folder or one of {', '.join(SCHEMES)}"
+        )
     if len(parts) > 1:
         from .chain import ChainRegistry
 
@@ -59,4 +61,4 @@ def _open_one(text: str) -> Registry:
     return FileRegistry(text)
 
 
-__all__ = ["Published", "Registry", "SCHEMES", "open_registry"]
+__all__ = ["SCHEMES", "Published", "Registry", "open_registry"]

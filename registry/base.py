@@ -1,4 +1,7 @@
-"""The registry protocol: where bundles live, the same index/ + blobs/ layout on every backend.
+"""What every registry backend shares: settling a publish race and copying a blob verified.
+
+The protocols themselves (Registry, Maintainable, Published) are the core's port, in
+artifacts.ports; they are named here too for the backends.
 
 A backend answers four questions and nothing else. A miss is `None`, never an exception;
 faults (down, refused, corrupt) raise RegistryError subclasses so callers can tell a miss
@@ -8,21 +11,11 @@ it is absent, so two bakers racing on one key cannot clobber each other.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 
+from artifacts.errors import PublishConflict
 from artifacts.manifest import Manifest
-
-
-@dataclass(frozen=True)
-class Published:
-    """The outcome of a publish: created, or already there with the very same bundle."""
-
-    manifest: Manifest
-    created: bool
-    where: str
+from artifacts.ports import Maintainable, Published, Registry
 
 
 def settle(existing: Manifest, manifest: Manifest, where: str) -> Published:
@@ -31,8 +24,6 @@ def settle(existing: Manifest, manifest: Manifest, where: str) -> Published:
     The same bundle again is a no-op; a different build of the same key is refused, and the
     registry keeps the first one (a losing baker is told, and uses the published bundle).
     """
-    from .errors import PublishConflict
-
     if existing.same_bundle(manifest):
         return Published(existing, created=False, where=where)
     raise PublishConflict(
@@ -63,26 +54,4 @@ def copy_verified(src: Path, dest: Path, digest: str, *, where: str, registry_ur
     return dest
 
 
-@runtime_checkable
-class Registry(Protocol):
-    """Where bundles live. Every backend has the same layout: index/ and blobs/.
-
-    `writable` is False for a registry that can only be read (an offline Hub, a Hub address
-    pinned to a commit); chains skip such registries when they backfill.
-    """
-
-    url: str
-    writable: bool
-
-    def lookup(self, kind: str, key_digest: str) -> Manifest | None:
-        """The manifest that answers this key, or None."""
-
-    def fetch_blob(self, digest: str, dest: Path) -> Path:
-        """Download the blob named `digest` to `dest` (atomically), verify its sha256, return dest."""
-
-    def publish(self, manifest: Manifest, blob: Path) -> Published:
-        """Store the blob, then create the index entry if absent. Raises PublishConflict if a
-        different bundle already answers the key."""
-
-    def list(self, kind: str | None = None) -> Iterator[Manifest]:
-        """Every manifest in the index (of one kind, if given)."""
+__all__ = ["Maintainable", "Published", "Registry", "copy_verified", "settle"]

@@ -45,7 +45,7 @@ class ChainRegistry:
 
     @property
     def writable(self) -> bool:
-        return getattr(self.registries[0], "writable", True)
+        return self.registries[0].writable
 
     def lookup(self, kind: str, key_digest: str) -> Manifest | None:
         down: list[RegistryUnavailable] = []
@@ -109,11 +109,18 @@ class ChainRegistry:
 
     def _backfill(self, source: int, manifest: Manifest, blob: Path) -> None:
         for registry in self.registries[:source]:
-            if not getattr(registry, "writable", True):
+            if not registry.writable:
                 continue
             try:
                 registry.publish(manifest, blob)
-                log.info("backfilled %s/%s from %s into %s", manifest.kind, manifest.key_digest[:16],
-                         self.registries[source].url, registry.url)
+                log.info(
+                    "backfilled %s/%s from %s into %s",
+                    manifest.kind,
+                    manifest.key_digest[:16],
+                    self.registries[source].url,
+                    registry.url,
+                )
             except Exception as exc:  # a backfill is a courtesy: it must never fail the fetch it rides on
-                log.warning("could not backfill %s/%s into %s: %s", manifest.kind, manifest.key_digest[:16], registry.url, exc)
+                log.warning(
+                    "could not backfill %s/%s into %s: %s", manifest.kind, manifest.key_digest[:16], registry.url, exc
+                )

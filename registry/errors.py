@@ -1,12 +1,21 @@
-"""Errors of the registry layer, rooted in prebake's one base error."""
+"""Errors of the registry layer, rooted in prebake's one base error.
+
+RegistryError and PublishConflict belong to the core's port (artifacts.errors); they are
+named here too so backends and callers find every registry error in one module.
+"""
 
 from __future__ import annotations
 
-from artifacts.errors import BundleError, PrebakeError
+from artifacts.errors import BundleError, PublishConflict, RegistryError
 
-
-class RegistryError(PrebakeError):
-    """A registry could not be reached, read or written."""
+__all__ = [
+    "BlobDigestMismatch",
+    "PublishConflict",
+    "RegistryError",
+    "RegistryReadOnly",
+    "RegistryUnavailable",
+    "UnknownRegistryError",
+]
 
 
 class RegistryUnavailable(RegistryError, ConnectionError):
@@ -15,14 +24,6 @@ class RegistryUnavailable(RegistryError, ConnectionError):
 
 class UnknownRegistryError(RegistryError, ValueError):
     """A registry address whose scheme prebake does not know."""
-
-
-class PublishConflict(RegistryError):
-    """A different bundle already answers this key; the registry keeps the first one."""
-
-    def __init__(self, message: str, existing_blob: str):
-        super().__init__(message)
-        self.existing_blob = existing_blob
 
 
 class RegistryReadOnly(RegistryError, PermissionError):

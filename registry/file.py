@@ -96,7 +96,9 @@ class FileRegistry:
         """
         moved = self._move_aside(index_relpath(kind, key_digest))
         if moved is None:
-            raise RegistryError(f"cannot quarantine {kind} {key_digest[:16]}: {self.root / index_relpath(kind, key_digest)} is gone")
+            raise RegistryError(
+                f"cannot quarantine {kind} {key_digest[:16]}: {self.root / index_relpath(kind, key_digest)} is gone"
+            )
         if blob_digest is not None:
             self._move_aside(blob_relpath(blob_digest))  # None: an earlier entry naming it moved it already
         return moved

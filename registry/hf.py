@@ -96,7 +96,9 @@ class HubRegistry:
             log.warning("cached copy of %s is corrupt; downloading it again", self._where(relpath))
             fresh = self._download(relpath, self.revision, force=True)
             if fresh is None:
-                raise RegistryError(f"blob {digest} vanished from {self._where(relpath)} while being fetched; retry") from None
+                raise RegistryError(
+                    f"blob {digest} vanished from {self._where(relpath)} while being fetched; retry"
+                ) from None
             return self._copy_verified(fresh, digest, dest, relpath)
 
     def publish(self, manifest: Manifest, blob: Path) -> Published:

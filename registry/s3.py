@@ -70,7 +70,7 @@ class S3Settings:
             raise RegistryError(f"{self}: retry_mode must be 'standard', 'adaptive' or 'legacy'")
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> "S3Settings":
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> S3Settings:
         """Settings from PREBAKE_S3_CONCURRENCY, _CHUNK_MB, _MAX_ATTEMPTS, _RETRY_MODE,
         _TIMEOUT_S and _CONDITIONAL_PUT (on/off); unset variables keep the defaults."""
         values: dict[str, object] = {}
@@ -117,8 +117,14 @@ class S3Registry:
         with self._faults(f"download {where}"):
             size = self._size_or_none(key)
             if size is None:
-                raise RegistryError(f"blob {digest} is named by an index entry but missing at {where}; run `prebake verify`")
-            with fsutil.atomic_target(dest) as tmp, tmp.open("wb") as f, _Progress("download", digest, size) as progress:
+                raise RegistryError(
+                    f"blob {digest} is named by an index entry but missing at {where}; run `prebake verify`"
+                )
+            with (
+                fsutil.atomic_target(dest) as tmp,
+                tmp.open("wb") as f,
+                _Progress("download", digest, size) as progress,
+            ):
                 sink = _HashingSink(f)
                 self._client.download_fileobj(self.bucket, key, sink, Config=self._transfer, Callback=progress)
                 if sink.digest() != digest:
@@ -178,7 +184,8 @@ class S3Registry:
                     log.warning(
                         "%s at %s does not support conditional writes (If-None-Match); creating index "
                         "entries by look-put-read-back instead, see registry/s3.py for the race that leaves",
-                        self.url, self.endpoint,
+                        self.url,
+                        self.endpoint,
                     )
                     self._conditional = False
                     continue
@@ -257,7 +264,12 @@ class S3Registry:
         """Turn boto's exceptions into registry errors that name the endpoint, bucket and fix."""
         from boto3.exceptions import Boto3Error
         from botocore.exceptions import (
-            BotoCoreError, ChecksumError, ClientError, FlexibleChecksumError, NoCredentialsError, PartialCredentialsError,
+            BotoCoreError,
+            ChecksumError,
+            ClientError,
+            FlexibleChecksumError,
+            NoCredentialsError,
+            PartialCredentialsError,
         )
         from s3transfer.exceptions import RetriesExceededError
 
@@ -291,7 +303,12 @@ class S3Registry:
                 f"cannot {doing}: bucket {self.bucket} does not exist at {self.endpoint}; "
                 f"create it (aws s3 mb s3://{self.bucket}) or fix the registry address"
             )
-        if status in (401, 403) or code in ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken"):
+        if status in (401, 403) or code in (
+            "AccessDenied",
+            "InvalidAccessKeyId",
+            "SignatureDoesNotMatch",
+            "ExpiredToken",
+        ):
             return RegistryUnavailable(
                 f"cannot {doing}: {self.endpoint} refused us ({code}); check the credentials "
                 f"(AWS_PROFILE, AWS_ACCESS_KEY_ID) and the policy of bucket {self.bucket}"
@@ -348,7 +365,7 @@ class _Progress:
             )
             sys.stderr.flush()
 
-    def __enter__(self) -> "_Progress":
+    def __enter__(self) -> _Progress:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -58,7 +58,7 @@ class PublicKey:
     raw: bytes = field(repr=False)
 
     @classmethod
-    def parse(cls, line: str, source: str = "public key") -> "PublicKey":
+    def parse(cls, line: str, source: str = "public key") -> PublicKey:
         """Read "<name>:<base64 of 32 bytes>", naming `source` and the expected form on any problem."""
         name, sep, encoded = line.strip().partition(":")
         raw = _b64decode(encoded)
@@ -88,7 +88,9 @@ def generate_keypair(name: str) -> tuple[bytes, str]:
     """A fresh ed25519 key: (private key as PKCS#8 PEM, public line "<name>:<base64>")."""
     _check_name(name)
     private = Ed25519PrivateKey.generate()
-    pem = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    pem = private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     return pem, PublicKey(name, _raw_public(private)).line
 
 
@@ -127,8 +129,7 @@ def load_private_key(path: Path | str) -> Ed25519PrivateKey:
         key = serialization.load_pem_private_key(pem, password=None)
     except (ValueError, TypeError) as exc:
         raise SigningKeyError(
-            f"signing key {path} is not an unencrypted PEM private key ({exc}); "
-            f"create one with `prebake keygen <name>`"
+            f"signing key {path} is not an unencrypted PEM private key ({exc}); create one with `prebake keygen <name>`"
         ) from exc
     if not isinstance(key, Ed25519PrivateKey):
         raise SigningKeyError(
@@ -159,14 +160,18 @@ class TrustPolicy:
 
     def __post_init__(self) -> None:
         if not self.keys:
-            raise SigningKeyError("a trust policy needs at least one public key; give the lines `prebake keygen` prints")
+            raise SigningKeyError(
+                "a trust policy needs at least one public key; give the lines `prebake keygen` prints"
+            )
         by_name: dict[str, PublicKey] = {}
         for key in self.keys:
             if by_name.setdefault(key.name, key) != key:
-                raise SigningKeyError(f"two different trusted keys are both named {key.name!r}; give each key its own name")
+                raise SigningKeyError(
+                    f"two different trusted keys are both named {key.name!r}; give each key its own name"
+                )
 
     @classmethod
-    def from_lines(cls, lines: Iterable[str], source: str = "public key") -> "TrustPolicy":
+    def from_lines(cls, lines: Iterable[str], source: str = "public key") -> TrustPolicy:
         keys = {PublicKey.parse(line, source) for line in lines if line.strip()}
         return cls(tuple(sorted(keys, key=lambda k: k.name)))
 

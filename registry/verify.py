@@ -19,6 +19,7 @@ from artifacts.errors import PrebakeError
 from artifacts.fetch import TrustCheck
 from artifacts.layout import parse_index_relpath
 from artifacts.manifest import Manifest
+from artifacts.ports import Maintainable, Registry
 
 from .errors import BlobDigestMismatch, RegistryError
 
@@ -63,9 +64,9 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def verify_registry(registry, *, trust: TrustCheck | None, quarantine: bool) -> VerifyReport:
+def verify_registry(registry: Registry, *, trust: TrustCheck | None, quarantine: bool) -> VerifyReport:
     """Check every entry of `registry`; with `quarantine`, move the bad ones aside."""
-    url = getattr(registry, "url", repr(registry))
+    url = registry.url
     notes: list[str] = [] if trust is not None else ["signatures were not checked: no trusted keys were given"]
     blobs: dict[str, _BlobCheck] = {}
     entries, findings = 0, []
@@ -87,13 +88,12 @@ def verify_registry(registry, *, trust: TrustCheck | None, quarantine: bool) -> 
 _Entry = tuple[str, str, "Manifest | None", "str | None"]  # kind, key digest, manifest or None, why not
 
 
-def _entries(registry) -> Iterator[_Entry]:
+def _entries(registry: Registry) -> Iterator[_Entry]:
     """Every index entry, parsed where it parses; a backend with raw access reports bad ones too."""
-    raw_entries = getattr(registry, "index_entries", None)
-    if raw_entries is None:
+    if not isinstance(registry, Maintainable):
         yield from _listed(registry)
         return
-    for relpath, raw in raw_entries():
+    for relpath, raw in registry.index_entries():
         yield _parse(relpath, raw)
 
 
@@ -112,7 +112,7 @@ def _parse(relpath: str, raw: bytes) -> _Entry:
     return kind, key_digest, manifest, None
 
 
-def _listed(registry) -> Iterator[_Entry]:
+def _listed(registry: Registry) -> Iterator[_Entry]:
     listing = iter(registry.list())
     while True:
         try:
@@ -135,7 +135,9 @@ class _BlobCheck:
     size: int | None = None
 
 
-def _check(registry, manifest: Manifest, trust: TrustCheck | None, blobs: dict[str, _BlobCheck]) -> str | None:
+def _check(
+    registry: Registry, manifest: Manifest, trust: TrustCheck | None, blobs: dict[str, _BlobCheck]
+) -> str | None:
     """Why this entry is bad (every reason, joined), or None; blobs are re-hashed once per digest."""
     problems = []
     if trust is not None and (refused := trust(manifest)) is not None:
@@ -153,13 +155,15 @@ def _check(registry, manifest: Manifest, trust: TrustCheck | None, blobs: dict[s
     return "; ".join(problems) or None
 
 
-def _check_blob(registry, digest: str) -> _BlobCheck:
+def _check_blob(registry: Registry, digest: str) -> _BlobCheck:
     """Re-hash a fresh copy of the blob (fetch_blob verifies the sha256) and measure it."""
     with tempfile.TemporaryDirectory(prefix="prebake-verify-") as tmp:
         try:
             copy = registry.fetch_blob(digest, Path(tmp) / "blob")
         except BlobDigestMismatch:
-            return _BlobCheck(f"blob is corrupt: {digest[:23]}... does not hash to its own digest; rebake this key", corrupt=True)
+            return _BlobCheck(
+                f"blob is corrupt: {digest[:23]}... does not hash to its own digest; rebake this key", corrupt=True
+            )
         except RegistryError as exc:
             return _BlobCheck(f"blob is unavailable: {exc}", corrupt=False)
         return _BlobCheck(None, corrupt=False, size=copy.stat().st_size)
@@ -168,15 +172,13 @@ def _check_blob(registry, digest: str) -> _BlobCheck:
 # -- moving bad entries aside ----------------------------------------------------------------
 
 
-def _quarantine(registry, findings: list[Finding]) -> tuple[list[Finding], list[str]]:
-    move = getattr(registry, "quarantine", None)
-    if move is None:
-        url = getattr(registry, "url", repr(registry))
-        return findings, [f"quarantine is not supported by {url}; the bad entries were left in place"]
+def _quarantine(registry: Registry, findings: list[Finding]) -> tuple[list[Finding], list[str]]:
+    if not isinstance(registry, Maintainable):
+        return findings, [f"quarantine is not supported by {registry.url}; the bad entries were left in place"]
     moved, notes = [], []
     for f in findings:
         try:
-            to = move(f.kind, f.key_digest, blob_digest=f.bad_blob)
+            to = registry.quarantine(f.kind, f.key_digest, blob_digest=f.bad_blob)
         except PrebakeError as exc:
             notes.append(f"could not move {f.kind} {f.key_digest[:16]} aside: {exc}")
             moved.append(f)

@@ -6,7 +6,7 @@
     gaudi.py       vLLM on Gaudi: vllm-gaudi's bucket variables and the HPU recipe cache
                    (PT_HPU_RECIPE_CACHE_CONFIG)
 
-Which variables an engine gets is decided in engine.install, which calls these modules;
+Which variables an engine gets is decided in engine.startup.install, which calls these modules;
 nothing here writes os.environ: every environment is handed to a child process.
 """
 

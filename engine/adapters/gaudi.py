@@ -34,8 +34,10 @@ _NETWORK_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "lustre", "glusterfs", "c
 def recipe_cache_config(path: Path, delete: bool, size_mb: int) -> str:
     """The PT_HPU_RECIPE_CACHE_CONFIG value; the bridge splits it on commas, so paths may not hold one."""
     if "," in str(path):
-        raise BuildError(f"HPU recipe cache folder {path} contains a comma, which "
-                         f"{RECIPE_CACHE_ENV} cannot carry; use a folder without commas")
+        raise BuildError(
+            f"HPU recipe cache folder {path} contains a comma, which "
+            f"{RECIPE_CACHE_ENV} cannot carry; use a folder without commas"
+        )
     if size_mb <= 0:
         raise BuildError(f"HPU recipe cache size must be positive, not {size_mb} MB")
     return f"{path},{delete},{size_mb}"
@@ -95,6 +97,8 @@ def local_disk_problem(path: Path, mounts: Path = Path("/proc/mounts")) -> str |
     """Why `path` is a bad place for a recipe cache, or None when it is on local disk."""
     kind = filesystem_type(path, mounts)
     if kind and (kind in _NETWORK_FILESYSTEMS or kind.startswith("fuse.")):
-        return (f"{path} is on a {kind} file system, which has no working file locks; the Gaudi bridge needs "
-                f"its recipe cache on local disk: point --cache-root at a local folder")
+        return (
+            f"{path} is on a {kind} file system, which has no working file locks; the Gaudi bridge needs "
+            f"its recipe cache on local disk: point --cache-root at a local folder"
+        )
     return None

@@ -46,8 +46,7 @@ from artifacts.errors import BuildError
 from artifacts.keys import canonical_json, sha256_hex
 from artifacts.kinds import vllm_settings, weights_identity
 from artifacts.recipes import Recipe, Target
-
-from . import EngineStartError
+from engine.adapters import EngineStartError
 
 CACHE_DIR = "vllm-cache"
 REPORT_FILE = "vllm.json"
@@ -58,23 +57,46 @@ COMMAND_ENV = "PREBAKE_VLLM_COMMAND"
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 READY_TIMEOUT_S = 1800.0
 STOP_GRACE_S = 60.0
-_DTYPE_FLAGS = {"fp32": ["float32"], "bf16": ["bfloat16"], "fp16": ["float16"], "fp8": ["bfloat16", "--quantization", "fp8"]}
+_DTYPE_FLAGS = {
+    "fp32": ["float32"],
+    "bf16": ["bfloat16"],
+    "fp16": ["float16"],
+    "fp8": ["bfloat16", "--quantization", "fp8"],
+}
 # Variables that would send compile products outside VLLM_CACHE_ROOT, and so outside the bundle.
 REDIRECTS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR")
 # Variables that prebake sets per process; they name places, never graphs.
-_PER_PROCESS = frozenset({"VLLM_CACHE_ROOT", "VLLM_CONFIG_ROOT", "VLLM_NO_USAGE_STATS", "VLLM_DO_NOT_TRACK",
-                          "VLLM_PORT", "VLLM_HOST_IP", "VLLM_RPC_BASE_PATH", "VLLM_LOGGING_LEVEL",
-                          "VLLM_CPU_KVCACHE_SPACE",
-                          "PT_HPU_RECIPE_CACHE_CONFIG"})
+_PER_PROCESS = frozenset(
+    {
+        "VLLM_CACHE_ROOT",
+        "VLLM_CONFIG_ROOT",
+        "VLLM_NO_USAGE_STATS",
+        "VLLM_DO_NOT_TRACK",
+        "VLLM_PORT",
+        "VLLM_HOST_IP",
+        "VLLM_RPC_BASE_PATH",
+        "VLLM_LOGGING_LEVEL",
+        "VLLM_CPU_KVCACHE_SPACE",
+        "PT_HPU_RECIPE_CACHE_CONFIG",
+    }
+)
 INDUCTOR_DIR = "inductor_cache"
 # torch's own cache lines (INFO, off by default), so that the engine's log says what it loaded.
 TORCH_LOGS = "torch._inductor.codecache,torch._functorch._aot_autograd.autograd_cache"
 # The engine's log lines, as vllm/compilation/{decorators,backends}.py, torch/_inductor/codecache.py
 # and torch/_functorch/_aot_autograd/autograd_cache.py print them.
-_LOADED = ("Directly load AOT compilation from path", "Directly load the compiled graph(s)",
-           "AOTAutograd cache hit for key", "fx graph cache hit for key")
-_COMPILED = ("saved AOT compiled function to", "Compiling a graph for compile range",
-             "AOTAutograd cache miss for key", "fx graph cache miss for key")
+_LOADED = (
+    "Directly load AOT compilation from path",
+    "Directly load the compiled graph(s)",
+    "AOTAutograd cache hit for key",
+    "fx graph cache hit for key",
+)
+_COMPILED = (
+    "saved AOT compiled function to",
+    "Compiling a graph for compile range",
+    "AOTAutograd cache miss for key",
+    "fx graph cache miss for key",
+)
 _LOAD_FAILED = ("Compiling model again due to a load failure",)
 _ERROR_LINE = re.compile(r"\b[A-Z]\w*(Error|Exception): ")
 
@@ -156,7 +178,9 @@ def engine_flags(recipe: Recipe, target: Target) -> list[str]:
     flags: list[str] = []
     for name in ("max-model-len", "max-num-seqs", "max-num-batched-tokens", "block-size", "tensor-parallel-size"):
         flags += [f"--{name}", settings[name]]
-    flags.append("--enable-prefix-caching" if settings["enable-prefix-caching"] == "true" else "--no-enable-prefix-caching")
+    flags.append(
+        "--enable-prefix-caching" if settings["enable-prefix-caching"] == "true" else "--no-enable-prefix-caching"
+    )
     flags += ["--dtype", *_DTYPE_FLAGS[settings["dtype"]]]
     if recipe.compile.mode == "max-autotune-no-cudagraphs":
         flags += ["--compilation-config", json.dumps({"inductor_compile_config": {"max_autotune": True}})]
@@ -169,8 +193,9 @@ def model_location(recipe: Recipe, models_root: Path, python: str = sys.executab
     """Where vLLM finds the model; random weights are saved there with transformers if absent."""
     if recipe.model.weights != "random":
         return ModelLocation(None, recipe.model.weights)
-    identity = sha256_hex(canonical_json({"architecture": recipe.model.architecture(),
-                                          "weights": weights_identity(recipe)}))[:16]
+    identity = sha256_hex(
+        canonical_json({"architecture": recipe.model.architecture(), "weights": weights_identity(recipe)})
+    )[:16]
     home = models_root / identity
     if not (home / recipe.model.name / "config.json").is_file():
         _save_random_model(recipe, home, python)
@@ -183,12 +208,15 @@ def _save_random_model(recipe: Recipe, home: Path, python: str) -> None:
     partial = home / f".partial-{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)
     spec = json.dumps({"config": recipe.model.config, "seed": recipe.model.seed, "out": str(partial)})
-    done = subprocess.run([python, "-m", "engine.adapters.vllm", "save-random-model", spec],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [python, "-m", "engine.adapters.vllm", "save-random-model", spec], capture_output=True, text=True
+    )
     if done.returncode != 0:
         shutil.rmtree(partial, ignore_errors=True)
-        raise BuildError(f"saving the random-weight model {recipe.model.name} with transformers failed "
-                         f"(exit {done.returncode}): {done.stderr.strip()[-2000:]}; install transformers beside vLLM")
+        raise BuildError(
+            f"saving the random-weight model {recipe.model.name} with transformers failed "
+            f"(exit {done.returncode}): {done.stderr.strip()[-2000:]}; install transformers beside vLLM"
+        )
     try:
         partial.rename(home / recipe.model.name)
     except OSError:  # another process saved the same model first: identical content, keep theirs
@@ -218,15 +246,17 @@ def serving_variables(recipe: Recipe, target: Target, cache_root: Path) -> dict[
 
 def recorded_variables(env: Mapping[str, str]) -> dict[str, str]:
     """The VLLM_* and PT_HPU_* variables that can change compiled graphs, as set in `env`."""
-    return {k: v for k, v in sorted(env.items())
-            if k.startswith(("VLLM_", "PT_HPU_")) and k not in _PER_PROCESS}
+    return {k: v for k, v in sorted(env.items()) if k.startswith(("VLLM_", "PT_HPU_")) and k not in _PER_PROCESS}
 
 
 def variable_drift(baked: Mapping[str, str], here: Mapping[str, str]) -> list[str]:
     """Variables set differently from the bake: each one may make vLLM compile anew."""
     names = sorted(set(baked) | set(here))
-    return [f"{n}: {here.get(n, '(unset)')} here, {baked.get(n, '(unset)')} at bake"
-            for n in names if baked.get(n) != here.get(n)]
+    return [
+        f"{n}: {here.get(n, '(unset)')} here, {baked.get(n, '(unset)')} at bake"
+        for n in names
+        if baked.get(n) != here.get(n)
+    ]
 
 
 def writable_copy(tree: Path, dest: Path) -> Path:
@@ -260,8 +290,15 @@ def start(launch: Launch) -> Running:
     """Start the engine in its own session (so stop() can end its workers too), logging to a file."""
     launch.log.parent.mkdir(parents=True, exist_ok=True)
     with launch.log.open("ab") as log:
-        proc = subprocess.Popen(list(launch.argv), env=dict(launch.env), cwd=launch.cwd, stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            list(launch.argv),
+            env=dict(launch.env),
+            cwd=launch.cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     return Running(proc, launch.log, time.monotonic())
 
 
@@ -270,13 +307,16 @@ def wait_ready(running: Running, base_url: str, timeout_s: float = READY_TIMEOUT
     deadline = running.started + timeout_s
     while True:
         if running.proc.poll() is not None:
-            raise EngineStartError(f"vLLM exited with {running.proc.returncode} before it was ready; "
-                                   f"its log ({running.log}) ends:\n{running.log_tail()}")
+            raise EngineStartError(
+                f"vLLM exited with {running.proc.returncode} before it was ready; "
+                f"its log ({running.log}) ends:\n{running.log_tail()}"
+            )
         if _healthy(base_url):
             return time.monotonic() - running.started
         if time.monotonic() > deadline:
-            raise EngineStartError(f"vLLM was not ready within {timeout_s:.0f} s; its log ({running.log}) ends:\n"
-                                   f"{running.log_tail()}")
+            raise EngineStartError(
+                f"vLLM was not ready within {timeout_s:.0f} s; its log ({running.log}) ends:\n{running.log_tail()}"
+            )
         time.sleep(0.25)
 
 
@@ -331,14 +371,22 @@ def _record_autotune(request: BuildRequest) -> None:
 
 
 def _build_graphs(request: BuildRequest) -> None:
-    from engine.install import vllm_build_environment  # the one place that decides cache variables
+    from engine.startup.install import vllm_build_environment  # the one place that decides cache variables
 
     plan, work = request.plan, request.out.parent
     location = model_location(plan.recipe, work / "models")
     env = vllm_build_environment(plan, request.out, os.environ)
     port = free_port()
-    argv = (*vllm_command(), "--model", location.name, *engine_flags(plan.recipe, plan.target),
-            "--host", "127.0.0.1", "--port", str(port))
+    argv = (
+        *vllm_command(),
+        "--model",
+        location.name,
+        *engine_flags(plan.recipe, plan.target),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    )
     log = work / "vllm-bake.log"
     print(f"prebake: starting vLLM for {plan.target.name} (log: {log})", flush=True)
     running = start(Launch(argv, env, location.cwd, log))
@@ -350,10 +398,12 @@ def _build_graphs(request: BuildRequest) -> None:
         stop(running)
     report = compile_report(log.read_text(errors="replace"))
     if not report.compiled and not report.loaded:
-        raise BuildError(f"vLLM started for {plan.target.name} but compiled nothing ({report.describe()}); "
-                         f"unset VLLM_DISABLE_COMPILE_CACHE and drop --enforce-eager / -O0, then bake again")
+        raise BuildError(
+            f"vLLM started for {plan.target.name} but compiled nothing ({report.describe()}); "
+            f"unset VLLM_DISABLE_COMPILE_CACHE and drop --enforce-eager / -O0, then bake again"
+        )
     document = {
-        "flags": list(argv[len(vllm_command()):]),
+        "flags": list(argv[len(vllm_command()) :]),
         "variables": recorded_variables(env),
         "ready_s": round(seconds, 3),
         "report": asdict(report),

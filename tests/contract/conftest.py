@@ -93,6 +93,7 @@ def bundle(tmp_path) -> Callable[..., Bundle]:
 def _file(request, tmp_path: Path) -> Backend:
     root = tmp_path / "registry"
     registry = FileRegistry(root)
+
     def corrupt(digest: str, data: bytes) -> None:
         registry.blob_path(digest).write_bytes(data)
 

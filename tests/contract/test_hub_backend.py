@@ -101,8 +101,14 @@ def test_the_same_key_committed_in_between_is_settled_as_a_conflict(hub, repo, b
 
     def another_baker_wins(repo_type, repo_id):
         if index not in hub.files(repo_type, repo_id):
-            hub.push(repo_type, repo_id, {blob_relpath(theirs.manifest.blob.digest): theirs.blob.read_bytes(),
-                                          index: theirs.manifest.to_bytes()})
+            hub.push(
+                repo_type,
+                repo_id,
+                {
+                    blob_relpath(theirs.manifest.blob.digest): theirs.blob.read_bytes(),
+                    index: theirs.manifest.to_bytes(),
+                },
+            )
 
     hub.on_commit = another_baker_wins
     with pytest.raises(PublishConflict) as refused:
@@ -148,7 +154,9 @@ def test_offline_mode_reads_only_the_cache_and_refuses_to_publish(hub, repo, bun
 
     assert offline.lookup(cached.manifest.kind, cached.manifest.key_digest) == cached.manifest
     assert offline.lookup(never_read.manifest.kind, never_read.manifest.key_digest) is None
-    assert offline.fetch_blob(cached.manifest.blob.digest, tmp_path / "o.tar.zst").read_bytes() == cached.blob.read_bytes()
+    assert (
+        offline.fetch_blob(cached.manifest.blob.digest, tmp_path / "o.tar.zst").read_bytes() == cached.blob.read_bytes()
+    )
     assert [m.key_digest for m in offline.list()] == [cached.manifest.key_digest]
     with pytest.raises(RegistryUnavailable, match="not in the Hugging Face cache"):
         offline.fetch_blob(never_read.manifest.blob.digest, tmp_path / "n.tar.zst")

@@ -38,7 +38,9 @@ def test_a_large_blob_goes_up_in_parts_and_comes_back_verified(s3_bucket, s3_cli
     assert fetched.read_bytes() == b.blob.read_bytes()
 
 
-def test_a_server_without_conditional_writes_gets_the_safe_fallback(s3_endpoint, s3_bucket, monkeypatch, bundle, caplog):
+def test_a_server_without_conditional_writes_gets_the_safe_fallback(
+    s3_endpoint, s3_bucket, monkeypatch, bundle, caplog
+):
     first, second = bundle(build="first"), bundle(build="second")
     with without_conditional_writes(s3_endpoint) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy)
@@ -82,11 +84,20 @@ def test_a_down_endpoint_is_named_with_its_bucket(s3_client, monkeypatch):
 
 def test_settings_come_from_prebake_s3_variables():
     settings = S3Settings.from_env(
-        {"PREBAKE_S3_CONCURRENCY": "3", "PREBAKE_S3_CHUNK_MB": "16", "PREBAKE_S3_RETRY_MODE": "adaptive",
-         "PREBAKE_S3_CONDITIONAL_PUT": "off"}
+        {
+            "PREBAKE_S3_CONCURRENCY": "3",
+            "PREBAKE_S3_CHUNK_MB": "16",
+            "PREBAKE_S3_RETRY_MODE": "adaptive",
+            "PREBAKE_S3_CONDITIONAL_PUT": "off",
+        }
     )
 
-    assert (settings.concurrency, settings.chunk_mb, settings.retry_mode, settings.conditional_put) == (3, 16, "adaptive", False)
+    assert (settings.concurrency, settings.chunk_mb, settings.retry_mode, settings.conditional_put) == (
+        3,
+        16,
+        "adaptive",
+        False,
+    )
     assert S3Settings.from_env({}) == S3Settings()
 
 

@@ -92,7 +92,7 @@ def _bake(args, store: Store, registry) -> dict:
     from artifacts.recipes import load_recipe
     from engine.builders import build
     from engine.probe import current_host
-    from engine.resolve import pick_plan
+    from engine.startup.pipeline import pick_plan
 
     plan = pick_plan(load_recipe("tiny-llama"), current_host(), dtype=None, tp=None)
 
@@ -102,8 +102,13 @@ def _bake(args, store: Store, registry) -> dict:
             (request.out / "built-by.txt").write_text(args.build)
 
     baked = bake_kind(plan, "buckets", store=store, registry=registry, build=build_this)
-    return {"created": baked.created, "note": baked.note, "blob": baked.manifest.blob.digest,
-            "key": baked.manifest.key_digest, "tree": str(baked.installed.tree)}
+    return {
+        "created": baked.created,
+        "note": baked.note,
+        "blob": baked.manifest.blob.digest,
+        "key": baked.manifest.key_digest,
+        "tree": str(baked.installed.tree),
+    }
 
 
 def _hold(args, store: Store, registry) -> dict:

@@ -1,8 +1,8 @@
 """Post-conditions of every fault scenario: is what readers can see whole and verified?
 
-    tree_problems      a tree against its manifest: every file there, every byte matching, nothing extra
-    store_problems     every tree a store's index names (what `Store.lookup` would hand out)
-    registry_damage    re-verify a registry (registry.verify) and check the bundles published to it are still there
+tree_problems      a tree against its manifest: every file there, every byte matching, nothing extra
+store_problems     every tree a store's index names (what `Store.lookup` would hand out)
+registry_damage    re-verify a registry (registry.verify) and check the bundles published to it are still there
 """
 
 from __future__ import annotations
@@ -74,5 +74,7 @@ def registry_damage(registry, published: list[Manifest]) -> Damage:
     for manifest in published:
         entry = registry.lookup(manifest.kind, manifest.key_digest)
         if entry is None or not entry.same_bundle(manifest):
-            lost.append(f"{manifest.kind} {manifest.key_digest[:16]}: published, now {'gone' if entry is None else 'replaced'}")
+            lost.append(
+                f"{manifest.kind} {manifest.key_digest[:16]}: published, now {'gone' if entry is None else 'replaced'}"
+            )
     return Damage(tuple(lost), corrupted)

@@ -19,7 +19,12 @@ def actor(role: str, *args: str, env: dict[str, str] | None = None, **popen) -> 
     base = {k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")}
     return subprocess.Popen(
         [sys.executable, "-m", "tests.faults.actors", role, *args],
-        cwd=REPO, env={**base, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen,
+        cwd=REPO,
+        env={**base, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
     )
 
 

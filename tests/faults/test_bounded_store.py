@@ -31,8 +31,14 @@ def _store_bytes(home) -> int:
 
 def _gc(home, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")}
-    return subprocess.run([sys.executable, "-m", "engine.cli", "gc", *args], cwd=REPO, capture_output=True, text=True,
-                          env={**base, "PREBAKE_HOME": str(home), **(env or {})}, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "engine.cli", "gc", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**base, "PREBAKE_HOME": str(home), **(env or {})},
+        timeout=60,
+    )
 
 
 def test_the_store_bound_holds_after_every_install_by_separate_processes(tmp_path, scenario):
@@ -40,8 +46,18 @@ def test_the_store_bound_holds_after_every_install_by_separate_processes(tmp_pat
     home = scenario.store(tmp_path / "home")
     bound = 3 * PAYLOAD  # one bundle and a half
     for bundle in bundles:
-        got = result(actor("fetch", "--home", str(home), "--registry", str(registry.root), "--key",
-                           bundle.manifest.key_digest, env={"PREBAKE_STORE_MAX_BYTES": str(bound)}))
+        got = result(
+            actor(
+                "fetch",
+                "--home",
+                str(home),
+                "--registry",
+                str(registry.root),
+                "--key",
+                bundle.manifest.key_digest,
+                env={"PREBAKE_STORE_MAX_BYTES": str(bound)},
+            )
+        )
         assert got["problems"] == []
         assert _store_bytes(home) <= bound
     store = unbounded(home)
@@ -87,7 +103,9 @@ def test_a_bound_from_the_environment_is_what_plain_prebake_gc_enforces(tmp_path
     registry, bundles = _registry_of(tmp_path, scenario, "a", "b")
     home = scenario.store(tmp_path / "home")
     for bundle in bundles:
-        result(actor("fetch", "--home", str(home), "--registry", str(registry.root), "--key", bundle.manifest.key_digest))
+        result(
+            actor("fetch", "--home", str(home), "--registry", str(registry.root), "--key", bundle.manifest.key_digest)
+        )
     done = _gc(home, env={"PREBAKE_STORE_MAX_BYTES": "600K"})
     assert done.returncode == 0, done.stderr
     assert "1 bundle(s) evicted" in done.stdout and _store_bytes(home) <= 600 << 10

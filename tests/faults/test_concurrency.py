@@ -6,7 +6,6 @@ import pytest
 
 from registry.file import FileRegistry
 from tests.faults.checks import tree_problems
-
 from tests.faults.procs import actor, result, unbounded
 
 FETCHERS = 6
@@ -15,8 +14,20 @@ FETCHERS = 6
 def test_six_processes_fetching_one_bundle_download_it_once_and_share_one_verified_tree(tmp_path, published, scenario):
     registry, bundle = published
     home, count, go = scenario.store(tmp_path / "home"), tmp_path / "downloads.log", tmp_path / "go"
-    args = ["--home", str(home), "--registry", str(registry.root), "--key", bundle.manifest.key_digest,
-            "--count", str(count), "--delay", "0.5", "--go", str(go)]
+    args = [
+        "--home",
+        str(home),
+        "--registry",
+        str(registry.root),
+        "--key",
+        bundle.manifest.key_digest,
+        "--count",
+        str(count),
+        "--delay",
+        "0.5",
+        "--go",
+        str(go),
+    ]
     procs = [actor("fetch", *args) for _ in range(FETCHERS)]
     go.touch()  # all start together; the first to take the blob's lock downloads for 0.5 s, the rest wait
     results = [result(p) for p in procs]
@@ -34,8 +45,17 @@ def test_two_bakers_publishing_one_key_at_once_leave_exactly_one_entry_and_neith
     registry = FileRegistry(tmp_path / "registry")
     go = tmp_path / "go"
     procs = [
-        actor("bake", "--home", str(scenario.store(tmp_path / f"home-{i}")), "--registry", str(registry.root),
-              "--build", build, "--go", str(go))
+        actor(
+            "bake",
+            "--home",
+            str(scenario.store(tmp_path / f"home-{i}")),
+            "--registry",
+            str(registry.root),
+            "--build",
+            build,
+            "--go",
+            str(go),
+        )
         for i, build in enumerate(builds)
     ]
     go.touch()
@@ -59,8 +79,16 @@ def test_readers_holding_a_bundle_never_see_half_a_tree_while_another_process_in
 ):
     registry, bundle = published
     home = scenario.store(tmp_path / "home")
-    common = ["--home", str(home), "--registry", str(registry.root), "--key", bundle.manifest.key_digest,
-              "--go", str(tmp_path / "go")]
+    common = [
+        "--home",
+        str(home),
+        "--registry",
+        str(registry.root),
+        "--key",
+        bundle.manifest.key_digest,
+        "--go",
+        str(tmp_path / "go"),
+    ]
     churn = actor("churn", *common, "--seconds", "3")
     readers = [actor("read", *common, "--seconds", "3") for _ in range(2)]
     (tmp_path / "go").touch()

@@ -51,7 +51,9 @@ def test_kill_9_while_fetching_leaves_nothing_readable_and_the_next_fetch_cleans
     assert not list(home.glob(leftover)), "the next fetch of the same blob removes the dead one's leftovers"
 
 
-def test_kill_9_after_the_tree_but_before_its_index_entry_is_a_miss_then_a_cheap_reinstall(tmp_path, published, scenario):
+def test_kill_9_after_the_tree_but_before_its_index_entry_is_a_miss_then_a_cheap_reinstall(
+    tmp_path, published, scenario
+):
     registry, bundle = published
     home = scenario.store(tmp_path / "home")
     killed(actor("fetch", *_fetch_args(home, registry, bundle), env={CRASH: "write:*.json"}))

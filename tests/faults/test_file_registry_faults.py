@@ -25,8 +25,11 @@ def _nothing_installed(store, manifest: Manifest) -> None:
 
 def _snapshot(root) -> dict[str, str]:
     """Every file under a registry with the hash of its bytes."""
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_a_missing_registry_folder_is_a_miss(tmp_path, scenario):
@@ -93,15 +96,30 @@ def test_publishing_into_a_broken_registry_fails_loudly_and_changes_nothing(tmp_
     assert _snapshot(broken.root) == before
 
 
-def test_a_disk_that_fills_up_mid_publish_fails_the_publish_and_leaves_the_registry_as_it_was(tmp_path, published, scenario):
+def test_a_disk_that_fills_up_mid_publish_fails_the_publish_and_leaves_the_registry_as_it_was(
+    tmp_path, published, scenario
+):
     registry, first = published
     before = _snapshot(registry.root)
     bundle = make_bundle(tmp_path / "bake", model="big", payload_bytes=512 << 10)
     manifest = tmp_path / "manifest.json"
     manifest.write_bytes(bundle.manifest.to_bytes())
 
-    got = result(actor("publish", "--home", str(tmp_path / "home"), "--registry", str(registry.root),
-                       "--manifest", str(manifest), "--blob", str(bundle.blob), "--fsize-limit", str(128 << 10)))
+    got = result(
+        actor(
+            "publish",
+            "--home",
+            str(tmp_path / "home"),
+            "--registry",
+            str(registry.root),
+            "--manifest",
+            str(manifest),
+            "--blob",
+            str(bundle.blob),
+            "--fsize-limit",
+            str(128 << 10),
+        )
+    )
 
     assert got["error"] == "RegistryError" and "File too large" in got["message"] and "free space" in got["message"]
     assert _snapshot(registry.root) == before, "no entry, no blob, no temporary: the registry is as it was"

@@ -60,7 +60,12 @@ def s3(moto, monkeypatch, tmp_path, scenario):
 class _S3:
     def __init__(self, address, direct, bundle, proxy, env, registry):
         self.address, self.direct, self.bundle, self.proxy, self.env, self.registry = (
-            address, direct, bundle, proxy, env, registry,
+            address,
+            direct,
+            bundle,
+            proxy,
+            env,
+            registry,
         )
 
     def objects(self) -> list[str]:
@@ -79,7 +84,9 @@ def _nothing_installed(store, bundle) -> None:
 # -- reading ---------------------------------------------------------------------------------
 
 
-def test_a_registry_that_is_down_is_a_clear_error_within_seconds_and_installs_nothing(tmp_path, s3, monkeypatch, scenario):
+def test_a_registry_that_is_down_is_a_clear_error_within_seconds_and_installs_nothing(
+    tmp_path, s3, monkeypatch, scenario
+):
     from registry.s3 import S3Registry
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
@@ -202,8 +209,18 @@ def test_a_reader_killed_mid_download_leaves_nothing_readable_and_the_next_fetch
 def test_two_bakers_racing_on_s3_leave_one_entry_and_neither_fails(tmp_path, s3, scenario):
     go = tmp_path / "go"
     procs = [
-        actor("bake", "--home", str(scenario.store(tmp_path / f"home-{i}")), "--registry", s3.address,
-              "--build", build, "--go", str(go), env=s3.env)
+        actor(
+            "bake",
+            "--home",
+            str(scenario.store(tmp_path / f"home-{i}")),
+            "--registry",
+            s3.address,
+            "--build",
+            build,
+            "--go",
+            str(go),
+            env=s3.env,
+        )
         for i, build in enumerate(("one", "two"))
     ]
     go.touch()

@@ -60,20 +60,24 @@ def test_baked_graphs_are_inductor_cache_hits_from_a_copied_folder(baked, tmp_pa
 import json, torch
 from torch._dynamo.utils import counters
 from artifacts.recipes import load_recipe
-from engine.autotune import load_winners
-from engine.loader import load_model, torch_dtype
-from engine.model import KVCache
-from engine.steps import CompiledSteps
+from engine.runtime.autotune import load_winners
+from engine.runtime.loader import load_model, torch_dtype
+from engine.runtime.model import KVCache
+from engine.runtime.steps import CompiledSteps
 recipe = load_recipe("tiny-llama")
 model = load_model(recipe.model, "bf16")
 cache = KVCache.allocate(model.config, recipe.serving.max_num_seqs, recipe.serving.max_model_len, dtype=torch_dtype("bf16"))
-winners = load_winners({env['PREBAKE_AUTOTUNE_FILE']!r})
+winners = load_winners({env["PREBAKE_AUTOTUNE_FILE"]!r})
 shape, tactic = next(iter(winners.items()))
 CompiledSteps(model, cache).run_dummy(shape, tactic)
 print(json.dumps(dict(counters["inductor"])))
 """
     proc = subprocess.run(
-        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=600,
+        [sys.executable, "-c", probe],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
         env={**baked.env, "TORCHINDUCTOR_CACHE_DIR": str(copy)},
     )
     assert proc.returncode == 0, proc.stderr
@@ -89,9 +93,24 @@ def test_second_bake_runs_no_action_and_imports_no_torch(baked):
         "assert 'torch' not in sys.modules, 'a no-op bake imported torch'; sys.exit(rc)"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", wrapper, "run", "-f", str(REPO / "dodo.py"), "--db-file", str(baked.root / "doit.db"),
-         "bake", "model=tiny-llama", "precision=bf16"],
-        env=baked.env, cwd=REPO, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-c",
+            wrapper,
+            "run",
+            "-f",
+            str(REPO / "dodo.py"),
+            "--db-file",
+            str(baked.root / "doit.db"),
+            "bake",
+            "model=tiny-llama",
+            "precision=bf16",
+        ],
+        env=baked.env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     task_lines = [line for line in proc.stdout.splitlines() if line.strip()]

@@ -26,8 +26,13 @@ def s3_registry():
     with moto_server() as endpoint:
         env = s3_env(endpoint)
         bucket = f"prebake-{uuid.uuid4().hex[:8]}"
-        boto3.client("s3", endpoint_url=endpoint, region_name=env["AWS_DEFAULT_REGION"],
-                     aws_access_key_id="testing", aws_secret_access_key="testing").create_bucket(Bucket=bucket)
+        boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name=env["AWS_DEFAULT_REGION"],
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        ).create_bucket(Bucket=bucket)
         yield f"s3://{bucket}/bundles", env
 
 
@@ -45,22 +50,25 @@ def test_bake_into_a_remote_registry_then_fetch_it_from_an_empty_home(tmp_path, 
     write_recipe(tmp_path / "recipes", MODEL, variant="inductor-cache", seqs=1)
     env = {**env, "PREBAKE_RECIPES": str(tmp_path / "recipes")}
 
-    baked = Home(tmp_path / "baker").doit("run", "bake", f"model={MODEL}", "precision=fp32", f"registry={address}",
-                                          extra_env=env)
+    baked = Home(tmp_path / "baker").doit(
+        "run", "bake", f"model={MODEL}", "precision=fp32", f"registry={address}", extra_env=env
+    )
     assert baked.returncode == 0, baked.stdout + baked.stderr
     assert baked.stdout.count(": published, key") == 3
 
     reader = Home(tmp_path / "reader")
     listing = reader.prebake("ls", "--registry", address, extra_env=env)
     assert sorted(line.split()[1] for line in listing.stdout.splitlines()[1:]) == ["autotune", "buckets", "graphs"]
-    fetched = reader.prebake("fetch", "--model", MODEL, "--precision", "fp32", "--registry", address, "--json",
-                             extra_env=env)
+    fetched = reader.prebake(
+        "fetch", "--model", MODEL, "--precision", "fp32", "--registry", address, "--json", extra_env=env
+    )
     assert fetched.returncode == 0, fetched.stderr
     exported = json.loads(fetched.stdout)["env"]
     assert Path(exported["TORCHINDUCTOR_CACHE_DIR"]).is_relative_to(reader.root / "home" / "trees")
     assert any(Path(exported["TORCHINDUCTOR_CACHE_DIR"]).rglob("*"))
     assert json.loads(Path(exported["PREBAKE_BUCKETS_FILE"]).read_text())["prompt"]
 
-    again = Home(tmp_path / "baker").doit("run", "bake", f"model={MODEL}", "precision=fp32", f"registry={address}",
-                                          extra_env=env)
+    again = Home(tmp_path / "baker").doit(
+        "run", "bake", f"model={MODEL}", "precision=fp32", f"registry={address}", extra_env=env
+    )
     assert again.returncode == 0 and ": published" not in again.stdout, again.stdout

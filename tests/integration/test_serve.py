@@ -45,7 +45,9 @@ def _cold_start(tmp_path_factory, recipes, model: str) -> Cold:
     root = tmp_path_factory.mktemp(f"cold-{model}")
     registry = root / "registry"
     registry.mkdir()
-    server = ServeProcess(["--model", model, "--registry", str(registry), "--write-back"], serve_env(root / "home", recipes))
+    server = ServeProcess(
+        ["--model", model, "--registry", str(registry), "--write-back"], serve_env(root / "home", recipes)
+    )
     try:
         server.wait_listening()
         first_health = server.get("/health")
@@ -122,8 +124,10 @@ def test_completions_take_token_ids_and_text(warm):
     by_text = warm.complete(prompt=["hi", "héllo"], max_tokens=3, temperature=0)
     assert [c["index"] for c in by_text["choices"]] == [0, 1]
     assert by_text["usage"]["prompt_tokens"] == len(b"hi") + len("héllo".encode())  # byte-level tokenizer
-    assert warm.complete(prompt=list(b"hi"), max_tokens=3, temperature=0)["choices"][0]["token_ids"] == \
-        by_text["choices"][0]["token_ids"]
+    assert (
+        warm.complete(prompt=list(b"hi"), max_tokens=3, temperature=0)["choices"][0]["token_ids"]
+        == by_text["choices"][0]["token_ids"]
+    )
 
 
 def test_concurrent_requests_are_batched_and_equal_the_same_requests_one_by_one(warm):
@@ -152,8 +156,11 @@ def test_concurrent_requests_are_batched_and_equal_the_same_requests_one_by_one(
 
 
 def _batched_rows(server) -> float:
-    return metric(server.get("/metrics")[1], 'prebake_step_rows_total{shape="decode-b2-t1-c32"}') if \
-        'prebake_step_rows_total{shape="decode-b2-t1-c32"}' in server.get("/metrics")[1] else 0
+    return (
+        metric(server.get("/metrics")[1], 'prebake_step_rows_total{shape="decode-b2-t1-c32"}')
+        if 'prebake_step_rows_total{shape="decode-b2-t1-c32"}' in server.get("/metrics")[1]
+        else 0
+    )
 
 
 def test_a_prompt_longer_than_the_largest_bucket_gets_400_naming_the_limit(warm):
@@ -194,8 +201,13 @@ def test_serving_leaves_the_stores_trees_exactly_as_their_manifests_say(warm):
 def test_gc_never_evicts_the_trees_a_running_engine_serves_from(warm):
     home = Path(warm.env["PREBAKE_HOME"])
     trees = sorted(p.name for p in (home / "trees").iterdir() if p.is_dir())
-    proc = subprocess.run([str(Path(sys.executable).parent / "prebake"), "gc", "--max-size", "0"],
-                          env=warm.env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "prebake"), "gc", "--max-size", "0"],
+        env=warm.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "in use" in proc.stdout + proc.stderr
     assert sorted(p.name for p in (home / "trees").iterdir() if p.is_dir()) == trees
@@ -205,12 +217,19 @@ def test_gc_never_evicts_the_trees_a_running_engine_serves_from(warm):
 def test_graphs_carry_no_weights_so_other_weights_of_the_architecture_reuse_them(tmp_path_factory, cold, warm):
     recipes = tmp_path_factory.mktemp("other-weights")
     write_recipe(recipes, AOT, variant="aoti", seqs=2, seed=1)  # same architecture, other weights: same keys
-    servers = [ServeProcess(["--model", AOT, "--registry", str(cold.registry), "--on-miss", "fail", *extra],
-                            serve_env(tmp_path_factory.mktemp("home"), recipes)) for extra in ([], ["--eager"])]
+    servers = [
+        ServeProcess(
+            ["--model", AOT, "--registry", str(cold.registry), "--on-miss", "fail", *extra],
+            serve_env(tmp_path_factory.mktemp("home"), recipes),
+        )
+        for extra in ([], ["--eager"])
+    ]
     try:
         for server in servers:
             server.wait_ready()
-        bundled, eager = (s.complete(prompt=PROMPT, max_tokens=8, temperature=0)["choices"][0]["token_ids"] for s in servers)
+        bundled, eager = (
+            s.complete(prompt=PROMPT, max_tokens=8, temperature=0)["choices"][0]["token_ids"] for s in servers
+        )
     finally:
         for server in servers:
             server.stop()
@@ -230,6 +249,10 @@ def warm_inductor_cache(tmp_path_factory, recipes):
 def test_the_inductor_cache_variant_warms_up_from_cache_hits_and_serves_the_same_tokens(warm_inductor_cache, warm):
     cold_ic, server = warm_inductor_cache
     assert "prebake serve: compile: 2 step shapes compiled in place (inductor-cache)" in cold_ic.log
-    assert "warm-up: 2 step shapes from the bundle (inductor-cache); AOTAutograd cache 2 hit(s), 0 miss(es)" in server.log
+    assert (
+        "warm-up: 2 step shapes from the bundle (inductor-cache); AOTAutograd cache 2 hit(s), 0 miss(es)" in server.log
+    )
     same_model_other_variant = server.complete(prompt=PROMPT, max_tokens=8, temperature=0)["choices"][0]["token_ids"]
-    assert same_model_other_variant == warm.complete(prompt=PROMPT, max_tokens=8, temperature=0)["choices"][0]["token_ids"]
+    assert (
+        same_model_other_variant == warm.complete(prompt=PROMPT, max_tokens=8, temperature=0)["choices"][0]["token_ids"]
+    )

@@ -16,7 +16,7 @@ from artifacts.kinds import KINDS
 from artifacts.layout import index_relpath
 from artifacts.recipes import load_recipe
 from engine.probe import current_host
-from engine.resolve import pick_plan
+from engine.startup.pipeline import pick_plan
 from tests.support.serving import ServeProcess, serve_env, write_recipe
 
 EXIT_MISS = 3
@@ -24,8 +24,10 @@ EXIT_MISS = 3
 
 def test_on_miss_fail_exits_3_on_the_real_recipe_and_explains_every_miss(tmp_path):
     (tmp_path / "registry").mkdir()
-    server = ServeProcess(["--model", "tiny-llama", "--precision", "bf16", "--registry", str(tmp_path / "registry"),
-                           "--on-miss", "fail"], serve_env(tmp_path / "home"))
+    server = ServeProcess(
+        ["--model", "tiny-llama", "--precision", "bf16", "--registry", str(tmp_path / "registry"), "--on-miss", "fail"],
+        serve_env(tmp_path / "home"),
+    )
     assert server.wait_exit() == EXIT_MISS
     for kind in KINDS:
         assert f"miss: {kind} " in server.log
@@ -36,8 +38,10 @@ def test_on_miss_fail_exits_3_on_the_real_recipe_and_explains_every_miss(tmp_pat
 def test_an_unreadable_registry_is_a_miss_with_its_reason(tmp_path):
     not_a_folder = tmp_path / "registry"
     not_a_folder.write_text("a file where the registry folder should be")
-    server = ServeProcess(["--model", "tiny-llama", "--precision", "bf16", "--registry", str(not_a_folder),
-                           "--on-miss", "fail"], serve_env(tmp_path / "home"))
+    server = ServeProcess(
+        ["--model", "tiny-llama", "--precision", "bf16", "--registry", str(not_a_folder), "--on-miss", "fail"],
+        serve_env(tmp_path / "home"),
+    )
     assert server.wait_exit() == EXIT_MISS
     assert f"failed: RegistryUnavailable: cannot read {not_a_folder}/index/buckets/" in server.log
     assert "Traceback" not in server.log
@@ -51,8 +55,21 @@ def test_a_registry_that_never_answers_is_a_miss_after_the_time_box(tmp_path):
         entry.parent.mkdir(parents=True, exist_ok=True)
         os.mkfifo(entry)
     started = time.monotonic()
-    server = ServeProcess(["--model", "tiny-llama", "--precision", "bf16", "--registry", str(registry),
-                           "--registry-timeout", "1", "--on-miss", "fail"], serve_env(tmp_path / "home"))
+    server = ServeProcess(
+        [
+            "--model",
+            "tiny-llama",
+            "--precision",
+            "bf16",
+            "--registry",
+            str(registry),
+            "--registry-timeout",
+            "1",
+            "--on-miss",
+            "fail",
+        ],
+        serve_env(tmp_path / "home"),
+    )
     assert server.wait_exit() == EXIT_MISS
     assert time.monotonic() - started < 60
     assert f"registry {registry} did not answer within 1 s (--registry-timeout)" in server.log
@@ -63,10 +80,28 @@ def test_an_s3_registry_on_a_closed_port_is_a_miss_not_a_crash(tmp_path):
     with socket.socket() as s:  # a port nothing listens on: bound, then closed
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = serve_env(tmp_path / "home", AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", AWS_ACCESS_KEY_ID="x",
-                    AWS_SECRET_ACCESS_KEY="x", AWS_DEFAULT_REGION="us-east-1")
-    server = ServeProcess(["--model", "tiny-llama", "--precision", "bf16", "--registry", "s3://prebake/team",
-                           "--registry-timeout", "20", "--on-miss", "fail"], env)
+    env = serve_env(
+        tmp_path / "home",
+        AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}",
+        AWS_ACCESS_KEY_ID="x",
+        AWS_SECRET_ACCESS_KEY="x",
+        AWS_DEFAULT_REGION="us-east-1",
+    )
+    server = ServeProcess(
+        [
+            "--model",
+            "tiny-llama",
+            "--precision",
+            "bf16",
+            "--registry",
+            "s3://prebake/team",
+            "--registry-timeout",
+            "20",
+            "--on-miss",
+            "fail",
+        ],
+        env,
+    )
     assert server.wait_exit() == EXIT_MISS
     for kind in KINDS:
         assert f"miss: {kind} " in server.log
@@ -78,8 +113,9 @@ def test_an_unreachable_registry_still_serves_by_building_in_place(tmp_path):
     write_recipe(recipes, "serve-test", variant="aoti", seqs=2)
     not_a_folder = tmp_path / "registry"
     not_a_folder.write_text("")
-    server = ServeProcess(["--model", "serve-test", "--registry", str(not_a_folder), "--eager"],
-                          serve_env(tmp_path / "home", recipes))
+    server = ServeProcess(
+        ["--model", "serve-test", "--registry", str(not_a_folder), "--eager"], serve_env(tmp_path / "home", recipes)
+    )
     try:
         server.wait_ready(timeout=300)
         assert "miss: buckets " in server.log and f"cannot read {not_a_folder}/index/buckets/" in server.log

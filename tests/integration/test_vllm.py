@@ -37,8 +37,22 @@ def baked(tmp_path_factory) -> Home:
 def served(home: Home, registry: str, run: Path) -> tuple[float, list[int], str]:
     """Start vLLM through `prebake serve --engine vllm`, time it to ready, generate, stop it."""
     port = free_port()
-    argv = (str(BIN / "prebake"), "serve", "--engine", "vllm", "--model", MODEL, "--precision", "bf16",
-            "--registry", registry, "--port", str(port), "--cache-root", str(run / "cache"))
+    argv = (
+        str(BIN / "prebake"),
+        "serve",
+        "--engine",
+        "vllm",
+        "--model",
+        MODEL,
+        "--precision",
+        "bf16",
+        "--registry",
+        registry,
+        "--port",
+        str(port),
+        "--cache-root",
+        str(run / "cache"),
+    )
     running = start(Launch(argv, home.env, None, run / "vllm.log"))
     try:
         seconds = wait_ready(running, f"http://127.0.0.1:{port}", timeout_s=900)
@@ -49,10 +63,19 @@ def served(home: Home, registry: str, run: Path) -> tuple[float, list[int], str]
 
 
 def generate(port: int) -> list[int]:
-    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
-            "return_token_ids": True}
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    body = {
+        "model": MODEL,
+        "prompt": PROMPT,
+        "max_tokens": 12,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=300) as response:
         return json.loads(response.read())["choices"][0]["token_ids"]
 
@@ -77,9 +100,11 @@ def test_prebaked_start_loads_compiled_graphs_and_generates_what_a_cold_start_do
     cold_s, cold_tokens, cold_log = served(cold_home, str(empty), tmp_path / "cold")
     warm_s, warm_tokens, warm_log = served(baked, str(baked.root / "home" / "registry"), tmp_path / "warm")
     cold, warm = compile_report(cold_log), compile_report(warm_log)
-    print(f"\nvLLM start to ready: cold {cold_s:.1f} s, prebaked {warm_s:.1f} s "
-          f"(prebaked/cold = {warm_s / cold_s:.2f}); cold: {cold.describe()}; prebaked: {warm.describe()}",
-          file=sys.stderr)
+    print(
+        f"\nvLLM start to ready: cold {cold_s:.1f} s, prebaked {warm_s:.1f} s "
+        f"(prebaked/cold = {warm_s / cold_s:.2f}); cold: {cold.describe()}; prebaked: {warm.describe()}",
+        file=sys.stderr,
+    )
 
     assert "miss:" in cold_log and cold.compiled, cold.describe()
     assert warm.warm, f"{warm.describe()}; log: {os.linesep.join(warm_log.splitlines()[-40:])}"

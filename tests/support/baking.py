@@ -25,16 +25,24 @@ class Home:
         env["PREBAKE_TRUSTED_KEYS"] = ""  # unverified, on purpose: signing has its own tests
         return env
 
-    def doit(self, command: str, *args: str, extra_env: dict[str, str] | None = None,
-             timeout: float = 1800) -> subprocess.CompletedProcess:
+    def doit(
+        self, command: str, *args: str, extra_env: dict[str, str] | None = None, timeout: float = 1800
+    ) -> subprocess.CompletedProcess:
         """`doit COMMAND -f dodo.py --db-file <private> ARGS`, e.g. doit("run", "bake", "model=x")."""
         self.root.mkdir(parents=True, exist_ok=True)
         cmd = [str(BIN / "doit"), command, "-f", str(REPO / "dodo.py"), "--db-file", str(self.root / "doit.db"), *args]
-        return subprocess.run(cmd, env={**self.env, **(extra_env or {})}, cwd=REPO, capture_output=True, text=True,
-                              timeout=timeout)
-
-    def prebake(self, *args: str, extra_env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [str(BIN / "prebake"), *args], env={**self.env, **(extra_env or {})}, cwd=REPO,
-            capture_output=True, text=True, timeout=timeout,
+            cmd, env={**self.env, **(extra_env or {})}, cwd=REPO, capture_output=True, text=True, timeout=timeout
+        )
+
+    def prebake(
+        self, *args: str, extra_env: dict[str, str] | None = None, timeout: float = 600
+    ) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(BIN / "prebake"), *args],
+            env={**self.env, **(extra_env or {})},
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )

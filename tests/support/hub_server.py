@@ -74,7 +74,7 @@ class HubStandIn:
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, name="hub-stand-in", daemon=True)
 
-    def __enter__(self) -> "HubStandIn":
+    def __enter__(self) -> HubStandIn:
         self._thread.start()
         return self
 
@@ -114,7 +114,9 @@ class HubStandIn:
     def create_repo(self, repo_type: str, repo_id: str) -> None:
         with self._lock:
             if (repo_type, repo_id) in self.repos:
-                raise HttpError(409, f"You already created this {repo_type} repo", url=self.repo_url(repo_type, repo_id))
+                raise HttpError(
+                    409, f"You already created this {repo_type} repo", url=self.repo_url(repo_type, repo_id)
+                )
             repo = HubRepo(repo_type, repo_id)
             self.repos[(repo_type, repo_id)] = repo
             self._add_commit(repo, "main", {".gitattributes": b"*.zst filter=lfs diff=lfs merge=lfs -text\n"})
@@ -123,7 +125,12 @@ class HubStandIn:
         with self._lock:
             repo = self._repo(repo_type, repo_id)
             sha = self._resolve(repo, revision)
-            return {"id": repo_id, "sha": sha, "private": True, "siblings": [{"rfilename": p} for p in sorted(repo.trees[sha])]}
+            return {
+                "id": repo_id,
+                "sha": sha,
+                "private": True,
+                "siblings": [{"rfilename": p} for p in sorted(repo.trees[sha])],
+            }
 
     def preupload(self, repo_type: str, repo_id: str, revision: str, files: list[dict]) -> dict:
         with self._lock:
@@ -277,7 +284,13 @@ class _Handler(BaseHTTPRequestHandler):
         elif action == "commit" and self.command == "POST":
             lines = [json.loads(line) for line in body.splitlines() if line.strip()]
             sha = self.hub.commit(repo_type, repo_id, revision, lines)
-            self._json({"commitUrl": f"{self.hub.repo_url(repo_type, repo_id)}/commit/{sha}", "commitOid": sha, "success": True})
+            self._json(
+                {
+                    "commitUrl": f"{self.hub.repo_url(repo_type, repo_id)}/commit/{sha}",
+                    "commitOid": sha,
+                    "success": True,
+                }
+            )
         elif action == "tree" and self.command == "GET":
             recursive = query.get("recursive", "").lower() in ("1", "true")
             self._json(self.hub.tree(repo_type, repo_id, revision, rest, recursive))

@@ -75,8 +75,12 @@ class _Handler(BaseHTTPRequestHandler):
             conn.request(self.command, self.path, body=body, headers=headers)
             resp = conn.getresponse()
             data = resp.read()
-            self._reply(resp.status, {k: v for k, v in resp.getheaders() if k.lower() not in _HOP_BY_HOP}, data,
-                        length=resp.getheader("Content-Length"))
+            self._reply(
+                resp.status,
+                {k: v for k, v in resp.getheaders() if k.lower() not in _HOP_BY_HOP},
+                data,
+                length=resp.getheader("Content-Length"),
+            )
         finally:
             conn.close()
 

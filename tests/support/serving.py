@@ -72,8 +72,14 @@ class ServeProcess:
 
     def __init__(self, args: list[str], env: dict[str, str]):
         self.env = env
-        self.proc = subprocess.Popen([str(BIN / "prebake"), "serve", "--port", "0", *args], env=env, cwd=REPO,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(
+            [str(BIN / "prebake"), "serve", "--port", "0", *args],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         self.lines: list[str] = []
         self.port: int | None = None
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -116,8 +122,11 @@ class ServeProcess:
 
     def post(self, path: str, body: object) -> tuple[int, dict]:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        status, text = self._call(urllib.request.Request(self._url(path), data=data, method="POST",
-                                                         headers={"Content-Type": "application/json"}))
+        status, text = self._call(
+            urllib.request.Request(
+                self._url(path), data=data, method="POST", headers={"Content-Type": "application/json"}
+            )
+        )
         return status, json.loads(text)
 
     def complete(self, **body) -> dict:

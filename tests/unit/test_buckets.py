@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.buckets import (Bucket, BucketSet, build_bucket_set, exponential_range, linear_range,
-                               vllm_gaudi_env)
+from artifacts.buckets import Bucket, BucketSet, build_bucket_set, exponential_range, linear_range, vllm_gaudi_env
 from artifacts.errors import BucketError
 from artifacts.limits import BucketRange, BucketSettings, ServingLimits
 
@@ -22,15 +21,22 @@ REPO = Path(__file__).resolve().parents[2]
 # Llama-3.1-8B on Gaudi as REFERENCE.md counts it, with vllm-gaudi's own defaults for what the
 # recipe leaves open: vLLM enables prefix caching by default, and vllm-gaudi's runner prefills one
 # prompt per step unless VLLM_PROMPT_BS_BUCKET_MAX says otherwise.
-LLAMA3_8B = ServingLimits(max_model_len=8192, max_num_seqs=128, max_num_batched_tokens=2048,
-                          block_size=128, max_num_prefill_seqs=1, enable_prefix_caching=True)
+LLAMA3_8B = ServingLimits(
+    max_model_len=8192,
+    max_num_seqs=128,
+    max_num_batched_tokens=2048,
+    block_size=128,
+    max_num_prefill_seqs=1,
+    enable_prefix_caching=True,
+)
 EXPONENTIAL = BucketSettings(strategy="exponential")
 LINEAR = BucketSettings(strategy="linear")
 
 
 def linear_with(**ranges: tuple[int, int, int]) -> BucketSettings:
-    return BucketSettings(strategy="linear",
-                          **{name: BucketRange(min=a, step=b, max=c) for name, (a, b, c) in ranges.items()})
+    return BucketSettings(
+        strategy="linear", **{name: BucketRange(min=a, step=b, max=c) for name, (a, b, c) in ranges.items()}
+    )
 
 
 # --- ranges ---------------------------------------------------------------------------------------
@@ -119,9 +125,15 @@ def test_long_context_prompt_config_matches_upstream_log():
     # vllm-gaudi test_real_scenario_prompt_cfg_matches_log (Qwen3-32B, max_model_len 91964):
     # query cfg [128, 128, 2048, 11], ctx cfg [0, 1, 702, 11]; from 8192 tokens on, the top ctx
     # bucket becomes the most context each query can have: (91964 - query) // 128.
-    limits = ServingLimits(max_model_len=91964, max_num_seqs=256, max_num_batched_tokens=2048,
-                           block_size=128, max_num_prefill_seqs=1, enable_prefix_caching=True,
-                           num_device_blocks=3593)
+    limits = ServingLimits(
+        max_model_len=91964,
+        max_num_seqs=256,
+        max_num_batched_tokens=2048,
+        block_size=128,
+        max_num_prefill_seqs=1,
+        enable_prefix_caching=True,
+        num_device_blocks=3593,
+    )
     prompt = build_bucket_set(limits, EXPONENTIAL).prompt
     queries = exponential_range(128, 128, 2048, 11)
     assert sorted({b.query for b in prompt}) == queries
@@ -131,16 +143,18 @@ def test_long_context_prompt_config_matches_upstream_log():
 
 def test_linear_crossing_matches_upstream_generate_buckets_cases():
     # vllm-gaudi test_generate_prompt_buckets: bs [1..16], query [512, 1024], ctx [0..4] -> 25
-    prompt_limits = ServingLimits(max_model_len=2048, max_num_seqs=16, max_num_batched_tokens=2048,
-                                  block_size=64, enable_prefix_caching=True)
-    prompt = build_bucket_set(prompt_limits, linear_with(prompt_bs=(1, 16, 16), prompt_seq=(512, 512, 1024),
-                                                         prompt_ctx=(0, 1, 4))).prompt
+    prompt_limits = ServingLimits(
+        max_model_len=2048, max_num_seqs=16, max_num_batched_tokens=2048, block_size=64, enable_prefix_caching=True
+    )
+    prompt = build_bucket_set(
+        prompt_limits, linear_with(prompt_bs=(1, 16, 16), prompt_seq=(512, 512, 1024), prompt_ctx=(0, 1, 4))
+    ).prompt
     assert len(prompt) == 25
     # test_generate_decode_buckets: bs [1..64], blocks 128..2048 step 128, max_model_len 2048 -> 18
-    decode_limits = ServingLimits(max_model_len=2048, max_num_seqs=64, max_num_batched_tokens=131072,
-                                  block_size=128, enable_prefix_caching=True)
-    decode = build_bucket_set(decode_limits, linear_with(decode_bs=(1, 64, 64),
-                                                         decode_block=(128, 128, 2048))).decode
+    decode_limits = ServingLimits(
+        max_model_len=2048, max_num_seqs=64, max_num_batched_tokens=131072, block_size=128, enable_prefix_caching=True
+    )
+    decode = build_bucket_set(decode_limits, linear_with(decode_bs=(1, 64, 64), decode_block=(128, 128, 2048))).decode
     assert len(decode) == 18
 
 
@@ -205,9 +219,12 @@ def test_ranges_that_leave_no_bucket_are_refused():
 # --- lookup and padding ---------------------------------------------------------------------------
 
 
-SMALL = BucketSet("linear", 128,
-                  prompt=(Bucket(1, 128, 0), Bucket(1, 256, 0), Bucket(1, 256, 4), Bucket(2, 128, 0)),
-                  decode=(Bucket(1, 1, 16), Bucket(2, 1, 8), Bucket(2, 1, 32), Bucket(4, 1, 32)))
+SMALL = BucketSet(
+    "linear",
+    128,
+    prompt=(Bucket(1, 128, 0), Bucket(1, 256, 0), Bucket(1, 256, 4), Bucket(2, 128, 0)),
+    decode=(Bucket(1, 1, 16), Bucket(2, 1, 8), Bucket(2, 1, 32), Bucket(4, 1, 32)),
+)
 
 
 def test_lookup_takes_the_first_bucket_that_holds_the_step():
@@ -274,15 +291,18 @@ def test_digest_is_sha256_of_canonical_json_and_stable():
     assert build_bucket_set(LLAMA3_8B, LINEAR).digest() != buckets.digest()
 
 
-@pytest.mark.parametrize("change", [
-    {"version": 2},
-    {"strategy": "pad"},
-    {"block_size": 0},
-    {"prompt": [[1, 256, 0], [1, 128, 0]]},
-    {"decode": [[1, 1]]},
-    {"decode": [[1, 1, True]]},
-    {"extra": 1},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"version": 2},
+        {"strategy": "pad"},
+        {"block_size": 0},
+        {"prompt": [[1, 256, 0], [1, 128, 0]]},
+        {"decode": [[1, 1]]},
+        {"decode": [[1, 1, True]]},
+        {"extra": 1},
+    ],
+)
 def test_malformed_json_is_refused(change):
     data = SMALL.to_json() | change
     with pytest.raises(BucketError):

@@ -71,7 +71,9 @@ def test_round_trip_restores_files_modes_and_links(tmp_path):
 def test_files_that_do_not_match_the_manifest_are_refused(tmp_path):
     tree = _tree(tmp_path / "tree")
     packed = pack(tree, tmp_path / "p.tar.zst")
-    forged = tuple(f.model_copy(update={"sha256": "sha256:" + "1" * 64}) if f.path == "buckets.json" else f for f in packed.files)
+    forged = tuple(
+        f.model_copy(update={"sha256": "sha256:" + "1" * 64}) if f.path == "buckets.json" else f for f in packed.files
+    )
     with pytest.raises(BundleError, match="does not match its manifest"):
         unpack(tmp_path / "p.tar.zst", tmp_path / "out", forged)
     assert not (tmp_path / "out").exists()

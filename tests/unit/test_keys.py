@@ -19,10 +19,7 @@ def test_same_factors_give_the_same_digest_regardless_of_order():
 
 
 def test_digest_is_stable_across_processes():
-    code = (
-        "from artifacts.keys import Key; import json,sys;"
-        "print(Key.of('graphs', json.loads(sys.argv[1])).digest)"
-    )
+    code = "from artifacts.keys import Key; import json,sys;print(Key.of('graphs', json.loads(sys.argv[1])).digest)"
     other = subprocess.run([sys.executable, "-c", code, json.dumps(GROUPS)], capture_output=True, text=True, check=True)
     assert other.stdout.strip() == Key.of("graphs", GROUPS).digest
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.metrics import Metrics
+from engine.runtime.metrics import Metrics
 
 
 def test_counters_gauges_and_the_latency_histogram_render_as_prometheus_text():

@@ -14,8 +14,8 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers import LlamaConfig as HFLlamaConfig
 
-from engine.model import ATTN_IMPLS, KVCache, Llama, build_model, generate, sample
-from engine.weights import (
+from engine.runtime.model import ATTN_IMPLS, KVCache, Llama, build_model, generate, sample
+from engine.runtime.weights import (
     Llama3RopeScaling,
     LlamaConfig,
     check_state_dict,
@@ -28,17 +28,36 @@ from engine.weights import (
 ATOL = 1e-4
 COMPILE_ATOL = 1e-5
 
-TINY = dict(model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=128,
-            rms_norm_eps=1e-5, bos_token_id=1, eos_token_ids=(2,))
+TINY = dict(
+    model_type="llama",
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-5,
+    bos_token_id=1,
+    eos_token_ids=(2,),
+)
 VARIANTS = {
     "llama-gqa": LlamaConfig(**TINY),
     # original_max_position_embeddings 32 puts this head_dim's wavelengths in all three llama3 bands.
-    "llama3-rope": LlamaConfig(**{**TINY, "rope_theta": 500000.0, "rope_scaling": Llama3RopeScaling(
-        factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=32)}),
+    "llama3-rope": LlamaConfig(
+        **{
+            **TINY,
+            "rope_theta": 500000.0,
+            "rope_scaling": Llama3RopeScaling(
+                factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=32
+            ),
+        }
+    ),
     "llama-biases": LlamaConfig(**{**TINY, "attention_bias": True, "mlp_bias": True}),
-    "qwen2-bias-tied": LlamaConfig(**{**TINY, "model_type": "qwen2", "attention_bias": True,
-                                      "tie_word_embeddings": True}),
+    "qwen2-bias-tied": LlamaConfig(
+        **{**TINY, "model_type": "qwen2", "attention_bias": True, "tie_word_embeddings": True}
+    ),
     "mistral-window": LlamaConfig(**{**TINY, "model_type": "mistral", "sliding_window": 4}),
 }
 # Two right-padded prompts (lengths 9 and 5) in slots 2 and 0 of a 3-slot cache; padding is junk ids.
@@ -72,7 +91,7 @@ def _hf_logits(hf, logits: list[torch.Tensor]) -> list[torch.Tensor]:
         tokens = [logits[step][row].argmax().item() for step in range(len(logits) - 1)]
         ids = torch.cat([PROMPTS[row, :length], torch.tensor(tokens, dtype=torch.long)])[None]
         with torch.no_grad():
-            rows.append(hf(ids).logits[0, length - 1:])
+            rows.append(hf(ids).logits[0, length - 1 :])
     return [torch.stack([r[step] for r in rows]) for step in range(len(logits))]
 
 
@@ -96,8 +115,9 @@ def test_generate_matches_transformers_greedy_generate(tmp_path):
     cache = KVCache.allocate(config, num_slots=2, max_model_len=32, dtype=torch.float32)
     ours = generate(model, cache, prompts, max_new_tokens=6)
     with torch.no_grad():
-        want = [hf.generate(torch.tensor([p]), max_new_tokens=6, do_sample=False)[0, len(p):].tolist()
-                for p in prompts]
+        want = [
+            hf.generate(torch.tensor([p]), max_new_tokens=6, do_sample=False)[0, len(p) :].tolist() for p in prompts
+        ]
     assert ours == want
 
 
@@ -106,8 +126,10 @@ def test_prefill_and_decode_trace_as_one_graph_for_each_attn_impl():
     model = build_model(config, tiny_random_weights(config, seed=0))
     cache = KVCache.allocate(config, num_slots=3, max_model_len=32, dtype=torch.float32)
     for attn_impl in ATTN_IMPLS:
-        for fn, args in ((model.prefill, (PROMPTS, LENGTHS, SLOTS, cache, attn_impl)),
-                         (model.decode, (PROMPTS[:, 0], LENGTHS, SLOTS, cache, CTX_LEN, attn_impl))):
+        for fn, args in (
+            (model.prefill, (PROMPTS, LENGTHS, SLOTS, cache, attn_impl)),
+            (model.decode, (PROMPTS[:, 0], LENGTHS, SLOTS, cache, CTX_LEN, attn_impl)),
+        ):
             explained = torch._dynamo.explain(fn)(*args)
             assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
 
@@ -118,8 +140,10 @@ def test_compiled_prefill_and_decode_match_eager_and_write_the_cache_in_place(tm
     torch._dynamo.reset()
     config = VARIANTS["llama-gqa"]
     model = build_model(config, tiny_random_weights(config, seed=0))
-    compiled = (torch.compile(model.prefill, fullgraph=True, dynamic=False),
-                torch.compile(model.decode, fullgraph=True, dynamic=False))
+    compiled = (
+        torch.compile(model.prefill, fullgraph=True, dynamic=False),
+        torch.compile(model.decode, fullgraph=True, dynamic=False),
+    )
     # prefill compiles sdpa, decode compiles matmul: one static graph each, both tactics covered.
     eager_prefill, eager_cache = _run(model, "sdpa", steps=0)
     got_prefill, got_cache = _run(model, "sdpa", steps=0, step_fns=compiled)
@@ -206,15 +230,36 @@ def test_tied_checkpoint_may_carry_a_redundant_lm_head(tmp_path):
 
 
 LLAMA31_8B = {  # config.json of meta-llama/Llama-3.1-8B-Instruct, as transformers 4.x wrote it
-    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
-    "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009], "hidden_act": "silu",
-    "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
-    "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama", "num_attention_heads": 32,
-    "num_hidden_layers": 32, "num_key_value_heads": 8, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
-    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-    "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-    "transformers_version": "4.43.0.dev0", "use_cache": True, "vocab_size": 128256,
+    "architectures": ["LlamaForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 128000,
+    "eos_token_id": [128001, 128008, 128009],
+    "hidden_act": "silu",
+    "hidden_size": 4096,
+    "initializer_range": 0.02,
+    "intermediate_size": 14336,
+    "max_position_embeddings": 131072,
+    "mlp_bias": False,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": {
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.43.0.dev0",
+    "use_cache": True,
+    "vocab_size": 128256,
 }
 
 
@@ -226,11 +271,11 @@ def test_config_reads_transformers_4_and_5_layouts_alike():
     v5 = HFLlamaConfig(**{k: v for k, v in LLAMA31_8B.items() if k != "transformers_version"}).to_dict()
     assert "rope_parameters" in v5 and "rope_scaling" not in v5
     assert LlamaConfig.from_hf(v5) == config
-    mistral = LlamaConfig.from_hf({**LLAMA31_8B, "model_type": "mistral", "sliding_window": None,
-                                   "rope_scaling": None})
+    mistral = LlamaConfig.from_hf({**LLAMA31_8B, "model_type": "mistral", "sliding_window": None, "rope_scaling": None})
     assert (mistral.sliding_window, mistral.rope_scaling) == (None, None)
-    qwen = LlamaConfig.from_hf({**LLAMA31_8B, "model_type": "qwen2", "sliding_window": 131072,
-                                "use_sliding_window": False})
+    qwen = LlamaConfig.from_hf(
+        {**LLAMA31_8B, "model_type": "qwen2", "sliding_window": 131072, "use_sliding_window": False}
+    )
     assert (qwen.attention_bias, qwen.o_proj_bias, qwen.sliding_window) == (True, False, None)
 
 
@@ -238,19 +283,26 @@ def test_architecture_digest_follows_the_graph_not_the_tokens():
     config = LlamaConfig.from_hf(LLAMA31_8B)
     same = LlamaConfig.from_hf({**LLAMA31_8B, "eos_token_id": 7, "bos_token_id": None, "rope_theta": 500000})
     assert same.architecture_digest() == config.architecture_digest()
-    for change in ({"num_key_value_heads": 4}, {"rope_theta": 10000.0}, {"rope_scaling": None},
-                   {"tie_word_embeddings": True}):
+    for change in (
+        {"num_key_value_heads": 4},
+        {"rope_theta": 10000.0},
+        {"rope_scaling": None},
+        {"tie_word_embeddings": True},
+    ):
         assert LlamaConfig.from_hf({**LLAMA31_8B, **change}).architecture_digest() != config.architecture_digest()
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
-    ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope type 'yarn'"),
-    ({"model_type": "qwen2", "use_sliding_window": True}, "use_sliding_window"),
-    ({"num_key_value_heads": 5}, "not a multiple of num_key_value_heads"),
-    ({"vocab_size": None}, "lacks \\['vocab_size'\\]"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
+        ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope type 'yarn'"),
+        ({"model_type": "qwen2", "use_sliding_window": True}, "use_sliding_window"),
+        ({"num_key_value_heads": 5}, "not a multiple of num_key_value_heads"),
+        ({"vocab_size": None}, "lacks \\['vocab_size'\\]"),
+    ],
+)
 def test_unsupported_configs_are_refused_with_the_reason(change, message):
     hf = {k: v for k, v in {**LLAMA31_8B, **change}.items() if v is not None}
     with pytest.raises(ValueError, match=message):

@@ -98,8 +98,9 @@ def cpu_host(tmp_path: Path, flags: str = X86_AVX512, machine: str = "x86_64") -
     )
 
 
-def h100_host(tmp_path: Path, name: str = "NVIDIA H100 80GB HBM3", capability: str = "9.0",
-              torch: str = "2.8.0+cu128") -> tuple[Host, CannedTools]:
+def h100_host(
+    tmp_path: Path, name: str = "NVIDIA H100 80GB HBM3", capability: str = "9.0", torch: str = "2.8.0+cu128"
+) -> tuple[Host, CannedTools]:
     tools = CannedTools({"nvidia-smi": f"{name}, {capability}, 550.54.15\n" * 8})
     host = probe(
         proc_root=fake_proc(tmp_path, "x86_64", X86_AVX512),
@@ -128,7 +129,10 @@ def test_avx512_cpu_host_is_keyed_by_its_isa_not_its_model_name(tmp_path):
 
     assert host.platform == Platform("cpu", "x86_64+avx512", "", 1, ("avx2", "avx512"))
     assert host.platform.factors() == {
-        "device": "cpu", "arch": "x86_64+avx512", "device_name": "", "isa": "avx2,avx512",
+        "device": "cpu",
+        "arch": "x86_64+avx512",
+        "device_name": "",
+        "isa": "avx2,avx512",
     }
     assert host.software.torch == "2.13.0+cpu"
     assert (host.software.cuda_runtime, host.software.driver, host.software.triton) == (None, None, None)
@@ -175,13 +179,18 @@ def test_h100_host_is_sm_90_with_its_cuda_build(tmp_path):
 
 
 def test_untagged_torch_takes_its_cuda_runtime_from_its_requirement_pin(tmp_path):
-    site = fake_site(tmp_path, {"torch": "2.5.1"}, requires=(
-        'nvidia-cuda-runtime-cu12==12.4.127; platform_system == "Linux" and platform_machine == "x86_64"',
-        "filelock",
-    ))
+    site = fake_site(
+        tmp_path,
+        {"torch": "2.5.1"},
+        requires=(
+            'nvidia-cuda-runtime-cu12==12.4.127; platform_system == "Linux" and platform_machine == "x86_64"',
+            "filelock",
+        ),
+    )
 
-    host = probe(proc_root=fake_proc(tmp_path, "x86_64", X86_AVX512), run=never_called,
-                 env={"PATH": ""}, metadata_path=site)
+    host = probe(
+        proc_root=fake_proc(tmp_path, "x86_64", X86_AVX512), run=never_called, env={"PATH": ""}, metadata_path=site
+    )
 
     assert host.software.cuda_runtime == "12.4"
 
@@ -193,10 +202,16 @@ def test_blackwell_compute_capability_reads_as_sm_120(tmp_path):
 
 
 def test_mixed_gpu_host_is_described_by_gpu_0_with_a_note(tmp_path):
-    tools = CannedTools({"nvidia-smi": "NVIDIA H100 80GB HBM3, 9.0, 550.54.15\nNVIDIA A100-SXM4-80GB, 8.0, 550.54.15\n"})
+    tools = CannedTools(
+        {"nvidia-smi": "NVIDIA H100 80GB HBM3, 9.0, 550.54.15\nNVIDIA A100-SXM4-80GB, 8.0, 550.54.15\n"}
+    )
 
-    host = probe(proc_root=fake_proc(tmp_path, "x86_64", X86_AVX512), run=tools,
-                 env=tools_on_path(tmp_path, {"nvidia-smi": "exit 99"}), metadata_path=[])
+    host = probe(
+        proc_root=fake_proc(tmp_path, "x86_64", X86_AVX512),
+        run=tools,
+        env=tools_on_path(tmp_path, {"nvidia-smi": "exit 99"}),
+        metadata_path=[],
+    )
 
     assert (host.platform.arch, host.platform.device_count) == ("sm_90", 1)
     assert "mixes GPU models" in host.notes[0]
@@ -230,15 +245,23 @@ def test_unknown_gaudi_product_is_keyed_by_its_own_name(tmp_path):
 def test_hl_smi_is_asked_its_documented_query(tmp_path):
     tools = CannedTools({"hl-smi": "HL-225, 1.21.0-ca59b5a\n"})
 
-    probe(proc_root=fake_proc(tmp_path, "x86_64", X86_AMX), run=tools,
-          env=tools_on_path(tmp_path, {"hl-smi": "exit 99"}), metadata_path=[])
+    probe(
+        proc_root=fake_proc(tmp_path, "x86_64", X86_AMX),
+        run=tools,
+        env=tools_on_path(tmp_path, {"hl-smi": "exit 99"}),
+        metadata_path=[],
+    )
 
     assert [call[1:] for call in tools.calls] == [list(HL_SMI_ARGS)]
 
 
 def test_habana_plugin_without_a_card_is_a_cpu_host_with_a_note(tmp_path):
-    host = probe(proc_root=fake_proc(tmp_path, "x86_64", X86_AMX), run=never_called, env={"PATH": ""},
-                 metadata_path=fake_site(tmp_path, {"habana-torch-plugin": "1.21.0.555"}))
+    host = probe(
+        proc_root=fake_proc(tmp_path, "x86_64", X86_AMX),
+        run=never_called,
+        env={"PATH": ""},
+        metadata_path=fake_site(tmp_path, {"habana-torch-plugin": "1.21.0.555"}),
+    )
 
     assert host.platform.device == "cpu"
     assert "no Gaudi device" in host.notes[0]
@@ -286,8 +309,15 @@ def test_cuda_artifacts_are_refused_on_a_cpu_host(tmp_path):
 
 @pytest.mark.parametrize(
     ("capability", "dtype", "ok"),
-    [("9.0", "fp8", True), ("8.9", "fp8", True), ("8.0", "fp8", False), ("8.0", "bf16", True), ("7.0", "bf16", False),
-     ("7.0", "fp16", True), ("10.0", "fp8", True)],
+    [
+        ("9.0", "fp8", True),
+        ("8.9", "fp8", True),
+        ("8.0", "fp8", False),
+        ("8.0", "bf16", True),
+        ("7.0", "bf16", False),
+        ("7.0", "fp16", True),
+        ("10.0", "fp8", True),
+    ],
 )
 def test_cuda_dtypes_follow_compute_capability(tmp_path, capability, dtype, ok):
     host, _ = h100_host(tmp_path, capability=capability)
@@ -313,8 +343,9 @@ def test_fp8_builds_on_gaudi3_and_needs_the_habana_stack(tmp_path):
 
 
 def test_nothing_builds_without_torch(tmp_path):
-    host = probe(proc_root=fake_proc(tmp_path, "x86_64", X86_AVX512), run=never_called, env={"PATH": ""},
-                 metadata_path=[])
+    host = probe(
+        proc_root=fake_proc(tmp_path, "x86_64", X86_AVX512), run=never_called, env={"PATH": ""}, metadata_path=[]
+    )
 
     ok, reason = host.can_build("cpu", "fp32")
 
@@ -367,9 +398,14 @@ def ended(pid: int, within_s: float = 2.0) -> bool:
 
 
 def test_failing_nvidia_smi_is_no_gpu_and_says_why(tmp_path):
-    env = tools_on_path(tmp_path, {"nvidia-smi": textwrap.dedent("""\
+    env = tools_on_path(
+        tmp_path,
+        {
+            "nvidia-smi": textwrap.dedent("""\
         echo "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver." >&2
-        exit 9""")})
+        exit 9""")
+        },
+    )
 
     host = probe(proc_root=fake_proc(tmp_path, "x86_64", X86_AVX512), env=env, metadata_path=[])
 
@@ -389,8 +425,12 @@ def test_real_tool_output_is_read_through_the_default_runner(tmp_path):
 
 
 def test_unreadable_or_unrunnable_tools_never_raise(tmp_path):
-    tools = CannedTools({"nvidia-smi": "Field \"compute_cap\" is not a valid field to query.\n",
-                         "hl-smi": PermissionError(13, "Permission denied")})
+    tools = CannedTools(
+        {
+            "nvidia-smi": 'Field "compute_cap" is not a valid field to query.\n',
+            "hl-smi": PermissionError(13, "Permission denied"),
+        }
+    )
     env = tools_on_path(tmp_path, {"nvidia-smi": "exit 99", "hl-smi": "exit 99"})
 
     host = probe(proc_root=fake_proc(tmp_path, "x86_64", X86_AVX512), run=tools, env=env, metadata_path=[])
@@ -412,8 +452,14 @@ def test_probe_does_not_import_torch():
         print("torch" in sys.modules, "triton" in sys.modules)
     """)
 
-    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
 
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "False"]
@@ -428,7 +474,8 @@ def test_the_vllm_gaudi_plugin_version_is_a_software_factor(tmp_path):
         proc_root=fake_proc(tmp_path, "x86_64", X86_AMX),
         run=CannedTools({"hl-smi": "HL-325L, 1.21.0-ca59b5a\n"}),
         env=tools_on_path(tmp_path, {"hl-smi": "exit 99"}),
-        metadata_path=fake_site(tmp_path, {"torch": "2.6.0+hpu.1.21.0.555", "habana-torch-plugin": "1.21.0.555",
-                                           "vllm-gaudi": "0.11.2"}),
+        metadata_path=fake_site(
+            tmp_path, {"torch": "2.6.0+hpu.1.21.0.555", "habana-torch-plugin": "1.21.0.555", "vllm-gaudi": "0.11.2"}
+        ),
     )
     assert host.software.factors()["vllm_gaudi"] == "0.11.2"

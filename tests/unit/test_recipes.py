@@ -95,7 +95,9 @@ def test_file_name_and_model_name_must_agree(tmp_path):
 
 def test_architecture_digest_ignores_checkpoint_noise():
     tiny = load_recipe("tiny-llama", SHIPPED)
-    noisy = tiny.model.model_copy(update={"config": {**tiny.model.config, "transformers_version": "9.9", "torch_dtype": "bfloat16"}})
+    noisy = tiny.model.model_copy(
+        update={"config": {**tiny.model.config, "transformers_version": "9.9", "torch_dtype": "bfloat16"}}
+    )
     assert noisy.architecture_digest() == tiny.model.architecture_digest()
     wider = tiny.model.model_copy(update={"config": {**tiny.model.config, "intermediate_size": 1024}})
     assert wider.architecture_digest() != tiny.model.architecture_digest()

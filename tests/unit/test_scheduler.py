@@ -7,14 +7,23 @@ import torch
 
 from artifacts.buckets import build_bucket_set
 from artifacts.limits import BucketRange, BucketSettings, ServingLimits
-from engine.model import KVCache, build_model, generate
-from engine.scheduler import Request, RequestRejected, Scheduler
-from engine.steps import CompiledSteps
-from engine.weights import LlamaConfig, tiny_random_weights
+from engine.runtime.model import KVCache, build_model, generate
+from engine.runtime.scheduler import Request, RequestRejected, Scheduler
+from engine.runtime.steps import CompiledSteps
+from engine.runtime.weights import LlamaConfig, tiny_random_weights
 
 LIMITS = ServingLimits(max_model_len=64, max_num_seqs=2, max_num_batched_tokens=64, block_size=32)
-CONFIG = LlamaConfig(model_type="llama", vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=64)
+CONFIG = LlamaConfig(
+    model_type="llama",
+    vocab_size=300,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=64,
+)
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +32,9 @@ def model():
 
 
 # Only batch-2 buckets: every step with one request in it runs one padding row.
-BATCH_TWO_ONLY = BucketSettings(strategy="linear", prompt_bs=BucketRange(min=2, step=2, max=2),
-                                decode_bs=BucketRange(min=2, step=2, max=2))
+BATCH_TWO_ONLY = BucketSettings(
+    strategy="linear", prompt_bs=BucketRange(min=2, step=2, max=2), decode_bs=BucketRange(min=2, step=2, max=2)
+)
 
 
 def scheduler(model, settings: BucketSettings = BucketSettings()) -> Scheduler:

@@ -23,8 +23,13 @@ def _bundle(tmp_path: Path, key: Key, content: bytes = b"graphs") -> tuple[Manif
     (tree / "inductor" / "entry").write_bytes(content)
     packed = pack(tree, tmp_path / f"{key.digest[:8]}-{len(content)}.tar.zst")
     manifest = Manifest(
-        kind=key.kind, key=key.to_json()["groups"], key_digest=key.digest, blob=packed.blob, files=packed.files,
-        created="2026-11-29T00:00:00+00:00", builder="test",
+        kind=key.kind,
+        key=key.to_json()["groups"],
+        key_digest=key.digest,
+        blob=packed.blob,
+        files=packed.files,
+        created="2026-11-29T00:00:00+00:00",
+        builder="test",
     )
     return manifest, tmp_path / f"{key.digest[:8]}-{len(content)}.tar.zst"
 

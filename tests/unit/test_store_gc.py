@@ -46,7 +46,9 @@ def _store_bytes(store: Store) -> int:
 # -- sizes -------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("text", "value"), [("5000", 5000), ("10M", 10 << 20), ("2g", 2 << 30), ("1.5GiB", 3 << 29), ("64 KB", 64 << 10)])
+@pytest.mark.parametrize(
+    ("text", "value"), [("5000", 5000), ("10M", 10 << 20), ("2g", 2 << 30), ("1.5GiB", 3 << 29), ("64 KB", 64 << 10)]
+)
 def test_sizes_read_as_bytes_with_binary_suffixes(text, value):
     assert parse_size(text) == value
 
@@ -175,9 +177,8 @@ def test_using_a_tree_counts_as_a_use(tmp_path, registry):
 def test_only_trees_of_this_store_can_be_held(tmp_path, registry):
     (a,) = _published(tmp_path, registry, "a")
     installed = _fetch(_unbounded(tmp_path / "one"), registry, a)
-    with pytest.raises(StoreError, match="not a tree of the store"):
-        with _unbounded(tmp_path / "two").use(installed):
-            pass
+    with pytest.raises(StoreError, match="not a tree of the store"), _unbounded(tmp_path / "two").use(installed):
+        pass
 
 
 # -- leftovers of crashed runs -----------------------------------------------------------------

@@ -7,7 +7,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import PreTrainedTokenizerFast
 
 from artifacts.recipes import ModelSpec
-from engine.tokenizer import ByteTokenizer, HFTokenizer, TokenizerError, tokenizer_for
+from engine.runtime.tokenizer import ByteTokenizer, HFTokenizer, TokenizerError, tokenizer_for
 
 CONFIG = {"vocab_size": 1024, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
 TEXT = "the quick brown fox jumps over the lazy dog; the dog sleeps"
@@ -18,9 +18,17 @@ def tokenizer_json(tmp_path_factory):
     """A small BPE tokenizer.json with a BOS-adding post-processor, as Llama's has."""
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.train_from_iterator([TEXT] * 20, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"],
-                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))])
+    tok.train_from_iterator(
+        [TEXT] * 20,
+        trainers.BpeTrainer(
+            vocab_size=300,
+            special_tokens=["<unk>", "<s>", "</s>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))]
+    )
     tok.decoder = decoders.ByteLevel()
     folder = tmp_path_factory.mktemp("model")
     tok.save(str(folder / "tokenizer.json"))

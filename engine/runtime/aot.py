@@ -24,9 +24,9 @@ from pathlib import Path
 
 import torch
 
-from .model import KVCache, Llama
-from .shapes import StepShape
-from .steps import CompiledSteps, Tactic
+from engine.runtime.model import KVCache, Llama
+from engine.runtime.shapes import StepShape
+from engine.runtime.steps import CompiledSteps, Tactic
 
 AOT_DIR = "aot"
 SUFFIX = ".pt2fn"
@@ -47,18 +47,23 @@ class AotSteps(CompiledSteps):
         return self._function(StepShape("prefill", b, t, t))(ids, lengths, slots, cache, attn_impl)
 
     def _decode_shape(self, ids, positions, slots, cache, ctx_len, attn_impl):
-        return self._function(StepShape("decode", ids.shape[0], 1, ctx_len))(ids, positions, slots, cache, ctx_len, attn_impl)
+        return self._function(StepShape("decode", ids.shape[0], 1, ctx_len))(
+            ids, positions, slots, cache, ctx_len, attn_impl
+        )
 
     def _function(self, shape: StepShape) -> Callable:
         try:
             return self.functions[shape]
         except KeyError:
-            raise KeyError(f"no precompiled graph for step shape {shape.name}; the graphs bundle holds "
-                           f"{sorted(s.name for s in self.functions)}; rebake graphs for this bucket set") from None
+            raise KeyError(
+                f"no precompiled graph for step shape {shape.name}; the graphs bundle holds "
+                f"{sorted(s.name for s in self.functions)}; rebake graphs for this bucket set"
+            ) from None
 
 
-def compile_shapes(model: Llama, cache: KVCache, plan: dict[StepShape, Tactic], out: Path, *, mode: str = "default",
-                   log=print) -> tuple[AotSteps, dict[StepShape, float]]:
+def compile_shapes(
+    model: Llama, cache: KVCache, plan: dict[StepShape, Tactic], out: Path, *, mode: str = "default", log=print
+) -> tuple[AotSteps, dict[StepShape, float]]:
     """Precompile every shape with its tactic, save each under out/aot/; the steps and seconds per shape."""
     folder = out / AOT_DIR
     folder.mkdir(parents=True, exist_ok=True)
@@ -86,8 +91,10 @@ def load_shapes(model: Llama, cache: KVCache, shapes: list[StepShape], tree: Pat
     for shape in shapes:
         path = tree / AOT_DIR / f"{shape.name}{SUFFIX}"
         if not path.is_file():
-            raise FileNotFoundError(f"the graphs bundle at {tree} has no precompiled {shape.name} ({path}); "
-                                    f"it was baked for another bucket set: rebake graphs")
+            raise FileNotFoundError(
+                f"the graphs bundle at {tree} has no precompiled {shape.name} ({path}); "
+                f"it was baked for another bucket set: rebake graphs"
+            )
         with path.open("rb") as fh:
             functions[shape] = torch.compiler.load_compiled_function(fh, external_data={_MODEL_REF: model})
     return AotSteps(model, cache, functions)

@@ -22,10 +22,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .weights import Llama3RopeScaling, LlamaConfig, check_state_dict
+from engine.runtime.weights import Llama3RopeScaling, LlamaConfig, check_state_dict
 
-__all__ = ["ATTN_IMPLS", "KVCache", "Llama", "Llama3RopeScaling", "LlamaConfig", "attend", "build_model",
-           "generate", "rope_inv_freq", "sample"]
+__all__ = [
+    "ATTN_IMPLS",
+    "KVCache",
+    "Llama",
+    "Llama3RopeScaling",
+    "LlamaConfig",
+    "attend",
+    "build_model",
+    "generate",
+    "rope_inv_freq",
+    "sample",
+]
 
 ATTN_IMPLS = ("sdpa", "matmul")
 
@@ -42,11 +52,19 @@ class KVCache:
     values: tuple[Tensor, ...]
 
     @classmethod
-    def allocate(cls, config: LlamaConfig, num_slots: int, max_model_len: int, *,
-                 dtype: torch.dtype, device: torch.device | str = "cpu") -> KVCache:
+    def allocate(
+        cls,
+        config: LlamaConfig,
+        num_slots: int,
+        max_model_len: int,
+        *,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> KVCache:
         if num_slots <= 0 or max_model_len <= 0:
-            raise ValueError(f"a KV cache needs num_slots > 0 and max_model_len > 0, got "
-                             f"{num_slots} and {max_model_len}")
+            raise ValueError(
+                f"a KV cache needs num_slots > 0 and max_model_len > 0, got {num_slots} and {max_model_len}"
+            )
         shape = (num_slots, config.num_key_value_heads, max_model_len, config.head_dim)
 
         def zeros() -> tuple[Tensor, ...]:
@@ -74,7 +92,9 @@ def rope_inv_freq(config: LlamaConfig) -> Tensor:
     high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
     wavelen = 2 * math.pi / inv_freq
     scaled = torch.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
-    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
     smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
     medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
     return torch.where(medium, smoothed, scaled)
@@ -102,7 +122,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, impl: str) -> Tensor:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     # Fold the query heads of one KV group together so K/V are broadcast, never copied.
     q = q.reshape(b, kv_heads, group, tq, d)
-    scores = torch.matmul(q, k.unsqueeze(2).transpose(-1, -2)) * (d ** -0.5)
+    scores = torch.matmul(q, k.unsqueeze(2).transpose(-1, -2)) * (d**-0.5)
     scores = scores.masked_fill(~mask.unsqueeze(1), float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     return torch.matmul(probs, v.unsqueeze(2)).reshape(b, heads, tq, d)
@@ -130,8 +150,14 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(c.hidden_size, kv_size, bias=c.attention_bias, dtype=dtype)
         self.o_proj = nn.Linear(q_size, c.hidden_size, bias=c.o_proj_bias, dtype=dtype)
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor,
-                exchange: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], impl: str) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        rope: tuple[Tensor, Tensor],
+        mask: Tensor,
+        exchange: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]],
+        impl: str,
+    ) -> Tensor:
         """`exchange` writes this step's K/V into the cache and returns the K/V to attend over."""
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
@@ -162,8 +188,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
         self.mlp = MLP(c, dtype)
 
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], mask: Tensor,
-                exchange: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], impl: str) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        rope: tuple[Tensor, Tensor],
+        mask: Tensor,
+        exchange: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]],
+        impl: str,
+    ) -> Tensor:
         x = x + self.self_attn(self.input_layernorm(x), rope, mask, exchange, impl)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -177,13 +209,17 @@ class Llama(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
         self.layers = nn.ModuleList(DecoderLayer(config, dtype) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
-        self.lm_head = None if config.tie_word_embeddings else nn.Linear(
-            config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
+        self.lm_head = (
+            None
+            if config.tie_word_embeddings
+            else nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype)
+        )
         self.register_buffer("inv_freq", rope_inv_freq(config), persistent=False)
 
     @torch.no_grad()
-    def prefill(self, input_ids: Tensor, lengths: Tensor, slots: Tensor, cache: KVCache,
-                attn_impl: str = "sdpa") -> Tensor:
+    def prefill(
+        self, input_ids: Tensor, lengths: Tensor, slots: Tensor, cache: KVCache, attn_impl: str = "sdpa"
+    ) -> Tensor:
         """Run right-padded prompts; fill cache rows `slots` at positions 0..T-1.
 
         Returns fp32 logits [B, vocab] of each row's last real token (index lengths-1).
@@ -196,6 +232,7 @@ class Llama(nn.Module):
         mask = _causal_mask(t, self.config.sliding_window, input_ids.device)
         x = self.embed_tokens(input_ids)
         for layer, k_cache, v_cache in zip(self.layers, cache.keys, cache.values):
+
             def exchange(k: Tensor, v: Tensor, k_cache: Tensor = k_cache, v_cache: Tensor = v_cache):
                 k_cache[slots, :, :t] = k
                 v_cache[slots, :, :t] = v
@@ -205,8 +242,9 @@ class Llama(nn.Module):
         return self._logits(x[torch.arange(b, device=x.device), lengths - 1])
 
     @torch.no_grad()
-    def decode(self, input_ids: Tensor, positions: Tensor, slots: Tensor, cache: KVCache,
-               ctx_len: int, attn_impl: str = "sdpa") -> Tensor:
+    def decode(
+        self, input_ids: Tensor, positions: Tensor, slots: Tensor, cache: KVCache, ctx_len: int, attn_impl: str = "sdpa"
+    ) -> Tensor:
         """Run one new token per row at `positions`, attending over cache[slots, :, :ctx_len].
 
         ctx_len is static (the decode bucket's context); every position must be < ctx_len.
@@ -218,10 +256,13 @@ class Llama(nn.Module):
         self._check_step(ids[:, None], positions, slots, cache, attn_impl)
         if not 0 < ctx_len <= cache.max_model_len:
             raise ValueError(f"ctx_len {ctx_len} must be in 1..{cache.max_model_len} (the cache's max_model_len)")
-        rope = tuple(r[:, None, None, :] for r in _rope_cos_sin(positions, self.inv_freq, self.embed_tokens.weight.dtype))
+        rope = tuple(
+            r[:, None, None, :] for r in _rope_cos_sin(positions, self.inv_freq, self.embed_tokens.weight.dtype)
+        )
         mask = _decode_mask(positions, ctx_len, self.config.sliding_window)
         x = self.embed_tokens(ids)[:, None, :]
         for layer, k_cache, v_cache in zip(self.layers, cache.keys, cache.values):
+
             def exchange(k: Tensor, v: Tensor, k_cache: Tensor = k_cache, v_cache: Tensor = v_cache):
                 k_cache[slots, :, positions] = k[:, :, 0]
                 v_cache[slots, :, positions] = v[:, :, 0]
@@ -230,8 +271,9 @@ class Llama(nn.Module):
             x = layer(x, rope, mask, exchange, attn_impl)
         return self._logits(x[:, 0])
 
-    def _check_step(self, ids: Tensor, per_row: Tensor, slots: Tensor, cache: KVCache,
-                    attn_impl: str) -> tuple[int, int]:
+    def _check_step(
+        self, ids: Tensor, per_row: Tensor, slots: Tensor, cache: KVCache, attn_impl: str
+    ) -> tuple[int, int]:
         # Shapes and python values only: dynamo evaluates these once per graph, at trace time.
         if attn_impl not in ATTN_IMPLS:
             raise ValueError(f"attn_impl {attn_impl!r} is unknown; use one of {ATTN_IMPLS}")
@@ -239,12 +281,16 @@ class Llama(nn.Module):
             raise ValueError(f"input_ids must be [batch, tokens], got shape {tuple(ids.shape)}")
         b = ids.shape[0]
         if tuple(per_row.shape) != (b,) or tuple(slots.shape) != (b,):
-            raise ValueError(f"lengths/positions {tuple(per_row.shape)} and slots {tuple(slots.shape)} "
-                             f"must both be [{b}], one entry per row of input_ids")
+            raise ValueError(
+                f"lengths/positions {tuple(per_row.shape)} and slots {tuple(slots.shape)} "
+                f"must both be [{b}], one entry per row of input_ids"
+            )
         dtype = self.embed_tokens.weight.dtype
         if len(cache.keys) != len(self.layers) or cache.keys[0].dtype != dtype:
-            raise ValueError(f"the KV cache ({len(cache.keys)} layers, {cache.keys[0].dtype}) does not fit this "
-                             f"model ({len(self.layers)} layers, {dtype}); allocate it from the model's config and dtype")
+            raise ValueError(
+                f"the KV cache ({len(cache.keys)} layers, {cache.keys[0].dtype}) does not fit this "
+                f"model ({len(self.layers)} layers, {dtype}); allocate it from the model's config and dtype"
+            )
         return b, ids.shape[1]
 
     def _logits(self, h: Tensor) -> Tensor:
@@ -253,8 +299,12 @@ class Llama(nn.Module):
         return F.linear(h, weight).float()
 
 
-def build_model(config: LlamaConfig, state_dict: Mapping[str, Tensor], dtype: torch.dtype = torch.float32,
-                device: torch.device | str = "cpu") -> Llama:
+def build_model(
+    config: LlamaConfig,
+    state_dict: Mapping[str, Tensor],
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> Llama:
     """The runtime in eval mode with `state_dict` (runtime names) cast to dtype, no gradients.
 
     Tensors already of that dtype and device are used as they are, not copied.
@@ -262,8 +312,9 @@ def build_model(config: LlamaConfig, state_dict: Mapping[str, Tensor], dtype: to
     check_state_dict(config, state_dict)
     with torch.device("meta"):  # no throwaway random init of a multi-gigabyte model
         model = Llama(config, dtype)
-    model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in state_dict.items()},
-                          strict=True, assign=True)
+    model.load_state_dict(
+        {k: v.to(device=device, dtype=dtype) for k, v in state_dict.items()}, strict=True, assign=True
+    )
     model.inv_freq = rope_inv_freq(config).to(device)
     return model.eval().requires_grad_(False)
 
@@ -288,8 +339,7 @@ def _decode_mask(positions: Tensor, ctx_len: int, window: int | None) -> Tensor:
     return mask[:, None, None, :]
 
 
-def sample(logits: Tensor, temperature: float, top_p: float = 1.0,
-           generator: torch.Generator | None = None) -> Tensor:
+def sample(logits: Tensor, temperature: float, top_p: float = 1.0, generator: torch.Generator | None = None) -> Tensor:
     """Token ids [B] from logits [B, vocab]: argmax at temperature 0, else nucleus sampling.
 
     Sampling is an exponential race (argmax of p / Exp(1) noise), which draws from p
@@ -311,9 +361,17 @@ def sample(logits: Tensor, temperature: float, top_p: float = 1.0,
     return (probs / noise).argmax(dim=-1)
 
 
-def generate(model: Llama, cache: KVCache, prompt_ids: list[list[int]], max_new_tokens: int, *,
-             temperature: float = 0.0, top_p: float = 1.0, generator: torch.Generator | None = None,
-             attn_impl: str = "sdpa") -> list[list[int]]:
+def generate(
+    model: Llama,
+    cache: KVCache,
+    prompt_ids: list[list[int]],
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    attn_impl: str = "sdpa",
+) -> list[list[int]]:
     """Generate `max_new_tokens` per prompt (no stop tokens), prompts in slots 0..B-1.
 
     A reference loop for tests and demos: pads only to the longest prompt and decodes
@@ -323,8 +381,10 @@ def generate(model: Llama, cache: KVCache, prompt_ids: list[list[int]], max_new_
     if not prompt_ids or min(lengths_list) == 0 or max_new_tokens <= 0:
         raise ValueError("generate needs at least one non-empty prompt and max_new_tokens > 0")
     if len(prompt_ids) > cache.num_slots or max(lengths_list) + max_new_tokens > cache.max_model_len:
-        raise ValueError(f"{len(prompt_ids)} prompts of up to {max(lengths_list)} tokens + {max_new_tokens} "
-                         f"new do not fit a cache of {cache.num_slots} slots x {cache.max_model_len} tokens")
+        raise ValueError(
+            f"{len(prompt_ids)} prompts of up to {max(lengths_list)} tokens + {max_new_tokens} "
+            f"new do not fit a cache of {cache.num_slots} slots x {cache.max_model_len} tokens"
+        )
     device = model.embed_tokens.weight.device
     t = max(lengths_list)
     ids = torch.tensor([p + [0] * (t - len(p)) for p in prompt_ids], device=device)

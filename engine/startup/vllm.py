@@ -28,16 +28,41 @@ from artifacts.fetch import Miss
 from artifacts.kinds import KINDS, Plan
 from artifacts.recipes import load_recipe
 from artifacts.store import Installed, Store
-
-from . import EngineStartError, gaudi
-from .vllm import (CACHE_DIR, REDIRECTS, REPORT_FILE, Launch, engine_flags, model_location, read_report,
-                   recorded_variables, start, stop, variable_drift, vllm_command, wait_ready)
+from engine.adapters import EngineStartError, gaudi
+from engine.adapters.vllm import (
+    CACHE_DIR,
+    REDIRECTS,
+    REPORT_FILE,
+    Launch,
+    engine_flags,
+    model_location,
+    read_report,
+    recorded_variables,
+    start,
+    stop,
+    variable_drift,
+    vllm_command,
+    wait_ready,
+)
 
 EXIT_MISS = 3
 # Flags the recipe decides; given again after `--` they change vLLM's cache key.
-_RECIPE_FLAGS = ("--model", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens", "--block-size",
-                 "--tensor-parallel-size", "-tp", "--dtype", "--enable-prefix-caching", "--no-enable-prefix-caching",
-                 "--quantization", "--compilation-config", "-O", "--enforce-eager")
+_RECIPE_FLAGS = (
+    "--model",
+    "--max-model-len",
+    "--max-num-seqs",
+    "--max-num-batched-tokens",
+    "--block-size",
+    "--tensor-parallel-size",
+    "-tp",
+    "--dtype",
+    "--enable-prefix-caching",
+    "--no-enable-prefix-caching",
+    "--quantization",
+    "--compilation-config",
+    "-O",
+    "--enforce-eager",
+)
 
 Emit = Callable[[str], None]
 
@@ -78,27 +103,37 @@ class Prepared:
 
 def prepare(request: VllmStart, *, store: Store, registry, host, trust=None) -> Prepared:
     """Resolve the recipe's bundles on this host and lay out a private cache root for one vLLM."""
-    from engine.install import vllm_environment
-    from engine.resolve import pick_plan
+    from engine.startup.install import vllm_environment
+    from engine.startup.pipeline import pick_plan
 
     recipe = load_recipe(request.model)
     if recipe.model.engine != "vllm":
-        raise RecipeError(f"recipe {recipe.model.name} is served by engine {recipe.model.engine!r}; --engine vllm "
-                          f"needs a recipe with engine = 'vllm', such as tiny-llama-vllm")
+        raise RecipeError(
+            f"recipe {recipe.model.name} is served by engine {recipe.model.engine!r}; --engine vllm "
+            f"needs a recipe with engine = 'vllm', such as tiny-llama-vllm"
+        )
     plan = pick_plan(recipe, host, dtype=request.precision, tp=request.tp)
     resolution = _resolve_time_boxed(plan, store, registry, trust, request.time_box_s)
-    cache_root = request.cache_root or store.home / "engines" / "vllm" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    cache_root = (
+        request.cache_root or store.home / "engines" / "vllm" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    )
     variables = vllm_environment(plan, resolution.installed.get("graphs"), cache_root)
     location = model_location(recipe, store.home / "models")
-    argv = (*vllm_command(), "--model", location.name, *engine_flags(recipe, plan.target),
-            *_listen_flags(request), *request.vllm_args)
+    argv = (
+        *vllm_command(),
+        "--model",
+        location.name,
+        *engine_flags(recipe, plan.target),
+        *_listen_flags(request),
+        *request.vllm_args,
+    )
     notes = _notes(request, resolution.installed.get("graphs"), variables, cache_root, plan)
     return Prepared(plan, resolution.installed, resolution.misses, cache_root, variables, argv, location.cwd, notes)
 
 
 def _resolve_time_boxed(plan: Plan, store: Store, registry, trust, seconds: float):
     """resolve(), but a registry fault or a registry slower than `seconds` is a miss: vLLM compiles."""
-    from engine.resolve import Resolution, resolve
+    from engine.startup.pipeline import Resolution, resolve
 
     outcome: dict = {}
 
@@ -126,12 +161,16 @@ def _listen_flags(request: VllmStart) -> list[str]:
     return flags
 
 
-def _notes(request: VllmStart, graphs: Installed | None, variables: dict[str, str], root: Path, plan: Plan) -> tuple[str, ...]:
+def _notes(
+    request: VllmStart, graphs: Installed | None, variables: dict[str, str], root: Path, plan: Plan
+) -> tuple[str, ...]:
     notes = []
     overridden = sorted({a.split("=", 1)[0] for a in request.vllm_args} & set(_RECIPE_FLAGS))
     if overridden:
-        notes.append(f"vLLM flags {overridden} override the recipe's; vLLM keys its cache on them, so the baked "
-                     f"graphs may not be used: change the recipe instead")
+        notes.append(
+            f"vLLM flags {overridden} override the recipe's; vLLM keys its cache on them, so the baked "
+            f"graphs may not be used: change the recipe instead"
+        )
     if graphs is not None:
         baked = read_report(graphs.tree).get("variables", {})
         drift = variable_drift(baked, recorded_variables({**os.environ, **variables}))
@@ -156,10 +195,14 @@ def serve(request: VllmStart, emit: Emit) -> int:
     for line in [m.explain() for m in prepared.misses] + list(prepared.notes):
         emit(f"prebake: {line}")
     if prepared.misses and request.on_miss == "fail":
-        emit(f"prebake: no complete bundle set for {prepared.plan.target.name} in {registry.url}; not starting (--on-miss fail)")
+        emit(
+            f"prebake: no complete bundle set for {prepared.plan.target.name} in {registry.url}; not starting (--on-miss fail)"
+        )
         return EXIT_MISS
     where = "the baked graphs" if "graphs" in prepared.installed else "an empty cache (vLLM compiles)"
-    emit(f"prebake: starting vLLM for {prepared.plan.target.name} from {where}: VLLM_CACHE_ROOT={prepared.cache_root / CACHE_DIR}")
+    emit(
+        f"prebake: starting vLLM for {prepared.plan.target.name} from {where}: VLLM_CACHE_ROOT={prepared.cache_root / CACHE_DIR}"
+    )
     env = prepared.child_env(dict(os.environ))
     if not (request.write_back and "graphs" not in prepared.installed):
         if prepared.cwd is not None:
@@ -168,11 +211,13 @@ def serve(request: VllmStart, emit: Emit) -> int:
     return _serve_and_write_back(prepared, env, store, registry, request, emit)
 
 
-def _serve_and_write_back(prepared: Prepared, env: dict[str, str], store: Store, registry, request: VllmStart,
-                          emit: Emit) -> int:
+def _serve_and_write_back(
+    prepared: Prepared, env: dict[str, str], store: Store, registry, request: VllmStart, emit: Emit
+) -> int:
     log = prepared.cache_root / "vllm.log"
     running = start(Launch(prepared.argv, env, prepared.cwd, log))
     emit(f"prebake: vLLM's log: {log}")
+
     def forward(signum, _frame) -> None:
         running.proc.send_signal(signum)
 
@@ -206,16 +251,27 @@ def write_back(prepared: Prepared, store: Store, registry, ready_s: float) -> li
         shutil.copytree(prepared.cache_root / CACHE_DIR, request.out / CACHE_DIR, symlinks=True)
         if (prepared.cache_root / gaudi.RECIPES_DIR).is_dir():
             shutil.copytree(prepared.cache_root / gaudi.RECIPES_DIR, request.out / gaudi.RECIPES_DIR, symlinks=True)
-        document = {"flags": list(prepared.argv[len(vllm_command()):]), "ready_s": round(ready_s, 3),
-                    "variables": recorded_variables(prepared.variables | dict(os.environ)), "written_back": True}
+        document = {
+            "flags": list(prepared.argv[len(vllm_command()) :]),
+            "ready_s": round(ready_s, 3),
+            "variables": recorded_variables(prepared.variables | dict(os.environ)),
+            "written_back": True,
+        }
         (request.out / REPORT_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))
 
     lines = []
     for kind in KINDS:
         if kind in prepared.installed:
             continue
-        baked = bake_kind(prepared.plan, kind, store=store, registry=registry, build=capture if kind == "graphs" else build,
-                          sign=signer_from_env(), trust=trust_from_env())
+        baked = bake_kind(
+            prepared.plan,
+            kind,
+            store=store,
+            registry=registry,
+            build=capture if kind == "graphs" else build,
+            sign=signer_from_env(),
+            trust=trust_from_env(),
+        )
         lines.append(f"{kind}: {baked.note}, key {baked.manifest.key_digest[:16]}")
     return lines
 

@@ -23,10 +23,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from artifacts.recipes import AutotuneSpec
-
-from .model import ATTN_IMPLS
-from .shapes import StepShape
-from .steps import CompiledSteps, Tactic
+from engine.runtime.model import ATTN_IMPLS
+from engine.runtime.shapes import StepShape
+from engine.runtime.steps import CompiledSteps, Tactic
 
 
 def candidate_tactics(spec: AutotuneSpec, cpu_count: int | None = None) -> list[Tactic]:
@@ -46,7 +45,10 @@ def measure(steps: CompiledSteps, shapes: list[StepShape], spec: AutotuneSpec, l
         log(f"  autotune {shape.name}: {winner.label()} ({timings[winner.label()]:.3f} ms)")
         results.append({"shape": asdict(shape), "timings_ms": timings, "winner": asdict(winner)})
     return {
-        "tactics": {"attn_impl": sorted({t.attn_impl for t in tactics}), "threads": sorted({t.threads for t in tactics})},
+        "tactics": {
+            "attn_impl": sorted({t.attn_impl for t in tactics}),
+            "threads": sorted({t.threads for t in tactics}),
+        },
         "shapes": results,
     }
 

@@ -11,7 +11,7 @@ A model folder, as transformers writes and reads it:
 
 State dicts here use the runtime's names: the HF names without the leading `model.`
 (`lm_head.weight` as is, and absent when the embeddings are tied). This module knows
-the checkpoint format only; engine.model builds the runtime from what it returns.
+the checkpoint format only; engine.runtime.model builds the runtime from what it returns.
 """
 
 from __future__ import annotations
@@ -106,14 +106,24 @@ class LlamaConfig:
 def _check_config(c: LlamaConfig) -> None:
     if c.model_type not in _ARCHITECTURES:
         raise ValueError(f"model_type {c.model_type!r} is not supported; use one of {sorted(_ARCHITECTURES)}")
-    sizes = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-             "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings")
+    sizes = (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "max_position_embeddings",
+    )
     for name in sizes:
         if getattr(c, name) <= 0:
             raise ValueError(f"config {name} must be positive, got {getattr(c, name)}")
     if c.num_attention_heads % c.num_key_value_heads:
-        raise ValueError(f"num_attention_heads ({c.num_attention_heads}) is not a multiple of "
-                         f"num_key_value_heads ({c.num_key_value_heads}); fix the config")
+        raise ValueError(
+            f"num_attention_heads ({c.num_attention_heads}) is not a multiple of "
+            f"num_key_value_heads ({c.num_key_value_heads}); fix the config"
+        )
     if c.head_dim % 2:
         raise ValueError(f"head_dim ({c.head_dim}) must be even for rotary embeddings")
     if c.model_type == "qwen2" and not c.attention_bias:
@@ -123,19 +133,32 @@ def _check_config(c: LlamaConfig) -> None:
     if c.mlp_bias and c.model_type != "llama":
         raise ValueError(f"mlp_bias exists only for model_type 'llama', not {c.model_type!r}")
     if c.sliding_window is not None and (c.model_type != "mistral" or c.sliding_window <= 0):
-        raise ValueError(f"sliding_window={c.sliding_window} needs model_type 'mistral' and a positive "
-                         f"window; set it to None otherwise")
+        raise ValueError(
+            f"sliding_window={c.sliding_window} needs model_type 'mistral' and a positive "
+            f"window; set it to None otherwise"
+        )
 
 
 def _config_from_hf(cls: type[LlamaConfig], hf: dict) -> LlamaConfig:
     model_type = hf.get("model_type")
     if model_type not in _ARCHITECTURES:
-        raise ValueError(f"config.json model_type {model_type!r} is not supported; "
-                         f"prebake runs {sorted(_ARCHITECTURES)}")
+        raise ValueError(
+            f"config.json model_type {model_type!r} is not supported; prebake runs {sorted(_ARCHITECTURES)}"
+        )
     if hf.get("hidden_act", "silu") != "silu":
         raise ValueError(f"hidden_act {hf['hidden_act']!r} is not supported; only 'silu' is")
-    missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                           "num_attention_heads", "max_position_embeddings") if k not in hf]
+    missing = [
+        k
+        for k in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "max_position_embeddings",
+        )
+        if k not in hf
+    ]
     if missing:
         raise ValueError(f"config.json lacks {missing}; it is not a complete {model_type} config")
     theta, scaling = _rope_from_hf(hf)
@@ -186,19 +209,28 @@ def _sliding_window_from_hf(model_type: str, hf: dict) -> int | None:
     if model_type == "mistral":
         return hf.get("sliding_window")
     if model_type == "qwen2" and hf.get("use_sliding_window"):
-        raise ValueError("qwen2 with use_sliding_window=true (per-layer windows) is not supported; "
-                         "set use_sliding_window to false if the served context fits the window")
+        raise ValueError(
+            "qwen2 with use_sliding_window=true (per-layer windows) is not supported; "
+            "set use_sliding_window to false if the served context fits the window"
+        )
     return None
 
 
 def _config_to_hf(c: LlamaConfig) -> dict:
     hf = {
-        "architectures": [_ARCHITECTURES[c.model_type]], "model_type": c.model_type,
-        "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_hidden_layers,
-        "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
-        "head_dim": c.head_dim, "max_position_embeddings": c.max_position_embeddings,
-        "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta, "hidden_act": "silu",
+        "architectures": [_ARCHITECTURES[c.model_type]],
+        "model_type": c.model_type,
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_hidden_layers,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim,
+        "max_position_embeddings": c.max_position_embeddings,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "hidden_act": "silu",
         "tie_word_embeddings": c.tie_word_embeddings,
         "bos_token_id": c.bos_token_id,
         "eos_token_id": list(c.eos_token_ids) if len(c.eos_token_ids) > 1 else next(iter(c.eos_token_ids), None),
@@ -245,14 +277,21 @@ def check_state_dict(config: LlamaConfig, state_dict: Mapping[str, Tensor], sour
     expected = parameter_shapes(config)
     missing = sorted(expected.keys() - state_dict.keys())
     unexpected = sorted(state_dict.keys() - expected.keys())
-    wrong = sorted(f"{k} {tuple(state_dict[k].shape)} != {expected[k]}"
-                   for k in expected.keys() & state_dict.keys() if tuple(state_dict[k].shape) != expected[k])
-    problems = [f"{label} ({len(names)}): {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}"
-                for label, names in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong))
-                if names]
+    wrong = sorted(
+        f"{k} {tuple(state_dict[k].shape)} != {expected[k]}"
+        for k in expected.keys() & state_dict.keys()
+        if tuple(state_dict[k].shape) != expected[k]
+    )
+    problems = [
+        f"{label} ({len(names)}): {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}"
+        for label, names in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong))
+        if names
+    ]
     if problems:
-        raise ValueError(f"{source} does not match the {config.model_type} config: {'; '.join(problems)}. "
-                         f"Check that config.json belongs to these weights")
+        raise ValueError(
+            f"{source} does not match the {config.model_type} config: {'; '.join(problems)}. "
+            f"Check that config.json belongs to these weights"
+        )
 
 
 def load_hf_folder(path: str | Path, dtype: torch.dtype = torch.float32) -> tuple[LlamaConfig, dict[str, Tensor]]:
@@ -260,13 +299,15 @@ def load_hf_folder(path: str | Path, dtype: torch.dtype = torch.float32) -> tupl
     folder = Path(path)
     config_path = folder / CONFIG_FILE
     if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path} not found: point at a Hugging Face model folder "
-                                f"holding {CONFIG_FILE} and {WEIGHTS_FILE} (or {INDEX_FILE} and its shards)")
+        raise FileNotFoundError(
+            f"{config_path} not found: point at a Hugging Face model folder "
+            f"holding {CONFIG_FILE} and {WEIGHTS_FILE} (or {INDEX_FILE} and its shards)"
+        )
     config = LlamaConfig.from_hf(json.loads(config_path.read_text()))
     state_dict: dict[str, Tensor] = {}
     for file in _weight_files(folder):
         with safe_open(file, framework="pt") as st:
-            for name in st.keys():
+            for name in st.keys():  # noqa: SIM118 (safe_open is not iterable)
                 runtime_name = _runtime_name(config, name)
                 if runtime_name is not None:
                     state_dict[runtime_name] = st.get_tensor(name).to(dtype)
@@ -300,7 +341,7 @@ def tiny_random_weights(config: LlamaConfig, seed: int = 0) -> dict[str, Tensor]
         if name.endswith("norm.weight"):
             weights[name] = uniform * 0.1 + 1
         elif name == "embed_tokens.weight":
-            weights[name] = uniform * 3 ** 0.5
+            weights[name] = uniform * 3**0.5
         elif name.endswith(".bias"):
             weights[name] = uniform * 0.1
         else:
@@ -313,8 +354,10 @@ def _weight_files(folder: Path) -> list[Path]:
     if single.is_file():
         return [single]
     if not index.is_file():
-        raise FileNotFoundError(f"no {WEIGHTS_FILE} or {INDEX_FILE} in {folder}; prebake reads safetensors "
-                                f"only (convert .bin weights with transformers' save_pretrained)")
+        raise FileNotFoundError(
+            f"no {WEIGHTS_FILE} or {INDEX_FILE} in {folder}; prebake reads safetensors "
+            f"only (convert .bin weights with transformers' save_pretrained)"
+        )
     shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
     absent = [s for s in shards if not (folder / s).is_file()]
     if absent:

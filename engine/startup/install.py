@@ -18,8 +18,7 @@ from pathlib import Path
 
 from artifacts.errors import StoreError
 from artifacts.store import Installed
-
-from .builders import AUTOTUNE_FILE, BUCKETS_FILE, INDUCTOR_DIR
+from engine.builders import AUTOTUNE_FILE, BUCKETS_FILE, INDUCTOR_DIR
 
 BUCKETS_ENV = "PREBAKE_BUCKETS_FILE"
 AUTOTUNE_ENV = "PREBAKE_AUTOTUNE_FILE"
@@ -83,7 +82,7 @@ def activate(env: Mapping[str, str]) -> None:
 def vllm_build_environment(plan, out: Path, base: Mapping[str, str]) -> dict[str, str]:
     """A vLLM bake child's environment: its cache root (and on Gaudi its recipe cache and
     bucket variables) inside the artifact tree `out`, nothing shared."""
-    from .adapters import gaudi, vllm
+    from engine.adapters import gaudi, vllm
 
     env = vllm.build_environment(plan.recipe, plan.target, out / vllm.CACHE_DIR, base)
     if _on_gaudi(plan):
@@ -95,7 +94,7 @@ def vllm_environment(plan, graphs: Installed | None, cache_root: Path) -> dict[s
     """Variables that start vLLM from the installed graphs: a private writable copy of the baked
     cache root under `cache_root` (empty on a miss: vLLM compiles into it), and on Gaudi the
     bucket variables and the local copy of the HPU recipes, reused."""
-    from .adapters import gaudi, vllm
+    from engine.adapters import gaudi, vllm
 
     def private(name: str) -> Path:
         if graphs is not None and (graphs.tree / name).is_dir():

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .model import KVCache, Llama
-from .shapes import StepShape
+from engine.runtime.model import KVCache, Llama
+from engine.runtime.shapes import StepShape
 
 
 @dataclass(frozen=True)
@@ -31,14 +31,16 @@ class Tactic:
 class CompiledSteps:
     """torch.compile'd prefill/decode of one model, dispatching per step shape."""
 
-    def __init__(self, model: Llama, cache: KVCache, *, compile: bool = True, mode: str = "default",
-                 expected_shapes: int = 64):
+    def __init__(
+        self, model: Llama, cache: KVCache, *, compile: bool = True, mode: str = "default", expected_shapes: int = 64
+    ):
         self.model, self.cache = model, cache
         if compile:
             # Every bucket is one static graph: allow one recompilation per shape, never fall back to eager.
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, expected_shapes + 8)
             torch._dynamo.config.accumulated_recompile_limit = max(
-                torch._dynamo.config.accumulated_recompile_limit, 4 * expected_shapes + 64)
+                torch._dynamo.config.accumulated_recompile_limit, 4 * expected_shapes + 64
+            )
             kwargs: dict = {"dynamic": False, "fullgraph": True}
             if mode != "default":
                 kwargs["mode"] = mode
@@ -51,8 +53,9 @@ class CompiledSteps:
         _threads(tactic)
         return self._prefill(ids, lengths, slots, self.cache, tactic.attn_impl)
 
-    def decode(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, ctx_len: int,
-               tactic: Tactic) -> torch.Tensor:
+    def decode(
+        self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, ctx_len: int, tactic: Tactic
+    ) -> torch.Tensor:
         _threads(tactic)
         return self._decode(ids, positions, slots, self.cache, ctx_len, tactic.attn_impl)
 

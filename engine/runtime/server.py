@@ -1,7 +1,7 @@
 """The bundled engine's HTTP server: an OpenAI-compatible completions API over the scheduler.
 
     GET  /health           503 while starting (with the current step), 200 once ready
-    GET  /metrics          Prometheus text (engine.metrics)
+    GET  /metrics          Prometheus text (engine.runtime.metrics)
     GET  /v1/models        the one model served
     POST /v1/completions   prompt: text, [text, ...], [token ids] or [[token ids], ...];
                            max_tokens, temperature, top_p, seed, ignore_eos; each choice also
@@ -31,14 +31,13 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 from artifacts.errors import PrebakeError
+from engine.runtime.metrics import Metrics
+from engine.runtime.tokenizer import Tokenizer, TokenizerError, tokenizer_for
+from engine.startup.bundled import Engine, MissRefused, StartupSettings, start
 
-from .metrics import Metrics
-from .startup import Engine, MissRefused, StartupSettings, start
-from .tokenizer import Tokenizer, TokenizerError, tokenizer_for
-
-# torch-free at import, so /health answers 503 while torch loads; engine.scheduler comes later.
+# torch-free at import, so /health answers 503 while torch loads; engine.runtime.scheduler comes later.
 if TYPE_CHECKING:
-    from .scheduler import Request, Scheduler
+    from engine.runtime.scheduler import Request, Scheduler
 
 EXIT_MISS = 3  # as `prebake fetch`: bundles missed and the engine was told not to compile
 _UNSUPPORTED = {"stream": False, "n": 1, "best_of": 1, "echo": False, "logprobs": None, "suffix": None, "stop": None}
@@ -59,7 +58,7 @@ class _Serving:
     """What the request handlers need once the engine is ready."""
 
     engine: Engine
-    scheduler: "Scheduler"
+    scheduler: Scheduler
     tokenizer: Tokenizer | None
     created: int
 
@@ -89,8 +88,10 @@ def serve(settings: ServeSettings, emit: Callable[[str], None]) -> int:
     try:
         httpd = ThreadingHTTPServer((settings.host, settings.port), _handler(state))
     except OSError as exc:
-        raise ListenError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}; "
-                          f"pick another --port (0 picks a free one)") from exc
+        raise ListenError(
+            f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}; "
+            f"pick another --port (0 picks a free one)"
+        ) from exc
     httpd.daemon_threads = True
     threading.Thread(target=httpd.serve_forever, name="prebake-http", daemon=True).start()
     host, port = httpd.server_address[:2]
@@ -105,8 +106,10 @@ def serve(settings: ServeSettings, emit: Callable[[str], None]) -> int:
         ready_s = _seconds_since_process_start()
         metrics.set("prebake_time_to_ready_seconds", round(ready_s, 3))
         metrics.set("prebake_ready", 1)
-        emit(f"prebake serve: ready: {engine.plan.target.name} on http://{host}:{port} "
-             f"({ready_s:.2f} s after the process started)")
+        emit(
+            f"prebake serve: ready: {engine.plan.target.name} on http://{host}:{port} "
+            f"({ready_s:.2f} s after the process started)"
+        )
         stop.wait()
         return 0
     except MissRefused as exc:
@@ -123,7 +126,7 @@ def serve(settings: ServeSettings, emit: Callable[[str], None]) -> int:
 
 
 def _ready(engine: Engine, stop: threading.Event, metrics: Metrics, emit: Callable[[str], None]) -> _Serving:
-    from .scheduler import Scheduler
+    from engine.runtime.scheduler import Scheduler
 
     def observe(shape, rows: int) -> None:
         metrics.add("prebake_steps_total", shape=shape.name)
@@ -178,7 +181,9 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
                     return
                 self._json(HTTPStatus.OK, {"object": "list", "data": [_model_card(state)]})
             else:
-                self._error(_BadRequest(f"no route GET {self.path}; try /health, /metrics, /v1/models", HTTPStatus.NOT_FOUND))
+                self._error(
+                    _BadRequest(f"no route GET {self.path}; try /health, /metrics, /v1/models", HTTPStatus.NOT_FOUND)
+                )
 
         def do_POST(self) -> None:
             if self.path != "/v1/completions":
@@ -186,7 +191,7 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
                 return
             if self._starting():
                 return
-            from .scheduler import RequestRejected
+            from engine.runtime.scheduler import RequestRejected
 
             started = time.perf_counter()
             try:
@@ -198,14 +203,20 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
                 self._error(exc if isinstance(exc, _BadRequest) else _BadRequest(str(exc)))
             except Exception as exc:  # a failed step: the request fails, the server keeps serving
                 state.metrics.add("prebake_requests_total", outcome="error")
-                self._error(_BadRequest(f"generation failed: {type(exc).__name__}: {exc}", HTTPStatus.INTERNAL_SERVER_ERROR))
+                self._error(
+                    _BadRequest(f"generation failed: {type(exc).__name__}: {exc}", HTTPStatus.INTERNAL_SERVER_ERROR)
+                )
             finally:
                 state.metrics.observe_latency(time.perf_counter() - started)
 
         def _starting(self) -> bool:
             if state.serving is None:
-                self._error(_BadRequest(f"the engine is starting ({state.step}); poll /health until it says 200",
-                                        HTTPStatus.SERVICE_UNAVAILABLE))
+                self._error(
+                    _BadRequest(
+                        f"the engine is starting ({state.step}); poll /health until it says 200",
+                        HTTPStatus.SERVICE_UNAVAILABLE,
+                    )
+                )
                 return True
             return False
 
@@ -221,7 +232,9 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
 
         def _error(self, exc: _BadRequest) -> None:
             kind = "invalid_request_error" if exc.status < 500 else "server_error"
-            self._json(exc.status, {"error": {"message": str(exc), "type": kind, "param": exc.param, "code": exc.status.value}})
+            self._json(
+                exc.status, {"error": {"message": str(exc), "type": kind, "param": exc.param, "code": exc.status.value}}
+            )
 
         def _json(self, status: HTTPStatus, payload: dict) -> None:
             self._send(status, json.dumps(payload).encode(), "application/json")
@@ -239,20 +252,28 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
 def _model_card(state: _State) -> dict:
     serving = state.serving
     plan = serving.engine.plan
-    return {"id": state.model_id, "object": "model", "created": serving.created, "owned_by": "prebake",
-            "root": plan.target.name, "max_model_len": plan.recipe.serving.max_model_len}
+    return {
+        "id": state.model_id,
+        "object": "model",
+        "created": serving.created,
+        "owned_by": "prebake",
+        "root": plan.target.name,
+        "max_model_len": plan.recipe.serving.max_model_len,
+    }
 
 
 def _complete(state: _State, body: dict) -> dict:
     serving = state.serving
     model = body.get("model", state.model_id)
     if model != state.model_id:
-        raise _BadRequest(f"model {model!r} is not served here; this server serves {state.model_id!r}",
-                          HTTPStatus.NOT_FOUND, "model")
+        raise _BadRequest(
+            f"model {model!r} is not served here; this server serves {state.model_id!r}", HTTPStatus.NOT_FOUND, "model"
+        )
     for name, default in _UNSUPPORTED.items():
         if body.get(name, default) != default:
-            raise _BadRequest(f"{name}={body[name]!r} is not supported by the bundled engine; leave it at {default!r}",
-                              param=name)
+            raise _BadRequest(
+                f"{name}={body[name]!r} is not supported by the bundled engine; leave it at {default!r}", param=name
+            )
     prompts = _prompts(body.get("prompt"), serving.tokenizer)
     requests = [_request(body, p, serving) for p in prompts]
     for request in requests:  # all or nothing: no prompt of a refused request is queued
@@ -261,52 +282,73 @@ def _complete(state: _State, body: dict) -> dict:
     completions = [f.result() for f in futures]
     state.metrics.add("prebake_generated_tokens_total", sum(len(c.tokens) for c in completions))
     choices = [
-        {"index": i, "text": serving.tokenizer.decode(list(c.tokens)) if serving.tokenizer else "",
-         "token_ids": list(c.tokens), "logprobs": None, "finish_reason": c.finish_reason}
+        {
+            "index": i,
+            "text": serving.tokenizer.decode(list(c.tokens)) if serving.tokenizer else "",
+            "token_ids": list(c.tokens),
+            "logprobs": None,
+            "finish_reason": c.finish_reason,
+        }
         for i, c in enumerate(completions)
     ]
     prompt_tokens = sum(len(p) for p in prompts)
     completion_tokens = sum(len(c.tokens) for c in completions)
     return {
-        "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-        "model": state.model_id, "choices": choices,
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                  "total_tokens": prompt_tokens + completion_tokens},
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": state.model_id,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
     }
 
 
 def _prompts(prompt, tokenizer: Tokenizer | None) -> list[list[int]]:
     """OpenAI's four prompt forms, as token ids."""
-    if isinstance(prompt, str):
-        prompt = [prompt]
-    elif isinstance(prompt, list) and prompt and all(_is_id(t) for t in prompt):
+    if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and all(_is_id(t) for t in prompt)):
         prompt = [prompt]
     if not isinstance(prompt, list) or not prompt:
-        raise _BadRequest("prompt must be a string, a list of strings, a list of token ids or a list of such lists",
-                          param="prompt")
+        raise _BadRequest(
+            "prompt must be a string, a list of strings, a list of token ids or a list of such lists", param="prompt"
+        )
     out = []
     for p in prompt:
         if isinstance(p, str):
             if tokenizer is None:
-                raise _BadRequest("this model has no tokenizer (no tokenizer.json in its folder; see the start-up "
-                                  "log), so text prompts cannot be encoded; send token ids", param="prompt")
+                raise _BadRequest(
+                    "this model has no tokenizer (no tokenizer.json in its folder; see the start-up "
+                    "log), so text prompts cannot be encoded; send token ids",
+                    param="prompt",
+                )
             out.append(tokenizer.encode(p))
         elif isinstance(p, list) and all(_is_id(t) for t in p):
             out.append(list(p))
         else:
-            raise _BadRequest(f"prompt entry {str(p)[:40]!r} is neither a string nor a list of token ids", param="prompt")
+            raise _BadRequest(
+                f"prompt entry {str(p)[:40]!r} is neither a string nor a list of token ids", param="prompt"
+            )
     return out
 
 
-def _request(body: dict, prompt: list[int], serving: _Serving) -> "Request":
-    from .scheduler import Request
+def _request(body: dict, prompt: list[int], serving: _Serving) -> Request:
+    from engine.runtime.scheduler import Request
 
     def number(name: str, default, kind):
         value = body.get(name, default)
         if value is None:
             return default
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or (kind is int and not isinstance(value, int)):
-            raise _BadRequest(f"{name} must be {'an integer' if kind is int else 'a number'}, got {value!r}", param=name)
+        if (
+            not isinstance(value, (int, float))
+            or isinstance(value, bool)
+            or (kind is int and not isinstance(value, int))
+        ):
+            raise _BadRequest(
+                f"{name} must be {'an integer' if kind is int else 'a number'}, got {value!r}", param=name
+            )
         return kind(value)
 
     eos = frozenset(serving.engine.steps.model.config.eos_token_ids)

@@ -1,10 +1,10 @@
-"""The build child: `python -m engine.build REQUEST.json` builds autotune or graphs with torch.
+"""The build child: `python -m engine.runtime.build REQUEST.json` builds autotune or graphs with torch.
 
 Run by engine.builders in a fresh process whose environment (TORCHINDUCTOR_CACHE_DIR for
 graphs) was set by the parent, so nothing here touches os.environ.
 
     graphs tree:  inductor/     Inductor's cache (FX graphs, AOTAutograd entries, compiled kernels)
-                  aot/          variant "aoti" only: one precompiled function per step shape (engine.aot)
+                  aot/          variant "aoti" only: one precompiled function per step shape (engine.runtime.aot)
                   graphs.json   the step shapes compiled, their tactics and compile seconds
 """
 
@@ -19,14 +19,13 @@ from pathlib import Path
 
 from artifacts.buckets import BucketSet
 from artifacts.recipes import Recipe
-
-from . import aot
-from .autotune import load_winners, measure
-from .builders import AUTOTUNE_FILE, BUCKETS_FILE, GRAPHS_FILE
-from .loader import load_model, torch_dtype
-from .model import KVCache
-from .shapes import StepShape, step_shapes
-from .steps import CompiledSteps, Tactic
+from engine.builders import AUTOTUNE_FILE, BUCKETS_FILE, GRAPHS_FILE
+from engine.runtime import aot
+from engine.runtime.autotune import load_winners, measure
+from engine.runtime.loader import load_model, torch_dtype
+from engine.runtime.model import KVCache
+from engine.runtime.shapes import StepShape, step_shapes
+from engine.runtime.steps import CompiledSteps, Tactic
 
 
 def build_autotune(recipe: Recipe, dtype: str, buckets_tree: Path, out: Path) -> None:
@@ -63,7 +62,9 @@ def compile_graphs(model, cache, recipe: Recipe, plan: dict[StepShape, Tactic], 
         "variant": recipe.compile.variant,
         "torch": torch.__version__,
         "total_compile_s": round(time.perf_counter() - started, 3),
-        "shapes": [{"shape": asdict(s), "tactic": asdict(t), "compile_s": round(seconds[s], 3)} for s, t in plan.items()],
+        "shapes": [
+            {"shape": asdict(s), "tactic": asdict(t), "compile_s": round(seconds[s], 3)} for s, t in plan.items()
+        ],
     }
     (out / GRAPHS_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))
     return steps
@@ -77,8 +78,9 @@ def _shapes(recipe: Recipe, buckets_tree: Path):
 def model_and_cache(recipe: Recipe, dtype: str):
     """The recipe's model and a KV cache of its serving limits: the builder and the engine size them alike."""
     model = load_model(recipe.model, dtype)
-    cache = KVCache.allocate(model.config, recipe.serving.max_num_seqs, recipe.serving.max_model_len,
-                             dtype=torch_dtype(dtype))
+    cache = KVCache.allocate(
+        model.config, recipe.serving.max_num_seqs, recipe.serving.max_model_len, dtype=torch_dtype(dtype)
+    )
     return model, cache
 
 
@@ -91,7 +93,7 @@ def main(argv: list[str]) -> int:
     elif spec["kind"] == "graphs":
         build_graphs(recipe, dtype, inputs["buckets"], inputs["autotune"], out)
     else:
-        print(f"engine.build: unknown kind {spec['kind']!r}", file=sys.stderr)
+        print(f"engine.runtime.build: unknown kind {spec['kind']!r}", file=sys.stderr)
         return 2
     return 0
 

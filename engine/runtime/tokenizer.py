@@ -39,8 +39,10 @@ class ByteTokenizer:
 
     def __init__(self, vocab_size: int):
         if vocab_size < 256:
-            raise TokenizerError(f"a byte-level tokenizer needs a vocabulary of at least 256 ids, the model has "
-                                 f"{vocab_size}; send token-id prompts or give the model a tokenizer.json")
+            raise TokenizerError(
+                f"a byte-level tokenizer needs a vocabulary of at least 256 ids, the model has "
+                f"{vocab_size}; send token-id prompts or give the model a tokenizer.json"
+            )
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
@@ -67,7 +69,9 @@ class HFTokenizer:
         try:
             self._tok = _Tokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises a bare Exception on malformed files
-            raise TokenizerError(f"cannot read the tokenizer {path}: {exc}; replace it with the model's own tokenizer.json") from exc
+            raise TokenizerError(
+                f"cannot read the tokenizer {path}: {exc}; replace it with the model's own tokenizer.json"
+            ) from exc
         self.name = str(path)
 
     def encode(self, text: str) -> list[int]:

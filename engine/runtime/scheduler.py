@@ -31,10 +31,9 @@ import torch
 
 from artifacts.buckets import BucketSet
 from artifacts.errors import PrebakeError
-
-from .model import sample
-from .shapes import StepShape, decode_for, prefill_for, step_shapes
-from .steps import CompiledSteps, Tactic
+from engine.runtime.model import sample
+from engine.runtime.shapes import StepShape, decode_for, prefill_for, step_shapes
+from engine.runtime.steps import CompiledSteps, Tactic
 
 
 class RequestRejected(PrebakeError, ValueError):
@@ -74,17 +73,21 @@ class Limits:
         if n > self.max_prompt:
             raise RequestRejected(
                 f"the prompt has {n} tokens, more than the largest prefill bucket holds ({self.max_prompt} tokens); "
-                f"shorten the prompt or serve a recipe with larger buckets (serving.max_num_batched_tokens)")
+                f"shorten the prompt or serve a recipe with larger buckets (serving.max_num_batched_tokens)"
+            )
         if request.max_tokens < 1:
             raise RequestRejected(f"max_tokens must be at least 1, got {request.max_tokens}")
         if n + request.max_tokens > self.max_model_len:
             raise RequestRejected(
                 f"the prompt ({n} tokens) plus max_tokens ({request.max_tokens}) exceeds the model length limit "
-                f"max_model_len = {self.max_model_len}; lower max_tokens to at most {self.max_model_len - n}")
+                f"max_model_len = {self.max_model_len}; lower max_tokens to at most {self.max_model_len - n}"
+            )
         if bad := [t for t in request.prompt if not 0 <= t < self.vocab_size]:
             raise RequestRejected(f"prompt token ids {bad[:5]} are outside the vocabulary 0..{self.vocab_size - 1}")
         if not (math.isfinite(request.temperature) and request.temperature >= 0 and 0 < request.top_p <= 1):
-            raise RequestRejected(f"temperature must be >= 0 and top_p in (0, 1]; got {request.temperature} and {request.top_p}")
+            raise RequestRejected(
+                f"temperature must be >= 0 and top_p in (0, 1]; got {request.temperature} and {request.top_p}"
+            )
 
 
 @dataclass
@@ -109,8 +112,14 @@ class _Running:
 class Scheduler:
     """Continuous batching of completion requests over one model's compiled step shapes."""
 
-    def __init__(self, steps: CompiledSteps, buckets: BucketSet, tactics: dict[StepShape, Tactic], max_model_len: int,
-                 observe: Callable[[StepShape, int], None] | None = None):
+    def __init__(
+        self,
+        steps: CompiledSteps,
+        buckets: BucketSet,
+        tactics: dict[StepShape, Tactic],
+        max_model_len: int,
+        observe: Callable[[StepShape, int], None] | None = None,
+    ):
         """`observe(shape, real_rows)` is told of every step run (for metrics)."""
         self.steps, self.buckets, self.tactics = steps, buckets, tactics
         self.max_model_len = max_model_len

@@ -1,17 +1,17 @@
 """The engine's figures in Prometheus text format: start-up steps, bundle outcomes, requests.
 
-    prebake_startup_step_seconds{step}          how long each start-up step took
-    prebake_time_to_ready_seconds               process start to ready
-    prebake_ready                               0 while starting, 1 once serving
-    prebake_bundle_hits_total{kind,source}      bundles used from the store or the registry
-    prebake_bundle_misses_total{kind}           keys nothing answered (or failed verification)
-    prebake_fallback_compiles_total{kind}       artifacts compiled in place after a miss
-    prebake_write_backs_total{kind,outcome}     compiled-in-place artifacts published (or not)
-    prebake_requests_total{outcome}             completions served, rejected or failed
-    prebake_request_latency_seconds             histogram of completion latency
-    prebake_generated_tokens_total              tokens generated
-    prebake_steps_total{shape}                  model steps run per step shape (bucket)
-    prebake_step_rows_total{shape}              real rows in those steps (the rest was padding)
+prebake_startup_step_seconds{step}          how long each start-up step took
+prebake_time_to_ready_seconds               process start to ready
+prebake_ready                               0 while starting, 1 once serving
+prebake_bundle_hits_total{kind,source}      bundles used from the store or the registry
+prebake_bundle_misses_total{kind}           keys nothing answered (or failed verification)
+prebake_fallback_compiles_total{kind}       artifacts compiled in place after a miss
+prebake_write_backs_total{kind,outcome}     compiled-in-place artifacts published (or not)
+prebake_requests_total{outcome}             completions served, rejected or failed
+prebake_request_latency_seconds             histogram of completion latency
+prebake_generated_tokens_total              tokens generated
+prebake_steps_total{shape}                  model steps run per step shape (bucket)
+prebake_step_rows_total{shape}              real rows in those steps (the rest was padding)
 """
 
 from __future__ import annotations
@@ -32,7 +32,10 @@ _HELP = {
     "prebake_requests_total": ("counter", "Completion requests, by outcome."),
     "prebake_generated_tokens_total": ("counter", "Tokens generated."),
     "prebake_steps_total": ("counter", "Model steps run, by step shape (bucket)."),
-    "prebake_step_rows_total": ("counter", "Real (unpadded) rows run, by step shape; rows / steps is the batch filled."),
+    "prebake_step_rows_total": (
+        "counter",
+        "Real (unpadded) rows run, by step shape; rows / steps is the batch filled.",
+    ),
 }
 _LATENCY = "prebake_request_latency_seconds"
 
@@ -75,7 +78,10 @@ class Metrics:
             for name, (kind, text) in _HELP.items():
                 lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
                 lines += [f"{name}{_render_labels(k)} {_number(v)}" for k, v in sorted(self._values[name].items())]
-            lines += [f"# HELP {_LATENCY} Seconds from a completion request to its response.", f"# TYPE {_LATENCY} histogram"]
+            lines += [
+                f"# HELP {_LATENCY} Seconds from a completion request to its response.",
+                f"# TYPE {_LATENCY} histogram",
+            ]
             total = 0
             for bound, count in zip((*map(str, LATENCY_BUCKETS), "+Inf"), self._latency):
                 total += count
@@ -86,7 +92,7 @@ class Metrics:
     @staticmethod
     def _check(name: str) -> None:
         if name not in _HELP:
-            raise KeyError(f"unknown metric {name!r}; declare it in engine.metrics._HELP")
+            raise KeyError(f"unknown metric {name!r}; declare it in engine.runtime.metrics._HELP")
 
 
 def _labels(labels: dict[str, str]) -> Labels:

@@ -6,9 +6,8 @@ import torch
 
 from artifacts.errors import BuildError
 from artifacts.recipes import ModelSpec
-
-from .model import Llama, build_model
-from .weights import LlamaConfig, load_hf_folder, tiny_random_weights
+from engine.runtime.model import Llama, build_model
+from engine.runtime.weights import LlamaConfig, load_hf_folder, tiny_random_weights
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -7,7 +7,7 @@
     fetch       download, check digests, unpack into the store        artifacts.store
     build       buckets/autotune that missed, built in place          engine.builders
     install     a private writable copy of the graphs tree; Inductor pointed at it
-    load        weights and the static KV cache                       engine.loader
+    load        weights and the static KV cache                       engine.runtime.loader
     warm-up     every step shape once, from the bundle                (graphs hit)
     compile     every step shape compiled in place, as `doit bake`    (graphs miss)
     write-back  what was built in place packed and published          (--write-back)
@@ -43,15 +43,15 @@ from artifacts.kinds import KINDS, Plan
 from artifacts.manifest import Manifest
 from artifacts.recipes import Recipe, load_recipe
 from artifacts.store import Installed, Store
-
-from . import builders, install
-from .metrics import Metrics
-from .probe import current_host
-from .resolve import pick_plan
-from .shapes import StepShape, step_shapes
+from engine import builders
+from engine.probe import current_host
+from engine.runtime.metrics import Metrics
+from engine.runtime.shapes import StepShape, step_shapes
+from engine.startup import install
+from engine.startup.pipeline import pick_plan
 
 if TYPE_CHECKING:  # torch is imported once the environment is set (install step), not before
-    from .steps import CompiledSteps, Tactic
+    from engine.runtime.steps import CompiledSteps, Tactic
 
 Emit = Callable[[str], None]
 _runs = itertools.count()
@@ -82,9 +82,9 @@ class Engine:
     """A started engine: warm steps over the recipe's buckets, and the folder it runs in."""
 
     plan: Plan
-    steps: "CompiledSteps"
+    steps: CompiledSteps
     buckets: BucketSet
-    tactics: "dict[StepShape, Tactic]"
+    tactics: dict[StepShape, Tactic]
     run_dir: Path
     store: Store  # owns run_dir (a store scratch folder) for as long as the engine lives
     built: tuple[str, ...] = ()  # kinds compiled in place
@@ -130,7 +130,9 @@ class StepLog:
             self.emit(f"prebake serve:   {line}")
 
 
-def start(settings: StartupSettings, metrics: Metrics, emit: Emit, progress: Callable[[str], None] | None = None) -> Engine:
+def start(
+    settings: StartupSettings, metrics: Metrics, emit: Emit, progress: Callable[[str], None] | None = None
+) -> Engine:
     """Run the start-up pipeline; the warm engine. Raises MissRefused under --on-miss fail."""
     log = StepLog(metrics, emit, progress)
     store = Store()
@@ -153,8 +155,15 @@ def start(settings: StartupSettings, metrics: Metrics, emit: Emit, progress: Cal
     return engine
 
 
-def _start(settings: StartupSettings, plan: Plan, kinds: tuple[str, ...], store: Store, run_dir: Path,
-           log: StepLog, leases: ExitStack) -> Engine:
+def _start(
+    settings: StartupSettings,
+    plan: Plan,
+    kinds: tuple[str, ...],
+    store: Store,
+    run_dir: Path,
+    log: StepLog,
+    leases: ExitStack,
+) -> Engine:
     from registry.signing import trust_from_env
 
     trust = trust_from_env()
@@ -167,7 +176,9 @@ def _start(settings: StartupSettings, plan: Plan, kinds: tuple[str, ...], store:
         s.detail = f"{sum(isinstance(v, Manifest) for v in found.values())} registry bundle(s) carry their keys and pass the trust policy"
     with log.step("fetch") as s:
         installed = _fetch(found, store, registry, settings.fetch_timeout)
-        s.detail = ", ".join(f"{k} {i.manifest.blob.hex[:12]}" for k, i in installed.items() if isinstance(i, Installed))
+        s.detail = ", ".join(
+            f"{k} {i.manifest.blob.hex[:12]}" for k, i in installed.items() if isinstance(i, Installed)
+        )
         s.detail = s.detail or "nothing to fetch"
     installed = _hold(installed, store, leases)
     misses = [v for v in installed.values() if isinstance(v, Miss)]
@@ -176,8 +187,10 @@ def _start(settings: StartupSettings, plan: Plan, kinds: tuple[str, ...], store:
     for miss in misses:
         log.note(miss.explain())
     if misses and settings.on_miss == "fail":
-        raise MissRefused(f"{len(misses)} of {plan.target.name}'s bundles missed (above) and --on-miss is fail; "
-                          f"bake them (doit bake model={plan.target.recipe} precision={plan.target.dtype}) or use --on-miss compile")
+        raise MissRefused(
+            f"{len(misses)} of {plan.target.name}'s bundles missed (above) and --on-miss is fail; "
+            f"bake them (doit bake model={plan.target.recipe} precision={plan.target.dtype}) or use --on-miss compile"
+        )
     trees = {k: i.tree for k, i in installed.items()}
     built = [m.key.kind for m in misses]
     if missing := [k for k in ("buckets", "autotune") if k not in trees]:
@@ -225,7 +238,8 @@ def _lookup(plan: Plan, kinds, store: Store, address: str, trust, timeout: float
             else:
                 try:
                     found[kind] = registry.lookup(kind, key.digest) or nearest_miss(
-                        registry, key, f"no bundle for this key in {registry.url}")
+                        registry, key, f"no bundle for this key in {registry.url}"
+                    )
                 except Exception as exc:  # any fault (down, refused, corrupt entry) is a miss, never a crash
                     fault = f"registry {registry.url} failed: {type(exc).__name__}: {exc}"
                     found[kind] = Miss(key, fault)
@@ -236,8 +250,13 @@ def _lookup(plan: Plan, kinds, store: Store, address: str, trust, timeout: float
     if "error" in box:
         raise box["error"]
     for kind in kinds:  # dict reads are atomic: what the worker finished in time counts, the rest timed out
-        found.setdefault(kind, Miss(plan.key(kind), f"registry {address} did not answer within {timeout:g} s "
-                                                    f"(--registry-timeout); serving without it"))
+        found.setdefault(
+            kind,
+            Miss(
+                plan.key(kind),
+                f"registry {address} did not answer within {timeout:g} s (--registry-timeout); serving without it",
+            ),
+        )
     return box.get("registry"), {k: found[k] for k in kinds}, not worker.is_alive()
 
 
@@ -291,7 +310,9 @@ def _hold(got: dict[str, Installed | Miss], store: Store, leases: ExitStack) -> 
 
 def _count(metrics: Metrics, installed: dict[str, Installed], misses: list[Miss], found: dict) -> None:
     for kind in installed:
-        metrics.add("prebake_bundle_hits_total", kind=kind, source="store" if isinstance(found[kind], Installed) else "registry")
+        metrics.add(
+            "prebake_bundle_hits_total", kind=kind, source="store" if isinstance(found[kind], Installed) else "registry"
+        )
     for miss in misses:
         metrics.add("prebake_bundle_misses_total", kind=miss.key.kind)
 
@@ -299,8 +320,16 @@ def _count(metrics: Metrics, installed: dict[str, Installed], misses: list[Miss]
 def _summary(found: dict, address: str) -> str:
     parts = []
     for kind, value in found.items():
-        parts.append(f"{kind} " + ("in the store" if isinstance(value, Installed)
-                                   else "in the registry" if isinstance(value, Manifest) else "missed"))
+        parts.append(
+            f"{kind} "
+            + (
+                "in the store"
+                if isinstance(value, Installed)
+                else "in the registry"
+                if isinstance(value, Manifest)
+                else "missed"
+            )
+        )
     return f"{', '.join(parts)} (registry {address})"
 
 
@@ -311,10 +340,18 @@ def _build_in_place(plan: Plan, kind: str, trees: dict[str, Path], run_dir: Path
     return out
 
 
-def _warm(settings: StartupSettings, plan: Plan, trees: dict[str, Path], graphs: Installed | None, store: Store,
-          run_dir: Path, log: StepLog, built: list[str]) -> Engine:
-    from .autotune import load_winners  # torch: imported here, once the process is about to compile
-    from .steps import Tactic
+def _warm(
+    settings: StartupSettings,
+    plan: Plan,
+    trees: dict[str, Path],
+    graphs: Installed | None,
+    store: Store,
+    run_dir: Path,
+    log: StepLog,
+    built: list[str],
+) -> Engine:
+    from engine.runtime.autotune import load_winners  # torch: imported here, once the process is about to compile
+    from engine.runtime.steps import Tactic
 
     recipe = plan.recipe
     with log.step("install") as s:
@@ -329,10 +366,12 @@ def _warm(settings: StartupSettings, plan: Plan, trees: dict[str, Path], graphs:
             install.activate(install.engine_environment(trees["graphs"]))
             s.detail = f"{len(shapes)} step shapes, graphs ({recipe.compile.variant}) in {trees['graphs']}"
     with log.step("load") as s:
-        from .build import model_and_cache
+        from engine.runtime.build import model_and_cache
 
         model, cache = model_and_cache(recipe, plan.target.dtype)
-        s.detail = f"{recipe.model.name} {plan.target.dtype} ({sum(p.numel() for p in model.parameters()):,} parameters)"
+        s.detail = (
+            f"{recipe.model.name} {plan.target.dtype} ({sum(p.numel() for p in model.parameters()):,} parameters)"
+        )
     steps = None
     if settings.eager or graphs is not None:
         with log.step("warm-up") as s:
@@ -341,7 +380,7 @@ def _warm(settings: StartupSettings, plan: Plan, trees: dict[str, Path], graphs:
         if "graphs" not in built:
             built.append("graphs")
         with log.step("compile") as s:
-            from .build import compile_graphs
+            from engine.runtime.build import compile_graphs
 
             steps = compile_graphs(model, cache, recipe, schedule, trees["graphs"], log=log.note)
             log.metrics.add("prebake_fallback_compiles_total", kind="graphs")
@@ -351,12 +390,12 @@ def _warm(settings: StartupSettings, plan: Plan, trees: dict[str, Path], graphs:
 
 def _load_steps(settings, recipe: Recipe, model, cache, schedule, graphs_tree: Path | None, log: StepLog):
     """Warm steps from the installed graphs (or eager ones); (None, why) when the bundle does not load."""
-    from .steps import CompiledSteps
+    from engine.runtime.steps import CompiledSteps
 
     if settings.eager:
         steps = CompiledSteps(model, cache, compile=False)
     elif recipe.compile.variant == "aoti":
-        from . import aot
+        from engine.runtime import aot
 
         try:
             steps = aot.load_shapes(model, cache, list(schedule), graphs_tree)
@@ -367,7 +406,9 @@ def _load_steps(settings, recipe: Recipe, model, cache, schedule, graphs_tree: P
     else:
         steps = CompiledSteps(model, cache, mode=recipe.compile.mode, expected_shapes=len(schedule))
     steps.warm_up(schedule, log=log.note)
-    detail = f"{len(schedule)} step shapes " + ("eager" if settings.eager else f"from the bundle ({recipe.compile.variant})")
+    detail = f"{len(schedule)} step shapes " + (
+        "eager" if settings.eager else f"from the bundle ({recipe.compile.variant})"
+    )
     if not settings.eager and recipe.compile.variant != "aoti":
         from torch._dynamo.utils import counters
 
@@ -376,8 +417,9 @@ def _load_steps(settings, recipe: Recipe, model, cache, schedule, graphs_tree: P
     return steps, detail
 
 
-def _write_back(plan: Plan, built: list[str], trees: dict[str, Path], store: Store, registry, trust, timeout: float,
-                log: StepLog) -> str:
+def _write_back(
+    plan: Plan, built: list[str], trees: dict[str, Path], store: Store, registry, trust, timeout: float, log: StepLog
+) -> str:
     """Pack and publish what was built in place, upstream first; a failure is logged, never fatal."""
     from registry.signing import signer_from_env
 
@@ -387,7 +429,9 @@ def _write_back(plan: Plan, built: list[str], trees: dict[str, Path], store: Sto
         sign = signer_from_env()
         for kind in (k for k in KINDS if k in built):
             try:
-                baked = bake_kind(plan, kind, store=store, registry=registry, build=_copy_of(trees[kind]), sign=sign, trust=trust)
+                baked = bake_kind(
+                    plan, kind, store=store, registry=registry, build=_copy_of(trees[kind]), sign=sign, trust=trust
+                )
                 outcome[kind] = baked.note
             except Exception as exc:  # reported loudly below; the engine still serves what it compiled
                 outcome[kind] = f"failed: {type(exc).__name__}: {exc}"
@@ -402,7 +446,10 @@ def _write_back(plan: Plan, built: list[str], trees: dict[str, Path], store: Sto
         log.note(f"write-back {kind} {plan.key(kind).digest[:12]} to {registry.url}: {note}")
         if not ok:
             log.emit(f"prebake serve: WARNING: write-back of {kind} failed; the next start will compile it again")
-    return ", ".join(f"{k}: {'published' if not v.startswith('failed') else 'failed'}" for k, v in outcome.items()) or "nothing finished"
+    return (
+        ", ".join(f"{k}: {'published' if not v.startswith('failed') else 'failed'}" for k, v in outcome.items())
+        or "nothing finished"
+    )
 
 
 def _copy_of(tree: Path):

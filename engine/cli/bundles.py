@@ -1,0 +1,69 @@
+"""Registry commands: ls, keygen, verify."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from artifacts.store import Store
+from engine.cli.common import registry_option, size, table
+
+
+def add(sub) -> None:
+    ls = sub.add_parser("ls", help="list the bundles in a registry")
+    registry_option(ls)
+    ls.add_argument("--kind", help="only this artifact kind (buckets, autotune, graphs)")
+    ls.set_defaults(run=cmd_ls)
+
+    keygen = sub.add_parser("keygen", help="make an ed25519 signing key pair for bundles")
+    keygen.add_argument("name", help="the signer's name, e.g. ci-bakers-2026")
+    keygen.add_argument("--dir", default=".", help="folder to write <name>.pem and <name>.pub into")
+    keygen.set_defaults(run=cmd_keygen)
+
+    verify = sub.add_parser("verify", help="re-hash every blob and check every index entry and signature")
+    registry_option(verify)
+    verify.add_argument("--quarantine", action="store_true", help="move bad entries aside")
+    verify.set_defaults(run=cmd_verify)
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from registry import open_registry
+
+    store = Store()
+    registry = open_registry(store.registry_address(args.registry))
+    rows = [_ls_row(m) for m in registry.list(args.kind)]
+    headers = ("MODEL", "KIND", "PLATFORM", "PRECISION", "TP", "SIZE", "CREATED", "KEY")
+    print(table(headers, rows) if rows else f"no bundles in {registry.url}")
+    return 0
+
+
+def _ls_row(m) -> tuple[str, ...]:
+    labels = m.labels
+    return (
+        labels.get("model", "?"),
+        m.kind,
+        labels.get("platform", "?"),
+        labels.get("precision", "-"),
+        labels.get("tp", "-"),
+        size(m.blob.size),
+        m.created,
+        m.key_digest[:16],
+    )
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from registry.signing import keygen_cli
+
+    print(keygen_cli(args.name, Path(args.dir).resolve()))
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from registry import open_registry
+    from registry.signing import trust_from_env
+    from registry.verify import verify_registry
+
+    registry = open_registry(Store().registry_address(args.registry))
+    report = verify_registry(registry, trust=trust_from_env(), quarantine=args.quarantine)
+    print(report.render())
+    return report.exit_code

@@ -1,0 +1,157 @@
+"""Start-up commands: fetch (install bundles, print the environment) and serve (start an engine)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from artifacts.errors import PrebakeError
+from artifacts.recipes import load_recipe
+from artifacts.store import Store
+from engine.cli.common import EXIT_MISS, engine_options, registry_option, target_options
+
+
+def add(sub) -> None:
+    fetch = sub.add_parser("fetch", help="fetch, verify and install a recipe's bundles; print the environment")
+    target_options(fetch)
+    fetch.add_argument("--json", action="store_true", help="print JSON instead of shell exports")
+    registry_option(fetch)
+    engine_options(fetch)
+    fetch.set_defaults(run=cmd_fetch)
+
+    serve = sub.add_parser("serve", help="start the bundled engine from the recipe's bundles (compiling what misses)")
+    target_options(serve)
+    registry_option(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default 8000)")
+    serve.add_argument(
+        "--on-miss",
+        choices=("compile", "fail"),
+        default="compile",
+        help="when a bundle misses: compile in place (default) or exit 3",
+    )
+    serve.add_argument("--write-back", action="store_true", help="publish what was compiled in place to the registry")
+    serve.add_argument(
+        "--registry-timeout", type=float, default=5.0, help="seconds the registry lookup may take (default 5)"
+    )
+    serve.add_argument("--fetch-timeout", type=float, default=600.0, help="seconds downloads may take (default 600)")
+    serve.add_argument(
+        "--eager", action="store_true", help="compilation off: serve the eager model (the benchmark's floor)"
+    )
+    engine_options(serve)
+    serve.add_argument(
+        "vllm_args", nargs="*", metavar="-- VLLM_ARGS", help="with --engine vllm: more `vllm serve` flags, after --"
+    )
+    serve.set_defaults(run=cmd_serve)
+
+
+def _vllm_start(args: argparse.Namespace):
+    from engine.startup.vllm import VllmStart
+
+    return VllmStart(
+        model=args.model,
+        precision=args.precision,
+        tp=args.tp,
+        registry=args.registry,
+        cache_root=args.cache_root,
+        host=getattr(args, "host", None),
+        port=getattr(args, "port", None),
+        on_miss=getattr(args, "on_miss", "compile"),
+        write_back=getattr(args, "write_back", False),
+        vllm_args=tuple(getattr(args, "vllm_args", ())),
+        **({"time_box_s": args.registry_timeout + args.fetch_timeout} if hasattr(args, "registry_timeout") else {}),
+    )
+
+
+def cmd_fetch_vllm(args: argparse.Namespace) -> int:
+    """`fetch --engine vllm`: install, lay out a writable cache root, print vLLM's environment and flags."""
+    import shlex
+
+    from engine.startup.install import shell_exports
+    from engine.startup.vllm import fetch_environment
+
+    prepared = fetch_environment(_vllm_start(args))
+    for miss in prepared.misses:
+        print(miss.explain(), file=sys.stderr)
+    for note in prepared.notes:
+        print(f"prebake: {note}", file=sys.stderr)
+    if args.json:
+        payload = {
+            "target": prepared.plan.target.name,
+            "env": prepared.variables,
+            "argv": list(prepared.argv),
+            "cwd": str(prepared.cwd) if prepared.cwd else None,
+            "complete": not prepared.misses,
+        }
+        print(json.dumps(payload, indent=2, sort_keys=True))
+    else:
+        print(shell_exports(prepared.variables))
+        print(
+            f"# vLLM: {'cd ' + shlex.quote(str(prepared.cwd)) + ' && ' if prepared.cwd else ''}{shlex.join(prepared.argv)}"
+        )
+    return EXIT_MISS if prepared.misses else 0
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    if args.engine == "vllm":
+        return cmd_fetch_vllm(args)
+    from engine.probe import current_host
+    from engine.startup.install import prebake_environment, shell_exports
+    from engine.startup.pipeline import pick_plan, resolve
+    from registry import open_registry
+    from registry.signing import trust_from_env
+
+    store = Store()
+    registry = open_registry(store.registry_address(args.registry))
+    plan = pick_plan(load_recipe(args.model), current_host(), dtype=args.precision, tp=args.tp)
+    resolution = resolve(plan, store=store, registry=registry, trust=trust_from_env())
+    if not resolution.complete:
+        for miss in resolution.misses:
+            print(miss.explain(), file=sys.stderr)
+        print(f"prebake: no complete bundle set for {plan.target.name} in {registry.url}", file=sys.stderr)
+        return EXIT_MISS
+    env = prebake_environment(resolution.installed)
+    if args.json:
+        payload = {
+            "target": plan.target.name,
+            "env": env,
+            "bundles": {
+                k: {"key": i.manifest.key_digest, "blob": i.manifest.blob.digest, "tree": str(i.tree)}
+                for k, i in resolution.installed.items()
+            },
+        }
+        print(json.dumps(payload, indent=2, sort_keys=True))
+    else:
+        print(shell_exports(env))
+    return 0
+
+
+def cmd_serve_vllm(args: argparse.Namespace) -> int:
+    """`serve --engine vllm -- VLLM_ARGS`: fetch, install, then run vLLM from the installed graphs."""
+    from engine.startup.vllm import serve
+
+    return serve(_vllm_start(args), emit=lambda line: print(line, file=sys.stderr, flush=True))
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    if args.engine == "vllm":
+        return cmd_serve_vllm(args)
+    if args.vllm_args:
+        raise PrebakeError(f"flags after -- ({' '.join(args.vllm_args)}) are for --engine vllm only")
+    from engine.runtime.server import ServeSettings, serve
+    from engine.startup.bundled import StartupSettings
+
+    startup = StartupSettings(
+        model=args.model,
+        precision=args.precision,
+        tp=args.tp,
+        registry=args.registry,
+        registry_timeout=args.registry_timeout,
+        fetch_timeout=args.fetch_timeout,
+        on_miss=args.on_miss,
+        write_back=args.write_back,
+        eager=args.eager,
+    )
+    settings = ServeSettings(startup=startup, host=args.host, port=args.port)
+    return serve(settings, emit=lambda line: print(line, file=sys.stderr, flush=True))
