@@ -14,6 +14,7 @@ import datetime as dt
 import os
 import platform
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,7 +70,9 @@ def bake_kind(
     try:
         tree = scratch / "tree"
         tree.mkdir()
+        started = time.perf_counter()
         build(BuildRequest(plan, kind, tree, {k: i.tree for k, i in inputs.items()}))
+        build_seconds = round(time.perf_counter() - started, 3)
         packed = pack(tree, scratch / "payload.tar.zst")
         manifest = Manifest(
             kind=kind,
@@ -81,6 +84,7 @@ def bake_kind(
             inputs={k: i.manifest.blob.digest for k, i in inputs.items()},
             created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             builder=f"prebake {PREBAKE_VERSION} on {platform.machine()} python {platform.python_version()}",
+            build_seconds=build_seconds,
         )
         if sign is not None:
             manifest = sign(manifest)
@@ -97,7 +101,7 @@ def bake_kind(
 
 
 def _input(plan: Plan, kind: str, store: Store, registry: Registry, trust: TrustCheck | None) -> Installed:
-    got = fetch(store, registry, plan.key(kind), trust=trust)
+    got = fetch(store, registry, plan.key(kind), trust=trust, record=False)  # a bake's inputs are not start-ups
     if isinstance(got, Miss):
         raise BuildError(f"cannot build on {kind} of {plan.target.name}: {got.explain()}; bake {kind} first")
     return got

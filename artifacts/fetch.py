@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from .keys import Key
 from .manifest import Manifest
 from .ports import Registry
+from .stats import record_hit, record_miss
 from .store import Installed, Store
 
 # Checks a manifest before anything of it is installed; returns why it is refused, or None.
@@ -36,11 +37,22 @@ class Miss:
         return "\n".join(lines)
 
 
-def fetch(store: Store, registry: Registry, key: Key, *, trust: TrustCheck | None = None) -> Installed | Miss:
-    """The installed bundle for `key`: from the store, else from `registry` (verified), else a Miss."""
+def fetch(
+    store: Store, registry: Registry, key: Key, *, trust: TrustCheck | None = None, record: bool = True
+) -> Installed | Miss:
+    """The installed bundle for `key`: from the store, else from `registry` (verified), else a Miss.
+    With `record`, the hit or miss is counted in the store's stats (artifacts.stats)."""
     installed = store.lookup(key.kind, key.digest)
     if installed is not None and _trusted(installed.manifest, trust) is None:
-        return installed
+        got, source = installed, "store"
+    else:
+        got, source = _from_registry(store, registry, key, trust), "registry"
+    if record:
+        _record(store, got, source)
+    return got
+
+
+def _from_registry(store: Store, registry: Registry, key: Key, trust: TrustCheck | None) -> Installed | Miss:
     manifest = registry.lookup(key.kind, key.digest)
     if manifest is None:
         return nearest_miss(registry, key, "no bundle for this key in " + registry.url)
@@ -66,6 +78,13 @@ def nearest_miss(registry: Registry, key: Key, reason: str) -> Miss:
     if best is None:
         return Miss(key, reason)
     return Miss(key, reason, nearest=best[1], differing=key.diff(best[1]))
+
+
+def _record(store: Store, got: Installed | Miss, source: str) -> None:
+    if isinstance(got, Miss):
+        record_miss(store, got.key.kind, got.reason, got.differing, key=got.key.digest)
+    else:
+        record_hit(store, got.manifest, "store" if source == "store" else "registry")
 
 
 def _trusted(manifest: Manifest, trust: TrustCheck | None) -> str | None:

@@ -2,7 +2,8 @@
 
 Exit codes: 0 success, 2 bad input (unknown model, malformed recipe, bad registry
 address), 3 a miss (`fetch` found no matching bundle; the nearest one is explained);
-`verify` exits 1 when it found bad entries.
+`verify` and `store verify` exit 1 when they found bad entries, `store rm` when it kept a
+bundle a live engine holds. Every command that prints a report takes --json.
 
 Each command group lives in its own module with an `add(subparsers)` function; this
 module only assembles them and maps prebake's errors to exit codes.
@@ -15,10 +16,10 @@ import sys
 from collections.abc import Sequence
 
 from artifacts.errors import PrebakeError
-from engine.cli import bundles, serving, store
+from engine.cli import bundles, serving, stats, store
 from engine.cli.common import EXIT_INVALID
 
-COMMAND_GROUPS = (bundles, serving, store)
+COMMAND_GROUPS = (bundles, serving, store, stats)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -42,6 +42,7 @@ from artifacts.fetch import Miss, nearest_miss
 from artifacts.kinds import KINDS, Plan
 from artifacts.manifest import Manifest
 from artifacts.recipes import Recipe, load_recipe
+from artifacts.stats import record_fallback, record_hit, record_miss
 from artifacts.store import Installed, Store
 from engine import builders
 from engine.probe import current_host
@@ -183,7 +184,7 @@ def _start(
     installed = _hold(installed, store, leases)
     misses = [v for v in installed.values() if isinstance(v, Miss)]
     installed = {k: v for k, v in installed.items() if isinstance(v, Installed)}
-    _count(log.metrics, installed, misses, found)
+    _count(log.metrics, store, installed, misses, found)
     for miss in misses:
         log.note(miss.explain())
     if misses and settings.on_miss == "fail":
@@ -196,8 +197,10 @@ def _start(
     if missing := [k for k in ("buckets", "autotune") if k not in trees]:
         with log.step("build") as s:
             for kind in missing:
+                started = time.perf_counter()
                 trees[kind] = _build_in_place(plan, kind, trees, run_dir)
                 log.metrics.add("prebake_fallback_compiles_total", kind=kind)
+                record_fallback(store, kind, time.perf_counter() - started)
             s.detail = f"built {', '.join(missing)} in place with the bake's builders"
     engine = _warm(settings, plan, trees, installed.get("graphs"), store, run_dir, log, built)
     if settings.write_back and built:
@@ -308,13 +311,15 @@ def _hold(got: dict[str, Installed | Miss], store: Store, leases: ExitStack) -> 
     return held
 
 
-def _count(metrics: Metrics, installed: dict[str, Installed], misses: list[Miss], found: dict) -> None:
-    for kind in installed:
-        metrics.add(
-            "prebake_bundle_hits_total", kind=kind, source="store" if isinstance(found[kind], Installed) else "registry"
-        )
+def _count(metrics: Metrics, store: Store, installed: dict[str, Installed], misses: list[Miss], found: dict) -> None:
+    """Hits and misses into the engine's metrics and the store's persistent stats."""
+    for kind, got in installed.items():
+        source = "store" if isinstance(found[kind], Installed) else "registry"
+        metrics.add("prebake_bundle_hits_total", kind=kind, source=source)
+        record_hit(store, got.manifest, source)
     for miss in misses:
         metrics.add("prebake_bundle_misses_total", kind=miss.key.kind)
+        record_miss(store, miss.key.kind, miss.reason, miss.differing, key=miss.key.digest)
 
 
 def _summary(found: dict, address: str) -> str:
@@ -376,6 +381,8 @@ def _warm(
     if settings.eager or graphs is not None:
         with log.step("warm-up") as s:
             steps, s.detail = _load_steps(settings, recipe, model, cache, schedule, trees.get("graphs"), log)
+        if steps is None:
+            record_miss(store, "graphs", s.detail, key=plan.key("graphs").digest)
     if steps is None:
         if "graphs" not in built:
             built.append("graphs")
@@ -385,6 +392,7 @@ def _warm(
             steps = compile_graphs(model, cache, recipe, schedule, trees["graphs"], log=log.note)
             log.metrics.add("prebake_fallback_compiles_total", kind="graphs")
             s.detail = f"{len(shapes)} step shapes compiled in place ({recipe.compile.variant})"
+        record_fallback(store, "graphs", log.seconds.get("compile"))
     return Engine(plan, steps, buckets, schedule, run_dir, store, tuple(built))
 
 

@@ -27,6 +27,7 @@ from artifacts.errors import PrebakeError, RecipeError
 from artifacts.fetch import Miss
 from artifacts.kinds import KINDS, Plan
 from artifacts.recipes import load_recipe
+from artifacts.stats import record_fallback, record_miss
 from artifacts.store import Installed, Store
 from engine.adapters import EngineStartError, gaudi
 from engine.adapters.vllm import (
@@ -149,7 +150,10 @@ def _resolve_time_boxed(plan: Plan, store: Store, registry, trust, seconds: floa
     if "resolution" in outcome:
         return outcome["resolution"]
     reason = outcome.get("error", f"the registry did not answer within {seconds:g} s; starting without it")
-    return Resolution(plan, {}, tuple(Miss(plan.key(kind), reason) for kind in KINDS))
+    misses = tuple(Miss(plan.key(kind), reason) for kind in KINDS)
+    for miss in misses:  # resolve() counted its own outcomes; these it never reached
+        record_miss(store, miss.key.kind, miss.reason, key=miss.key.digest)
+    return Resolution(plan, {}, misses)
 
 
 def _listen_flags(request: VllmStart) -> list[str]:
@@ -204,6 +208,8 @@ def serve(request: VllmStart, emit: Emit) -> int:
         f"prebake: starting vLLM for {prepared.plan.target.name} from {where}: VLLM_CACHE_ROOT={prepared.cache_root / CACHE_DIR}"
     )
     env = prepared.child_env(dict(os.environ))
+    if "graphs" not in prepared.installed:
+        record_fallback(store, "graphs")  # vLLM compiles them as it starts
     if not (request.write_back and "graphs" not in prepared.installed):
         if prepared.cwd is not None:
             os.chdir(prepared.cwd)
