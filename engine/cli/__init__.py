@@ -23,7 +23,7 @@ COMMAND_GROUPS = (bundles, serving, store, stats)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return args.run(args)
@@ -32,7 +32,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INVALID
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The whole `prebake` command line (docs/gen_reference.py walks it for docs/reference/cli.md)."""
     parser = argparse.ArgumentParser(prog="prebake", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
     for group in COMMAND_GROUPS:
