@@ -37,7 +37,7 @@ from .manifest import Manifest
 from .store import Store
 
 STATS_ENV = "PREBAKE_STATS"
-COMPACT_BYTES = 1 << 20  # about 4000 events
+COMPACT_BYTES = 1 << 20  # 4000 to 6000 events
 _DETAIL_CHARS = 400
 _SEGMENT = re.compile(r"^events-(\d+)\.jsonl$")
 
@@ -210,13 +210,13 @@ class StatsReport:
         data = self.to_json()
         since = data["since"] or "never (nothing recorded yet)"
         lines = [f"stats of {self.store} since {since}: {data['events']} event(s)"]
-        header = f"  {'kind':<10} {'hits':>6} {'store':>6} {'registry':>8} {'misses':>6} {'hit rate':>8} {'compiled':>8} {'saved s':>9} {'fetched':>10}"
+        header = f"  {'kind':<10} {'hits':>6} {'store':>6} {'registry':>8} {'misses':>6} {'hit rate':>8} {'compiled':>8} {'compile s':>9} {'saved s':>9} {'fetched':>10}"
         lines.append(header)
         for name, t in [*data["kinds"].items(), ("total", data["total"])]:
             rate = "-" if t["hit_rate"] is None else f"{t['hit_rate']:.0%}"
             lines.append(
                 f"  {name:<10} {t['hits']:>6} {t['store_hits']:>6} {t['registry_hits']:>8} {t['misses']:>6} "
-                f"{rate:>8} {t['fallback_compiles']:>8} {t['seconds_saved']:>9.1f} {_size(t['bytes_fetched']):>10}"
+                f"{rate:>8} {t['fallback_compiles']:>8} {t['fallback_seconds']:>9.1f} {t['seconds_saved']:>9.1f} {_size(t['bytes_fetched']):>10}"
             )
         if data["total"]["untimed_hits"]:
             lines.append(

@@ -250,7 +250,7 @@ class RemoveReport:
     def render(self) -> str:
         verb = "would remove" if self.dry_run else "removed"
         freed = sum(b.entry.bytes for b in self.removed)
-        lines = [f"{verb} {len(self.removed)} bundle(s), {freed} bytes; kept {len(self.kept)}"]
+        lines = [f"{verb} {len(self.removed)} bundle(s), {freed / (1 << 20):.1f} MiB; kept {len(self.kept)}"]
         lines += [f"  {verb} {_describe(b)}" for b in self.removed]
         lines += [f"  KEPT {_describe(b)}: {why}" for b, why in self.kept]
         return "\n".join(lines)
@@ -265,6 +265,8 @@ def select(store: Store, selector: str, kind: str | None = None) -> tuple[Stored
     if by_model:
         return tuple(by_model)
     match = _HEX_PREFIX.match(selector.lower())
+    if match is None and re.fullmatch(r"(?:sha256:)?[0-9a-f]{1,3}", selector.lower()):
+        raise StoreError(f"{selector!r} is too short to name a bundle: give at least 4 hex digits of its key or blob")
     if match is None:
         raise StoreError(
             f"no bundle of model {selector!r} in the store {store.home}; give a model name or a key or blob "
