@@ -154,8 +154,8 @@ def _append(store: Store, event: Event) -> bool:
     if os.environ.get(STATS_ENV, "").lower() in ("off", "0", "no", "false"):
         return False
     line = (event.model_dump_json(exclude_defaults=True) + "\n").encode()
-    folder = _folder(store)
     try:
+        folder = _folder(store)
         with fsutil.Flock.acquire(folder / "stats.lock"):
             fd = os.open(folder / "events.jsonl", os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
@@ -237,7 +237,12 @@ def read_stats(store: Store, *, zero: bool = False) -> StatsReport:
     folder = _folder(store)
     lock = fsutil.Flock.acquire(folder / "stats.lock", shared=not zero)
     with lock:
-        summary = _fold(_read_summary(folder), _pending(folder))
+        try:
+            summary = _fold(_read_summary(folder), _pending(folder))
+        except StoreError:
+            if not zero:
+                raise
+            summary = Summary()  # --zero is the way out of an unreadable summary
         if zero:
             fresh = Summary(generation=max(summary.generation, _last_segment(folder)), since=time.time())
             fsutil.write_bytes(folder / "summary.json", fresh.model_dump_json(indent=1).encode())

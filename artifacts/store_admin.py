@@ -158,7 +158,17 @@ def verify_store(store: Store, *, fix: bool = False) -> StoreVerifyReport:
     bundles = list_bundles(store)
     findings, unindexed = [], 0
     for bundle in bundles:
-        problems = _problems(store, bundle)
+        try:
+            problems = _problems(store, bundle)
+        except FileNotFoundError:
+            if (
+                not (store.home / "trees" / bundle.hex).exists()
+                and not store.blob_path("sha256:" + bundle.hex).exists()
+            ):
+                continue  # evicted or removed while we read it: nothing left to verify
+            problems = ["a file vanished while it was being read; run verify again"]
+        except OSError as exc:
+            problems = [f"cannot be read: {exc}"]
         unindexed += not bundle.manifests and not bundle.unreadable
         if problems:
             action = _fix(store, bundle) if fix else ""

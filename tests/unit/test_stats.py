@@ -231,3 +231,15 @@ def test_prebake_stats_prints_a_table_and_json(store, monkeypatch, capsys):
     assert json.loads(capsys.readouterr().out)["zeroed"] is True
     assert main(["stats", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["events"] == 0
+
+
+def test_an_unreadable_summary_says_to_zero_and_zero_recovers(store, monkeypatch, capsys):
+    monkeypatch.setenv("PREBAKE_HOME", str(store.home))
+    stats.record_fallback(store, "graphs")
+    (store.home / "stats" / "summary.json").write_text("{not json")
+    assert main(["stats"]) == 2
+    assert "run prebake stats --zero" in capsys.readouterr().err
+    stats.record_fallback(store, "graphs")  # recording goes on: it reads the summary only to compact
+    assert main(["stats", "--zero"]) == 0
+    capsys.readouterr()
+    assert main(["stats", "--json"]) == 0 and json.loads(capsys.readouterr().out)["events"] == 0
