@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -146,8 +146,8 @@ def record_fallback(store: Store, kind: str, seconds: float | None = None) -> No
     _append(store, _event("fallback", kind, "", seconds=max(0.0, seconds or 0.0)))
 
 
-def _event(event: str, kind: str, key: str, **fields) -> Event:
-    return Event(at=time.time(), event=event, kind=kind, key=key, **fields)  # type: ignore[arg-type]
+def _event(event: Literal["hit", "miss", "fallback"], kind: str, key: str, **fields: Any) -> Event:
+    return Event(at=time.time(), event=event, kind=kind, key=key, **fields)
 
 
 def _append(store: Store, event: Event) -> bool:
@@ -156,7 +156,7 @@ def _append(store: Store, event: Event) -> bool:
     line = (event.model_dump_json(exclude_defaults=True) + "\n").encode()
     try:
         folder = _folder(store)
-        with fsutil.Flock.acquire(folder / "stats.lock"):
+        with _lock(folder):
             fd = os.open(folder / "events.jsonl", os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
             try:
                 end = os.fstat(fd).st_size
@@ -186,7 +186,7 @@ class StatsReport:
     def total(self) -> KindTally:
         return _add_tallies(self.summary.kinds.values())
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """The stable shape of `prebake stats --json` (see docs/operations.md)."""
         kinds = {k: _tally_json(t) for k, t in sorted(self.summary.kinds.items())}
         reasons = sorted(self.summary.reasons.items(), key=lambda kv: (-kv[1].count, kv[0]))
@@ -235,8 +235,7 @@ class StatsReport:
 def read_stats(store: Store, *, zero: bool = False) -> StatsReport:
     """Fold the summary and every event into one report; with `zero`, start counting again."""
     folder = _folder(store)
-    lock = fsutil.Flock.acquire(folder / "stats.lock", shared=not zero)
-    with lock:
+    with _lock(folder, shared=not zero):
         try:
             summary = _fold(_read_summary(folder), _pending(folder))
         except StoreError:
@@ -254,7 +253,7 @@ def read_stats(store: Store, *, zero: bool = False) -> StatsReport:
 def compact(store: Store) -> Summary:
     """Fold every event into summary.json now (writers do this on their own past COMPACT_BYTES)."""
     folder = _folder(store)
-    with fsutil.Flock.acquire(folder / "stats.lock"):
+    with _lock(folder):
         return _compact_locked(folder)
 
 
@@ -299,8 +298,8 @@ class _Fold:
     """Mutable totals while folding events in; frozen into a Summary at the end."""
 
     base: Summary
-    kinds: dict[str, dict] = field(default_factory=dict)
-    reasons: dict[str, dict] = field(default_factory=dict)
+    kinds: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reasons: dict[str, dict[str, Any]] = field(default_factory=dict)
     factors: dict[str, int] = field(default_factory=dict)
     events: int = 0
     skipped: int = 0
@@ -366,14 +365,14 @@ def _merge(s: Summary, f: _Fold) -> Summary:
 
 
 def _add_tallies(tallies: Iterable[KindTally]) -> KindTally:
-    total: dict = KindTally().model_dump()
+    total: dict[str, Any] = KindTally().model_dump()
     for t in tallies:
         for name, value in t.model_dump().items():
             total[name] += value
     return KindTally(**total)
 
 
-def _tally_json(t: KindTally) -> dict:
+def _tally_json(t: KindTally) -> dict[str, Any]:
     hits = t.store_hits + t.registry_hits
     lookups = hits + t.misses
     return {
@@ -388,6 +387,12 @@ def _tally_json(t: KindTally) -> dict:
         "untimed_hits": t.untimed_hits,
         "bytes_fetched": t.bytes_fetched,
     }
+
+
+def _lock(folder: Path, *, shared: bool = False) -> fsutil.Flock:
+    lock = fsutil.Flock.acquire(folder / "stats.lock", shared=shared)
+    assert lock is not None  # a waiting acquire always returns the lock
+    return lock
 
 
 def _folder(store: Store) -> Path:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .bundle import file_digest
 from .errors import PrebakeError, StoreError
@@ -42,7 +43,7 @@ class StoredBundle:
     def hex(self) -> str:
         return self.entry.hex
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "blob": "sha256:" + self.hex,
             "bytes": self.entry.bytes,
@@ -104,7 +105,7 @@ class StoreFinding:
     problems: tuple[str, ...]
     action: str = ""  # "removed", or why it was kept; empty without --fix
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "blob": "sha256:" + self.blob_hex,
             "kinds": list(self.kinds),
@@ -129,7 +130,7 @@ class StoreVerifyReport:
     def exit_code(self) -> int:
         return 1 if self.findings else 0
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "store": self.store,
             "bundles": self.bundles,
@@ -249,7 +250,7 @@ class RemoveReport:
     def exit_code(self) -> int:
         return 1 if self.kept else 0
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "dry_run": self.dry_run,
             "removed": [b.to_json() for b in self.removed],
