@@ -17,31 +17,18 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from .bundle import pack
 from .errors import BuildError, PublishConflict
 from .fetch import Miss, TrustCheck, fetch
-from .kinds import Plan
+from .kinds import Builder, BuildRequest, Plan
 from .manifest import Manifest
 from .ports import Registry
 from .store import Installed, Store
 
-UPSTREAM: dict[str, tuple[str, ...]] = {"buckets": (), "autotune": ("buckets",), "graphs": ("buckets", "autotune")}
 PREBAKE_VERSION = "0.1.0"
 
 
-@dataclass(frozen=True)
-class BuildRequest:
-    """What a builder gets: the plan, the kind to build, an empty folder, and its inputs' trees."""
-
-    plan: Plan
-    kind: str
-    out: Path
-    inputs: dict[str, Path]
-
-
-Builder = Callable[[BuildRequest], None]
 Signer = Callable[[Manifest], Manifest]
 
 
@@ -59,20 +46,23 @@ def bake_kind(
     *,
     store: Store,
     registry: Registry,
-    build: Builder,
     sign: Signer | None = None,
     trust: TrustCheck | None = None,
+    build: Builder | None = None,
 ) -> Baked:
-    """Build `kind` for `plan`, publish it to `registry` and install it into `store`."""
-    inputs = {k: _input(plan, k, store, registry, trust) for k in UPSTREAM[kind]}
+    """Build `kind` for `plan` (with its declared builder, or `build`), publish it to `registry`
+    and install it into `store`."""
+    declared = plan.kinds[kind]
+    inputs = {k: _input(plan, k, store, registry, trust) for k in declared.upstream}
     key = plan.key(kind)
     scratch = store.scratch(f"bake-{kind}-{key.digest[:16]}-{os.getpid()}")
     try:
         tree = scratch / "tree"
         tree.mkdir()
         started = time.perf_counter()
-        build(BuildRequest(plan, kind, tree, {k: i.tree for k, i in inputs.items()}))
-        build_seconds = round(time.perf_counter() - started, 3)
+        (build or declared.build)(BuildRequest(plan, kind, tree, {k: i.tree for k, i in inputs.items()}))
+        build_seconds = round(time.perf_counter() - started, 3)  # what a hit of this bundle saves
+        declared.check_outputs(tree, plan.target.name)
         packed = pack(tree, scratch / "payload.tar.zst")
         manifest = Manifest(
             kind=kind,
@@ -101,7 +91,7 @@ def bake_kind(
 
 
 def _input(plan: Plan, kind: str, store: Store, registry: Registry, trust: TrustCheck | None) -> Installed:
-    got = fetch(store, registry, plan.key(kind), trust=trust, record=False)  # a bake's inputs are not start-ups
+    got = fetch(store, registry, plan.key(kind), trust=trust)
     if isinstance(got, Miss):
         raise BuildError(f"cannot build on {kind} of {plan.target.name}: {got.explain()}; bake {kind} first")
     return got

@@ -33,6 +33,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from .errors import StoreError
+
 TMP_PREFIX = ".tmp-"
 CRASH_ENV = "PREBAKE_TEST_CRASH_AT"
 
@@ -108,6 +110,25 @@ def sweep_temporaries(root: Path, older_than_s: float = 3600.0) -> int:
 def fsync_dir(path: Path) -> None:
     """Make a rename or unlink in `path` durable."""
     _fsync_dir(path)
+
+
+def copy_writable(tree: Path, dest: Path) -> Path:
+    """A private, writable copy of a store tree (which is only ever read): engines such as
+    Inductor and vLLM add files beside what they read, with no lock between processes.
+    Links are copied as links; `dest` must not exist or be empty."""
+    if dest.exists() and any(dest.iterdir()):
+        raise StoreError(f"{dest} is not empty; give each engine process its own copy")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.exists():
+        dest.rmdir()
+    shutil.copytree(tree, dest, symlinks=True)
+    for folder, _, files in os.walk(dest):
+        os.chmod(folder, 0o755)
+        for name in files:
+            path = Path(folder, name)
+            if not path.is_symlink():
+                os.chmod(path, path.stat().st_mode | 0o200)
+    return dest
 
 
 def crash_point(point: str, subject: str = "") -> None:

@@ -6,7 +6,8 @@
     ├── events-<N>.jsonl    a segment being compacted: only there if a compaction was killed
     └── stats.lock          flock: writers and compaction exclusive, readers shared
 
-Fetches and start-ups call `record_hit`, `record_miss` and `record_fallback`; `read_stats`
+Fetches and start-ups call `record_resolution` (every hit and miss of one fetch pipeline run),
+`record_hit`, `record_miss` and `record_fallback`; `read_stats`
 folds summary.json and the events into a `StatsReport` (hit rate per kind, the commonest miss
 reasons, seconds saved, bytes fetched). A write is one short `write(2)` under an exclusive
 flock, so lines never interleave and a reader (holding the lock shared) never sees half of
@@ -33,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import fsutil
 from .errors import StoreError
+from .fetch import Resolution
 from .manifest import Manifest
 from .store import Store
 
@@ -113,32 +115,21 @@ class Summary(_Frozen):
 # -- recording --------------------------------------------------------------------------------
 
 
+def record_resolution(store: Store, resolution: Resolution) -> None:
+    """Every hit and miss of one run of the fetch pipeline, in one write."""
+    hits = [_hit(i.manifest, resolution.sources.get(k, "registry")) for k, i in resolution.installed.items()]
+    misses = [_miss(m.key.kind, m.reason, m.differing, m.key.digest) for m in resolution.misses]
+    _append(store, *hits, *misses)
+
+
 def record_hit(store: Store, manifest: Manifest, source: Literal["store", "registry"]) -> None:
     """A bundle answered its key, from the store or downloaded from the registry."""
-    seconds = manifest.build_seconds
-    fetched = manifest.blob.size if source == "registry" else 0
-    _append(
-        store,
-        _event(
-            "hit",
-            manifest.kind,
-            manifest.key_digest,
-            source=source,
-            bytes=fetched,
-            seconds=seconds or 0.0,
-            timed=seconds is not None,
-        ),
-    )
+    _append(store, _hit(manifest, source))
 
 
 def record_miss(store: Store, kind: str, reason: str, differing: Iterable[str] = (), key: str = "") -> None:
     """Nothing usable answered a `kind` key; `differing` names the factors the nearest bundle differs in."""
-    _append(
-        store,
-        _event(
-            "miss", kind, key, reason=classify(reason), detail=reason[:_DETAIL_CHARS], factors=tuple(sorted(differing))
-        ),
-    )
+    _append(store, _miss(kind, reason, differing, key))
 
 
 def record_fallback(store: Store, kind: str, seconds: float | None = None) -> None:
@@ -146,14 +137,33 @@ def record_fallback(store: Store, kind: str, seconds: float | None = None) -> No
     _append(store, _event("fallback", kind, "", seconds=max(0.0, seconds or 0.0)))
 
 
+def _hit(manifest: Manifest, source: str) -> Event:
+    seconds = manifest.build_seconds
+    fetched = manifest.blob.size if source == "registry" else 0
+    return _event(
+        "hit",
+        manifest.kind,
+        manifest.key_digest,
+        source=source,
+        bytes=fetched,
+        seconds=seconds or 0.0,
+        timed=seconds is not None,
+    )
+
+
+def _miss(kind: str, reason: str, differing: Iterable[str], key: str) -> Event:
+    factors = tuple(sorted(differing))
+    return _event("miss", kind, key, reason=classify(reason), detail=reason[:_DETAIL_CHARS], factors=factors)
+
+
 def _event(event: Literal["hit", "miss", "fallback"], kind: str, key: str, **fields: Any) -> Event:
     return Event(at=time.time(), event=event, kind=kind, key=key, **fields)
 
 
-def _append(store: Store, event: Event) -> bool:
-    if os.environ.get(STATS_ENV, "").lower() in ("off", "0", "no", "false"):
+def _append(store: Store, *events: Event) -> bool:
+    if not events or os.environ.get(STATS_ENV, "").lower() in ("off", "0", "no", "false"):
         return False
-    line = (event.model_dump_json(exclude_defaults=True) + "\n").encode()
+    line = b"".join((e.model_dump_json(exclude_defaults=True) + "\n").encode() for e in events)
     try:
         folder = _folder(store)
         with _lock(folder):

@@ -15,9 +15,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from artifacts.errors import PrebakeError
+from artifacts.errors import ExitCode, PrebakeError
 from engine.cli import bundles, serving, stats, store
-from engine.cli.common import EXIT_INVALID
 
 COMMAND_GROUPS = (bundles, serving, store, stats)
 
@@ -29,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.run(args)
     except PrebakeError as exc:
         print(f"prebake: error: {exc}", file=sys.stderr)
-        return EXIT_INVALID
+        return ExitCode.INVALID
 
 
 def build_parser() -> argparse.ArgumentParser:

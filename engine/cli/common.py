@@ -6,8 +6,6 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-EXIT_OK, EXIT_ERROR, EXIT_INVALID, EXIT_MISS = 0, 1, 2, 3
-
 
 def target_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="recipe name (recipes/<name>.toml) or path")

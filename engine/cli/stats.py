@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 
+from artifacts.errors import ExitCode
 from artifacts.stats import read_stats
 from artifacts.store import Store
-from engine.cli.common import EXIT_OK, json_option
+from engine.cli.common import json_option
 
 
 def add(sub) -> None:
@@ -22,4 +23,4 @@ def add(sub) -> None:
 def cmd_stats(args: argparse.Namespace) -> int:
     report = read_stats(Store(), zero=args.zero)
     print(json.dumps(report.to_json(), indent=2, sort_keys=True) if args.json else report.render())
-    return EXIT_OK
+    return ExitCode.OK

@@ -9,9 +9,9 @@ import argparse
 import json
 
 from artifacts import store_admin
-from artifacts.errors import StoreError
+from artifacts.errors import ExitCode, StoreError
 from artifacts.store import Store, parse_size
-from engine.cli.common import EXIT_ERROR, EXIT_OK, json_option, size, table
+from engine.cli.common import json_option, size, table
 
 
 def add(sub) -> None:
@@ -68,7 +68,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
         )
     else:
         print(report.render())
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def cmd_store_ls(args: argparse.Namespace) -> int:
@@ -77,15 +77,15 @@ def cmd_store_ls(args: argparse.Namespace) -> int:
     if args.json:
         total = sum(b.entry.bytes for b in bundles)
         _print_json({"store": str(store.home), "total_bytes": total, "bundles": [b.to_json() for b in bundles]})
-        return EXIT_OK
+        return ExitCode.OK
     if not bundles:
         print(f"no bundles installed in {store.home}")
-        return EXIT_OK
+        return ExitCode.OK
     headers = ("MODEL", "KIND", "KEY", "BLOB", "SIZE", "LAST USE", "HELD")
     rows = [_ls_row(b) for b in bundles]
     print(table(headers, rows))
     print(f"{len(bundles)} bundle(s), {size(sum(b.entry.bytes for b in bundles))} in {store.home}")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _ls_row(b: store_admin.StoredBundle) -> tuple[str, ...]:
@@ -117,7 +117,7 @@ def cmd_store_rm(args: argparse.Namespace) -> int:
     chosen = store_admin.select(store, args.selector, args.kind)
     report = store_admin.remove(store, chosen, dry_run=args.dry_run)
     _print_json(report.to_json()) if args.json else print(report.render())
-    return EXIT_ERROR if report.kept else EXIT_OK
+    return ExitCode.FAILED if report.kept else ExitCode.OK
 
 
 def _print_json(payload: dict) -> None:

@@ -4,8 +4,12 @@ import json
 
 import pytest
 
+from artifacts.bundle import pack
+from artifacts.manifest import Manifest
+from artifacts.recipes import load_recipe
 from artifacts.store import Store
 from engine.cli import main
+from engine.compose import Context
 from registry.file import FileRegistry
 from tests.support.bundles import make_bundle
 
@@ -67,3 +71,47 @@ def test_fetch_json_on_a_miss_names_every_miss_and_records_them_in_stats(env, ca
     stats = json.loads(capsys.readouterr().out)
     assert stats["total"]["misses"] == 3 and stats["total"]["hits"] == 0
     assert Store().home.joinpath("stats", "events.jsonl").exists()
+
+
+def _publish_plan(tmp_path, registry: FileRegistry, seconds: dict[str, float]) -> dict[str, Manifest]:
+    """A bundle under each of tiny-llama fp32's keys on this host, each with a recorded build time."""
+    context = Context.open(str(registry.root), store=Store())
+    the_plan = context.pick_plan(load_recipe("tiny-llama"), dtype="fp32")
+    published = {}
+    for kind in the_plan.kinds.names:
+        tree = tmp_path / "trees" / kind
+        tree.mkdir(parents=True)
+        for name in the_plan.kinds[kind].outputs:
+            (tree / name).write_text(f"{kind} {name}\n")
+        packed = pack(tree, tmp_path / f"{kind}.tar.zst")
+        key = the_plan.key(kind)
+        manifest = Manifest(
+            kind=kind,
+            key=key.to_json()["groups"],
+            key_digest=key.digest,
+            labels=the_plan.labels,
+            blob=packed.blob,
+            files=packed.files,
+            created="2026-11-30T00:00:00+00:00",
+            builder="test",
+            build_seconds=seconds[kind],
+        )
+        registry.publish(manifest, tmp_path / f"{kind}.tar.zst")
+        published[kind] = manifest
+    return published
+
+
+def test_fetch_hits_from_the_registry_then_the_store_count_bytes_and_seconds_saved(tmp_path, env, capsys):
+    seconds = {"buckets": 0.5, "autotune": 40.0, "graphs": 90.0}
+    published = _publish_plan(tmp_path, env, seconds)
+    for _ in range(2):
+        assert main(["fetch", "--model", "tiny-llama", "--precision", "fp32", "--json"]) == 0
+        fetched = json.loads(capsys.readouterr().out)
+        assert fetched["complete"] is True and fetched["misses"] == [] and set(fetched["bundles"]) == set(published)
+    assert main(["stats", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    for kind, manifest in published.items():
+        tally = report["kinds"][kind]
+        assert tally["registry_hits"] == 1 and tally["store_hits"] == 1 and tally["hit_rate"] == 1.0
+        assert tally["bytes_fetched"] == manifest.blob.size and tally["seconds_saved"] == 2 * seconds[kind]
+    assert report["total"]["seconds_saved"] == 2 * sum(seconds.values())

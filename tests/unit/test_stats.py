@@ -37,10 +37,10 @@ def _publish(tmp_path, registry, model="tiny-llama", build_seconds=None):
     return manifest
 
 
-def test_a_registry_hit_then_a_store_hit_count_bytes_once_and_save_the_build_time_twice(tmp_path, store, registry):
-    manifest = _publish(tmp_path, registry, build_seconds=2.5)
-    for _ in range(2):
-        assert not isinstance(fetch(store, registry, manifest.the_key()), Miss)
+def test_a_registry_hit_then_a_store_hit_count_bytes_once_and_save_the_build_time_twice(tmp_path, store):
+    manifest = make_bundle(tmp_path).manifest.model_copy(update={"build_seconds": 2.5})
+    stats.record_hit(store, manifest, "registry")
+    stats.record_hit(store, manifest, "store")
     graphs = stats.read_stats(store).to_json()["kinds"]["graphs"]
     assert graphs["registry_hits"] == 1 and graphs["store_hits"] == 1 and graphs["misses"] == 0
     assert graphs["hit_rate"] == 1.0
@@ -53,7 +53,9 @@ def test_a_miss_records_its_reason_class_text_and_the_factors_that_differ(tmp_pa
     other = Key.of(
         "graphs", {"model": {"name": "tiny-llama", "config": "sha256-of-config"}, "software": {"torch": "9"}}
     )
-    assert isinstance(fetch(store, registry, other), Miss)
+    miss = fetch(store, registry, other)
+    assert isinstance(miss, Miss)
+    stats.record_miss(store, "graphs", miss.reason, miss.differing, key=other.digest)
     report = stats.read_stats(store).to_json()
     assert report["kinds"]["graphs"]["misses"] == 1 and report["kinds"]["graphs"]["hit_rate"] == 0.0
     [reason] = report["miss_reasons"]
@@ -61,9 +63,8 @@ def test_a_miss_records_its_reason_class_text_and_the_factors_that_differ(tmp_pa
     assert report["differing_factors"] == [{"factor": "software.torch", "count": 1}]
 
 
-def test_bundles_baked_before_build_times_were_recorded_count_as_untimed_hits(tmp_path, store, registry):
-    manifest = _publish(tmp_path, registry, build_seconds=None)
-    fetch(store, registry, manifest.the_key())
+def test_bundles_baked_before_build_times_were_recorded_count_as_untimed_hits(tmp_path, store):
+    stats.record_hit(store, make_bundle(tmp_path).manifest, "registry")
     total = stats.read_stats(store).to_json()["total"]
     assert total["hits"] == 1 and total["seconds_saved"] == 0 and total["untimed_hits"] == 1
 

@@ -1,10 +1,11 @@
-"""The vLLM start-up path records its misses in the store's stats, even those resolve() never reached."""
+"""The vLLM start-up path records its misses, with their reasons, in the store's stats."""
 
 import json
 
 from artifacts.recipes import Recipe, load_recipe
 from artifacts.stats import read_stats
 from artifacts.store import Store
+from engine.compose import Context
 from engine.startup.vllm import VllmStart, prepare
 from registry.errors import RegistryUnavailable
 from tests.support.recipe_files import write_recipe
@@ -32,11 +33,10 @@ def test_a_vllm_start_whose_registry_is_down_records_a_miss_per_kind(tmp_path, m
     write_recipe(_folder_recipe(tmp_path), tmp_path / "recipes")
     monkeypatch.setenv("PREBAKE_RECIPES", str(tmp_path / "recipes"))
     store = Store(tmp_path / "home")
+    down = _DownRegistry()
     prepared = prepare(
-        VllmStart(model="tiny-llama-vllm", time_box_s=5),
-        store=store,
-        registry=_DownRegistry(),
-        host=vllm_cpu_host(tmp_path / "host"),
+        VllmStart(model="tiny-llama-vllm", registry_timeout=5, fetch_timeout=5),
+        Context(store, vllm_cpu_host(tmp_path / "host"), down.url, given_registry=down),
     )
     assert len(prepared.misses) == 3
     report = read_stats(store).to_json()
