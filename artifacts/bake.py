@@ -83,7 +83,10 @@ def bake_kind(
             kept, created = published.manifest, published.created
             note = "published" if created else "already published (identical bundle)"
         except PublishConflict as exc:
-            kept, created, note = registry.lookup(kind, key.digest), False, f"another baker won: {exc}"
+            winner = registry.lookup(kind, key.digest)
+            if winner is None:  # the entry that refused ours vanished: report the conflict itself
+                raise
+            kept, created, note = winner, False, f"another baker won: {exc}"
         installed = store.install(kept, registry)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Literal
 
 from .errors import PrebakeError, UnknownRegistryError
@@ -165,7 +166,7 @@ def lookup(
             found[kind] = hit
             continue
         if fault is None:
-            asked = within(deadline - time.monotonic(), lambda key=key: _find(store, registry, key, None))
+            asked = within(deadline - time.monotonic(), partial(_find, store, registry, key, None))
             if isinstance(asked, Done):
                 found[kind] = asked.value
                 continue
@@ -191,7 +192,7 @@ def install(
             continue
         if registry is None:  # cannot happen: entries come from an opened registry
             raise PrebakeError(f"no registry to fetch {kind} from")
-        got = within(deadline - time.monotonic(), lambda m=value: store.install(m, registry), name="prebake-fetch")
+        got = within(deadline - time.monotonic(), partial(store.install, value, registry), name="prebake-fetch")
         if isinstance(got, Done):
             out[kind] = got.value
         else:

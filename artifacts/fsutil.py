@@ -185,7 +185,7 @@ class Flock:
     def __enter__(self) -> Flock:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
 

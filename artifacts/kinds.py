@@ -44,8 +44,11 @@ Groups = dict[str, Mapping[str, object]]
 
 
 class PlatformFacts(Protocol):
-    device: str
-    arch: str
+    @property
+    def device(self) -> str: ...
+
+    @property
+    def arch(self) -> str: ...
 
     def factors(self) -> dict[str, str]: ...
 

@@ -46,7 +46,7 @@ class Baker(Protocol):
     def bake(self, plan: Plan, kind: str) -> Any: ...
 
 
-def bake_tasks(request: BakeRequest, *, open_baker: Callable[[str | None], Baker]) -> Iterator[dict]:
+def bake_tasks(request: BakeRequest, *, open_baker: Callable[[str | None], Baker]) -> Iterator[dict[str, Any]]:
     """The bake task of every kind of every target of the request that this host can build."""
     try:
         if not request.model:
@@ -83,7 +83,7 @@ def _published(registry: Registry, kind: str, key_digest: str) -> Callable[[], b
     return check
 
 
-def _failing_task(message: str) -> dict:
+def _failing_task(message: str) -> dict[str, Any]:
     def fail() -> TaskFailed:
         return TaskFailed(message)
 

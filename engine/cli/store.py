@@ -89,19 +89,18 @@ def cmd_store_ls(args: argparse.Namespace) -> int:
 
 
 def _ls_row(b: store_admin.StoredBundle) -> tuple[str, ...]:
-    data = b.to_json()
-    entries = data["entries"]
-    first = entries[0] if entries else {"model": None, "kind": "-", "key": ""}
-    more = f" +{len(entries) - 1}" if len(entries) > 1 else ""
+    first = b.manifests[0] if b.manifests else None
+    more = f" +{len(b.manifests) - 1}" if len(b.manifests) > 1 else ""
     held = ("yes" + (f" (pid {','.join(map(str, b.holders))})" if b.holders else "")) if b.held else "no"
     state = "" if b.has_tree else " (no tree)"
+    last_use = b.to_json()["last_use"] or "-"
     return (
-        first["model"] or "?",
-        first["kind"] + more,
-        (first["key"][:16] or "(no index entry)") + state,
+        (first.labels.get("model") if first else None) or "?",
+        (first.kind if first else "-") + more,
+        (first.key_digest[:16] if first else "(no index entry)") + state,
         b.hex[:12],
         size(b.entry.bytes),
-        (data["last_use"] or "-").replace("T", " ").removesuffix("Z"),
+        last_use.replace("T", " ").removesuffix("Z"),
         held,
     )
 

@@ -45,6 +45,7 @@ from engine.adapters.vllm import (
     vllm_command,
     wait_ready,
 )
+from engine.adapters.vllm_engine import VllmAdapter
 from engine.compose import Context
 
 # Flags the recipe decides; given again after `--` they change vLLM's cache key.
@@ -106,16 +107,17 @@ class Prepared:
 def prepare(request: VllmStart, context: Context) -> Prepared:
     """Resolve the recipe's bundles on this host and lay out a private cache root for one vLLM."""
     recipe = load_recipe(request.model)
-    if recipe.model.engine != "vllm":
+    plan = context.pick_plan(recipe, dtype=request.precision, tp=request.tp)
+    adapter = context.adapter(plan)
+    if not isinstance(adapter, VllmAdapter):
         raise RecipeError(
-            f"recipe {recipe.model.name} is served by engine {recipe.model.engine!r}; --engine vllm "
+            f"recipe {recipe.model.name} is served by engine {adapter.name!r}; --engine vllm "
             f"needs a recipe with engine = 'vllm', such as tiny-llama-vllm"
         )
-    plan = context.pick_plan(recipe, dtype=request.precision, tp=request.tp)
     resolution = context.resolve(plan, lookup_timeout=request.registry_timeout, fetch_timeout=request.fetch_timeout)
     home = context.store.home
     cache_root = request.cache_root or home / "engines" / "vllm" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    variables = context.adapter(plan).serve_environment(plan, resolution.installed, cache_root)
+    variables = adapter.serve_environment(plan, resolution.installed, cache_root)
     location = model_location(recipe, home / "models")
     argv = (
         *vllm_command(),
