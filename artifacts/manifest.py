@@ -76,6 +76,7 @@ class Manifest(_Frozen):
     inputs: dict[str, str] = {}  # kind -> blob digest of artifacts this one was built from
     created: str
     builder: str
+    build_seconds: float | None = Field(default=None, ge=0)  # how long the build took: what a hit saves
     signatures: tuple[Signature, ...] = ()
 
     @classmethod
@@ -105,7 +106,9 @@ class Manifest(_Frozen):
         return Key.of(self.kind, self.key)
 
     def to_bytes(self) -> bytes:
-        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True).encode() + b"\n"
+        # build_seconds is left out when unknown, so manifests baked before it existed keep their bytes
+        data = self.model_dump(mode="json", exclude={"build_seconds"} if self.build_seconds is None else set())
+        return json.dumps(data, indent=2, sort_keys=True).encode() + b"\n"
 
     def signed_payload(self) -> bytes:
         """The bytes a signature covers: kind, key factors and digest, blob digest and size, files."""
