@@ -136,7 +136,12 @@ def configs(limits: ServingLimits, settings: BucketSettings) -> dict[str, tuple[
     strategy = settings.strategy
     if strategy == "exponential":
         return _exponential_configs(limits)
-    block, tokens, seqs, blocks = limits.block_size, limits.max_num_batched_tokens, limits.max_num_seqs, device_blocks(limits)
+    block, tokens, seqs, blocks = (
+        limits.block_size,
+        limits.max_num_batched_tokens,
+        limits.max_num_seqs,
+        device_blocks(limits),
+    )
     contiguous = not limits.enable_prefix_caching
     pad = strategy == "pad"
 
@@ -152,7 +157,9 @@ def configs(limits: ServingLimits, settings: BucketSettings) -> dict[str, tuple[
         return (min, step, max, pad_max, 25) if pad else (min, step, max)
 
     query = pick("prompt_seq", dflt(block, block, tokens, math.ceil(tokens / 4)))
-    max_ctx = math.ceil((limits.max_model_len - query[0]) / block) if pad else (limits.max_model_len - query[0]) // block
+    max_ctx = (
+        math.ceil((limits.max_model_len - query[0]) / block) if pad else (limits.max_model_len - query[0]) // block
+    )
     if pad:
         max_decode = max(math.ceil(limits.max_model_len * seqs / block), block)
     else:
@@ -175,7 +182,12 @@ def configs(limits: ServingLimits, settings: BucketSettings) -> dict[str, tuple[
 
 
 def _exponential_configs(limits: ServingLimits) -> dict[str, tuple[int, ...]]:
-    block, tokens, seqs, prefill = limits.block_size, limits.max_num_batched_tokens, limits.max_num_seqs, limits.prefill_seqs
+    block, tokens, seqs, prefill = (
+        limits.block_size,
+        limits.max_num_batched_tokens,
+        limits.max_num_seqs,
+        limits.prefill_seqs,
+    )
     reserved = tokens if limits.max_model_len >= LONG_CONTEXT else block
     max_ctx = max(1, (limits.max_model_len - reserved) // block)
     max_decode = math.ceil(limits.max_model_len / block) * seqs
@@ -202,7 +214,9 @@ def plan(limits: ServingLimits, settings: BucketSettings) -> Plan:
     if contiguous and ranges["decode_block"][-1] < device_blocks(limits):
         ranges["decode_block"] = ranges["decode_block"] + [device_blocks(limits)]
     ctx_env_max = _ctx_env_max(settings, cfgs)
-    return Plan(contiguous_pa=contiguous, prompt_ctx_env_max=ctx_env_max, **{_PLAN_FIELD[f]: r for f, r in ranges.items()})
+    return Plan(
+        contiguous_pa=contiguous, prompt_ctx_env_max=ctx_env_max, **{_PLAN_FIELD[f]: r for f, r in ranges.items()}
+    )
 
 
 _PLAN_FIELD = {f: f for f in RANGE_VARIABLES} | {"prompt_seq": "prompt_query"}

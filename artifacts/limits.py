@@ -101,7 +101,9 @@ class BucketSettings(_Frozen):
     def _settings_fit_strategy(self) -> BucketSettings:
         ranges = [f for f in RANGE_FIELDS if getattr(self, f) is not None]
         traffic = [f for f in TRAFFIC_FIELDS if getattr(self, f) is not None]
-        padding = [f for f in ranges if getattr(self, f).pad_max is not None or getattr(self, f).pad_percent is not None]
+        padding = [
+            f for f in ranges if getattr(self, f).pad_max is not None or getattr(self, f).pad_percent is not None
+        ]
         if self.strategy in ("exponential", "traffic") and ranges:
             raise ValueError(
                 f"bucket ranges {ranges} have no effect with strategy {self.strategy!r}; remove them "
