@@ -15,9 +15,9 @@ import sys
 from collections.abc import Sequence
 
 from artifacts.errors import ExitCode, PrebakeError
-from engine.cli import bundles, serving, store
+from engine.cli import buckets, bundles, serving, store
 
-COMMAND_GROUPS = (bundles, serving, store)
+COMMAND_GROUPS = (bundles, serving, store, buckets)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
