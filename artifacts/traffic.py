@@ -13,7 +13,8 @@ by its own DP, so the whole is near-exact: per-dimension optima, jointly budgete
 
 Cover buckets make sure no step the limits allow is left without a bucket:
 prompt (b, min(max_num_batched_tokens // b, max_model_len), (max_model_len - 1) // block_size)
-for each distinct b-limited query top, and decode (max_num_seqs, 1, all sequences at
+for each distinct b-limited query top, (1, widest query, every whole number of chunks of context)
+for chunked prefill, and decode (max_num_seqs, 1, all sequences at
 max_model_len, or the device's blocks with contiguous PA). Prompt queries are at least 2 tokens,
 since a bucket file reads query 1 as a decode bucket.
 """
@@ -59,6 +60,11 @@ def cover_buckets(limits: ServingLimits) -> tuple[set[Bucket], set[Bucket]]:
         tops.setdefault(query, batch)
         tops[query] = max(tops[query], batch)
     prompt = {Bucket(b, q, top_ctx) for q, b in tops.items()}
+    # Chunked prefill puts whole chunks of context before each later chunk: one level per chunk
+    # count on the widest query, so long prompts a fit never saw do not pad to the top context.
+    chunk = limits.max_num_batched_tokens // limits.block_size
+    widest = max(2, min(limits.max_num_batched_tokens, limits.max_model_len))
+    prompt |= {Bucket(1, widest, c) for c in range(chunk, top_ctx, chunk) if chunk > 0}
     per_seq = math.ceil(limits.max_model_len / limits.block_size)
     blocks = device_blocks(limits) if not limits.enable_prefix_caching else limits.max_num_seqs * per_seq
     return prompt, {Bucket(limits.max_num_seqs, 1, max(blocks, limits.max_num_seqs))}
