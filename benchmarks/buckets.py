@@ -17,11 +17,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from artifacts.bucket_report import figures, strategy_set  # noqa: E402
-from artifacts.recipes import load_recipe  # noqa: E402
-from artifacts.replay import replay  # noqa: E402
-from artifacts.traces import read_trace, split_trace  # noqa: E402
-from artifacts.traffic import fit_bucket_set  # noqa: E402
+from artifacts.bucket_report import figures, strategy_set
+from artifacts.recipes import load_recipe
+from artifacts.replay import replay
+from artifacts.traces import read_trace, split_trace
+from artifacts.traffic import fit_bucket_set
 
 TRACE = Path("/work/shared/traces/azure-llm-2023-conv.csv")
 
@@ -47,12 +47,12 @@ def main() -> None:
         )
     _chart(results, args.chart)
     third, same = results[f"traffic@{exp.total // 3}"], results[f"traffic@{exp.total}"]
-    summary = {name: {"buckets": f.total, **f.to_json()["waste"], "unfitted": f.unfitted} for name, f in results.items()}
+    summary = {
+        name: {"buckets": f.total, **f.to_json()["waste"], "unfitted": f.unfitted} for name, f in results.items()
+    }
     summary["ratios"] = {
         "third_count_over_exp": round(third.total / exp.total, 3),
-        "third_worst_figure_over_exp": round(
-            max(getattr(third, k) / max(getattr(exp, k), 1e-12) for k in _FIGURES), 3
-        ),
+        "third_worst_figure_over_exp": round(max(getattr(third, k) / max(getattr(exp, k), 1e-12) for k in _FIGURES), 3),
         "same_count_prefill_tokens_over_exp": round(same.prefill_tokens / exp.prefill_tokens, 3),
     }
     print(json.dumps(summary, sort_keys=True))

@@ -133,9 +133,7 @@ def test_traffic_sets_beat_exponential_on_traffic_they_never_saw(kind):
     assert small.decode_batch <= exp.decode_batch and small.decode_blocks <= exp.decode_blocks
 
 
-@pytest.mark.xfail(
-    reason="goal not met yet on synthetic chat/code: see docs/buckets.md, Status", strict=False
-)
+@pytest.mark.xfail(reason="goal not met yet on synthetic chat/code: see docs/buckets.md, Status", strict=False)
 @pytest.mark.parametrize("kind", ["chat", "code"])
 def test_a_third_of_exponentials_count_pads_no_figure_more_than_exponential(kind):
     fit, unseen = split_trace(synthetic_requests(kind, 3000, seed=7))
