@@ -22,6 +22,7 @@ since a bucket file reads query 1 as a decode bucket.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,14 +36,9 @@ from .replay import ReplaySettings, Shapes, replay
 from .traces import read_trace
 
 MAX_CANDIDATES = 192  # distinct values per DP; above it, thresholds are drawn from weighted quantiles
-MAX_OUTER_LEVELS = 24  # decode batch levels tried
+MAX_OUTER_LEVELS = 64  # outer levels (decode batch, prompt query) tried
+MAX_INNER_LEVELS = 32  # inner levels (blocks, context) per outer level
 MAX_FIT = 128  # most fitted buckets per phase (max_waste mode)
-
-
-@dataclass(frozen=True)
-class Fit:
-    cost: float
-    buckets: tuple[tuple[int, int], ...]  # (outer, inner) thresholds
 
 
 def fit_recipe_settings(limits: ServingLimits, settings: BucketSettings, trace: Path) -> BucketSet:
@@ -64,7 +60,7 @@ def cover_buckets(limits: ServingLimits) -> tuple[set[Bucket], set[Bucket]]:
     # count on the widest query, so long prompts a fit never saw do not pad to the top context.
     chunk = limits.max_num_batched_tokens // limits.block_size
     widest = max(2, min(limits.max_num_batched_tokens, limits.max_model_len))
-    prompt |= {Bucket(1, widest, c) for c in range(chunk, top_ctx, chunk) if chunk > 0}
+    prompt |= {Bucket(1, widest, c) for c in range(0, top_ctx, chunk) if chunk > 0}
     per_seq = math.ceil(limits.max_model_len / limits.block_size)
     blocks = device_blocks(limits) if not limits.enable_prefix_caching else limits.max_num_seqs * per_seq
     return prompt, {Bucket(limits.max_num_seqs, 1, max(blocks, limits.max_num_seqs))}
@@ -85,29 +81,44 @@ def fit_bucket_set(
             f"prompt and one decode bucket; raise budget to at least {floor + 2}"
         )
     top = MAX_FIT if budget is None else budget - floor
-    prompt_curve = _prompt_curve(shapes, limits, top)
+    prompt_curve = _prompt_curve(shapes, top)
     decode_curve = _decode_curve(shapes, top)
     if budget is not None:
-        k_prompt, k_decode = _split(prompt_curve, decode_curve, top)
+        k_prompt, k_decode = _split(prompt_curve, decode_curve, top, _prefill_share(shapes))
     else:
-        k_prompt = _smallest(prompt_curve, lambda f: _figures(limits, "prompt", f, cover_prompt, shapes), max_waste)
-        k_decode = _smallest(decode_curve, lambda f: _figures(limits, "decode", f, cover_decode, shapes), max_waste)
-    prompt = cover_prompt | _prompt_buckets(prompt_curve[k_prompt])
-    decode = cover_decode | _decode_buckets(decode_curve[k_decode])
+        k_prompt = _smallest(
+            prompt_curve, lambda k: _figures(limits, "prompt", prompt_curve.pick(k), cover_prompt, shapes), max_waste
+        )
+        k_decode = _smallest(
+            decode_curve, lambda k: _figures(limits, "decode", decode_curve.pick(k), cover_decode, shapes), max_waste
+        )
+    prompt = cover_prompt | _as_buckets("prompt", prompt_curve.pick(k_prompt))
+    decode = cover_decode | _as_buckets("decode", decode_curve.pick(k_decode))
     return BucketSet("traffic", limits.block_size, tuple(sorted(prompt)), tuple(sorted(decode)))
 
 
-def _prompt_buckets(fit: Fit | None) -> set[Bucket]:
-    return set() if fit is None else {Bucket(b, q, c) for b, (q, c) in fit.buckets}
+@dataclass(frozen=True)
+class Curve:
+    """The least cost for every bucket count k (inf: impossible), and the buckets that reach it."""
+
+    costs: np.ndarray  # [top + 1]
+    pick: Callable[[int], tuple]
 
 
-def _decode_buckets(fit: Fit | None) -> set[Bucket]:
-    return set() if fit is None else {Bucket(b, 1, c) for b, c in fit.buckets}
+def _empty_curve(top: int) -> Curve:
+    costs = np.full(top + 1, np.inf)
+    costs[0] = 0.0
+    return Curve(costs, lambda k: ())
 
 
-def _figures(limits, phase, fit, cover, shapes) -> tuple[float, ...]:
-    fitted = _prompt_buckets(fit) if phase == "prompt" else _decode_buckets(fit)
-    both = tuple(sorted(fitted | cover))
+def _as_buckets(phase: str, picked: tuple) -> set[Bucket]:
+    if phase == "prompt":
+        return {Bucket(b, q, c) for b, (q, c) in picked}
+    return {Bucket(b, 1, c) for b, c in picked}
+
+
+def _figures(limits, phase, picked, cover, shapes) -> tuple[float, ...]:
+    both = tuple(sorted(_as_buckets(phase, picked) | cover))
     bucket_set = BucketSet(
         "traffic", limits.block_size, both if phase == "prompt" else (), both if phase == "decode" else ()
     )
@@ -115,9 +126,9 @@ def _figures(limits, phase, fit, cover, shapes) -> tuple[float, ...]:
     return report.token_waste, report.block_waste
 
 
-def _smallest(curve: list[Fit | None], figures, max_waste: float) -> int:
-    for k, fit in enumerate(curve):
-        if fit is not None and max(figures(fit)) <= max_waste:
+def _smallest(curve: Curve, figures, max_waste: float) -> int:
+    for k, cost in enumerate(curve.costs):
+        if np.isfinite(cost) and max(figures(k)) <= max_waste:
             return k
     raise BucketError(
         f"no traffic set of up to {MAX_FIT} fitted buckets per phase keeps padding under max_waste "
@@ -125,62 +136,72 @@ def _smallest(curve: list[Fit | None], figures, max_waste: float) -> int:
     )
 
 
-def _split(prompt: list[Fit | None], decode: list[Fit | None], top: int) -> tuple[int, int]:
+def _prefill_share(shapes: Shapes) -> float:
+    """Prefill's weight against decode: its share of the tokens the model computes (prompt tokens
+    against decode rows), blended half and half with an even split."""
+    prefill = sum(n * b * q for (b, q, _), n in shapes.prompt.items())
+    decode = sum(n * b for (b, _), n in shapes.decode.items())
+    share = prefill / (prefill + decode) if prefill + decode else 0.5
+    return (share + 0.5) / 2  # half by compute share, half even: neither phase starves
+
+
+def _split(prompt: Curve, decode: Curve, top: int, prefill_share: float) -> tuple[int, int]:
+    """Share the budget between the phases for the least total cost, each phase's normalised
+    padding weighted by its share of the computed tokens."""
     best = None
-    for kp, fp in enumerate(prompt):
-        for kd, fd in enumerate(decode[: top - kp + 1]):
-            if fp is not None and fd is not None and (best is None or fp.cost + fd.cost < best[0]):
-                best = (fp.cost + fd.cost, kp, kd)
+    for kp in range(top + 1):
+        rest = decode.costs[: top - kp + 1]
+        kd = int(np.argmin(rest))
+        total = prefill_share * prompt.costs[kp] + (1 - prefill_share) * rest[kd]
+        if np.isfinite(total) and (best is None or total < best[0]):
+            best = (total, kp, kd)
     if best is None:
         raise BucketError(f"a budget of {top} fitted buckets cannot hold the traffic's levels; raise the budget")
     return best[1], best[2]
 
 
-def _decode_curve(shapes: Shapes, top: int) -> list[Fit | None]:
+def _decode_curve(shapes: Shapes, top: int) -> Curve:
     """Decode: batch levels from their own DP (each level count tried), blocks per level."""
     points = shapes.decode
     if not points:
-        return [Fit(0.0, ())] + [None] * top
+        return _empty_curve(top)
     real_b = sum(n * b for (b, _), n in points.items())
     real_c = sum(n * c for (_, c), n in points.items())
     batches = sorted({b for b, _ in points})
     batch_weights = [sum(n for (b, _), n in points.items() if b == v) / real_b for v in batches]
-    return _nested({(b, c): n for (b, c), n in points.items()}, batches, batch_weights, 1 / real_c, top)
+    return _nested(points, batches, batch_weights, 1 / real_c, top)
 
 
-def _prompt_curve(shapes: Shapes, limits: ServingLimits, top: int) -> list[Fit | None]:
+def _prompt_curve(shapes: Shapes, top: int) -> Curve:
     """Prompt: one level per batch seen; per batch, query levels; per query level, ctx levels."""
     points = {(b, max(q, 2), c): n for (b, q, c), n in shapes.prompt.items()}
     if not points:
-        return [Fit(0.0, ())] + [None] * top
+        return _empty_curve(top)
     real_t = sum(n * b * q for (b, q, _), n in points.items())
     real_c = sum(n * b * c for (b, _, c), n in points.items()) or 1
     curves = []
     for batch in sorted({b for b, _, _ in points}):
         mine = {(q, c): n for (b, q, c), n in points.items() if b == batch}
-        curve = _two_level(mine, batch / real_t, batch / real_c, top)
-        curves.append([None if f is None else Fit(f.cost, tuple((batch, qc) for qc in f.buckets)) for f in curve])
+        query = sorted({q for q, _ in mine})
+        weights = [sum(n for (q, _), n in mine.items() if q == v) * batch / real_t for v in query]
+        inner = _nested(mine, query, weights, batch / real_c, top)
+        curves.append(
+            Curve(inner.costs, lambda k, inner=inner, batch=batch: tuple((batch, qc) for qc in inner.pick(k)))
+        )
     return _knapsack(curves, top)
 
 
-def _two_level(
-    points: dict[tuple[int, int], int], outer_coeff: float, inner_coeff: float, top: int
-) -> list[Fit | None]:
-    """Outer thresholds (query) by DP for each level count, inner (ctx) per level, budget by knapsack."""
-    outer = sorted({x for x, _ in points})
-    weights = [sum(n for (x, _), n in points.items() if x == v) * outer_coeff for v in outer]
-    return _nested(points, outer, weights, inner_coeff, top)
-
-
-def _nested(points, outer: list[int], weights: list[float], inner_coeff: float, top: int) -> list[Fit | None]:
+def _nested(
+    points: dict[tuple[int, int], int], outer: list[int], weights: list[float], inner_coeff: float, top: int
+) -> Curve:
     """For each count of outer levels (their thresholds by DP), inner curves per level shared
     out by knapsack; the best total for every bucket count."""
-    best: list[Fit | None] = [None] * (top + 1)
-    inner_cache: dict[tuple[int, int], list[Fit | None]] = {}
     by_outer: dict[int, dict[int, float]] = {}
     for (x, y), n in points.items():
         by_outer.setdefault(x, {})
         by_outer[x][y] = by_outer[x].get(y, 0.0) + n * inner_coeff
+    inner_cache: dict[tuple[int, int], Curve] = {}
+    costs, owners = np.full(top + 1, np.inf), [None] * (top + 1)
     for cost, tops in _threshold_curve(outer, weights, min(MAX_OUTER_LEVELS, top)):
         groups, low = [], 0
         for t in tops:
@@ -193,34 +214,49 @@ def _nested(points, outer: list[int], weights: list[float], inner_coeff: float, 
                 inner_cache[(low, t)] = _inner_curve(t, members, top)
             groups.append(inner_cache[(low, t)])
             low = t
-        for k, fit in enumerate(_knapsack(groups, top)):
-            if fit is not None and (best[k] is None or fit.cost + cost < best[k].cost):
-                best[k] = Fit(fit.cost + cost, fit.buckets)
-    return best
+        shared = _knapsack(groups, top)
+        better = shared.costs + cost < costs
+        costs = np.where(better, shared.costs + cost, costs)
+        owners = [shared if b else o for b, o in zip(better, owners)]
+    return Curve(costs, lambda k: owners[k].pick(k) if owners[k] is not None else ())
 
 
-def _inner_curve(outer: int, members: dict[int, float], top: int) -> list[Fit | None]:
+def _inner_curve(outer: int, members: dict[int, float], top: int) -> Curve:
     values = sorted(members)
     weights = [members[v] for v in values]
-    return [None] + [
-        Fit(cost, tuple((outer, t) for t in tops)) for cost, tops in _threshold_curve(values, weights, top)
-    ]
+    fits = _threshold_curve(values, weights, min(top, MAX_INNER_LEVELS))
+    costs = np.full(top + 1, np.inf)
+    costs[1 : len(fits) + 1] = [c for c, _ in fits]
+    return Curve(costs, lambda k: tuple((outer, t) for t in fits[k - 1][1]) if k else ())
 
 
-def _knapsack(curves: list[list[Fit | None]], top: int) -> list[Fit | None]:
-    """Share `top` buckets among levels, each taking at least one, for the least total cost."""
-    total: list[Fit | None] = [Fit(0.0, ())] + [None] * top
+def _knapsack(curves: list[Curve], top: int) -> Curve:
+    """Share `top` buckets among levels, each taking at least one, for the least total cost
+    (a min-plus convolution per level, with the choices kept to walk back)."""
+    acc = np.full(top + 1, np.inf)
+    acc[0] = 0.0
+    choices = []
     for curve in curves:
-        merged: list[Fit | None] = [None] * (top + 1)
-        for used, acc in enumerate(total):
-            if acc is None:
+        merged, taken = np.full(top + 1, np.inf), np.zeros(top + 1, dtype=np.int64)
+        for k in range(1, top + 1):
+            if not np.isfinite(curve.costs[k]):
                 continue
-            for k in range(1, min(len(curve), top - used + 1)):
-                fit = curve[k]
-                if fit is not None and (merged[used + k] is None or acc.cost + fit.cost < merged[used + k].cost):
-                    merged[used + k] = Fit(acc.cost + fit.cost, acc.buckets + fit.buckets)
-        total = merged
-    return total
+            candidate = acc[: top + 1 - k] + curve.costs[k]
+            better = candidate < merged[k:]
+            merged[k:] = np.where(better, candidate, merged[k:])
+            taken[k:] = np.where(better, k, taken[k:])
+        choices.append(taken)
+        acc = merged
+
+    def pick(k: int) -> tuple:
+        parts = []
+        for curve, taken in zip(reversed(curves), reversed(choices)):
+            used = int(taken[k])
+            parts.extend(curve.pick(used))
+            k -= used
+        return tuple(parts)
+
+    return Curve(acc, pick)
 
 
 def _threshold_curve(values: list[int], weights: list[float], kmax: int) -> list[tuple[float, list[int]]]:
