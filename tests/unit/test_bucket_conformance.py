@@ -32,6 +32,16 @@ def _cases() -> list[dict]:
 
 
 CASES = _cases()
+BIG = 100_000  # cases whose upstream sets hold more buckets than this take seconds each: marked slow
+
+
+def _param(case: dict):
+    size = sum(int(case.get(f"{phase}_count") or 0) for phase in ("prompt", "decode"))
+    marks = [pytest.mark.slow] if size > BIG else []
+    return pytest.param(case, marks=marks, id=f"{case['label']}-{case['strategy']}")
+
+
+PARAMS = [_param(c) for c in CASES]
 pytestmark = pytest.mark.skipif(not CASES, reason=f"reference table {TABLE} is not on this machine")
 
 
@@ -54,7 +64,7 @@ def _limits(case: dict) -> ServingLimits:
     return ServingLimits(**limits)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"{c['label']}-{c['strategy']}" for c in CASES])
+@pytest.mark.parametrize("case", PARAMS)
 def test_bucket_set_matches_vllm_gaudi(case):
     settings = BucketSettings(strategy=STRATEGY[case["strategy"]])
     limits = _limits(case)
@@ -67,7 +77,7 @@ def test_bucket_set_matches_vllm_gaudi(case):
     assert _same("decode", _rows(ours.decode), case)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[f"{c['label']}-{c['strategy']}" for c in CASES])
+@pytest.mark.parametrize("case", PARAMS)
 def test_environment_is_the_one_upstream_ran_with(case):
     env = vllm_gaudi_env(_limits(case), BucketSettings(strategy=STRATEGY[case["strategy"]]))
     assert {k: v for k, v in env.items() if k in case["env"]} == case["env"]
