@@ -14,12 +14,11 @@ import json
 from pathlib import Path
 
 from artifacts.bucket_report import STRATEGY_ORDER, figures, strategy_set
-from artifacts.errors import BucketError
+from artifacts.errors import BucketError, ExitCode
 from artifacts.fsutil import atomic_target
 from artifacts.recipes import load_recipe
 from artifacts.replay import ReplaySettings, replay
 from artifacts.traces import read_trace
-from engine.cli.common import EXIT_OK
 
 
 def add(sub) -> None:
@@ -61,7 +60,7 @@ def cmd_buckets(args: argparse.Namespace) -> int:
             tmp.write_text(json.dumps(chosen.to_json(), indent=1, sort_keys=True))
     if args.json:
         print(json.dumps({s: f.to_json() for s, f in report.items()}))
-        return EXIT_OK
+        return ExitCode.OK
     print(
         f"{'strategy':12s} {'prompt':>7s} {'decode':>7s} {'pf_tok':>7s} {'pf_ctx':>7s} {'dc_bat':>7s} {'dc_blk':>7s} unfitted"
     )
@@ -72,4 +71,4 @@ def cmd_buckets(args: argparse.Namespace) -> int:
         )
     if args.out is not None:
         print(f"wrote {args.out}")
-    return EXIT_OK
+    return ExitCode.OK
