@@ -12,14 +12,17 @@ The same figures back `prebake buckets` and benchmarks/buckets.py.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from .bucket_set import BucketSet
 from .buckets import build_bucket_set
+from .errors import BucketError
 from .limits import BucketSettings, ServingLimits
 from .replay import Shapes
 from .traffic import cover_buckets, fit_bucket_set
 
-STRATEGY_ORDER = ("exponential", "linear", "pad", "traffic")
+Strategy = Literal["exponential", "linear", "pad", "traffic"]
+STRATEGY_ORDER: tuple[Strategy, ...] = ("exponential", "linear", "pad", "traffic")
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,7 @@ class Figures:
     def total(self) -> int:
         return self.prompt + self.decode
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         waste = {
             "prefill_tokens": self.prefill_tokens,
             "prefill_ctx": self.prefill_ctx,
@@ -61,7 +64,7 @@ def figures(bucket_set: BucketSet, shapes: Shapes) -> Figures:
 
 
 def strategy_set(
-    strategy: str,
+    strategy: Strategy,
     limits: ServingLimits,
     fit_shapes: Shapes | None,
     *,
@@ -76,4 +79,6 @@ def strategy_set(
         cover_prompt, cover_decode = cover_buckets(limits)
         least = len(cover_prompt) + len(cover_decode) + 2
         budget = max((len(exponential.prompt) + len(exponential.decode)) // 3, least)
+    if fit_shapes is None:
+        raise BucketError("a traffic set needs replayed shapes to fit on; pass a trace")
     return fit_bucket_set(limits, fit_shapes, budget=budget, max_waste=max_waste)

@@ -235,7 +235,8 @@ def _ctx_env_max(settings: BucketSettings, cfgs: dict[str, tuple[int, ...]]) -> 
 def _range(strategy: str, field: str, cfg: tuple[int, ...], contiguous: bool) -> list[int]:
     try:
         if strategy == "exponential":
-            return exponential_range(*cfg, exact_top=contiguous)
+            low, step, high, limit = cfg
+            return exponential_range(low, step, high, limit, exact_top=contiguous)
         if strategy == "pad":
             return padded_range(*cfg)
         return linear_range(*cfg)

@@ -18,7 +18,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from .errors import BucketError
 
@@ -120,7 +120,7 @@ class BucketSet:
                 real_b, padded_b = real_b + n * ctx, padded_b + n * bucket.ctx_blocks
         return PaddingReport(phase, fitted, unfitted, real_t, padded_t, real_b, padded_b)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, object]:
         return {
             "version": FORMAT_VERSION,
             "strategy": self.strategy,
@@ -130,7 +130,7 @@ class BucketSet:
         }
 
     @classmethod
-    def from_json(cls, data: dict) -> BucketSet:
+    def from_json(cls, data: dict[str, Any]) -> BucketSet:
         expected = {"version", "strategy", "block_size", "prompt", "decode"}
         if not isinstance(data, dict) or set(data) != expected:
             raise BucketError(

@@ -44,7 +44,8 @@ def write_bucket_file(bucket_set: BucketSet, path: Path) -> Path:
 
 def parse_bucket_file(text: str) -> tuple[list[Triple], list[Triple]]:
     """Upstream's FileBucketingStrategy: (prompt, decode) buckets, sorted, bad lines skipped."""
-    prompt, decode = [], []
+    prompt: list[Triple] = []
+    decode: list[Triple] = []
     for line in text.splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
@@ -60,13 +61,13 @@ def parse_bucket_file(text: str) -> tuple[list[Triple], list[Triple]]:
     return sorted(prompt), sorted(decode)
 
 
-def _expand(match: re.Match) -> str:
+def _expand(match: re.Match[str]) -> str:
     start, stop = int(match.group(1)), int(match.group(2))
     step = int(match.group(3)) if match.group(3) else 1
     if step == 0:
         return match.group(0)
     count = max(0, (stop - start + (step - (1 if step > 0 else -1))) // step)
-    return match.group(0) if count > _MOST_RANGE_ITEMS else repr(list(range(start, stop, step)))
+    return str(match.group(0)) if count > _MOST_RANGE_ITEMS else repr(list(range(start, stop, step)))
 
 
 def upstream_reading(text: str, limits: ServingLimits) -> tuple[list[Triple], list[Triple]]:

@@ -138,7 +138,8 @@ class _Engine:
         return len(finished)
 
     def _prefill_chunks(self, budget: int) -> list[tuple[_Seq, int]]:
-        block, chunks, ctx = self.limits.block_size, [], 0
+        block, ctx = self.limits.block_size, 0
+        chunks: list[tuple[_Seq, int]] = []
         for s in self.running:
             if s.done == s.prompt or len(chunks) == self.limits.prefill_seqs:
                 continue

@@ -25,11 +25,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from .bucket_rules import device_blocks
-from .bucket_set import Bucket, BucketSet
+from .bucket_set import Bucket, BucketSet, Phase
 from .errors import BucketError
 from .limits import BucketSettings, ServingLimits
 from .replay import ReplaySettings, Shapes, replay
@@ -86,6 +87,7 @@ def fit_bucket_set(
     if budget is not None:
         k_prompt, k_decode = _split(prompt_curve, decode_curve, top, _prefill_share(shapes))
     else:
+        assert max_waste is not None  # one of the two was checked above
         k_prompt = _smallest(
             prompt_curve, lambda k: _figures(limits, "prompt", prompt_curve.pick(k), cover_prompt, shapes), max_waste
         )
@@ -102,7 +104,7 @@ class Curve:
     """The least cost for every bucket count k (inf: impossible), and the buckets that reach it."""
 
     costs: np.ndarray  # [top + 1]
-    pick: Callable[[int], tuple]
+    pick: Callable[[int], tuple[Any, ...]]
 
 
 def _empty_curve(top: int) -> Curve:
@@ -111,13 +113,15 @@ def _empty_curve(top: int) -> Curve:
     return Curve(costs, lambda k: ())
 
 
-def _as_buckets(phase: str, picked: tuple) -> set[Bucket]:
+def _as_buckets(phase: str, picked: tuple[Any, ...]) -> set[Bucket]:
     if phase == "prompt":
         return {Bucket(b, q, c) for b, (q, c) in picked}
     return {Bucket(b, 1, c) for b, c in picked}
 
 
-def _figures(limits, phase, picked, cover, shapes) -> tuple[float, ...]:
+def _figures(
+    limits: ServingLimits, phase: Phase, picked: tuple[Any, ...], cover: set[Bucket], shapes: Shapes
+) -> tuple[float, float]:
     both = tuple(sorted(_as_buckets(phase, picked) | cover))
     bucket_set = BucketSet(
         "traffic", limits.block_size, both if phase == "prompt" else (), both if phase == "decode" else ()
@@ -126,7 +130,7 @@ def _figures(limits, phase, picked, cover, shapes) -> tuple[float, ...]:
     return report.token_waste, report.block_waste
 
 
-def _smallest(curve: Curve, figures, max_waste: float) -> int:
+def _smallest(curve: Curve, figures: Callable[[int], tuple[float, float]], max_waste: float) -> int:
     for k, cost in enumerate(curve.costs):
         if np.isfinite(cost) and max(figures(k)) <= max_waste:
             return k
@@ -185,10 +189,12 @@ def _prompt_curve(shapes: Shapes, top: int) -> Curve:
         query = sorted({q for q, _ in mine})
         weights = [sum(n for (q, _), n in mine.items() if q == v) * batch / real_t for v in query]
         inner = _nested(mine, query, weights, batch / real_c, top)
-        curves.append(
-            Curve(inner.costs, lambda k, inner=inner, batch=batch: tuple((batch, qc) for qc in inner.pick(k)))
-        )
+        curves.append(Curve(inner.costs, _with_batch(inner, batch)))
     return _knapsack(curves, top)
+
+
+def _with_batch(inner: Curve, batch: int) -> Callable[[int], tuple[Any, ...]]:
+    return lambda k: tuple((batch, qc) for qc in inner.pick(k))
 
 
 def _nested(
@@ -201,7 +207,8 @@ def _nested(
         by_outer.setdefault(x, {})
         by_outer[x][y] = by_outer[x].get(y, 0.0) + n * inner_coeff
     inner_cache: dict[tuple[int, int], Curve] = {}
-    costs, owners = np.full(top + 1, np.inf), [None] * (top + 1)
+    costs = np.full(top + 1, np.inf)
+    owners: list[Curve | None] = [None] * (top + 1)
     for cost, tops in _threshold_curve(outer, weights, min(MAX_OUTER_LEVELS, top)):
         groups, low = [], 0
         for t in tops:
@@ -218,7 +225,12 @@ def _nested(
         better = shared.costs + cost < costs
         costs = np.where(better, shared.costs + cost, costs)
         owners = [shared if b else o for b, o in zip(better, owners)]
-    return Curve(costs, lambda k: owners[k].pick(k) if owners[k] is not None else ())
+
+    def pick(k: int) -> tuple[Any, ...]:
+        owner = owners[k]
+        return owner.pick(k) if owner is not None else ()
+
+    return Curve(costs, pick)
 
 
 def _inner_curve(outer: int, members: dict[int, float], top: int) -> Curve:
@@ -248,8 +260,8 @@ def _knapsack(curves: list[Curve], top: int) -> Curve:
         choices.append(taken)
         acc = merged
 
-    def pick(k: int) -> tuple:
-        parts = []
+    def pick(k: int) -> tuple[Any, ...]:
+        parts: list[Any] = []
         for curve, taken in zip(reversed(curves), reversed(choices)):
             used = int(taken[k])
             parts.extend(curve.pick(used))
