@@ -9,8 +9,10 @@ Each engine step, in the order vLLM's scheduler gives them:
       (batch, ctx_blocks) with ctx_blocks = sum over the batch of ceil(tokens in KV / block_size)
     prefill: the token budget left (max_num_batched_tokens minus one per decode) goes to
       unfinished prompts in arrival order, at most max_num_prefill_seqs of them; a prompt that
-      does not fit is chunked at a block boundary; the shape is (prompts, longest chunk,
-      most context blocks), context being earlier chunks plus a prefix-cache hit
+      does not fit gets what is left (vLLM's chunked prefill); the shape is (prompts, longest
+      chunk, most context blocks), context being earlier chunks plus a prefix-cache hit (whole
+      blocks), counted as vllm-gaudi buckets it: ceil(context tokens / block_size)
+      (hpu_model_runner.py at 091bbad, `bucketing_ctx_blocks`)
     time advances by the step's modelled duration (StepCost)
 
 A prompt is cut to max_model_len - 1 tokens and its output to what still fits. The replay is
@@ -144,11 +146,11 @@ class _Engine:
             if s.done == s.prompt or len(chunks) == self.limits.prefill_seqs:
                 continue
             left = s.prompt - s.done
-            chunk = left if left <= budget else budget // block * block
+            chunk = min(left, budget)
             if chunk <= 0:
                 break
             chunks.append((s, chunk))
-            ctx = max(ctx, s.done // block)
+            ctx = max(ctx, -(-s.done // block))
             budget -= chunk
         if chunks:
             self.prompt[(len(chunks), max(c for _, c in chunks), ctx)] += 1

@@ -29,7 +29,15 @@ def test_one_request_prefills_then_decodes_over_its_growing_blocks():
     assert run(Request(0, 40, 3)) == ({(1, 40, 0): 1}, {(1, 3): 2})
 
 
-def test_a_long_prompt_is_chunked_at_a_block_boundary_with_its_context():
+def test_a_prompt_beside_decodes_gets_the_budget_they_leave_and_counts_partial_blocks():
+    prompt, decode = run(Request(0, 10, 3), Request(0, 100, 1))
+    # step 2: one decode leaves 63 tokens for the second prompt; step 3: the other 37 over
+    # ceil(63 / 16) = 4 context blocks
+    assert prompt == {(1, 10, 0): 1, (1, 63, 0): 1, (1, 37, 4): 1}
+    assert decode == {(1, 1): 2}
+
+
+def test_a_long_prompt_is_chunked_with_its_context():
     # 100 tokens, 64 a step: 64 new over no context, then 36 new over 4 cached blocks
     assert run(Request(0, 100, 1)) == ({(1, 64, 0): 1, (1, 36, 4): 1}, {})
 
