@@ -217,6 +217,9 @@ def load_recipe(name_or_path: str | Path, directory: Path | None = None) -> Reci
         raise RecipeError(_explain(path, exc)) from exc
     if recipe.model.name != path.stem:
         raise RecipeError(f"{path}: model.name is {recipe.model.name!r} but the file is {path.name}; make them agree")
+    if recipe.buckets.trace and not Path(recipe.buckets.trace).expanduser().is_absolute():  # relative to the recipe
+        trace = str(path.parent.resolve() / recipe.buckets.trace)
+        recipe = recipe.model_copy(update={"buckets": recipe.buckets.model_copy(update={"trace": trace})})
     return recipe
 
 

@@ -16,9 +16,9 @@ import sys
 from collections.abc import Sequence
 
 from artifacts.errors import ExitCode, PrebakeError
-from engine.cli import bundles, serving, stats, store
+from engine.cli import buckets, bundles, serving, stats, store
 
-COMMAND_GROUPS = (bundles, serving, store, stats)
+COMMAND_GROUPS = (bundles, serving, store, stats, buckets)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
