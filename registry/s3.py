@@ -30,7 +30,9 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -147,14 +149,21 @@ class S3Registry:
             return self._create_index(manifest, key)
 
     def list(self, kind: str | None = None) -> Iterator[Manifest]:
+        """Every manifest in the index, in key order. Listing pages are fetched as they are needed
+        and entries read `concurrency` at a time in parallel: the first few cost a handful of
+        requests (a bounded miss explanation), ten thousand run at the server's pace (`prebake ls`)."""
         base = self._key(f"index/{kind}/" if kind else "index/")
-        with self._faults(f"list {self._where(base)}"):
-            keys = self._index_keys(base)
-        for key in keys:
-            with self._faults(f"read {self._where(key)}"):
-                raw = self._get_or_none(key)
-            if raw is not None:  # deleted between listing and reading
-                yield Manifest.parse(raw, self._where(key))
+        pool = ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="prebake-s3-list")
+        reads: deque[Future[Manifest | None]] = deque()
+        try:
+            for key in self._index_keys(base):
+                reads.append(pool.submit(self._read_listed, key))
+                while len(reads) >= self.settings.concurrency:
+                    yield from _present(reads.popleft())
+            while reads:
+                yield from _present(reads.popleft())
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def __repr__(self) -> str:
         return f"S3Registry({self.url!r}, endpoint={self.endpoint!r})"
@@ -242,14 +251,23 @@ class S3Registry:
                 return None
             raise
 
-    def _index_keys(self, base: str) -> list[str]:
+    def _index_keys(self, base: str) -> Iterator[str]:
+        """Index entry keys under `base`, page by page as they are consumed (S3 lists in key order)."""
         strip = len(self._key(""))
-        keys = []
-        for page in self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
+        pages = iter(self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base))
+        while True:
+            with self._faults(f"list {self._where(base)}"):
+                page = next(pages, None)
+            if page is None:
+                return
             for obj in page.get("Contents", ()):
                 if parse_index_relpath(obj["Key"][strip:]) is not None:
-                    keys.append(obj["Key"])
-        return sorted(keys)
+                    yield obj["Key"]
+
+    def _read_listed(self, key: str) -> Manifest | None:
+        with self._faults(f"read {self._where(key)}"):
+            raw = self._get_or_none(key)
+        return None if raw is None else Manifest.parse(raw, self._where(key))  # None: deleted since listed
 
     def _key(self, relpath: str) -> str:
         return f"{self.prefix}/{relpath}" if self.prefix else relpath
@@ -372,6 +390,11 @@ class _Progress:
         if self._on and self._drawn:
             sys.stderr.write("\n")
             sys.stderr.flush()
+
+
+def _present(read: Future[Manifest | None]) -> Iterator[Manifest]:
+    if (manifest := read.result()) is not None:
+        yield manifest
 
 
 def _parse_address(address: str) -> tuple[str, str]:
