@@ -76,8 +76,8 @@ def pack(tree: Path, dest: Path, *, level: int = 3, threads: int | None = None) 
     workers = max(1, threads if threads is not None else cores)
     compressor = zstandard.ZstdCompressor(level=level, threads=workers)
     files: list[FileEntry] = []
-    with _BlobWriter(Path(dest)) as sink:
-        with compressor.stream_writer(sink, closefd=False, write_size=1 << 20) as zw:
+    try:
+        with _BlobWriter(Path(dest)) as sink, compressor.stream_writer(sink, closefd=False, write_size=1 << 20) as zw:
             offset = 0
             for item in _in_order(_walk(tree), readers=max(2, cores)):
                 if isinstance(item, _Batch):
@@ -89,6 +89,9 @@ def pack(tree: Path, dest: Path, *, level: int = 3, threads: int | None = None) 
                     offset += written
                     files.append(entry)
             zw.write(_end_of_archive(offset))
+    except BaseException:
+        Path(dest).unlink(missing_ok=True)  # a refused or failed pack leaves no half-written blob
+        raise
     return Packed(blob=BlobRef(digest="sha256:" + sink.hexdigest(), size=sink.size), files=tuple(files))
 
 
@@ -267,7 +270,9 @@ class _BlobWriter:
     """The compressor's sink: a thread digests and writes what it is given, so the caller does not wait."""
 
     def __init__(self, dest: Path):
-        self._f = dest.open("wb")
+        # A fresh file, not an old one truncated: ext4 flushes a truncated-and-rewritten file on close.
+        dest.unlink(missing_ok=True)
+        self._f = dest.open("xb")
         self._h, self.size = hashlib.sha256(), 0
         self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=64)
         self._error: BaseException | None = None

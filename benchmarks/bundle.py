@@ -169,6 +169,8 @@ def bench(name: str, tree: Path, work: Path, repeat: int) -> Result:
     out, cli_out = work / f"{name}-out", work / f"{name}-cli-out"
     for i in range(repeat):
         packed = []
+        for old in (blob, cli_blob):  # both write a new file: rewriting a truncated one costs a flush on ext4
+            old.unlink(missing_ok=True)
         rounds = [
             ("ours_pack", lambda: packed.append(pack(tree, blob))),
             ("cli_pack", lambda: _cli(["tar", "-I", "zstd -T0 -3 -q", "-cf", str(cli_blob), "-C", str(tree), "."])),
