@@ -158,7 +158,7 @@ class HubRegistry:
             while reads:
                 yield from _present(reads.popleft())
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown(wait=False, cancel_futures=True)  # a reader that stopped early does not wait
 
     def __repr__(self) -> str:
         return f"HubRegistry({self.url!r}, endpoint={self.endpoint!r})"

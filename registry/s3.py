@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 _MiB = 1 << 20
 _CREATE_ATTEMPTS = 5  # rounds of "409 ConditionalRequestConflict: try again" before giving up
+_FIRST_PAGE = 100  # keys in the first listing page; later pages hold S3's maximum, 1,000
 _PROGRESS_MIN_BYTES = 16 * _MiB  # smaller transfers finish before a meter is worth drawing
 
 
@@ -163,7 +164,7 @@ class S3Registry:
             while reads:
                 yield from _present(reads.popleft())
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+            pool.shutdown(wait=False, cancel_futures=True)  # a reader that stopped early does not wait
 
     def __repr__(self) -> str:
         return f"S3Registry({self.url!r}, endpoint={self.endpoint!r})"
@@ -252,17 +253,19 @@ class S3Registry:
             raise
 
     def _index_keys(self, base: str) -> Iterator[str]:
-        """Index entry keys under `base`, page by page as they are consumed (S3 lists in key order)."""
-        strip = len(self._key(""))
-        pages = iter(self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base))
+        """Index entry keys under `base`, page by page as they are consumed (S3 lists in key order).
+        The first page is small, so a reader that wants only a few keys waits for a short answer."""
+        strip, token, size = len(self._key("")), None, _FIRST_PAGE
         while True:
+            ask = {"Bucket": self.bucket, "Prefix": base, "MaxKeys": size}
             with self._faults(f"list {self._where(base)}"):
-                page = next(pages, None)
-            if page is None:
-                return
+                page = self._client.list_objects_v2(**ask, **({"ContinuationToken": token} if token else {}))
             for obj in page.get("Contents", ()):
                 if parse_index_relpath(obj["Key"][strip:]) is not None:
                     yield obj["Key"]
+            token, size = page.get("NextContinuationToken"), 1000
+            if not page.get("IsTruncated") or not token:
+                return
 
     def _read_listed(self, key: str) -> Manifest | None:
         with self._faults(f"read {self._where(key)}"):

@@ -53,7 +53,7 @@ def test_a_miss_in_a_large_s3_registry_sends_a_bounded_number_of_requests(s3_cli
     registry._client.meta.events.register("before-send.s3", lambda request, **_: sent.append(request.url))
     miss = nearest_miss(registry, _wanted(), "no bundle for this key")
     assert isinstance(miss, Miss) and miss.nearest is not None
-    # one listing page, the sample, and at most one window of reads ahead of it
+    # one short listing page, the sample, and at most one window of reads ahead of it
     assert len(sent) <= 1 + MISS_SAMPLE + settings.concurrency, len(sent)
 
 
