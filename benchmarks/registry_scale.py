@@ -74,51 +74,59 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     manifests = synthetic_manifests(sizes[-1], files=args.files)
     print(f"index entries of {args.files} files each; a miss reads at most {MISS_SAMPLE} entries")
-    points: list[Point] = []
     with tempfile.TemporaryDirectory(prefix="prebake-registry-scale-") as tmp, moto_server() as endpoint:
         os.environ.update(s3_env(endpoint))  # a script, not a library: this process talks only to moto
         import boto3
 
         client, bucket = boto3.client("s3"), f"scale-{uuid.uuid4().hex[:8]}"
         client.create_bucket(Bucket=bucket)
-        folder = Path(tmp) / "registry"
-        seeded = 0
-        for size in sizes:
+        registries: dict[tuple[str, int], tuple[Callable, str]] = {}
+        for size in sizes:  # one registry per size, side by side, measured round-robin below
             started = time.perf_counter()
-            seed_folder(folder, manifests[seeded:size])
-            seed_s3(client, bucket, "reg", manifests[seeded:size])
-            seeded = size
-            print(f"seeded {size} entries in both registries ({time.perf_counter() - started:.1f} s)")
-            for backend, make, address in (
-                ("file", lambda: FileRegistry(folder), str(folder)),
-                ("s3", lambda: S3Registry(f"s3://{bucket}/reg", S3Settings()), f"s3://{bucket}/reg"),
-            ):
-                points.append(_measure(backend, make, address, manifests[:size], args.lookups))
-                _report(points[-1])
-    figures = _figures(points, sizes)
-    print(json.dumps(figures))
+            folder = Path(tmp) / f"registry-{size}"
+            seed_folder(folder, manifests[:size])
+            seed_s3(client, bucket, f"reg-{size}", manifests[:size])
+            print(f"seeded {size} entries in a folder and in S3 ({time.perf_counter() - started:.1f} s)")
+            registries["file", size] = (lambda f=folder: FileRegistry(f), str(folder))
+            address = f"s3://{bucket}/reg-{size}"
+            registries["s3", size] = (lambda a=address: S3Registry(a, S3Settings()), address)
+        points = _measure(registries, manifests, args.lookups)
+    print(json.dumps(_figures(points, sizes)))
     return 0
 
 
-def _measure(backend: str, make: Callable, address: str, present: list[Manifest], lookups: int) -> Point:
-    registry = make()
-    step = max(1, len(present) // lookups)
-    hits = [_timed(lambda m=m: registry.lookup(m.kind, m.key_digest)) for m in present[::step][:lookups]]
-    counting = _Counting(make())
+def _measure(registries: dict, manifests: list[Manifest], lookups: int) -> list[Point]:
+    """Every measurement taken round-robin over the registries, so a change in the machine's load
+    falls on all sizes alike and the ratios between sizes stay fair."""
+    opened = {where: make() for where, (make, _) in registries.items()}
+    hits: dict = {where: [] for where in registries}
+    for i in range(lookups):
+        for (backend, size), registry in opened.items():
+            m = manifests[(i * 7919) % size]
+            hits[backend, size].append(_timed(lambda r=registry, m=m: r.lookup(m.kind, m.key_digest)))
+    misses: dict = {where: [] for where in registries}
+    for _ in range(3):
+        for where, (make, _) in registries.items():
+            misses[where].append(_miss(make()))
+    points = []
+    for (backend, size), (_, address) in registries.items():
+        miss_s, reads, requests = sorted(misses[backend, size])[1]  # the median of three
+        ls_s = _timed(lambda a=address: _prebake_ls(a))
+        points.append(
+            Point(backend, size, 1000 * statistics.median(hits[backend, size]), 1000 * miss_s, reads, requests, ls_s)
+        )
+        _report(points[-1])
+    return points
+
+
+def _miss(registry) -> tuple[float, int, int | None]:
+    """nearest_miss on a key in no registry: seconds, entries read, HTTP requests (S3)."""
+    counting = _Counting(registry)
     sent: list[str] = []
-    if isinstance(counting.inner, S3Registry):
-        counting.inner._client.meta.events.register("before-send.s3", lambda request, **_: sent.append(request.url))
-    miss_s = _timed(lambda: nearest_miss(counting, _missing_key(), "no bundle for this key"))
-    ls_s = _timed(lambda: _prebake_ls(address))
-    return Point(
-        backend,
-        len(present),
-        1000 * statistics.median(hits),
-        1000 * miss_s,
-        counting.listed,
-        len(sent) if isinstance(counting.inner, S3Registry) else None,
-        ls_s,
-    )
+    if isinstance(registry, S3Registry):
+        registry._client.meta.events.register("before-send.s3", lambda request, **_: sent.append(request.url))
+    seconds = _timed(lambda: nearest_miss(counting, _missing_key(), "no bundle for this key"))
+    return seconds, counting.listed, len(sent) if isinstance(registry, S3Registry) else None
 
 
 def _missing_key() -> Key:
