@@ -225,7 +225,7 @@ def _header(rel: str, st: os.stat_result, link: str = "") -> bytes:
     """The GNU tar header tarfile writes for this entry (owner 0:0, mtime 0, mode 0644/0755/0777).
 
     Built directly for the common case (names and link targets up to 100 bytes, files under
-    8 GiB), which costs a tenth of `TarInfo.tobuf`; anything else goes through tarfile itself.
+    8 GiB), which costs about a fifth of `TarInfo.tobuf`; anything else goes through tarfile itself.
     """
     name, target = rel.encode(_ENCODING, "surrogateescape"), link.encode(_ENCODING, "surrogateescape")
     size = st.st_size if stat.S_ISREG(st.st_mode) else 0
