@@ -8,8 +8,9 @@ Each engine step, in the order vLLM's scheduler gives them:
     decode: every running sequence past its prefill decodes one token; the step's shape is
       (batch, ctx_blocks) with ctx_blocks = sum over the batch of ceil(tokens in KV / block_size)
     prefill: the token budget left (max_num_batched_tokens minus one per decode) goes to
-      unfinished prompts in arrival order, at most max_num_prefill_seqs of them; a prompt that
-      does not fit gets what is left (vLLM's chunked prefill); the shape is (prompts, longest
+      unfinished prompts in arrival order, at most max_num_prefill_seqs of them, and never so many
+      that the batch padded to its longest chunk passes max_num_batched_tokens (vllm-gaudi warms
+      no such bucket); a prompt that does not fit gets what is left (vLLM's chunked prefill); the shape is (prompts, longest
       chunk, most context blocks), context being earlier chunks plus a prefix-cache hit (whole
       blocks), counted as vllm-gaudi buckets it: ceil(context tokens / block_size)
       (hpu_model_runner.py at 091bbad, `bucketing_ctx_blocks`)
@@ -149,6 +150,10 @@ class _Engine:
             chunk = min(left, budget)
             if chunk <= 0:
                 break
+            longest = max([chunk, *(c for _, c in chunks)])
+            if chunks and (len(chunks) + 1) * longest > self.limits.max_num_batched_tokens:
+                break  # padded to its longest prompt the batch would pass the step's token limit, which
+                # no bucket vllm-gaudi warms up may do (its prompt filter): the prompt waits a step
             chunks.append((s, chunk))
             ctx = max(ctx, -(-s.done // block))
             budget -= chunk
