@@ -15,10 +15,10 @@ import sys
 from collections.abc import Sequence
 
 from artifacts.errors import PrebakeError
-from engine.cli import bundles, serving, store
+from engine.cli import bake, bundles, plan, serving, store
 from engine.cli.common import EXIT_INVALID
 
-COMMAND_GROUPS = (bundles, serving, store)
+COMMAND_GROUPS = (bundles, serving, store, plan, bake)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -33,10 +33,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="prebake", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"prebake {_version()}")
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
     for group in COMMAND_GROUPS:
         group.add(sub)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("prebake")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 if __name__ == "__main__":
