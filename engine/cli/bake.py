@@ -1,8 +1,8 @@
 """`prebake bake`: the tasks of `doit bake`, installed; one target, or the whole matrix on a Ray cluster.
 
-    prebake bake --model M [--precision P] [--tp N] [--registry R]     what this host builds
-    prebake bake --model M --target <id> [--registry R]                one planned target
-    prebake bake --model M --executor ray [--ray-address ADDR]         every missing target, on matching nodes
+prebake bake --model M [--precision P] [--tp N] [--registry R]     what this host builds
+prebake bake --model M --target <id> [--registry R]                one planned target
+prebake bake --model M --executor ray [--ray-address ADDR]         every missing target, on matching nodes
 """
 
 from __future__ import annotations

@@ -105,7 +105,11 @@ def host_profile(host: Host, name: str, labels: tuple[str, ...] = ()) -> Profile
 
 def render_toml(model: ProfileModel) -> str:
     """One `[[profile]]` table; values are JSON strings and lists, which TOML reads the same."""
-    lines = ["[[profile]]", f"name = {json.dumps(model.name)}", f"runner_labels = {json.dumps(list(model.runner_labels))}"]
+    lines = [
+        "[[profile]]",
+        f"name = {json.dumps(model.name)}",
+        f"runner_labels = {json.dumps(list(model.runner_labels))}",
+    ]
     for section in ("platform", "software"):
         lines.append(f"[profile.{section}]")
         for k, v in getattr(model, section).model_dump().items():
