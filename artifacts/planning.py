@@ -56,6 +56,7 @@ class Requirement:
     accelerators: int
     runner_labels: tuple[str, ...]
     custom_resource: str
+    device_name: str = ""  # the profile's device (GPU model), when a profile keyed the target
 
     def ray_resources(self) -> dict[str, float]:
         """The Ray custom resource a matching node advertises (see `prebake ray-resources`): one
@@ -154,6 +155,7 @@ def requirement(target: Target, profile: Profile | None) -> Requirement:
         accelerators=0 if device == "cpu" else target.tp,
         runner_labels=tuple(labels),
         custom_resource=custom_resource(target.platform),
+        device_name=profile.host.platform.device_name if profile else "",
     )
 
 

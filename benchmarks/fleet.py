@@ -115,14 +115,18 @@ def main(argv: list[str] | None = None) -> int:
             fill_registry(root, size - own)
             plan_seconds(root, 1)  # warm: imports, key computation caches, the page cache
             figures[f"plan_s_{size}"] = plan_seconds(root, args.repeat)
-            print(f"plan llama3-8b (24 targets x 3 kinds) against {size:>6} entries: {figures[f'plan_s_{size}'] * 1e3:7.1f} ms")
+            print(
+                f"plan llama3-8b (24 targets x 3 kinds) against {size:>6} entries: {figures[f'plan_s_{size}'] * 1e3:7.1f} ms"
+            )
         noop = noop_figures(Path(tmp), args.repeat)
     figures.update(noop)
     figures["plan_ratio_10000_to_10"] = figures["plan_s_10000"] / figures["plan_s_10"]
     figures["noop_bake_to_cli_floor"] = noop["noop_bake_s"] / noop["cli_floor_s"]
     print(f"ratio plan time 10,000 / 10 entries: {figures['plan_ratio_10000_to_10']:.2f}")
-    print(f"no-op `prebake bake --model tiny-llama`: {noop['noop_bake_s']:.2f} s "
-          f"({figures['noop_bake_to_cli_floor']:.2f}x `prebake --version`, {noop['cli_floor_s']:.2f} s)")
+    print(
+        f"no-op `prebake bake --model tiny-llama`: {noop['noop_bake_s']:.2f} s "
+        f"({figures['noop_bake_to_cli_floor']:.2f}x `prebake --version`, {noop['cli_floor_s']:.2f} s)"
+    )
     print(f"no-op `prebake plan --missing-only --format github-matrix`: {noop['noop_plan_matrix_s']:.2f} s")
     print(json.dumps({k: round(v, 4) for k, v in figures.items()}, sort_keys=True))
     return 0

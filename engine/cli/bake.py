@@ -27,6 +27,16 @@ def add(sub) -> None:
     bake.add_argument(
         "--node-timeout", type=float, default=120.0, help="with --executor ray: seconds to wait for a matching node"
     )
+    bake.add_argument(
+        "--ray-routing",
+        choices=("resource", "accelerator"),
+        default="resource",
+        help="with --executor ray: place bakes by the custom resource `prebake ray-resources` prints (default), "
+        "or by Ray's GPU accelerator_type / HPU count",
+    )
+    bake.add_argument(
+        "--ray-retries", type=int, default=2, help="with --executor ray: retries of a bake whose node died (default 2)"
+    )
     profiles_option(bake)
     bake.add_argument("--always", action="store_true", help="rebuild even what the registry already has (doit -a)")
     bake.set_defaults(run=cmd_bake)
