@@ -59,7 +59,7 @@ def fleet(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("ray-fleet")
     recipes = root / "recipes"
-    _recipe("fleet-gaudi", recipes, platforms=("gaudi3", "gaudi2"), dtypes=("bf16",))
+    _recipe("fleet-gaudi", recipes, platforms=("gaudi3", "gaudi2"), dtypes=("bf16",), small=True)
     _recipe("fleet-cuda", recipes, platforms=("cuda:sm_90",), dtypes=("bf16",))
     _recipe("fleet-tiny", recipes, platforms=("cpu",), dtypes=("bf16", "fp32"), small=True)
     with moto_server() as endpoint:
@@ -106,13 +106,26 @@ def _rows(stdout: str) -> dict[tuple[str, str], tuple[str, str]]:
     return rows
 
 
-def test_bakes_route_to_the_node_advertising_the_platform_and_a_mismatched_node_refuses(fleet):
-    cluster, env, _ = fleet
-    done = _bake(cluster, env, "fleet-gaudi", "s3://fleet/routing", "--node-timeout", "60", timeout=600)
+def test_bakes_route_to_the_node_advertising_the_platform_and_a_mismatched_node_refuses(fleet, tmp_path):
+    """The Gaudi3 target's keys, as the simulated Gaudi3 host computes them, are put in a folder
+    registry first: the task finds them only if it ran there (and so compiles nothing)."""
+    cluster, env, recipes = fleet
+    registry = tmp_path / "registry"
+    seed = (
+        "import sys; from engine.probe import probe; from artifacts.kinds import plan; "
+        "from artifacts.recipes import load_recipe, targets; from tests.support.fleet import write_entry; "
+        "r = load_recipe('fleet-gaudi'); t = [t for t in targets(r) if t.platform == 'gaudi3'][0]; "
+        "[write_entry(__import__('pathlib').Path(sys.argv[1]), k) for k in plan(r, t, probe()).keys.values()]"
+    )
+    fake = {**env, "PATH": f"{FAKE_HABANA / 'bin'}:{env['PATH']}", "PYTHONPATH": f"{REPO}:{FAKE_HABANA}"}
+    subprocess.run([sys.executable, "-c", seed, str(registry)], env=fake, cwd=REPO, check=True, timeout=120)
+    done = _bake(cluster, env, "fleet-gaudi", str(registry), "--node-timeout", "60", "--ray-retries", "0", timeout=600)
     out = done.stdout + done.stderr
     assert done.returncode == 1, out  # the gaudi2 target is refused
     rows = _rows(done.stdout)
-    assert rows[("fleet-gaudi/gaudi3/tp1/bf16", "buckets")][0] == "built", out  # probed as a Gaudi3: it baked
+    gaudi3 = [rows[("fleet-gaudi/gaudi3/tp1/bf16", k)] for k in ("buckets", "autotune", "graphs")]
+    assert [outcome for outcome, _ in gaudi3] == ["already present"] * 3, out  # keyed as a Gaudi3 host would
+    assert gaudi3[1][1] != "-"  # decided on a node, not by the driver's plan
     assert "refused: this node is cpu" in out and "the target needs gaudi2" in out
     assert all(rows[("fleet-gaudi/gaudi2/tp1/bf16", k)][0] == "failed" for k in ("buckets", "autotune", "graphs"))
 
