@@ -286,7 +286,7 @@ def _recipe_text(model: str, recipe: Recipe) -> str:
 
 def render(rows: list[KindOutcome], *, submitted: int) -> str:
     body = [
-        (r.target, r.kind, r.outcome, r.reason[:160])
+        (r.target, r.kind, r.outcome, r.node or "-", r.reason[:160])
         for r in sorted(rows, key=lambda r: (r.target, KINDS.index(r.kind)))
     ]
     counts = {o: sum(1 for r in rows if r.outcome == o) for o in (BUILT, ALREADY, FAILED, NO_NODE, NOT_BUILDABLE)}
