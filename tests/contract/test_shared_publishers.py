@@ -23,7 +23,7 @@ def _address(kind: str, request, tmp_path) -> tuple[str, dict[str, str]]:
     if kind == "s3":
         bucket = request.getfixturevalue("s3_bucket")
         return f"s3://{bucket}/shared", s3_env(request.getfixturevalue("s3_endpoint"))
-    hub = request.getfixturevalue("hub")
+    request.getfixturevalue("hub")  # sets HF_ENDPOINT and HF_TOKEN for this test
     repo = f"team/shared-{uuid.uuid4().hex[:8]}"
     env = {name: os.environ[name] for name in ("HF_ENDPOINT", "HF_TOKEN")}
     return f"hf://{repo}", {**env, "HF_HUB_CACHE": str(tmp_path / "hf-actors")}
