@@ -13,13 +13,18 @@ no-op bake   `prebake bake --model tiny-llama` (the installed command: DoitMain 
              wall time of each process, and the bake's ratio to `prebake --version` (the
              interpreter and import floor).
 
-The Ray executor is not part of this tree yet, so no Ray fan-out figure is printed.
+ray fan-out a local Ray cluster (a head and one node advertising {"prebake-cpu": 24}, on
+             loopback): 24 tasks routed by that resource, each returning when it started;
+             the median of (task start - submit), per target. Also the no-op fleet bake,
+             `prebake bake --executor ray` with every key present (it submits nothing).
+             Skipped with --no-ray or when Ray is not installed.
 Ends with one JSON line holding the figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -103,9 +108,37 @@ def noop_figures(tmp: Path, repeat: int) -> dict[str, float]:
     return {"noop_bake_s": bake, "noop_plan_matrix_s": plan_cli, "cli_floor_s": floor}
 
 
+def ray_figures(tmp: Path, repeat: int) -> dict[str, float]:
+    from tests.support.ray_cluster import ray_cluster
+
+    home = tmp / "home"  # filled by noop_figures: every tiny-llama key of this host is present
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")}, "PREBAKE_HOME": str(home)}
+    env.update(PREBAKE_TRUSTED_KEYS="", PYTHONPATH=str(REPO))
+    with ray_cluster(env) as cluster:
+        cluster.add_node({"prebake-cpu": 24}, num_cpus=2)
+        script = (
+            "import json, statistics, time, ray\n"
+            f"ray.init(address={cluster.address!r}, logging_level='ERROR')\n"
+            "start = ray.remote(lambda: time.time())\n"
+            "ray.get(start.options(num_cpus=0, resources={'prebake-cpu': 1}).remote())  # warm a worker\n"
+            "sent = []; refs = []\n"
+            "for _ in range(24):\n"
+            "    sent.append(time.time()); refs.append(start.options(num_cpus=0, resources={'prebake-cpu': 1}).remote())\n"
+            "print(json.dumps(statistics.median(b - a for a, b in zip(sent, ray.get(refs)))))\n"
+        )
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+        if out.returncode != 0:
+            sys.exit(f"the Ray fan-out probe failed:\n{out.stderr[-3000:]}")
+        fan_out = float(out.stdout.strip().splitlines()[-1])
+        noop = [str(PREBAKE), "bake", "--model", "tiny-llama", "--executor", "ray", "--ray-address", cluster.address]
+        noop_s = timed(noop, env, repeat)
+    return {"ray_fanout_s_per_target": fan_out, "noop_ray_bake_s": noop_s}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5, help="timed rounds per figure; the median is reported")
+    parser.add_argument("--no-ray", action="store_true", help="skip the Ray cluster figures")
     args = parser.parse_args(argv)
     figures: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="prebake-fleet-") as tmp:
@@ -119,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"plan llama3-8b (24 targets x 3 kinds) against {size:>6} entries: {figures[f'plan_s_{size}'] * 1e3:7.1f} ms"
             )
         noop = noop_figures(Path(tmp), args.repeat)
+        if not args.no_ray and importlib.util.find_spec("ray") is not None:
+            figures.update(ray_figures(Path(tmp), args.repeat))
     figures.update(noop)
     figures["plan_ratio_10000_to_10"] = figures["plan_s_10000"] / figures["plan_s_10"]
     figures["noop_bake_to_cli_floor"] = noop["noop_bake_s"] / noop["cli_floor_s"]
@@ -128,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         f"({figures['noop_bake_to_cli_floor']:.2f}x `prebake --version`, {noop['cli_floor_s']:.2f} s)"
     )
     print(f"no-op `prebake plan --missing-only --format github-matrix`: {noop['noop_plan_matrix_s']:.2f} s")
+    if "ray_fanout_s_per_target" in figures:
+        print(f"Ray fan-out, submit to task start, median of 24: {figures['ray_fanout_s_per_target'] * 1e3:.1f} ms")
+        print(f"no-op `prebake bake --executor ray` (submits nothing): {figures['noop_ray_bake_s']:.2f} s")
     print(json.dumps({k: round(v, 4) for k, v in figures.items()}, sort_keys=True))
     return 0
 
