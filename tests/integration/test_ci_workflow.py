@@ -88,13 +88,13 @@ def test_the_workflow_plans_bakes_each_missing_target_and_verifies_against_s3(tm
             region_name="us-east-1",
             aws_access_key_id="testing",
             aws_secret_access_key="testing",
-        ).create_bucket(Bucket="ci")
+        ).create_bucket(Bucket="ci-bakes")
         base_env = {k: v for k, v in os.environ.items() if not k.startswith(("PREBAKE_", "AWS_"))}
         base_env.update({k: v for k, v in aws.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")})
         base_env.update(PATH=f"{BIN}:{base_env['PATH']}", PREBAKE_HOME=str(tmp_path / "home"))
         context = {
             "inputs.model": "ci-tiny",
-            "vars.PREBAKE_REGISTRY": "s3://ci/prebake",
+            "vars.PREBAKE_REGISTRY": "s3://ci-bakes/prebake",
             "vars.PREBAKE_PIP_SPEC": "prebake",
             "vars.PREBAKE_TRUSTED_KEYS": public,
             "secrets.AWS_ACCESS_KEY_ID": aws["AWS_ACCESS_KEY_ID"],
