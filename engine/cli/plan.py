@@ -13,11 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from artifacts.planning import FleetPlan, TargetPlan, custom_resource, plan_fleet
-from artifacts.recipes import load_recipe, targets
-from artifacts.store import Store
+from artifacts.planning import FleetPlan, TargetPlan, custom_resource
 from engine.cli.common import registry_option, table
-from engine.fleet.profiles import host_profile, load_profiles, render_toml
+from engine.fleet.plan import make_plan as plan_for
+from engine.fleet.profiles import host_profile, render_toml
 from engine.probe import current_host
 
 PLAN_SCHEMA = "prebake.plan/1"
@@ -52,19 +51,7 @@ def profiles_option(parser: argparse.ArgumentParser) -> None:
 
 def make_plan(args: argparse.Namespace) -> FleetPlan:
     """The plan of args.model (narrowed by args.precision / args.tp) against args.registry."""
-    from registry import open_registry
-
-    recipe = load_recipe(args.model)
-    address = Store().registry_address(args.registry)
-    registry = open_registry(address)
-    return plan_fleet(
-        recipe,
-        targets(recipe, dtype=args.precision, tp=args.tp),
-        here=current_host(),
-        profiles=load_profiles(args.profiles),
-        published=lambda kind, digest: registry.lookup(kind, digest) is not None,
-        registry=registry.url,
-    )
+    return plan_for(args.model, precision=args.precision, tp=args.tp, registry=args.registry, profiles=args.profiles)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

@@ -38,6 +38,7 @@ from artifacts.planning import MISSING, PRESENT, UNBUILDABLE, Requirement, Targe
 from artifacts.recipes import Recipe, load_recipe, targets
 from artifacts.store import Store
 from engine.cli.common import table
+from engine.fleet.plan import make_plan
 from engine.probe import probe
 
 BUILT, ALREADY, FAILED, NO_NODE, NOT_BUILDABLE = "built", "already present", "failed", "no matching node", "unbuildable"
@@ -166,9 +167,7 @@ def _ray_gpu_type(device_name: str) -> str | None:
 
 def bake_on_ray(args: argparse.Namespace) -> int:
     """`prebake bake --executor ray`: bake every missing target on a matching node; 1 if anything failed."""
-    from engine.cli.plan import make_plan
-
-    fleet = make_plan(args)
+    fleet = make_plan(args.model, precision=args.precision, tp=args.tp, registry=args.registry, profiles=args.profiles)
     rows: list[KindOutcome] = []
     todo: list[TargetPlan] = []
     for t in fleet.targets:
