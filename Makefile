@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	# torch first, pinned: on the project's machines this is the CPU build that lies on disk.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,ray]'
 	touch $(STAMP)
 
 ## demo: bake tiny-llama into the embedded registry, serve it from the bundle (one completion),

@@ -46,6 +46,7 @@ from artifacts.manifest import Manifest
 
 from .base import Published, copy_verified, settle
 from .errors import BlobDigestMismatch, RegistryError, RegistryReadOnly, RegistryUnavailable
+from .hf_maintain import HubMaintenance
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +57,8 @@ _COMMIT_ATTEMPTS = 5  # heads moved by other keys' publishes before we give up
 _LIST_READERS = 8  # index entries read in parallel by list()
 
 
-class HubRegistry:
-    """index/ + blobs/ inside a Hub repo, through huggingface_hub."""
+class HubRegistry(HubMaintenance):
+    """index/ + blobs/ inside a Hub repo, through huggingface_hub (maintainable: see hf_maintain)."""
 
     def __init__(self, address: str, *, cache_dir: Path | str | None = None):
         self.repo_type, self.repo_id, self.revision = _parse_address(address)

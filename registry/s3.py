@@ -44,6 +44,7 @@ from artifacts.manifest import BlobRef, Manifest
 
 from .base import Published, settle
 from .errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
+from .s3_maintain import S3Maintenance
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +95,8 @@ class S3Settings:
         return cls(**values)  # type: ignore[arg-type]
 
 
-class S3Registry:
-    """index/ + blobs/ under s3://bucket/prefix, through boto3."""
+class S3Registry(S3Maintenance):
+    """index/ + blobs/ under s3://bucket/prefix, through boto3 (maintainable: see s3_maintain)."""
 
     writable = True
 

@@ -16,9 +16,9 @@ import sys
 from collections.abc import Sequence
 
 from artifacts.errors import ExitCode, PrebakeError
-from engine.cli import buckets, bundles, serving, stats, store
+from engine.cli import bake, buckets, bundles, plan, serving, stats, store
 
-COMMAND_GROUPS = (bundles, serving, store, stats, buckets)
+COMMAND_GROUPS = (bundles, serving, store, stats, buckets, plan, bake)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -34,10 +34,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The whole `prebake` command line (docs/gen_reference.py walks it for docs/reference/cli.md)."""
     parser = argparse.ArgumentParser(prog="prebake", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"prebake {_version()}")
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
     for group in COMMAND_GROUPS:
         group.add(sub)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("prebake")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 if __name__ == "__main__":
