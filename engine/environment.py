@@ -57,8 +57,14 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         "PREBAKE_RECIPES",
         "read",
-        "recipes/ beside the packages",
-        "Folder of recipe TOML files that `--model NAME` is looked up in.",
+        "the shipped recipes",
+        "Folders of recipe TOML files (os.pathsep-separated) searched for `--model NAME` before the shipped recipes (recipes/ in a checkout, the prebake_recipes package in a wheel).",
+    ),
+    Variable(
+        "PREBAKE_PROFILES",
+        "read",
+        "none",
+        "Builder profiles file for `prebake plan` when --profiles is not given: the recorded host facts of each runner class (`prebake profile` prints one), so a planner keys targets of other platforms.",
     ),
     Variable(
         "PREBAKE_KEY_SALT",

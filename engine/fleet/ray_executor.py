@@ -33,11 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from artifacts.errors import HostCannotBuildError
-from artifacts.kinds import plan
+from artifacts.kinds import BUCKETS, plan
 from artifacts.planning import MISSING, PRESENT, UNBUILDABLE, Requirement, TargetPlan, matches
 from artifacts.recipes import Recipe, load_recipe, targets
 from artifacts.store import Store
 from engine.adapters import kinds_for
+from engine.adapters.bundled import BundledAdapter
 from engine.cli.common import table
 from engine.fleet.plan import make_plan
 from engine.probe import probe
@@ -285,10 +286,16 @@ def _recipe_text(model: str, recipe: Recipe) -> str:
     return path.read_text()
 
 
+def _kind_rank(kind: str) -> tuple[int, str]:
+    """Build order of the shipped kinds (buckets, autotune, graphs), then any other kind by name."""
+    order = (BUCKETS.name, *(k.name for k in BundledAdapter().kinds()))
+    return (order.index(kind), "") if kind in order else (len(order), kind)
+
+
 def render(rows: list[KindOutcome], *, submitted: int) -> str:
     body = [
         (r.target, r.kind, r.outcome, r.node or "-", r.reason[:160])
-        for r in sorted(rows, key=lambda r: r.target)  # stable: kinds stay in build order
+        for r in sorted(rows, key=lambda r: (r.target, _kind_rank(r.kind)))
     ]
     counts = {o: sum(1 for r in rows if r.outcome == o) for o in (BUILT, ALREADY, FAILED, NO_NODE, NOT_BUILDABLE)}
     summary = f"{submitted} Ray tasks submitted; " + ", ".join(f"{n} {o}" for o, n in counts.items() if n)

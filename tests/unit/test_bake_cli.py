@@ -29,12 +29,14 @@ def test_a_nothing_to_do_bake_runs_doit_and_succeeds(tmp_path, monkeypatch):
 
     from artifacts.kinds import plan
     from artifacts.recipes import load_recipe, targets
+    from engine.adapters import kinds_for
     from engine.probe import current_host
     from tests.support.fleet import write_entry
 
     monkeypatch.setenv("PREBAKE_HOME", str(tmp_path))
     recipe = load_recipe("tiny-llama")
-    for key in plan(recipe, targets(recipe, dtype="fp32")[0], current_host()).keys.values():
+    fp32 = targets(recipe, dtype="fp32")[0]
+    for key in plan(recipe, fp32, current_host(), kinds_for(recipe, fp32)).keys.values():
         write_entry(tmp_path / "registry", key)
     env = {**os.environ, "PREBAKE_HOME": str(tmp_path), "PREBAKE_TRUSTED_KEYS": ""}
     argv = [str(Path(sys.executable).parent / "prebake"), "bake", "--model", "tiny-llama"]

