@@ -47,6 +47,7 @@ from artifacts.keys import canonical_json, sha256_hex
 from artifacts.kinds import vllm_settings, weights_identity
 from artifacts.recipes import Recipe, Target
 from engine.adapters import EngineStartError
+from engine.adapters.vllm_portability import interpreter, resolve_site
 
 CACHE_DIR = "vllm-cache"
 REPORT_FILE = "vllm.json"
@@ -77,6 +78,7 @@ _PER_PROCESS = frozenset(
         "VLLM_RPC_BASE_PATH",
         "VLLM_LOGGING_LEVEL",
         "VLLM_CPU_KVCACHE_SPACE",
+        "VLLM_XLA_CACHE_PATH",
         "PT_HPU_RECIPE_CACHE_CONFIG",
     }
 )
@@ -407,9 +409,15 @@ def _build_graphs(request: BuildRequest) -> None:
         "variables": recorded_variables(env),
         "ready_s": round(seconds, 3),
         "report": asdict(report),
+        "site": baked_site(env, request.out / CACHE_DIR),
     }
     (request.out / REPORT_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))
     print(f"prebake: vLLM was ready in {seconds:.1f} s; {report.describe()}", flush=True)
+
+
+def baked_site(env: Mapping[str, str], cache_root: Path) -> dict:
+    """Where this bake ran (HOME, vLLM's packages, CUDA, the cache root): what serving compares with."""
+    return resolve_site(env, cache_root, interpreter(vllm_command(env))).to_json()
 
 
 def read_report(graphs_tree: Path) -> dict:

@@ -52,14 +52,18 @@ def compile_graphs(model, cache, recipe: Recipe, plan: dict[StepShape, Tactic], 
     import torch
 
     started = time.perf_counter()
-    if recipe.compile.variant == "aoti":
+    unsupported = aot.supported() if recipe.compile.variant == "aoti" else None
+    if recipe.compile.variant == "aoti" and unsupported is None:
         steps, seconds = aot.compile_shapes(model, cache, plan, out, mode=recipe.compile.mode, log=log)
         seconds = {s: seconds[s] + t for s, t in steps.warm_up(plan, log=log).items()}
     else:
+        if unsupported:
+            log(f"  aoti: {unsupported}; baking the Inductor cache alone (the engine warms up from it)")
         steps = CompiledSteps(model, cache, mode=recipe.compile.mode, expected_shapes=len(plan))
         seconds = steps.warm_up(plan, log=log)
     document = {
         "variant": recipe.compile.variant,
+        "precompiled": recipe.compile.variant == "aoti" and unsupported is None,
         "torch": torch.__version__,
         "total_compile_s": round(time.perf_counter() - started, 3),
         "shapes": [

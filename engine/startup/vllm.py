@@ -28,12 +28,13 @@ from artifacts.fetch import Miss
 from artifacts.kinds import KINDS, Plan
 from artifacts.recipes import load_recipe
 from artifacts.store import Installed, Store
-from engine.adapters import EngineStartError, gaudi
+from engine.adapters import EngineStartError, gaudi, vllm_portability
 from engine.adapters.vllm import (
     CACHE_DIR,
     REDIRECTS,
     REPORT_FILE,
     Launch,
+    baked_site,
     engine_flags,
     model_location,
     read_report,
@@ -118,6 +119,8 @@ def prepare(request: VllmStart, *, store: Store, registry, host, trust=None) -> 
         request.cache_root or store.home / "engines" / "vllm" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     )
     variables = vllm_environment(plan, resolution.installed.get("graphs"), cache_root)
+    portable = _portable(resolution.installed.get("graphs"), cache_root, variables)
+    variables |= portable.pins
     location = model_location(recipe, store.home / "models")
     argv = (
         *vllm_command(),
@@ -127,7 +130,7 @@ def prepare(request: VllmStart, *, store: Store, registry, host, trust=None) -> 
         *_listen_flags(request),
         *request.vllm_args,
     )
-    notes = _notes(request, resolution.installed.get("graphs"), variables, cache_root, plan)
+    notes = portable.notes + _notes(request, resolution.installed.get("graphs"), variables, cache_root, plan)
     return Prepared(plan, resolution.installed, resolution.misses, cache_root, variables, argv, location.cwd, notes)
 
 
@@ -150,6 +153,15 @@ def _resolve_time_boxed(plan: Plan, store: Store, registry, trust, seconds: floa
         return outcome["resolution"]
     reason = outcome.get("error", f"the registry did not answer within {seconds:g} s; starting without it")
     return Resolution(plan, {}, tuple(Miss(plan.key(kind), reason) for kind in KINDS))
+
+
+def _portable(graphs: Installed | None, cache_root: Path, variables: dict[str, str]) -> vllm_portability.Portability:
+    """The private cache root normalised for this host, and the factors that moved since the bake."""
+    if graphs is None:
+        return vllm_portability.Portability({}, ())
+    env = {**os.environ, **variables}
+    python = vllm_portability.interpreter(vllm_command(env))
+    return vllm_portability.prepare_root(read_report(graphs.tree), cache_root / CACHE_DIR, env, python)
 
 
 def _listen_flags(request: VllmStart) -> list[str]:
@@ -256,6 +268,7 @@ def write_back(prepared: Prepared, store: Store, registry, ready_s: float) -> li
             "ready_s": round(ready_s, 3),
             "variables": recorded_variables(prepared.variables | dict(os.environ)),
             "written_back": True,
+            "site": baked_site(dict(os.environ) | prepared.variables, prepared.cache_root / CACHE_DIR),
         }
         (request.out / REPORT_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))
 
