@@ -65,7 +65,7 @@ _DTYPE_FLAGS = {
     "fp8": ["bfloat16", "--quantization", "fp8"],
 }
 # Variables that would send compile products outside VLLM_CACHE_ROOT, and so outside the bundle.
-REDIRECTS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR")
+REDIRECTS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "DG_JIT_CACHE_DIR")
 # Variables that prebake sets per process; they name places, never graphs.
 _PER_PROCESS = frozenset(
     {

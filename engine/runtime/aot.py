@@ -22,8 +22,10 @@ This is the default variant of the bundled engine, with a fallback at both ends:
 - a precompiled function that does not load here (missing, another torch, a guard that no
   longer deserialises) is no start-up failure: `load_or_fallback` warms up through
   torch.compile from the Inductor cache of the same graphs tree, and returns the reason, which
-  the engine logs. The precompiled functions were built through Inductor with this cache as
-  TORCHINDUCTOR_CACHE_DIR, so Dynamo traces again but Inductor finds its graphs.
+  the engine logs. aot_compile's own Inductor and AOTAutograd entries are not the ones
+  torch.compile looks up (measured on torch 2.13: all misses), so the builder compiles every
+  shape through torch.compile first (engine.runtime.build.compile_graphs): the fallback then
+  traces with Dynamo and hits Inductor's caches, as the inductor-cache variant does.
 """
 
 from __future__ import annotations

@@ -54,8 +54,12 @@ def compile_graphs(model, cache, recipe: Recipe, plan: dict[StepShape, Tactic], 
     started = time.perf_counter()
     unsupported = aot.supported() if recipe.compile.variant == "aoti" else None
     if recipe.compile.variant == "aoti" and unsupported is None:
-        steps, seconds = aot.compile_shapes(model, cache, plan, out, mode=recipe.compile.mode, log=log)
-        seconds = {s: seconds[s] + t for s, t in steps.warm_up(plan, log=log).items()}
+        # torch.compile first: its FX-graph and AOTAutograd entries (which aot_compile's are not,
+        # in torch 2.13) are what a server falls back to when a precompiled function does not load.
+        fallback = CompiledSteps(model, cache, mode=recipe.compile.mode, expected_shapes=len(plan))
+        seconds = fallback.warm_up(plan, log=log)
+        steps, precompile = aot.compile_shapes(model, cache, plan, out, mode=recipe.compile.mode, log=log)
+        seconds = {s: seconds[s] + precompile[s] + t for s, t in steps.warm_up(plan, log=log).items()}
     else:
         if unsupported:
             log(f"  aoti: {unsupported}; baking the Inductor cache alone (the engine warms up from it)")
