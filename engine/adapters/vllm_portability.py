@@ -199,8 +199,8 @@ _PACKAGE_EFFECT = {
     "and vLLM recompiles its graphs (Inductor's FX-graph and AOTAutograd caches still hit); " + _SAME_IMAGE,
     "torch": "vLLM hashes the torch files Dynamo traced with their paths: its own torch_compile_cache misses "
     "(Inductor's caches still hit); " + _SAME_IMAGE,
-    "triton": "Triton's key holds its files' contents, not their paths: no effect on a hit, noted "
-    "because the kernels' launchers were built against the bake's copy",
+    "triton": "Triton's key holds its files' contents (and libdevice's), not their paths: no miss expected "
+    "from the move alone",
     "deep_gemm": _DEEP_GEMM_EFFECT,
 }
 
