@@ -43,6 +43,9 @@ HANDLES_FILE = "vllm_compile_cache.py"
 GROUP_PREFIX = "__grp__"
 # Locations vLLM hashed into its compile key before #47573; they never change a compiled graph.
 LOCATION_VARIABLES = ("VLLM_CONFIG_ROOT", "VLLM_XLA_CACHE_PATH")
+# Per-host values vLLM 0.32 still hashes (envs.compile_factors) that are not VLLM_* variables, which
+# the serve step compares anyway (engine.adapters.vllm.variable_drift).
+PER_HOST_VARIABLES = ("MOONCAKE_REQUESTER_LOCAL_HOSTNAME",)
 PROBE_TIMEOUT_S = 30.0
 # Run by the vLLM interpreter: where its packages are, without importing them.
 _PROBE = """
@@ -71,6 +74,7 @@ class Site:
     packages: dict[str, str | None] = field(default_factory=dict)  # package -> its folder
     cuda_home: str | None = None
     nvcc: str | None = None  # `nvcc --version`'s release line
+    per_host: dict[str, str | None] = field(default_factory=dict)  # PER_HOST_VARIABLES as set
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -130,6 +134,7 @@ def resolve_site(env: Mapping[str, str], cache_root: Path, python: str | None) -
         packages=probed.get("packages", {}),
         cuda_home=cuda_home,
         nvcc=_nvcc_release(cuda_home) if cuda_home else None,
+        per_host={name: env.get(name) for name in PER_HOST_VARIABLES},
     )
 
 
@@ -186,6 +191,13 @@ def moved(baked: Site, here: Site, env: Mapping[str, str]) -> list[Moved]:
         found.append(Moved("CUDA_HOME", here.cuda_home, baked.cuda_home, _DEEP_GEMM_EFFECT))
     if baked.packages.get("deep_gemm") and baked.nvcc and here.nvcc and baked.nvcc != here.nvcc:
         found.append(Moved("nvcc", here.nvcc, baked.nvcc, _DEEP_GEMM_EFFECT))
+    for name in PER_HOST_VARIABLES:
+        there, local = baked.per_host.get(name), here.per_host.get(name)
+        if name in baked.per_host and there != local:
+            effect = (
+                "vLLM hashes this per-host value into its compile key: its compile cache misses; unset it where unused"
+            )
+            found.append(Moved(name, local or "(unset)", there or "(unset)", effect))
     return found
 
 

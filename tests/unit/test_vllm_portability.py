@@ -182,3 +182,13 @@ def test_the_vllm_interpreter_is_found_in_the_command():
     assert interpreter(["/v/bin/python", "-m", "vllm.entrypoints.openai.api_server"]) == "/v/bin/python"
     assert interpreter(["/v/bin/python3.12", "-X", "dev"]) == "/v/bin/python3.12"
     assert interpreter(["vllm", "serve"]) is None
+
+
+def test_a_per_host_value_vllm_hashes_is_named():
+    baked = _site(per_host={"MOONCAKE_REQUESTER_LOCAL_HOSTNAME": "node-a"})
+    here = _site(per_host={"MOONCAKE_REQUESTER_LOCAL_HOSTNAME": "node-b"})
+
+    (found,) = moved(baked, here, {})
+
+    assert found.describe().startswith("MOONCAKE_REQUESTER_LOCAL_HOSTNAME: node-b here, node-a at bake")
+    assert moved(_site(), here, {}) == []  # a bake that did not record it: nothing to compare
