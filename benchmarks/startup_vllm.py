@@ -80,7 +80,7 @@ def through_prebake(env: dict[str, str], registry: str, run: Path, python: Path 
 def vllm_itself(env: dict[str, str], root: Path, models: Path, run: Path) -> dict:
     """One vLLM start without prebake on the cache root `root`, with the flags and variables prebake gives it."""
     recipe = load_recipe(MODEL)
-    plan = pick_plan(recipe, current_host(), dtype=PRECISION)
+    plan = pick_plan(recipe, current_host(), dtype=PRECISION, tp=None)
     location = model_location(recipe, models)
     port = free_port()
     argv = (*vllm_command(), "--model", location.name, *engine_flags(recipe, plan.target))
