@@ -91,6 +91,7 @@ def vllm_itself(env: dict[str, str], root: Path, models: Path, run: Path) -> dic
 
 
 def _timed(launch: Launch, port: int) -> dict:
+    print(f"  starting {launch.log.parent.name} ...", flush=True)
     running = start(launch)
     try:
         seconds = wait_ready(running, f"http://127.0.0.1:{port}", timeout_s=1800)
@@ -98,6 +99,7 @@ def _timed(launch: Launch, port: int) -> dict:
         stop(running)
     text = running.log.read_text(errors="replace")
     report = compile_report(text)
+    print(f"    ready in {seconds:.1f} s: {report.describe()}", flush=True)
     return {
         "ready_s": round(seconds, 2),
         "warm": report.warm,
