@@ -166,6 +166,9 @@ def _relocated_env(base: dict[str, str], work: Path) -> tuple[dict[str, str], Pa
     env = {k: v for k, v in base.items() if not k.startswith("XDG_")}
     env |= {"HOME": str(home), "PREBAKE_HOME": str(work / "elsewhere" / "prebake-home")}
     env["PATH"] = f"{python.parent}:{env.get('PATH', '')}"
+    # save this home's model folder, untimed, as the other homes' are (a miss on the empty registry: exit 3)
+    fetch = [str(python), "-m", "engine.cli", "fetch", "--engine", "vllm", "--model", MODEL]
+    subprocess.run([*fetch, "--registry", str(work / "empty-registry")], env=env, cwd=REPO, capture_output=True)
     return env, python
 
 
