@@ -16,6 +16,9 @@ those keys and artifacts depend on where things are installed, not on what is co
     Triton group files                      triton_cache/<key>/__grp__*.json    children "missing": every kernel
       (child_paths: absolute)                 (triton runtime/cache.py)          compiles again (or, worse, is read
                                                                                   from the bake's folder if it exists)
+    Inductor C++ kernels (CPU)              inductor_cache/, keyed on the        the kernels compile again (FX-
+      (-I<site-packages>/torch/include in     compile command (CppCodeCache)      graph and AOTAutograd still hit)
+      the compile command)
     DeepGEMM kernel keys                    DG_JIT_CACHE_DIR, key name$$nvcc     every kernel JITs again
       (-I<site-packages>/deep_gemm/include,   version$$flags$$code (csrc/jit/
       -I$CUDA_HOME/include, nvcc version)     compiler.hpp; vllm #48190)
@@ -209,8 +212,9 @@ _DEEP_GEMM_EFFECT = (
 _PACKAGE_EFFECT = {
     "vllm": "vLLM hashes every source file it traced with its path: its own torch_compile_cache misses "
     "and vLLM recompiles its graphs (Inductor's FX-graph and AOTAutograd caches still hit); " + _SAME_IMAGE,
-    "torch": "vLLM hashes the torch files Dynamo traced with their paths: its own torch_compile_cache misses "
-    "(Inductor's caches still hit); " + _SAME_IMAGE,
+    "torch": "vLLM hashes the torch files Dynamo traced with their paths (its own torch_compile_cache misses), "
+    "and Inductor keys each C++ kernel on its compile command, which holds torch's include folder: the "
+    "FX-graph and AOTAutograd caches hit but the C++ kernels compile again; " + _SAME_IMAGE,
     "triton": "Triton's key holds its files' contents (and libdevice's), not their paths: no miss expected "
     "from the move alone",
     "deep_gemm": _DEEP_GEMM_EFFECT,
