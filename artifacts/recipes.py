@@ -101,10 +101,16 @@ def _normal(value: Any) -> Any:
     return value
 
 
+# The graphs variant a recipe gets when its [compile] table names none, per engine: the bundled
+# engine loads precompiled functions ("aoti", which also carries the Inductor cache it falls back
+# to); vLLM compiles through its own cache, which only "inductor-cache" describes.
+DEFAULT_VARIANT = {"prebake": "aoti", "vllm": "inductor-cache"}
+
+
 class CompileOptions(_Frozen):
     mode: Literal["default", "max-autotune-no-cudagraphs"] = "default"
     freezing: bool = Field(default=False, description="fold weights into graphs: the weights join the key")
-    variant: Literal["inductor-cache", "aoti"] = "inductor-cache"
+    variant: Literal["inductor-cache", "aoti"] = "aoti"
 
 
 class AutotuneSpec(_Frozen):
@@ -140,6 +146,17 @@ class Recipe(_Frozen):
     compile: CompileOptions = CompileOptions()
     autotune: AutotuneSpec = AutotuneSpec()
     matrix: Matrix
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_default_variant(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+            return data
+        compile_table = data.get("compile", {})
+        if isinstance(compile_table, dict) and "variant" not in compile_table:
+            engine = data["model"].get("engine", "prebake")
+            data = {**data, "compile": {**compile_table, "variant": DEFAULT_VARIANT.get(engine, "aoti")}}
+        return data
 
     @model_validator(mode="after")
     def _tp_divides_heads(self) -> Recipe:

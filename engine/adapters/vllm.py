@@ -46,6 +46,7 @@ from artifacts.keys import canonical_json, sha256_hex
 from artifacts.kinds import weights_identity
 from artifacts.recipes import Recipe, Target, parse_platform
 from engine.adapters.base import EngineStartError
+from engine.adapters.vllm_portability import interpreter, resolve_site
 
 CACHE_DIR = "vllm-cache"
 REPORT_FILE = "vllm.json"
@@ -63,7 +64,7 @@ _DTYPE_FLAGS = {
     "fp8": ["bfloat16", "--quantization", "fp8"],
 }
 # Variables that would send compile products outside VLLM_CACHE_ROOT, and so outside the bundle.
-REDIRECTS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR")
+REDIRECTS = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR", "DG_JIT_CACHE_DIR")
 # Variables that prebake sets per process; they name places, never graphs.
 _PER_PROCESS = frozenset(
     {
@@ -76,6 +77,7 @@ _PER_PROCESS = frozenset(
         "VLLM_RPC_BASE_PATH",
         "VLLM_LOGGING_LEVEL",
         "VLLM_CPU_KVCACHE_SPACE",
+        "VLLM_XLA_CACHE_PATH",
         "PT_HPU_RECIPE_CACHE_CONFIG",
     }
 )
@@ -355,6 +357,11 @@ def compile_report(log_text: str) -> CompileReport:
         return tuple(line.strip() for line in lines if any(n in line for n in needles))
 
     return CompileReport(having(_LOADED), having(_COMPILED), having(_LOAD_FAILED))
+
+
+def baked_site(env: Mapping[str, str], cache_root: Path) -> dict:
+    """Where this bake ran (HOME, vLLM's packages, CUDA, the cache root): what serving compares with."""
+    return resolve_site(env, cache_root, interpreter(vllm_command(env))).to_json()
 
 
 def read_report(graphs_tree: Path) -> dict:

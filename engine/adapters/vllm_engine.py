@@ -35,6 +35,7 @@ from engine.adapters.vllm import (
     CACHE_DIR,
     REPORT_FILE,
     Launch,
+    baked_site,
     build_environment,
     compile_report,
     engine_flags,
@@ -133,6 +134,7 @@ class VllmAdapter:
             "variables": recorded_variables(env),
             "ready_s": round(seconds, 3),
             "report": asdict(report),
+            "site": baked_site(env, request.out / CACHE_DIR),
         }
         (request.out / REPORT_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))
         print(f"prebake: vLLM was ready in {seconds:.1f} s; {report.describe()}", flush=True)

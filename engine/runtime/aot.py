@@ -14,6 +14,18 @@ runs instead of tracing.
 Weights are not embedded: the model is passed as external data when a function is saved and
 the serving model is bound in its place when loaded, and parameters are graph inputs. The
 KV cache is an argument like any other, written in place by the compiled graph.
+
+This is the default variant of the bundled engine, with a fallback at both ends:
+
+- a torch without Dynamo's precompile (`supported()` says why) bakes the Inductor cache alone,
+  and graphs.json records that nothing was precompiled;
+- a precompiled function that does not load here (missing, another torch, a guard that no
+  longer deserialises) is no start-up failure: `load_or_fallback` warms up through
+  torch.compile from the Inductor cache of the same graphs tree, and returns the reason, which
+  the engine logs. aot_compile's own Inductor and AOTAutograd entries are not the ones
+  torch.compile looks up (measured on torch 2.13: all misses), so the builder compiles every
+  shape through torch.compile first (engine.runtime.build.compile_graphs): the fallback then
+  traces with Dynamo and hits Inductor's caches, as the inductor-cache variant does.
 """
 
 from __future__ import annotations
@@ -61,6 +73,16 @@ class AotSteps(CompiledSteps):
             ) from None
 
 
+def supported() -> str | None:
+    """None when this torch can precompile and load Dynamo functions; else why not."""
+    compiled = torch.compile(lambda x: x)
+    if not hasattr(compiled, "aot_compile"):
+        return f"torch {torch.__version__} has no torch.compile(...).aot_compile"
+    if not hasattr(torch.compiler, "load_compiled_function"):
+        return f"torch {torch.__version__} has no torch.compiler.load_compiled_function"
+    return None
+
+
 def compile_shapes(
     model: Llama, cache: KVCache, plan: dict[StepShape, Tactic], out: Path, *, mode: str = "default", log=print
 ) -> tuple[AotSteps, dict[StepShape, float]]:
@@ -83,6 +105,18 @@ def compile_shapes(
         seconds[shape] = time.perf_counter() - started
         log(f"  precompile {shape.name} [{tactic.label()}] {seconds[shape]:.2f} s")
     return AotSteps(model, cache, functions), seconds
+
+
+def load_or_fallback(
+    model: Llama, cache: KVCache, shapes: list[StepShape], tree: Path, *, mode: str = "default"
+) -> tuple[CompiledSteps, str | None]:
+    """The precompiled steps of a graphs tree; when they do not load, torch.compile'd steps over the
+    tree's Inductor cache (TORCHINDUCTOR_CACHE_DIR already points there) and the reason."""
+    try:
+        return load_shapes(model, cache, shapes, tree), None
+    except Exception as exc:  # any load failure: the same tree's Inductor cache still serves
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return CompiledSteps(model, cache, mode=mode, expected_shapes=len(shapes)), reason
 
 
 def load_shapes(model: Llama, cache: KVCache, shapes: list[StepShape], tree: Path) -> AotSteps:

@@ -53,14 +53,22 @@ def compile_graphs(model, cache, recipe: Recipe, plan: dict[StepShape, Tactic], 
     import torch
 
     started = time.perf_counter()
-    if recipe.compile.variant == "aoti":
-        steps, seconds = aot.compile_shapes(model, cache, plan, out, mode=recipe.compile.mode, log=log)
-        seconds = {s: seconds[s] + t for s, t in steps.warm_up(plan, log=log).items()}
+    unsupported = aot.supported() if recipe.compile.variant == "aoti" else None
+    if recipe.compile.variant == "aoti" and unsupported is None:
+        # torch.compile first: its FX-graph and AOTAutograd entries (which aot_compile's are not,
+        # in torch 2.13) are what a server falls back to when a precompiled function does not load.
+        fallback = CompiledSteps(model, cache, mode=recipe.compile.mode, expected_shapes=len(plan))
+        seconds = fallback.warm_up(plan, log=log)
+        steps, precompile = aot.compile_shapes(model, cache, plan, out, mode=recipe.compile.mode, log=log)
+        seconds = {s: seconds[s] + precompile[s] + t for s, t in steps.warm_up(plan, log=log).items()}
     else:
+        if unsupported:
+            log(f"  aoti: {unsupported}; baking the Inductor cache alone (the engine warms up from it)")
         steps = CompiledSteps(model, cache, mode=recipe.compile.mode, expected_shapes=len(plan))
         seconds = steps.warm_up(plan, log=log)
     document = {
         "variant": recipe.compile.variant,
+        "precompiled": recipe.compile.variant == "aoti" and unsupported is None,
         "torch": torch.__version__,
         "total_compile_s": round(time.perf_counter() - started, 3),
         "shapes": [

@@ -307,27 +307,31 @@ def _warm(
 
 
 def _load_steps(settings, recipe: Recipe, model, cache, schedule, graphs_tree: Path | None, log: StepLog):
-    """Warm steps from the installed graphs (or eager ones); (None, why) when the bundle does not load."""
+    """Warm steps from the installed graphs (or eager ones), and what the warm-up step reports.
+
+    aoti: the precompiled functions, or (when they do not load here) torch.compile over the same
+    tree's Inductor cache, with the reason logged (engine.runtime.aot.load_or_fallback)."""
     from engine.runtime.steps import CompiledSteps
 
+    precompiled = False
     if settings.eager:
         steps = CompiledSteps(model, cache, compile=False)
     elif recipe.compile.variant == "aoti":
         from engine.runtime import aot
 
-        try:
-            steps = aot.load_shapes(model, cache, list(schedule), graphs_tree)
-        except Exception as exc:  # verified bytes that still do not load here: compile instead of crashing
-            log.note(f"miss: graphs bundle does not load on this host: {type(exc).__name__}: {exc}")
-            log.metrics.add("prebake_bundle_misses_total", kind="graphs")
-            return None, "the installed graphs did not load; compiling in place"
+        steps, fallback = aot.load_or_fallback(model, cache, list(schedule), graphs_tree, mode=recipe.compile.mode)
+        precompiled = fallback is None
+        if fallback is not None:  # verified bytes that do not load here: the same bundle's Inductor cache serves
+            log.note(
+                f"aoti: precompiled functions do not load here ({fallback}); warming up from the bundle's Inductor cache"
+            )
     else:
         steps = CompiledSteps(model, cache, mode=recipe.compile.mode, expected_shapes=len(schedule))
     steps.warm_up(schedule, log=log.note)
     detail = f"{len(schedule)} step shapes " + (
         "eager" if settings.eager else f"from the bundle ({recipe.compile.variant})"
     )
-    if not settings.eager and recipe.compile.variant != "aoti":
+    if not settings.eager and not precompiled:
         from torch._dynamo.utils import counters
 
         hits, missed = counters["aot_autograd"]["autograd_cache_hit"], counters["aot_autograd"]["autograd_cache_miss"]

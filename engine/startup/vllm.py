@@ -28,13 +28,14 @@ from artifacts.kinds import BuildRequest, Plan
 from artifacts.recipes import load_recipe
 from artifacts.stats import record_fallback
 from artifacts.store import Installed
-from engine.adapters import gaudi
+from engine.adapters import gaudi, vllm_portability
 from engine.adapters.base import EngineStartError
 from engine.adapters.vllm import (
     CACHE_DIR,
     REDIRECTS,
     REPORT_FILE,
     Launch,
+    baked_site,
     engine_flags,
     model_location,
     read_report,
@@ -118,6 +119,8 @@ def prepare(request: VllmStart, context: Context) -> Prepared:
     home = context.store.home
     cache_root = request.cache_root or home / "engines" / "vllm" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     variables = adapter.serve_environment(plan, resolution.installed, cache_root)
+    portable = _portable(resolution.installed.get("graphs"), cache_root, variables)
+    variables |= portable.pins
     location = model_location(recipe, home / "models")
     argv = (
         *vllm_command(),
@@ -127,8 +130,17 @@ def prepare(request: VllmStart, context: Context) -> Prepared:
         *_listen_flags(request),
         *request.vllm_args,
     )
-    notes = _notes(request, resolution.installed.get("graphs"), variables, cache_root, plan)
+    notes = portable.notes + _notes(request, resolution.installed.get("graphs"), variables, cache_root, plan)
     return Prepared(plan, resolution.installed, resolution.misses, cache_root, variables, argv, location.cwd, notes)
+
+
+def _portable(graphs: Installed | None, cache_root: Path, variables: dict[str, str]) -> vllm_portability.Portability:
+    """The private cache root normalised for this host, and the factors that moved since the bake."""
+    if graphs is None:
+        return vllm_portability.Portability({}, ())
+    env = {**os.environ, **variables}
+    python = vllm_portability.interpreter(vllm_command(env))
+    return vllm_portability.prepare_root(read_report(graphs.tree), cache_root / CACHE_DIR, env, python)
 
 
 def _listen_flags(request: VllmStart) -> list[str]:
@@ -228,6 +240,7 @@ def write_back(prepared: Prepared, context: Context, ready_s: float) -> list[str
             "ready_s": round(ready_s, 3),
             "variables": recorded_variables(prepared.variables | dict(os.environ)),
             "written_back": True,
+            "site": baked_site(dict(os.environ) | prepared.variables, prepared.cache_root / CACHE_DIR),
         }
         (request.out / REPORT_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))
 

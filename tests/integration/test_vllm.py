@@ -2,8 +2,9 @@
 
 Opt-in: marked `vllm` and skipped where vllm is not importable. `make vllm-check` builds the
 separate environment this needs (.venv-vllm) and runs it. Each vLLM start takes one to three
-minutes on two shared cores, and this module starts vLLM three times: the bake, a cold start
-(a registry with nothing in it) and a prebaked start.
+minutes on two shared cores, and this module starts vLLM four times: the bake, a cold start
+(a registry with nothing in it), a prebaked start, and a prebaked start from another install of
+vLLM (this venv copied to another path) under another HOME and another PREBAKE_HOME.
 """
 
 import importlib.util
@@ -16,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from engine.adapters.vllm import Launch, compile_report, free_port, start, stop, wait_ready
-from tests.support.baking import BIN, Home
+from tests.support.baking import BIN, REPO, Home
+from tests.support.relocation import relocated_venv
 
 pytestmark = [
     pytest.mark.vllm,
@@ -110,3 +112,32 @@ def test_prebaked_start_loads_compiled_graphs_and_generates_what_a_cold_start_do
     assert warm.warm, f"{warm.describe()}; log: {os.linesep.join(warm_log.splitlines()[-40:])}"
     assert warm_tokens == cold_tokens and len(set(cold_tokens)) > 1
     assert warm_s < cold_s
+
+
+def test_a_bundle_baked_in_one_venv_and_home_serves_from_another_with_inductor_cache_hits(baked, tmp_path):
+    # Serve with vLLM installed at another path (this venv, copied), another HOME, another PREBAKE_HOME.
+    python = relocated_venv(Path(sys.prefix), tmp_path / "elsewhere" / "venv")
+    home = tmp_path / "elsewhere" / "home"
+    home.mkdir(parents=True)
+    env = {k: v for k, v in baked.env.items() if not k.startswith("XDG_")}
+    env |= {"HOME": str(home), "PREBAKE_HOME": str(tmp_path / "elsewhere" / "prebake-home")}
+    port, run = free_port(), tmp_path / "run"
+    argv = (str(python), "-m", "engine.cli", "serve", "--engine", "vllm", "--model", MODEL, "--precision", "bf16")
+    argv += ("--registry", str(baked.root / "home" / "registry"), "--port", str(port), "--cache-root", str(run))
+    running = start(Launch(argv, env, REPO, tmp_path / "vllm.log"))
+    try:
+        wait_ready(running, f"http://127.0.0.1:{port}", timeout_s=900)
+        tokens = generate(port)
+    finally:
+        stop(running)
+    log = running.log.read_text(errors="replace")
+    report = compile_report(log)
+    print(f"\nrelocated prebaked start: {report.describe()}", file=sys.stderr)
+
+    # prebake saw vLLM at the new path and said, before vLLM started, what that costs
+    assert f"prebake: moved since the bake: vllm package: {tmp_path / 'elsewhere' / 'venv'}" in log, log[-3000:]
+    # vLLM's own graph cache keys on traced source paths, but Inductor's and AOTAutograd's do not: all hits
+    hits = " ".join(report.loaded)
+    assert "fx graph cache hit" in hits and "AOTAutograd cache hit" in hits, report.describe()
+    assert not [line for line in report.compiled if "cache miss" in line], report.compiled
+    assert len(tokens) == 12

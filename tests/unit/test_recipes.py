@@ -101,3 +101,10 @@ def test_architecture_digest_ignores_checkpoint_noise():
     assert noisy.architecture_digest() == tiny.model.architecture_digest()
     wider = tiny.model.model_copy(update={"config": {**tiny.model.config, "intermediate_size": 1024}})
     assert wider.architecture_digest() != tiny.model.architecture_digest()
+
+
+def test_aoti_is_the_bundled_engines_default_variant_and_vllm_keeps_its_own_cache():
+    assert load_recipe("tiny-llama").compile.variant == "aoti"
+    assert load_recipe("tiny-llama-vllm").compile.variant == "inductor-cache"
+    text = (Path(__file__).resolve().parents[2] / "recipes" / "tiny-llama-vllm.toml").read_text()
+    assert "variant" not in text  # the vLLM default comes from the engine, not from the file
