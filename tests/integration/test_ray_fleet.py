@@ -113,9 +113,10 @@ def test_bakes_route_to_the_node_advertising_the_platform_and_a_mismatched_node_
     registry = tmp_path / "registry"
     seed = (
         "import sys; from engine.probe import probe; from artifacts.kinds import plan; "
+        "from engine.adapters import kinds_for; "
         "from artifacts.recipes import load_recipe, targets; from tests.support.fleet import write_entry; "
         "r = load_recipe('fleet-gaudi'); t = [t for t in targets(r) if t.platform == 'gaudi3'][0]; "
-        "[write_entry(__import__('pathlib').Path(sys.argv[1]), k) for k in plan(r, t, probe()).keys.values()]"
+        "[write_entry(__import__('pathlib').Path(sys.argv[1]), k) for k in plan(r, t, probe(), kinds_for(r, t)).keys.values()]"
     )
     fake = {**env, "PATH": f"{FAKE_HABANA / 'bin'}:{env['PATH']}", "PYTHONPATH": f"{REPO}:{FAKE_HABANA}"}
     subprocess.run([sys.executable, "-c", seed, str(registry)], env=fake, cwd=REPO, check=True, timeout=120)
