@@ -223,7 +223,7 @@ class HubRegistry:
                     cache_dir=self._cache_dir,
                     local_files_only=local_only,
                     force_download=force,
-                    tqdm_class=None if sys.stderr.isatty() else _silent_tqdm(),
+                    tqdm_class=_terminal_tqdm(),
                 )
             except GatedRepoError:
                 raise  # access refused, not absent: _faults says what to do
@@ -355,13 +355,13 @@ def _parse_address(address: str) -> tuple[str, str, str]:
 
 
 @functools.cache
-def _silent_tqdm():
-    """A progress bar class that never draws: huggingface_hub's bars are noise in logs."""
+def _terminal_tqdm():
+    """huggingface_hub's tqdm bars, drawn only on a terminal (as the S3 backend's): in logs they are noise."""
     from huggingface_hub.utils import tqdm
 
-    class _Silent(tqdm):
+    class _TerminalOnly(tqdm):
         def __init__(self, *args, **kwargs):
-            kwargs["disable"] = True
+            kwargs["disable"] = kwargs.get("disable") or not sys.stderr.isatty()
             super().__init__(*args, **kwargs)
 
-    return _Silent
+    return _TerminalOnly

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from artifacts.errors import PrebakeError
+from engine import logs
 from engine.cli import bundles, serving, store
 from engine.cli.common import EXIT_INVALID
 
@@ -25,8 +26,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
+        logs.configure()
         return args.run(args)
-    except PrebakeError as exc:
+    except (PrebakeError, logs.LogSettingError) as exc:
         print(f"prebake: error: {exc}", file=sys.stderr)
         return EXIT_INVALID
 

@@ -181,7 +181,7 @@ def test_models_health_metrics_and_refusals(warm):
     warm.complete(prompt=[1], max_tokens=1)
     assert metric(warm.get("/metrics")[1], "prebake_request_latency_seconds_count") == requests_before + 1
 
-    assert warm.post("/v1/completions", {"prompt": [1], "stream": True})[0] == 400
+    assert warm.post("/v1/completions", {"prompt": [1], "echo": True})[0] == 400
     assert warm.post("/v1/completions", {"prompt": [1], "model": "gpt-4"})[0] == 404
     assert warm.post("/v1/completions", b"{not json")[0] == 400
     assert warm.get("/v2/nothing")[0] == 404
