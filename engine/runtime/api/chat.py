@@ -11,6 +11,7 @@ bos_token and eos_token; the rendered text is tokenized without adding special t
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,8 +40,7 @@ class ChatTemplate:
 
     def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         try:
-            template = _environment().from_string(self.source)
-            return template.render(
+            return _compiled(self.source).render(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
@@ -87,16 +87,14 @@ def _tojson(value, indent=None, ensure_ascii=False, sort_keys=False):
     return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
 
 
-_ENV: ImmutableSandboxedEnvironment | None = None
+@functools.lru_cache(maxsize=8)
+def _compiled(source: str) -> jinja2.Template:
+    return _environment().from_string(source)
 
 
+@functools.cache
 def _environment() -> ImmutableSandboxedEnvironment:
-    global _ENV
-    if _ENV is None:
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-        )
-        env.globals["raise_exception"] = _raise_exception
-        env.filters["tojson"] = _tojson
-        _ENV = env
-    return _ENV
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.globals["raise_exception"] = _raise_exception
+    env.filters["tojson"] = _tojson
+    return env

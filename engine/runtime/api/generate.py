@@ -27,6 +27,8 @@ from engine.runtime.api.text import TextStream
 from engine.runtime.metrics import Metrics
 from engine.runtime.tokenizer import Tokenizer
 
+MAX_CHOICES = 64  # prompts x n in one request: more is a 400, not a queue that starves everyone else
+
 if TYPE_CHECKING:  # torch: the server answers probes while it loads, so the scheduler comes later
     from engine.runtime.scheduler import Request, Scheduler
 
@@ -95,6 +97,11 @@ class Generation:
         self.completion_tokens = 0
         self._started = time.perf_counter()
         self._first = True
+        if len(prompts) * params.n > MAX_CHOICES:
+            raise ValueError(
+                f"{len(prompts)} prompts x n = {params.n} asks for {len(prompts) * params.n} choices, more than "
+                f"{MAX_CHOICES} in one request; split the prompts over several requests"
+            )
         requests = [
             _request(p, params, i, eos, scheduler.limits.max_model_len) for p in prompts for i in range(params.n)
         ]
