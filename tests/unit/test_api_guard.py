@@ -86,3 +86,13 @@ def test_a_body_that_dribbles_past_the_time_limit_is_408():
     scope = {"type": "http", "path": "/v1/completions", "method": "POST", "headers": []}
     _run(Guard(app, GuardSettings(body_timeout_s=0.5))(scope, receive, send))
     assert sent[0]["status"] == 408
+
+
+def test_a_body_sent_as_curl_d_sends_it_is_read_as_json():
+    async def go():
+        async with _client() as c:
+            form = {"Content-Type": "application/x-www-form-urlencoded"}
+            return await c.post("/v1/completions", content=b'{"prompt": "x", "tempurature": 1}', headers=form)
+
+    response = _run(go())
+    assert response.status_code == 400 and "tempurature: unknown field" in response.json()["error"]["message"]

@@ -3,7 +3,8 @@
     API key     with a key set, every route but the probes (/health, /health/live) needs
                 `Authorization: Bearer <key>`; compared in constant time (hmac.compare_digest)
     body        at most `max_body_bytes` (413 past it, by Content-Length or by counting),
-                read within `body_timeout_s` (408 for a client that dribbles), and UTF-8 (400)
+                read within `body_timeout_s` (408 for a client that dribbles), and UTF-8 (400);
+                read as JSON when it comes unlabelled or labelled a form (`curl -d` does that)
 
 The body is read here in full and replayed to the route, so a slow or oversized upload never
 ties up anything but its own connection. Later receive() calls (the disconnect a streaming
@@ -56,7 +57,7 @@ class Guard:
             return
         if body is None:  # the client went away while sending
             return
-        await self.app(scope, _replay(body, receive), send)
+        await self.app(_as_json(scope), _replay(body, receive), send)
 
     def _authorized(self, scope: Scope) -> bool:
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
@@ -91,6 +92,20 @@ class Guard:
                     400, f"the request body is not UTF-8 (byte {exc.start}: {exc.reason}); send JSON encoded as UTF-8"
                 )
         return bytes(body), None
+
+
+_FORM = b"application/x-www-form-urlencoded"
+
+
+def _as_json(scope: Scope) -> Scope:
+    """Every body this API takes is JSON: one sent unlabelled, or labelled a form as `curl -d` does, is read as JSON."""
+    if scope["method"] != "POST":
+        return scope
+    kind = next((v for k, v in scope["headers"] if k == b"content-type"), None)
+    if kind is not None and not kind.startswith(_FORM):
+        return scope
+    headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"] + [(b"content-type", b"application/json")]
+    return {**scope, "headers": headers}
 
 
 def _too_large(cap: int):
