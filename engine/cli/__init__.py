@@ -14,10 +14,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from artifacts.errors import PrebakeError
+from artifacts.errors import ExitCode, PrebakeError
 from engine import logs
 from engine.cli import bundles, serving, store
-from engine.cli.common import EXIT_INVALID
 
 COMMAND_GROUPS = (bundles, serving, store)
 
@@ -30,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.run(args)
     except (PrebakeError, logs.LogSettingError) as exc:
         print(f"prebake: error: {exc}", file=sys.stderr)
-        return EXIT_INVALID
+        return ExitCode.INVALID
 
 
 def _parser() -> argparse.ArgumentParser:

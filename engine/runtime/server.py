@@ -24,7 +24,7 @@ from pathlib import Path
 import uvicorn
 from pydantic import BaseModel, ConfigDict, Field
 
-from artifacts.errors import PrebakeError
+from artifacts.errors import ExitCode, PrebakeError
 from engine.runtime.api.app import create_app
 from engine.runtime.api.chat import ChatTemplateError, chat_template_for
 from engine.runtime.api.guard import GuardSettings
@@ -33,7 +33,6 @@ from engine.runtime.metrics import Metrics
 from engine.runtime.tokenizer import TokenizerError, tokenizer_for
 from engine.startup.bundled import Engine, MissRefused, StartupSettings, start
 
-EXIT_MISS = 3  # as `prebake fetch`: bundles missed and the engine was told not to compile
 API_KEY_VARIABLE = "PREBAKE_API_KEY"
 
 
@@ -88,7 +87,7 @@ def serve(settings: ServeSettings, emit: Callable[[str], None]) -> int:
         return 0
     except MissRefused as exc:
         emit(f"prebake serve: {exc}")
-        return EXIT_MISS
+        return ExitCode.MISS
     except SystemExit as exc:
         emit("prebake serve: stopping")
         return int(exc.code or 0)
