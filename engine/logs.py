@@ -19,7 +19,9 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import TextIO
 
 LEVEL_VARIABLE, FORMAT_VARIABLE = "PREBAKE_LOG_LEVEL", "PREBAKE_LOG_FORMAT"
 _HANDLER_NAME = "prebake"
@@ -54,14 +56,14 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
-def configure(environ: dict[str, str] | None = None, stream=None) -> logging.Handler:
+def configure(environ: Mapping[str, str] | None = None, stream: TextIO | None = None) -> logging.Handler:
     """Install the one handler (again: replaced, never doubled); the handler."""
-    environ = os.environ if environ is None else environ
-    level_name = environ.get(LEVEL_VARIABLE, "INFO").strip().upper() or "INFO"
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    level_name = env.get(LEVEL_VARIABLE, "INFO").strip().upper() or "INFO"
     level = logging.getLevelNamesMapping().get(level_name)
     if level is None:
         raise LogSettingError(f"{LEVEL_VARIABLE}={level_name!r} is not a level; use DEBUG, INFO, WARNING or ERROR")
-    fmt = environ.get(FORMAT_VARIABLE, "text").strip().lower() or "text"
+    fmt = env.get(FORMAT_VARIABLE, "text").strip().lower() or "text"
     if fmt not in ("text", "json"):
         raise LogSettingError(f"{FORMAT_VARIABLE}={fmt!r} is not a format; use text or json")
     handler = logging.StreamHandler(stream or sys.stderr)

@@ -37,6 +37,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from artifacts.bundle import file_digest
 from artifacts.layout import blob_relpath, index_relpath, parse_index_relpath
@@ -355,13 +356,13 @@ def _parse_address(address: str) -> tuple[str, str, str]:
 
 
 @functools.cache
-def _terminal_tqdm():
+def _terminal_tqdm() -> type:
     """huggingface_hub's tqdm bars, drawn only on a terminal (as the S3 backend's): in logs they are noise."""
     from huggingface_hub.utils import tqdm
 
     class _TerminalOnly(tqdm):
-        def __init__(self, *args, **kwargs):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs["disable"] = kwargs.get("disable") or not sys.stderr.isatty()
-            super().__init__(*args, **kwargs)
+            super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
 
     return _TerminalOnly

@@ -18,7 +18,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import uvicorn
@@ -171,7 +171,7 @@ _IMPORTED = time.monotonic()
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def api_key_from(flag: str | None, environ: dict[str, str] | None = None) -> str | None:
+def api_key_from(flag: str | None, environ: Mapping[str, str] | None = None) -> str | None:
     """--api-key, else PREBAKE_API_KEY, else none (no authentication)."""
-    environ = os.environ if environ is None else environ
-    return flag or environ.get(API_KEY_VARIABLE) or None
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    return flag or env.get(API_KEY_VARIABLE) or None

@@ -84,6 +84,7 @@ def _info_routes(app: FastAPI, state: AppState) -> None:
         if body.messages is not None:
             ids = completions.chat_prompt(serving, body.messages, body.add_generation_prompt)
         else:
+            assert body.prompt is not None  # the model validator takes exactly one of the two
             ids = completions.encode(serving, body.prompt, body.add_special_tokens)
         return Tokens(count=len(ids), max_model_len=serving.max_model_len, tokens=ids)
 

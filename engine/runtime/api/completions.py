@@ -34,6 +34,7 @@ from engine.runtime.api.schema import (
     Delta,
     ErrorBody,
     ErrorResponse,
+    FinishReason,
     Usage,
 )
 from engine.runtime.api.state import AppState, Serving
@@ -191,7 +192,7 @@ class _CompletionShape:
     def opening(self, n: int) -> list[Completion]:
         return []
 
-    def piece(self, index: int, text: str, reason: str | None) -> Completion:
+    def piece(self, index: int, text: str, reason: FinishReason) -> Completion:
         choice = CompletionChoice(index=index, text=text, finish_reason=reason)
         return Completion(id=self.id, created=self.created, model=self.model, choices=[choice])
 
@@ -221,7 +222,7 @@ class _ChatShape:
     def opening(self, n: int) -> list[ChatCompletionChunk]:
         return [self._chunk([ChatChunkChoice(index=i, delta=Delta(role="assistant", content=""))]) for i in range(n)]
 
-    def piece(self, index: int, text: str, reason: str | None) -> ChatCompletionChunk:
+    def piece(self, index: int, text: str, reason: FinishReason) -> ChatCompletionChunk:
         delta = Delta(content=text) if text or reason is None else Delta()
         return self._chunk([ChatChunkChoice(index=index, delta=delta, finish_reason=reason)])
 

@@ -51,11 +51,13 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _unexpected)
 
 
-async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+async def _api_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
     return error_response(exc.status, exc.message, exc.param)
 
 
-async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
     by_field: dict[str, list[dict]] = {}
     for error in exc.errors():
         loc = [str(p) for p in error.get("loc", ()) if p != "body"]
@@ -108,7 +110,8 @@ def _reason(error: dict) -> str:
     return f"{error.get('msg', 'invalid')}, got {given}"
 
 
-async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
         message = f"no route {request.method} {request.url.path}; see GET /docs for the routes"
     elif exc.status_code == 405:

@@ -22,7 +22,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from engine.runtime.api.schema import SEED_BOUND
+from engine.runtime.api.schema import SEED_BOUND, FinishReason
 from engine.runtime.api.text import TextStream
 from engine.runtime.metrics import Metrics
 from engine.runtime.tokenizer import Tokenizer
@@ -56,7 +56,7 @@ class Piece:
 @dataclass(frozen=True)
 class Finished:
     index: int
-    reason: str
+    reason: FinishReason
     tokens: tuple[int, ...]
     tail: str  # text not yet handed out as a Piece
     text: str  # the whole choice's text
@@ -77,6 +77,9 @@ class _Choice:
         delta = self.text.feed(token)
         self.generation.post(Piece(self.index, delta, token))
         return not self.text.stopped
+
+    def done(self, future: Future) -> None:  # the scheduler's thread, or the one that cancelled
+        self.generation.post(self)
 
 
 class Generation:
@@ -110,7 +113,7 @@ class Generation:
         self._choices = [_Choice(self, i, TextStream(tokenizer, params.stop)) for i in range(len(requests))]
         for choice, request in zip(self._choices, requests, strict=True):
             choice.future = scheduler.submit(request, choice)
-            choice.future.add_done_callback(lambda _f, c=choice: self.post(c))
+            choice.future.add_done_callback(choice.done)
 
     @property
     def size(self) -> int:
@@ -146,6 +149,7 @@ class Generation:
 
     def _finished(self, choice: _Choice) -> Finished:
         future = choice.future
+        assert future is not None  # set when the choice was submitted
         if future.cancelled():
             raise GenerationFailed("the request was cancelled")
         if (exc := future.exception()) is not None:
@@ -155,7 +159,7 @@ class Generation:
         tokens = tuple(choice.text.tokens)
         self.completion_tokens += len(tokens)
         self._metrics.add("prebake_generated_tokens_total", len(tokens))
-        reason = "stop" if choice.text.stopped else completion.finish_reason
+        reason: FinishReason = "stop" if choice.text.stopped or completion.finish_reason == "stop" else "length"
         return Finished(choice.index, reason, tokens, tail, choice.text.text)
 
 

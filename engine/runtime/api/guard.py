@@ -60,6 +60,7 @@ class Guard:
         await self.app(_as_json(scope), _replay(body, receive), send)
 
     def _authorized(self, scope: Scope) -> bool:
+        assert self._key is not None
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
         return hmac.compare_digest(given, self._key)
 

@@ -44,8 +44,8 @@ class _Sampling(_Request):
     seed: StrictInt | None = Field(default=None, ge=0, le=SEED_BOUND)
     ignore_eos: bool = False
     user: str | None = None
-    presence_penalty: Literal[0, 0.0] = 0.0
-    frequency_penalty: Literal[0, 0.0] = 0.0
+    presence_penalty: float = Field(default=0.0, ge=0.0, le=0.0, description="not supported: 0 only")
+    frequency_penalty: float = Field(default=0.0, ge=0.0, le=0.0, description="not supported: 0 only")
     logit_bias: dict[str, float] | None = Field(default=None, max_length=0)
 
     @model_validator(mode="after")

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.runtime.api.chat import ChatTemplate
 from engine.runtime.api.errors import ApiError
 from engine.runtime.metrics import Metrics
 from engine.runtime.tokenizer import Tokenizer
 
+if TYPE_CHECKING:  # torch: loaded once the engine has started, after the server listens
+    from engine.runtime.scheduler import Scheduler
+
 
 @dataclass(frozen=True)
 class Serving:
-    """What the routes need once the engine is ready (torch-free: the scheduler is held opaquely)."""
+    """What the routes need once the engine is ready."""
 
-    scheduler: object  # engine.runtime.scheduler.Scheduler
+    scheduler: Scheduler
     tokenizer: Tokenizer | None
     chat: ChatTemplate | None
     eos: frozenset[int]
