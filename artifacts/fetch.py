@@ -13,8 +13,9 @@ a start was cold. A registry that is down, slow or corrupt is a miss, never a cr
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal
@@ -29,6 +30,9 @@ from .timebox import Done, Raised, TimedOut, within
 
 # Checks a manifest before anything of it is installed; returns why it is refused, or None.
 TrustCheck = Callable[[Manifest], "str | None"]
+
+MISS_SAMPLE = 32  # index entries a miss reads at most to name the nearest bundle
+MISS_BUDGET_S = 2.0  # ... and the time it spends on them
 
 
 @dataclass(frozen=True)
@@ -97,16 +101,29 @@ def verify_entry(key: Key, manifest: Manifest, trust: TrustCheck | None) -> Mani
 
 
 def nearest_miss(registry: Registry, key: Key, reason: str) -> Miss:
-    """A Miss naming the bundle of the same kind that shares the most factors with `key`."""
+    """A Miss naming the bundle of the same kind that shares the most factors with `key`.
+
+    Bounded whatever the registry's size: it reads at most MISS_SAMPLE index entries of the
+    kind (in listing order) and stops looking after MISS_BUDGET_S, so the start path pays the
+    same for a registry of ten entries or ten thousand; the nearest is the nearest of those.
+    """
     best: tuple[int, Key] | None = None
+    deadline = time.monotonic() + MISS_BUDGET_S
     try:
-        candidates = [m.the_key() for m in registry.list(key.kind)]
+        listing = registry.list(key.kind)
+        try:
+            for manifest in itertools.islice(listing, MISS_SAMPLE):
+                other = manifest.the_key()
+                score = len(other.diff(key))
+                if best is None or score < best[0]:
+                    best = (score, other)
+                if time.monotonic() > deadline:
+                    break
+        finally:
+            if isinstance(listing, Generator):  # stop a backend's read-ahead now, not when collected
+                listing.close()
     except Exception as exc:  # listing is a courtesy: a failing listing must not hide the miss itself
         return Miss(key, f"{reason} (listing for the nearest bundle failed: {exc})")
-    for other in candidates:
-        score = len(other.diff(key))
-        if best is None or score < best[0]:
-            best = (score, other)
     if best is None:
         return Miss(key, reason)
     return Miss(key, reason, nearest=best[1], differing=key.diff(best[1]))

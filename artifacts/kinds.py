@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from .buckets import build_bucket_set
+from .buckets import bucket_key_factors, build_bucket_set
 from .errors import BuildError, HostCannotBuildError, PrebakeError
 from .keys import Key, policy_factors
 from .manifest import SCHEMA_VERSION
@@ -283,7 +283,7 @@ BUCKETS_ENV = "PREBAKE_BUCKETS_FILE"
 def _bucket_groups(context: KeyContext) -> Groups:
     return {
         "serving": context.recipe.serving.model_dump(mode="json"),
-        "buckets": context.recipe.buckets.model_dump(mode="json"),
+        "buckets": bucket_key_factors(context.recipe.buckets),
         "format": {"schema": SCHEMA_VERSION},
     }
 

@@ -184,27 +184,40 @@ def parse_platform(text: str) -> tuple[str, str]:
     raise ValueError(f"unknown platform {text!r}; write one of {_PLATFORM_FORMS}")
 
 
+def recipe_dirs(env: Mapping[str, str] = os.environ) -> list[Path]:
+    """Where recipes are read from, first match wins: each folder of $PREBAKE_RECIPES
+    (os.pathsep-separated), then the shipped recipes (recipes/ in a checkout, the
+    prebake_recipes package data in an installed wheel)."""
+    added = [Path(part).expanduser() for part in env.get(RECIPES_ENV, "").split(os.pathsep) if part]
+    beside = Path(__file__).resolve().parent.parent
+    shipped = next((d for d in (beside / "recipes", beside / "prebake_recipes") if d.is_dir()), beside / "recipes")
+    return [*added, shipped]
+
+
 def recipes_dir(env: Mapping[str, str] = os.environ) -> Path:
-    """$PREBAKE_RECIPES, else the recipes/ folder shipped beside the packages."""
-    return Path(env.get(RECIPES_ENV) or Path(__file__).resolve().parent.parent / "recipes")
+    """The first recipe folder: $PREBAKE_RECIPES's first, else the shipped one."""
+    return recipe_dirs(env)[0]
 
 
 def list_recipes(directory: Path | None = None) -> list[str]:
-    return sorted(p.stem for p in (directory or recipes_dir()).glob("*.toml"))
+    folders = [directory] if directory else recipe_dirs()
+    return sorted({p.stem for folder in folders for p in folder.glob("*.toml")})
 
 
 def load_recipe(name_or_path: str | Path, directory: Path | None = None) -> Recipe:
     """Read and validate a recipe by name (recipes/<name>.toml) or path."""
     path = Path(name_or_path)
     if path.suffix != ".toml":
-        directory = directory or recipes_dir()
-        path = directory / f"{name_or_path}.toml"
-        if not path.exists():
+        folders = [directory] if directory else recipe_dirs()
+        found = [f / f"{name_or_path}.toml" for f in folders if (f / f"{name_or_path}.toml").exists()]
+        if not found:
             known = ", ".join(list_recipes(directory)) or "none"
+            where = os.pathsep.join(str(f) for f in folders)
             raise UnknownModelError(
-                f"no recipe named {name_or_path!r} in {directory} (known: {known}); "
-                f"pick one of those or add {path.name}"
+                f"no recipe named {name_or_path!r} in {where} (known: {known}); "
+                f"pick one of those or add {name_or_path}.toml (PREBAKE_RECIPES adds folders)"
             )
+        path = found[0]
     try:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError as exc:
@@ -217,6 +230,9 @@ def load_recipe(name_or_path: str | Path, directory: Path | None = None) -> Reci
         raise RecipeError(_explain(path, exc)) from exc
     if recipe.model.name != path.stem:
         raise RecipeError(f"{path}: model.name is {recipe.model.name!r} but the file is {path.name}; make them agree")
+    if recipe.buckets.trace and not Path(recipe.buckets.trace).expanduser().is_absolute():  # relative to the recipe
+        trace = str(path.parent.resolve() / recipe.buckets.trace)
+        recipe = recipe.model_copy(update={"buckets": recipe.buckets.model_copy(update={"trace": trace})})
     return recipe
 
 

@@ -9,6 +9,7 @@
     ├── locks/<blob-hex>.lock                      one install or eviction of a blob at a time
     ├── locks/gc.lock                              one gc at a time
     ├── locks/scratch-<name>.lock                  held by the live process that owns tmp/<name>
+    ├── stats/                                     hit, miss and fallback counts (artifacts.stats); never evicted
     └── tmp/                                       scratch folders and evicted trees; nothing here is ever read
 
 A tree appears by rename only after its blob matched its digest and every file matched
@@ -102,14 +103,16 @@ class GcReport:
     evicted: tuple[str, ...]  # blob hex digests
     in_use: tuple[str, ...]  # would have gone, but a process holds them
     recovered: int  # leftovers of crashed runs removed
+    dry_run: bool = False  # nothing was removed: `evicted` is what would have gone
 
     def render(self) -> str:
+        verb = "would be evicted (dry run)" if self.dry_run else "evicted"
         lines = [
             f"gc: {_mib(self.before_bytes)} -> {_mib(self.after_bytes)} (bound {_mib(self.max_bytes)}): "
-            f"{len(self.evicted)} bundle(s) evicted, {len(self.in_use)} kept because in use, "
+            f"{len(self.evicted)} bundle(s) {verb}, {len(self.in_use)} kept because in use, "
             f"{self.recovered} leftover(s) of crashed runs removed"
         ]
-        lines += [f"  evicted {h[:16]}" for h in self.evicted]
+        lines += [f"  {'would evict' if self.dry_run else 'evicted'} {h[:16]}" for h in self.evicted]
         lines += [f"  in use  {h[:16]}" for h in self.in_use]
         if self.after_bytes > self.max_bytes:
             lines.append("  still above the bound: the rest is in use; run gc again when those engines stop")
@@ -117,8 +120,9 @@ class GcReport:
 
 
 @dataclass(frozen=True)
-class _Entry:
-    """One evictable bundle: its blob and/or tree, their bytes, when it was last used."""
+class StoreEntry:
+    """One evictable bundle: its blob and/or tree, their bytes, when it was last used, the index
+    entries naming it."""
 
     hex: str
     bytes: int
@@ -199,11 +203,16 @@ class Store:
             self._touch(hexd)  # last use is when the engine let go
             lease.release()
 
-    def gc(self, max_bytes: int, *, keep: Collection[str] = (), wait: bool = True) -> GcReport | None:
+    def gc(
+        self, max_bytes: int, *, keep: Collection[str] = (), wait: bool = True, dry_run: bool = False
+    ) -> GcReport | None:
         """Evict least recently used bundles until blobs/ + trees/ fit in `max_bytes`, skipping
-        held trees and the blob digests (hex) in `keep`. None if `wait` is False and a gc is running."""
+        held trees and the blob digests (hex) in `keep`. None if `wait` is False and a gc is running.
+        With `dry_run`, remove nothing and report what would go."""
         if max_bytes < 0:
             raise StoreError(f"a store bound of {max_bytes} bytes makes no sense; give 0 or more")
+        if dry_run:
+            return self._gc_plan(max_bytes, keep)
         lock = fsutil.Flock.acquire(self.home / "locks" / "gc.lock", wait=wait)
         if lock is None:
             return None
@@ -218,12 +227,41 @@ class Store:
                     break
                 if entry.hex in keep:
                     continue
-                if self._evict(entry):
+                if self.evict(entry):
                     evicted.append(entry.hex)
                     total -= entry.bytes
                 else:
                     in_use.append(entry.hex)
         return GcReport(max_bytes, before, total, tuple(evicted), tuple(in_use), recovered)
+
+    def _gc_plan(self, max_bytes: int, keep: Collection[str]) -> GcReport:
+        entries = self.inventory()
+        before = total = sum(e.bytes for e in entries)
+        evicted, in_use = [], []
+        for entry in (e for e in entries if e.hex not in keep):
+            if total <= max_bytes:
+                break
+            if self.held(entry.hex):
+                in_use.append(entry.hex)
+            else:
+                evicted.append(entry.hex)
+                total -= entry.bytes
+        return GcReport(max_bytes, before, total, tuple(evicted), tuple(in_use), 0, dry_run=True)
+
+    def inventory(self) -> list[StoreEntry]:
+        """Every bundle in blobs/ or trees/, least recently used first."""
+        return self._inventory()[0]
+
+    def held(self, hexd: str) -> bool:
+        """True while a process holds blob `hexd`'s tree with `use` (or a gc is evicting it)."""
+        path = self.home / "leases" / hexd
+        if not path.exists():
+            return False
+        lease = fsutil.Flock.acquire(path, wait=False)
+        if lease is None:
+            return True
+        lease.release()
+        return False
 
     def recover(self) -> int:
         """Remove what crashed runs left behind; return how many leftovers went. Safe while other
@@ -292,7 +330,7 @@ class Store:
 
     # -- evicting --------------------------------------------------------------------------
 
-    def _inventory(self) -> tuple[list[_Entry], list[tuple[Path, str | None]]]:
+    def _inventory(self) -> tuple[list[StoreEntry], list[tuple[Path, str | None]]]:
         """Every bundle in blobs/ or trees/, least recently used first; and the index entries
         that name no tree (or are unreadable), with the blob they name."""
         naming: dict[str, list[Path]] = {}
@@ -313,12 +351,12 @@ class Store:
             size = (_tree_bytes(tree) if tree else 0) + (_file_bytes(blob) if blob else 0)
             lease = _mtime_ns(self.home / "leases" / hexd)
             last = lease if lease is not None else max(_mtime_ns(p) or 0 for p in (tree, blob) if p is not None)
-            entries.append(_Entry(hexd, size, last, tuple(naming.get(hexd, ()))))
+            entries.append(StoreEntry(hexd, size, last, tuple(naming.get(hexd, ()))))
         entries.sort(key=lambda e: (e.last_use_ns, e.hex))
         return entries, dangling
 
-    def _evict(self, entry: _Entry) -> bool:
-        """Remove one bundle unless it is being installed or is held; True if it went."""
+    def evict(self, entry: StoreEntry) -> bool:
+        """Remove one bundle (index entries, tree, blob) unless it is being installed or is held; True if it went."""
         install = fsutil.Flock.acquire(self._install_lock(entry.hex), wait=False)
         if install is None:
             return False

@@ -1,94 +1,87 @@
-"""Bucket count and padding waste per strategy for Llama-3.1-8B on Gaudi (max_model_len 8192).
+"""Bucket strategies on real traffic: fit on the first half of the development trace, report on
+the second, for llama3-8b's serving limits; the traffic set at several budgets; a chart.
 
-Each bucket is one graph to compile at warm-up, so the count is the warm-up cost; the waste is
-what the runtime pays instead. Traffic is synthetic and seeded: prompt lengths log-uniform, split
-into chunks of at most max_num_batched_tokens (chunked prefill, so later chunks carry context);
-decode steps with a uniform batch of sequences whose lengths are log-uniform.
+    .venv/bin/python benchmarks/buckets.py [--trace FILE] [--chart docs/images/buckets.png]
 
-    .venv/bin/python benchmarks/buckets.py
+Prints a table, then one JSON line of figures (counts, the four waste figures per strategy, and
+ratios against exponential). The development trace is the Azure LLM inference trace 2023
+(conversation), CC-BY 4.0, Patel et al., "Splitwise", ISCA 2024 (see docs/buckets.md).
 """
 
 from __future__ import annotations
 
-import math
-import random
+import argparse
+import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, no install
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from artifacts.buckets import build_bucket_set
-from artifacts.limits import BucketSettings, ServingLimits
+from artifacts.bucket_report import figures, strategy_set
 from artifacts.recipes import load_recipe
+from artifacts.replay import replay
+from artifacts.traces import read_trace, split_trace
+from artifacts.traffic import fit_bucket_set
 
-SEED = 0
-PROMPTS = 2000
-DECODE_STEPS = 2000
-# recipes/llama3-8b.toml: max_model_len 8192, block 128, 128 seqs, 2048 batched tokens, and
-# vllm-gaudi's defaults (prefix caching on, one prompt per prefill step).
-LIMITS = load_recipe("llama3-8b").serving
-# The same limits with ServingLimits' own defaults (prefill batch = max_num_seqs, prefix caching
-# off, hence contiguous PA for decode).
-PLAIN_LIMITS = LIMITS.model_copy(update={"max_num_prefill_seqs": None, "enable_prefix_caching": False})
-
-
-def log_uniform(rng: random.Random, low: int, high: int) -> int:
-    return int(math.exp(rng.uniform(math.log(low), math.log(high))))
-
-
-def prompt_shapes(rng: random.Random, limits: ServingLimits) -> list[tuple[int, int, int]]:
-    """(batch, query, ctx_blocks) of every prefill chunk, one prompt per step."""
-    shapes = []
-    for _ in range(PROMPTS):
-        length, done = log_uniform(rng, 16, limits.max_model_len - 256), 0
-        while done < length:
-            chunk = min(length - done, limits.max_num_batched_tokens)
-            shapes.append((1, chunk, done // limits.block_size))
-            done += chunk
-    return shapes
-
-
-def decode_shapes(rng: random.Random, limits: ServingLimits) -> list[tuple[int, int]]:
-    """(batch, ctx_blocks) of decode steps: the block list holds every sequence's blocks."""
-    shapes = []
-    for _ in range(DECODE_STEPS):
-        batch = rng.randint(1, limits.max_num_seqs)
-        lengths = [log_uniform(rng, 16, limits.max_model_len) for _ in range(batch)]
-        shapes.append((batch, sum(math.ceil(n / limits.block_size) for n in lengths)))
-    return shapes
+TRACE = Path("/work/shared/traces/azure-llm-2023-conv.csv")
 
 
 def main() -> None:
-    rng = random.Random(SEED)
-    prompts, decodes = prompt_shapes(rng, LIMITS), decode_shapes(rng, LIMITS)
-    print(
-        "llama3-8b: max_model_len 8192, block 128, max_num_seqs 128, max_num_batched_tokens 2048, "
-        "prefill batch 1, prefix caching on"
-    )
-    print(f"traffic (seed {SEED}): {len(prompts)} prefill chunks from {PROMPTS} prompts, {len(decodes)} decode steps\n")
-    header = (
-        f"{'strategy':<12}{'prompt':>7}{'decode':>7}{'total':>7}  {'prefill waste':>13}"
-        f"{'ctx waste':>10}  {'batch waste':>11}{'block waste':>12}  {'no bucket':>9}"
-    )
-    print(header)
-    totals = {}
-    for strategy in ("linear", "exponential"):
-        buckets = build_bucket_set(LIMITS, BucketSettings(strategy=strategy))
-        prompt, decode = buckets.padding("prompt", prompts), buckets.padding("decode", decodes)
-        totals[strategy] = len(buckets.prompt) + len(buckets.decode)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--trace", type=Path, default=TRACE)
+    parser.add_argument("--chart", type=Path, default=Path("docs/images/buckets.png"))
+    args = parser.parse_args()
+    limits = load_recipe("llama3-8b").serving
+    fit, unseen = split_trace(read_trace(args.trace))
+    fit_shapes, eval_shapes = replay(fit, limits), replay(unseen, limits)
+    results = {s: figures(strategy_set(s, limits, fit_shapes), eval_shapes) for s in ("exponential", "linear", "pad")}
+    exp = results["exponential"]
+    budgets = sorted({exp.total // 4, exp.total // 3, exp.total // 2, exp.total, 2 * exp.total})
+    for budget in budgets:
+        results[f"traffic@{budget}"] = figures(fit_bucket_set(limits, fit_shapes, budget=budget), eval_shapes)
+    print(f"{'set':16s} {'buckets':>7s} {'pf_tok':>7s} {'pf_ctx':>7s} {'dc_bat':>7s} {'dc_blk':>7s} unfitted")
+    for name, f in results.items():
         print(
-            f"{strategy:<12}{len(buckets.prompt):>7}{len(buckets.decode):>7}{totals[strategy]:>7}  "
-            f"{prompt.token_waste:>13.1%}{prompt.block_waste:>10.1%}  {decode.token_waste:>11.1%}"
-            f"{decode.block_waste:>12.1%}  {prompt.unfitted + decode.unfitted:>9}"
+            f"{name:16s} {f.total:7d} {f.prefill_tokens:7.1%} {f.prefill_ctx:7.1%} {f.decode_batch:7.1%} "
+            f"{f.decode_blocks:7.1%} {f.unfitted}"
         )
-    ratio = totals["exponential"] / totals["linear"]
-    print(
-        f"\nexponential / linear bucket count: {ratio:.3f} ({1 - ratio:.0%} fewer graphs to warm up; "
-        f"REFERENCE.md: up to 80%)"
-    )
-    recipe = {s: build_bucket_set(PLAIN_LIMITS, BucketSettings(strategy=s)) for s in ("linear", "exponential")}
-    counts = ", ".join(f"{s} {len(b.prompt)} + {len(b.decode)}" for s, b in recipe.items())
-    print(f"without vLLM's defaults (prefill batch 128, prefix caching off), prompt + decode: {counts}")
+    _chart(results, args.chart)
+    third, same = results[f"traffic@{exp.total // 3}"], results[f"traffic@{exp.total}"]
+    summary = {
+        name: {"buckets": f.total, **f.to_json()["waste"], "unfitted": f.unfitted} for name, f in results.items()
+    }
+    summary["ratios"] = {
+        "third_count_over_exp": round(third.total / exp.total, 3),
+        "third_worst_figure_over_exp": round(max(getattr(third, k) / max(getattr(exp, k), 1e-12) for k in _FIGURES), 3),
+        "same_count_prefill_tokens_over_exp": round(same.prefill_tokens / exp.prefill_tokens, 3),
+    }
+    print(json.dumps(summary, sort_keys=True))
+
+
+_FIGURES = ("prefill_tokens", "prefill_ctx", "decode_batch", "decode_blocks")
+
+
+def _chart(results, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    traffic = [(f.total, f.prefill_tokens) for n, f in results.items() if n.startswith("traffic")]
+    ax.plot([t for t, _ in traffic], [100 * w for _, w in traffic], "o-", label="traffic (fitted, several budgets)")
+    for name, marker in (("exponential", "s"), ("linear", "^"), ("pad", "D")):
+        f = results[name]
+        ax.plot([f.total], [100 * f.prefill_tokens], marker, markersize=9, label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel("buckets (prompt + decode), log scale")
+    ax.set_ylabel("prefill token waste, % of padded tokens")
+    ax.set_title("llama3-8b limits: fit on 1st half of Azure conv trace, evaluate on 2nd")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

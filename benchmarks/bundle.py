@@ -1,30 +1,49 @@
-"""Pack and unpack throughput of prebake bundles against `tar` with the `zstd` CLI, as ratios.
+"""Pack and unpack throughput of prebake bundles against `tar` with the `zstd` CLI, as time ratios.
 
-Two trees: a real Inductor cache (compiled here from the tiny model, a few shapes) and a
-large synthetic tree (many small files and a few large ones, half compressible). Each is
-packed and unpacked by prebake (artifacts.bundle: deterministic tar + multi-threaded zstd,
-sha256 of every file, verified unpack) and by `tar -I 'zstd -T0 -3'`, interleaved, median
-of --repeat runs. A ratio above 1 means prebake is slower than the CLI pair.
+    python benchmarks/bundle.py [--repeat 3] [--scale 1.0] [--inductor-tree DIR] [--plot PNG]
 
-    python benchmarks/bundle.py [--synthetic-mb 512] [--repeat 3] [--inductor-tree DIR]
+Three trees, made here:
+
+    inductor_cache  tiny-llama's real Inductor cache (compiled here with torch.compile, a few shapes)
+    files_512mb     512 MB in 8,000 files, log-normal sizes, every other file incompressible
+    vllm_cuda       shaped like a vLLM CUDA cache root: three kernel libraries of 200, 120 and
+                    60 MB (part machine code, incompressible; part tables, compressible) among
+                    4,000 small Triton/Inductor files (cubin, ptx, json, py)
+
+Each tree is packed and unpacked by prebake (artifacts.bundle.pack / unpack: deterministic
+tar, multi-threaded zstd -3, a sha256 of every file for the manifest and of the blob, and an
+unpack that checks every entry's path, link and digest against the manifest) and by
+`tar -I 'zstd -T0 -3' -cf` / `tar -I 'zstd -d' -xf` (which verify nothing), alternating which
+goes first, median of --repeat rounds. A ratio below 1 means prebake is faster. --scale
+shrinks the synthetic trees for a quick run. The last line is a JSON object of the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from artifacts.bundle import pack, unpack  # noqa: E402
+
+_MiB = 1 << 20
+VERIFICATION = (
+    "verification on: prebake hashes every file (sha256, for the manifest) and the blob while packing, "
+    "and unpacking checks every entry's path, link and sha256 against the manifest; tar+zstd verifies nothing"
+)
 
 COMPILE_SNIPPET = """
 from artifacts.recipes import load_recipe
@@ -42,95 +61,209 @@ for shape in (StepShape("prefill", 1, 64, 64), StepShape("decode", 2, 1, 128)):
 """
 
 
+# -- the trees -------------------------------------------------------------------------------
+
+
 def inductor_tree(work: Path) -> Path:
-    tree = work / "inductor"
+    tree = work / "inductor_cache"
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tree)}
     subprocess.run([sys.executable, "-c", COMPILE_SNIPPET], env=env, cwd=REPO, check=True)
     return tree
 
 
-def synthetic_tree(work: Path, megabytes: int) -> Path:
-    tree = work / "synthetic"
-    rng = __import__("random").Random(0)
-    budget = megabytes << 20
-    big = budget // 2 // 4
-    for i in range(4):  # large kernels: half random, half repetitive
-        data = rng.randbytes(big // 2) + bytes(range(256)) * (big // 512)
-        (tree / "kernels").mkdir(parents=True, exist_ok=True)
-        (tree / "kernels" / f"k{i}.so").write_bytes(data)
-    small_total, n = budget - 4 * big, 0
-    while small_total > 0:  # many small cache entries
-        size = rng.randint(512, 64 << 10)
-        folder = tree / "fxgraph" / f"{n % 256:02x}"
+class _Content:
+    """Bytes for synthetic files, cut from two pools: random (incompressible) and text-like (about 4:1)."""
+
+    def __init__(self, seed: int):
+        self.rng = random.Random(seed)
+        self.noise = b"".join(self.rng.randbytes(_MiB) for _ in range(64))
+        words = [self.rng.randbytes(self.rng.randint(2, 8)).hex().encode() for _ in range(512)]
+        self.text = b" ".join(self.rng.choice(words) for _ in range(3 * _MiB))[: 16 * _MiB]
+
+    def take(self, size: int, compressible: bool) -> bytes:
+        pool = self.text if compressible else self.noise
+        parts, left = [], size
+        while left > 0:  # pieces from random offsets, so neighbouring files do not repeat each other
+            n = min(left, len(pool) // 2)
+            start = self.rng.randrange(len(pool) - n + 1)
+            parts.append(pool[start : start + n])
+            left -= n
+        return b"".join(parts)
+
+    def binary(self, size: int) -> bytes:
+        """A kernel library: 1 MiB stretches, about 60% machine code (incompressible), 40% tables."""
+        return b"".join(self.take(min(_MiB, size - off), self.rng.random() < 0.4) for off in range(0, size, _MiB))
+
+
+def files_tree(work: Path, content: _Content, megabytes: int, count: int) -> Path:
+    tree = work / "files_512mb"
+    weights = [content.rng.lognormvariate(0, 1.2) for _ in range(count)]
+    scale = (megabytes * _MiB) / sum(weights)
+    for i, w in enumerate(weights):
+        folder = tree / f"{i % 256:02x}"
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"entry{n}").write_bytes(rng.randbytes(size // 2) + b"\0" * (size - size // 2))
-        small_total -= size
-        n += 1
+        (folder / f"entry{i}.bin").write_bytes(content.take(max(1, int(w * scale)), i % 2 == 0))
     return tree
 
 
-def tree_bytes(tree: Path) -> int:
-    return sum(p.stat().st_size for p in tree.rglob("*") if p.is_file() and not p.is_symlink())
+def vllm_tree(work: Path, content: _Content, scale: float) -> Path:
+    """Shaped like $VLLM_CACHE_ROOT on a CUDA host: torch_compile_cache with Inductor and Triton
+    artifacts, FlashInfer and DeepGEMM JIT libraries, a few large binaries."""
+    tree = work / "vllm_cuda"
+    libs = {
+        "flashinfer/90a/cached_ops/batch_prefill/batch_prefill.so": 200,
+        "flashinfer/90a/cached_ops/fused_moe/fused_moe_90.so": 120,
+        "deep_gemm/cache/kernel.gemm_fp8_fp8_bf16_nt.so": 60,
+    }
+    for rel, mb in libs.items():
+        _write(tree / rel, content.binary(max(_MiB, int(mb * scale * _MiB))))
+    rank = tree / "torch_compile_cache" / "3f2a9c1b7e" / "rank_0_0" / "backbone"
+    _write(rank / "cache_key_factors.json", content.take(4096, True))
+    for i in range(max(10, int(1000 * scale))):  # Triton kernels: cubin (code), ptx and json (text)
+        kernel = rank / "triton_cache" / f"{content.rng.getrandbits(128):032x}"
+        _write(kernel / f"triton_k{i}.cubin", content.take(content.rng.randint(8 << 10, 96 << 10), False))
+        _write(kernel / f"triton_k{i}.ptx", content.take(content.rng.randint(16 << 10, 128 << 10), True))
+        _write(kernel / f"triton_k{i}.json", content.take(content.rng.randint(600, 2000), True))
+        _write(kernel / "__grp__triton.json", content.take(300, True))
+    for i in range(max(10, int(1000 * scale))):  # Inductor FX graphs and generated wrappers
+        _write(
+            rank / "inductor_cache" / "fxgraph" / f"{i:03x}" / f"f{i}",
+            content.take(content.rng.randint(2 << 10, 40 << 10), True),
+        )
+    return tree
 
 
-def timed(fn) -> float:
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+# -- timing ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Result:
+    name: str
+    megabytes: float
+    files: int
+    blob_fraction: float
+    pack: tuple[float, float]  # median seconds: prebake, tar+zstd
+    unpack: tuple[float, float]
+
+    def ratio(self, op: str) -> float:
+        ours, cli = getattr(self, op)
+        return ours / cli
+
+
+def timed(fn: Callable[[], object]) -> float:
     started = time.perf_counter()
     fn()
     return time.perf_counter() - started
 
 
-def bench(name: str, tree: Path, work: Path, repeat: int) -> None:
-    size = tree_bytes(tree)
-    ours_pack, ours_unpack, cli_pack, cli_unpack = [], [], [], []
+def bench(name: str, tree: Path, work: Path, repeat: int) -> Result:
+    files = [p for p in tree.rglob("*") if p.is_file() and not p.is_symlink()]
+    size = sum(p.stat().st_size for p in files)
+    times: dict[str, list[float]] = {"ours_pack": [], "ours_unpack": [], "cli_pack": [], "cli_unpack": []}
+    blob, cli_blob = work / f"{name}.tar.zst", work / f"{name}-cli.tar.zst"
+    out, cli_out = work / f"{name}-out", work / f"{name}-cli-out"
     for i in range(repeat):
-        blob, cli_blob = work / f"{name}-{i}.tar.zst", work / f"{name}-{i}-cli.tar.zst"
-        packed = None
+        packed = []
+        for old in (blob, cli_blob):  # both write a new file: rewriting a truncated one costs a flush on ext4
+            old.unlink(missing_ok=True)
+        rounds = [
+            ("ours_pack", lambda: packed.append(pack(tree, blob))),
+            ("cli_pack", lambda: _cli(["tar", "-I", "zstd -T0 -3 -q", "-cf", str(cli_blob), "-C", str(tree), "."])),
+        ]
+        for label, fn in rounds if i % 2 == 0 else rounds[::-1]:
+            times[label].append(timed(fn))
+        cli_out.mkdir()
+        rounds = [
+            ("ours_unpack", lambda: unpack(blob, out, packed[0].files)),
+            ("cli_unpack", lambda: _cli(["tar", "-I", "zstd -d -q", "-xf", str(cli_blob), "-C", str(cli_out)])),
+        ]
+        for label, fn in rounds if i % 2 == 0 else rounds[::-1]:
+            times[label].append(timed(fn))
+        fraction = blob.stat().st_size / size
+        for folder in (out, cli_out):
+            shutil.rmtree(folder)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return Result(
+        name,
+        size / 1e6,
+        len(files),
+        fraction,
+        (med["ours_pack"], med["cli_pack"]),
+        (med["ours_unpack"], med["cli_unpack"]),
+    )
 
-        def do_pack():
-            nonlocal packed
-            packed = pack(tree, blob)
 
-        ours_pack.append(timed(do_pack))
-        ours_unpack.append(timed(lambda: unpack(blob, work / f"{name}-out-{i}", packed.files)))
-        cli_pack.append(
-            timed(
-                lambda: subprocess.run(
-                    ["tar", "-I", "zstd -T0 -3 -q", "-cf", str(cli_blob), "-C", str(tree), "."], check=True
-                )
-            )
+def _cli(argv: list[str]) -> None:
+    subprocess.run(argv, check=True)
+
+
+def report(result: Result) -> None:
+    mb = result.megabytes
+    print(f"{result.name}: {mb:.1f} MB in {result.files} files, prebake blob {result.blob_fraction:.2f} of raw")
+    for op in ("pack", "unpack"):
+        ours, cli = getattr(result, op)
+        print(
+            f"  {op:<6}  prebake {ours:6.2f} s {mb / ours:7.1f} MB/s   tar+zstd {cli:6.2f} s {mb / cli:7.1f} MB/s"
+            f"   time ratio prebake/tar+zstd {result.ratio(op):.2f}"
         )
-        out = work / f"{name}-cli-out-{i}"
-        out.mkdir()
-        cli_unpack.append(
-            timed(lambda: subprocess.run(["tar", "-I", "zstd -d -q", "-xf", str(cli_blob), "-C", str(out)], check=True))
-        )
-        ratio = blob.stat().st_size / size
-        shutil.rmtree(work / f"{name}-out-{i}")
-        shutil.rmtree(out)
-    mb = size / 1e6
-    op, ou, cp, cu = (statistics.median(x) for x in (ours_pack, ours_unpack, cli_pack, cli_unpack))
-    print(
-        f"{name}: {mb:.1f} MB in {sum(1 for p in tree.rglob('*') if p.is_file())} files, prebake blob {ratio:.2f} of raw"
-    )
-    print(
-        f"  pack    prebake {mb / op:8.1f} MB/s   tar+zstd {mb / cp:8.1f} MB/s   time ratio prebake/cli {op / cp:.2f}"
-    )
-    print(
-        f"  unpack  prebake {mb / ou:8.1f} MB/s   tar+zstd {mb / cu:8.1f} MB/s   time ratio prebake/cli {ou / cu:.2f}"
-    )
+
+
+def plot(results: list[Result], dest: Path) -> None:
+    """A bar chart of throughput, prebake beside tar+zstd, per tree and operation."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r.name}\n{op}" for r in results for op in ("pack", "unpack")]
+    ours = [r.megabytes / getattr(r, op)[0] for r in results for op in ("pack", "unpack")]
+    cli = [r.megabytes / getattr(r, op)[1] for r in results for op in ("pack", "unpack")]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    xs = range(len(labels))
+    ax.bar([x - 0.2 for x in xs], ours, width=0.4, label="prebake (verifying)")
+    ax.bar([x + 0.2 for x in xs], cli, width=0.4, label="tar + zstd -T0 -3")
+    ax.set_xticks(list(xs), labels, fontsize=8)
+    ax.set_ylabel("MB/s (higher is better)")
+    ax.set_title("Bundle throughput, prebake vs tar+zstd")
+    ax.legend()
+    fig.tight_layout()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(dest, dpi=100)
+    print(f"plot written to {dest}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--synthetic-mb", type=int, default=512)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=3, help="rounds per measurement; the median is reported")
+    parser.add_argument("--scale", type=float, default=1.0, help="shrink the synthetic trees (0.1: a quick run)")
     parser.add_argument("--inductor-tree", type=Path, help="an existing Inductor cache folder to use")
+    parser.add_argument("--plot", type=Path, help="also draw the throughput as a PNG here (needs matplotlib)")
     args = parser.parse_args()
+    print(VERIFICATION)
+    results = []
     with tempfile.TemporaryDirectory(prefix="prebake-bundle-bench-") as tmp:
         work = Path(tmp)
-        tree = args.inductor_tree or inductor_tree(work)
-        bench("inductor-cache", tree, work, args.repeat)
-        bench("synthetic", synthetic_tree(work, args.synthetic_mb), work, args.repeat)
+        content = _Content(seed=0)
+        trees = [
+            ("inductor_cache", lambda: args.inductor_tree or inductor_tree(work)),
+            ("files_512mb", lambda: files_tree(work, content, int(512 * args.scale), int(8000 * args.scale))),
+            ("vllm_cuda", lambda: vllm_tree(work, content, args.scale)),
+        ]
+        for name, make in trees:
+            tree = make()
+            results.append(bench(name, tree, work, args.repeat))
+            report(results[-1])
+            if tree.is_relative_to(work):
+                shutil.rmtree(tree)
+    if args.plot:
+        plot(results, args.plot)
+    figures = {f"{op}_ratio_{r.name}": round(r.ratio(op), 3) for r in results for op in ("pack", "unpack")}
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from artifacts.fetch import Resolution, TrustCheck, resolve
 from artifacts.kinds import HostFacts, Plan, buildable_targets, plan
 from artifacts.ports import Registry
 from artifacts.recipes import Recipe
+from artifacts.stats import record_resolution
 from artifacts.store import Store
 from engine.adapters import adapter_for, kinds_for
 from engine.adapters.base import EngineAdapter
@@ -70,7 +71,8 @@ class Context:
         return adapter_for(plan.recipe, plan.target)
 
     def resolve(self, plan: Plan, *, lookup_timeout: float = 30.0, fetch_timeout: float = 600.0) -> Resolution:
-        return resolve(
+        """The fetch pipeline for every kind of `plan`; its hits and misses go into the store's stats."""
+        resolution = resolve(
             plan,
             store=self.store,
             open_registry=lambda: self.registry,
@@ -79,6 +81,8 @@ class Context:
             lookup_timeout=lookup_timeout,
             fetch_timeout=fetch_timeout,
         )
+        record_resolution(self.store, resolution)
+        return resolution
 
     def bake(self, plan: Plan, kind: str) -> Baked:
         """Build, publish and install one kind of one target, and say what happened."""

@@ -68,11 +68,13 @@ class FileRegistry:
         return settle(Manifest.read(index), manifest, str(index))
 
     def list(self, kind: str | None = None) -> Iterator[Manifest]:
+        """Every manifest, in (kind, digest) order. Names are listed and sorted as strings, then
+        entries read one by one as they are consumed: a reader that wants a few reads a few."""
         base = self.root / "index"
-        pattern = f"{kind}/*.json" if kind else "*/*.json"
-        for path in sorted(base.glob(pattern)):
-            if not path.name.startswith(fsutil.TMP_PREFIX):
-                yield Manifest.read(path)
+        for k in [kind] if kind else sorted(n for n in _names(base) if (base / n).is_dir()):
+            for name in sorted(_names(base / k)):
+                if name.endswith(".json") and not name.startswith("."):  # ".tmp-*": writes in progress
+                    yield Manifest.read(base / k / name)
 
     def blob_path(self, digest: str) -> Path:
         return self.root / blob_relpath(digest)
@@ -120,3 +122,10 @@ class FileRegistry:
         for folder in (src.parent, dest.parent):
             fsutil.fsync_dir(folder)
         return dest
+
+
+def _names(folder: Path) -> list[str]:
+    try:
+        return os.listdir(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return []

@@ -29,7 +29,9 @@ import logging
 import os
 import sys
 import time
+from collections import deque
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,11 +45,13 @@ from artifacts.manifest import BlobRef, Manifest
 
 from .base import Published, settle
 from .errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
+from .s3_maintain import S3Maintenance
 
 log = logging.getLogger(__name__)
 
 _MiB = 1 << 20
 _CREATE_ATTEMPTS = 5  # rounds of "409 ConditionalRequestConflict: try again" before giving up
+_FIRST_PAGE = 100  # keys in the first listing page; later pages hold S3's maximum, 1,000
 _PROGRESS_MIN_BYTES = 16 * _MiB  # smaller transfers finish before a meter is worth drawing
 
 
@@ -92,8 +96,8 @@ class S3Settings:
         return cls(**values)  # type: ignore[arg-type]
 
 
-class S3Registry:
-    """index/ + blobs/ under s3://bucket/prefix, through boto3."""
+class S3Registry(S3Maintenance):
+    """index/ + blobs/ under s3://bucket/prefix, through boto3 (maintainable: see s3_maintain)."""
 
     writable = True
 
@@ -148,14 +152,21 @@ class S3Registry:
             return self._create_index(manifest, key)
 
     def list(self, kind: str | None = None) -> Iterator[Manifest]:
+        """Every manifest in the index, in key order. Listing pages are fetched as they are needed
+        and entries read `concurrency` at a time in parallel: the first few cost a handful of
+        requests (a bounded miss explanation), ten thousand run at the server's pace (`prebake ls`)."""
         base = self._key(f"index/{kind}/" if kind else "index/")
-        with self._faults(f"list {self._where(base)}"):
-            keys = self._index_keys(base)
-        for key in keys:
-            with self._faults(f"read {self._where(key)}"):
-                raw = self._get_or_none(key)
-            if raw is not None:  # deleted between listing and reading
-                yield Manifest.parse(raw, self._where(key))
+        pool = ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="prebake-s3-list")
+        reads: deque[Future[Manifest | None]] = deque()
+        try:
+            for key in self._index_keys(base):
+                reads.append(pool.submit(self._read_listed, key))
+                while len(reads) >= self.settings.concurrency:
+                    yield from _present(reads.popleft())
+            while reads:
+                yield from _present(reads.popleft())
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)  # a reader that stopped early does not wait
 
     def __repr__(self) -> str:
         return f"S3Registry({self.url!r}, endpoint={self.endpoint!r})"
@@ -243,14 +254,25 @@ class S3Registry:
                 return None
             raise
 
-    def _index_keys(self, base: str) -> list[str]:
-        strip = len(self._key(""))
-        keys = []
-        for page in self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
+    def _index_keys(self, base: str) -> Iterator[str]:
+        """Index entry keys under `base`, page by page as they are consumed (S3 lists in key order).
+        The first page is small, so a reader that wants only a few keys waits for a short answer."""
+        strip, token, size = len(self._key("")), None, _FIRST_PAGE
+        while True:
+            ask = {"Bucket": self.bucket, "Prefix": base, "MaxKeys": size}
+            with self._faults(f"list {self._where(base)}"):
+                page = self._client.list_objects_v2(**ask, **({"ContinuationToken": token} if token else {}))
             for obj in page.get("Contents", ()):
                 if parse_index_relpath(obj["Key"][strip:]) is not None:
-                    keys.append(obj["Key"])
-        return sorted(keys)
+                    yield obj["Key"]
+            token, size = page.get("NextContinuationToken"), 1000
+            if not page.get("IsTruncated") or not token:
+                return
+
+    def _read_listed(self, key: str) -> Manifest | None:
+        with self._faults(f"read {self._where(key)}"):
+            raw = self._get_or_none(key)
+        return None if raw is None else Manifest.parse(raw, self._where(key))  # None: deleted since listed
 
     def _key(self, relpath: str) -> str:
         return f"{self.prefix}/{relpath}" if self.prefix else relpath
@@ -351,6 +373,11 @@ def _progress(verb: str, digest: str, total: int) -> tqdm:
         disable=total < _PROGRESS_MIN_BYTES or not sys.stderr.isatty(),
         leave=False,
     )
+
+
+def _present(read: Future[Manifest | None]) -> Iterator[Manifest]:
+    if (manifest := read.result()) is not None:
+        yield manifest
 
 
 def _parse_address(address: str) -> tuple[str, str]:

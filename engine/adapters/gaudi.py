@@ -18,14 +18,19 @@ made per serving process and a network file system is reported.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
+from artifacts.bucket_set import BucketSet
 from artifacts.buckets import vllm_gaudi_env
 from artifacts.errors import BuildError
+from artifacts.gaudi_file import write_bucket_file
+from artifacts.kinds import BUCKETS_FILE
 from artifacts.recipes import Recipe
 
 RECIPES_DIR = "hpu-recipes"
+BUCKET_FILE = "vllm-gaudi-buckets.txt"  # a traffic-fitted set, as VLLM_BUCKETING_FROM_FILE reads it
 RECIPE_CACHE_ENV = "PT_HPU_RECIPE_CACHE_CONFIG"
 DEFAULT_CACHE_MB = 8192  # the size vLLM's Gaudi guide uses for Llama-3.1-8B
 _NETWORK_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "lustre", "glusterfs", "ceph", "9p")
@@ -53,22 +58,32 @@ def parse_recipe_cache_config(value: str) -> tuple[Path, bool, int]:
         raise BuildError(f"{RECIPE_CACHE_ENV}={value!r} is not '<path>,<True|False>,<size MB>'") from exc
 
 
-def bucket_variables(recipe: Recipe) -> dict[str, str]:
-    """vllm-gaudi's bucket variables (and strategy) that reproduce the recipe's bucket set."""
+def bucket_variables(recipe: Recipe, buckets_tree: Path | None = None, folder: Path | None = None) -> dict[str, str]:
+    """vllm-gaudi's bucket variables (and strategy) that reproduce the recipe's bucket set.
+
+    The rule-based strategies are variables; a traffic-fitted set has no rule, so the baked set
+    (buckets.json in `buckets_tree`) is written as upstream's VLLM_BUCKETING_FROM_FILE into `folder`.
+    """
+    if recipe.buckets.strategy == "traffic" and buckets_tree is not None and folder is not None:
+        baked = BucketSet.from_json(json.loads((buckets_tree / BUCKETS_FILE).read_text()))
+        bucket_file = write_bucket_file(baked, folder / BUCKET_FILE)
+        return vllm_gaudi_env(recipe.serving, recipe.buckets, bucket_file=bucket_file)
     return vllm_gaudi_env(recipe.serving, recipe.buckets)
 
 
-def build_variables(recipe: Recipe, out: Path) -> dict[str, str]:
+def build_variables(recipe: Recipe, out: Path, buckets_tree: Path | None = None) -> dict[str, str]:
     """A Gaudi bake's variables: buckets, and an empty recipe folder inside the artifact tree."""
     folder = out / RECIPES_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    return bucket_variables(recipe) | {RECIPE_CACHE_ENV: recipe_cache_config(folder, True, DEFAULT_CACHE_MB)}
+    buckets = bucket_variables(recipe, buckets_tree, out)
+    return buckets | {RECIPE_CACHE_ENV: recipe_cache_config(folder, True, DEFAULT_CACHE_MB)}
 
 
-def serving_variables(recipe: Recipe, local_recipes: Path) -> dict[str, str]:
+def serving_variables(recipe: Recipe, local_recipes: Path, buckets_tree: Path | None = None) -> dict[str, str]:
     """A Gaudi server's variables: the same buckets, and its local copy of the recipes, reused."""
     size = max(DEFAULT_CACHE_MB, 2 * folder_mb(local_recipes))  # never below what is there: it would evict
-    return bucket_variables(recipe) | {RECIPE_CACHE_ENV: recipe_cache_config(local_recipes, False, size)}
+    buckets = bucket_variables(recipe, buckets_tree, local_recipes.parent)
+    return buckets | {RECIPE_CACHE_ENV: recipe_cache_config(local_recipes, False, size)}
 
 
 def folder_mb(folder: Path) -> int:

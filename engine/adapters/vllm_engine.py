@@ -86,7 +86,9 @@ class VllmAdapter:
 
     # -- the environment: where vLLM's caches go, at bake and at serve ----------------------------
 
-    def build_environment(self, plan: Plan, out: Path, base: Mapping[str, str]) -> dict[str, str]:
+    def build_environment(
+        self, plan: Plan, out: Path, base: Mapping[str, str], inputs: Mapping[str, Path] | None = None
+    ) -> dict[str, str]:
         """A bake child's environment: vLLM's cache root inside the artifact tree `out`, nothing shared."""
         return build_environment(plan.recipe, plan.target, out / CACHE_DIR, base)
 
@@ -107,7 +109,7 @@ class VllmAdapter:
     def build_graphs(self, request: BuildRequest) -> None:
         plan, work = request.plan, request.out.parent
         location = model_location(plan.recipe, work / "models")
-        env = self.build_environment(plan, request.out, os.environ)
+        env = self.build_environment(plan, request.out, os.environ, request.inputs)
         port = free_port()
         flags = (*engine_flags(plan.recipe, plan.target), "--host", "127.0.0.1", "--port", str(port))
         argv = (*vllm_command(), "--model", location.name, *flags)
@@ -142,9 +144,14 @@ class VllmGaudiAdapter(VllmAdapter):
     def handles(self, recipe: Recipe, target: Target) -> bool:
         return super().handles(recipe, target) and parse_platform(target.platform)[0] == "gaudi"
 
-    def build_environment(self, plan: Plan, out: Path, base: Mapping[str, str]) -> dict[str, str]:
-        return super().build_environment(plan, out, base) | gaudi.build_variables(plan.recipe, out)
+    def build_environment(
+        self, plan: Plan, out: Path, base: Mapping[str, str], inputs: Mapping[str, Path] | None = None
+    ) -> dict[str, str]:
+        buckets = (inputs or {}).get("buckets")
+        return super().build_environment(plan, out, base, inputs) | gaudi.build_variables(plan.recipe, out, buckets)
 
     def serve_environment(self, plan: Plan, installed: Mapping[str, Installed], run_dir: Path) -> dict[str, str]:
         recipes = self._private(installed.get("graphs"), gaudi.RECIPES_DIR, run_dir)
-        return super().serve_environment(plan, installed, run_dir) | gaudi.serving_variables(plan.recipe, recipes)
+        buckets = installed["buckets"].tree if "buckets" in installed else None
+        variables = gaudi.serving_variables(plan.recipe, recipes, buckets)
+        return super().serve_environment(plan, installed, run_dir) | variables

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 from pathlib import Path
 
 from artifacts.store import Store
-from engine.cli.common import registry_option, size, table
+from engine.cli.common import json_option, registry_option, size, table
 
 
 def add(sub) -> None:
     ls = sub.add_parser("ls", help="list the bundles in a registry")
     registry_option(ls)
     ls.add_argument("--kind", help="only this artifact kind (buckets, autotune, graphs)")
+    json_option(ls)
     ls.set_defaults(run=cmd_ls)
 
     keygen = sub.add_parser("keygen", help="make an ed25519 signing key pair for bundles")
@@ -23,6 +26,7 @@ def add(sub) -> None:
     verify = sub.add_parser("verify", help="re-hash every blob and check every index entry and signature")
     registry_option(verify)
     verify.add_argument("--quarantine", action="store_true", help="move bad entries aside")
+    json_option(verify)
     verify.set_defaults(run=cmd_verify)
 
 
@@ -31,7 +35,15 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
     store = Store()
     registry = open_registry(store.registry_address(args.registry))
-    rows = [_ls_row(m) for m in registry.list(args.kind)]
+    manifests = list(registry.list(args.kind))
+    if args.json:
+        print(
+            json.dumps(
+                {"registry": registry.url, "bundles": [_ls_json(m) for m in manifests]}, indent=2, sort_keys=True
+            )
+        )
+        return 0
+    rows = [_ls_row(m) for m in manifests]
     headers = ("MODEL", "KIND", "PLATFORM", "PRECISION", "TP", "SIZE", "CREATED", "KEY")
     print(table(headers, rows) if rows else f"no bundles in {registry.url}")
     return 0
@@ -51,6 +63,21 @@ def _ls_row(m) -> tuple[str, ...]:
     )
 
 
+def _ls_json(m) -> dict:
+    return {
+        "kind": m.kind,
+        "key": m.key_digest,
+        "model": m.labels.get("model"),
+        "labels": dict(m.labels),
+        "blob": m.blob.digest,
+        "bytes": m.blob.size,
+        "created": m.created,
+        "builder": m.builder,
+        "build_seconds": m.build_seconds,
+        "signers": [s.signer for s in m.signatures],
+    }
+
+
 def cmd_keygen(args: argparse.Namespace) -> int:
     from registry.signing import keygen_cli
 
@@ -65,5 +92,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     registry = open_registry(Store().registry_address(args.registry))
     report = verify_registry(registry, trust=trust_from_env(), quarantine=args.quarantine)
-    print(report.render())
+    if args.json:
+        payload = {
+            "registry": report.registry,
+            "entries": report.entries,
+            "ok": report.ok,
+            "bad": report.bad,
+            "findings": [dataclasses.asdict(f) for f in report.findings],
+            "notes": list(report.notes),
+        }
+        print(json.dumps(payload, indent=2, sort_keys=True))
+    else:
+        print(report.render())
     return report.exit_code

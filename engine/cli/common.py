@@ -36,6 +36,12 @@ def engine_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--json", action="store_true", help="print the report as JSON (a stable shape, see docs/operations.md)"
+    )
+
+
 def size(n: int) -> str:
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):

@@ -8,7 +8,9 @@ import logging
 import sys
 
 from artifacts.errors import ExitCode, PrebakeError
+from artifacts.fetch import Miss
 from artifacts.recipes import load_recipe
+from artifacts.stats import classify
 from engine.cli.common import engine_options, registry_option, target_options
 
 
@@ -94,6 +96,7 @@ def cmd_fetch_vllm(args: argparse.Namespace) -> int:
             "argv": list(prepared.argv),
             "cwd": str(prepared.cwd) if prepared.cwd else None,
             "complete": not prepared.misses,
+            "misses": [miss_json(m) for m in prepared.misses],
         }
         print(json.dumps(payload, indent=2, sort_keys=True))
     else:
@@ -117,11 +120,20 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         for miss in resolution.misses:
             print(miss.explain(), file=sys.stderr)
         print(f"prebake: no complete bundle set for {plan.target.name} in {context.address}", file=sys.stderr)
+        if args.json:
+            payload = {
+                "target": plan.target.name,
+                "complete": False,
+                "misses": [miss_json(m) for m in resolution.misses],
+            }
+            print(json.dumps(payload, indent=2, sort_keys=True))
         return ExitCode.MISS
     env = prebake_environment(plan.kinds, resolution.installed)
     if args.json:
         payload = {
             "target": plan.target.name,
+            "complete": True,
+            "misses": [],
             "env": env,
             "bundles": {
                 k: {"key": i.manifest.key_digest, "blob": i.manifest.blob.digest, "tree": str(i.tree)}
@@ -132,6 +144,18 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     else:
         print(shell_exports(env))
     return 0
+
+
+def miss_json(miss: Miss) -> dict:
+    """A miss in `fetch --json`: the key, why (and its short class), the nearest bundle and how it differs."""
+    return {
+        "kind": miss.key.kind,
+        "key": miss.key.digest,
+        "reason": miss.reason,
+        "reason_class": classify(miss.reason),
+        "nearest": miss.nearest.digest if miss.nearest is not None else None,
+        "differing": {name: {"wanted": want, "nearest": have} for name, (want, have) in miss.differing.items()},
+    }
 
 
 def cmd_serve_vllm(args: argparse.Namespace) -> int:

@@ -1,10 +1,17 @@
-"""Local store commands: gc."""
+"""Local store commands: gc, and store ls | verify | rm (what is installed, whether it is whole).
+
+Every report takes --json; the shapes are documented in docs/operations.md and kept stable.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 
-from artifacts.store import Store
+from artifacts import store_admin
+from artifacts.errors import ExitCode, StoreError
+from artifacts.store import Store, parse_size
+from engine.cli.common import json_option, size, table
 
 
 def add(sub) -> None:
@@ -12,16 +19,105 @@ def add(sub) -> None:
     gc.add_argument(
         "--max-size", help="how large the store may be, e.g. 10G or 500M (default: $PREBAKE_STORE_MAX_BYTES)"
     )
+    gc.add_argument("--dry-run", action="store_true", help="remove nothing; show what would be evicted")
+    json_option(gc)
     gc.set_defaults(run=cmd_gc)
+
+    store = sub.add_parser("store", help="inspect the local store: ls, verify, rm")
+    cmds = store.add_subparsers(required=True, metavar="STORE_COMMAND")
+    ls = cmds.add_parser("ls", help="list the installed bundles: size, last use, held by a live engine or not")
+    json_option(ls)
+    ls.set_defaults(run=cmd_store_ls)
+
+    verify = cmds.add_parser("verify", help="re-hash every installed tree and blob against its manifest")
+    verify.add_argument(
+        "--fix",
+        action="store_true",
+        help="remove broken bundles (never one held by a live engine) so the next fetch installs them again",
+    )
+    json_option(verify)
+    verify.set_defaults(run=cmd_store_verify)
+
+    rm = cmds.add_parser("rm", help="remove bundles from the store (never one held by a live engine)")
+    rm.add_argument("selector", help="a model name (all its bundles), or a key or blob digest prefix (4+ hex digits)")
+    rm.add_argument("--kind", help="only bundles of this artifact kind (buckets, autotune, graphs)")
+    rm.add_argument("--dry-run", action="store_true", help="remove nothing; show what would go")
+    json_option(rm)
+    rm.set_defaults(run=cmd_store_rm)
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from artifacts.errors import StoreError
-    from artifacts.store import parse_size
-
     store = Store()
     bound = parse_size(args.max_size, "--max-size") if args.max_size else store.limits.max_bytes
     if bound is None:
         raise StoreError("say how large the store may be: prebake gc --max-size 10G, or set PREBAKE_STORE_MAX_BYTES")
-    print(store.gc(bound).render())
-    return 0
+    report = store.gc(bound, dry_run=args.dry_run)
+    assert report is not None  # gc waits for a running gc instead of returning None
+    if args.json:
+        _print_json(
+            {
+                "store": str(store.home),
+                "dry_run": report.dry_run,
+                "max_bytes": report.max_bytes,
+                "before_bytes": report.before_bytes,
+                "after_bytes": report.after_bytes,
+                "evicted": ["sha256:" + h for h in report.evicted],
+                "in_use": ["sha256:" + h for h in report.in_use],
+                "recovered": report.recovered,
+            }
+        )
+    else:
+        print(report.render())
+    return ExitCode.OK
+
+
+def cmd_store_ls(args: argparse.Namespace) -> int:
+    store = Store()
+    bundles = store_admin.list_bundles(store)
+    if args.json:
+        total = sum(b.entry.bytes for b in bundles)
+        _print_json({"store": str(store.home), "total_bytes": total, "bundles": [b.to_json() for b in bundles]})
+        return ExitCode.OK
+    if not bundles:
+        print(f"no bundles installed in {store.home}")
+        return ExitCode.OK
+    headers = ("MODEL", "KIND", "KEY", "BLOB", "SIZE", "LAST USE", "HELD")
+    rows = [_ls_row(b) for b in bundles]
+    print(table(headers, rows))
+    print(f"{len(bundles)} bundle(s), {size(sum(b.entry.bytes for b in bundles))} in {store.home}")
+    return ExitCode.OK
+
+
+def _ls_row(b: store_admin.StoredBundle) -> tuple[str, ...]:
+    first = b.manifests[0] if b.manifests else None
+    more = f" +{len(b.manifests) - 1}" if len(b.manifests) > 1 else ""
+    held = ("yes" + (f" (pid {','.join(map(str, b.holders))})" if b.holders else "")) if b.held else "no"
+    state = "" if b.has_tree else " (no tree)"
+    last_use = b.to_json()["last_use"] or "-"
+    return (
+        (first.labels.get("model") if first else None) or "?",
+        (first.kind if first else "-") + more,
+        (first.key_digest[:16] if first else "(no index entry)") + state,
+        b.hex[:12],
+        size(b.entry.bytes),
+        last_use.replace("T", " ").removesuffix("Z"),
+        held,
+    )
+
+
+def cmd_store_verify(args: argparse.Namespace) -> int:
+    report = store_admin.verify_store(Store(), fix=args.fix)
+    _print_json(report.to_json()) if args.json else print(report.render())
+    return report.exit_code
+
+
+def cmd_store_rm(args: argparse.Namespace) -> int:
+    store = Store()
+    chosen = store_admin.select(store, args.selector, args.kind)
+    report = store_admin.remove(store, chosen, dry_run=args.dry_run)
+    _print_json(report.to_json()) if args.json else print(report.render())
+    return ExitCode.FAILED if report.kept else ExitCode.OK
+
+
+def _print_json(payload: dict) -> None:
+    print(json.dumps(payload, indent=2, sort_keys=True))

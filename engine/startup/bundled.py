@@ -42,6 +42,7 @@ from artifacts.fetch import Found, Miss, Resolution
 from artifacts.kinds import BUCKETS_FILE, BuildRequest, Plan
 from artifacts.manifest import Manifest
 from artifacts.recipes import Recipe, load_recipe
+from artifacts.stats import record_fallback, record_miss, record_resolution
 from artifacts.store import Installed, Store
 from artifacts.timebox import Done, Raised, within
 from engine.adapters.bundled import AUTOTUNE_FILE
@@ -190,6 +191,7 @@ def _start(
         s.detail = ", ".join(fetched) or "nothing to fetch"
     resolution = fetch.resolution(plan, looked.found, _hold(got, store, leases))
     _count(log.metrics, resolution)
+    record_resolution(store, resolution)
     for miss in resolution.misses:
         log.note(miss.explain())
     if resolution.misses and settings.on_miss == "fail":
@@ -203,8 +205,10 @@ def _start(
     if missing := [k for k in kinds if k not in trees and k != compiled]:
         with log.step("build") as s:
             for kind in missing:
+                started = time.perf_counter()
                 trees[kind] = _build_in_place(plan, kind, trees, run_dir)
                 log.metrics.add("prebake_fallback_compiles_total", kind=kind)
+                record_fallback(store, kind, time.perf_counter() - started)
             s.detail = f"built {', '.join(missing)} in place with the bake's builders"
     engine = _warm(settings, context, plan, trees, resolution.installed, run_dir, log, built)
     if settings.write_back and built:
@@ -287,6 +291,8 @@ def _warm(
     if settings.eager or "graphs" in installed:
         with log.step("warm-up") as s:
             steps, s.detail = _load_steps(settings, recipe, model, cache, schedule, trees.get("graphs"), log)
+        if steps is None:
+            record_miss(context.store, "graphs", s.detail, key=plan.key("graphs").digest)
     if steps is None:
         if "graphs" not in built:
             built.append("graphs")
@@ -296,6 +302,7 @@ def _warm(
             steps = compile_graphs(model, cache, recipe, schedule, trees["graphs"], log=log.note)
             log.metrics.add("prebake_fallback_compiles_total", kind="graphs")
             s.detail = f"{len(shapes)} step shapes compiled in place ({recipe.compile.variant})"
+        record_fallback(context.store, "graphs", log.seconds.get("compile"))
     return Engine(plan, steps, buckets, schedule, run_dir, context.store, tuple(built))
 
 

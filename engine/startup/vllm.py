@@ -26,6 +26,7 @@ from artifacts.errors import ExitCode, PrebakeError, RecipeError
 from artifacts.fetch import Miss
 from artifacts.kinds import BuildRequest, Plan
 from artifacts.recipes import load_recipe
+from artifacts.stats import record_fallback
 from artifacts.store import Installed
 from engine.adapters import gaudi
 from engine.adapters.base import EngineStartError
@@ -177,6 +178,8 @@ def serve(request: VllmStart, emit: Emit) -> int:
         f"prebake: starting vLLM for {prepared.plan.target.name} from {where}: VLLM_CACHE_ROOT={prepared.cache_root / CACHE_DIR}"
     )
     env = prepared.child_env(dict(os.environ))
+    if "graphs" not in prepared.installed:
+        record_fallback(context.store, "graphs")  # vLLM compiles them as it starts
     if not (request.write_back and "graphs" not in prepared.installed):
         if prepared.cwd is not None:
             os.chdir(prepared.cwd)

@@ -81,6 +81,26 @@ def hub(hub_server_session, monkeypatch, tmp_path) -> Iterator[HubStandIn]:
     hub_server_session.on_commit = None
 
 
+@pytest.fixture(scope="session")
+def hub_lfs_session() -> Iterator[HubStandIn]:
+    with hub_server(lfs=True) as hub:
+        yield hub
+
+
+@pytest.fixture
+def hub_lfs(hub_lfs_session, monkeypatch, tmp_path) -> Iterator[HubStandIn]:
+    """The Hub stand-in that stores blobs through the LFS batch API; Xet off, as the stand-in has none."""
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_XET", True)  # what HF_HUB_DISABLE_XET=1 sets
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")  # and for child processes
+    monkeypatch.setenv("HF_ENDPOINT", hub_lfs_session.url)
+    monkeypatch.setenv("HF_TOKEN", "hf_contract_token")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    yield hub_lfs_session
+
+
 @pytest.fixture
 def bundle(tmp_path) -> Callable[..., Bundle]:
     """make_bundle(...) writing under this test's tmp_path."""
@@ -126,6 +146,20 @@ def _hf(request, tmp_path: Path) -> Backend:
     return Backend("hf", HubRegistry(f"hf://{repo}"), corrupt, second)
 
 
+def _hf_lfs(request, tmp_path: Path) -> Backend:
+    """The Hub backend with blobs going through Git LFS (upload: batch + basic PUT + verify)."""
+    from registry.hf import HubRegistry
+
+    hub = request.getfixturevalue("hub_lfs")
+    repo = f"team/registry-{uuid.uuid4().hex[:8]}"
+
+    def corrupt(digest: str, data: bytes) -> None:
+        hub.overwrite("model", repo, blob_relpath(digest), data)
+
+    second = lambda: HubRegistry(f"hf://{repo}", cache_dir=tmp_path / "hf-cache-second")  # noqa: E731
+    return Backend("hf-lfs", HubRegistry(f"hf://{repo}"), corrupt, second)
+
+
 def _chain(request, tmp_path: Path) -> Backend:
     near, far = _file(request, tmp_path), _s3(request, tmp_path)
     make = lambda: ChainRegistry([FileRegistry(tmp_path / "registry"), far.second_client()])  # noqa: E731
@@ -137,6 +171,7 @@ BACKENDS = {
     "s3": _s3,
     "s3-unconditional": lambda request, tmp_path: _s3(request, tmp_path, conditional=False),
     "hf": _hf,
+    "hf-lfs": _hf_lfs,
     "chain": _chain,
 }
 

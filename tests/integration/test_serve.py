@@ -277,3 +277,15 @@ def test_the_inductor_cache_variant_warms_up_from_cache_hits_and_serves_the_same
     assert (
         same_model_other_variant == warm.complete(prompt=PROMPT, max_tokens=8, temperature=0)["choices"][0]["token_ids"]
     )
+
+
+def test_start_ups_record_hits_misses_and_fallback_compiles_in_the_stores_stats(cold, warm):
+    from artifacts.stats import read_stats
+    from artifacts.store import Store
+
+    cold_total = read_stats(Store(cold.registry.parent / "home")).to_json()["total"]
+    assert cold_total["misses"] == 3 and cold_total["hits"] == 0
+    assert cold_total["fallback_compiles"] == 3 and cold_total["fallback_seconds"] > 0
+    warm_total = read_stats(Store(warm.env["PREBAKE_HOME"])).to_json()["total"]
+    assert warm_total["registry_hits"] == 3 and warm_total["misses"] == 0 and warm_total["fallback_compiles"] == 0
+    assert warm_total["bytes_fetched"] > 0 and warm_total["untimed_hits"] == 0  # write-back recorded build times

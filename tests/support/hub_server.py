@@ -10,8 +10,12 @@ its head, commit files, and download or list them:
     GET      /api/{models|datasets}/<ns>/<name>/tree/<rev>[/<path>]   listing (?recursive=true)
     GET|HEAD /[datasets/]<ns>/<name>/resolve/<rev>/<path>             bytes, ETag, X-Repo-Commit
 
-Where it differs from the Hub: preupload answers "regular" for every file, so content
-arrives base64 inside the commit rather than through LFS or Xet storage; nothing is
+With lfs=True (tests/support/hub_lfs.py), preupload answers "lfs" as the Hub does (paths the
+repo's .gitattributes sends to LFS, files of 10 MB and more), the LFS batch API takes basic
+uploads, commits name such files by oid and downloads carry X-Linked-Etag/-Size. Without it,
+preupload answers "regular" for every file and content arrives base64 in the commit.
+
+Where it differs from the Hub: no Xet storage (clients need HF_HUB_DISABLE_XET); nothing is
 authorised (the Authorization header is recorded, so tests can see a token arrive);
 revisions are branches or commit shas (no tags, no pull requests). Like the Hub, a commit
 whose parentCommit is no longer its branch's head is refused (412), and errors carry the
@@ -31,6 +35,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from tests.support import hub_lfs
 
 _API = re.compile(r"^/api/(models|datasets)/([^/]+/[^/]+)(?:/(revision|preupload|commit|tree)/([^/]+)(/.*)?)?$")
 _RESOLVE = re.compile(r"^/(?:(datasets)/)?([^/]+/[^/]+)/resolve/([^/]+)/(.+)$")
@@ -60,7 +66,7 @@ class HttpError(Exception):
 class HubStandIn:
     """The server and its state; `url` is what HF_ENDPOINT should be set to."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, lfs: bool = False) -> None:
         self.repos: dict[tuple[str, str], HubRepo] = {}
         self.authorizations: list[str | None] = []
         # Called as on_commit(repo_type, repo_id) before each API commit is applied: lets a test
@@ -72,6 +78,7 @@ class HubStandIn:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), type("Handler", (_Handler,), {"hub": self}))
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self.lfs = hub_lfs.LfsStore(self.url) if lfs else None
         self._thread = threading.Thread(target=self._server.serve_forever, name="hub-stand-in", daemon=True)
 
     def __enter__(self) -> HubStandIn:
@@ -139,7 +146,9 @@ class HubStandIn:
             answer = [
                 {
                     "path": f["path"],
-                    "uploadMode": "regular",
+                    "uploadMode": self.lfs.upload_mode(f["path"], f.get("size", 0), tree.get(".gitattributes", b""))
+                    if self.lfs
+                    else "regular",
                     "shouldIgnore": False,
                     "oid": git_blob_id(tree[f["path"]]) if f["path"] in tree else None,
                 }
@@ -156,6 +165,11 @@ class HubStandIn:
                 changes[value["path"]] = base64.b64decode(value["content"])
             elif key == "deletedFile":
                 changes[value["path"]] = None
+            elif key == "lfsFile" and self.lfs is not None:
+                data = self.lfs.get(value["oid"])
+                if data is None:
+                    raise HttpError(400, f"LFS object {value['oid']} of {value['path']} was never uploaded")
+                changes[value["path"]] = data
             elif key != "header":
                 raise HttpError(400, f"this stand-in takes regular files and deletions only, not {key!r}")
         if self.on_commit is not None:
@@ -243,6 +257,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._serve(head=False)
 
+    def do_PUT(self) -> None:
+        self._serve(head=False)
+
     def log_message(self, *args) -> None:  # keep test output clean
         pass
 
@@ -250,7 +267,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.hub.authorizations.append(self.headers.get("Authorization"))
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) if self.command == "POST" else b""
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) if self.command in ("POST", "PUT") else b""
         try:
             if self.command == "POST" and url.path == "/api/repos/create":
                 self._create(json.loads(body))
@@ -258,6 +275,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._api(m, query, body)
             elif (m := _RESOLVE.match(url.path)) and self.command in ("GET", "HEAD"):
                 self._resolve(m, head)
+            elif self.hub.lfs is not None and (hub_lfs.BATCH.match(url.path) or hub_lfs.OBJECT.match(url.path)):
+                self._lfs(url.path, body)
             else:
                 raise HttpError(404, f"no route for {self.command} {url.path}")
         except HttpError as exc:
@@ -301,11 +320,28 @@ class _Handler(BaseHTTPRequestHandler):
         repo_type = "dataset" if m.group(1) else "model"
         data, sha = self.hub.resolve(repo_type, m.group(2), unquote(m.group(3)), unquote(m.group(4)))
         headers = {"ETag": f'"{git_blob_id(data)}"', "X-Repo-Commit": sha, "Content-Type": "application/octet-stream"}
+        if self.hub.lfs is not None:
+            headers.update(self.hub.lfs.linked_headers(data, download=not head))
         status, start = 200, 0
         if (rng := re.match(r"bytes=(\d+)-$", self.headers.get("Range", ""))) and int(rng.group(1)) <= len(data):
             status, start = 206, int(rng.group(1))
             headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
         self._send(status, data[start:], headers, head)
+
+    def _lfs(self, path: str, body: bytes) -> None:
+        lfs = self.hub.lfs
+        if hub_lfs.BATCH.match(path) and self.command == "POST":
+            self._json(lfs.batch(json.loads(body)))
+        elif (m := hub_lfs.OBJECT.match(path)) and self.command == "PUT" and not m.group(2):
+            if not lfs.put(m.group(1), body):
+                raise HttpError(400, f"the uploaded bytes do not hash to {m.group(1)}")
+            self._send(200, b"", {}, head=False)
+        elif m and self.command == "POST" and m.group(2):
+            if not lfs.verify(m.group(1), json.loads(body)["size"]):
+                raise HttpError(404, f"LFS object {m.group(1)} is not stored whole")
+            self._json({"success": True})
+        else:
+            raise HttpError(404, f"no route for {self.command} {path}")
 
     def _json(self, value: object) -> None:
         self._send(200, json.dumps(value).encode(), {"Content-Type": "application/json"}, head=False)
@@ -321,7 +357,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def hub_server() -> Iterator[HubStandIn]:
-    """A running stand-in on a free loopback port, shut down on exit."""
-    with HubStandIn() as hub:
+def hub_server(*, lfs: bool = False) -> Iterator[HubStandIn]:
+    """A running stand-in on a free loopback port, shut down on exit (with the LFS batch API if lfs)."""
+    with HubStandIn(lfs=lfs) as hub:
         yield hub

@@ -196,3 +196,26 @@ def test_gaudi_bake_packs_the_recipes_and_a_server_reuses_a_local_copy(tmp_path,
     assert len(recipes_baked) == 3 and served.misses == ()
     assert delete is False and path == served.cache_root / "hpu-recipes" and len(list(path.iterdir())) == 3
     assert log.read_text().count("HPU recipe cache hit") == 3 and "HPU recipe compiled" not in log.read_text()
+
+
+def test_a_traffic_fitted_set_reaches_vllm_gaudi_as_its_bucket_file_and_reads_back_exactly(tmp_path):
+    from artifacts.buckets import build_bucket_set
+    from artifacts.gaudi_file import upstream_reading
+    from artifacts.kinds import BUCKETS_FILE
+    from tests.support.synthetic_traces import synthetic_requests, write_jsonl
+
+    trace = write_jsonl(synthetic_requests("chat", 200, max_len=120), tmp_path / "fit.jsonl")
+    recipe = recipe_with(buckets={"strategy": "traffic", "trace": str(trace), "budget": 9})
+    baked = build_bucket_set(recipe.serving, recipe.buckets)
+    buckets_tree = tmp_path / "buckets"
+    buckets_tree.mkdir()
+    (buckets_tree / BUCKETS_FILE).write_text(json.dumps(baked.to_json()))
+
+    bake_env = gaudi.build_variables(recipe, tmp_path / "tree", buckets_tree)
+    serve_env = gaudi.serving_variables(recipe, tmp_path / "run" / gaudi.RECIPES_DIR, buckets_tree)
+
+    for env in (bake_env, serve_env):
+        text = open(env["VLLM_BUCKETING_FROM_FILE"]).read()
+        prompt, decode = upstream_reading(text, recipe.serving)
+        assert prompt == [(b.batch, b.query, b.ctx_blocks) for b in baked.prompt]
+        assert decode == [(b.batch, b.query, b.ctx_blocks) for b in baked.decode]

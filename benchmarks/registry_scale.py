@@ -1,0 +1,178 @@
+"""Registries that grow: hit lookups, miss explanations and `prebake ls` at 10, 1,000 and 10,000 entries.
+
+    python -m benchmarks.registry_scale [--sizes 10,1000,10000] [--files 50] [--lookups 20]
+
+Two registries, a local folder and S3 (moto's server as a process on 127.0.0.1, real boto3),
+are filled with index entries (tests/support/index_seed.py: distinct keys, each entry listing
+--files files, as a graphs bundle lists its cache). At each size it measures, in one run:
+
+    hit   median time of Registry.lookup of an existing key (one read or one GET)
+    miss  nearest_miss for a key in no registry (the start path's explanation): its time, the
+          entries it read and, on S3, the HTTP requests boto3 sent; bounded by a sample
+    ls    `prebake ls --registry <it>` as a subprocess, start-up included
+
+Ratios compare the largest size with the smallest (hits) and with the first size of at least
+a full miss sample (misses): about 1 means flat. The last line is a
+JSON object of the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from artifacts.fetch import MISS_SAMPLE, nearest_miss
+from artifacts.keys import Key
+from artifacts.manifest import Manifest
+from registry.file import FileRegistry
+from registry.s3 import S3Registry, S3Settings
+from tests.support.index_seed import entry_key, seed_folder, seed_s3, synthetic_manifests
+from tests.support.moto_server import moto_server, s3_env
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Point:
+    backend: str
+    entries: int
+    hit_ms: float
+    miss_ms: float
+    miss_reads: int
+    miss_requests: int | None  # HTTP requests (S3 only)
+    ls_s: float
+
+
+class _Counting:
+    """A registry whose listing counts the manifests it hands out."""
+
+    def __init__(self, inner):
+        self.inner, self.url, self.listed = inner, inner.url, 0
+
+    def list(self, kind: str | None = None) -> Iterator[Manifest]:
+        for manifest in self.inner.list(kind):
+            self.listed += 1
+            yield manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="10,1000,10000", help="registry sizes, comma-separated, ascending")
+    parser.add_argument("--files", type=int, default=50, help="files listed by each index entry")
+    parser.add_argument("--lookups", type=int, default=20, help="hit lookups per size; the median is reported")
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    manifests = synthetic_manifests(sizes[-1], files=args.files)
+    print(f"index entries of {args.files} files each; a miss reads at most {MISS_SAMPLE} entries")
+    with tempfile.TemporaryDirectory(prefix="prebake-registry-scale-") as tmp, moto_server() as endpoint:
+        os.environ.update(s3_env(endpoint))  # a script, not a library: this process talks only to moto
+        import boto3
+
+        client, bucket = boto3.client("s3"), f"scale-{uuid.uuid4().hex[:8]}"
+        client.create_bucket(Bucket=bucket)
+        registries: dict[tuple[str, int], tuple[Callable, str]] = {}
+        for size in sizes:  # one registry per size, side by side, measured round-robin below
+            started = time.perf_counter()
+            folder = Path(tmp) / f"registry-{size}"
+            seed_folder(folder, manifests[:size])
+            seed_s3(client, bucket, f"reg-{size}", manifests[:size])
+            print(f"seeded {size} entries in a folder and in S3 ({time.perf_counter() - started:.1f} s)")
+            registries["file", size] = (lambda f=folder: FileRegistry(f), str(folder))
+            address = f"s3://{bucket}/reg-{size}"
+            registries["s3", size] = (lambda a=address: S3Registry(a, S3Settings()), address)
+        points = _measure(registries, manifests, args.lookups)
+    print(json.dumps(_figures(points, sizes)))
+    return 0
+
+
+def _measure(registries: dict, manifests: list[Manifest], lookups: int) -> list[Point]:
+    """Every measurement taken round-robin over the registries, so a change in the machine's load
+    falls on all sizes alike and the ratios between sizes stay fair."""
+    opened = {where: make() for where, (make, _) in registries.items()}
+    hits: dict = {where: [] for where in registries}
+    for i in range(lookups):
+        for (backend, size), registry in opened.items():
+            m = manifests[(i * 7919) % size]
+            hits[backend, size].append(_timed(lambda r=registry, m=m: r.lookup(m.kind, m.key_digest)))
+    misses: dict = {where: [] for where in registries}
+    for _ in range(3):
+        for where, (make, _) in registries.items():
+            misses[where].append(_miss(make()))
+    points = []
+    for (backend, size), (_, address) in registries.items():
+        miss_s, reads, requests = sorted(misses[backend, size])[1]  # the median of three
+        ls_s = _timed(lambda a=address: _prebake_ls(a))
+        points.append(
+            Point(backend, size, 1000 * statistics.median(hits[backend, size]), 1000 * miss_s, reads, requests, ls_s)
+        )
+        _report(points[-1])
+    return points
+
+
+def _miss(registry) -> tuple[float, int, int | None]:
+    """nearest_miss on a key in no registry: seconds, entries read, HTTP requests (S3)."""
+    counting = _Counting(registry)
+    sent: list[str] = []
+    if isinstance(registry, S3Registry):
+        registry._client.meta.events.register("before-send.s3", lambda request, **_: sent.append(request.url))
+    seconds = _timed(lambda: nearest_miss(counting, _missing_key(), "no bundle for this key"))
+    return seconds, counting.listed, len(sent) if isinstance(registry, S3Registry) else None
+
+
+def _missing_key() -> Key:
+    near = entry_key(0)
+    return Key.of("graphs", {**{g: dict(f) for g, f in near.groups}, "software": {"torch": "2.99.0+cpu"}})
+
+
+def _prebake_ls(address: str) -> None:
+    argv = [sys.executable, "-m", "engine.cli", "ls", "--registry", address, "--kind", "graphs"]
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=True)
+    if done.stdout.count("\n") < 2:
+        raise RuntimeError(f"prebake ls printed no bundles: {done.stdout!r} {done.stderr!r}")
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def _report(p: Point) -> None:
+    requests = f", {p.miss_requests} requests" if p.miss_requests is not None else ""
+    print(
+        f"  {p.backend:<4} {p.entries:>6} entries: hit {p.hit_ms:7.2f} ms   "
+        f"miss {p.miss_ms:7.1f} ms ({p.miss_reads} entries read{requests})   prebake ls {p.ls_s:6.2f} s"
+    )
+
+
+def _figures(points: list[Point], sizes: list[int]) -> dict[str, float]:
+    figures: dict[str, float] = {}
+    for p in points:
+        figures[f"{p.backend}_hit_ms_{p.entries}"] = round(p.hit_ms, 3)
+        figures[f"{p.backend}_miss_ms_{p.entries}"] = round(p.miss_ms, 1)
+        figures[f"{p.backend}_miss_reads_{p.entries}"] = p.miss_reads
+        if p.miss_requests is not None:
+            figures[f"{p.backend}_miss_requests_{p.entries}"] = p.miss_requests
+        figures[f"{p.backend}_ls_s_{p.entries}"] = round(p.ls_s, 2)
+    # hits against the smallest registry; misses against the first size whose sample is full
+    large = sizes[-1]
+    full = next((s for s in sizes if s >= MISS_SAMPLE), sizes[0])
+    for backend in ("file", "s3"):
+        for what, base in (("hit_ms", sizes[0]), ("miss_ms", full)):
+            ratio = figures[f"{backend}_{what}_{large}"] / figures[f"{backend}_{what}_{base}"]
+            figures[f"{backend}_{what.removesuffix('_ms')}_ratio_{large}_vs_{base}"] = round(ratio, 2)
+    return figures
+
+
+if __name__ == "__main__":
+    sys.exit(main())

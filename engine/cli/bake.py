@@ -1,0 +1,57 @@
+"""`prebake bake`: the tasks of `doit bake`, installed; one target, or the whole matrix on a Ray cluster.
+
+prebake bake --model M [--precision P] [--tp N] [--registry R]     what this host builds
+prebake bake --model M --target <id> [--registry R]                one planned target
+prebake bake --model M --executor ray [--ray-address ADDR]         every missing target, on matching nodes
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from artifacts.recipes import load_recipe
+from artifacts.tasks import BakeRequest
+from engine.cli.common import registry_option
+from engine.cli.plan import profiles_option
+
+
+def add(sub) -> None:
+    bake = sub.add_parser("bake", help="bake a recipe's artifacts (doit's tasks) and publish them")
+    bake.add_argument("--model", required=True, help="recipe name (recipes/<name>.toml, PREBAKE_RECIPES adds folders)")
+    bake.add_argument("--precision", help="only this dtype")
+    bake.add_argument("--tp", type=int, help="only this tensor-parallel size")
+    bake.add_argument("--target", help="bake exactly this target id, as `prebake plan` prints it")
+    registry_option(bake)
+    bake.add_argument("--executor", choices=("local", "ray"), default="local", help="where the bakes run")
+    bake.add_argument("--ray-address", help="with --executor ray: the cluster (default: RAY_ADDRESS, else a local one)")
+    bake.add_argument(
+        "--node-timeout", type=float, default=120.0, help="with --executor ray: seconds to wait for a matching node"
+    )
+    bake.add_argument(
+        "--ray-routing",
+        choices=("resource", "accelerator"),
+        default="resource",
+        help="with --executor ray: place bakes by the custom resource `prebake ray-resources` prints (default), "
+        "or by Ray's GPU accelerator_type / HPU count",
+    )
+    bake.add_argument(
+        "--ray-retries", type=int, default=2, help="with --executor ray: retries of a bake whose node died (default 2)"
+    )
+    profiles_option(bake)
+    bake.add_argument("--always", action="store_true", help="rebuild even what the registry already has (doit -a)")
+    bake.set_defaults(run=cmd_bake)
+
+
+def cmd_bake(args: argparse.Namespace) -> int:
+    if args.executor == "ray":
+        from engine.fleet.ray_executor import bake_on_ray
+
+        return bake_on_ray(args)
+    from engine.fleet.local import bake_locally, parse_target, request_for_target
+
+    if args.target:
+        target = parse_target(load_recipe(args.model), args.target)
+        request = request_for_target(args.model, target, args.registry)
+    else:
+        request = BakeRequest(model=args.model, precision=args.precision, tp=args.tp, registry=args.registry)
+    return bake_locally(request, doit_args=["-a"] if args.always else ())

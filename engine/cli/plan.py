@@ -1,0 +1,163 @@
+"""Fleet planning commands: plan, profile, ray-resources.
+
+    prebake plan --model M [--precision P] [--tp N] [--registry R] [--profiles FILE]
+                 [--missing-only] [--format table|json|github-matrix]
+    prebake profile [--name N] [--label L ...]       this host's builder profile (TOML)
+    prebake ray-resources                            the --resources JSON for `ray start`
+
+The JSON format (schema "prebake.plan/1") is stable; docs/fleet.md describes every field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from artifacts.planning import FleetPlan, TargetPlan, custom_resource
+from engine.cli.common import registry_option, table
+from engine.fleet.plan import make_plan as plan_for
+from engine.fleet.profiles import host_profile, render_toml
+from engine.probe import current_host
+
+PLAN_SCHEMA = "prebake.plan/1"
+
+
+def add(sub) -> None:
+    plan = sub.add_parser("plan", help="every target x kind of a recipe: present, missing, unknown or unbuildable")
+    plan.add_argument("--model", required=True, help="recipe name (recipes/<name>.toml) or path")
+    plan.add_argument("--precision", help="only this dtype")
+    plan.add_argument("--tp", type=int, help="only this tensor-parallel size")
+    registry_option(plan)
+    profiles_option(plan)
+    plan.add_argument("--missing-only", action="store_true", help="only targets some kind of which needs baking")
+    plan.add_argument("--format", choices=("table", "json", "github-matrix"), default="table")
+    plan.set_defaults(run=cmd_plan)
+
+    profile = sub.add_parser("profile", help="print this host's builder profile, for a profiles file")
+    profile.add_argument("--name", help="the profile's name (default: the host's platform)")
+    profile.add_argument("--label", action="append", default=[], help="a runner label (repeatable)")
+    profile.set_defaults(run=cmd_profile)
+
+    ray = sub.add_parser("ray-resources", help="print the --resources JSON a Ray node of this host advertises")
+    ray.set_defaults(run=cmd_ray_resources)
+
+
+def profiles_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--profiles",
+        help="a profiles file (TOML, from `prebake profile`) keying other platforms' targets (default: $PREBAKE_PROFILES)",
+    )
+
+
+def make_plan(args: argparse.Namespace) -> FleetPlan:
+    """The plan of args.model (narrowed by args.precision / args.tp) against args.registry."""
+    return plan_for(args.model, precision=args.precision, tp=args.tp, registry=args.registry, profiles=args.profiles)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    fleet = make_plan(args)
+    rows = fleet.missing() if args.missing_only else fleet.targets
+    if args.format == "json":
+        print(json.dumps(plan_json(fleet, rows), indent=1))
+    elif args.format == "github-matrix":
+        print(json.dumps(github_matrix(rows), separators=(",", ":")))
+    else:
+        print(render_table(fleet, rows))
+    return 0
+
+
+def plan_json(fleet: FleetPlan, rows: tuple[TargetPlan, ...]) -> dict:
+    return {
+        "schema": PLAN_SCHEMA,
+        "recipe": fleet.recipe,
+        "registry": fleet.registry,
+        "here": current_host().platform.describe(),
+        "targets": [_target_json(t) for t in rows],
+    }
+
+
+def _target_json(t: TargetPlan) -> dict:
+    need = t.requirement
+    return {
+        "id": t.id,
+        "platform": t.target.platform,
+        "tp": t.target.tp,
+        "dtype": t.target.dtype,
+        "status": t.status,
+        "profile": t.profile,
+        "reason": t.reason,
+        "buildable_here": t.buildable_here,
+        "requires": {
+            "device": need.device,
+            "arch": need.arch,
+            "accelerators": need.accelerators,
+            "runner_labels": list(need.runner_labels),
+            "ray_resources": need.ray_resources(),
+        },
+        "kinds": {k.kind: {"status": k.status, "key": k.key_digest} for k in t.kinds},
+    }
+
+
+def github_matrix(rows: tuple[TargetPlan, ...]) -> dict:
+    """A GitHub Actions matrix: {"include": [{target, model, platform, tp, dtype, runner, accelerators}]}."""
+    return {
+        "include": [
+            {
+                "target": t.id,
+                "model": t.target.recipe,
+                "platform": t.target.platform,
+                "tp": t.target.tp,
+                "dtype": t.target.dtype,
+                "runner": ["self-hosted", *t.requirement.runner_labels],
+                "accelerators": t.requirement.accelerators,
+            }
+            for t in rows
+            if t.status != "unbuildable"
+        ]
+    }
+
+
+def render_table(fleet: FleetPlan, rows: tuple[TargetPlan, ...]) -> str:
+    kinds = [k.kind for k in rows[0].kinds] if rows else []
+    headers = ("TARGET", "STATUS", *(k.upper() for k in kinds), "NEEDS", "RUNNER LABELS", "PROFILE", "HERE")
+    body = [
+        (
+            t.id,
+            t.status,
+            *(k.status for k in t.kinds),
+            _needs(t),
+            ",".join(t.requirement.runner_labels),
+            t.profile or "-",
+            "yes" if t.buildable_here else "no",
+        )
+        for t in rows
+    ]
+    counts = {s: sum(1 for t in rows if t.status == s) for s in ("present", "missing", "unknown", "unbuildable")}
+    summary = f"{fleet.recipe} against {fleet.registry}: {len(rows)} targets x {len(kinds)} kinds; " + ", ".join(
+        f"{n} {s}" for s, n in counts.items() if n
+    )
+    notes = sorted({f"  {t.id}: {t.reason}" for t in rows if t.reason and t.status in ("unknown", "unbuildable")})
+    return "\n".join([table(headers, body) if body else "no targets", summary, *notes[:8]])
+
+
+def _needs(t: TargetPlan) -> str:
+    need = t.requirement
+    where = f"{need.device} {need.arch}".strip()
+    return f"{where} x{need.accelerators}" if need.accelerators else where
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    host = current_host()
+    p = host.platform
+    name = args.name or (f"{p.device}-{p.arch}" if p.device != "gaudi" else p.arch).replace("+", "-")
+    print(render_toml(host_profile(host, name, tuple(args.label))), end="")
+    return 0
+
+
+def cmd_ray_resources(args: argparse.Namespace) -> int:
+    """The custom resource naming this host's matrix platform: `ray start --resources '<this>'`."""
+    p = current_host().platform
+    platform = "cpu" if p.device == "cpu" else f"cuda:{p.arch}" if p.device == "cuda" else p.arch
+    count = 1 if p.device == "cpu" else p.device_count
+    print(json.dumps({custom_resource(platform): count}))
+    return 0

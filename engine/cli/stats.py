@@ -1,0 +1,26 @@
+"""`prebake stats`: how often this node's fetches and start-ups hit, why they missed, what it saved."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from artifacts.errors import ExitCode
+from artifacts.stats import read_stats
+from artifacts.store import Store
+from engine.cli.common import json_option
+
+
+def add(sub) -> None:
+    stats = sub.add_parser(
+        "stats", help="hit rate per kind, the commonest miss reasons, seconds saved and bytes fetched (this store)"
+    )
+    stats.add_argument("--zero", action="store_true", help="print the counts, then start counting again from zero")
+    json_option(stats)
+    stats.set_defaults(run=cmd_stats)
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    report = read_stats(Store(), zero=args.zero)
+    print(json.dumps(report.to_json(), indent=2, sort_keys=True) if args.json else report.render())
+    return ExitCode.OK

@@ -1,0 +1,1 @@
+"""Baking on a fleet: builder profiles, the installed `prebake bake` (doit's API), executors (local, Ray)."""

@@ -1,0 +1,118 @@
+"""Builder profiles: the recorded host facts of one class of builder, so a planner elsewhere can key its targets.
+
+A profiles file (TOML) lists one `[[profile]]` per runner class; `prebake profile --name N
+--label L` prints this host's, ready to append:
+
+    [[profile]]
+    name = "h100-cu128"
+    runner_labels = ["gpu-h100"]
+    [profile.platform]    device = "cuda", arch = "sm_90", device_name = "NVIDIA H100 80GB HBM3", ...
+    [profile.software]    python = "3.11", torch = "2.13.0+cu128", driver = "550.54.15", ...
+
+The fields are exactly engine.probe's Platform and Software, so a profile keys a target the
+way the probe on that runner would. Profiles are found in --profiles, else $PREBAKE_PROFILES.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from artifacts.errors import RecipeError
+from artifacts.planning import Profile
+from engine.probe import Host, Platform, Software
+
+PROFILES_ENV = "PREBAKE_PROFILES"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PlatformModel(_Frozen):
+    device: str
+    arch: str
+    device_name: str = ""
+    device_count: int = Field(default=1, ge=0)
+    isa: tuple[str, ...] = ()
+
+
+class SoftwareModel(_Frozen):
+    python: str
+    torch: str | None = None
+    triton: str | None = None
+    vllm: str | None = None
+    habana: str | None = None
+    cuda_runtime: str | None = None
+    driver: str | None = None
+    vllm_gaudi: str | None = None
+    prebake_schema: str
+
+
+class ProfileModel(_Frozen):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    runner_labels: tuple[str, ...] = ()
+    platform: PlatformModel
+    software: SoftwareModel
+
+
+class ProfilesFile(_Frozen):
+    profile: tuple[ProfileModel, ...] = ()
+
+
+def load_profiles(path: str | Path | None = None, env: Mapping[str, str] = os.environ) -> list[Profile]:
+    """The profiles in `path` (else $PREBAKE_PROFILES); none when neither is set."""
+    path = path or env.get(PROFILES_ENV)
+    if not path:
+        return []
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise RecipeError(f"profiles file {path} does not exist; write one with `prebake profile`") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise RecipeError(f"profiles file {path} is not valid TOML: {exc}; fix the syntax at that line") from exc
+    try:
+        models = ProfilesFile.model_validate(data).profile
+    except (ValidationError, ValueError) as exc:
+        raise RecipeError(f"profiles file {path} is not valid: {exc}; compare with `prebake profile`'s output") from exc
+    return [to_profile(m, path) for m in models]
+
+
+def to_profile(model: ProfileModel, where: Path | str = "profile") -> Profile:
+    try:
+        platform = Platform(**model.platform.model_dump())
+    except ValueError as exc:
+        raise RecipeError(f"{where}: profile {model.name!r}: {exc}") from exc
+    host = Host(platform=platform, software=Software(**model.software.model_dump()))
+    return Profile(model.name, host, tuple(model.runner_labels))
+
+
+def host_profile(host: Host, name: str, labels: tuple[str, ...] = ()) -> ProfileModel:
+    return ProfileModel(
+        name=name,
+        runner_labels=labels,
+        platform=PlatformModel(**dataclasses.asdict(host.platform)),
+        software=SoftwareModel(**dataclasses.asdict(host.software)),
+    )
+
+
+def render_toml(model: ProfileModel) -> str:
+    """One `[[profile]]` table; values are JSON strings and lists, which TOML reads the same."""
+    lines = [
+        "[[profile]]",
+        f"name = {json.dumps(model.name)}",
+        f"runner_labels = {json.dumps(list(model.runner_labels))}",
+    ]
+    for section in ("platform", "software"):
+        lines.append(f"[profile.{section}]")
+        for k, v in getattr(model, section).model_dump().items():
+            if v is not None:
+                lines.append(f"{k} = {json.dumps(list(v) if isinstance(v, tuple) else v)}")
+    return "\n".join(lines) + "\n"

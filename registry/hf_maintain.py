@@ -1,0 +1,80 @@
+"""What `prebake verify --quarantine` needs from a Hub registry (artifacts.ports.Maintainable).
+
+    index/<kind>/<digest>.json         -> quarantine/index/<kind>/<digest>.json
+    blobs/sha256/<aa>/<digest>.tar.zst -> quarantine/blobs/sha256/<aa>/<digest>.tar.zst
+
+A Hub repo is git: a move is one commit that adds the copy and deletes the original, on top
+of the head it read (a concurrent publish makes the commit fail, and verify reports it), and
+the history keeps every byte. The index entry moves first, so readers miss from then on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from artifacts.layout import blob_relpath, index_relpath
+
+from .errors import RegistryError
+
+QUARANTINE = "quarantine"
+
+
+class HubMaintenance:
+    """Mixed into HubRegistry: raw index entries and quarantine, through its API client and fault mapping."""
+
+    def index_entries(self) -> Iterator[tuple[str, bytes]]:
+        """Every file under index/ at the head, as (path in the repo, raw bytes), unparsed."""
+        head = self._head(create=False)
+        if head is None:
+            return
+        for path in self._tree(head, "index"):
+            if path.endswith(".json") and (local := self._download(path, head)) is not None:
+                yield path, local.read_bytes()
+
+    def quarantine(self, kind: str, key_digest: str, *, blob_digest: str | None = None) -> str:
+        """Move an index entry (then, if given, its bad blob) under quarantine/; return the entry's new place."""
+        head = self._head(create=False)
+        moved = self._move_aside(index_relpath(kind, key_digest), head) if head else None
+        if moved is None:
+            raise RegistryError(f"cannot quarantine {kind} {key_digest[:16]}: its index entry in {self.url} is gone")
+        if blob_digest is not None:
+            self._move_aside(blob_relpath(blob_digest), self._head(create=False))
+        return moved
+
+    def _tree(self, head: str, folder: str) -> list[str]:
+        from huggingface_hub import RepoFile
+        from huggingface_hub.errors import RemoteEntryNotFoundError
+
+        with self._faults(f"list {self.url}/{folder}"):
+            try:
+                entries = self._api.list_repo_tree(
+                    self.repo_id, path_in_repo=folder, recursive=True, repo_type=self.repo_type, revision=head
+                )
+                return sorted(e.path for e in entries if isinstance(e, RepoFile))
+            except RemoteEntryNotFoundError:
+                return []
+
+    def _move_aside(self, relpath: str, head: str) -> str | None:
+        from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
+        local = self._download(relpath, head, force=True)
+        if local is None:
+            return None
+        dest = f"{QUARANTINE}/{relpath}"
+        if self._present(dest, head):  # quarantined before: keep both for whoever investigates
+            dest = f"{dest}.{time.time_ns()}"
+        operations = [
+            CommitOperationAdd(path_in_repo=dest, path_or_fileobj=str(local)),
+            CommitOperationDelete(path_in_repo=relpath),
+        ]
+        with self._faults(f"quarantine {self._where(relpath)}"):
+            self._api.create_commit(
+                self.repo_id,
+                operations,
+                commit_message=f"prebake verify: quarantine {relpath}",
+                repo_type=self.repo_type,
+                revision=self.revision,
+                parent_commit=head,
+            )
+        return self._where(dest)

@@ -1,0 +1,76 @@
+"""Packing: the bytes tarfile would write, every file hashed on the way, large files streamed, nothing left on failure."""
+
+import hashlib
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from artifacts import packing
+from artifacts.errors import UnsafeArchiveError
+from artifacts.packing import pack
+
+LONG = "d" * 60 + "/" + "n" * 80  # past the 100 bytes of a tar header's name field: a GNU long-name entry
+
+
+def _tree(root: Path) -> Path:
+    (root / "sub").mkdir(parents=True)
+    (root / "sub" / "small.bin").write_bytes(os.urandom(3000))
+    (root / "empty").write_bytes(b"")
+    run = root / "run.sh"
+    run.write_text("#!/bin/sh\n")
+    run.chmod(0o755)
+    (root / LONG).parent.mkdir(parents=True)
+    (root / LONG).write_text("long name")
+    os.symlink("sub/small.bin", root / "link")
+    os.symlink("sub/" + "x" * 110, root / ("l" * 120))  # a long link name and target; dangling is fine
+    (root / "big.bin").write_bytes(os.urandom(packing._SMALL + 12345))  # streamed, not batched
+    return root
+
+
+def _tarfile_stream(tree: Path) -> bytes:
+    """What the packer before this one wrote: tarfile in GNU format, sorted entries, 0:0, mtime 0."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.GNU_FORMAT) as tar:
+        for rel, path, st in packing._walk(tree):
+            info = tarfile.TarInfo(rel)
+            info.uid = info.gid = info.mtime = 0
+            info.uname = info.gname = ""
+            if path.is_symlink():
+                info.type, info.linkname, info.mode = tarfile.SYMTYPE, os.readlink(path), 0o777
+                tar.addfile(info)
+            else:
+                info.size, info.mode = st.st_size, 0o755 if st.st_mode & 0o111 else 0o644
+                with path.open("rb") as f:
+                    tar.addfile(info, f)
+    return out.getvalue()
+
+
+def test_the_payload_is_byte_for_byte_what_tarfile_writes(tmp_path):
+    tree = _tree(tmp_path / "tree")
+    pack(tree, tmp_path / "p.tar.zst", threads=2)
+    with (tmp_path / "p.tar.zst").open("rb") as f:
+        payload = zstandard.ZstdDecompressor().stream_reader(f).read()
+    assert payload == _tarfile_stream(tree)
+
+
+def test_every_file_is_hashed_including_streamed_large_ones(tmp_path):
+    tree = _tree(tmp_path / "tree")
+    packed = pack(tree, tmp_path / "p.tar.zst")
+    for entry in packed.files:
+        path = tree / entry.path
+        data = os.readlink(path).encode() if entry.link else path.read_bytes()
+        assert entry.sha256 == "sha256:" + hashlib.sha256(data).hexdigest(), entry.path
+    assert packed.blob.digest == "sha256:" + hashlib.sha256((tmp_path / "p.tar.zst").read_bytes()).hexdigest()
+    assert [e.path for e in packed.files] == sorted(e.path for e in packed.files)
+
+
+def test_a_refused_pack_leaves_no_blob_behind(tmp_path):
+    tree = _tree(tmp_path / "tree")
+    os.symlink("../../outside", tree / "sub" / "escape")
+    with pytest.raises(UnsafeArchiveError, match="leaves its folder"):
+        pack(tree, tmp_path / "p.tar.zst")
+    assert not (tmp_path / "p.tar.zst").exists()

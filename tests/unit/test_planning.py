@@ -1,0 +1,158 @@
+"""prebake plan: every target x kind keyed from a profile, looked up by exact key, never guessed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from artifacts.kinds import plan
+from artifacts.planning import MISSING, PRESENT, UNBUILDABLE, UNKNOWN, Profile, host_independent_kinds, plan_fleet
+from artifacts.recipes import load_recipe, targets
+from engine.adapters import kinds_for
+from engine.cli import main
+from engine.fleet.profiles import host_profile, load_profiles, render_toml, to_profile
+from engine.probe import Host, Platform, Software, current_host
+from registry.file import FileRegistry
+from tests.support.fleet import fill_registry, write_entry
+
+H100 = Host(
+    Platform("cuda", "sm_90", "NVIDIA H100 80GB HBM3", 8, ("avx2", "avx512")),
+    Software("3.11", "2.13.0+cu128", "3.6.0", None, None, "12.8", "570.124.06"),
+)
+OLD_GPU = Host(
+    Platform("cuda", "sm_80", "NVIDIA A100", 8, ("avx2",)),
+    Software("3.11", "2.13.0+cu128", "3.6.0", None, None, "12.8", "570.124.06"),
+)
+
+
+def _plan(recipe, profiles, present=frozenset()):
+    return plan_fleet(
+        recipe,
+        targets(recipe),
+        here=current_host(),
+        profiles=profiles,
+        published=lambda k, d: (k, d) in present,
+        kinds_for=kinds_for,
+    )
+
+
+def test_llama3_plan_has_24_targets_by_3_kinds_with_requirements(capsys):
+    assert main(["plan", "--model", "llama3-8b", "--format", "json", "--registry", "/nonexistent-registry"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["schema"] == "prebake.plan/1" and len(out["targets"]) == 24
+    for t in out["targets"]:
+        assert set(t["kinds"]) == {"buckets", "autotune", "graphs"}
+        assert t["requires"]["accelerators"] == t["tp"]
+        assert t["requires"]["runner_labels"] and t["requires"]["ray_resources"]
+        assert t["buildable_here"] is False  # this machine is a CPU host
+
+
+def test_without_a_profile_only_host_independent_kinds_are_keyed():
+    recipe = load_recipe("llama3-8b")
+    assert host_independent_kinds(recipe, current_host(), kinds_for) == {"buckets"}
+    fleet = _plan(recipe, [])
+    for t in fleet.targets:
+        states = {k.kind: k for k in t.kinds}
+        assert states["buckets"].status == MISSING and states["buckets"].key_digest
+        assert states["autotune"].status == states["graphs"].status == UNKNOWN
+        assert states["graphs"].key_digest is None and "no profile for" in t.reason
+
+
+def test_a_profile_keys_targets_as_the_probe_on_that_runner_would(tmp_path):
+    recipe = load_recipe("llama3-8b")
+    path = tmp_path / "profiles.toml"
+    path.write_text(render_toml(host_profile(H100, "h100", ("gpu-h100",))))
+    [profile] = load_profiles(path)
+    fleet = _plan(recipe, [profile])
+    target = fleet.find("llama3-8b/cuda:sm_90/tp8/fp8")
+    expected = plan(recipe, target.target, H100, kinds_for(recipe, target.target))
+    assert {k.kind: k.key_digest for k in target.kinds} == {k: v.digest for k, v in expected.keys.items()}
+    assert target.requirement.runner_labels == ("gpu-h100",) and target.profile == "h100"
+    assert fleet.find("llama3-8b/gaudi2/tp1/bf16").status == MISSING  # buckets known, rest unknown
+
+
+def test_present_only_when_the_exact_key_is_in_the_registry(tmp_path):
+    recipe = load_recipe("llama3-8b")
+    target = targets(recipe, dtype="bf16", tp=1)[0]
+    keys = plan(recipe, target, H100, kinds_for(recipe, target)).keys
+    present = {(k, key.digest) for k, key in keys.items()}
+    fleet = _plan(recipe, [Profile("h100", H100)], present)
+    assert fleet.find(target.name).status == PRESENT
+    assert len(fleet.missing()) == 23
+    other_driver = Host(H100.platform, Software("3.11", "2.13.0+cu128", "3.6.0", None, None, "12.8", "580.1"))
+    assert _plan(recipe, [Profile("h100-new", other_driver)], present).find(target.name).status == MISSING
+
+
+def test_a_profile_that_cannot_build_a_dtype_marks_it_unbuildable():
+    recipe = load_recipe("llama3-8b").model_copy(
+        update={"matrix": load_recipe("llama3-8b").matrix.model_copy(update={"platform": ("cuda:sm_80",)})}
+    )
+    fleet = _plan(recipe, [Profile("a100", OLD_GPU)])
+    fp8 = [t for t in fleet.targets if t.target.dtype == "fp8"]
+    assert fp8 and all(t.status == UNBUILDABLE and "fp8 needs sm_89" in t.reason for t in fp8)
+    assert all(k.status == UNBUILDABLE for t in fp8 for k in t.kinds)
+
+
+def test_missing_only_github_matrix_is_a_valid_actions_matrix(tmp_path, capsys):
+    root = tmp_path / "registry"
+    recipe = load_recipe("tiny-llama")
+    bf16 = targets(recipe, dtype="bf16")[0]
+    for key in plan(recipe, bf16, current_host(), kinds_for(recipe, bf16)).keys.values():
+        write_entry(root, key)
+    argv = ["plan", "--model", "tiny-llama", "--registry", str(root), "--missing-only", "--format", "github-matrix"]
+    assert main(argv) == 0
+    matrix = json.loads(capsys.readouterr().out)
+    assert [row["target"] for row in matrix["include"]] == ["tiny-llama/cpu/tp1/fp32"]
+    row = matrix["include"][0]
+    assert row["runner"] == ["self-hosted", "prebake-cpu"] and row["tp"] == 1 and row["dtype"] == "fp32"
+
+
+def test_plan_reads_only_the_index_entries_of_its_targets(tmp_path):
+    """Planning never lists the registry: a registry that refuses to list still plans."""
+    root = tmp_path / "registry"
+    fill_registry(root, 50)
+
+    class NoListing(FileRegistry):
+        def list(self, kind=None):
+            raise AssertionError("planning listed the registry")
+
+    registry = NoListing(root)
+    recipe = load_recipe("tiny-llama")
+    fleet = plan_fleet(
+        recipe,
+        targets(recipe),
+        here=current_host(),
+        profiles=[],
+        published=lambda k, d: registry.lookup(k, d) is not None,
+        kinds_for=kinds_for,
+    )
+    assert [t.status for t in fleet.targets] == [MISSING, MISSING]
+
+
+def test_a_bad_profiles_file_is_a_clear_error(tmp_path, capsys):
+    bad = tmp_path / "p.toml"
+    bad.write_text('[[profile]]\nname = "x"\nsurprise = 1\n')
+    assert main(["plan", "--model", "tiny-llama", "--profiles", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "profiles file" in err and str(bad) in err and "Traceback" not in err
+
+
+def test_profile_round_trips_through_toml():
+    model = host_profile(current_host(), "here", ("a", "b"))
+    import tomllib
+
+    again = to_profile(type(model).model_validate(tomllib.loads(render_toml(model))["profile"][0]))
+    assert again.host == current_host() and again.runner_labels == ("a", "b")
+
+
+def test_ray_resources_prints_this_hosts_custom_resource(capsys):
+    assert main(["ray-resources"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"prebake-cpu": 1}
+
+
+@pytest.mark.parametrize("argv", [["--version"]])
+def test_version(argv, capsys):
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("prebake ")
