@@ -148,6 +148,25 @@ VARIABLES: tuple[Variable, ...] = (
     Variable(
         "HF_HUB_CACHE", "read", "huggingface_hub's", "Hugging Face Hub registries (hf://): where downloads are cached."
     ),
+    # -- the bundled engine's server and every command's log
+    Variable(
+        "PREBAKE_API_KEY",
+        "read",
+        "none (no authentication)",
+        "`prebake serve`: every route but /health and /health/live needs `Authorization: Bearer <key>` (as --api-key, which wins); compared in constant time.",
+    ),
+    Variable(
+        "PREBAKE_LOG_LEVEL",
+        "read",
+        "INFO",
+        "Log level of every command: DEBUG, INFO, WARNING or ERROR (engine/logs.py configures logging once).",
+    ),
+    Variable(
+        "PREBAKE_LOG_FORMAT",
+        "read",
+        "text",
+        "`text` (timestamp, level, logger, message) or `json` (one object a line: ts, level, logger, message).",
+    ),
     # -- tests
     Variable(
         "PREBAKE_TEST_CRASH_AT",

@@ -39,6 +39,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from artifacts.bundle import file_digest
 from artifacts.layout import blob_relpath, index_relpath, parse_index_relpath
@@ -237,7 +238,7 @@ class HubRegistry(HubMaintenance):
                     cache_dir=self._cache_dir,
                     local_files_only=local_only,
                     force_download=force,
-                    tqdm_class=None if sys.stderr.isatty() else _silent_tqdm(),
+                    tqdm_class=_terminal_tqdm(),
                 )
             except GatedRepoError:
                 raise  # access refused, not absent: _faults says what to do
@@ -374,13 +375,13 @@ def _parse_address(address: str) -> tuple[str, str, str]:
 
 
 @functools.cache
-def _silent_tqdm():
-    """A progress bar class that never draws: huggingface_hub's bars are noise in logs."""
+def _terminal_tqdm() -> type:
+    """huggingface_hub's tqdm bars, drawn only on a terminal (as the S3 backend's): in logs they are noise."""
     from huggingface_hub.utils import tqdm
 
-    class _Silent(tqdm):
-        def __init__(self, *args, **kwargs):
-            kwargs["disable"] = True
-            super().__init__(*args, **kwargs)
+    class _TerminalOnly(tqdm):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["disable"] = kwargs.get("disable") or not sys.stderr.isatty()
+            super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
 
-    return _Silent
+    return _TerminalOnly

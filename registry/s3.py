@@ -28,7 +28,6 @@ import hashlib
 import logging
 import os
 import sys
-import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping
@@ -36,6 +35,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from tqdm import tqdm
 
 from artifacts import fsutil
 from artifacts.bundle import file_digest
@@ -127,10 +128,10 @@ class S3Registry(S3Maintenance):
             with (
                 fsutil.atomic_target(dest) as tmp,
                 tmp.open("wb") as f,
-                _Progress("download", digest, size) as progress,
+                _progress("download", digest, size) as progress,
             ):
                 sink = _HashingSink(f)
-                self._client.download_fileobj(self.bucket, key, sink, Config=self._transfer, Callback=progress)
+                self._client.download_fileobj(self.bucket, key, sink, Config=self._transfer, Callback=progress.update)
                 if sink.digest() != digest:
                     raise BlobDigestMismatch(
                         f"blob {where} hashes to {sink.digest()}, not {digest}: it is corrupt; "
@@ -230,8 +231,8 @@ class S3Registry(S3Maintenance):
         key = self._key(blob_relpath(ref.digest))
         if self._size_or_none(key) == ref.size:
             return  # content-addressed: this name already holds these bytes
-        with _Progress("upload", ref.digest, ref.size) as progress:
-            self._client.upload_file(str(blob), self.bucket, key, Config=self._transfer, Callback=progress)
+        with _progress("upload", ref.digest, ref.size) as progress:
+            self._client.upload_file(str(blob), self.bucket, key, Config=self._transfer, Callback=progress.update)
 
     def _get_or_none(self, key: str) -> bytes | None:
         from botocore.exceptions import ClientError
@@ -361,39 +362,17 @@ class _HashingSink:
         return "sha256:" + self._h.hexdigest()
 
 
-class _Progress:
-    """A one-line transfer meter on stderr, drawn only when a person is watching (a TTY)."""
-
-    def __init__(self, verb: str, digest: str, total: int):
-        self._on = total >= _PROGRESS_MIN_BYTES and sys.stderr.isatty()
-        self._label = f"{verb} {digest.removeprefix('sha256:')[:12]}"
-        self._total, self._done, self._drawn = total, 0, 0.0
-        self._start = time.monotonic()
-        self._lock = threading.Lock()
-
-    def __call__(self, nbytes: int) -> None:
-        if not self._on:
-            return
-        with self._lock:
-            self._done += nbytes
-            now = time.monotonic()
-            if now - self._drawn < 0.2 and self._done < self._total:
-                return
-            self._drawn = now
-            rate = self._done / _MiB / max(now - self._start, 1e-6)
-            sys.stderr.write(
-                f"\r{self._label}: {self._done / _MiB:8.1f} / {self._total / _MiB:.1f} MiB "
-                f"({100 * self._done / max(self._total, 1):3.0f}%, {rate:6.1f} MiB/s)"
-            )
-            sys.stderr.flush()
-
-    def __enter__(self) -> _Progress:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._on and self._drawn:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+def _progress(verb: str, digest: str, total: int) -> tqdm:
+    """A tqdm transfer bar on stderr, drawn only when a person is watching (a TTY) and worth it."""
+    return tqdm(
+        total=total,
+        desc=f"{verb} {digest.removeprefix('sha256:')[:12]}",
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        disable=total < _PROGRESS_MIN_BYTES or not sys.stderr.isatty(),
+        leave=False,
+    )
 
 
 def _present(read: Future[Manifest | None]) -> Iterator[Manifest]:

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from artifacts.errors import ExitCode, PrebakeError
+from engine import logs
 from engine.cli import bake, buckets, bundles, plan, serving, stats, store
 
 COMMAND_GROUPS = (bundles, serving, store, stats, buckets, plan, bake)
@@ -25,8 +26,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        logs.configure()
         return args.run(args)
-    except PrebakeError as exc:
+    except (PrebakeError, logs.LogSettingError) as exc:
         print(f"prebake: error: {exc}", file=sys.stderr)
         return ExitCode.INVALID
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 
 from artifacts.errors import ExitCode, PrebakeError
@@ -24,13 +25,20 @@ def add(sub) -> None:
     serve = sub.add_parser("serve", help="start the bundled engine from the recipe's bundles (compiling what misses)")
     target_options(serve)
     registry_option(serve)
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 in a container)"
+    )
     serve.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default 8000)")
     serve.add_argument(
         "--on-miss",
         choices=("compile", "fail"),
         default="compile",
         help="when a bundle misses: compile in place (default) or exit 3",
+    )
+    serve.add_argument(
+        "--api-key",
+        help="require `Authorization: Bearer KEY` on every route but /health and /health/live "
+        "(default: $PREBAKE_API_KEY; none: no authentication)",
     )
     serve.add_argument("--write-back", action="store_true", help="publish what was compiled in place to the registry")
     serve.add_argument(
@@ -162,7 +170,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return cmd_serve_vllm(args)
     if args.vllm_args:
         raise PrebakeError(f"flags after -- ({' '.join(args.vllm_args)}) are for --engine vllm only")
-    from engine.runtime.server import ServeSettings, serve
+    from engine.runtime.server import ServeSettings, api_key_from, serve
     from engine.startup.bundled import StartupSettings
 
     startup = StartupSettings(
@@ -176,5 +184,5 @@ def cmd_serve(args: argparse.Namespace) -> int:
         write_back=args.write_back,
         eager=args.eager,
     )
-    settings = ServeSettings(startup=startup, host=args.host, port=args.port)
-    return serve(settings, emit=lambda line: print(line, file=sys.stderr, flush=True))
+    settings = ServeSettings(startup=startup, host=args.host, port=args.port, api_key=api_key_from(args.api_key))
+    return serve(settings, emit=logging.getLogger("prebake.serve").info)

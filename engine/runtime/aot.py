@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from engine.logs import Countdown
 from engine.runtime.model import KVCache, Llama
 from engine.runtime.shapes import StepShape
 from engine.runtime.steps import CompiledSteps, Tactic
@@ -93,6 +94,7 @@ def compile_shapes(
     if mode != "default":
         options["mode"] = mode
     functions, seconds = {}, {}
+    countdown = Countdown(len(plan))
     for shape, tactic in plan.items():
         started = time.perf_counter()
         method = model.prefill if shape.phase == "prefill" else model.decode
@@ -103,7 +105,7 @@ def compile_shapes(
         compiled.save_compiled_function(str(folder / f"{shape.name}{SUFFIX}"), external_data={_MODEL_REF: model})
         functions[shape] = compiled
         seconds[shape] = time.perf_counter() - started
-        log(f"  precompile {shape.name} [{tactic.label()}] {seconds[shape]:.2f} s")
+        log("  " + countdown.line(f"precompile {shape.name} [{tactic.label()}] {seconds[shape]:.2f} s"))
     return AotSteps(model, cache, functions), seconds
 
 

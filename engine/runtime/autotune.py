@@ -23,6 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from artifacts.recipes import AutotuneSpec
+from engine.logs import Countdown
 from engine.runtime.model import ATTN_IMPLS
 from engine.runtime.shapes import StepShape
 from engine.runtime.steps import CompiledSteps, Tactic
@@ -39,10 +40,11 @@ def measure(steps: CompiledSteps, shapes: list[StepShape], spec: AutotuneSpec, l
     """Time every tactic on every shape; return the autotune.json document."""
     tactics = candidate_tactics(spec)
     results = []
+    countdown = Countdown(len(shapes))
     for shape in shapes:
         timings = {t.label(): _time(steps, shape, t, spec) for t in tactics}
         winner = min(tactics, key=lambda t: timings[t.label()])
-        log(f"  autotune {shape.name}: {winner.label()} ({timings[winner.label()]:.3f} ms)")
+        log("  " + countdown.line(f"autotune {shape.name}: {winner.label()} ({timings[winner.label()]:.3f} ms)"))
         results.append({"shape": asdict(shape), "timings_ms": timings, "winner": asdict(winner)})
     return {
         "tactics": {

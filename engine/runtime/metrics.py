@@ -1,4 +1,4 @@
-"""The engine's figures in Prometheus text format: start-up steps, bundle outcomes, requests.
+"""The engine's figures for Prometheus, kept by prometheus_client in one registry per engine.
 
 prebake_startup_step_seconds{step}          how long each start-up step took
 prebake_time_to_ready_seconds               process start to ready
@@ -9,102 +9,102 @@ prebake_fallback_compiles_total{kind}       artifacts compiled in place after a 
 prebake_write_backs_total{kind,outcome}     compiled-in-place artifacts published (or not)
 prebake_requests_total{outcome}             completions served, rejected or failed
 prebake_request_latency_seconds             histogram of completion latency
+prebake_time_to_first_token_seconds         histogram of the wait for a request's first token
 prebake_generated_tokens_total              tokens generated
 prebake_steps_total{shape}                  model steps run per step shape (bucket)
 prebake_step_rows_total{shape}              real rows in those steps (the rest was padding)
+process_*, python_gc_*, python_info         prometheus_client's process, GC and platform collectors
+
+Callers name a metric and its labels (`metrics.add("prebake_steps_total", shape=...)`); a name
+not declared in `_DECLARED` is refused, so a typo fails loudly instead of exporting a new series.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import defaultdict
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    gc_collector,
+    generate_latest,
+    platform_collector,
+    process_collector,
+)
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
 
-_HELP = {
-    "prebake_startup_step_seconds": ("gauge", "Seconds each start-up step took."),
-    "prebake_time_to_ready_seconds": ("gauge", "Seconds from process start to ready."),
-    "prebake_ready": ("gauge", "1 once the engine serves, 0 while it starts."),
-    "prebake_bundle_hits_total": ("counter", "Bundles used, by kind and where they came from."),
-    "prebake_bundle_misses_total": ("counter", "Artifact keys no usable bundle answered, by kind."),
-    "prebake_fallback_compiles_total": ("counter", "Artifacts built in place after a miss, by kind."),
-    "prebake_write_backs_total": ("counter", "Artifacts built in place and published back, by kind and outcome."),
-    "prebake_requests_total": ("counter", "Completion requests, by outcome."),
-    "prebake_generated_tokens_total": ("counter", "Tokens generated."),
-    "prebake_steps_total": ("counter", "Model steps run, by step shape (bucket)."),
-    "prebake_step_rows_total": (
-        "counter",
-        "Real (unpadded) rows run, by step shape; rows / steps is the batch filled.",
+# name -> (type, help, label names)
+_DECLARED: dict[str, tuple[type, str, tuple[str, ...]]] = {
+    "prebake_startup_step_seconds": (Gauge, "Seconds each start-up step took.", ("step",)),
+    "prebake_time_to_ready_seconds": (Gauge, "Seconds from process start to ready.", ()),
+    "prebake_ready": (Gauge, "1 once the engine serves, 0 while it starts.", ()),
+    "prebake_bundle_hits_total": (Counter, "Bundles used, by kind and where they came from.", ("kind", "source")),
+    "prebake_bundle_misses_total": (Counter, "Artifact keys no usable bundle answered, by kind.", ("kind",)),
+    "prebake_fallback_compiles_total": (Counter, "Artifacts built in place after a miss, by kind.", ("kind",)),
+    "prebake_write_backs_total": (
+        Counter,
+        "Artifacts built in place and published back, by kind and outcome.",
+        ("kind", "outcome"),
     ),
+    "prebake_requests_total": (Counter, "Completion requests, by outcome.", ("outcome",)),
+    "prebake_generated_tokens_total": (Counter, "Tokens generated.", ()),
+    "prebake_steps_total": (Counter, "Model steps run, by step shape (bucket).", ("shape",)),
+    "prebake_step_rows_total": (
+        Counter,
+        "Real (unpadded) rows run, by step shape; rows / steps is the batch filled.",
+        ("shape",),
+    ),
+    "prebake_request_latency_seconds": (Histogram, "Seconds from a completion request to its response.", ()),
+    "prebake_time_to_first_token_seconds": (Histogram, "Seconds from a request to its first token.", ()),
 }
-_LATENCY = "prebake_request_latency_seconds"
-
-Labels = tuple[tuple[str, str], ...]
 
 
 class Metrics:
-    """Thread-safe counters, gauges and one latency histogram."""
+    """The engine's metrics (thread-safe, as prometheus_client's are) and the process collectors."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._values: dict[str, dict[Labels, float]] = defaultdict(dict)
-        self._latency = [0] * (len(LATENCY_BUCKETS) + 1)
-        self._latency_sum = 0.0
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._metrics = {}
+        for name, (kind, text, labels) in _DECLARED.items():
+            extra = {"buckets": LATENCY_BUCKETS} if kind is Histogram else {}
+            self._metrics[name] = kind(name, text, labels, registry=self.registry, **extra)
+        process_collector.ProcessCollector(registry=self.registry)
+        platform_collector.PlatformCollector(registry=self.registry)
+        gc_collector.GCCollector(registry=self.registry)
 
     def set(self, name: str, value: float, **labels: str) -> None:
-        self._check(name)
-        with self._lock:
-            self._values[name][_labels(labels)] = value
+        self._series(name, Gauge, labels).set(value)
 
     def add(self, name: str, by: float = 1, **labels: str) -> None:
-        self._check(name)
-        with self._lock:
-            key = _labels(labels)
-            self._values[name][key] = self._values[name].get(key, 0) + by
+        self._series(name, Counter, labels).inc(by)
 
-    def get(self, name: str, **labels: str) -> float:
-        with self._lock:
-            return self._values[name].get(_labels(labels), 0)
+    def observe(self, name: str, value: float, **labels: str) -> None:
+        self._series(name, Histogram, labels).observe(value)
 
     def observe_latency(self, seconds: float) -> None:
-        with self._lock:
-            index = next((i for i, bound in enumerate(LATENCY_BUCKETS) if seconds <= bound), len(LATENCY_BUCKETS))
-            self._latency[index] += 1
-            self._latency_sum += seconds
+        self.observe("prebake_request_latency_seconds", seconds)
 
-    def render(self) -> str:
-        lines = []
-        with self._lock:
-            for name, (kind, text) in _HELP.items():
-                lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
-                lines += [f"{name}{_render_labels(k)} {_number(v)}" for k, v in sorted(self._values[name].items())]
-            lines += [
-                f"# HELP {_LATENCY} Seconds from a completion request to its response.",
-                f"# TYPE {_LATENCY} histogram",
-            ]
-            total = 0
-            for bound, count in zip((*map(str, LATENCY_BUCKETS), "+Inf"), self._latency):
-                total += count
-                lines.append(f'{_LATENCY}_bucket{{le="{bound}"}} {total}')
-            lines += [f"{_LATENCY}_sum {_number(self._latency_sum)}", f"{_LATENCY}_count {total}"]
-        return "\n".join(lines) + "\n"
+    def get(self, name: str, **labels: str) -> float:
+        """A counter's or gauge's current value (0 for a series never touched)."""
+        self._check(name)
+        value = self.registry.get_sample_value(name, {k: str(v) for k, v in labels.items()})
+        return 0 if value is None else value
+
+    def render(self) -> bytes:
+        """The text exposition format (CONTENT_TYPE)."""
+        return generate_latest(self.registry)
+
+    def _series(self, name: str, kind: type, labels: dict[str, str]):
+        self._check(name)
+        metric = self._metrics[name]
+        if _DECLARED[name][0] is not kind:
+            raise TypeError(f"metric {name!r} is a {_DECLARED[name][0].__name__}, not a {kind.__name__}")
+        return metric.labels(**{k: str(v) for k, v in labels.items()}) if labels else metric
 
     @staticmethod
     def _check(name: str) -> None:
-        if name not in _HELP:
-            raise KeyError(f"unknown metric {name!r}; declare it in engine.runtime.metrics._HELP")
-
-
-def _labels(labels: dict[str, str]) -> Labels:
-    return tuple(sorted((k, str(v)) for k, v in labels.items()))
-
-
-def _render_labels(labels: Labels) -> str:
-    if not labels:
-        return ""
-    escaped = (f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"' for k, v in labels)
-    return "{" + ",".join(escaped) + "}"
-
-
-def _number(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else f"{value:.6f}"
+        if name not in _DECLARED:
+            raise KeyError(f"unknown metric {name!r}; declare it in engine.runtime.metrics._DECLARED")

@@ -7,7 +7,12 @@ One scheduler iteration:
              bucket is prefilled together (padded to that bucket), and samples its first token
     decode   every running request advances one token in one decode step, padded to the
              smallest decode bucket holding the batch and its longest context
-    finish   requests at max_tokens or a stop token resolve their futures and free their slots
+    finish   requests at max_tokens, a stop token, or a sink that said stop resolve their
+             futures and free their slots
+
+A request may come with a sink: told each token as it is sampled (on the scheduler's thread),
+it answers whether to go on. That is how the server streams, cuts at stop strings and drops
+the row of a client that went away, without touching any other row.
 
 A request's tokens depend only on its own row: padding rows use free slots (or repeat a real
 row, writing the same values to the same place), attention never looks past a row's own
@@ -50,6 +55,9 @@ class Request:
     top_p: float = 1.0
     seed: int | None = None
     stop_ids: frozenset[int] = frozenset()
+
+
+Sink = Callable[[int], bool]  # told each sampled token; False ends the request ("stop")
 
 
 @dataclass(frozen=True)
@@ -96,7 +104,9 @@ class _Running:
     future: Future
     slot: int
     generator: torch.Generator | None
+    sink: Sink | None = None
     tokens: list[int] = field(default_factory=list)
+    ended: bool = False  # the sink said stop
 
     @property
     def position(self) -> int:
@@ -104,7 +114,7 @@ class _Running:
         return len(self.request.prompt) + len(self.tokens) - 1
 
     def finished(self) -> str | None:
-        if self.tokens and self.tokens[-1] in self.request.stop_ids:
+        if self.ended or (self.tokens and self.tokens[-1] in self.request.stop_ids):
             return "stop"
         return "length" if len(self.tokens) >= self.request.max_tokens else None
 
@@ -130,15 +140,15 @@ class Scheduler:
         config = steps.model.config
         self.limits = Limits(max(prefill_tokens), max_model_len, config.vocab_size)
         self._free = list(range(steps.cache.num_slots))
-        self._waiting: deque[tuple[Request, Future]] = deque()
-        self._inbox: queue.SimpleQueue[tuple[Request, Future]] = queue.SimpleQueue()
+        self._waiting: deque[tuple[Request, Future, Sink | None]] = deque()
+        self._inbox: queue.SimpleQueue[tuple[Request, Future, Sink | None]] = queue.SimpleQueue()
         self._running: list[_Running] = []
 
-    def submit(self, request: Request) -> Future:
+    def submit(self, request: Request, sink: Sink | None = None) -> Future:
         """Queue a request (any thread); its Future resolves to a Completion. Raises RequestRejected."""
         self.limits.check(request)
         future: Future = Future()
-        self._inbox.put((request, future))
+        self._inbox.put((request, future, sink))
         return future
 
     @property
@@ -183,14 +193,14 @@ class Scheduler:
         while self._waiting and self._free:
             group = self._prefill_group()
             if group is None:  # unreachable for checked requests; fail the head rather than spin on it
-                request, future = self._waiting.popleft()
+                request, future, _ = self._waiting.popleft()
                 future.set_exception(RequestRejected(f"no prefill bucket holds a {len(request.prompt)}-token prompt"))
                 continue
             runs = []
             for _ in range(len(group[1])):
-                request, future = self._waiting.popleft()
+                request, future, sink = self._waiting.popleft()
                 if future.set_running_or_notify_cancel():
-                    runs.append(_Running(request, future, self._free.pop(0), _generator(request)))
+                    runs.append(_Running(request, future, self._free.pop(0), _generator(request), sink))
             if runs:
                 self._running.extend(runs)  # before the step runs, so a failing step fails them too
                 self._prefill(group[0], runs)
@@ -199,12 +209,12 @@ class Scheduler:
         """The longest FIFO run of waiting requests that fits free slots and one prefill bucket."""
         best = None
         longest = 0
-        for n, (request, _) in enumerate(list(self._waiting)[: len(self._free)], start=1):
+        for n, (request, _, _) in enumerate(list(self._waiting)[: len(self._free)], start=1):
             longest = max(longest, len(request.prompt))
             shape = prefill_for(self.buckets, n, longest)
             if shape is None:
                 break
-            best = (shape, [r for r, _ in list(self._waiting)[:n]])
+            best = (shape, [r for r, _, _ in list(self._waiting)[:n]])
         return best
 
     def _prefill(self, shape: StepShape, runs: list[_Running]) -> None:
@@ -253,7 +263,10 @@ class Scheduler:
     def _sample(self, runs: list[_Running], logits: torch.Tensor) -> None:
         for i, run in enumerate(runs):
             r = run.request
-            run.tokens.append(int(sample(logits[i : i + 1], r.temperature, r.top_p, run.generator)[0]))
+            token = int(sample(logits[i : i + 1], r.temperature, r.top_p, run.generator)[0])
+            run.tokens.append(token)
+            if run.sink is not None:
+                run.ended = not _tell(run.sink, token)
 
     def _finish(self) -> None:
         still = []
@@ -266,6 +279,13 @@ class Scheduler:
                 self._free.append(run.slot)
         self._running = still
         self._free.sort()
+
+
+def _tell(sink: Sink, token: int) -> bool:
+    try:
+        return bool(sink(token))
+    except Exception:  # a broken sink ends its own request, never the scheduler's loop
+        return False
 
 
 def _generator(request: Request) -> torch.Generator | None:

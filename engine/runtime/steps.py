@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.logs import Countdown
 from engine.runtime.model import KVCache, Llama
 from engine.runtime.shapes import StepShape
 
@@ -71,11 +72,12 @@ class CompiledSteps:
     def warm_up(self, plan: dict[StepShape, Tactic], log=print) -> dict[StepShape, float]:
         """Run every shape once (compiling it, or loading it from cache); seconds per shape."""
         seconds = {}
+        countdown = Countdown(len(plan))
         for shape, tactic in plan.items():
             started = time.perf_counter()
             self.run_dummy(shape, tactic)
             seconds[shape] = time.perf_counter() - started
-            log(f"  warm-up {shape.name} [{tactic.label()}] {seconds[shape]:.2f} s")
+            log("  " + countdown.line(f"warm-up {shape.name} [{tactic.label()}] {seconds[shape]:.2f} s"))
         return seconds
 
 

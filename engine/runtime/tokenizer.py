@@ -27,7 +27,7 @@ class TokenizerError(PrebakeError, ValueError):
 class Tokenizer(Protocol):
     name: str
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, special: bool = True) -> list[int]: ...
 
     def decode(self, ids: list[int]) -> str: ...
 
@@ -44,7 +44,7 @@ class ByteTokenizer:
                 f"{vocab_size}; send token-id prompts or give the model a tokenizer.json"
             )
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, special: bool = True) -> list[int]:
         return list(text.encode("utf-8"))
 
     def decode(self, ids: list[int]) -> str:
@@ -74,8 +74,9 @@ class HFTokenizer:
             ) from exc
         self.name = str(path)
 
-    def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text).ids
+    def encode(self, text: str, special: bool = True) -> list[int]:
+        """Token ids; `special=False` leaves out BOS and the like (a chat template writes its own)."""
+        return self._tok.encode(text, add_special_tokens=special).ids
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)

@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -36,9 +37,10 @@ def recipes(tmp_path_factory):
 class Cold:
     """What a cold start with --write-back on an empty registry showed."""
 
-    def __init__(self, registry, log, first_health, early_completion, completion):
+    def __init__(self, registry, log, first_health, early_completion, completion, live_while_compiling):
         self.registry, self.log = registry, log
         self.first_health, self.early_completion, self.completion = first_health, early_completion, completion
+        self.live_while_compiling = live_while_compiling
 
 
 def _cold_start(tmp_path_factory, recipes, model: str) -> Cold:
@@ -52,11 +54,25 @@ def _cold_start(tmp_path_factory, recipes, model: str) -> Cold:
         server.wait_listening()
         first_health = server.get("/health")
         early = server.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 4})[0]
+        live = _live_while_compiling(server)
         server.wait_ready()
         completion = server.complete(prompt=PROMPT, max_tokens=8, temperature=0)
     finally:
         server.stop()
-    return Cold(registry, server.log, first_health, early, completion)
+    return Cold(registry, server.log, first_health, early, completion, live)
+
+
+def _live_while_compiling(server: ServeProcess) -> tuple[int, str]:
+    """/health/live's answer once /health says the engine is compiling (minutes of it)."""
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline and server.proc.poll() is None:
+        status, body = server.get("/health")
+        if status == 200:
+            raise AssertionError("the engine was ready before its compile step was seen")
+        if status == 503 and json.loads(body)["step"] == "compile":
+            return server.get("/health/live")
+        time.sleep(0.2)
+    raise AssertionError(f"no compile step seen:\n{server.log}")
 
 
 def _warm_server(tmp_path_factory, recipes, model: str, registry):
@@ -82,6 +98,11 @@ def test_health_is_503_until_ready_and_completions_are_refused_meanwhile(cold):
     status, body = cold.first_health
     assert status == 503 and json.loads(body)["status"] == "starting"
     assert cold.early_completion == 503
+
+
+def test_the_liveness_probe_is_200_through_a_fallback_compile(cold):
+    status, body = cold.live_while_compiling
+    assert status == 200 and json.loads(body) == {"status": "alive", "step": "compile"}
 
 
 def test_an_empty_registry_compiles_in_place_says_why_and_writes_back(cold):
@@ -181,7 +202,7 @@ def test_models_health_metrics_and_refusals(warm):
     warm.complete(prompt=[1], max_tokens=1)
     assert metric(warm.get("/metrics")[1], "prebake_request_latency_seconds_count") == requests_before + 1
 
-    assert warm.post("/v1/completions", {"prompt": [1], "stream": True})[0] == 400
+    assert warm.post("/v1/completions", {"prompt": [1], "echo": True})[0] == 400
     assert warm.post("/v1/completions", {"prompt": [1], "model": "gpt-4"})[0] == 404
     assert warm.post("/v1/completions", b"{not json")[0] == 400
     assert warm.get("/v2/nothing")[0] == 404

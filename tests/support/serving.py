@@ -134,8 +134,10 @@ class ServeProcess:
         assert status == 200, payload
         return payload
 
-    def _url(self, path: str) -> str:
+    def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
+
+    _url = url
 
     @staticmethod
     def _call(request: urllib.request.Request) -> tuple[int, str]:

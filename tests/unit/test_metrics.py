@@ -1,36 +1,62 @@
-"""The metrics endpoint's text: Prometheus exposition format that a scraper parses."""
+"""The metrics endpoint's text, read back with prometheus_client's own parser, as a scraper would."""
 
 from __future__ import annotations
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from engine.runtime.metrics import Metrics
 
 
-def test_counters_gauges_and_the_latency_histogram_render_as_prometheus_text():
+def _samples(metrics: Metrics) -> dict[tuple[str, tuple], float]:
+    text = metrics.render().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_counters_gauges_and_the_latency_histogram_parse_back():
     m = Metrics()
     m.set("prebake_startup_step_seconds", 0.25, step="fetch")
     m.add("prebake_bundle_hits_total", kind="graphs", source="registry")
     m.add("prebake_bundle_hits_total", kind="graphs", source="registry")
     for seconds in (0.003, 0.2, 0.2, 40.0):
         m.observe_latency(seconds)
-    lines = m.render().splitlines()
-    assert 'prebake_startup_step_seconds{step="fetch"} 0.250000' in lines
-    assert 'prebake_bundle_hits_total{kind="graphs",source="registry"} 2' in lines
-    assert "# TYPE prebake_bundle_hits_total counter" in lines
-    assert 'prebake_request_latency_seconds_bucket{le="0.005"} 1' in lines
-    assert 'prebake_request_latency_seconds_bucket{le="0.25"} 3' in lines  # cumulative
-    assert 'prebake_request_latency_seconds_bucket{le="30.0"} 3' in lines
-    assert 'prebake_request_latency_seconds_bucket{le="+Inf"} 4' in lines
-    assert "prebake_request_latency_seconds_count 4" in lines
+    samples = _samples(m)
+    assert samples[("prebake_startup_step_seconds", (("step", "fetch"),))] == 0.25
+    assert samples[("prebake_bundle_hits_total", (("kind", "graphs"), ("source", "registry")))] == 2
+    assert samples[("prebake_request_latency_seconds_bucket", (("le", "0.005"),))] == 1
+    assert samples[("prebake_request_latency_seconds_bucket", (("le", "0.25"),))] == 3  # cumulative
+    assert samples[("prebake_request_latency_seconds_bucket", (("le", "30.0"),))] == 3
+    assert samples[("prebake_request_latency_seconds_bucket", (("le", "+Inf"),))] == 4
+    assert samples[("prebake_request_latency_seconds_count", ())] == 4
+    assert m.get("prebake_bundle_hits_total", kind="graphs", source="registry") == 2
+    assert m.get("prebake_bundle_misses_total", kind="graphs") == 0
 
 
-def test_label_values_are_escaped():
+def test_every_declared_family_and_the_process_metrics_are_exported():
+    text = Metrics().render().decode()
+    names = {family.name for family in text_string_to_metric_families(text)}
+    for name in ("prebake_ready", "prebake_requests", "prebake_request_latency_seconds", "prebake_steps"):
+        assert name in names
+    assert {"process_cpu_seconds", "process_resident_memory_bytes", "python_info"} <= names
+
+
+def test_label_values_with_quotes_backslashes_and_newlines_survive_the_round_trip():
     m = Metrics()
-    m.add("prebake_requests_total", outcome='a"b\\c')
-    assert 'prebake_requests_total{outcome="a\\"b\\\\c"} 1' in m.render().splitlines()
+    odd = 'a"b\\c\nd'
+    m.add("prebake_requests_total", outcome=odd)
+    assert _samples(m)[("prebake_requests_total", (("outcome", odd),))] == 1
 
 
 def test_an_undeclared_metric_is_refused():
     with pytest.raises(KeyError, match="declare it"):
         Metrics().add("prebake_typo_total")
+
+
+def test_two_engines_in_one_process_keep_separate_figures():
+    a, b = Metrics(), Metrics()
+    a.add("prebake_generated_tokens_total", 5)
+    assert a.get("prebake_generated_tokens_total") == 5 and b.get("prebake_generated_tokens_total") == 0

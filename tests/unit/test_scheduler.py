@@ -103,3 +103,31 @@ def test_prompt_plus_max_tokens_beyond_max_model_len_is_rejected(model):
 def test_token_ids_outside_the_vocabulary_are_rejected(model):
     with pytest.raises(RequestRejected, match="outside the vocabulary 0..299"):
         scheduler(model).submit(Request((1, 300), max_tokens=1))
+
+
+def test_a_sink_sees_every_token_and_ends_its_row_without_touching_the_others(model):
+    alone = serve(scheduler(model), REQUESTS[:2])
+    seen: list[int] = []
+
+    def sink(token: int) -> bool:  # a client that wants three tokens, then goes away
+        seen.append(token)
+        return len(seen) < 3
+
+    sched = scheduler(model)
+    cut = sched.submit(REQUESTS[0], sink)
+    other = sched.submit(REQUESTS[1])
+    sched.run_until_idle()
+    assert cut.result().tokens == alone[0][0][:3] == tuple(seen) and cut.result().finish_reason == "stop"
+    assert (other.result().tokens, other.result().finish_reason) == alone[1]
+
+
+def test_a_sink_that_raises_ends_only_its_own_request(model):
+    def broken(token: int) -> bool:
+        raise RuntimeError("client gone")
+
+    sched = scheduler(model)
+    failed = sched.submit(REQUESTS[0], broken)
+    fine = sched.submit(REQUESTS[2])
+    sched.run_until_idle()
+    assert len(failed.result().tokens) == 1
+    assert fine.result().tokens == serve(scheduler(model), [REQUESTS[2]])[0][0]

@@ -1,0 +1,98 @@
+"""The API's guards and error shapes, in process (no engine needed: they act before any route)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from engine.runtime.api.app import create_app
+from engine.runtime.api.guard import Guard, GuardSettings
+from engine.runtime.api.state import AppState
+from engine.runtime.metrics import Metrics
+
+
+def _client(**guard) -> httpx.AsyncClient:
+    app = create_app(AppState("m", Metrics(), step="compile"), GuardSettings(**guard))
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+def test_probes_answer_while_starting_and_other_routes_say_503_with_the_step():
+    async def go():
+        async with _client() as c:
+            return (await c.get("/health")), (await c.get("/health/live")), (await c.get("/v1/models"))
+
+    health, live, models = _run(go())
+    assert health.status_code == 503 and health.json() == {"status": "starting", "step": "compile"}
+    assert live.status_code == 200
+    assert models.status_code == 503 and "starting (compile)" in models.json()["error"]["message"]
+
+
+def test_with_a_key_every_route_but_the_probes_needs_the_bearer_token():
+    async def go():
+        async with _client(api_key="k") as c:
+            return [
+                (await c.get("/health")).status_code,
+                (await c.get("/health/live")).status_code,
+                (await c.get("/metrics")).status_code,
+                (await c.get("/metrics", headers={"Authorization": "Bearer k"})).status_code,
+                (await c.get("/metrics", headers={"Authorization": "Bearer kk"})).status_code,
+                (await c.post("/v1/completions", json={"prompt": "x"})).json()["error"]["type"],
+            ]
+
+    assert _run(go()) == [503, 200, 401, 200, 401, "authentication_error"]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        (b"\xff{}", 400, "not UTF-8"),
+        (b"x" * 2000, 413, "larger than 1000 bytes"),
+        (b'{"prompt": "x", "max_tokens": 0}', 400, "max_tokens"),
+        (b'{"prompt": "x", "tempurature": 1}', 400, "tempurature: unknown field"),
+        (b'{"prompt": {"a": 1}}', 400, "prompt: must be a string, a list of strings"),
+        (b"{", 400, "not valid JSON"),
+    ],
+)
+def test_bad_bodies_are_refused_before_any_route_in_openais_error_shape(body, status, words):
+    async def go():
+        async with _client(max_body_bytes=1000) as c:
+            return await c.post("/v1/completions", content=body, headers={"Content-Type": "application/json"})
+
+    response = _run(go())
+    assert response.status_code == status
+    assert words in response.json()["error"]["message"]
+    assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+
+def test_a_body_that_dribbles_past_the_time_limit_is_408():
+    sent: list[dict] = []
+
+    async def app(scope, receive, send):  # never reached
+        raise AssertionError("the route ran")
+
+    async def receive():
+        await asyncio.sleep(0.2)
+        return {"type": "http.request", "body": b"x", "more_body": True}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "path": "/v1/completions", "method": "POST", "headers": []}
+    _run(Guard(app, GuardSettings(body_timeout_s=0.5))(scope, receive, send))
+    assert sent[0]["status"] == 408
+
+
+def test_a_body_sent_as_curl_d_sends_it_is_read_as_json():
+    async def go():
+        async with _client() as c:
+            form = {"Content-Type": "application/x-www-form-urlencoded"}
+            return await c.post("/v1/completions", content=b'{"prompt": "x", "tempurature": 1}', headers=form)
+
+    response = _run(go())
+    assert response.status_code == 400 and "tempurature: unknown field" in response.json()["error"]["message"]

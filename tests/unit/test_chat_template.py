@@ -1,0 +1,50 @@
+"""Chat messages to a prompt through the model's chat template, rendered as transformers renders it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from artifacts.recipes import ModelSpec, load_recipe
+from engine.runtime.api.chat import TINY_TEMPLATE, ChatTemplate, ChatTemplateError, chat_template_for
+
+MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+
+
+def _spec(weights: str) -> ModelSpec:
+    return load_recipe("tiny-llama").model.model_copy(update={"weights": weights})
+
+
+def test_a_random_weights_model_gets_the_small_template():
+    template = chat_template_for(_spec("random"))
+    assert template.source == TINY_TEMPLATE
+    assert template.render(MESSAGES) == "<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n"
+    assert not template.render(MESSAGES, add_generation_prompt=False).endswith("<|assistant|>\n")
+
+
+def test_the_folders_template_with_bos_and_trimmed_blocks_renders_as_transformers_does(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    source = (
+        "{{ bos_token }}{% for m in messages %}\n"
+        "  {% if m['role'] == 'system' %}[SYS]{{ m['content'] | tojson }}{% else %}[{{ m['role'] | upper }}]{{ m['content'] }}{% endif %}\n"
+        "{% endfor %}{% if add_generation_prompt %}[ASSISTANT]{% endif %}"
+    )
+    config = {"chat_template": [{"name": "default", "template": source}], "bos_token": {"content": "<s>"}}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    ours = chat_template_for(_spec(str(tmp_path))).render(MESSAGES)
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    theirs = render_jinja_template([MESSAGES], chat_template=source, add_generation_prompt=True, bos_token="<s>")[0][0]
+    assert ours == theirs
+    assert transformers
+
+
+def test_raise_exception_in_a_template_is_a_clear_error():
+    template = ChatTemplate("{{ raise_exception('roles must alternate') }}")
+    with pytest.raises(ChatTemplateError, match="roles must alternate"):
+        template.render(MESSAGES)
+
+
+def test_a_folder_without_a_template_has_none(tmp_path):
+    assert chat_template_for(_spec(str(tmp_path))) is None
