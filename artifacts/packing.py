@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO, cast
 
 import zstandard
 
@@ -77,7 +78,10 @@ def pack(tree: Path, dest: Path, *, level: int = 3, threads: int | None = None) 
     compressor = zstandard.ZstdCompressor(level=level, threads=workers)
     files: list[FileEntry] = []
     try:
-        with _BlobWriter(Path(dest)) as sink, compressor.stream_writer(sink, closefd=False, write_size=1 << 20) as zw:
+        with (
+            _BlobWriter(Path(dest)) as sink,
+            compressor.stream_writer(cast(BinaryIO, sink), closefd=False, write_size=1 << 20) as zw,
+        ):
             offset = 0
             for item in _in_order(_walk(tree), readers=max(2, cores)):
                 if isinstance(item, _Batch):
@@ -188,12 +192,12 @@ def _read_small(rel: str, path: Path, st: os.stat_result, parts: list[bytes]) ->
     return _entry(rel, len(data), "sha256:" + hashlib.sha256(data).hexdigest(), bool(st.st_mode & 0o111))
 
 
-def _stream_large(zw, rel: str, path: Path, st: os.stat_result) -> tuple[FileEntry, int]:
+def _stream_large(zw: BinaryIO, rel: str, path: Path, st: os.stat_result) -> tuple[FileEntry, int]:
     """Feed one large file to the compressor chunk by chunk; a thread hashes each chunk behind us."""
     header = _header(rel, st)
     zw.write(header)
     h, size = hashlib.sha256(), 0
-    behind: deque[Future] = deque()
+    behind: deque[Future[None]] = deque()
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="prebake-pack-hash") as hasher:
         with path.open("rb", buffering=0) as f:
             while size <= st.st_size and (chunk := f.read(_CHUNK)):
@@ -279,7 +283,7 @@ class _BlobWriter:
         self._thread = threading.Thread(target=self._drain, name="prebake-pack-write", daemon=True)
         self._thread.start()
 
-    def write(self, data) -> int:
+    def write(self, data: bytes | bytearray | memoryview) -> int:
         if self._error is not None:
             raise self._error
         self._queue.put(bytes(data))
@@ -304,7 +308,7 @@ class _BlobWriter:
     def __enter__(self) -> _BlobWriter:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._queue.put(None)
         self._thread.join()
         self._f.close()

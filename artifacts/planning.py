@@ -160,7 +160,7 @@ def requirement(target: Target, profile: Profile | None) -> Requirement:
         accelerators=0 if device == "cpu" else target.tp,
         runner_labels=tuple(labels),
         custom_resource=custom_resource(target.platform),
-        device_name=profile.host.platform.device_name if profile else "",
+        device_name=profile.host.platform.factors().get("device_name", "") if profile else "",
     )
 
 
@@ -232,3 +232,6 @@ class _Stranger:
     def __init__(self, like: HostFacts, marker: str):
         self.platform = _StrangerPart({k: f"{marker}-{v}" for k, v in like.platform.factors().items()})
         self.software = _StrangerPart({k: f"{marker}-{v}" for k, v in like.software.factors().items()})
+
+    def can_build(self, device: str, dtype: str) -> tuple[bool, str]:
+        return True, ""  # keys only: a stranger is never asked to build

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import logging
 import os
 import re
 import signal
@@ -193,7 +194,7 @@ def _run_on_ray(todo: list[TargetPlan], recipe: Recipe, args: argparse.Namespace
         raise HostCannotBuildError(
             f"--executor ray needs Ray, which is not installed ({exc}); pip install 'prebake[ray]'"
         ) from exc
-    ray.init(address=args.ray_address, log_to_driver=False, logging_level="ERROR")
+    ray.init(address=args.ray_address, log_to_driver=False, logging_level=logging.ERROR)
     try:
         return _collect(ray, todo, recipe, args)
     finally:

@@ -52,8 +52,8 @@ class AotSteps(CompiledSteps):
     def __init__(self, model: Llama, cache: KVCache, functions: dict[StepShape, Callable]):
         super().__init__(model, cache, compile=False)
         self.functions = dict(functions)
-        self._prefill = self._prefill_shape
-        self._decode = self._decode_shape
+        self._prefill = self._prefill_shape  # type: ignore[assignment]  # same call shape, untyped args
+        self._decode = self._decode_shape  # type: ignore[assignment]
 
     def _prefill_shape(self, ids, lengths, slots, cache, attn_impl):
         b, t = ids.shape
@@ -101,7 +101,7 @@ def compile_shapes(
         args = example_args(shape, cache, tactic)
         if tactic.threads:
             torch.set_num_threads(tactic.threads)
-        compiled = torch.compile(method, **options).aot_compile((args, {}))
+        compiled = torch.compile(method, **options).aot_compile((args, {}))  # type: ignore[attr-defined]  # experimental, unstubbed
         compiled.save_compiled_function(str(folder / f"{shape.name}{SUFFIX}"), external_data={_MODEL_REF: model})
         functions[shape] = compiled
         seconds[shape] = time.perf_counter() - started

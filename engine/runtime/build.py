@@ -14,6 +14,7 @@ import json
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from engine.adapters.bundled import AUTOTUNE_FILE, GRAPHS_FILE
 from engine.runtime import aot
 from engine.runtime.autotune import load_winners, measure
 from engine.runtime.loader import load_model, torch_dtype
-from engine.runtime.model import KVCache
+from engine.runtime.model import KVCache, Llama
 from engine.runtime.shapes import StepShape, step_shapes
 from engine.runtime.steps import CompiledSteps, Tactic
 
@@ -43,7 +44,14 @@ def build_graphs(recipe: Recipe, dtype: str, buckets_tree: Path, autotune_tree: 
     compile_graphs(*model_and_cache(recipe, dtype), recipe, {s: tactics[s] for s in shapes}, out)
 
 
-def compile_graphs(model, cache, recipe: Recipe, plan: dict[StepShape, Tactic], out: Path, log=print) -> CompiledSteps:
+def compile_graphs(
+    model: Llama,
+    cache: KVCache,
+    recipe: Recipe,
+    plan: dict[StepShape, Tactic],
+    out: Path,
+    log: Callable[[str], None] = print,
+) -> CompiledSteps:
     """Compile every shape of `plan` into the graphs tree `out`, in the recipe's variant; the warm steps.
 
     The graphs builder and the serving engine's compile-in-place both call this, so a bundle
@@ -59,6 +67,7 @@ def compile_graphs(model, cache, recipe: Recipe, plan: dict[StepShape, Tactic], 
         # in torch 2.13) are what a server falls back to when a precompiled function does not load.
         fallback = CompiledSteps(model, cache, mode=recipe.compile.mode, expected_shapes=len(plan))
         seconds = fallback.warm_up(plan, log=log)
+        steps: CompiledSteps
         steps, precompile = aot.compile_shapes(model, cache, plan, out, mode=recipe.compile.mode, log=log)
         seconds = {s: seconds[s] + precompile[s] + t for s, t in steps.warm_up(plan, log=log).items()}
     else:
@@ -84,7 +93,7 @@ def _shapes(recipe: Recipe, buckets_tree: Path):
     return step_shapes(buckets, recipe.serving.max_model_len)
 
 
-def model_and_cache(recipe: Recipe, dtype: str):
+def model_and_cache(recipe: Recipe, dtype: str) -> tuple[Llama, KVCache]:
     """The recipe's model and a KV cache of its serving limits: the builder and the engine size them alike."""
     model = load_model(recipe.model, dtype)
     cache = KVCache.allocate(

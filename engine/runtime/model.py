@@ -203,6 +203,8 @@ class DecoderLayer(nn.Module):
 class Llama(nn.Module):
     """The decoder. Parameter names are the Hugging Face ones without the leading `model.`."""
 
+    inv_freq: Tensor  # a registered buffer (nn.Module types buffers as Tensor | Module)
+
     def __init__(self, config: LlamaConfig, dtype: torch.dtype = torch.float32) -> None:
         super().__init__()
         self.config = config

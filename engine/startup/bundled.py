@@ -319,6 +319,8 @@ def _load_steps(settings, recipe: Recipe, model, cache, schedule, graphs_tree: P
     elif recipe.compile.variant == "aoti":
         from engine.runtime import aot
 
+        if graphs_tree is None:
+            raise StoreError("the aoti variant was asked to load without a graphs tree; this is a bug in start-up")
         steps, fallback = aot.load_or_fallback(model, cache, list(schedule), graphs_tree, mode=recipe.compile.mode)
         precompiled = fallback is None
         if fallback is not None:  # verified bytes that do not load here: the same bundle's Inductor cache serves
