@@ -37,13 +37,18 @@ check: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/pytest -q -m "not slow"
 
-## bench: the benchmark scripts, each printing ratios measured in one run
+## bench: the benchmark scripts, each printing ratios measured in one run and ending with one JSON
+## line; the charts in docs/images/ are redrawn from these runs
 bench: $(STAMP)
 	$(BIN)/python benchmarks/noop_bake.py
-	$(BIN)/python benchmarks/bundle.py
-	$(BIN)/python benchmarks/buckets.py
-	$(BIN)/python benchmarks/startup.py --precision fp32 --iterations 3
+	$(BIN)/python benchmarks/bundle.py --plot docs/images/bundle.png
+	$(BIN)/python benchmarks/buckets.py --chart docs/images/buckets.png
+	$(BIN)/python benchmarks/startup.py --precision fp32 --iterations 1 --chart docs/images/startup.png
 	$(BIN)/python -m benchmarks.registry
+	$(BIN)/python benchmarks/registry_scale.py
+	$(BIN)/python benchmarks/fetch_stream.py
+	$(BIN)/python -m benchmarks.fleet
+	$(BIN)/python benchmarks/serve_load.py
 
 ## docs: regenerate docs/reference/ (cli.md, environment.md) from the code
 docs: $(STAMP)
@@ -66,7 +71,7 @@ $(VLLM_STAMP): pyproject.toml
 ## vllm-check: bake vLLM's compile cache for tiny-llama-vllm, start real vLLM cold and prebaked (CPU)
 vllm-check: $(VLLM_STAMP)
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_BIN)/pytest -q -s -m vllm tests/integration/test_vllm.py
-	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_BIN)/python benchmarks/startup_vllm.py --runs 1
+	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_BIN)/python benchmarks/startup_vllm.py --runs 1 --chart docs/images/startup_vllm.png
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .prebake .doit.db* build *.egg-info

@@ -66,6 +66,7 @@ def main() -> None:
     parser.add_argument("--variant", choices=(*VARIANTS, "both"), default="both")
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write every run and the summary here")
+    parser.add_argument("--chart", type=Path, help="draw seconds per start-up step of every mode into this PNG")
     parser.add_argument("--work", type=Path, help="working folder (default: a new temporary one)")
     parser.add_argument(
         "--registry",
@@ -104,6 +105,11 @@ def main() -> None:
     print(render(summary, args))
     if args.json:
         args.json.write_text(json.dumps({"runs": [asdict(r) for r in runs], "summary": summary}, indent=1))
+    if args.chart:
+        sys.path.insert(0, str(REPO))  # run as a script from a checkout: benchmarks/ is no package
+        from benchmarks import charts
+
+        charts.startup(summary, args.chart, title=f"{args.model} {args.precision} start-up by step")
     print(json.dumps(figures(summary, variants, args)))
 
 

@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         default="cold,local,prebaked,relocated",
         help="which starts to run, comma separated (local = local-cold then local-warm); ratios need their modes",
     )
+    parser.add_argument("--chart", type=Path, help="draw seconds to ready of every mode into this PNG")
     args = parser.parse_args(argv)
     work = (args.work or Path(tempfile.mkdtemp(prefix="startup-vllm-"))).resolve()
     base = {k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")} | {"PREBAKE_TRUSTED_KEYS": ""}
@@ -152,6 +153,11 @@ def main(argv: list[str] | None = None) -> int:
     figures = summarise(runs, bake_s, args.runs)
     print(json.dumps(runs, indent=1))
     print(render(figures, work))
+    if args.chart:
+        sys.path.insert(0, str(REPO))  # run as a script from a checkout: benchmarks/ is no package
+        from benchmarks import charts
+
+        charts.startup_vllm(figures, args.chart)
     print(json.dumps(figures))
     return 0 if all(r["warm"] for r in runs["prebaked"] + runs["relocated"]) else 1
 
