@@ -30,17 +30,18 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from artifacts import fsutil
 from artifacts.bundle import file_digest
+from artifacts.errors import BundleError
 from artifacts.layout import blob_relpath, index_relpath, parse_index_relpath
-from artifacts.manifest import BlobRef, Manifest
+from artifacts.manifest import MAX_MANIFEST_BYTES, BlobRef, Manifest
 
-from .base import Published, settle
+from .base import Published, SizedSink, settle
 from .errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 _MiB = 1 << 20
 _CREATE_ATTEMPTS = 5  # rounds of "409 ConditionalRequestConflict: try again" before giving up
 _PROGRESS_MIN_BYTES = 16 * _MiB  # smaller transfers finish before a meter is worth drawing
+_INDEX_READ_S = 30.0  # an index entry is small: one that takes longer is stalled or hostile
 
 
 @dataclass(frozen=True)
@@ -111,22 +113,27 @@ class S3Registry:
             raw = self._get_or_none(key)
         return None if raw is None else Manifest.parse(raw, self._where(key))
 
-    def fetch_blob(self, digest: str, dest: Path) -> Path:
+    def fetch_blob(
+        self, digest: str, dest: Path, *, size: int | None = None, tee: Callable[[bytes], None] | None = None
+    ) -> Path:
         key = self._key(blob_relpath(digest))
         where, dest = self._where(key), Path(dest)
+        sized = SizedSink(size, digest, where, self.url, tee)
         with self._faults(f"download {where}"):
-            size = self._size_or_none(key)
-            if size is None:
+            stored = self._size_or_none(key)
+            if stored is None:
                 raise RegistryError(
                     f"blob {digest} is named by an index entry but missing at {where}; run `prebake verify`"
                 )
+            sized.announce(stored)  # a blob larger than its manifest says is refused before a byte moves
             with (
                 fsutil.atomic_target(dest) as tmp,
                 tmp.open("wb") as f,
-                _Progress("download", digest, size) as progress,
+                _Progress("download", digest, stored) as progress,
             ):
-                sink = _HashingSink(f)
+                sink = _HashingSink(f, sized)
                 self._client.download_fileobj(self.bucket, key, sink, Config=self._transfer, Callback=progress)
+                sized.finish()
                 if sink.digest() != digest:
                     raise BlobDigestMismatch(
                         f"blob {where} hashes to {sink.digest()}, not {digest}: it is corrupt; "
@@ -223,14 +230,28 @@ class S3Registry:
             self._client.upload_file(str(blob), self.bucket, key, Config=self._transfer, Callback=progress)
 
     def _get_or_none(self, key: str) -> bytes | None:
+        """An index entry's bytes, at most MAX_MANIFEST_BYTES of them, read within the time box."""
         from botocore.exceptions import ClientError
 
         try:
-            return self._client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+            response = self._client.get_object(Bucket=self.bucket, Key=key)
         except ClientError as exc:
             if _error_code(exc) in ("NoSuchKey", "404"):
                 return None
             raise
+        body, where = response["Body"], self._where(key)
+        try:
+            if int(response.get("ContentLength") or 0) > MAX_MANIFEST_BYTES:
+                raise BundleError(f"{where} is over {MAX_MANIFEST_BYTES} bytes; no manifest is: refusing it")
+            chunks, total, deadline = [], 0, time.monotonic() + _INDEX_READ_S
+            while chunk := body.read(min(_MiB, MAX_MANIFEST_BYTES + 1 - total)):
+                chunks.append(chunk)
+                total += len(chunk)
+                if total > MAX_MANIFEST_BYTES or time.monotonic() > deadline:
+                    raise BundleError(f"{where} sent over {MAX_MANIFEST_BYTES} bytes or for over {_INDEX_READ_S} s")
+            return b"".join(chunks)
+        finally:
+            body.close()
 
     def _size_or_none(self, key: str) -> int | None:
         from botocore.exceptions import ClientError
@@ -272,6 +293,7 @@ class S3Registry:
             PartialCredentialsError,
         )
         from s3transfer.exceptions import RetriesExceededError
+        from urllib3.exceptions import HTTPError
 
         try:
             yield
@@ -283,6 +305,10 @@ class S3Registry:
             ) from exc
         except ClientError as exc:
             raise self._client_fault(exc, doing) from exc
+        except (ConnectionError, HTTPError) as exc:  # a connection dropped mid-body: the network, not us
+            raise RegistryUnavailable(
+                f"cannot {doing}: the connection to {self.endpoint} broke ({exc}); retry"
+            ) from exc
         except (NoCredentialsError, PartialCredentialsError) as exc:
             raise RegistryUnavailable(
                 f"cannot {doing}: {exc}; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE"
@@ -322,13 +348,14 @@ class S3Registry:
 
 class _HashingSink:
     """A write-only file that hashes what it is given. Not seekable on purpose: s3transfer then
-    hands over the parallel ranged parts strictly in order, so the sha256 is taken while
-    downloading rather than in a second pass over the file."""
+    hands over the parallel ranged parts strictly in order, so the sha256 is taken (and the
+    store's unpacker fed, through `sized`) while downloading rather than in a second pass."""
 
-    def __init__(self, f):
-        self._f, self._h = f, hashlib.sha256()
+    def __init__(self, f, sized: SizedSink):
+        self._f, self._h, self._sized = f, hashlib.sha256(), sized
 
     def write(self, data: bytes) -> int:
+        self._sized(data)  # refuses a byte past the manifest's size, then feeds the unpacker
         self._h.update(data)
         return self._f.write(data)
 

@@ -81,7 +81,7 @@ def test_a_corrupt_blob_is_refused_and_nothing_is_installed(tmp_path, published)
     data[len(data) // 2] ^= 0xFF
     blob.write_bytes(bytes(data))
     store = Store(tmp_path / "home")
-    with pytest.raises(BlobDigestMismatch):
+    with pytest.raises(BundleError):  # BlobDigestMismatch, or the unpacker's refusal if it saw the damage first
         fetch(store, registry, key)
     assert store.lookup("graphs", key.digest) is None
     assert not store.tree_path(manifest).exists()

@@ -1,0 +1,487 @@
+"""Checked unpacking: a .tar.zst stream written to a folder only as far as its manifest allows.
+
+The manifest is the plan and the archive is held to it, member by member, before a byte
+of the member is written:
+
+    header read   name, type and size parsed by our own tar reader (never tarfile: its GNU
+                  long-name and pax records are read whole into memory, whatever size they claim)
+    checked       the name is one of the manifest's files (or a folder of one), not seen before;
+                  its type is the manifest's (file or link, link target equal); its size is the
+                  manifest's size for it
+    written       exactly that many bytes, hashed while they are written (in a worker thread,
+                  overlapped with decompression), the digest compared as soon as the member ends
+    at the end    every file of the manifest was there
+
+So the bytes written are bounded by the manifest's total, the entries by its file count,
+and memory by one chunk, whatever the archive claims; a decompression bomb stops at the
+first member that outgrows its declared size. Nothing is renamed into place unless all of
+it passed (see bundle.unpack and unpack_streamed for the folder dance).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import zstandard
+
+from . import fsutil
+from .errors import BundleError, UnsafeArchiveError
+from .manifest import MAX_PATH_BYTES, FileEntry
+
+_CHUNK = 1 << 20
+_BLOCK = 512
+_MAX_EXTENDED = MAX_PATH_BYTES + 8192  # a GNU long name or pax record: a path and some change
+_IN_FLIGHT = 16  # chunks handed to the writer thread and not yet written
+
+
+@dataclass(frozen=True)
+class UnpackLimits:
+    """Caps on top of the manifest's own bounds, for a manifest that declares too much."""
+
+    max_bytes: int = 64 << 30
+    max_entries: int = 1_000_000
+    max_window_log: int = 27  # 128 MiB, zstd's default ceiling for decompression
+
+    def check(self, files: tuple[FileEntry, ...], what: str) -> None:
+        """Refuse, before anything is read, a manifest that declares more than the caps allow."""
+        total = sum(f.size for f in files)
+        if len(files) > self.max_entries:
+            raise UnsafeArchiveError(f"{what} declares {len(files)} files, over the cap of {self.max_entries}")
+        if total > self.max_bytes:
+            raise UnsafeArchiveError(
+                f"{what} declares {total} bytes of files, over the cap of {self.max_bytes}; raise "
+                f"PREBAKE_UNPACK_MAX_BYTES if the bundle is genuinely that large"
+            )
+
+
+def extract(compressed: BinaryIO, into: Path, files: tuple[FileEntry, ...], limits: UnpackLimits, what: str) -> None:
+    """Decompress and unpack `compressed` into the existing empty folder `into`, checking every
+    member against `files` before writing it; raise BundleError (or a subclass) on any deviation."""
+    limits.check(files, what)
+    dctx = zstandard.ZstdDecompressor(max_window_size=1 << limits.max_window_log)
+    try:
+        with dctx.stream_reader(compressed, read_size=_CHUNK, closefd=False) as zr:
+            _Extraction(io.BufferedReader(zr, _CHUNK), into, files, what).run()  # type: ignore[arg-type]
+    except zstandard.ZstdError as exc:
+        if "window" in str(exc).lower() or "memory" in str(exc).lower():
+            raise UnsafeArchiveError(
+                f"{what} needs a zstd window above 2^{limits.max_window_log} bytes to decompress; refusing it "
+                f"(prebake packs with smaller windows: this blob was not made by prebake)"
+            ) from exc
+        raise BundleError(f"{what} is not a readable .tar.zst ({exc}); the bundle is corrupt") from exc
+
+
+def unpack_streamed(
+    download: Callable[[Callable[[bytes], None]], object],
+    dest: Path,
+    files: tuple[FileEntry, ...],
+    limits: UnpackLimits,
+    what: str,
+) -> Path:
+    """Unpack a blob while it downloads: `download(tee)` must hand every chunk, in order, to `tee`
+    and return only once the whole blob matched its digest. The tree is renamed to `dest` after both
+    the download and the unpack succeeded; on any failure nothing is left behind."""
+    limits.check(files, what)
+    tmp = _partial(dest)
+    feed = _Feed()
+    with ThreadPoolExecutor(1, thread_name_prefix="prebake-unpack") as pool:
+        unpacking = pool.submit(_extract_fed, feed, tmp, files, limits, what)
+        try:
+            try:
+                download(feed.put)
+            except BaseException as exc:
+                feed.abort()
+                if feed.error is not None and feed.error is not exc:  # the unpacker refused: that is the cause
+                    raise feed.error from exc
+                raise
+            feed.close()
+            unpacking.result()
+            os.replace(tmp, dest)
+        except BaseException:
+            feed.abort()
+            _remove(tmp)
+            raise
+    return dest
+
+
+def unpack_file(blob: Path, dest: Path, files: tuple[FileEntry, ...], limits: UnpackLimits) -> Path:
+    """Unpack the local blob into `dest` (which must not exist) through a partial sibling folder."""
+    if dest.exists():
+        raise BundleError(f"cannot unpack into {dest}: it already exists; remove it or pick another folder")
+    tmp = _partial(dest)
+    try:
+        with blob.open("rb") as raw:
+            extract(raw, tmp, files, limits, str(blob))
+        fsutil.crash_point("unpack")
+        os.replace(tmp, dest)
+    except BaseException:
+        _remove(tmp)
+        raise
+    return dest
+
+
+def tree_problems(tree: Path, files: tuple[FileEntry, ...]) -> list[str]:
+    """Everything that differs between `tree` and `files` (every byte re-hashed); [] when whole."""
+    found: dict[str, FileEntry] = {}
+    if not tree.is_dir():
+        return [f"{tree} is not there"]
+    for root, dirs, names in os.walk(tree):
+        for name in names + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+            path = Path(root, name)
+            rel = path.relative_to(tree).as_posix()
+            try:
+                if path.is_symlink():
+                    target = os.readlink(path)
+                    found[rel] = FileEntry(path=rel, size=0, sha256=_digest(target.encode()), link=target)
+                elif path.is_file():
+                    found[rel] = FileEntry(path=rel, size=path.stat().st_size, sha256=_file_digest(path))
+            except (OSError, ValueError) as exc:
+                return [f"{rel} cannot be read: {exc}"]
+    wanted = {f.path: f for f in files}
+    problems = [f"missing {p}" for p in sorted(wanted.keys() - found.keys())]
+    problems += [f"unexpected {p}" for p in sorted(found.keys() - wanted.keys())]
+    for p in sorted(wanted.keys() & found.keys()):
+        if (wanted[p].sha256, wanted[p].link) != (found[p].sha256, found[p].link):
+            problems.append(f"wrong bytes in {p}")
+    return problems
+
+
+# -- the extraction ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Member:
+    name: str
+    type: bytes
+    size: int
+    linkname: str
+
+
+class _Extraction:
+    """One pass over a tar stream, writing what the manifest allows and nothing else."""
+
+    def __init__(self, reader: BinaryIO, into: Path, files: tuple[FileEntry, ...], what: str):
+        self.reader, self.into, self.what = reader, into, what
+        self.expected = {f.path: f for f in files}
+        self.folders = {p for f in files for p in _parents(f.path)}
+        self.seen: set[str] = set()
+        self.members_left = len(files) + len(self.folders)
+        self.writer = _Writer(what)
+        self.job: _FileJob | None = None
+
+    def run(self) -> None:
+        try:
+            while (member := self._next()) is not None:
+                self.members_left -= 1
+                if self.members_left < 0:
+                    raise UnsafeArchiveError(f"{self.what} holds more entries than its manifest names; refusing it")
+                self._one(member)
+            self.writer.drain()
+        finally:
+            self.writer.close()
+            if self.job is not None and self.job.fd >= 0:  # its close job never ran: the writer failed first
+                os.close(self.job.fd)
+        missing = sorted(self.expected.keys() - self.seen)
+        if missing:
+            raise BundleError(f"{self.what} lacks {len(missing)} file(s) its manifest names ({missing[:3]}); corrupt")
+
+    def _one(self, m: _Member) -> None:
+        if m.type in (b"5", b"2") and m.size:
+            raise UnsafeArchiveError(f"{self.what}: folder or link {m.name[:80]!r} claims {m.size} bytes of data")
+        if m.type == b"5":
+            name = m.name.rstrip("/")
+            if name not in self.folders:
+                raise UnsafeArchiveError(f"{self.what} holds a folder {name[:80]!r} no file of its manifest is in")
+            os.makedirs(self.into / name, exist_ok=True)
+            return
+        entry = self.expected.get(m.name)
+        if entry is None or m.name in self.seen:
+            why = "twice" if m.name in self.seen else "which its manifest does not name"
+            raise UnsafeArchiveError(f"{self.what} holds an entry {m.name[:80]!r} {why}; refusing it")
+        self.seen.add(m.name)
+        target = self.into / m.name
+        os.makedirs(target.parent, exist_ok=True)
+        if m.type == b"2":
+            if entry.link != m.linkname:
+                raise UnsafeArchiveError(f"{self.what}: {m.name[:80]!r} is a link its manifest does not declare")
+            os.symlink(m.linkname, target)
+            return
+        if m.type not in (b"0", b"\0"):
+            kind = {b"1": "hard link", b"3": "device", b"4": "device", b"6": "FIFO"}.get(m.type, f"type {m.type!r}")
+            raise UnsafeArchiveError(
+                f"{self.what} holds a {kind} at {m.name[:80]!r}; bundles carry only files and links"
+            )
+        if entry.link is not None or entry.size != m.size:
+            raise UnsafeArchiveError(
+                f"{self.what}: {m.name[:80]!r} is {m.size} bytes in the archive, but its manifest says "
+                f"{'a link' if entry.link is not None else f'{entry.size} bytes'}; refusing it before writing"
+            )
+        self._write(target, entry)
+
+    def _write(self, target: Path, entry: FileEntry) -> None:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        self.job = job = _FileJob(fd, entry, hashlib.sha256())
+        remaining = entry.size
+        while remaining:
+            chunk = self.reader.read(min(remaining, _CHUNK))
+            if not chunk:
+                self.writer.submit(job.close, False)
+                raise BundleError(f"{self.what} ends inside {entry.path!r}: the archive is truncated")
+            remaining -= len(chunk)
+            self.writer.submit(job.write, chunk)
+        self._skip(-entry.size % _BLOCK)
+        self.writer.submit(job.close, True)
+        fsutil.crash_point("stream", entry.path)
+
+    def _next(self) -> _Member | None:
+        """The next member with its GNU long name / pax overrides applied; None at the end marker."""
+        overrides: dict[str, str] = {}
+        for _ in range(4):  # at most L, K and x records before a real member
+            header = self.reader.read(_BLOCK)
+            if len(header) < _BLOCK:
+                raise BundleError(f"{self.what} ends inside a tar header: the archive is truncated")
+            if header == bytes(_BLOCK):
+                return None
+            m = _parse_header(header, self.what)
+            if m.type in (b"L", b"K", b"x"):
+                if m.size > _MAX_EXTENDED:
+                    raise UnsafeArchiveError(f"{self.what} holds an extended header of {m.size} bytes; refusing it")
+                data = self._exact(m.size)
+                self._skip(-m.size % _BLOCK)
+                overrides.update(_extended(m.type, data, self.what))
+                continue
+            size = int(overrides.get("size", m.size))
+            return _Member(overrides.get("path", m.name), m.type, size, overrides.get("linkpath", m.linkname))
+        raise UnsafeArchiveError(f"{self.what} chains extended headers without a member; refusing it")
+
+    def _exact(self, n: int) -> bytes:
+        data = self.reader.read(n) if n else b""
+        if len(data) != n:
+            raise BundleError(f"{self.what} is truncated")
+        return data
+
+    def _skip(self, n: int) -> None:
+        self._exact(n)
+
+
+def _parse_header(block: bytes, what: str) -> _Member:
+    stored = _number(block[148:156], what)
+    unsigned = sum(block[:148]) + 8 * 32 + sum(block[156:])
+    if stored != unsigned:
+        raise BundleError(f"{what} holds a tar header with a wrong checksum: the archive is corrupt")
+    name = _text(block[0:100])
+    if block[257:263] == b"ustar\x00" and block[345] != 0:  # POSIX ustar splits long names
+        name = _text(block[345:500]) + "/" + name
+    return _Member(name, block[156:157], _number(block[124:136], what), _text(block[157:257]))
+
+
+def _number(field: bytes, what: str) -> int:
+    if field[:1] == b"\x80":  # GNU base-256, for sizes of 8 GiB and up
+        return int.from_bytes(field[1:], "big")
+    text = field.split(b"\0", 1)[0].strip(b" ")
+    try:
+        return int(text, 8) if text else 0
+    except ValueError:
+        raise BundleError(f"{what} holds a tar header with a malformed number: the archive is corrupt") from None
+
+
+def _text(field: bytes) -> str:
+    return field.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+
+
+def _extended(kind: bytes, data: bytes, what: str) -> dict[str, str]:
+    if kind == b"L":
+        return {"path": _text(data)}
+    if kind == b"K":
+        return {"linkpath": _text(data)}
+    out: dict[str, str] = {}
+    while data:  # pax records: "<length> <key>=<value>\n"
+        length, _, _ = data.partition(b" ")
+        try:
+            n = int(length)
+            key, _, value = data[len(length) + 1 : n - 1].partition(b"=")
+        except ValueError:
+            raise BundleError(f"{what} holds a malformed pax header: the archive is corrupt") from None
+        if n <= 0:
+            raise BundleError(f"{what} holds a malformed pax header: the archive is corrupt")
+        if key in (b"path", b"linkpath", b"size"):
+            out[key.decode()] = value.decode("utf-8", "surrogateescape")
+        data = data[n:]
+    if "size" in out and not out["size"].isdigit():
+        raise BundleError(f"{what} holds a pax size that is not a number: the archive is corrupt")
+    return out
+
+
+def _parents(path: str) -> list[str]:
+    parts = path.split("/")[:-1]
+    return ["/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+# -- writing in a worker thread -----------------------------------------------------------------
+
+
+@dataclass
+class _FileJob:
+    """One member being written: its file, what the manifest says of it, its running hash."""
+
+    fd: int
+    entry: FileEntry
+    hasher: hashlib._Hash
+
+    def write(self, chunk: bytes) -> None:
+        self.hasher.update(chunk)
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(self.fd, view) :]
+
+    def close(self, complete: bool) -> None:
+        fd, self.fd = self.fd, -1
+        if self.entry.executable:
+            os.fchmod(fd, 0o755)
+        os.close(fd)
+        if complete and "sha256:" + self.hasher.hexdigest() != self.entry.sha256:
+            raise BundleError(f"{self.entry.path!r} does not match its manifest's digest: the bundle is corrupt")
+
+
+class _Writer:
+    """Writes and hashes members in one worker thread while the caller decompresses the next chunk
+    (zstd, hashlib and os.write release the GIL, so the two run on two cores)."""
+
+    def __init__(self, what: str):
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="prebake-write")
+        self.pending: deque[Future] = deque()
+        self.what = what
+
+    def submit(self, fn: Callable, *args) -> None:
+        self.pending.append(self.pool.submit(fn, *args))
+        while len(self.pending) > _IN_FLIGHT or (self.pending and self.pending[0].done()):
+            self.pending.popleft().result()
+
+    def drain(self) -> None:
+        while self.pending:
+            self.pending.popleft().result()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)  # every opened file is closed by its queued job, success or not
+
+
+# -- feeding a download into the extraction -----------------------------------------------------
+
+
+class _Aborted(Exception):
+    """The download failed: the extraction stops without a verdict of its own."""
+
+
+class _Feed(io.RawIOBase):
+    """A pipe from the download (put) to the extraction (readinto), bounded to a few chunks."""
+
+    def __init__(self) -> None:
+        import queue
+
+        self._q: queue.Queue[bytes | None] = queue.Queue(maxsize=_IN_FLIGHT)
+        self._buf = memoryview(b"")
+        self._aborted = self._finished = False
+        self.error: BaseException | None = None
+
+    def put(self, chunk: bytes) -> None:
+        import queue
+
+        while not self._finished:  # once the archive's end marker was read, the rest is only hashed
+            if self.error is not None:
+                raise self.error
+            try:
+                self._q.put(bytes(chunk), timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def close(self) -> None:  # type: ignore[override]
+        self._put_marker()
+
+    def abort(self) -> None:
+        self._aborted = True
+        self._put_marker()
+
+    def finished(self, error: BaseException | None) -> None:
+        self.error, self._finished = error, error is None
+        while not self._q.empty():  # unblock a download waiting on a full pipe
+            self._q.get_nowait()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        if self._aborted:
+            raise _Aborted()
+        if not self._buf:
+            chunk = self._q.get()
+            if self._aborted:
+                raise _Aborted()
+            if chunk is None:
+                return 0
+            self._buf = memoryview(chunk)
+        n = min(len(b), len(self._buf))
+        b[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+    def _put_marker(self) -> None:
+        import queue
+
+        for _ in range(100):
+            try:
+                self._q.put(None, timeout=0.05)
+                return
+            except queue.Full:
+                try:
+                    self._q.get_nowait()
+                except queue.Empty:
+                    pass
+
+
+def _extract_fed(feed: _Feed, into: Path, files, limits: UnpackLimits, what: str) -> None:
+    try:
+        extract(feed, into, files, limits, what)  # type: ignore[arg-type]
+    except _Aborted:
+        feed.finished(None)
+        return
+    except BaseException as exc:
+        feed.finished(exc)
+        raise
+    feed.finished(None)
+
+
+# -- small helpers ------------------------------------------------------------------------------
+
+
+def _partial(dest: Path) -> Path:
+    import tempfile
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent))
+
+
+def _remove(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return "sha256:" + h.hexdigest()
