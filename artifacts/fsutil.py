@@ -116,6 +116,8 @@ def read_bounded(path: Path, limit: int, *, within: Path | None = None, timeout_
         raise
     try:
         st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "a folder where a file should be", str(path))
         if not stat.S_ISREG(st.st_mode):
             raise BundleError(f"{path} is not a regular file (a FIFO, device or folder); remove it")
         if st.st_size > limit:

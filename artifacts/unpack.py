@@ -39,7 +39,8 @@ from .manifest import MAX_PATH_BYTES, FileEntry
 _CHUNK = 1 << 20
 _BLOCK = 512
 _MAX_EXTENDED = MAX_PATH_BYTES + 8192  # a GNU long name or pax record: a path and some change
-_IN_FLIGHT = 16  # chunks handed to the writer thread and not yet written
+_IN_FLIGHT = 16  # chunks handed to the hashing thread and not yet hashed
+_HAND_OVER = 1 << 20  # files from this size on are hashed in the worker thread
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,7 @@ class _Extraction:
         self.members_left = len(files) + len(self.folders)
         self.writer = _Writer(what)
         self.job: _FileJob | None = None
+        self.made: set[str] = set()
 
     def run(self) -> None:
         try:
@@ -187,7 +189,7 @@ class _Extraction:
             self.writer.drain()
         finally:
             self.writer.close()
-            if self.job is not None and self.job.fd >= 0:  # its close job never ran: the writer failed first
+            if self.job is not None and self.job.fd >= 0:  # a member that failed half-way
                 os.close(self.job.fd)
         missing = sorted(self.expected.keys() - self.seen)
         if missing:
@@ -200,7 +202,7 @@ class _Extraction:
             name = m.name.rstrip("/")
             if name not in self.folders:
                 raise UnsafeArchiveError(f"{self.what} holds a folder {name[:80]!r} no file of its manifest is in")
-            os.makedirs(self.into / name, exist_ok=True)
+            self._folder(name)
             return
         entry = self.expected.get(m.name)
         if entry is None or m.name in self.seen:
@@ -208,7 +210,7 @@ class _Extraction:
             raise UnsafeArchiveError(f"{self.what} holds an entry {m.name[:80]!r} {why}; refusing it")
         self.seen.add(m.name)
         target = self.into / m.name
-        os.makedirs(target.parent, exist_ok=True)
+        self._folder(m.name.rpartition("/")[0])
         if m.type == b"2":
             if entry.link != m.linkname:
                 raise UnsafeArchiveError(f"{self.what}: {m.name[:80]!r} is a link its manifest does not declare")
@@ -226,19 +228,29 @@ class _Extraction:
             )
         self._write(target, entry)
 
+    def _folder(self, rel: str) -> None:
+        if rel and rel not in self.made:
+            os.makedirs(self.into / rel, exist_ok=True)
+            self.made.update(_parents(rel + "/x"))
+
     def _write(self, target: Path, entry: FileEntry) -> None:
+        """Write the member's bytes here (os.write releases the GIL) and hash them in the writer
+        thread, so decompressing, writing and hashing use two cores; small files are hashed inline,
+        where handing them over would cost more than it saves."""
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         self.job = job = _FileJob(fd, entry, hashlib.sha256())
+        hand_over = entry.size >= _HAND_OVER
         remaining = entry.size
         while remaining:
             chunk = self.reader.read(min(remaining, _CHUNK))
             if not chunk:
-                self.writer.submit(job.close, False)
                 raise BundleError(f"{self.what} ends inside {entry.path!r}: the archive is truncated")
             remaining -= len(chunk)
-            self.writer.submit(job.write, chunk)
+            job.write(chunk)
+            self.writer.submit(job.hasher.update, chunk) if hand_over else job.hasher.update(chunk)
         self._skip(-entry.size % _BLOCK)
-        self.writer.submit(job.close, True)
+        job.close()
+        self.writer.submit(job.check) if hand_over else job.check()
         fsutil.crash_point("stream", entry.path)
 
     def _next(self) -> _Member | None:
@@ -337,26 +349,27 @@ class _FileJob:
     hasher: hashlib._Hash
 
     def write(self, chunk: bytes) -> None:
-        self.hasher.update(chunk)
         view = memoryview(chunk)
         while view:
             view = view[os.write(self.fd, view) :]
 
-    def close(self, complete: bool) -> None:
+    def close(self) -> None:
         fd, self.fd = self.fd, -1
         if self.entry.executable:
             os.fchmod(fd, 0o755)
         os.close(fd)
-        if complete and "sha256:" + self.hasher.hexdigest() != self.entry.sha256:
+
+    def check(self) -> None:
+        if "sha256:" + self.hasher.hexdigest() != self.entry.sha256:
             raise BundleError(f"{self.entry.path!r} does not match its manifest's digest: the bundle is corrupt")
 
 
 class _Writer:
-    """Writes and hashes members in one worker thread while the caller decompresses the next chunk
-    (zstd, hashlib and os.write release the GIL, so the two run on two cores)."""
+    """Hashes large members in one worker thread while the caller decompresses and writes the next
+    chunk (zstd, hashlib and os.write release the GIL, so the two run on two cores)."""
 
     def __init__(self, what: str):
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="prebake-write")
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="prebake-hash")
         self.pending: deque[Future] = deque()
         self.what = what
 
@@ -370,7 +383,7 @@ class _Writer:
             self.pending.popleft().result()
 
     def close(self) -> None:
-        self.pool.shutdown(wait=True)  # every opened file is closed by its queued job, success or not
+        self.pool.shutdown(wait=True)
 
 
 # -- feeding a download into the extraction -----------------------------------------------------
@@ -404,9 +417,18 @@ class _Feed(io.RawIOBase):
                 continue
 
     def close(self) -> None:  # type: ignore[override]
-        self._put_marker()
+        """The download is complete: the end marker goes after every chunk, however long that waits."""
+        import queue
+
+        while not self._finished and self.error is None:
+            try:
+                self._q.put(None, timeout=0.1)
+                return
+            except queue.Full:
+                continue
 
     def abort(self) -> None:
+        """The download failed: wake the extraction, whatever it has not read yet is dropped."""
         self._aborted = True
         self._put_marker()
 

@@ -11,7 +11,6 @@ from artifacts.fetch import Miss, fetch
 from artifacts.keys import Key
 from artifacts.manifest import Manifest
 from artifacts.store import Store
-from registry.errors import BlobDigestMismatch
 from registry.file import FileRegistry
 
 FACTORS = {"software": {"torch": "2.13.0+cpu"}, "precision": {"dtype": "bf16"}}
