@@ -25,7 +25,7 @@ import io
 import os
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -108,6 +108,7 @@ def unpack_streamed(
             os.replace(tmp, dest)
         except BaseException:
             feed.abort()
+            wait([unpacking])  # the extraction stops at its next read; only then is its folder removed
             _remove(tmp)
             raise
     return dest
