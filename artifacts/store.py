@@ -470,8 +470,8 @@ def _leftover(name: str) -> re.Match | None:
 def _named_blob(index: Path) -> str | None:
     """The blob hex an index entry names, read without validating the whole manifest; None if unreadable."""
     try:
-        digest = json.loads(index.read_bytes())["blob"]["digest"]
-    except (OSError, ValueError, KeyError, TypeError):
+        digest = json.loads(fsutil.read_bounded(index, MAX_MANIFEST_BYTES))["blob"]["digest"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):  # BundleError is a ValueError
         return None
     hexd = str(digest).removeprefix("sha256:")
     return hexd if re.fullmatch(_HEX, hexd) else None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from artifacts.errors import PublishConflict
 from artifacts.manifest import Manifest
 from artifacts.ports import Maintainable, Published, Registry
 
-from .errors import BlobDigestMismatch, BlobSizeMismatch, RegistryError
+from .errors import BlobDigestMismatch, BlobSizeMismatch, RegistryError, RegistryUnavailable
 
 
 def settle(existing: Manifest, manifest: Manifest, where: str) -> Published:
@@ -78,12 +79,19 @@ def copy_verified(
     return dest
 
 
+MIN_RATE = 1 << 20  # bytes/s: a download slower than this on average (after GRACE_S) is abandoned
+GRACE_S = 300.0
+
+
 class SizedSink:
     """Counts a blob's bytes as they arrive and refuses it the moment it differs from the manifest's
-    size (announced up front, or as it streams), before handing the chunk on to `tee`."""
+    size (announced up front, or as it streams), before handing the chunk on to `tee`. It also
+    bounds the time: a blob that trickles in slower than MIN_RATE on average, after GRACE_S
+    seconds, is abandoned (each request's own timeout catches a server that stops altogether)."""
 
     def __init__(self, size: int | None, digest: str, where: str, registry_url: str, tee=None):
         self.size, self.digest, self.where, self.url, self.tee, self.seen = size, digest, where, registry_url, tee, 0
+        self.deadline = time.monotonic() + GRACE_S + (size or 0) / MIN_RATE
 
     def announce(self, total: int) -> None:
         if self.size is not None and total != self.size:
@@ -93,6 +101,11 @@ class SizedSink:
         self.seen += len(chunk)
         if self.size is not None and self.seen > self.size:
             raise self._wrong(f"runs past {self.size} bytes")
+        if time.monotonic() > self.deadline:
+            raise RegistryUnavailable(
+                f"blob {self.where} came slower than {MIN_RATE >> 20} MiB/s on average ({self.seen} bytes so far); "
+                f"abandoned it: check the network or the registry, then retry"
+            )
         if self.tee is not None:
             self.tee(chunk)
 
