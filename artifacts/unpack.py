@@ -89,7 +89,9 @@ def unpack_streamed(
 ) -> Path:
     """Unpack a blob while it downloads: `download(tee)` must hand every chunk, in order, to `tee`
     and return only once the whole blob matched its digest. The tree is renamed to `dest` after both
-    the download and the unpack succeeded; on any failure nothing is left behind."""
+    the download and the unpack succeeded; on any failure nothing is left behind. A download error
+    (wrong digest or size, a broken connection) is raised over the unpacker's, which is only the
+    answer for a blob that matched its digest."""
     limits.check(files, what)
     tmp = _partial(dest)
     feed = _Feed()
@@ -98,13 +100,12 @@ def unpack_streamed(
         try:
             try:
                 download(feed.put)
-            except BaseException as exc:
+            except BaseException:
                 feed.abort()
-                if feed.error is not None and feed.error is not exc:  # the unpacker refused: that is the cause
-                    raise feed.error from exc
-                raise
+                raise  # a broken or wrong download is the cause, whatever the unpacker made of its bytes
             feed.close()
-            unpacking.result()
+            unpacking.result()  # the blob was right: the unpacker's verdict on it is the answer
+            fsutil.crash_point("unpack")
             os.replace(tmp, dest)
         except BaseException:
             feed.abort()
@@ -406,11 +407,12 @@ class _Feed(io.RawIOBase):
         self.error: BaseException | None = None
 
     def put(self, chunk: bytes) -> None:
+        """Hand a chunk on. Once the extraction ended (the archive's end marker, or a refusal) the
+        rest of the blob is only downloaded and hashed, within the manifest's size: whether its
+        digest matches decides between "corrupt bytes" and "a blob unlike its manifest"."""
         import queue
 
-        while not self._finished:  # once the archive's end marker was read, the rest is only hashed
-            if self.error is not None:
-                raise self.error
+        while not self._finished and self.error is None:
             try:
                 self._q.put(bytes(chunk), timeout=0.1)
                 return

@@ -95,12 +95,12 @@ class SizedSink:
 
     def announce(self, total: int) -> None:
         if self.size is not None and total != self.size:
-            raise self._wrong(f"is {total} bytes")
+            raise self._wrong(f"is {total} bytes", "it is corrupt or")
 
     def __call__(self, chunk: bytes) -> None:
         self.seen += len(chunk)
         if self.size is not None and self.seen > self.size:
-            raise self._wrong(f"runs past {self.size} bytes")
+            raise self._wrong(f"runs past {self.size} bytes", "it is corrupt or")
         if time.monotonic() > self.deadline:
             raise RegistryUnavailable(
                 f"blob {self.where} came slower than {MIN_RATE >> 20} MiB/s on average ({self.seen} bytes so far); "
@@ -111,11 +111,11 @@ class SizedSink:
 
     def finish(self) -> None:
         if self.size is not None and self.seen != self.size:
-            raise self._wrong(f"ended after {self.seen} bytes")
+            raise self._wrong(f"ended after {self.seen} bytes", "it is corrupt or")
 
-    def _wrong(self, what: str) -> BlobSizeMismatch:
+    def _wrong(self, what: str, verdict: str) -> BlobSizeMismatch:
         return BlobSizeMismatch(
-            f"blob {self.where} {what}, but its manifest says {self.size}: it is not blob {self.digest[:23]}; "
+            f"blob {self.where} {what}, but its manifest says {self.size}: {verdict} not blob {self.digest[:23]}; "
             f"stopped reading it; run `prebake verify --quarantine --registry {self.url}` and rebake"
         )
 

@@ -128,7 +128,7 @@ class S3Registry:
             sized.announce(stored)  # a blob larger than its manifest says is refused before a byte moves
             with (
                 fsutil.atomic_target(dest) as tmp,
-                tmp.open("wb") as f,
+                tmp.open("w+b") as f,  # read back by the sink when parts arrive out of order
                 _Progress("download", digest, stored) as progress,
             ):
                 sink = _HashingSink(f, sized)
@@ -347,23 +347,63 @@ class S3Registry:
 
 
 class _HashingSink:
-    """A write-only file that hashes what it is given. Not seekable on purpose: s3transfer then
-    hands over the parallel ranged parts strictly in order, so the sha256 is taken (and the
-    store's unpacker fed, through `sized`) while downloading rather than in a second pass."""
+    """The download's file, seekable so that s3transfer writes each ranged part at its offset as
+    it arrives (and a retried part again, over itself). The file is the reorder buffer: whatever
+    became contiguous from the front is handed on in order, exactly once, to `sized` (the
+    manifest's size bound, then the store's unpacker) and the sha256, so the digest is taken
+    while downloading, retries never count twice, and memory holds one part at most."""
 
     def __init__(self, f, sized: SizedSink):
-        self._f, self._h, self._sized = f, hashlib.sha256(), sized
-
-    def write(self, data: bytes) -> int:
-        self._sized(data)  # refuses a byte past the manifest's size, then feeds the unpacker
-        self._h.update(data)
-        return self._f.write(data)
+        self._fd, self._h, self._sized = f.fileno(), hashlib.sha256(), sized
+        self._pos = self._next = 0
+        self._ranges: dict[int, int] = {}  # written beyond the front: start -> end
 
     def seekable(self) -> bool:
-        return False
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if whence != 0:
+            raise OSError("the download sink only seeks to absolute offsets")
+        self._pos = offset
+        return offset
+
+    def tell(self) -> int:
+        return self._pos
+
+    def write(self, data: bytes) -> int:
+        offset, end = self._pos, self._pos + len(data)
+        self._pos = end
+        if self._sized.size is not None and end > self._sized.size:
+            self._sized(bytes(end - self._next))  # refuses: the server sent more than the manifest says
+        os.pwrite(self._fd, data, offset)
+        if offset <= self._next < end:
+            self._emit(memoryview(data)[self._next - offset :])
+        elif offset > self._next:
+            self._ranges[offset] = max(end, self._ranges.get(offset, 0))
+        self._advance()
+        return len(data)
 
     def digest(self) -> str:
         return "sha256:" + self._h.hexdigest()
+
+    def _emit(self, data) -> None:
+        self._sized(bytes(data))
+        self._h.update(data)
+        self._next += len(data)
+
+    def _advance(self) -> None:
+        """Hand on parts written earlier out of order, now that the front has reached them."""
+        while True:
+            ready = [start for start, end in self._ranges.items() if start <= self._next]
+            if not ready:
+                return
+            for start in ready:
+                end = self._ranges.pop(start)
+                while self._next < end:
+                    chunk = os.pread(self._fd, min(end - self._next, _MiB), self._next)
+                    if not chunk:
+                        raise BlobDigestMismatch("the download's file lost bytes it was given; retry")
+                    self._emit(chunk)
 
 
 class _Progress:

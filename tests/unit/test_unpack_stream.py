@@ -53,7 +53,7 @@ def test_a_failing_download_leaves_nothing_and_stops_the_unpacker(tmp_path):
     assert threading.active_count() < 5
 
 
-def test_the_unpackers_refusal_stops_the_download_and_is_the_error_raised(tmp_path):
+def test_the_unpackers_refusal_is_the_answer_for_a_blob_that_downloaded_whole(tmp_path):
     packed, data = _packed(tmp_path)
     lying = tuple(f.model_copy(update={"size": f.size + 1}) if f.path == "big.bin" else f for f in packed.files)
     fed = []
@@ -65,4 +65,22 @@ def test_the_unpackers_refusal_stops_the_download_and_is_the_error_raised(tmp_pa
 
     with pytest.raises(BundleError, match="big.bin"):
         unpack_streamed(download, tmp_path / "out", lying, UnpackLimits(), "test blob")
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
+
+
+def test_a_wrong_download_is_the_answer_even_when_the_unpacker_refused_first(tmp_path):
+    packed, data = _packed(tmp_path)
+    corrupt = bytearray(data)
+    corrupt[200] ^= 0xFF
+
+    class WrongDigest(BundleError):
+        pass
+
+    def download(tee):
+        for i in range(0, len(corrupt), 4096):
+            tee(bytes(corrupt[i : i + 4096]))  # the unpacker refuses early; the rest is only hashed
+        raise WrongDigest("the blob does not hash to its digest")
+
+    with pytest.raises(WrongDigest):
+        unpack_streamed(download, tmp_path / "out", packed.files, UnpackLimits(), "test blob")
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
