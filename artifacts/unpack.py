@@ -34,10 +34,12 @@ import zstandard
 
 from . import fsutil
 from .errors import BundleError, UnsafeArchiveError
+from .feed import Aborted, Feed
 from .manifest import MAX_PATH_BYTES, FileEntry
+from .tarheader import BLOCK as _BLOCK
+from .tarheader import Member, extended, parse_header
 
 _CHUNK = 1 << 20
-_BLOCK = 512
 _MAX_EXTENDED = MAX_PATH_BYTES + 8192  # a GNU long name or pax record: a path and some change
 _IN_FLIGHT = 16  # chunks handed to the hashing thread and not yet hashed
 _HAND_OVER = 1 << 20  # files from this size on are hashed in the worker thread
@@ -94,7 +96,7 @@ def unpack_streamed(
     answer for a blob that matched its digest."""
     limits.check(files, what)
     tmp = _partial(dest)
-    feed = _Feed()
+    feed = Feed()
     with ThreadPoolExecutor(1, thread_name_prefix="prebake-unpack") as pool:
         unpacking = pool.submit(_extract_fed, feed, tmp, files, limits, what)
         try:
@@ -160,14 +162,6 @@ def tree_problems(tree: Path, files: tuple[FileEntry, ...]) -> list[str]:
 # -- the extraction ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Member:
-    name: str
-    type: bytes
-    size: int
-    linkname: str
-
-
 class _Extraction:
     """One pass over a tar stream, writing what the manifest allows and nothing else."""
 
@@ -197,7 +191,7 @@ class _Extraction:
         if missing:
             raise BundleError(f"{self.what} lacks {len(missing)} file(s) its manifest names ({missing[:3]}); corrupt")
 
-    def _one(self, m: _Member) -> None:
+    def _one(self, m: Member) -> None:
         if m.type in (b"5", b"2") and m.size:
             raise UnsafeArchiveError(f"{self.what}: folder or link {m.name[:80]!r} claims {m.size} bytes of data")
         if m.type == b"5":
@@ -255,7 +249,7 @@ class _Extraction:
         self.writer.submit(job.check) if hand_over else job.check()
         fsutil.crash_point("stream", entry.path)
 
-    def _next(self) -> _Member | None:
+    def _next(self) -> Member | None:
         """The next member with its GNU long name / pax overrides applied; None at the end marker."""
         overrides: dict[str, str] = {}
         for _ in range(4):  # at most L, K and x records before a real member
@@ -264,16 +258,16 @@ class _Extraction:
                 raise BundleError(f"{self.what} ends inside a tar header: the archive is truncated")
             if header == bytes(_BLOCK):
                 return None
-            m = _parse_header(header, self.what)
+            m = parse_header(header, self.what)
             if m.type in (b"L", b"K", b"x"):
                 if m.size > _MAX_EXTENDED:
                     raise UnsafeArchiveError(f"{self.what} holds an extended header of {m.size} bytes; refusing it")
                 data = self._exact(m.size)
                 self._skip(-m.size % _BLOCK)
-                overrides.update(_extended(m.type, data, self.what))
+                overrides.update(extended(m.type, data, self.what))
                 continue
             size = int(overrides.get("size", m.size))
-            return _Member(overrides.get("path", m.name), m.type, size, overrides.get("linkpath", m.linkname))
+            return Member(overrides.get("path", m.name), m.type, size, overrides.get("linkpath", m.linkname))
         raise UnsafeArchiveError(f"{self.what} chains extended headers without a member; refusing it")
 
     def _exact(self, n: int) -> bytes:
@@ -284,54 +278,6 @@ class _Extraction:
 
     def _skip(self, n: int) -> None:
         self._exact(n)
-
-
-def _parse_header(block: bytes, what: str) -> _Member:
-    stored = _number(block[148:156], what)
-    unsigned = sum(block[:148]) + 8 * 32 + sum(block[156:])
-    if stored != unsigned:
-        raise BundleError(f"{what} holds a tar header with a wrong checksum: the archive is corrupt")
-    name = _text(block[0:100])
-    if block[257:263] == b"ustar\x00" and block[345] != 0:  # POSIX ustar splits long names
-        name = _text(block[345:500]) + "/" + name
-    return _Member(name, block[156:157], _number(block[124:136], what), _text(block[157:257]))
-
-
-def _number(field: bytes, what: str) -> int:
-    if field[:1] == b"\x80":  # GNU base-256, for sizes of 8 GiB and up
-        return int.from_bytes(field[1:], "big")
-    text = field.split(b"\0", 1)[0].strip(b" ")
-    try:
-        return int(text, 8) if text else 0
-    except ValueError:
-        raise BundleError(f"{what} holds a tar header with a malformed number: the archive is corrupt") from None
-
-
-def _text(field: bytes) -> str:
-    return field.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-
-
-def _extended(kind: bytes, data: bytes, what: str) -> dict[str, str]:
-    if kind == b"L":
-        return {"path": _text(data)}
-    if kind == b"K":
-        return {"linkpath": _text(data)}
-    out: dict[str, str] = {}
-    while data:  # pax records: "<length> <key>=<value>\n"
-        length, _, _ = data.partition(b" ")
-        try:
-            n = int(length)
-            key, _, value = data[len(length) + 1 : n - 1].partition(b"=")
-        except ValueError:
-            raise BundleError(f"{what} holds a malformed pax header: the archive is corrupt") from None
-        if n <= 0:
-            raise BundleError(f"{what} holds a malformed pax header: the archive is corrupt")
-        if key in (b"path", b"linkpath", b"size"):
-            out[key.decode()] = value.decode("utf-8", "surrogateescape")
-        data = data[n:]
-    if "size" in out and not out["size"].isdigit():
-        raise BundleError(f"{what} holds a pax size that is not a number: the archive is corrupt")
-    return out
 
 
 def _parents(path: str) -> list[str]:
@@ -388,94 +334,10 @@ class _Writer:
         self.pool.shutdown(wait=True)
 
 
-# -- feeding a download into the extraction -----------------------------------------------------
-
-
-class _Aborted(Exception):
-    """The download failed: the extraction stops without a verdict of its own."""
-
-
-class _Feed(io.RawIOBase):
-    """A pipe from the download (put) to the extraction (readinto), bounded to a few chunks."""
-
-    def __init__(self) -> None:
-        import queue
-
-        self._q: queue.Queue[bytes | None] = queue.Queue(maxsize=_IN_FLIGHT)
-        self._buf = memoryview(b"")
-        self._aborted = self._finished = False
-        self.error: BaseException | None = None
-
-    def put(self, chunk: bytes) -> None:
-        """Hand a chunk on. Once the extraction ended (the archive's end marker, or a refusal) the
-        rest of the blob is only downloaded and hashed, within the manifest's size: whether its
-        digest matches decides between "corrupt bytes" and "a blob unlike its manifest"."""
-        import queue
-
-        while not self._finished and self.error is None:
-            try:
-                self._q.put(bytes(chunk), timeout=0.1)
-                return
-            except queue.Full:
-                continue
-
-    def close(self) -> None:  # type: ignore[override]
-        """The download is complete: the end marker goes after every chunk, however long that waits."""
-        import queue
-
-        while not self._finished and self.error is None:
-            try:
-                self._q.put(None, timeout=0.1)
-                return
-            except queue.Full:
-                continue
-
-    def abort(self) -> None:
-        """The download failed: wake the extraction, whatever it has not read yet is dropped."""
-        self._aborted = True
-        self._put_marker()
-
-    def finished(self, error: BaseException | None) -> None:
-        self.error, self._finished = error, error is None
-        while not self._q.empty():  # unblock a download waiting on a full pipe
-            self._q.get_nowait()
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:  # type: ignore[override]
-        if self._aborted:
-            raise _Aborted()
-        if not self._buf:
-            chunk = self._q.get()
-            if self._aborted:
-                raise _Aborted()
-            if chunk is None:
-                return 0
-            self._buf = memoryview(chunk)
-        n = min(len(b), len(self._buf))
-        b[:n] = self._buf[:n]
-        self._buf = self._buf[n:]
-        return n
-
-    def _put_marker(self) -> None:
-        import queue
-
-        for _ in range(100):
-            try:
-                self._q.put(None, timeout=0.05)
-                return
-            except queue.Full:
-                try:
-                    self._q.get_nowait()
-                except queue.Empty:
-                    pass
-
-
-def _extract_fed(feed: _Feed, into: Path, files, limits: UnpackLimits, what: str) -> None:
+def _extract_fed(feed: Feed, into: Path, files, limits: UnpackLimits, what: str) -> None:
     try:
         extract(feed, into, files, limits, what)  # type: ignore[arg-type]
-    except _Aborted:
+    except Aborted:
         feed.finished(None)
         return
     except BaseException as exc:
