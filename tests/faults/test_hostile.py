@@ -346,3 +346,43 @@ def test_kill_9_in_the_middle_of_a_streamed_install_leaves_nothing_readable(tmp_
     again = result(actor("fetch", *args))
     assert again["problems"] == []
     assert not list(home.glob("trees/.*.partial")) and not list(home.glob("blobs/sha256/*/.tmp-*"))
+
+
+# -- the command line's contract -----------------------------------------------------------------
+
+
+def _cli(home: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")} | {"PREBAKE_HOME": str(home)}
+    cmd = [sys.executable, "-m", "engine.cli", *args]
+    return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("case", ["nothing", "nested", "bomb", "fifo", "wrong-bytes"])
+def test_prebake_fetch_exits_0_3_or_2_and_never_with_a_traceback(tmp_path, scenario, case):
+    from artifacts.recipes import load_recipe
+    from engine.probe import current_host
+    from engine.startup.pipeline import pick_plan
+
+    key = pick_plan(load_recipe("tiny-llama"), current_host(), dtype=None, tp=None).key("buckets")
+    root = tmp_path / "registry"
+    entry = root / index_relpath("buckets", key.digest)
+    entry.parent.mkdir(parents=True)
+    base = make_bundle(tmp_path / "bake", kind="buckets").manifest
+    groups = {g: dict(f) for g, f in key.groups}
+    if case == "nested":
+        entry.write_bytes(b'{"kind": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    elif case == "fifo":
+        os.mkfifo(entry)
+    elif case in ("bomb", "wrong-bytes"):
+        blob = _bomb(256 << 20)
+        files = (FileEntry(path="kernels.bin", size=1024, sha256=_digest(bytes(1024))),)
+        manifest = _forged(base, blob, files).model_copy(update={"key": groups, "key_digest": key.digest})
+        _plant(root, manifest, blob if case == "bomb" else blob[:-10] + bytes(10))
+    home = scenario.store(tmp_path / "home")
+    start = time.monotonic()
+    proc = _cli(home, "fetch", "--model", "tiny-llama", "--registry", str(root))
+    assert time.monotonic() - start < 60
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == (3 if case == "nothing" else 2), proc.stderr
+    assert proc.stderr.strip(), "the reason is said"
+    _nothing_left(home)
