@@ -39,7 +39,7 @@ from artifacts.keys import Key
 from artifacts.layout import blob_relpath
 from artifacts.manifest import Manifest
 from artifacts.store import Store, StoreLimits
-from registry.s3 import S3Registry
+from registry.s3 import S3Registry, S3Settings
 from tests.support.moto_server import moto_server, s3_env
 
 _MiB = 1 << 20
@@ -102,8 +102,9 @@ def _run(work: Path, manifest: Manifest, blob: Path, repeat: int) -> dict[str, l
 
     client = boto3.client("s3")
     client.create_bucket(Bucket="bench")
-    registry = S3Registry("s3://bench/prebake")
-    registry.publish(manifest, blob)
+    # moto assembles a multipart upload in one request: large parts and a long timeout for that one
+    S3Registry("s3://bench/prebake", S3Settings(chunk_mb=128, timeout_s=900)).publish(manifest, blob)
+    registry = S3Registry("s3://bench/prebake")  # the defaults (8 MiB parts, 10 at once), as `aws s3 cp`
     key = f"prebake/{blob_relpath(manifest.blob.digest)}"
     steps: dict[str, Callable[[Path], None]] = {
         "download": lambda out: client.download_file("bench", key, str(out / "blob"), Config=registry._transfer),
