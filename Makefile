@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench vllm-check clean
+.PHONY: demo test test-fast check bench vllm-check clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -22,9 +22,16 @@ demo: $(STAMP)
 	$(BIN)/python benchmarks/startup.py --registry "$${PREBAKE_HOME:-$$HOME/.cache/prebake}/registry" \
 		--precision bf16 --iterations 1 --show-completion
 
-## test: the whole suite (unit, contract, integration, faults)
-test: $(STAMP)
+## test: the checks (ruff lint and format, mypy: strict on artifacts/ and registry/) and the whole
+## suite (unit, contract, integration, faults)
+test: check $(STAMP)
 	$(BIN)/pytest -q
+
+## check: ruff lint, ruff format check, mypy
+check: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 ## test-fast: everything but the tests that compile real graphs
 test-fast: $(STAMP)

@@ -6,11 +6,8 @@ doit list
 
 from doit import get_var
 
-from artifacts.store import Store
 from artifacts.tasks import BakeRequest, bake_tasks
-from engine.builders import run_kind
-from engine.probe import current_host
-from registry import open_registry
+from engine.compose import Context
 
 DOIT_CONFIG = {
     "backend": "sqlite3",  # tolerates several doit processes sharing one dependency file
@@ -33,4 +30,4 @@ def task_bake():
         tp=int(tp) if tp else None,
         registry=get_var("registry", None) or None,
     )
-    yield from bake_tasks(request, host=current_host(), store=Store(), open_registry=open_registry, run_kind=run_kind)
+    yield from bake_tasks(request, open_baker=Context.open)

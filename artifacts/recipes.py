@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -73,10 +74,31 @@ class ModelSpec(_Frozen):
 
     def architecture(self) -> dict[str, Any]:
         """The config fields that change the computation (and so the compiled graphs)."""
-        return {k: v for k, v in self.config.items() if k not in _NOT_ARCHITECTURE}
+        return architecture(self.config)
 
     def architecture_digest(self) -> str:
-        return sha256_hex(canonical_json(self.architecture()))
+        return architecture_digest(self.config)
+
+
+def architecture(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A Hugging Face config's fields that change the computation, numbers normalised (500000.0 and
+    500000 are one value), without the fields that describe a checkpoint or a tokenizer."""
+    return {k: _normal(v) for k, v in config.items() if k not in _NOT_ARCHITECTURE}
+
+
+def architecture_digest(config: Mapping[str, Any]) -> str:
+    """The one architecture digest: recipes key on it; a fine-tune of the same config shares it."""
+    return sha256_hex(canonical_json(architecture(config)))
+
+
+def _normal(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, Mapping):
+        return {k: _normal(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_normal(v) for v in value]
+    return value
 
 
 class CompileOptions(_Frozen):
@@ -162,7 +184,7 @@ def parse_platform(text: str) -> tuple[str, str]:
     raise ValueError(f"unknown platform {text!r}; write one of {_PLATFORM_FORMS}")
 
 
-def recipes_dir(env=os.environ) -> Path:
+def recipes_dir(env: Mapping[str, str] = os.environ) -> Path:
     """$PREBAKE_RECIPES, else the recipes/ folder shipped beside the packages."""
     return Path(env.get(RECIPES_ENV) or Path(__file__).resolve().parent.parent / "recipes")
 

@@ -1,12 +1,12 @@
 """Errors of the registry layer, rooted in prebake's one base error.
 
-RegistryError and PublishConflict belong to the core's port (artifacts.errors); they are
+RegistryError, UnknownRegistryError and PublishConflict belong to the core's port (artifacts.errors); they are
 named here too so backends and callers find every registry error in one module.
 """
 
 from __future__ import annotations
 
-from artifacts.errors import BundleError, PublishConflict, RegistryError
+from artifacts.errors import BundleError, PublishConflict, RegistryError, UnknownRegistryError
 
 __all__ = [
     "BlobDigestMismatch",
@@ -21,10 +21,6 @@ __all__ = [
 
 class RegistryUnavailable(RegistryError, ConnectionError):
     """The registry is down, refused us, or did not answer in time."""
-
-
-class UnknownRegistryError(RegistryError, ValueError):
-    """A registry address whose scheme prebake does not know."""
 
 
 class RegistryReadOnly(RegistryError, PermissionError):

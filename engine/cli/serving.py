@@ -6,10 +6,9 @@ import argparse
 import json
 import sys
 
-from artifacts.errors import PrebakeError
+from artifacts.errors import ExitCode, PrebakeError
 from artifacts.recipes import load_recipe
-from artifacts.store import Store
-from engine.cli.common import EXIT_MISS, engine_options, registry_option, target_options
+from engine.cli.common import engine_options, registry_option, target_options
 
 
 def add(sub) -> None:
@@ -60,7 +59,11 @@ def _vllm_start(args: argparse.Namespace):
         on_miss=getattr(args, "on_miss", "compile"),
         write_back=getattr(args, "write_back", False),
         vllm_args=tuple(getattr(args, "vllm_args", ())),
-        **({"time_box_s": args.registry_timeout + args.fetch_timeout} if hasattr(args, "registry_timeout") else {}),
+        **(
+            {"registry_timeout": args.registry_timeout, "fetch_timeout": args.fetch_timeout}
+            if hasattr(args, "registry_timeout")
+            else {}
+        ),
     )
 
 
@@ -90,28 +93,24 @@ def cmd_fetch_vllm(args: argparse.Namespace) -> int:
         print(
             f"# vLLM: {'cd ' + shlex.quote(str(prepared.cwd)) + ' && ' if prepared.cwd else ''}{shlex.join(prepared.argv)}"
         )
-    return EXIT_MISS if prepared.misses else 0
+    return ExitCode.MISS if prepared.misses else 0
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
     if args.engine == "vllm":
         return cmd_fetch_vllm(args)
-    from engine.probe import current_host
+    from engine.compose import Context
     from engine.startup.install import prebake_environment, shell_exports
-    from engine.startup.pipeline import pick_plan, resolve
-    from registry import open_registry
-    from registry.signing import trust_from_env
 
-    store = Store()
-    registry = open_registry(store.registry_address(args.registry))
-    plan = pick_plan(load_recipe(args.model), current_host(), dtype=args.precision, tp=args.tp)
-    resolution = resolve(plan, store=store, registry=registry, trust=trust_from_env())
+    context = Context.open(args.registry)
+    plan = context.pick_plan(load_recipe(args.model), dtype=args.precision, tp=args.tp)
+    resolution = context.resolve(plan)
     if not resolution.complete:
         for miss in resolution.misses:
             print(miss.explain(), file=sys.stderr)
-        print(f"prebake: no complete bundle set for {plan.target.name} in {registry.url}", file=sys.stderr)
-        return EXIT_MISS
-    env = prebake_environment(resolution.installed)
+        print(f"prebake: no complete bundle set for {plan.target.name} in {context.address}", file=sys.stderr)
+        return ExitCode.MISS
+    env = prebake_environment(plan.kinds, resolution.installed)
     if args.json:
         payload = {
             "target": plan.target.name,

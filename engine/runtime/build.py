@@ -1,6 +1,6 @@
 """The build child: `python -m engine.runtime.build REQUEST.json` builds autotune or graphs with torch.
 
-Run by engine.builders in a fresh process whose environment (TORCHINDUCTOR_CACHE_DIR for
+Run by engine.adapters.bundled in a fresh process whose environment (TORCHINDUCTOR_CACHE_DIR for
 graphs) was set by the parent, so nothing here touches os.environ.
 
     graphs tree:  inductor/     Inductor's cache (FX graphs, AOTAutograd entries, compiled kernels)
@@ -18,8 +18,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from artifacts.buckets import BucketSet
+from artifacts.kinds import BUCKETS_FILE
 from artifacts.recipes import Recipe
-from engine.builders import AUTOTUNE_FILE, BUCKETS_FILE, GRAPHS_FILE
+from engine.adapters.bundled import AUTOTUNE_FILE, GRAPHS_FILE
 from engine.runtime import aot
 from engine.runtime.autotune import load_winners, measure
 from engine.runtime.loader import load_model, torch_dtype

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from artifacts.errors import PrebakeError
+from artifacts.errors import ExitCode, PrebakeError
 from engine.runtime.metrics import Metrics
 from engine.runtime.tokenizer import Tokenizer, TokenizerError, tokenizer_for
 from engine.startup.bundled import Engine, MissRefused, StartupSettings, start
@@ -39,7 +39,6 @@ from engine.startup.bundled import Engine, MissRefused, StartupSettings, start
 if TYPE_CHECKING:
     from engine.runtime.scheduler import Request, Scheduler
 
-EXIT_MISS = 3  # as `prebake fetch`: bundles missed and the engine was told not to compile
 _UNSUPPORTED = {"stream": False, "n": 1, "best_of": 1, "echo": False, "logprobs": None, "suffix": None, "stop": None}
 
 
@@ -114,7 +113,7 @@ def serve(settings: ServeSettings, emit: Callable[[str], None]) -> int:
         return 0
     except MissRefused as exc:
         emit(f"prebake serve: {exc}")
-        return EXIT_MISS
+        return ExitCode.MISS
     except SystemExit as exc:
         emit("prebake serve: stopping")
         return int(exc.code or 0)

@@ -27,13 +27,11 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from artifacts.fsutil import atomic_target, write_bytes
-from artifacts.keys import canonical_json, sha256_hex
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
-_NOT_ARCHITECTURE = ("bos_token_id", "eos_token_ids")
 # Older Llama checkpoints store the rotary table; the runtime recomputes it from the config.
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 
@@ -94,13 +92,6 @@ class LlamaConfig:
     def to_hf(self) -> dict:
         """A config.json dict that transformers 4.x and 5.x both load."""
         return _config_to_hf(self)
-
-    def architecture(self) -> dict:
-        """The fields that change the computation (and so compiled graphs), not tokens or weights."""
-        return {k: v for k, v in asdict(self).items() if k not in _NOT_ARCHITECTURE}
-
-    def architecture_digest(self) -> str:
-        return sha256_hex(canonical_json(self.architecture()))
 
 
 def _check_config(c: LlamaConfig) -> None:

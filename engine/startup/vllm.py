@@ -16,19 +16,19 @@ import json
 import os
 import shutil
 import signal
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from artifacts.bake import bake_kind
-from artifacts.errors import PrebakeError, RecipeError
+from artifacts.errors import ExitCode, PrebakeError, RecipeError
 from artifacts.fetch import Miss
-from artifacts.kinds import KINDS, Plan
+from artifacts.kinds import BuildRequest, Plan
 from artifacts.recipes import load_recipe
-from artifacts.store import Installed, Store
-from engine.adapters import EngineStartError, gaudi
+from artifacts.store import Installed
+from engine.adapters import gaudi
+from engine.adapters.base import EngineStartError
 from engine.adapters.vllm import (
     CACHE_DIR,
     REDIRECTS,
@@ -44,8 +44,9 @@ from engine.adapters.vllm import (
     vllm_command,
     wait_ready,
 )
+from engine.adapters.vllm_engine import VllmAdapter
+from engine.compose import Context
 
-EXIT_MISS = 3
 # Flags the recipe decides; given again after `--` they change vLLM's cache key.
 _RECIPE_FLAGS = (
     "--model",
@@ -81,7 +82,8 @@ class VllmStart:
     on_miss: str = "compile"
     write_back: bool = False
     vllm_args: tuple[str, ...] = ()
-    time_box_s: float = 605.0  # lookup and download together; then vLLM starts without the bundles
+    registry_timeout: float = 30.0  # seconds the lookup may take; then vLLM starts without the bundles
+    fetch_timeout: float = 600.0  # seconds the downloads may take
 
 
 @dataclass(frozen=True)
@@ -101,24 +103,21 @@ class Prepared:
         return {k: v for k, v in base.items() if k not in REDIRECTS} | self.variables
 
 
-def prepare(request: VllmStart, *, store: Store, registry, host, trust=None) -> Prepared:
+def prepare(request: VllmStart, context: Context) -> Prepared:
     """Resolve the recipe's bundles on this host and lay out a private cache root for one vLLM."""
-    from engine.startup.install import vllm_environment
-    from engine.startup.pipeline import pick_plan
-
     recipe = load_recipe(request.model)
-    if recipe.model.engine != "vllm":
+    plan = context.pick_plan(recipe, dtype=request.precision, tp=request.tp)
+    adapter = context.adapter(plan)
+    if not isinstance(adapter, VllmAdapter):
         raise RecipeError(
-            f"recipe {recipe.model.name} is served by engine {recipe.model.engine!r}; --engine vllm "
+            f"recipe {recipe.model.name} is served by engine {adapter.name!r}; --engine vllm "
             f"needs a recipe with engine = 'vllm', such as tiny-llama-vllm"
         )
-    plan = pick_plan(recipe, host, dtype=request.precision, tp=request.tp)
-    resolution = _resolve_time_boxed(plan, store, registry, trust, request.time_box_s)
-    cache_root = (
-        request.cache_root or store.home / "engines" / "vllm" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    )
-    variables = vllm_environment(plan, resolution.installed.get("graphs"), cache_root)
-    location = model_location(recipe, store.home / "models")
+    resolution = context.resolve(plan, lookup_timeout=request.registry_timeout, fetch_timeout=request.fetch_timeout)
+    home = context.store.home
+    cache_root = request.cache_root or home / "engines" / "vllm" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    variables = adapter.serve_environment(plan, resolution.installed, cache_root)
+    location = model_location(recipe, home / "models")
     argv = (
         *vllm_command(),
         "--model",
@@ -129,27 +128,6 @@ def prepare(request: VllmStart, *, store: Store, registry, host, trust=None) -> 
     )
     notes = _notes(request, resolution.installed.get("graphs"), variables, cache_root, plan)
     return Prepared(plan, resolution.installed, resolution.misses, cache_root, variables, argv, location.cwd, notes)
-
-
-def _resolve_time_boxed(plan: Plan, store: Store, registry, trust, seconds: float):
-    """resolve(), but a registry fault or a registry slower than `seconds` is a miss: vLLM compiles."""
-    from engine.startup.pipeline import Resolution, resolve
-
-    outcome: dict = {}
-
-    def work() -> None:
-        try:
-            outcome["resolution"] = resolve(plan, store=store, registry=registry, trust=trust)
-        except (PrebakeError, OSError) as exc:
-            outcome["error"] = f"the registry failed: {exc}"
-
-    worker = threading.Thread(target=work, name="prebake-resolve", daemon=True)
-    worker.start()
-    worker.join(seconds)
-    if "resolution" in outcome:
-        return outcome["resolution"]
-    reason = outcome.get("error", f"the registry did not answer within {seconds:g} s; starting without it")
-    return Resolution(plan, {}, tuple(Miss(plan.key(kind), reason) for kind in KINDS))
 
 
 def _listen_flags(request: VllmStart) -> list[str]:
@@ -185,20 +163,15 @@ def _notes(
 
 def serve(request: VllmStart, emit: Emit) -> int:
     """Fetch, install, and run vLLM; returns vLLM's exit code (or 3 on a refused miss)."""
-    from engine.probe import current_host
-    from registry import open_registry
-    from registry.signing import trust_from_env
-
-    store = Store()
-    registry = open_registry(store.registry_address(request.registry))
-    prepared = prepare(request, store=store, registry=registry, host=current_host(), trust=trust_from_env())
+    context = Context.open(request.registry)
+    prepared = prepare(request, context)
     for line in [m.explain() for m in prepared.misses] + list(prepared.notes):
         emit(f"prebake: {line}")
     if prepared.misses and request.on_miss == "fail":
         emit(
-            f"prebake: no complete bundle set for {prepared.plan.target.name} in {registry.url}; not starting (--on-miss fail)"
+            f"prebake: no complete bundle set for {prepared.plan.target.name} in {context.address}; not starting (--on-miss fail)"
         )
-        return EXIT_MISS
+        return ExitCode.MISS
     where = "the baked graphs" if "graphs" in prepared.installed else "an empty cache (vLLM compiles)"
     emit(
         f"prebake: starting vLLM for {prepared.plan.target.name} from {where}: VLLM_CACHE_ROOT={prepared.cache_root / CACHE_DIR}"
@@ -208,12 +181,10 @@ def serve(request: VllmStart, emit: Emit) -> int:
         if prepared.cwd is not None:
             os.chdir(prepared.cwd)
         os.execvpe(prepared.argv[0], list(prepared.argv), env)
-    return _serve_and_write_back(prepared, env, store, registry, request, emit)
+    return _serve_and_write_back(prepared, env, context, emit)
 
 
-def _serve_and_write_back(
-    prepared: Prepared, env: dict[str, str], store: Store, registry, request: VllmStart, emit: Emit
-) -> int:
+def _serve_and_write_back(prepared: Prepared, env: dict[str, str], context: Context, emit: Emit) -> int:
     log = prepared.cache_root / "vllm.log"
     running = start(Launch(prepared.argv, env, prepared.cwd, log))
     emit(f"prebake: vLLM's log: {log}")
@@ -228,7 +199,7 @@ def _serve_and_write_back(
         seconds = wait_ready(running, f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}")
         emit(f"prebake: vLLM ready in {seconds:.1f} s; writing its cache back")
         try:
-            for line in write_back(prepared, store, registry, seconds):
+            for line in write_back(prepared, context, seconds):
                 emit(f"prebake: {line}")
         except PrebakeError as exc:  # publishing never swallows an error, but it must not stop a serving engine
             emit(f"prebake: write-back failed: {exc}")
@@ -242,12 +213,10 @@ def _serve_and_write_back(
             signal.signal(s, handler)
 
 
-def write_back(prepared: Prepared, store: Store, registry, ready_s: float) -> list[str]:
+def write_back(prepared: Prepared, context: Context, ready_s: float) -> list[str]:
     """Publish every kind that missed; graphs from a snapshot of the running vLLM's cache root."""
-    from engine.builders import build
-    from registry.signing import signer_from_env, trust_from_env
 
-    def capture(request) -> None:
+    def capture(request: BuildRequest) -> None:
         shutil.copytree(prepared.cache_root / CACHE_DIR, request.out / CACHE_DIR, symlinks=True)
         if (prepared.cache_root / gaudi.RECIPES_DIR).is_dir():
             shutil.copytree(prepared.cache_root / gaudi.RECIPES_DIR, request.out / gaudi.RECIPES_DIR, symlinks=True)
@@ -260,17 +229,18 @@ def write_back(prepared: Prepared, store: Store, registry, ready_s: float) -> li
         (request.out / REPORT_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))
 
     lines = []
-    for kind in KINDS:
+    compiled = context.adapter(prepared.plan).compiled_kind
+    for kind in prepared.plan.kinds.names:
         if kind in prepared.installed:
             continue
         baked = bake_kind(
             prepared.plan,
             kind,
-            store=store,
-            registry=registry,
-            build=capture if kind == "graphs" else build,
-            sign=signer_from_env(),
-            trust=trust_from_env(),
+            store=context.store,
+            registry=context.registry,
+            sign=context.sign,
+            trust=context.trust,
+            build=capture if kind == compiled else None,
         )
         lines.append(f"{kind}: {baked.note}, key {baked.manifest.key_digest[:16]}")
     return lines
@@ -278,13 +248,7 @@ def write_back(prepared: Prepared, store: Store, registry, ready_s: float) -> li
 
 def fetch_environment(request: VllmStart) -> Prepared:
     """`prebake fetch --engine vllm`: install and lay out the cache root; the caller prints it."""
-    from engine.probe import current_host
-    from registry import open_registry
-    from registry.signing import trust_from_env
-
-    store = Store()
-    registry = open_registry(store.registry_address(request.registry))
-    return prepare(request, store=store, registry=registry, host=current_host(), trust=trust_from_env())
+    return prepare(request, Context.open(request.registry))
 
 
 def _flag_value(argv: Sequence[str], flag: str, default: str) -> str:

@@ -90,14 +90,13 @@ def _fetch(args, store: Store, registry) -> dict:
 def _bake(args, store: Store, registry) -> dict:
     from artifacts.bake import bake_kind
     from artifacts.recipes import load_recipe
-    from engine.builders import build
+    from engine.compose import plans_for
     from engine.probe import current_host
-    from engine.startup.pipeline import pick_plan
 
-    plan = pick_plan(load_recipe("tiny-llama"), current_host(), dtype=None, tp=None)
+    plan = plans_for(load_recipe("tiny-llama"), current_host())[0]
 
     def build_this(request) -> None:
-        build(request)
+        plan.kinds["buckets"].build(request)
         if args.build != "same":
             (request.out / "built-by.txt").write_text(args.build)
 

@@ -12,14 +12,14 @@ import time
 
 import pytest
 
-from artifacts.kinds import KINDS
 from artifacts.layout import index_relpath
 from artifacts.recipes import load_recipe
+from engine.compose import plans_for
 from engine.probe import current_host
-from engine.startup.pipeline import pick_plan
 from tests.support.serving import ServeProcess, serve_env, write_recipe
 
 EXIT_MISS = 3
+KINDS_OF_TINY_LLAMA = ("buckets", "autotune", "graphs")
 
 
 def test_on_miss_fail_exits_3_on_the_real_recipe_and_explains_every_miss(tmp_path):
@@ -29,7 +29,7 @@ def test_on_miss_fail_exits_3_on_the_real_recipe_and_explains_every_miss(tmp_pat
         serve_env(tmp_path / "home"),
     )
     assert server.wait_exit() == EXIT_MISS
-    for kind in KINDS:
+    for kind in KINDS_OF_TINY_LLAMA:
         assert f"miss: {kind} " in server.log
     assert "--on-miss is fail" in server.log and "Traceback" not in server.log
     assert not any((tmp_path / "home" / "tmp").iterdir())  # its private run folder is gone
@@ -49,8 +49,8 @@ def test_an_unreadable_registry_is_a_miss_with_its_reason(tmp_path):
 
 def test_a_registry_that_never_answers_is_a_miss_after_the_time_box(tmp_path):
     registry = tmp_path / "registry"
-    plan = pick_plan(load_recipe("tiny-llama"), current_host(), dtype="bf16", tp=None)
-    for kind in KINDS:  # reading a FIFO nobody writes blocks forever: a registry that hangs
+    plan = plans_for(load_recipe("tiny-llama"), current_host(), dtype="bf16")[0]
+    for kind in KINDS_OF_TINY_LLAMA:  # reading a FIFO nobody writes blocks forever: a registry that hangs
         entry = registry / index_relpath(kind, plan.key(kind).digest)
         entry.parent.mkdir(parents=True, exist_ok=True)
         os.mkfifo(entry)
@@ -103,7 +103,7 @@ def test_an_s3_registry_on_a_closed_port_is_a_miss_not_a_crash(tmp_path):
         env,
     )
     assert server.wait_exit() == EXIT_MISS
-    for kind in KINDS:
+    for kind in KINDS_OF_TINY_LLAMA:
         assert f"miss: {kind} " in server.log
     assert "registry s3://prebake/team failed: RegistryUnavailable" in server.log and "Traceback" not in server.log
 

@@ -12,14 +12,12 @@ import pytest
 from artifacts.bake import bake_kind
 from artifacts.buckets import vllm_gaudi_env
 from artifacts.errors import BuildError
-from artifacts.kinds import plans_for_host
 from artifacts.recipes import Recipe, load_recipe
 from artifacts.store import Store
-from engine.adapters import gaudi
+from engine.adapters import adapter_for, gaudi
 from engine.adapters.vllm import Launch, free_port, start, stop, wait_ready
-from engine.builders import build
+from engine.compose import Context, plans_for
 from engine.probe import probe
-from engine.startup.install import vllm_build_environment
 from engine.startup.vllm import VllmStart, prepare
 from registry import open_registry
 from tests.support.baking import REPO
@@ -50,7 +48,7 @@ def recipe_with(**changes) -> Recipe:
 
 
 def graphs_key(recipe: Recipe, host, *, tp: int = 1, dtype: str = "bf16"):
-    return plans_for_host(recipe, host, tp=tp, dtype=dtype)[0].key("graphs")
+    return plans_for(recipe, host, tp=tp, dtype=dtype)[0].key("graphs")
 
 
 # --- the host ---------------------------------------------------------------------------------
@@ -106,9 +104,9 @@ def test_visible_modules_and_hostnames_leave_the_key_alone(monkeypatch):
 
 def test_bake_compiles_every_bucket_into_an_empty_recipe_folder_in_the_artifact(tmp_path):
     recipe = recipe_with()
-    plan = plans_for_host(recipe, gaudi_host(), dtype="bf16", tp=1)[0]
+    plan = plans_for(recipe, gaudi_host(), dtype="bf16", tp=1)[0]
 
-    env = vllm_build_environment(plan, tmp_path / "tree", {"PATH": "/usr/bin"})
+    env = adapter_for(plan.recipe, plan.target).build_environment(plan, tmp_path / "tree", {"PATH": "/usr/bin"})
 
     assert env["PT_HPU_RECIPE_CACHE_CONFIG"] == f"{tmp_path / 'tree' / 'hpu-recipes'},True,8192"
     assert {k: env[k] for k in vllm_gaudi_env(recipe.serving, recipe.buckets)} == vllm_gaudi_env(
@@ -177,17 +175,15 @@ def test_gaudi_bake_packs_the_recipes_and_a_server_reuses_a_local_copy(tmp_path,
     write_recipe(recipe, tmp_path / "recipes")
     monkeypatch.setenv("PREBAKE_RECIPES", str(tmp_path / "recipes"))
     host = gaudi_host()
-    plan = plans_for_host(recipe, host, dtype="bf16", tp=1)[0]
+    plan = plans_for(recipe, host, dtype="bf16", tp=1)[0]
     registry = open_registry(str(tmp_path / "registry"))
 
     for kind in ("buckets", "autotune", "graphs"):
-        baked = bake_kind(plan, kind, store=Store(tmp_path / "baker"), registry=registry, build=build)
+        baked = bake_kind(plan, kind, store=Store(tmp_path / "baker"), registry=registry)
     recipes_baked = [f.path for f in baked.manifest.files if f.path.startswith("hpu-recipes/")]
     served = prepare(
         VllmStart(model="tiny-llama-vllm", precision="bf16"),
-        store=Store(tmp_path / "server"),
-        registry=registry,
-        host=host,
+        Context(Store(tmp_path / "server"), host, registry.url, given_registry=registry),
     )
     path, delete, _ = gaudi.parse_recipe_cache_config(served.variables["PT_HPU_RECIPE_CACHE_CONFIG"])
     log, port = tmp_path / "serve.log", free_port()

@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 
 from artifacts.bake import bake_kind
-from artifacts.errors import BuildError
-from artifacts.kinds import plan, plans_for_host
+from artifacts.errors import BuildError, StoreError
+from artifacts.fsutil import copy_writable
+from artifacts.kinds import plan
 from artifacts.recipes import Recipe, Target, load_recipe, targets
 from artifacts.store import Store
-from engine.adapters import EngineStartError
+from engine.adapters import kinds_for
+from engine.adapters.base import EngineStartError
 from engine.adapters.vllm import (
     CACHE_DIR,
     REPORT_FILE,
@@ -31,9 +33,8 @@ from engine.adapters.vllm import (
     stop,
     variable_drift,
     wait_ready,
-    writable_copy,
 )
-from engine.builders import build
+from engine.compose import Context, plans_for
 from engine.startup.vllm import VllmStart, prepare, write_back
 from registry import open_registry
 from tests.support.baking import REPO
@@ -82,7 +83,7 @@ def changed(recipe: Recipe, **serving) -> Recipe:
 
 
 def test_vllm_recipe_graphs_key_carries_the_vllm_version_and_engine_settings(recipe, tmp_path):
-    factors = plans_for_host(recipe, vllm_cpu_host(tmp_path))[0].key("graphs").factors()
+    factors = plans_for(recipe, vllm_cpu_host(tmp_path))[0].key("graphs").factors()
 
     assert factors["software.vllm"] == "0.32.0"
     assert {k: v for k, v in factors.items() if k.startswith("vllm.")} == {
@@ -98,15 +99,15 @@ def test_vllm_recipe_graphs_key_carries_the_vllm_version_and_engine_settings(rec
 
 
 def test_prebake_recipes_keep_vllm_out_of_their_keys(tmp_path):
-    factors = plans_for_host(load_recipe("tiny-llama"), vllm_cpu_host(tmp_path))[0].key("graphs").factors()
+    factors = plans_for(load_recipe("tiny-llama"), vllm_cpu_host(tmp_path))[0].key("graphs").factors()
 
     assert not any(k.startswith("vllm.") or k == "software.vllm" for k in factors)
 
 
 def test_a_vllm_upgrade_or_a_serving_limit_change_is_a_miss_explained_by_name(recipe, tmp_path):
-    base = plans_for_host(recipe, vllm_cpu_host(tmp_path / "a"))[0].key("graphs")
-    upgraded = plans_for_host(recipe, vllm_cpu_host(tmp_path / "b", vllm="0.33.0"))[0].key("graphs")
-    longer = plans_for_host(changed(recipe, max_model_len=256), vllm_cpu_host(tmp_path / "c"))[0].key("graphs")
+    base = plans_for(recipe, vllm_cpu_host(tmp_path / "a"))[0].key("graphs")
+    upgraded = plans_for(recipe, vllm_cpu_host(tmp_path / "b", vllm="0.33.0"))[0].key("graphs")
+    longer = plans_for(changed(recipe, max_model_len=256), vllm_cpu_host(tmp_path / "c"))[0].key("graphs")
 
     assert upgraded.diff(base)["software.vllm"] == ("0.33.0", "0.32.0")
     assert set(upgraded.diff(base)) == {"software.vllm", "inputs.autotune"}  # autotune is keyed on software too
@@ -115,7 +116,7 @@ def test_a_vllm_upgrade_or_a_serving_limit_change_is_a_miss_explained_by_name(re
 
 def test_per_pod_settings_leave_the_key_alone(recipe, tmp_path, monkeypatch):
     host = vllm_cpu_host(tmp_path)
-    before = plans_for_host(recipe, host)[0].key("graphs").digest
+    before = plans_for(recipe, host)[0].key("graphs").digest
     for name, value in {
         "VLLM_HOST_IP": "10.1.2.3",
         "VLLM_PORT": "31337",
@@ -125,7 +126,7 @@ def test_per_pod_settings_leave_the_key_alone(recipe, tmp_path, monkeypatch):
     }.items():
         monkeypatch.setenv(name, value)
 
-    assert plans_for_host(recipe, host)[0].key("graphs").digest == before
+    assert plans_for(recipe, host)[0].key("graphs").digest == before
 
 
 def test_cuda_key_names_the_gpu_its_capability_and_the_cuda_and_driver_versions(recipe, tmp_path):
@@ -133,7 +134,7 @@ def test_cuda_key_names_the_gpu_its_capability_and_the_cuda_and_driver_versions(
     a100, _ = h100_host(tmp_path / "a100", name="NVIDIA A100-SXM4-80GB", capability="8.0")
     cuda_target = next(t for t in targets(recipe) if t.platform == "cuda:sm_90")
 
-    key = plan(recipe, cuda_target, h100).key("graphs")
+    key = plan(recipe, cuda_target, h100, kinds_for(recipe, cuda_target)).key("graphs")
     factors = key.factors()
 
     assert (factors["platform.device_name"], factors["platform.arch"]) == ("NVIDIA H100 80GB HBM3", "sm_90")
@@ -142,7 +143,7 @@ def test_cuda_key_names_the_gpu_its_capability_and_the_cuda_and_driver_versions(
         "550",
         "0.32.0",
     )
-    assert set(plan(recipe, cuda_target, a100).key("graphs").diff(key)) == {
+    assert set(plan(recipe, cuda_target, a100, kinds_for(recipe, cuda_target)).key("graphs").diff(key)) == {
         "platform.arch",
         "platform.device_name",
         "inputs.autotune",
@@ -225,12 +226,12 @@ def test_writable_copy_is_private_and_refuses_a_used_folder(tmp_path):
     (tree / "torch_compile_cache" / "model").write_bytes(b"x")
     os.chmod(tree / "torch_compile_cache" / "model", 0o444)
 
-    copy = writable_copy(tree, tmp_path / "run" / CACHE_DIR)
+    copy = copy_writable(tree, tmp_path / "run" / CACHE_DIR)
     (copy / "torch_compile_cache" / "model").write_bytes(b"y")
 
     assert (tree / "torch_compile_cache" / "model").read_bytes() == b"x"
-    with pytest.raises(BuildError, match="not empty"):
-        writable_copy(tree, copy)
+    with pytest.raises(StoreError, match="not empty"):
+        copy_writable(tree, copy)
 
 
 # --- reading vLLM's log ----------------------------------------------------------------------
@@ -300,8 +301,7 @@ def folder_model_recipe(recipe, tmp_path) -> Recipe:
 
 def bake_all(the_plan, store, registry):
     return {
-        kind: bake_kind(the_plan, kind, store=store, registry=registry, build=build)
-        for kind in ("buckets", "autotune", "graphs")
+        kind: bake_kind(the_plan, kind, store=store, registry=registry) for kind in ("buckets", "autotune", "graphs")
     }
 
 
@@ -310,7 +310,7 @@ def test_bake_packs_the_cache_root_the_engine_filled_and_a_start_from_it_loads(
 ):
     monkeypatch.setenv("PREBAKE_VLLM_COMMAND", f"{sys.executable} {STANDIN}")
     host = vllm_cpu_host(tmp_path / "host")
-    the_plan = plans_for_host(folder_model_recipe, host)[0]
+    the_plan = plans_for(folder_model_recipe, host)[0]
     store, registry = Store(tmp_path / "home"), open_registry(str(tmp_path / "registry"))
 
     baked = bake_all(the_plan, store, registry)["graphs"]
@@ -343,7 +343,7 @@ def test_bake_packs_the_cache_root_the_engine_filled_and_a_start_from_it_loads(
 def _prepare(recipe: Recipe, store: Store, registry, host, monkeypatch, tmp_path):
     write_recipe(recipe, tmp_path / "recipes")
     monkeypatch.setenv("PREBAKE_RECIPES", str(tmp_path / "recipes"))
-    return prepare(VllmStart(model=recipe.model.name), store=store, registry=registry, host=host)
+    return prepare(VllmStart(model=recipe.model.name), Context(store, host, registry.url, given_registry=registry))
 
 
 def test_a_miss_starts_from_an_empty_root_and_write_back_publishes_what_vllm_compiled(
@@ -363,7 +363,7 @@ def test_a_miss_starts_from_an_empty_root_and_write_back_publishes_what_vllm_com
     )
     try:
         seconds = wait_ready(running, f"http://127.0.0.1:{port}", timeout_s=60)
-        published = write_back(cold, store, registry, seconds)
+        published = write_back(cold, Context(store, host, registry.url, given_registry=registry), seconds)
     finally:
         stop(running)
     warm = _prepare(folder_model_recipe, Store(tmp_path / "home2"), registry, host, monkeypatch, tmp_path)
@@ -425,7 +425,7 @@ class _BrokenRegistry:
     ("registry", "reason"),
     [
         (_HangingRegistry(), "did not answer within 0.5 s"),
-        (_BrokenRegistry(), "the registry failed: s3://down answered 503"),
+        (_BrokenRegistry(), "registry s3://down failed: RegistryUnavailable: s3://down answered 503"),
     ],
 )
 def test_a_slow_or_broken_registry_is_a_miss_and_vllm_starts_from_an_empty_root(
@@ -438,10 +438,8 @@ def test_a_slow_or_broken_registry_is_a_miss_and_vllm_starts_from_an_empty_root(
     started = time.monotonic()
 
     prepared = prepare(
-        VllmStart(model="tiny-llama-vllm", time_box_s=0.5),
-        store=Store(tmp_path / "home"),
-        registry=registry,
-        host=vllm_cpu_host(tmp_path / "host"),
+        VllmStart(model="tiny-llama-vllm", registry_timeout=0.5, fetch_timeout=0.5),
+        Context(Store(tmp_path / "home"), vllm_cpu_host(tmp_path / "host"), registry.url, given_registry=registry),
     )
 
     assert time.monotonic() - started < 10

@@ -14,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers import LlamaConfig as HFLlamaConfig
 
+from artifacts.recipes import architecture_digest
 from engine.runtime.model import ATTN_IMPLS, KVCache, Llama, build_model, generate, sample
 from engine.runtime.weights import (
     Llama3RopeScaling,
@@ -212,7 +213,9 @@ def test_sharded_checkpoint_written_by_transformers_loads(tmp_path):
     index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) >= 2
     loaded_config, weights = load_hf_folder(tmp_path / "sharded")
-    assert loaded_config.architecture() == config.architecture()  # read back from transformers 5's layout
+    assert architecture_digest(loaded_config.to_hf()) == architecture_digest(
+        config.to_hf()
+    )  # read back from transformers 5's layout
     expected = tiny_random_weights(config, seed=0)
     assert weights.keys() == expected.keys()
     assert all(torch.equal(weights[k], expected[k]) for k in expected)
@@ -282,14 +285,16 @@ def test_config_reads_transformers_4_and_5_layouts_alike():
 def test_architecture_digest_follows_the_graph_not_the_tokens():
     config = LlamaConfig.from_hf(LLAMA31_8B)
     same = LlamaConfig.from_hf({**LLAMA31_8B, "eos_token_id": 7, "bos_token_id": None, "rope_theta": 500000})
-    assert same.architecture_digest() == config.architecture_digest()
+    assert architecture_digest(same.to_hf()) == architecture_digest(config.to_hf())
     for change in (
         {"num_key_value_heads": 4},
         {"rope_theta": 10000.0},
         {"rope_scaling": None},
         {"tie_word_embeddings": True},
     ):
-        assert LlamaConfig.from_hf({**LLAMA31_8B, **change}).architecture_digest() != config.architecture_digest()
+        assert architecture_digest(LlamaConfig.from_hf({**LLAMA31_8B, **change}).to_hf()) != architecture_digest(
+            config.to_hf()
+        )
 
 
 @pytest.mark.parametrize(

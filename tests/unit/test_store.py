@@ -98,7 +98,7 @@ def test_an_index_entry_edited_after_baking_is_refused(tmp_path, published):
 def test_a_trust_check_refusal_is_a_miss_with_its_reason(tmp_path, published):
     registry, key, _ = published
     got = fetch(Store(tmp_path / "home"), registry, key, trust=lambda m: "unsigned")
-    assert isinstance(got, Miss) and got.reason == "unsigned"
+    assert isinstance(got, Miss) and got.reason == "refused by the trust policy: unsigned"
 
 
 def test_republishing_the_same_bundle_is_a_no_op_and_a_different_one_is_refused(tmp_path, published):

@@ -1,0 +1,98 @@
+"""The composition root: the one place that opens the store, the registry, the trust policy, the
+signer and the host probe, for the CLI, dodo.py and both serve paths.
+
+    Context.open(registry=None)      everything a command needs, from the environment
+    context.plans(recipe, ...)       the recipe's targets this host builds, each with its kind table
+    context.pick_plan(recipe, ...)   the one target to serve
+    context.registry                 the registry, opened on first use
+    context.resolve(plan, ...)       the fetch pipeline (lookup -> verify -> install)
+    context.bake(plan, kind)         the doit action: build, publish and install one kind
+
+Everything else takes these as parameters; nothing below this module reads PREBAKE_* settings
+for the store, the registry address, trust or signing on its own.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from artifacts.bake import Baked, Signer, bake_kind
+from artifacts.fetch import Resolution, TrustCheck, resolve
+from artifacts.kinds import HostFacts, Plan, buildable_targets, plan
+from artifacts.ports import Registry
+from artifacts.recipes import Recipe
+from artifacts.store import Store
+from engine.adapters import adapter_for, kinds_for
+from engine.adapters.base import EngineAdapter
+from engine.probe import Host, current_host
+from registry import open_registry
+from registry.signing import signer_from_env, trust_from_env
+
+
+@dataclass(frozen=True)
+class Context:
+    """The store, registry address, trust policy, signer and host one command works with."""
+
+    store: Store
+    host: Host
+    address: str
+    trust: TrustCheck | None = None
+    sign: Signer | None = None
+    given_registry: Registry | None = field(default=None, compare=False)  # tests: a registry double
+
+    @classmethod
+    def open(cls, registry: str | None = None, *, store: Store | None = None, host: Host | None = None) -> Context:
+        store = store or Store()
+        return cls(
+            store=store,
+            host=host or current_host(),
+            address=store.registry_address(registry),
+            trust=trust_from_env(),
+            sign=signer_from_env(),
+        )
+
+    @cached_property
+    def registry(self) -> Registry:
+        """The registry, opened on first use (UnknownRegistryError for an address prebake does not know)."""
+        return self.given_registry or open_registry(self.address)
+
+    def plans(self, recipe: Recipe, *, dtype: str | None = None, tp: int | None = None) -> list[Plan]:
+        """Every target of `recipe` (narrowed to dtype/tp) this host can build, with its keys."""
+        return plans_for(recipe, self.host, dtype=dtype, tp=tp)
+
+    def pick_plan(self, recipe: Recipe, *, dtype: str | None = None, tp: int | None = None) -> Plan:
+        """The one target to serve: the requested dtype and TP (TP defaults to the smallest baked)."""
+        return min(self.plans(recipe, dtype=dtype, tp=tp), key=lambda p: (p.target.tp, p.target.dtype))
+
+    def adapter(self, plan: Plan) -> EngineAdapter:
+        return adapter_for(plan.recipe, plan.target)
+
+    def resolve(self, plan: Plan, *, lookup_timeout: float = 30.0, fetch_timeout: float = 600.0) -> Resolution:
+        return resolve(
+            plan,
+            store=self.store,
+            open_registry=lambda: self.registry,
+            address=self.address,
+            trust=self.trust,
+            lookup_timeout=lookup_timeout,
+            fetch_timeout=fetch_timeout,
+        )
+
+    def bake(self, plan: Plan, kind: str) -> Baked:
+        """Build, publish and install one kind of one target, and say what happened."""
+        started = time.monotonic()
+        baked = bake_kind(plan, kind, store=self.store, registry=self.registry, sign=self.sign, trust=self.trust)
+        seconds = time.monotonic() - started
+        print(
+            f"prebake: {plan.target.name} {kind}: {baked.note}, key {baked.manifest.key_digest[:16]}, "
+            f"blob {baked.manifest.blob.hex[:16]} ({baked.manifest.blob.size} bytes) in {seconds:.1f} s",
+            flush=True,
+        )
+        return baked
+
+
+def plans_for(recipe: Recipe, host: HostFacts, *, dtype: str | None = None, tp: int | None = None) -> list[Plan]:
+    """Every target of `recipe` (narrowed to dtype/tp) that `host` can build, with its kind table and keys."""
+    return [plan(recipe, t, host, kinds_for(recipe, t)) for t in buildable_targets(recipe, host, dtype=dtype, tp=tp)]
