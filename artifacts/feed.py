@@ -41,7 +41,7 @@ class Feed(io.RawIOBase):
             except queue.Full:
                 continue
 
-    def close(self) -> None:  # type: ignore[override]
+    def close(self) -> None:
         """The download is complete: the end marker goes after every chunk, however long that waits."""
         while not self._finished and self.error is None:
             try:
@@ -63,7 +63,7 @@ class Feed(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, b) -> int:  # type: ignore[override]
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
         if self._aborted:
             raise Aborted()
         if not self._buf:

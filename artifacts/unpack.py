@@ -72,7 +72,7 @@ def extract(compressed: BinaryIO, into: Path, files: tuple[FileEntry, ...], limi
     dctx = zstandard.ZstdDecompressor(max_window_size=1 << limits.max_window_log)
     try:
         with dctx.stream_reader(compressed, read_size=_CHUNK, closefd=False) as zr:
-            _Extraction(io.BufferedReader(zr, _CHUNK), into, files, what).run()  # type: ignore[arg-type]
+            _Extraction(io.BufferedReader(zr, _CHUNK), into, files, what).run()
     except zstandard.ZstdError as exc:
         if "window" in str(exc).lower() or "memory" in str(exc).lower():
             raise UnsafeArchiveError(
@@ -318,10 +318,10 @@ class _Writer:
 
     def __init__(self, what: str):
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="prebake-hash")
-        self.pending: deque[Future] = deque()
+        self.pending: deque[Future[None]] = deque()
         self.what = what
 
-    def submit(self, fn: Callable, *args) -> None:
+    def submit(self, fn: Callable[..., None], *args: object) -> None:
         self.pending.append(self.pool.submit(fn, *args))
         while len(self.pending) > _IN_FLIGHT or (self.pending and self.pending[0].done()):
             self.pending.popleft().result()
@@ -334,7 +334,7 @@ class _Writer:
         self.pool.shutdown(wait=True)
 
 
-def _extract_fed(feed: Feed, into: Path, files, limits: UnpackLimits, what: str) -> None:
+def _extract_fed(feed: Feed, into: Path, files: tuple[FileEntry, ...], limits: UnpackLimits, what: str) -> None:
     try:
         extract(feed, into, files, limits, what)  # type: ignore[arg-type]
     except Aborted:

@@ -89,7 +89,9 @@ class SizedSink:
     bounds the time: a blob that trickles in slower than MIN_RATE on average, after GRACE_S
     seconds, is abandoned (each request's own timeout catches a server that stops altogether)."""
 
-    def __init__(self, size: int | None, digest: str, where: str, registry_url: str, tee=None):
+    def __init__(
+        self, size: int | None, digest: str, where: str, registry_url: str, tee: Callable[[bytes], None] | None = None
+    ):
         self.size, self.digest, self.where, self.url, self.tee, self.seen = size, digest, where, registry_url, tee, 0
         self.deadline = time.monotonic() + GRACE_S + (size or 0) / MIN_RATE
 
