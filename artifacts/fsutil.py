@@ -14,6 +14,7 @@ naming a point, the process kills itself with SIGKILL there, exactly as `kill -9
     write:<glob>    atomic_target: the temporary file is complete, not yet renamed over <glob>
     create:<glob>   create_only: the temporary file is complete, not yet linked to <glob>
     unpack          bundle.unpack: every entry extracted into the partial folder, not yet renamed
+    stream:<glob>   unpack_streamed: member <glob> written while the blob is still downloading
     evict           Store eviction: index entries gone, tree moved to tmp/, tree and blob not yet deleted
 
 (<glob> matches the destination's file name, e.g. `write:*.tar.zst`.) Unset, it costs one
@@ -22,18 +23,20 @@ dictionary lookup.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import fnmatch
 import os
 import shutil
 import signal
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import StoreError
+from .errors import BundleError, StoreError
 
 TMP_PREFIX = ".tmp-"
 CRASH_ENV = "PREBAKE_TEST_CRASH_AT"
@@ -90,6 +93,46 @@ def create_only(dest: Path, data: bytes) -> bool:
         return True
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def read_bounded(path: Path, limit: int, *, within: Path | None = None, timeout_s: float = 10.0) -> bytes:
+    """The bytes of the regular file `path`: at most `limit` of them, read within `timeout_s`.
+
+    What a registry or store holds may be hostile, so anything but a regular file is refused
+    (a link, a FIFO, a device: each could read forever), as is a file whose folder resolves
+    outside `within`. Raises FileNotFoundError when absent, another OSError when the folder
+    cannot be read, and BundleError for anything that is there but is not a fit file.
+    """
+    path = Path(path)
+    if within is not None:
+        root, parent = os.path.realpath(within), os.path.realpath(path.parent)
+        if parent != root and not parent.startswith(root.rstrip(os.sep) + os.sep):
+            raise BundleError(f"{path} lies through a link outside {within}; refusing to read it")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise BundleError(f"{path} is a link (only regular files are read); remove it") from exc
+        raise
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "a folder where a file should be", str(path))
+        if not stat.S_ISREG(st.st_mode):
+            raise BundleError(f"{path} is not a regular file (a FIFO, device or folder); remove it")
+        if st.st_size > limit:
+            raise BundleError(f"{path} is {st.st_size} bytes, over the {limit} a file of its kind may have")
+        chunks, total, deadline = [], 0, time.monotonic() + timeout_s
+        while chunk := os.read(fd, min(1 << 20, limit + 1 - total)):
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > limit:
+                raise BundleError(f"{path} grew past {limit} bytes while it was read; refusing it")
+            if time.monotonic() > deadline:
+                raise BundleError(f"{path} took over {timeout_s:g} s to read; its file system is stalled")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def sweep_temporaries(root: Path, older_than_s: float = 3600.0) -> int:

@@ -11,7 +11,7 @@ protocol, which callers test with isinstance instead of probing attributes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -47,8 +47,16 @@ class Registry(Protocol):
     def lookup(self, kind: str, key_digest: str) -> Manifest | None:
         """The manifest that answers this key, or None."""
 
-    def fetch_blob(self, digest: str, dest: Path) -> Path:
-        """Download the blob named `digest` to `dest` (atomically), verify its sha256, return dest."""
+    def fetch_blob(
+        self, digest: str, dest: Path, *, size: int | None = None, tee: Callable[[bytes], None] | None = None
+    ) -> Path:
+        """Download the blob named `digest` to `dest` (atomically), verify its sha256, return dest.
+
+        `size`: the manifest's blob size; a blob that differs (announced or as it streams) is refused
+        with BlobDigestMismatch as soon as it passes it, so no download runs past what was declared.
+        `tee`: called with every chunk, in order, as it is written (the store unpacks while the blob
+        downloads); an exception it raises stops the download. Only the return says the bytes fed to
+        it were the right ones."""
 
     def publish(self, manifest: Manifest, blob: Path) -> Published:
         """Store the blob, then create the index entry if absent. Raises PublishConflict if a

@@ -13,7 +13,12 @@
     └── tmp/                                       scratch folders and evicted trees; nothing here is ever read
 
 A tree appears by rename only after its blob matched its digest and every file matched
-the manifest, so a reader sees a whole tree or none. The index entry is written after the
+the manifest, so a reader sees a whole tree or none. A blob not yet here is streamed:
+downloaded, hashed, written to blobs/ and unpacked in one overlapped pass
+(artifacts/unpack.py), after a check that the disk has room for what the manifest
+declares. Beside each tree, `trees/<blob-hex>.files` records the digest of the file list
+it was verified against; a second manifest naming the same blob must name the same list,
+or it is refused (nothing is trusted because it is already there). The index entry is written after the
 tree, so an index entry always names a complete tree, and `lookup` checks the tree is
 still there. Eviction runs in the reverse order: index entries first, then the tree (moved
 into tmp/ by one rename, then deleted), then the blob. A process killed at any point leaves
@@ -40,10 +45,11 @@ from pathlib import Path
 
 from . import fsutil
 from .bundle import UnpackLimits, unpack
-from .errors import StoreError
+from .errors import BundleError, StoreError
 from .layout import blob_relpath, index_relpath
-from .manifest import Manifest
+from .manifest import MAX_MANIFEST_BYTES, Manifest
 from .ports import Registry
+from .unpack import tree_problems, unpack_streamed
 
 HOME_ENV = "PREBAKE_HOME"
 REGISTRY_ENV = "PREBAKE_REGISTRY"
@@ -150,7 +156,7 @@ class Store:
         """The installed bundle for this key, if its tree is complete; counts as a use for eviction."""
         path = self.home / index_relpath(kind, key_digest)
         try:
-            manifest = Manifest.parse(path.read_bytes(), str(path))
+            manifest = Manifest.parse(fsutil.read_bounded(path, MAX_MANIFEST_BYTES), str(path))
         except FileNotFoundError:
             return None
         tree = self.tree_path(manifest)
@@ -163,17 +169,14 @@ class Store:
         """Fetch, verify and unpack `manifest`'s blob from `source`, once per blob across processes,
         then evict least recently used bundles if the store is above its bound."""
         hexd, tree = manifest.blob.hex, self.tree_path(manifest)
+        limits = limits or self.limits.unpack
+        limits.check(manifest.files, f"{manifest.kind} {manifest.key_digest[:16]}")
         with fsutil.Flock.acquire(self._install_lock(hexd)):
             self._remove_partials_locked(hexd)
-            if not tree.is_dir():
-                blob = self.blob_path(manifest.blob.digest)
-                if not blob.exists():
-                    source.fetch_blob(manifest.blob.digest, blob)
-                try:
-                    unpack(blob, tree, manifest.files, limits=limits or self.limits.unpack)
-                except Exception:
-                    blob.unlink(missing_ok=True)  # a bad blob must not be trusted on the next try
-                    raise
+            if tree.is_dir():
+                self._check_existing(manifest, tree)
+            else:
+                self._unpack(manifest, source, tree, limits)
             self._lease(hexd).touch(exist_ok=True)
             self._touch(hexd)
             fsutil.write_bytes(self.home / index_relpath(manifest.kind, manifest.key_digest), manifest.to_bytes())
@@ -295,6 +298,60 @@ class Store:
 
     # -- installing ------------------------------------------------------------------------
 
+    def _unpack(self, manifest: Manifest, source: Registry, tree: Path, limits: UnpackLimits) -> None:
+        """The blob, streamed from `source` unless it is here already, unpacked into `tree`; then the
+        file list it was verified against is recorded beside it."""
+        blob = self.blob_path(manifest.blob.digest)
+        self._check_room(manifest, blob_needed=not blob.exists())
+        what = f"blob {manifest.blob.digest[:23]} ({manifest.kind} {manifest.key_digest[:16]})"
+        try:
+            if blob.exists():
+                unpack(blob, tree, manifest.files, limits=limits)
+            else:
+                download = lambda tee: source.fetch_blob(manifest.blob.digest, blob, size=manifest.blob.size, tee=tee)  # noqa: E731
+                unpack_streamed(download, tree, manifest.files, limits, what)
+        except Exception:
+            blob.unlink(missing_ok=True)  # a bad blob must not be trusted on the next try
+            raise
+        fsutil.write_bytes(self._files_record(manifest.blob.hex), manifest.files_digest().encode())
+
+    def _check_existing(self, manifest: Manifest, tree: Path) -> None:
+        """A tree already here counts for `manifest` only if it was verified against the same file list."""
+        record = self._files_record(manifest.blob.hex)
+        try:
+            recorded = fsutil.read_bounded(record, 128).decode("ascii", "replace")
+        except FileNotFoundError:  # unpacked by an older prebake, or killed before recording: check it whole
+            problems = tree_problems(tree, manifest.files)
+            if problems:
+                raise BundleError(self._disagrees(manifest, tree, f"its files differ: {problems[:3]}")) from None
+            fsutil.write_bytes(record, manifest.files_digest().encode())
+            return
+        if recorded != manifest.files_digest():
+            raise BundleError(self._disagrees(manifest, tree, "its blob was verified against another file list"))
+
+    @staticmethod
+    def _disagrees(manifest: Manifest, tree: Path, why: str) -> str:
+        return (
+            f"{manifest.kind} {manifest.key_digest[:16]} names blob {manifest.blob.digest[:23]}, whose tree {tree} "
+            f"does not match this manifest ({why}): the manifest disagrees with its blob, it is corrupt or "
+            f"tampered; refusing it (run `prebake verify --deep` on the registry)"
+        )
+
+    def _check_room(self, manifest: Manifest, *, blob_needed: bool) -> None:
+        """Refuse before downloading when the disk cannot hold what the manifest declares."""
+        need = manifest.unpacked_bytes + 4096 * len(manifest.files) + (manifest.blob.size if blob_needed else 0)
+        self.home.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(self.home).free
+        if need > free:
+            raise StoreError(
+                f"{manifest.kind} {manifest.key_digest[:16]} needs {_mib(need)} (blob {_mib(manifest.blob.size)}, "
+                f"files {_mib(manifest.unpacked_bytes)}) and {self.home} has {_mib(free)} free; free space, "
+                f"run `prebake gc --max-size`, or point {HOME_ENV} at a larger disk"
+            )
+
+    def _files_record(self, hexd: str) -> Path:
+        return self.home / "trees" / f"{hexd}.files"
+
     def _install_lock(self, hexd: str) -> Path:
         return self.home / "locks" / f"{hexd}.lock"
 
@@ -349,6 +406,7 @@ class Store:
         for hexd in trees.keys() | blobs.keys():
             tree, blob = trees.get(hexd), blobs.get(hexd)
             size = (_tree_bytes(tree) if tree else 0) + (_file_bytes(blob) if blob else 0)
+            size += _file_bytes(self._files_record(hexd))
             lease = _mtime_ns(self.home / "leases" / hexd)
             last = lease if lease is not None else max(_mtime_ns(p) or 0 for p in (tree, blob) if p is not None)
             entries.append(StoreEntry(hexd, size, last, tuple(naming.get(hexd, ()))))
@@ -375,6 +433,7 @@ class Store:
                     trash.parent.mkdir(parents=True, exist_ok=True)
                     os.replace(tree, trash)  # one rename: the tree is whole or gone, never half deleted
                 fsutil.crash_point("evict")
+                self._files_record(entry.hex).unlink(missing_ok=True)
                 self.blob_path("sha256:" + entry.hex).unlink(missing_ok=True)
             finally:
                 lease.release(unlink=True)
@@ -449,8 +508,8 @@ def _leftover(name: str) -> re.Match | None:
 def _named_blob(index: Path) -> str | None:
     """The blob hex an index entry names, read without validating the whole manifest; None if unreadable."""
     try:
-        digest = json.loads(index.read_bytes())["blob"]["digest"]
-    except (OSError, ValueError, KeyError, TypeError):
+        digest = json.loads(fsutil.read_bounded(index, MAX_MANIFEST_BYTES))["blob"]["digest"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):  # BundleError is a ValueError
         return None
     hexd = str(digest).removeprefix("sha256:")
     return hexd if re.fullmatch(_HEX, hexd) else None

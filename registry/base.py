@@ -11,11 +11,19 @@ it is absent, so two bakers racing on one key cannot clobber each other.
 
 from __future__ import annotations
 
+import hashlib
+import os
+import stat
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+from artifacts import fsutil
 from artifacts.errors import PublishConflict
 from artifacts.manifest import Manifest
 from artifacts.ports import Maintainable, Published, Registry
+
+from .errors import BlobDigestMismatch, BlobSizeMismatch, RegistryError, RegistryUnavailable
 
 
 def settle(existing: Manifest, manifest: Manifest, where: str) -> Published:
@@ -33,25 +41,85 @@ def settle(existing: Manifest, manifest: Manifest, where: str) -> Published:
     )
 
 
-def copy_verified(src: Path, dest: Path, digest: str, *, where: str, registry_url: str) -> Path:
-    """Copy a local blob to `dest` atomically, hashing as it goes; a wrong digest leaves no `dest`."""
-    import hashlib
-
-    from artifacts import fsutil
-
-    from .errors import BlobDigestMismatch
-
-    h = hashlib.sha256()
-    with fsutil.atomic_target(dest) as tmp, src.open("rb") as fin, tmp.open("wb") as fout:
-        while chunk := fin.read(1 << 20):
-            h.update(chunk)
-            fout.write(chunk)
-        if "sha256:" + h.hexdigest() != digest:
-            raise BlobDigestMismatch(
-                f"blob {where} hashes to sha256:{h.hexdigest()}, not {digest}: it is corrupt; "
-                f"run `prebake verify --quarantine --registry {registry_url}` and rebake"
-            )
+def copy_verified(
+    src: Path,
+    dest: Path,
+    digest: str,
+    *,
+    where: str,
+    registry_url: str,
+    size: int | None = None,
+    tee: Callable[[bytes], None] | None = None,
+) -> Path:
+    """Copy a local blob to `dest` atomically, hashing as it goes, handing each chunk to `tee`; a
+    wrong digest, or more bytes than `size`, leaves no `dest`. Only a regular file is read."""
+    h, sink = hashlib.sha256(), SizedSink(size, digest, where, registry_url, tee)
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise RegistryError(f"cannot read blob {where}: {exc}; check the registry folder") from exc
+    with os.fdopen(fd, "rb") as fin:
+        st = os.fstat(fin.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise BlobDigestMismatch(f"blob {where} is not a regular file; run `prebake verify --quarantine`")
+        sink.announce(st.st_size)
+        with fsutil.atomic_target(dest) as tmp, tmp.open("wb") as fout:
+            while chunk := fin.read(1 << 20):
+                sink(chunk)
+                h.update(chunk)
+                fout.write(chunk)
+            sink.finish()
+            if "sha256:" + h.hexdigest() != digest:
+                raise BlobDigestMismatch(
+                    f"blob {where} hashes to sha256:{h.hexdigest()}, not {digest}: it is corrupt; "
+                    f"run `prebake verify --quarantine --registry {registry_url}` and rebake"
+                )
     return dest
 
 
-__all__ = ["Maintainable", "Published", "Registry", "copy_verified", "settle"]
+MIN_RATE = 1 << 20  # bytes/s: a download slower than this on average (after GRACE_S) is abandoned
+GRACE_S = 300.0
+
+
+class SizedSink:
+    """Counts a blob's bytes as they arrive and refuses it the moment it differs from the manifest's
+    size (announced up front, or as it streams), before handing the chunk on to `tee`. It also
+    bounds the time: a blob that trickles in slower than MIN_RATE on average, after GRACE_S
+    seconds, is abandoned (each request's own timeout catches a server that stops altogether)."""
+
+    def __init__(
+        self, size: int | None, digest: str, where: str, registry_url: str, tee: Callable[[bytes], None] | None = None
+    ):
+        self.size, self.digest, self.where, self.url, self.tee, self.seen = size, digest, where, registry_url, tee, 0
+        self.deadline = time.monotonic() + GRACE_S + (size or 0) / MIN_RATE
+
+    def announce(self, total: int) -> None:
+        if self.size is not None and total != self.size:
+            raise self._wrong(f"is {total} bytes", "it is corrupt or")
+
+    def __call__(self, chunk: bytes) -> None:
+        self.seen += len(chunk)
+        if self.size is not None and self.seen > self.size:
+            raise self._wrong(f"runs past {self.size} bytes", "it is corrupt or")
+        if time.monotonic() > self.deadline:
+            raise RegistryUnavailable(
+                f"blob {self.where} came slower than {MIN_RATE >> 20} MiB/s on average ({self.seen} bytes so far); "
+                f"abandoned it: check the network or the registry, then retry"
+            )
+        if self.tee is not None:
+            self.tee(chunk)
+
+    def finish(self) -> None:
+        if self.size is not None and self.seen != self.size:
+            raise self._wrong(f"ended after {self.seen} bytes", "it is corrupt or")
+
+    def _wrong(self, what: str, verdict: str) -> BlobSizeMismatch:
+        return BlobSizeMismatch(
+            f"blob {self.where} {what}, but its manifest says {self.size}: {verdict} not blob {self.digest[:23]}; "
+            f"stopped reading it; run `prebake verify --quarantine --registry {self.url}` and rebake"
+        )
+
+
+__all__ = ["Maintainable", "Published", "Registry", "SizedSink", "copy_verified", "settle"]

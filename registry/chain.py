@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from artifacts.manifest import Manifest
@@ -67,17 +67,22 @@ class ChainRegistry:
             ) from down[0]
         return None
 
-    def fetch_blob(self, digest: str, dest: Path) -> Path:
+    def fetch_blob(
+        self, digest: str, dest: Path, *, size: int | None = None, tee: Callable[[bytes], None] | None = None
+    ) -> Path:
         with self._lock:
             hits = self._far_hits.pop(digest, [])
         sources = sorted({i for i, _ in hits})
         order = sources + [i for i in range(len(self.registries)) if i not in sources]
         errors: list[RegistryError] = []
+        fed = _Fed(tee)
         for i in order:
             try:
-                self.registries[i].fetch_blob(digest, dest)
+                self.registries[i].fetch_blob(digest, dest, size=size, tee=fed if tee is not None else None)
             except RegistryError as exc:
                 errors.append(exc)
+                if fed.bytes:  # the consumer already has some of this copy's bytes: another copy cannot follow
+                    break
                 continue
             for source, manifest in hits:
                 self._backfill(source, manifest, Path(dest))
@@ -124,3 +129,15 @@ class ChainRegistry:
                 log.warning(
                     "could not backfill %s/%s into %s: %s", manifest.kind, manifest.key_digest[:16], registry.url, exc
                 )
+
+
+class _Fed:
+    """A tee that counts what it passed on, so a chain knows whether it may try the next registry."""
+
+    def __init__(self, tee: Callable[[bytes], None] | None):
+        self.tee, self.bytes = tee, 0
+
+    def __call__(self, chunk: bytes) -> None:
+        self.bytes += len(chunk)
+        if self.tee is not None:
+            self.tee(chunk)

@@ -10,6 +10,7 @@ from artifacts.errors import BundleError, PublishConflict, RegistryError, Unknow
 
 __all__ = [
     "BlobDigestMismatch",
+    "BlobSizeMismatch",
     "PublishConflict",
     "RegistryError",
     "RegistryReadOnly",
@@ -28,3 +29,7 @@ class RegistryReadOnly(RegistryError, PermissionError):
 
 class BlobDigestMismatch(RegistryError, BundleError):
     """A downloaded blob's bytes do not hash to the digest that names it."""
+
+
+class BlobSizeMismatch(BlobDigestMismatch):
+    """A blob is not the size its manifest says: announced so, or it ran past it while streaming."""

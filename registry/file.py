@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from artifacts import fsutil
 from artifacts.bundle import file_digest
+from artifacts.errors import PrebakeError
 from artifacts.layout import blob_relpath, index_relpath
-from artifacts.manifest import Manifest
+from artifacts.manifest import MAX_MANIFEST_BYTES, Manifest
 
 from .base import Published, copy_verified, settle
 from .errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
@@ -35,18 +36,21 @@ class FileRegistry:
     def lookup(self, kind: str, key_digest: str) -> Manifest | None:
         path = self.root / index_relpath(kind, key_digest)
         try:
-            raw = path.read_bytes()
+            raw = self._read_entry(path)
         except FileNotFoundError:
             return None
-        except OSError as exc:
-            raise RegistryUnavailable(f"cannot read {path}: {exc}; check the folder's permissions") from exc
         return Manifest.parse(raw, str(path))
 
-    def fetch_blob(self, digest: str, dest: Path) -> Path:
+    def fetch_blob(
+        self, digest: str, dest: Path, *, size: int | None = None, tee: Callable[[bytes], None] | None = None
+    ) -> Path:
         src = self.blob_path(digest)
-        if not src.exists():
-            raise RegistryError(f"blob {digest} is named by an index entry but missing at {src}; run `prebake verify`")
-        return copy_verified(src, dest, digest, where=str(src), registry_url=self.url)
+        try:
+            return copy_verified(src, dest, digest, where=str(src), registry_url=self.url, size=size, tee=tee)
+        except FileNotFoundError:
+            raise RegistryError(
+                f"blob {digest} is named by an index entry but missing at {src}; run `prebake verify`"
+            ) from None
 
     def publish(self, manifest: Manifest, blob: Path) -> Published:
         if file_digest(blob) != manifest.blob.digest:
@@ -73,21 +77,28 @@ class FileRegistry:
         base = self.root / "index"
         for k in [kind] if kind else sorted(n for n in _names(base) if (base / n).is_dir()):
             for name in sorted(_names(base / k)):
-                if name.endswith(".json") and not name.startswith("."):  # ".tmp-*": writes in progress
-                    yield Manifest.read(base / k / name)
+                if name.endswith(".json") and not name.startswith(fsutil.TMP_PREFIX):
+                    path = base / k / name
+                    try:
+                        yield Manifest.parse(self._read_entry(path), str(path))
+                    except FileNotFoundError:  # removed since the listing
+                        continue
 
     def blob_path(self, digest: str) -> Path:
         return self.root / blob_relpath(digest)
 
-    def index_entries(self) -> Iterator[tuple[str, bytes]]:
-        """Every index entry as (relative path, raw bytes), unparsed, so a checker can report a bad one."""
+    def index_entries(self) -> Iterator[tuple[str, bytes | PrebakeError]]:
+        """Every index entry as (relative path, raw bytes or why it cannot be read), unparsed, so a
+        checker can report a bad one."""
         for path in sorted((self.root / "index").glob("*/*.json")):
             if path.name.startswith(fsutil.TMP_PREFIX):
                 continue
             try:
-                raw = path.read_bytes()
+                raw: bytes | PrebakeError = self._read_entry(path)
             except FileNotFoundError:  # quarantined or removed since the listing
                 continue
+            except PrebakeError as exc:
+                raw = exc
             yield path.relative_to(self.root).as_posix(), raw
 
     def quarantine(self, kind: str, key_digest: str, *, blob_digest: str | None = None) -> Path:
@@ -107,6 +118,15 @@ class FileRegistry:
 
     def __repr__(self) -> str:
         return f"FileRegistry({str(self.root)!r})"
+
+    def _read_entry(self, path: Path) -> bytes:
+        """An index entry's bytes: a regular file inside the registry, bounded in size and time."""
+        try:
+            return fsutil.read_bounded(path, MAX_MANIFEST_BYTES, within=self.root)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise RegistryUnavailable(f"cannot read {path}: {exc}; check the folder's permissions") from exc
 
     def _move_aside(self, relpath: str) -> Path | None:
         src, dest = self.root / relpath, self.root / QUARANTINE / relpath

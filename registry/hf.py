@@ -35,15 +35,16 @@ import os
 import re
 import sys
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from artifacts import fsutil
 from artifacts.bundle import file_digest
 from artifacts.layout import blob_relpath, index_relpath, parse_index_relpath
-from artifacts.manifest import Manifest
+from artifacts.manifest import MAX_MANIFEST_BYTES, Manifest
 
 from .base import Published, copy_verified, settle
 from .errors import BlobDigestMismatch, RegistryError, RegistryReadOnly, RegistryUnavailable
@@ -81,9 +82,14 @@ class HubRegistry(HubMaintenance):
     def lookup(self, kind: str, key_digest: str) -> Manifest | None:
         return self._read_index(index_relpath(kind, key_digest), self.revision)
 
-    def fetch_blob(self, digest: str, dest: Path) -> Path:
+    def fetch_blob(
+        self, digest: str, dest: Path, *, size: int | None = None, tee: Callable[[bytes], None] | None = None
+    ) -> Path:
+        """The Hub's copy lands in huggingface_hub's cache first (its size, as the Hub announces it,
+        checked against `size` before the download); it is verified there, then copied to `dest`
+        through `tee`, so the consumer is only ever fed a copy that already matched."""
         relpath, dest = blob_relpath(digest), Path(dest)
-        cached = self._download(relpath, self.revision)
+        cached = self._download(relpath, self.revision, limit=size)
         if cached is None:
             if self.offline:
                 raise RegistryUnavailable(
@@ -93,18 +99,21 @@ class HubRegistry(HubMaintenance):
                 f"blob {digest} is named by an index entry but missing at {self._where(relpath)}; run `prebake verify`"
             )
         try:
-            return self._copy_verified(cached, digest, dest, relpath)
+            self._copy_verified(cached, digest, dest, relpath, size)
         except BlobDigestMismatch:
             if self.offline:
                 raise
             # The cached copy may be the corrupt one; the Hub's copy decides.
             log.warning("cached copy of %s is corrupt; downloading it again", self._where(relpath))
-            fresh = self._download(relpath, self.revision, force=True)
-            if fresh is None:
+            cached = self._download(relpath, self.revision, force=True, limit=size)
+            if cached is None:
                 raise RegistryError(
                     f"blob {digest} vanished from {self._where(relpath)} while being fetched; retry"
                 ) from None
-            return self._copy_verified(fresh, digest, dest, relpath)
+            self._copy_verified(cached, digest, dest, relpath, size)
+        if tee is not None:  # verified: now stream the very same bytes to the consumer
+            self._copy_verified(cached, digest, dest, relpath, size, tee)
+        return dest
 
     def publish(self, manifest: Manifest, blob: Path) -> Published:
         if not self.writable:
@@ -168,10 +177,14 @@ class HubRegistry(HubMaintenance):
     # -- reading ---------------------------------------------------------------------------
 
     def _read_index(self, relpath: str, revision: str) -> Manifest | None:
-        local = self._download(relpath, revision)
-        return None if local is None else Manifest.parse(local.read_bytes(), self._where(relpath))
+        local = self._download(relpath, revision, limit=MAX_MANIFEST_BYTES, exact=False)
+        if local is None:
+            return None
+        return Manifest.parse(fsutil.read_bounded(local.resolve(), MAX_MANIFEST_BYTES), self._where(relpath))
 
-    def _download(self, relpath: str, revision: str, *, force: bool = False) -> Path | None:
+    def _download(
+        self, relpath: str, revision: str, *, force: bool = False, limit: int | None = None, exact: bool = True
+    ) -> Path | None:
         """The cached file for `relpath` at `revision`; None if the repo, revision or file is absent.
 
         Online, one HEAD without retries comes first: hf_hub_download alone retries an
@@ -182,8 +195,15 @@ class HubRegistry(HubMaintenance):
         if self.offline:
             return self._cached_download(relpath, revision, local_only=True)
         try:
-            if not self._present(relpath, revision):
+            announced = self._present(relpath, revision)
+            if announced is None:
                 return None
+            if limit is not None and announced is not True and (announced > limit or (exact and announced != limit)):
+                raise BlobDigestMismatch(
+                    f"{self._where(relpath)} is {announced} bytes by the Hub's account, but it may be "
+                    f"{'at most ' if not exact else ''}{limit}; refusing to download it: run "
+                    f"`prebake verify --quarantine --registry {self.url}`"
+                )
         except RegistryUnavailable:
             cached = None if force else self._cached_download(relpath, revision, local_only=True)
             if cached is None:
@@ -192,8 +212,8 @@ class HubRegistry(HubMaintenance):
             return cached
         return self._cached_download(relpath, revision, local_only=False, force=force)
 
-    def _present(self, relpath: str, revision: str) -> bool:
-        """Whether the file exists at `revision`, asked with one HEAD and no retries."""
+    def _present(self, relpath: str, revision: str) -> int | bool | None:
+        """The file's size at `revision` (True if the Hub does not say), None if absent; one HEAD, no retries."""
         from huggingface_hub import get_hf_file_metadata, hf_hub_url
         from huggingface_hub.errors import (
             GatedRepoError,
@@ -205,15 +225,15 @@ class HubRegistry(HubMaintenance):
         url = hf_hub_url(self.repo_id, relpath, repo_type=self.repo_type, revision=revision, endpoint=self.endpoint)
         with self._faults(f"read {self._where(relpath)}"):
             try:
-                get_hf_file_metadata(url, token=self._token, endpoint=self.endpoint)
+                meta = get_hf_file_metadata(url, token=self._token, endpoint=self.endpoint)
             except GatedRepoError:
                 raise  # access refused, not absent: _faults says what to do
             except (RemoteEntryNotFoundError, RevisionNotFoundError):
-                return False
+                return None
             except RepositoryNotFoundError:
                 log.info("%s does not exist at %s, or HF_TOKEN may not read it: a miss", self.url, self.endpoint)
-                return False
-        return True
+                return None
+        return meta.size if isinstance(meta.size, int) else True
 
     def _cached_download(self, relpath: str, revision: str, *, local_only: bool, force: bool = False) -> Path | None:
         """hf_hub_download into the cache; None if absent there (local_only) or on the Hub."""
@@ -254,8 +274,8 @@ class HubRegistry(HubMaintenance):
                 return None  # deleted between our HEAD and the download
         return Path(local)
 
-    def _copy_verified(self, src: Path, digest: str, dest: Path, relpath: str) -> Path:
-        return copy_verified(src, dest, digest, where=self._where(relpath), registry_url=self.url)
+    def _copy_verified(self, src: Path, digest: str, dest: Path, relpath: str, size: int | None, tee=None) -> Path:
+        return copy_verified(src, dest, digest, where=self._where(relpath), registry_url=self.url, size=size, tee=tee)
 
     def _list_cached(self, folder: str) -> Iterator[Manifest]:
         from huggingface_hub import snapshot_download
@@ -276,8 +296,8 @@ class HubRegistry(HubMaintenance):
             return
         for path in sorted(snapshot.glob(f"{folder}/**/*.json")):
             relpath = path.relative_to(snapshot).as_posix()
-            if parse_index_relpath(relpath):
-                yield Manifest.parse(path.read_bytes(), self._where(relpath))
+            if parse_index_relpath(relpath):  # cache entries are links into the cache's blobs/: follow them
+                yield Manifest.parse(fsutil.read_bounded(path.resolve(), MAX_MANIFEST_BYTES), self._where(relpath))
 
     # -- writing ---------------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ import os
 import sys
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,10 +40,11 @@ from tqdm import tqdm
 
 from artifacts import fsutil
 from artifacts.bundle import file_digest
+from artifacts.errors import BundleError
 from artifacts.layout import blob_relpath, index_relpath, parse_index_relpath
-from artifacts.manifest import BlobRef, Manifest
+from artifacts.manifest import MAX_MANIFEST_BYTES, BlobRef, Manifest
 
-from .base import Published, settle
+from .base import Published, SizedSink, settle
 from .errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
 from .s3_maintain import S3Maintenance
 
@@ -53,6 +54,7 @@ _MiB = 1 << 20
 _CREATE_ATTEMPTS = 5  # rounds of "409 ConditionalRequestConflict: try again" before giving up
 _FIRST_PAGE = 100  # keys in the first listing page; later pages hold S3's maximum, 1,000
 _PROGRESS_MIN_BYTES = 16 * _MiB  # smaller transfers finish before a meter is worth drawing
+_INDEX_READ_S = 30.0  # an index entry is small: one that takes longer is stalled or hostile
 
 
 @dataclass(frozen=True)
@@ -116,22 +118,27 @@ class S3Registry(S3Maintenance):
             raw = self._get_or_none(key)
         return None if raw is None else Manifest.parse(raw, self._where(key))
 
-    def fetch_blob(self, digest: str, dest: Path) -> Path:
+    def fetch_blob(
+        self, digest: str, dest: Path, *, size: int | None = None, tee: Callable[[bytes], None] | None = None
+    ) -> Path:
         key = self._key(blob_relpath(digest))
         where, dest = self._where(key), Path(dest)
+        sized = SizedSink(size, digest, where, self.url, tee)
         with self._faults(f"download {where}"):
-            size = self._size_or_none(key)
-            if size is None:
+            stored = self._size_or_none(key)
+            if stored is None:
                 raise RegistryError(
                     f"blob {digest} is named by an index entry but missing at {where}; run `prebake verify`"
                 )
+            sized.announce(stored)  # a blob larger than its manifest says is refused before a byte moves
             with (
                 fsutil.atomic_target(dest) as tmp,
-                tmp.open("wb") as f,
-                _progress("download", digest, size) as progress,
+                tmp.open("w+b") as f,  # read back by the sink when parts arrive out of order
+                _progress("download", digest, stored) as progress,
             ):
-                sink = _HashingSink(f)
+                sink = _HashingSink(f, sized)
                 self._client.download_fileobj(self.bucket, key, sink, Config=self._transfer, Callback=progress.update)
+                sized.finish()
                 if sink.digest() != digest:
                     raise BlobDigestMismatch(
                         f"blob {where} hashes to {sink.digest()}, not {digest}: it is corrupt; "
@@ -235,14 +242,28 @@ class S3Registry(S3Maintenance):
             self._client.upload_file(str(blob), self.bucket, key, Config=self._transfer, Callback=progress.update)
 
     def _get_or_none(self, key: str) -> bytes | None:
+        """An index entry's bytes, at most MAX_MANIFEST_BYTES of them, read within the time box."""
         from botocore.exceptions import ClientError
 
         try:
-            return self._client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+            response = self._client.get_object(Bucket=self.bucket, Key=key)
         except ClientError as exc:
             if _error_code(exc) in ("NoSuchKey", "404"):
                 return None
             raise
+        body, where = response["Body"], self._where(key)
+        try:
+            if int(response.get("ContentLength") or 0) > MAX_MANIFEST_BYTES:
+                raise BundleError(f"{where} is over {MAX_MANIFEST_BYTES} bytes; no manifest is: refusing it")
+            chunks, total, deadline = [], 0, time.monotonic() + _INDEX_READ_S
+            while chunk := body.read(min(_MiB, MAX_MANIFEST_BYTES + 1 - total)):
+                chunks.append(chunk)
+                total += len(chunk)
+                if total > MAX_MANIFEST_BYTES or time.monotonic() > deadline:
+                    raise BundleError(f"{where} sent over {MAX_MANIFEST_BYTES} bytes or for over {_INDEX_READ_S} s")
+            return b"".join(chunks)
+        finally:
+            body.close()
 
     def _size_or_none(self, key: str) -> int | None:
         from botocore.exceptions import ClientError
@@ -295,6 +316,7 @@ class S3Registry(S3Maintenance):
             PartialCredentialsError,
         )
         from s3transfer.exceptions import RetriesExceededError
+        from urllib3.exceptions import HTTPError
 
         try:
             yield
@@ -306,6 +328,10 @@ class S3Registry(S3Maintenance):
             ) from exc
         except ClientError as exc:
             raise self._client_fault(exc, doing) from exc
+        except (ConnectionError, HTTPError) as exc:  # a connection dropped mid-body: the network, not us
+            raise RegistryUnavailable(
+                f"cannot {doing}: the connection to {self.endpoint} broke ({exc}); retry"
+            ) from exc
         except (NoCredentialsError, PartialCredentialsError) as exc:
             raise RegistryUnavailable(
                 f"cannot {doing}: {exc}; set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE"
@@ -344,22 +370,63 @@ class S3Registry(S3Maintenance):
 
 
 class _HashingSink:
-    """A write-only file that hashes what it is given. Not seekable on purpose: s3transfer then
-    hands over the parallel ranged parts strictly in order, so the sha256 is taken while
-    downloading rather than in a second pass over the file."""
+    """The download's file, seekable so that s3transfer writes each ranged part at its offset as
+    it arrives (and a retried part again, over itself). The file is the reorder buffer: whatever
+    became contiguous from the front is handed on in order, exactly once, to `sized` (the
+    manifest's size bound, then the store's unpacker) and the sha256, so the digest is taken
+    while downloading, retries never count twice, and memory holds one part at most."""
 
-    def __init__(self, f):
-        self._f, self._h = f, hashlib.sha256()
-
-    def write(self, data: bytes) -> int:
-        self._h.update(data)
-        return self._f.write(data)
+    def __init__(self, f, sized: SizedSink):
+        self._fd, self._h, self._sized = f.fileno(), hashlib.sha256(), sized
+        self._pos = self._next = 0
+        self._ranges: dict[int, int] = {}  # written beyond the front: start -> end
 
     def seekable(self) -> bool:
-        return False
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if whence != 0:
+            raise OSError("the download sink only seeks to absolute offsets")
+        self._pos = offset
+        return offset
+
+    def tell(self) -> int:
+        return self._pos
+
+    def write(self, data: bytes) -> int:
+        offset, end = self._pos, self._pos + len(data)
+        self._pos = end
+        if self._sized.size is not None and end > self._sized.size:
+            self._sized(bytes(end - self._next))  # refuses: the server sent more than the manifest says
+        os.pwrite(self._fd, data, offset)
+        if offset <= self._next < end:
+            self._emit(memoryview(data)[self._next - offset :])
+        elif offset > self._next:
+            self._ranges[offset] = max(end, self._ranges.get(offset, 0))
+        self._advance()
+        return len(data)
 
     def digest(self) -> str:
         return "sha256:" + self._h.hexdigest()
+
+    def _emit(self, data) -> None:
+        self._sized(bytes(data))
+        self._h.update(data)
+        self._next += len(data)
+
+    def _advance(self) -> None:
+        """Hand on parts written earlier out of order, now that the front has reached them."""
+        while True:
+            ready = [start for start, end in self._ranges.items() if start <= self._next]
+            if not ready:
+                return
+            for start in ready:
+                end = self._ranges.pop(start)
+                while self._next < end:
+                    chunk = os.pread(self._fd, min(end - self._next, _MiB), self._next)
+                    if not chunk:
+                        raise BlobDigestMismatch("the download's file lost bytes it was given; retry")
+                    self._emit(chunk)
 
 
 def _progress(verb: str, digest: str, total: int) -> tqdm:

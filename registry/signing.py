@@ -1,8 +1,12 @@
 """Signing: ed25519 signatures over a manifest's signed payload, and the policy that trusts them.
 
 Installing a bundle runs its code (pickles, shared objects), so a reader must know who
-baked it. A baker signs `Manifest.signed_payload()` (kind, key factors and digest, blob
-digest and size, every file's digest, the inputs) with a private key; readers hold the
+baked it. A baker signs `Manifest.signed_payload(2)` (the whole manifest but its
+signatures: kind, key, blob, every file's digest, inputs, labels, created, builder) with a
+private key and records `version: 2` in the signature. Signatures made before 2026-11-30
+carry no version (read as 1) and covered kind, key, blob, files and inputs only, not the
+labels: they are refused with that reason unless the reader sets
+PREBAKE_ACCEPT_V1_SIGNATURES=1 (then they verify over what they covered). Readers hold the
 public keys they trust, each under a name, written one per line like Nix's
 trusted-public-keys:
 
@@ -34,11 +38,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from artifacts import fsutil
 from artifacts.errors import PrebakeError
 from artifacts.fetch import TrustCheck
-from artifacts.manifest import Manifest, Signature
+from artifacts.manifest import SIGNATURE_VERSION, Manifest, Signature
 
 SIGNING_KEY_ENV = "PREBAKE_SIGNING_KEY"
 SIGNING_KEY_NAME_ENV = "PREBAKE_SIGNING_KEY_NAME"
 TRUSTED_KEYS_ENV = "PREBAKE_TRUSTED_KEYS"
+ACCEPT_V1_ENV = "PREBAKE_ACCEPT_V1_SIGNATURES"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _SEPARATORS = re.compile(r"[\s,]+")
@@ -147,9 +152,10 @@ def sign(manifest: Manifest, private_key: Ed25519PrivateKey, signer_name: str) -
     _check_name(signer_name)
     if not isinstance(private_key, Ed25519PrivateKey):
         raise SigningKeyError(f"cannot sign as {signer_name}: {type(private_key).__name__} is not an ed25519 key")
-    value = base64.b64encode(private_key.sign(manifest.signed_payload())).decode()
+    value = base64.b64encode(private_key.sign(manifest.signed_payload(SIGNATURE_VERSION))).decode()
     kept = tuple(s for s in manifest.signatures if s.signer != signer_name)
-    return manifest.model_copy(update={"signatures": kept + (Signature(signer=signer_name, signature=value),)})
+    signature = Signature(signer=signer_name, signature=value, version=SIGNATURE_VERSION)
+    return manifest.model_copy(update={"signatures": kept + (signature,)})
 
 
 @dataclass(frozen=True)
@@ -157,6 +163,7 @@ class TrustPolicy:
     """The public keys a reader trusts, by name. `check` is a TrustCheck: None, or why not."""
 
     keys: tuple[PublicKey, ...]
+    accept_v1: bool = False  # trust signatures made before labels were covered (PREBAKE_ACCEPT_V1_SIGNATURES=1)
 
     def __post_init__(self) -> None:
         if not self.keys:
@@ -171,9 +178,9 @@ class TrustPolicy:
                 )
 
     @classmethod
-    def from_lines(cls, lines: Iterable[str], source: str = "public key") -> TrustPolicy:
+    def from_lines(cls, lines: Iterable[str], source: str = "public key", *, accept_v1: bool = False) -> TrustPolicy:
         keys = {PublicKey.parse(line, source) for line in lines if line.strip()}
-        return cls(tuple(sorted(keys, key=lambda k: k.name)))
+        return cls(tuple(sorted(keys, key=lambda k: k.name)), accept_v1)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -185,16 +192,25 @@ class TrustPolicy:
         if not manifest.signatures:
             return f"unsigned; trust requires a signature by one of: {trusted} (bake with {SIGNING_KEY_ENV} set)"
         keys = {k.name: k for k in self.keys}
-        payload = manifest.signed_payload()
         broken: list[str] = []
+        old: list[str] = []
         for sig in manifest.signatures:
             key = keys.get(sig.signer)
             if key is None:
                 continue
+            if sig.version not in (1, SIGNATURE_VERSION) or (sig.version == 1 and not self.accept_v1):
+                old.append(f"{sig.signer} (version {sig.version})")
+                continue
             raw = _b64decode(sig.signature)
-            if raw is not None and len(raw) == 64 and key.verifies(raw, payload):
+            if raw is not None and len(raw) == 64 and key.verifies(raw, manifest.signed_payload(sig.version)):
                 return None
             broken.append(sig.signer)
+        if old and not broken:
+            return (
+                f"signed by {old[0]} in a signature version this reader does not accept: version 1 did not "
+                f"cover the labels, created and builder fields, and versions above {SIGNATURE_VERSION} need a "
+                f"newer prebake; rebake and re-sign it, or set {ACCEPT_V1_ENV}=1 to trust version 1 signatures"
+            )
         if broken:
             return (
                 f"signature by {broken[0]} does not verify: the manifest was changed after signing "
@@ -243,10 +259,12 @@ def trust_from_env(env: Mapping[str, str] = os.environ) -> TrustCheck | None:
     if not value:
         _warn_unverified()
         return None
+    accept_v1 = env.get(ACCEPT_V1_ENV, "").strip().lower() in ("1", "on", "true", "yes")
     tokens = _SEPARATORS.split(value)
     if len(tokens) == 1 and (":" not in value or Path(value).expanduser().is_file()):
-        return _policy_from_file(Path(value).expanduser()).check
-    return TrustPolicy.from_lines(tokens, source=TRUSTED_KEYS_ENV).check
+        policy = _policy_from_file(Path(value).expanduser())
+        return (TrustPolicy(policy.keys, accept_v1) if accept_v1 else policy).check
+    return TrustPolicy.from_lines(tokens, source=TRUSTED_KEYS_ENV, accept_v1=accept_v1).check
 
 
 def keygen_cli(name: str, directory: Path | str) -> str:

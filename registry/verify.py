@@ -2,7 +2,10 @@
 
 For every index entry: the manifest parses and its factors hash to its key digest, it sits
 at the path of its own kind and key, a trusted key signed it (when a trust policy is given),
-its blob exists, hashes to its digest and has the recorded size. Each bad entry is one
+its blob exists, hashes to its digest and has the recorded size (the download stops the
+moment it passes that size). With `deep`, every blob is also opened: streamed through the
+store's own checked unpacker into a scratch folder, so an entry whose file list disagrees
+with its blob (a name, size, type or digest) is found, not only a blob with wrong bytes. Each bad entry is one
 finding. With quarantine, bad entries are moved out of the index (and a blob whose bytes
 are wrong out of blobs/) so readers miss instead of installing them; see
 `FileRegistry.quarantine` for where they go.
@@ -15,13 +18,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from artifacts.errors import PrebakeError
+from artifacts.errors import BundleError, PrebakeError
 from artifacts.fetch import TrustCheck
 from artifacts.layout import parse_index_relpath
 from artifacts.manifest import Manifest
 from artifacts.ports import Maintainable, Registry
+from artifacts.unpack import UnpackLimits, unpack_streamed
 
-from .errors import BlobDigestMismatch, RegistryError
+from .errors import BlobDigestMismatch, BlobSizeMismatch, RegistryError
 
 
 @dataclass(frozen=True)
@@ -64,18 +68,25 @@ class VerifyReport:
         return "\n".join(lines)
 
 
-def verify_registry(registry: Registry, *, trust: TrustCheck | None, quarantine: bool) -> VerifyReport:
-    """Check every entry of `registry`; with `quarantine`, move the bad ones aside."""
+def verify_registry(
+    registry: Registry, *, trust: TrustCheck | None, quarantine: bool, deep: bool = False
+) -> VerifyReport:
+    """Check every entry of `registry` (with `deep`, unpack every blob against its file list);
+    with `quarantine`, move the bad ones aside."""
     url = registry.url
     notes: list[str] = [] if trust is not None else ["signatures were not checked: no trusted keys were given"]
-    blobs: dict[str, _BlobCheck] = {}
+    if not deep:
+        notes.append("blobs were re-hashed but not opened: run with --deep to check them against their file lists")
+    blobs: dict[tuple[str, str | None], _BlobCheck] = {}
     entries, findings = 0, []
     for kind, key_digest, manifest, problem in _entries(registry):
         entries += 1
         if manifest is not None:
-            problem = _check(registry, manifest, trust, blobs)
+            problem = _check(registry, manifest, trust, blobs, deep)
         if problem is not None:
-            bad_blob = manifest.blob.digest if manifest is not None and blobs[manifest.blob.digest].corrupt else None
+            bad_blob = (
+                manifest.blob.digest if manifest is not None and blobs[_blob_key(manifest, deep)].corrupt else None
+            )
             findings.append(Finding(kind, key_digest, problem, bad_blob))
     if quarantine and findings:
         findings, more = _quarantine(registry, findings)
@@ -97,11 +108,13 @@ def _entries(registry: Registry) -> Iterator[_Entry]:
         yield _parse(relpath, raw)
 
 
-def _parse(relpath: str, raw: bytes) -> _Entry:
+def _parse(relpath: str, raw: bytes | PrebakeError) -> _Entry:
     named = parse_index_relpath(relpath)
     kind, key_digest = named if named else (relpath.split("/")[1], Path(relpath).stem)
     if named is None:
         return kind, key_digest, None, f"{relpath} is not named index/<kind>/<sha256>.json, so no lookup can find it"
+    if isinstance(raw, PrebakeError):
+        return kind, key_digest, None, str(raw)
     try:
         manifest = Manifest.parse(raw, relpath)
     except PrebakeError as exc:
@@ -135,38 +148,56 @@ class _BlobCheck:
     size: int | None = None
 
 
+def _blob_key(manifest: Manifest, deep: bool) -> tuple[str, str | None]:
+    return manifest.blob.digest, (manifest.files_digest() if deep else None)
+
+
 def _check(
-    registry: Registry, manifest: Manifest, trust: TrustCheck | None, blobs: dict[str, _BlobCheck]
+    registry: Registry,
+    manifest: Manifest,
+    trust: TrustCheck | None,
+    blobs: dict[tuple[str, str | None], _BlobCheck],
+    deep: bool,
 ) -> str | None:
-    """Why this entry is bad (every reason, joined), or None; blobs are re-hashed once per digest."""
+    """Why this entry is bad (every reason, joined), or None; blobs are read once per digest (and
+    file list, when deep)."""
     problems = []
     if trust is not None and (refused := trust(manifest)) is not None:
         problems.append(refused)
-    if manifest.blob.digest not in blobs:
-        blobs[manifest.blob.digest] = _check_blob(registry, manifest.blob.digest)
-    blob = blobs[manifest.blob.digest]
-    if blob.problem is not None:
+    key = _blob_key(manifest, deep)
+    if key not in blobs:
+        blobs[key] = _check_blob(registry, manifest, deep)
+    if (blob := blobs[key]).problem is not None:
         problems.append(blob.problem)
-    elif blob.size != manifest.blob.size:
-        problems.append(
-            f"blob {manifest.blob.digest[:23]} is {blob.size} bytes but the manifest says {manifest.blob.size}: "
-            f"the entry was edited; rebake it"
-        )
     return "; ".join(problems) or None
 
 
-def _check_blob(registry: Registry, digest: str) -> _BlobCheck:
-    """Re-hash a fresh copy of the blob (fetch_blob verifies the sha256) and measure it."""
+def _check_blob(registry: Registry, manifest: Manifest, deep: bool) -> _BlobCheck:
+    """Download the blob (fetch_blob verifies the sha256 and stops past the manifest's size); with
+    `deep`, unpack it as it streams, every member checked against the manifest's file list."""
+    digest, size = manifest.blob.digest, manifest.blob.size
     with tempfile.TemporaryDirectory(prefix="prebake-verify-") as tmp:
+        blob, tree = Path(tmp) / "blob", Path(tmp) / "tree"
         try:
-            copy = registry.fetch_blob(digest, Path(tmp) / "blob")
+            if deep:
+                download = lambda tee: registry.fetch_blob(digest, blob, size=size, tee=tee)  # noqa: E731
+                unpack_streamed(download, tree, manifest.files, UnpackLimits(), f"blob {digest[:23]}")
+            else:
+                registry.fetch_blob(digest, blob, size=size)
+        except BlobSizeMismatch as exc:
+            return _BlobCheck(f"the entry was edited or its blob replaced: {exc}; rebake it", corrupt=False)
         except BlobDigestMismatch:
             return _BlobCheck(
                 f"blob is corrupt: {digest[:23]}... does not hash to its own digest; rebake this key", corrupt=True
             )
         except RegistryError as exc:
             return _BlobCheck(f"blob is unavailable: {exc}", corrupt=False)
-        return _BlobCheck(None, corrupt=False, size=copy.stat().st_size)
+        except BundleError as exc:  # the unpacker refused before the digest was known: which is it?
+            plain = _check_blob(registry, manifest, deep=False)
+            if plain.problem is not None:
+                return plain
+            return _BlobCheck(f"blob does not match the entry's file list: {exc}; rebake this key", corrupt=False)
+        return _BlobCheck(None, corrupt=False, size=size)
 
 
 # -- moving bad entries aside ----------------------------------------------------------------

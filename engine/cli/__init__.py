@@ -1,9 +1,12 @@
 """The `prebake` command: list, fetch, serve, verify and manage bundles.
 
-Exit codes: 0 success, 2 bad input (unknown model, malformed recipe, bad registry
-address), 3 a miss (`fetch` found no matching bundle; the nearest one is explained);
+Exit codes: 0 success (installed), 2 refused or invalid (unknown model, malformed recipe,
+bad registry address, a bundle or index entry that fails a check), 3 a miss (`fetch` found no
+usable bundle, or the registry did not answer: the nearest bundle or the fault is explained);
 `verify` and `store verify` exit 1 when they found bad entries, `store rm` when it kept a
-bundle a live engine holds. Every command that prints a report takes --json.
+bundle a live engine holds. Every command that prints a report takes --json. Nothing a
+registry or network sends ends in a traceback: an error prebake did not foresee is still
+reported in one line, with exit code 2.
 
 Each command group lives in its own module with an `add(subparsers)` function; this
 module only assembles them and maps prebake's errors to exit codes.
@@ -30,6 +33,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.run(args)
     except (PrebakeError, logs.LogSettingError) as exc:
         print(f"prebake: error: {exc}", file=sys.stderr)
+        return ExitCode.INVALID
+    except OSError as exc:  # the local disk or network, outside prebake's own checks
+        print(f"prebake: error: {exc}", file=sys.stderr)
+        return ExitCode.INVALID
+    except Exception as exc:  # the 0/2/3 contract holds even for a fault nobody foresaw
+        print(
+            f"prebake: error: unexpected {type(exc).__name__}: {exc} (a bug in prebake: please report it)",
+            file=sys.stderr,
+        )
         return ExitCode.INVALID
 
 

@@ -27,6 +27,12 @@ def add(sub) -> None:
     registry_option(verify)
     verify.add_argument("--quarantine", action="store_true", help="move bad entries aside")
     json_option(verify)
+    verify.add_argument(
+        "--deep", action="store_true", help="also open every blob and check it against its manifest's file list"
+    )
+    verify.add_argument(
+        "--store", action="store_true", help="verify the local store instead (every tree and blob, always deep)"
+    )
     verify.set_defaults(run=cmd_verify)
 
 
@@ -90,8 +96,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from registry.signing import trust_from_env
     from registry.verify import verify_registry
 
+    if args.store:
+        from artifacts.storecheck import verify_store
+
+        store_report = verify_store(Store().home)
+        print(store_report.render())
+        return store_report.exit_code
     registry = open_registry(Store().registry_address(args.registry))
-    report = verify_registry(registry, trust=trust_from_env(), quarantine=args.quarantine)
+    report = verify_registry(registry, trust=trust_from_env(), quarantine=args.quarantine, deep=args.deep)
     if args.json:
         payload = {
             "registry": report.registry,

@@ -43,12 +43,12 @@ class CountingRegistry:
     def publish(self, manifest, blob):
         return self.inner.publish(manifest, blob)
 
-    def fetch_blob(self, digest, dest):
+    def fetch_blob(self, digest, dest, *, size=None, tee=None):
         if self.count_file is not None:
             with open(self.count_file, "a") as f:
                 f.write(f"{os.getpid()} {digest}\n")
         time.sleep(self.delay_s)  # a download takes a while: the other fetchers must wait, not download too
-        return self.inner.fetch_blob(digest, dest)
+        return self.inner.fetch_blob(digest, dest, size=size, tee=tee)
 
 
 def main(argv: list[str]) -> int:

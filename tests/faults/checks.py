@@ -2,7 +2,8 @@
 
 tree_problems      a tree against its manifest: every file there, every byte matching, nothing extra
 store_problems     every tree a store's index names (what `Store.lookup` would hand out)
-registry_damage    re-verify a registry (registry.verify) and check the bundles published to it are still there
+registry_damage    re-verify a registry deeply (registry.verify, --deep: every blob unpacked against its
+                   file list) and check the bundles published to it are still there
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from artifacts.bundle import file_digest
-from artifacts.fsutil import TMP_PREFIX
 from artifacts.manifest import Manifest
 
 
@@ -41,17 +41,12 @@ def tree_problems(tree: Path, manifest: Manifest) -> list[str]:
 
 
 def store_problems(home: Path) -> list[str]:
-    """Every index entry of the store at `home` whose tree exists must name a whole, verified tree
-    (an entry whose tree is gone is a miss, which readers handle)."""
-    problems = []
-    for index in sorted(home.glob("index/*/*.json")):
-        if index.name.startswith(TMP_PREFIX):
-            continue
-        manifest = Manifest.read(index)
-        tree = home / "trees" / manifest.blob.hex
-        if tree.is_dir():
-            problems += [f"{index.name}: {p}" for p in tree_problems(tree, manifest)]
-    return problems
+    """Every index entry of the store at `home` whose tree exists must name a whole, verified tree,
+    and every blob it holds must hash right (`prebake verify --store`: artifacts.storecheck); an
+    entry whose tree is gone is a miss, which readers handle."""
+    from artifacts.storecheck import verify_store
+
+    return list(verify_store(home).problems)
 
 
 @dataclass(frozen=True)
@@ -68,7 +63,7 @@ def registry_damage(registry, published: list[Manifest]) -> Damage:
     """Re-verify `registry` (every entry, every blob re-hashed) and check each of `published` is still answered."""
     from registry.verify import verify_registry
 
-    report = verify_registry(registry, trust=None, quarantine=False)
+    report = verify_registry(registry, trust=None, quarantine=False, deep=True)  # every blob opened
     corrupted = tuple(f"{f.kind} {f.key_digest[:16]}: {f.problem}" for f in report.findings)
     lost = []
     for manifest in published:

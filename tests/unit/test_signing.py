@@ -156,7 +156,7 @@ def test_any_one_of_several_trusted_keys_is_enough(manifest):
 @pytest.mark.parametrize("garbage", ["not base64!!", "", base64.b64encode(b"short").decode(), "é"])
 def test_malformed_signature_is_a_reason_not_a_crash(manifest, garbage):
     _, line = keypair("ci")
-    broken = manifest.model_copy(update={"signatures": (Signature(signer="ci", signature=garbage),)})
+    broken = manifest.model_copy(update={"signatures": (Signature(signer="ci", signature=garbage, version=2),)})
     reason = TrustPolicy.from_lines([line]).check(broken)
     assert reason is not None and "signature by ci does not verify" in reason
 
@@ -290,3 +290,31 @@ def test_without_trusted_keys_nothing_is_checked_and_the_warning_is_said_once_pe
     assert run.returncode == 0, run.stderr
     assert run.stderr.count("UNVERIFIED") == 1
     assert "PREBAKE_TRUSTED_KEYS" in run.stderr and "prebake keygen" in run.stderr
+
+
+def test_the_signature_covers_the_labels(manifest):
+    key, line = keypair("ci")
+    signed = sign(manifest, key, "ci")
+    assert signed.signatures[0].version == 2
+    relabelled = signed.model_copy(update={"labels": {"model": "something-else"}})
+    reason = TrustPolicy.from_lines([line]).check(relabelled)
+    assert reason is not None and "does not verify" in reason
+
+
+def test_a_version_1_signature_is_refused_with_its_reason_unless_accepted(manifest):
+    key, line = keypair("ci")
+    old = Signature(signer="ci", signature=base64.b64encode(key.sign(manifest.signed_payload(1))).decode())
+    signed = manifest.model_copy(update={"signatures": (old,)})
+    assert Manifest.parse(signed.to_bytes(), "old").signatures[0].version == 1  # older manifests still parse
+    reason = TrustPolicy.from_lines([line]).check(signed)
+    assert reason is not None and "version 1 did not cover the labels" in reason and "ACCEPT_V1" in reason
+    assert TrustPolicy.from_lines([line], accept_v1=True).check(signed) is None
+    trust = trust_from_env({"PREBAKE_TRUSTED_KEYS": line, "PREBAKE_ACCEPT_V1_SIGNATURES": "1"})
+    assert trust(signed) is None
+
+
+def test_an_unknown_signature_version_is_refused_clearly(manifest):
+    key, line = keypair("ci")
+    future = Signature(signer="ci", signature=base64.b64encode(b"x" * 64).decode(), version=9)
+    reason = TrustPolicy.from_lines([line]).check(manifest.model_copy(update={"signatures": (future,)}))
+    assert reason is not None and "newer prebake" in reason

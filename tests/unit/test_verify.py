@@ -120,7 +120,9 @@ def test_entry_claiming_the_wrong_blob_size_is_reported(tmp_path):
     entry.write_text(json.dumps(doc))
     report = verify_registry(registry, trust=None, quarantine=False)
     assert report.bad == 1
-    assert f"is {manifest.blob.size} bytes but the manifest says {manifest.blob.size + 7}" in report.findings[0].problem
+    assert (
+        f"is {manifest.blob.size} bytes, but its manifest says {manifest.blob.size + 7}" in report.findings[0].problem
+    )
 
 
 def test_entry_whose_blob_was_deleted_is_reported(tmp_path):
@@ -182,8 +184,8 @@ class ListOnly:
     def list(self, kind: str | None = None) -> Iterator[Manifest]:
         return self.inner.list(kind)
 
-    def fetch_blob(self, digest: str, dest: Path) -> Path:
-        return self.inner.fetch_blob(digest, dest)
+    def fetch_blob(self, digest: str, dest: Path, *, size=None, tee=None) -> Path:
+        return self.inner.fetch_blob(digest, dest, size=size, tee=tee)
 
 
 def test_backend_without_quarantine_reports_that_it_left_bad_entries_in_place(damaged):
