@@ -96,10 +96,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from registry.signing import trust_from_env
     from registry.verify import verify_registry
 
-    if args.store:
-        from artifacts.storecheck import verify_store
+    if args.store:  # the same check as `prebake store verify`
+        from artifacts.store_admin import verify_store
 
-        store_report = verify_store(Store().home)
+        store_report = verify_store(Store())
         print(store_report.render())
         return store_report.exit_code
     registry = open_registry(Store().registry_address(args.registry))

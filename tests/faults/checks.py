@@ -42,11 +42,12 @@ def tree_problems(tree: Path, manifest: Manifest) -> list[str]:
 
 def store_problems(home: Path) -> list[str]:
     """Every index entry of the store at `home` whose tree exists must name a whole, verified tree,
-    and every blob it holds must hash right (`prebake verify --store`: artifacts.storecheck); an
+    and every blob it holds must hash right (`prebake verify --store`: artifacts.store_admin); an
     entry whose tree is gone is a miss, which readers handle."""
-    from artifacts.storecheck import verify_store
+    from artifacts.store import Store
+    from artifacts.store_admin import verify_store
 
-    return list(verify_store(home).problems)
+    return [f"{f.blob_hex[:16]}: {p}" for f in verify_store(Store(home)).findings for p in f.problems]
 
 
 @dataclass(frozen=True)

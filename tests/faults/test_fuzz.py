@@ -30,7 +30,8 @@ from artifacts.errors import PrebakeError
 from artifacts.fetch import Miss, fetch
 from artifacts.keys import Key
 from artifacts.manifest import Manifest
-from artifacts.storecheck import verify_store
+from artifacts.store import Store
+from artifacts.store_admin import verify_store
 from artifacts.unpack import tree_problems
 from registry.file import FileRegistry
 from registry.verify import verify_registry
@@ -95,7 +96,7 @@ def _exercise(root: Path, home: Path, key_digest: str, seed: int, case: int) -> 
         verify_registry(registry, trust=None, quarantine=False, deep=True)
     except Exception as exc:
         raise AssertionError(f"{where}: verify raised {type(exc).__name__}: {exc}") from exc
-    assert verify_store(home).problems == (), f"{where}: the store holds something wrong"
+    assert verify_store(Store(home)).findings == (), f"{where}: the store holds something wrong"
     leftovers = [p.name for p in home.rglob("*") if p.name.endswith(".partial") or p.name.startswith(".tmp-")]
     assert leftovers == [], f"{where}: left {leftovers}"
     if got is not None and not isinstance(got, Miss):

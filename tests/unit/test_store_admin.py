@@ -142,7 +142,7 @@ def test_store_verify_finds_a_changed_file_and_fix_removes_it_so_fetch_installs_
     assert code == 1 and data["bad"] == 1 and data["ok"] == 2
     [finding] = data["findings"]
     assert finding["blob"] == bundle.manifest.blob.digest and finding["action"] is None
-    assert any("fxgraph/entry.txt does not match" in p for p in finding["problems"])
+    assert any("wrong bytes in fxgraph/entry.txt" in p for p in finding["problems"])
 
     code, out = _run(capsys, "store", "verify", "--fix")
     assert code == 1 and "removed; the next fetch installs it again" in out
@@ -160,8 +160,8 @@ def test_store_verify_finds_extra_and_missing_files_and_a_damaged_blob(installed
     blob.write_bytes(blob.read_bytes()[:-1] + b"!")
     report = store_admin.verify_store(Store())
     problems = {f.blob_hex: " | ".join(f.problems) for f in report.findings}
-    assert "tree lacks kernels.bin" in problems[installed["tiny-graphs"].manifest.blob.hex]
-    assert "planted.so, which the manifest does not list" in problems[installed["tiny-graphs"].manifest.blob.hex]
+    assert "tree: missing kernels.bin" in problems[installed["tiny-graphs"].manifest.blob.hex]
+    assert "tree: unexpected planted.so" in problems[installed["tiny-graphs"].manifest.blob.hex]
     assert "does not hash to its name" in problems[installed["other-graphs"].manifest.blob.hex]
     assert report.exit_code == 1 and report.ok == 1
 
