@@ -196,6 +196,14 @@ class Flock:
         self.path, self._fd = path, fd
 
     @classmethod
+    def hold(cls, path: Path, *, shared: bool = False) -> Flock:
+        """Lock `path`, waiting for whoever holds it."""
+        lock = cls.acquire(path, shared=shared, wait=True)
+        if lock is None:  # acquire only gives up when told not to wait
+            raise StoreError(f"could not lock {path}")
+        return lock
+
+    @classmethod
     def acquire(cls, path: Path, *, shared: bool = False, wait: bool = True) -> Flock | None:
         """Lock `path` (created if absent); None if `wait` is False and another process holds it."""
         path.parent.mkdir(parents=True, exist_ok=True)

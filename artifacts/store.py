@@ -38,7 +38,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,7 +63,7 @@ _EVICTED = ".evicted-"
 _INDEX_TMP_GRACE_S = 600.0  # an index write takes milliseconds; an older temporary is a crash's
 
 
-def default_home(env=os.environ) -> Path:
+def default_home(env: Mapping[str, str] = os.environ) -> Path:
     return Path(env.get(HOME_ENV) or Path.home() / ".cache" / "prebake").expanduser()
 
 
@@ -83,7 +83,7 @@ class StoreLimits:
     unpack: UnpackLimits = UnpackLimits()
 
     @classmethod
-    def from_env(cls, env=os.environ) -> StoreLimits:
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> StoreLimits:
         raw_max, raw_unpack = env.get(MAX_BYTES_ENV), env.get(UNPACK_MAX_BYTES_ENV)
         unpack_limits = (
             UnpackLimits(max_bytes=parse_size(raw_unpack, UNPACK_MAX_BYTES_ENV)) if raw_unpack else UnpackLimits()
@@ -148,7 +148,7 @@ class Store:
     def default_registry(self) -> Path:
         return self.home / "registry"
 
-    def registry_address(self, explicit: str | None = None, env=os.environ) -> str:
+    def registry_address(self, explicit: str | None = None, env: Mapping[str, str] = os.environ) -> str:
         """The registry to use: the explicit one, else $PREBAKE_REGISTRY, else the embedded folder."""
         return explicit or env.get(REGISTRY_ENV) or str(self.default_registry)
 
@@ -171,7 +171,7 @@ class Store:
         hexd, tree = manifest.blob.hex, self.tree_path(manifest)
         limits = limits or self.limits.unpack
         limits.check(manifest.files, f"{manifest.kind} {manifest.key_digest[:16]}")
-        with fsutil.Flock.acquire(self._install_lock(hexd)):
+        with fsutil.Flock.hold(self._install_lock(hexd)):
             self._remove_partials_locked(hexd)
             if tree.is_dir():
                 self._check_existing(manifest, tree)
@@ -193,7 +193,7 @@ class Store:
         if installed.tree != self.tree_path(installed.manifest):
             raise StoreError(f"{installed.tree} is not a tree of the store in {self.home}; fetch through this store")
         hexd = installed.manifest.blob.hex
-        lease = fsutil.Flock.acquire(self._lease(hexd), shared=True)
+        lease = fsutil.Flock.hold(self._lease(hexd), shared=True)
         try:
             if not installed.tree.is_dir():
                 raise StoreError(
@@ -501,7 +501,7 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB"
 
 
-def _leftover(name: str) -> re.Match | None:
+def _leftover(name: str) -> re.Match[str] | None:
     return _PARTIAL_TREE.match(name) or _PARTIAL_BLOB.match(name)
 
 

@@ -274,7 +274,15 @@ class HubRegistry(HubMaintenance):
                 return None  # deleted between our HEAD and the download
         return Path(local)
 
-    def _copy_verified(self, src: Path, digest: str, dest: Path, relpath: str, size: int | None, tee=None) -> Path:
+    def _copy_verified(
+        self,
+        src: Path,
+        digest: str,
+        dest: Path,
+        relpath: str,
+        size: int | None,
+        tee: Callable[[bytes], None] | None = None,
+    ) -> Path:
         return copy_verified(src, dest, digest, where=self._where(relpath), registry_url=self.url, size=size, tee=tee)
 
     def _list_cached(self, folder: str) -> Iterator[Manifest]:

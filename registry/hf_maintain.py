@@ -1,3 +1,5 @@
+# mypy: disable-error-code="attr-defined"
+# (a mixin of its registry class: the attributes it uses are the registry's, checked there)
 """What `prebake verify --quarantine` needs from a Hub registry (artifacts.ports.Maintainable).
 
     index/<kind>/<digest>.json         -> quarantine/index/<kind>/<digest>.json
@@ -77,4 +79,4 @@ class HubMaintenance:
                 revision=self.revision,
                 parent_commit=head,
             )
-        return self._where(dest)
+        return str(self._where(dest))

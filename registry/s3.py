@@ -35,6 +35,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from tqdm import tqdm
 
@@ -376,7 +377,7 @@ class _HashingSink:
     manifest's size bound, then the store's unpacker) and the sha256, so the digest is taken
     while downloading, retries never count twice, and memory holds one part at most."""
 
-    def __init__(self, f, sized: SizedSink):
+    def __init__(self, f: BinaryIO, sized: SizedSink):
         self._fd, self._h, self._sized = f.fileno(), hashlib.sha256(), sized
         self._pos = self._next = 0
         self._ranges: dict[int, int] = {}  # written beyond the front: start -> end
@@ -409,7 +410,7 @@ class _HashingSink:
     def digest(self) -> str:
         return "sha256:" + self._h.hexdigest()
 
-    def _emit(self, data) -> None:
+    def _emit(self, data: bytes | memoryview) -> None:
         self._sized(bytes(data))
         self._h.update(data)
         self._next += len(data)
@@ -465,7 +466,7 @@ def _parse_switch(raw: str) -> bool:
     raise ValueError("write on or off")
 
 
-def _make_client(settings: S3Settings):
+def _make_client(settings: S3Settings) -> Any:
     import boto3
     from botocore.config import Config
     from botocore.exceptions import BotoCoreError
@@ -482,7 +483,7 @@ def _make_client(settings: S3Settings):
         raise RegistryUnavailable(f"cannot set up the S3 client: {exc}; check AWS_PROFILE and ~/.aws/config") from exc
 
 
-def _transfer_config(settings: S3Settings):
+def _transfer_config(settings: S3Settings) -> Any:
     from boto3.s3.transfer import TransferConfig
 
     chunk = settings.chunk_mb * _MiB

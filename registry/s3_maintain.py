@@ -1,3 +1,5 @@
+# mypy: disable-error-code="attr-defined"
+# (a mixin of its registry class: the attributes it uses are the registry's, checked there)
 """What `prebake verify --quarantine` needs from an S3 registry (artifacts.ports.Maintainable).
 
     s3://bucket/prefix/index/<kind>/<digest>.json        -> prefix/quarantine/index/<kind>/<digest>.json
@@ -60,4 +62,4 @@ class S3Maintenance:
             # the managed copy: multipart for blobs past 5 GiB, which copy_object refuses
             self._client.copy({"Bucket": self.bucket, "Key": src}, self.bucket, dest, Config=self._transfer)
             self._client.delete_object(Bucket=self.bucket, Key=src)
-        return self._where(dest)
+        return str(self._where(dest))
