@@ -67,6 +67,12 @@ VARIABLES: tuple[Variable, ...] = (
         "Builder profiles file for `prebake plan` when --profiles is not given: the recorded host facts of each runner class (`prebake profile` prints one), so a planner keys targets of other platforms.",
     ),
     Variable(
+        "PREBAKE_ACCEPT_V1_SIGNATURES",
+        "read",
+        "off",
+        "`1` accepts manifests signed with signature version 1 (which left labels unsigned) during an upgrade; otherwise they are refused with the reason.",
+    ),
+    Variable(
         "PREBAKE_KEY_SALT",
         "read",
         "empty",
