@@ -6,6 +6,8 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
+from engine.adapters import ADAPTERS
+
 
 def target_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="recipe name (recipes/<name>.toml) or path")
@@ -21,10 +23,13 @@ def registry_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+ENGINES = tuple(sorted({adapter.name for adapter in ADAPTERS}))
+
+
 def engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--engine",
-        choices=("prebake", "vllm"),
+        choices=ENGINES,
         default="prebake",
         help="the engine to serve with: prebake's own (default) or vLLM (recipes with engine = 'vllm')",
     )

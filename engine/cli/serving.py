@@ -108,8 +108,11 @@ def cmd_fetch_vllm(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    if args.engine == "vllm":
-        return cmd_fetch_vllm(args)
+    return FETCH_PATHS[args.engine](args)
+
+
+def cmd_fetch_bundled(args: argparse.Namespace) -> int:
+    """`fetch` for the bundled engine (and plain torch.compile users): the kinds' environment."""
     from engine.compose import Context
     from engine.startup.install import prebake_environment, shell_exports
 
@@ -166,8 +169,11 @@ def cmd_serve_vllm(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    if args.engine == "vllm":
-        return cmd_serve_vllm(args)
+    return SERVE_PATHS[args.engine](args)
+
+
+def cmd_serve_bundled(args: argparse.Namespace) -> int:
+    """`serve` with prebake's own engine, in this process."""
     if args.vllm_args:
         raise PrebakeError(f"flags after -- ({' '.join(args.vllm_args)}) are for --engine vllm only")
     from engine.runtime.server import ServeSettings, api_key_from, serve
@@ -186,3 +192,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     settings = ServeSettings(startup=startup, host=args.host, port=args.port, api_key=api_key_from(args.api_key))
     return serve(settings, emit=logging.getLogger("prebake.serve").info)
+
+
+# The start path of each engine adapter (engine.adapters.ADAPTERS names them): the bundled engine
+# serves in this process; vLLM (on any platform, Gaudi too) is started as its own process.
+FETCH_PATHS = {"prebake": cmd_fetch_bundled, "vllm": cmd_fetch_vllm}
+SERVE_PATHS = {"prebake": cmd_serve_bundled, "vllm": cmd_serve_vllm}

@@ -121,3 +121,11 @@ def test_the_checker_sees_a_circle_and_a_forbidden_import(tmp_path, monkeypatch)
         test_no_import_circles()
     with pytest.raises(AssertionError, match="registry.r imports engine.e"):
         test_a_layer_imports_nothing_above_it("registry")
+
+
+def test_every_engine_the_cli_offers_is_an_adapter_with_a_fetch_and_a_serve_path():
+    from engine.adapters import ADAPTERS
+    from engine.cli.common import ENGINES
+    from engine.cli.serving import FETCH_PATHS, SERVE_PATHS
+
+    assert set(ENGINES) == {a.name for a in ADAPTERS} == set(FETCH_PATHS) == set(SERVE_PATHS)
