@@ -12,6 +12,7 @@ Without --home it bakes into a temporary home first (minutes: real torch.compile
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -59,6 +60,15 @@ def main() -> None:
         f"doit list:       median {ml * 1e3:.0f} ms (min {min(listing) * 1e3:.0f}, max {max(listing) * 1e3:.0f}) over {args.repeat}"
     )
     print(f"ratio no-op bake / doit list: {mb / ml:.2f}")
+    print(
+        json.dumps(
+            {
+                "noop_bake_ms": round(mb * 1e3, 1),
+                "doit_list_ms": round(ml * 1e3, 1),
+                "ratio_noop_to_list": round(mb / ml, 3),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

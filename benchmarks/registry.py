@@ -20,6 +20,7 @@ process: both clients are bound by it, so the figures compare clients, not S3.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -121,10 +122,14 @@ def _report(results: dict[str, list[float]], size_mb: int) -> None:
     print(
         f"  sha256 of the blob {med['sha256 of the blob']:6.2f} s  (inside every prebake publish: it checks the blob first)"
     )
+    figures: dict[str, float] = {"blob_mib": size_mb}
     for op in ("download", "publish"):
         raw = rate[f"prebake {op}"] / rate[f"aws {op}"]
         net = (med[f"aws {op}"] - startup) / med[f"prebake {op}"]
         print(f"  {op:9s} throughput prebake/awscli: {raw:5.2f}   (awscli without its start-up: {net:5.2f})")
+        figures[f"{op}_ratio_to_awscli"] = round(raw, 3)
+        figures[f"{op}_ratio_to_awscli_net"] = round(net, 3)
+    print(json.dumps(figures))
 
 
 def _random_file(path: Path, size_mb: int) -> Path:
