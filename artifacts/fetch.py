@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal
 
-from .errors import PrebakeError, UnknownRegistryError
+from .errors import BundleError, PrebakeError, UnknownRegistryError
 from .keys import Key
 from .kinds import Plan
 from .manifest import Manifest
@@ -43,6 +43,7 @@ class Miss:
     reason: str
     nearest: Key | None = None
     differing: dict[str, tuple[str, str]] = field(default_factory=dict)  # factor -> (wanted, nearest has)
+    refused: bool = False  # something was there and failed a check (tampered, untrusted, corrupt, malformed)
 
     def explain(self) -> str:
         lines = [f"miss: {self.key.kind} {self.key.digest[:16]}: {self.reason}"]
@@ -78,6 +79,11 @@ class Resolution:
     def complete(self) -> bool:
         return not self.misses
 
+    @property
+    def refused(self) -> bool:
+        """Something the registry holds failed a check: `prebake fetch` exits 2, not 3."""
+        return any(m.refused for m in self.misses)
+
 
 # -- one key ----------------------------------------------------------------------------------
 
@@ -95,9 +101,11 @@ def fetch(store: Store, registry: Registry, key: Key, *, trust: TrustCheck | Non
 def verify_entry(key: Key, manifest: Manifest, trust: TrustCheck | None) -> Manifest | Miss:
     """The registry's entry, if it carries the wanted key and passes the trust policy."""
     if manifest.key_digest != key.digest or manifest.the_key() != key:
-        return Miss(key, f"the registry's entry for {key.digest[:16]} carries another key; it was tampered with")
+        return Miss(
+            key, f"the registry's entry for {key.digest[:16]} carries another key; it was tampered with", refused=True
+        )
     refused = None if trust is None else trust(manifest)
-    return manifest if refused is None else Miss(key, f"refused by the trust policy: {refused}")
+    return manifest if refused is None else Miss(key, f"refused by the trust policy: {refused}", refused=True)
 
 
 def nearest_miss(registry: Registry, key: Key, reason: str) -> Miss:
@@ -187,6 +195,9 @@ def lookup(
             if isinstance(asked, Done):
                 found[kind] = asked.value
                 continue
+            if isinstance(asked, Raised) and isinstance(asked.error, BundleError):  # this entry, not the registry
+                found[kind] = Miss(key, f"registry {address}: its entry was refused: {asked.describe()}", refused=True)
+                continue
             fault = _fault(asked, f"registry {address}", "--registry-timeout", timeout)
         found[kind] = Miss(key, fault)
     return Lookup(found, registry, fault is None)
@@ -214,7 +225,8 @@ def install(
             out[kind] = got.value
         else:
             why = _fault(got, f"fetching blob {value.blob.digest[:23]}", "--fetch-timeout", timeout)
-            out[kind] = Miss(value.the_key(), why)
+            refused = isinstance(got, Raised) and isinstance(got.error, BundleError)  # corrupt or hostile bytes
+            out[kind] = Miss(value.the_key(), why, refused=refused)
     return out
 
 

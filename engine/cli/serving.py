@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Sequence
 
 from artifacts.errors import ExitCode, PrebakeError
 from artifacts.fetch import Miss
@@ -104,7 +105,7 @@ def cmd_fetch_vllm(args: argparse.Namespace) -> int:
         print(
             f"# vLLM: {'cd ' + shlex.quote(str(prepared.cwd)) + ' && ' if prepared.cwd else ''}{shlex.join(prepared.argv)}"
         )
-    return ExitCode.MISS if prepared.misses else 0
+    return _miss_code(prepared.misses) if prepared.misses else 0
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
@@ -130,7 +131,7 @@ def cmd_fetch_bundled(args: argparse.Namespace) -> int:
                 "misses": [miss_json(m) for m in resolution.misses],
             }
             print(json.dumps(payload, indent=2, sort_keys=True))
-        return ExitCode.MISS
+        return _miss_code(resolution.misses)
     env = prebake_environment(plan.kinds, resolution.installed)
     if args.json:
         payload = {
@@ -149,6 +150,12 @@ def cmd_fetch_bundled(args: argparse.Namespace) -> int:
     return 0
 
 
+def _miss_code(misses: Sequence[Miss]) -> int:
+    """3 when nothing usable was there (a miss, a registry fault); 2 when something was there and
+    was refused (tampered, untrusted, corrupt or malformed): bad input, not a cold cache."""
+    return ExitCode.INVALID if any(m.refused for m in misses) else ExitCode.MISS
+
+
 def miss_json(miss: Miss) -> dict:
     """A miss in `fetch --json`: the key, why (and its short class), the nearest bundle and how it differs."""
     return {
@@ -156,6 +163,7 @@ def miss_json(miss: Miss) -> dict:
         "key": miss.key.digest,
         "reason": miss.reason,
         "reason_class": classify(miss.reason),
+        "refused": miss.refused,
         "nearest": miss.nearest.digest if miss.nearest is not None else None,
         "differing": {name: {"wanted": want, "nearest": have} for name, (want, have) in miss.differing.items()},
     }

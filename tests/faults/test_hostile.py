@@ -384,9 +384,9 @@ def test_prebake_fetch_exits_0_3_or_2_and_never_with_a_traceback(tmp_path, scena
     proc = _cli(home, "fetch", "--model", "tiny-llama", "--registry", str(root))
     assert time.monotonic() - start < 60
     assert "Traceback" not in proc.stderr, proc.stderr
-    # the fetch pipeline reports a refused bundle as a miss that names the refusal (exit 3), an
-    # error outside it as invalid (exit 2); never 0, never 1, never a crash
-    assert proc.returncode in ((3,) if case == "nothing" else (2, 3)), proc.stderr
+    # nothing there is a miss (exit 3); something there that fails a check is refused (exit 2):
+    # never 0, never 1, never a crash
+    assert proc.returncode == (3 if case == "nothing" else 2), proc.stderr
     wanted = {"nothing": "no bundle", "nested": "nests deeper|recursion", "fifo": "not a regular file"}
     wanted |= {"bomb": "268435456 bytes in the archive", "wrong-bytes": "corrupt|hashes to"}
     assert re.search(wanted[case], proc.stderr), proc.stderr
