@@ -48,10 +48,12 @@ def test_six_publishers_at_once_leave_one_verified_entry_per_key(backend, reques
         by_key.setdefault(model, []).append(r)
     assert [r.get("created") for r in by_key["c"] + by_key["d"]] == [True, True]
     identical = sorted(str(r.get("created")) for r in by_key["b"])
-    # On the Hub both racers of an identical bundle report created=True: huggingface_hub skips a
+    # On the Hub both racers of an identical bundle may report created=True: huggingface_hub skips a
     # commit whose files all equal the branch head's ("no files have been modified") before the
     # Hub can refuse its stale parent. The registry still ends with the one entry (checked below).
-    assert identical == (["False", "True"] if backend == "s3" else ["True", "True"]), identical
+    # On the Hub that happens when both read the same head; when one commits first the other is
+    # told "already published": either way at least one, and the registry holds exactly one entry.
+    assert identical in ((["False", "True"],) if backend == "s3" else (["False", "True"], ["True", "True"])), identical
     a = by_key["a"]
     assert sum(r.get("created") is True for r in a) == 1 and any(r.get("error") == "PublishConflict" for r in a), a
     registry = open_registry(address)
