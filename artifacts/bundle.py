@@ -16,16 +16,14 @@ This module is the one door to both: pack, unpack and file_digest.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
+from .fsutil import file_digest
 from .manifest import FileEntry
 from .packing import Packed, pack
 from .unpack import UnpackLimits, unpack_file
 
 __all__ = ["Packed", "UnpackLimits", "file_digest", "pack", "unpack"]
-
-_CHUNK = 1 << 20
 
 
 def unpack(
@@ -38,11 +36,3 @@ def unpack(
     """Unpack `blob` into `dest` (which must not exist), checking every entry against `files`
     before writing it (artifacts/unpack.py); nothing is left behind on failure."""
     return unpack_file(Path(blob), Path(dest), files, limits)
-
-
-def file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return "sha256:" + h.hexdigest()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import fnmatch
+import hashlib
 import os
 import shutil
 import signal
@@ -251,3 +252,12 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def file_digest(path: Path) -> str:
+    """ "sha256:<hex>" of a file's bytes, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return "sha256:" + h.hexdigest()

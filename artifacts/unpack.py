@@ -147,7 +147,7 @@ def tree_problems(tree: Path, files: tuple[FileEntry, ...]) -> list[str]:
                     target = os.readlink(path)
                     found[rel] = FileEntry(path=rel, size=0, sha256=_digest(target.encode()), link=target)
                 elif path.is_file():
-                    found[rel] = FileEntry(path=rel, size=path.stat().st_size, sha256=_file_digest(path))
+                    found[rel] = FileEntry(path=rel, size=path.stat().st_size, sha256=fsutil.file_digest(path))
             except (OSError, ValueError) as exc:
                 return [f"{rel} cannot be read: {exc}"]
     wanted = {f.path: f for f in files}
@@ -364,11 +364,3 @@ def _remove(path: Path) -> None:
 
 def _digest(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return "sha256:" + h.hexdigest()
