@@ -47,7 +47,7 @@ from artifacts.layout import blob_relpath, index_relpath, parse_index_relpath
 from artifacts.manifest import MAX_MANIFEST_BYTES, Manifest
 
 from .base import Published, copy_verified, settle
-from .errors import BlobDigestMismatch, RegistryError, RegistryReadOnly, RegistryUnavailable
+from .errors import BlobDigestMismatch, BlobSizeMismatch, RegistryError, RegistryReadOnly, RegistryUnavailable
 from .hf_maintain import HubMaintenance
 
 log = logging.getLogger(__name__)
@@ -384,6 +384,13 @@ class HubRegistry(HubMaintenance):
                     f"cannot {doing}: the Hub at {self.endpoint} failed (HTTP {status}); retry later"
                 ) from exc
             raise RegistryError(f"cannot {doing}: {exc}") from exc
+        except OSError as exc:
+            if "Consistency check failed" not in str(exc):  # huggingface_hub's own size check
+                raise
+            raise BlobSizeMismatch(
+                f"cannot {doing}: the Hub sent a body of another size than it announced ({exc}); the blob is "
+                f"refused; run `prebake verify --deep --registry {self.url}`"
+            ) from exc
 
 
 def _present(read: Future[Manifest | None]) -> Iterator[Manifest]:

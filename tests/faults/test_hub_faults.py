@@ -81,18 +81,9 @@ def test_http_500s_on_the_blob_are_reported_and_the_next_fetch_recovers(tmp_path
     assert not isinstance(got, Miss) and store_problems(store.home) == []
 
 
-SHORT_BODY_ESCAPES = pytest.mark.xfail(
-    strict=True,
-    raises=OSError,
-    reason="found here: huggingface_hub's size check raises a bare OSError ('Consistency check failed') that "
-    "HubRegistry._faults does not map to a RegistryError, so it escapes fetch; the download path is being "
-    "reworked in another branch (issue 15), which should map it",
-)
-
-
 @pytest.mark.parametrize(
     "fault",
-    ["cut", pytest.param("short", marks=SHORT_BODY_ESCAPES), "corrupt"],
+    ["cut", "short", "corrupt"],
     ids=["connection-cut-mid-body", "short-body", "wrong-bytes"],
 )
 def test_a_bad_blob_body_from_the_hub_is_refused_and_nothing_is_installed(tmp_path, hub, scenario, fault):
