@@ -3,9 +3,11 @@
     inputs (upstream kinds, fetched) -> build(tree) -> pack -> Manifest -> registry.publish
                                                                          -> store.install
 
-The build itself is handed in (`Builder`): buckets are pure Python, autotune and graphs run
-torch in a child process (engine.runtime.build). Losing a publish race to another baker of the same
-key is reported, not failed: the registry keeps the first bundle and everybody uses it.
+The build is the kind's declared builder (artifacts.kinds.Kind.build: buckets are pure Python,
+the engine adapters' autotune and graphs run in a child process), or one handed in (a write-back
+packs what an engine compiled in place); its declared outputs are checked before anything is
+packed. Losing a publish race to another baker of the same key is reported, not failed: the
+registry keeps the first bundle and everybody uses it.
 """
 
 from __future__ import annotations
