@@ -19,7 +19,7 @@ from .buckets import build_bucket_set
 from .errors import BucketError
 from .limits import BucketSettings, ServingLimits
 from .replay import Shapes
-from .traffic import cover_buckets, fit_bucket_set
+from .traffic import fit_bucket_set, least_budget
 
 Strategy = Literal["exponential", "linear", "pad", "traffic"]
 STRATEGY_ORDER: tuple[Strategy, ...] = ("exponential", "linear", "pad", "traffic")
@@ -74,11 +74,9 @@ def strategy_set(
     """vllm-gaudi's set for its strategies (default ranges); for traffic, the set fitted on fit_shapes."""
     if strategy != "traffic":
         return build_bucket_set(limits, BucketSettings(strategy=strategy))
-    if budget is None and max_waste is None:  # a third of exponential's count, or the least that works
-        exponential = build_bucket_set(limits, BucketSettings())
-        cover_prompt, cover_decode = cover_buckets(limits)
-        least = len(cover_prompt) + len(cover_decode) + 2
-        budget = max((len(exponential.prompt) + len(exponential.decode)) // 3, least)
     if fit_shapes is None:
         raise BucketError("a traffic set needs replayed shapes to fit on; pass a trace")
+    if budget is None and max_waste is None:  # a third of exponential's count, or the least that works
+        exponential = build_bucket_set(limits, BucketSettings())
+        budget = max((len(exponential.prompt) + len(exponential.decode)) // 3, least_budget(limits, fit_shapes))
     return fit_bucket_set(limits, fit_shapes, budget=budget, max_waste=max_waste)

@@ -25,6 +25,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from .bucket_set import Bucket, BucketSet
 from .errors import BucketError
 from .limits import BucketRange, BucketSettings, ServingLimits
 
@@ -242,6 +243,14 @@ def _range(strategy: str, field: str, cfg: tuple[int, ...], contiguous: bool) ->
         return linear_range(*cfg)
     except BucketError as error:
         raise BucketError(f"{field} ({RANGE_VARIABLES[field]}_BUCKET_*): {error}") from None
+
+
+def upstream_set(limits: ServingLimits, settings: BucketSettings) -> BucketSet:
+    """The set vllm-gaudi builds for a strategy of its own (exponential, linear, pad)."""
+    rules = plan(limits, settings)
+    prompt = tuple(Bucket(*b) for b in prompt_buckets(rules, limits))
+    decode = tuple(Bucket(*b) for b in decode_buckets(rules, limits))
+    return BucketSet(settings.strategy, limits.block_size, prompt, decode)
 
 
 def prompt_buckets(plan: Plan, limits: ServingLimits) -> list[Triple]:

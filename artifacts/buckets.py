@@ -42,15 +42,7 @@ def build_bucket_set(limits: ServingLimits, settings: BucketSettings, recipe_dir
     _check_overrides(limits, settings)
     if settings.strategy == "traffic":
         return fit_recipe_settings(limits, settings, _trace_path(settings, recipe_dir))
-    plan = bucket_rules.plan(limits, settings)
-    prompt = bucket_rules.prompt_buckets(plan, limits)
-    decode = bucket_rules.decode_buckets(plan, limits)
-    return BucketSet(
-        settings.strategy,
-        limits.block_size,
-        tuple(Bucket(*b) for b in prompt),
-        tuple(Bucket(*b) for b in decode),
-    )
+    return bucket_rules.upstream_set(limits, settings)
 
 
 def bucket_key_factors(settings: BucketSettings, recipe_dir: Path | None = None) -> dict[str, object]:
@@ -59,7 +51,7 @@ def bucket_key_factors(settings: BucketSettings, recipe_dir: Path | None = None)
     factors = settings.model_dump(mode="json", exclude={"trace"})
     if settings.strategy == "traffic":
         factors["trace_sha256"] = trace_digest(_trace_path(settings, recipe_dir))
-        factors["fitter"] = "traffic-v1"
+        factors["fitter"] = "traffic-v2"
     else:
         factors["upstream"] = UPSTREAM.split(" ")[0]
     return factors

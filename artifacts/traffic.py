@@ -1,22 +1,30 @@
 """The traffic strategy: bucket sets fitted to a replayed trace, with every allowed shape covered.
 
-    trace --replay--> step shapes with counts --fit--> fitted buckets + cover buckets -> BucketSet
+    trace --replay--> step shapes with counts --fit--> fitted buckets + edges + cover -> BucketSet
 
-The objective is padded compute, each of the four figures normalised by its real total so that
-none dominates: prompt tokens (batch * query) and context blocks (batch * ctx), decode batch and
-decode blocks. Buckets are nested the way vllm-gaudi looks them up (first bucket in sorted order
-that holds a shape): per batch level, query (or decode block) thresholds, and per query level,
-context thresholds. Each level's thresholds come from an exact dynamic program over the
-distinct values seen (`_threshold_curve`, O(k n^2), numpy); levels share the budget through an exact
-knapsack over their cost curves. The outer split (decode batch levels) is chosen per level count
-by its own DP, so the whole is near-exact: per-dimension optima, jointly budgeted.
+Four figures measure a set on traffic: padded prompt tokens (batch * query) and context blocks
+(batch * ctx), padded decode rows and decode blocks, each normalised by its real total. Buckets
+are nested the way vllm-gaudi looks them up (first bucket in sorted order that holds a shape):
+per batch level, query (or decode block) thresholds, and per query level, context thresholds.
+Each level's thresholds come from an exact dynamic program over the distinct values seen
+(`_threshold_curve`, O(k n^2), numpy); levels share the budget through an exact knapsack over
+their cost curves. The outer split (decode batch levels) is chosen per level count by its own
+DP, so one fit is near-exact for a weighting of the four figures.
+
+With a budget, the weighting is chosen too (`_balanced`): the fit that minimises its worst figure,
+each taken against the default exponential set's on the same shapes (a min-max: no figure worse
+than the set it replaces, where the budget allows, and all as far below it as they can go
+together), by multiplicative re-weighting over a few fits. With max_waste, each phase takes the
+fewest buckets that keep both its figures under the bound.
 
 Cover buckets make sure no step the limits allow is left without a bucket:
 prompt (b, min(max_num_batched_tokens // b, max_model_len), (max_model_len - 1) // block_size)
 for each distinct b-limited query top, (1, widest query, every whole number of chunks of context)
-for chunked prefill, and decode (max_num_seqs, 1, all sequences at
-max_model_len, or the device's blocks with contiguous PA). Prompt queries are at least 2 tokens,
-since a bucket file reads query 1 as a decode bucket.
+for chunked prefill, and decode (max_num_seqs, 1, all sequences at max_model_len, or the device's
+blocks with contiguous PA). Edge buckets (`edge_buckets`) climb from the busiest decode step the
+fit saw to that cover bucket, doubling batch and blocks, so traffic a little busier than the fit's
+pads at most about twofold. Prompt queries are at least 2 tokens, since a bucket file reads query 1
+as a decode bucket.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from .bucket_rules import device_blocks
+from .bucket_rules import device_blocks, upstream_set
 from .bucket_set import Bucket, BucketSet, Phase
 from .errors import BucketError
 from .limits import BucketSettings, ServingLimits
@@ -40,6 +48,12 @@ MAX_CANDIDATES = 192  # distinct values per DP; above it, thresholds are drawn f
 MAX_OUTER_LEVELS = 64  # outer levels (decode batch, prompt query) tried
 MAX_INNER_LEVELS = 32  # inner levels (blocks, context) per outer level
 MAX_FIT = 128  # most fitted buckets per phase (max_waste mode)
+BALANCE_ROUNDS = 10  # fits tried while re-weighting the four figures (budget mode)
+BALANCE_STEP = 0.5  # damping: a figure's weight moves by the square root of how far it lags
+
+RATIO_FLOOR = 0.05  # a figure far ahead keeps some weight, so it can come back
+REFIT_ROUNDS = 3  # refits that hand buckets shared with the cover back to the fit
+REFERENCE_FLOOR = 0.01  # a default-strategy figure under 1% counts as 1%: no ratio against nothing
 
 
 def fit_recipe_settings(limits: ServingLimits, settings: BucketSettings, trace: Path) -> BucketSet:
@@ -62,9 +76,34 @@ def cover_buckets(limits: ServingLimits) -> tuple[set[Bucket], set[Bucket]]:
     chunk = limits.max_num_batched_tokens // limits.block_size
     widest = max(2, min(limits.max_num_batched_tokens, limits.max_model_len))
     prompt |= {Bucket(1, widest, c) for c in range(0, top_ctx, chunk) if chunk > 0}
+    return prompt, {Bucket(limits.max_num_seqs, 1, _decode_top_blocks(limits))}
+
+
+def _decode_top_blocks(limits: ServingLimits) -> int:
     per_seq = math.ceil(limits.max_model_len / limits.block_size)
     blocks = device_blocks(limits) if not limits.enable_prefix_caching else limits.max_num_seqs * per_seq
-    return prompt, {Bucket(limits.max_num_seqs, 1, max(blocks, limits.max_num_seqs))}
+    return max(blocks, limits.max_num_seqs)
+
+
+def edge_buckets(limits: ServingLimits, shapes: Shapes) -> set[Bucket]:
+    """Decode buckets from the busiest step the fit saw up to the cover, doubling batch and blocks
+    each step (the exponential strategy's spacing): traffic a little busier than the fit's then
+    pads at most twofold instead of to the cover's every-sequence-at-full-length bucket."""
+    if not shapes.decode:
+        return set()
+    seqs, blocks = limits.max_num_seqs, _decode_top_blocks(limits)
+    batch, block = max(b for b, _ in shapes.decode), max(c for _, c in shapes.decode)
+    edges = set()
+    while batch < seqs or block < blocks:
+        batch, block = min(2 * batch, seqs), min(2 * block, blocks)
+        edges.add(Bucket(batch, 1, block))
+    return edges - cover_buckets(limits)[1]
+
+
+def least_budget(limits: ServingLimits, shapes: Shapes) -> int:
+    """The fewest buckets a traffic set can have: cover and edges, one prompt and one decode bucket."""
+    prompt, decode = cover_buckets(limits)
+    return len(prompt) + len(decode | edge_buckets(limits, shapes)) + 2
 
 
 def fit_bucket_set(
@@ -75,28 +114,87 @@ def fit_bucket_set(
     if (budget is None) == (max_waste is None):
         raise BucketError("fit a traffic set with exactly one of budget or max_waste")
     cover_prompt, cover_decode = cover_buckets(limits)
-    floor = len(cover_prompt) + len(cover_decode)
-    if budget is not None and budget < floor + 2:
-        raise BucketError(
-            f"budget {budget} is too small: these limits need {floor} cover buckets plus at least one "
-            f"prompt and one decode bucket; raise budget to at least {floor + 2}"
-        )
-    top = MAX_FIT if budget is None else budget - floor
-    prompt_curve = _prompt_curve(shapes, top)
-    decode_curve = _decode_curve(shapes, top)
-    if budget is not None:
-        k_prompt, k_decode = _split(prompt_curve, decode_curve, top, _prefill_share(shapes))
-    else:
+    cover = (cover_prompt, cover_decode | edge_buckets(limits, shapes))
+    if budget is None:
         assert max_waste is not None  # one of the two was checked above
-        k_prompt = _smallest(
-            prompt_curve, lambda k: _figures(limits, "prompt", prompt_curve.pick(k), cover_prompt, shapes), max_waste
+        return _least_under(limits, shapes, cover, max_waste)
+    floor = len(cover[0]) + len(cover[1])
+    if budget < floor + 2:
+        raise BucketError(
+            f"budget {budget} is too small: these limits and this traffic need {floor} cover and edge "
+            f"buckets plus at least one prompt and one decode bucket; raise budget to at least {floor + 2}"
         )
-        k_decode = _smallest(
-            decode_curve, lambda k: _figures(limits, "decode", decode_curve.pick(k), cover_decode, shapes), max_waste
-        )
-    prompt = cover_prompt | _as_buckets("prompt", prompt_curve.pick(k_prompt))
-    decode = cover_decode | _as_buckets("decode", decode_curve.pick(k_decode))
-    return BucketSet("traffic", limits.block_size, tuple(sorted(prompt)), tuple(sorted(decode)))
+    return _balanced(limits, shapes, cover, budget)
+
+
+Cover = tuple[set[Bucket], set[Bucket]]
+Weights = tuple[float, float, float, float]  # prefill tokens, prefill ctx, decode batch, decode blocks
+
+
+def _balanced(limits: ServingLimits, shapes: Shapes, cover: Cover, budget: int) -> BucketSet:
+    """The fit whose worst figure, each against the default strategy's on the same shapes, is
+    least (ties: the least sum): a min-max over the four figures, found by multiplicative
+    re-weighting over a few fits, a figure that lags gaining weight as far as it lags."""
+    reference = np.maximum(_waste(upstream_set(limits, BucketSettings()), shapes), REFERENCE_FLOOR)
+    weights = np.ones(4)
+    best: tuple[tuple[float, float], BucketSet] | None = None
+    for _ in range(BALANCE_ROUNDS):
+        fitted = _fit(limits, shapes, cover, budget, (weights[0], weights[1], weights[2], weights[3]))
+        ratios = _waste(fitted, shapes) / reference
+        score = (float(ratios.max()), float(ratios.sum()))
+        if best is None or score < best[0]:
+            best = (score, fitted)
+        lag = np.maximum(ratios, RATIO_FLOOR)
+        weights = weights * (lag / lag.mean()) ** BALANCE_STEP
+    assert best is not None  # BALANCE_ROUNDS >= 1
+    return best[1]
+
+
+def _waste(bucket_set: BucketSet, shapes: Shapes) -> np.ndarray:
+    prompt = bucket_set.padding("prompt", shapes.prompt)
+    decode = bucket_set.padding("decode", shapes.decode)
+    return np.array([prompt.token_waste, prompt.block_waste, decode.token_waste, decode.block_waste])
+
+
+def _fit(limits: ServingLimits, shapes: Shapes, cover: Cover, budget: int, weights: Weights) -> BucketSet:
+    """The least weighted padding in `budget` buckets. A fitted bucket that is also a cover bucket
+    costs nothing, so the buckets it frees go back to the fit (a few times, while it stays in budget)."""
+    top, fitted = budget - len(cover[0]) - len(cover[1]), None
+    for _ in range(REFIT_ROUNDS):
+        prompt_curve, decode_curve = _prompt_curve(shapes, top, weights), _decode_curve(shapes, top, weights)
+        k_prompt, k_decode = _split(prompt_curve, decode_curve, top, _prefill_share(shapes))
+        candidate = _bucket_set(limits, cover, prompt_curve.pick(k_prompt), decode_curve.pick(k_decode))
+        spare = budget - len(candidate.prompt) - len(candidate.decode)
+        if spare < 0:
+            break
+        fitted, top = candidate, top + spare
+        if spare == 0:
+            break
+    if fitted is None:  # the first round always fits: its buckets number at most top + cover
+        raise BucketError(f"a budget of {budget} buckets cannot hold the traffic's levels; raise the budget")
+    return fitted
+
+
+def _least_under(limits: ServingLimits, shapes: Shapes, cover: Cover, max_waste: float) -> BucketSet:
+    """Per phase, the fewest fitted buckets that keep both of its figures under max_waste."""
+    even = (1.0, 1.0, 1.0, 1.0)
+    prompt_curve, decode_curve = _prompt_curve(shapes, MAX_FIT, even), _decode_curve(shapes, MAX_FIT, even)
+    k_prompt = _smallest(
+        prompt_curve, lambda k: _figures(limits, "prompt", prompt_curve.pick(k), cover[0], shapes), max_waste
+    )
+    k_decode = _smallest(
+        decode_curve, lambda k: _figures(limits, "decode", decode_curve.pick(k), cover[1], shapes), max_waste
+    )
+    return _bucket_set(limits, cover, prompt_curve.pick(k_prompt), decode_curve.pick(k_decode))
+
+
+def _bucket_set(limits: ServingLimits, cover: Cover, prompt: tuple[Any, ...], decode: tuple[Any, ...]) -> BucketSet:
+    return BucketSet(
+        "traffic",
+        limits.block_size,
+        tuple(sorted(cover[0] | _as_buckets("prompt", prompt))),
+        tuple(sorted(cover[1] | _as_buckets("decode", decode))),
+    )
 
 
 @dataclass(frozen=True)
@@ -164,7 +262,7 @@ def _split(prompt: Curve, decode: Curve, top: int, prefill_share: float) -> tupl
     return best[1], best[2]
 
 
-def _decode_curve(shapes: Shapes, top: int) -> Curve:
+def _decode_curve(shapes: Shapes, top: int, weights: Weights) -> Curve:
     """Decode: batch levels from their own DP (each level count tried), blocks per level."""
     points = shapes.decode
     if not points:
@@ -172,11 +270,11 @@ def _decode_curve(shapes: Shapes, top: int) -> Curve:
     real_b = sum(n * b for (b, _), n in points.items())
     real_c = sum(n * c for (_, c), n in points.items())
     batches = sorted({b for b, _ in points})
-    batch_weights = [sum(n for (b, _), n in points.items() if b == v) / real_b for v in batches]
-    return _nested(points, batches, batch_weights, 1 / real_c, top)
+    batch_weights = [sum(n for (b, _), n in points.items() if b == v) * weights[2] / real_b for v in batches]
+    return _nested(points, batches, batch_weights, weights[3] / real_c, top)
 
 
-def _prompt_curve(shapes: Shapes, top: int) -> Curve:
+def _prompt_curve(shapes: Shapes, top: int, weights: Weights) -> Curve:
     """Prompt: one level per batch seen; per batch, query levels; per query level, ctx levels."""
     points = {(b, max(q, 2), c): n for (b, q, c), n in shapes.prompt.items()}
     if not points:
@@ -187,8 +285,8 @@ def _prompt_curve(shapes: Shapes, top: int) -> Curve:
     for batch in sorted({b for b, _, _ in points}):
         mine = {(q, c): n for (b, q, c), n in points.items() if b == batch}
         query = sorted({q for q, _ in mine})
-        weights = [sum(n for (q, _), n in mine.items() if q == v) * batch / real_t for v in query]
-        inner = _nested(mine, query, weights, batch / real_c, top)
+        query_weights = [sum(n for (q, _), n in mine.items() if q == v) * batch * weights[0] / real_t for v in query]
+        inner = _nested(mine, query, query_weights, batch * weights[1] / real_c, top)
         curves.append(Curve(inner.costs, _with_batch(inner, batch)))
     return _knapsack(curves, top)
 
@@ -210,7 +308,7 @@ def _nested(
     costs = np.full(top + 1, np.inf)
     owners: list[Curve | None] = [None] * (top + 1)
     for cost, tops in _threshold_curve(outer, weights, min(MAX_OUTER_LEVELS, top)):
-        groups, low = [], 0
+        groups, low = [], -1  # below every value (context can be 0)
         for t in tops:
             if (low, t) not in inner_cache:
                 members: dict[int, float] = {}

@@ -1,10 +1,13 @@
 """Bucket strategies on real traffic: fit on the first half of the development trace, report on
 the second, for llama3-8b's serving limits; the traffic set at several budgets; a chart.
 
-    .venv/bin/python benchmarks/buckets.py [--trace FILE] [--chart docs/images/buckets.png]
+    .venv/bin/python benchmarks/buckets.py [--trace FILE] [--chart docs/images/buckets.png] [--no-shapes]
 
-Prints a table, then one JSON line of figures (counts, the four waste figures per strategy, and
-ratios against exponential). The development trace is the Azure LLM inference trace 2023
+Prints a table; then, for synthetic traffic of other shapes (tests/support/synthetic_traces.py:
+chat, code, busy chat, short chat, long code, mid code, RAG, mixed; fit on the first half of
+each, report on the second), the two goals against exponential: the worst figure at a third of
+its count, and prefill token waste at its count. Ends with one JSON line of figures (counts, the
+four waste figures per strategy, ratios against exponential, and the per-shape goals). The development trace is the Azure LLM inference trace 2023
 (conversation), CC-BY 4.0, Patel et al., "Splitwise", ISCA 2024 (see docs/buckets.md).
 """
 
@@ -22,6 +25,7 @@ from artifacts.recipes import load_recipe
 from artifacts.replay import replay
 from artifacts.traces import read_trace, split_trace
 from artifacts.traffic import fit_bucket_set
+from tests.support.synthetic_traces import MIXES, SHAPES, synthetic_requests
 
 TRACE = Path("/work/shared/traces/azure-llm-2023-conv.csv")
 
@@ -30,6 +34,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--trace", type=Path, default=TRACE)
     parser.add_argument("--chart", type=Path, default=Path("docs/images/buckets.png"))
+    parser.add_argument("--no-shapes", action="store_true", help="skip the synthetic traffic shapes")
     args = parser.parse_args()
     limits = load_recipe("llama3-8b").serving
     fit, unseen = split_trace(read_trace(args.trace))
@@ -55,7 +60,32 @@ def main() -> None:
         "third_worst_figure_over_exp": round(max(getattr(third, k) / max(getattr(exp, k), 1e-12) for k in _FIGURES), 3),
         "same_count_prefill_tokens_over_exp": round(same.prefill_tokens / exp.prefill_tokens, 3),
     }
+    if not args.no_shapes:
+        summary["shapes"] = _other_shapes(limits)
     print(json.dumps(summary, sort_keys=True))
+
+
+def _other_shapes(limits) -> dict[str, dict[str, float]]:
+    """The goals on traffic of other shapes, each fitted on its first half, reported on its second."""
+    print(f"\n{'shape':12s} {'exp pf_tok':>10s} {'third: worst figure / exp':>26s} {'same: pf_tok / exp':>19s}")
+    goals = {}
+    for kind in [*SHAPES, *MIXES]:
+        fit, unseen = split_trace(synthetic_requests(kind, 3000, seed=7))
+        fit_shapes, eval_shapes = replay(fit, limits), replay(unseen, limits)
+        exp = figures(strategy_set("exponential", limits, None), eval_shapes)
+        third = figures(fit_bucket_set(limits, fit_shapes, budget=exp.total // 3), eval_shapes)
+        same = figures(fit_bucket_set(limits, fit_shapes, budget=exp.total), eval_shapes)
+        worst = max(_FIGURES, key=lambda k: getattr(third, k) / max(getattr(exp, k), 1e-12))
+        goals[kind] = {
+            "third_worst_figure_over_exp": round(getattr(third, worst) / max(getattr(exp, worst), 1e-12), 3),
+            "same_count_prefill_tokens_over_exp": round(same.prefill_tokens / max(exp.prefill_tokens, 1e-12), 3),
+            "unfitted": third.unfitted + same.unfitted,
+        }
+        print(
+            f"{kind:12s} {exp.prefill_tokens:10.1%} {goals[kind]['third_worst_figure_over_exp']:20.3f} ({worst[:13]})"
+            f" {goals[kind]['same_count_prefill_tokens_over_exp']:13.3f}"
+        )
+    return goals
 
 
 _FIGURES = ("prefill_tokens", "prefill_ctx", "decode_batch", "decode_blocks")
