@@ -9,11 +9,15 @@ are filled with index entries (tests/support/index_seed.py: distinct keys, each 
     hit   median time of Registry.lookup of an existing key (one read or one GET)
     miss  nearest_miss for a key in no registry (the start path's explanation): its time, the
           entries it read and, on S3, the HTTP requests boto3 sent; bounded by a sample
-    ls    `prebake ls --registry <it>` as a subprocess, start-up included
+    ls    `prebake ls --registry <it>` as a subprocess, start-up included: first the first
+          listing (no listing summary yet: every entry read, the summary written), then the
+          median of three listings as operators see them from then on (the summary verified
+          against the index listing; no entry read)
 
-Ratios compare the largest size with the smallest (hits) and with the first size of at least
-a full miss sample (misses): about 1 means flat. The last line is a
-JSON object of the figures.
+Ratios compare the largest size with the smallest (hits, ls) and with the first size of at least
+a full miss sample (misses): about 1 means flat. `ls_ms_per_entry` is the marginal cost of an
+entry, (ls at the largest size - ls at the smallest) / (the difference in entries), which takes
+the process start-up out. The last line is a JSON object of the figures.
 """
 
 from __future__ import annotations
@@ -50,7 +54,8 @@ class Point:
     miss_ms: float
     miss_reads: int
     miss_requests: int | None  # HTTP requests (S3 only)
-    ls_s: float
+    ls_s: float  # with the listing summary in place (the median of three)
+    ls_first_s: float  # the first listing: every entry read, the summary written
 
 
 class _Counting:
@@ -91,7 +96,16 @@ def main(argv: list[str] | None = None) -> int:
             address = f"s3://{bucket}/reg-{size}"
             registries["s3", size] = (lambda a=address: S3Registry(a, S3Settings()), address)
         points = _measure(registries, manifests, args.lookups)
-    print(json.dumps(_figures(points, sizes)))
+    figures = _figures(points, sizes)
+    for b in ("file", "s3"):
+        large, small = sizes[-1], sizes[0]
+        print(
+            f"{b}: prebake ls of {large} entries costs {figures[f'{b}_ls_ratio_{large}_vs_{small}']}x that of "
+            f"{small} ({figures[f'{b}_ls_ms_per_entry']} ms an entry); the first listing (no summary yet) "
+            f"{figures[f'{b}_ls_first_ratio_{large}_vs_{small}']}x ({figures[f'{b}_ls_first_ms_per_entry']} ms an "
+            f"entry), {figures[f'{b}_ls_first_vs_ls_{large}']}x the time of later ones"
+        )
+    print(json.dumps(figures))
     return 0
 
 
@@ -108,13 +122,16 @@ def _measure(registries: dict, manifests: list[Manifest], lookups: int) -> list[
     for _ in range(3):
         for where, (make, _) in registries.items():
             misses[where].append(_miss(make()))
+    first = {where: _timed(lambda a=address: _prebake_ls(a)) for where, (_, address) in registries.items()}
+    again: dict = {where: [] for where in registries}
+    for _ in range(3):
+        for where, (_, address) in registries.items():
+            again[where].append(_timed(lambda a=address: _prebake_ls(a)))
     points = []
-    for (backend, size), (_, address) in registries.items():
+    for backend, size in registries:
         miss_s, reads, requests = sorted(misses[backend, size])[1]  # the median of three
-        ls_s = _timed(lambda a=address: _prebake_ls(a))
-        points.append(
-            Point(backend, size, 1000 * statistics.median(hits[backend, size]), 1000 * miss_s, reads, requests, ls_s)
-        )
+        hit_ms, ls_s = 1000 * statistics.median(hits[backend, size]), statistics.median(again[backend, size])
+        points.append(Point(backend, size, hit_ms, 1000 * miss_s, reads, requests, ls_s, first[backend, size]))
         _report(points[-1])
     return points
 
@@ -151,7 +168,8 @@ def _report(p: Point) -> None:
     requests = f", {p.miss_requests} requests" if p.miss_requests is not None else ""
     print(
         f"  {p.backend:<4} {p.entries:>6} entries: hit {p.hit_ms:7.2f} ms   "
-        f"miss {p.miss_ms:7.1f} ms ({p.miss_reads} entries read{requests})   prebake ls {p.ls_s:6.2f} s"
+        f"miss {p.miss_ms:7.1f} ms ({p.miss_reads} entries read{requests})   "
+        f"prebake ls {p.ls_s:6.2f} s (first {p.ls_first_s:6.2f} s)"
     )
 
 
@@ -163,7 +181,8 @@ def _figures(points: list[Point], sizes: list[int]) -> dict[str, float]:
         figures[f"{p.backend}_miss_reads_{p.entries}"] = p.miss_reads
         if p.miss_requests is not None:
             figures[f"{p.backend}_miss_requests_{p.entries}"] = p.miss_requests
-        figures[f"{p.backend}_ls_s_{p.entries}"] = round(p.ls_s, 2)
+        figures[f"{p.backend}_ls_s_{p.entries}"] = round(p.ls_s, 3)
+        figures[f"{p.backend}_ls_first_s_{p.entries}"] = round(p.ls_first_s, 3)
     # hits against the smallest registry; misses against the first size whose sample is full
     large = sizes[-1]
     full = next((s for s in sizes if s >= MISS_SAMPLE), sizes[0])
@@ -171,6 +190,15 @@ def _figures(points: list[Point], sizes: list[int]) -> dict[str, float]:
         for what, base in (("hit_ms", sizes[0]), ("miss_ms", full)):
             ratio = figures[f"{backend}_{what}_{large}"] / figures[f"{backend}_{what}_{base}"]
             figures[f"{backend}_{what.removesuffix('_ms')}_ratio_{large}_vs_{base}"] = round(ratio, 2)
+        small = sizes[0]
+        for what in ("ls", "ls_first"):
+            at_large, at_small = figures[f"{backend}_{what}_s_{large}"], figures[f"{backend}_{what}_s_{small}"]
+            figures[f"{backend}_{what}_ratio_{large}_vs_{small}"] = round(at_large / at_small, 2)
+            per_entry = 1000 * (at_large - at_small) / max(large - small, 1)
+            figures[f"{backend}_{what}_ms_per_entry"] = round(per_entry, 3)
+        figures[f"{backend}_ls_first_vs_ls_{large}"] = round(
+            figures[f"{backend}_ls_first_s_{large}"] / figures[f"{backend}_ls_s_{large}"], 1
+        )
     return figures
 
 
