@@ -14,6 +14,7 @@ from artifacts.listing import SUMMARY_MIN_ROWS, Listed, Summary
 from artifacts.manifest import Manifest
 from registry.base import listed
 from registry.file import FileRegistry
+from registry.hf import HubRegistry
 from registry.s3 import S3Registry, S3Settings
 from tests.support.index_seed import entry_key, seed_folder, seed_s3, synthetic_manifests
 
@@ -165,3 +166,29 @@ def test_a_small_registry_keeps_no_summary(tmp_path):
     registry = FileRegistry(tmp_path / "registry")
     assert len(list(registry.listing())) == SUMMARY_MIN_ROWS - 1
     assert not (tmp_path / "registry" / "summary").exists()
+
+
+class CountingHub(HubRegistry):
+    """A real Hub registry (the stand-in server), with a count of the index entries it read."""
+
+    reads = 0
+
+    def _read_index(self, relpath, revision):
+        self.reads += 1
+        return super()._read_index(relpath, revision)
+
+
+def test_listing_a_large_hub_registry_again_reads_only_new_entries(hub, monkeypatch, tmp_path):
+    monkeypatch.setenv("PREBAKE_HOME", str(tmp_path / "home"))  # where this machine keeps Hub summaries
+    manifests = synthetic_manifests(ENTRIES + 1, files=5)
+    hub.create_repo("model", "team/scale")
+    hub.push("model", "team/scale", {index_relpath(m.kind, m.key_digest): m.to_bytes() for m in manifests[:ENTRIES]})
+    registry = CountingHub("hf://team/scale")
+    assert list(registry.listing("graphs")) == [Listed.of(m) for m in registry.list("graphs")]
+
+    registry.reads = 0
+    new, gone = manifests[-1], index_relpath("graphs", manifests[3].key_digest)
+    hub.push("model", "team/scale", {index_relpath("graphs", new.key_digest): new.to_bytes(), gone: None})  # type: ignore[dict-item]
+    rows = list(registry.listing("graphs"))
+    assert registry.reads == 1  # the new entry only: the others' blob ids are in the summary
+    assert rows == [Listed.of(m) for m in CountingHub("hf://team/scale").list("graphs")] and len(rows) == ENTRIES
