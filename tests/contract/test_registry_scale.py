@@ -7,11 +7,14 @@ moto's server (a real process), stay under a fixed bound for a registry of hundr
 
 from __future__ import annotations
 
+import json
+
 from artifacts.fetch import MISS_SAMPLE, Miss, nearest_miss
 from artifacts.keys import Key
 from artifacts.layout import index_relpath, summary_relpath
 from artifacts.listing import SUMMARY_MIN_ROWS, Listed, Summary
 from artifacts.manifest import Manifest
+from engine.cli import main
 from registry.base import listed
 from registry.file import FileRegistry
 from registry.hf import HubRegistry
@@ -192,3 +195,22 @@ def test_listing_a_large_hub_registry_again_reads_only_new_entries(hub, monkeypa
     rows = list(registry.listing("graphs"))
     assert registry.reads == 1  # the new entry only: the others' blob ids are in the summary
     assert rows == [Listed.of(m) for m in CountingHub("hf://team/scale").list("graphs")] and len(rows) == ENTRIES
+
+
+def test_prebake_ls_json_is_the_same_from_the_entries_and_from_the_summary(
+    s3_client, s3_bucket, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("PREBAKE_HOME", str(tmp_path / "home"))
+    seed_s3(s3_client, s3_bucket, "team", synthetic_manifests(ENTRIES, files=5))
+    address = f"s3://{s3_bucket}/team"
+
+    outputs = []
+    for _ in range(2):  # the first reads every entry and writes the summary; the second reads the summary
+        assert main(["ls", "--json", "--registry", address]) == 0
+        outputs.append(json.loads(capsys.readouterr().out))
+
+    assert outputs[0] == outputs[1]
+    assert [b["key"] for b in outputs[0]["bundles"]] == sorted(
+        m.key_digest for m in synthetic_manifests(ENTRIES, files=5)
+    )
+    assert s3_client.head_object(Bucket=s3_bucket, Key=f"team/{summary_relpath('graphs')}")["ContentLength"] > 0

@@ -6,6 +6,7 @@ import pytest
 
 from artifacts.errors import BundleError
 from artifacts.listing import Listed, Read, Summary, SummaryRow, reconcile
+from artifacts.manifest import Signature
 from tests.support.index_seed import synthetic_manifests
 
 ROWS = [Listed.of(m) for m in synthetic_manifests(4, files=1)]
@@ -60,3 +61,12 @@ def test_an_up_to_date_summary_reads_nothing_and_is_not_stale():
 def test_a_malformed_summary_is_a_bundle_error(raw):
     with pytest.raises(BundleError, match="listing summary here"):
         Summary.parse(raw, "here")
+
+
+def test_signer_names_and_build_time_survive_the_summary():
+    manifest = synthetic_manifests(1, files=1)[0].model_copy(
+        update={"signatures": (Signature(signer="ci-key", signature="c2ln", version=2),), "build_seconds": 12.5}
+    )
+    row = Listed.of(manifest)
+    stored = Summary.parse(Summary(kind="graphs", rows=(SummaryRow(tag="t", row=row),)).to_bytes(), "here")
+    assert stored.rows[0].row == row and row.signers == ("ci-key",) and row.build_seconds == 12.5
