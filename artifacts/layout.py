@@ -2,7 +2,8 @@
 
     <root>/
     ├── index/<kind>/<key-digest>.json          manifest naming a blob (created once, never replaced)
-    └── blobs/sha256/<aa>/<digest>.tar.zst      payload, content-addressed, immutable
+    ├── blobs/sha256/<aa>/<digest>.tar.zst      payload, content-addressed, immutable
+    └── summary/<kind>.json                     listing summary: a verified cache of `prebake ls` rows
 
 Paths are posix and relative, so the same strings serve as S3 object keys and Hub repo paths.
 """
@@ -21,6 +22,13 @@ def index_relpath(kind: str, key_digest: str) -> str:
     if not kind.isidentifier():
         raise PrebakeError(f"artifact kind {kind!r} must be a plain identifier such as 'graphs'")
     return f"index/{kind}/{key_digest}.json"
+
+
+def summary_relpath(kind: str) -> str:
+    """Where a registry keeps the listing summary of one kind (artifacts.listing): a cache, not truth."""
+    if not kind.isidentifier():
+        raise PrebakeError(f"artifact kind {kind!r} must be a plain identifier such as 'graphs'")
+    return f"summary/{kind}.json"
 
 
 def blob_relpath(digest: str) -> str:

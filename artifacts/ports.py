@@ -3,6 +3,7 @@
     Registry      lookup, fetch_blob, publish, list: every backend (file, s3, hf, chain)
     Maintainable  the optional abilities an operator tool uses: raw index entries, quarantine
     Published     the outcome of a publish (created, or the very same bundle was there)
+    Listable      the optional ability to list what `prebake ls` shows without reading every entry
 
 The core owns these so that it never imports a backend: registry/ depends on artifacts/,
 never the reverse. A backend that can also be maintained says so by implementing the second
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from .listing import Listed
 from .manifest import Manifest
 
 
@@ -75,3 +77,12 @@ class Maintainable(Protocol):
 
     def quarantine(self, kind: str, key_digest: str, *, blob_digest: str | None = None) -> object:
         """Move an index entry (and, if given, its bad blob) aside; where it went."""
+
+
+@runtime_checkable
+class Listable(Protocol):
+    """A registry that lists `Listed` rows from a verified summary (artifacts.listing) instead of
+    reading every index entry; the same rows, in the same order, as `Listed.of` over `list()`."""
+
+    def listing(self, kind: str | None = None) -> Iterator[Listed]:
+        """A row for every index entry (of one kind, if given), in list() order."""

@@ -10,6 +10,7 @@
     ├── locks/gc.lock                              one gc at a time
     ├── locks/scratch-<name>.lock                  held by the live process that owns tmp/<name>
     ├── stats/                                     hit, miss and fallback counts (artifacts.stats); never evicted
+    ├── listing/                                   `prebake ls` summaries of Hub registries (registry/hf_listing.py)
     └── tmp/                                       scratch folders and evicted trees; nothing here is ever read
 
 A tree appears by rename only after its blob matched its digest and every file matched

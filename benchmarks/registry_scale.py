@@ -2,18 +2,24 @@
 
     python -m benchmarks.registry_scale [--sizes 10,1000,10000] [--files 50] [--lookups 20]
 
-Two registries, a local folder and S3 (moto's server as a process on 127.0.0.1, real boto3),
-are filled with index entries (tests/support/index_seed.py: distinct keys, each entry listing
---files files, as a graphs bundle lists its cache). At each size it measures, in one run:
+Three registries, a local folder, S3 (moto's server as a process on 127.0.0.1, real boto3) and
+the Hub (tests/support/hub_server.py, the contract tests' stand-in, on a thread of this process,
+real huggingface_hub), are filled with index entries (tests/support/index_seed.py: distinct keys,
+each entry listing --files files, as a graphs bundle lists its cache). At each size it measures,
+in one run:
 
-    hit   median time of Registry.lookup of an existing key (one read or one GET)
+    hit   median time of Registry.lookup of an existing key (one read, one GET, or the Hub's HEAD + GET)
     miss  nearest_miss for a key in no registry (the start path's explanation): its time, the
           entries it read and, on S3, the HTTP requests boto3 sent; bounded by a sample
-    ls    `prebake ls --registry <it>` as a subprocess, start-up included
+    ls    `prebake ls --registry <it>` as a subprocess, start-up included: first the first
+          listing (no listing summary yet: every entry read, the summary written), then the
+          median of three listings as operators see them from then on (the summary verified
+          against the index listing; no entry read)
 
-Ratios compare the largest size with the smallest (hits) and with the first size of at least
-a full miss sample (misses): about 1 means flat. The last line is a
-JSON object of the figures.
+Ratios compare the largest size with the smallest (hits, ls) and with the first size of at least
+a full miss sample (misses): about 1 means flat. `ls_ms_per_entry` is the marginal cost of an
+entry, (ls at the largest size - ls at the smallest) / (the difference in entries), which takes
+the process start-up out. The last line is a JSON object of the figures.
 """
 
 from __future__ import annotations
@@ -33,13 +39,17 @@ from pathlib import Path
 
 from artifacts.fetch import MISS_SAMPLE, nearest_miss
 from artifacts.keys import Key
+from artifacts.layout import index_relpath
 from artifacts.manifest import Manifest
 from registry.file import FileRegistry
+from registry.hf import HubRegistry
 from registry.s3 import S3Registry, S3Settings
+from tests.support.hub_server import hub_server
 from tests.support.index_seed import entry_key, seed_folder, seed_s3, synthetic_manifests
 from tests.support.moto_server import moto_server, s3_env
 
 REPO = Path(__file__).resolve().parents[1]
+BACKENDS = ("file", "s3", "hf")
 
 
 @dataclass(frozen=True)
@@ -50,7 +60,8 @@ class Point:
     miss_ms: float
     miss_reads: int
     miss_requests: int | None  # HTTP requests (S3 only)
-    ls_s: float
+    ls_s: float  # with the listing summary in place (the median of three)
+    ls_first_s: float  # the first listing: every entry read, the summary written
 
 
 class _Counting:
@@ -74,25 +85,52 @@ def main(argv: list[str] | None = None) -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
     manifests = synthetic_manifests(sizes[-1], files=args.files)
     print(f"index entries of {args.files} files each; a miss reads at most {MISS_SAMPLE} entries")
-    with tempfile.TemporaryDirectory(prefix="prebake-registry-scale-") as tmp, moto_server() as endpoint:
-        os.environ.update(s3_env(endpoint))  # a script, not a library: this process talks only to moto
-        import boto3
-
-        client, bucket = boto3.client("s3"), f"scale-{uuid.uuid4().hex[:8]}"
-        client.create_bucket(Bucket=bucket)
-        registries: dict[tuple[str, int], tuple[Callable, str]] = {}
-        for size in sizes:  # one registry per size, side by side, measured round-robin below
-            started = time.perf_counter()
-            folder = Path(tmp) / f"registry-{size}"
-            seed_folder(folder, manifests[:size])
-            seed_s3(client, bucket, f"reg-{size}", manifests[:size])
-            print(f"seeded {size} entries in a folder and in S3 ({time.perf_counter() - started:.1f} s)")
-            registries["file", size] = (lambda f=folder: FileRegistry(f), str(folder))
-            address = f"s3://{bucket}/reg-{size}"
-            registries["s3", size] = (lambda a=address: S3Registry(a, S3Settings()), address)
+    with (
+        tempfile.TemporaryDirectory(prefix="prebake-registry-scale-") as tmp,
+        moto_server() as endpoint,
+        hub_server() as hub,
+    ):
+        # a script, not a library: this process and its `prebake ls` children talk only to these servers
+        os.environ.update(s3_env(endpoint))
+        os.environ.update(HF_ENDPOINT=hub.url, HF_TOKEN="hf_scale", HF_HUB_DISABLE_XET="1")
+        os.environ.update(HF_HUB_CACHE=str(Path(tmp, "hf-cache")), PREBAKE_HOME=str(Path(tmp, "home")))
+        registries = _seed(Path(tmp), hub, sizes, manifests)
         points = _measure(registries, manifests, args.lookups)
-    print(json.dumps(_figures(points, sizes)))
+    figures = _figures(points, sizes)
+    for b in BACKENDS:
+        large, small = sizes[-1], sizes[0]
+        print(
+            f"{b}: prebake ls of {large} entries costs {figures[f'{b}_ls_ratio_{large}_vs_{small}']}x that of "
+            f"{small} ({figures[f'{b}_ls_ms_per_entry']} ms an entry); the first listing (no summary yet) "
+            f"{figures[f'{b}_ls_first_ratio_{large}_vs_{small}']}x ({figures[f'{b}_ls_first_ms_per_entry']} ms an "
+            f"entry), {figures[f'{b}_ls_first_vs_ls_{large}']}x the time of later ones"
+        )
+    print(json.dumps(figures))
     return 0
+
+
+def _seed(tmp: Path, hub, sizes: list[int], manifests: list[Manifest]) -> dict[tuple[str, int], tuple[Callable, str]]:
+    """One registry per backend and size, side by side (measured round-robin by _measure)."""
+    import boto3
+
+    client, bucket = boto3.client("s3"), f"scale-{uuid.uuid4().hex[:8]}"
+    client.create_bucket(Bucket=bucket)
+    registries: dict[tuple[str, int], tuple[Callable, str]] = {}
+    for size in sizes:
+        started = time.perf_counter()
+        folder = tmp / f"registry-{size}"
+        seed_folder(folder, manifests[:size])
+        seed_s3(client, bucket, f"reg-{size}", manifests[:size])
+        hub.create_repo("model", f"scale/reg-{size}")
+        hub.push(
+            "model", f"scale/reg-{size}", {index_relpath(m.kind, m.key_digest): m.to_bytes() for m in manifests[:size]}
+        )
+        print(f"seeded {size} entries in a folder, in S3 and on the Hub ({time.perf_counter() - started:.1f} s)")
+        registries["file", size] = (lambda f=folder: FileRegistry(f), str(folder))
+        address = f"s3://{bucket}/reg-{size}"
+        registries["s3", size] = (lambda a=address: S3Registry(a, S3Settings()), address)
+        registries["hf", size] = (lambda a=f"hf://scale/reg-{size}": HubRegistry(a), f"hf://scale/reg-{size}")
+    return registries
 
 
 def _measure(registries: dict, manifests: list[Manifest], lookups: int) -> list[Point]:
@@ -108,13 +146,16 @@ def _measure(registries: dict, manifests: list[Manifest], lookups: int) -> list[
     for _ in range(3):
         for where, (make, _) in registries.items():
             misses[where].append(_miss(make()))
+    first = {where: _timed(lambda a=address: _prebake_ls(a)) for where, (_, address) in registries.items()}
+    again: dict = {where: [] for where in registries}
+    for _ in range(3):
+        for where, (_, address) in registries.items():
+            again[where].append(_timed(lambda a=address: _prebake_ls(a)))
     points = []
-    for (backend, size), (_, address) in registries.items():
+    for backend, size in registries:
         miss_s, reads, requests = sorted(misses[backend, size])[1]  # the median of three
-        ls_s = _timed(lambda a=address: _prebake_ls(a))
-        points.append(
-            Point(backend, size, 1000 * statistics.median(hits[backend, size]), 1000 * miss_s, reads, requests, ls_s)
-        )
+        hit_ms, ls_s = 1000 * statistics.median(hits[backend, size]), statistics.median(again[backend, size])
+        points.append(Point(backend, size, hit_ms, 1000 * miss_s, reads, requests, ls_s, first[backend, size]))
         _report(points[-1])
     return points
 
@@ -151,7 +192,8 @@ def _report(p: Point) -> None:
     requests = f", {p.miss_requests} requests" if p.miss_requests is not None else ""
     print(
         f"  {p.backend:<4} {p.entries:>6} entries: hit {p.hit_ms:7.2f} ms   "
-        f"miss {p.miss_ms:7.1f} ms ({p.miss_reads} entries read{requests})   prebake ls {p.ls_s:6.2f} s"
+        f"miss {p.miss_ms:7.1f} ms ({p.miss_reads} entries read{requests})   "
+        f"prebake ls {p.ls_s:6.2f} s (first {p.ls_first_s:6.2f} s)"
     )
 
 
@@ -163,14 +205,24 @@ def _figures(points: list[Point], sizes: list[int]) -> dict[str, float]:
         figures[f"{p.backend}_miss_reads_{p.entries}"] = p.miss_reads
         if p.miss_requests is not None:
             figures[f"{p.backend}_miss_requests_{p.entries}"] = p.miss_requests
-        figures[f"{p.backend}_ls_s_{p.entries}"] = round(p.ls_s, 2)
+        figures[f"{p.backend}_ls_s_{p.entries}"] = round(p.ls_s, 3)
+        figures[f"{p.backend}_ls_first_s_{p.entries}"] = round(p.ls_first_s, 3)
     # hits against the smallest registry; misses against the first size whose sample is full
     large = sizes[-1]
     full = next((s for s in sizes if s >= MISS_SAMPLE), sizes[0])
-    for backend in ("file", "s3"):
+    for backend in BACKENDS:
         for what, base in (("hit_ms", sizes[0]), ("miss_ms", full)):
             ratio = figures[f"{backend}_{what}_{large}"] / figures[f"{backend}_{what}_{base}"]
             figures[f"{backend}_{what.removesuffix('_ms')}_ratio_{large}_vs_{base}"] = round(ratio, 2)
+        small = sizes[0]
+        for what in ("ls", "ls_first"):
+            at_large, at_small = figures[f"{backend}_{what}_s_{large}"], figures[f"{backend}_{what}_s_{small}"]
+            figures[f"{backend}_{what}_ratio_{large}_vs_{small}"] = round(at_large / at_small, 2)
+            per_entry = 1000 * (at_large - at_small) / max(large - small, 1)
+            figures[f"{backend}_{what}_ms_per_entry"] = round(per_entry, 3)
+        figures[f"{backend}_ls_first_vs_ls_{large}"] = round(
+            figures[f"{backend}_ls_first_s_{large}"] / figures[f"{backend}_ls_s_{large}"], 1
+        )
     return figures
 
 

@@ -15,13 +15,14 @@ import hashlib
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from artifacts import fsutil
 from artifacts.errors import PublishConflict
+from artifacts.listing import Listed
 from artifacts.manifest import Manifest
-from artifacts.ports import Maintainable, Published, Registry
+from artifacts.ports import Listable, Maintainable, Published, Registry
 
 from .errors import BlobDigestMismatch, BlobSizeMismatch, RegistryError, RegistryUnavailable
 
@@ -122,4 +123,23 @@ class SizedSink:
         )
 
 
-__all__ = ["Maintainable", "Published", "Registry", "SizedSink", "copy_verified", "settle"]
+def listed(registry: Registry, kind: str | None = None) -> Iterator[Listed]:
+    """What `prebake ls` shows: from the registry's verified summary where it keeps one
+    (artifacts.listing), else one row per manifest of `list()`; the same rows either way."""
+    if isinstance(registry, Listable):
+        yield from registry.listing(kind)
+    else:
+        yield from (Listed.of(m) for m in registry.list(kind))
+
+
+__all__ = [
+    "Listable",
+    "Listed",
+    "Maintainable",
+    "Published",
+    "Registry",
+    "SizedSink",
+    "copy_verified",
+    "listed",
+    "settle",
+]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from artifacts.manifest import Manifest
 
-from .base import Published, Registry
+from .base import Listed, Published, Registry, listed
 from .errors import RegistryError, RegistryUnavailable
 
 log = logging.getLogger(__name__)
@@ -102,6 +102,15 @@ class ChainRegistry:
                 if (manifest.kind, manifest.key_digest) not in seen:
                     seen.add((manifest.kind, manifest.key_digest))
                     yield manifest
+
+    def listing(self, kind: str | None = None) -> Iterator[Listed]:
+        """list()'s rows, each member listed through its summary where it keeps one."""
+        seen: set[tuple[str, str]] = set()
+        for registry in self.registries:
+            for row in listed(registry, kind):
+                if (row.kind, row.key_digest) not in seen:
+                    seen.add((row.kind, row.key_digest))
+                    yield row
 
     def __repr__(self) -> str:
         return f"ChainRegistry({list(self.registries)!r})"

@@ -1,25 +1,31 @@
 """The file backend: a registry in a local folder (the embedded default) or a mounted one.
 
 Conditional creation of index entries relies on hard links, which is atomic on local
-POSIX file systems. NFS does not give that guarantee: share bundles across nodes
+POSIX file systems. `listing` (what `prebake ls` shows) keeps a verified summary per kind in
+<root>/summary/<kind>.json, tagged by each entry's size, mtime and inode (artifacts/listing.py). NFS does not give that guarantee: share bundles across nodes
 through S3 or the Hub instead of a network folder.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 
 from artifacts import fsutil
 from artifacts.bundle import file_digest
-from artifacts.errors import PrebakeError
-from artifacts.layout import blob_relpath, index_relpath
+from artifacts.errors import BundleError, PrebakeError
+from artifacts.layout import blob_relpath, index_relpath, parse_index_relpath, summary_relpath
+from artifacts.listing import Listed, Read, Summary, reconcile
 from artifacts.manifest import MAX_MANIFEST_BYTES, Manifest
 
 from .base import Published, copy_verified, settle
 from .errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
+
+log = logging.getLogger(__name__)
 
 QUARANTINE = "quarantine"  # <root>/quarantine/ mirrors index/ and blobs/ for entries `prebake verify` moved aside
 
@@ -84,6 +90,19 @@ class FileRegistry:
                     except FileNotFoundError:  # removed since the listing
                         continue
 
+    def listing(self, kind: str | None = None) -> Iterator[Listed]:
+        """A row for every entry, in list() order: stat each entry, read only those the kind's
+        summary cannot answer for, and write the summary back when it was stale."""
+        base = self.root / "index"
+        for k in [kind] if kind else sorted(n for n in _names(base) if (base / n).is_dir()):
+            present = _tagged(base, k)
+            if not present:
+                continue
+            result = reconcile(k, present, self._load_summary(k), partial(self._read_rows, k))
+            if result.worth_storing:
+                self._store_summary(result.summary)
+            yield from result.rows
+
     def blob_path(self, digest: str) -> Path:
         return self.root / blob_relpath(digest)
 
@@ -128,6 +147,32 @@ class FileRegistry:
         except OSError as exc:
             raise RegistryUnavailable(f"cannot read {path}: {exc}; check the folder's permissions") from exc
 
+    def _read_rows(self, kind: str, digests: Sequence[str]) -> Iterator[Read]:
+        for digest in digests:
+            path = self.root / index_relpath(kind, digest)
+            try:
+                tag = _tag(os.stat(path))  # before the read: a change after it shows as a mismatch next time
+                yield Read(digest, tag, Listed.of(Manifest.parse(self._read_entry(path), str(path))))
+            except FileNotFoundError:  # removed since the listing
+                yield Read(digest, "", None)
+
+    def _load_summary(self, kind: str) -> Summary | None:
+        path = self.root / summary_relpath(kind)
+        try:
+            return Summary.parse(fsutil.read_bounded(path, MAX_MANIFEST_BYTES, within=self.root), str(path))
+        except FileNotFoundError:
+            return None
+        except (BundleError, OSError) as exc:
+            log.warning("listing summary %s is unreadable (%s); reading every entry instead", path, exc)
+            return None
+
+    def _store_summary(self, summary: Summary) -> None:
+        path = self.root / summary_relpath(summary.kind)
+        try:
+            fsutil.write_bytes(path, summary.to_bytes())
+        except OSError as exc:
+            log.warning("cannot write the listing summary %s (%s): listings stay correct, but slower", path, exc)
+
     def _move_aside(self, relpath: str) -> Path | None:
         src, dest = self.root / relpath, self.root / QUARANTINE / relpath
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -149,3 +194,23 @@ def _names(folder: Path) -> list[str]:
         return os.listdir(folder)
     except (FileNotFoundError, NotADirectoryError):
         return []
+
+
+def _tagged(base: Path, kind: str) -> list[tuple[str, str]]:
+    """(key digest, size/mtime/inode) of the index entries of `kind` under `base`, sorted."""
+    tagged = []
+    try:
+        with os.scandir(base / kind) as entries:
+            for entry in entries:
+                if (parsed := parse_index_relpath(f"index/{kind}/{entry.name}")) is not None:
+                    try:
+                        tagged.append((parsed[1], _tag(entry.stat())))
+                    except FileNotFoundError:  # removed since the listing
+                        continue
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(tagged)
+
+
+def _tag(st: os.stat_result) -> str:
+    return f"{st.st_size}/{st.st_mtime_ns}/{st.st_ino}"

@@ -35,7 +35,7 @@ import os
 import re
 import sys
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -48,6 +48,7 @@ from artifacts.manifest import MAX_MANIFEST_BYTES, Manifest
 
 from .base import Published, copy_verified, settle
 from .errors import BlobDigestMismatch, BlobSizeMismatch, RegistryError, RegistryReadOnly, RegistryUnavailable
+from .hf_listing import HubListing
 from .hf_maintain import HubMaintenance
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,9 @@ _COMMIT_ATTEMPTS = 5  # heads moved by other keys' publishes before we give up
 _LIST_READERS = 8  # index entries read in parallel by list()
 
 
-class HubRegistry(HubMaintenance):
-    """index/ + blobs/ inside a Hub repo, through huggingface_hub (maintainable: see hf_maintain)."""
+class HubRegistry(HubMaintenance, HubListing):
+    """index/ + blobs/ inside a Hub repo, through huggingface_hub (maintainable: see hf_maintain;
+    listable: hf_listing)."""
 
     def __init__(self, address: str, *, cache_dir: Path | str | None = None):
         self.repo_type, self.repo_id, self.revision = _parse_address(address)
@@ -144,19 +146,7 @@ class HubRegistry(HubMaintenance):
         head = self._head(create=False)
         if head is None:
             return
-        from huggingface_hub import RepoFile
-        from huggingface_hub.errors import RemoteEntryNotFoundError
-
-        with self._faults(f"list {self.url}/{folder}"):
-            try:
-                entries = list(
-                    self._api.list_repo_tree(
-                        self.repo_id, path_in_repo=folder, recursive=True, repo_type=self.repo_type, revision=head
-                    )
-                )
-            except RemoteEntryNotFoundError:
-                return
-        paths = sorted(e.path for e in entries if isinstance(e, RepoFile) and parse_index_relpath(e.path))
+        paths = [path for path, _ in self._index_files(folder, head)]
         # One tree listing, then the entries read _LIST_READERS at a time: ten thousand in seconds,
         # the first few (a miss's bounded sample) in a handful of requests.
         pool = ThreadPoolExecutor(_LIST_READERS, thread_name_prefix="prebake-hf-list")
@@ -170,6 +160,22 @@ class HubRegistry(HubMaintenance):
                 yield from _present(reads.popleft())
         finally:
             pool.shutdown(wait=False, cancel_futures=True)  # a reader that stopped early does not wait
+
+    def _index_files(self, folder: str, head: str) -> Sequence[tuple[str, str]]:
+        """(path, git blob id) of every index entry under `folder` at commit `head`, sorted: one tree listing."""
+        from huggingface_hub import RepoFile
+        from huggingface_hub.errors import RemoteEntryNotFoundError
+
+        with self._faults(f"list {self.url}/{folder}"):
+            try:
+                entries = list(
+                    self._api.list_repo_tree(
+                        self.repo_id, path_in_repo=folder, recursive=True, repo_type=self.repo_type, revision=head
+                    )
+                )
+            except RemoteEntryNotFoundError:
+                return []
+        return sorted((e.path, e.blob_id) for e in entries if isinstance(e, RepoFile) and parse_index_relpath(e.path))
 
     def __repr__(self) -> str:
         return f"HubRegistry({self.url!r}, endpoint={self.endpoint!r})"

@@ -47,6 +47,7 @@ from artifacts.manifest import MAX_MANIFEST_BYTES, BlobRef, Manifest
 
 from .base import Published, SizedSink, settle
 from .errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
+from .s3_listing import S3Listing
 from .s3_maintain import S3Maintenance
 
 log = logging.getLogger(__name__)
@@ -99,8 +100,8 @@ class S3Settings:
         return cls(**values)  # type: ignore[arg-type]
 
 
-class S3Registry(S3Maintenance):
-    """index/ + blobs/ under s3://bucket/prefix, through boto3 (maintainable: see s3_maintain)."""
+class S3Registry(S3Maintenance, S3Listing):
+    """index/ + blobs/ under s3://bucket/prefix, through boto3 (maintainable: see s3_maintain; listable: s3_listing)."""
 
     writable = True
 
@@ -244,6 +245,11 @@ class S3Registry(S3Maintenance):
 
     def _get_or_none(self, key: str) -> bytes | None:
         """An index entry's bytes, at most MAX_MANIFEST_BYTES of them, read within the time box."""
+        got = self._get_tagged(key)
+        return None if got is None else got[0]
+
+    def _get_tagged(self, key: str) -> tuple[bytes, str] | None:
+        """An index entry's bytes (bounded as `_get_or_none` says) and its version tag, ETag/size."""
         from botocore.exceptions import ClientError
 
         try:
@@ -262,7 +268,7 @@ class S3Registry(S3Maintenance):
                 total += len(chunk)
                 if total > MAX_MANIFEST_BYTES or time.monotonic() > deadline:
                     raise BundleError(f"{where} sent over {MAX_MANIFEST_BYTES} bytes or for over {_INDEX_READ_S} s")
-            return b"".join(chunks)
+            return b"".join(chunks), f"{response.get('ETag', '')}/{total}"
         finally:
             body.close()
 

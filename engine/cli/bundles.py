@@ -7,6 +7,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from artifacts.listing import Listed
 from artifacts.store import Store
 from engine.cli.common import json_option, registry_option, size, table
 
@@ -38,24 +39,23 @@ def add(sub) -> None:
 
 def cmd_ls(args: argparse.Namespace) -> int:
     from registry import open_registry
+    from registry.base import listed
 
     store = Store()
     registry = open_registry(store.registry_address(args.registry))
-    manifests = list(registry.list(args.kind))
+    bundles = list(listed(registry, args.kind))
     if args.json:
         print(
-            json.dumps(
-                {"registry": registry.url, "bundles": [_ls_json(m) for m in manifests]}, indent=2, sort_keys=True
-            )
+            json.dumps({"registry": registry.url, "bundles": [_ls_json(b) for b in bundles]}, indent=2, sort_keys=True)
         )
         return 0
-    rows = [_ls_row(m) for m in manifests]
+    rows = [_ls_row(b) for b in bundles]
     headers = ("MODEL", "KIND", "PLATFORM", "PRECISION", "TP", "SIZE", "CREATED", "KEY")
     print(table(headers, rows) if rows else f"no bundles in {registry.url}")
     return 0
 
 
-def _ls_row(m) -> tuple[str, ...]:
+def _ls_row(m: Listed) -> tuple[str, ...]:
     labels = m.labels
     return (
         labels.get("model", "?"),
@@ -69,7 +69,7 @@ def _ls_row(m) -> tuple[str, ...]:
     )
 
 
-def _ls_json(m) -> dict:
+def _ls_json(m: Listed) -> dict:
     return {
         "kind": m.kind,
         "key": m.key_digest,
@@ -80,7 +80,7 @@ def _ls_json(m) -> dict:
         "created": m.created,
         "builder": m.builder,
         "build_seconds": m.build_seconds,
-        "signers": [s.signer for s in m.signatures],
+        "signers": list(m.signers),
     }
 
 

@@ -1,0 +1,84 @@
+# mypy: disable-error-code="attr-defined"
+# (a mixin of its registry class: the attributes it uses are the registry's, checked there)
+"""`prebake ls` of a Hub registry without one request per entry (artifacts.ports.Listable).
+
+    $PREBAKE_HOME/listing/hf-<digest of endpoint and repo>-<kind>.json    the listing summary
+
+On the Hub a write is a commit, so the summary (artifacts/listing.py) is kept on this machine,
+not in the repo. Its tag is each entry's git blob id from the tree listing, the hash of the
+entry's bytes: a row whose tag matches was read from those very bytes, at whatever commit. A
+listing costs one tree listing and reads only the entries this machine has not listed before
+(`_LIST_READERS` at a time); offline, it lists what the cache holds, as `list()` does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+
+from artifacts import fsutil
+from artifacts.errors import BundleError
+from artifacts.layout import index_relpath, parse_index_relpath
+from artifacts.listing import Listed, Read, Summary, reconcile
+from artifacts.manifest import MAX_MANIFEST_BYTES
+from artifacts.store import default_home
+
+log = logging.getLogger(__name__)
+
+_READERS = 8  # index entries read in parallel, as list() reads them
+
+
+class HubListing:
+    """Mixed into HubRegistry: `listing`, through its API client, cache and fault mapping."""
+
+    def listing(self, kind: str | None = None) -> Iterator[Listed]:
+        """A row for every index entry (of one kind, if given), in list() order."""
+        if self.offline:
+            yield from (Listed.of(m) for m in self.list(kind))
+            return
+        head = self._head(create=False)
+        if head is None:
+            return
+        present: dict[str, list[tuple[str, str]]] = {}
+        for path, blob_id in self._index_files(f"index/{kind}" if kind else "index", head):
+            entry_kind, digest = parse_index_relpath(path) or ("", "")
+            present.setdefault(entry_kind, []).append((digest, blob_id))
+        for entry_kind, entries in sorted(present.items()):
+            cached = self._load_summary(entry_kind)
+            result = reconcile(entry_kind, entries, cached, partial(self._read_rows, entry_kind, head, dict(entries)))
+            if result.worth_storing:
+                self._store_summary(result.summary)
+            yield from result.rows
+
+    def _read_rows(self, kind: str, head: str, tags: dict[str, str], digests: Sequence[str]) -> Iterator[Read]:
+        def read(digest: str) -> Read:
+            manifest = self._read_index(index_relpath(kind, digest), head)
+            return Read(digest, tags[digest], None if manifest is None else Listed.of(manifest))
+
+        with ThreadPoolExecutor(_READERS, thread_name_prefix="prebake-hf-ls") as pool:
+            yield from pool.map(read, digests)
+
+    def _summary_path(self, kind: str) -> Path:
+        repo = hashlib.sha256(f"{self.endpoint}\n{self.repo_type}\n{self.repo_id}".encode()).hexdigest()[:24]
+        return default_home() / "listing" / f"hf-{repo}-{kind}.json"
+
+    def _load_summary(self, kind: str) -> Summary | None:
+        path = self._summary_path(kind)
+        try:
+            return Summary.parse(fsutil.read_bounded(path, MAX_MANIFEST_BYTES), str(path))
+        except FileNotFoundError:
+            return None
+        except (BundleError, OSError) as exc:
+            log.warning("listing summary %s is unreadable (%s); reading every entry instead", path, exc)
+            return None
+
+    def _store_summary(self, summary: Summary) -> None:
+        path = self._summary_path(summary.kind)
+        try:
+            fsutil.write_bytes(path, summary.to_bytes())
+        except OSError as exc:
+            log.warning("cannot write the listing summary %s (%s): listings stay correct, but slower", path, exc)
