@@ -15,6 +15,7 @@ to weighted quantiles, so near-exact there); the number of outer levels is chose
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ from .replay import Shapes
 MAX_CANDIDATES = 192  # distinct values per DP; above it, thresholds are drawn from weighted quantiles
 MAX_OUTER_LEVELS = 64  # outer levels (decode batch, prompt query) tried
 MAX_INNER_LEVELS = 32  # inner levels (blocks, context) per outer level
+MAX_TIERS = 6  # context tiers tried by the nested-tier prompt fit
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ def decode_curve(shapes: Shapes, top: int, batch_weight: float, block_weight: fl
     return _nested(points, batches, batch_weights, block_weight / real_c, top)
 
 
-def prompt_curve(shapes: Shapes, top: int, token_weight: float, ctx_weight: float) -> Curve:
+def prompt_curve(shapes: Shapes, top: int, token_weight: float, ctx_weight: float, tiers: bool = False) -> Curve:
     """Prompt: one level per batch seen; per batch, query levels; per query level, ctx levels."""
     points = {(b, max(q, 2), c): n for (b, q, c), n in shapes.prompt.items()}
     if not points:
@@ -73,9 +75,73 @@ def prompt_curve(shapes: Shapes, top: int, token_weight: float, ctx_weight: floa
         mine = {(q, c): n for (b, q, c), n in points.items() if b == batch}
         query = sorted({q for q, _ in mine})
         query_weights = [sum(n for (q, _), n in mine.items() if q == v) * batch * token_weight / real_t for v in query]
-        inner = _nested(mine, query, query_weights, batch * ctx_weight / real_c, top)
+        if tiers:
+            inner = _tier_curve(mine, batch * token_weight / real_t, batch * ctx_weight / real_c, top)
+        else:
+            inner = _nested(mine, query, query_weights, batch * ctx_weight / real_c, top)
         curves.append(Curve(inner.costs, _with_batch(inner, batch)))
     return _knapsack(curves, top)
+
+
+def _tier_curve(points: dict[tuple[int, int], int], token_coeff: float, ctx_coeff: float, top: int) -> Curve:
+    """Nested context tiers: context thresholds c_1 < ... < c_m (the exact context DP), and per
+    query threshold a height h, its buckets being (query, c_1) .. (query, c_h). A step of tier j
+    (context in (c_j-1, c_j]) pads to the first query threshold at or above its query whose height
+    is at least j, and to c_j: exact under the first-holding lookup. Unlike `_nested`, a query
+    level need not hold the long contexts of the steps in its range: they go on to the next level
+    that does. Heights are raised greedily, the raise saving most per bucket first."""
+    ctx_values = sorted({c for _, c in points})
+    ctx_weights = [sum(n for (_, c), n in points.items() if c == v) * ctx_coeff for v in ctx_values]
+    costs = np.full(top + 1, np.inf)
+    picks: list[tuple[tuple[int, int], ...]] = [()] * (top + 1)
+    for ctx_cost, tiers in _threshold_curve(ctx_values, ctx_weights, min(MAX_TIERS, top)):
+        for used, token_cost, picked in _raise_heights(points, tiers, token_coeff, top):
+            if token_cost + ctx_cost < costs[used]:
+                costs[used], picks[used] = token_cost + ctx_cost, picked
+    for k in range(1, top + 1):  # a fit of fewer buckets is a fit of k
+        if costs[k - 1] < costs[k]:
+            costs[k], picks[k] = costs[k - 1], picks[k - 1]
+    return Curve(costs, lambda k: picks[k])
+
+
+def _raise_heights(
+    points: dict[tuple[int, int], int], tiers: list[int], token_coeff: float, top: int
+) -> list[tuple[int, float, tuple[tuple[int, int], ...]]]:
+    """From the widest query holding every tier, raise one query value's height at a time (the
+    raise saving the most padded tokens per bucket it adds) until `top` buckets or no saving:
+    (buckets, token cost, buckets as (query, ctx)) after each raise."""
+    m, values = len(tiers), sorted({q for q, _ in points})
+    n, v, cols = len(values), np.asarray(values, dtype=np.float64), np.arange(len(values))
+    index = {q: i for i, q in enumerate(values)}
+    weight = np.zeros((m, n))  # token weight of tier j's steps at each query value
+    for (q, c), count in points.items():
+        weight[bisect_left(tiers, c), index[q]] += count * token_coeff
+    cum = np.concatenate([np.zeros((m, 1)), np.cumsum(weight, axis=1)], axis=1)
+    height = np.zeros(n, dtype=np.int64)
+    height[-1] = m
+    used, out = m, []
+    while True:
+        gains, cost = np.zeros((m + 1, n)), 0.0  # gains[h, i]: saved by tiers below h if i joined them
+        for j in range(m):
+            at = np.flatnonzero(height > j)  # tier j's query thresholds; the widest is always one
+            slot = np.searchsorted(at, cols, side="left")
+            low = np.where(slot > 0, at[np.maximum(slot - 1, 0)] + 1, 0)
+            saved = (v[at[slot]] - v) * (cum[j, cols + 1] - cum[j, low])
+            gains[j + 1] = gains[j] + np.where(height > j, 0.0, saved)
+            cost += float(v[at] @ (cum[j, at + 1] - cum[j, np.concatenate([[0], at[:-1] + 1])]))
+        out.append((used, cost, tuple((values[i], tiers[h]) for i in np.flatnonzero(height) for h in range(height[i]))))
+        best, choice = 0.0, (0, 0)
+        for h in range(1, m + 1):
+            extra = h - height
+            per_bucket = (gains[h] - gains[height, cols]) / np.maximum(extra, 1)
+            per_bucket[(extra <= 0) | (used + extra > top)] = 0.0
+            i = int(np.argmax(per_bucket))
+            if per_bucket[i] > best:
+                best, choice = float(per_bucket[i]), (i, h)
+        if best <= 0.0:
+            return out
+        used += choice[1] - int(height[choice[0]])
+        height[choice[0]] = choice[1]
 
 
 def _with_batch(inner: Curve, batch: int) -> Callable[[int], tuple[Any, ...]]:

@@ -27,6 +27,7 @@ queries are at least 2 tokens, since a bucket file reads query 1 as a decode buc
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,9 +143,10 @@ def _frontier(phase: Phase, shapes: Shapes, cover: set[Bucket], room: int) -> li
     of its two figures, each measured exactly; the cover alone is one of them."""
     steps = _Steps(phase, shapes)
     options: dict[frozenset[Bucket], Option] = {frozenset(): Option(0, steps.waste(sorted(cover)), frozenset())}
-    for weighting in WEIGHTINGS:
+    structures = (False, True) if phase == "prompt" else (False,)  # prompts: nested levels, then tiers
+    for weighting, tiers in itertools.product(WEIGHTINGS, structures):
         if phase == "prompt":
-            curve = prompt_curve(shapes, room, 1.0, weighting)
+            curve = prompt_curve(shapes, room, 1.0, weighting, tiers)
         else:
             curve = decode_curve(shapes, room, 1.0, weighting)
         for k in range(1, room + 1):
