@@ -194,35 +194,34 @@ def _reference(limits: ServingLimits, shapes: Shapes) -> np.ndarray:
 
 
 def _min_max(prompt: list[Option], decode: list[Option], reference: np.ndarray, room: int) -> tuple[Option, Option]:
-    """The split of `room` buckets and the fit of each phase with the least worst ratio to the
-    reference, then, among those, the least sum of ratios."""
-    ratios = {id(o): np.asarray(o.waste) / reference[:2] for o in prompt}
-    ratios |= {id(o): np.asarray(o.waste) / reference[2:] for o in decode}
-    worst = min(
-        max(_best(prompt, c, ratios, math.inf)[0], _best(decode, room - c, ratios, math.inf)[0])
-        for c in range(room + 1)
+    """The split of `room` buckets and the fit of each phase whose ratios to the reference, worst
+    first, are lexicographically least (leximin: the least worst ratio, then the least second
+    worst, and so on; then the fewest buckets). Per phase and count the leximin-best fit is kept,
+    and the best of a union is the union of the bests, so this is exact over the frontiers."""
+    prompt_best = _leximin_by_count(prompt, reference[:2], room)
+    decode_best = _leximin_by_count(decode, reference[2:], room)
+    splits = [(prompt_best[c], decode_best[room - c]) for c in range(room + 1)]
+    (_, p), (_, d) = min(splits, key=lambda pd: (_worst_first(pd[0][0] + pd[1][0]), pd[0][1].count + pd[1][1].count))
+    return p, d
+
+
+def _leximin_by_count(
+    options: list[Option], reference: np.ndarray, room: int
+) -> list[tuple[tuple[float, ...], Option]]:
+    """For each count up to `room`: the fit of at most that many buckets with the least ratios,
+    worst first (and the ratios)."""
+    keyed = sorted(
+        ((tuple(np.round(np.asarray(o.waste) / reference, 12)), o) for o in options),
+        key=lambda ro: (_worst_first(ro[0]), ro[1].count),
     )
-    best: tuple[float, Option, Option] | None = None
-    for c in range(room + 1):
-        (_, p_sum, p), (_, d_sum, d) = _best(prompt, c, ratios, worst), _best(decode, room - c, ratios, worst)
-        if p is not None and d is not None and (best is None or p_sum + d_sum < best[0]):
-            best = (p_sum + d_sum, p, d)
-    assert best is not None  # the split that reached `worst` qualifies
-    return best[1], best[2]
+    best: list[tuple[tuple[float, ...], Option]] = []
+    for count in range(room + 1):
+        best.append(next(ro for ro in keyed if ro[1].count <= count))  # the cover alone has count 0
+    return best
 
 
-def _best(
-    options: list[Option], count: int, ratios: dict[int, np.ndarray], cap: float
-) -> tuple[float, float, Option | None]:
-    """Among the options of at most `count` buckets whose worst ratio is within `cap`: the least
-    worst ratio, the least sum, and the option with that sum."""
-    fits = [(float(ratios[id(o)].max()), float(ratios[id(o)].sum()), o) for o in options if o.count <= count]
-    fits = [f for f in fits if f[0] <= cap + 1e-12]
-    if not fits:
-        return math.inf, math.inf, None
-    least_worst = min(f[0] for f in fits)
-    least_sum = min(fits, key=lambda f: (f[1], f[2].count))
-    return least_worst, least_sum[1], least_sum[2]
+def _worst_first(ratios: tuple[float, ...]) -> tuple[float, ...]:
+    return tuple(sorted(ratios, reverse=True))
 
 
 def _least_under(options: list[Option], max_waste: float, phase: Phase) -> Option:
