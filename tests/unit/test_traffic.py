@@ -148,7 +148,7 @@ def test_traffic_sets_beat_exponential_on_traffic_they_never_saw(kind):
     assert small.decode_batch <= exp.decode_batch and small.decode_blocks <= exp.decode_blocks
 
 
-@pytest.mark.parametrize("kind", ["chat", "code"])
+@pytest.mark.parametrize("kind", ["chat", "code", "chat-busy", "code-long"])
 def test_a_third_of_exponentials_count_pads_no_figure_more_than_exponential(kind):
     fit, unseen = split_trace(synthetic_requests(kind, 3000, seed=7))
     fit_shapes, eval_shapes = replay(fit, LLAMA3_8B), replay(unseen, LLAMA3_8B)
