@@ -70,8 +70,7 @@ class Writers:
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="prebake-unpack-write")
         self._lane = ThreadPoolExecutor(1, thread_name_prefix="prebake-unpack-large")
         self._free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
-        for _ in range(_BUFFERS):
-            self._free.put(bytearray(BUFFER))
+        self._made = 0  # buffers are made as needed, up to _BUFFERS: a small tree needs one or two
         self._pending: deque[Future[None]] = deque()
         self._buf: bytearray | None = None  # the run of small files being filled
         self._used = 0
@@ -127,6 +126,9 @@ class Writers:
     def _take(self) -> bytearray:
         while self._pending and self._pending[0].done():  # a failure shows at the next hand-over
             self._pending.popleft().result()
+        if self._made < _BUFFERS and self._free.empty():
+            self._made += 1
+            return bytearray(BUFFER)
         return self._free.get()  # waits for a writer to give one back: bounded memory
 
     def _flush(self) -> None:
