@@ -39,7 +39,7 @@ from .feed import Aborted, Feed
 from .manifest import MAX_PATH_BYTES, FileEntry
 from .tarheader import BLOCK as _BLOCK
 from .tarheader import Member, extended, parse_header
-from .unpack_write import Writers
+from .unpack_write import Folders, Writers
 
 _LARGE = 1 << 20  # members over this size (with padding) go to the ordered lane, chunk by chunk
 _READ_SIZE = 1 << 20  # what the decompressor reads of the blob at a time
@@ -172,8 +172,8 @@ class _Extraction:
         self.folders = {p for f in files for p in _parents(f.path)}
         self.seen: set[str] = set()
         self.members_left = len(files) + len(self.folders)
-        self.writers = Writers(workers=max(2, os.cpu_count() or 1))
-        self.made: set[str] = set()
+        self.made = Folders(into, self.folders)
+        self.writers = Writers(max(2, os.cpu_count() or 1), self.made)
 
     def run(self) -> None:
         try:
@@ -183,7 +183,9 @@ class _Extraction:
                     raise UnsafeArchiveError(f"{self.what} holds more entries than its manifest names; refusing it")
                 self._one(member)
             self.writers.finish()
+            self.made.finish()
         finally:
+            self.made.close()
             self.writers.close()  # every writer stopped and every file closed, even after a refusal
         missing = sorted(self.expected.keys() - self.seen)
         if missing:
@@ -196,18 +198,17 @@ class _Extraction:
             name = m.name.rstrip("/")
             if name not in self.folders:
                 raise UnsafeArchiveError(f"{self.what} holds a folder {name[:80]!r} no file of its manifest is in")
-            self._folder(name)
-            return
+            return  # made, with every other folder of the manifest, by the folder thread
         entry = self.expected.get(m.name)
         if entry is None or m.name in self.seen:
             why = "twice" if m.name in self.seen else "which its manifest does not name"
             raise UnsafeArchiveError(f"{self.what} holds an entry {m.name[:80]!r} {why}; refusing it")
         self.seen.add(m.name)
-        target = self.into / m.name
-        self._folder(m.name.rpartition("/")[0])
+        target, folder = self.into / m.name, m.name.rpartition("/")[0]
         if m.type == b"2":
             if entry.link != m.linkname:
                 raise UnsafeArchiveError(f"{self.what}: {m.name[:80]!r} is a link its manifest does not declare")
+            self.made.wait(folder)
             os.symlink(m.linkname, target)
             return
         if m.type not in (b"0", b"\0"):
@@ -220,21 +221,16 @@ class _Extraction:
                 f"{self.what}: {m.name[:80]!r} is {m.size} bytes in the archive, but its manifest says "
                 f"{'a link' if entry.link is not None else f'{entry.size} bytes'}; refusing it before writing"
             )
-        self._write(target, entry)
+        self._write(target, folder, entry)
 
-    def _folder(self, rel: str) -> None:
-        if rel and rel not in self.made:
-            os.makedirs(self.into / rel, exist_ok=True)
-            self.made.update(_parents(rel + "/x"))
-
-    def _write(self, target: Path, entry: FileEntry) -> None:
+    def _write(self, target: Path, folder: str, entry: FileEntry) -> None:
         """Hand the member's bytes (exactly its manifest's size) to the writer threads, which create,
         write and hash it while this thread decompresses on (artifacts/unpack_write.py)."""
         size, pad = entry.size, -entry.size % _BLOCK
         if size + pad <= _LARGE:
-            self.writers.small(str(target), size, size + pad, entry, lambda view: self._fill(view, size, entry))
+            self.writers.small(str(target), folder, size, size + pad, entry, lambda view: self._fill(view, size, entry))
         else:
-            job = self.writers.open_large(str(target), entry)
+            job = self.writers.open_large(str(target), folder, entry)
             remaining = size
             while remaining:
                 remaining -= self.writers.chunk(job, partial(self._fill_upto, remaining, entry))

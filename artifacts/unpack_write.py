@@ -22,10 +22,12 @@ from __future__ import annotations
 import hashlib
 import os
 import queue
+import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .errors import BundleError
 from .manifest import FileEntry
@@ -39,6 +41,7 @@ _BATCH_FILES = 64  # small files per run, at most
 @dataclass(frozen=True)
 class _Small:
     path: str
+    folder: str
     start: int
     end: int
     entry: FileEntry
@@ -62,11 +65,57 @@ class _Large:
                 os.close(fd)
 
 
+class Folders:
+    """Every folder the manifest implies, made in path order (parents first) by a thread of its own
+    while members stream: on this kind of VM a mkdir costs a millisecond or more of kernel time,
+    and a cache of thousands of one-kernel folders would otherwise pay it all in line."""
+
+    def __init__(self, into: Path, folders: set[str]):
+        self._order = sorted(folders)  # a parent sorts before everything under it
+        self._ready = {f: threading.Event() for f in self._order}
+        self.error: BaseException | None = None
+        self._stop = False
+        self._thread = threading.Thread(
+            target=self._make, args=(str(into),), name="prebake-unpack-folders", daemon=True
+        )
+        self._thread.start()
+
+    def wait(self, folder: str) -> None:
+        """Return once `folder` ('' for the top) exists; raise what stopped the folder thread."""
+        if folder:
+            self._ready[folder].wait()
+        if self.error is not None:
+            raise self.error
+
+    def finish(self) -> None:
+        """Wait for the last folder; raise what stopped the thread (a folder no file went into too)."""
+        self._thread.join()
+        self.wait("")
+
+    def close(self) -> None:
+        self._stop = True
+        self._thread.join()
+
+    def _make(self, into: str) -> None:
+        try:
+            for folder in self._order:
+                if self._stop:
+                    break
+                os.mkdir(os.path.join(into, folder))
+                self._ready[folder].set()
+        except BaseException as exc:  # raised to whoever waits, and by the extraction at its end
+            self.error = exc
+        finally:
+            for event in self._ready.values():  # nobody waits forever
+                event.set()
+
+
 class Writers:
     """Small files in runs to a pool of threads, large files chunk by chunk to one ordered lane,
     through a fixed set of reused buffers."""
 
-    def __init__(self, workers: int):
+    def __init__(self, workers: int, folders: Folders):
+        self._folders = folders
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="prebake-unpack-write")
         self._lane = ThreadPoolExecutor(1, thread_name_prefix="prebake-unpack-large")
         self._free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
@@ -77,17 +126,20 @@ class Writers:
         self._batch: list[_Small] = []
         self._large: list[_Large] = []  # opened, not yet known to be closed
 
-    def small(self, path: str, size: int, room: int, entry: FileEntry, fill: Callable[[memoryview], object]) -> None:
+    def small(
+        self, path: str, folder: str, size: int, room: int, entry: FileEntry, fill: Callable[[memoryview], object]
+    ) -> None:
         """A small member: `fill` puts its `room` bytes (its data, then padding) into the view it is
         given; a worker writes the first `size` of them to the new file `path`. room <= BUFFER."""
         if self._buf is None or self._used + room > BUFFER or len(self._batch) >= _BATCH_FILES:
             self._flush()
             self._buf, self._used = self._take(), 0
         fill(memoryview(self._buf)[self._used : self._used + room])
-        self._batch.append(_Small(path, self._used, self._used + size, entry))
+        self._batch.append(_Small(path, folder, self._used, self._used + size, entry))
         self._used += room
 
-    def open_large(self, path: str, entry: FileEntry) -> _Large:
+    def open_large(self, path: str, folder: str, entry: FileEntry) -> _Large:
+        self._folders.wait(folder)
         fd = os.open(path, _FLAGS, 0o644)
         job = _Large(fd, entry)
         self._large = [j for j in self._large if j.fd >= 0] + [job]
@@ -148,6 +200,7 @@ class Writers:
             view = memoryview(buf)
             for item in batch:
                 data = view[item.start : item.end]
+                self._folders.wait(item.folder)
                 fd = os.open(item.path, _FLAGS, 0o644)
                 try:
                     _write_all(fd, data)
