@@ -22,7 +22,8 @@ Each tree is packed and unpacked by prebake, with the code production runs and e
                   (verified when it landed): the same member checks, no blob digest
 
 and by `tar -I 'zstd -T0 -3' -cf` / `tar -I 'zstd -d' -xf` (which verify nothing), alternating
-which goes first, median of --repeat rounds. Before each timed operation the page cache's dirty
+which goes first, median of --repeat rounds (at least 15 for a tree under 64 MB, whose round
+takes tens of milliseconds). Before each timed operation the page cache's dirty
 data is written out (sync), so neither side pays for the other's writeback; CPU seconds (the
 process and its children) are reported beside wall seconds. A ratio below 1 means prebake is
 faster. --scale shrinks the synthetic trees for a quick run. The last line is a JSON object of
@@ -62,6 +63,8 @@ VERIFICATION = (
     "checks without the blob digest; tar+zstd verifies nothing"
 )
 OPS = ("pack", "unpack", "unpack_local")
+SMALL_TREE_BYTES = 64 << 20  # a tree under this size takes tens of milliseconds a round: ...
+SMALL_TREE_ROUNDS = 15  # ... so it gets at least this many rounds, or its median is noise
 
 COMPILE_SNIPPET = """
 from artifacts.recipes import load_recipe
@@ -170,6 +173,7 @@ class Result:
     name: str
     megabytes: float
     files: int
+    rounds: int
     blob_fraction: float
     ours: dict[str, Timing]  # by operation: pack, unpack, unpack_local
     cli: dict[str, Timing]  # the tar+zstd timing each is compared with
@@ -213,7 +217,8 @@ def bench(name: str, tree: Path, work: Path, repeat: int) -> Result:
     blob, cli_blob = work / f"{name}.tar.zst", work / f"{name}-cli.tar.zst"
     out, cli_out = work / f"{name}-out", work / f"{name}-cli-out"
     fraction = 0.0
-    for i in range(repeat):
+    rounds = repeat if size >= SMALL_TREE_BYTES else max(repeat, SMALL_TREE_ROUNDS)
+    for i in range(rounds):
         packed = []
         for old in (blob, cli_blob):  # both write a new file: rewriting a truncated one costs a flush on ext4
             old.unlink(missing_ok=True)
@@ -239,6 +244,7 @@ def bench(name: str, tree: Path, work: Path, repeat: int) -> Result:
         name,
         size / 1e6,
         len(files),
+        rounds,
         fraction,
         {op: med[f"ours_{op}"] for op in OPS},
         {op: med[f"cli_{op}"] for op in OPS},
@@ -256,7 +262,10 @@ def _cli(argv: list[str]) -> None:
 
 def report(result: Result) -> None:
     mb = result.megabytes
-    print(f"{result.name}: {mb:.1f} MB in {result.files} files, prebake blob {result.blob_fraction:.2f} of raw")
+    print(
+        f"{result.name}: {mb:.1f} MB in {result.files} files, prebake blob {result.blob_fraction:.2f} of raw, "
+        f"median of {result.rounds} rounds"
+    )
     for op in OPS:
         ours, cli = result.ours[op], result.cli[op]
         print(
@@ -318,6 +327,7 @@ def main() -> None:
         plot(results, args.plot)
     figures: dict[str, object] = {f"{op}_ratio_{r.name}": round(r.ratio(op), 3) for r in results for op in OPS}
     for r in results:
+        figures[f"rounds_{r.name}"] = r.rounds
         for op in OPS:
             figures[f"{op}_s_{r.name}"] = round(r.ours[op].wall, 3)
             figures[f"{op}_cli_s_{r.name}"] = round(r.cli[op].wall, 3)
