@@ -10,11 +10,12 @@ The bytes are those `tarfile` writes in GNU format for the same entries (so bund
 before this module existed keep their digests), compressed by zstd in multi-threaded mode,
 whose output does not depend on the number of worker threads.
 
-Why it is fast: each byte is read once. Small files are read and hashed by a pool of
-reader threads (open, read and sha256 all release the GIL) while the calling thread feeds
-the compressor in path order; a large file is read in big chunks by the calling thread
-while one hashing thread digests each chunk behind it. zstd's own workers compress, and
-a writer thread digests and writes the compressed output. Nothing is fsynced here: the
+Why it is fast: each byte is read once, into reused buffers (artifacts/pack_read.py).
+Small files are read and hashed by a pool of reader threads in runs (open, read and sha256
+all release the GIL) while the calling thread feeds the compressor in path order; a large
+file is read and hashed in big chunks by a thread running a few chunks ahead of the
+compressor. zstd's own workers compress, and a writer thread digests and writes the
+compressed output. Nothing is fsynced here: the
 blob is a scratch file that publishing copies into place atomically (fsutil.atomic_target).
 """
 
@@ -37,6 +38,7 @@ import zstandard
 
 from .errors import BundleError, UnsafeArchiveError
 from .manifest import BlobRef, FileEntry
+from .pack_read import Buffers, ChunkReader
 
 _BLOCK, _RECORD = tarfile.BLOCKSIZE, tarfile.RECORDSIZE
 _ENCODING = tarfile.ENCODING  # what tarfile.open uses by default: the file system's encoding
@@ -45,10 +47,9 @@ _MTIME_CHECKSUM_PLACEHOLDER = b"00000000000\0" + b" " * 8  # mtime 0, then the c
 _GNU_TAIL = tarfile.TarInfo("x").tobuf(tarfile.GNU_FORMAT, _ENCODING, "surrogateescape")[257:]  # magic to padding,
 # as this Python's tarfile writes it for a file with no owner names (device numbers: NUL or zeros by version)
 _SMALL = 4 << 20  # files up to this size are read whole by a reader thread
-_CHUNK = 8 << 20  # larger files are read in pieces of this size
 _BATCH_BYTES = 2 << 20  # small files go to the reader threads in runs of about this size
-_AHEAD_BYTES = 64 << 20  # read ahead at most this much of small files
-_AHEAD_BATCHES = 32  # ... in at most this many runs
+_AHEAD_BYTES = 32 << 20  # read ahead at most this much of small files
+_AHEAD_BATCHES = 16  # ... in at most this many runs
 
 
 @dataclass(frozen=True)
@@ -64,8 +65,9 @@ _Entry = tuple[str, Path, os.stat_result]  # posix relative path, path, lstat
 class _Batch:
     """Consecutive small files (and links), ready to go into the stream: their tar bytes and manifest entries."""
 
-    data: bytes  # for each: header, contents, padding
+    data: memoryview  # for each: header, contents, padding
     entries: tuple[FileEntry, ...]
+    buffer: bytearray  # what data is a view of; back to the pool once the compressor has it
 
 
 def pack(tree: Path, dest: Path, *, level: int = 3, threads: int | None = None) -> Packed:
@@ -83,13 +85,16 @@ def pack(tree: Path, dest: Path, *, level: int = 3, threads: int | None = None) 
             compressor.stream_writer(cast(BinaryIO, sink), closefd=False, write_size=1 << 20) as zw,
         ):
             offset = 0
-            for item in _in_order(_walk(tree), readers=max(2, cores)):
+            buffers = Buffers()
+            for item in _in_order(_walk(tree), buffers, readers=max(2, cores)):
                 if isinstance(item, _Batch):
                     zw.write(item.data)
                     offset += len(item.data)
                     files.extend(item.entries)
+                    item.data.release()
+                    buffers.give(item.buffer)
                 else:
-                    entry, written = _stream_large(zw, *item)
+                    entry, written = _stream_large(zw, *item, buffers.chunk_pool())
                     offset += written
                     files.append(entry)
             zw.write(_end_of_archive(offset))
@@ -123,7 +128,7 @@ def _walk(tree: Path) -> list[_Entry]:
     return found
 
 
-def _in_order(entries: list[_Entry], readers: int) -> Iterator[_Batch | _Entry]:
+def _in_order(entries: list[_Entry], buffers: Buffers, readers: int) -> Iterator[_Batch | _Entry]:
     """The entries in order: small ones as batches a pool of threads reads ahead, large ones as
     they are, for the caller to stream. Read-ahead is bounded in bytes and batches."""
     pending: deque[Future[_Batch] | _Entry] = deque()
@@ -131,7 +136,7 @@ def _in_order(entries: list[_Entry], readers: int) -> Iterator[_Batch | _Entry]:
     with ThreadPoolExecutor(max_workers=readers, thread_name_prefix="prebake-pack-read") as pool:
         for group in _groups(entries):
             if isinstance(group, list):
-                pending.append(pool.submit(_read_batch, group))
+                pending.append(pool.submit(_read_batch, group, buffers))
                 ahead += sum(st.st_size for _, _, st in group)
             else:
                 pending.append(group)
@@ -169,46 +174,62 @@ def _groups(entries: list[_Entry]) -> Iterator[list[_Entry] | _Entry]:
         yield run
 
 
-def _read_batch(group: list[_Entry]) -> _Batch:
-    parts: list[bytes] = []
-    entries = tuple(_read_small(rel, path, st, parts) for rel, path, st in group)
-    return _Batch(b"".join(parts), entries)
+def _read_batch(group: list[_Entry], buffers: Buffers) -> _Batch:
+    """Read a run of small files (and links) straight into one reused buffer, as tar bytes."""
+    headers = [_small_header(rel, path, st) for rel, path, st in group]
+    total = sum(len(h) + _padded(st.st_size) for h, (_, _, st) in zip(headers, group))
+    buf = buffers.take(total + 1)  # one byte spare: a file that grew since the walk shows it
+    view, at = memoryview(buf), 0
+    entries = []
+    for header, (rel, path, st) in zip(headers, group):
+        view[at : at + len(header)] = header
+        at += len(header)
+        if stat.S_ISLNK(st.st_mode):
+            target = os.readlink(path)
+            entries.append(_entry(rel, 0, "sha256:" + hashlib.sha256(target.encode()).hexdigest(), False, target))
+            continue
+        with path.open("rb", buffering=0) as f:
+            n = f.readinto(view[at : at + st.st_size + 1]) if st.st_size else len(f.read(1))
+        _check_size(path, st, n)
+        data = view[at : at + n]
+        entries.append(_entry(rel, n, "sha256:" + hashlib.sha256(data).hexdigest(), bool(st.st_mode & 0o111)))
+        at += n
+        pad = -n % _BLOCK
+        view[at : at + pad] = bytes(pad)
+        at += pad
+    return _Batch(view[:at], tuple(entries), buf)
 
 
-def _read_small(rel: str, path: Path, st: os.stat_result, parts: list[bytes]) -> FileEntry:
-    """Append one small file's (or link's) tar bytes to `parts`; return its manifest entry."""
+def _small_header(rel: str, path: Path, st: os.stat_result) -> bytes:
     if stat.S_ISLNK(st.st_mode):
         target = os.readlink(path)
         if link_leaves_tree(rel, target):
             raise UnsafeArchiveError(f"the tree holds a link {rel!r} -> {target!r} that leaves its folder; refusing it")
-        parts.append(_header(rel, st, target))
-        return _entry(rel, 0, "sha256:" + hashlib.sha256(target.encode()).hexdigest(), False, target)
+        return _header(rel, st, target)
     if not stat.S_ISREG(st.st_mode):
         raise BundleError(f"cannot pack {path}: only regular files and links can go into a bundle")
-    with path.open("rb", buffering=0) as f:
-        data = f.read(st.st_size + 1)  # one byte more: a file that grew since the walk shows it
-    _check_size(path, st, len(data))
-    parts += (_header(rel, st), data, _padding(len(data)))
-    return _entry(rel, len(data), "sha256:" + hashlib.sha256(data).hexdigest(), bool(st.st_mode & 0o111))
+    return _header(rel, st)
 
 
-def _stream_large(zw: BinaryIO, rel: str, path: Path, st: os.stat_result) -> tuple[FileEntry, int]:
-    """Feed one large file to the compressor chunk by chunk; a thread hashes each chunk behind us."""
+def _padded(size: int) -> int:
+    return size + (-size % _BLOCK)
+
+
+def _stream_large(
+    zw: BinaryIO, rel: str, path: Path, st: os.stat_result, free: queue.SimpleQueue[bytearray]
+) -> tuple[FileEntry, int]:
+    """Feed one large file to the compressor chunk by chunk, while a thread reads and hashes the
+    next chunks ahead of us into a few reused buffers (no fresh pages for each chunk)."""
     header = _header(rel, st)
     zw.write(header)
-    h, size = hashlib.sha256(), 0
-    behind: deque[Future[None]] = deque()
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="prebake-pack-hash") as hasher:
-        with path.open("rb", buffering=0) as f:
-            while size <= st.st_size and (chunk := f.read(_CHUNK)):
-                behind.append(hasher.submit(h.update, chunk))
-                if len(behind) > 4:  # the hasher may lag a few chunks, not the whole file
-                    behind.popleft().result()
-                zw.write(chunk)
-                size += len(chunk)
+    with ChunkReader(path, st.st_size, free) as chunks:
+        size = 0
+        for view in chunks:
+            zw.write(view)
+            size += len(view)
     _check_size(path, st, size)
     zw.write(_padding(size))
-    entry = _entry(rel, size, "sha256:" + h.hexdigest(), bool(st.st_mode & 0o111))
+    entry = _entry(rel, size, "sha256:" + chunks.hexdigest(), bool(st.st_mode & 0o111))
     return entry, len(header) + size + len(_padding(size))
 
 

@@ -8,12 +8,13 @@ of the member is written:
     checked       the name is one of the manifest's files (or a folder of one), not seen before;
                   its type is the manifest's (file or link, link target equal); its size is the
                   manifest's size for it
-    written       exactly that many bytes, hashed while they are written (in a worker thread,
-                  overlapped with decompression), the digest compared as soon as the member ends
+    written       exactly that many bytes, handed to writer threads that create, write and hash
+                  it while decompression goes on (artifacts/unpack_write.py), the digest compared
+                  as soon as the member is written
     at the end    every file of the manifest was there
 
 So the bytes written are bounded by the manifest's total, the entries by its file count,
-and memory by one chunk, whatever the archive claims; a decompression bomb stops at the
+and memory by the writers' fixed set of buffers, whatever the archive claims; a decompression bomb stops at the
 first member that outgrows its declared size. Nothing is renamed into place unless all of
 it passed (see bundle.unpack and unpack_streamed for the folder dance).
 """
@@ -23,10 +24,10 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import BinaryIO
 
@@ -38,11 +39,11 @@ from .feed import Aborted, Feed
 from .manifest import MAX_PATH_BYTES, FileEntry
 from .tarheader import BLOCK as _BLOCK
 from .tarheader import Member, extended, parse_header
+from .unpack_write import Folders, Writers
 
-_CHUNK = 1 << 20
+_LARGE = 1 << 20  # members over this size (with padding) go to the ordered lane, chunk by chunk
+_READ_SIZE = 1 << 20  # what the decompressor reads of the blob at a time
 _MAX_EXTENDED = MAX_PATH_BYTES + 8192  # a GNU long name or pax record: a path and some change
-_IN_FLIGHT = 16  # chunks handed to the hashing thread and not yet hashed
-_HAND_OVER = 1 << 20  # files from this size on are hashed in the worker thread
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,8 @@ def extract(compressed: BinaryIO, into: Path, files: tuple[FileEntry, ...], limi
     limits.check(files, what)
     dctx = zstandard.ZstdDecompressor(max_window_size=1 << limits.max_window_log)
     try:
-        with dctx.stream_reader(compressed, read_size=_CHUNK, closefd=False) as zr:
-            _Extraction(io.BufferedReader(zr, _CHUNK), into, files, what).run()
+        with dctx.stream_reader(compressed, read_size=_READ_SIZE, closefd=False) as zr:
+            _Extraction(io.BufferedReader(zr, _READ_SIZE), into, files, what).run()
     except zstandard.ZstdError as exc:
         if "window" in str(exc).lower() or "memory" in str(exc).lower():
             raise UnsafeArchiveError(
@@ -165,15 +166,14 @@ def tree_problems(tree: Path, files: tuple[FileEntry, ...]) -> list[str]:
 class _Extraction:
     """One pass over a tar stream, writing what the manifest allows and nothing else."""
 
-    def __init__(self, reader: BinaryIO, into: Path, files: tuple[FileEntry, ...], what: str):
+    def __init__(self, reader: io.BufferedReader, into: Path, files: tuple[FileEntry, ...], what: str):
         self.reader, self.into, self.what = reader, into, what
         self.expected = {f.path: f for f in files}
         self.folders = {p for f in files for p in _parents(f.path)}
         self.seen: set[str] = set()
         self.members_left = len(files) + len(self.folders)
-        self.writer = _Writer(what)
-        self.job: _FileJob | None = None
-        self.made: set[str] = set()
+        self.made = Folders(into, self.folders)
+        self.writers = Writers(max(2, os.cpu_count() or 1), self.made)
 
     def run(self) -> None:
         try:
@@ -182,11 +182,11 @@ class _Extraction:
                 if self.members_left < 0:
                     raise UnsafeArchiveError(f"{self.what} holds more entries than its manifest names; refusing it")
                 self._one(member)
-            self.writer.drain()
+            self.writers.finish()
+            self.made.finish()
         finally:
-            self.writer.close()
-            if self.job is not None and self.job.fd >= 0:  # a member that failed half-way
-                os.close(self.job.fd)
+            self.made.close()
+            self.writers.close()  # every writer stopped and every file closed, even after a refusal
         missing = sorted(self.expected.keys() - self.seen)
         if missing:
             raise BundleError(f"{self.what} lacks {len(missing)} file(s) its manifest names ({missing[:3]}); corrupt")
@@ -198,18 +198,17 @@ class _Extraction:
             name = m.name.rstrip("/")
             if name not in self.folders:
                 raise UnsafeArchiveError(f"{self.what} holds a folder {name[:80]!r} no file of its manifest is in")
-            self._folder(name)
-            return
+            return  # made, with every other folder of the manifest, by the folder thread
         entry = self.expected.get(m.name)
         if entry is None or m.name in self.seen:
             why = "twice" if m.name in self.seen else "which its manifest does not name"
             raise UnsafeArchiveError(f"{self.what} holds an entry {m.name[:80]!r} {why}; refusing it")
         self.seen.add(m.name)
-        target = self.into / m.name
-        self._folder(m.name.rpartition("/")[0])
+        target, folder = self.into / m.name, m.name.rpartition("/")[0]
         if m.type == b"2":
             if entry.link != m.linkname:
                 raise UnsafeArchiveError(f"{self.what}: {m.name[:80]!r} is a link its manifest does not declare")
+            self.made.wait(folder)
             os.symlink(m.linkname, target)
             return
         if m.type not in (b"0", b"\0"):
@@ -222,32 +221,33 @@ class _Extraction:
                 f"{self.what}: {m.name[:80]!r} is {m.size} bytes in the archive, but its manifest says "
                 f"{'a link' if entry.link is not None else f'{entry.size} bytes'}; refusing it before writing"
             )
-        self._write(target, entry)
+        self._write(target, folder, entry)
 
-    def _folder(self, rel: str) -> None:
-        if rel and rel not in self.made:
-            os.makedirs(self.into / rel, exist_ok=True)
-            self.made.update(_parents(rel + "/x"))
-
-    def _write(self, target: Path, entry: FileEntry) -> None:
-        """Write the member's bytes here (os.write releases the GIL) and hash them in the writer
-        thread, so decompressing, writing and hashing use two cores; small files are hashed inline,
-        where handing them over would cost more than it saves."""
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        self.job = job = _FileJob(fd, entry, hashlib.sha256())
-        hand_over = entry.size >= _HAND_OVER
-        remaining = entry.size
-        while remaining:
-            chunk = self.reader.read(min(remaining, _CHUNK))
-            if not chunk:
-                raise BundleError(f"{self.what} ends inside {entry.path!r}: the archive is truncated")
-            remaining -= len(chunk)
-            job.write(chunk)
-            self.writer.submit(job.hasher.update, chunk) if hand_over else job.hasher.update(chunk)
-        self._skip(-entry.size % _BLOCK)
-        job.close()
-        self.writer.submit(job.check) if hand_over else job.check()
+    def _write(self, target: Path, folder: str, entry: FileEntry) -> None:
+        """Hand the member's bytes (exactly its manifest's size) to the writer threads, which create,
+        write and hash it while this thread decompresses on (artifacts/unpack_write.py)."""
+        size, pad = entry.size, -entry.size % _BLOCK
+        if size + pad <= _LARGE:
+            self.writers.small(str(target), folder, size, size + pad, entry, lambda view: self._fill(view, size, entry))
+        else:
+            job = self.writers.open_large(str(target), folder, entry)
+            remaining = size
+            while remaining:
+                remaining -= self.writers.chunk(job, partial(self._fill_upto, remaining, entry))
+            self._skip(pad)
+            self.writers.end_large(job)
         fsutil.crash_point("stream", entry.path)
+
+    def _fill_upto(self, remaining: int, entry: FileEntry, view: memoryview) -> int:
+        return self._fill(view[:remaining], remaining, entry)
+
+    def _fill(self, view: memoryview, data: int, entry: FileEntry) -> int:
+        """Read exactly len(view) bytes into `view`, of which the first `data` are the member's."""
+        n = self.reader.readinto(view) if len(view) else 0
+        if n < len(view):
+            where = f"inside {entry.path!r}" if n < data else "in padding"
+            raise BundleError(f"{self.what} ends {where}: the archive is truncated")
+        return n
 
     def _next(self) -> Member | None:
         """The next member with its GNU long name / pax overrides applied; None at the end marker."""
@@ -285,53 +285,7 @@ def _parents(path: str) -> list[str]:
     return ["/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
-# -- writing in a worker thread -----------------------------------------------------------------
-
-
-@dataclass
-class _FileJob:
-    """One member being written: its file, what the manifest says of it, its running hash."""
-
-    fd: int
-    entry: FileEntry
-    hasher: hashlib._Hash
-
-    def write(self, chunk: bytes) -> None:
-        view = memoryview(chunk)
-        while view:
-            view = view[os.write(self.fd, view) :]
-
-    def close(self) -> None:
-        fd, self.fd = self.fd, -1
-        if self.entry.executable:
-            os.fchmod(fd, 0o755)
-        os.close(fd)
-
-    def check(self) -> None:
-        if "sha256:" + self.hasher.hexdigest() != self.entry.sha256:
-            raise BundleError(f"{self.entry.path!r} does not match its manifest's digest: the bundle is corrupt")
-
-
-class _Writer:
-    """Hashes large members in one worker thread while the caller decompresses and writes the next
-    chunk (zstd, hashlib and os.write release the GIL, so the two run on two cores)."""
-
-    def __init__(self, what: str):
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="prebake-hash")
-        self.pending: deque[Future[None]] = deque()
-        self.what = what
-
-    def submit(self, fn: Callable[..., None], *args: object) -> None:
-        self.pending.append(self.pool.submit(fn, *args))
-        while len(self.pending) > _IN_FLIGHT or (self.pending and self.pending[0].done()):
-            self.pending.popleft().result()
-
-    def drain(self) -> None:
-        while self.pending:
-            self.pending.popleft().result()
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True)
+# -- fed from a download ----------------------------------------------------------------------
 
 
 def _extract_fed(feed: Feed, into: Path, files: tuple[FileEntry, ...], limits: UnpackLimits, what: str) -> None:

@@ -10,17 +10,30 @@ Three trees, made here:
                     60 MB (part machine code, incompressible; part tables, compressible) among
                     4,000 small Triton/Inductor files (cubin, ptx, json, py)
 
-Each tree is packed and unpacked by prebake (artifacts.bundle.pack / unpack: deterministic
-tar, multi-threaded zstd -3, a sha256 of every file for the manifest and of the blob, and an
-unpack that checks every entry's path, link and digest against the manifest) and by
-`tar -I 'zstd -T0 -3' -cf` / `tar -I 'zstd -d' -xf` (which verify nothing), alternating which
-goes first, median of --repeat rounds. A ratio below 1 means prebake is faster. --scale
-shrinks the synthetic trees for a quick run. The last line is a JSON object of the ratios.
+Each tree is packed and unpacked by prebake, with the code production runs and every check on:
+
+    pack          artifacts.bundle.pack: deterministic tar, multi-threaded zstd -3, the sha256 of
+                  every file (for the manifest) and of the blob
+    unpack        artifacts.unpack.unpack_streamed, the path of Store.install's fetch, fed from the
+                  local blob: the blob's sha256 checked as it is read, every member's path, type,
+                  size and link checked against the manifest before it is written, every file's
+                  sha256 compared, the tree renamed into place only after all passed
+    unpack_local  artifacts.bundle.unpack, Store.install's path for a blob already in the store
+                  (verified when it landed): the same member checks, no blob digest
+
+and by `tar -I 'zstd -T0 -3' -cf` / `tar -I 'zstd -d' -xf` (which verify nothing), alternating
+which goes first, median of --repeat rounds (at least 15 for a tree under 64 MB, whose round
+takes tens of milliseconds). Before each timed operation the page cache's dirty
+data is written out (sync), so neither side pays for the other's writeback; CPU seconds (the
+process and its children) are reported beside wall seconds. A ratio below 1 means prebake is
+faster. --scale shrinks the synthetic trees for a quick run. The last line is a JSON object of
+the figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
@@ -37,13 +50,21 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from artifacts.bundle import pack, unpack  # noqa: E402
+from artifacts.bundle import UnpackLimits, pack, unpack  # noqa: E402
+from artifacts.errors import BundleError  # noqa: E402
+from artifacts.manifest import FileEntry  # noqa: E402
+from artifacts.unpack import unpack_streamed  # noqa: E402
 
 _MiB = 1 << 20
 VERIFICATION = (
-    "verification on: prebake hashes every file (sha256, for the manifest) and the blob while packing, "
-    "and unpacking checks every entry's path, link and sha256 against the manifest; tar+zstd verifies nothing"
+    "verification on: packing hashes every file (sha256, for the manifest) and the blob; unpacking (the "
+    "streamed path of Store.install) checks the blob's sha256 as it reads it and every entry's path, type, size, "
+    "link and sha256 against the manifest; unpack_local (a blob already in the store) makes the same entry "
+    "checks without the blob digest; tar+zstd verifies nothing"
 )
+OPS = ("pack", "unpack", "unpack_local")
+SMALL_TREE_BYTES = 64 << 20  # a tree under this size takes tens of milliseconds a round: ...
+SMALL_TREE_ROUNDS = 15  # ... so it gets at least this many rounds, or its median is noise
 
 COMPILE_SNIPPET = """
 from artifacts.recipes import load_recipe
@@ -142,60 +163,97 @@ def _write(path: Path, data: bytes) -> None:
 
 
 @dataclass(frozen=True)
+class Timing:
+    wall: float  # median seconds
+    cpu: float  # median CPU seconds, the process and its children
+
+
+@dataclass(frozen=True)
 class Result:
     name: str
     megabytes: float
     files: int
+    rounds: int
     blob_fraction: float
-    pack: tuple[float, float]  # median seconds: prebake, tar+zstd
-    unpack: tuple[float, float]
+    ours: dict[str, Timing]  # by operation: pack, unpack, unpack_local
+    cli: dict[str, Timing]  # the tar+zstd timing each is compared with
 
     def ratio(self, op: str) -> float:
-        ours, cli = getattr(self, op)
-        return ours / cli
+        return self.ours[op].wall / self.cli[op].wall
 
 
-def timed(fn: Callable[[], object]) -> float:
-    started = time.perf_counter()
+def timed(fn: Callable[[], object]) -> tuple[float, float]:
+    """Wall and CPU seconds of fn, after writing out dirty pages so it starts from a clean cache."""
+    os.sync()
+    cpu, started = _cpu(), time.perf_counter()
     fn()
-    return time.perf_counter() - started
+    return time.perf_counter() - started, _cpu() - cpu
+
+
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def streamed(blob: Path, digest: str, dest: Path, files: tuple[FileEntry, ...]) -> None:
+    """Store.install's streamed unpack, fed from the local blob, whose sha256 is checked as it is read."""
+
+    def download(tee: Callable[[bytes], None]) -> None:
+        h = hashlib.sha256()
+        with blob.open("rb", buffering=0) as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+                tee(chunk)
+        if "sha256:" + h.hexdigest() != digest:
+            raise BundleError(f"{blob} does not hash to {digest}")
+
+    unpack_streamed(download, dest, files, UnpackLimits(), str(blob))
 
 
 def bench(name: str, tree: Path, work: Path, repeat: int) -> Result:
     files = [p for p in tree.rglob("*") if p.is_file() and not p.is_symlink()]
     size = sum(p.stat().st_size for p in files)
-    times: dict[str, list[float]] = {"ours_pack": [], "ours_unpack": [], "cli_pack": [], "cli_unpack": []}
+    times: dict[str, list[tuple[float, float]]] = {f"{who}_{op}": [] for who in ("ours", "cli") for op in OPS}
     blob, cli_blob = work / f"{name}.tar.zst", work / f"{name}-cli.tar.zst"
     out, cli_out = work / f"{name}-out", work / f"{name}-cli-out"
-    for i in range(repeat):
+    fraction = 0.0
+    rounds = repeat if size >= SMALL_TREE_BYTES else max(repeat, SMALL_TREE_ROUNDS)
+    for i in range(rounds):
         packed = []
         for old in (blob, cli_blob):  # both write a new file: rewriting a truncated one costs a flush on ext4
             old.unlink(missing_ok=True)
-        rounds = [
+        _alternate(
+            i,
+            times,
             ("ours_pack", lambda: packed.append(pack(tree, blob))),
             ("cli_pack", lambda: _cli(["tar", "-I", "zstd -T0 -3 -q", "-cf", str(cli_blob), "-C", str(tree), "."])),
-        ]
-        for label, fn in rounds if i % 2 == 0 else rounds[::-1]:
-            times[label].append(timed(fn))
-        cli_out.mkdir()
-        rounds = [
-            ("ours_unpack", lambda: unpack(blob, out, packed[0].files)),
-            ("cli_unpack", lambda: _cli(["tar", "-I", "zstd -d -q", "-xf", str(cli_blob), "-C", str(cli_out)])),
-        ]
-        for label, fn in rounds if i % 2 == 0 else rounds[::-1]:
-            times[label].append(timed(fn))
+        )
         fraction = blob.stat().st_size / size
-        for folder in (out, cli_out):
-            shutil.rmtree(folder)
-    med = {k: statistics.median(v) for k, v in times.items()}
+        digest, entries = packed[0].blob.digest, packed[0].files
+        untar = ["tar", "-I", "zstd -d -q", "-xf", str(cli_blob), "-C", str(cli_out)]
+        for op, ours in (
+            ("unpack", lambda: streamed(blob, digest, out, entries)),
+            ("unpack_local", lambda: unpack(blob, out, entries)),
+        ):
+            cli_out.mkdir()
+            _alternate(i, times, (f"ours_{op}", ours), (f"cli_{op}", lambda: _cli(untar)))
+            for folder in (out, cli_out):
+                shutil.rmtree(folder)
+    med = {k: Timing(*(statistics.median(x) for x in zip(*v))) for k, v in times.items()}
     return Result(
         name,
         size / 1e6,
         len(files),
+        rounds,
         fraction,
-        (med["ours_pack"], med["cli_pack"]),
-        (med["ours_unpack"], med["cli_unpack"]),
+        {op: med[f"ours_{op}"] for op in OPS},
+        {op: med[f"cli_{op}"] for op in OPS},
     )
+
+
+def _alternate(i: int, times: dict[str, list[tuple[float, float]]], *rounds: tuple[str, Callable[[], object]]) -> None:
+    for label, fn in rounds if i % 2 == 0 else rounds[::-1]:
+        times[label].append(timed(fn))
 
 
 def _cli(argv: list[str]) -> None:
@@ -204,12 +262,16 @@ def _cli(argv: list[str]) -> None:
 
 def report(result: Result) -> None:
     mb = result.megabytes
-    print(f"{result.name}: {mb:.1f} MB in {result.files} files, prebake blob {result.blob_fraction:.2f} of raw")
-    for op in ("pack", "unpack"):
-        ours, cli = getattr(result, op)
+    print(
+        f"{result.name}: {mb:.1f} MB in {result.files} files, prebake blob {result.blob_fraction:.2f} of raw, "
+        f"median of {result.rounds} rounds"
+    )
+    for op in OPS:
+        ours, cli = result.ours[op], result.cli[op]
         print(
-            f"  {op:<6}  prebake {ours:6.2f} s {mb / ours:7.1f} MB/s   tar+zstd {cli:6.2f} s {mb / cli:7.1f} MB/s"
-            f"   time ratio prebake/tar+zstd {result.ratio(op):.2f}"
+            f"  {op:<12}  prebake {ours.wall:6.2f} s ({ours.cpu:5.2f} CPU s) {mb / ours.wall:7.1f} MB/s   "
+            f"tar+zstd {cli.wall:6.2f} s ({cli.cpu:5.2f} CPU s) {mb / cli.wall:7.1f} MB/s   "
+            f"time ratio prebake/tar+zstd {result.ratio(op):.2f}"
         )
 
 
@@ -221,8 +283,8 @@ def plot(results: list[Result], dest: Path) -> None:
     import matplotlib.pyplot as plt
 
     labels = [f"{r.name}\n{op}" for r in results for op in ("pack", "unpack")]
-    ours = [r.megabytes / getattr(r, op)[0] for r in results for op in ("pack", "unpack")]
-    cli = [r.megabytes / getattr(r, op)[1] for r in results for op in ("pack", "unpack")]
+    ours = [r.megabytes / r.ours[op].wall for r in results for op in ("pack", "unpack")]
+    cli = [r.megabytes / r.cli[op].wall for r in results for op in ("pack", "unpack")]
     fig, ax = plt.subplots(figsize=(9, 4))
     xs = range(len(labels))
     ax.bar([x - 0.2 for x in xs], ours, width=0.4, label="prebake (verifying)")
@@ -245,6 +307,7 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, help="also draw the throughput as a PNG here (needs matplotlib)")
     args = parser.parse_args()
     print(VERIFICATION)
+    load_start = os.getloadavg()[0]
     results = []
     with tempfile.TemporaryDirectory(prefix="prebake-bundle-bench-") as tmp:
         work = Path(tmp)
@@ -262,7 +325,17 @@ def main() -> None:
                 shutil.rmtree(tree)
     if args.plot:
         plot(results, args.plot)
-    figures = {f"{op}_ratio_{r.name}": round(r.ratio(op), 3) for r in results for op in ("pack", "unpack")}
+    figures: dict[str, object] = {f"{op}_ratio_{r.name}": round(r.ratio(op), 3) for r in results for op in OPS}
+    for r in results:
+        figures[f"rounds_{r.name}"] = r.rounds
+        for op in OPS:
+            figures[f"{op}_s_{r.name}"] = round(r.ours[op].wall, 3)
+            figures[f"{op}_cli_s_{r.name}"] = round(r.cli[op].wall, 3)
+            figures[f"{op}_cpu_s_{r.name}"] = round(r.ours[op].cpu, 3)
+            figures[f"{op}_cli_cpu_s_{r.name}"] = round(r.cli[op].cpu, 3)
+    figures.update(verification=True, repeat=args.repeat, load_start=round(load_start, 2))
+    figures["load_end"] = round(os.getloadavg()[0], 2)
+    print(f"load average {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end ({os.cpu_count()} CPUs)")
     print(json.dumps(figures))
 
 

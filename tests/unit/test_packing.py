@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from artifacts import packing
-from artifacts.errors import UnsafeArchiveError
+from artifacts import pack_read, packing
+from artifacts.errors import BundleError, UnsafeArchiveError
 from artifacts.packing import pack
 
 LONG = "d" * 60 + "/" + "n" * 80  # past the 100 bytes of a tar header's name field: a GNU long-name entry
@@ -72,5 +72,38 @@ def test_a_refused_pack_leaves_no_blob_behind(tmp_path):
     tree = _tree(tmp_path / "tree")
     os.symlink("../../outside", tree / "sub" / "escape")
     with pytest.raises(UnsafeArchiveError, match="leaves its folder"):
+        pack(tree, tmp_path / "p.tar.zst")
+    assert not (tmp_path / "p.tar.zst").exists()
+
+
+def test_several_large_files_share_the_read_ahead_buffers_byte_for_byte(tmp_path):
+    """Large files one after another (the last not a whole chunk), runs of small files between them:
+    the read-ahead buffers are reused from file to file and the payload is still what tarfile writes."""
+    tree = _tree(tmp_path / "tree")
+    chunk = pack_read._CHUNK
+    for i, size in enumerate([packing._SMALL + 1, 3 * chunk, 2 * chunk + 4097]):
+        (tree / f"lib{i}.so").write_bytes(os.urandom(size))
+        for j in range(40):
+            (tree / f"lib{i}.so.d{j:02d}").write_bytes(os.urandom(j * 211))
+    packed = pack(tree, tmp_path / "p.tar.zst", threads=2)
+    with (tmp_path / "p.tar.zst").open("rb") as f:
+        payload = zstandard.ZstdDecompressor().stream_reader(f).read()
+    assert payload == _tarfile_stream(tree)
+    big = next(e for e in packed.files if e.path == "lib2.so")
+    assert big.sha256 == "sha256:" + hashlib.sha256((tree / "lib2.so").read_bytes()).hexdigest()
+
+
+def test_a_large_file_that_grows_while_packed_is_refused(tmp_path, monkeypatch):
+    tree = _tree(tmp_path / "tree")
+    real_walk = packing._walk
+
+    def walk_then_grow(root):
+        found = real_walk(root)
+        with (root / "big.bin").open("ab") as f:
+            f.write(b"more")
+        return found
+
+    monkeypatch.setattr(packing, "_walk", walk_then_grow)
+    with pytest.raises(BundleError, match="changed size"):
         pack(tree, tmp_path / "p.tar.zst")
     assert not (tmp_path / "p.tar.zst").exists()
