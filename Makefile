@@ -40,15 +40,15 @@ test-fast: $(STAMP)
 ## bench: the benchmark scripts, each printing ratios measured in one run and ending with one JSON
 ## line; the charts in docs/images/ are redrawn from these runs
 bench: $(STAMP)
-	$(BIN)/python benchmarks/noop_bake.py
-	$(BIN)/python benchmarks/bundle.py --plot docs/images/bundle.png
-	$(BIN)/python benchmarks/buckets.py --chart docs/images/buckets.png
-	$(BIN)/python benchmarks/startup.py --precision fp32 --iterations 1 --chart docs/images/startup.png
-	$(BIN)/python -m benchmarks.registry
-	$(BIN)/python benchmarks/registry_scale.py
-	$(BIN)/python benchmarks/fetch_stream.py
+	$(BIN)/python -m benchmarks.noop_bake
+	$(BIN)/python -m benchmarks.bundle --plot docs/images/bundle.png
+	$(BIN)/python -m benchmarks.buckets --chart docs/images/buckets.png
+	$(BIN)/python -m benchmarks.startup --precision fp32 --iterations 1 --chart docs/images/startup.png
+	$(BIN)/python -m benchmarks.registry_io
+	$(BIN)/python -m benchmarks.registry_scale
+	$(BIN)/python -m benchmarks.fetch_stream
 	$(BIN)/python -m benchmarks.fleet
-	$(BIN)/python benchmarks/serve_load.py
+	$(BIN)/python -m benchmarks.serve_load
 
 ## docs: regenerate docs/reference/ (cli.md, environment.md) from the code
 docs: $(STAMP)

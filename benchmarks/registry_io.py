@@ -1,6 +1,6 @@
 """S3 transfer throughput: prebake's S3 backend against awscli, on moto's S3 server over loopback.
 
-    python -m benchmarks.registry [--size-mb 256] [--repeat 3]
+    python -m benchmarks.registry_io [--size-mb 256] [--repeat 3]
 
 Writes a blob of random bytes, starts moto's server as a process on 127.0.0.1
 (tests/support/moto_server.py), and times, in one run and alternating which goes first:
@@ -148,7 +148,7 @@ def _manifest_for(blob: Path) -> Manifest:
         blob=BlobRef(digest=file_digest(blob), size=blob.stat().st_size),
         files=(),
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        builder="benchmarks.registry",
+        builder="benchmarks.registry_io",
     )
 
 
