@@ -15,14 +15,15 @@ two frontiers and every split of the budget between them. It pads no figure more
 it replaces wherever the budget allows that, and all as far below it as they can go together.
 With max_waste, each phase takes the fewest buckets that keep both its figures under the bound.
 
-Cover buckets make sure no step the limits allow is left without a bucket:
-prompt (b, min(max_num_batched_tokens // b, max_model_len), (max_model_len - 1) // block_size)
-for each distinct b-limited query top, (1, widest query, every whole number of chunks of context)
-for chunked prefill, and decode (max_num_seqs, 1, all sequences at max_model_len, or the device's
-blocks with contiguous PA). Edge buckets (`edge_buckets`) climb from the busiest decode step the
-fit saw to that cover bucket, doubling batch and blocks, so traffic a little busier than the fit's
-pads at most about twofold. A fitted bucket equal to a cover or edge bucket costs nothing. Prompt
-queries are at least 2 tokens, since a bucket file reads query 1 as a decode bucket.
+Cover buckets make sure no step the limits allow is left without a bucket: prompt
+(b, min(max_num_batched_tokens // b, max_model_len), ctx) for each distinct b-limited query top,
+with ctx 0 and (max_model_len - 1) // block_size; (1, widest query, every whole number of chunks
+of context) for chunked prefill; decode (max_num_seqs, 1, all sequences at max_model_len, or the
+device's blocks with contiguous PA). Edge buckets (`edge_buckets`) climb from the busiest decode
+step the fit saw to that cover bucket, doubling batch and blocks, so traffic a little busier than
+the fit's pads at most about twofold. A fitted bucket equal to a cover or edge bucket costs
+nothing. Prompt queries are at least 2 tokens, since a bucket file reads query 1 as a decode
+bucket.
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ def cover_buckets(limits: ServingLimits) -> tuple[set[Bucket], set[Bucket]]:
         query = max(2, min(limits.max_num_batched_tokens // batch, limits.max_model_len))
         tops.setdefault(query, batch)
         tops[query] = max(tops[query], batch)
-    prompt = {Bucket(b, q, top_ctx) for q, b in tops.items()}
+    # Each top both with no context and with the most: a step past what the fit saw pads its
+    # context to the top only when it has some.
+    prompt = {Bucket(b, q, ctx) for q, b in tops.items() for ctx in (0, top_ctx)}
     # Chunked prefill puts whole chunks of context before each later chunk: one level per chunk
     # count on the widest query, so long prompts a fit never saw do not pad to the top context.
     chunk = limits.max_num_batched_tokens // limits.block_size

@@ -70,6 +70,15 @@ def test_decode_steps_busier_than_the_fit_climb_the_edges_not_to_the_cover():
             assert bucket is not None and bucket not in cover and bucket.ctx_blocks <= 2 * seen_blocks
 
 
+def test_a_prompt_step_without_context_past_the_fit_pads_no_context():
+    limits = LLAMA3_8B.model_copy(update={"max_num_prefill_seqs": 8, "max_num_batched_tokens": 8192})
+    fitted = fit_bucket_set(limits, replay(synthetic_requests("chat", 300, seed=2), limits), budget=60)
+    for batch in (1, 3, 8):
+        query = limits.max_num_batched_tokens // batch
+        bucket = fitted.find_prompt(batch, query, 0)
+        assert bucket is not None and bucket.ctx_blocks == 0, (batch, bucket)
+
+
 def test_a_budget_below_the_cover_is_refused_with_the_least_that_works():
     with pytest.raises(BucketError, match="raise budget to at least"):
         tiny_set(budget=3)
