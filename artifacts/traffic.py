@@ -96,8 +96,13 @@ def edge_buckets(limits: ServingLimits, shapes: Shapes) -> set[Bucket]:
 
 def least_budget(limits: ServingLimits, shapes: Shapes) -> int:
     """The fewest buckets a traffic set can have: cover and edges, one prompt and one decode bucket."""
+    prompt, decode = _cover_and_edges(limits, shapes)
+    return len(prompt) + len(decode) + 2
+
+
+def _cover_and_edges(limits: ServingLimits, shapes: Shapes) -> tuple[set[Bucket], set[Bucket]]:
     prompt, decode = cover_buckets(limits)
-    return len(prompt) + len(decode | edge_buckets(limits, shapes)) + 2
+    return prompt, decode | edge_buckets(limits, shapes)
 
 
 def fit_bucket_set(
@@ -107,8 +112,7 @@ def fit_bucket_set(
     least (or the smallest with every figure's padding under `max_waste`), cover included."""
     if (budget is None) == (max_waste is None):
         raise BucketError("fit a traffic set with exactly one of budget or max_waste")
-    cover_prompt, cover_decode = cover_buckets(limits)
-    cover_decode |= edge_buckets(limits, shapes)
+    cover_prompt, cover_decode = _cover_and_edges(limits, shapes)
     floor = len(cover_prompt) + len(cover_decode)
     if budget is not None and budget < floor + 2:
         raise BucketError(
