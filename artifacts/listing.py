@@ -17,14 +17,19 @@ and never replaced, so a matching tag means the very bytes the row was read from
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from . import fsutil
 from .errors import BundleError
 from .manifest import MAX_MANIFEST_BYTES, BlobRef, Manifest
+
+log = logging.getLogger(__name__)
 
 SUMMARY_VERSION: Literal["1"] = "1"
 SUMMARY_MIN_ROWS = 64  # a kind with fewer entries lists in a moment: no summary is written for it
@@ -84,6 +89,25 @@ class Summary(_Frozen):
 
     def to_bytes(self) -> bytes:
         return json.dumps(self.model_dump(mode="json"), separators=(",", ":"), sort_keys=True).encode() + b"\n"
+
+    @classmethod
+    def load(cls, path: Path, within: Path | None = None) -> Summary | None:
+        """The summary stored at `path`; None when there is none or it cannot be read (a listing
+        then reads every entry, and rewrites it)."""
+        try:
+            return cls.parse(fsutil.read_bounded(path, MAX_MANIFEST_BYTES, within=within), str(path))
+        except FileNotFoundError:
+            return None
+        except (BundleError, OSError) as exc:
+            log.warning("listing summary %s is unreadable (%s); reading every entry instead", path, exc)
+            return None
+
+    def store(self, path: Path) -> None:
+        """Write the summary to `path`; a failure is logged (listings stay correct, but slower)."""
+        try:
+            fsutil.write_bytes(path, self.to_bytes())
+        except OSError as exc:
+            log.warning("cannot write the listing summary %s (%s): listings stay correct, but slower", path, exc)
 
 
 @dataclass(frozen=True)

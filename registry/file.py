@@ -17,7 +17,7 @@ from pathlib import Path
 
 from artifacts import fsutil
 from artifacts.bundle import file_digest
-from artifacts.errors import BundleError, PrebakeError
+from artifacts.errors import PrebakeError
 from artifacts.layout import blob_relpath, index_relpath, parse_index_relpath, summary_relpath
 from artifacts.listing import Listed, Read, Summary, reconcile
 from artifacts.manifest import MAX_MANIFEST_BYTES, Manifest
@@ -157,21 +157,10 @@ class FileRegistry:
                 yield Read(digest, "", None)
 
     def _load_summary(self, kind: str) -> Summary | None:
-        path = self.root / summary_relpath(kind)
-        try:
-            return Summary.parse(fsutil.read_bounded(path, MAX_MANIFEST_BYTES, within=self.root), str(path))
-        except FileNotFoundError:
-            return None
-        except (BundleError, OSError) as exc:
-            log.warning("listing summary %s is unreadable (%s); reading every entry instead", path, exc)
-            return None
+        return Summary.load(self.root / summary_relpath(kind), within=self.root)
 
     def _store_summary(self, summary: Summary) -> None:
-        path = self.root / summary_relpath(summary.kind)
-        try:
-            fsutil.write_bytes(path, summary.to_bytes())
-        except OSError as exc:
-            log.warning("cannot write the listing summary %s (%s): listings stay correct, but slower", path, exc)
+        summary.store(self.root / summary_relpath(summary.kind))
 
     def _move_aside(self, relpath: str) -> Path | None:
         src, dest = self.root / relpath, self.root / QUARANTINE / relpath

@@ -14,20 +14,14 @@ listing costs one tree listing and reads only the entries this machine has not l
 from __future__ import annotations
 
 import hashlib
-import logging
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
-from artifacts import fsutil
-from artifacts.errors import BundleError
 from artifacts.layout import index_relpath, parse_index_relpath
 from artifacts.listing import Listed, Read, Summary, reconcile
-from artifacts.manifest import MAX_MANIFEST_BYTES
 from artifacts.store import default_home
-
-log = logging.getLogger(__name__)
 
 _READERS = 8  # index entries read in parallel, as list() reads them
 
@@ -67,18 +61,7 @@ class HubListing:
         return default_home() / "listing" / f"hf-{repo}-{kind}.json"
 
     def _load_summary(self, kind: str) -> Summary | None:
-        path = self._summary_path(kind)
-        try:
-            return Summary.parse(fsutil.read_bounded(path, MAX_MANIFEST_BYTES), str(path))
-        except FileNotFoundError:
-            return None
-        except (BundleError, OSError) as exc:
-            log.warning("listing summary %s is unreadable (%s); reading every entry instead", path, exc)
-            return None
+        return Summary.load(self._summary_path(kind))
 
     def _store_summary(self, summary: Summary) -> None:
-        path = self._summary_path(summary.kind)
-        try:
-            fsutil.write_bytes(path, summary.to_bytes())
-        except OSError as exc:
-            log.warning("cannot write the listing summary %s (%s): listings stay correct, but slower", path, exc)
+        summary.store(self._summary_path(summary.kind))
