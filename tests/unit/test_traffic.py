@@ -19,15 +19,8 @@ from artifacts.traces import split_trace
 from artifacts.traffic import cover_buckets, fit_bucket_set
 from engine.cli import main
 from tests.support.synthetic_traces import synthetic_requests, write_jsonl
+from tests.unit.test_buckets import LLAMA3_8B
 
-LLAMA3_8B = ServingLimits(
-    max_model_len=8192,
-    max_num_seqs=128,
-    max_num_batched_tokens=2048,
-    block_size=128,
-    max_num_prefill_seqs=1,
-    enable_prefix_caching=True,
-)
 TINY = ServingLimits(max_model_len=128, max_num_seqs=2, max_num_batched_tokens=128, block_size=16)
 
 
