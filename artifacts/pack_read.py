@@ -14,7 +14,6 @@ import hashlib
 import queue
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 _MiB = 1 << 20
 _CHUNK = 8 << 20  # large files are read in pieces of this size
@@ -57,7 +56,7 @@ class ChunkReader:
     reused buffers and hashing each; iterating gives each chunk's view in order, and the buffer is
     handed back when the next is asked for (the compressor has copied it by then)."""
 
-    def __init__(self, path: Path, limit: int, free: queue.SimpleQueue[bytearray]):
+    def __init__(self, path: str, limit: int, free: queue.SimpleQueue[bytearray]):
         self._path, self._limit, self._free = path, limit, free
         self._full: queue.SimpleQueue[tuple[bytearray, int] | BaseException | None] = queue.SimpleQueue()
         self._hash = hashlib.sha256()
@@ -82,7 +81,7 @@ class ChunkReader:
     def _read(self) -> None:
         try:
             left = self._limit + 1
-            with self._path.open("rb", buffering=0) as f:
+            with open(self._path, "rb", buffering=0) as f:
                 while left > 0 and not self._stop:
                     buf = self._free.get()
                     if not buf:  # the wake-up of __exit__ (or a stale one: dropped)

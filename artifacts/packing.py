@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, cast
+from typing import BinaryIO, NamedTuple, cast
 
 import zstandard
 
@@ -58,7 +58,7 @@ class Packed:
     files: tuple[FileEntry, ...]
 
 
-_Entry = tuple[str, Path, os.stat_result]  # posix relative path, path, lstat
+_Entry = tuple[str, str, os.stat_result]  # posix relative path, path, lstat
 
 
 @dataclass(frozen=True)
@@ -117,18 +117,49 @@ def link_leaves_tree(rel: str, target: str) -> bool:
 # -- the entries, in order ---------------------------------------------------------------------
 
 
-def _walk(tree: Path) -> list[_Entry]:
-    """Every file and link under tree, sorted by relative path."""
-    found = []
-    for root, dirs, names in os.walk(tree):
-        for name in names + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
-            path = Path(root, name)
-            found.append((path.relative_to(tree).as_posix(), path, path.lstat()))
-    found.sort(key=lambda item: item[0])
-    return found
+def _walk(tree: Path) -> Iterator[_Entry]:
+    """Every file and link under tree, in the order of their relative paths, listed as the
+    packer asks for them: reading and compressing start with the first run of files, not after
+    the whole tree has been listed (8,000 files: 0.1 s of one core).
+
+    A folder's entries are sorted by name, a sub-folder's name read as ending in "/". That is
+    the order of the full paths: everything under sub-folder d starts with "d/", and any other
+    name sorts against "d/" as it sorts against every path under d."""
+    stack = [iter(_listing(str(tree), ""))]
+    while stack:
+        item = next(stack[-1], None)
+        if item is None:
+            stack.pop()
+        elif isinstance(item, _Folder):
+            stack.append(iter(_listing(item.path, item.prefix)))
+        else:
+            yield item
 
 
-def _in_order(entries: list[_Entry], buffers: Buffers, readers: int) -> Iterator[_Batch | _Entry]:
+class _Folder(NamedTuple):
+    path: str
+    prefix: str  # its path relative to the tree, with a trailing "/"
+
+
+def _listing(folder: str, prefix: str) -> list[_Entry | _Folder]:
+    """One folder's files and links (as entries) and sub-folders, in path order."""
+    try:
+        with os.scandir(folder) as found:
+            named = [(d.name + "/" if d.is_dir(follow_symlinks=False) else d.name, d) for d in found]
+        named.sort(key=lambda item: item[0])
+        return [
+            _Folder(d.path, prefix + key)
+            if key.endswith("/")
+            else (prefix + key, d.path, d.stat(follow_symlinks=False))
+            for key, d in named
+        ]
+    except OSError as exc:
+        raise BundleError(
+            f"cannot pack {folder}: {exc.strerror or exc}; make it readable, or leave it out of the tree"
+        ) from exc
+
+
+def _in_order(entries: Iterator[_Entry], buffers: Buffers, readers: int) -> Iterator[_Batch | _Entry]:
     """The entries in order: small ones as batches a pool of threads reads ahead, large ones as
     they are, for the caller to stream. Read-ahead is bounded in bytes and batches."""
     pending: deque[Future[_Batch] | _Entry] = deque()
@@ -153,7 +184,7 @@ def _in_order(entries: list[_Entry], buffers: Buffers, readers: int) -> Iterator
             yield item.result() if isinstance(item, Future) else item
 
 
-def _groups(entries: list[_Entry]) -> Iterator[list[_Entry] | _Entry]:
+def _groups(entries: Iterator[_Entry]) -> Iterator[list[_Entry] | _Entry]:
     """Runs of small entries up to _BATCH_BYTES each, and each large file on its own, in order."""
     run: list[_Entry] = []
     size = 0
@@ -188,7 +219,7 @@ def _read_batch(group: list[_Entry], buffers: Buffers) -> _Batch:
             target = os.readlink(path)
             entries.append(_entry(rel, 0, "sha256:" + hashlib.sha256(target.encode()).hexdigest(), False, target))
             continue
-        with path.open("rb", buffering=0) as f:
+        with open(path, "rb", buffering=0) as f:
             n = f.readinto(view[at : at + st.st_size + 1]) if st.st_size else len(f.read(1))
         _check_size(path, st, n)
         data = view[at : at + n]
@@ -200,7 +231,7 @@ def _read_batch(group: list[_Entry], buffers: Buffers) -> _Batch:
     return _Batch(view[:at], tuple(entries), buf)
 
 
-def _small_header(rel: str, path: Path, st: os.stat_result) -> bytes:
+def _small_header(rel: str, path: str, st: os.stat_result) -> bytes:
     if stat.S_ISLNK(st.st_mode):
         target = os.readlink(path)
         if link_leaves_tree(rel, target):
@@ -216,7 +247,7 @@ def _padded(size: int) -> int:
 
 
 def _stream_large(
-    zw: BinaryIO, rel: str, path: Path, st: os.stat_result, free: queue.SimpleQueue[bytearray]
+    zw: BinaryIO, rel: str, path: str, st: os.stat_result, free: queue.SimpleQueue[bytearray]
 ) -> tuple[FileEntry, int]:
     """Feed one large file to the compressor chunk by chunk, while a thread reads and hashes the
     next chunks ahead of us into a few reused buffers (no fresh pages for each chunk)."""
@@ -238,7 +269,7 @@ def _entry(rel: str, size: int, digest: str, executable: bool, link: str | None 
     return FileEntry.model_construct(path=rel, size=size, sha256=digest, executable=executable, link=link)
 
 
-def _check_size(path: Path, st: os.stat_result, read: int) -> None:
+def _check_size(path: str, st: os.stat_result, read: int) -> None:
     if read != st.st_size:
         raise BundleError(f"{path} changed size while it was being packed; pack a tree nobody writes to")
 

@@ -35,7 +35,8 @@ def _tarfile_stream(tree: Path) -> bytes:
     """What the packer before this one wrote: tarfile in GNU format, sorted entries, 0:0, mtime 0."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.GNU_FORMAT) as tar:
-        for rel, path, st in packing._walk(tree):
+        for rel, name, st in packing._walk(tree):
+            path = Path(name)
             info = tarfile.TarInfo(rel)
             info.uid = info.gid = info.mtime = 0
             info.uname = info.gname = ""
@@ -68,6 +69,38 @@ def test_every_file_is_hashed_including_streamed_large_ones(tmp_path):
     assert [e.path for e in packed.files] == sorted(e.path for e in packed.files)
 
 
+def test_the_tree_is_listed_in_the_order_of_its_relative_paths(tmp_path):
+    """Listed folder by folder as packing goes, and still in the order of the sorted full paths:
+    names that sort before "/" ("a-b", "a.txt", "a!") beside a folder "a", links to folders, deep trees."""
+    tree = tmp_path / "tree"
+    for rel in ("a/b", "a/c/d", "a-b", "a.txt", "a!", "a0/x", "ab", "b/a/a/a/a", "b.x/y", " space", "é/z", "a/b0"):
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / rel).write_text(rel)
+    (tree / "a" / "c" / "empty").mkdir()
+    os.symlink("a", tree / "a.link")
+    os.symlink("c", tree / "a" / "c.l")
+    listed = [rel for rel, _, _ in packing._walk(tree)]
+    expected = sorted(p.relative_to(tree).as_posix() for p in tree.rglob("*") if p.is_symlink() or not p.is_dir())
+    assert listed == expected
+    assert "a.link" in listed and "a/c/empty" not in listed
+
+
+def test_a_folder_that_cannot_be_listed_is_refused_by_name(tmp_path, monkeypatch):
+    """As root (CI) chmod 0 does not stop a listing, so the refusal the kernel gives a user is handed in."""
+    tree = _tree(tmp_path / "tree")
+    real_scandir = os.scandir
+
+    def refuse_sub(path):
+        if str(path).endswith("/sub"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(packing.os, "scandir", refuse_sub)
+    with pytest.raises(BundleError, match="sub: Permission denied; make it readable"):
+        pack(tree, tmp_path / "p.tar.zst")
+    assert not (tmp_path / "p.tar.zst").exists()
+
+
 def test_a_refused_pack_leaves_no_blob_behind(tmp_path):
     tree = _tree(tmp_path / "tree")
     os.symlink("../../outside", tree / "sub" / "escape")
@@ -98,7 +131,7 @@ def test_a_large_file_that_grows_while_packed_is_refused(tmp_path, monkeypatch):
     real_walk = packing._walk
 
     def walk_then_grow(root):
-        found = real_walk(root)
+        found = list(real_walk(root))  # listed whole first, so the size read is the old one
         with (root / "big.bin").open("ab") as f:
             f.write(b"more")
         return found
