@@ -15,10 +15,19 @@ import queue
 import threading
 from collections.abc import Iterator
 
+from .errors import BundleError
+
 _MiB = 1 << 20
 _CHUNK = 8 << 20  # large files are read in pieces of this size
 _AHEAD_CHUNKS = 4  # ... by a thread at most this many pieces ahead
 _KEEP = 16  # buffers for runs of small files kept for reuse, at most
+
+
+def unreadable(exc: OSError, path: str) -> BundleError:
+    """The error for a file of the tree that cannot be read (gone, or unreadable) while it is packed."""
+    return BundleError(
+        f"cannot read {path} while packing it ({exc.strerror or exc}); pack a tree nobody changes while it is packed"
+    )
 
 
 class Buffers:
@@ -94,7 +103,11 @@ class ChunkReader:
                     left -= n
                     self._full.put((buf, n))
             self._full.put(None)
-        except BaseException as exc:  # handed to the caller, who raises it
+        except OSError as exc:  # handed to the caller, who raises it
+            error = unreadable(exc, self._path)
+            error.__cause__ = exc
+            self._full.put(error)
+        except BaseException as exc:
             self._full.put(exc)
 
     def __exit__(self, *exc: object) -> None:

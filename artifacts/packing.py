@@ -38,7 +38,7 @@ import zstandard
 
 from .errors import BundleError, UnsafeArchiveError
 from .manifest import BlobRef, FileEntry
-from .pack_read import Buffers, ChunkReader
+from .pack_read import Buffers, ChunkReader, unreadable
 
 _BLOCK, _RECORD = tarfile.BLOCKSIZE, tarfile.RECORDSIZE
 _ENCODING = tarfile.ENCODING  # what tarfile.open uses by default: the file system's encoding
@@ -207,7 +207,15 @@ def _groups(entries: Iterator[_Entry]) -> Iterator[list[_Entry] | _Entry]:
 
 def _read_batch(group: list[_Entry], buffers: Buffers) -> _Batch:
     """Read a run of small files (and links) straight into one reused buffer, as tar bytes."""
-    headers = [_small_header(rel, path, st) for rel, path, st in group]
+    try:
+        return _fill_batch(group, buffers)
+    except OSError as exc:
+        raise unreadable(exc, exc.filename or group[0][1]) from exc
+
+
+def _fill_batch(group: list[_Entry], buffers: Buffers) -> _Batch:
+    targets = {path: os.readlink(path) for _, path, st in group if stat.S_ISLNK(st.st_mode)}  # each read once
+    headers = [_small_header(rel, path, st, targets.get(path, "")) for rel, path, st in group]
     total = sum(len(h) + _padded(st.st_size) for h, (_, _, st) in zip(headers, group))
     buf = buffers.take(total + 1)  # one byte spare: a file that grew since the walk shows it
     view, at = memoryview(buf), 0
@@ -216,7 +224,7 @@ def _read_batch(group: list[_Entry], buffers: Buffers) -> _Batch:
         view[at : at + len(header)] = header
         at += len(header)
         if stat.S_ISLNK(st.st_mode):
-            target = os.readlink(path)
+            target = targets[path]
             entries.append(_entry(rel, 0, "sha256:" + hashlib.sha256(target.encode()).hexdigest(), False, target))
             continue
         with open(path, "rb", buffering=0) as f:
@@ -231,9 +239,8 @@ def _read_batch(group: list[_Entry], buffers: Buffers) -> _Batch:
     return _Batch(view[:at], tuple(entries), buf)
 
 
-def _small_header(rel: str, path: str, st: os.stat_result) -> bytes:
+def _small_header(rel: str, path: str, st: os.stat_result, target: str) -> bytes:
     if stat.S_ISLNK(st.st_mode):
-        target = os.readlink(path)
         if link_leaves_tree(rel, target):
             raise UnsafeArchiveError(f"the tree holds a link {rel!r} -> {target!r} that leaves its folder; refusing it")
         return _header(rel, st, target)

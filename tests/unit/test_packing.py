@@ -101,6 +101,23 @@ def test_a_folder_that_cannot_be_listed_is_refused_by_name(tmp_path, monkeypatch
     assert not (tmp_path / "p.tar.zst").exists()
 
 
+@pytest.mark.parametrize("gone", ["sub/small.bin", "big.bin"])
+def test_a_file_removed_while_packed_is_refused_by_name(tmp_path, monkeypatch, gone):
+    """Listed, then deleted before it is read: a small file read by a reader thread, or a large one streamed."""
+    tree = _tree(tmp_path / "tree")
+    real_walk = packing._walk
+
+    def walk_then_remove(root):
+        found = list(real_walk(root))
+        (root / gone).unlink()
+        return iter(found)
+
+    monkeypatch.setattr(packing, "_walk", walk_then_remove)
+    with pytest.raises(BundleError, match=f"cannot read .*{gone} while packing it .*No such file"):
+        pack(tree, tmp_path / "p.tar.zst")
+    assert not (tmp_path / "p.tar.zst").exists()
+
+
 def test_a_refused_pack_leaves_no_blob_behind(tmp_path):
     tree = _tree(tmp_path / "tree")
     os.symlink("../../outside", tree / "sub" / "escape")
