@@ -22,6 +22,10 @@ class PrebakeError(Exception):
     """Base of every error prebake raises on purpose."""
 
 
+class UsageError(PrebakeError, ValueError):
+    """A command-line option or doit variable is unknown or malformed (a typo, a word for a number)."""
+
+
 class RecipeError(PrebakeError, ValueError):
     """A recipe file is missing, malformed, or asks for limits that cannot work together."""
 
@@ -60,6 +64,11 @@ class RegistryError(PrebakeError):
 
 class UnknownRegistryError(RegistryError, ValueError):
     """A registry address whose scheme prebake does not know."""
+
+
+class RegistryNotFound(RegistryError, LookupError):
+    """The registry an address names does not exist (a folder, bucket or repo): a wrong address, not an
+    empty registry."""
 
 
 class PublishConflict(RegistryError):

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal
 
-from .errors import BundleError, PrebakeError, UnknownRegistryError
+from .errors import BundleError, PrebakeError, RegistryNotFound, UnknownRegistryError
 from .keys import Key
 from .kinds import Plan
 from .manifest import Manifest
@@ -44,6 +44,7 @@ class Miss:
     nearest: Key | None = None
     differing: dict[str, tuple[str, str]] = field(default_factory=dict)  # factor -> (wanted, nearest has)
     refused: bool = False  # something was there and failed a check (tampered, untrusted, corrupt, malformed)
+    unavailable: bool = False  # the registry could not be asked: down, refusing us, or out of time
 
     def explain(self) -> str:
         lines = [f"miss: {self.key.kind} {self.key.digest[:16]}: {self.reason}"]
@@ -83,6 +84,11 @@ class Resolution:
     def refused(self) -> bool:
         """Something the registry holds failed a check: `prebake fetch` exits 2, not 3."""
         return any(m.refused for m in self.misses)
+
+    @property
+    def unavailable(self) -> bool:
+        """The registry could not be asked for something that missed: `prebake fetch` exits 4, not 3."""
+        return any(m.unavailable for m in self.misses)
 
 
 # -- one key ----------------------------------------------------------------------------------
@@ -175,12 +181,14 @@ def lookup(
     deadline = time.monotonic() + timeout
     wanted = list(kinds)
     opened = within(timeout, open_registry, name="prebake-open-registry")
-    if isinstance(opened, Raised) and isinstance(opened.error, UnknownRegistryError):
+    if isinstance(opened, Raised) and isinstance(opened.error, _BAD_ADDRESS):
         raise opened.error
     if not isinstance(opened, Done):
         why = _fault(opened, f"registry {address}", "--registry-timeout", timeout)
         return Lookup(
-            {k: _from_store(store, plan.key(k), trust) or Miss(plan.key(k), why) for k in wanted}, None, False
+            {k: _from_store(store, plan.key(k), trust) or Miss(plan.key(k), why, unavailable=True) for k in wanted},
+            None,
+            False,
         )
     registry = opened.value
     found: dict[str, Found] = {}
@@ -198,8 +206,10 @@ def lookup(
             if isinstance(asked, Raised) and isinstance(asked.error, BundleError):  # this entry, not the registry
                 found[kind] = Miss(key, f"registry {address}: its entry was refused: {asked.describe()}", refused=True)
                 continue
+            if isinstance(asked, Raised) and isinstance(asked.error, _BAD_ADDRESS):  # a bucket or repo not there
+                raise asked.error
             fault = _fault(asked, f"registry {address}", "--registry-timeout", timeout)
-        found[kind] = Miss(key, fault)
+        found[kind] = Miss(key, fault, unavailable=True)
     return Lookup(found, registry, fault is None)
 
 
@@ -226,7 +236,8 @@ def install(
         else:
             why = _fault(got, f"fetching blob {value.blob.digest[:23]}", "--fetch-timeout", timeout)
             refused = isinstance(got, Raised) and isinstance(got.error, BundleError)  # corrupt or hostile bytes
-            out[kind] = Miss(value.the_key(), why, refused=refused)
+            down = isinstance(got, TimedOut) or (isinstance(got, Raised) and _is_fault(got.error))
+            out[kind] = Miss(value.the_key(), why, refused=refused, unavailable=down and not refused)
     return out
 
 
@@ -261,6 +272,15 @@ def resolution(plan: Plan, found: dict[str, Found], got: dict[str, Installed | M
     sources: dict[str, Source] = {k: "store" if isinstance(found[k], Installed) else "registry" for k in installed}
     misses = tuple(v for v in got.values() if isinstance(v, Miss))
     return Resolution(plan, installed, misses, sources)
+
+
+_BAD_ADDRESS = (UnknownRegistryError, RegistryNotFound)
+
+
+def _is_fault(error: Exception) -> bool:
+    """The registry could not be asked (down, refusing us, a broken connection), as opposed to a
+    bundle that is missing or bad: RegistryUnavailable, which the backends raise, is a ConnectionError."""
+    return isinstance(error, ConnectionError)
 
 
 def _fault(outcome: Raised | TimedOut, what: str, option: str, box: float) -> str:

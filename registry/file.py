@@ -8,6 +8,7 @@ through S3 or the Hub instead of a network folder.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import time
@@ -23,7 +24,7 @@ from artifacts.listing import Listed, Read, Summary, reconcile
 from artifacts.manifest import MAX_MANIFEST_BYTES, Manifest
 
 from .base import Published, copy_verified, settle
-from .errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
+from .errors import BlobDigestMismatch, RegistryError, RegistryNotFound, RegistryUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +36,13 @@ class FileRegistry:
 
     writable = True
 
-    def __init__(self, root: Path | str):
+    def __init__(self, root: Path | str, *, create: bool = True):
         self.root = Path(root).expanduser()
         self.url = f"file://{self.root}"
+        if not create and not self.root.is_dir():
+            if self.root.exists():
+                raise RegistryNotFound(f"registry {self.root} is a file, not a folder; fix the registry address")
+            raise RegistryNotFound(_missing_folder(self.root))
 
     def lookup(self, kind: str, key_digest: str) -> Manifest | None:
         path = self.root / index_relpath(kind, key_digest)
@@ -176,6 +181,20 @@ class FileRegistry:
         for folder in (src.parent, dest.parent):
             fsutil.fsync_dir(folder)
         return dest
+
+
+def _missing_folder(root: Path) -> str:
+    """Why a registry folder is not there, naming the nearest folder that is."""
+    parent = root.parent
+    while not parent.is_dir() and parent != parent.parent:
+        parent = parent.parent
+    near = sorted(n for n in _names(parent) if (parent / n).is_dir()) if parent.is_dir() else []
+    close = difflib.get_close_matches(root.name, near, n=1) if parent == root.parent else []
+    hint = f" (did you mean {parent / close[0]}?)" if close else ""
+    return (
+        f"registry folder {root} does not exist{hint}; fix the registry address, or bake into it first "
+        f"(`prebake bake` and `doit bake` create it)"
+    )
 
 
 def _names(folder: Path) -> list[str]:

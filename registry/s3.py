@@ -46,7 +46,7 @@ from artifacts.layout import blob_relpath, index_relpath, parse_index_relpath
 from artifacts.manifest import MAX_MANIFEST_BYTES, BlobRef, Manifest
 
 from .base import Published, SizedSink, settle
-from .errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
+from .errors import BlobDigestMismatch, RegistryError, RegistryNotFound, RegistryUnavailable
 from .s3_listing import S3Listing
 from .s3_maintain import S3Maintenance
 
@@ -355,7 +355,7 @@ class S3Registry(S3Maintenance, S3Listing):
     def _client_fault(self, exc: Exception, doing: str) -> RegistryError:
         code, status = _error_code(exc), _status(exc)
         if code == "NoSuchBucket":
-            return RegistryUnavailable(
+            return RegistryNotFound(
                 f"cannot {doing}: bucket {self.bucket} does not exist at {self.endpoint}; "
                 f"create it (aws s3 mb s3://{self.bucket}) or fix the registry address"
             )

@@ -38,11 +38,10 @@ def add(sub) -> None:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from registry import open_registry
+    from engine.compose import open_address
     from registry.base import listed
 
-    store = Store()
-    registry = open_registry(store.registry_address(args.registry))
+    registry = open_address(Store(), args.registry)
     bundles = list(listed(registry, args.kind))
     if args.json:
         print(
@@ -92,7 +91,7 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from registry import open_registry
+    from engine.compose import open_address
     from registry.signing import trust_from_env
     from registry.verify import verify_registry
 
@@ -102,7 +101,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         store_report = verify_store(Store())
         print(store_report.render())
         return store_report.exit_code
-    registry = open_registry(Store().registry_address(args.registry))
+    registry = open_address(Store(), args.registry)
     report = verify_registry(registry, trust=trust_from_env(), quarantine=args.quarantine, deep=args.deep)
     if args.json:
         payload = {

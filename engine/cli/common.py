@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from engine.adapters import ADAPTERS
+from registry.address import join_addresses, split_addresses
 
 
 def target_options(parser: argparse.ArgumentParser) -> None:
@@ -15,10 +16,21 @@ def target_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp", type=int, help="tensor-parallel size (default: the smallest baked)")
 
 
+class _AddressList(argparse.Action):
+    """--registry, repeatable: each flag adds its address (or comma list) to the chain, nearest first.
+    The members are kept escaped (registry/address.py), so a folder named with a comma stays one."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        before = split_addresses(getattr(namespace, self.dest) or "") if getattr(namespace, self.dest) else []
+        setattr(namespace, self.dest, join_addresses([*before, *split_addresses(str(values))]))
+
+
 def registry_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--registry",
-        help="registry address: a folder, file://, s3://bucket/prefix, hf://ns/repo, or a comma list "
+        action=_AddressList,
+        help="registry address: a folder, file://, s3://bucket/prefix, hf://ns/repo; repeat the flag for a chain, "
+        "nearest first (a comma list works too; write a comma in a folder's name as \\,) "
         "(default: $PREBAKE_REGISTRY, else $PREBAKE_HOME/registry)",
     )
 

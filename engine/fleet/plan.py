@@ -6,9 +6,9 @@ from artifacts.planning import FleetPlan, plan_fleet
 from artifacts.recipes import load_recipe, targets
 from artifacts.store import Store
 from engine.adapters import kinds_for
+from engine.compose import open_address
 from engine.fleet.profiles import load_profiles
 from engine.probe import current_host
-from registry import open_registry
 
 
 def make_plan(
@@ -16,7 +16,7 @@ def make_plan(
 ) -> FleetPlan:
     """The plan of `model` (narrowed to a dtype / TP size) against `registry` (default: the embedded one)."""
     recipe = load_recipe(model)
-    opened = open_registry(Store().registry_address(registry))
+    opened = open_address(Store(), registry)
     return plan_fleet(
         recipe,
         targets(recipe, dtype=precision, tp=tp),

@@ -115,9 +115,9 @@ def _node_id() -> str:
 
 
 def _present(recipe: Recipe, target, host, registry_address: str | None) -> set[str]:
-    from registry import open_registry
+    from engine.compose import open_address
 
-    registry = open_registry(Store().registry_address(registry_address))
+    registry = open_address(Store(), registry_address, creating=True)  # the bake creates it
     kinds = kinds_for(recipe, target)
     keys = plan(recipe, target, host, kinds).keys
     return {kind for kind in kinds.names if registry.lookup(kind, keys[kind].digest) is not None}

@@ -20,6 +20,7 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setenv("PREBAKE_REGISTRY", str(tmp_path / "registry"))
     monkeypatch.delenv("PREBAKE_TRUSTED_KEYS", raising=False)
     monkeypatch.delenv("PREBAKE_STATS", raising=False)
+    (tmp_path / "registry").mkdir()  # an empty registry; a folder that is not there is an error
     return FileRegistry(tmp_path / "registry")
 
 
