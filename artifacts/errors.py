@@ -15,7 +15,9 @@ class ExitCode(IntEnum):
     OK = 0  # done: installed, served, verified
     FAILED = 1  # something went wrong that is not bad input (a bad entry found by verify, a failed bake)
     INVALID = 2  # bad input or refused content: unknown model, malformed recipe, bad registry address
-    MISS = 3  # bundles missed and the caller asked not to compile (fetch, --on-miss fail)
+    MISS = 3  # nothing matches: bundles missed and the caller asked not to compile (fetch, --on-miss fail)
+    UNAVAILABLE = 4  # the registry could not be asked: down, refusing us (credentials), or out of time
+    STORE = 5  # the local store ($PREBAKE_HOME) cannot be used: not a folder, not writable, full
 
 
 class PrebakeError(Exception):

@@ -19,10 +19,21 @@ from artifacts.fsutil import atomic_target
 from artifacts.recipes import load_recipe
 from artifacts.replay import ReplaySettings, replay
 from artifacts.traces import read_trace
+from engine.cli.common import command, json_option
 
 
 def add(sub) -> None:
-    p = sub.add_parser("buckets", help="compare bucket strategies on a trace; fit a traffic-aware bucket set")
+    p = command(
+        sub,
+        "buckets",
+        group="bake and plan",
+        help="show a recipe's bucket sets; compare strategies on a trace; fit a traffic-aware set",
+        examples=[
+            "prebake buckets --model llama3-8b",
+            "prebake buckets --model llama3-8b --strategy pad --json",
+            "prebake buckets --model llama3-8b --trace fit.csv --evaluate eval.jsonl --budget 40",
+        ],
+    )
     p.add_argument("--model", required=True, help="recipe name or path: its [serving] limits are used")
     p.add_argument("--strategy", action="append", choices=STRATEGY_ORDER, help="repeatable (default: all)")
     p.add_argument("--trace", type=Path, help="trace to fit on, .csv (Azure) or .jsonl (default: the recipe's)")
@@ -32,7 +43,7 @@ def add(sub) -> None:
     )
     p.add_argument("--rate", type=float, help="replay at this many requests per second (default: trace timestamps)")
     p.add_argument("--out", type=Path, help="write the fitted set here as buckets.json")
-    p.add_argument("--json", action="store_true", help="print one JSON object: strategy -> counts and waste")
+    json_option(p, "one object: strategy -> counts (and waste, with a trace)")
     p.set_defaults(run=cmd_buckets)
 
 

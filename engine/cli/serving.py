@@ -6,30 +6,58 @@ import argparse
 import json
 import logging
 import sys
-from collections.abc import Sequence
 
-from artifacts.errors import ExitCode, PrebakeError
-from artifacts.fetch import Miss
+from artifacts.errors import PrebakeError
+from artifacts.fetch import Miss, miss_advice, miss_exit_code
 from artifacts.recipes import load_recipe
 from artifacts.stats import classify
-from engine.cli.common import engine_options, registry_option, target_options
+from artifacts.store import Store
+from engine.cli.common import command, engine_options, json_option, registry_option, target_options
 
 
 def add(sub) -> None:
-    fetch = sub.add_parser("fetch", help="fetch, verify and install a recipe's bundles; print the environment")
+    fetch = command(
+        sub,
+        "fetch",
+        group="serve",
+        help="fetch, verify and install a recipe's bundles; print the environment",
+        examples=[
+            "prebake fetch --model tiny-llama --precision bf16",
+            'eval "$(prebake fetch --model tiny-llama --precision bf16)"',
+            "prebake fetch --model tiny-llama --registry s3://team/prebake --registry-timeout 10 --json",
+        ],
+        store="write",
+    )
     target_options(fetch)
-    fetch.add_argument("--json", action="store_true", help="print JSON instead of shell exports")
+    json_option(fetch, "the environment and the bundles (or the misses)")
     registry_option(fetch)
+    timeout_options(fetch)
     engine_options(fetch)
     fetch.set_defaults(run=cmd_fetch)
 
-    serve = sub.add_parser("serve", help="start the bundled engine from the recipe's bundles (compiling what misses)")
+    serve = command(
+        sub,
+        "serve",
+        group="serve",
+        help="start the bundled engine from the recipe's bundles (compiling what misses)",
+        examples=[
+            "prebake serve --model tiny-llama --precision bf16",
+            "prebake serve --model tiny-llama --host 0.0.0.0 --port 8080 --on-miss fail",
+            "prebake serve --model tiny-llama-vllm --engine vllm -- --max-model-len 512",
+        ],
+        store="write",
+    )
     target_options(serve)
     registry_option(serve)
     serve.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 in a container)"
     )
-    serve.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default 8000)")
+    serve.add_argument(
+        "--port",
+        type=port_number,
+        default=8000,
+        help="port to listen on, 0 to 65535; 0 picks a free one (default 8000)",
+    )
     serve.add_argument(
         "--on-miss",
         choices=("compile", "fail"),
@@ -42,10 +70,7 @@ def add(sub) -> None:
         "(default: $PREBAKE_API_KEY; none: no authentication)",
     )
     serve.add_argument("--write-back", action="store_true", help="publish what was compiled in place to the registry")
-    serve.add_argument(
-        "--registry-timeout", type=float, default=5.0, help="seconds the registry lookup may take (default 5)"
-    )
-    serve.add_argument("--fetch-timeout", type=float, default=600.0, help="seconds downloads may take (default 600)")
+    timeout_options(serve)
     serve.add_argument(
         "--eager", action="store_true", help="compilation off: serve the eager model (the benchmark's floor)"
     )
@@ -54,6 +79,40 @@ def add(sub) -> None:
         "vllm_args", nargs="*", metavar="-- VLLM_ARGS", help="with --engine vllm: more `vllm serve` flags, after --"
     )
     serve.set_defaults(run=cmd_serve)
+
+
+def port_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port: give 0 to 65535 (0 picks a free one)")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} seconds: give a time box above 0")
+    return value
+
+
+def timeout_options(parser: argparse.ArgumentParser) -> None:
+    """The time boxes of fetch and serve: the same flags, the same defaults."""
+    parser.add_argument(
+        "--registry-timeout",
+        type=_seconds,
+        default=5.0,
+        help="seconds opening the registry and looking every kind up may take; then it counts as unavailable "
+        "(default 5)",
+    )
+    parser.add_argument(
+        "--fetch-timeout", type=_seconds, default=600.0, help="seconds the downloads may take (default 600)"
+    )
 
 
 def _vllm_start(args: argparse.Namespace):
@@ -70,11 +129,8 @@ def _vllm_start(args: argparse.Namespace):
         on_miss=getattr(args, "on_miss", "compile"),
         write_back=getattr(args, "write_back", False),
         vllm_args=tuple(getattr(args, "vllm_args", ())),
-        **(
-            {"registry_timeout": args.registry_timeout, "fetch_timeout": args.fetch_timeout}
-            if hasattr(args, "registry_timeout")
-            else {}
-        ),
+        registry_timeout=args.registry_timeout,
+        fetch_timeout=args.fetch_timeout,
     )
 
 
@@ -90,6 +146,9 @@ def cmd_fetch_vllm(args: argparse.Namespace) -> int:
         print(miss.explain(), file=sys.stderr)
     for note in prepared.notes:
         print(f"prebake: {note}", file=sys.stderr)
+    if prepared.misses:
+        address = Store().registry_address(args.registry)
+        print(f"prebake: {miss_advice(prepared.misses, prepared.plan, address)}", file=sys.stderr)
     if args.json:
         payload = {
             "target": prepared.plan.target.name,
@@ -105,7 +164,7 @@ def cmd_fetch_vllm(args: argparse.Namespace) -> int:
         print(
             f"# vLLM: {'cd ' + shlex.quote(str(prepared.cwd)) + ' && ' if prepared.cwd else ''}{shlex.join(prepared.argv)}"
         )
-    return _miss_code(prepared.misses) if prepared.misses else 0
+    return miss_exit_code(prepared.misses)
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
@@ -119,19 +178,21 @@ def cmd_fetch_bundled(args: argparse.Namespace) -> int:
 
     context = Context.open(args.registry)
     plan = context.pick_plan(load_recipe(args.model), dtype=args.precision, tp=args.tp)
-    resolution = context.resolve(plan)
+    resolution = context.resolve(plan, lookup_timeout=args.registry_timeout, fetch_timeout=args.fetch_timeout)
     if not resolution.complete:
         for miss in resolution.misses:
             print(miss.explain(), file=sys.stderr)
         print(f"prebake: no complete bundle set for {plan.target.name} in {context.address}", file=sys.stderr)
+        print(f"prebake: {miss_advice(resolution.misses, plan, context.address)}", file=sys.stderr)
         if args.json:
             payload = {
                 "target": plan.target.name,
                 "complete": False,
                 "misses": [miss_json(m) for m in resolution.misses],
+                "advice": miss_advice(resolution.misses, plan, context.address),
             }
             print(json.dumps(payload, indent=2, sort_keys=True))
-        return _miss_code(resolution.misses)
+        return miss_exit_code(resolution.misses)
     env = prebake_environment(plan.kinds, resolution.installed)
     if args.json:
         payload = {
@@ -150,12 +211,6 @@ def cmd_fetch_bundled(args: argparse.Namespace) -> int:
     return 0
 
 
-def _miss_code(misses: Sequence[Miss]) -> int:
-    """3 when nothing usable was there (a miss, a registry fault); 2 when something was there and
-    was refused (tampered, untrusted, corrupt or malformed): bad input, not a cold cache."""
-    return ExitCode.INVALID if any(m.refused for m in misses) else ExitCode.MISS
-
-
 def miss_json(miss: Miss) -> dict:
     """A miss in `fetch --json`: the key, why (and its short class), the nearest bundle and how it differs."""
     return {
@@ -164,6 +219,7 @@ def miss_json(miss: Miss) -> dict:
         "reason": miss.reason,
         "reason_class": classify(miss.reason),
         "refused": miss.refused,
+        "unavailable": miss.unavailable,
         "nearest": miss.nearest.digest if miss.nearest is not None else None,
         "differing": {name: {"wanted": want, "nearest": have} for name, (want, have) in miss.differing.items()},
     }

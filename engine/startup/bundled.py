@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from artifacts import fetch
 from artifacts.bake import bake_kind
 from artifacts.buckets import BucketSet
-from artifacts.errors import PrebakeError, StoreError
+from artifacts.errors import ExitCode, PrebakeError, StoreError
 from artifacts.fetch import Found, Miss, Resolution
 from artifacts.kinds import BUCKETS_FILE, BuildRequest, Plan
 from artifacts.manifest import Manifest
@@ -75,7 +75,12 @@ class StartupSettings(BaseModel):
 
 
 class MissRefused(PrebakeError, LookupError):
-    """Bundles missed and the engine was told --on-miss fail."""
+    """Bundles missed and the engine was told --on-miss fail; `code` says why (3 nothing matches,
+    4 the registry could not be asked, 2 something was refused)."""
+
+    def __init__(self, message: str, code: int = ExitCode.MISS):
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass
@@ -197,7 +202,8 @@ def _start(
     if resolution.misses and settings.on_miss == "fail":
         raise MissRefused(
             f"{len(resolution.misses)} of {plan.target.name}'s bundles missed (above) and --on-miss is fail; "
-            f"bake them (doit bake model={plan.target.recipe} precision={plan.target.dtype}) or use --on-miss compile"
+            f"{fetch.miss_advice(resolution.misses, plan, address)}; or use --on-miss compile",
+            code=fetch.miss_exit_code(resolution.misses),
         )
     compiled = context.adapter(plan).compiled_kind
     trees = {k: i.tree for k, i in resolution.installed.items()}

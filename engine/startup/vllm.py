@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from artifacts.bake import bake_kind
-from artifacts.errors import ExitCode, PrebakeError, RecipeError
-from artifacts.fetch import Miss
+from artifacts.errors import PrebakeError, RecipeError
+from artifacts.fetch import Miss, miss_advice, miss_exit_code
 from artifacts.kinds import BuildRequest, Plan
 from artifacts.recipes import load_recipe
 from artifacts.stats import record_fallback
@@ -175,16 +175,17 @@ def _notes(
 
 
 def serve(request: VllmStart, emit: Emit) -> int:
-    """Fetch, install, and run vLLM; returns vLLM's exit code (or 3 on a refused miss)."""
+    """Fetch, install, and run vLLM; returns vLLM's exit code (or 2/3/4 on a miss under --on-miss fail)."""
     context = Context.open(request.registry)
     prepared = prepare(request, context)
     for line in [m.explain() for m in prepared.misses] + list(prepared.notes):
         emit(f"prebake: {line}")
     if prepared.misses and request.on_miss == "fail":
         emit(
-            f"prebake: no complete bundle set for {prepared.plan.target.name} in {context.address}; not starting (--on-miss fail)"
+            f"prebake: no complete bundle set for {prepared.plan.target.name} in {context.address}; not starting "
+            f"(--on-miss fail); {miss_advice(prepared.misses, prepared.plan, context.address)}"
         )
-        return ExitCode.MISS
+        return miss_exit_code(prepared.misses)
     where = "the baked graphs" if "graphs" in prepared.installed else "an empty cache (vLLM compiles)"
     emit(
         f"prebake: starting vLLM for {prepared.plan.target.name} from {where}: VLLM_CACHE_ROOT={prepared.cache_root / CACHE_DIR}"
