@@ -16,6 +16,10 @@ A node that dies mid-bake fails its task with a system error, which Ray retries 
 matching node (--ray-retries); a bake killed half-way leaves no index entry, since entries
 are written only after their blob. The bake runs in a child process that dies with its Ray
 worker (PR_SET_PDEATHSIG), so a killed node leaves no baker running.
+
+The driver's registry settings that are not secrets (endpoint, region, HF_ENDPOINT, PREBAKE_*)
+travel with each task in Ray's runtime_env, credentials only with --forward-credentials
+(engine/fleet/node_env.py); a node-side failure names the registry and the settings it used.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +46,7 @@ from artifacts.store import Store
 from engine.adapters import kinds_for
 from engine.adapters.bundled import BundledAdapter
 from engine.cli.common import table
+from engine.fleet.node_env import describe, forwarded
 from engine.fleet.plan import make_plan
 from engine.probe import probe
 
@@ -84,7 +90,11 @@ def bake_target(job: BakeJob) -> tuple[KindOutcome, ...]:
         if not matches(target, host):
             why = f"refused: this node is {host.platform.describe()}, the target needs {target.platform}"
             return tuple(KindOutcome(target.name, kind, FAILED, why, node) for kind in kinds_for(recipe, target).names)
-        before = _present(recipe, target, host, job.registry)
+        try:
+            before = _present(recipe, target, host, job.registry)
+        except Exception as exc:  # the registry as this node sees it: say which, and with what settings
+            why = f"{type(exc).__name__}: {exc}; {describe(os.environ, job.registry)}"
+            return tuple(KindOutcome(target.name, kind, FAILED, why, node) for kind in kinds_for(recipe, target).names)
         proc = _run_bake(job, folder)
     said = {m["kind"]: m["note"] for m in _NOTE.finditer(proc.stdout) if m["target"] == job.target_id}
     tail = " ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])[-300:]
@@ -100,7 +110,8 @@ def bake_target(job: BakeJob) -> tuple[KindOutcome, ...]:
         elif proc.returncode == 0:
             outcomes.append(KindOutcome(target.name, kind, ALREADY, "up to date", node))
         else:
-            outcomes.append(KindOutcome(target.name, kind, FAILED, f"bake exited {proc.returncode}: {tail}", node))
+            why = f"bake exited {proc.returncode}: {tail}; {describe(os.environ, job.registry)}"
+            outcomes.append(KindOutcome(target.name, kind, FAILED, why, node))
     return tuple(outcomes)
 
 
@@ -163,6 +174,11 @@ def ray_options(need: Requirement, routing: str) -> dict:
     return {"num_cpus": 0, "resources": need.ray_resources()}
 
 
+def runtime_env(credentials: bool, env: Mapping[str, str] = os.environ) -> dict:
+    """Ray's runtime_env option carrying the driver's registry settings (engine/fleet/node_env.py)."""
+    return {"runtime_env": {"env_vars": forwarded(env, credentials=credentials)}}
+
+
 def _ray_gpu_type(device_name: str) -> str | None:
     """Ray's accelerator type constant for an NVIDIA product name: "NVIDIA H100 80GB HBM3" -> "H100"."""
     found = re.search(r"\b(GH200|H200|H100|H20|B200|A100|A10G|L40S|L4|T4|V100)\b", device_name)
@@ -213,7 +229,9 @@ def _collect(ray, todo: list[TargetPlan], recipe: Recipe, args) -> list[KindOutc
         for tid, t in list(waiting.items()):
             if _has_node(nodes, t.requirement, args.ray_routing):
                 job = BakeJob(recipe.model.name, text, tid, args.registry)
-                options = ray_options(t.requirement, args.ray_routing)
+                options = ray_options(t.requirement, args.ray_routing) | runtime_env(
+                    getattr(args, "forward_credentials", False)
+                )
                 ref = remote.options(max_retries=args.ray_retries, retry_exceptions=False, **options).remote(job)
                 running[ref] = (t, time.monotonic())
                 del waiting[tid]
@@ -245,8 +263,9 @@ def _result(ray, ref, t: TargetPlan) -> list[KindOutcome]:
     try:
         return list(ray.get(ref))
     except Exception as exc:  # a task error, a dead worker or node past its retries: the target failed
-        first = str(exc).strip().splitlines()
-        return _all(t, FAILED, f"{type(exc).__name__}: {first[0][:200] if first else ''}")
+        cause = getattr(exc, "cause", None) or exc  # RayTaskError wraps the node's own exception
+        first = str(cause).strip().splitlines()
+        return _all(t, FAILED, f"{type(cause).__name__}: {first[0][:300] if first else ''}")
 
 
 def _alive_resources(ray) -> list[dict[str, float]]:
