@@ -343,7 +343,7 @@ class Store:
             raise StoreError(
                 f"{manifest.kind} {manifest.key_digest[:16]} needs {_mib(need)} (blob {_mib(manifest.blob.size)}, "
                 f"files {_mib(manifest.unpacked_bytes)}) and {self.home} has {_mib(free)} free; free space, "
-                f"run `prebake gc --max-size`, or point {HOME_ENV} at a larger disk"
+                f"run `prebake store gc --max-size`, or point {HOME_ENV} at a larger disk"
             )
 
     def _files_record(self, hexd: str) -> Path:
