@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from engine.adapters import ADAPTERS
+from prebake.engine.adapters import ADAPTERS
 
 
 def target_options(parser: argparse.ArgumentParser) -> None:

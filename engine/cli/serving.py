@@ -8,11 +8,11 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from artifacts.errors import ExitCode, PrebakeError
-from artifacts.fetch import Miss
-from artifacts.recipes import load_recipe
-from artifacts.stats import classify
-from engine.cli.common import engine_options, registry_option, target_options
+from prebake.artifacts.bake.fetch import Miss
+from prebake.artifacts.bake.recipes import load_recipe
+from prebake.artifacts.errors import ExitCode, PrebakeError
+from prebake.artifacts.store.stats import classify
+from prebake.engine.cli.common import engine_options, registry_option, target_options
 
 
 def add(sub) -> None:
@@ -57,7 +57,7 @@ def add(sub) -> None:
 
 
 def _vllm_start(args: argparse.Namespace):
-    from engine.startup.vllm import VllmStart
+    from prebake.engine.vllm.start import VllmStart
 
     return VllmStart(
         model=args.model,
@@ -82,10 +82,11 @@ def cmd_fetch_vllm(args: argparse.Namespace) -> int:
     """`fetch --engine vllm`: install, lay out a writable cache root, print vLLM's environment and flags."""
     import shlex
 
-    from engine.startup.install import shell_exports
-    from engine.startup.vllm import fetch_environment
+    from prebake.engine.bundled.cache_layout import shell_exports
+    from prebake.engine.compose import Context
+    from prebake.engine.vllm.start import fetch_environment
 
-    prepared = fetch_environment(_vllm_start(args))
+    prepared = fetch_environment(_vllm_start(args), Context.open(args.registry))
     for miss in prepared.misses:
         print(miss.explain(), file=sys.stderr)
     for note in prepared.notes:
@@ -114,8 +115,8 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 def cmd_fetch_bundled(args: argparse.Namespace) -> int:
     """`fetch` for the bundled engine (and plain torch.compile users): the kinds' environment."""
-    from engine.compose import Context
-    from engine.startup.install import prebake_environment, shell_exports
+    from prebake.engine.bundled.cache_layout import prebake_environment, shell_exports
+    from prebake.engine.compose import Context
 
     context = Context.open(args.registry)
     plan = context.pick_plan(load_recipe(args.model), dtype=args.precision, tp=args.tp)
@@ -171,9 +172,12 @@ def miss_json(miss: Miss) -> dict:
 
 def cmd_serve_vllm(args: argparse.Namespace) -> int:
     """`serve --engine vllm -- VLLM_ARGS`: fetch, install, then run vLLM from the installed graphs."""
-    from engine.startup.vllm import serve
+    from prebake.engine.compose import Context
+    from prebake.engine.vllm.start import serve
 
-    return serve(_vllm_start(args), emit=lambda line: print(line, file=sys.stderr, flush=True))
+    return serve(
+        _vllm_start(args), Context.open(args.registry), emit=lambda line: print(line, file=sys.stderr, flush=True)
+    )
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -184,8 +188,8 @@ def cmd_serve_bundled(args: argparse.Namespace) -> int:
     """`serve` with prebake's own engine, in this process."""
     if args.vllm_args:
         raise PrebakeError(f"flags after -- ({' '.join(args.vllm_args)}) are for --engine vllm only")
-    from engine.runtime.server import ServeSettings, api_key_from, serve
-    from engine.startup.bundled import StartupSettings
+    from prebake.engine.bundled.serve import ServeSettings, api_key_from, serve
+    from prebake.engine.bundled.start import StartupSettings
 
     startup = StartupSettings(
         model=args.model,
@@ -199,10 +203,12 @@ def cmd_serve_bundled(args: argparse.Namespace) -> int:
         eager=args.eager,
     )
     settings = ServeSettings(startup=startup, host=args.host, port=args.port, api_key=api_key_from(args.api_key))
-    return serve(settings, emit=logging.getLogger("prebake.serve").info)
+    from prebake.engine.compose import Context
+
+    return serve(settings, lambda: Context.open(args.registry), emit=logging.getLogger("prebake.serve").info)
 
 
-# The start path of each engine adapter (engine.adapters.ADAPTERS names them): the bundled engine
+# The start path of each engine adapter (prebake.engine.adapters.ADAPTERS names them): the bundled engine
 # serves in this process; vLLM (on any platform, Gaudi too) is started as its own process.
 FETCH_PATHS = {"prebake": cmd_fetch_bundled, "vllm": cmd_fetch_vllm}
 SERVE_PATHS = {"prebake": cmd_serve_bundled, "vllm": cmd_serve_vllm}

@@ -1,0 +1,83 @@
+"""The engine-adapter interface: what an engine needs from prebake, and what it gives back.
+
+An adapter declares, for recipes it serves (`handles`):
+
+    kinds()              the artifact kinds it compiles, after the shared buckets kind: what its
+                         autotune and graphs artifacts are, how each is built and keyed
+    fallback_kind        the kind the engine produces by itself when it starts on a miss
+    serve_environment()  the variables that start the engine from installed trees
+
+Adapters are looked up by `prebake.engine.adapters.adapter_for(recipe, target)`; nothing else in the
+code asks which engine a recipe names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Protocol
+
+from prebake.artifacts.bake.bake_kind import Signer
+from prebake.artifacts.bake.fetch import Resolution, TrustCheck
+from prebake.artifacts.bake.kinds import Kind, TargetKeys
+from prebake.artifacts.bake.recipes import Recipe, Target
+from prebake.artifacts.errors import PrebakeError
+from prebake.artifacts.ports.registry import Registry
+from prebake.artifacts.store.local import Installed, Store
+from prebake.engine.common.probe import Host
+
+
+class EngineStartError(PrebakeError, RuntimeError):
+    """An engine started by an adapter exited, or did not become ready in time."""
+
+
+class EngineAdapter(Protocol):
+    """One serving engine: its compiled artifacts and how it starts from them."""
+
+    name: str  # the recipe's [model] engine
+    fallback_kind: str
+
+    def handles(self, recipe: Recipe, target: Target) -> bool:
+        """Whether this adapter serves `recipe` on `target`."""
+        ...
+
+    def kinds(self) -> tuple[Kind, ...]:
+        """The kinds this engine compiles, in build order, after the shared buckets kind."""
+        ...
+
+    def serve_environment(self, plan: TargetKeys, installed: Mapping[str, Installed], run_dir: Path) -> dict[str, str]:
+        """Variables that start the engine from the installed trees, with private writable copies
+        under `run_dir` wherever the engine writes beside what it reads."""
+        ...
+
+
+class Services(Protocol):
+    """What an engine's start needs from the composition root: the store, the registry, the trust
+    policy, the signer and the host, opened once per command (prebake.engine.compose.Context is one).
+
+    Engines take it as a parameter and never open one themselves: the composition root sits above
+    every engine, so an engine that imported it would close a circle."""
+
+    @property
+    def store(self) -> Store: ...
+    @property
+    def host(self) -> Host: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def trust(self) -> TrustCheck | None: ...
+    @property
+    def sign(self) -> Signer | None: ...
+    @property
+    def registry(self) -> Registry: ...
+
+    def pick_plan(self, recipe: Recipe, *, dtype: str | None = None, tp: int | None = None) -> TargetKeys: ...
+
+    def adapter(self, plan: TargetKeys) -> EngineAdapter: ...
+
+    def resolve(
+        self, plan: TargetKeys, *, lookup_timeout: float = 30.0, fetch_timeout: float = 600.0
+    ) -> Resolution: ...
+
+
+OpenServices = Callable[[], Services]  # opens the Services of one command, when the start is ready for them
