@@ -22,6 +22,7 @@ ADAPTERS: tuple[EngineAdapter, ...] = (BundledAdapter(), VllmGaudiAdapter(), Vll
 
 
 def adapter_for(recipe: Recipe, target: Target) -> EngineAdapter:
+    """The adapter that serves `recipe` on `target` (the first that handles it)."""
     for adapter in ADAPTERS:
         if adapter.handles(recipe, target):
             return adapter
@@ -29,9 +30,17 @@ def adapter_for(recipe: Recipe, target: Target) -> EngineAdapter:
     raise RecipeError(f"recipe {recipe.model.name} names engine {recipe.model.engine!r}; prebake serves {engines}")
 
 
+def adapter_named(engine: str) -> EngineAdapter:
+    """The adapter behind `--engine ENGINE` (the first registered under that name)."""
+    for adapter in ADAPTERS:
+        if adapter.name == engine:
+            return adapter
+    raise RecipeError(f"unknown engine {engine!r}; prebake serves {sorted({a.name for a in ADAPTERS})}")
+
+
 def kinds_for(recipe: Recipe, target: Target) -> KindTable:
     """The target's kinds in build order: buckets, then the kinds its engine compiles."""
     return KindTable([BUCKETS, *adapter_for(recipe, target).kinds()])
 
 
-__all__ = ["ADAPTERS", "EngineAdapter", "EngineStartError", "adapter_for", "kinds_for"]
+__all__ = ["ADAPTERS", "EngineAdapter", "EngineStartError", "adapter_for", "adapter_named", "kinds_for"]

@@ -1,9 +1,5 @@
-"""The bundled engine's adapter: autotune tactics and an Inductor cache (or Dynamo precompile) as graphs.
-
-    autotune tree:  autotune.json     every step shape's tactic timings and the winner
-    graphs tree:    inductor/         Inductor's cache (FX graphs, AOTAutograd entries, kernels)
-                    aot/              variant "dynamo-precompile" only: one precompiled function per step shape
-                    graphs.json       the step shapes compiled, their tactics and compile seconds
+"""The bundled engine's adapter: autotune tactics and an Inductor cache (or Dynamo precompile) as
+graphs (the trees are drawn in prebake.engine.bundled.cache_layout), and its fetch and serve.
 
 Both are built by torch in a child process (`python -m prebake.engine.bundled.build`), so the parent
 never imports torch (a no-op bake stays fast) and the child's environment (its private
@@ -23,11 +19,17 @@ from prebake.artifacts.bake.kinds import BuildRequest, Groups, KeyContext, Kind,
 from prebake.artifacts.bake.recipes import Recipe, Target
 from prebake.artifacts.errors import BuildError
 from prebake.artifacts.store.local import Installed
-from prebake.engine.bundled.cache_layout import GRAPHS_ENV, INDUCTOR_DIR, engine_environment, private_graphs_tree
-
-AUTOTUNE_FILE = "autotune.json"
-AUTOTUNE_ENV = "PREBAKE_AUTOTUNE_FILE"
-GRAPHS_FILE = "graphs.json"
+from prebake.engine.bundled.cache_layout import (
+    AUTOTUNE_ENV,
+    AUTOTUNE_FILE,
+    GRAPHS_ENV,
+    GRAPHS_FILE,
+    INDUCTOR_DIR,
+    engine_environment,
+    private_graphs_tree,
+)
+from prebake.engine.common.adapter import Fetched, OpenServices, Services, StartRequest
+from prebake.engine.common.exports import prebake_environment
 
 
 def child_env(kind: str, out: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -106,3 +108,46 @@ class BundledAdapter:
 
     def serve_environment(self, plan: TargetKeys, installed: Mapping[str, Installed], run_dir: Path) -> dict[str, str]:
         return engine_environment(private_graphs_tree(installed.get("graphs"), run_dir))
+
+    def fetch(self, request: StartRequest, services: Services) -> Fetched:
+        """The bundled engine (and plain torch.compile users): every installed kind's variables."""
+        from prebake.artifacts.bake.recipes import load_recipe
+
+        plan = services.pick_plan(load_recipe(request.model), dtype=request.precision, tp=request.tp)
+        resolution = services.resolve(
+            plan, lookup_timeout=request.registry_timeout, fetch_timeout=request.fetch_timeout
+        )
+        if not resolution.complete:
+            note = f"no complete bundle set for {plan.target.name} in {services.address}"
+            return Fetched(plan.target.name, {}, resolution.installed, tuple(resolution.misses), (note,))
+        env = prebake_environment(plan.kinds, resolution.installed)
+        return Fetched(plan.target.name, env, resolution.installed)
+
+    def serve(self, request: StartRequest, open_services: OpenServices) -> int:
+        """`prebake serve`: this engine serves in this process (prebake.engine.bundled.serve)."""
+        import logging
+
+        from prebake.artifacts.errors import PrebakeError
+        from prebake.engine.bundled.serve import ServeSettings, api_key_from, serve
+        from prebake.engine.bundled.start import StartupSettings
+
+        if request.engine_args:
+            raise PrebakeError(f"flags after -- ({' '.join(request.engine_args)}) are for --engine vllm only")
+        startup = StartupSettings(
+            model=request.model,
+            precision=request.precision,
+            tp=request.tp,
+            registry=request.registry,
+            registry_timeout=request.registry_timeout,
+            fetch_timeout=request.fetch_timeout,
+            on_miss=request.on_miss,
+            write_back=request.write_back,
+            eager=request.eager,
+        )
+        settings = ServeSettings(
+            startup=startup,
+            host=request.host or "127.0.0.1",
+            port=8000 if request.port is None else request.port,
+            api_key=api_key_from(request.api_key),
+        )
+        return serve(settings, open_services, emit=logging.getLogger("prebake.serve").info)

@@ -21,7 +21,7 @@ from pathlib import Path
 from prebake.artifacts.bake.kinds import BUCKETS_FILE
 from prebake.artifacts.bake.recipes import PRECOMPILE, Recipe
 from prebake.artifacts.buckets.artifact import BucketSet
-from prebake.engine.bundled.adapter import AUTOTUNE_FILE, GRAPHS_FILE
+from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE, GRAPHS_FILE
 from prebake.engine.bundled.runtime import precompile
 from prebake.engine.bundled.runtime.autotune import load_winners, measure
 from prebake.engine.bundled.runtime.loader import load_model, torch_dtype

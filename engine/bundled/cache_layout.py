@@ -1,4 +1,10 @@
-"""Pointing an engine at installed bundles: the one place that decides cache environment variables.
+"""Where the bundled engine's caches live in its installed trees, and the variables that point
+torch at them: the one place that decides them. Imports no torch.
+
+    autotune tree:  autotune.json     every step shape's tactic timings and the winner
+    graphs tree:    inductor/         Inductor's cache (FX graphs, AOTAutograd entries, kernels)
+                    aot/              variant "dynamo-precompile" only: one precompiled function per shape
+                    graphs.json       the step shapes compiled, their tactics and compile seconds
 
 The environment is returned as a mapping: callers hand it to a child process or print it
 (`prebake fetch`). The one exception is the bundled engine's serving process, which compiles
@@ -15,29 +21,15 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from prebake.artifacts.bake.kinds import KindTable
 from prebake.artifacts.errors import StoreError
 from prebake.artifacts.fsutil import copy_writable
 from prebake.artifacts.store.local import Installed
 
 GRAPHS_ENV = "PREBAKE_GRAPHS_DIR"
 INDUCTOR_DIR = "inductor"
-
-
-def prebake_environment(kinds: KindTable, installed: Mapping[str, Installed]) -> dict[str, str]:
-    """Variables that point the bundled engine (and plain torch.compile users) at the bundles:
-    each installed kind's declared environment."""
-    env: dict[str, str] = {}
-    for kind in kinds:
-        if kind.name in installed:
-            env.update(kind.environment(installed[kind.name].tree))
-    return env
-
-
-def shell_exports(env: Mapping[str, str]) -> str:
-    import shlex
-
-    return "\n".join(f"export {name}={shlex.quote(value)}" for name, value in sorted(env.items()))
+AUTOTUNE_FILE = "autotune.json"
+AUTOTUNE_ENV = "PREBAKE_AUTOTUNE_FILE"
+GRAPHS_FILE = "graphs.json"
 
 
 def private_graphs_tree(installed: Installed | None, run_dir: Path) -> Path:

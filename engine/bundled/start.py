@@ -35,21 +35,20 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from prebake.artifacts.bake import fetch
-from prebake.artifacts.bake.bake_kind import bake_kind
 from prebake.artifacts.bake.fetch import Found, Miss, Resolution, record_resolution
-from prebake.artifacts.bake.kinds import BUCKETS_FILE, BuildRequest, TargetKeys
+from prebake.artifacts.bake.kinds import BUCKETS_FILE, Builder, BuildRequest, TargetKeys
 from prebake.artifacts.bake.recipes import PRECOMPILE, Recipe, load_recipe
 from prebake.artifacts.buckets.artifact import BucketSet
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.errors import PrebakeError, StoreError
 from prebake.artifacts.store.local import Installed, Store
 from prebake.artifacts.store.stats import record_fallback, record_miss
-from prebake.artifacts.timebox import Done, Raised, within
 from prebake.engine.bundled import cache_layout
-from prebake.engine.bundled.adapter import AUTOTUNE_FILE
+from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE
 from prebake.engine.bundled.runtime.metrics import Metrics
 from prebake.engine.bundled.runtime.shapes import StepShape, step_shapes
 from prebake.engine.common.adapter import OpenServices, Services
+from prebake.engine.common.write_back import WrittenBack, write_back
 
 if TYPE_CHECKING:  # torch is imported once the environment is set (install step), not before
     from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
@@ -351,36 +350,19 @@ def _load_steps(settings, recipe: Recipe, model, cache, schedule, graphs_tree: P
 def _write_back(
     plan: TargetKeys, built: list[str], trees: dict[str, Path], context: Services, timeout: float, log: StartupPhaseLog
 ) -> str:
-    """Pack and publish what was built in place, upstream first; a failure is logged, never fatal."""
-    deadline = time.monotonic() + timeout
-    published: list[str] = []
-    for kind in (k for k in plan.kinds.names if k in built):
+    """Pack and publish what was built in place (prebake.engine.common.write_back's one policy)."""
 
-        def publish(kind: str = kind) -> str:
-            baked = bake_kind(
-                plan,
-                kind,
-                store=context.store,
-                registry=context.registry,
-                sign=context.sign,
-                trust=context.trust,
-                build=_copy_of(trees[kind]),
+    def report(result: WrittenBack) -> None:
+        log.metrics.add("prebake_write_backs_total", kind=result.kind, outcome=result.outcome)
+        log.note(f"write-back {result.kind} {result.key[:12]} to {context.registry.url}: {result.note}")
+        if not result.published:
+            log.emit(
+                f"prebake serve: WARNING: write-back of {result.kind} failed; the next start will compile it again"
             )
-            return baked.note
 
-        outcome = within(deadline - time.monotonic(), publish, name="prebake-write-back")
-        if isinstance(outcome, Done):
-            note, ok = outcome.value, True
-        elif isinstance(outcome, Raised):
-            note, ok = f"failed: {outcome.describe()}", False
-        else:
-            note, ok = f"failed: not finished within {timeout:g} s", False
-        log.metrics.add("prebake_write_backs_total", kind=kind, outcome="published" if ok else "failed")
-        log.note(f"write-back {kind} {plan.key(kind).digest[:12]} to {context.registry.url}: {note}")
-        if not ok:
-            log.emit(f"prebake serve: WARNING: write-back of {kind} failed; the next start will compile it again")
-        published.append(f"{kind}: {'published' if ok else 'failed'}")
-    return ", ".join(published) or "nothing finished"
+    builds: dict[str, Builder | None] = {kind: _copy_of(trees[kind]) for kind in built}
+    results = write_back(plan, builds, context, timeout=timeout, report=report)
+    return ", ".join(f"{r.kind}: {r.outcome}" for r in results) or "nothing finished"
 
 
 def _copy_of(tree: Path):

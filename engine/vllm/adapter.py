@@ -33,10 +33,10 @@ from prebake.artifacts.bake.kinds import (
     target_groups,
 )
 from prebake.artifacts.bake.recipes import Recipe, Target, parse_platform
-from prebake.artifacts.errors import BuildError
+from prebake.artifacts.errors import BuildError, RecipeError
 from prebake.artifacts.fsutil import copy_writable
 from prebake.artifacts.store.local import Installed
-from prebake.engine.common.adapter import EngineStartError
+from prebake.engine.common.adapter import EngineStartError, Fetched, OpenServices, Services, StartRequest
 from prebake.engine.vllm import gaudi
 from prebake.engine.vllm.process import (
     AUTOTUNE_FILE,
@@ -84,6 +84,29 @@ class VllmAdapter:
 
     name = "vllm"
     fallback_kind = "graphs"
+
+    def fetch(self, request: StartRequest, services: Services) -> Fetched:
+        """Install, lay out a writable cache root, and give vLLM's variables and command line."""
+        from prebake.engine.vllm.start import fetch_environment
+
+        prepared = fetch_environment(_vllm_start(request), services)
+        return Fetched(
+            prepared.plan.target.name,
+            prepared.variables,
+            prepared.installed,
+            prepared.misses,
+            prepared.notes,
+            prepared.argv,
+            prepared.cwd,
+        )
+
+    def serve(self, request: StartRequest, open_services: OpenServices) -> int:
+        """vLLM runs as its own process (exec'd, or watched when it writes back)."""
+        import sys
+
+        from prebake.engine.vllm.start import serve
+
+        return serve(_vllm_start(request), open_services(), emit=lambda line: print(line, file=sys.stderr, flush=True))
 
     def handles(self, recipe: Recipe, target: Target) -> bool:
         return recipe.model.engine == self.name
@@ -165,3 +188,24 @@ class VllmGaudiAdapter(VllmAdapter):
         buckets = installed["buckets"].tree if "buckets" in installed else None
         variables = gaudi.serving_variables(plan.recipe, recipes, buckets)
         return super().serve_environment(plan, installed, run_dir) | variables
+
+
+def _vllm_start(request: StartRequest):  # -> prebake.engine.vllm.start.VllmStart
+    from prebake.engine.vllm.start import VllmStart
+
+    if request.eager:
+        raise RecipeError("--eager is the bundled engine's floor; for vLLM pass -- --enforce-eager")
+    return VllmStart(
+        model=request.model,
+        precision=request.precision,
+        tp=request.tp,
+        registry=request.registry,
+        cache_root=request.cache_root,
+        host=request.host,
+        port=request.port,
+        on_miss=request.on_miss,
+        write_back=request.write_back,
+        vllm_args=request.engine_args,
+        registry_timeout=request.registry_timeout,
+        fetch_timeout=request.fetch_timeout,
+    )

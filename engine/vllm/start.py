@@ -21,17 +21,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from prebake.artifacts.bake.bake_kind import bake_kind
 from prebake.artifacts.bake.fetch import Miss
-from prebake.artifacts.bake.kinds import BuildRequest, TargetKeys
+from prebake.artifacts.bake.kinds import Builder, BuildRequest, TargetKeys
 from prebake.artifacts.bake.recipes import load_recipe
-from prebake.artifacts.errors import ExitCode, PrebakeError, RecipeError
+from prebake.artifacts.errors import ExitCode, RecipeError
 from prebake.artifacts.store.local import Installed
 from prebake.artifacts.store.stats import record_fallback
+from prebake.engine.common import write_back as publishing
 from prebake.engine.common.adapter import EngineStartError, Services
 from prebake.engine.vllm import gaudi
 from prebake.engine.vllm import portability as vllm_portability
-from prebake.engine.vllm.adapter import VllmAdapter
 from prebake.engine.vllm.process import (
     CACHE_DIR,
     REDIRECTS,
@@ -68,6 +67,7 @@ _RECIPE_FLAGS = (
 )
 
 Emit = Callable[[str], None]
+VLLM = "vllm"  # the recipe engine this start serves (prebake.engine.vllm.adapter.VllmAdapter.name)
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ def prepare(request: VllmStart, context: Services) -> Prepared:
     recipe = load_recipe(request.model)
     plan = context.pick_plan(recipe, dtype=request.precision, tp=request.tp)
     adapter = context.adapter(plan)
-    if not isinstance(adapter, VllmAdapter):
+    if adapter.name != VLLM:
         raise RecipeError(
             f"recipe {recipe.model.name} is served by engine {adapter.name!r}; --engine vllm "
             f"needs a recipe with engine = 'vllm', such as tiny-llama-vllm"
@@ -195,10 +195,12 @@ def serve(request: VllmStart, context: Services, emit: Emit) -> int:
         if prepared.cwd is not None:
             os.chdir(prepared.cwd)
         os.execvpe(prepared.argv[0], list(prepared.argv), env)
-    return _serve_and_write_back(prepared, env, context, emit)
+    return _serve_and_write_back(prepared, env, context, emit, timeout=request.fetch_timeout)
 
 
-def _serve_and_write_back(prepared: Prepared, env: dict[str, str], context: Services, emit: Emit) -> int:
+def _serve_and_write_back(
+    prepared: Prepared, env: dict[str, str], context: Services, emit: Emit, *, timeout: float
+) -> int:
     log = prepared.cache_root / "vllm.log"
     running = start(Launch(prepared.argv, env, prepared.cwd, log))
     emit(f"prebake: vLLM's log: {log}")
@@ -212,11 +214,8 @@ def _serve_and_write_back(prepared: Prepared, env: dict[str, str], context: Serv
         port = _flag_value(prepared.argv, "--port", "8000")
         seconds = wait_ready(running, f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}")
         emit(f"prebake: vLLM ready in {seconds:.1f} s; writing its cache back")
-        try:
-            for line in write_back(prepared, context, seconds):
-                emit(f"prebake: {line}")
-        except PrebakeError as exc:  # publishing never swallows an error, but it must not stop a serving engine
-            emit(f"prebake: write-back failed: {exc}")
+        for line in write_back(prepared, context, seconds, timeout=timeout):  # failures are lines, never raised
+            emit(f"prebake: {line}")
         return running.proc.wait()
     except EngineStartError as exc:
         emit(f"prebake: {exc}")
@@ -227,8 +226,9 @@ def _serve_and_write_back(prepared: Prepared, env: dict[str, str], context: Serv
             signal.signal(s, handler)
 
 
-def write_back(prepared: Prepared, context: Services, ready_s: float) -> list[str]:
-    """Publish every kind that missed; graphs from a snapshot of the running vLLM's cache root."""
+def write_back(prepared: Prepared, context: Services, ready_s: float, *, timeout: float = 600.0) -> list[str]:
+    """Publish every kind that missed, within `timeout` seconds in all (the one write-back policy,
+    prebake.engine.common.write_back); graphs from a snapshot of the running vLLM's cache root."""
 
     def capture(request: BuildRequest) -> None:
         shutil.copytree(prepared.cache_root / CACHE_DIR, request.out / CACHE_DIR, symlinks=True)
@@ -243,22 +243,14 @@ def write_back(prepared: Prepared, context: Services, ready_s: float) -> list[st
         }
         (request.out / REPORT_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))
 
-    lines = []
     compiled = context.adapter(prepared.plan).fallback_kind
-    for kind in prepared.plan.kinds.names:
-        if kind in prepared.installed:
-            continue
-        baked = bake_kind(
-            prepared.plan,
-            kind,
-            store=context.store,
-            registry=context.registry,
-            sign=context.sign,
-            trust=context.trust,
-            build=capture if kind == compiled else None,
-        )
-        lines.append(f"{kind}: {baked.note}, key {baked.manifest.key_digest[:16]}")
-    return lines
+    builds: dict[str, Builder | None] = {
+        kind: capture if kind == compiled else None
+        for kind in prepared.plan.kinds.names
+        if kind not in prepared.installed
+    }
+    results = publishing.write_back(prepared.plan, builds, context, timeout=timeout)
+    return [f"{r.kind}: {r.note}, key {r.key[:16]}" for r in results]
 
 
 def fetch_environment(request: VllmStart, context: Services) -> Prepared:

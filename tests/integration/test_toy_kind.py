@@ -24,7 +24,7 @@ from prebake.artifacts.bake.kinds import (
 from prebake.artifacts.bake.recipes import Recipe, load_recipe
 from prebake.artifacts.bake.tasks import BakeRequest, bake_tasks
 from prebake.artifacts.store.local import Store
-from prebake.engine.bundled.cache_layout import prebake_environment
+from prebake.engine.common.exports import prebake_environment
 from prebake.engine.common.probe import current_host
 from prebake.engine.compose import Context
 from prebake.registry import open_registry

@@ -226,9 +226,38 @@ def test_the_checker_sees_circles_upward_imports_peers_and_unplaced_packages(tmp
         test_every_package_has_a_layer()
 
 
-def test_every_engine_the_cli_offers_is_an_adapter_with_a_fetch_and_a_serve_path():
-    from prebake.engine.adapters import ADAPTERS
-    from prebake.engine.cli.common import ENGINES
-    from prebake.engine.cli.serving import FETCH_PATHS, SERVE_PATHS
+def test_a_new_engine_is_one_adapter_registered_in_one_line(tmp_path, monkeypatch, capsys):
+    """`--engine NAME` reaches whatever adapter ADAPTERS registers: no CLI table to extend."""
+    from prebake.engine import adapters, cli
+    from prebake.engine.common.adapter import Fetched
 
-    assert set(ENGINES) == {a.name for a in ADAPTERS} == set(FETCH_PATHS) == set(SERVE_PATHS)
+    asked: list[tuple[str, str]] = []
+
+    class ToyAdapter:
+        name = "toy"
+        fallback_kind = "graphs"
+
+        def handles(self, recipe, target):
+            return recipe.model.engine == self.name
+
+        def kinds(self):
+            return ()
+
+        def serve_environment(self, plan, installed, run_dir):
+            return {}
+
+        def fetch(self, request, services):
+            asked.append(("fetch", request.model))
+            return Fetched("toy-target", {"TOY_CACHE": "/x"}, {})
+
+        def serve(self, request, open_services):
+            asked.append(("serve", request.model))
+            return 0
+
+    monkeypatch.setenv("PREBAKE_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(adapters, "ADAPTERS", (*adapters.ADAPTERS, ToyAdapter()))
+    assert cli.main(["fetch", "--engine", "toy", "--model", "tiny-llama"]) == 0
+    assert "export TOY_CACHE=/x" in capsys.readouterr().out
+    assert cli.main(["serve", "--engine", "toy", "--model", "tiny-llama"]) == 0
+    assert asked == [("fetch", "tiny-llama"), ("serve", "tiny-llama")]
+
