@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -159,3 +160,28 @@ def reconcile(
     summary = ListingSummary(kind=kind, rows=ordered)
     stale = cached is None or cached.kind != kind or cached.rows != ordered
     return Reconciled(tuple(r.row for r in ordered), summary, len(missing), stale)
+
+
+class SummaryStore(Protocol):
+    """Where a registry keeps its listing summaries, and how it reads the entries they do not
+    answer for: what every backend's `listing` gives `summarised_listing`."""
+
+    def _load_summary(self, kind: str) -> ListingSummary | None: ...
+
+    def _store_summary(self, summary: ListingSummary) -> None: ...
+
+    def _read_rows(self, kind: str, digests: Sequence[str]) -> Iterable[Read]: ...
+
+
+def summarised_listing(backend: SummaryStore, entries: Iterable[tuple[str, str, str]]) -> Iterator[Listed]:
+    """Every row of `entries` ((kind, key digest, tag) as the index lists them, kinds in order):
+    from the kind's summary where its tag still holds, else read; the summary written back when
+    it was stale. The skeleton of every backend's `prebake ls`."""
+    by_kind: dict[str, list[tuple[str, str]]] = {}
+    for kind, digest, tag in entries:
+        by_kind.setdefault(kind, []).append((digest, tag))
+    for kind, present in sorted(by_kind.items()):
+        result = reconcile(kind, present, backend._load_summary(kind), partial(backend._read_rows, kind))
+        if result.worth_storing:
+            backend._store_summary(result.summary)
+        yield from result.rows

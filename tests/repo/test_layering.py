@@ -260,4 +260,3 @@ def test_a_new_engine_is_one_adapter_registered_in_one_line(tmp_path, monkeypatc
     assert "export TOY_CACHE=/x" in capsys.readouterr().out
     assert cli.main(["serve", "--engine", "toy", "--model", "tiny-llama"]) == 0
     assert asked == [("fetch", "tiny-llama"), ("serve", "tiny-llama")]
-
