@@ -24,11 +24,12 @@ from functools import partial
 from pathlib import Path
 from typing import Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from prebake.artifacts import fsutil
 from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, BlobRef, Manifest
 from prebake.artifacts.errors import BundleError
+from prebake.artifacts.frozen import Frozen
 
 log = logging.getLogger(__name__)
 
@@ -36,16 +37,12 @@ SUMMARY_VERSION: Literal["1"] = "1"
 SUMMARY_MIN_ROWS = 64  # a kind with fewer entries lists in a moment: no summary is written for it
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Listed(_Frozen):
+class Listed(Frozen):
     """One bundle as a listing shows it: everything of its manifest but the file list and inputs."""
 
     kind: str
     key_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
-    labels: dict[str, str] = {}
+    labels: dict[str, str] = Field(default_factory=dict)
     blob: BlobRef
     created: str
     builder: str
@@ -66,12 +63,12 @@ class Listed(_Frozen):
         )
 
 
-class SummaryRow(_Frozen):
+class SummaryRow(Frozen):
     tag: str = Field(max_length=512)  # the version of the index entry `row` was read from
     row: Listed
 
 
-class ListingSummary(_Frozen):
+class ListingSummary(Frozen):
     """The rows of one kind's index entries, as a lister last saw them."""
 
     summary_version: Literal["1"] = SUMMARY_VERSION
