@@ -345,6 +345,11 @@ def _fold(summary: StatsSummary, files: Iterable[Path]) -> StatsSummary:
             lines = path.read_bytes().splitlines()
         except FileNotFoundError:
             continue
+        except OSError as exc:  # a folder where the file should be, no permission: name it and the fix
+            raise StoreError(
+                f"cannot read the stats file {path} ({exc.strerror}); remove it or fix its permissions, "
+                f"or run prebake stats --zero to start counting again"
+            ) from exc
         for line in lines:
             try:
                 fold.add(Event.model_validate_json(line))

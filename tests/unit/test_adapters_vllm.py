@@ -308,6 +308,10 @@ def bake_all(the_plan, store, registry):
 def test_bake_packs_the_cache_root_the_engine_filled_and_a_start_from_it_loads(
     folder_model_recipe, tmp_path, monkeypatch
 ):
+    """Plumbing, not reuse: the cache root the engine filled is packed, and a start from the bundle
+    hands it back under the same key. The "load" line read here is printed by the stand-in, under
+    the keying rule the stand-in implements; that real vLLM reuses a baked root is checked by
+    tests/integration/test_vllm.py (make vllm-check)."""
     monkeypatch.setenv("PREBAKE_VLLM_COMMAND", f"{sys.executable} {STANDIN}")
     host = vllm_cpu_host(tmp_path / "host")
     the_plan = plans_for(folder_model_recipe, host)[0]
@@ -349,6 +353,8 @@ def _prepare(recipe: Recipe, store: Store, registry, host, monkeypatch, tmp_path
 def test_a_miss_starts_from_an_empty_root_and_write_back_publishes_what_vllm_compiled(
     folder_model_recipe, tmp_path, monkeypatch
 ):
+    """Plumbing: a miss starts from an empty root and the write-back publishes every kind, upstream
+    first; the stand-in's compile output stands for vLLM's (real reuse: tests/integration/test_vllm.py)."""
     monkeypatch.setenv("PREBAKE_VLLM_COMMAND", f"{sys.executable} {STANDIN}")
     host = vllm_cpu_host(tmp_path / "host")
     registry = open_registry(str(tmp_path / "registry"))
