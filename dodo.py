@@ -5,8 +5,8 @@ doit help bake     the variables bake takes
 doit list
 """
 
-from artifacts.tasks import doit_variables, variable_tasks
-from engine.compose import Context
+from prebake.artifacts.bake.tasks import doit_variables, variable_tasks
+from prebake.engine.compose import Context
 
 DOIT_CONFIG = {
     "backend": "sqlite3",  # tolerates several doit processes sharing one dependency file

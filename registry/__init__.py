@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .address import split_addresses
-from .base import Published, Registry
-from .errors import RegistryNotFound, UnknownRegistryError
+from prebake.registry.address import split_addresses
+from prebake.registry.base import Published, Registry
+from prebake.registry.errors import RegistryNotFound, UnknownRegistryError
 
 SCHEMES = ("file://", "s3://", "hf://")
 
@@ -33,7 +33,7 @@ def open_registry(address: str | Path, *, create: bool = True) -> Registry:
     Hub repo, when first asked) instead of reading as an empty registry.
     """
     if isinstance(address, Path):
-        from .file import FileRegistry
+        from prebake.registry.file import FileRegistry
 
         return FileRegistry(address, create=create)
     parts = split_addresses(str(address))
@@ -42,7 +42,7 @@ def open_registry(address: str | Path, *, create: bool = True) -> Registry:
             f"registry address {address!r} is empty; name a folder or one of {', '.join(SCHEMES)}"
         )
     if len(parts) > 1:
-        from .chain import ChainRegistry
+        from prebake.registry.chain import ChainRegistry
 
         # Only the nearest member is written (publish, backfill creates nothing far away).
         return ChainRegistry([_open_one(part, create=create and i == 0, listed=parts) for i, part in enumerate(parts)])
@@ -51,11 +51,11 @@ def open_registry(address: str | Path, *, create: bool = True) -> Registry:
 
 def _open_one(text: str, *, create: bool, listed: list[str] | None = None) -> Registry:
     if text.startswith("s3://"):
-        from .s3 import S3Registry
+        from prebake.registry.s3 import S3Registry
 
         return S3Registry(text)
     if text.startswith("hf://"):
-        from .hf import HubRegistry
+        from prebake.registry.hf import HubRegistry
 
         return HubRegistry(text, must_exist=not create)
     if text.startswith("file://"):
@@ -66,7 +66,7 @@ def _open_one(text: str, *, create: bool, listed: list[str] | None = None) -> Re
             f"registry {text!r} uses scheme {scheme!r}, which prebake does not know; "
             f"use a folder path or one of {', '.join(SCHEMES)}"
         )
-    from .file import FileRegistry
+    from prebake.registry.file import FileRegistry
 
     try:
         return FileRegistry(text, create=create)

@@ -18,13 +18,14 @@ import os
 import sys
 from collections.abc import Sequence
 
-from artifacts.errors import ExitCode
-from artifacts.store import default_home
-from artifacts.store_home import check_home
-from engine import logs
-from engine.cli import bake, buckets, bundles, keys, plan, recipes, serving, stats, store
-from engine.cli.common import GROUPS, LISTED, Formatter, verbosity_options, warn_deprecated
-from engine.cli.outcome import Failure, failure
+from prebake import __version__
+from prebake.artifacts.errors import ExitCode
+from prebake.artifacts.store.home import check_home
+from prebake.artifacts.store.local import default_home
+from prebake.engine.cli import bake, buckets, bundles, keys, plan, recipes, serving, stats, store
+from prebake.engine.cli.common import GROUPS, LISTED, Formatter, verbosity_options, warn_deprecated
+from prebake.engine.cli.outcome import Failure, failure
+from prebake.engine.common import logs
 
 COMMAND_MODULES = (bake, plan, buckets, recipes, bundles, store, stats, serving, keys)
 
@@ -68,7 +69,7 @@ def build_parser(*, json_errors: bool = False) -> argparse.ArgumentParser:
         formatter_class=Formatter,
         allow_abbrev=False,
     )
-    parser.add_argument("--version", action="version", version=f"prebake {_version()}")
+    parser.add_argument("--version", action="version", version=f"prebake {__version__}")
     verbosity_options(parser)
     sub = parser.add_subparsers(required=True, metavar="COMMAND", prog="prebake", help=argparse.SUPPRESS)
     for module in COMMAND_MODULES:
@@ -103,15 +104,6 @@ def _check_store(args: argparse.Namespace) -> None:
 
 def _wants_json(args: argparse.Namespace) -> bool:
     return bool(getattr(args, "json", False)) or getattr(args, "format", None) == "json"
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("prebake")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
 
 
 if __name__ == "__main__":

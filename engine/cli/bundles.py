@@ -7,10 +7,10 @@ import dataclasses
 import json
 import sys
 
-from artifacts.listing import Listed
-from artifacts.store import Store
-from engine.adapters import KIND_NAMES
-from engine.cli.common import command, json_option, registry_option, size, table
+from prebake.artifacts.ports.listing import Listed
+from prebake.artifacts.store.local import Store
+from prebake.engine.adapters import KIND_NAMES
+from prebake.engine.cli.common import command, json_option, registry_option, size, table
 
 
 def add(sub) -> None:
@@ -46,8 +46,8 @@ def add(sub) -> None:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from engine.compose import open_address
-    from registry.base import listed
+    from prebake.engine.compose import open_address
+    from prebake.registry.base import listed
 
     registry = open_address(Store(), args.registry)
     bundles = list(listed(registry, args.kind))
@@ -92,12 +92,12 @@ def _ls_json(m: Listed) -> dict:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from engine.compose import open_address
-    from registry.signing import trust_from_env
-    from registry.verify import verify_registry
+    from prebake.engine.compose import open_address
+    from prebake.registry.signing import trust_from_env
+    from prebake.registry.verify import verify_registry
 
     if args.store:  # the old spelling of `prebake store verify`: the same check, the same output
-        from engine.cli.store import cmd_store_verify
+        from prebake.engine.cli.store import cmd_store_verify
 
         print(
             "prebake: `prebake verify --store` is now `prebake store verify`; the old spelling still works for now",

@@ -3,7 +3,7 @@
     p = command(sub, "ls", group="registry", help="...", examples=["prebake ls --kind graphs"], store="read")
 
 registers one command in one line: its group in `prebake --help`, its examples, whether it reads
-or writes the local store (checked before it runs: artifacts/store_home.py), and -v/-q. A
+or writes the local store (checked before it runs: artifacts/store/home.py), and -v/-q. A
 `deprecated=` command is a hidden alias that still works and says where the action lives now.
 """
 
@@ -15,8 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.adapters import ADAPTERS
-from registry.address import join_addresses, split_addresses
+from prebake.artifacts.fsutil import human_size
+from prebake.engine import adapters
+from prebake.registry.address import join_addresses, split_addresses
 
 GROUPS = ("bake and plan", "registry", "store", "serve", "keys", "fleet")  # the order of `prebake --help`
 
@@ -141,13 +142,10 @@ def registry_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-ENGINES = tuple(sorted({adapter.name for adapter in ADAPTERS}))
-
-
 def engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--engine",
-        choices=ENGINES,
+        choices=sorted({adapter.name for adapter in adapters.ADAPTERS}),  # read when the parser is built
         default="prebake",
         help="the engine to serve with: prebake's own (default) or vLLM (recipes with engine = 'vllm')",
     )
@@ -167,13 +165,7 @@ def json_option(parser: argparse.ArgumentParser, what: str = "the report") -> No
     )
 
 
-def size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            break
-        value /= 1024
-    return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+size = human_size  # the one formatter (prebake.artifacts.fsutil.human_size)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from engine.cli.common import command
+from prebake.engine.cli.common import command
 
 
 def add(sub) -> None:
@@ -22,7 +22,7 @@ def add(sub) -> None:
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
-    from registry.signing import keygen_cli
+    from prebake.registry.signing import keygen_cli
 
     print(keygen_cli(args.name, Path(args.dir).resolve()))
     return 0

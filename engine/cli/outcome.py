@@ -17,10 +17,10 @@ import errno
 import json
 from dataclasses import dataclass
 
-from artifacts.errors import ExitCode, PrebakeError, RegistryError, UsageError
-from artifacts.store import HOME_ENV, default_home
-from artifacts.store_home import StoreHomeError
-from engine.logs import LogSettingError
+from prebake.artifacts.errors import ExitCode, PrebakeError, RegistryError, UsageError
+from prebake.artifacts.store.home import StoreHomeError
+from prebake.artifacts.store.local import HOME_ENV, default_home
+from prebake.engine.common.logs import LogSettingError
 
 _STORE_ERRNOS = {errno.ENOTDIR, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EEXIST}
 

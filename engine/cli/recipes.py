@@ -1,4 +1,4 @@
-"""`prebake recipes`: every recipe the search order finds, and from where (artifacts/recipes.py).
+"""`prebake recipes`: every recipe the search order finds, and from where (artifacts/bake/recipes.py).
 
 The order is the same for `doit bake` and `prebake`: $PREBAKE_RECIPES's folders, then ./recipes
 in the working folder, then the shipped recipes; the first file of a name wins.
@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from artifacts.recipes import find_recipes, recipe_folders
-from engine.cli.common import command, json_option, table
+from prebake.artifacts.bake.recipes import find_recipes, recipe_folders
+from prebake.engine.cli.common import command, json_option, table
 
 
 def add(sub) -> None:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from artifacts import store_admin
-from artifacts.errors import ExitCode
-from artifacts.store import DEFAULT_MAX_BYTES, Store, parse_size
-from engine.adapters import KIND_NAMES
-from engine.cli.common import Formatter, command, json_option, size, table
+from prebake.artifacts.errors import ExitCode
+from prebake.artifacts.store import admin as store_admin
+from prebake.artifacts.store.local import DEFAULT_MAX_BYTES, Store, parse_size
+from prebake.engine.adapters import KIND_NAMES
+from prebake.engine.cli.common import Formatter, command, json_option, size, table
 
 
 def add(sub) -> None:
@@ -89,7 +89,7 @@ def add(sub) -> None:
             store=_gc_store_use,
         )
     )
-    from engine.cli.stats import stats_options
+    from prebake.engine.cli.stats import stats_options
 
     stats_options(
         command(

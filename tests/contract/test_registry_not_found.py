@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.errors import ExitCode
-from engine.cli import main
-from registry import open_registry
-from registry.address import join_addresses, split_addresses
-from registry.errors import RegistryNotFound
-from registry.file import FileRegistry
+from prebake.artifacts.errors import ExitCode
+from prebake.engine.cli import main
+from prebake.registry import open_registry
+from prebake.registry.address import join_addresses, split_addresses
+from prebake.registry.errors import RegistryNotFound
+from prebake.registry.file import FileRegistry
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -117,6 +117,10 @@ def test_repeated_registry_flags_make_a_chain_and_never_split_a_folder(tmp_path,
 
 def test_prebake_ls_help_documents_the_repeated_flag():
     done = subprocess.run(
-        [sys.executable, "-m", "engine.cli", "ls", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "prebake.engine.cli", "ls", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert "repeat the flag" in done.stdout

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.errors import ExitCode
+from prebake.artifacts.errors import ExitCode
 from tests.support.moto_server import free_port, s3_env
 
 PREBAKE = str(Path(sys.executable).parent / "prebake")
@@ -55,7 +55,7 @@ def test_a_down_endpoint_exits_4_with_advice_not_the_bake_advice(tmp_path):
 
 @pytest.mark.parametrize("flag", ["--registry-timeout", "--fetch-timeout"])
 def test_fetch_takes_the_time_boxes_serve_takes(flag):
-    from engine.cli import build_parser
+    from prebake.engine.cli import build_parser
 
     parser = build_parser()
     for command in ("fetch", "serve"):

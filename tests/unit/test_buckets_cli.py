@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from artifacts.buckets import build_bucket_set
-from artifacts.errors import ExitCode
-from artifacts.limits import BucketSettings
-from artifacts.recipes import load_recipe
-from engine.cli import main
+from prebake.artifacts.bake.recipes import load_recipe
+from prebake.artifacts.buckets.artifact import build_bucket_set
+from prebake.artifacts.buckets.limits import BucketSettings
+from prebake.artifacts.errors import ExitCode
+from prebake.engine.cli import main
 
 
 @pytest.mark.parametrize("model", ["tiny-llama", "llama3-8b"])

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from engine.cli import build_parser, main
-from engine.cli.common import GROUPS, LISTED
+from prebake.engine.cli import build_parser, main
+from prebake.engine.cli.common import GROUPS, LISTED
 
 
 def _leaves(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, argparse.ArgumentParser]:
@@ -162,7 +162,7 @@ def test_a_time_box_that_is_not_a_positive_number_is_refused(value, capsys):
 
 
 def test_an_address_this_machine_does_not_have_names_the_host_not_the_port():
-    from engine.runtime.server import ListenError, _bind
+    from prebake.engine.bundled.serve import ListenError, _bind
 
     with pytest.raises(ListenError) as caught:
         _bind("192.0.2.1", 0)  # TEST-NET-1: on no interface here; binding sends nothing
@@ -171,7 +171,7 @@ def test_an_address_this_machine_does_not_have_names_the_host_not_the_port():
 
 
 def test_a_port_in_use_still_says_pick_another_port():
-    from engine.runtime.server import ListenError, _bind
+    from prebake.engine.bundled.serve import ListenError, _bind
 
     taken = _bind("127.0.0.1", 0)
     try:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.errors import ExitCode
-from artifacts.tasks import BAKE_VARIABLES
+from prebake.artifacts.bake.tasks import BAKE_VARIABLES
+from prebake.artifacts.errors import ExitCode
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -127,7 +127,7 @@ def test_the_docs_show_commands_at_all():
     "page, line, command", [s for s in SHOWN if "prebake" in s[2].split()[0]], ids=lambda v: str(v)
 )
 def test_every_prebake_command_the_docs_show_parses(page, line, command, capsys):
-    from engine.cli import build_parser
+    from prebake.engine.cli import build_parser
 
     words = _words(command)[1:]
     if words in ([], ["--version"], ["--help"]) or "--help" in words:
@@ -166,7 +166,7 @@ def _output_after(page: str, command: str) -> list[str]:
 
 
 def test_the_bucket_counts_shown_without_a_trace_are_what_prebake_buckets_prints(capsys):
-    from engine.cli import main
+    from prebake.engine.cli import main
 
     shown = _output_after("docs/buckets.md", "prebake buckets --model llama3-8b")
     assert main(["buckets", "--model", "llama3-8b"]) == 0
@@ -174,7 +174,7 @@ def test_the_bucket_counts_shown_without_a_trace_are_what_prebake_buckets_prints
 
 
 def test_the_plan_schema_shown_is_what_plan_json_prints(capsys, tmp_path, monkeypatch):
-    from engine.cli import main
+    from prebake.engine.cli import main
 
     monkeypatch.setenv("PREBAKE_HOME", str(tmp_path))
     assert main(["plan", "--model", "tiny-llama", "--json"]) == 0
@@ -206,7 +206,7 @@ def test_commands_md_holds_one_exit_code_table_that_is_the_enum():
 
 
 def test_the_cli_docstring_and_the_outcome_table_name_the_same_codes():
-    from engine.cli import outcome
+    from prebake.engine.cli import outcome
 
     listed = dict(re.findall(r"^\s+(\d) (\w+) ", outcome.__doc__ or "", re.M))
     assert {int(k): v for k, v in listed.items()} == {int(c): c.name for c in ExitCode}

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.errors import UsageError
-from artifacts.tasks import BAKE_VARIABLES, request_from_variables
+from prebake.artifacts.bake.tasks import BAKE_VARIABLES, request_from_variables
+from prebake.artifacts.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[2]
 DOIT = str(Path(sys.executable).parent / "doit")

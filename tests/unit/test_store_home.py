@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.errors import ExitCode
-from engine.cli import build_parser, main
+from prebake.artifacts.errors import ExitCode
+from prebake.engine.cli import build_parser, main
 
 PREBAKE = str(Path(sys.executable).parent / "prebake")
 
