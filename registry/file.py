@@ -176,13 +176,16 @@ class FileRegistry:
 
 
 def _missing_folder(root: Path) -> str:
-    """Why a registry folder is not there, naming the nearest folder that is."""
+    """Why a registry folder is not there, with the nearest spelling that exists, for a typo in any part."""
+    missing = [root.name]
     parent = root.parent
     while not parent.is_dir() and parent != parent.parent:
+        missing.insert(0, parent.name)
         parent = parent.parent
-    near = sorted(n for n in _names(parent) if (parent / n).is_dir()) if parent.is_dir() else []
-    close = difflib.get_close_matches(root.name, near, n=1) if parent == root.parent else []
-    hint = f" (did you mean {parent / close[0]}?)" if close else ""
+    near = sorted(n for n in _names(parent) if (parent / n).is_dir())
+    close = difflib.get_close_matches(missing[0], near, n=1)
+    guess = parent.joinpath(close[0], *missing[1:]) if close else None
+    hint = f" (did you mean {guess}?)" if guess is not None and guess.is_dir() else ""
     return (
         f"registry folder {root} does not exist{hint}; fix the registry address, or bake into it first "
         f"(`prebake bake` and `doit bake` create it)"

@@ -39,6 +39,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         warn_deprecated(args)
         _check_store(args)
         return args.run(args)
+    except BrokenPipeError:  # `prebake ls | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return ExitCode.OK
     except Exception as exc:  # the exit-code table holds even for a fault nobody foresaw
         failed = failure(exc)
         print(f"prebake: error: {failed.message}", file=sys.stderr)

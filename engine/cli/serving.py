@@ -150,7 +150,6 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     if fetched.misses:
         bake = f"doit bake model={args.model}" + (f" precision={args.precision}" if args.precision else "")
         advice = miss_advice(fetched.misses, target=fetched.target, bake=bake, address=context.address)
-        print(f"prebake: no complete bundle set for {fetched.target} in {context.address}", file=sys.stderr)
         print(f"prebake: {advice}", file=sys.stderr)
     if args.json:
         print(json.dumps(fetch_json(fetched) | ({"advice": advice} if advice else {}), indent=2, sort_keys=True))

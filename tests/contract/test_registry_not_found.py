@@ -124,3 +124,10 @@ def test_prebake_ls_help_documents_the_repeated_flag():
         timeout=60,
     )
     assert "repeat the flag" in done.stdout
+
+
+def test_a_typo_in_a_parent_folder_is_named_too(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PREBAKE_HOME", str(tmp_path / "home"))
+    (tmp_path / "bundles" / "registry").mkdir(parents=True)
+    assert main(["ls", "--registry", str(tmp_path / "bundle" / "registry")]) == ExitCode.INVALID
+    assert f"did you mean {tmp_path / 'bundles' / 'registry'}?" in capsys.readouterr().err
