@@ -48,7 +48,7 @@ BAKE_VARIABLES: dict[str, str] = {
     "registry": "where to publish: a folder, file://, s3://, hf:// (default: PREBAKE_REGISTRY, "
     "else $PREBAKE_HOME/registry)",
 }
-BAKE_DOC = "bake a recipe for this host (variables: model=<recipe> [precision=<dtype>] [tp=<N>] [registry=<address>])"
+BAKE_DOC = "Bake a recipe for this host (variables: model=<recipe> [precision=<dtype>] [tp=<N>] [registry=<address>])"
 
 
 def request_from_variables(variables: Mapping[str, str]) -> BakeRequest:

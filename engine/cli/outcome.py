@@ -8,7 +8,7 @@
     4 UNAVAILABLE  the registry could not be asked: down, refusing us (credentials), out of time
     5 STORE        the local store ($PREBAKE_HOME) cannot be used: a file, read-only for a writer, not creatable
 
-docs/commands.md holds the same table; tests/unit/test_docs_commands.py checks one against the other.
+docs/commands.md holds the same table; tests/repo/test_docs_commands.py checks one against the other.
 """
 
 from __future__ import annotations
