@@ -26,8 +26,10 @@ from doit.exceptions import TaskFailed
 
 from prebake.artifacts.bake.kinds import TargetKeys
 from prebake.artifacts.bake.recipes import Recipe, list_recipes, load_recipe
-from prebake.artifacts.errors import PrebakeError, RecipeError, UsageError
+from prebake.artifacts.errors import PrebakeError, RecipeError, StoreError, UsageError
 from prebake.artifacts.ports.registry import Registry
+from prebake.artifacts.store.home import check_home
+from prebake.artifacts.store.local import default_home
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,8 @@ def variable_tasks(
     """`doit bake`'s tasks for its command-line variables: one failing task if a variable is wrong."""
     try:
         request = request_from_variables(variables)
-    except UsageError as exc:
+        check_home(default_home(), write=True)  # the bake installs and records in the store
+    except (UsageError, StoreError) as exc:
         yield {"name": None, "doc": BAKE_DOC}
         yield _failing_task(str(exc))
         return

@@ -73,3 +73,11 @@ def test_doit_list_and_help_show_the_variables(tmp_path, command):
     done = _doit(*command, home=tmp_path)
     assert done.returncode == 0, done.stderr
     assert all(f"{v}=" in done.stdout for v in BAKE_VARIABLES), done.stdout
+
+
+def test_doit_bake_on_a_home_that_is_a_file_names_prebake_home(tmp_path):
+    home = tmp_path / "home"
+    home.write_text("not a folder")
+    done = _doit("run", "--db-file", str(tmp_path / "doit.db"), "bake", "model=tiny-llama", home=home)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0 and f"PREBAKE_HOME={home} is a file, not a folder" in out and "Traceback" not in out
