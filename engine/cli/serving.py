@@ -31,7 +31,7 @@ def add(sub) -> None:
     target_options(fetch)
     json_option(fetch, "the environment and the bundles (or the misses)")
     registry_option(fetch)
-    timeout_options(fetch)
+    timeout_options(fetch, registry_timeout=StartRequest(model="-").registry_timeout)
     engine_options(fetch)
     fetch.set_defaults(run=cmd_fetch)
 
@@ -70,7 +70,7 @@ def add(sub) -> None:
         "(default: $PREBAKE_API_KEY; none: no authentication)",
     )
     serve.add_argument("--write-back", action="store_true", help="publish what was compiled in place to the registry")
-    timeout_options(serve)
+    timeout_options(serve, registry_timeout=5.0)
     serve.add_argument(
         "--eager", action="store_true", help="compilation off: serve the eager model (the benchmark's floor)"
     )
@@ -101,14 +101,15 @@ def _seconds(text: str) -> float:
     return value
 
 
-def timeout_options(parser: argparse.ArgumentParser) -> None:
-    """The time boxes of fetch and serve: the same flags, the same defaults."""
+def timeout_options(parser: argparse.ArgumentParser, *, registry_timeout: float) -> None:
+    """The time boxes of fetch and serve: the same flags (serve's lookup default is shorter: it
+    compiles when the registry is slow, while fetch has nothing else to do)."""
     parser.add_argument(
         "--registry-timeout",
         type=_seconds,
-        default=5.0,
+        default=registry_timeout,
         help="seconds opening the registry and looking every kind up may take; then it counts as unavailable "
-        "(default 5)",
+        f"(default {registry_timeout:g})",
     )
     parser.add_argument(
         "--fetch-timeout", type=_seconds, default=600.0, help="seconds the downloads may take (default 600)"
@@ -117,13 +118,14 @@ def timeout_options(parser: argparse.ArgumentParser) -> None:
 
 def start_request(args: argparse.Namespace) -> StartRequest:
     """What `fetch` or `serve` asks of the engine, from the command line (fetch has no listener)."""
+    defaults = StartRequest(model=args.model)
     return StartRequest(
         model=args.model,
         precision=args.precision,
         tp=args.tp,
         registry=args.registry,
-        registry_timeout=getattr(args, "registry_timeout", 5.0),
-        fetch_timeout=getattr(args, "fetch_timeout", 600.0),
+        registry_timeout=getattr(args, "registry_timeout", defaults.registry_timeout),
+        fetch_timeout=getattr(args, "fetch_timeout", defaults.fetch_timeout),
         on_miss=getattr(args, "on_miss", "compile"),
         write_back=getattr(args, "write_back", False),
         eager=getattr(args, "eager", False),

@@ -18,7 +18,7 @@ from prebake.artifacts.errors import BuildError, StoreError
 from prebake.artifacts.fsutil import copy_writable
 from prebake.artifacts.store.local import Store
 from prebake.engine.adapters import kinds_for
-from prebake.engine.common.adapter import EngineStartError
+from prebake.engine.common.adapter import EngineStartError, StartRequest
 from prebake.engine.compose import Context, plans_for
 from prebake.engine.vllm.process import (
     CACHE_DIR,
@@ -35,7 +35,7 @@ from prebake.engine.vllm.process import (
     variable_drift,
     wait_ready,
 )
-from prebake.engine.vllm.start import VllmStart, prepare, write_back
+from prebake.engine.vllm.start import prepare, write_back
 from prebake.registry import open_registry
 from tests.support.baking import REPO
 from tests.support.recipe_files import write_recipe
@@ -347,7 +347,7 @@ def test_bake_packs_the_cache_root_the_engine_filled_and_a_start_from_it_loads(
 def _prepare(recipe: Recipe, store: Store, registry, host, monkeypatch, tmp_path):
     write_recipe(recipe, tmp_path / "recipes")
     monkeypatch.setenv("PREBAKE_RECIPES", str(tmp_path / "recipes"))
-    return prepare(VllmStart(model=recipe.model.name), Context(store, host, registry.url, given_registry=registry))
+    return prepare(StartRequest(model=recipe.model.name), Context(store, host, registry.url, given_registry=registry))
 
 
 def test_a_miss_starts_from_an_empty_root_and_write_back_publishes_what_vllm_compiled(
@@ -444,7 +444,7 @@ def test_a_slow_or_broken_registry_is_a_miss_and_vllm_starts_from_an_empty_root(
     started = time.monotonic()
 
     prepared = prepare(
-        VllmStart(model="tiny-llama-vllm", registry_timeout=0.5, fetch_timeout=0.5),
+        StartRequest(model="tiny-llama-vllm", registry_timeout=0.5, fetch_timeout=0.5),
         Context(Store(tmp_path / "home"), vllm_cpu_host(tmp_path / "host"), registry.url, given_registry=registry),
     )
 
