@@ -205,7 +205,9 @@ def recipe_dirs(env: Mapping[str, str] = os.environ) -> list[Path]:
     """Where recipes are read from, first match wins: each folder of $PREBAKE_RECIPES
     (os.pathsep-separated), then the shipped recipes (recipes/ in a checkout, the
     prebake_recipes package data in an installed wheel)."""
-    added = [Path(part).expanduser() for part in env.get(RECIPES_ENV, "").split(os.pathsep) if part]
+    added = [
+        Path(os.path.abspath(Path(part).expanduser())) for part in env.get(RECIPES_ENV, "").split(os.pathsep) if part
+    ]
     beside = Path(__file__).resolve().parent.parent
     shipped = next((d for d in (beside / "recipes", beside / "prebake_recipes") if d.is_dir()), beside / "recipes")
     return [*added, shipped]

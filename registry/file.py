@@ -36,7 +36,7 @@ class FileRegistry:
     writable = True
 
     def __init__(self, root: Path | str):
-        self.root = Path(root).expanduser()
+        self.root = Path(os.path.abspath(Path(root).expanduser()))  # a relative folder would move with the cwd
         self.url = f"file://{self.root}"
 
     def lookup(self, kind: str, key_digest: str) -> Manifest | None:

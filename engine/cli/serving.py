@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from contextlib import ExitStack
 
 from artifacts.errors import ExitCode, PrebakeError
 from artifacts.fetch import Miss
@@ -115,11 +116,17 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 def cmd_fetch_bundled(args: argparse.Namespace) -> int:
     """`fetch` for the bundled engine (and plain torch.compile users): the kinds' environment."""
     from engine.compose import Context
-    from engine.startup.install import prebake_environment, shell_exports
 
     context = Context.open(args.registry)
     plan = context.pick_plan(load_recipe(args.model), dtype=args.precision, tp=args.tp)
-    resolution = context.resolve(plan)
+    with ExitStack() as held:  # every tree held until the paths are printed: its own gc cannot take one
+        resolution = context.resolve(plan, hold=held)
+        return _print_fetched(args, context, plan, resolution)
+
+
+def _print_fetched(args: argparse.Namespace, context, plan, resolution) -> int:
+    from engine.startup.install import prebake_environment, shell_exports
+
     if not resolution.complete:
         for miss in resolution.misses:
             print(miss.explain(), file=sys.stderr)
@@ -144,9 +151,9 @@ def cmd_fetch_bundled(args: argparse.Namespace) -> int:
                 for k, i in resolution.installed.items()
             },
         }
-        print(json.dumps(payload, indent=2, sort_keys=True))
+        print(json.dumps(payload, indent=2, sort_keys=True), flush=True)  # out while the trees are held
     else:
-        print(shell_exports(env))
+        print(shell_exports(env), flush=True)
     return 0
 
 

@@ -117,7 +117,10 @@ def prepare(request: VllmStart, context: Context) -> Prepared:
         )
     resolution = context.resolve(plan, lookup_timeout=request.registry_timeout, fetch_timeout=request.fetch_timeout)
     home = context.store.home
-    cache_root = request.cache_root or home / "engines" / "vllm" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    given = (
+        Path(os.path.abspath(request.cache_root.expanduser())) if request.cache_root else None
+    )  # vLLM runs in another cwd
+    cache_root = given or home / "engines" / "vllm" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     variables = adapter.serve_environment(plan, resolution.installed, cache_root)
     portable = _portable(resolution.installed.get("graphs"), cache_root, variables)
     variables |= portable.pins

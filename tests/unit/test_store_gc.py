@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from artifacts import fsutil
-from artifacts.errors import StoreError, UnsafeArchiveError
+from artifacts.errors import StoreBoundError, StoreError, UnsafeArchiveError
 from artifacts.fetch import Miss, fetch
 from artifacts.store import GcReport, Store, StoreLimits, parse_size
 from engine.cli import main
@@ -124,8 +124,10 @@ def test_the_bound_from_the_environment_holds_after_every_install_but_spares_the
         assert _store_bytes(store) <= 3 * PAYLOAD
     assert [store.lookup("graphs", x.manifest.key_digest) is not None for x in (a, b, c)] == [False, False, True]
 
-    tiny = Store(tmp_path / "home", StoreLimits(max_bytes=1))  # smaller than any bundle
-    assert _fetch(tiny, registry, a).tree.is_dir(), "the bundle just installed must survive its own install"
+    tiny = Store(tmp_path / "home", StoreLimits(max_bytes=1))  # smaller than any bundle: refused, nothing evicted
+    with pytest.raises(StoreBoundError, match="bounded to 0.0 MiB.*nothing was installed or evicted"):
+        _fetch(tiny, registry, a)
+    assert store.lookup("graphs", c.manifest.key_digest) is not None
 
 
 def test_the_embedded_registry_is_never_evicted(tmp_path):
