@@ -32,7 +32,7 @@ from .errors import BundleError, PrebakeError, StoreBoundError, StoreError, Unkn
 from .keys import Key
 from .kinds import Plan
 from .manifest import Manifest
-from .ports import Registry
+from .ports import Chained, Registry
 from .store import MAX_BYTES_ENV, Installed, Store
 from .store_health import Damaged
 from .timebox import Done, Raised, TimedOut, within
@@ -47,6 +47,16 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class Unreachable:
+    """The registry (or every member of a chain that could have it) could not be asked: a fault or
+    a time-out, not an answer. A caller maps it to its own outcome (an exit code, a metric)."""
+
+    address: str
+    timed_out: bool
+    detail: str
+
+
+@dataclass(frozen=True)
 class Miss:
     """Why nothing matched: the nearest candidate and the factors that differ."""
 
@@ -55,6 +65,7 @@ class Miss:
     nearest: Key | None = None
     differing: dict[str, tuple[str, str]] = field(default_factory=dict)  # factor -> (wanted, nearest has)
     refused: bool = False  # something was there and failed a check (tampered, untrusted, corrupt, malformed)
+    unreachable: Unreachable | None = None  # the registry could not be asked (set with the reason)
 
     def explain(self) -> str:
         lines = [f"miss: {self.key.kind} {self.key.digest[:16]}: {self.reason}"]
@@ -177,13 +188,22 @@ def _held(store: Store, installed: Installed, hold: ExitStack | None) -> Install
         return None
 
 
-def _find(store: Store, registry: Registry, key: Key, trust: TrustCheck | None, hold: ExitStack | None = None) -> Found:
+def _find(
+    store: Store,
+    registry: Registry,
+    key: Key,
+    trust: TrustCheck | None,
+    hold: ExitStack | None = None,
+    deadline: float | None = None,
+) -> Found:
     hit = _from_store(store, key, trust, hold)
     if hit is not None:
         return hit
-    return registry.lookup(key.kind, key.digest) or nearest_miss(
-        registry, key, f"no bundle for this key in {registry.url}"
-    )
+    if deadline is not None and isinstance(registry, Chained):  # members share the box; a hung one is skipped
+        found = registry.lookup_by(key.kind, key.digest, deadline)
+    else:
+        found = registry.lookup(key.kind, key.digest)
+    return found or nearest_miss(registry, key, f"no bundle for this key in {registry.url}")
 
 
 def check_bound(store: Store, found: Mapping[str, Found], what: str) -> None:
@@ -238,28 +258,40 @@ def lookup(
         raise opened.error
     if not isinstance(opened, Done):
         why = _fault(opened, f"registry {address}", "--registry-timeout", timeout)
+        down = _unreachable(opened, address, why)
         return Lookup(
-            {k: _from_store(store, plan.key(k), trust, hold) or Miss(plan.key(k), why) for k in wanted}, None, False
+            {
+                k: _from_store(store, plan.key(k), trust, hold) or Miss(plan.key(k), why, unreachable=down)
+                for k in wanted
+            },
+            None,
+            False,
         )
     registry = opened.value
     found: dict[str, Found] = {}
     fault: str | None = None
+    gone: Unreachable | None = None
     for kind in wanted:
         key = plan.key(kind)
         if (hit := _from_store(store, key, trust, hold)) is not None:
             found[kind] = hit
             continue
         if fault is None:
-            asked = within(deadline - time.monotonic(), partial(_find, store, registry, key, None))
+            asked = within(deadline - time.monotonic(), partial(_find, store, registry, key, None, None, deadline))
             if isinstance(asked, Done):
                 found[kind] = asked.value
                 continue
             if isinstance(asked, Raised) and isinstance(asked.error, BundleError):  # this entry, not the registry
                 found[kind] = Miss(key, f"registry {address}: its entry was refused: {asked.describe()}", refused=True)
                 continue
-            fault = _fault(asked, f"registry {address}", "--registry-timeout", timeout)
-        found[kind] = Miss(key, fault)
-    return Lookup(found, registry, fault is None)
+            why = _fault(asked, f"registry {address}", "--registry-timeout", timeout)
+            if isinstance(asked, Raised) and isinstance(registry, Chained):  # the members that could have it are
+                found[kind] = Miss(key, why, unreachable=_unreachable(asked, address, why))  # down; others may
+                continue  # have the next kind, and the chain skips the down ones at no cost
+            fault, gone = why, _unreachable(asked, address, why)
+        found[kind] = Miss(key, fault, unreachable=gone)
+    answered = fault is None and not any(isinstance(v, Miss) and v.unreachable for v in found.values())
+    return Lookup(found, registry, answered)
 
 
 def verify(plan: Plan, found: dict[str, Found], trust: TrustCheck | None) -> dict[str, Found]:
@@ -343,6 +375,10 @@ def resolution(plan: Plan, found: dict[str, Found], got: dict[str, Installed | M
     sources: dict[str, Source] = {k: "store" if isinstance(found[k], Installed) else "registry" for k in installed}
     misses = tuple(v for v in got.values() if isinstance(v, Miss))
     return Resolution(plan, installed, misses, sources)
+
+
+def _unreachable(outcome: Raised | TimedOut, address: str, why: str) -> Unreachable:
+    return Unreachable(address, isinstance(outcome, TimedOut), why)
 
 
 def _fault(outcome: Raised | TimedOut, what: str, option: str, box: float) -> str:

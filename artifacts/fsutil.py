@@ -112,9 +112,9 @@ def read_bounded(path: Path, limit: int, *, within: Path | None = None, timeout_
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
+        if exc.errno == errno.ELOOP and _is_link(path):
             raise BundleError(f"{path} is a link (only regular files are read); remove it") from exc
-        raise
+        raise  # ELOOP from a folder above it (a link loop): the folder's fault, not this file's
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
@@ -134,6 +134,13 @@ def read_bounded(path: Path, limit: int, *, within: Path | None = None, timeout_
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def _is_link(path: Path) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:  # the folders above loop or vanished: not this file
+        return False
 
 
 def sweep_temporaries(root: Path, older_than_s: float = 3600.0) -> int:
