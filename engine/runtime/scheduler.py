@@ -190,6 +190,8 @@ class Scheduler:
                 return
 
     def _admit(self) -> None:
+        if any(future.cancelled() for _, future, _ in self._waiting):  # their clients left: never started
+            self._waiting = deque(w for w in self._waiting if not w[1].cancelled())
         while self._waiting and self._free:
             group = self._prefill_group()
             if group is None:  # unreachable for checked requests; fail the head rather than spin on it

@@ -39,3 +39,42 @@ def bucket(moto, monkeypatch) -> str:
     name = f"ops-{uuid.uuid4().hex[:12]}"
     boto3.client("s3").create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture(scope="session")
+def baked(tmp_path_factory):
+    """A registry holding a small eager recipe's buckets and autotune, written back by a first
+    `prebake serve --eager --write-back` (about a minute, once a session): later servers load them."""
+    from tests.support.api_server import write_api_recipe
+    from tests.support.serving import ServeProcess, serve_env
+
+    root = tmp_path_factory.mktemp("baked")
+    recipes = write_api_recipe(root / "recipes", OPS_MODEL)
+    (root / "registry").mkdir()
+    first = ServeProcess(
+        ["--model", OPS_MODEL, "--eager", "--registry", str(root / "registry"), "--write-back"],
+        serve_env(root / "home", recipes),
+    )
+    try:
+        first.wait_ready(600)
+    finally:
+        first.stop()
+    assert "write-back" in first.log and "failed" not in first.log.split("write-back", 1)[1][:400], first.log
+    return Baked(root / "registry", recipes)
+
+
+OPS_MODEL = "ops-test"
+
+
+class Baked:
+    def __init__(self, registry, recipes):
+        self.registry, self.recipes = registry, recipes
+
+    def serve(self, home, *args: str, **env: str):
+        """A `prebake serve --eager` of the baked recipe from a fresh store `home`, started (not yet ready)."""
+        from tests.support.serving import ServeProcess, serve_env
+
+        return ServeProcess(
+            ["--model", OPS_MODEL, "--eager", "--registry", str(self.registry), "--on-miss", "fail", *args],
+            serve_env(home, self.recipes, **env),
+        )
