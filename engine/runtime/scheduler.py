@@ -36,7 +36,7 @@ import torch
 
 from artifacts.buckets import BucketSet
 from artifacts.errors import PrebakeError
-from engine.runtime.model import sample
+from engine.runtime.model import is_greedy, sample
 from engine.runtime.shapes import StepShape, decode_for, prefill_for, step_shapes
 from engine.runtime.steps import CompiledSteps, Tactic
 
@@ -291,7 +291,7 @@ def _tell(sink: Sink, token: int) -> bool:
 
 
 def _generator(request: Request) -> torch.Generator | None:
-    if request.temperature == 0:
+    if is_greedy(request.temperature):
         return None
     seed = request.seed if request.seed is not None else random.SystemRandom().randrange(2**63)
     return torch.Generator().manual_seed(seed)

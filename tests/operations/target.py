@@ -73,6 +73,28 @@ def target_set(workdir: Path, payload_bytes: dict[str, int] | None = None) -> Ta
     return TargetSet(plan, manifests, blobs)
 
 
+def synthetic(workdir: Path, key, files: dict[str, bytes], labels: dict[str, str] | None = None):
+    """A bundle answering `key` whose tree holds `files` (relative path -> bytes): (manifest, blob)."""
+    tree = workdir / "trees" / key.digest[:16]
+    for rel, data in files.items():
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / rel).write_bytes(data)
+    blob = workdir / "blobs" / f"{key.digest[:16]}.tar.zst"
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    packed = pack(tree, blob, level=1)
+    manifest = Manifest(
+        kind=key.kind,
+        key={group: dict(factors) for group, factors in key.groups},
+        key_digest=key.digest,
+        labels=labels or {},
+        blob=packed.blob,
+        files=packed.files,
+        created="2026-12-01T09:00:00Z",
+        builder="operations-test",
+    )
+    return manifest, blob
+
+
 def publish(registry, targets: TargetSet) -> None:
     for kind in KINDS:
         registry.publish(targets.manifests[kind], targets.blobs[kind])
