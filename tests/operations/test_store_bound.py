@@ -10,13 +10,16 @@ import subprocess
 import threading
 import time
 
+from artifacts.fetch import fetch
+from artifacts.store import Store, StoreLimits
 from registry.file import FileRegistry
 from tests.faults.fault_proxy import Fault, fault_proxy
 from tests.operations.target import KINDS, fetch_args, prebake, prebake_env, publish, target_set
 from tests.support.baking import BIN, REPO
 from tests.support.bundles import make_bundle
 from tests.support.moto_server import s3_env
-from tests.support.serving import ServeProcess
+from tests.operations.conftest import OPS_MODEL
+from tests.support.serving import ServeProcess, serve_env
 
 EXIT_INVALID = 2
 
@@ -35,12 +38,9 @@ def _old_bundle(tmp_path, home, scenario):
     bundle = make_bundle(tmp_path / "other-bake", model="other-model", payload_bytes=64 << 10)
     other.publish(bundle.manifest, bundle.blob)
     scenario.registry(other, bundle.manifest)
-    got = prebake("store", "ls", "--json", env=prebake_env(home))  # a store that exists
-    assert got.returncode == 0, got.stderr
-    from artifacts.fetch import fetch
-    from artifacts.store import Store, StoreLimits
-
+    got = prebake("store", "ls", env=prebake_env(home))
     fetch(Store(home, StoreLimits()), other, bundle.manifest.the_key())
+    assert got.returncode == 0 and "other-model" in prebake("store", "ls", env=prebake_env(home)).stdout
     return bundle
 
 
@@ -127,3 +127,42 @@ def test_a_gc_every_moment_while_fetch_downloads_never_takes_the_kinds_it_instal
     assert len(before_print) >= 3, "the gc loop ran while the downloads ran"
     assert not [d for r in before_print for d in r["evicted"] if d in handed_out], "a tree went before it was used"
     assert any(set(r["in_use"]) & handed_out for r in before_print)
+
+
+def test_a_gc_every_moment_while_serve_starts_never_fails_the_start(baked, tmp_path, scenario, bucket):
+    from registry.s3 import S3Registry, S3Settings
+
+    address = f"s3://{bucket}/prebake"
+    direct = S3Registry(address, S3Settings())
+    source = FileRegistry(baked.registry)
+    manifests = list(source.list())
+    for manifest in manifests:
+        direct.publish(manifest, source.blob_path(manifest.blob.digest))
+    scenario.registry(direct, *manifests)
+    home = scenario.store(tmp_path / "home")
+    (home / "index").mkdir(parents=True)
+    with fault_proxy(os.environ["AWS_ENDPOINT_URL"]) as proxy:
+        proxy.inject(Fault("GET", "/blobs/", "throttle", seconds=0.3))  # the later kinds download slowly
+        stop, gcs = threading.Event(), []
+
+        def cron() -> None:
+            while not stop.is_set():
+                gcs.append(prebake("gc", "--max-size", "0", "--json", env=prebake_env(home)))
+                time.sleep(0.05)
+
+        thread = threading.Thread(target=cron)
+        thread.start()
+        server = ServeProcess(
+            ["--model", OPS_MODEL, "--eager", "--registry", address, "--on-miss", "fail"],
+            serve_env(home, baked.recipes, **s3_env(proxy.url)),
+        )
+        try:
+            server.wait_ready(300)
+            assert server.complete(prompt=[1, 2, 3], max_tokens=4, temperature=0)["choices"][0]["token_ids"]
+        finally:
+            stop.set()
+            thread.join(60)
+            server.stop()
+    assert "evicted before it could be held" not in server.log and "miss:" not in server.log, server.log
+    reports = [json.loads(g.stdout) for g in gcs if g.returncode == 0]
+    assert len(reports) >= 3 and any(r["in_use"] for r in reports)
