@@ -14,11 +14,11 @@ from artifacts.fetch import fetch
 from artifacts.store import Store, StoreLimits
 from registry.file import FileRegistry
 from tests.faults.fault_proxy import Fault, fault_proxy
+from tests.operations.conftest import OPS_MODEL
 from tests.operations.target import KINDS, fetch_args, prebake, prebake_env, publish, target_set
 from tests.support.baking import BIN, REPO
 from tests.support.bundles import make_bundle
 from tests.support.moto_server import s3_env
-from tests.operations.conftest import OPS_MODEL
 from tests.support.serving import ServeProcess, serve_env
 
 EXIT_INVALID = 2
