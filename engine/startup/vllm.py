@@ -18,6 +18,7 @@ import shutil
 import signal
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,15 +116,17 @@ def prepare(request: VllmStart, context: Context) -> Prepared:
             f"recipe {recipe.model.name} is served by engine {adapter.name!r}; --engine vllm "
             f"needs a recipe with engine = 'vllm', such as tiny-llama-vllm"
         )
-    resolution = context.resolve(plan, lookup_timeout=request.registry_timeout, fetch_timeout=request.fetch_timeout)
-    home = context.store.home
-    given = (
-        Path(os.path.abspath(request.cache_root.expanduser())) if request.cache_root else None
-    )  # vLLM runs in another cwd
-    cache_root = given or home / "engines" / "vllm" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    variables = adapter.serve_environment(plan, resolution.installed, cache_root)
-    portable = _portable(resolution.installed.get("graphs"), cache_root, variables)
-    variables |= portable.pins
+    with ExitStack() as held:  # trees held until the private cache root is copied from them
+        resolution = context.resolve(
+            plan, lookup_timeout=request.registry_timeout, fetch_timeout=request.fetch_timeout, hold=held
+        )
+        home = context.store.home
+        given = Path(os.path.abspath(request.cache_root.expanduser())) if request.cache_root else None  # any cwd
+        cache_root = given or home / "engines" / "vllm" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        variables = adapter.serve_environment(plan, resolution.installed, cache_root)
+        portable = _portable(resolution.installed.get("graphs"), cache_root, variables)
+        variables |= portable.pins
+        notes = portable.notes + _notes(request, resolution.installed.get("graphs"), variables, cache_root, plan)
     location = model_location(recipe, home / "models")
     argv = (
         *vllm_command(),
@@ -133,7 +136,6 @@ def prepare(request: VllmStart, context: Context) -> Prepared:
         *_listen_flags(request),
         *request.vllm_args,
     )
-    notes = portable.notes + _notes(request, resolution.installed.get("graphs"), variables, cache_root, plan)
     return Prepared(plan, resolution.installed, resolution.misses, cache_root, variables, argv, location.cwd, notes)
 
 

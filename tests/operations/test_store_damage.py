@@ -116,3 +116,28 @@ def test_verify_fix_moves_a_damaged_entry_aside_and_the_next_fetch_installs_it(i
     code, payload, err = _fetch(registry, home)
     assert code == 0 and sorted(payload["bundles"]) == sorted(KINDS), err
     assert _verify(home)[1]["bad"] == 0
+
+
+def test_a_serve_start_heals_a_damaged_entry_and_a_damaged_tree_and_serves(baked, tmp_path, scenario):
+    home = scenario.store(tmp_path / "home")
+    first = baked.serve(home)
+    first.wait_ready(300)
+    first.stop()
+    entries = sorted((home / "index").glob("*/*.json"))
+    assert len(entries) == 2, entries  # buckets and autotune
+    _cut_in_half(entries[0])
+    other = json.loads(entries[1].read_bytes())
+    tree = home / "trees" / other["blob"]["digest"].removeprefix("sha256:")
+    victim = next(p for p in tree.rglob("*") if p.is_file())
+    victim.unlink()  # an age-based cleaner's work
+
+    again = baked.serve(home)
+    try:
+        again.wait_ready(300)
+        assert again.complete(prompt=[1, 2, 3], max_tokens=3, temperature=0)["choices"][0]["token_ids"]
+    finally:
+        again.stop()
+    assert again.log.count(f"store {home}: its ") == 2, again.log
+    assert victim.is_file() and "miss:" not in again.log
+    code, report = _verify(home)
+    assert code == 0 and report["bad"] == 0, report
