@@ -90,7 +90,7 @@ def test_a_gc_every_moment_while_fetch_downloads_never_takes_the_kinds_it_instal
     (home / "index").mkdir(parents=True)
     gcs: list[tuple[float, dict]] = []  # (when it ended, its --json report)
     with fault_proxy(os.environ["AWS_ENDPOINT_URL"]) as proxy:
-        proxy.inject(Fault("GET", "/blobs/", "throttle", seconds=0.01))  # each blob takes a second or more
+        proxy.inject(Fault("GET", "/blobs/", "throttle", seconds=0.03))  # the graphs blob takes seconds
         stop = threading.Event()
 
         def cron() -> None:  # an operator's `prebake gc --max-size 0`, as often as it can run
@@ -124,7 +124,7 @@ def test_a_gc_every_moment_while_fetch_downloads_never_takes_the_kinds_it_instal
     handed_out = {b["blob"] for b in payload["bundles"].values()}
     assert handed_out == {m.blob.digest for m in targets.manifests.values()}
     before_print = [report for ended, report in gcs if ended < printed]
-    assert len(before_print) >= 3, "the gc loop ran while the downloads ran"
+    assert len(before_print) >= 2, "the gc loop ran while the downloads ran"
     assert not [d for r in before_print for d in r["evicted"] if d in handed_out], "a tree went before it was used"
     assert any(set(r["in_use"]) & handed_out for r in before_print)
 
