@@ -33,12 +33,11 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
-from artifacts.errors import BundleError
-from artifacts.manifest import Manifest
-from artifacts.timebox import Done, Raised, within
-
-from .base import Listed, Published, Registry, listed
-from .errors import RegistryError, RegistryUnavailable
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.errors import BundleError
+from prebake.artifacts.timebox import Done, Raised, within
+from prebake.registry.base import Listed, Published, Registry, listed
+from prebake.registry.errors import RegistryError, RegistryUnavailable
 
 log = logging.getLogger(__name__)
 

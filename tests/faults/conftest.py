@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from registry.file import FileRegistry
+from prebake.registry.file import FileRegistry
 from tests.support.bundles import Bundle, make_bundle
 from tests.support.scenarios import Scenario
 

@@ -17,12 +17,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from artifacts.bundle import pack
-from artifacts.kinds import Plan
-from artifacts.manifest import Manifest
-from artifacts.recipes import load_recipe
-from engine.compose import plans_for
-from engine.probe import current_host
+from prebake.artifacts.bake.kinds import Plan
+from prebake.artifacts.bake.recipes import load_recipe
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.bundle.payload import pack
+from prebake.engine.common.probe import current_host
+from prebake.engine.compose import plans_for
 from tests.support.baking import BIN, REPO
 
 MODEL, PRECISION = "tiny-llama", "bf16"

@@ -10,10 +10,10 @@ import subprocess
 
 import pytest
 
-from artifacts.recipes import load_recipe
-from engine.compose import plans_for
-from engine.probe import current_host
-from registry.file import FileRegistry
+from prebake.artifacts.bake.recipes import load_recipe
+from prebake.engine.common.probe import current_host
+from prebake.engine.compose import plans_for
+from prebake.registry.file import FileRegistry
 from tests.operations.conftest import OPS_MODEL
 from tests.operations.target import synthetic
 from tests.support.baking import BIN, REPO

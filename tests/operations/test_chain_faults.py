@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from registry.file import FileRegistry
+from prebake.registry.file import FileRegistry
 from tests.operations.target import KINDS, fetch_args, prebake, prebake_env, publish, target_set
 from tests.support.moto_server import free_port, s3_env
 

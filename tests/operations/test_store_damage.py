@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from artifacts.layout import index_relpath
-from registry.file import FileRegistry
+from prebake.artifacts.layout import index_relpath
+from prebake.registry.file import FileRegistry
 from tests.operations.target import KINDS, fetch_args, prebake, prebake_env, publish, target_set
 
 
