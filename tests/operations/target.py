@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from prebake.artifacts.bake.kinds import Plan
+from prebake.artifacts.bake.kinds import TargetKeys
 from prebake.artifacts.bake.recipes import load_recipe
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.bundle.payload import pack
@@ -31,7 +31,7 @@ KINDS = ("buckets", "autotune", "graphs")
 
 @dataclass(frozen=True)
 class TargetSet:
-    plan: Plan
+    plan: TargetKeys
     manifests: dict[str, Manifest]
     blobs: dict[str, Path]
 
@@ -41,7 +41,7 @@ class TargetSet:
         return sum(m.blob.size + m.unpacked_bytes for m in self.manifests.values())
 
 
-def tiny_llama_plan() -> Plan:
+def tiny_llama_plan() -> TargetKeys:
     return plans_for(load_recipe(MODEL), current_host(), dtype=PRECISION)[0]
 
 

@@ -168,7 +168,7 @@ def test_store_verify_finds_extra_and_missing_files_and_a_damaged_blob(installed
 
 def test_store_verify_fix_never_removes_a_tree_a_live_engine_holds(installed, home, capsys):
     bundle = installed["tiny-graphs"]
-    with _Held(home, bundle) as held:  # held first: a lookup of a damaged tree moves it aside (store_health)
+    with _Held(home, bundle) as held:  # held first: a lookup of a damaged tree moves it aside
         (_tree(home, bundle) / "kernels.bin").write_bytes(b"damaged")
         code, out = _run(capsys, "store", "verify", "--fix", "--json")
         [finding] = json.loads(out)["findings"]
