@@ -56,6 +56,14 @@ class StoreError(PrebakeError, OSError):
     """The local store could not be read or written."""
 
 
+class StoreBoundError(StoreError):
+    """The store's bound cannot hold the bundles one start needs at once."""
+
+
+class StoreOverlapError(StoreError, ValueError):
+    """A folder registry and the store share a folder (the same, or one inside the other)."""
+
+
 class BuildError(PrebakeError, RuntimeError):
     """Building an artifact (autotune, graph compilation) failed."""
 

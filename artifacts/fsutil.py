@@ -112,9 +112,9 @@ def read_bounded(path: Path, limit: int, *, within: Path | None = None, timeout_
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
+        if exc.errno == errno.ELOOP and _is_link(path):
             raise BundleError(f"{path} is a link (only regular files are read); remove it") from exc
-        raise
+        raise  # ELOOP from a folder above it (a link loop): the folder's fault, not this file's
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
@@ -134,6 +134,13 @@ def read_bounded(path: Path, limit: int, *, within: Path | None = None, timeout_
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def _is_link(path: Path) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:  # the folders above loop or vanished: not this file
+        return False
 
 
 def sweep_temporaries(root: Path, older_than_s: float = 3600.0) -> int:
@@ -163,9 +170,23 @@ def copy_writable(tree: Path, dest: Path) -> Path:
     if dest.exists() and any(dest.iterdir()):
         raise StoreError(f"{dest} is not empty; give each engine process its own copy")
     dest.parent.mkdir(parents=True, exist_ok=True)
+    need, count = _tree_size(tree)
+    free = shutil.disk_usage(dest.parent).free
+    if need > free:  # refused before the first byte, not after a copy that fills the disk
+        raise StoreError(
+            f"the private copy of {tree} needs {_mib(need)} ({count} files) and {dest.parent} has {_mib(free)} "
+            f"free; free space on that disk (prebake gc --max-size) or point PREBAKE_HOME at a larger one"
+        )
     if dest.exists():
         dest.rmdir()
-    shutil.copytree(tree, dest, symlinks=True)
+    try:
+        shutil.copytree(tree, dest, symlinks=True)
+    except OSError as exc:  # shutil.Error lists every failed file: one line says what went wrong first
+        shutil.rmtree(dest, ignore_errors=True)
+        raise StoreError(
+            f"cannot copy {tree} to {dest}: {_first_copy_error(exc)}; free space or fix permissions on "
+            f"{dest.parent}, then start again"
+        ) from None
     for folder, _, files in os.walk(dest):
         os.chmod(folder, 0o755)
         for name in files:
@@ -173,6 +194,30 @@ def copy_writable(tree: Path, dest: Path) -> Path:
             if not path.is_symlink():
                 os.chmod(path, path.stat().st_mode | 0o200)
     return dest
+
+
+def _tree_size(tree: Path) -> tuple[int, int]:
+    """Bytes a copy of `tree` takes, counting each file's blocks (4 KiB at least), and its file count."""
+    total = count = 0
+    for folder, _, files in os.walk(tree):
+        for name in files:
+            st = os.lstat(os.path.join(folder, name))
+            total += max(st.st_size, 4096)
+            count += 1
+    return total, count
+
+
+def _first_copy_error(exc: OSError) -> str:
+    errors = exc.args[0] if isinstance(exc, shutil.Error) and exc.args and isinstance(exc.args[0], list) else None
+    if not errors:
+        return str(exc)[:300]
+    src, _dst, why = errors[0]
+    more = f" (and {len(errors) - 1} more file(s))" if len(errors) > 1 else ""
+    return f"{src}: {str(why)[:200]}{more}"
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
 
 
 def crash_point(point: str, subject: str = "") -> None:

@@ -22,6 +22,7 @@ every target_keys call), the recipe folders (PREBAKE_RECIPES), whether stats are
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -49,6 +50,7 @@ class Context:
     sign: Signer | None = None
     given_registry: Registry | None = field(default=None, compare=False)  # tests: a registry double
     creating: bool = False  # a command that writes: a registry folder that is not there is created
+    holds: ExitStack = field(default_factory=ExitStack, compare=False, repr=False)  # trees this command uses
 
     @classmethod
     def open(
@@ -91,8 +93,17 @@ class Context:
     def adapter(self, plan: TargetKeys) -> EngineAdapter:
         return adapter_for(plan.recipe, plan.target)
 
-    def resolve(self, plan: TargetKeys, *, lookup_timeout: float = 30.0, fetch_timeout: float = 600.0) -> Resolution:
-        """The fetch pipeline for every kind of `plan`; its hits and misses go into the store's stats."""
+    def resolve(
+        self,
+        plan: TargetKeys,
+        *,
+        lookup_timeout: float = 30.0,
+        fetch_timeout: float = 600.0,
+        hold: ExitStack | None = None,
+    ) -> Resolution:
+        """The fetch pipeline for every kind of `plan`; its hits and misses go into the store's stats.
+        Every tree is held from the moment it is found or installed: on `hold`, else on `holds`,
+        which lives as long as this command (`with context.holds:`)."""
         resolution = resolve(
             plan,
             store=self.store,
@@ -101,6 +112,7 @@ class Context:
             trust=self.trust,
             lookup_timeout=lookup_timeout,
             fetch_timeout=fetch_timeout,
+            hold=self.holds if hold is None else hold,
         )
         record_resolution(self.store, resolution)
         return resolution

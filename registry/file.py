@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -35,7 +36,7 @@ class FileRegistry:
     writable = True
 
     def __init__(self, root: Path | str, *, create: bool = True):
-        self.root = Path(root).expanduser()
+        self.root = Path(os.path.abspath(Path(root).expanduser()))  # a relative folder would move with the cwd
         self.url = f"file://{self.root}"
         if not create and not self.root.is_dir():
             if self.root.exists():
@@ -105,8 +106,17 @@ class FileRegistry:
 
     def index_entries(self) -> Iterator[tuple[str, bytes | PrebakeError]]:
         """Every index entry as (relative path, raw bytes or why it cannot be read), unparsed, so a
-        checker can report a bad one."""
-        for path in sorted((self.root / "index").glob("*/*.json")):
+        checker can report a bad one. Raises RegistryUnavailable when the folder is missing, not a
+        folder, or cannot be listed: a checker must not report "0 entries" for a registry it cannot see."""
+        self._check_root()
+        index = self.root / "index"
+        paths = [
+            index / k / n
+            for k in _listed_names(index)
+            for n in _listed_names(index / k)
+            if n.endswith(".json") and not n.startswith(".")
+        ]
+        for path in sorted(paths):
             if path.name.startswith(fsutil.TMP_PREFIX):
                 continue
             try:
@@ -135,6 +145,20 @@ class FileRegistry:
     def __repr__(self) -> str:
         return f"FileRegistry({str(self.root)!r})"
 
+    def _check_root(self) -> None:
+        try:
+            st = os.stat(self.root)
+        except FileNotFoundError:
+            raise RegistryUnavailable(
+                f"registry folder {self.root} does not exist; check the address (a typo, a missing mount?)"
+            ) from None
+        except OSError as exc:
+            raise RegistryUnavailable(
+                f"cannot open registry folder {self.root}: {exc.strerror or exc}; fix the path or its links"
+            ) from exc
+        if not stat.S_ISDIR(st.st_mode):
+            raise RegistryUnavailable(f"registry {self.root} is not a folder; point the address at the registry folder")
+
     def _read_entry(self, path: Path) -> bytes:
         """An index entry's bytes: a regular file inside the registry, bounded in size and time."""
         try:
@@ -142,7 +166,9 @@ class FileRegistry:
         except FileNotFoundError:
             raise
         except OSError as exc:
-            raise RegistryUnavailable(f"cannot read {path}: {exc}; check the folder's permissions") from exc
+            raise RegistryUnavailable(
+                f"cannot read {path}: {exc.strerror or exc}; check the folder's permissions and links"
+            ) from exc
 
     def _read_rows(self, kind: str, digests: Sequence[str]) -> Iterator[Read]:
         for digest in digests:
@@ -192,11 +218,20 @@ def _missing_folder(root: Path) -> str:
     )
 
 
-def _names(folder: Path) -> list[str]:
+def _listed_names(folder: Path) -> list[str]:
+    """A folder's names ([] when it is absent); RegistryUnavailable when it cannot be listed."""
     try:
         return os.listdir(folder)
-    except (FileNotFoundError, NotADirectoryError):
+    except FileNotFoundError:
         return []
+    except NotADirectoryError:  # a file among the kinds: no entries under it
+        return []
+    except OSError as exc:
+        raise RegistryUnavailable(f"cannot list {folder}: {exc.strerror or exc}; fix the folder's permissions") from exc
+
+
+def _names(folder: Path) -> list[str]:
+    return _listed_names(folder)
 
 
 def _tagged(base: Path, kind: str) -> list[tuple[str, str]]:

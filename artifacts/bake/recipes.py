@@ -246,7 +246,7 @@ def recipe_folders(env: Mapping[str, str] = os.environ, cwd: Path | None = None)
     3. the shipped recipes (prebake/recipes: recipes/ in a checkout, the package data in a wheel).
     """
     added = [
-        RecipeFolder(Path(part).expanduser(), RECIPES_ENV)
+        RecipeFolder(Path(os.path.abspath(Path(part).expanduser())), RECIPES_ENV)  # absolute: the cwd may change
         for part in env.get(RECIPES_ENV, "").split(os.pathsep)
         if part
     ]

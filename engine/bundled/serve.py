@@ -48,6 +48,7 @@ class ServeSettings(BaseModel):
     port: int = Field(default=8000, ge=0, le=65535, description="0 picks a free port (logged)")
     api_key: str | None = Field(default=None, min_length=1, repr=False)
     max_body_bytes: int = Field(default=4 << 20, gt=0)
+    max_bodies_bytes: int = Field(default=64 << 20, gt=0, description="every body in flight, together")
     body_timeout_s: float = Field(default=30.0, gt=0)
 
 
@@ -62,7 +63,9 @@ def serve(settings: ServeSettings, open_services: OpenServices, emit: Callable[[
     metrics.set("prebake_ready", 0)
     state = AppState(settings.startup.model, metrics)
     sock = _bind(settings.host, settings.port)
-    guard = GuardSettings(settings.api_key, settings.max_body_bytes, settings.body_timeout_s)
+    guard = GuardSettings(
+        settings.api_key, settings.max_body_bytes, settings.body_timeout_s, max_bodies_bytes=settings.max_bodies_bytes
+    )
     config = uvicorn.Config(
         create_app(state, guard), log_config=None, access_log=False, timeout_graceful_shutdown=5, lifespan="off"
     )

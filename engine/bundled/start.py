@@ -184,17 +184,19 @@ def _start(
             address=address,
             trust=context.trust,
             timeout=settings.registry_timeout,
+            hold=leases,  # a store hit is held from here on: no gc evicts it while the rest downloads
         )
         s.detail = _summary(looked.found, address)
     with log.step("verify") as s:
         found = fetch.verify(plan, looked.found, context.trust)
         passed = sum(isinstance(v, Manifest) for v in found.values())
         s.detail = f"{passed} registry bundle(s) carry their keys and pass the trust policy"
+    fetch.check_bound(store, found, plan.target.name)  # before anything is installed or evicted
     with log.step("fetch") as s:
-        got = fetch.install(found, store=store, registry=looked.registry, timeout=settings.fetch_timeout)
+        got = fetch.install(found, store=store, registry=looked.registry, timeout=settings.fetch_timeout, hold=leases)
         fetched = [f"{k} {i.manifest.blob.hex[:12]}" for k, i in got.items() if isinstance(i, Installed)]
         s.detail = ", ".join(fetched) or "nothing to fetch"
-    resolution = fetch.resolution(plan, looked.found, _hold(got, store, leases))
+    resolution = fetch.resolution(plan, looked.found, got)
     _count(log.metrics, resolution)
     record_resolution(store, resolution)
     for miss in resolution.misses:
@@ -229,19 +231,6 @@ def _start(
 
 def _bake_command(plan: TargetKeys) -> str:
     return f"doit bake model={plan.target.recipe} precision={plan.target.dtype}"
-
-
-def _hold(got: dict[str, Installed | Miss], store: Store, leases: ExitStack) -> dict[str, Installed | Miss]:
-    """Lease every installed tree for the engine's life, so `prebake gc` never evicts one under it."""
-    held: dict[str, Installed | Miss] = {}
-    for kind, value in got.items():
-        if isinstance(value, Installed):
-            try:
-                value = leases.enter_context(store.use(value))
-            except StoreError as exc:  # evicted between fetch and hold: compile in place instead
-                value = Miss(value.manifest.the_key(), str(exc))
-        held[kind] = value
-    return held
 
 
 def _count(metrics: Metrics, resolution: Resolution) -> None:

@@ -143,7 +143,13 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     from prebake.engine.compose import Context
 
     context = Context.open(args.registry)
-    fetched = adapter_named(args.engine).fetch(start_request(args), context)
+    with context.holds:  # every tree held until its path is printed: no gc (its own included) takes one before
+        fetched = adapter_named(args.engine).fetch(start_request(args), context)
+        _print_fetched(args, fetched, context.address)
+    return miss_exit_code(fetched.misses)
+
+
+def _print_fetched(args: argparse.Namespace, fetched: Fetched, address: str) -> None:
     for miss in fetched.misses:
         print(miss.explain(), file=sys.stderr)
     for note in fetched.notes:
@@ -151,7 +157,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     advice = None
     if fetched.misses:
         bake = f"doit bake model={args.model}" + (f" precision={args.precision}" if args.precision else "")
-        advice = miss_advice(fetched.misses, target=fetched.target, bake=bake, address=context.address)
+        advice = miss_advice(fetched.misses, target=fetched.target, bake=bake, address=address)
         print(f"prebake: {advice}", file=sys.stderr)
     if args.json:
         print(json.dumps(fetch_json(fetched) | ({"advice": advice} if advice else {}), indent=2, sort_keys=True))
@@ -160,7 +166,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         if fetched.argv:
             cd = f"cd {shlex.quote(str(fetched.cwd))} && " if fetched.cwd else ""
             print(f"# {args.engine}: {cd}{shlex.join(fetched.argv)}")
-    return miss_exit_code(fetched.misses)
+    sys.stdout.flush()  # out while the trees are still held
 
 
 def fetch_json(fetched: Fetched) -> dict:

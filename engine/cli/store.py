@@ -121,6 +121,7 @@ def _gc_store_use(args: argparse.Namespace) -> str:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     store = Store()
+    store.registry_address()  # a $PREBAKE_REGISTRY folder inside the store would lose its bundles: refused
     bound = parse_size(args.max_size, "--max-size") if args.max_size else store.limits.max_bytes
     if bound is None:  # a Store made with unbounded limits (tools, tests): the documented default
         bound = DEFAULT_MAX_BYTES
@@ -179,13 +180,17 @@ def _ls_row(b: store_admin.StoredBundle) -> tuple[str, ...]:
 
 
 def cmd_store_verify(args: argparse.Namespace) -> int:
-    report = store_admin.verify_store(Store(), fix=args.fix)
+    store = Store()
+    if args.fix:
+        store.registry_address()  # as gc: never remove a registry's files that sit in the store's folders
+    report = store_admin.verify_store(store, fix=args.fix)
     _print_json(report.to_json()) if args.json else print(report.render())
     return report.exit_code
 
 
 def cmd_store_rm(args: argparse.Namespace) -> int:
     store = Store()
+    store.registry_address()
     chosen = store_admin.select(store, args.selector, args.kind)
     report = store_admin.remove(store, chosen, dry_run=args.dry_run)
     _print_json(report.to_json()) if args.json else print(report.render())

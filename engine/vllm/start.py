@@ -97,12 +97,15 @@ def prepare(request: StartRequest, context: Services) -> Prepared:
             f"recipe {recipe.model.name} is served by engine {adapter.name!r}; --engine vllm "
             f"needs a recipe with engine = 'vllm', such as tiny-llama-vllm"
         )
+    # the trees are held for the command's life (Context.holds): until vLLM is exec'd or has exited
     resolution = context.resolve(plan, lookup_timeout=request.registry_timeout, fetch_timeout=request.fetch_timeout)
     home = context.store.home
-    cache_root = request.cache_root or home / "engines" / "vllm" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    given = Path(os.path.abspath(request.cache_root.expanduser())) if request.cache_root else None  # vLLM's cwd differs
+    cache_root = given or home / "engines" / "vllm" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     variables = adapter.serve_environment(plan, resolution.installed, cache_root)
     portable = _portable(resolution.installed.get("graphs"), cache_root, variables)
     variables |= portable.pins
+    notes = portable.notes + _notes(request, resolution.installed.get("graphs"), variables, cache_root, plan)
     location = model_location(recipe, home / "models")
     argv = (
         *vllm_command(),
@@ -112,7 +115,6 @@ def prepare(request: StartRequest, context: Services) -> Prepared:
         *_listen_flags(request),
         *request.engine_args,
     )
-    notes = portable.notes + _notes(request, resolution.installed.get("graphs"), variables, cache_root, plan)
     return Prepared(plan, resolution.installed, resolution.misses, cache_root, variables, argv, location.cwd, notes)
 
 

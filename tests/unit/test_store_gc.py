@@ -9,7 +9,7 @@ import pytest
 
 from prebake.artifacts import fsutil
 from prebake.artifacts.bake.fetch import Miss, fetch
-from prebake.artifacts.errors import StoreError, UnsafeArchiveError
+from prebake.artifacts.errors import StoreBoundError, StoreError, UnsafeArchiveError
 from prebake.artifacts.store.local import DEFAULT_MAX_BYTES, GcReport, Store, StoreLimits, parse_size
 from prebake.engine.cli import main
 from prebake.registry.file import FileRegistry
@@ -125,8 +125,10 @@ def test_the_bound_from_the_environment_holds_after_every_install_but_spares_the
         assert _store_bytes(store) <= 3 * PAYLOAD
     assert [store.lookup("graphs", x.manifest.key_digest) is not None for x in (a, b, c)] == [False, False, True]
 
-    tiny = Store(tmp_path / "home", StoreLimits(max_bytes=1))  # smaller than any bundle
-    assert _fetch(tiny, registry, a).tree.is_dir(), "the bundle just installed must survive its own install"
+    tiny = Store(tmp_path / "home", StoreLimits(max_bytes=1))  # smaller than any bundle: refused, nothing evicted
+    with pytest.raises(StoreBoundError, match="bounded to 0.0 MiB.*nothing was installed or evicted"):
+        _fetch(tiny, registry, a)
+    assert store.lookup("graphs", c.manifest.key_digest) is not None
 
 
 def test_the_embedded_registry_is_never_evicted(tmp_path):

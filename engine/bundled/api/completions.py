@@ -4,15 +4,20 @@ A streamed answer is a sequence of `data: <chunk JSON>` events, one per piece of
 scheduler samples it, a last chunk per choice with its finish_reason, with
 stream_options.include_usage one more chunk with no choices and the usage, then `data: [DONE]`.
 A failure after the stream began is sent as a `data: {"error": ...}` event before [DONE] (the
-status line is already out). A client that disconnects ends its rows at their next token.
+status line is already out). A client that disconnects ends its rows at their next token, and
+its choices still queued are never started, streamed or not: a streamed answer learns of it
+from Starlette's disconnect listener (the generator is closed), a whole answer from its own
+watcher on the connection (`_cancel_on_disconnect`), since nothing else would tell it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
+from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
@@ -49,18 +54,18 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 def add_routes(app: FastAPI, state: AppState) -> None:
     @app.post("/v1/completions", response_model=None)
-    async def completions(body: CompletionRequest) -> Completion | StreamingResponse:
+    async def completions(body: CompletionRequest, request: Request) -> Completion | StreamingResponse:
         serving = state.ready()
         state.check_model(body.model)
         prompts = await run_in_threadpool(_prompts, serving, body.prompt)
-        return await _answer(state, serving, prompts, body, _CompletionShape(state.model_id))
+        return await _answer(state, serving, prompts, body, _CompletionShape(state.model_id), request)
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat(body: ChatCompletionRequest) -> ChatCompletion | StreamingResponse:
+    async def chat(body: ChatCompletionRequest, request: Request) -> ChatCompletion | StreamingResponse:
         serving = state.ready()
         state.check_model(body.model)
         prompt = await run_in_threadpool(chat_prompt, serving, body.messages, body.add_generation_prompt)
-        return await _answer(state, serving, [prompt], body, _ChatShape(state.model_id))
+        return await _answer(state, serving, [prompt], body, _ChatShape(state.model_id), request)
 
 
 # -- prompts ---------------------------------------------------------------------------------------
@@ -114,7 +119,7 @@ def _prompts(serving: Serving, prompt) -> list[list[int]]:
 # -- answers ---------------------------------------------------------------------------------------
 
 
-async def _answer(state: AppState, serving: Serving, prompts, body, shape):
+async def _answer(state: AppState, serving: Serving, prompts, body, shape, request: Request):
     started = time.perf_counter()
     params = Params(
         max_tokens=body.token_budget() if isinstance(body, ChatCompletionRequest) else body.max_tokens,
@@ -135,9 +140,10 @@ async def _answer(state: AppState, serving: Serving, prompts, body, shape):
         events = _stream(state, generation, shape, body.include_usage(), started)
         return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
     try:
-        finished = {f.index: f async for f in generation.events() if isinstance(f, Finished)}
+        async with _cancel_on_disconnect(request, generation):
+            finished = {f.index: f async for f in generation.events() if isinstance(f, Finished)}
     except GenerationFailed as exc:
-        state.metrics.add("prebake_requests_total", outcome="error")
+        state.metrics.add("prebake_requests_total", outcome="cancelled" if generation.cancelled else "error")
         raise ApiError(500, f"{exc}; the server goes on serving, retry the request") from exc
     finally:
         generation.cancel()  # no-op once all finished; ends the rows if this handler was cancelled
@@ -149,6 +155,23 @@ async def _answer(state: AppState, serving: Serving, prompts, body, shape):
         total_tokens=generation.prompt_tokens + generation.completion_tokens,
     )
     return shape.whole([finished[i] for i in sorted(finished)], usage, serving.tokenizer)
+
+
+@asynccontextmanager
+async def _cancel_on_disconnect(request: Request, generation: Generation):
+    """While the block runs, a client that hangs up cancels `generation` (its running rows end at
+    their next token, its queued ones never start); the block then fails with GenerationFailed."""
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass  # the body was read whole by the guard: nothing else can come but the disconnect
+        generation.cancel()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        yield
+    finally:
+        watcher.cancel()
 
 
 async def _stream(state: AppState, generation: Generation, shape, include_usage: bool, started: float):

@@ -36,7 +36,7 @@ import torch
 
 from prebake.artifacts.buckets.artifact import BucketSet
 from prebake.artifacts.errors import PrebakeError
-from prebake.engine.bundled.runtime.model import sample
+from prebake.engine.bundled.runtime.model import is_greedy, sample
 from prebake.engine.bundled.runtime.shapes import StepShape, decode_for, prefill_for, step_shapes
 from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
 
@@ -223,6 +223,8 @@ class Scheduler:
                 return
 
     def _admit(self) -> None:
+        if any(future.cancelled() for _, future, _ in self._waiting):  # their clients left: never started
+            self._waiting = deque(w for w in self._waiting if not w[1].cancelled())
         while self._waiting and self._free:
             group = self._prefill_group()
             if group is None:  # unreachable for checked requests; fail the head rather than spin on it
@@ -332,7 +334,7 @@ def _tell(sink: Sink, token: int) -> bool:
 
 
 def _generator(request: Request) -> torch.Generator | None:
-    if request.temperature == 0:
+    if is_greedy(request.temperature):
         return None
     seed = request.seed if request.seed is not None else random.SystemRandom().randrange(2**63)
     return torch.Generator().manual_seed(seed)
