@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .bundle import pack
-from .errors import BuildError, PublishConflict
+from .errors import BuildError, PublishConflict, UntrustedEntryError
 from .fetch import Miss, TrustCheck, fetch
 from .kinds import Builder, BuildRequest, Plan
 from .manifest import Manifest
@@ -89,10 +89,22 @@ def bake_kind(
             if winner is None:  # the entry that refused ours vanished: report the conflict itself
                 raise
             kept, created, note = winner, False, f"another baker won: {exc}"
+        _check_adoptable(kept, trust, registry)
         installed = store.install(kept, registry)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return Baked(kept, installed, created, note)
+
+
+def _check_adoptable(kept: Manifest, trust: TrustCheck | None, registry: Registry) -> None:
+    """A bundle the registry already held is adopted only if the policy in force accepts it."""
+    why = None if trust is None else trust(kept)
+    if why is not None:
+        raise UntrustedEntryError(
+            f"{registry.url} already holds {kept.kind} {kept.key_digest[:16]} (blob {kept.blob.hex[:12]}), and "
+            f"the trust policy in force refuses it: {why}; it was not adopted and nothing was installed. Move it "
+            f"aside with `prebake verify --quarantine` under this policy, then bake again"
+        )
 
 
 def _input(plan: Plan, kind: str, store: Store, registry: Registry, trust: TrustCheck | None) -> Installed:

@@ -62,6 +62,10 @@ class UnknownRegistryError(RegistryError, ValueError):
     """A registry address whose scheme prebake does not know."""
 
 
+class UntrustedEntryError(RegistryError):
+    """The registry already holds an entry for a key, and the trust policy in force refuses it."""
+
+
 class PublishConflict(RegistryError):
     """A different bundle already answers this key; the registry keeps the first one."""
 

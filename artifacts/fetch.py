@@ -5,7 +5,14 @@
     install  download, check digests, unpack into the store          (time-boxed)
 
 `prebake fetch`, the bundled engine's start-up (which logs each step on its own) and
-`prebake serve|fetch --engine vllm` all run these steps. A miss is a value: it names the
+`prebake serve|fetch --engine vllm` all run these steps.
+
+The policy in force decides, whatever installed a bundle: a store hit is used only when the
+trust check passes on its manifest now (a signature check, not a re-hash: the tree was
+verified when it was unpacked). A stored bundle the policy refuses is a `StoreRefused`: it
+is not used, the registry is asked for the key as if the store had nothing, and a bundle the
+policy accepts replaces it; if the registry has none, the miss is refused (exit 2) and names
+the stored bundle, the policy's reason and the fix. A miss is a value: it names the
 key, the nearest bundle of the same kind in the registry, and every factor that differs
 ("software.torch: 2.13.0+cpu here, 2.14.1 there"), so an operator can tell at a glance why
 a start was cold. A registry that is down, slow or corrupt is a miss, never a crash.
@@ -58,12 +65,34 @@ Source = Literal["store", "registry"]
 
 
 @dataclass(frozen=True)
+class StoreRefused:
+    """A bundle in the store that the policy in force refuses: it is not used."""
+
+    installed: Installed
+    why: str  # the policy's reason
+
+    def explain(self) -> str:
+        m = self.installed.manifest
+        return (
+            f"the store's {m.kind} bundle {m.key_digest[:16]} (blob {m.blob.hex[:12]}, {self.installed.tree.parent.parent}) "
+            f"is refused by the trust policy in force: {self.why}; it was not used"
+        )
+
+    def fix(self) -> str:
+        return (
+            "publish a bundle this policy accepts (bake and sign it, or `prebake promote` it) and fetch again: "
+            f"it replaces the stored one; or remove the stored one with `prebake store rm {self.installed.manifest.blob.hex[:12]}`"
+        )
+
+
+@dataclass(frozen=True)
 class Lookup:
     """What the lookup step found for each kind, and the registry it asked."""
 
     found: dict[str, Found]
     registry: Registry | None  # None: it could not be opened within the time box
     answered: bool  # the registry answered every question within the time box
+    store_refused: dict[str, StoreRefused] = field(default_factory=dict)  # stored bundles the policy refuses
 
 
 @dataclass(frozen=True)
@@ -74,6 +103,7 @@ class Resolution:
     installed: dict[str, Installed]
     misses: tuple[Miss, ...]
     sources: dict[str, Source] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()  # stored bundles the policy refused and the registry replaced
 
     @property
     def complete(self) -> bool:
@@ -89,13 +119,17 @@ class Resolution:
 
 
 def fetch(store: Store, registry: Registry, key: Key, *, trust: TrustCheck | None = None) -> Installed | Miss:
-    """The installed bundle for `key`: from the store, else from `registry` (verified), else a Miss."""
-    found = _find(store, registry, key, trust)
+    """The installed bundle for `key`: from the store (if the policy in force accepts it), else from
+    `registry` (verified), else a Miss."""
+    stored = _from_store(store, key, trust)
+    if isinstance(stored, Installed):
+        return stored
+    found = _ask_registry(registry, key)
     if isinstance(found, Manifest):
         found = verify_entry(key, found, trust)
     if isinstance(found, Manifest):
         return store.install(found, registry)
-    return found
+    return _with_refusal(found, stored)
 
 
 def verify_entry(key: Key, manifest: Manifest, trust: TrustCheck | None) -> Manifest | Miss:
@@ -106,6 +140,15 @@ def verify_entry(key: Key, manifest: Manifest, trust: TrustCheck | None) -> Mani
         )
     refused = None if trust is None else trust(manifest)
     return manifest if refused is None else Miss(key, f"refused by the trust policy: {refused}", refused=True)
+
+
+def accepted_entry(registry: Registry, kind: str, key_digest: str, trust: TrustCheck | None) -> Manifest | None:
+    """The registry's entry for this key if the policy in force accepts it: what a bake may adopt
+    as already built and a plan may count as present. A refused entry is None (work to do)."""
+    manifest = registry.lookup(kind, key_digest)
+    if manifest is None or (trust is not None and trust(manifest) is not None):
+        return None
+    return manifest
 
 
 def nearest_miss(registry: Registry, key: Key, reason: str) -> Miss:
@@ -137,17 +180,24 @@ def nearest_miss(registry: Registry, key: Key, reason: str) -> Miss:
     return Miss(key, reason, nearest=best[1], differing=key.diff(best[1]))
 
 
-def _from_store(store: Store, key: Key, trust: TrustCheck | None) -> Installed | None:
+def _from_store(store: Store, key: Key, trust: TrustCheck | None) -> Installed | StoreRefused | None:
+    """The store's bundle for `key` if the policy in force accepts it; a StoreRefused if it does not."""
     installed = store.lookup(key.kind, key.digest)
-    if installed is not None and (trust is None or trust(installed.manifest) is None):
-        return installed
-    return None
+    if installed is None:
+        return None
+    return policy_refuses(installed, trust) or installed
 
 
-def _find(store: Store, registry: Registry, key: Key, trust: TrustCheck | None) -> Found:
-    hit = _from_store(store, key, trust)
-    if hit is not None:
-        return hit
+def policy_refuses(installed: Installed, trust: TrustCheck | None) -> StoreRefused | None:
+    """Why the policy in force refuses a stored bundle, or None: a check of its manifest's
+    signature and provenance rules, never a re-hash of its tree."""
+    if trust is None:
+        return None
+    why = trust(installed.manifest)
+    return None if why is None else StoreRefused(installed, why)
+
+
+def _ask_registry(registry: Registry, key: Key) -> Manifest | Miss:
     return registry.lookup(key.kind, key.digest) or nearest_miss(
         registry, key, f"no bundle for this key in {registry.url}"
     )
@@ -174,24 +224,24 @@ def lookup(
     """
     deadline = time.monotonic() + timeout
     wanted = list(kinds)
+    stored = {k: _from_store(store, plan.key(k), trust) for k in wanted}
+    refused = {k: v for k, v in stored.items() if isinstance(v, StoreRefused)}
     opened = within(timeout, open_registry, name="prebake-open-registry")
     if isinstance(opened, Raised) and isinstance(opened.error, UnknownRegistryError):
         raise opened.error
     if not isinstance(opened, Done):
         why = _fault(opened, f"registry {address}", "--registry-timeout", timeout)
-        return Lookup(
-            {k: _from_store(store, plan.key(k), trust) or Miss(plan.key(k), why) for k in wanted}, None, False
-        )
+        return Lookup({k: _hit_or(stored[k], Miss(plan.key(k), why)) for k in wanted}, None, False, refused)
     registry = opened.value
     found: dict[str, Found] = {}
     fault: str | None = None
     for kind in wanted:
         key = plan.key(kind)
-        if (hit := _from_store(store, key, trust)) is not None:
+        if isinstance(hit := stored[kind], Installed):
             found[kind] = hit
             continue
-        if fault is None:
-            asked = within(deadline - time.monotonic(), partial(_find, store, registry, key, None))
+        if fault is None:  # nothing usable in the store: ask the registry, never the store again
+            asked = within(deadline - time.monotonic(), partial(_ask_registry, registry, key))
             if isinstance(asked, Done):
                 found[kind] = asked.value
                 continue
@@ -200,7 +250,11 @@ def lookup(
                 continue
             fault = _fault(asked, f"registry {address}", "--registry-timeout", timeout)
         found[kind] = Miss(key, fault)
-    return Lookup(found, registry, fault is None)
+    return Lookup(found, registry, fault is None, refused)
+
+
+def _hit_or(stored: Installed | StoreRefused | None, miss: Miss) -> Found:
+    return stored if isinstance(stored, Installed) else miss
 
 
 def verify(plan: Plan, found: dict[str, Found], trust: TrustCheck | None) -> dict[str, Found]:
@@ -253,14 +307,34 @@ def resolve(
     )
     checked = verify(plan, looked.found, trust)
     got = install(checked, store=store, registry=looked.registry, timeout=fetch_timeout)
-    return resolution(plan, looked.found, got)
+    return resolution(plan, looked.found, got, looked.store_refused)
 
 
-def resolution(plan: Plan, found: dict[str, Found], got: dict[str, Installed | Miss]) -> Resolution:
+def resolution(
+    plan: Plan,
+    found: dict[str, Found],
+    got: dict[str, Installed | Miss],
+    store_refused: dict[str, StoreRefused] | None = None,
+) -> Resolution:
+    """What was installed and what missed; a kind whose stored bundle the policy refused is a
+    refused miss (naming that bundle, the reason and the fix) unless the registry replaced it."""
+    refused = store_refused or {}
     installed = {k: v for k, v in got.items() if isinstance(v, Installed)}
     sources: dict[str, Source] = {k: "store" if isinstance(found[k], Installed) else "registry" for k in installed}
-    misses = tuple(v for v in got.values() if isinstance(v, Miss))
-    return Resolution(plan, installed, misses, sources)
+    misses = tuple(_with_refusal(v, refused.get(k)) for k, v in got.items() if isinstance(v, Miss))
+    notes = tuple(
+        f"{r.explain()}; replaced by the registry's bundle (blob {installed[k].manifest.blob.hex[:12]}), which it accepts"
+        for k, r in refused.items()
+        if k in installed
+    )
+    return Resolution(plan, installed, misses, sources, notes)
+
+
+def _with_refusal(miss: Miss, refused: StoreRefused | None) -> Miss:
+    if refused is None:
+        return miss
+    reason = f"{refused.explain()}, and the registry offered none it accepts ({miss.reason}). Fix: {refused.fix()}"
+    return Miss(miss.key, reason, miss.nearest, miss.differing, refused=True)
 
 
 def _fault(outcome: Raised | TimedOut, what: str, option: str, box: float) -> str:

@@ -29,7 +29,8 @@ from engine.adapters import adapter_for, kinds_for
 from engine.adapters.base import EngineAdapter
 from engine.probe import Host, current_host
 from registry import open_registry
-from registry.signing import signer_from_env, trust_from_env
+from registry.policy import trust_in_force
+from registry.signing import signer_from_env
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class Context:
             store=store,
             host=host or current_host(),
             address=store.registry_address(registry),
-            trust=trust_from_env(),
+            trust=trust_in_force(),
             sign=signer_from_env(),
         )
 

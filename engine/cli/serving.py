@@ -120,6 +120,8 @@ def cmd_fetch_bundled(args: argparse.Namespace) -> int:
     context = Context.open(args.registry)
     plan = context.pick_plan(load_recipe(args.model), dtype=args.precision, tp=args.tp)
     resolution = context.resolve(plan)
+    for note in resolution.notes:
+        print(f"prebake: {note}", file=sys.stderr)
     if not resolution.complete:
         for miss in resolution.misses:
             print(miss.explain(), file=sys.stderr)

@@ -12,6 +12,7 @@ from artifacts import store_admin
 from artifacts.errors import ExitCode, StoreError
 from artifacts.store import Store, parse_size
 from engine.cli.common import json_option, size, table
+from registry.policy import trust_in_force
 
 
 def add(sub) -> None:
@@ -51,7 +52,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     bound = parse_size(args.max_size, "--max-size") if args.max_size else store.limits.max_bytes
     if bound is None:
         raise StoreError("say how large the store may be: prebake gc --max-size 10G, or set PREBAKE_STORE_MAX_BYTES")
-    report = store.gc(bound, dry_run=args.dry_run)
+    report = store.gc(bound, dry_run=args.dry_run, refuse=trust_in_force(warn=False))
     assert report is not None  # gc waits for a running gc instead of returning None
     if args.json:
         _print_json(
@@ -64,6 +65,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
                 "evicted": ["sha256:" + h for h in report.evicted],
                 "in_use": ["sha256:" + h for h in report.in_use],
                 "recovered": report.recovered,
+                "refused": ["sha256:" + h for h in report.refused],
             }
         )
     else:

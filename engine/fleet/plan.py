@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from artifacts.fetch import accepted_entry
 from artifacts.planning import FleetPlan, plan_fleet
 from artifacts.recipes import load_recipe, targets
 from artifacts.store import Store
@@ -9,6 +10,7 @@ from engine.adapters import kinds_for
 from engine.fleet.profiles import load_profiles
 from engine.probe import current_host
 from registry import open_registry
+from registry.policy import trust_in_force
 
 
 def make_plan(
@@ -17,12 +19,13 @@ def make_plan(
     """The plan of `model` (narrowed to a dtype / TP size) against `registry` (default: the embedded one)."""
     recipe = load_recipe(model)
     opened = open_registry(Store().registry_address(registry))
+    trust = trust_in_force(warn=False)  # an entry the policy in force refuses is work to do, not present
     return plan_fleet(
         recipe,
         targets(recipe, dtype=precision, tp=tp),
         here=current_host(),
         profiles=load_profiles(profiles),
-        published=lambda kind, digest: opened.lookup(kind, digest) is not None,
+        published=lambda kind, digest: accepted_entry(opened, kind, digest, trust) is not None,
         kinds_for=kinds_for,
         registry=opened.url,
     )

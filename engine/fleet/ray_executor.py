@@ -115,12 +115,15 @@ def _node_id() -> str:
 
 
 def _present(recipe: Recipe, target, host, registry_address: str | None) -> set[str]:
+    from artifacts.fetch import accepted_entry
     from registry import open_registry
+    from registry.policy import trust_in_force
 
     registry = open_registry(Store().registry_address(registry_address))
+    trust = trust_in_force(warn=False)
     kinds = kinds_for(recipe, target)
     keys = plan(recipe, target, host, kinds).keys
-    return {kind for kind in kinds.names if registry.lookup(kind, keys[kind].digest) is not None}
+    return {kind for kind in kinds.names if accepted_entry(registry, kind, keys[kind].digest, trust) is not None}
 
 
 def _run_bake(job: BakeJob, recipes: Path) -> subprocess.CompletedProcess:

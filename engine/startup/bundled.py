@@ -181,6 +181,8 @@ def _start(
             timeout=settings.registry_timeout,
         )
         s.detail = _summary(looked.found, address)
+        if looked.store_refused:
+            s.detail += f"; {len(looked.store_refused)} stored bundle(s) refused by the trust policy in force"
     with log.step("verify") as s:
         found = fetch.verify(plan, looked.found, context.trust)
         passed = sum(isinstance(v, Manifest) for v in found.values())
@@ -189,9 +191,11 @@ def _start(
         got = fetch.install(found, store=store, registry=looked.registry, timeout=settings.fetch_timeout)
         fetched = [f"{k} {i.manifest.blob.hex[:12]}" for k, i in got.items() if isinstance(i, Installed)]
         s.detail = ", ".join(fetched) or "nothing to fetch"
-    resolution = fetch.resolution(plan, looked.found, _hold(got, store, leases))
+    resolution = fetch.resolution(plan, looked.found, _hold(got, store, leases), looked.store_refused)
     _count(log.metrics, resolution)
     record_resolution(store, resolution)
+    for line in resolution.notes:
+        log.note(line)
     for miss in resolution.misses:
         log.note(miss.explain())
     if resolution.misses and settings.on_miss == "fail":

@@ -130,7 +130,11 @@ def prepare(request: VllmStart, context: Context) -> Prepared:
         *_listen_flags(request),
         *request.vllm_args,
     )
-    notes = portable.notes + _notes(request, resolution.installed.get("graphs"), variables, cache_root, plan)
+    notes = (
+        resolution.notes
+        + portable.notes
+        + _notes(request, resolution.installed.get("graphs"), variables, cache_root, plan)
+    )
     return Prepared(plan, resolution.installed, resolution.misses, cache_root, variables, argv, location.cwd, notes)
 
 
