@@ -2,6 +2,12 @@
 
     inputs (upstream kinds, fetched) -> build(tree) -> pack -> Manifest -> registry.publish
                                                                          -> store.install
+                                         provenance Statement -> DSSE -> beside the blob
+
+With an `Attest` (artifacts.provenance), the bake writes an in-toto Statement with the SLSA
+provenance v1 predicate for the blob, seals it in a DSSE envelope with the bake's key and
+publishes it beside the blob (artifacts.ports.SideFiles) before the index entry that names
+the blob, so a reader that sees the entry can already read its provenance.
 
 The build is the kind's declared builder (artifacts.kinds.Kind.build: buckets are pure Python,
 the engine adapters' autotune and graphs run in a child process), or one handed in (a write-back
@@ -25,7 +31,8 @@ from .errors import BuildError, PublishConflict, UntrustedEntryError
 from .fetch import Miss, TrustCheck, fetch
 from .kinds import Builder, BuildRequest, Plan
 from .manifest import Manifest
-from .ports import Registry
+from .ports import Registry, SideFiles
+from .provenance import SIDE_NAME, Attest, statement
 from .store import Installed, Store
 
 PREBAKE_VERSION = "0.1.0"
@@ -51,6 +58,7 @@ def bake_kind(
     sign: Signer | None = None,
     trust: TrustCheck | None = None,
     build: Builder | None = None,
+    attest: Attest | None = None,
 ) -> Baked:
     """Build `kind` for `plan` (with its declared builder, or `build`), publish it to `registry`
     and install it into `store`."""
@@ -61,7 +69,7 @@ def bake_kind(
     try:
         tree = scratch / "tree"
         tree.mkdir()
-        started = time.perf_counter()
+        started, started_at = time.perf_counter(), dt.datetime.now(dt.UTC)
         (build or declared.build)(BuildRequest(plan, kind, tree, {k: i.tree for k, i in inputs.items()}))
         build_seconds = round(time.perf_counter() - started, 3)  # what a hit of this bundle saves
         declared.check_outputs(tree, plan.target.name)
@@ -80,6 +88,8 @@ def bake_kind(
         )
         if sign is not None:
             manifest = sign(manifest)
+        if attest is not None:
+            _publish_attestation(registry, manifest, plan, attest, started_at)
         try:
             published = registry.publish(manifest, scratch / "payload.tar.zst")
             kept, created = published.manifest, published.created
@@ -94,6 +104,21 @@ def bake_kind(
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return Baked(kept, installed, created, note)
+
+
+def _publish_attestation(
+    registry: Registry, manifest: Manifest, plan: Plan, attest: Attest, started: dt.datetime
+) -> None:
+    """The signed provenance of `manifest`'s blob, beside the blob; one there already stands (created once)."""
+    if not isinstance(registry, SideFiles):
+        raise BuildError(
+            f"{registry.url} cannot keep an attestation beside the blob; publish to a folder, S3, Hub or OCI "
+            f"registry, or bake without a signing key"
+        )
+    document = statement(
+        manifest, plan.recipe, plan.target, attest.context, started=started, finished=dt.datetime.now(dt.UTC)
+    )
+    registry.put_side(manifest.blob.digest, SIDE_NAME, attest.seal(document))
 
 
 def _check_adoptable(kept: Manifest, trust: TrustCheck | None, registry: Registry) -> None:

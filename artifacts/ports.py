@@ -4,6 +4,7 @@
     Maintainable  the optional abilities an operator tool uses: raw index entries, quarantine
     Published     the outcome of a publish (created, or the very same bundle was there)
     Listable      the optional ability to list what `prebake ls` shows without reading every entry
+    SideFiles     the optional ability to keep small files beside a bundle's blob (its provenance)
 
 The core owns these so that it never imports a backend: registry/ depends on artifacts/,
 never the reverse. A backend that can also be maintained says so by implementing the second
@@ -86,3 +87,19 @@ class Listable(Protocol):
 
     def listing(self, kind: str | None = None) -> Iterator[Listed]:
         """A row for every index entry (of one kind, if given), in list() order."""
+
+
+MAX_SIDE_FILE_BYTES = 1 << 20  # an attestation is a few KiB; anything past this is not one
+
+
+@runtime_checkable
+class SideFiles(Protocol):
+    """A registry that keeps small files beside a blob, at side/sha256/<aa>/<hex>/<name>
+    (artifacts.layout.side_relpath): the bundle's provenance attestation, and whatever else
+    describes one blob. Created once, like index entries; read bounded by MAX_SIDE_FILE_BYTES."""
+
+    def put_side(self, blob_digest: str, name: str, data: bytes) -> bool:
+        """Create the side file; True if this call created it, False if one was there already."""
+
+    def get_side(self, blob_digest: str, name: str) -> bytes | None:
+        """The side file's bytes, or None when there is none (a miss, not an error)."""

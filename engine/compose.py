@@ -22,11 +22,13 @@ from artifacts.bake import Baked, Signer, bake_kind
 from artifacts.fetch import Resolution, TrustCheck, resolve
 from artifacts.kinds import HostFacts, Plan, buildable_targets, plan
 from artifacts.ports import Registry
+from artifacts.provenance import Attest
 from artifacts.recipes import Recipe
 from artifacts.stats import record_resolution
 from artifacts.store import Store
 from engine.adapters import adapter_for, kinds_for
 from engine.adapters.base import EngineAdapter
+from engine.builder import attester
 from engine.probe import Host, current_host
 from registry import open_registry
 from registry.policy import trust_in_force
@@ -42,17 +44,21 @@ class Context:
     address: str
     trust: TrustCheck | None = None
     sign: Signer | None = None
+    attest: Attest | None = None  # the bake's provenance, sealed with the signing key
     given_registry: Registry | None = field(default=None, compare=False)  # tests: a registry double
 
     @classmethod
     def open(cls, registry: str | None = None, *, store: Store | None = None, host: Host | None = None) -> Context:
         store = store or Store()
+        host = host or current_host()
+        signer = signer_from_env()
         return cls(
             store=store,
-            host=host or current_host(),
+            host=host,
             address=store.registry_address(registry),
             trust=trust_in_force(),
-            sign=signer_from_env(),
+            sign=signer,
+            attest=attester(signer, host),
         )
 
     @cached_property
@@ -88,7 +94,9 @@ class Context:
     def bake(self, plan: Plan, kind: str) -> Baked:
         """Build, publish and install one kind of one target, and say what happened."""
         started = time.monotonic()
-        baked = bake_kind(plan, kind, store=self.store, registry=self.registry, sign=self.sign, trust=self.trust)
+        baked = bake_kind(
+            plan, kind, store=self.store, registry=self.registry, sign=self.sign, trust=self.trust, attest=self.attest
+        )
         seconds = time.monotonic() - started
         print(
             f"prebake: {plan.target.name} {kind}: {baked.note}, key {baked.manifest.key_digest[:16]}, "

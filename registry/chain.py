@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from artifacts.manifest import Manifest
+from artifacts.ports import SideFiles
 
 from .base import Listed, Published, Registry, listed
 from .errors import RegistryError, RegistryUnavailable
@@ -94,6 +95,19 @@ class ChainRegistry:
 
     def publish(self, manifest: Manifest, blob: Path) -> Published:
         return self.registries[0].publish(manifest, blob)
+
+    def put_side(self, blob_digest: str, name: str, data: bytes) -> bool:
+        first = self.registries[0]
+        if not isinstance(first, SideFiles):
+            raise RegistryError(f"{first.url} keeps no side files; publish to a folder, S3 or Hub registry")
+        return first.put_side(blob_digest, name, data)
+
+    def get_side(self, blob_digest: str, name: str) -> bytes | None:
+        """The first level's copy that has one (a side file is immutable, so any copy is the copy)."""
+        for registry in self.registries:
+            if isinstance(registry, SideFiles) and (data := registry.get_side(blob_digest, name)) is not None:
+                return data
+        return None
 
     def list(self, kind: str | None = None) -> Iterator[Manifest]:
         seen: set[tuple[str, str]] = set()

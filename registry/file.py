@@ -18,9 +18,10 @@ from pathlib import Path
 from artifacts import fsutil
 from artifacts.bundle import file_digest
 from artifacts.errors import PrebakeError
-from artifacts.layout import blob_relpath, index_relpath, parse_index_relpath, summary_relpath
+from artifacts.layout import blob_relpath, index_relpath, parse_index_relpath, side_relpath, summary_relpath
 from artifacts.listing import Listed, Read, Summary, reconcile
 from artifacts.manifest import MAX_MANIFEST_BYTES, Manifest
+from artifacts.ports import MAX_SIDE_FILE_BYTES
 
 from .base import Published, copy_verified, settle
 from .errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
@@ -76,6 +77,21 @@ class FileRegistry:
         except OSError as exc:
             raise RegistryError(f"cannot publish into {self.root}: {exc}; free space or fix permissions") from exc
         return settle(Manifest.read(index), manifest, str(index))
+
+    def put_side(self, blob_digest: str, name: str, data: bytes) -> bool:
+        """Create side/<...>/<name> beside the blob (create-only, atomic)."""
+        path = self.root / side_relpath(blob_digest, name)
+        try:
+            return fsutil.create_only(path, data)
+        except OSError as exc:
+            raise RegistryError(f"cannot write {path}: {exc}; free space or fix permissions") from exc
+
+    def get_side(self, blob_digest: str, name: str) -> bytes | None:
+        path = self.root / side_relpath(blob_digest, name)
+        try:
+            return fsutil.read_bounded(path, MAX_SIDE_FILE_BYTES, within=self.root)
+        except FileNotFoundError:
+            return None
 
     def list(self, kind: str | None = None) -> Iterator[Manifest]:
         """Every manifest, in (kind, digest) order. Names are listed and sorted as strings, then

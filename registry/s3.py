@@ -42,7 +42,7 @@ from tqdm import tqdm
 from artifacts import fsutil
 from artifacts.bundle import file_digest
 from artifacts.errors import BundleError
-from artifacts.layout import blob_relpath, index_relpath, parse_index_relpath
+from artifacts.layout import blob_relpath, index_relpath, parse_index_relpath, side_relpath
 from artifacts.manifest import MAX_MANIFEST_BYTES, BlobRef, Manifest
 
 from .base import Published, SizedSink, settle
@@ -159,6 +159,35 @@ class S3Registry(S3Maintenance, S3Listing):
         with self._faults(f"publish into {self.url}"):
             self._put_blob(manifest.blob, blob)
             return self._create_index(manifest, key)
+
+    def put_side(self, blob_digest: str, name: str, data: bytes) -> bool:
+        """Create the side file with a conditional put (If-None-Match), as index entries are created."""
+        from botocore.exceptions import ClientError
+
+        key = self._key(side_relpath(blob_digest, name))
+        with self._faults(f"write {self._where(key)}"):
+            if not self._conditional:
+                if self._get_or_none(key) is not None:
+                    return False
+                self._client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType="application/json")
+                return True
+            try:
+                self._client.put_object(
+                    Bucket=self.bucket, Key=key, Body=data, ContentType="application/json", IfNoneMatch="*"
+                )
+            except ClientError as exc:
+                if _error_code(exc) == "PreconditionFailed" or _status(exc) == 412:
+                    return False
+                if _error_code(exc) == "NotImplemented" or _status(exc) == 501:
+                    self._conditional = False
+                    return self.put_side(blob_digest, name, data)
+                raise
+        return True
+
+    def get_side(self, blob_digest: str, name: str) -> bytes | None:
+        key = self._key(side_relpath(blob_digest, name))
+        with self._faults(f"read {self._where(key)}"):
+            return self._get_or_none(key)
 
     def list(self, kind: str | None = None) -> Iterator[Manifest]:
         """Every manifest in the index, in key order. Listing pages are fetched as they are needed

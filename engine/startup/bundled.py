@@ -360,6 +360,7 @@ def _write_back(
                 store=context.store,
                 registry=context.registry,
                 sign=context.sign,
+                attest=context.attest,
                 trust=context.trust,
                 build=_copy_of(trees[kind]),
             )

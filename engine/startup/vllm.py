@@ -259,6 +259,7 @@ def write_back(prepared: Prepared, context: Context, ready_s: float) -> list[str
             store=context.store,
             registry=context.registry,
             sign=context.sign,
+            attest=context.attest,
             trust=context.trust,
             build=capture if kind == compiled else None,
         )

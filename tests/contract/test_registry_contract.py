@@ -146,3 +146,19 @@ def _race(calls):
     for t in threads:
         t.join(timeout=60)
     return outcomes
+
+
+def test_a_side_file_beside_a_blob_is_created_once_and_read_back(backend, bundle):
+    from artifacts.ports import SideFiles
+
+    b = bundle()
+    backend.registry.publish(b.manifest, b.blob)
+    registry = backend.registry
+    assert isinstance(registry, SideFiles)
+    assert registry.get_side(b.manifest.blob.digest, "provenance.intoto.dsse.json") is None  # a miss, not an error
+    assert registry.put_side(b.manifest.blob.digest, "provenance.intoto.dsse.json", b'{"first": 1}') is True
+    assert registry.put_side(b.manifest.blob.digest, "provenance.intoto.dsse.json", b'{"second": 2}') is False
+    other = backend.second_client()
+    assert isinstance(other, SideFiles)
+    assert other.get_side(b.manifest.blob.digest, "provenance.intoto.dsse.json") == b'{"first": 1}'
+    assert [m.key_digest for m in other.list()] == [b.manifest.key_digest]  # a side file is not an index entry
