@@ -183,15 +183,22 @@ def _dependencies(manifest: Manifest, recipe: Recipe, context: BuildContext) -> 
         ResourceDescriptor(name=f"bundle:{kind}", digest={"sha256": digest.removeprefix("sha256:")})
         for kind, digest in sorted(manifest.inputs.items())
     ]
-    for factor, purl in _PACKAGES.items():
-        version = context.software.get(factor)
-        if version:
-            name = _NAMES.get(factor, factor)
-            deps.append(ResourceDescriptor(name=name, uri=f"{purl}@{version}", annotations={"version": version}))
-    prebake = context.prebake_version
-    deps.append(ResourceDescriptor(name="prebake", uri=f"pkg:pypi/prebake@{prebake}", annotations={"version": prebake}))
+    for name, (purl, version) in _versions(context.software, context.prebake_version).items():
+        deps.append(ResourceDescriptor(name=name, uri=f"{purl}@{version}", annotations={"version": version}))
     deps.append(ResourceDescriptor(name="platform", annotations=dict(context.platform)))
     return deps
+
+
+def dependency_versions(software: Mapping[str, str], prebake_version: str) -> dict[str, str]:
+    """The versions a Statement's resolvedDependencies name, by dependency name, for a host's
+    software (engine.probe.Software fields): what a policy's "host" constraint compares with."""
+    return {name: version for name, (_purl, version) in _versions(software, prebake_version).items()}
+
+
+def _versions(software: Mapping[str, str], prebake_version: str) -> dict[str, tuple[str, str]]:
+    out = {_NAMES.get(f, f): (purl, software[f]) for f, purl in _PACKAGES.items() if software.get(f)}
+    out["prebake"] = ("pkg:pypi/prebake", prebake_version)
+    return out
 
 
 def _text(value: object) -> str:

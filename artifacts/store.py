@@ -4,6 +4,7 @@
     ├── registry/                                  the embedded default registry (index/ + blobs/); never evicted
     ├── index/<kind>/<key-digest>.json             manifests of bundles installed here
     ├── blobs/sha256/<aa>/<digest>.tar.zst         their payloads, as downloaded and verified
+    ├── side/sha256/<aa>/<digest>/<name>           their attestations, as read for the trust policy
     ├── trees/<blob-hex>/                          the unpacked payloads engines point at
     ├── leases/<blob-hex>                          engines hold it shared while they use the tree; mtime = last use
     ├── locks/<blob-hex>.lock                      one install or eviction of a blob at a time
@@ -459,6 +460,7 @@ class Store:
                 fsutil.crash_point("evict")
                 self._files_record(entry.hex).unlink(missing_ok=True)
                 self.blob_path("sha256:" + entry.hex).unlink(missing_ok=True)
+                shutil.rmtree(self.home / "side" / "sha256" / entry.hex[:2] / entry.hex, ignore_errors=True)
             finally:
                 lease.release(unlink=True)
         finally:

@@ -23,7 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from artifacts.bake import PREBAKE_VERSION
-from artifacts.provenance import Attest, BuildContext, SourceRevision
+from artifacts.provenance import Attest, BuildContext, SourceRevision, dependency_versions
 from engine.probe import Host
 from registry.attestation import seal
 from registry.signing import KeySigner
@@ -39,16 +39,24 @@ def attester(signer: KeySigner | None, host: Host, env: Mapping[str, str] = os.e
     """How this process attests its bakes: with the signing key, or not at all when there is none."""
     if signer is None:
         return None
-    software = {k: v for k, v in asdict(host.software).items() if isinstance(v, str) and v}
     context = BuildContext(
         builder_id=builder_id(env),
         platform=host.platform.factors(),
-        software=software,
+        software=_software(host),
         prebake_version=PREBAKE_VERSION,
         source=source_revision(env),
         invocation_id=env.get("GITHUB_RUN_ID", "") or uuid.uuid4().hex,
     )
     return Attest(context, lambda statement: seal(statement, signer.key, signer.name))
+
+
+def host_versions(host: Host) -> dict[str, str]:
+    """This node's versions by provenance dependency name: what a policy's "host" constraint compares."""
+    return dependency_versions(_software(host), PREBAKE_VERSION)
+
+
+def _software(host: Host) -> dict[str, str]:
+    return {k: v for k, v in asdict(host.software).items() if isinstance(v, str) and v}
 
 
 def builder_id(env: Mapping[str, str] = os.environ) -> str:

@@ -28,10 +28,10 @@ from artifacts.stats import record_resolution
 from artifacts.store import Store
 from engine.adapters import adapter_for, kinds_for
 from engine.adapters.base import EngineAdapter
-from engine.builder import attester
+from engine.builder import attester, host_versions
 from engine.probe import Host, current_host
 from registry import open_registry
-from registry.policy import trust_in_force
+from registry.policy import Attestations, trust_in_force
 from registry.signing import signer_from_env
 
 
@@ -52,11 +52,17 @@ class Context:
         store = store or Store()
         host = host or current_host()
         signer = signer_from_env()
+        address = store.registry_address(registry)
+        trust = trust_in_force(
+            address=address,
+            host_versions=host_versions(host),
+            attestation=Attestations(store.home, lambda: open_registry(address)),
+        )
         return cls(
             store=store,
             host=host,
-            address=store.registry_address(registry),
-            trust=trust_in_force(),
+            address=address,
+            trust=trust,
             sign=signer,
             attest=attester(signer, host),
         )

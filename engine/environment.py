@@ -110,6 +110,12 @@ VARIABLES: tuple[Variable, ...] = (
         "The source commit a bake's provenance names (resolvedDependencies 'source').",
     ),
     Variable(
+        "PREBAKE_POLICY",
+        "read",
+        "unset (PREBAKE_TRUSTED_KEYS decides)",
+        "A trust policy file (TOML, docs/trust.md): keys with validity periods per registry prefix and model, builders, dependency constraints, maximum age, revocation; it decides at fetch, serve, gc and bake.",
+    ),
+    Variable(
         "PREBAKE_TRUSTED_KEYS",
         "read",
         "unset (nothing verified, said once on stderr)",

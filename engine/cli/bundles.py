@@ -34,6 +34,9 @@ def add(sub) -> None:
     verify.add_argument(
         "--store", action="store_true", help="verify the local store instead (every tree and blob, always deep)"
     )
+    verify.add_argument(
+        "--policy", metavar="FILE", help="check every entry against this trust policy file (default: $PREBAKE_POLICY)"
+    )
     verify.set_defaults(run=cmd_verify)
 
 
@@ -92,8 +95,8 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from engine.cli.trust import verify_trust
     from registry import open_registry
-    from registry.signing import trust_from_env
     from registry.verify import verify_registry
 
     if args.store:  # the same check as `prebake store verify`
@@ -102,8 +105,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         store_report = verify_store(Store())
         print(store_report.render())
         return store_report.exit_code
-    registry = open_registry(Store().registry_address(args.registry))
-    report = verify_registry(registry, trust=trust_from_env(), quarantine=args.quarantine, deep=args.deep)
+    address = Store().registry_address(args.registry)
+    registry = open_registry(address)
+    trust = verify_trust(args.policy, address, registry)
+    report = verify_registry(registry, trust=trust, quarantine=args.quarantine, deep=args.deep)
     if args.json:
         payload = {
             "registry": report.registry,

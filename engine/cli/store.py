@@ -52,7 +52,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     bound = parse_size(args.max_size, "--max-size") if args.max_size else store.limits.max_bytes
     if bound is None:
         raise StoreError("say how large the store may be: prebake gc --max-size 10G, or set PREBAKE_STORE_MAX_BYTES")
-    report = store.gc(bound, dry_run=args.dry_run, refuse=trust_in_force(warn=False))
+    report = store.gc(bound, dry_run=args.dry_run, refuse=trust_in_force(warn=False, address=store.registry_address()))
     assert report is not None  # gc waits for a running gc instead of returning None
     if args.json:
         _print_json(

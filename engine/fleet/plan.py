@@ -18,8 +18,11 @@ def make_plan(
 ) -> FleetPlan:
     """The plan of `model` (narrowed to a dtype / TP size) against `registry` (default: the embedded one)."""
     recipe = load_recipe(model)
-    opened = open_registry(Store().registry_address(registry))
-    trust = trust_in_force(warn=False)  # an entry the policy in force refuses is work to do, not present
+    address = Store().registry_address(registry)
+    opened = open_registry(address)
+    trust = trust_in_force(
+        warn=False, address=address
+    )  # an entry the policy in force refuses is work to do, not present
     return plan_fleet(
         recipe,
         targets(recipe, dtype=precision, tp=tp),

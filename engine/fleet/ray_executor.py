@@ -119,8 +119,9 @@ def _present(recipe: Recipe, target, host, registry_address: str | None) -> set[
     from registry import open_registry
     from registry.policy import trust_in_force
 
-    registry = open_registry(Store().registry_address(registry_address))
-    trust = trust_in_force(warn=False)
+    address = Store().registry_address(registry_address)
+    registry = open_registry(address)
+    trust = trust_in_force(warn=False, address=address)
     kinds = kinds_for(recipe, target)
     keys = plan(recipe, target, host, kinds).keys
     return {kind for kind in kinds.names if accepted_entry(registry, kind, keys[kind].digest, trust) is not None}

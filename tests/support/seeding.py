@@ -12,6 +12,7 @@ from pathlib import Path
 
 from artifacts.bake import Signer, bake_kind
 from artifacts.kinds import BuildRequest, Plan
+from artifacts.provenance import Attest
 from artifacts.recipes import load_recipe
 from artifacts.store import Store
 from engine.compose import Context
@@ -25,7 +26,15 @@ def plan_here(model: str = "tiny-llama", precision: str = "bf16") -> Plan:
     return context.pick_plan(load_recipe(model), dtype=precision)
 
 
-def seed(registry: Path, scratch: Path, plan: Plan, *, sign: Signer | None = None, build: str = "first") -> dict:
+def seed(
+    registry: Path,
+    scratch: Path,
+    plan: Plan,
+    *,
+    sign: Signer | None = None,
+    build: str = "first",
+    attest: Attest | None = None,
+) -> dict:
     """Publish every kind of `plan` into the folder registry `registry`; manifests by kind."""
     opened = open_registry(str(registry))
     store = Store(scratch)
@@ -33,7 +42,7 @@ def seed(registry: Path, scratch: Path, plan: Plan, *, sign: Signer | None = Non
     for kind in plan.kinds.names:
         declared = plan.kinds[kind]
         builder = None if kind == "buckets" else _outputs_of(declared.outputs, build)
-        baked = bake_kind(plan, kind, store=store, registry=opened, sign=sign, build=builder)
+        baked = bake_kind(plan, kind, store=store, registry=opened, sign=sign, build=builder, attest=attest)
         out[kind] = baked.manifest
     return out
 

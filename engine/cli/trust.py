@@ -1,0 +1,27 @@
+"""Trust commands: the policy `prebake verify --policy` checks a registry against.
+
+`verify_trust` is what `prebake verify` asks for its trust check: the policy file given with
+--policy (else $PREBAKE_POLICY), bound to the registry being verified and reading each
+bundle's attestation from it; else the keys of PREBAKE_TRUSTED_KEYS; else none.
+"""
+
+from __future__ import annotations
+
+import os
+
+from artifacts.fetch import TrustCheck
+from artifacts.ports import Registry, SideFiles
+from artifacts.provenance import SIDE_NAME
+from engine.builder import host_versions
+from engine.probe import current_host
+from registry.policy import POLICY_ENV, trust_in_force
+
+
+def verify_trust(policy: str | None, address: str, registry: Registry) -> TrustCheck | None:
+    """The trust check `prebake verify` applies to every entry of `registry`."""
+    env = {**os.environ, POLICY_ENV: policy} if policy else dict(os.environ)
+
+    def attestation(manifest):  # straight from the registry being verified, not a store's copy
+        return registry.get_side(manifest.blob.digest, SIDE_NAME) if isinstance(registry, SideFiles) else None
+
+    return trust_in_force(env, address=address, host_versions=host_versions(current_host()), attestation=attestation)
