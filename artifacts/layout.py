@@ -4,6 +4,7 @@
     ├── index/<kind>/<key-digest>.json          manifest naming a blob (created once, never replaced)
     ├── blobs/sha256/<aa>/<digest>.tar.zst      payload, content-addressed, immutable
     ├── side/sha256/<aa>/<digest>/<name>        small files about one blob (its provenance), created once
+    ├── meta/<name>                             small files about the registry (its revocation list)
     └── summary/<kind>.json                     listing summary: a verified cache of `prebake ls` rows
 
 Paths are posix and relative, so the same strings serve as S3 object keys and Hub repo paths.
@@ -48,6 +49,13 @@ def side_relpath(digest: str, name: str) -> str:
     if not _SIDE_NAME.match(name) or ".." in name:
         raise PrebakeError(f"side file name {name!r} must be lower-case letters, digits, '.', '_' or '-'")
     return f"side/sha256/{hexpart[:2]}/{hexpart}/{name}"
+
+
+def meta_relpath(name: str) -> str:
+    """Where a registry keeps a small file about itself (e.g. its signed revocation list)."""
+    if not _SIDE_NAME.match(name) or ".." in name:
+        raise PrebakeError(f"registry file name {name!r} must be lower-case letters, digits, '.', '_' or '-'")
+    return f"meta/{name}"
 
 
 def parse_index_relpath(relpath: str) -> tuple[str, str] | None:

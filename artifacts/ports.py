@@ -4,7 +4,8 @@
     Maintainable  the optional abilities an operator tool uses: raw index entries, quarantine
     Published     the outcome of a publish (created, or the very same bundle was there)
     Listable      the optional ability to list what `prebake ls` shows without reading every entry
-    SideFiles     the optional ability to keep small files beside a bundle's blob (its provenance)
+    SideFiles     the optional ability to keep small files beside a bundle's blob (its provenance),
+                  and about the registry itself (its signed revocation list)
 
 The core owns these so that it never imports a backend: registry/ depends on artifacts/,
 never the reverse. A backend that can also be maintained says so by implementing the second
@@ -103,3 +104,9 @@ class SideFiles(Protocol):
 
     def get_side(self, blob_digest: str, name: str) -> bytes | None:
         """The side file's bytes, or None when there is none (a miss, not an error)."""
+
+    def put_meta(self, name: str, data: bytes) -> None:
+        """Write meta/<name>, replacing what was there (atomically: a reader sees the old or the new)."""
+
+    def get_meta(self, name: str) -> bytes | None:
+        """meta/<name>'s bytes, or None when there is none."""

@@ -14,6 +14,7 @@ for the store, the registry address, trust or signing on its own.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -31,7 +32,7 @@ from engine.adapters.base import EngineAdapter
 from engine.builder import attester, host_versions
 from engine.probe import Host, current_host
 from registry import open_registry
-from registry.policy import Attestations, trust_in_force
+from registry.policy import trust_in_force
 from registry.signing import signer_from_env
 
 
@@ -56,7 +57,8 @@ class Context:
         trust = trust_in_force(
             address=address,
             host_versions=host_versions(host),
-            attestation=Attestations(store.home, lambda: open_registry(address)),
+            store_home=store.home,
+            open_registry=functools.cache(lambda: open_registry(address)),
         )
         return cls(
             store=store,

@@ -39,17 +39,17 @@ def sslib_key(key: PublicKey) -> SSlibKey:
     return SSlibKey.from_crypto(Ed25519PublicKey.from_public_bytes(key.raw), keyid=key.name)
 
 
-def seal(statement: bytes, private_key: Ed25519PrivateKey, name: str) -> bytes:
+def seal(statement: bytes, private_key: Ed25519PrivateKey, name: str, payload_type: str = PAYLOAD_TYPE) -> bytes:
     """The DSSE envelope of `statement`, signed by `name`'s ed25519 key, as JSON bytes."""
     if not isinstance(private_key, Ed25519PrivateKey):
         raise SigningKeyError(f"cannot attest as {name}: {type(private_key).__name__} is not an ed25519 key")
     signer = CryptoSigner(private_key, SSlibKey.from_crypto(private_key.public_key(), keyid=name))
-    envelope = Envelope(statement, PAYLOAD_TYPE, {})
+    envelope = Envelope(statement, payload_type, {})
     envelope.sign(signer)
     return json.dumps(envelope.to_dict(), sort_keys=True).encode()
 
 
-def open_envelope(raw: bytes, keys: Sequence[PublicKey]) -> bytes:
+def open_envelope(raw: bytes, keys: Sequence[PublicKey], payload_type: str = PAYLOAD_TYPE) -> bytes:
     """The verified payload of a DSSE envelope; AttestationError saying why not."""
     if len(raw) > MAX_SIDE_FILE_BYTES:
         raise AttestationError(f"the attestation is over {MAX_SIDE_FILE_BYTES} bytes: it is not one")
@@ -57,8 +57,8 @@ def open_envelope(raw: bytes, keys: Sequence[PublicKey]) -> bytes:
         envelope = Envelope.from_dict(json.loads(raw))
     except (ValueError, KeyError, TypeError, FormatError) as exc:
         raise AttestationError(f"the attestation is not a DSSE envelope: {exc}") from exc
-    if envelope.payload_type != PAYLOAD_TYPE:
-        raise AttestationError(f"the attestation's payload type is {envelope.payload_type!r}, not {PAYLOAD_TYPE}")
+    if envelope.payload_type != payload_type:
+        raise AttestationError(f"the envelope's payload type is {envelope.payload_type!r}, not {payload_type}")
     if not keys:
         raise AttestationError("no trusted key to verify the attestation with")
     try:

@@ -102,6 +102,19 @@ class ChainRegistry:
             raise RegistryError(f"{first.url} keeps no side files; publish to a folder, S3 or Hub registry")
         return first.put_side(blob_digest, name, data)
 
+    def put_meta(self, name: str, data: bytes) -> None:
+        first = self.registries[0]
+        if not isinstance(first, SideFiles):
+            raise RegistryError(f"{first.url} keeps no registry files; write to a folder, S3 or Hub registry")
+        first.put_meta(name, data)
+
+    def get_meta(self, name: str) -> bytes | None:
+        """The first level's copy: the level a chain publishes to is the one whose list is current."""
+        for registry in self.registries:
+            if isinstance(registry, SideFiles) and (data := registry.get_meta(name)) is not None:
+                return data
+        return None
+
     def get_side(self, blob_digest: str, name: str) -> bytes | None:
         """The first level's copy that has one (a side file is immutable, so any copy is the copy)."""
         for registry in self.registries:

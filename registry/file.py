@@ -18,7 +18,14 @@ from pathlib import Path
 from artifacts import fsutil
 from artifacts.bundle import file_digest
 from artifacts.errors import PrebakeError
-from artifacts.layout import blob_relpath, index_relpath, parse_index_relpath, side_relpath, summary_relpath
+from artifacts.layout import (
+    blob_relpath,
+    index_relpath,
+    meta_relpath,
+    parse_index_relpath,
+    side_relpath,
+    summary_relpath,
+)
 from artifacts.listing import Listed, Read, Summary, reconcile
 from artifacts.manifest import MAX_MANIFEST_BYTES, Manifest
 from artifacts.ports import MAX_SIDE_FILE_BYTES
@@ -90,6 +97,19 @@ class FileRegistry:
         path = self.root / side_relpath(blob_digest, name)
         try:
             return fsutil.read_bounded(path, MAX_SIDE_FILE_BYTES, within=self.root)
+        except FileNotFoundError:
+            return None
+
+    def put_meta(self, name: str, data: bytes) -> None:
+        path = self.root / meta_relpath(name)
+        try:
+            fsutil.write_bytes(path, data)
+        except OSError as exc:
+            raise RegistryError(f"cannot write {path}: {exc}; free space or fix permissions") from exc
+
+    def get_meta(self, name: str) -> bytes | None:
+        try:
+            return fsutil.read_bounded(self.root / meta_relpath(name), MAX_SIDE_FILE_BYTES, within=self.root)
         except FileNotFoundError:
             return None
 

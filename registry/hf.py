@@ -43,7 +43,7 @@ from typing import Any
 
 from artifacts import fsutil
 from artifacts.bundle import file_digest
-from artifacts.layout import blob_relpath, index_relpath, parse_index_relpath, side_relpath
+from artifacts.layout import blob_relpath, index_relpath, meta_relpath, parse_index_relpath, side_relpath
 from artifacts.manifest import MAX_MANIFEST_BYTES, Manifest
 from artifacts.ports import MAX_SIDE_FILE_BYTES
 
@@ -207,6 +207,27 @@ class HubRegistry(HubMaintenance, HubListing):
                     raise
             return True
         raise RegistryUnavailable(f"cannot write {relpath} to {self.url}: the branch kept moving; retry")
+
+    def put_meta(self, name: str, data: bytes) -> None:
+        from huggingface_hub import CommitOperationAdd
+
+        if not self.writable:
+            raise RegistryReadOnly(f"cannot write a registry file to {self.url}: it is read-only here")
+        relpath = meta_relpath(name)
+        self._head(create=True)
+        with self._faults(f"commit {relpath} to {self.url}"):
+            self._api.create_commit(
+                self.repo_id,
+                [CommitOperationAdd(path_in_repo=relpath, path_or_fileobj=data)],
+                commit_message=f"prebake: update {relpath}",
+                repo_type=self.repo_type,
+                revision=self.revision,
+            )
+
+    def get_meta(self, name: str) -> bytes | None:
+        relpath = meta_relpath(name)
+        local = self._download(relpath, self.revision, limit=MAX_SIDE_FILE_BYTES, exact=False)
+        return None if local is None else fsutil.read_bounded(local.resolve(), MAX_SIDE_FILE_BYTES)
 
     def get_side(self, blob_digest: str, name: str) -> bytes | None:
         relpath = side_relpath(blob_digest, name)

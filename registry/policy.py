@@ -34,7 +34,7 @@ from artifacts.provenance import SIDE_NAME, Provenance
 from artifacts.timebox import Done, within
 
 from .attestation import AttestationError, check_attestation
-from .policy_file import HOST, PolicyFile, Rule, load_policy
+from .policy_file import HOST, PolicyError, PolicyFile, Rule, load_policy
 from .signing import TRUSTED_KEYS_ENV, TrustPolicy, trust_from_env
 
 POLICY_ENV = "PREBAKE_POLICY"
@@ -185,13 +185,25 @@ def trust_in_force(
     warn: bool = True,
     address: str = "",
     host_versions: Mapping[str, str] | None = None,
+    store_home: Path | None = None,
+    open_registry: Callable[[], Registry] | None = None,
     attestation: Callable[[Manifest], bytes | None] | None = None,
-    revoked: Revoked | None = None,
 ) -> TrustCheck | None:
-    """The policy file named by PREBAKE_POLICY (bound to `address`), else the keys of
+    """The policy file named by PREBAKE_POLICY (bound to `address`; attestations and the revocation
+    list read through the store at `store_home` from `open_registry`), else the keys of
     PREBAKE_TRUSTED_KEYS, else None (bundles unverified; said once per process when `warn`)."""
     if path := env.get(POLICY_ENV, "").strip():
-        return FilePolicy(load_policy(path), path, address, host_versions or {}, attestation, revoked)
+        from .revocation import Revocations
+
+        policy = load_policy(path)
+        if attestation is None and store_home is not None and open_registry is not None:
+            attestation = Attestations(store_home, open_registry)
+        revoked: Revoked | None = None
+        if policy.revocation is not None:
+            if store_home is None or open_registry is None:
+                raise PolicyError(f"policy {path} names a revocation list, and this command cannot read one")
+            revoked = Revocations(policy, address, store_home, open_registry)
+        return FilePolicy(policy, path, address, host_versions or {}, attestation, revoked)
     if not warn and not env.get(TRUSTED_KEYS_ENV, "").strip():
         return None
     return trust_from_env(env)

@@ -30,7 +30,7 @@ A TOML file (PREBAKE_POLICY=FILE at fetch and serve, `prebake verify --policy FI
     keys = ["revoker"]                      # who may sign it
     on_unreadable = "fail-closed"           # or "fail-open": when it cannot be read, refuse or carry on
     max_age_hours = 24                      # a list issued longer ago than this is stale
-    cache_seconds = 300                     # how long a node reuses the list it read
+    cache_seconds = 3600                    # how long a node's stored copy stands in when the registry is down
 
 `builders` (or `dependencies`, or `require_provenance = true`) makes the rule require the
 bundle's provenance attestation (artifacts.provenance), sealed by one of the rule's keys,
@@ -144,7 +144,7 @@ class Revocation(_Frozen):
     keys: tuple[str, ...] = Field(min_length=1)
     on_unreadable: Literal["fail-closed", "fail-open"] = "fail-closed"
     max_age_hours: float = Field(default=24.0, gt=0)
-    cache_seconds: float = Field(default=300.0, ge=0)
+    cache_seconds: float = Field(default=3600.0, ge=0)
 
 
 class PolicyFile(_Frozen):

@@ -42,7 +42,7 @@ from tqdm import tqdm
 from artifacts import fsutil
 from artifacts.bundle import file_digest
 from artifacts.errors import BundleError
-from artifacts.layout import blob_relpath, index_relpath, parse_index_relpath, side_relpath
+from artifacts.layout import blob_relpath, index_relpath, meta_relpath, parse_index_relpath, side_relpath
 from artifacts.manifest import MAX_MANIFEST_BYTES, BlobRef, Manifest
 
 from .base import Published, SizedSink, settle
@@ -183,6 +183,16 @@ class S3Registry(S3Maintenance, S3Listing):
                     return self.put_side(blob_digest, name, data)
                 raise
         return True
+
+    def put_meta(self, name: str, data: bytes) -> None:
+        key = self._key(meta_relpath(name))
+        with self._faults(f"write {self._where(key)}"):
+            self._client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType="application/json")
+
+    def get_meta(self, name: str) -> bytes | None:
+        key = self._key(meta_relpath(name))
+        with self._faults(f"read {self._where(key)}"):
+            return self._get_or_none(key)
 
     def get_side(self, blob_digest: str, name: str) -> bytes | None:
         key = self._key(side_relpath(blob_digest, name))

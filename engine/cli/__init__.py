@@ -20,9 +20,9 @@ from collections.abc import Sequence
 
 from artifacts.errors import ExitCode, PrebakeError
 from engine import logs
-from engine.cli import bake, buckets, bundles, plan, serving, stats, store
+from engine.cli import bake, buckets, bundles, plan, revoke, serving, stats, store
 
-COMMAND_GROUPS = (bundles, serving, store, stats, buckets, plan, bake)
+COMMAND_GROUPS = (bundles, serving, store, stats, buckets, plan, bake, revoke)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -52,7 +52,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     bound = parse_size(args.max_size, "--max-size") if args.max_size else store.limits.max_bytes
     if bound is None:
         raise StoreError("say how large the store may be: prebake gc --max-size 10G, or set PREBAKE_STORE_MAX_BYTES")
-    report = store.gc(bound, dry_run=args.dry_run, refuse=trust_in_force(warn=False, address=store.registry_address()))
+    report = store.gc(bound, dry_run=args.dry_run, refuse=_trust(store))
     assert report is not None  # gc waits for a running gc instead of returning None
     if args.json:
         _print_json(
@@ -119,6 +119,16 @@ def cmd_store_rm(args: argparse.Namespace) -> int:
     report = store_admin.remove(store, chosen, dry_run=args.dry_run)
     _print_json(report.to_json()) if args.json else print(report.render())
     return ExitCode.FAILED if report.kept else ExitCode.OK
+
+
+def _trust(store: Store):
+    """The policy in force for gc: the store's own copies of attestations and revocation list first."""
+    from registry import open_registry
+
+    address = store.registry_address()
+    return trust_in_force(
+        warn=False, address=address, store_home=store.home, open_registry=lambda: open_registry(address)
+    )
 
 
 def _print_json(payload: dict) -> None:

@@ -12,6 +12,7 @@ import os
 from artifacts.fetch import TrustCheck
 from artifacts.ports import Registry, SideFiles
 from artifacts.provenance import SIDE_NAME
+from artifacts.store import Store
 from engine.builder import host_versions
 from engine.probe import current_host
 from registry.policy import POLICY_ENV, trust_in_force
@@ -24,4 +25,11 @@ def verify_trust(policy: str | None, address: str, registry: Registry) -> TrustC
     def attestation(manifest):  # straight from the registry being verified, not a store's copy
         return registry.get_side(manifest.blob.digest, SIDE_NAME) if isinstance(registry, SideFiles) else None
 
-    return trust_in_force(env, address=address, host_versions=host_versions(current_host()), attestation=attestation)
+    return trust_in_force(
+        env,
+        address=address,
+        host_versions=host_versions(current_host()),
+        store_home=Store().home,
+        open_registry=lambda: registry,
+        attestation=attestation,
+    )

@@ -20,9 +20,8 @@ def make_plan(
     recipe = load_recipe(model)
     address = Store().registry_address(registry)
     opened = open_registry(address)
-    trust = trust_in_force(
-        warn=False, address=address
-    )  # an entry the policy in force refuses is work to do, not present
+    # an entry the policy in force refuses is work to do, not present
+    trust = trust_in_force(warn=False, address=address, store_home=Store().home, open_registry=lambda: opened)
     return plan_fleet(
         recipe,
         targets(recipe, dtype=precision, tp=tp),

@@ -121,7 +121,7 @@ def _present(recipe: Recipe, target, host, registry_address: str | None) -> set[
 
     address = Store().registry_address(registry_address)
     registry = open_registry(address)
-    trust = trust_in_force(warn=False, address=address)
+    trust = trust_in_force(warn=False, address=address, store_home=Store().home, open_registry=lambda: registry)
     kinds = kinds_for(recipe, target)
     keys = plan(recipe, target, host, kinds).keys
     return {kind for kind in kinds.names if accepted_entry(registry, kind, keys[kind].digest, trust) is not None}
