@@ -133,20 +133,38 @@ def fetch(store: Store, registry: Registry, key: Key, *, trust: TrustCheck | Non
 
 
 def verify_entry(key: Key, manifest: Manifest, trust: TrustCheck | None) -> Manifest | Miss:
-    """The registry's entry, if it carries the wanted key and passes the trust policy."""
+    """The registry's entry, if it carries the wanted key, is no unreviewed write-back and passes
+    the trust policy."""
     if manifest.key_digest != key.digest or manifest.the_key() != key:
         return Miss(
             key, f"the registry's entry for {key.digest[:16]} carries another key; it was tampered with", refused=True
         )
+    if (why := unreviewed(manifest)) is not None:
+        return Miss(key, why, refused=True)
     refused = None if trust is None else trust(manifest)
     return manifest if refused is None else Miss(key, f"refused by the trust policy: {refused}", refused=True)
+
+
+WRITE_BACK_LABEL = "writeback"  # on bundles a serving pod wrote back: "quarantine" until promoted
+
+
+def unreviewed(manifest: Manifest) -> str | None:
+    """Why an index entry is refused whatever the policy: a serving pod's write-back, which only
+    the quarantine namespace may hold until `prebake promote` reviews it."""
+    if manifest.labels.get(WRITE_BACK_LABEL) != "quarantine":
+        return None
+    return (
+        f"{manifest.kind} {manifest.key_digest[:16]} is a serving pod's write-back awaiting review (label "
+        f"{WRITE_BACK_LABEL}=quarantine), offered as a normal index entry: it was copied out of quarantine; "
+        f"refused under every trust policy. Review it with `prebake promote`"
+    )
 
 
 def accepted_entry(registry: Registry, kind: str, key_digest: str, trust: TrustCheck | None) -> Manifest | None:
     """The registry's entry for this key if the policy in force accepts it: what a bake may adopt
     as already built and a plan may count as present. A refused entry is None (work to do)."""
     manifest = registry.lookup(kind, key_digest)
-    if manifest is None or (trust is not None and trust(manifest) is not None):
+    if manifest is None or unreviewed(manifest) is not None or (trust is not None and trust(manifest) is not None):
         return None
     return manifest
 

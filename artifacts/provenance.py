@@ -42,6 +42,7 @@ from .recipes import Recipe, Target
 
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
 BUILD_TYPE = "https://github.com/prebake/prebake/blob/main/docs/trust.md#bake-v1"
+PROMOTE_TYPE = "https://github.com/prebake/prebake/blob/main/docs/trust.md#promote-v1"  # a reviewed write-back
 PAYLOAD_TYPE = "application/vnd.in-toto+json"  # the DSSE payload type of an in-toto Statement
 SIDE_NAME = "provenance.intoto.dsse.json"  # the side file beside the blob
 
@@ -112,15 +113,18 @@ def statement(
     *,
     started: dt.datetime,
     finished: dt.datetime,
+    build_type: str = BUILD_TYPE,
+    review: Mapping[str, str] | None = None,
 ) -> bytes:
-    """The in-toto Statement (SLSA provenance v1) for `manifest`'s blob, as JSON bytes."""
+    """The in-toto Statement (SLSA provenance v1) for `manifest`'s blob, as JSON bytes. A promotion
+    (PROMOTE_TYPE) records what it reviewed in internalParameters.review."""
     predicate = provenance_pb2.Provenance()
     build = predicate.build_definition
-    build.build_type = BUILD_TYPE
+    build.build_type = build_type
     build.external_parameters.update(
         {"recipe": recipe.model.name, "target": target.name, "kind": manifest.kind, "key": manifest.key_digest}
     )
-    build.internal_parameters.update({"key": manifest.key})
+    build.internal_parameters.update({"key": manifest.key, **({"review": dict(review)} if review else {})})
     build.resolved_dependencies.extend(d.pb for d in _dependencies(manifest, recipe, context))
     run = predicate.run_details
     run.builder.id = context.builder_id

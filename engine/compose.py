@@ -14,13 +14,14 @@ for the store, the registry address, trust or signing on its own.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
 
 from artifacts.bake import Baked, Signer, bake_kind
-from artifacts.fetch import Resolution, TrustCheck, resolve
+from artifacts.fetch import WRITE_BACK_LABEL, Resolution, TrustCheck, resolve
 from artifacts.kinds import HostFacts, Plan, buildable_targets, plan
 from artifacts.ports import Registry
 from artifacts.provenance import Attest
@@ -34,6 +35,7 @@ from engine.probe import Host, current_host
 from registry import open_registry
 from registry.policy import trust_in_force
 from registry.signing import signer_from_env
+from registry.writeback import WriteBackTarget, write_back_target
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,23 @@ class Context:
             sign=signer,
             attest=attester(signer, host),
         )
+
+    @cached_property
+    def write_back(self) -> WriteBackTarget:
+        """Where a serving pod writes back what it compiled: the registry's quarantine namespace by
+        default (PREBAKE_WRITE_BACK, registry/writeback.py)."""
+        return write_back_target(self.address, self.store.default_registry)
+
+    @cached_property
+    def write_back_registry(self) -> Registry:
+        target = self.write_back
+        return self.registry if not target.quarantined else open_registry(target.address)
+
+    def write_back_plan(self, plan: Plan) -> Plan:
+        """`plan` whose bundles say they await review, when write-back goes to quarantine."""
+        if not self.write_back.quarantined:
+            return plan
+        return dataclasses.replace(plan, labels={**plan.labels, WRITE_BACK_LABEL: "quarantine"})
 
     @cached_property
     def registry(self) -> Registry:

@@ -116,6 +116,12 @@ VARIABLES: tuple[Variable, ...] = (
         "A trust policy file (TOML, docs/trust.md): keys with validity periods per registry prefix and model, builders, dependency constraints, maximum age, revocation; it decides at fetch, serve, gc and bake.",
     ),
     Variable(
+        "PREBAKE_WRITE_BACK",
+        "read",
+        "quarantine (the embedded registry: its index)",
+        "Where `serve --write-back` publishes what a pod compiled: 'quarantine' (the registry's incoming/ namespace, for `prebake promote`) or 'index' (straight to the shared index: single-user setups).",
+    ),
+    Variable(
         "PREBAKE_TRUSTED_KEYS",
         "read",
         "unset (nothing verified, said once on stderr)",

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 
 from artifacts.errors import ExitCode, PrebakeError
 from engine import logs
-from engine.cli import bake, buckets, bundles, plan, revoke, serving, stats, store
+from engine.cli import bake, buckets, bundles, plan, promote, revoke, serving, stats, store
 
-COMMAND_GROUPS = (bundles, serving, store, stats, buckets, plan, bake, revoke)
+COMMAND_GROUPS = (bundles, serving, store, stats, buckets, plan, bake, revoke, promote)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,7 +10,8 @@
     load        weights and the static KV cache                       engine.runtime.loader
     warm-up     every step shape once, from the bundle                (graphs hit)
     compile     every step shape compiled in place, as `doit bake`    (graphs miss)
-    write-back  what was built in place packed and published          (--write-back)
+    write-back  what was built in place packed and published          (--write-back; to the
+                registry's quarantine namespace unless PREBAKE_WRITE_BACK=index: registry.writeback)
 
 Every step logs one line with its duration and sets prebake_startup_step_seconds. A miss,
 a registry fault, a time-out or a failed verification is a Miss with its reason: logged,
@@ -355,10 +356,10 @@ def _write_back(
 
         def publish(kind: str = kind) -> str:
             baked = bake_kind(
-                plan,
+                context.write_back_plan(plan),
                 kind,
                 store=context.store,
-                registry=context.registry,
+                registry=context.write_back_registry,
                 sign=context.sign,
                 attest=context.attest,
                 trust=context.trust,
@@ -374,7 +375,7 @@ def _write_back(
         else:
             note, ok = f"failed: not finished within {timeout:g} s", False
         log.metrics.add("prebake_write_backs_total", kind=kind, outcome="published" if ok else "failed")
-        log.note(f"write-back {kind} {plan.key(kind).digest[:12]} to {context.registry.url}: {note}")
+        log.note(f"write-back {kind} {plan.key(kind).digest[:12]} to {context.write_back.describe()}: {note}")
         if not ok:
             log.emit(f"prebake serve: WARNING: write-back of {kind} failed; the next start will compile it again")
         published.append(f"{kind}: {'published' if ok else 'failed'}")

@@ -5,6 +5,7 @@
          and vLLM compiles into it), on Gaudi also of hpu-recipes/
       -> vLLM with VLLM_CACHE_ROOT there (+ on Gaudi the bucket and recipe-cache variables)
       -> with --write-back and a graphs miss: once vLLM is ready, pack and publish its cache root
+         (to the registry's quarantine namespace unless PREBAKE_WRITE_BACK=index: registry.writeback)
 
 Without --write-back prebake execs vLLM: vLLM gets the signals and the exit code is its own.
 A registry fault is a miss (vLLM compiles), unless --on-miss fail.
@@ -254,16 +255,16 @@ def write_back(prepared: Prepared, context: Context, ready_s: float) -> list[str
         if kind in prepared.installed:
             continue
         baked = bake_kind(
-            prepared.plan,
+            context.write_back_plan(prepared.plan),
             kind,
             store=context.store,
-            registry=context.registry,
+            registry=context.write_back_registry,
             sign=context.sign,
             attest=context.attest,
             trust=context.trust,
             build=capture if kind == compiled else None,
         )
-        lines.append(f"{kind}: {baked.note}, key {baked.manifest.key_digest[:16]}")
+        lines.append(f"{kind}: {baked.note} to {context.write_back.describe()}, key {baked.manifest.key_digest[:16]}")
     return lines
 
 
