@@ -9,7 +9,7 @@
                                       Statement is SLSA provenance v1, its subject is m's blob
 
 The envelope and its pre-authentication encoding are securesystemslib's, the Statement the
-in-toto bindings' (artifacts.provenance): no format is written by hand here.
+in-toto bindings' (prebake.artifacts.bake.provenance): no format is written by hand here.
 """
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ from securesystemslib.dsse import Envelope
 from securesystemslib.exceptions import FormatError, VerificationError
 from securesystemslib.signer import CryptoSigner, SSlibKey
 
-from artifacts.errors import BundleError
-from artifacts.manifest import Manifest
-from artifacts.ports import MAX_SIDE_FILE_BYTES
-from artifacts.provenance import PAYLOAD_TYPE, Provenance, read_statement
-
-from .signing import PublicKey, SigningKeyError
+from prebake.artifacts.bake.provenance import PAYLOAD_TYPE, Provenance, read_statement
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.errors import BundleError
+from prebake.artifacts.ports.registry import MAX_SIDE_FILE_BYTES
+from prebake.registry.signing import PublicKey, SigningKeyError
 
 
 class AttestationError(BundleError):

@@ -22,11 +22,10 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from artifacts.manifest import Manifest
-from artifacts.ports import SideFiles
-
-from .base import Listed, Published, Registry, listed
-from .errors import RegistryError, RegistryUnavailable
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.ports.registry import SideFiles
+from prebake.registry.base import Listed, Published, Registry, listed
+from prebake.registry.errors import RegistryError, RegistryUnavailable
 
 log = logging.getLogger(__name__)
 

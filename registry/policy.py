@@ -6,7 +6,7 @@
     PREBAKE_TRUSTED_KEYS=LINES   the simple case: any of these keys may sign anything
     neither                      bundles are installed unverified (said once per process)
 
-A TrustCheck (artifacts.fetch) answers one question about a manifest: None, or why the
+A TrustCheck (prebake.artifacts.bake.fetch) answers one question about a manifest: None, or why the
 policy refuses it. `FilePolicy` is the TrustCheck of a policy file, bound to the registry
 address the node reads from (its rules match on that prefix), this host's versions (for
 "host" constraints), where attestations are read, and the revocation list. For a bundle
@@ -25,17 +25,16 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion
 
-from artifacts import fsutil
-from artifacts.fetch import TrustCheck
-from artifacts.layout import side_relpath
-from artifacts.manifest import Manifest
-from artifacts.ports import MAX_SIDE_FILE_BYTES, Registry, SideFiles
-from artifacts.provenance import SIDE_NAME, Provenance
-from artifacts.timebox import Done, within
-
-from .attestation import AttestationError, check_attestation
-from .policy_file import HOST, PolicyError, PolicyFile, Rule, load_policy
-from .signing import TRUSTED_KEYS_ENV, TrustPolicy, trust_from_env
+from prebake.artifacts import fsutil
+from prebake.artifacts.bake.fetch import TrustCheck
+from prebake.artifacts.bake.provenance import SIDE_NAME, Provenance
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.layout import side_relpath
+from prebake.artifacts.ports.registry import MAX_SIDE_FILE_BYTES, Registry, SideFiles
+from prebake.artifacts.timebox import Done, within
+from prebake.registry.attestation import AttestationError, check_attestation
+from prebake.registry.policy_file import HOST, PolicyError, PolicyFile, Rule, load_policy
+from prebake.registry.signing import TRUSTED_KEYS_ENV, TrustPolicy, trust_from_env
 
 POLICY_ENV = "PREBAKE_POLICY"
 ATTESTATION_TIMEOUT_S = 5.0
@@ -193,7 +192,7 @@ def trust_in_force(
     list read through the store at `store_home` from `open_registry`), else the keys of
     PREBAKE_TRUSTED_KEYS, else None (bundles unverified; said once per process when `warn`)."""
     if path := env.get(POLICY_ENV, "").strip():
-        from .revocation import Revocations
+        from prebake.registry.revocation import Revocations
 
         policy = load_policy(path)
         if attestation is None and store_home is not None and open_registry is not None:

@@ -33,7 +33,7 @@ A TOML file (PREBAKE_POLICY=FILE at fetch and serve, `prebake verify --policy FI
     cache_seconds = 3600                    # how long a node's stored copy stands in when the registry is down
 
 `builders` (or `dependencies`, or `require_provenance = true`) makes the rule require the
-bundle's provenance attestation (artifacts.provenance), sealed by one of the rule's keys,
+bundle's provenance attestation (prebake.artifacts.bake.provenance), sealed by one of the rule's keys,
 whose subject is the bundle's blob. Every refusal names the policy file and the rule.
 Unknown fields are errors, so a typo never silently widens a policy.
 """
@@ -49,7 +49,7 @@ from typing import Literal
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .signing import PublicKey, SigningKeyError
+from prebake.registry.signing import PublicKey, SigningKeyError
 
 HOST = "host"  # a dependency constraint meaning "the serving node's own version"
 

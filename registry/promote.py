@@ -21,15 +21,14 @@ import datetime as dt
 import tempfile
 from dataclasses import dataclass
 
-from artifacts.errors import PrebakeError, PublishConflict
-from artifacts.fetch import WRITE_BACK_LABEL, unreviewed
-from artifacts.manifest import Manifest
-from artifacts.ports import Maintainable, Registry, SideFiles
-from artifacts.provenance import PROMOTE_TYPE, SIDE_NAME, Attest, BuildContext, statement
-from artifacts.recipes import load_recipe, targets
-from artifacts.store import Store
-
-from .signing import KeySigner
+from prebake.artifacts.bake.fetch import WRITE_BACK_LABEL, unreviewed
+from prebake.artifacts.bake.provenance import PROMOTE_TYPE, SIDE_NAME, Attest, BuildContext, statement
+from prebake.artifacts.bake.recipes import load_recipe, targets
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.errors import PrebakeError, PublishConflict
+from prebake.artifacts.ports.registry import Maintainable, Registry, SideFiles
+from prebake.artifacts.store.local import Store
+from prebake.registry.signing import KeySigner
 
 
 @dataclass(frozen=True)

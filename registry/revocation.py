@@ -35,14 +35,13 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from artifacts import fsutil
-from artifacts.manifest import Manifest
-from artifacts.ports import MAX_SIDE_FILE_BYTES, Registry, SideFiles
-from artifacts.timebox import Done, Raised, TimedOut, within
-
-from .attestation import AttestationError, open_envelope, seal
-from .policy_file import PolicyFile, Revocation
-from .signing import KeySigner
+from prebake.artifacts import fsutil
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.ports.registry import MAX_SIDE_FILE_BYTES, Registry, SideFiles
+from prebake.artifacts.timebox import Done, Raised, TimedOut, within
+from prebake.registry.attestation import AttestationError, open_envelope, seal
+from prebake.registry.policy_file import PolicyFile, Revocation
+from prebake.registry.signing import KeySigner
 
 LIST_NAME = "revocations.dsse.json"
 PAYLOAD_TYPE = "application/vnd.prebake.revocations+json"

@@ -12,7 +12,7 @@ itself, an explicit choice for single-user setups where the pod is the builder. 
 local registry ($PREBAKE_HOME/registry) keeps the simple behaviour: write-back lands in its
 index, since only this machine reads it. Bundles written to quarantine carry the label
 writeback=quarantine (covered by the signature); an index entry that carries it was copied
-out of quarantine and is refused under every policy (artifacts.fetch.unreviewed). `prebake
+out of quarantine and is refused under every policy (prebake.artifacts.bake.fetch.unreviewed). `prebake
 promote` reviews them: re-verifies each, signs it with the promoter's key and publishes it to
 the index; what is never promoted ages out (an S3 lifecycle rule on <prefix>/incoming/, or
 deleting the folder or repo).
@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from artifacts.errors import PrebakeError
+from prebake.artifacts.errors import PrebakeError
 
 WRITE_BACK_ENV = "PREBAKE_WRITE_BACK"
 INCOMING = "incoming"

@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from artifacts.errors import ExitCode, PrebakeError
-from artifacts.store import Store
-from engine.cli.common import json_option, registry_option
+from prebake.artifacts.errors import ExitCode, PrebakeError
+from prebake.artifacts.store.local import Store
+from prebake.engine.cli.common import json_option, registry_option
 
 
 def add(sub) -> None:
@@ -28,12 +28,12 @@ def add(sub) -> None:
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
-    from engine.builder import attester
-    from engine.probe import current_host
-    from registry import open_registry
-    from registry.promote import promote
-    from registry.signing import SIGNING_KEY_ENV, signer_from_env
-    from registry.writeback import quarantine_address
+    from prebake.engine.common.builder import attester
+    from prebake.engine.common.probe import current_host
+    from prebake.registry import open_registry
+    from prebake.registry.promote import promote
+    from prebake.registry.signing import SIGNING_KEY_ENV, signer_from_env
+    from prebake.registry.writeback import quarantine_address
 
     address = Store().registry_address(args.registry)
     incoming_address = quarantine_address(address)

@@ -13,10 +13,10 @@ import datetime as dt
 import json
 import re
 
-from artifacts.errors import ExitCode, PrebakeError
-from artifacts.ports import SideFiles
-from artifacts.store import Store
-from engine.cli.common import json_option, registry_option
+from prebake.artifacts.errors import ExitCode, PrebakeError
+from prebake.artifacts.ports.registry import SideFiles
+from prebake.artifacts.store.local import Store
+from prebake.engine.cli.common import json_option, registry_option
 
 _DIGEST = re.compile(r"^(sha256:)?([0-9a-f]{64})$")
 
@@ -37,9 +37,9 @@ def add(sub) -> None:
 def cmd_revoke(args: argparse.Namespace) -> int:
     import os
 
-    from registry import open_registry
-    from registry.revocation import LIST_NAME, RevocationList, sign_list, unverified
-    from registry.signing import SIGNING_KEY_ENV, signer_from_env
+    from prebake.registry import open_registry
+    from prebake.registry.revocation import LIST_NAME, RevocationList, sign_list, unverified
+    from prebake.registry.signing import SIGNING_KEY_ENV, signer_from_env
 
     env = {**os.environ, SIGNING_KEY_ENV: args.signing_key} if args.signing_key else dict(os.environ)
     signer = signer_from_env(env)

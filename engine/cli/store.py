@@ -8,11 +8,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from artifacts import store_admin
-from artifacts.errors import ExitCode, StoreError
-from artifacts.store import Store, parse_size
-from engine.cli.common import json_option, size, table
-from registry.policy import trust_in_force
+from prebake.artifacts.errors import ExitCode, StoreError
+from prebake.artifacts.store import admin as store_admin
+from prebake.artifacts.store.local import Store, parse_size
+from prebake.engine.cli.common import json_option, size, table
+from prebake.registry.policy import trust_in_force
 
 
 def add(sub) -> None:
@@ -123,7 +123,7 @@ def cmd_store_rm(args: argparse.Namespace) -> int:
 
 def _trust(store: Store):
     """The policy in force for gc: the store's own copies of attestations and revocation list first."""
-    from registry import open_registry
+    from prebake.registry import open_registry
 
     address = store.registry_address()
     return trust_in_force(

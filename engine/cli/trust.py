@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 
-from artifacts.fetch import TrustCheck
-from artifacts.ports import Registry, SideFiles
-from artifacts.provenance import SIDE_NAME
-from artifacts.store import Store
-from engine.builder import host_versions
-from engine.probe import current_host
-from registry.policy import POLICY_ENV, trust_in_force
+from prebake.artifacts.bake.fetch import TrustCheck
+from prebake.artifacts.bake.provenance import SIDE_NAME
+from prebake.artifacts.ports.registry import Registry, SideFiles
+from prebake.artifacts.store.local import Store
+from prebake.engine.common.builder import host_versions
+from prebake.engine.common.probe import current_host
+from prebake.registry.policy import POLICY_ENV, trust_in_force
 
 
 def verify_trust(policy: str | None, address: str, registry: Registry) -> TrustCheck | None:

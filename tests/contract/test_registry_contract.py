@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from registry.errors import BlobDigestMismatch, PublishConflict, RegistryUnavailable
+from prebake.registry.errors import BlobDigestMismatch, PublishConflict, RegistryUnavailable
 
 
 def test_published_bundle_is_found_and_fetched_byte_for_byte(backend, bundle, tmp_path):
@@ -149,7 +149,7 @@ def _race(calls):
 
 
 def test_a_side_file_beside_a_blob_is_created_once_and_read_back(backend, bundle):
-    from artifacts.ports import SideFiles
+    from prebake.artifacts.ports.registry import SideFiles
 
     b = bundle()
     backend.registry.publish(b.manifest, b.blob)

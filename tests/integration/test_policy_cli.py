@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from engine.builder import attester
-from engine.probe import current_host
-from registry.signing import KeySigner, load_private_key, write_keypair
+from prebake.engine.common.builder import attester
+from prebake.engine.common.probe import current_host
+from prebake.registry.signing import KeySigner, load_private_key, write_keypair
 from tests.support.baking import Home
 from tests.support.seeding import plan_here, seed
 

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.bake import bake_kind
-from artifacts.errors import UntrustedEntryError
-from artifacts.fetch import Miss, StoreRefused, fetch, lookup, policy_refuses, resolve
-from artifacts.store import Installed, Store
-from artifacts.tasks import _published
-from registry import open_registry
-from registry.signing import KeySigner, TrustPolicy, load_private_key, write_keypair
+from prebake.artifacts.bake.bake_kind import bake_kind
+from prebake.artifacts.bake.fetch import Miss, StoreRefused, fetch, lookup, policy_refuses, resolve
+from prebake.artifacts.bake.tasks import _published
+from prebake.artifacts.errors import UntrustedEntryError
+from prebake.artifacts.store.local import Installed, Store
+from prebake.registry import open_registry
+from prebake.registry.signing import KeySigner, TrustPolicy, load_private_key, write_keypair
 from tests.support.baking import Home
 from tests.support.seeding import plan_here, seed
 
@@ -68,7 +68,7 @@ def test_prebake_fetch_refuses_bundles_stored_under_an_old_policy(tmp_path, regi
     again = _fetch(home, unsigned_registry, keys[1])
     assert again.returncode == 2, again.stdout + again.stderr
     payload = json.loads(again.stdout)
-    assert payload["complete"] is False and "env" not in payload  # no unsigned tree is exported
+    assert payload["complete"] is False and not payload["env"] and not payload["bundles"]  # no unsigned tree exported
     reasons = " ".join(m["reason"] for m in payload["misses"])
     assert "the store's buckets bundle" in reasons and "refused by the trust policy in force" in reasons
     assert "unsigned" in reasons and "fleet" in reasons  # the policy's reason names the trusted key
@@ -213,7 +213,7 @@ def test_a_bake_does_not_adopt_a_registry_entry_the_policy_refuses(tmp_path, reg
 
 
 def test_the_fleet_plan_counts_a_refused_entry_as_missing(tmp_path, registries, keys, monkeypatch):
-    from engine.fleet.plan import make_plan
+    from prebake.engine.fleet.plan import make_plan
 
     _plan, unsigned_registry, _s, _u, _signed = registries
     monkeypatch.setenv("PREBAKE_HOME", str(tmp_path / "home"))

@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from registry.errors import RegistryUnavailable
-from registry.file import FileRegistry
-from registry.policy_file import load_policy
-from registry.revocation import LIST_NAME, RevocationList, Revocations, sign_list
-from registry.signing import KeySigner, load_private_key, write_keypair
+from prebake.registry.errors import RegistryUnavailable
+from prebake.registry.file import FileRegistry
+from prebake.registry.policy_file import load_policy
+from prebake.registry.revocation import LIST_NAME, RevocationList, Revocations, sign_list
+from prebake.registry.signing import KeySigner, load_private_key, write_keypair
 from tests.support.baking import Home
 from tests.support.seeding import plan_here, seed
 

@@ -14,9 +14,9 @@ import shutil
 
 import pytest
 
-from artifacts.layout import index_relpath
-from registry import open_registry
-from registry.signing import write_keypair
+from prebake.artifacts.layout import index_relpath
+from prebake.registry import open_registry
+from prebake.registry.signing import write_keypair
 from tests.support.api_server import write_api_recipe
 from tests.support.baking import BIN, REPO
 from tests.support.serving import ServeProcess, serve_env

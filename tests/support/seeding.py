@@ -10,17 +10,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from artifacts.bake import Signer, bake_kind
-from artifacts.kinds import BuildRequest, Plan
-from artifacts.provenance import Attest
-from artifacts.recipes import load_recipe
-from artifacts.store import Store
-from engine.compose import Context
-from engine.probe import current_host
-from registry import open_registry
+from prebake.artifacts.bake.bake_kind import Signer, bake_kind
+from prebake.artifacts.bake.kinds import BuildRequest, TargetKeys
+from prebake.artifacts.bake.provenance import Attest
+from prebake.artifacts.bake.recipes import load_recipe
+from prebake.artifacts.store.local import Store
+from prebake.engine.common.probe import current_host
+from prebake.engine.compose import Context
+from prebake.registry import open_registry
 
 
-def plan_here(model: str = "tiny-llama", precision: str = "bf16") -> Plan:
+def plan_here(model: str = "tiny-llama", precision: str = "bf16") -> TargetKeys:
     """The target `prebake fetch --model MODEL --precision PRECISION` picks on this host."""
     context = Context(Store("/nonexistent-prebake-home"), current_host(), "unused")
     return context.pick_plan(load_recipe(model), dtype=precision)
@@ -29,7 +29,7 @@ def plan_here(model: str = "tiny-llama", precision: str = "bf16") -> Plan:
 def seed(
     registry: Path,
     scratch: Path,
-    plan: Plan,
+    plan: TargetKeys,
     *,
     sign: Signer | None = None,
     build: str = "first",

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.bake import bake_kind
-from artifacts.provenance import SIDE_NAME
-from artifacts.store import Store
-from engine.builder import attester, host_versions
-from engine.probe import current_host
-from registry.file import FileRegistry
-from registry.policy import FilePolicy
-from registry.policy_file import PolicyError, load_policy
-from registry.signing import KeySigner, load_private_key, write_keypair
+from prebake.artifacts.bake.bake_kind import bake_kind
+from prebake.artifacts.bake.provenance import SIDE_NAME
+from prebake.artifacts.store.local import Store
+from prebake.engine.common.builder import attester, host_versions
+from prebake.engine.common.probe import current_host
+from prebake.registry.file import FileRegistry
+from prebake.registry.policy import FilePolicy
+from prebake.registry.policy_file import PolicyError, load_policy
+from prebake.registry.signing import KeySigner, load_private_key, write_keypair
 from tests.support.seeding import plan_here
 
 BUILDER = "https://github.com/acme/models/.github/workflows/bake.yml@refs/heads/main"

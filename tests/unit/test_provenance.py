@@ -21,15 +21,15 @@ from securesystemslib.dsse import Envelope
 from securesystemslib.exceptions import VerificationError
 from securesystemslib.signer import SSlibKey
 
-from artifacts.bake import bake_kind
-from artifacts.errors import BundleError
-from artifacts.provenance import PAYLOAD_TYPE, PREDICATE_TYPE, SIDE_NAME, read_statement, recipe_digest
-from artifacts.store import Store
-from engine.builder import attester, builder_id, source_revision
-from engine.probe import current_host
-from registry.attestation import AttestationError, check_attestation, seal
-from registry.file import FileRegistry
-from registry.signing import KeySigner, PublicKey, load_private_key, write_keypair
+from prebake.artifacts.bake.bake_kind import bake_kind
+from prebake.artifacts.bake.provenance import PAYLOAD_TYPE, PREDICATE_TYPE, SIDE_NAME, read_statement, recipe_digest
+from prebake.artifacts.errors import BundleError
+from prebake.artifacts.store.local import Store
+from prebake.engine.common.builder import attester, builder_id, source_revision
+from prebake.engine.common.probe import current_host
+from prebake.registry.attestation import AttestationError, check_attestation, seal
+from prebake.registry.file import FileRegistry
+from prebake.registry.signing import KeySigner, PublicKey, load_private_key, write_keypair
 from tests.support.seeding import plan_here
 
 
