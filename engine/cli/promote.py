@@ -11,12 +11,20 @@ import json
 
 from prebake.artifacts.errors import ExitCode, PrebakeError
 from prebake.artifacts.store.local import Store
-from prebake.engine.cli.common import json_option, registry_option
+from prebake.engine.cli.common import command, json_option, registry_option
 
 
 def add(sub) -> None:
-    promote = sub.add_parser(
-        "promote", help="review write-backs waiting in the registry's quarantine: re-verify, sign, publish to the index"
+    promote = command(
+        sub,
+        "promote",
+        group="registry",
+        help="review write-backs waiting in the registry's quarantine: re-verify, sign, publish to the index",
+        examples=[
+            "prebake promote --registry s3://acme/prebake --list",
+            "prebake promote --registry s3://acme/prebake",
+        ],
+        store="write",
     )
     registry_option(promote)
     promote.add_argument("--kind", help="only write-backs of this artifact kind")

@@ -16,13 +16,22 @@ import re
 from prebake.artifacts.errors import ExitCode, PrebakeError
 from prebake.artifacts.ports.registry import SideFiles
 from prebake.artifacts.store.local import Store
-from prebake.engine.cli.common import json_option, registry_option
+from prebake.engine.cli.common import command, json_option, registry_option
 
 _DIGEST = re.compile(r"^(sha256:)?([0-9a-f]{64})$")
 
 
 def add(sub) -> None:
-    revoke = sub.add_parser("revoke", help="revoke signing keys or bundles: sign and publish the registry's list")
+    revoke = command(
+        sub,
+        "revoke",
+        group="keys",
+        help="revoke signing keys or bundles: sign and publish the registry's revocation list",
+        examples=[
+            "prebake revoke --key ci-2025 --reason 'leaked 2026-11-30' --registry s3://acme/prebake",
+            "prebake revoke --registry s3://acme/prebake   # re-issue the list before it goes stale",
+        ],
+    )
     registry_option(revoke)
     revoke.add_argument("--key", action="append", default=[], metavar="NAME", help="a key id (name) to revoke")
     revoke.add_argument(
