@@ -76,6 +76,10 @@ class UnknownRegistryError(RegistryError, ValueError):
     """A registry address whose scheme prebake does not know."""
 
 
+class UntrustedEntryError(RegistryError):
+    """The registry already holds an entry for a key, and the trust policy in force refuses it."""
+
+
 class RegistryNotFound(RegistryError, LookupError):
     """The registry an address names does not exist (a folder, bucket or repo): a wrong address, not an
     empty registry."""

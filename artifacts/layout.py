@@ -3,6 +3,8 @@
     <root>/
     ├── index/<kind>/<key-digest>.json          manifest naming a blob (created once, never replaced)
     ├── blobs/sha256/<aa>/<digest>.tar.zst      payload, content-addressed, immutable
+    ├── side/sha256/<aa>/<digest>/<name>        small files about one blob (its provenance), created once
+    ├── meta/<name>                             small files about the registry (its revocation list)
     └── summary/<kind>.json                     listing summary: a verified cache of `prebake ls` rows
 
 Paths are posix and relative, so the same strings serve as S3 object keys and Hub repo paths.
@@ -35,6 +37,25 @@ def blob_relpath(digest: str) -> str:
     hexpart = digest.removeprefix("sha256:")
     _check_hex(hexpart, "blob digest")
     return f"blobs/sha256/{hexpart[:2]}/{hexpart}.tar.zst"
+
+
+_SIDE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
+
+
+def side_relpath(digest: str, name: str) -> str:
+    """Where a file about blob `digest` lives beside it (e.g. its provenance attestation)."""
+    hexpart = digest.removeprefix("sha256:")
+    _check_hex(hexpart, "blob digest")
+    if not _SIDE_NAME.match(name) or ".." in name:
+        raise PrebakeError(f"side file name {name!r} must be lower-case letters, digits, '.', '_' or '-'")
+    return f"side/sha256/{hexpart[:2]}/{hexpart}/{name}"
+
+
+def meta_relpath(name: str) -> str:
+    """Where a registry keeps a small file about itself (e.g. its signed revocation list)."""
+    if not _SIDE_NAME.match(name) or ".." in name:
+        raise PrebakeError(f"registry file name {name!r} must be lower-case letters, digits, '.', '_' or '-'")
+    return f"meta/{name}"
 
 
 def parse_index_relpath(relpath: str) -> tuple[str, str] | None:

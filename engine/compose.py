@@ -21,22 +21,28 @@ every target_keys call), the recipe folders (PREBAKE_RECIPES), whether stats are
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import cached_property
 
 from prebake.artifacts.bake.bake_kind import Baked, Signer, bake_kind
-from prebake.artifacts.bake.fetch import Resolution, TrustCheck, record_resolution, resolve
+from prebake.artifacts.bake.fetch import WRITE_BACK_LABEL, Resolution, TrustCheck, record_resolution, resolve
 from prebake.artifacts.bake.kinds import HostFacts, TargetKeys, buildable_targets, target_keys
+from prebake.artifacts.bake.provenance import Attest
 from prebake.artifacts.bake.recipes import Recipe
 from prebake.artifacts.ports.registry import Registry
 from prebake.artifacts.store.local import Store
 from prebake.engine.adapters import adapter_for, kinds_for
 from prebake.engine.common.adapter import EngineAdapter
+from prebake.engine.common.builder import attester, host_versions
 from prebake.engine.common.probe import Host, current_host
 from prebake.registry import open_registry
-from prebake.registry.signing import signer_from_env, trust_from_env
+from prebake.registry.policy import trust_in_force
+from prebake.registry.signing import signer_from_env
+from prebake.registry.writeback import WriteBackTarget, write_back_target
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,7 @@ class Context:
     address: str
     trust: TrustCheck | None = None
     sign: Signer | None = None
+    attest: Attest | None = None  # the bake's provenance, sealed with the signing key
     given_registry: Registry | None = field(default=None, compare=False)  # tests: a registry double
     creating: bool = False  # a command that writes: a registry folder that is not there is created
     holds: ExitStack = field(default_factory=ExitStack, compare=False, repr=False)  # trees this command uses
@@ -62,12 +69,22 @@ class Context:
         creating: bool = False,
     ) -> Context:
         store = store or Store()
+        host = host or current_host()
+        signer = signer_from_env()
+        address = store.registry_address(registry)
+        trust = trust_in_force(
+            address=address,
+            host_versions=host_versions(host),
+            store_home=store.home,
+            open_registry=functools.cache(lambda: open_registry(address)),
+        )
         return cls(
             store=store,
-            host=host or current_host(),
-            address=store.registry_address(registry),
-            trust=trust_from_env(),
-            sign=signer_from_env(),
+            host=host,
+            address=address,
+            trust=trust,
+            sign=signer,
+            attest=attester(signer, host),
             creating=creating,
         )
 
@@ -75,6 +92,23 @@ class Context:
     def for_baking(cls, registry: str | None = None, *, store: Store | None = None) -> Context:
         """The context of a bake (doit bake, prebake bake): it publishes, so it may create the registry folder."""
         return cls.open(registry, store=store, creating=True)
+
+    @cached_property
+    def write_back(self) -> WriteBackTarget:
+        """Where a serving pod writes back what it compiled: the registry's quarantine namespace by
+        default (PREBAKE_WRITE_BACK, registry/writeback.py)."""
+        return write_back_target(self.address, self.store.default_registry)
+
+    @cached_property
+    def write_back_registry(self) -> Registry:
+        target = self.write_back
+        return self.registry if not target.quarantined else open_registry(target.address)
+
+    def write_back_plan(self, plan: TargetKeys) -> TargetKeys:
+        """`plan` whose bundles say they await review, when write-back goes to quarantine."""
+        if not self.write_back.quarantined:
+            return plan
+        return dataclasses.replace(plan, labels={**plan.labels, WRITE_BACK_LABEL: "quarantine"})
 
     @cached_property
     def registry(self) -> Registry:
@@ -120,7 +154,9 @@ class Context:
     def bake(self, plan: TargetKeys, kind: str) -> Baked:
         """Build, publish and install one kind of one target, and say what happened."""
         started = time.monotonic()
-        baked = bake_kind(plan, kind, store=self.store, registry=self.registry, sign=self.sign, trust=self.trust)
+        baked = bake_kind(
+            plan, kind, store=self.store, registry=self.registry, sign=self.sign, trust=self.trust, attest=self.attest
+        )
         seconds = time.monotonic() - started
         print(
             f"prebake: {plan.target.name} {kind}: {baked.note}, key {baked.manifest.key_digest[:16]}, "

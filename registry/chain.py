@@ -35,6 +35,7 @@ from typing import Literal
 
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.errors import BundleError
+from prebake.artifacts.ports.registry import SideFiles
 from prebake.artifacts.timebox import Done, Raised, within
 from prebake.registry.base import Listed, Published, Registry, listed
 from prebake.registry.errors import RegistryError, RegistryUnavailable
@@ -166,6 +167,32 @@ class ChainRegistry:
 
     def publish(self, manifest: Manifest, blob: Path) -> Published:
         return self.registries[0].publish(manifest, blob)
+
+    def put_side(self, blob_digest: str, name: str, data: bytes) -> bool:
+        first = self.registries[0]
+        if not isinstance(first, SideFiles):
+            raise RegistryError(f"{first.url} keeps no side files; publish to a folder, S3 or Hub registry")
+        return first.put_side(blob_digest, name, data)
+
+    def put_meta(self, name: str, data: bytes) -> None:
+        first = self.registries[0]
+        if not isinstance(first, SideFiles):
+            raise RegistryError(f"{first.url} keeps no registry files; write to a folder, S3 or Hub registry")
+        first.put_meta(name, data)
+
+    def get_meta(self, name: str) -> bytes | None:
+        """The first level's copy: the level a chain publishes to is the one whose list is current."""
+        for registry in self.registries:
+            if isinstance(registry, SideFiles) and (data := registry.get_meta(name)) is not None:
+                return data
+        return None
+
+    def get_side(self, blob_digest: str, name: str) -> bytes | None:
+        """The first level's copy that has one (a side file is immutable, so any copy is the copy)."""
+        for registry in self.registries:
+            if isinstance(registry, SideFiles) and (data := registry.get_side(blob_digest, name)) is not None:
+                return data
+        return None
 
     def list(self, kind: str | None = None) -> Iterator[Manifest]:
         seen: set[tuple[str, str]] = set()

@@ -20,8 +20,16 @@ from prebake.artifacts import fsutil
 from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
 from prebake.artifacts.bundle.payload import file_digest
 from prebake.artifacts.errors import PrebakeError
-from prebake.artifacts.layout import blob_relpath, index_relpath, parse_index_relpath, summary_relpath
+from prebake.artifacts.layout import (
+    blob_relpath,
+    index_relpath,
+    meta_relpath,
+    parse_index_relpath,
+    side_relpath,
+    summary_relpath,
+)
 from prebake.artifacts.ports.listing import Listed, ListingSummary, Read, summarised_listing
+from prebake.artifacts.ports.registry import MAX_SIDE_FILE_BYTES
 from prebake.registry.base import Published, copy_verified, settle
 from prebake.registry.errors import BlobDigestMismatch, RegistryError, RegistryNotFound, RegistryUnavailable
 
@@ -80,6 +88,34 @@ class FileRegistry:
         except OSError as exc:
             raise RegistryError(f"cannot publish into {self.root}: {exc}; free space or fix permissions") from exc
         return settle(Manifest.read(index), manifest, str(index))
+
+    def put_side(self, blob_digest: str, name: str, data: bytes) -> bool:
+        """Create side/<...>/<name> beside the blob (create-only, atomic)."""
+        path = self.root / side_relpath(blob_digest, name)
+        try:
+            return fsutil.create_only(path, data)
+        except OSError as exc:
+            raise RegistryError(f"cannot write {path}: {exc}; free space or fix permissions") from exc
+
+    def get_side(self, blob_digest: str, name: str) -> bytes | None:
+        path = self.root / side_relpath(blob_digest, name)
+        try:
+            return fsutil.read_bounded(path, MAX_SIDE_FILE_BYTES, within=self.root)
+        except FileNotFoundError:
+            return None
+
+    def put_meta(self, name: str, data: bytes) -> None:
+        path = self.root / meta_relpath(name)
+        try:
+            fsutil.write_bytes(path, data)
+        except OSError as exc:
+            raise RegistryError(f"cannot write {path}: {exc}; free space or fix permissions") from exc
+
+    def get_meta(self, name: str) -> bytes | None:
+        try:
+            return fsutil.read_bounded(self.root / meta_relpath(name), MAX_SIDE_FILE_BYTES, within=self.root)
+        except FileNotFoundError:
+            return None
 
     def list(self, kind: str | None = None) -> Iterator[Manifest]:
         """Every manifest, in (kind, digest) order. Names are listed and sorted as strings, then

@@ -42,7 +42,8 @@ from typing import Any
 from prebake.artifacts import fsutil
 from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
 from prebake.artifacts.bundle.payload import file_digest
-from prebake.artifacts.layout import blob_relpath, index_relpath, parse_index_relpath
+from prebake.artifacts.layout import blob_relpath, index_relpath, meta_relpath, parse_index_relpath, side_relpath
+from prebake.artifacts.ports.registry import MAX_SIDE_FILE_BYTES
 from prebake.registry.base import Published, copy_verified, read_ahead, settle
 from prebake.registry.errors import (
     BlobDigestMismatch,
@@ -171,6 +172,62 @@ class HubRegistry(HubMaintenance, HubListing):
             except RemoteEntryNotFoundError:
                 return []
         return sorted((e.path, e.blob_id) for e in entries if isinstance(e, RepoFile) and parse_index_relpath(e.path))
+
+    def put_side(self, blob_digest: str, name: str, data: bytes) -> bool:
+        """Commit the side file on top of the branch's head, unless the head already has it."""
+        from huggingface_hub import CommitOperationAdd
+        from huggingface_hub.errors import HfHubHTTPError
+
+        if not self.writable:
+            raise RegistryReadOnly(f"cannot write a side file to {self.url}: it is read-only here")
+        relpath = side_relpath(blob_digest, name)
+        for _ in range(_COMMIT_ATTEMPTS):
+            head = self._head(create=True)
+            assert head is not None
+            if self._present(relpath, head) is not None:
+                return False
+            with self._faults(f"commit {relpath} to {self.url}"):
+                try:
+                    self._api.create_commit(
+                        self.repo_id,
+                        [CommitOperationAdd(path_in_repo=relpath, path_or_fileobj=data)],
+                        commit_message=f"prebake: {name} of blob {blob_digest[:23]}",
+                        repo_type=self.repo_type,
+                        revision=self.revision,
+                        parent_commit=head,
+                    )
+                except HfHubHTTPError as exc:
+                    if exc.response is not None and exc.response.status_code in (409, 412):
+                        continue
+                    raise
+            return True
+        raise RegistryUnavailable(f"cannot write {relpath} to {self.url}: the branch kept moving; retry")
+
+    def put_meta(self, name: str, data: bytes) -> None:
+        from huggingface_hub import CommitOperationAdd
+
+        if not self.writable:
+            raise RegistryReadOnly(f"cannot write a registry file to {self.url}: it is read-only here")
+        relpath = meta_relpath(name)
+        self._head(create=True)
+        with self._faults(f"commit {relpath} to {self.url}"):
+            self._api.create_commit(
+                self.repo_id,
+                [CommitOperationAdd(path_in_repo=relpath, path_or_fileobj=data)],
+                commit_message=f"prebake: update {relpath}",
+                repo_type=self.repo_type,
+                revision=self.revision,
+            )
+
+    def get_meta(self, name: str) -> bytes | None:
+        relpath = meta_relpath(name)
+        local = self._download(relpath, self.revision, limit=MAX_SIDE_FILE_BYTES, exact=False)
+        return None if local is None else fsutil.read_bounded(local.resolve(), MAX_SIDE_FILE_BYTES)
+
+    def get_side(self, blob_digest: str, name: str) -> bytes | None:
+        relpath = side_relpath(blob_digest, name)
+        local = self._download(relpath, self.revision, limit=MAX_SIDE_FILE_BYTES, exact=False)
+        return None if local is None else fsutil.read_bounded(local.resolve(), MAX_SIDE_FILE_BYTES)
 
     def __repr__(self) -> str:
         return f"HubRegistry({self.url!r}, endpoint={self.endpoint!r})"

@@ -41,7 +41,7 @@ from prebake.artifacts import fsutil
 from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, BlobRef, Manifest
 from prebake.artifacts.bundle.payload import file_digest
 from prebake.artifacts.errors import BundleError
-from prebake.artifacts.layout import blob_relpath, index_relpath, parse_index_relpath
+from prebake.artifacts.layout import blob_relpath, index_relpath, meta_relpath, parse_index_relpath, side_relpath
 from prebake.registry.base import Published, SizedSink, read_ahead, settle
 from prebake.registry.errors import BlobDigestMismatch, RegistryError, RegistryNotFound, RegistryUnavailable
 from prebake.registry.s3_listing import S3Listing
@@ -158,6 +158,45 @@ class S3Registry(S3Maintenance, S3Listing):
         with self._faults(f"publish into {self.url}"):
             self._put_blob(manifest.blob, blob)
             return self._create_index(manifest, key)
+
+    def put_side(self, blob_digest: str, name: str, data: bytes) -> bool:
+        """Create the side file with a conditional put (If-None-Match), as index entries are created."""
+        from botocore.exceptions import ClientError
+
+        key = self._key(side_relpath(blob_digest, name))
+        with self._faults(f"write {self._where(key)}"):
+            if not self._conditional:
+                if self._get_or_none(key) is not None:
+                    return False
+                self._client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType="application/json")
+                return True
+            try:
+                self._client.put_object(
+                    Bucket=self.bucket, Key=key, Body=data, ContentType="application/json", IfNoneMatch="*"
+                )
+            except ClientError as exc:
+                if _error_code(exc) == "PreconditionFailed" or _status(exc) == 412:
+                    return False
+                if _error_code(exc) == "NotImplemented" or _status(exc) == 501:
+                    self._conditional = False
+                    return self.put_side(blob_digest, name, data)
+                raise
+        return True
+
+    def put_meta(self, name: str, data: bytes) -> None:
+        key = self._key(meta_relpath(name))
+        with self._faults(f"write {self._where(key)}"):
+            self._client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType="application/json")
+
+    def get_meta(self, name: str) -> bytes | None:
+        key = self._key(meta_relpath(name))
+        with self._faults(f"read {self._where(key)}"):
+            return self._get_or_none(key)
+
+    def get_side(self, blob_digest: str, name: str) -> bytes | None:
+        key = self._key(side_relpath(blob_digest, name))
+        with self._faults(f"read {self._where(key)}"):
+            return self._get_or_none(key)
 
     def list(self, kind: str | None = None) -> Iterator[Manifest]:
         """Every manifest in the index, in key order. Listing pages are fetched as they are needed

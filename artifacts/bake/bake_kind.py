@@ -2,6 +2,12 @@
 
     inputs (upstream kinds, fetched) -> build(tree) -> pack -> Manifest -> registry.publish
                                                                          -> store.install
+                                         provenance Statement -> DSSE -> beside the blob
+
+With an `Attest` (prebake.artifacts.bake.provenance), the bake writes an in-toto Statement with the SLSA
+provenance v1 predicate for the blob, seals it in a DSSE envelope with the bake's key and
+publishes it beside the blob (prebake.artifacts.ports.registry.SideFiles) before the index entry that names
+the blob, so a reader that sees the entry can already read its provenance.
 
 The build is the kind's declared builder (prebake.artifacts.bake.kinds.Kind.build: buckets are pure Python,
 the engine adapters' autotune and graphs run in a child process), or one handed in (a write-back
@@ -23,10 +29,11 @@ from dataclasses import dataclass
 from prebake import __version__
 from prebake.artifacts.bake.fetch import Miss, TrustCheck, fetch
 from prebake.artifacts.bake.kinds import Builder, BuildRequest, TargetKeys
+from prebake.artifacts.bake.provenance import SIDE_NAME, Attest, statement
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.bundle.payload import pack
-from prebake.artifacts.errors import BuildError, PublishConflict
-from prebake.artifacts.ports.registry import Registry
+from prebake.artifacts.errors import BuildError, PublishConflict, UntrustedEntryError
+from prebake.artifacts.ports.registry import Registry, SideFiles
 from prebake.artifacts.store.local import Installed, Store
 
 Signer = Callable[[Manifest], Manifest]
@@ -49,6 +56,7 @@ def bake_kind(
     sign: Signer | None = None,
     trust: TrustCheck | None = None,
     build: Builder | None = None,
+    attest: Attest | None = None,
 ) -> Baked:
     """Build `kind` for `plan` (with its declared builder, or `build`), publish it to `registry`
     and install it into `store`."""
@@ -59,7 +67,7 @@ def bake_kind(
     try:
         tree = scratch / "tree"
         tree.mkdir()
-        started = time.perf_counter()
+        started, started_at = time.perf_counter(), dt.datetime.now(dt.UTC)
         (build or declared.build)(BuildRequest(plan, kind, tree, {k: i.tree for k, i in inputs.items()}))
         build_seconds = round(time.perf_counter() - started, 3)  # what a hit of this bundle saves
         declared.check_outputs(tree, plan.target.name)
@@ -78,6 +86,8 @@ def bake_kind(
         )
         if sign is not None:
             manifest = sign(manifest)
+        if attest is not None:
+            _publish_attestation(registry, manifest, plan, attest, started_at)
         try:
             published = registry.publish(manifest, scratch / "payload.tar.zst")
             kept, created = published.manifest, published.created
@@ -87,10 +97,37 @@ def bake_kind(
             if winner is None:  # the entry that refused ours vanished: report the conflict itself
                 raise
             kept, created, note = winner, False, f"another baker won: {exc}"
+        _check_adoptable(kept, trust, registry)
         installed = store.install(kept, registry)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return Baked(kept, installed, created, note)
+
+
+def _publish_attestation(
+    registry: Registry, manifest: Manifest, plan: TargetKeys, attest: Attest, started: dt.datetime
+) -> None:
+    """The signed provenance of `manifest`'s blob, beside the blob; one there already stands (created once)."""
+    if not isinstance(registry, SideFiles):
+        raise BuildError(
+            f"{registry.url} cannot keep an attestation beside the blob; publish to a folder, S3, Hub or OCI "
+            f"registry, or bake without a signing key"
+        )
+    document = statement(
+        manifest, plan.recipe, plan.target, attest.context, started=started, finished=dt.datetime.now(dt.UTC)
+    )
+    registry.put_side(manifest.blob.digest, SIDE_NAME, attest.seal(document))
+
+
+def _check_adoptable(kept: Manifest, trust: TrustCheck | None, registry: Registry) -> None:
+    """A bundle the registry already held is adopted only if the policy in force accepts it."""
+    why = None if trust is None else trust(kept)
+    if why is not None:
+        raise UntrustedEntryError(
+            f"{registry.url} already holds {kept.kind} {kept.key_digest[:16]} (blob {kept.blob.hex[:12]}), and "
+            f"the trust policy in force refuses it: {why}; it was not adopted and nothing was installed. Move it "
+            f"aside with `prebake verify --quarantine` under this policy, then bake again"
+        )
 
 
 def _input(plan: TargetKeys, kind: str, store: Store, registry: Registry, trust: TrustCheck | None) -> Installed:

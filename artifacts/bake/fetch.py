@@ -11,7 +11,14 @@ early kinds while the later ones download. A store entry that fails the hit path
 (artifacts/store/health.py) is moved aside and fetched again from the registry.
 
 `prebake fetch`, the bundled engine's start-up (which logs each step on its own) and
-`prebake serve|fetch --engine vllm` all run these steps. A miss is a value: it names the
+`prebake serve|fetch --engine vllm` all run these steps.
+
+The policy in force decides, whatever installed a bundle: a store hit is used only when the
+trust check passes on its manifest now (a signature check, not a re-hash: the tree was
+verified when it was unpacked). A stored bundle the policy refuses is a `StoreRefused`: it
+is not used, the registry is asked for the key as if the store had nothing, and a bundle the
+policy accepts replaces it; if the registry has none, the miss is refused (exit 2) and names
+the stored bundle, the policy's reason and the fix. A miss is a value: it names the
 key, the nearest bundle of the same kind in the registry, and every factor that differs
 ("software.torch: 2.13.0+cpu here, 2.14.1 there"), so an operator can tell at a glance why
 a start was cold. A registry that is down, slow or corrupt is a miss, never a crash.
@@ -94,12 +101,34 @@ Source = Literal["store", "registry"]
 
 
 @dataclass(frozen=True)
+class StoreRefused:
+    """A bundle in the store that the policy in force refuses: it is not used."""
+
+    installed: Installed
+    why: str  # the policy's reason
+
+    def explain(self) -> str:
+        m = self.installed.manifest
+        return (
+            f"the store's {m.kind} bundle {m.key_digest[:16]} (blob {m.blob.hex[:12]}, {self.installed.tree.parent.parent}) "
+            f"is refused by the trust policy in force: {self.why}; it was not used"
+        )
+
+    def fix(self) -> str:
+        return (
+            "publish a bundle this policy accepts (bake and sign it, or `prebake promote` it) and fetch again: "
+            f"it replaces the stored one; or remove the stored one with `prebake store rm {self.installed.manifest.blob.hex[:12]}`"
+        )
+
+
+@dataclass(frozen=True)
 class Lookup:
     """What the lookup step found for each kind, and the registry it asked."""
 
     found: dict[str, Found]
     registry: Registry | None  # None: it could not be opened within the time box
     answered: bool  # the registry answered every question within the time box
+    store_refused: dict[str, StoreRefused] = field(default_factory=dict)  # stored bundles the policy refuses
 
 
 @dataclass(frozen=True)
@@ -110,6 +139,7 @@ class Resolution:
     installed: dict[str, Installed]
     misses: tuple[Miss, ...]
     sources: dict[str, Source] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()  # stored bundles the policy refused and the registry replaced
 
     @property
     def complete(self) -> bool:
@@ -163,24 +193,55 @@ def miss_advice(misses: Iterable[Miss], *, target: str, bake: str, address: str)
 def fetch(
     store: Store, registry: Registry, key: Key, *, trust: TrustCheck | None = None, hold: ExitStack | None = None
 ) -> Installed | Miss:
-    """The installed bundle for `key`: from the store, else from `registry` (verified), else a Miss."""
-    found = _find(store, registry, key, trust, hold)
+    """The installed bundle for `key`: from the store (whole, and accepted by the policy in force),
+    else from `registry` (verified), else a Miss."""
+    stored = _from_store(store, key, trust, hold)
+    if isinstance(stored, Installed):
+        return stored
+    found = _ask_registry(registry, key)
     if isinstance(found, Manifest):
         found = verify_entry(key, found, trust)
     if isinstance(found, Manifest):
         check_bound(store, {key.kind: found}, f"{key.kind} {key.digest[:16]}")
         return store.install(found, registry, hold=hold)
-    return found
+    return _with_refusal(found, stored)
 
 
 def verify_entry(key: Key, manifest: Manifest, trust: TrustCheck | None) -> Manifest | Miss:
-    """The registry's entry, if it carries the wanted key and passes the trust policy."""
+    """The registry's entry, if it carries the wanted key, is no unreviewed write-back and passes
+    the trust policy."""
     if manifest.key_digest != key.digest or manifest.the_key() != key:
         return Miss(
             key, f"the registry's entry for {key.digest[:16]} carries another key; it was tampered with", refused=True
         )
+    if (why := unreviewed(manifest)) is not None:
+        return Miss(key, why, refused=True)
     refused = None if trust is None else trust(manifest)
     return manifest if refused is None else Miss(key, f"refused by the trust policy: {refused}", refused=True)
+
+
+WRITE_BACK_LABEL = "writeback"  # on bundles a serving pod wrote back: "quarantine" until promoted
+
+
+def unreviewed(manifest: Manifest) -> str | None:
+    """Why an index entry is refused whatever the policy: a serving pod's write-back, which only
+    the quarantine namespace may hold until `prebake promote` reviews it."""
+    if manifest.labels.get(WRITE_BACK_LABEL) != "quarantine":
+        return None
+    return (
+        f"{manifest.kind} {manifest.key_digest[:16]} is a serving pod's write-back awaiting review (label "
+        f"{WRITE_BACK_LABEL}=quarantine), offered as a normal index entry: it was copied out of quarantine; "
+        f"refused under every trust policy. Review it with `prebake promote`"
+    )
+
+
+def accepted_entry(registry: Registry, kind: str, key_digest: str, trust: TrustCheck | None) -> Manifest | None:
+    """The registry's entry for this key if the policy in force accepts it: what a bake may adopt
+    as already built and a plan may count as present. A refused entry is None (work to do)."""
+    manifest = registry.lookup(kind, key_digest)
+    if manifest is None or unreviewed(manifest) is not None or (trust is not None and trust(manifest) is not None):
+        return None
+    return manifest
 
 
 def nearest_miss(registry: Registry, key: Key, reason: str) -> Miss:
@@ -212,11 +273,26 @@ def nearest_miss(registry: Registry, key: Key, reason: str) -> Miss:
     return Miss(key, reason, nearest=best[1], differing=key.diff(best[1]))
 
 
-def _from_store(store: Store, key: Key, trust: TrustCheck | None, hold: ExitStack | None = None) -> Installed | None:
+def _from_store(
+    store: Store, key: Key, trust: TrustCheck | None, hold: ExitStack | None = None
+) -> Installed | StoreRefused | None:
+    """The store's bundle for `key`, held on `hold`, if it is whole (prebake.artifacts.store.health)
+    and the policy in force accepts it; a StoreRefused if the policy does not."""
     installed = _store_hit(store, key)
-    if installed is not None and (trust is None or trust(installed.manifest) is None):
-        return _held(store, installed, hold)
-    return None
+    if installed is None:
+        return None
+    if (refused := policy_refuses(installed, trust)) is not None:
+        return refused
+    return _held(store, installed, hold)
+
+
+def policy_refuses(installed: Installed, trust: TrustCheck | None) -> StoreRefused | None:
+    """Why the policy in force refuses a stored bundle, or None: a check of its manifest's
+    signature and provenance rules, never a re-hash of its tree."""
+    if trust is None:
+        return None
+    why = trust(installed.manifest)
+    return None if why is None else StoreRefused(installed, why)
 
 
 def _store_hit(store: Store, key: Key) -> Installed | None:
@@ -238,18 +314,10 @@ def _held(store: Store, installed: Installed, hold: ExitStack | None) -> Install
         return None
 
 
-def _find(
-    store: Store,
-    registry: Registry,
-    key: Key,
-    trust: TrustCheck | None,
-    hold: ExitStack | None = None,
-    deadline: float | None = None,
-) -> Found:
-    hit = _from_store(store, key, trust, hold)
-    if hit is not None:
-        return hit
-    if deadline is not None and isinstance(registry, Chained):  # members share the box; a hung one is skipped
+def _ask_registry(registry: Registry, key: Key, deadline: float | None = None) -> Manifest | Miss:
+    """The registry's entry for `key` (never the store's), or its nearest miss; a chain shares the
+    caller's deadline among its members and skips a hung one."""
+    if deadline is not None and isinstance(registry, Chained):
         found = registry.lookup_by(key.kind, key.digest, deadline)
     else:
         found = registry.lookup(key.kind, key.digest)
@@ -303,6 +371,8 @@ def lookup(
     """
     deadline = time.monotonic() + timeout
     wanted = list(kinds)
+    stored = {k: _from_store(store, plan.key(k), trust, hold) for k in wanted}
+    refused = {k: v for k, v in stored.items() if isinstance(v, StoreRefused)}
     opened = within(timeout, open_registry, name="prebake-open-registry")
     if isinstance(opened, Raised) and isinstance(opened.error, _BAD_ADDRESS):
         raise opened.error
@@ -310,12 +380,10 @@ def lookup(
         why = _fault(opened, f"registry {address}", "--registry-timeout", timeout)
         down = _unreachable(opened, address, why)
         return Lookup(
-            {
-                k: _from_store(store, plan.key(k), trust, hold) or Miss(plan.key(k), why, unreachable=down)
-                for k in wanted
-            },
+            {k: _hit_or(stored[k], Miss(plan.key(k), why, unreachable=down)) for k in wanted},
             None,
             False,
+            refused,
         )
     registry = opened.value
     found: dict[str, Found] = {}
@@ -323,11 +391,11 @@ def lookup(
     gone: Unreachable | None = None
     for kind in wanted:
         key = plan.key(kind)
-        if (hit := _from_store(store, key, trust, hold)) is not None:
+        if isinstance(hit := stored[kind], Installed):
             found[kind] = hit
             continue
-        if fault is None:
-            asked = within(deadline - time.monotonic(), partial(_find, store, registry, key, None, None, deadline))
+        if fault is None:  # nothing usable in the store: ask the registry, never the store again
+            asked = within(deadline - time.monotonic(), partial(_ask_registry, registry, key, deadline))
             if isinstance(asked, Done):
                 found[kind] = asked.value
                 continue
@@ -343,7 +411,11 @@ def lookup(
             fault, gone = why, _unreachable(asked, address, why)
         found[kind] = Miss(key, fault, unreachable=gone)
     answered = fault is None and not any(isinstance(v, Miss) and v.unreachable for v in found.values())
-    return Lookup(found, registry, answered)
+    return Lookup(found, registry, answered, refused)
+
+
+def _hit_or(stored: Installed | StoreRefused | None, miss: Miss) -> Found:
+    return stored if isinstance(stored, Installed) else miss
 
 
 def verify(plan: TargetKeys, found: dict[str, Found], trust: TrustCheck | None) -> dict[str, Found]:
@@ -421,14 +493,34 @@ def resolve(
     checked = verify(plan, looked.found, trust)
     check_bound(store, checked, plan.target.name)
     got = install(checked, store=store, registry=looked.registry, timeout=fetch_timeout, hold=hold)
-    return resolution(plan, looked.found, got)
+    return resolution(plan, looked.found, got, looked.store_refused)
 
 
-def resolution(plan: TargetKeys, found: dict[str, Found], got: dict[str, Installed | Miss]) -> Resolution:
+def resolution(
+    plan: TargetKeys,
+    found: dict[str, Found],
+    got: dict[str, Installed | Miss],
+    store_refused: dict[str, StoreRefused] | None = None,
+) -> Resolution:
+    """What was installed and what missed; a kind whose stored bundle the policy refused is a
+    refused miss (naming that bundle, the reason and the fix) unless the registry replaced it."""
+    refused = store_refused or {}
     installed = {k: v for k, v in got.items() if isinstance(v, Installed)}
     sources: dict[str, Source] = {k: "store" if isinstance(found[k], Installed) else "registry" for k in installed}
-    misses = tuple(v for v in got.values() if isinstance(v, Miss))
-    return Resolution(plan, installed, misses, sources)
+    misses = tuple(_with_refusal(v, refused.get(k)) for k, v in got.items() if isinstance(v, Miss))
+    notes = tuple(
+        f"{r.explain()}; replaced by the registry's bundle (blob {installed[k].manifest.blob.hex[:12]}), which it accepts"
+        for k, r in refused.items()
+        if k in installed
+    )
+    return Resolution(plan, installed, misses, sources, notes)
+
+
+def _with_refusal(miss: Miss, refused: StoreRefused | None) -> Miss:
+    if refused is None:
+        return miss
+    reason = f"{refused.explain()}, and the registry offered none it accepts ({miss.reason}). Fix: {refused.fix()}"
+    return Miss(miss.key, reason, miss.nearest, miss.differing, refused=True)
 
 
 _BAD_ADDRESS = (UnknownRegistryError, RegistryNotFound)

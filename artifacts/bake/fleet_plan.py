@@ -11,7 +11,9 @@ a GPU type), resolved in this order:
     3. none: the kinds whose keys do not depend on the host (buckets today) are still looked
        up exactly; the others are `unknown`, and a builder decides them on its own hardware
 
-The plan never calls a kind `present` unless the exact key it computed is in the registry,
+The plan never calls a kind `present` unless the exact key it computed is in the registry
+with an entry the trust policy in force accepts (`published` answers that: prebake.engine.fleet.plan
+asks prebake.artifacts.bake.fetch.accepted_entry; a refused entry is `missing`, and its bake says why),
 and never guesses a key from another host's factors; `unknown` counts as work to do, which
 the builder turns into a no-op if its own key is already present.
 

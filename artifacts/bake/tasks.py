@@ -5,8 +5,8 @@
     bake:<model>/<platform>/tp<N>/<dtype>:graphs     (after buckets and autotune)
 
 The tasks and their order come from the target's kind table (each task depends on its kind's
-upstream kinds). Each task is up to date when the registry already answers its key, which
-costs one index read and no torch import: re-running a bake with nothing changed does nothing.
+upstream kinds). Each task is up to date when the registry already answers its key with an entry the trust
+policy in force accepts, which costs one index read and no torch import: re-running a bake with nothing changed does nothing.
 Problems found while planning (unknown model, a precision this host cannot build) become one
 failing task that says so, so `doit list` keeps working.
 
@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from doit.exceptions import TaskFailed
 
+from prebake.artifacts.bake.fetch import TrustCheck, accepted_entry
 from prebake.artifacts.bake.kinds import TargetKeys
 from prebake.artifacts.bake.recipes import Recipe, list_recipes, load_recipe
 from prebake.artifacts.errors import PrebakeError, RecipeError, StoreError, UsageError
@@ -114,6 +115,9 @@ class Baker(Protocol):
     @property
     def registry(self) -> Registry: ...
 
+    @property
+    def trust(self) -> TrustCheck | None: ...
+
     def plans(self, recipe: Recipe, *, dtype: str | None = None, tp: int | None = None) -> list[TargetKeys]: ...
 
     def bake(self, plan: TargetKeys, kind: str) -> Any: ...
@@ -139,7 +143,7 @@ def bake_tasks(request: BakeRequest, *, open_baker: Callable[[str | None], Baker
                 "name": f"{p.target.name}:{kind.name}",
                 "doc": f"build {kind.name} of {p.target.name} (key {key.digest[:16]})",
                 "actions": [(_run, [baker, p, kind.name])],
-                "uptodate": [_published(opened, kind.name, key.digest)],
+                "uptodate": [_published(opened, kind.name, key.digest, baker.trust)],
                 "task_dep": [f"bake:{p.target.name}:{up}" for up in kind.upstream],
                 "verbosity": 2,
             }
@@ -150,9 +154,9 @@ def _run(baker: Baker, plan: TargetKeys, kind: str) -> bool:
     return True
 
 
-def _published(registry: Registry, kind: str, key_digest: str) -> Callable[[], bool]:
-    def check() -> bool:
-        return registry.lookup(kind, key_digest) is not None
+def _published(registry: Registry, kind: str, key_digest: str, trust: TrustCheck | None) -> Callable[[], bool]:
+    def check() -> bool:  # an entry the policy in force refuses is not up to date: the bake says why
+        return accepted_entry(registry, kind, key_digest, trust) is not None
 
     return check
 

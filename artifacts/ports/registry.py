@@ -5,6 +5,8 @@
     Published     the outcome of a publish (created, or the very same bundle was there)
     Listable      the optional ability to list what `prebake ls` shows without reading every entry
     Chained       the optional ability to share a caller's time box among members (prebake.registry.chain)
+    SideFiles     the optional ability to keep small files beside a bundle's blob (its provenance),
+                  and about the registry itself (its signed revocation list)
 
 The core owns these so that it never imports a backend: registry/ depends on artifacts/,
 never the reverse. A backend that can also be maintained says so by implementing the second
@@ -97,3 +99,25 @@ class Chained(Protocol):
 
     def lookup_by(self, kind: str, key_digest: str, deadline: float) -> Manifest | None:
         """`lookup`, answered by `deadline` (a time.monotonic() value)."""
+
+
+MAX_SIDE_FILE_BYTES = 1 << 20  # an attestation is a few KiB; anything past this is not one
+
+
+@runtime_checkable
+class SideFiles(Protocol):
+    """A registry that keeps small files beside a blob, at side/sha256/<aa>/<hex>/<name>
+    (prebake.artifacts.layout.side_relpath): the bundle's provenance attestation, and whatever else
+    describes one blob. Created once, like index entries; read bounded by MAX_SIDE_FILE_BYTES."""
+
+    def put_side(self, blob_digest: str, name: str, data: bytes) -> bool:
+        """Create the side file; True if this call created it, False if one was there already."""
+
+    def get_side(self, blob_digest: str, name: str) -> bytes | None:
+        """The side file's bytes, or None when there is none (a miss, not an error)."""
+
+    def put_meta(self, name: str, data: bytes) -> None:
+        """Write meta/<name>, replacing what was there (atomically: a reader sees the old or the new)."""
+
+    def get_meta(self, name: str) -> bytes | None:
+        """meta/<name>'s bytes, or None when there is none."""

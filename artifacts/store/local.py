@@ -4,6 +4,7 @@
     ├── registry/                                  the embedded default registry (index/ + blobs/); never evicted
     ├── index/<kind>/<key-digest>.json             manifests of bundles installed here
     ├── blobs/sha256/<aa>/<digest>.tar.zst         their payloads, as downloaded and verified
+    ├── side/sha256/<aa>/<digest>/<name>           their attestations, as read for the trust policy
     ├── trees/<blob-hex>/                          the unpacked payloads engines point at
     ├── leases/<blob-hex>                          engines hold it shared while they use the tree; mtime = last use
     ├── locks/<blob-hex>.lock                      one install or eviction of a blob at a time
@@ -45,7 +46,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -71,6 +72,9 @@ _PARTIAL_TREE = re.compile(rf"^\.({_HEX})\..*\.partial$")  # bundle.unpack's tem
 _PARTIAL_BLOB = re.compile(rf"^{re.escape(fsutil.TMP_PREFIX)}({_HEX})\.tar\.zst\.")  # fsutil.atomic_target's
 _EVICTED = ".evicted-"
 _INDEX_TMP_GRACE_S = 600.0  # an index write takes milliseconds; an older temporary is a crash's
+
+# The trust policy in force (prebake.artifacts.bake.fetch.TrustCheck): why a manifest is refused, or None.
+Refuses = Callable[[Manifest], "str | None"]
 
 
 def default_home(env: Mapping[str, str] = os.environ) -> Path:
@@ -128,6 +132,7 @@ class GcReport:
     in_use: tuple[str, ...]  # would have gone, but a process holds them
     recovered: int  # leftovers of crashed runs removed
     dry_run: bool = False  # nothing was removed: `evicted` is what would have gone
+    refused: tuple[str, ...] = ()  # blobs the trust policy in force refuses: evicted whatever the bound
 
     def render(self) -> str:
         verb = "would be evicted (dry run)" if self.dry_run else "evicted"
@@ -138,6 +143,11 @@ class GcReport:
         ]
         lines += [f"  {'would evict' if self.dry_run else 'evicted'} {h[:16]}" for h in self.evicted]
         lines += [f"  in use  {h[:16]}" for h in self.in_use]
+        lines += [
+            f"  refused {h[:16]} by the trust policy in force: no start uses it"
+            + (" (held by an engine started before; restart it)" if h in self.in_use else "")
+            for h in self.refused
+        ]
         if self.after_bytes > self.max_bytes:
             lines.append("  still above the bound: the rest is in use; run gc again when those engines stop")
         return "\n".join(lines)
@@ -246,15 +256,23 @@ class Store:
             lease.release()
 
     def gc(
-        self, max_bytes: int, *, keep: Collection[str] = (), wait: bool = True, dry_run: bool = False
+        self,
+        max_bytes: int,
+        *,
+        keep: Collection[str] = (),
+        wait: bool = True,
+        dry_run: bool = False,
+        refuse: Refuses | None = None,
     ) -> GcReport | None:
         """Evict least recently used bundles until blobs/ + trees/ fit in `max_bytes`, skipping
         held trees and the blob digests (hex) in `keep`. None if `wait` is False and a gc is running.
-        With `dry_run`, remove nothing and report what would go."""
+        With `dry_run`, remove nothing and report what would go. With `refuse` (the trust policy in
+        force), a bundle every index entry of which it refuses is not in use by any start to come:
+        it goes first, whatever the bound (unless a live engine holds it)."""
         if max_bytes < 0:
             raise StoreError(f"a store bound of {max_bytes} bytes makes no sense; give 0 or more")
         if dry_run:
-            return self._gc_plan(max_bytes, keep)
+            return self._gc_plan(max_bytes, keep, refuse)
         lock = fsutil.Flock.acquire(self.home / "locks" / "gc.lock", wait=wait)
         if lock is None:
             return None
@@ -262,10 +280,12 @@ class Store:
             recovered = self.recover()
             entries, dangling = self._inventory()
             recovered += sum(self._drop_dangling(path, hexd) for path, hexd in dangling)
+            refused = _refused(entries, refuse)
+            entries.sort(key=lambda e: e.hex not in refused)  # stable: refused first, then least recently used
             before = total = sum(e.bytes for e in entries)
             evicted, in_use = [], []
-            for entry in entries:  # least recently used first
-                if total <= max_bytes:
+            for entry in entries:
+                if total <= max_bytes and entry.hex not in refused:
                     break
                 if entry.hex in keep:
                     continue
@@ -274,21 +294,25 @@ class Store:
                     total -= entry.bytes
                 else:
                     in_use.append(entry.hex)
-        return GcReport(max_bytes, before, total, tuple(evicted), tuple(in_use), recovered)
+        return GcReport(max_bytes, before, total, tuple(evicted), tuple(in_use), recovered, refused=tuple(refused))
 
-    def _gc_plan(self, max_bytes: int, keep: Collection[str]) -> GcReport:
+    def _gc_plan(self, max_bytes: int, keep: Collection[str], refuse: Refuses | None) -> GcReport:
         entries = self.inventory()
+        refused = _refused(entries, refuse)
+        entries.sort(key=lambda e: e.hex not in refused)
         before = total = sum(e.bytes for e in entries)
         evicted, in_use = [], []
         for entry in (e for e in entries if e.hex not in keep):
-            if total <= max_bytes:
+            if total <= max_bytes and entry.hex not in refused:
                 break
             if self.held(entry.hex):
                 in_use.append(entry.hex)
             else:
                 evicted.append(entry.hex)
                 total -= entry.bytes
-        return GcReport(max_bytes, before, total, tuple(evicted), tuple(in_use), 0, dry_run=True)
+        return GcReport(
+            max_bytes, before, total, tuple(evicted), tuple(in_use), 0, dry_run=True, refused=tuple(refused)
+        )
 
     def inventory(self) -> list[StoreEntry]:
         """Every bundle in blobs/ or trees/, least recently used first."""
@@ -467,6 +491,7 @@ class Store:
                 fsutil.crash_point("evict")
                 self._files_record(entry.hex).unlink(missing_ok=True)
                 self.blob_path("sha256:" + entry.hex).unlink(missing_ok=True)
+                shutil.rmtree(self.home / "side" / "sha256" / entry.hex[:2] / entry.hex, ignore_errors=True)
             finally:
                 lease.release(unlink=True)
         finally:
@@ -568,6 +593,25 @@ def _mib(n: int) -> str:
 
 def _leftover(name: str) -> re.Match[str] | None:
     return _PARTIAL_TREE.match(name) or _PARTIAL_BLOB.match(name)
+
+
+def _refused(entries: list[StoreEntry], refuse: Refuses | None) -> list[str]:
+    """The blobs (hex) whose every index entry the policy refuses; an unreadable entry counts as refused."""
+    if refuse is None:
+        return []
+    out = []
+    for entry in entries:
+        if not entry.index:
+            continue
+        verdicts = []
+        for index in entry.index:
+            try:
+                verdicts.append(refuse(Manifest.parse(fsutil.read_bounded(index, MAX_MANIFEST_BYTES), str(index))))
+            except (OSError, BundleError) as exc:
+                verdicts.append(str(exc))
+        if all(v is not None for v in verdicts):
+            out.append(entry.hex)
+    return out
 
 
 def _named_blob(index: Path) -> str | None:

@@ -119,9 +119,11 @@ class BundledAdapter:
         )
         if not resolution.complete:
             note = f"no complete bundle set for {plan.target.name} in {services.address}"
-            return Fetched(plan.target.name, {}, resolution.installed, tuple(resolution.misses), (note,))
+            return Fetched(
+                plan.target.name, {}, resolution.installed, tuple(resolution.misses), (*resolution.notes, note)
+            )
         env = prebake_environment(plan.kinds, resolution.installed)
-        return Fetched(plan.target.name, env, resolution.installed)
+        return Fetched(plan.target.name, env, resolution.installed, notes=resolution.notes)
 
     def serve(self, request: StartRequest, open_services: OpenServices) -> int:
         """`prebake serve`: this engine serves in this process (prebake.engine.bundled.serve)."""

@@ -10,7 +10,8 @@
     load        weights and the static KV cache                       prebake.engine.bundled.runtime.loader
     warm-up     every step shape once, from the bundle                (graphs hit)
     compile     every step shape compiled in place, as `doit bake`    (graphs miss)
-    write-back  what was built in place packed and published          (--write-back)
+    write-back  what was built in place packed and published          (--write-back; to the
+                registry's quarantine namespace unless PREBAKE_WRITE_BACK=index: registry.writeback)
 
 Every step logs one line with its duration and sets prebake_startup_step_seconds. A miss,
 a registry fault, a time-out or a failed verification is a Miss with its reason: logged,
@@ -187,6 +188,8 @@ def _start(
             hold=leases,  # a store hit is held from here on: no gc evicts it while the rest downloads
         )
         s.detail = _summary(looked.found, address)
+        if looked.store_refused:
+            s.detail += f"; {len(looked.store_refused)} stored bundle(s) refused by the trust policy in force"
     with log.step("verify") as s:
         found = fetch.verify(plan, looked.found, context.trust)
         passed = sum(isinstance(v, Manifest) for v in found.values())
@@ -196,9 +199,11 @@ def _start(
         got = fetch.install(found, store=store, registry=looked.registry, timeout=settings.fetch_timeout, hold=leases)
         fetched = [f"{k} {i.manifest.blob.hex[:12]}" for k, i in got.items() if isinstance(i, Installed)]
         s.detail = ", ".join(fetched) or "nothing to fetch"
-    resolution = fetch.resolution(plan, looked.found, got)
+    resolution = fetch.resolution(plan, looked.found, got, looked.store_refused)
     _count(log.metrics, resolution)
     record_resolution(store, resolution)
+    for line in resolution.notes:
+        log.note(line)
     for miss in resolution.misses:
         log.note(miss.explain())
     if resolution.misses and settings.on_miss == "fail":
@@ -354,7 +359,7 @@ def _write_back(
 
     def report(result: WrittenBack) -> None:
         log.metrics.add("prebake_write_backs_total", kind=result.kind, outcome=result.outcome)
-        log.note(f"write-back {result.kind} {result.key[:12]} to {context.registry.url}: {result.note}")
+        log.note(f"write-back {result.kind} {result.key[:12]}: {result.note}")
         if not result.published:
             log.emit(
                 f"prebake serve: WARNING: write-back of {result.kind} failed; the next start will compile it again"

@@ -42,6 +42,9 @@ def add(sub) -> None:
         "--deep", action="store_true", help="also open every blob and check it against its manifest's file list"
     )
     verify.add_argument("--store", action="store_true", help=argparse.SUPPRESS)  # old spelling of `store verify`
+    verify.add_argument(
+        "--policy", metavar="FILE", help="check every entry against this trust policy file (default: $PREBAKE_POLICY)"
+    )
     verify.set_defaults(run=cmd_verify)
 
 
@@ -92,8 +95,8 @@ def _ls_json(m: Listed) -> dict:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from prebake.engine.cli.trust import verify_trust
     from prebake.engine.compose import open_address
-    from prebake.registry.signing import trust_from_env
     from prebake.registry.verify import verify_registry
 
     if args.store:  # the old spelling of `prebake store verify`: the same check, the same output
@@ -105,8 +108,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         )
         args.fix = False
         return cmd_store_verify(args)
-    registry = open_address(Store(), args.registry)
-    report = verify_registry(registry, trust=trust_from_env(), quarantine=args.quarantine, deep=args.deep)
+    store = Store()
+    registry = open_address(store, args.registry)
+    trust = verify_trust(args.policy, store.registry_address(args.registry), registry)
+    report = verify_registry(registry, trust=trust, quarantine=args.quarantine, deep=args.deep)
     if args.json:
         payload = {
             "registry": report.registry,

@@ -14,6 +14,7 @@ from prebake.artifacts.store import admin as store_admin
 from prebake.artifacts.store.local import DEFAULT_MAX_BYTES, Store, parse_size
 from prebake.engine.adapters import KIND_NAMES
 from prebake.engine.cli.common import Formatter, command, json_option, size, table
+from prebake.registry.policy import trust_in_force
 
 
 def add(sub) -> None:
@@ -125,7 +126,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     bound = parse_size(args.max_size, "--max-size") if args.max_size else store.limits.max_bytes
     if bound is None:  # a Store made with unbounded limits (tools, tests): the documented default
         bound = DEFAULT_MAX_BYTES
-    report = store.gc(bound, dry_run=args.dry_run)
+    report = store.gc(bound, dry_run=args.dry_run, refuse=_trust(store))
     assert report is not None  # gc waits for a running gc instead of returning None
     if args.json:
         _print_json(
@@ -138,6 +139,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
                 "evicted": ["sha256:" + h for h in report.evicted],
                 "in_use": ["sha256:" + h for h in report.in_use],
                 "recovered": report.recovered,
+                "refused": ["sha256:" + h for h in report.refused],
             }
         )
     else:
@@ -195,6 +197,16 @@ def cmd_store_rm(args: argparse.Namespace) -> int:
     report = store_admin.remove(store, chosen, dry_run=args.dry_run)
     _print_json(report.to_json()) if args.json else print(report.render())
     return ExitCode.FAILED if report.kept else ExitCode.OK
+
+
+def _trust(store: Store):
+    """The policy in force for gc: the store's own copies of attestations and revocation list first."""
+    from prebake.registry import open_registry
+
+    address = store.registry_address()
+    return trust_in_force(
+        warn=False, address=address, store_home=store.home, open_registry=lambda: open_registry(address)
+    )
 
 
 def _print_json(payload: dict) -> None:

@@ -27,11 +27,13 @@ from typing import Literal, Protocol
 from prebake.artifacts.bake.bake_kind import Signer
 from prebake.artifacts.bake.fetch import Miss, Resolution, TrustCheck
 from prebake.artifacts.bake.kinds import Kind, TargetKeys
+from prebake.artifacts.bake.provenance import Attest
 from prebake.artifacts.bake.recipes import Recipe, Target
 from prebake.artifacts.errors import PrebakeError
 from prebake.artifacts.ports.registry import Registry
 from prebake.artifacts.store.local import Installed, Store
 from prebake.engine.common.probe import Host
+from prebake.registry.writeback import WriteBackTarget
 
 
 class EngineStartError(PrebakeError, RuntimeError):
@@ -123,6 +125,14 @@ class Services(Protocol):
     def sign(self) -> Signer | None: ...
     @property
     def registry(self) -> Registry: ...
+    @property
+    def attest(self) -> Attest | None: ...
+    @property
+    def write_back(self) -> WriteBackTarget: ...
+    @property
+    def write_back_registry(self) -> Registry: ...
+
+    def write_back_plan(self, plan: TargetKeys) -> TargetKeys: ...
 
     def pick_plan(self, recipe: Recipe, *, dtype: str | None = None, tp: int | None = None) -> TargetKeys: ...
 

@@ -92,6 +92,36 @@ VARIABLES: tuple[Variable, ...] = (
         "The signer name written into signatures; must match the name in consumers' trusted key lines.",
     ),
     Variable(
+        "PREBAKE_BUILDER_ID",
+        "read",
+        "the GitHub Actions workflow, else urn:prebake:builder:local:<host>",
+        "The builder id a bake's SLSA provenance names (runDetails.builder.id); policies accept builders by it.",
+    ),
+    Variable(
+        "PREBAKE_SOURCE_URI",
+        "read",
+        "the git checkout's origin (credentials removed)",
+        "With PREBAKE_SOURCE_REVISION: the source a bake's provenance names, where the working folder is no checkout.",
+    ),
+    Variable(
+        "PREBAKE_SOURCE_REVISION",
+        "read",
+        "the git checkout's HEAD",
+        "The source commit a bake's provenance names (resolvedDependencies 'source').",
+    ),
+    Variable(
+        "PREBAKE_POLICY",
+        "read",
+        "unset (PREBAKE_TRUSTED_KEYS decides)",
+        "A trust policy file (TOML, docs/trust.md): keys with validity periods per registry prefix and model, builders, dependency constraints, maximum age, revocation; it decides at fetch, serve, gc and bake.",
+    ),
+    Variable(
+        "PREBAKE_WRITE_BACK",
+        "read",
+        "quarantine (the embedded registry: its index)",
+        "Where `serve --write-back` publishes what a pod compiled: 'quarantine' (the registry's incoming/ namespace, for `prebake promote`) or 'index' (straight to the shared index: single-user setups).",
+    ),
+    Variable(
         "PREBAKE_TRUSTED_KEYS",
         "read",
         "unset (nothing verified, said once on stderr)",

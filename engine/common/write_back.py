@@ -8,6 +8,10 @@ One policy for every engine:
                happens; a failure is logged and never fatal: publishing never swallows an error,
                and it never stops an engine that is already serving
 
+    where      the registry's quarantine namespace (incoming/), labelled writeback=quarantine,
+               unless PREBAKE_WRITE_BACK=index or the registry is the embedded local one
+               (prebake.registry.writeback); never the index other pods read by default
+
 Each engine says only how a kind's tree is captured (`builds`: a builder per kind, or None for
 the kind's own declared builder); the bake itself is prebake.artifacts.bake.bake_kind.
 """
@@ -53,15 +57,16 @@ def write_back(
 
         def publish(kind: str = kind) -> str:
             baked = bake_kind(
-                plan,
+                services.write_back_plan(plan),
                 kind,
                 store=services.store,
-                registry=services.registry,
+                registry=services.write_back_registry,
                 sign=services.sign,
                 trust=services.trust,
                 build=builds[kind],
+                attest=services.attest,
             )
-            return baked.note
+            return f"{baked.note} to {services.write_back.describe()}"
 
         outcome = within(max(0.0, deadline - time.monotonic()), publish, name="prebake-write-back")
         if isinstance(outcome, Done):

@@ -3,6 +3,7 @@ and the declared builder profiles."""
 
 from __future__ import annotations
 
+from prebake.artifacts.bake.fetch import accepted_entry
 from prebake.artifacts.bake.fleet_plan import FleetPlan, plan_fleet
 from prebake.artifacts.bake.recipes import load_recipe, targets
 from prebake.engine.adapters import kinds_for
@@ -22,7 +23,9 @@ def make_plan(
         targets(recipe, dtype=precision, tp=tp),
         here=context.host,
         profiles=load_profiles(profiles),
-        published=lambda kind, digest: opened.lookup(kind, digest) is not None,
+        published=lambda kind, digest: (
+            accepted_entry(opened, kind, digest, context.trust) is not None
+        ),  # refused: work to do
         kinds_for=kinds_for,
         registry=opened.url,
     )

@@ -151,12 +151,17 @@ def _node_id() -> str:
 
 
 def _present(recipe: Recipe, target, host, registry_address: str | None) -> set[str]:
+    from prebake.artifacts.bake.fetch import accepted_entry
     from prebake.engine.compose import Context
 
-    registry = Context.open(registry_address, host=host, creating=True).registry  # the bake creates it
+    context = Context.open(registry_address, host=host, creating=True)  # the bake creates it
+    registry = context.registry
     kinds = kinds_for(recipe, target)
     keys = target_keys(recipe, target, host, kinds).keys
-    return {kind for kind in kinds.names if registry.lookup(kind, keys[kind].digest) is not None}
+    # an entry the policy in force refuses is work to do, not present
+    return {
+        kind for kind in kinds.names if accepted_entry(registry, kind, keys[kind].digest, context.trust) is not None
+    }
 
 
 def _run_bake(job: BakeJob, recipes: Path) -> subprocess.CompletedProcess:

@@ -5,6 +5,7 @@
          and vLLM compiles into it), on Gaudi also of hpu-recipes/
       -> vLLM with VLLM_CACHE_ROOT there (+ on Gaudi the bucket and recipe-cache variables)
       -> with --write-back and a graphs miss: once vLLM is ready, pack and publish its cache root
+         (to the registry's quarantine namespace unless PREBAKE_WRITE_BACK=index: registry.writeback)
 
 Without --write-back prebake execs vLLM: vLLM gets the signals and the exit code is its own.
 A registry fault is a miss (vLLM compiles), unless --on-miss fail.
@@ -105,7 +106,11 @@ def prepare(request: StartRequest, context: Services) -> Prepared:
     variables = adapter.serve_environment(plan, resolution.installed, cache_root)
     portable = _portable(resolution.installed.get("graphs"), cache_root, variables)
     variables |= portable.pins
-    notes = portable.notes + _notes(request, resolution.installed.get("graphs"), variables, cache_root, plan)
+    notes = (
+        resolution.notes
+        + portable.notes
+        + _notes(request, resolution.installed.get("graphs"), variables, cache_root, plan)
+    )
     location = model_location(recipe, home / "models")
     argv = (
         *vllm_command(),

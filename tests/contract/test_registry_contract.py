@@ -146,3 +146,28 @@ def _race(calls):
     for t in threads:
         t.join(timeout=60)
     return outcomes
+
+
+def test_a_side_file_beside_a_blob_is_created_once_and_read_back(backend, bundle):
+    from prebake.artifacts.ports.registry import SideFiles
+
+    b = bundle()
+    backend.registry.publish(b.manifest, b.blob)
+    registry = backend.registry
+    assert isinstance(registry, SideFiles)
+    assert registry.get_side(b.manifest.blob.digest, "provenance.intoto.dsse.json") is None  # a miss, not an error
+    assert registry.put_side(b.manifest.blob.digest, "provenance.intoto.dsse.json", b'{"first": 1}') is True
+    assert registry.put_side(b.manifest.blob.digest, "provenance.intoto.dsse.json", b'{"second": 2}') is False
+    other = backend.second_client()
+    assert isinstance(other, SideFiles)
+    assert other.get_side(b.manifest.blob.digest, "provenance.intoto.dsse.json") == b'{"first": 1}'
+    assert [m.key_digest for m in other.list()] == [b.manifest.key_digest]  # a side file is not an index entry
+
+
+def test_a_registry_file_is_replaced_whole_and_read_back_by_another_client(backend):
+    registry = backend.registry
+    assert registry.get_meta("revocations.json") is None  # type: ignore[attr-defined]
+    registry.put_meta("revocations.json", b'{"serial": 1}')  # type: ignore[attr-defined]
+    registry.put_meta("revocations.json", b'{"serial": 2}')  # type: ignore[attr-defined]
+    assert backend.second_client().get_meta("revocations.json") == b'{"serial": 2}'  # type: ignore[attr-defined]
+    assert list(backend.second_client().list()) == []  # not an index entry

@@ -29,7 +29,9 @@ def served(tmp_path_factory):
     (root / "registry").mkdir()
     server = ServeProcess(
         ["--model", MODEL, "--eager", "--registry", str(root / "registry"), "--write-back"],
-        serve_env(root / "home", recipes),
+        serve_env(
+            root / "home", recipes, PREBAKE_WRITE_BACK="index"
+        ),  # a single-user setup: write-back straight to the index, said so (registry/writeback.py)
     )
     server.wait_ready(600)
     yield server, root

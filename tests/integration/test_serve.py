@@ -48,7 +48,10 @@ def _cold_start(tmp_path_factory, recipes, model: str) -> Cold:
     registry = root / "registry"
     registry.mkdir()
     server = ServeProcess(
-        ["--model", model, "--registry", str(registry), "--write-back"], serve_env(root / "home", recipes)
+        ["--model", model, "--registry", str(registry), "--write-back"],
+        serve_env(
+            root / "home", recipes, PREBAKE_WRITE_BACK="index"
+        ),  # a single-user setup: write-back straight to the index, said so (registry/writeback.py)
     )
     try:
         server.wait_listening()

@@ -356,6 +356,9 @@ def test_a_miss_starts_from_an_empty_root_and_write_back_publishes_what_vllm_com
     """Plumbing: a miss starts from an empty root and the write-back publishes every kind, upstream
     first; the stand-in's compile output stands for vLLM's (real reuse: tests/integration/test_vllm.py)."""
     monkeypatch.setenv("PREBAKE_VLLM_COMMAND", f"{sys.executable} {STANDIN}")
+    monkeypatch.setenv(
+        "PREBAKE_WRITE_BACK", "index"
+    )  # straight to the index: tests/integration/test_writeback_quarantine.py
     host = vllm_cpu_host(tmp_path / "host")
     registry = open_registry(str(tmp_path / "registry"))
     store = Store(tmp_path / "home")
@@ -452,3 +455,42 @@ def test_a_slow_or_broken_registry_is_a_miss_and_vllm_starts_from_an_empty_root(
     assert {m.key.kind for m in prepared.misses} == {"buckets", "autotune", "graphs"}
     assert all(reason in m.reason for m in prepared.misses)
     assert not any((prepared.cache_root / CACHE_DIR).iterdir())
+
+
+def test_by_default_vllm_write_back_lands_in_quarantine_and_serves_others_only_once_promoted(
+    folder_model_recipe, tmp_path, monkeypatch
+):
+    from prebake.registry.promote import promote
+    from prebake.registry.signing import KeySigner, load_private_key, write_keypair
+    from prebake.registry.writeback import quarantine_address
+
+    monkeypatch.setenv("PREBAKE_VLLM_COMMAND", f"{sys.executable} {STANDIN}")
+    monkeypatch.delenv("PREBAKE_WRITE_BACK", raising=False)
+    host = vllm_cpu_host(tmp_path / "host")
+    registry = open_registry(str(tmp_path / "registry"))
+    store = Store(tmp_path / "home")
+    cold = _prepare(folder_model_recipe, store, registry, host, monkeypatch, tmp_path)
+    port = free_port()
+    running = start(
+        Launch((*cold.argv, "--port", str(port)), cold.child_env(dict(os.environ)), cold.cwd, tmp_path / "cold.log")
+    )
+    try:
+        seconds = wait_ready(running, f"http://127.0.0.1:{port}", timeout_s=60)
+        published = write_back(cold, Context(store, host, registry.url, given_registry=registry), seconds)
+    finally:
+        stop(running)
+    assert all("quarantine: awaiting `prebake promote`" in line for line in published), published
+    assert list(registry.list()) == []  # nothing a pod compiled reached the index
+    incoming = open_registry(quarantine_address(registry.url))
+    assert {m.kind for m in incoming.list()} == {"buckets", "autotune", "graphs"}
+    assert all(m.labels["writeback"] == "quarantine" for m in incoming.list())
+    other_pod = _prepare(folder_model_recipe, Store(tmp_path / "home2"), registry, host, monkeypatch, tmp_path)
+    assert {m.key.kind for m in other_pod.misses} == {"buckets", "autotune", "graphs"}
+
+    private, _public = write_keypair("builder", tmp_path / "keys")
+    results = promote(incoming, registry, signer=KeySigner("builder", load_private_key(private)), attest=None)
+    assert [r.outcome for r in results] == ["promoted"] * 3, results
+    assert all(m.signatures[0].signer == "builder" and "writeback" not in m.labels for m in registry.list())
+    assert list(incoming.list()) == []  # moved out of the quarantine's index
+    warm = _prepare(folder_model_recipe, Store(tmp_path / "home3"), registry, host, monkeypatch, tmp_path)
+    assert warm.misses == ()

@@ -33,6 +33,7 @@ ARGV = {
     "store stats": ["store", "stats"],
     "fetch": ["fetch", "--model", "tiny-llama"],
     "serve": ["serve", "--model", "tiny-llama", "--port", "0"],
+    "promote": ["promote", "--list"],
 }
 READERS = ("stats", "store ls", "ls", "store stats", "store verify", "plan", "verify")
 

@@ -1,0 +1,35 @@
+"""Trust commands: the policy `prebake verify --policy` checks a registry against.
+
+`verify_trust` is what `prebake verify` asks for its trust check: the policy file given with
+--policy (else $PREBAKE_POLICY), bound to the registry being verified and reading each
+bundle's attestation from it; else the keys of PREBAKE_TRUSTED_KEYS; else none.
+"""
+
+from __future__ import annotations
+
+import os
+
+from prebake.artifacts.bake.fetch import TrustCheck
+from prebake.artifacts.bake.provenance import SIDE_NAME
+from prebake.artifacts.ports.registry import Registry, SideFiles
+from prebake.artifacts.store.local import Store
+from prebake.engine.common.builder import host_versions
+from prebake.engine.common.probe import current_host
+from prebake.registry.policy import POLICY_ENV, trust_in_force
+
+
+def verify_trust(policy: str | None, address: str, registry: Registry) -> TrustCheck | None:
+    """The trust check `prebake verify` applies to every entry of `registry`."""
+    env = {**os.environ, POLICY_ENV: policy} if policy else dict(os.environ)
+
+    def attestation(manifest):  # straight from the registry being verified, not a store's copy
+        return registry.get_side(manifest.blob.digest, SIDE_NAME) if isinstance(registry, SideFiles) else None
+
+    return trust_in_force(
+        env,
+        address=address,
+        host_versions=host_versions(current_host()),
+        store_home=Store().home,
+        open_registry=lambda: registry,
+        attestation=attestation,
+    )
