@@ -6,9 +6,10 @@
     s3://bucket/prefix                       S3Registry: AWS, MinIO, R2, Ceph (standard AWS configuration)
     hf://ns/repo[@rev]                       HubRegistry: a Hugging Face model repo
     hf://datasets/ns/repo[@rev]              HubRegistry: a dataset repo
+    oci://host[:port]/namespace/repo         OCIRegistry: an OCI registry (GHCR, ECR, Harbor, distribution)
     /local/folder,s3://team/prebake          ChainRegistry: nearest first, farther hits backfilled
 
-Backends import boto3 or huggingface_hub only when opened, so `import registry` stays light.
+Backends import boto3, huggingface_hub or httpx only when opened, so `import registry` stays light.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 from .base import Published, Registry
 from .errors import UnknownRegistryError
 
-SCHEMES = ("file://", "s3://", "hf://")
+SCHEMES = ("file://", "s3://", "hf://", "oci://")
 
 
 def open_registry(address: str | Path) -> Registry:
@@ -48,6 +49,10 @@ def _open_one(text: str) -> Registry:
         from .hf import HubRegistry
 
         return HubRegistry(text)
+    if text.startswith("oci://"):
+        from .oci import OCIRegistry
+
+        return OCIRegistry(text)
     if text.startswith("file://"):
         text = text[len("file://") :]
     elif "://" in text:
