@@ -155,12 +155,17 @@ class OCIRegistry(OCIMaintenance):
             self.put_manifest(artifact.digest, artifact.manifest)
             rtt = time.monotonic()
             before = self._entry(tag)  # the last look: someone may have won while our blobs went up
-            if before is not None:
-                return settle(before[1], manifest, where)
-            self.put_manifest(tag, artifact.manifest)
+            if before is None:
+                self.put_manifest(tag, artifact.manifest)
             rtt = time.monotonic() - rtt
+        except RegistryUnavailable as exc:
+            raise RegistryUnavailable(f"cannot publish into {self.url}: {exc}") from exc
+        except BlobDigestMismatch:
+            raise
         except RegistryError as exc:
-            raise type(exc)(f"cannot publish into {self.url}: {exc}") from exc
+            raise RegistryError(f"cannot publish into {self.url}: {exc}") from exc
+        if before is not None:
+            return settle(before[1], manifest, where)
         return self._settled(artifact, manifest, tag, where, rtt, time.monotonic() - started)
 
     def _settled(

@@ -342,6 +342,11 @@ class Distribution:
             return RegistryUnavailable(
                 f"cannot {doing} at {self.url}: HTTP {status} ({detail}) after {self.settings.max_attempts} attempts; retry later"
             )
+        if status == 400 and self.plain and "HTTPS" in response.text:
+            return RegistryUnavailable(
+                f"cannot {doing} at {self.url}: {self.address.host} speaks TLS, but it is named in "
+                f"PREBAKE_OCI_PLAIN_HTTP; remove it from there (and give its CA with PREBAKE_OCI_CA_BUNDLE)"
+            )
         if status == 405 and "DELETE" in doing:
             return RegistryError(
                 f"cannot {doing} at {self.url}: the registry does not allow deletes ({detail}); enable them "

@@ -1,0 +1,119 @@
+"""Logins, TLS and plain HTTP on the OCI backend, against docker-registry with htpasswd over TLS: a
+login from config.json, a credential helper or the environment works; a wrong password, no
+login, an unknown CA, plain HTTP to a TLS server and a registry that is down each raise
+RegistryUnavailable naming the registry and the fix, never a miss."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import uuid
+
+import pytest
+
+from registry.errors import RegistryUnavailable
+from registry.oci import OCIRegistry
+from registry.oci_client import OCISettings
+from tests.support.bundles import make_bundle
+from tests.support.moto_server import free_port
+from tests.support.oci_server import write_docker_config
+
+KEY = "0" * 64
+
+
+def _address(oci) -> str:
+    return oci.address(f"team/creds-{uuid.uuid4().hex[:8]}")
+
+
+def test_the_login_docker_login_wrote_is_used(oci, tmp_path):
+    b = make_bundle(tmp_path)
+    registry = OCIRegistry(_address(oci))
+    assert registry.publish(b.manifest, b.blob).created
+    assert registry.lookup("graphs", b.manifest.key_digest) == b.manifest
+
+
+def test_a_wrong_password_names_the_registry_the_login_source_and_the_fix(oci, tmp_path, monkeypatch):
+    write_docker_config(tmp_path / "wrong", oci.host, "ci", "not-the-password")
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "wrong"))
+
+    with pytest.raises(
+        RegistryUnavailable, match=r"refused the login .*config.json.*docker login 127\.0\.0\.1"
+    ) as raised:
+        OCIRegistry(_address(oci)).lookup("graphs", KEY)
+    assert oci.host in str(raised.value)
+
+
+def test_no_login_at_all_says_where_it_looked_and_how_to_log_in(oci, tmp_path, monkeypatch):
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "empty"))
+
+    with pytest.raises(RegistryUnavailable, match=r"wants a login and none was found .*docker login"):
+        OCIRegistry(_address(oci)).lookup("graphs", KEY)
+
+
+def test_a_login_in_the_environment_wins_over_config_json(oci, tmp_path, monkeypatch):
+    write_docker_config(tmp_path / "wrong", oci.host, "ci", "not-the-password")
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "wrong"))
+    monkeypatch.setenv("PREBAKE_OCI_USERNAME", "ci")
+    monkeypatch.setenv("PREBAKE_OCI_PASSWORD", "contract-password")
+
+    assert OCIRegistry(_address(oci)).lookup("graphs", KEY) is None  # a miss: reached and answered
+
+
+def test_a_credential_helper_named_in_config_json_is_asked(oci, tmp_path, monkeypatch):
+    """A real docker-credential-<name> program on PATH, speaking the helper protocol (stdin: the host)."""
+    bin_dir, asked = tmp_path / "bin", tmp_path / "asked"
+    bin_dir.mkdir()
+    helper = bin_dir / "docker-credential-prebaketest"
+    helper.write_text(
+        "#!/bin/sh\n"
+        f'read host; echo "$1 $host" >> {asked}\n'
+        'printf \'{"ServerURL":"%s","Username":"ci","Secret":"contract-password"}\' "$host"\n'
+    )
+    helper.chmod(helper.stat().st_mode | stat.S_IXUSR)
+    config = tmp_path / "helper"
+    config.mkdir()
+    (config / "config.json").write_text(json.dumps({"credHelpers": {oci.host: "prebaketest"}}))
+    monkeypatch.setenv("DOCKER_CONFIG", str(config))
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+    assert OCIRegistry(_address(oci)).lookup("graphs", KEY) is None
+    assert asked.read_text().split() == ["get", oci.host]
+
+
+def test_a_registry_whose_ca_is_not_trusted_is_a_tls_error_naming_the_ca_setting(oci, monkeypatch):
+    monkeypatch.delenv("PREBAKE_OCI_CA_BUNDLE")
+
+    with pytest.raises(RegistryUnavailable, match=r"TLS with 127\.0\.0\.1:\d+ failed.*PREBAKE_OCI_CA_BUNDLE"):
+        OCIRegistry(_address(oci)).lookup("graphs", KEY)
+
+
+def test_plain_http_to_a_tls_registry_is_an_error_not_a_miss(oci, monkeypatch):
+    monkeypatch.setenv("PREBAKE_OCI_PLAIN_HTTP", oci.host)
+
+    with pytest.raises(RegistryUnavailable, match=re.escape(oci.host)):
+        OCIRegistry(_address(oci), OCISettings(max_attempts=1, plain_http=(oci.host,))).lookup("graphs", KEY)
+
+
+def test_a_registry_that_is_down_is_named_with_what_to_check(monkeypatch):
+    host = f"127.0.0.1:{free_port()}"
+    registry = OCIRegistry(f"oci://{host}/team/x", OCISettings(max_attempts=2, timeout_s=2, plain_http=(host,)))
+
+    with pytest.raises(RegistryUnavailable, match=re.escape(host) + ".*did not answer.*check that it runs"):
+        registry.lookup("graphs", KEY)
+
+
+def test_https_is_the_default_and_plain_http_only_for_named_hosts(monkeypatch):
+    monkeypatch.setenv("PREBAKE_OCI_PLAIN_HTTP", "127.0.0.1:5000")
+    assert OCIRegistry("oci://127.0.0.1:5000/a/b").client.base == "http://127.0.0.1:5000"
+    assert OCIRegistry("oci://127.0.0.1:5001/a/b").client.base == "https://127.0.0.1:5001"
+    assert OCIRegistry("oci://ghcr.io/a/b").client.base == "https://ghcr.io"
+
+
+def test_a_missing_ca_bundle_file_is_refused_up_front(monkeypatch, tmp_path):
+    from registry.errors import RegistryError
+
+    monkeypatch.setenv("PREBAKE_OCI_CA_BUNDLE", str(tmp_path / "nope.pem"))
+    with pytest.raises(RegistryError, match="PREBAKE_OCI_CA_BUNDLE=.*is not a file"):
+        OCISettings.from_env()
