@@ -108,7 +108,7 @@ class OCIRegistry(OCIMaintenance):
                             )
                         if not offset and r.headers.get("Content-Length"):
                             sized.announce(int(r.headers["Content-Length"]))
-                        for chunk in r.iter_bytes(_MiB):
+                        for chunk in r.iter_bytes():  # as they arrive: `offset` is what was written
                             sized(chunk)
                             h.update(chunk)
                             f.write(chunk)
