@@ -117,3 +117,73 @@ def test_a_missing_ca_bundle_file_is_refused_up_front(monkeypatch, tmp_path):
     monkeypatch.setenv("PREBAKE_OCI_CA_BUNDLE", str(tmp_path / "nope.pem"))
     with pytest.raises(RegistryError, match="PREBAKE_OCI_CA_BUNDLE=.*is not a file"):
         OCISettings.from_env()
+
+
+# -- bearer tokens (how GHCR, ECR, Harbor, Quay and Docker Hub authenticate) ----------------------
+
+
+@pytest.fixture(scope="module")
+def token_registry(tmp_path_factory):
+    from tests.support.oci_server import oci_available, oci_server
+    from tests.support.oci_token import token_service
+
+    if not oci_available():
+        pytest.skip("docker-registry is not installed (apt-get install docker-registry; .ci/run does)")
+    root = tmp_path_factory.mktemp("oci-token")
+    with token_service({"ci": "token-password"}, root / "tokens") as tokens:
+        with oci_server(root / "server", tls=True, token=tokens) as server:
+            yield server, tokens
+
+
+@pytest.fixture
+def bearer(token_registry, monkeypatch, tmp_path):
+    server, tokens = token_registry
+    for name in ("PREBAKE_OCI_PLAIN_HTTP", "PREBAKE_OCI_USERNAME", "PREBAKE_OCI_PASSWORD", "REGISTRY_AUTH_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in server.env(docker_config=tmp_path / "docker").items():
+        monkeypatch.setenv(name, value)
+    tokens.expire_next, tokens.refused = 0, 0
+    tokens.issued.clear()
+    return server, tokens
+
+
+def test_the_bearer_challenge_is_answered_with_a_token_for_the_repository_scope(bearer, tmp_path):
+    server, tokens = bearer
+    address = _address(server)
+    b = make_bundle(tmp_path)
+    registry = OCIRegistry(address)
+
+    assert registry.publish(b.manifest, b.blob).created
+    assert OCIRegistry(address).lookup("graphs", b.manifest.key_digest) == b.manifest
+
+    repo = address.split("/", 3)[3]
+    assert f"repository:{repo}:pull,push" in tokens.issued and f"repository:{repo}:pull" in tokens.issued
+    assert len(tokens.issued) <= 4, "a token is kept per scope, not fetched per request"
+
+
+def test_an_expired_token_is_replaced_once_and_the_request_goes_through(bearer):
+    server, tokens = bearer
+    tokens.expire_next = 1
+
+    assert OCIRegistry(_address(server)).lookup("graphs", KEY) is None
+    assert len(tokens.issued) == 2
+
+
+def test_tokens_that_keep_being_refused_are_an_error_naming_the_fix(bearer):
+    server, tokens = bearer
+    tokens.expire_next = 10
+
+    with pytest.raises(RegistryUnavailable, match=r"refused the login .*wrong or expired.*docker login"):
+        OCIRegistry(_address(server)).lookup("graphs", KEY)
+
+
+def test_a_wrong_password_at_the_token_service_names_it_and_the_fix(bearer, tmp_path, monkeypatch):
+    server, tokens = bearer
+    write_docker_config(tmp_path / "wrong", server.host, "ci", "not-the-password")
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "wrong"))
+
+    with pytest.raises(
+        RegistryUnavailable, match=r"token service http://127\.0\.0\.1:\d+/token refused .*docker login"
+    ):
+        OCIRegistry(_address(server)).lookup("graphs", KEY)
+    assert tokens.refused == 1

@@ -5,6 +5,7 @@
     with oci_server(tmp, tls=True, users={"ci": "pw"}) as reg:   # htpasswd auth over TLS
         reg.ca                                         # the CA that signed its certificate (a test makes it)
     with oci_server(tmp, proxy_of=origin) as mirror:   # a pull-through mirror of `origin`
+    with oci_server(tmp, token=tokens) as reg:         # bearer tokens from tests/support/oci_token.py
 
 Each server gets its own storage folder, configuration and log under `root`; it listens on
 127.0.0.1 only and is stopped by its process id. `oci_available()` says whether the binary is
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.support.moto_server import free_port
+from tests.support.oci_token import ISSUER, SERVICE, TokenService
 
 BINARY = "docker-registry"
 
@@ -93,6 +95,7 @@ def oci_server(
     tls: bool = False,
     users: dict[str, str] | None = None,
     proxy_of: OCIServer | None = None,
+    token: TokenService | None = None,
     delete: bool = True,
     start_timeout_s: float = 30.0,
 ) -> Iterator[OCIServer]:
@@ -102,7 +105,9 @@ def oci_server(
     for _ in range(3):  # the free port can be taken between choosing it and the server binding it
         port = free_port()
         server = OCIServer(f"127.0.0.1:{port}", root, "https" if tls else "http", users=dict(users or {}))
-        config = _config(server, tls=tls, proxy_of=proxy_of, delete=delete)
+        if token is not None:
+            server.users = dict(token.users)
+        config = _config(server, tls=tls, proxy_of=proxy_of, token=token, delete=delete)
         with (root / "server.log").open("ab") as log:
             proc = subprocess.Popen(
                 [BINARY, "serve", str(config)],
@@ -133,7 +138,9 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def _config(server: OCIServer, *, tls: bool, proxy_of: OCIServer | None, delete: bool) -> Path:
+def _config(
+    server: OCIServer, *, tls: bool, proxy_of: OCIServer | None, token: TokenService | None, delete: bool
+) -> Path:
     import json
 
     cfg: dict = {
@@ -150,7 +157,11 @@ def _config(server: OCIServer, *, tls: bool, proxy_of: OCIServer | None, delete:
         cert, key, ca = _make_certificates(server.root / "tls")
         cfg["http"]["tls"] = {"certificate": str(cert), "key": str(key)}
         server.ca = ca
-    if server.users:
+    if token is not None:
+        cfg["auth"] = {
+            "token": {"realm": token.realm, "service": SERVICE, "issuer": ISSUER, "rootcertbundle": str(token.cert)}
+        }
+    elif server.users:
         path = server.root / "htpasswd"
         path.write_text("".join(f"{u}:{_bcrypt(p)}\n" for u, p in server.users.items()))
         cfg["auth"] = {"htpasswd": {"realm": "prebake-test", "path": str(path)}}
