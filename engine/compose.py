@@ -15,6 +15,7 @@ for the store, the registry address, trust or signing on its own.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -70,8 +71,16 @@ class Context:
     def adapter(self, plan: Plan) -> EngineAdapter:
         return adapter_for(plan.recipe, plan.target)
 
-    def resolve(self, plan: Plan, *, lookup_timeout: float = 30.0, fetch_timeout: float = 600.0) -> Resolution:
-        """The fetch pipeline for every kind of `plan`; its hits and misses go into the store's stats."""
+    def resolve(
+        self,
+        plan: Plan,
+        *,
+        lookup_timeout: float = 30.0,
+        fetch_timeout: float = 600.0,
+        kinds: Sequence[str] | None = None,
+    ) -> Resolution:
+        """The fetch pipeline for every kind of `plan` (or the given kinds); its hits and misses go
+        into the store's stats."""
         resolution = resolve(
             plan,
             store=self.store,
@@ -80,6 +89,7 @@ class Context:
             trust=self.trust,
             lookup_timeout=lookup_timeout,
             fetch_timeout=fetch_timeout,
+            kinds=kinds,
         )
         record_resolution(self.store, resolution)
         return resolution

@@ -70,6 +70,7 @@ def _vllm_start(args: argparse.Namespace):
         on_miss=getattr(args, "on_miss", "compile"),
         write_back=getattr(args, "write_back", False),
         vllm_args=tuple(getattr(args, "vllm_args", ())),
+        mounted=tuple(args.mounted),
         **(
             {"registry_timeout": args.registry_timeout, "fetch_timeout": args.fetch_timeout}
             if hasattr(args, "registry_timeout")
@@ -114,12 +115,20 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 def cmd_fetch_bundled(args: argparse.Namespace) -> int:
     """`fetch` for the bundled engine (and plain torch.compile users): the kinds' environment."""
+    from dataclasses import replace
+
     from engine.compose import Context
     from engine.startup.install import prebake_environment, shell_exports
+    from engine.startup.mounted import parse_mounts, resolve_mounted
 
     context = Context.open(args.registry)
     plan = context.pick_plan(load_recipe(args.model), dtype=args.precision, tp=args.tp)
-    resolution = context.resolve(plan)
+    mounts = parse_mounts(args.mounted, plan.kinds.names)
+    resolution = context.resolve(plan, kinds=[k for k in plan.kinds.names if k not in mounts])
+    on_mounts, mount_misses = resolve_mounted(plan, mounts, context=context)
+    resolution = replace(
+        resolution, installed={**resolution.installed, **on_mounts}, misses=resolution.misses + mount_misses
+    )
     if not resolution.complete:
         for miss in resolution.misses:
             print(miss.explain(), file=sys.stderr)
@@ -197,6 +206,7 @@ def cmd_serve_bundled(args: argparse.Namespace) -> int:
         on_miss=args.on_miss,
         write_back=args.write_back,
         eager=args.eager,
+        mounted=tuple(args.mounted),
     )
     settings = ServeSettings(startup=startup, host=args.host, port=args.port, api_key=api_key_from(args.api_key))
     return serve(settings, emit=logging.getLogger("prebake.serve").info)

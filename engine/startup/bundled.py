@@ -50,6 +50,7 @@ from engine.compose import Context
 from engine.runtime.metrics import Metrics
 from engine.runtime.shapes import StepShape, step_shapes
 from engine.startup import install
+from engine.startup.mounted import check_mounted, parse_mounts
 
 if TYPE_CHECKING:  # torch is imported once the environment is set (install step), not before
     from engine.runtime.steps import CompiledSteps, Tactic
@@ -72,6 +73,7 @@ class StartupSettings(BaseModel):
     on_miss: Literal["compile", "fail"] = "compile"
     write_back: bool = False
     eager: bool = Field(default=False, description="compilation off: the eager floor")
+    mounted: tuple[str, ...] = Field(default=(), description="KIND=PATH trees already mounted read-only")
 
 
 class MissRefused(PrebakeError, LookupError):
@@ -185,11 +187,17 @@ def _start(
         found = fetch.verify(plan, looked.found, context.trust)
         passed = sum(isinstance(v, Manifest) for v in found.values())
         s.detail = f"{passed} registry bundle(s) carry their keys and pass the trust policy"
+        mounts = parse_mounts(settings.mounted, plan.kinds.names)
+        for kind, tree in mounts.items():  # checked file by file against the verified manifest, used in place
+            value = found[kind]
+            if not isinstance(value, Miss):
+                found[kind] = check_mounted(tree, value.manifest if isinstance(value, Installed) else value)
+                s.detail += f"; {kind} mounted at {tree} matches it"
     with log.step("fetch") as s:
         got = fetch.install(found, store=store, registry=looked.registry, timeout=settings.fetch_timeout)
         fetched = [f"{k} {i.manifest.blob.hex[:12]}" for k, i in got.items() if isinstance(i, Installed)]
         s.detail = ", ".join(fetched) or "nothing to fetch"
-    resolution = fetch.resolution(plan, looked.found, _hold(got, store, leases))
+    resolution = fetch.resolution(plan, looked.found, _hold(got, store, leases, set(mounts)))
     _count(log.metrics, resolution)
     record_resolution(store, resolution)
     for miss in resolution.misses:
@@ -220,11 +228,14 @@ def _start(
     return engine
 
 
-def _hold(got: dict[str, Installed | Miss], store: Store, leases: ExitStack) -> dict[str, Installed | Miss]:
-    """Lease every installed tree for the engine's life, so `prebake gc` never evicts one under it."""
+def _hold(
+    got: dict[str, Installed | Miss], store: Store, leases: ExitStack, mounted: set[str]
+) -> dict[str, Installed | Miss]:
+    """Lease every installed tree for the engine's life, so `prebake gc` never evicts one under it
+    (a mounted tree is not the store's: nothing evicts it)."""
     held: dict[str, Installed | Miss] = {}
     for kind, value in got.items():
-        if isinstance(value, Installed):
+        if isinstance(value, Installed) and kind not in mounted:
             try:
                 value = leases.enter_context(store.use(value))
             except StoreError as exc:  # evicted between fetch and hold: compile in place instead

@@ -18,7 +18,7 @@ import shutil
 import signal
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from artifacts.bake import bake_kind
@@ -48,6 +48,7 @@ from engine.adapters.vllm import (
 )
 from engine.adapters.vllm_engine import VllmAdapter
 from engine.compose import Context
+from engine.startup.mounted import parse_mounts, resolve_mounted
 
 # Flags the recipe decides; given again after `--` they change vLLM's cache key.
 _RECIPE_FLAGS = (
@@ -86,6 +87,7 @@ class VllmStart:
     vllm_args: tuple[str, ...] = ()
     registry_timeout: float = 30.0  # seconds the lookup may take; then vLLM starts without the bundles
     fetch_timeout: float = 600.0  # seconds the downloads may take
+    mounted: tuple[str, ...] = ()  # KIND=PATH: bundle trees already mounted read-only (engine/startup/mounted.py)
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,15 @@ def prepare(request: VllmStart, context: Context) -> Prepared:
             f"recipe {recipe.model.name} is served by engine {adapter.name!r}; --engine vllm "
             f"needs a recipe with engine = 'vllm', such as tiny-llama-vllm"
         )
-    resolution = context.resolve(plan, lookup_timeout=request.registry_timeout, fetch_timeout=request.fetch_timeout)
+    mounts = parse_mounts(request.mounted, plan.kinds.names)
+    rest = [k for k in plan.kinds.names if k not in mounts]
+    resolution = context.resolve(
+        plan, lookup_timeout=request.registry_timeout, fetch_timeout=request.fetch_timeout, kinds=rest
+    )
+    on_mounts, mount_misses = resolve_mounted(plan, mounts, context=context, lookup_timeout=request.registry_timeout)
+    resolution = replace(
+        resolution, installed={**resolution.installed, **on_mounts}, misses=resolution.misses + mount_misses
+    )
     home = context.store.home
     cache_root = request.cache_root or home / "engines" / "vllm" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     variables = adapter.serve_environment(plan, resolution.installed, cache_root)

@@ -230,3 +230,82 @@ def _files(root: Path) -> dict[str, tuple[str, int, bytes]]:
         else:
             out[rel] = ("file", path.stat().st_mode & 0o111, path.read_bytes())
     return out
+
+
+# -- image volumes: a tree mounted read-only, checked against its signed manifest -------------------
+
+
+def _umoci_tree(oci, tmp_path: Path, name: str, tag: str) -> Path:
+    """The bundle as an image volume would mount it: unpacked by umoci (after skopeo made it gzip), read-only."""
+    _needs("umoci")
+    ref = f"docker://{oci.host}/{name}:{tag}"
+    _skopeo(oci, tmp_path, "copy", "--dest-compress", "--dest-compress-format=gzip", ref, f"oci:{tmp_path / 'iv'}:b")
+    done = subprocess.run(
+        ["umoci", "unpack", "--rootless", "--image", f"{tmp_path / 'iv'}:b", str(tmp_path / "volume")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return tmp_path / "volume" / "rootfs"
+
+
+def _read_only(tree: Path) -> None:
+    for path in [tree, *tree.rglob("*")]:
+        if not path.is_symlink():
+            path.chmod(path.stat().st_mode & ~0o222)
+
+
+def test_a_mounted_tree_unpacked_by_umoci_checks_out_against_its_signed_manifest(oci, tmp_path):
+    from cryptography.hazmat.primitives import serialization
+
+    from artifacts.fetch import verify_entry
+    from engine.startup.mounted import check_mounted
+
+    name, address = _repo(oci)
+    pem, line = generate_keypair("ci")
+    b = make_bundle(tmp_path, payload_bytes=64 << 10)
+    signed = sign(b.manifest, serialization.load_pem_private_key(pem, password=None), "ci")  # type: ignore[arg-type]
+    registry = OCIRegistry(address)
+    registry.publish(signed, b.blob)
+    tree = _umoci_tree(oci, tmp_path, name, tag_for("graphs", signed.key_digest))
+    _read_only(tree)
+    found = registry.lookup("graphs", signed.key_digest)
+    assert found is not None
+    verified = verify_entry(signed.the_key(), found, TrustPolicy.from_lines([line]))
+    assert not isinstance(verified, type(None)) and verified == signed
+
+    installed = check_mounted(tree, verified)  # type: ignore[arg-type]
+
+    assert installed.tree == tree and installed.manifest == signed
+    assert not any(p.stat().st_mode & 0o222 for p in tree.rglob("*") if p.is_file()), "nothing was written"
+
+
+@pytest.mark.parametrize("damage", ["edited", "extra", "missing", "mode"])
+def test_a_mounted_tree_that_differs_from_its_manifest_is_refused_naming_the_difference(oci, tmp_path, damage):
+    from artifacts.errors import BundleError
+    from engine.startup.mounted import check_mounted
+
+    name, address = _repo(oci)
+    b = make_bundle(tmp_path, payload_bytes=16 << 10)
+    OCIRegistry(address).publish(b.manifest, b.blob)
+    tree = _umoci_tree(oci, tmp_path, name, tag_for("graphs", b.manifest.key_digest))
+    target = tree / "fxgraph" / "entry.txt"
+    if damage == "edited":
+        target.write_text("graphs of another model\n")
+    elif damage == "extra":
+        (tree / "planted.py").write_text("import os\n")
+    elif damage == "missing":
+        target.unlink()
+    else:
+        target.chmod(0o755)
+    _read_only(tree)
+    why = {
+        "edited": "wrong bytes in fxgraph/entry.txt",
+        "extra": "unexpected planted.py",
+        "missing": "missing fxgraph/entry.txt",
+        "mode": "fxgraph/entry.txt is executable",
+    }
+
+    with pytest.raises(BundleError, match=f"is not the graphs bundle .*{why[damage]}.*mount the image of that bundle"):
+        check_mounted(tree, b.manifest)

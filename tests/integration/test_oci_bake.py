@@ -99,3 +99,45 @@ def test_skopeo_shows_the_graphs_artifact_and_umoci_unpacks_the_installed_tree(o
     )
     tree = Path(json.loads(fetched.stdout)["env"]["PREBAKE_GRAPHS_DIR"])
     assert _files(tmp_path / "bundle" / "rootfs") == _files(tree)
+
+
+def test_prebake_fetch_uses_a_mounted_graphs_tree_that_matches_and_refuses_one_that_does_not(oci_baked, tmp_path):
+    """The image-volume path: the graphs bundle as umoci unpacks it, read-only, given to --mounted."""
+    server, env, address, root = oci_baked
+    fresh = Home(root / "fresh")
+    listing = fresh.prebake("ls", "--registry", address, "--kind", "graphs", "--json", extra_env=env)
+    key = json.loads(listing.stdout)["bundles"][0]["key"]
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    shutil.copy(server.ca, certs / "ca.crt")
+    ref = f"docker://{server.host}/team/prebake:graphs-{key}"
+    copied = subprocess.run(
+        ["skopeo", "copy", "--authfile", str(root / "docker" / "config.json"), "--src-cert-dir", str(certs),
+         "--dest-compress", "--dest-compress-format=gzip", ref, f"oci:{tmp_path / 'layout'}:graphs"],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert copied.returncode == 0, copied.stderr
+    for name in ("good", "bad"):
+        done = subprocess.run(
+            ["umoci", "unpack", "--rootless", "--image", f"{tmp_path / 'layout'}:graphs", str(tmp_path / name)],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr
+    good, bad = tmp_path / "good" / "rootfs", tmp_path / "bad" / "rootfs"
+    (bad / "graphs.json").write_text("{}")
+    for tree in (good, bad):
+        for path in [tree, *tree.rglob("*")]:
+            if not path.is_symlink():
+                path.chmod(path.stat().st_mode & ~0o222)
+    args = ("fetch", "--model", "tiny-llama", "--precision", "bf16", "--registry", address, "--json")
+    other = Home(root / "mounted")
+
+    used = other.prebake(*args, "--mounted", f"graphs={good}", extra_env=env)
+    refused = other.prebake(*args, "--mounted", f"graphs={bad}", extra_env=env)
+
+    assert used.returncode == 0, used.stderr
+    assert json.loads(used.stdout)["env"]["PREBAKE_GRAPHS_DIR"] == str(good)
+    assert refused.returncode != 0 and "wrong bytes in graphs.json" in refused.stderr
+    assert "Traceback" not in refused.stderr
