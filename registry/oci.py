@@ -63,6 +63,7 @@ from .oci_maintain import OCIMaintenance
 log = logging.getLogger(__name__)
 
 _MiB = 1 << 20
+_REFUSED_OCI = b"accept header does not support OCI manifests"
 _READ_S = 30.0  # an entry is small: one that takes longer to arrive is stalled or hostile
 
 
@@ -251,11 +252,22 @@ class OCIRegistry(OCIMaintenance):
 
     def read_manifest(self, reference: str) -> tuple[bytes, str] | None:
         """A manifest's bytes (bounded in size and time) and digest; None on 404."""
-        with self.client.stream("GET", f"manifests/{reference}", accept=MANIFEST_TYPE) as r:
-            if r.status_code == 404:
+        for attempt in range(self.settings.max_attempts):
+            with self.client.stream("GET", f"manifests/{reference}", accept=MANIFEST_TYPE) as r:
+                body = _bounded(r, MAX_OCI_MANIFEST_BYTES, f"{self.url}:{reference}")
+                if r.status_code != 404:
+                    return body, sha256(body)
+            if _REFUSED_OCI not in body:
                 return None
-            body = _bounded(r, MAX_OCI_MANIFEST_BYTES, f"{self.url}:{reference}")
-        return body, sha256(body)
+            # Not a miss: the manifest exists, but a server on the way would not hand it over as OCI
+            # (a mirror whose upstream request lost the OCI Accept type, e.g. behind a proxy that keeps
+            # only the last of repeated Accept headers, as Go's client sends them). Ask again, then fail.
+            time.sleep(0.1 * 2**attempt)
+        raise RegistryUnavailable(
+            f"{self.url}:{reference} exists, but the registry (or the upstream of its mirror) kept refusing to serve "
+            f"it as an OCI manifest ({_REFUSED_OCI.decode()!r}); check the proxies and mirrors between here and "
+            f"the registry: they must pass every Accept header on"
+        )
 
     def read_small_blob(self, digest: str, where: str) -> bytes:
         with self.client.stream("GET", f"blobs/{digest}") as r:

@@ -94,7 +94,7 @@ def oci_server(
     *,
     tls: bool = False,
     users: dict[str, str] | None = None,
-    proxy_of: OCIServer | None = None,
+    proxy_of: OCIServer | str | None = None,
     token: TokenService | None = None,
     delete: bool = True,
     start_timeout_s: float = 30.0,
@@ -139,7 +139,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def _config(
-    server: OCIServer, *, tls: bool, proxy_of: OCIServer | None, token: TokenService | None, delete: bool
+    server: OCIServer, *, tls: bool, proxy_of: OCIServer | str | None, token: TokenService | None, delete: bool
 ) -> Path:
     import json
 
@@ -166,7 +166,7 @@ def _config(
         path.write_text("".join(f"{u}:{_bcrypt(p)}\n" for u, p in server.users.items()))
         cfg["auth"] = {"htpasswd": {"realm": "prebake-test", "path": str(path)}}
     if proxy_of is not None:
-        cfg["proxy"] = {"remoteurl": proxy_of.url}
+        cfg["proxy"] = {"remoteurl": proxy_of if isinstance(proxy_of, str) else proxy_of.url}
     path = server.root / "config.yml"
     path.write_text(json.dumps(cfg))  # YAML is a superset of JSON
     return path
