@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import BundleError, StoreError
+from prebake.artifacts.errors import BundleError, StoreError
 
 TMP_PREFIX = ".tmp-"
 CRASH_ENV = "PREBAKE_TEST_CRASH_AT"

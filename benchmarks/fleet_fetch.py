@@ -49,9 +49,9 @@ def node(argv: list[str]) -> int:
     parser.add_argument("--ready", type=Path, required=True)
     parser.add_argument("--go", type=Path, required=True)
     args = parser.parse_args(argv)
-    from artifacts.fetch import Miss, fetch
-    from artifacts.store import Store, StoreLimits
-    from registry import open_registry
+    from prebake.artifacts.bake.fetch import Miss, fetch
+    from prebake.artifacts.store.local import Store, StoreLimits
+    from prebake.registry import open_registry
 
     store, registry = Store(Path(args.home), StoreLimits()), open_registry(args.registry)
     args.ready.touch()
@@ -118,9 +118,9 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 def run(nodes: list[int], scale: int, tmp: Path) -> dict[str, dict[int, dict[str, float]]]:
-    from registry.oci import OCIRegistry
-    from registry.oci_client import OCISettings
-    from registry.s3 import S3Registry
+    from prebake.registry.oci import OCIRegistry
+    from prebake.registry.oci_client import OCISettings
+    from prebake.registry.s3 import S3Registry
     from tests.faults.fault_proxy import fault_proxy
     from tests.support.moto_server import moto_server, s3_env
     from tests.support.oci_server import oci_server

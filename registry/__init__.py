@@ -9,15 +9,15 @@
     oci://host[:port]/namespace/repo         OCIRegistry: an OCI registry (GHCR, ECR, Harbor, distribution)
     /local/folder,s3://team/prebake          ChainRegistry: nearest first, farther hits backfilled
 
-Backends import boto3, huggingface_hub or httpx only when opened, so `import registry` stays light.
+Backends import boto3, huggingface_hub or httpx only when opened, so `import prebake.registry` stays light.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .base import Published, Registry
-from .errors import UnknownRegistryError
+from prebake.registry.base import Published, Registry
+from prebake.registry.errors import UnknownRegistryError
 
 SCHEMES = ("file://", "s3://", "hf://", "oci://")
 
@@ -25,7 +25,7 @@ SCHEMES = ("file://", "s3://", "hf://", "oci://")
 def open_registry(address: str | Path) -> Registry:
     """The backend for an address; a comma-separated list of addresses opens a chain, nearest first."""
     if isinstance(address, Path):
-        from .file import FileRegistry
+        from prebake.registry.file import FileRegistry
 
         return FileRegistry(address)
     parts = [part.strip() for part in str(address).split(",") if part.strip()]
@@ -34,7 +34,7 @@ def open_registry(address: str | Path) -> Registry:
             f"registry address {address!r} is empty; name a folder or one of {', '.join(SCHEMES)}"
         )
     if len(parts) > 1:
-        from .chain import ChainRegistry
+        from prebake.registry.chain import ChainRegistry
 
         return ChainRegistry([_open_one(part) for part in parts])
     return _open_one(parts[0])
@@ -42,15 +42,15 @@ def open_registry(address: str | Path) -> Registry:
 
 def _open_one(text: str) -> Registry:
     if text.startswith("s3://"):
-        from .s3 import S3Registry
+        from prebake.registry.s3 import S3Registry
 
         return S3Registry(text)
     if text.startswith("hf://"):
-        from .hf import HubRegistry
+        from prebake.registry.hf import HubRegistry
 
         return HubRegistry(text)
     if text.startswith("oci://"):
-        from .oci import OCIRegistry
+        from prebake.registry.oci import OCIRegistry
 
         return OCIRegistry(text)
     if text.startswith("file://"):
@@ -61,7 +61,7 @@ def _open_one(text: str) -> Registry:
             f"registry {text!r} uses scheme {scheme!r}, which prebake does not know; "
             f"use a folder path or one of {', '.join(SCHEMES)}"
         )
-    from .file import FileRegistry
+    from prebake.registry.file import FileRegistry
 
     return FileRegistry(text)
 

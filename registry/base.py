@@ -1,7 +1,7 @@
 """What every registry backend shares: settling a publish race and copying a blob verified.
 
 The protocols themselves (Registry, Maintainable, Published) are the core's port, in
-artifacts.ports; they are named here too for the backends.
+prebake.artifacts.ports.registry; they are named here too for the backends.
 
 A backend answers four questions and nothing else. A miss is `None`, never an exception;
 faults (down, refused, corrupt) raise RegistryError subclasses so callers can tell a miss
@@ -18,13 +18,12 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from artifacts import fsutil
-from artifacts.errors import PublishConflict
-from artifacts.listing import Listed
-from artifacts.manifest import Manifest
-from artifacts.ports import Listable, Maintainable, Published, Registry
-
-from .errors import BlobDigestMismatch, BlobSizeMismatch, RegistryError, RegistryUnavailable
+from prebake.artifacts import fsutil
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.errors import PublishConflict
+from prebake.artifacts.ports.listing import Listed
+from prebake.artifacts.ports.registry import Listable, Maintainable, Published, Registry
+from prebake.registry.errors import BlobDigestMismatch, BlobSizeMismatch, RegistryError, RegistryUnavailable
 
 
 def settle(existing: Manifest, manifest: Manifest, where: str) -> Published:
@@ -125,7 +124,7 @@ class SizedSink:
 
 def listed(registry: Registry, kind: str | None = None) -> Iterator[Listed]:
     """What `prebake ls` shows: from the registry's verified summary where it keeps one
-    (artifacts.listing), else one row per manifest of `list()`; the same rows either way."""
+    (prebake.artifacts.ports.listing), else one row per manifest of `list()`; the same rows either way."""
     if isinstance(registry, Listable):
         yield from registry.listing(kind)
     else:

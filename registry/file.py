@@ -2,7 +2,7 @@
 
 Conditional creation of index entries relies on hard links, which is atomic on local
 POSIX file systems. `listing` (what `prebake ls` shows) keeps a verified summary per kind in
-<root>/summary/<kind>.json, tagged by each entry's size, mtime and inode (artifacts/listing.py). NFS does not give that guarantee: share bundles across nodes
+<root>/summary/<kind>.json, tagged by each entry's size, mtime and inode (artifacts/ports/listing.py). NFS does not give that guarantee: share bundles across nodes
 through S3 or the Hub instead of a network folder.
 """
 
@@ -15,15 +15,14 @@ from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
 
-from artifacts import fsutil
-from artifacts.bundle import file_digest
-from artifacts.errors import PrebakeError
-from artifacts.layout import blob_relpath, index_relpath, parse_index_relpath, summary_relpath
-from artifacts.listing import Listed, Read, Summary, reconcile
-from artifacts.manifest import MAX_MANIFEST_BYTES, Manifest
-
-from .base import Published, copy_verified, settle
-from .errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
+from prebake.artifacts import fsutil
+from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
+from prebake.artifacts.bundle.payload import file_digest
+from prebake.artifacts.errors import PrebakeError
+from prebake.artifacts.layout import blob_relpath, index_relpath, parse_index_relpath, summary_relpath
+from prebake.artifacts.ports.listing import Listed, ListingSummary, Read, reconcile
+from prebake.registry.base import Published, copy_verified, settle
+from prebake.registry.errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -156,10 +155,10 @@ class FileRegistry:
             except FileNotFoundError:  # removed since the listing
                 yield Read(digest, "", None)
 
-    def _load_summary(self, kind: str) -> Summary | None:
-        return Summary.load(self.root / summary_relpath(kind), within=self.root)
+    def _load_summary(self, kind: str) -> ListingSummary | None:
+        return ListingSummary.load(self.root / summary_relpath(kind), within=self.root)
 
-    def _store_summary(self, summary: Summary) -> None:
+    def _store_summary(self, summary: ListingSummary) -> None:
         summary.store(self.root / summary_relpath(summary.kind))
 
     def _move_aside(self, relpath: str) -> Path | None:

@@ -41,15 +41,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from artifacts import fsutil
-from artifacts.bundle import file_digest
-from artifacts.layout import blob_relpath, index_relpath, parse_index_relpath
-from artifacts.manifest import MAX_MANIFEST_BYTES, Manifest
-
-from .base import Published, copy_verified, settle
-from .errors import BlobDigestMismatch, BlobSizeMismatch, RegistryError, RegistryReadOnly, RegistryUnavailable
-from .hf_listing import HubListing
-from .hf_maintain import HubMaintenance
+from prebake.artifacts import fsutil
+from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
+from prebake.artifacts.bundle.payload import file_digest
+from prebake.artifacts.layout import blob_relpath, index_relpath, parse_index_relpath
+from prebake.registry.base import Published, copy_verified, settle
+from prebake.registry.errors import (
+    BlobDigestMismatch,
+    BlobSizeMismatch,
+    RegistryError,
+    RegistryReadOnly,
+    RegistryUnavailable,
+)
+from prebake.registry.hf_listing import HubListing
+from prebake.registry.hf_maintain import HubMaintenance
 
 log = logging.getLogger(__name__)
 

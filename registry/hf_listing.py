@@ -1,10 +1,10 @@
 # mypy: disable-error-code="attr-defined"
 # (a mixin of its registry class: the attributes it uses are the registry's, checked there)
-"""`prebake ls` of a Hub registry without one request per entry (artifacts.ports.Listable).
+"""`prebake ls` of a Hub registry without one request per entry (prebake.artifacts.ports.registry.Listable).
 
     $PREBAKE_HOME/listing/hf-<digest of endpoint and repo>-<kind>.json    the listing summary
 
-On the Hub a write is a commit, so the summary (artifacts/listing.py) is kept on this machine,
+On the Hub a write is a commit, so the summary (artifacts/ports/listing.py) is kept on this machine,
 not in the repo. Its tag is each entry's git blob id from the tree listing, the hash of the
 entry's bytes: a row whose tag matches was read from those very bytes, at whatever commit. A
 listing costs one tree listing and reads only the entries this machine has not listed before
@@ -19,9 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
-from artifacts.layout import index_relpath, parse_index_relpath
-from artifacts.listing import Listed, Read, Summary, reconcile
-from artifacts.store import default_home
+from prebake.artifacts.layout import index_relpath, parse_index_relpath
+from prebake.artifacts.ports.listing import Listed, ListingSummary, Read, reconcile
+from prebake.artifacts.store.local import default_home
 
 _READERS = 8  # index entries read in parallel, as list() reads them
 
@@ -60,8 +60,8 @@ class HubListing:
         repo = hashlib.sha256(f"{self.endpoint}\n{self.repo_type}\n{self.repo_id}".encode()).hexdigest()[:24]
         return default_home() / "listing" / f"hf-{repo}-{kind}.json"
 
-    def _load_summary(self, kind: str) -> Summary | None:
-        return Summary.load(self._summary_path(kind))
+    def _load_summary(self, kind: str) -> ListingSummary | None:
+        return ListingSummary.load(self._summary_path(kind))
 
-    def _store_summary(self, summary: Summary) -> None:
+    def _store_summary(self, summary: ListingSummary) -> None:
         summary.store(self._summary_path(summary.kind))

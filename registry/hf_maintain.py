@@ -1,6 +1,6 @@
 # mypy: disable-error-code="attr-defined"
 # (a mixin of its registry class: the attributes it uses are the registry's, checked there)
-"""What `prebake verify --quarantine` needs from a Hub registry (artifacts.ports.Maintainable).
+"""What `prebake verify --quarantine` needs from a Hub registry (prebake.artifacts.ports.registry.Maintainable).
 
     index/<kind>/<digest>.json         -> quarantine/index/<kind>/<digest>.json
     blobs/sha256/<aa>/<digest>.tar.zst -> quarantine/blobs/sha256/<aa>/<digest>.tar.zst
@@ -15,9 +15,8 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from artifacts.layout import blob_relpath, index_relpath
-
-from .errors import RegistryError
+from prebake.artifacts.layout import blob_relpath, index_relpath
+from prebake.registry.errors import RegistryError
 
 QUARANTINE = "quarantine"
 

@@ -37,14 +37,13 @@ from pathlib import Path
 
 import httpx
 
-from artifacts import fsutil
-from artifacts.bundle import file_digest
-from artifacts.errors import BundleError
-from artifacts.manifest import MAX_MANIFEST_BYTES, Manifest
-
-from .base import Published, SizedSink, settle
-from .errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
-from .oci_artifact import (
+from prebake.artifacts import fsutil
+from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
+from prebake.artifacts.bundle.payload import file_digest
+from prebake.artifacts.errors import BundleError
+from prebake.registry.base import Published, SizedSink, settle
+from prebake.registry.errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
+from prebake.registry.oci_artifact import (
     MANIFEST_TYPE,
     MAX_OCI_MANIFEST_BYTES,
     Artifact,
@@ -56,9 +55,9 @@ from .oci_artifact import (
     sha256,
     tag_for,
 )
-from .oci_artifact import read as read_entry
-from .oci_client import Distribution, OCIAddress, OCISettings
-from .oci_maintain import OCIMaintenance
+from prebake.registry.oci_artifact import read as read_entry
+from prebake.registry.oci_client import Distribution, OCIAddress, OCISettings
+from prebake.registry.oci_maintain import OCIMaintenance
 
 log = logging.getLogger(__name__)
 

@@ -37,8 +37,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from artifacts.errors import BundleError, PrebakeError
-from artifacts.manifest import MAX_MANIFEST_BYTES, Manifest
+from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
+from prebake.artifacts.errors import BundleError, PrebakeError
 
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import RegistryUnavailable
+from prebake.registry.errors import RegistryUnavailable
 
 _HELPER_TIMEOUT_S = 30.0
 

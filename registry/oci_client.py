@@ -35,8 +35,8 @@ from typing import Any
 
 import httpx
 
-from .errors import RegistryError, RegistryUnavailable
-from .oci_auth import Challenge, Login, config_locations, find_login, parse_challenge
+from prebake.registry.errors import RegistryError, RegistryUnavailable
+from prebake.registry.oci_auth import Challenge, Login, config_locations, find_login, parse_challenge
 
 _NAME = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$")
 _HOST = re.compile(r"^(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?$")

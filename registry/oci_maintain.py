@@ -1,8 +1,8 @@
 # mypy: disable-error-code="attr-defined"
 # (a mixin of its registry class: the attributes it uses are the registry's, checked there)
-"""`prebake ls`, `prebake verify` and quarantine on an OCI registry (artifacts.ports Listable, Maintainable).
+"""`prebake ls`, `prebake verify` and quarantine on an OCI registry (prebake.artifacts.ports.registry Listable, Maintainable).
 
-    <repo>:prebake-summary.<kind>      the listing summary of one kind (artifacts.listing), as an artifact
+    <repo>:prebake-summary.<kind>      the listing summary of one kind (prebake.artifacts.ports.listing), as an artifact
                                        (artifactType application/vnd.prebake.summary.v1) whose one
                                        layer is the summary JSON; written back when it was missing or stale
     <repo>:quarantine-<kind>-<key>     an entry `prebake verify --quarantine` moved aside: its manifest
@@ -26,13 +26,12 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
-from artifacts.errors import BundleError, PrebakeError
-from artifacts.layout import index_relpath
-from artifacts.listing import Listed, Read, Summary, reconcile
-from artifacts.manifest import MAX_MANIFEST_BYTES
-
-from .errors import RegistryError
-from .oci_artifact import MANIFEST_TYPE, Blob, canonical, sha256, tag_for
+from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES
+from prebake.artifacts.errors import BundleError, PrebakeError
+from prebake.artifacts.layout import index_relpath
+from prebake.artifacts.ports.listing import Listed, ListingSummary, Read, reconcile
+from prebake.registry.errors import RegistryError
+from prebake.registry.oci_artifact import MANIFEST_TYPE, Blob, canonical, sha256, tag_for
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +63,8 @@ class OCIMaintenance:
 
     def index_entries(self) -> Iterator[tuple[str, bytes | PrebakeError]]:
         """Every entry as (index/<kind>/<key>.json, the prebake manifest's bytes or why they cannot be had)."""
-        from .oci_artifact import manifest_from_config
-        from .oci_artifact import read as read_entry
+        from prebake.registry.oci_artifact import manifest_from_config
+        from prebake.registry.oci_artifact import read as read_entry
 
         for kind, digest, tag in self.entry_tags():
             where = f"{self.url}:{tag}"
@@ -117,7 +116,7 @@ class OCIMaintenance:
         with ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="prebake-oci-ls") as pool:
             yield from pool.map(read, digests)
 
-    def _load_summary(self, kind: str) -> Summary | None:
+    def _load_summary(self, kind: str) -> ListingSummary | None:
         tag, where = summary_tag(kind), f"{self.url}:{summary_tag(kind)}"
         try:
             got = self.read_manifest(tag)
@@ -127,14 +126,14 @@ class OCIMaintenance:
             if len(layers) != 1 or layers[0].get("mediaType") != SUMMARY_LAYER_TYPE:
                 raise BundleError(f"{where} is not a listing summary")
             raw = self.read_small_blob(str(layers[0]["digest"]), where)
-            return Summary.parse(raw, where)
+            return ListingSummary.parse(raw, where)
         except (BundleError, ValueError, TypeError, AttributeError, KeyError) as exc:
             log.warning(
                 "listing summary %s is unreadable (%s); reading every entry instead, and rewriting it", where, exc
             )
             return None
 
-    def _store_summary(self, summary: Summary) -> None:
+    def _store_summary(self, summary: ListingSummary) -> None:
         data = summary.to_bytes()
         if len(data) > MAX_MANIFEST_BYTES:
             return
@@ -165,4 +164,4 @@ class OCIMaintenance:
         if cached is None or not any(r.row.key_digest == key_digest for r in cached.rows):
             return
         rows = tuple(r for r in cached.rows if r.row.key_digest != key_digest)
-        self._store_summary(Summary(kind=kind, rows=rows))
+        self._store_summary(ListingSummary(kind=kind, rows=rows))

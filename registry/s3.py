@@ -39,16 +39,15 @@ from typing import Any, BinaryIO
 
 from tqdm import tqdm
 
-from artifacts import fsutil
-from artifacts.bundle import file_digest
-from artifacts.errors import BundleError
-from artifacts.layout import blob_relpath, index_relpath, parse_index_relpath
-from artifacts.manifest import MAX_MANIFEST_BYTES, BlobRef, Manifest
-
-from .base import Published, SizedSink, settle
-from .errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
-from .s3_listing import S3Listing
-from .s3_maintain import S3Maintenance
+from prebake.artifacts import fsutil
+from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, BlobRef, Manifest
+from prebake.artifacts.bundle.payload import file_digest
+from prebake.artifacts.errors import BundleError
+from prebake.artifacts.layout import blob_relpath, index_relpath, parse_index_relpath
+from prebake.registry.base import Published, SizedSink, settle
+from prebake.registry.errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
+from prebake.registry.s3_listing import S3Listing
+from prebake.registry.s3_maintain import S3Maintenance
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from artifacts.errors import ExitCode, PrebakeError
-from engine import logs
-from engine.cli import bake, buckets, bundles, plan, serving, stats, store
+from prebake.artifacts.errors import ExitCode, PrebakeError
+from prebake.engine.cli import bake, buckets, bundles, plan, serving, stats, store
+from prebake.engine.common import logs
 
 COMMAND_GROUPS = (bundles, serving, store, stats, buckets, plan, bake)
 

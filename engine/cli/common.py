@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from engine.adapters import ADAPTERS
+from prebake.engine import adapters
 
 
 def target_options(parser: argparse.ArgumentParser) -> None:
@@ -23,13 +23,10 @@ def registry_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-ENGINES = tuple(sorted({adapter.name for adapter in ADAPTERS}))
-
-
 def engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--engine",
-        choices=ENGINES,
+        choices=sorted({adapter.name for adapter in adapters.ADAPTERS}),  # read when the parser is built
         default="prebake",
         help="the engine to serve with: prebake's own (default) or vLLM (recipes with engine = 'vllm')",
     )

@@ -9,7 +9,7 @@ A profiles file (TOML) lists one `[[profile]]` per runner class; `prebake profil
     [profile.platform]    device = "cuda", arch = "sm_90", device_name = "NVIDIA H100 80GB HBM3", ...
     [profile.software]    python = "3.11", torch = "2.13.0+cu128", driver = "550.54.15", ...
 
-The fields are exactly engine.probe's Platform and Software, so a profile keys a target the
+The fields are exactly prebake.engine.common.probe's Platform and Software, so a profile keys a target the
 way the probe on that runner would. Profiles are found in --profiles, else $PREBAKE_PROFILES.
 """
 
@@ -24,9 +24,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from artifacts.errors import RecipeError
-from artifacts.planning import Profile
-from engine.probe import Host, Platform, Software
+from prebake.artifacts.bake.fleet_plan import Profile
+from prebake.artifacts.errors import RecipeError
+from prebake.engine.common.probe import Host, Platform, Software
 
 PROFILES_ENV = "PREBAKE_PROFILES"
 

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.fetch import fetch
-from artifacts.store import Store, StoreLimits
-from registry.oci import OCIRegistry
-from registry.oci_artifact import ARTIFACT_TYPE, LAYER_TYPE, tag_for
-from registry.signing import TrustPolicy, generate_keypair, sign
-from registry.verify import verify_registry
+from prebake.artifacts.bake.fetch import fetch
+from prebake.artifacts.store.local import Store, StoreLimits
+from prebake.registry.oci import OCIRegistry
+from prebake.registry.oci_artifact import ARTIFACT_TYPE, LAYER_TYPE, tag_for
+from prebake.registry.signing import TrustPolicy, generate_keypair, sign
+from prebake.registry.verify import verify_registry
 from tests.support.bundles import make_bundle
 
 
@@ -177,8 +177,8 @@ def test_quarantine_moves_a_corrupt_bundle_aside_and_a_republish_restores_it(oci
 
 
 def test_a_manifest_naming_a_missing_blob_is_refused_by_the_registry_so_no_tag_can_name_one(oci, tmp_path):
-    from registry.errors import RegistryError
-    from registry.oci_artifact import build
+    from prebake.registry.errors import RegistryError
+    from prebake.registry.oci_artifact import build
 
     _, address = _repo(oci)
     registry = OCIRegistry(address)
@@ -193,7 +193,7 @@ def test_a_manifest_naming_a_missing_blob_is_refused_by_the_registry_so_no_tag_c
 
 
 def test_a_large_file_list_rides_in_the_image_config_and_reads_back(oci, tmp_path, monkeypatch):
-    import registry.oci_artifact as artifact
+    import prebake.registry.oci_artifact as artifact
 
     monkeypatch.setattr(artifact, "INLINE_LIMIT", 64)
     _, address = _repo(oci)
@@ -212,7 +212,7 @@ def test_a_large_file_list_rides_in_the_image_config_and_reads_back(oci, tmp_pat
     ["oci://", "oci://ghcr.io", "oci://ghcr.io/", "oci://ghcr.io/Acme/Prebake", "oci://bad host/x/y", "s3://x/y"],
 )
 def test_a_malformed_address_is_refused_with_the_form_it_takes(address):
-    from registry.errors import RegistryError
+    from prebake.registry.errors import RegistryError
 
     with pytest.raises(RegistryError, match=r"oci://HOST\[:PORT\]/NAMESPACE/REPO"):
         OCIRegistry(address)
@@ -259,8 +259,8 @@ def _read_only(tree: Path) -> None:
 def test_a_mounted_tree_unpacked_by_umoci_checks_out_against_its_signed_manifest(oci, tmp_path):
     from cryptography.hazmat.primitives import serialization
 
-    from artifacts.fetch import verify_entry
-    from engine.startup.mounted import check_mounted
+    from prebake.artifacts.bake.fetch import verify_entry
+    from prebake.engine.common.mounted import check_mounted
 
     name, address = _repo(oci)
     pem, line = generate_keypair("ci")
@@ -283,8 +283,8 @@ def test_a_mounted_tree_unpacked_by_umoci_checks_out_against_its_signed_manifest
 
 @pytest.mark.parametrize("damage", ["edited", "extra", "missing", "mode"])
 def test_a_mounted_tree_that_differs_from_its_manifest_is_refused_naming_the_difference(oci, tmp_path, damage):
-    from artifacts.errors import BundleError
-    from engine.startup.mounted import check_mounted
+    from prebake.artifacts.errors import BundleError
+    from prebake.engine.common.mounted import check_mounted
 
     name, address = _repo(oci)
     b = make_bundle(tmp_path, payload_bytes=16 << 10)

@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
-from artifacts.listing import Listed
-from registry.base import listed
+from prebake.artifacts.ports.listing import Listed
+from prebake.registry.base import listed
 from tests.faults.fault_proxy import fault_proxy
 from tests.support.index_seed import seed_oci, synthetic_manifests
 from tests.support.oci_server import oci_available, oci_server
@@ -27,8 +27,8 @@ def plain(tmp_path_factory):
 
 
 def _registry(plain):
-    from registry.oci import OCIRegistry
-    from registry.oci_client import OCISettings
+    from prebake.registry.oci import OCIRegistry
+    from prebake.registry.oci_client import OCISettings
 
     server, proxy = plain
     host = proxy.url.removeprefix("http://")

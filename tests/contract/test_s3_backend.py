@@ -7,9 +7,9 @@ import logging
 
 import pytest
 
-from artifacts.layout import blob_relpath, index_relpath
-from registry.errors import PublishConflict, RegistryError, RegistryUnavailable
-from registry.s3 import S3Registry, S3Settings
+from prebake.artifacts.layout import blob_relpath, index_relpath
+from prebake.registry.errors import PublishConflict, RegistryError, RegistryUnavailable
+from prebake.registry.s3 import S3Registry, S3Settings
 from tests.support.moto_server import free_port
 from tests.support.s3_proxy import without_conditional_writes
 
@@ -46,7 +46,7 @@ def test_a_server_without_conditional_writes_gets_the_safe_fallback(
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy)
         registry = S3Registry(f"s3://{s3_bucket}/old-server")
 
-        with caplog.at_level(logging.WARNING, logger="registry.s3"):
+        with caplog.at_level(logging.WARNING, logger="prebake.registry.s3"):
             created = registry.publish(first.manifest, first.blob)
         again = registry.publish(first.manifest, first.blob)
         with pytest.raises(PublishConflict):

@@ -15,9 +15,9 @@ import uuid
 
 import pytest
 
-from artifacts.errors import BundleError
-from artifacts.fetch import Miss, fetch
-from registry.errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
+from prebake.artifacts.bake.fetch import Miss, fetch
+from prebake.artifacts.errors import BundleError
+from prebake.registry.errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
 from tests.faults.checks import store_problems
 from tests.faults.fault_proxy import Fault, fault_proxy
 from tests.faults.procs import actor, result, unbounded
@@ -39,8 +39,8 @@ def origin(tmp_path_factory):
 @pytest.fixture
 def oci(origin: OCIServer, monkeypatch, tmp_path, scenario):
     """A fresh repository holding one bundle, a fault proxy in front of the server, the environment set."""
-    from registry.oci import OCIRegistry
-    from registry.oci_client import OCISettings
+    from prebake.registry.oci import OCIRegistry
+    from prebake.registry.oci_client import OCISettings
 
     for name in list(FAST) + ["PREBAKE_OCI_CA_BUNDLE", "PREBAKE_OCI_USERNAME", "DOCKER_CONFIG"]:
         monkeypatch.delenv(name, raising=False)
@@ -78,7 +78,7 @@ def _nothing_installed(store, bundle) -> None:
 
 
 def test_an_oci_registry_that_is_down_is_a_clear_error_within_seconds_and_installs_nothing(tmp_path, oci, scenario):
-    from registry.oci import OCIRegistry
+    from prebake.registry.oci import OCIRegistry
 
     host = f"127.0.0.1:{free_port()}"  # nothing listens there
     down = OCIRegistry(f"oci://{host}/team/x", env={**oci.env, "PREBAKE_OCI_PLAIN_HTTP": host})
@@ -160,7 +160,7 @@ def test_a_wrong_index_entry_from_the_wire_is_refused_not_installed(tmp_path, oc
     ids=["500-on-blob-upload", "blob-upload-cut", "500-on-manifest"],
 )
 def test_a_failing_oci_publish_is_loud_and_leaves_no_tag(tmp_path, oci, scenario, fault, blob_went_up):
-    from registry.oci_artifact import Blob
+    from prebake.registry.oci_artifact import Blob
 
     other = make_bundle(tmp_path / "bake", model="other", payload_bytes=64 << 10)
     before = set(oci.direct.tags())

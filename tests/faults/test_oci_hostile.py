@@ -11,11 +11,11 @@ from typing import ClassVar
 
 import pytest
 
-from artifacts.errors import BundleError
-from artifacts.fetch import fetch
-from registry.errors import BlobSizeMismatch
-from registry.oci_artifact import build, canonical, tag_for
-from registry.verify import verify_registry
+from prebake.artifacts.bake.fetch import fetch
+from prebake.artifacts.errors import BundleError
+from prebake.registry.errors import BlobSizeMismatch
+from prebake.registry.oci_artifact import build, canonical, tag_for
+from prebake.registry.verify import verify_registry
 from tests.faults.procs import unbounded
 from tests.support.bundles import make_bundle
 from tests.support.oci_server import oci_available, oci_server
@@ -31,8 +31,8 @@ def origin(tmp_path_factory):
 
 @pytest.fixture
 def registry(origin):
-    from registry.oci import OCIRegistry
-    from registry.oci_client import OCISettings
+    from prebake.registry.oci import OCIRegistry
+    from prebake.registry.oci_client import OCISettings
 
     return OCIRegistry(
         origin.address(f"hostile/r{uuid.uuid4().hex[:10]}"), OCISettings(plain_http=(origin.host,), settle_s=0)
@@ -48,7 +48,7 @@ def _tamper(document: dict, case: str, other) -> dict:
     elif case == "another-keys-manifest":
         raw = other.manifest.to_bytes()
         notes["org.prebake.manifest"] = raw.decode()
-        from registry.oci_artifact import sha256
+        from prebake.registry.oci_artifact import sha256
 
         notes["org.prebake.manifest.digest"] = sha256(raw)
     elif case == "two-layers":
@@ -89,7 +89,7 @@ def test_an_oci_blob_larger_than_its_manifest_says_is_refused_before_downloading
 
 
 def test_a_kind_that_cannot_name_a_tag_is_refused_with_the_rule(registry):
-    from artifacts.errors import PrebakeError
+    from prebake.artifacts.errors import PrebakeError
 
     for kind in ("sha256", "x" * 57, "gräphs"):
         with pytest.raises(PrebakeError, match="plain ASCII identifiers of at most 56"):
@@ -100,8 +100,8 @@ def test_a_kind_that_cannot_name_a_tag_is_refused_with_the_rule(registry):
 def test_a_manifest_over_the_registrys_limit_is_refused_by_the_registry_and_by_prebake(registry, tmp_path):
     """distribution refuses manifests over 4 MiB on push; prebake refuses to read one (a registry that
     does not) past the same bound, without reading on."""
-    from registry.errors import RegistryError
-    from registry.oci import _bounded
+    from prebake.registry.errors import RegistryError
+    from prebake.registry.oci import _bounded
 
     b = make_bundle(tmp_path)
     document = json.loads(build(b.manifest, "sha256:" + "0" * 64).manifest)

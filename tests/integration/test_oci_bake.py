@@ -49,7 +49,7 @@ def test_a_bake_into_the_oci_registry_is_fetched_from_a_fresh_home(oci_baked):
 
 
 def test_skopeo_shows_the_graphs_artifact_and_umoci_unpacks_the_installed_tree(oci_baked, tmp_path):
-    from registry.oci import OCIRegistry
+    from prebake.registry.oci import OCIRegistry
     from tests.contract.test_oci_backend import _files
 
     server, env, address, root = oci_baked

@@ -1,4 +1,4 @@
-"""Real bundles for registry tests: a small tree packed with artifacts.bundle.pack and its manifest."""
+"""Real bundles for registry tests: a small tree packed with prebake.artifacts.bundle.payload.pack and its manifest."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from artifacts.bundle import pack
-from artifacts.keys import Key
-from artifacts.manifest import Manifest
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.bundle.payload import pack
+from prebake.artifacts.keys import Key
 
 
 @dataclass(frozen=True)
@@ -51,4 +51,5 @@ def make_bundle(
 
 def _bytes(seed: bytes, size: int) -> bytes:
     """Incompressible bytes, the same for the same seed, so a blob is about `size` bytes on the wire."""
-    return random.Random(seed).randbytes(size)
+    rng, chunk = random.Random(seed), 16 << 20  # randbytes takes at most 2**31 bits at a time
+    return b"".join(rng.randbytes(min(chunk, size - i)) for i in range(0, size, chunk))

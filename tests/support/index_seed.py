@@ -14,10 +14,10 @@ import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from artifacts import fsutil
-from artifacts.keys import Key
-from artifacts.layout import index_relpath
-from artifacts.manifest import BlobRef, FileEntry, Manifest
+from prebake.artifacts import fsutil
+from prebake.artifacts.bundle.manifest import BlobRef, FileEntry, Manifest
+from prebake.artifacts.keys import Key
+from prebake.artifacts.layout import index_relpath
 
 
 def entry_key(i: int, kind: str = "graphs") -> Key:
@@ -63,8 +63,8 @@ def seed_oci(registry, manifests: list[Manifest], *, threads: int = 8) -> list[M
     """Publish each manifest's entry into an OCI registry (registry.oci.OCIRegistry) the way a publish
     leaves it: a small blob of its own as the layer (the manifests are given that blob), the image
     config, the manifest, the tag. Returns the manifests as published."""
-    from artifacts.manifest import BlobRef
-    from registry.oci_artifact import build, tag_for
+    from prebake.artifacts.bundle.manifest import BlobRef
+    from prebake.registry.oci_artifact import build, tag_for
 
     def put(m: Manifest) -> Manifest:
         data = f"layer of {m.key_digest}".encode()

@@ -9,17 +9,18 @@ import sys
 
 import pytest
 
-from artifacts.bake import bake_kind
-from artifacts.buckets import vllm_gaudi_env
-from artifacts.errors import BuildError
-from artifacts.recipes import Recipe, load_recipe
-from artifacts.store import Store
-from engine.adapters import adapter_for, gaudi
-from engine.adapters.vllm import Launch, free_port, start, stop, wait_ready
-from engine.compose import Context, plans_for
-from engine.probe import probe
-from engine.startup.vllm import VllmStart, prepare
-from registry import open_registry
+from prebake.artifacts.bake.bake_kind import bake_kind
+from prebake.artifacts.bake.recipes import Recipe, load_recipe
+from prebake.artifacts.buckets.artifact import vllm_gaudi_env
+from prebake.artifacts.errors import BuildError
+from prebake.artifacts.store.local import Store
+from prebake.engine.adapters import adapter_for
+from prebake.engine.common.probe import probe
+from prebake.engine.compose import Context, plans_for
+from prebake.engine.vllm import gaudi
+from prebake.engine.vllm.process import Launch, free_port, start, stop, wait_ready
+from prebake.engine.vllm.start import VllmStart, prepare
+from prebake.registry import open_registry
 from tests.support.baking import REPO
 from tests.support.recipe_files import write_recipe
 
@@ -55,7 +56,7 @@ def graphs_key(recipe: Recipe, host, *, tp: int = 1, dtype: str = "bf16"):
 
 
 def test_simulated_habana_stack_probes_as_a_gaudi3_with_its_software_version():
-    script = "from engine.probe import probe; import json; h = probe(); print(json.dumps(h.factors()))"
+    script = "from prebake.engine.common.probe import probe; import json; h = probe(); print(json.dumps(h.factors()))"
     env = {**os.environ, **gaudi_env(), "PYTHONPATH": f"{FAKE}{os.pathsep}{REPO}"}
 
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
@@ -199,9 +200,9 @@ def test_gaudi_bake_packs_the_recipes_and_a_server_reuses_a_local_copy(tmp_path,
 
 
 def test_a_traffic_fitted_set_reaches_vllm_gaudi_as_its_bucket_file_and_reads_back_exactly(tmp_path):
-    from artifacts.buckets import build_bucket_set
-    from artifacts.gaudi_file import upstream_reading
-    from artifacts.kinds import BUCKETS_FILE
+    from prebake.artifacts.bake.kinds import BUCKETS_FILE
+    from prebake.artifacts.buckets.artifact import build_bucket_set
+    from prebake.artifacts.buckets.gaudi_file import upstream_reading
     from tests.support.synthetic_traces import synthetic_requests, write_jsonl
 
     trace = write_jsonl(synthetic_requests("chat", 200, max_len=120), tmp_path / "fit.jsonl")

@@ -11,15 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.bake import bake_kind
-from artifacts.errors import BuildError, StoreError
-from artifacts.fsutil import copy_writable
-from artifacts.kinds import plan
-from artifacts.recipes import Recipe, Target, load_recipe, targets
-from artifacts.store import Store
-from engine.adapters import kinds_for
-from engine.adapters.base import EngineStartError
-from engine.adapters.vllm import (
+from prebake.artifacts.bake.bake_kind import bake_kind
+from prebake.artifacts.bake.kinds import target_keys
+from prebake.artifacts.bake.recipes import Recipe, Target, load_recipe, targets
+from prebake.artifacts.errors import BuildError, StoreError
+from prebake.artifacts.fsutil import copy_writable
+from prebake.artifacts.store.local import Store
+from prebake.engine.adapters import kinds_for
+from prebake.engine.common.adapter import EngineStartError
+from prebake.engine.compose import Context, plans_for
+from prebake.engine.vllm.process import (
     CACHE_DIR,
     REPORT_FILE,
     Launch,
@@ -34,9 +35,8 @@ from engine.adapters.vllm import (
     variable_drift,
     wait_ready,
 )
-from engine.compose import Context, plans_for
-from engine.startup.vllm import VllmStart, prepare, write_back
-from registry import open_registry
+from prebake.engine.vllm.start import VllmStart, prepare, write_back
+from prebake.registry import open_registry
 from tests.support.baking import REPO
 from tests.support.recipe_files import write_recipe
 from tests.unit.test_probe import X86_AVX512, ended, fake_proc, fake_site, h100_host, probe
@@ -134,7 +134,7 @@ def test_cuda_key_names_the_gpu_its_capability_and_the_cuda_and_driver_versions(
     a100, _ = h100_host(tmp_path / "a100", name="NVIDIA A100-SXM4-80GB", capability="8.0")
     cuda_target = next(t for t in targets(recipe) if t.platform == "cuda:sm_90")
 
-    key = plan(recipe, cuda_target, h100, kinds_for(recipe, cuda_target)).key("graphs")
+    key = target_keys(recipe, cuda_target, h100, kinds_for(recipe, cuda_target)).key("graphs")
     factors = key.factors()
 
     assert (factors["platform.device_name"], factors["platform.arch"]) == ("NVIDIA H100 80GB HBM3", "sm_90")
@@ -143,7 +143,7 @@ def test_cuda_key_names_the_gpu_its_capability_and_the_cuda_and_driver_versions(
         "550",
         "0.32.0",
     )
-    assert set(plan(recipe, cuda_target, a100, kinds_for(recipe, cuda_target)).key("graphs").diff(key)) == {
+    assert set(target_keys(recipe, cuda_target, a100, kinds_for(recipe, cuda_target)).key("graphs").diff(key)) == {
         "platform.arch",
         "platform.device_name",
         "inputs.autotune",
@@ -376,7 +376,7 @@ def test_a_miss_starts_from_an_empty_root_and_write_back_publishes_what_vllm_com
 def test_fetch_for_vllm_refuses_a_recipe_of_the_bundled_engine(tmp_path):
     env = {**os.environ, "PREBAKE_HOME": str(tmp_path / "home")}
     done = subprocess.run(
-        [sys.executable, "-m", "engine.cli", "fetch", "--engine", "vllm", "--model", "tiny-llama"],
+        [sys.executable, "-m", "prebake.engine.cli", "fetch", "--engine", "vllm", "--model", "tiny-llama"],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -416,7 +416,7 @@ class _BrokenRegistry:
     url = "s3://down"
 
     def lookup(self, kind, key_digest):
-        from registry.errors import RegistryUnavailable
+        from prebake.registry.errors import RegistryUnavailable
 
         raise RegistryUnavailable("s3://down answered 503; retry later")
 

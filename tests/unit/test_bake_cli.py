@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.cli import main
+from prebake.engine.cli import main
 
 
 def test_a_target_of_another_platform_is_refused_naming_both(capsys, tmp_path, monkeypatch):
@@ -27,16 +27,16 @@ def test_a_nothing_to_do_bake_runs_doit_and_succeeds(tmp_path, monkeypatch):
     import sys
     from pathlib import Path
 
-    from artifacts.kinds import plan
-    from artifacts.recipes import load_recipe, targets
-    from engine.adapters import kinds_for
-    from engine.probe import current_host
+    from prebake.artifacts.bake.kinds import target_keys
+    from prebake.artifacts.bake.recipes import load_recipe, targets
+    from prebake.engine.adapters import kinds_for
+    from prebake.engine.common.probe import current_host
     from tests.support.fleet import write_entry
 
     monkeypatch.setenv("PREBAKE_HOME", str(tmp_path))
     recipe = load_recipe("tiny-llama")
     fp32 = targets(recipe, dtype="fp32")[0]
-    for key in plan(recipe, fp32, current_host(), kinds_for(recipe, fp32)).keys.values():
+    for key in target_keys(recipe, fp32, current_host(), kinds_for(recipe, fp32)).keys.values():
         write_entry(tmp_path / "registry", key)
     env = {**os.environ, "PREBAKE_HOME": str(tmp_path), "PREBAKE_TRUSTED_KEYS": ""}
     argv = [str(Path(sys.executable).parent / "prebake"), "bake", "--model", "tiny-llama"]

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.keys import Key
-from engine.probe import (
+from prebake.artifacts.keys import Key
+from prebake.engine.common.probe import (
     HL_SMI_ARGS,
     NVIDIA_SMI_ARGS,
     TOOL_TIMEOUT_S,
@@ -446,7 +446,7 @@ def test_probe_does_not_import_torch():
         pytest.skip("torch is not installed, so not importing it proves nothing")
     script = textwrap.dedent("""\
         import sys
-        from engine.probe import probe
+        from prebake.engine.common.probe import probe
         host = probe()
         assert host.software.torch, host
         print("torch" in sys.modules, "triton" in sys.modules)

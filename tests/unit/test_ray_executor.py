@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from artifacts.planning import Profile, requirement
-from artifacts.recipes import Target, load_recipe
-from engine.fleet.ray_executor import FAILED, BakeJob, KindOutcome, bake_target, ray_options, render
-from engine.probe import Host, Platform, Software
+from prebake.artifacts.bake.fleet_plan import Profile, requirement
+from prebake.artifacts.bake.recipes import Target, load_recipe
+from prebake.engine.cli.bake import render
+from prebake.engine.common.probe import Host, Platform, Software
+from prebake.engine.fleet.ray_executor import FAILED, BakeJob, KindOutcome, RayReport, bake_target, ray_options
 from tests.support.baking import REPO
 
 H100 = Host(
@@ -38,5 +39,5 @@ def test_a_node_of_another_platform_refuses_the_bake():
 
 def test_the_table_counts_outcomes():
     rows = [KindOutcome("m/cpu/tp1/fp32", k, "built", node="abc") for k in ("graphs", "buckets", "autotune")]
-    text = render(rows, submitted=1)
+    text = render(RayReport(tuple(rows), submitted=1))
     assert text.splitlines()[1].split()[1] == "buckets" and text.endswith("1 Ray tasks submitted; 3 built")

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from artifacts import stats
-from artifacts.fetch import Miss, fetch
-from artifacts.keys import Key
-from artifacts.store import Store, StoreLimits
-from engine.cli import main
-from registry.file import FileRegistry
+from prebake.artifacts.bake.fetch import Miss, fetch
+from prebake.artifacts.keys import Key
+from prebake.artifacts.store import stats
+from prebake.artifacts.store.local import Store, StoreLimits
+from prebake.engine.cli import main
+from prebake.registry.file import FileRegistry
 from tests.support.bundles import make_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -171,8 +171,8 @@ def test_a_compaction_killed_before_deleting_its_segment_counts_it_once(store):
 _WRITER = textwrap.dedent(
     """
     import sys
-    from artifacts import stats
-    from artifacts.store import Store, StoreLimits
+    from prebake.artifacts.store import stats
+    from prebake.artifacts.store.local import Store, StoreLimits
     stats.COMPACT_BYTES = 6000  # compact often: writers fold while the others append
     store = Store(sys.argv[1], StoreLimits())
     n = int(sys.argv[2])

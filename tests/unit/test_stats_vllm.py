@@ -2,12 +2,12 @@
 
 import json
 
-from artifacts.recipes import Recipe, load_recipe
-from artifacts.stats import read_stats
-from artifacts.store import Store
-from engine.compose import Context
-from engine.startup.vllm import VllmStart, prepare
-from registry.errors import RegistryUnavailable
+from prebake.artifacts.bake.recipes import Recipe, load_recipe
+from prebake.artifacts.store.local import Store
+from prebake.artifacts.store.stats import read_stats
+from prebake.engine.compose import Context
+from prebake.engine.vllm.start import VllmStart, prepare
+from prebake.registry.errors import RegistryUnavailable
 from tests.support.recipe_files import write_recipe
 from tests.unit.test_adapters_vllm import vllm_cpu_host
 
