@@ -31,8 +31,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -130,11 +131,19 @@ class OCIRegistry(OCIMaintenance):
     def list(self, kind: str | None = None) -> Iterator[Manifest]:
         """Every manifest, in (kind, key digest) order: the tags API names the entries, then they are
         read `concurrency` at a time, as they are consumed."""
-        names = self.entry_tags(kind)
-        with ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="prebake-oci-list") as pool:
-            for got in pool.map(lambda t: self._entry(t[2]), names):
-                if got is not None:  # removed since the listing
+        pool = ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="prebake-oci-list")
+        reads: deque[Future[tuple[str, Manifest] | None]] = deque()
+        try:
+            for _, _, tag in self.entry_tags(kind):  # reads run `concurrency` ahead of the consumer, no more
+                reads.append(pool.submit(self._entry, tag))
+                while len(reads) >= self.settings.concurrency:
+                    if (got := reads.popleft().result()) is not None:  # None: removed since the listing
+                        yield got[1]
+            while reads:
+                if (got := reads.popleft().result()) is not None:
                     yield got[1]
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)  # a reader that stopped early does not wait
 
     # -- publishing ---------------------------------------------------------------------------
 
