@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
@@ -73,12 +74,11 @@ class OCIRegistry(OCIMaintenance):
     writable = True
 
     def __init__(self, address: str, settings: OCISettings | None = None, env: Mapping[str, str] | None = None):
-        import os
-
+        env = os.environ if env is None else env
         self.address = OCIAddress.parse(address)
         self.url = self.address.url
-        self.settings = settings or OCISettings.from_env()
-        self.client = Distribution(self.address, self.settings, os.environ if env is None else env)
+        self.settings = settings or OCISettings.from_env(env)
+        self.client = Distribution(self.address, self.settings, env)
 
     # -- reading ------------------------------------------------------------------------------
 

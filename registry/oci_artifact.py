@@ -95,7 +95,7 @@ class Blob:
 
 @dataclass(frozen=True)
 class Artifact:
-    """The documents that publish one bundle: push `config` (and `side` when set), the layer, then `manifest`."""
+    """The documents that publish one bundle: push the layer and `config`, then `manifest`."""
 
     manifest: bytes
     digest: str  # of `manifest`
