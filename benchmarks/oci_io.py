@@ -10,7 +10,9 @@ and times, in one run and alternating which goes first:
               vs `skopeo copy docker://HOST/REPO:TAG dir:OUT` (manifest, config and layer, digests checked)
     publish   OCIRegistry.publish: hash the blob, decompress it once for the image config's diff_id,
               upload layer and config, manifest, tag, and the settle read-back (PREBAKE_OCI_SETTLE_S)
-              vs `skopeo copy dir:OUT docker://HOST/REPO2:TAG` (a fresh repository: nothing to skip)
+              vs `skopeo copy dir:OUT docker://HOST2/REPO:TAG`; each round publishes into a registry
+              server of its own, which neither client has seen (skopeo would otherwise mount the layer
+              from the repository it read it from, which its blob-info cache remembers)
 
 It prints the median seconds and MiB/s of each and the ratios of time prebake/skopeo (below 1:
 prebake is faster); skopeo's include its process start, measured alone (`skopeo --version`)
@@ -30,6 +32,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 
 _MiB = 1 << 20
@@ -48,7 +51,7 @@ def measure(tmp: Path, size_mb: int, repeat: int) -> dict[str, list[float]]:
     from tests.support.oci_server import oci_server
 
     bundle = make_bundle(tmp / "bundle", payload_bytes=size_mb * _MiB)
-    with oci_server(tmp / "server") as server:
+    with oci_server(tmp / "server") as server, ExitStack() as servers:
         settings = OCISettings(plain_http=(server.host,))
         seeded = OCIRegistry(server.address("bench/seed"), settings)
         seeded.publish(bundle.manifest, bundle.blob)
@@ -66,13 +69,18 @@ def measure(tmp: Path, size_mb: int, repeat: int) -> dict[str, list[float]]:
             subprocess.run([*skopeo, src, f"dir:{tmp / 'dl-skopeo'}"], check=True)
 
         def prebake_publish(r: int) -> Callable[[], None]:
-            registry = OCIRegistry(server.address(f"bench/pub-{r}-{uuid.uuid4().hex[:6]}"), settings)
+            registry = OCIRegistry(
+                fresh[r].address(f"bench/pub-{uuid.uuid4().hex[:6]}"), OCISettings(plain_http=(fresh[r].host,))
+            )
             return lambda: registry.publish(bundle.manifest, bundle.blob)
 
         def skopeo_publish(r: int) -> Callable[[], None]:
-            dest = f"docker://{server.host}/bench/sk-{r}-{uuid.uuid4().hex[:6]}:{tag}"
+            # a registry skopeo has never seen: its blob-info cache knows the layer on the seed registry
+            # and would mount it from there instead of uploading it
+            dest = f"docker://{fresh[r].host}/bench/sk-{uuid.uuid4().hex[:6]}:{tag}"
             return lambda: subprocess.run([*skopeo, f"dir:{layout}", dest], check=True)
 
+        fresh = [servers.enter_context(oci_server(tmp / f"publish-{r}")) for r in range(repeat)]
         names = ("prebake fetch", "skopeo fetch", "prebake publish", "skopeo publish", "skopeo start-up")
         results: dict[str, list[float]] = {n: [] for n in names}
         for r in range(repeat):

@@ -149,14 +149,17 @@ class OCIRegistry(OCIMaintenance):
 
     def publish(self, manifest: Manifest, blob: Path) -> Published:
         blob = Path(blob)
-        if file_digest(blob) != manifest.blob.digest:
-            raise BlobDigestMismatch(f"{blob} does not hash to {manifest.blob.digest}; repack it before publishing")
+        with ThreadPoolExecutor(2, thread_name_prefix="prebake-oci-hash") as pool:  # both hash outside the GIL
+            digest, diff_id = pool.submit(file_digest, blob), pool.submit(_diff_id, blob)
+            if digest.result() != manifest.blob.digest:
+                raise BlobDigestMismatch(f"{blob} does not hash to {manifest.blob.digest}; repack it before publishing")
+            uncompressed = diff_id.result()
         tag = tag_for(manifest.kind, manifest.key_digest)
         where = f"{self.url}:{tag}"
         existing = self.lookup(manifest.kind, manifest.key_digest)
         if existing is not None:
             return settle(existing, manifest, where)
-        artifact = build(manifest, _diff_id(blob))
+        artifact = build(manifest, uncompressed)
         started = time.monotonic()
         try:
             self.push_blob(artifact.layer, blob)
@@ -322,9 +325,12 @@ def _diff_id(blob: Path) -> str:
     import zstandard
 
     h = hashlib.sha256()
-    with blob.open("rb") as f, zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True) as reader:
-        while chunk := reader.read(4 * _MiB):
-            h.update(chunk)
+    try:
+        with blob.open("rb") as f, zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True) as reader:
+            while chunk := reader.read(4 * _MiB):
+                h.update(chunk)
+    except zstandard.ZstdError as exc:
+        raise BundleError(f"{blob} is not a zstd-compressed bundle ({exc}); repack it before publishing") from exc
     return "sha256:" + h.hexdigest()
 
 
