@@ -13,7 +13,10 @@ what the wheel installs.
 
 from importlib import metadata as _metadata
 
+# The one version every part reports (`prebake --version`, a manifest's builder): the installed
+# distribution's, read from its metadata.
+
 try:
     __version__ = _metadata.version("prebake")
 except _metadata.PackageNotFoundError:  # a checkout that was never installed
-    __version__ = "0.0.0+checkout"
+    __version__ = "unknown (not installed)"

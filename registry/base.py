@@ -15,8 +15,11 @@ import hashlib
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 from prebake.artifacts import fsutil
 from prebake.artifacts.bundle.manifest import Manifest
@@ -24,6 +27,8 @@ from prebake.artifacts.errors import PublishConflict
 from prebake.artifacts.ports.listing import Listed
 from prebake.artifacts.ports.registry import Listable, Maintainable, Published, Registry
 from prebake.registry.errors import BlobDigestMismatch, BlobSizeMismatch, RegistryError, RegistryUnavailable
+
+T = TypeVar("T")
 
 
 def settle(existing: Manifest, manifest: Manifest, where: str) -> Published:
@@ -142,3 +147,25 @@ __all__ = [
     "listed",
     "settle",
 ]
+
+
+def read_ahead(
+    items: Iterable[T], read: Callable[[T], Manifest | None], *, readers: int, name: str
+) -> Iterator[Manifest]:
+    """The manifests `read` returns for `items`, in order, read `readers` at a time in parallel
+    threads: the first few cost a handful of requests (a bounded miss explanation), ten thousand
+    run at the server's pace (`prebake ls`). An entry deleted since it was listed (None) is left
+    out; a reader that stops early waits for nothing still in flight."""
+    pool = ThreadPoolExecutor(readers, thread_name_prefix=name)
+    reads: deque[Future[Manifest | None]] = deque()
+    try:
+        for item in items:
+            reads.append(pool.submit(read, item))
+            while len(reads) >= readers:
+                if (manifest := reads.popleft().result()) is not None:
+                    yield manifest
+        while reads:
+            if (manifest := reads.popleft().result()) is not None:
+                yield manifest
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)

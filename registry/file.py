@@ -12,7 +12,6 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from functools import partial
 from pathlib import Path
 
 from prebake.artifacts import fsutil
@@ -20,7 +19,7 @@ from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
 from prebake.artifacts.bundle.payload import file_digest
 from prebake.artifacts.errors import PrebakeError
 from prebake.artifacts.layout import blob_relpath, index_relpath, parse_index_relpath, summary_relpath
-from prebake.artifacts.ports.listing import Listed, ListingSummary, Read, reconcile
+from prebake.artifacts.ports.listing import Listed, ListingSummary, Read, summarised_listing
 from prebake.registry.base import Published, copy_verified, settle
 from prebake.registry.errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
 
@@ -93,14 +92,8 @@ class FileRegistry:
         """A row for every entry, in list() order: stat each entry, read only those the kind's
         summary cannot answer for, and write the summary back when it was stale."""
         base = self.root / "index"
-        for k in [kind] if kind else sorted(n for n in _names(base) if (base / n).is_dir()):
-            present = _tagged(base, k)
-            if not present:
-                continue
-            result = reconcile(k, present, self._load_summary(k), partial(self._read_rows, k))
-            if result.worth_storing:
-                self._store_summary(result.summary)
-            yield from result.rows
+        kinds = [kind] if kind else sorted(n for n in _names(base) if (base / n).is_dir())
+        yield from summarised_listing(self, ((k, digest, tag) for k in kinds for digest, tag in _tagged(base, k)))
 
     def blob_path(self, digest: str) -> Path:
         return self.root / blob_relpath(digest)

@@ -32,9 +32,8 @@ import hashlib
 import logging
 import os
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -43,7 +42,7 @@ from prebake.artifacts import fsutil
 from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
 from prebake.artifacts.bundle.payload import file_digest
 from prebake.artifacts.errors import BundleError
-from prebake.registry.base import Published, SizedSink, settle
+from prebake.registry.base import Published, SizedSink, read_ahead, settle
 from prebake.registry.errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
 from prebake.registry.oci_artifact import (
     MANIFEST_TYPE,
@@ -131,19 +130,13 @@ class OCIRegistry(OCIMaintenance):
     def list(self, kind: str | None = None) -> Iterator[Manifest]:
         """Every manifest, in (kind, key digest) order: the tags API names the entries, then they are
         read `concurrency` at a time, as they are consumed."""
-        pool = ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="prebake-oci-list")
-        reads: deque[Future[tuple[str, Manifest] | None]] = deque()
-        try:
-            for _, _, tag in self.entry_tags(kind):  # reads run `concurrency` ahead of the consumer, no more
-                reads.append(pool.submit(self._entry, tag))
-                while len(reads) >= self.settings.concurrency:
-                    if (got := reads.popleft().result()) is not None:  # None: removed since the listing
-                        yield got[1]
-            while reads:
-                if (got := reads.popleft().result()) is not None:
-                    yield got[1]
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)  # a reader that stopped early does not wait
+
+        def read(tag: str) -> Manifest | None:
+            got = self._entry(tag)
+            return None if got is None else got[1]
+
+        tags = (tag for _, _, tag in self.entry_tags(kind))
+        yield from read_ahead(tags, read, readers=self.settings.concurrency, name="prebake-oci-list")
 
     # -- publishing ---------------------------------------------------------------------------
 

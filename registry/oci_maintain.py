@@ -1,5 +1,3 @@
-# mypy: disable-error-code="attr-defined"
-# (a mixin of its registry class: the attributes it uses are the registry's, checked there)
 """`prebake ls`, `prebake verify` and quarantine on an OCI registry (prebake.artifacts.ports.registry Listable, Maintainable).
 
     <repo>:prebake-summary.<kind>      the listing summary of one kind (prebake.artifacts.ports.listing), as an artifact
@@ -24,14 +22,14 @@ import json
 import logging
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 
 from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES
 from prebake.artifacts.errors import BundleError, PrebakeError
 from prebake.artifacts.layout import index_relpath
-from prebake.artifacts.ports.listing import Listed, ListingSummary, Read, reconcile
+from prebake.artifacts.ports.listing import Listed, ListingSummary, Read, summarised_listing
 from prebake.registry.errors import RegistryError
 from prebake.registry.oci_artifact import MANIFEST_TYPE, Blob, canonical, sha256, tag_for
+from prebake.registry.oci_parts import OCIParts
 
 log = logging.getLogger(__name__)
 
@@ -46,20 +44,12 @@ def summary_tag(kind: str) -> str:
     return f"prebake-summary.{kind}"
 
 
-class OCIMaintenance:
+class OCIMaintenance(OCIParts):
     """Mixed into OCIRegistry: listing, raw entries and quarantine through its client."""
 
     def listing(self, kind: str | None = None) -> Iterator[Listed]:
-        present: dict[str, list[tuple[str, str]]] = {}
-        for entry_kind, digest, tag in self.entry_tags(kind):
-            present.setdefault(entry_kind, []).append((digest, tag))
-        for entry_kind, entries in present.items():  # entry_tags sorts: kinds come in order
-            result = reconcile(
-                entry_kind, entries, self._load_summary(entry_kind), partial(self._read_rows, entry_kind)
-            )
-            if result.worth_storing:
-                self._store_summary(result.summary)
-            yield from result.rows
+        """A row for every index entry (of one kind, if given), in list() order; the tag name is the version."""
+        yield from summarised_listing(self, self.entry_tags(kind))
 
     def index_entries(self) -> Iterator[tuple[str, bytes | PrebakeError]]:
         """Every entry as (index/<kind>/<key>.json, the prebake manifest's bytes or why they cannot be had)."""

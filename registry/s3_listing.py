@@ -1,5 +1,3 @@
-# mypy: disable-error-code="attr-defined"
-# (a mixin of its registry class: the attributes it uses are the registry's, checked there)
 """`prebake ls` of an S3 registry in a few requests (prebake.artifacts.ports.registry.Listable).
 
     s3://bucket/prefix/summary/<kind>.json     the listing summary of one kind (prebake.artifacts.ports.listing)
@@ -16,31 +14,22 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.errors import BundleError
 from prebake.artifacts.layout import index_relpath, parse_index_relpath, summary_relpath
-from prebake.artifacts.ports.listing import Listed, ListingSummary, Read, reconcile
+from prebake.artifacts.ports.listing import Listed, ListingSummary, Read, summarised_listing
+from prebake.registry.s3_parts import S3Parts
 
 log = logging.getLogger(__name__)
 
 
-class S3Listing:
+class S3Listing(S3Parts):
     """Mixed into S3Registry: `listing`, through its client, settings and fault mapping."""
 
     def listing(self, kind: str | None = None) -> Iterator[Listed]:
         """A row for every index entry (of one kind, if given), in key order, as list() yields them."""
-        present: dict[str, list[tuple[str, str]]] = {}
-        for entry_kind, digest, tag in self._index_objects(self._key(f"index/{kind}/" if kind else "index/")):
-            present.setdefault(entry_kind, []).append((digest, tag))
-        for entry_kind, entries in present.items():  # S3 lists in key order: kinds come sorted
-            result = reconcile(
-                entry_kind, entries, self._load_summary(entry_kind), partial(self._read_rows, entry_kind)
-            )
-            if result.worth_storing:
-                self._store_summary(result.summary)
-            yield from result.rows
+        yield from summarised_listing(self, self._index_objects(self._key(f"index/{kind}/" if kind else "index/")))
 
     def _index_objects(self, base: str) -> Iterator[tuple[str, str, str]]:
         """(kind, key digest, ETag/size) of every index entry under `base`, in key order."""

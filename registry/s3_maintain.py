@@ -1,5 +1,3 @@
-# mypy: disable-error-code="attr-defined"
-# (a mixin of its registry class: the attributes it uses are the registry's, checked there)
 """What `prebake verify --quarantine` needs from an S3 registry (prebake.artifacts.ports.registry.Maintainable).
 
     s3://bucket/prefix/index/<kind>/<digest>.json        -> prefix/quarantine/index/<kind>/<digest>.json
@@ -18,11 +16,12 @@ from collections.abc import Iterator
 
 from prebake.artifacts.layout import blob_relpath, index_relpath
 from prebake.registry.errors import RegistryError
+from prebake.registry.s3_parts import S3Parts
 
 QUARANTINE = "quarantine"
 
 
-class S3Maintenance:
+class S3Maintenance(S3Parts):
     """Mixed into S3Registry: raw index entries and quarantine, through its client and fault mapping."""
 
     def index_entries(self) -> Iterator[tuple[str, bytes]]:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from prebake import __version__
 from prebake.artifacts.bake.fetch import Miss, TrustCheck, fetch
 from prebake.artifacts.bake.kinds import Builder, BuildRequest, TargetKeys
 from prebake.artifacts.bundle.manifest import Manifest
@@ -27,9 +28,6 @@ from prebake.artifacts.bundle.payload import pack
 from prebake.artifacts.errors import BuildError, PublishConflict
 from prebake.artifacts.ports.registry import Registry
 from prebake.artifacts.store.local import Installed, Store
-
-PREBAKE_VERSION = "0.1.0"
-
 
 Signer = Callable[[Manifest], Manifest]
 
@@ -75,7 +73,7 @@ def bake_kind(
             files=packed.files,
             inputs={k: i.manifest.blob.digest for k, i in inputs.items()},
             created=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            builder=f"prebake {PREBAKE_VERSION} on {platform.machine()} python {platform.python_version()}",
+            builder=f"prebake {__version__} on {platform.machine()} python {platform.python_version()}",
             build_seconds=build_seconds,
         )
         if sign is not None:

@@ -21,10 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from prebake.artifacts.buckets.limits import BucketSettings, ServingLimits
 from prebake.artifacts.errors import RecipeError, UnknownModelError
+from prebake.artifacts.frozen import Frozen
 from prebake.artifacts.keys import canonical_json, sha256_hex
 
 _log = logging.getLogger(__name__)
@@ -47,11 +48,7 @@ _NOT_ARCHITECTURE = {
 _PLATFORM_FORMS = "'cpu', 'cuda:sm_90' (any CUDA compute capability), 'gaudi2' or 'gaudi3'"
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ModelSpec(_Frozen):
+class ModelSpec(Frozen):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
     engine: Literal["prebake", "vllm"] = "prebake"
     weights: Literal["random"] | str = Field(
@@ -114,7 +111,7 @@ DEFAULT_VARIANT = {"prebake": PRECOMPILE, "vllm": "inductor-cache"}
 _RENAMED_VARIANTS = {"aoti": PRECOMPILE}
 
 
-class CompileOptions(_Frozen):
+class CompileOptions(Frozen):
     mode: Literal["default", "max-autotune-no-cudagraphs"] = "default"
     freezing: bool = Field(default=False, description="fold weights into graphs: the weights join the key")
     variant: Literal["inductor-cache", "dynamo-precompile"] = PRECOMPILE
@@ -135,13 +132,13 @@ class CompileOptions(_Frozen):
         return value
 
 
-class AutotuneSpec(_Frozen):
+class AutotuneSpec(Frozen):
     tactics: tuple[Literal["attn_impl", "threads"], ...] = ("attn_impl", "threads")
     warmup: int = Field(default=2, ge=0)
     iterations: int = Field(default=5, ge=1)
 
 
-class Matrix(_Frozen):
+class Matrix(Frozen):
     platform: tuple[str, ...] = Field(min_length=1)
     tp: tuple[int, ...] = Field(default=(1,), min_length=1)
     dtype: tuple[Literal["fp32", "bf16", "fp16", "fp8"], ...] = Field(min_length=1)
@@ -161,7 +158,7 @@ class Matrix(_Frozen):
         return tps
 
 
-class Recipe(_Frozen):
+class Recipe(Frozen):
     model: ModelSpec
     serving: ServingLimits
     buckets: BucketSettings = BucketSettings()

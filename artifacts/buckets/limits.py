@@ -9,14 +9,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from prebake.artifacts.frozen import Frozen
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ServingLimits(_Frozen):
+class ServingLimits(Frozen):
     """What the engine promises to serve: the limits every bucket set is derived from."""
 
     max_model_len: int = Field(gt=0, description="longest prompt + generation, in tokens")
@@ -56,7 +54,7 @@ class ServingLimits(_Frozen):
         return self.max_num_prefill_seqs or self.max_num_seqs
 
 
-class BucketRange(_Frozen):
+class BucketRange(Frozen):
     """One dimension's range, as vllm-gaudi's VLLM_*_BUCKET_{MIN,STEP,MAX} variables give it
     (and, for the pad strategy, VLLM_*_BUCKET_PAD_MAX and _PAD_PERCENT)."""
 
@@ -77,7 +75,7 @@ RANGE_FIELDS = ("prompt_bs", "prompt_seq", "prompt_ctx", "decode_bs", "decode_bl
 TRAFFIC_FIELDS = ("trace", "budget", "max_waste", "rate")
 
 
-class BucketSettings(_Frozen):
+class BucketSettings(Frozen):
     """How to turn serving limits into buckets.
 
     exponential | linear | pad: vllm-gaudi's own strategies (linear and pad take per-dimension

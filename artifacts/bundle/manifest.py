@@ -22,9 +22,10 @@ import os
 import re
 from pathlib import Path, PurePosixPath
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from prebake.artifacts.errors import BundleError, PrebakeError
+from prebake.artifacts.frozen import Frozen
 from prebake.artifacts.keys import Key, canonical_json
 
 SCHEMA_VERSION = "1"
@@ -35,10 +36,6 @@ MAX_NAME_BYTES = 255  # NAME_MAX of every common file system
 _MAX_DEPTH = 8  # the schema nests 3 deep (files -> entry -> field); anything deeper is not a manifest
 _DIGEST_PREFIX = "sha256:"
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def _check_digest(value: str) -> str:
@@ -72,7 +69,7 @@ def link_escapes(path: str, target: str) -> bool:
     return False
 
 
-class FileEntry(_Frozen):
+class FileEntry(Frozen):
     """One regular file (or link) in the payload, relative to the tree's root."""
 
     path: str
@@ -92,7 +89,7 @@ class FileEntry(_Frozen):
         return self
 
 
-class BlobRef(_Frozen):
+class BlobRef(Frozen):
     """The payload: a content-addressed `.tar.zst`."""
 
     digest: str
@@ -105,7 +102,7 @@ class BlobRef(_Frozen):
         return self.digest.removeprefix(_DIGEST_PREFIX)
 
 
-class Signature(_Frozen):
+class Signature(Frozen):
     """An ed25519 signature over `Manifest.signed_payload(version)` by a named key.
 
     version 2 covers the whole manifest but its signatures; version 1 (absent from manifests
@@ -116,17 +113,17 @@ class Signature(_Frozen):
     version: int = 1
 
 
-class Manifest(_Frozen):
+class Manifest(Frozen):
     """Everything a reader needs to trust, explain and unpack a bundle."""
 
     schema_version: str = SCHEMA_VERSION
     kind: str
     key: dict[str, dict[str, str]]  # group -> factor -> value
     key_digest: str
-    labels: dict[str, str] = {}  # model, platform, precision, tp: for listings, not identity
+    labels: dict[str, str] = Field(default_factory=dict)  # model, platform, precision, tp: for listings, not identity
     blob: BlobRef
     files: tuple[FileEntry, ...]
-    inputs: dict[str, str] = {}  # kind -> blob digest of artifacts this one was built from
+    inputs: dict[str, str] = Field(default_factory=dict)  # kind -> blob digest of artifacts this one was built from
     created: str
     builder: str
     build_seconds: float | None = Field(default=None, ge=0)  # how long the build took: what a hit saves

@@ -18,16 +18,18 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from prebake.artifacts import fsutil
 from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, BlobRef, Manifest
 from prebake.artifacts.errors import BundleError
+from prebake.artifacts.frozen import Frozen
 
 log = logging.getLogger(__name__)
 
@@ -35,16 +37,12 @@ SUMMARY_VERSION: Literal["1"] = "1"
 SUMMARY_MIN_ROWS = 64  # a kind with fewer entries lists in a moment: no summary is written for it
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Listed(_Frozen):
+class Listed(Frozen):
     """One bundle as a listing shows it: everything of its manifest but the file list and inputs."""
 
     kind: str
     key_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
-    labels: dict[str, str] = {}
+    labels: dict[str, str] = Field(default_factory=dict)
     blob: BlobRef
     created: str
     builder: str
@@ -65,12 +63,12 @@ class Listed(_Frozen):
         )
 
 
-class SummaryRow(_Frozen):
+class SummaryRow(Frozen):
     tag: str = Field(max_length=512)  # the version of the index entry `row` was read from
     row: Listed
 
 
-class ListingSummary(_Frozen):
+class ListingSummary(Frozen):
     """The rows of one kind's index entries, as a lister last saw them."""
 
     summary_version: Literal["1"] = SUMMARY_VERSION
@@ -159,3 +157,28 @@ def reconcile(
     summary = ListingSummary(kind=kind, rows=ordered)
     stale = cached is None or cached.kind != kind or cached.rows != ordered
     return Reconciled(tuple(r.row for r in ordered), summary, len(missing), stale)
+
+
+class SummaryStore(Protocol):
+    """Where a registry keeps its listing summaries, and how it reads the entries they do not
+    answer for: what every backend's `listing` gives `summarised_listing`."""
+
+    def _load_summary(self, kind: str) -> ListingSummary | None: ...
+
+    def _store_summary(self, summary: ListingSummary) -> None: ...
+
+    def _read_rows(self, kind: str, digests: Sequence[str]) -> Iterable[Read]: ...
+
+
+def summarised_listing(backend: SummaryStore, entries: Iterable[tuple[str, str, str]]) -> Iterator[Listed]:
+    """Every row of `entries` ((kind, key digest, tag) as the index lists them, kinds in order):
+    from the kind's summary where its tag still holds, else read; the summary written back when
+    it was stale. The skeleton of every backend's `prebake ls`."""
+    by_kind: dict[str, list[tuple[str, str]]] = {}
+    for kind, digest, tag in entries:
+        by_kind.setdefault(kind, []).append((digest, tag))
+    for kind, present in sorted(by_kind.items()):
+        result = reconcile(kind, present, backend._load_summary(kind), partial(backend._read_rows, kind))
+        if result.worth_storing:
+            backend._store_summary(result.summary)
+        yield from result.rows

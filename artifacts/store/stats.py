@@ -30,11 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from prebake.artifacts import fsutil
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.errors import StoreError
+from prebake.artifacts.frozen import Frozen
 from prebake.artifacts.store.local import Store
 
 STATS_ENV = "PREBAKE_STATS"
@@ -62,11 +63,7 @@ def classify(reason: str) -> str:
     return next((name for name, needles in REASON_CLASSES if any(n in text for n in needles)), "other")
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Event(_Frozen):
+class Event(Frozen):
     """One line of events.jsonl."""
 
     at: float  # unix seconds
@@ -82,7 +79,7 @@ class Event(_Frozen):
     timed: bool = True  # hit: whether its manifest recorded a build time
 
 
-class KindTally(_Frozen):
+class KindTally(Frozen):
     store_hits: int = 0
     registry_hits: int = 0
     misses: int = 0
@@ -93,22 +90,22 @@ class KindTally(_Frozen):
     fallback_seconds: float = 0.0
 
 
-class ReasonTally(_Frozen):
+class ReasonTally(Frozen):
     count: int = 0
-    kinds: dict[str, int] = {}
+    kinds: dict[str, int] = Field(default_factory=dict)
     example: str = ""  # the latest reason text of this class
 
 
-class StatsSummary(_Frozen):
+class StatsSummary(Frozen):
     """summary.json: the totals of every compacted event."""
 
     generation: int = 0
     since: float = 0.0  # when counting began (the first event, or the last --zero)
     events: int = 0
     skipped: int = 0  # unreadable lines (a write cut short by a full disk)
-    kinds: dict[str, KindTally] = {}
-    reasons: dict[str, ReasonTally] = {}
-    factors: dict[str, int] = {}
+    kinds: dict[str, KindTally] = Field(default_factory=dict)
+    reasons: dict[str, ReasonTally] = Field(default_factory=dict)
+    factors: dict[str, int] = Field(default_factory=dict)
 
 
 # -- recording --------------------------------------------------------------------------------
@@ -230,7 +227,7 @@ class StatsReport:
             rate = "-" if t["hit_rate"] is None else f"{t['hit_rate']:.0%}"
             lines.append(
                 f"  {name:<10} {t['hits']:>6} {t['store_hits']:>6} {t['registry_hits']:>8} {t['misses']:>6} "
-                f"{rate:>8} {t['fallback_compiles']:>8} {t['fallback_seconds']:>9.1f} {t['seconds_saved']:>9.1f} {_size(t['bytes_fetched']):>10}"
+                f"{rate:>8} {t['fallback_compiles']:>8} {t['fallback_seconds']:>9.1f} {t['seconds_saved']:>9.1f} {fsutil.human_size(t['bytes_fetched']):>10}"
             )
         if data["total"]["untimed_hits"]:
             lines.append(
@@ -348,6 +345,11 @@ def _fold(summary: StatsSummary, files: Iterable[Path]) -> StatsSummary:
             lines = path.read_bytes().splitlines()
         except FileNotFoundError:
             continue
+        except OSError as exc:  # a folder where the file should be, no permission: name it and the fix
+            raise StoreError(
+                f"cannot read the stats file {path} ({exc.strerror}); remove it or fix its permissions, "
+                f"or run prebake stats --zero to start counting again"
+            ) from exc
         for line in lines:
             try:
                 fold.add(Event.model_validate_json(line))
@@ -417,11 +419,3 @@ def _folder(store: Store) -> Path:
 
 def _iso(at: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)

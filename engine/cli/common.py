@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
+from prebake.artifacts.fsutil import human_size
 from prebake.engine import adapters
 
 
@@ -52,13 +53,7 @@ def json_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            break
-        value /= 1024
-    return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+size = human_size  # the one formatter (prebake.artifacts.fsutil.human_size)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

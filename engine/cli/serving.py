@@ -60,13 +60,14 @@ def add(sub) -> None:
 
 def start_request(args: argparse.Namespace) -> StartRequest:
     """What `fetch` or `serve` asks of the engine, from the command line (fetch has no listener)."""
+    defaults = StartRequest(model=args.model)
     return StartRequest(
         model=args.model,
         precision=args.precision,
         tp=args.tp,
         registry=args.registry,
-        registry_timeout=getattr(args, "registry_timeout", 5.0),
-        fetch_timeout=getattr(args, "fetch_timeout", 600.0),
+        registry_timeout=getattr(args, "registry_timeout", defaults.registry_timeout),
+        fetch_timeout=getattr(args, "fetch_timeout", defaults.fetch_timeout),
         on_miss=getattr(args, "on_miss", "compile"),
         write_back=getattr(args, "write_back", False),
         eager=getattr(args, "eager", False),

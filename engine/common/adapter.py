@@ -46,7 +46,7 @@ class StartRequest:
     precision: str | None = None
     tp: int | None = None
     registry: str | None = None
-    registry_timeout: float = 5.0  # seconds the lookup may take; then the engine starts without bundles
+    registry_timeout: float = 30.0  # seconds the lookup may take (serve: 5); then the engine starts without bundles
     fetch_timeout: float = 600.0  # seconds downloads (and write-back) may take
     on_miss: Literal["compile", "fail"] = "compile"
     write_back: bool = False

@@ -118,12 +118,12 @@ class Software:
     """
 
     python: str
-    torch: str | None
-    triton: str | None
-    vllm: str | None
-    habana: str | None
-    cuda_runtime: str | None
-    driver: str | None
+    torch: str | None = None
+    triton: str | None = None
+    vllm: str | None = None
+    habana: str | None = None
+    cuda_runtime: str | None = None
+    driver: str | None = None
     vllm_gaudi: str | None = None  # the vllm-gaudi plugin: it compiles vLLM's graphs on Gaudi
     prebake_schema: str = SCHEMA_VERSION
 

@@ -89,7 +89,7 @@ class VllmAdapter:
         """Install, lay out a writable cache root, and give vLLM's variables and command line."""
         from prebake.engine.vllm.start import fetch_environment
 
-        prepared = fetch_environment(_vllm_start(request), services)
+        prepared = fetch_environment(_refuse_eager(request), services)
         return Fetched(
             prepared.plan.target.name,
             prepared.variables,
@@ -106,7 +106,9 @@ class VllmAdapter:
 
         from prebake.engine.vllm.start import serve
 
-        return serve(_vllm_start(request), open_services(), emit=lambda line: print(line, file=sys.stderr, flush=True))
+        return serve(
+            _refuse_eager(request), open_services(), emit=lambda line: print(line, file=sys.stderr, flush=True)
+        )
 
     def handles(self, recipe: Recipe, target: Target) -> bool:
         return recipe.model.engine == self.name
@@ -190,23 +192,7 @@ class VllmGaudiAdapter(VllmAdapter):
         return super().serve_environment(plan, installed, run_dir) | variables
 
 
-def _vllm_start(request: StartRequest):  # -> prebake.engine.vllm.start.VllmStart
-    from prebake.engine.vllm.start import VllmStart
-
+def _refuse_eager(request: StartRequest) -> StartRequest:
     if request.eager:
         raise RecipeError("--eager is the bundled engine's floor; for vLLM pass -- --enforce-eager")
-    return VllmStart(
-        model=request.model,
-        precision=request.precision,
-        tp=request.tp,
-        registry=request.registry,
-        cache_root=request.cache_root,
-        host=request.host,
-        port=request.port,
-        on_miss=request.on_miss,
-        write_back=request.write_back,
-        vllm_args=request.engine_args,
-        registry_timeout=request.registry_timeout,
-        fetch_timeout=request.fetch_timeout,
-        mounted=request.mounted,
-    )
+    return request

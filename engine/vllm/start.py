@@ -28,7 +28,7 @@ from prebake.artifacts.errors import ExitCode, RecipeError
 from prebake.artifacts.store.local import Installed
 from prebake.artifacts.store.stats import record_fallback
 from prebake.engine.common import write_back as publishing
-from prebake.engine.common.adapter import EngineStartError, Services
+from prebake.engine.common.adapter import EngineStartError, Services, StartRequest
 from prebake.engine.common.mounted import resolve_with_mounts
 from prebake.engine.vllm import gaudi
 from prebake.engine.vllm import portability as vllm_portability
@@ -72,25 +72,6 @@ VLLM = "vllm"  # the recipe engine this start serves (prebake.engine.vllm.adapte
 
 
 @dataclass(frozen=True)
-class VllmStart:
-    """What `prebake serve|fetch --engine vllm` was asked for."""
-
-    model: str
-    precision: str | None = None
-    tp: int | None = None
-    registry: str | None = None
-    cache_root: Path | None = None
-    host: str | None = None
-    port: int | None = None
-    on_miss: str = "compile"
-    write_back: bool = False
-    vllm_args: tuple[str, ...] = ()
-    registry_timeout: float = 30.0  # seconds the lookup may take; then vLLM starts without the bundles
-    fetch_timeout: float = 600.0  # seconds the downloads may take
-    mounted: tuple[str, ...] = ()  # KIND=PATH: bundle trees already mounted read-only (engine/common/mounted.py)
-
-
-@dataclass(frozen=True)
 class Prepared:
     """Everything needed to start vLLM: the plan, what was installed, and the command."""
 
@@ -107,7 +88,7 @@ class Prepared:
         return {k: v for k, v in base.items() if k not in REDIRECTS} | self.variables
 
 
-def prepare(request: VllmStart, context: Services) -> Prepared:
+def prepare(request: StartRequest, context: Services) -> Prepared:
     """Resolve the recipe's bundles on this host and lay out a private cache root for one vLLM."""
     recipe = load_recipe(request.model)
     plan = context.pick_plan(recipe, dtype=request.precision, tp=request.tp)
@@ -130,7 +111,7 @@ def prepare(request: VllmStart, context: Services) -> Prepared:
         location.name,
         *engine_flags(recipe, plan.target),
         *_listen_flags(request),
-        *request.vllm_args,
+        *request.engine_args,
     )
     notes = portable.notes + _notes(request, resolution.installed.get("graphs"), variables, cache_root, plan)
     return Prepared(plan, resolution.installed, resolution.misses, cache_root, variables, argv, location.cwd, notes)
@@ -145,20 +126,20 @@ def _portable(graphs: Installed | None, cache_root: Path, variables: dict[str, s
     return vllm_portability.prepare_root(read_report(graphs.tree), cache_root / CACHE_DIR, env, python)
 
 
-def _listen_flags(request: VllmStart) -> list[str]:
+def _listen_flags(request: StartRequest) -> list[str]:
     flags = []
-    if request.host is not None and "--host" not in request.vllm_args:
+    if request.host is not None and "--host" not in request.engine_args:
         flags += ["--host", request.host]
-    if request.port is not None and "--port" not in request.vllm_args:
+    if request.port is not None and "--port" not in request.engine_args:
         flags += ["--port", str(request.port)]
     return flags
 
 
 def _notes(
-    request: VllmStart, graphs: Installed | None, variables: dict[str, str], root: Path, plan: TargetKeys
+    request: StartRequest, graphs: Installed | None, variables: dict[str, str], root: Path, plan: TargetKeys
 ) -> tuple[str, ...]:
     notes = []
-    overridden = sorted({a.split("=", 1)[0] for a in request.vllm_args} & set(_RECIPE_FLAGS))
+    overridden = sorted({a.split("=", 1)[0] for a in request.engine_args} & set(_RECIPE_FLAGS))
     if overridden:
         notes.append(
             f"vLLM flags {overridden} override the recipe's; vLLM keys its cache on them, so the baked "
@@ -176,7 +157,7 @@ def _notes(
     return tuple(notes)
 
 
-def serve(request: VllmStart, context: Services, emit: Emit) -> int:
+def serve(request: StartRequest, context: Services, emit: Emit) -> int:
     """Fetch, install, and run vLLM; returns vLLM's exit code (or 3 on a refused miss)."""
     prepared = prepare(request, context)
     for line in [m.explain() for m in prepared.misses] + list(prepared.notes):
@@ -255,7 +236,7 @@ def write_back(prepared: Prepared, context: Services, ready_s: float, *, timeout
     return [f"{r.kind}: {r.note}, key {r.key[:16]}" for r in results]
 
 
-def fetch_environment(request: VllmStart, context: Services) -> Prepared:
+def fetch_environment(request: StartRequest, context: Services) -> Prepared:
     """`prebake fetch --engine vllm`: install and lay out the cache root; the caller prints it."""
     return prepare(request, context)
 

@@ -23,6 +23,7 @@ pytest.importorskip("ray", reason="the Ray executor needs the optional extra: pi
 
 from prebake.artifacts.bake.recipes import load_recipe
 from tests.support.baking import REPO
+from tests.support.hosts import cpu_only_env
 from tests.support.moto_server import moto_server, s3_env
 from tests.support.ray_cluster import ray_cluster
 from tests.support.recipe_files import write_recipe
@@ -64,7 +65,8 @@ def fleet(tmp_path_factory):
     _recipe("fleet-tiny", recipes, platforms=("cpu",), dtypes=("bf16", "fp32"), small=True)
     with moto_server() as endpoint:
         aws = s3_env(endpoint)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PREBAKE_", "AWS_"))}
+        # the CPU nodes probe as CPU hosts on any machine (a GPU builder too): no accelerator tool on PATH
+        env = {k: v for k, v in cpu_only_env().items() if not k.startswith(("PREBAKE_", "AWS_"))}
         env.update(aws, PREBAKE_HOME=str(root / "home"), PREBAKE_TRUSTED_KEYS="")
         boto3.client(
             "s3",

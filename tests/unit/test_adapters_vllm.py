@@ -18,7 +18,7 @@ from prebake.artifacts.errors import BuildError, StoreError
 from prebake.artifacts.fsutil import copy_writable
 from prebake.artifacts.store.local import Store
 from prebake.engine.adapters import kinds_for
-from prebake.engine.common.adapter import EngineStartError
+from prebake.engine.common.adapter import EngineStartError, StartRequest
 from prebake.engine.compose import Context, plans_for
 from prebake.engine.vllm.process import (
     CACHE_DIR,
@@ -35,7 +35,7 @@ from prebake.engine.vllm.process import (
     variable_drift,
     wait_ready,
 )
-from prebake.engine.vllm.start import VllmStart, prepare, write_back
+from prebake.engine.vllm.start import prepare, write_back
 from prebake.registry import open_registry
 from tests.support.baking import REPO
 from tests.support.recipe_files import write_recipe
@@ -308,6 +308,10 @@ def bake_all(the_plan, store, registry):
 def test_bake_packs_the_cache_root_the_engine_filled_and_a_start_from_it_loads(
     folder_model_recipe, tmp_path, monkeypatch
 ):
+    """Plumbing, not reuse: the cache root the engine filled is packed, and a start from the bundle
+    hands it back under the same key. The "load" line read here is printed by the stand-in, under
+    the keying rule the stand-in implements; that real vLLM reuses a baked root is checked by
+    tests/integration/test_vllm.py (make vllm-check)."""
     monkeypatch.setenv("PREBAKE_VLLM_COMMAND", f"{sys.executable} {STANDIN}")
     host = vllm_cpu_host(tmp_path / "host")
     the_plan = plans_for(folder_model_recipe, host)[0]
@@ -343,12 +347,14 @@ def test_bake_packs_the_cache_root_the_engine_filled_and_a_start_from_it_loads(
 def _prepare(recipe: Recipe, store: Store, registry, host, monkeypatch, tmp_path):
     write_recipe(recipe, tmp_path / "recipes")
     monkeypatch.setenv("PREBAKE_RECIPES", str(tmp_path / "recipes"))
-    return prepare(VllmStart(model=recipe.model.name), Context(store, host, registry.url, given_registry=registry))
+    return prepare(StartRequest(model=recipe.model.name), Context(store, host, registry.url, given_registry=registry))
 
 
 def test_a_miss_starts_from_an_empty_root_and_write_back_publishes_what_vllm_compiled(
     folder_model_recipe, tmp_path, monkeypatch
 ):
+    """Plumbing: a miss starts from an empty root and the write-back publishes every kind, upstream
+    first; the stand-in's compile output stands for vLLM's (real reuse: tests/integration/test_vllm.py)."""
     monkeypatch.setenv("PREBAKE_VLLM_COMMAND", f"{sys.executable} {STANDIN}")
     host = vllm_cpu_host(tmp_path / "host")
     registry = open_registry(str(tmp_path / "registry"))
@@ -438,7 +444,7 @@ def test_a_slow_or_broken_registry_is_a_miss_and_vllm_starts_from_an_empty_root(
     started = time.monotonic()
 
     prepared = prepare(
-        VllmStart(model="tiny-llama-vllm", registry_timeout=0.5, fetch_timeout=0.5),
+        StartRequest(model="tiny-llama-vllm", registry_timeout=0.5, fetch_timeout=0.5),
         Context(Store(tmp_path / "home"), vllm_cpu_host(tmp_path / "host"), registry.url, given_registry=registry),
     )
 

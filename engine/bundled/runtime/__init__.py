@@ -2,11 +2,13 @@
 
     model, weights, loader   the model, its Hugging Face checkpoint I/O, seeded random weights
     shapes, steps            padded step shapes and the compiled prefill/decode steps over them
-    autotune, aot, build     tactic timing, Dynamo precompile, and the build child of `doit bake`
+    autotune, precompile     tactic timing; Dynamo's precompile of one function per step shape
     scheduler, tokenizer     continuous batching into buckets; text <-> token ids
-    server, metrics          `prebake serve`'s process (uvicorn on its own thread) and its Prometheus metrics
-    api/                     the OpenAI-compatible HTTP API on FastAPI: schema, routes, streaming, guards
+    metrics                  the engine's Prometheus metrics
 
-Everything here may import torch; nothing outside the runtime does at import time. server, api/
-and metrics import it only once the engine has started, so the probes answer while torch loads.
+The build child of `doit bake` (prebake.engine.bundled.build), `prebake serve`'s process
+(prebake.engine.bundled.serve) and the HTTP API (prebake.engine.bundled.api) sit above this
+package. Everything here may import torch; nothing outside the bundled engine does at import time.
+serve, api/ and metrics import it only once the engine has started, so the probes answer while
+torch loads.
 """
