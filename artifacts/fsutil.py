@@ -226,6 +226,22 @@ class Flock:
                 pass
             os.close(fd)  # the file was deleted by the previous holder: lock its successor instead
 
+    @staticmethod
+    def is_held(path: Path) -> bool:
+        """True while some process holds `path` locked. Opens it read-only and creates nothing, so it
+        also answers on a read-only store (flock does not care how the file was opened)."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
     def release(self, *, unlink: bool = False) -> None:
         if self._fd < 0:
             return

@@ -8,6 +8,7 @@ through S3 or the Hub instead of a network folder.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import time
@@ -21,7 +22,7 @@ from prebake.artifacts.errors import PrebakeError
 from prebake.artifacts.layout import blob_relpath, index_relpath, parse_index_relpath, summary_relpath
 from prebake.artifacts.ports.listing import Listed, ListingSummary, Read, summarised_listing
 from prebake.registry.base import Published, copy_verified, settle
-from prebake.registry.errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
+from prebake.registry.errors import BlobDigestMismatch, RegistryError, RegistryNotFound, RegistryUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +34,13 @@ class FileRegistry:
 
     writable = True
 
-    def __init__(self, root: Path | str):
+    def __init__(self, root: Path | str, *, create: bool = True):
         self.root = Path(root).expanduser()
         self.url = f"file://{self.root}"
+        if not create and not self.root.is_dir():
+            if self.root.exists():
+                raise RegistryNotFound(f"registry {self.root} is a file, not a folder; fix the registry address")
+            raise RegistryNotFound(_missing_folder(self.root))
 
     def lookup(self, kind: str, key_digest: str) -> Manifest | None:
         path = self.root / index_relpath(kind, key_digest)
@@ -168,6 +173,23 @@ class FileRegistry:
         for folder in (src.parent, dest.parent):
             fsutil.fsync_dir(folder)
         return dest
+
+
+def _missing_folder(root: Path) -> str:
+    """Why a registry folder is not there, with the nearest spelling that exists, for a typo in any part."""
+    missing = [root.name]
+    parent = root.parent
+    while not parent.is_dir() and parent != parent.parent:
+        missing.insert(0, parent.name)
+        parent = parent.parent
+    near = sorted(n for n in _names(parent) if (parent / n).is_dir())
+    close = difflib.get_close_matches(missing[0], near, n=1)
+    guess = parent.joinpath(close[0], *missing[1:]) if close else None
+    hint = f" (did you mean {guess}?)" if guess is not None and guess.is_dir() else ""
+    return (
+        f"registry folder {root} does not exist{hint}; fix the registry address, or bake into it first "
+        f"(`prebake bake` and `doit bake` create it)"
+    )
 
 
 def _names(folder: Path) -> list[str]:

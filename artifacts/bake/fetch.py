@@ -22,7 +22,7 @@ from typing import Literal
 
 from prebake.artifacts.bake.kinds import TargetKeys
 from prebake.artifacts.bundle.manifest import Manifest
-from prebake.artifacts.errors import BundleError, PrebakeError, UnknownRegistryError
+from prebake.artifacts.errors import BundleError, ExitCode, PrebakeError, RegistryNotFound, UnknownRegistryError
 from prebake.artifacts.keys import Key
 from prebake.artifacts.ports.registry import Registry
 from prebake.artifacts.store.local import Installed, Store
@@ -45,6 +45,7 @@ class Miss:
     nearest: Key | None = None
     differing: dict[str, tuple[str, str]] = field(default_factory=dict)  # factor -> (wanted, nearest has)
     refused: bool = False  # something was there and failed a check (tampered, untrusted, corrupt, malformed)
+    unavailable: bool = False  # the registry could not be asked: down, refusing us, or out of time
 
     def explain(self) -> str:
         lines = [f"miss: {self.key.kind} {self.key.digest[:16]}: {self.reason}"]
@@ -84,6 +85,42 @@ class Resolution:
     def refused(self) -> bool:
         """Something the registry holds failed a check: `prebake fetch` exits 2, not 3."""
         return any(m.refused for m in self.misses)
+
+    @property
+    def unavailable(self) -> bool:
+        """The registry could not be asked for something that missed: `prebake fetch` exits 4, not 3."""
+        return any(m.unavailable for m in self.misses)
+
+
+def miss_exit_code(misses: Iterable[Miss]) -> ExitCode:
+    """What a set of misses means for a command: 2 something was refused, 4 the registry could not
+    be asked, 3 nothing matches (0 when there are none)."""
+    misses = list(misses)
+    if not misses:
+        return ExitCode.OK
+    if any(m.refused for m in misses):
+        return ExitCode.INVALID
+    if any(m.unavailable for m in misses):
+        return ExitCode.UNAVAILABLE
+    return ExitCode.MISS
+
+
+def miss_advice(misses: Iterable[Miss], *, target: str, bake: str, address: str) -> str:
+    """The one next step for a set of misses: fix the registry's access, or bake what is missing
+    (`bake` is the command that bakes the target, e.g. "doit bake model=tiny-llama precision=bf16")."""
+    code = miss_exit_code(misses)
+    if code == ExitCode.UNAVAILABLE:
+        return (
+            f"registry {address} could not be asked (down, refusing us, or slower than its time box): check "
+            f"that its endpoint is up and is the one meant (AWS_ENDPOINT_URL, HF_ENDPOINT, the folder's mount), "
+            f"the credentials (AWS_PROFILE / AWS_ACCESS_KEY_ID, HF_TOKEN), or give it longer with "
+            f"--registry-timeout / --fetch-timeout"
+        )
+    if code == ExitCode.INVALID:
+        return (
+            f"registry {address} holds bundles that failed a check (above): run `prebake verify --registry {address}`"
+        )
+    return f"nothing in {address} matches {target}: bake it ({bake}), or check the address"
 
 
 # -- one key ----------------------------------------------------------------------------------
@@ -176,12 +213,14 @@ def lookup(
     deadline = time.monotonic() + timeout
     wanted = list(kinds)
     opened = within(timeout, open_registry, name="prebake-open-registry")
-    if isinstance(opened, Raised) and isinstance(opened.error, UnknownRegistryError):
+    if isinstance(opened, Raised) and isinstance(opened.error, _BAD_ADDRESS):
         raise opened.error
     if not isinstance(opened, Done):
         why = _fault(opened, f"registry {address}", "--registry-timeout", timeout)
         return Lookup(
-            {k: _from_store(store, plan.key(k), trust) or Miss(plan.key(k), why) for k in wanted}, None, False
+            {k: _from_store(store, plan.key(k), trust) or Miss(plan.key(k), why, unavailable=True) for k in wanted},
+            None,
+            False,
         )
     registry = opened.value
     found: dict[str, Found] = {}
@@ -199,8 +238,10 @@ def lookup(
             if isinstance(asked, Raised) and isinstance(asked.error, BundleError):  # this entry, not the registry
                 found[kind] = Miss(key, f"registry {address}: its entry was refused: {asked.describe()}", refused=True)
                 continue
+            if isinstance(asked, Raised) and isinstance(asked.error, _BAD_ADDRESS):  # a bucket or repo not there
+                raise asked.error
             fault = _fault(asked, f"registry {address}", "--registry-timeout", timeout)
-        found[kind] = Miss(key, fault)
+        found[kind] = Miss(key, fault, unavailable=True)
     return Lookup(found, registry, fault is None)
 
 
@@ -227,7 +268,8 @@ def install(
         else:
             why = _fault(got, f"fetching blob {value.blob.digest[:23]}", "--fetch-timeout", timeout)
             refused = isinstance(got, Raised) and isinstance(got.error, BundleError)  # corrupt or hostile bytes
-            out[kind] = Miss(value.the_key(), why, refused=refused)
+            down = isinstance(got, TimedOut) or (isinstance(got, Raised) and _is_fault(got.error))
+            out[kind] = Miss(value.the_key(), why, refused=refused, unavailable=down and not refused)
     return out
 
 
@@ -262,6 +304,15 @@ def resolution(plan: TargetKeys, found: dict[str, Found], got: dict[str, Install
     sources: dict[str, Source] = {k: "store" if isinstance(found[k], Installed) else "registry" for k in installed}
     misses = tuple(v for v in got.values() if isinstance(v, Miss))
     return Resolution(plan, installed, misses, sources)
+
+
+_BAD_ADDRESS = (UnknownRegistryError, RegistryNotFound)
+
+
+def _is_fault(error: Exception) -> bool:
+    """The registry could not be asked (down, refusing us, a broken connection), as opposed to a
+    bundle that is missing or bad: RegistryUnavailable, which the backends raise, is a ConnectionError."""
+    return isinstance(error, ConnectionError)
 
 
 def _fault(outcome: Raised | TimedOut, what: str, option: str, box: float) -> str:

@@ -26,8 +26,9 @@ into tmp/ by one rename, then deleted), then the blob. A process killed at any p
 only temporaries (`.tmp-*` downloads, `.<hex>.*.partial` trees, tmp/ folders) that no
 reader looks at; the next install of the same blob, or the next gc, removes them.
 
-Size: PREBAKE_STORE_MAX_BYTES (or `gc(max_bytes)`, `prebake gc --max-size`) bounds blobs/
-plus trees/, evicting the least recently used bundles first. A process that holds a tree
+Size: blobs/ plus trees/ are bounded by DEFAULT_MAX_BYTES (10 GiB, sccache's default), or
+PREBAKE_STORE_MAX_BYTES (or `gc(max_bytes)`, `prebake store gc --max-size`), evicting the least
+recently used bundles first after each install. The embedded registry/ is not counted. A process that holds a tree
 with `Store.use` keeps it from eviction until it lets go. Locks are flock(2), which the
 kernel drops when a holder dies: keep the store on local disk, where flock works (not NFS).
 """
@@ -56,6 +57,7 @@ HOME_ENV = "PREBAKE_HOME"
 REGISTRY_ENV = "PREBAKE_REGISTRY"
 MAX_BYTES_ENV = "PREBAKE_STORE_MAX_BYTES"
 UNPACK_MAX_BYTES_ENV = "PREBAKE_UNPACK_MAX_BYTES"
+DEFAULT_MAX_BYTES = 10 * 1024**3  # the store's bound when PREBAKE_STORE_MAX_BYTES is not set (sccache's 10 GiB)
 
 _HEX = "[0-9a-f]{64}"
 _PARTIAL_TREE = re.compile(rf"^\.({_HEX})\..*\.partial$")  # bundle.unpack's temporary folder
@@ -78,7 +80,8 @@ def parse_size(text: str, what: str = "size") -> int:
 
 @dataclass(frozen=True)
 class StoreLimits:
-    """How large the store may grow (None: unbounded) and how far one archive may unpack."""
+    """How large the store may grow (None: unbounded, for tests and tools) and how far one archive may
+    unpack. From the environment it is always bounded: PREBAKE_STORE_MAX_BYTES, else DEFAULT_MAX_BYTES."""
 
     max_bytes: int | None = None
     unpack: UnpackLimits = UnpackLimits()
@@ -89,7 +92,7 @@ class StoreLimits:
         unpack_limits = (
             UnpackLimits(max_bytes=parse_size(raw_unpack, UNPACK_MAX_BYTES_ENV)) if raw_unpack else UnpackLimits()
         )
-        return cls(parse_size(raw_max, MAX_BYTES_ENV) if raw_max else None, unpack_limits)
+        return cls(parse_size(raw_max, MAX_BYTES_ENV) if raw_max else DEFAULT_MAX_BYTES, unpack_limits)
 
 
 @dataclass(frozen=True)
@@ -258,14 +261,7 @@ class Store:
 
     def held(self, hexd: str) -> bool:
         """True while a process holds blob `hexd`'s tree with `use` (or a gc is evicting it)."""
-        path = self.home / "leases" / hexd
-        if not path.exists():
-            return False
-        lease = fsutil.Flock.acquire(path, wait=False)
-        if lease is None:
-            return True
-        lease.release()
-        return False
+        return fsutil.Flock.is_held(self.home / "leases" / hexd)
 
     def recover(self) -> int:
         """Remove what crashed runs left behind; return how many leftovers went. Safe while other
@@ -347,7 +343,7 @@ class Store:
             raise StoreError(
                 f"{manifest.kind} {manifest.key_digest[:16]} needs {_mib(need)} (blob {_mib(manifest.blob.size)}, "
                 f"files {_mib(manifest.unpacked_bytes)}) and {self.home} has {_mib(free)} free; free space, "
-                f"run `prebake gc --max-size`, or point {HOME_ENV} at a larger disk"
+                f"run `prebake store gc --max-size`, or point {HOME_ENV} at a larger disk"
             )
 
     def _files_record(self, hexd: str) -> Path:

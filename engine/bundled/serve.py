@@ -13,6 +13,7 @@ orchestrator's probes can reach it, and set --api-key (or PREBAKE_API_KEY) for a
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
@@ -24,7 +25,7 @@ from pathlib import Path
 import uvicorn
 from pydantic import BaseModel, ConfigDict, Field
 
-from prebake.artifacts.errors import ExitCode, PrebakeError
+from prebake.artifacts.errors import PrebakeError
 from prebake.engine.bundled.api.app import create_app
 from prebake.engine.bundled.api.chat import ChatTemplateError, chat_template_for
 from prebake.engine.bundled.api.guard import GuardSettings
@@ -91,7 +92,7 @@ def serve(settings: ServeSettings, open_services: OpenServices, emit: Callable[[
         return 0
     except MissRefused as exc:
         emit(f"prebake serve: {exc}")
-        return ExitCode.MISS
+        return exc.code
     except SystemExit as exc:
         emit("prebake serve: stopping")
         return int(exc.code or 0)
@@ -115,10 +116,24 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.listen(2048)
     except OSError as exc:
         raise ListenError(
-            f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another --port (0 picks a free one)"
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}; {_listen_fix(exc, host, port)}"
         ) from exc
     sock.set_inheritable(True)
     return sock
+
+
+def _listen_fix(exc: OSError, host: str, port: int) -> str:
+    """What to change when an address cannot be bound: the port when it is taken, else the host."""
+    if exc.errno == errno.EADDRINUSE:
+        return "another process listens there: pick another --port (0 picks a free one)"
+    if exc.errno == errno.EACCES and 0 < port < 1024:
+        return "ports below 1024 need privileges: pick --port 1024 or above (default 8000)"
+    if isinstance(exc, socket.gaierror):
+        return f"--host {host!r} is not a name or address this machine can resolve: give an IP address or a host name"
+    return (
+        f"--host {host} is not an address of this machine: use 127.0.0.1 (this machine only), 0.0.0.0 "
+        f"(every interface, e.g. in a container) or one of its own addresses"
+    )
 
 
 def _ready(engine: Engine, state: AppState, stop: threading.Event, emit: Callable[[str], None]) -> threading.Thread:

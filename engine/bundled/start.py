@@ -40,7 +40,7 @@ from prebake.artifacts.bake.kinds import BUCKETS_FILE, Builder, BuildRequest, Ta
 from prebake.artifacts.bake.recipes import PRECOMPILE, Recipe, load_recipe
 from prebake.artifacts.buckets.artifact import BucketSet
 from prebake.artifacts.bundle.manifest import Manifest
-from prebake.artifacts.errors import PrebakeError, StoreError
+from prebake.artifacts.errors import ExitCode, PrebakeError, StoreError
 from prebake.artifacts.store.local import Installed, Store
 from prebake.artifacts.store.stats import record_fallback, record_miss
 from prebake.engine.bundled import cache_layout
@@ -76,7 +76,12 @@ class StartupSettings(BaseModel):
 
 
 class MissRefused(PrebakeError, LookupError):
-    """Bundles missed and the engine was told --on-miss fail."""
+    """Bundles missed and the engine was told --on-miss fail; `code` says why (3 nothing matches,
+    4 the registry could not be asked, 2 something was refused)."""
+
+    def __init__(self, message: str, code: int = ExitCode.MISS):
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass
@@ -205,7 +210,9 @@ def _start(
     if resolution.misses and settings.on_miss == "fail":
         raise MissRefused(
             f"{len(resolution.misses)} of {plan.target.name}'s bundles missed (above) and --on-miss is fail; "
-            f"bake them (doit bake model={plan.target.recipe} precision={plan.target.dtype}) or use --on-miss compile"
+            f"{fetch.miss_advice(resolution.misses, target=plan.target.name, bake=_bake_command(plan), address=address)}; "
+            f"or use --on-miss compile",
+            code=fetch.miss_exit_code(resolution.misses),
         )
     compiled = context.adapter(plan).fallback_kind
     trees = {k: i.tree for k, i in resolution.installed.items()}
@@ -226,6 +233,10 @@ def _start(
             else:
                 s.detail = _write_back(plan, built, trees, context, settings.fetch_timeout, log)
     return engine
+
+
+def _bake_command(plan: TargetKeys) -> str:
+    return f"doit bake model={plan.target.recipe} precision={plan.target.dtype}"
 
 
 def _hold(

@@ -21,10 +21,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from prebake.artifacts.bake.fetch import Miss
+from prebake.artifacts.bake.fetch import Miss, miss_advice, miss_exit_code
 from prebake.artifacts.bake.kinds import Builder, BuildRequest, TargetKeys
 from prebake.artifacts.bake.recipes import load_recipe
-from prebake.artifacts.errors import ExitCode, RecipeError
+from prebake.artifacts.errors import RecipeError
 from prebake.artifacts.store.local import Installed
 from prebake.artifacts.store.stats import record_fallback
 from prebake.engine.common import write_back as publishing
@@ -158,15 +158,22 @@ def _notes(
 
 
 def serve(request: StartRequest, context: Services, emit: Emit) -> int:
-    """Fetch, install, and run vLLM; returns vLLM's exit code (or 3 on a refused miss)."""
+    """Fetch, install, and run vLLM; returns vLLM's exit code (or 2/3/4 on a miss under --on-miss fail)."""
     prepared = prepare(request, context)
     for line in [m.explain() for m in prepared.misses] + list(prepared.notes):
         emit(f"prebake: {line}")
     if prepared.misses and request.on_miss == "fail":
         emit(
-            f"prebake: no complete bundle set for {prepared.plan.target.name} in {context.address}; not starting (--on-miss fail)"
+            f"prebake: no complete bundle set for {prepared.plan.target.name} in {context.address}; not starting "
+            f"(--on-miss fail); "
+            + miss_advice(
+                prepared.misses,
+                target=prepared.plan.target.name,
+                bake=f"doit bake model={prepared.plan.target.recipe} precision={prepared.plan.target.dtype}",
+                address=context.address,
+            )
         )
-        return ExitCode.MISS
+        return miss_exit_code(prepared.misses)
     where = "the baked graphs" if "graphs" in prepared.installed else "an empty cache (vLLM compiles)"
     emit(
         f"prebake: starting vLLM for {prepared.plan.target.name} from {where}: VLLM_CACHE_ROOT={prepared.cache_root / CACHE_DIR}"

@@ -27,14 +27,18 @@ from prebake.engine.bundled.api.schema import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
+    ChatLogprobs,
     ChatMessage,
+    ChatTokenLogprob,
     Completion,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionRequest,
     Delta,
     ErrorBody,
     ErrorResponse,
     FinishReason,
+    TopLogprob,
     Usage,
 )
 from prebake.engine.bundled.api.state import AppState, Serving
@@ -120,6 +124,7 @@ async def _answer(state: AppState, serving: Serving, prompts, body, shape):
         seed=body.seed,
         stop=body.stop_strings(),
         ignore_eos=body.ignore_eos,
+        top_logprobs=body.top_logprobs_asked(),
     )
     try:
         generation = Generation(serving.scheduler, serving.tokenizer, serving.eos, prompts, params, state.metrics)
@@ -143,7 +148,7 @@ async def _answer(state: AppState, serving: Serving, prompts, body, shape):
         completion_tokens=generation.completion_tokens,
         total_tokens=generation.prompt_tokens + generation.completion_tokens,
     )
-    return shape.whole([finished[i] for i in sorted(finished)], usage)
+    return shape.whole([finished[i] for i in sorted(finished)], usage, serving.tokenizer)
 
 
 async def _stream(state: AppState, generation: Generation, shape, include_usage: bool, started: float):
@@ -153,9 +158,9 @@ async def _stream(state: AppState, generation: Generation, shape, include_usage:
             yield _sse(chunk)
         async for event in generation.events():
             if isinstance(event, Finished):
-                yield _sse(shape.piece(event.index, event.tail, event.reason))
+                yield _sse(shape.piece(event.index, event.tail, event.reason, event.tail_tokens))
             else:
-                yield _sse(shape.piece(event.index, event.text, None))
+                yield _sse(shape.piece(event.index, event.text, None, event.tokens))
         if include_usage:
             usage = Usage(
                 prompt_tokens=generation.prompt_tokens,
@@ -178,13 +183,55 @@ def _sse(chunk: BaseModel) -> str:
     return f"data: {chunk.model_dump_json()}\n\n"
 
 
+def _token_text(tokenizer: Tokenizer | None, token: int) -> str:
+    """A token as logprobs name it: its text, or token_id:N without a tokenizer (as vLLM's
+    return_tokens_as_token_ids writes it)."""
+    return tokenizer.decode([token]) if tokenizer is not None else f"token_id:{token}"
+
+
+def _completion_logprobs(f: Finished, tokenizer: Tokenizer | None) -> CompletionLogprobs | None:
+    if not f.logprobs:
+        return None
+    texts = [_token_text(tokenizer, lp.token) for lp in f.logprobs]
+    offsets = [sum(len(t) for t in texts[:i]) for i in range(len(texts))]
+    top = [{_token_text(tokenizer, t): v for t, v in lp.top} for lp in f.logprobs]
+    return CompletionLogprobs(
+        tokens=texts,
+        token_logprobs=[lp.logprob for lp in f.logprobs],
+        top_logprobs=top if any(lp.top for lp in f.logprobs) else None,
+        text_offset=offsets,
+    )
+
+
+def _chat_logprobs(f: Finished, tokenizer: Tokenizer | None) -> ChatLogprobs | None:
+    if not f.logprobs:
+        return None
+
+    def entry(token: int) -> tuple[str, list[int]]:
+        text = _token_text(tokenizer, token)
+        return text, list(text.encode("utf-8", "surrogatepass"))
+
+    content = []
+    for lp in f.logprobs:
+        text, raw = entry(lp.token)
+        top = [TopLogprob(token=t, logprob=v, bytes=b) for t, b, v in ((*entry(i), v) for i, v in lp.top)]
+        content.append(ChatTokenLogprob(token=text, logprob=lp.logprob, bytes=raw, top_logprobs=top))
+    return ChatLogprobs(content=content)
+
+
 class _CompletionShape:
     def __init__(self, model: str):
         self.model, self.id, self.created = model, f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
-    def whole(self, finished: list[Finished], usage: Usage) -> Completion:
+    def whole(self, finished: list[Finished], usage: Usage, tokenizer: Tokenizer | None) -> Completion:
         choices = [
-            CompletionChoice(index=f.index, text=f.text, finish_reason=f.reason, token_ids=list(f.tokens))
+            CompletionChoice(
+                index=f.index,
+                text=f.text,
+                logprobs=_completion_logprobs(f, tokenizer),
+                finish_reason=f.reason,
+                token_ids=list(f.tokens),
+            )
             for f in finished
         ]
         return Completion(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage)
@@ -192,8 +239,8 @@ class _CompletionShape:
     def opening(self, n: int) -> list[Completion]:
         return []
 
-    def piece(self, index: int, text: str, reason: FinishReason) -> Completion:
-        choice = CompletionChoice(index=index, text=text, finish_reason=reason)
+    def piece(self, index: int, text: str, reason: FinishReason, tokens: tuple[int, ...]) -> Completion:
+        choice = CompletionChoice(index=index, text=text, finish_reason=reason, token_ids=list(tokens))
         return Completion(id=self.id, created=self.created, model=self.model, choices=[choice])
 
     def usage(self, usage: Usage) -> Completion:
@@ -204,11 +251,12 @@ class _ChatShape:
     def __init__(self, model: str):
         self.model, self.id, self.created = model, f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
-    def whole(self, finished: list[Finished], usage: Usage) -> ChatCompletion:
+    def whole(self, finished: list[Finished], usage: Usage, tokenizer: Tokenizer | None) -> ChatCompletion:
         choices = [
             ChatChoice(
                 index=f.index,
                 message=AssistantMessage(content=f.text),
+                logprobs=_chat_logprobs(f, tokenizer),
                 finish_reason=f.reason,
                 token_ids=list(f.tokens),
             )
@@ -222,9 +270,9 @@ class _ChatShape:
     def opening(self, n: int) -> list[ChatCompletionChunk]:
         return [self._chunk([ChatChunkChoice(index=i, delta=Delta(role="assistant", content=""))]) for i in range(n)]
 
-    def piece(self, index: int, text: str, reason: FinishReason) -> ChatCompletionChunk:
+    def piece(self, index: int, text: str, reason: FinishReason, tokens: tuple[int, ...]) -> ChatCompletionChunk:
         delta = Delta(content=text) if text or reason is None else Delta()
-        return self._chunk([ChatChunkChoice(index=index, delta=delta, finish_reason=reason)])
+        return self._chunk([ChatChunkChoice(index=index, delta=delta, finish_reason=reason, token_ids=list(tokens))])
 
     def usage(self, usage: Usage) -> ChatCompletionChunk:
         return self._chunk([], usage)

@@ -1,6 +1,6 @@
 """What every request passes before a route sees it: the API key, then a bounded body.
 
-    API key     with a key set, every route but the probes (/health, /health/live) needs
+    API key     with a key set, every route but the probes (/health, /health/live and NIM's /v1/health/*) needs
                 `Authorization: Bearer <key>`; compared in constant time (hmac.compare_digest)
     body        at most `max_body_bytes` (413 past it, by Content-Length or by counting),
                 read within `body_timeout_s` (408 for a client that dribbles), and UTF-8 (400);
@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from prebake.engine.bundled.api.errors import error_response
 
-PROBES = frozenset({"/health", "/health/live"})
+PROBES = frozenset({"/health", "/health/live", "/v1/health/ready", "/v1/health/live"})  # app.READY_PATHS, LIVE_PATHS
 
 
 @dataclass(frozen=True)
