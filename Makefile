@@ -48,6 +48,7 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.registry_scale
 	$(BIN)/python -m benchmarks.fetch_stream
 	$(BIN)/python -m benchmarks.fleet
+	$(BIN)/python -m benchmarks.fleet_fetch
 	$(BIN)/python -m benchmarks.serve_load
 	$(BIN)/python -m benchmarks.serve_bodies
 

@@ -1,6 +1,7 @@
-"""S3 transfer throughput: prebake's S3 backend against awscli, on moto's S3 server over loopback.
+"""Registry transfer throughput: prebake's S3 backend against awscli on moto's S3 server, and its
+OCI backend against skopeo on Debian's docker-registry (benchmarks/oci_io.py), over loopback.
 
-    python -m benchmarks.registry_io [--size-mb 256] [--repeat 3]
+    python -m benchmarks.registry_io [--size-mb 256] [--repeat 3] [--only s3|oci]
 
 Writes a blob of random bytes, starts moto's server as a process on 127.0.0.1
 (tests/support/moto_server.py), and times, in one run and alternating which goes first:
@@ -49,14 +50,26 @@ def main(argv: list[str] | None = None) -> int:
         "--size-mb", type=int, default=256, help="blob size in MiB (at least 256 for the issue's figure)"
     )
     parser.add_argument("--repeat", type=int, default=3, help="timed rounds per measurement; the median is reported")
+    parser.add_argument("--only", choices=("s3", "oci"), help="measure one backend (default: both)")
     args = parser.parse_args(argv)
-    if shutil.which("aws") is None:
+    from benchmarks import oci_io
+
+    if args.only != "oci" and shutil.which("aws") is None:
         print("awscli (`aws`) is not on PATH; install it (pip install awscli) to compare against it", file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory(prefix="prebake-bench-") as tmp, moto_server() as endpoint:
-        os.environ.update(s3_env(endpoint))  # a script, not a library: this process talks only to moto
-        results = _run(Path(tmp), endpoint, args.size_mb, args.repeat)
-    _report(results, args.size_mb)
+    if args.only != "s3" and not oci_io.available():
+        print("docker-registry and skopeo are needed: apt-get install docker-registry skopeo", file=sys.stderr)
+        return 2
+    figures: dict[str, float] = {}
+    if args.only != "oci":
+        with tempfile.TemporaryDirectory(prefix="prebake-bench-") as tmp, moto_server() as endpoint:
+            os.environ.update(s3_env(endpoint))  # a script, not a library: this process talks only to moto
+            results = _run(Path(tmp), endpoint, args.size_mb, args.repeat)
+        figures |= _report(results, args.size_mb)
+    if args.only != "s3":
+        with tempfile.TemporaryDirectory(prefix="prebake-bench-oci-") as tmp:
+            figures |= oci_io.report(oci_io.measure(Path(tmp), args.size_mb, args.repeat), args.size_mb)
+    print(json.dumps(figures))
     return 0
 
 
@@ -110,7 +123,7 @@ def _run(tmp: Path, endpoint: str, size_mb: int, repeat: int) -> dict[str, list[
     return results
 
 
-def _report(results: dict[str, list[float]], size_mb: int) -> None:
+def _report(results: dict[str, list[float]], size_mb: int) -> dict[str, float]:
     med = {name: statistics.median(times) for name, times in results.items()}
     rate = {name: size_mb / t for name, t in med.items()}
     rounds = len(results["aws download"])
@@ -129,7 +142,7 @@ def _report(results: dict[str, list[float]], size_mb: int) -> None:
         print(f"  {op:9s} throughput prebake/awscli: {raw:5.2f}   (awscli without its start-up: {net:5.2f})")
         figures[f"{op}_ratio_to_awscli"] = round(raw, 3)
         figures[f"{op}_ratio_to_awscli_net"] = round(net, 3)
-    print(json.dumps(figures))
+    return figures
 
 
 def _random_file(path: Path, size_mb: int) -> Path:

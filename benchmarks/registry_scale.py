@@ -1,10 +1,10 @@
 """Registries that grow: hit lookups, miss explanations and `prebake ls` at 10, 1,000 and 10,000 entries.
 
-    python -m benchmarks.registry_scale [--sizes 10,1000,10000] [--files 50] [--lookups 20]
+    python -m benchmarks.registry_scale [--sizes 10,1000,10000] [--files 50] [--lookups 20] [--backends file,s3,hf,oci]
 
-Three registries, a local folder, S3 (moto's server as a process on 127.0.0.1, real boto3) and
+Four registries, a local folder, S3 (moto's server as a process on 127.0.0.1, real boto3),
 the Hub (tests/support/hub_server.py, the contract tests' stand-in, on a thread of this process,
-real huggingface_hub), are filled with index entries (tests/support/index_seed.py: distinct keys,
+real huggingface_hub) and OCI (Debian's docker-registry on 127.0.0.1, when installed), are filled with index entries (tests/support/index_seed.py: distinct keys,
 each entry listing --files files, as a graphs bundle lists its cache). At each size it measures,
 in one run:
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -34,6 +35,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,11 +47,12 @@ from prebake.registry.file import FileRegistry
 from prebake.registry.hf import HubRegistry
 from prebake.registry.s3 import S3Registry, S3Settings
 from tests.support.hub_server import hub_server
-from tests.support.index_seed import entry_key, seed_folder, seed_s3, synthetic_manifests
+from tests.support.index_seed import entry_key, seed_folder, seed_oci, seed_s3, synthetic_manifests
 from tests.support.moto_server import moto_server, s3_env
+from tests.support.oci_server import oci_server
 
 REPO = Path(__file__).resolve().parents[1]
-BACKENDS = ("file", "s3", "hf")
+BACKENDS = ["file", "s3", "hf", "oci"]  # oci: Debian's docker-registry on loopback, when installed
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="10,1000,10000", help="registry sizes, comma-separated, ascending")
     parser.add_argument("--files", type=int, default=50, help="files listed by each index entry")
     parser.add_argument("--lookups", type=int, default=20, help="hit lookups per size; the median is reported")
+    parser.add_argument("--backends", default=",".join(BACKENDS), help="which registries, comma-separated")
     args = parser.parse_args(argv)
+    BACKENDS[:] = [b for b in args.backends.split(",") if b != "oci" or shutil.which("docker-registry")]
     sizes = [int(s) for s in args.sizes.split(",")]
     manifests = synthetic_manifests(sizes[-1], files=args.files)
     print(f"index entries of {args.files} files each; a miss reads at most {MISS_SAMPLE} entries")
@@ -89,12 +94,16 @@ def main(argv: list[str] | None = None) -> int:
         tempfile.TemporaryDirectory(prefix="prebake-registry-scale-") as tmp,
         moto_server() as endpoint,
         hub_server() as hub,
+        ExitStack() as servers,
     ):
+        oci = servers.enter_context(oci_server(Path(tmp, "oci"))) if "oci" in BACKENDS else None
+        if oci is not None:
+            os.environ["PREBAKE_OCI_PLAIN_HTTP"] = oci.host
         # a script, not a library: this process and its `prebake ls` children talk only to these servers
         os.environ.update(s3_env(endpoint))
         os.environ.update(HF_ENDPOINT=hub.url, HF_TOKEN="hf_scale", HF_HUB_DISABLE_XET="1")
         os.environ.update(HF_HUB_CACHE=str(Path(tmp, "hf-cache")), PREBAKE_HOME=str(Path(tmp, "home")))
-        registries = _seed(Path(tmp), hub, sizes, manifests)
+        registries = _seed(Path(tmp), hub, oci, sizes, manifests)
         points = _measure(registries, manifests, args.lookups)
     figures = _figures(points, sizes)
     for b in BACKENDS:
@@ -109,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _seed(tmp: Path, hub, sizes: list[int], manifests: list[Manifest]) -> dict[tuple[str, int], tuple[Callable, str]]:
+def _seed(
+    tmp: Path, hub, oci, sizes: list[int], manifests: list[Manifest]
+) -> dict[tuple[str, int], tuple[Callable, str]]:
     """One registry per backend and size, side by side (measured round-robin by _measure)."""
     import boto3
 
@@ -130,7 +141,14 @@ def _seed(tmp: Path, hub, sizes: list[int], manifests: list[Manifest]) -> dict[t
         address = f"s3://{bucket}/reg-{size}"
         registries["s3", size] = (lambda a=address: S3Registry(a, S3Settings()), address)
         registries["hf", size] = (lambda a=f"hf://scale/reg-{size}": HubRegistry(a), f"hf://scale/reg-{size}")
-    return registries
+        if oci is not None:
+            from prebake.registry.oci import OCIRegistry
+
+            address = oci.address(f"scale/reg-{size}")
+            seed_oci(OCIRegistry(address), manifests[:size])  # the same keys, each with a small blob of its own
+            registries["oci", size] = (lambda a=address: OCIRegistry(a), address)
+            print(f"  and in OCI ({time.perf_counter() - started:.1f} s)")
+    return {k: v for k, v in registries.items() if k[0] in BACKENDS}
 
 
 def _measure(registries: dict, manifests: list[Manifest], lookups: int) -> list[Point]:

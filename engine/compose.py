@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -134,10 +135,11 @@ class Context:
         lookup_timeout: float = 30.0,
         fetch_timeout: float = 600.0,
         hold: ExitStack | None = None,
+        kinds: Sequence[str] | None = None,
     ) -> Resolution:
-        """The fetch pipeline for every kind of `plan`; its hits and misses go into the store's stats.
-        Every tree is held from the moment it is found or installed: on `hold`, else on `holds`,
-        which lives as long as this command (`with context.holds:`)."""
+        """The fetch pipeline for every kind of `plan` (or the given kinds); its hits and misses go
+        into the store's stats. Every tree is held from the moment it is found or installed: on
+        `hold`, else on `holds`, which lives as long as this command (`with context.holds:`)."""
         resolution = resolve(
             plan,
             store=self.store,
@@ -147,6 +149,7 @@ class Context:
             lookup_timeout=lookup_timeout,
             fetch_timeout=fetch_timeout,
             hold=self.holds if hold is None else hold,
+            kinds=kinds,
         )
         record_resolution(self.store, resolution)
         return resolution

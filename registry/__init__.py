@@ -6,13 +6,15 @@
     s3://bucket/prefix                       S3Registry: AWS, MinIO, R2, Ceph (standard AWS configuration)
     hf://ns/repo[@rev]                       HubRegistry: a Hugging Face model repo
     hf://datasets/ns/repo[@rev]              HubRegistry: a dataset repo
+    oci://host[:port]/namespace/repo         OCIRegistry: an OCI registry (GHCR, ECR, Harbor, distribution)
     /local/folder,s3://team/prebake          ChainRegistry: nearest first, farther hits backfilled
                                              (a comma inside a folder's name: write it \\, ; registry/address.py)
 
 A folder that does not exist is an error (RegistryNotFound), unless `create` is set: only the
-commands that write (bake, publish, the embedded default registry) create one.
+commands that write (bake, publish, the embedded default registry) create one. An OCI repository
+that does not exist yet reads as empty: registries create repositories on the first push.
 
-Backends import boto3 or huggingface_hub only when opened, so `import registry` stays light.
+Backends import boto3, huggingface_hub or httpx only when opened, so `import prebake.registry` stays light.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from prebake.registry.address import split_addresses
 from prebake.registry.base import Published, Registry
 from prebake.registry.errors import RegistryNotFound, UnknownRegistryError
 
-SCHEMES = ("file://", "s3://", "hf://")
+SCHEMES = ("file://", "s3://", "hf://", "oci://")
 
 
 def open_registry(address: str | Path, *, create: bool = True) -> Registry:
@@ -58,6 +60,10 @@ def _open_one(text: str, *, create: bool, listed: list[str] | None = None) -> Re
         from prebake.registry.hf import HubRegistry
 
         return HubRegistry(text, must_exist=not create)
+    if text.startswith("oci://"):
+        from prebake.registry.oci import OCIRegistry
+
+        return OCIRegistry(text)
     if text.startswith("file://"):
         text = text[len("file://") :]
     elif "://" in text:

@@ -112,11 +112,10 @@ class BundledAdapter:
     def fetch(self, request: StartRequest, services: Services) -> Fetched:
         """The bundled engine (and plain torch.compile users): every installed kind's variables."""
         from prebake.artifacts.bake.recipes import load_recipe
+        from prebake.engine.common.mounted import resolve_with_mounts
 
         plan = services.pick_plan(load_recipe(request.model), dtype=request.precision, tp=request.tp)
-        resolution = services.resolve(
-            plan, lookup_timeout=request.registry_timeout, fetch_timeout=request.fetch_timeout
-        )
+        resolution = resolve_with_mounts(plan, request, services)
         if not resolution.complete:
             note = f"no complete bundle set for {plan.target.name} in {services.address}"
             return Fetched(
@@ -145,6 +144,7 @@ class BundledAdapter:
             on_miss=request.on_miss,
             write_back=request.write_back,
             eager=request.eager,
+            mounted=request.mounted,
         )
         settings = ServeSettings(
             startup=startup,

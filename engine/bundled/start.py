@@ -49,6 +49,7 @@ from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE
 from prebake.engine.bundled.runtime.metrics import Metrics
 from prebake.engine.bundled.runtime.shapes import StepShape, step_shapes
 from prebake.engine.common.adapter import OpenServices, Services
+from prebake.engine.common.mounted import check_mounted, parse_mounts
 from prebake.engine.common.write_back import WrittenBack, write_back
 
 if TYPE_CHECKING:  # torch is imported once the environment is set (install step), not before
@@ -72,6 +73,7 @@ class StartupSettings(BaseModel):
     on_miss: Literal["compile", "fail"] = "compile"
     write_back: bool = False
     eager: bool = Field(default=False, description="compilation off: the eager floor")
+    mounted: tuple[str, ...] = Field(default=(), description="KIND=PATH trees already mounted read-only")
 
 
 class MissRefused(PrebakeError, LookupError):
@@ -194,7 +196,14 @@ def _start(
         found = fetch.verify(plan, looked.found, context.trust)
         passed = sum(isinstance(v, Manifest) for v in found.values())
         s.detail = f"{passed} registry bundle(s) carry their keys and pass the trust policy"
-    fetch.check_bound(store, found, plan.target.name)  # before anything is installed or evicted
+        mounts = parse_mounts(settings.mounted, plan.kinds.names)
+        for kind, tree in mounts.items():  # checked file by file against the verified manifest, used in place
+            value = found[kind]
+            if not isinstance(value, Miss):
+                found[kind] = check_mounted(tree, value.manifest if isinstance(value, Installed) else value)
+                s.detail += f"; {kind} mounted at {tree} matches it"
+    mounted_elsewhere = {k: v for k, v in found.items() if k not in mounts}  # a mounted tree takes no store room
+    fetch.check_bound(store, mounted_elsewhere, plan.target.name)  # before anything is installed or evicted
     with log.step("fetch") as s:
         got = fetch.install(found, store=store, registry=looked.registry, timeout=settings.fetch_timeout, hold=leases)
         fetched = [f"{k} {i.manifest.blob.hex[:12]}" for k, i in got.items() if isinstance(i, Installed)]

@@ -155,6 +155,14 @@ def engine_options(parser: argparse.ArgumentParser) -> None:
         help="with --engine vllm: a local folder for this vLLM's writable cache copy "
         "(default: a fresh one under $PREBAKE_HOME/engines/vllm)",
     )
+    parser.add_argument(
+        "--mounted",
+        action="append",
+        default=[],
+        metavar="KIND=PATH",
+        help="a bundle tree already mounted read-only (an image volume), e.g. graphs=/bundles/graphs: "
+        "checked file by file against its key's signed manifest from the registry, then used in place",
+    )
 
 
 def json_option(parser: argparse.ArgumentParser, what: str = "the report") -> None:

@@ -134,6 +134,7 @@ def start_request(args: argparse.Namespace) -> StartRequest:
         api_key=getattr(args, "api_key", None),
         cache_root=args.cache_root,
         engine_args=tuple(getattr(args, "vllm_args", ())),
+        mounted=tuple(getattr(args, "mounted", ())),
     )
 
 

@@ -19,7 +19,7 @@ registry, trust policy, signer and host), never the composition root itself.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -58,6 +58,7 @@ class StartRequest:
     api_key: str | None = None
     cache_root: Path | None = None  # where a separate engine process keeps its writable caches
     engine_args: tuple[str, ...] = ()  # flags after `--`, for an engine started as its own process
+    mounted: tuple[str, ...] = ()  # KIND=PATH: bundle trees already mounted read-only (engine/common/mounted.py)
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,12 @@ class Services(Protocol):
     def adapter(self, plan: TargetKeys) -> EngineAdapter: ...
 
     def resolve(
-        self, plan: TargetKeys, *, lookup_timeout: float = 30.0, fetch_timeout: float = 600.0
+        self,
+        plan: TargetKeys,
+        *,
+        lookup_timeout: float = 30.0,
+        fetch_timeout: float = 600.0,
+        kinds: Sequence[str] | None = None,
     ) -> Resolution: ...
 
 

@@ -21,6 +21,7 @@ class Variable:
 
 
 _S3 = "S3 registries:"
+_OCI = "OCI registries:"
 
 VARIABLES: tuple[Variable, ...] = (
     # -- the store and the registry
@@ -146,6 +147,37 @@ VARIABLES: tuple[Variable, ...] = (
         "on",
         f"{_S3} `off` for servers that reject If-None-Match: index entries are then checked before and after writing, which leaves a small race window.",
     ),
+    # -- OCI
+    Variable(
+        "PREBAKE_OCI_PLAIN_HTTP",
+        "read",
+        "unset (TLS everywhere)",
+        f"{_OCI} comma-separated host[:port] spoken to over plain HTTP (loopback tests, air-gapped mirrors); never a silent downgrade.",
+    ),
+    Variable(
+        "PREBAKE_OCI_CA_BUNDLE",
+        "read",
+        "unset (system CAs, then /etc/docker/certs.d/<host>/ca.crt)",
+        f"{_OCI} a PEM file of extra CAs to trust.",
+    ),
+    Variable(
+        "PREBAKE_OCI_USERNAME",
+        "read",
+        "unset (Docker config.json)",
+        f"{_OCI} a login (with PREBAKE_OCI_PASSWORD) that wins over config.json and credential helpers.",
+    ),
+    Variable("PREBAKE_OCI_PASSWORD", "read", "unset", f"{_OCI} the password or token of PREBAKE_OCI_USERNAME."),
+    Variable("PREBAKE_OCI_TIMEOUT_S", "read", "30", f"{_OCI} connect and read timeout of each request, in seconds."),
+    Variable(
+        "PREBAKE_OCI_MAX_ATTEMPTS", "read", "5", f"{_OCI} attempts per request for 5xx, 429 and dropped connections."
+    ),
+    Variable(
+        "PREBAKE_OCI_SETTLE_S",
+        "read",
+        "0.5",
+        f"{_OCI} how long a publish waits (at least 4x its slowest round trip) before reading its tag back to see who won a race.",
+    ),
+    Variable("PREBAKE_OCI_CONCURRENCY", "read", "8", f"{_OCI} entries read in parallel by a listing."),
     # -- engines
     Variable(
         "PREBAKE_VLLM_COMMAND",

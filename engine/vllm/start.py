@@ -30,6 +30,7 @@ from prebake.artifacts.store.local import Installed
 from prebake.artifacts.store.stats import record_fallback
 from prebake.engine.common import write_back as publishing
 from prebake.engine.common.adapter import EngineStartError, Services, StartRequest
+from prebake.engine.common.mounted import resolve_with_mounts
 from prebake.engine.vllm import gaudi
 from prebake.engine.vllm import portability as vllm_portability
 from prebake.engine.vllm.process import (
@@ -99,7 +100,7 @@ def prepare(request: StartRequest, context: Services) -> Prepared:
             f"needs a recipe with engine = 'vllm', such as tiny-llama-vllm"
         )
     # the trees are held for the command's life (Context.holds): until vLLM is exec'd or has exited
-    resolution = context.resolve(plan, lookup_timeout=request.registry_timeout, fetch_timeout=request.fetch_timeout)
+    resolution = resolve_with_mounts(plan, request, context)
     home = context.store.home
     given = Path(os.path.abspath(request.cache_root.expanduser())) if request.cache_root else None  # vLLM's cwd differs
     cache_root = given or home / "engines" / "vllm" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"

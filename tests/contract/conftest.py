@@ -3,7 +3,9 @@
 S3 runs against moto's server mode started as a separate process on loopback (one per test
 session, a fresh bucket per test); the Hub runs against tests/support/hub_server.py, a small
 HTTP server speaking the endpoints huggingface_hub calls (one per session, a fresh repo per
-test). Each backend comes with a way to corrupt a stored blob through its own storage.
+test); OCI runs against Debian's docker-registry (distribution 2.8) with htpasswd auth over TLS
+with a CA the session makes (tests/support/oci_server.py; one per session, a fresh repository
+per test, the login in a Docker config.json). Each backend comes with a way to corrupt a stored blob through its own storage.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from prebake.registry.file import FileRegistry
 from tests.support.bundles import Bundle, make_bundle
 from tests.support.hub_server import HubStandIn, hub_server
 from tests.support.moto_server import free_port, moto_server, s3_env
+from tests.support.oci_server import OCIServer, oci_available, oci_server
 
 S3_PREFIX = "team/prebake"
 
@@ -101,6 +104,24 @@ def hub_lfs(hub_lfs_session, monkeypatch, tmp_path) -> Iterator[HubStandIn]:
     yield hub_lfs_session
 
 
+@pytest.fixture(scope="session")
+def oci_session(tmp_path_factory) -> Iterator[OCIServer]:
+    if not oci_available():
+        pytest.skip("docker-registry is not installed (apt-get install docker-registry; .ci/run does)")
+    with oci_server(tmp_path_factory.mktemp("oci"), tls=True, users={"ci": "contract-password"}) as server:
+        yield server
+
+
+@pytest.fixture
+def oci(oci_session, monkeypatch, tmp_path) -> OCIServer:
+    """The TLS + htpasswd registry, with its CA and a Docker config.json holding the login in the environment."""
+    for name in ("PREBAKE_OCI_PLAIN_HTTP", "PREBAKE_OCI_USERNAME", "PREBAKE_OCI_PASSWORD", "REGISTRY_AUTH_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in oci_session.env(docker_config=tmp_path / "docker").items():
+        monkeypatch.setenv(name, value)
+    return oci_session
+
+
 @pytest.fixture
 def bundle(tmp_path) -> Callable[..., Bundle]:
     """make_bundle(...) writing under this test's tmp_path."""
@@ -166,6 +187,18 @@ def _chain(request, tmp_path: Path) -> Backend:
     return Backend("chain", ChainRegistry([near.registry, far.registry]), near.corrupt_blob, make)
 
 
+def _oci(request, tmp_path: Path) -> Backend:
+    from prebake.registry.oci import OCIRegistry
+
+    server = request.getfixturevalue("oci")
+    address = server.address(f"team/registry-{uuid.uuid4().hex[:8]}")
+
+    def corrupt(digest: str, data: bytes) -> None:
+        server.blob_file(digest).write_bytes(data)
+
+    return Backend("oci", OCIRegistry(address), corrupt, lambda: OCIRegistry(address))
+
+
 BACKENDS = {
     "file": _file,
     "s3": _s3,
@@ -173,6 +206,7 @@ BACKENDS = {
     "hf": _hf,
     "hf-lfs": _hf_lfs,
     "chain": _chain,
+    "oci": _oci,
 }
 
 
@@ -204,7 +238,15 @@ def _chain_down(request, tmp_path: Path, monkeypatch) -> Registry:
     return ChainRegistry([FileRegistry(tmp_path / "near"), _s3_down(request, tmp_path, monkeypatch)])
 
 
-DOWN = {"s3": _s3_down, "hf": _hf_down, "chain": _chain_down}
+def _oci_down(request, tmp_path: Path, monkeypatch) -> Registry:
+    from prebake.registry.oci import OCIRegistry
+    from prebake.registry.oci_client import OCISettings
+
+    host = f"127.0.0.1:{free_port()}"
+    return OCIRegistry(f"oci://{host}/team/down", OCISettings(max_attempts=2, timeout_s=2, plain_http=(host,)))
+
+
+DOWN = {"s3": _s3_down, "hf": _hf_down, "chain": _chain_down, "oci": _oci_down}
 
 
 @pytest.fixture(params=list(DOWN))

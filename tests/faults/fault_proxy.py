@@ -171,7 +171,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _forward(self, body: bytes) -> tuple[int, dict[str, str], bytes]:
         conn = http.client.HTTPConnection(*self.proxy.upstream, timeout=60)
         try:
-            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+            headers: dict[str, str] = {}
+            for k, v in self.headers.items():  # a repeated header (Go clients send Accept once per type) is kept whole
+                if k.lower() not in _HOP_BY_HOP:
+                    headers[k] = f"{headers[k]}, {v}" if k in headers else v
             conn.request(self.command, self.path, body=body, headers=headers)
             resp = conn.getresponse()
             data = resp.read()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -47,7 +48,7 @@ def test_every_kubernetes_command_is_accepted():
             for words in prebake_calls(" ".join(argv)):
                 _accepted(words)
                 seen += 1
-    assert seen == 3
+    assert seen == 4
 
 
 def test_the_bake_jobs_are_indexed_with_device_resources_per_platform():
@@ -59,7 +60,7 @@ def test_the_bake_jobs_are_indexed_with_device_resources_per_platform():
 
 
 def test_the_vllm_deployment_fetches_in_an_init_container_and_probes_health():
-    [deploy] = [d for _, d in manifests() if d["kind"] == "Deployment"]
+    [deploy] = [d for p, d in manifests() if d["kind"] == "Deployment" and p.name == "vllm-deployment.yaml"]
     pod = deploy["spec"]["template"]["spec"]
     [fetch] = prebake_calls(" ".join(dict(pod_scripts(deploy))["prebake-fetch"]))
     assert fetch[:4] == ["prebake", "fetch", "--engine", "vllm"] and "--cache-root" in fetch
@@ -68,6 +69,23 @@ def test_the_vllm_deployment_fetches_in_an_init_container_and_probes_health():
     assert server["startupProbe"]["httpGet"]["path"] == server["readinessProbe"]["httpGet"]["path"] == "/health"
     shared = {v["name"] for v in pod["initContainers"][0]["volumeMounts"]} & {v["name"] for v in server["volumeMounts"]}
     assert "prebake" in shared
+
+
+def test_the_image_volume_deployment_mounts_the_graphs_bundle_read_only_and_checks_it():
+    [deploy] = [d for p, d in manifests() if p.name == "vllm-image-volume.yaml"]
+    pod = deploy["spec"]["template"]["spec"]
+    [volume] = [v for v in pod["volumes"] if "image" in v]
+    repo, _, tag = volume["image"]["reference"].rpartition(":")
+    assert re.fullmatch(r"graphs-[0-9a-f]{64}", tag) and repo == "registry.internal/team/prebake"
+    [fetch] = prebake_calls(" ".join(dict(pod_scripts(deploy))["prebake-fetch"]))
+    assert fetch[:4] == ["prebake", "fetch", "--engine", "vllm"] and "--mounted" in fetch
+    args = build_parser().parse_args(["placeholder" if "$" in w else w for w in fetch[1:]])
+    assert args.mounted == ["graphs=/bundles/graphs"]
+    for container in [pod["initContainers"][0], pod["containers"][0]]:
+        [mount] = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+        assert mount["readOnly"] is True and mount["mountPath"] == "/bundles/graphs"
+    env = {e["name"]: e["value"] for e in pod["initContainers"][0]["env"]}
+    assert env["PREBAKE_REGISTRY"] == f"oci://{repo}"
 
 
 def _actionlint() -> str | None:

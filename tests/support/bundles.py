@@ -51,4 +51,5 @@ def make_bundle(
 
 def _bytes(seed: bytes, size: int) -> bytes:
     """Incompressible bytes, the same for the same seed, so a blob is about `size` bytes on the wire."""
-    return random.Random(seed).randbytes(size)
+    rng, chunk = random.Random(seed), 16 << 20  # randbytes takes at most 2**31 bits at a time
+    return b"".join(rng.randbytes(min(chunk, size - i)) for i in range(0, size, chunk))

@@ -57,3 +57,23 @@ def _manifest(key: Key, i: int, files: int) -> Manifest:
         created="2026-11-30T12:00:00+00:00",
         builder="tests.support.index_seed",
     )
+
+
+def seed_oci(registry, manifests: list[Manifest], *, threads: int = 8) -> list[Manifest]:
+    """Publish each manifest's entry into an OCI registry (registry.oci.OCIRegistry) the way a publish
+    leaves it: a small blob of its own as the layer (the manifests are given that blob), the image
+    config, the manifest, the tag. Returns the manifests as published."""
+    from prebake.artifacts.bundle.manifest import BlobRef
+    from prebake.registry.oci_artifact import build, tag_for
+
+    def put(m: Manifest) -> Manifest:
+        data = f"layer of {m.key_digest}".encode()
+        m = m.model_copy(update={"blob": BlobRef(digest="sha256:" + hashlib.sha256(data).hexdigest(), size=len(data))})
+        artifact = build(m, "sha256:" + hashlib.sha256(data).hexdigest())
+        registry.push_bytes(artifact.layer, data)
+        registry.push_bytes(artifact.config_ref, artifact.config)
+        registry.put_manifest(tag_for(m.kind, m.key_digest), artifact.manifest)
+        return m
+
+    with ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(put, manifests))

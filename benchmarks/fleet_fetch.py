@@ -1,0 +1,226 @@
+"""A fleet fetching one bundle at once: N simulated nodes against S3, an OCI registry, and a mirror.
+
+    python -m benchmarks.fleet_fetch [--nodes 1,8,32] [--scale 8]
+
+Each node is a process with its own PREBAKE_HOME (an empty store), started and warmed up (imports
+done, registry opened) before a shared go signal; from the signal, it looks the bundle's key up,
+fetches, verifies and installs the tree, and reports how long that took. Per N and per source:
+
+    s3       moto's S3 server (tests/support/moto_server.py)
+    oci      Debian's docker-registry, the nodes talking to it directly
+    mirror   a second docker-registry with `proxy.remoteurl` set to the first: a pull-through mirror;
+             the nodes talk only to it, and it reads from the origin (a cold mirror: the bundle is new)
+    mirror-warm  then N fresh nodes again through the same mirror, which now holds the bundle
+
+Between the nodes (or the mirror) and the origin sits the fault proxy of the test suite, passing
+everything through and counting the bytes of every response it forwards: origin bytes are what
+the origin itself sent, blob bytes and all bytes. Every N uses a bundle of its own (a cold mirror).
+Reported: origin blob bytes per node (and as a ratio to the bundle's size), p50 and p99 of time to
+installed, per N and source. `--scale` is the bundle's size in MiB (8 by default: this is sized for
+a 2-core machine; the figures in docs/performance.md say which scale they ran at). Ends with one
+JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+_MiB = 1 << 20
+_REPO = Path(__file__).resolve().parents[1]
+
+
+def node(argv: list[str]) -> int:
+    """One simulated node: warm up, wait for the go signal, fetch, print seconds since the signal."""
+    parser = argparse.ArgumentParser(prog="fleet_fetch node")
+    parser.add_argument("--home", required=True)
+    parser.add_argument("--registry", required=True)
+    parser.add_argument("--key", required=True)
+    parser.add_argument("--ready", type=Path, required=True)
+    parser.add_argument("--go", type=Path, required=True)
+    args = parser.parse_args(argv)
+    from prebake.artifacts.bake.fetch import Miss, fetch
+    from prebake.artifacts.store.local import Store, StoreLimits
+    from prebake.registry import open_registry
+
+    store, registry = Store(Path(args.home), StoreLimits()), open_registry(args.registry)
+    args.ready.touch()
+    while not args.go.exists():
+        time.sleep(0.002)
+    started = float(args.go.read_text() or time.time())
+    manifest = registry.lookup("graphs", args.key)
+    got = None if manifest is None else fetch(store, registry, manifest.the_key())
+    if got is None or isinstance(got, Miss):
+        print(json.dumps({"error": "no index entry" if got is None else got.reason}))
+        return 1
+    print(json.dumps({"seconds": time.time() - started, "tree": str(got.tree)}))
+    return 0
+
+
+def _fleet(n: int, address: str, key: str, env: dict[str, str], tmp: Path) -> list[float]:
+    run = tmp / f"run-{uuid.uuid4().hex[:8]}"
+    run.mkdir()
+    go = run / "go"
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PREBAKE_", "AWS_"))}
+    procs = []
+    for i in range(n):
+        args = ["--home", str(run / f"home-{i}"), "--registry", address, "--key", key]
+        args += ["--ready", str(run / f"ready-{i}"), "--go", str(go)]
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "benchmarks.fleet_fetch", "node", *args],
+                cwd=_REPO,
+                env={**base, **env},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    deadline = time.monotonic() + 300
+    while not all((run / f"ready-{i}").exists() for i in range(n)):
+        if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
+            for p in procs:
+                p.kill()
+            raise SystemExit(f"the nodes did not start: {procs[0].communicate()[1][-2000:]}")
+        time.sleep(0.05)
+    tmp_go = run / "go.tmp"
+    tmp_go.write_text(repr(time.time()))
+    os.replace(tmp_go, go)
+    seconds = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        if p.returncode != 0:
+            raise SystemExit(f"a node failed: {out[-500:]} {err[-2000:]}")
+        seconds.append(json.loads(out.strip().splitlines()[-1])["seconds"])
+    shutil.rmtree(run, ignore_errors=True)
+    return seconds
+
+
+def _bundle(tmp: Path, scale: int, tag: str):
+    from tests.support.bundles import make_bundle
+
+    return make_bundle(tmp / f"bundle-{tag}", model=f"fleet-{tag}", payload_bytes=scale * _MiB)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def run(nodes: list[int], scale: int, tmp: Path) -> dict[str, dict[int, dict[str, float]]]:
+    from prebake.registry.oci import OCIRegistry
+    from prebake.registry.oci_client import OCISettings
+    from prebake.registry.s3 import S3Registry
+    from tests.faults.fault_proxy import fault_proxy
+    from tests.support.moto_server import moto_server, s3_env
+    from tests.support.oci_server import oci_server
+
+    out: dict[str, dict[int, dict[str, float]]] = {"s3": {}, "oci": {}, "mirror": {}, "mirror-warm": {}}
+    with moto_server() as moto, fault_proxy(moto) as s3_proxy:
+        import boto3
+
+        env = s3_env(s3_proxy.url)
+        os.environ.update(s3_env(moto))
+        bucket = f"fleet-{uuid.uuid4().hex[:8]}"
+        boto3.client("s3").create_bucket(Bucket=bucket)
+        for n in nodes:
+            b = _bundle(tmp, scale, f"s3-{n}")
+            S3Registry(f"s3://{bucket}/prebake").publish(b.manifest, b.blob)
+            before = s3_proxy.bytes_sent("/blobs/")
+            seconds = _fleet(n, f"s3://{bucket}/prebake", b.manifest.key_digest, env, tmp)
+            out["s3"][n] = _figures(seconds, s3_proxy.bytes_sent("/blobs/") - before, n, b.manifest.blob.size)
+            print(f"  s3     N={n:3d}: {out['s3'][n]}", file=sys.stderr)
+    with oci_server(tmp / "origin") as origin, fault_proxy(origin.url) as proxy:
+        proxied = proxy.url.removeprefix("http://")
+        with oci_server(tmp / "mirror", proxy_of=proxy.url) as mirror:
+            direct = OCIRegistry(origin.address("fleet/prebake"), OCISettings(plain_http=(origin.host,), settle_s=0.1))
+            for source, host in (("oci", proxied), ("mirror", mirror.host)):
+                for n in nodes:
+                    b = _bundle(tmp, scale, f"{source}-{n}")
+                    direct.publish(b.manifest, b.blob)
+                    before = proxy.bytes_sent("/blobs/")
+                    seconds = _fleet(
+                        n, f"oci://{host}/fleet/prebake", b.manifest.key_digest, {"PREBAKE_OCI_PLAIN_HTTP": host}, tmp
+                    )
+                    blob_bytes = proxy.bytes_sent("/blobs/") - before
+                    out[source][n] = _figures(seconds, blob_bytes, n, b.manifest.blob.size)
+                    print(f"  {source:6s} N={n:3d}: {out[source][n]}", file=sys.stderr)
+                    if source == "mirror":  # a second wave of fresh nodes: the mirror now holds the bundle
+                        before = proxy.bytes_sent("/blobs/")
+                        seconds = _fleet(
+                            n,
+                            f"oci://{host}/fleet/prebake",
+                            b.manifest.key_digest,
+                            {"PREBAKE_OCI_PLAIN_HTTP": host},
+                            tmp,
+                        )
+                        blob_bytes = proxy.bytes_sent("/blobs/") - before
+                        out["mirror-warm"][n] = _figures(seconds, blob_bytes, n, b.manifest.blob.size)
+                        print(f"  mirror-warm N={n:3d}: {out['mirror-warm'][n]}", file=sys.stderr)
+    return out
+
+
+def _figures(seconds: list[float], origin_blob_bytes: int, n: int, size: int) -> dict[str, float]:
+    return {
+        "p50_s": round(statistics.median(seconds), 3),
+        "p99_s": round(_quantile(seconds, 0.99), 3),
+        "p99_over_p50": round(_quantile(seconds, 0.99) / max(statistics.median(seconds), 1e-9), 2),
+        "origin_blob_bytes_per_node": round(origin_blob_bytes / n),
+        "origin_blob_ratio_per_node": round(origin_blob_bytes / n / size, 3),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["node"]:
+        return node(argv[1:])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", default="1,8,32", help="comma-separated fleet sizes (default 1,8,32)")
+    parser.add_argument("--scale", type=int, default=8, help="the bundle's size in MiB (default 8)")
+    args = parser.parse_args(argv)
+    if shutil.which("docker-registry") is None:
+        print("docker-registry is needed: apt-get install docker-registry", file=sys.stderr)
+        return 2
+    nodes = [int(n) for n in args.nodes.split(",")]
+    with tempfile.TemporaryDirectory(prefix="prebake-fleet-") as tmp:
+        results = run(nodes, args.scale, Path(tmp))
+    print(
+        f"\n{len(nodes)} fleet sizes fetching one {args.scale} MiB bundle at once (origin bytes: blob bytes the origin sent)"
+    )
+    print(
+        f"  {'source':7s} {'N':>4s} {'p50 s':>7s} {'p99 s':>7s} {'p99/p50':>8s} {'origin blob bytes/node':>23s} {'/ bundle':>9s}"
+    )
+    for source, per_n in results.items():
+        for n, f in per_n.items():
+            print(
+                f"  {source:11s} {n:4d} {f['p50_s']:7.2f} {f['p99_s']:7.2f} {f['p99_over_p50']:8.2f} "
+                f"{f['origin_blob_bytes_per_node']:23,d} {f['origin_blob_ratio_per_node']:9.3f}"
+            )
+    largest = max(nodes)
+    summary: dict[str, object] = {"scale_mib": args.scale, "nodes": nodes}
+    for source, per_n in results.items():
+        for n, f in per_n.items():
+            for name, value in f.items():
+                summary[f"{source.replace('-', '_')}_n{n}_{name}"] = value
+    summary["mirror_warm_origin_blob_bytes_per_node"] = results["mirror-warm"][largest]["origin_blob_bytes_per_node"]
+    summary["mirror_origin_blob_ratio_to_direct"] = round(
+        results["mirror"][largest]["origin_blob_bytes_per_node"]
+        / max(results["oci"][largest]["origin_blob_bytes_per_node"], 1),
+        3,
+    )
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
