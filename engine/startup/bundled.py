@@ -6,9 +6,13 @@
     verify      registry entries carry the wanted key; trust policy   registry.signing
     fetch       download, check digests, unpack into the store        artifacts.store
     build       buckets/autotune that missed, built in place          the kinds' builders
-    install     a private writable copy of the graphs tree; Inductor pointed at it
-    load        weights and the static KV cache                       engine.runtime.loader
+    torch       `import torch`, begun on a thread at probe time       engine.startup.torch_import
+    install     a private writable copy of the graphs tree; Inductor pointed at it, and its
+                once-per-process init begun on a thread               engine.runtime.inductor_init
+    load        weights and the static KV cache (beside Inductor's init) engine.runtime.loader
     warm-up     every step shape once, from the bundle                (graphs hit)
+                by part: inductor-init (what the load did not hide), deserialise, kernels, bind,
+                first-runs (prebake_startup_part_seconds)
     compile     every step shape compiled in place, as `doit bake`    (graphs miss)
     write-back  what was built in place packed and published          (--write-back)
 
@@ -25,6 +29,7 @@ import itertools
 import json
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
@@ -50,6 +55,7 @@ from engine.compose import Context
 from engine.runtime.metrics import Metrics
 from engine.runtime.shapes import StepShape, step_shapes
 from engine.startup import install
+from engine.startup.torch_import import Imports
 
 if TYPE_CHECKING:  # torch is imported once the environment is set (install step), not before
     from engine.runtime.steps import CompiledSteps, Tactic
@@ -149,15 +155,27 @@ def start(
         kinds = tuple(k for k in plan.kinds.names if not (settings.eager and k == compiled))
         s.detail = f"{plan.target.name} " + ", ".join(f"{k} {plan.key(k).digest[:12]}" for k in kinds)
     run_dir = context.store.scratch(f"serve-{os.getpid()}-{next(_runs)}")
+    torch_import = _begin_imports(settings, run_dir)  # beside the lookup, the fetch and the weights' load
     leases = ExitStack()
     try:
-        engine = _start(settings, context, plan, kinds, run_dir, log, leases)
+        engine = _start(settings, context, plan, kinds, run_dir, log, leases, torch_import)
     except BaseException:
         leases.close()
         shutil.rmtree(run_dir, ignore_errors=True)
         raise
     engine.leases = leases
     return engine
+
+
+def _begin_imports(settings: StartupSettings, run_dir: Path) -> Imports:
+    """torch's imports on a thread; Inductor's too for a compiled start, under the cache folder the
+    install step will activate (set here, before any of Inductor is imported)."""
+    if settings.eager or "torch._inductor.codecache" in sys.modules:
+        return Imports.begin()
+    from engine.runtime.inductor_init import INDUCTOR_MODULES  # names only: this module imports torch lazily
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(install.inductor_cache_dir(run_dir))
+    return Imports.begin(INDUCTOR_MODULES)
 
 
 def _start(
@@ -168,6 +186,7 @@ def _start(
     run_dir: Path,
     log: StepLog,
     leases: ExitStack,
+    torch_import: Imports,
 ) -> Engine:
     store, address = context.store, context.address
     with log.step("lookup") as s:
@@ -210,7 +229,7 @@ def _start(
                 log.metrics.add("prebake_fallback_compiles_total", kind=kind)
                 record_fallback(store, kind, time.perf_counter() - started)
             s.detail = f"built {', '.join(missing)} in place with the bake's builders"
-    engine = _warm(settings, context, plan, trees, resolution.installed, run_dir, log, built)
+    engine = _warm(settings, context, plan, trees, resolution.installed, run_dir, log, built, torch_import)
     if settings.write_back and built:
         with log.step("write-back") as s:
             if looked.registry is None or not looked.answered:
@@ -263,11 +282,15 @@ def _warm(
     run_dir: Path,
     log: StepLog,
     built: list[str],
+    torch_import: Imports,
 ) -> Engine:
-    from engine.runtime.autotune import load_winners  # torch: imported here, once the process is about to compile
+    with log.step("torch") as s:  # once per process, begun on a thread as start-up began
+        s.detail = torch_import.join_torch()
+    from engine.runtime.autotune import load_winners
     from engine.runtime.steps import Tactic
 
     recipe = plan.recipe
+    init = None
     with log.step("install") as s:
         buckets = BucketSet.from_json(json.loads((trees["buckets"] / BUCKETS_FILE).read_text()))
         winners = load_winners(trees["autotune"] / AUTOTUNE_FILE)
@@ -280,6 +303,9 @@ def _warm(
             install.activate(env)
             trees["graphs"] = Path(env[install.GRAPHS_ENV])
             s.detail = f"{len(shapes)} step shapes, graphs ({recipe.compile.variant}) in {trees['graphs']}"
+            from engine.runtime.inductor_init import InductorInit  # on a thread, while the weights load
+
+            init = InductorInit.start(torch_import)
     with log.step("load") as s:
         from engine.runtime.build import model_and_cache
 
@@ -290,7 +316,7 @@ def _warm(
     steps = None
     if settings.eager or "graphs" in installed:
         with log.step("warm-up") as s:
-            steps, s.detail = _load_steps(settings, recipe, model, cache, schedule, trees.get("graphs"), log)
+            steps, s.detail = _load_steps(settings, recipe, model, cache, schedule, trees.get("graphs"), log, init)
         if steps is None:
             record_miss(context.store, "graphs", s.detail, key=plan.key("graphs").digest)
     if steps is None:
@@ -299,6 +325,9 @@ def _warm(
         with log.step("compile") as s:
             from engine.runtime.build import compile_graphs
 
+            if init is not None:
+                init.join()
+
             steps = compile_graphs(model, cache, recipe, schedule, trees["graphs"], log=log.note)
             log.metrics.add("prebake_fallback_compiles_total", kind="graphs")
             s.detail = f"{len(shapes)} step shapes compiled in place ({recipe.compile.variant})"
@@ -306,13 +335,20 @@ def _warm(
     return Engine(plan, steps, buckets, schedule, run_dir, context.store, tuple(built))
 
 
-def _load_steps(settings, recipe: Recipe, model, cache, schedule, graphs_tree: Path | None, log: StepLog):
+def _load_steps(settings, recipe: Recipe, model, cache, schedule, graphs_tree: Path | None, log: StepLog, init=None):
     """Warm steps from the installed graphs (or eager ones), and what the warm-up step reports.
 
     aoti: the precompiled functions, or (when they do not load here) torch.compile over the same
-    tree's Inductor cache, with the reason logged (engine.runtime.aot.load_or_fallback)."""
+    tree's Inductor cache, with the reason logged (engine.runtime.aot.load_or_fallback). Each part
+    of the warm-up is logged and exported (prebake_startup_part_seconds): Inductor's once-per-process
+    init (what of it the weights' load did not hide), deserialising, kernels, binding, first runs."""
     from engine.runtime.steps import CompiledSteps
 
+    parts: dict[str, float] = {}
+    if init is not None:
+        init.join()
+        parts["inductor-init"] = init.waited_s
+        log.note(init.describe())
     precompiled = False
     if settings.eager:
         steps = CompiledSteps(model, cache, compile=False)
@@ -321,15 +357,24 @@ def _load_steps(settings, recipe: Recipe, model, cache, schedule, graphs_tree: P
 
         if graphs_tree is None:
             raise StoreError("the aoti variant was asked to load without a graphs tree; this is a bug in start-up")
-        steps, fallback = aot.load_or_fallback(model, cache, list(schedule), graphs_tree, mode=recipe.compile.mode)
+        loading = aot.LoadParts()
+        steps, fallback = aot.load_or_fallback(
+            model, cache, list(schedule), graphs_tree, mode=recipe.compile.mode, parts=loading
+        )
         precompiled = fallback is None
         if fallback is not None:  # verified bytes that do not load here: the same bundle's Inductor cache serves
             log.note(
                 f"aoti: precompiled functions do not load here ({fallback}); warming up from the bundle's Inductor cache"
             )
+        else:
+            parts.update(loading.as_dict())
     else:
         steps = CompiledSteps(model, cache, mode=recipe.compile.mode, expected_shapes=len(schedule))
-    steps.warm_up(schedule, log=log.note)
+    first = steps.warm_up(schedule, log=log.note)
+    parts["first-runs" if precompiled or settings.eager else "trace-and-cache-load"] = sum(first.values())
+    for part, took in parts.items():
+        log.metrics.set("prebake_startup_part_seconds", round(took, 6), part=part)
+    log.note("warm-up by part: " + ", ".join(f"{p} {t:.2f} s" for p, t in parts.items()))
     detail = f"{len(schedule)} step shapes " + (
         "eager" if settings.eager else f"from the bundle ({recipe.compile.variant})"
     )
