@@ -159,13 +159,12 @@ def fsync_dir(path: Path) -> None:
 def copy_writable(tree: Path, dest: Path) -> Path:
     """A private, writable copy of a store tree (which is only ever read): engines such as
     Inductor and vLLM add files beside what they read, with no lock between processes.
-    Links are copied as links; `dest` must not exist or be empty."""
-    if dest.exists() and any(dest.iterdir()):
+    Links are copied as links; `dest` must not exist or hold nothing but empty folders (an engine
+    pointed at it before the copy may have made its own, as Inductor's cache_dir() does)."""
+    if dest.exists() and _holds_a_file(dest):
         raise StoreError(f"{dest} is not empty; give each engine process its own copy")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    if dest.exists():
-        dest.rmdir()
-    shutil.copytree(tree, dest, symlinks=True)
+    shutil.copytree(tree, dest, symlinks=True, dirs_exist_ok=True)
     for folder, _, files in os.walk(dest):
         os.chmod(folder, 0o755)
         for name in files:
@@ -173,6 +172,10 @@ def copy_writable(tree: Path, dest: Path) -> Path:
             if not path.is_symlink():
                 os.chmod(path, path.stat().st_mode | 0o200)
     return dest
+
+
+def _holds_a_file(folder: Path) -> bool:
+    return any(files or any((Path(root) / d).is_symlink() for d in dirs) for root, dirs, files in os.walk(folder))
 
 
 def crash_point(point: str, subject: str = "") -> None:

@@ -44,8 +44,8 @@ def private_graphs_tree(installed: Installed | None, run_dir: Path) -> Path:
     """A writable graphs tree for one serving process: a copy of the installed one, or an empty
     one to compile into. The store's tree is only read."""
     dest = private_graphs_path(run_dir)
-    if installed is None:
-        (dest / INDUCTOR_DIR).mkdir(parents=True)
+    if installed is None:  # Inductor, imported early under this folder, may have made it already
+        (dest / INDUCTOR_DIR).mkdir(parents=True, exist_ok=True)
         return dest
     copy_writable(installed.tree, dest)  # bundles unpack 0644/0755; Inductor writes beside them
     (dest / INDUCTOR_DIR).mkdir(exist_ok=True)
