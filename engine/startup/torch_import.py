@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 class Imports:
     torch_s: float = 0.0
     inductor_s: float = 0.0
-    error: BaseException | None = None
+    error: BaseException | None = None  # the first import that failed (torch's, or one of Inductor's)
+    torch_failed: bool = False
     inductor_modules: tuple[str, ...] = ()
     _torch_done: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -41,7 +42,11 @@ class Imports:
     def _run(self) -> None:
         try:
             started = time.perf_counter()
-            importlib.import_module("torch")
+            try:
+                importlib.import_module("torch")
+            except BaseException:
+                self.torch_failed = True
+                raise
             self.torch_s = time.perf_counter() - started
             self._torch_done.set()
             started = time.perf_counter()
@@ -57,7 +62,7 @@ class Imports:
         """Wait for `import torch`; what the start-up's "torch" step reports."""
         started = time.perf_counter()
         self._torch_done.wait()
-        if self.error is not None:
+        if self.torch_failed and self.error is not None:
             raise self.error
         import torch
 

@@ -446,3 +446,17 @@ def test_a_slow_or_broken_registry_is_a_miss_and_vllm_starts_from_an_empty_root(
     assert {m.key.kind for m in prepared.misses} == {"buckets", "autotune", "graphs"}
     assert all(reason in m.reason for m in prepared.misses)
     assert not any((prepared.cache_root / CACHE_DIR).iterdir())
+
+
+def test_writable_copy_goes_into_a_folder_holding_only_empty_folders(tmp_path):
+    # Inductor's cache_dir(), imported early under the serving process's graphs tree, makes the folder first
+    tree = tmp_path / "store" / "graphs"
+    (tree / "inductor" / "ab").mkdir(parents=True)
+    (tree / "inductor" / "ab" / "kernel.so").write_bytes(b"k")
+    dest = tmp_path / "run" / "graphs"
+    (dest / "inductor").mkdir(parents=True)
+
+    copy_writable(tree, dest)
+    assert (dest / "inductor" / "ab" / "kernel.so").read_bytes() == b"k"
+    with pytest.raises(StoreError, match="not empty"):
+        copy_writable(tree, dest)
