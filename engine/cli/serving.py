@@ -51,6 +51,12 @@ def add(sub) -> None:
     )
     engine_options(serve)
     serve.add_argument(
+        "--force-aot-load",
+        action="store_true",
+        help="with --engine vllm: strict loading (VLLM_FORCE_AOT_LOAD=1): vLLM exits when the baked AOT "
+        "artifact does not load, instead of compiling again (targets where vLLM runs AOT compile: GPUs)",
+    )
+    serve.add_argument(
         "vllm_args", nargs="*", metavar="-- VLLM_ARGS", help="with --engine vllm: more `vllm serve` flags, after --"
     )
     serve.set_defaults(run=cmd_serve)
@@ -70,6 +76,7 @@ def _vllm_start(args: argparse.Namespace):
         on_miss=getattr(args, "on_miss", "compile"),
         write_back=getattr(args, "write_back", False),
         vllm_args=tuple(getattr(args, "vllm_args", ())),
+        force_aot_load=getattr(args, "force_aot_load", False),
         **(
             {"registry_timeout": args.registry_timeout, "fetch_timeout": args.fetch_timeout}
             if hasattr(args, "registry_timeout")
@@ -184,6 +191,11 @@ def cmd_serve_bundled(args: argparse.Namespace) -> int:
     """`serve` with prebake's own engine, in this process."""
     if args.vllm_args:
         raise PrebakeError(f"flags after -- ({' '.join(args.vllm_args)}) are for --engine vllm only")
+    if args.force_aot_load:
+        raise PrebakeError(
+            "--force-aot-load is vLLM's strict loading (--engine vllm); prebake's own engine refuses a start "
+            "without its baked graphs with --on-miss fail"
+        )
     from engine.runtime.server import ServeSettings, api_key_from, serve
     from engine.startup.bundled import StartupSettings
 

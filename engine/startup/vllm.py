@@ -35,9 +35,11 @@ from engine.adapters.vllm import (
     REDIRECTS,
     REPORT_FILE,
     Launch,
+    aot_compile_on,
     baked_site,
     engine_flags,
     model_location,
+    per_start_variables,
     read_report,
     recorded_variables,
     start,
@@ -84,6 +86,7 @@ class VllmStart:
     on_miss: str = "compile"
     write_back: bool = False
     vllm_args: tuple[str, ...] = ()
+    force_aot_load: bool = False  # VLLM_FORCE_AOT_LOAD=1: vLLM fails instead of compiling again
     registry_timeout: float = 30.0  # seconds the lookup may take; then vLLM starts without the bundles
     fetch_timeout: float = 600.0  # seconds the downloads may take
 
@@ -119,6 +122,15 @@ def prepare(request: VllmStart, context: Context) -> Prepared:
     home = context.store.home
     cache_root = request.cache_root or home / "engines" / "vllm" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     variables = adapter.serve_environment(plan, resolution.installed, cache_root)
+    if request.force_aot_load:
+        if not aot_compile_on(recipe, plan.target):
+            raise RecipeError(
+                f"--force-aot-load: vLLM serves {plan.target.name} with its AOT compile off "
+                f"(VLLM_USE_AOT_COMPILE=0: vLLM 0.32 on CPU cannot load its own AOT artifacts), so there is "
+                f"no AOT artifact to load strictly; drop --force-aot-load, or use --on-miss fail to refuse a "
+                f"start without the baked bundle"
+            )
+        variables |= per_start_variables(plan.target, force_aot_load=True)
     portable = _portable(resolution.installed.get("graphs"), cache_root, variables)
     variables |= portable.pins
     location = model_location(recipe, home / "models")
