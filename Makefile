@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test test-fast check bench docs vllm-check clean
+.PHONY: demo test test-fast check bench docs vllm-check gpu-wheelhouse gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -82,5 +82,19 @@ vllm-check: $(VLLM_STAMP)
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_BIN)/pytest -q -s -m vllm tests/integration/test_vllm.py
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_BIN)/python benchmarks/startup_vllm.py --runs 1 --chart docs/images/startup_vllm.png
 
+# The GPU check (benchmarks/gpu_check.py) runs on an NVIDIA host with torch and CUDA preinstalled and
+# no network: the wheels of prebake and its runtime dependencies travel with the checkout.
+GPU_PYTHONS ?= 3.12
+
+## gpu-wheelhouse: (where PyPI is reachable) prebake's wheel and its dependencies' for the GPU host's
+## Python (GPU_PYTHONS, default 3.12) into wheelhouse/, under 64 MiB
+gpu-wheelhouse: $(DEMO_STAMP)
+	$(BIN)/python benchmarks/gpu_check.py --build-wheelhouse wheelhouse $(foreach v,$(GPU_PYTHONS),--python-version $(v))
+
+## gpu-check: on the GPU host, offline: install from wheelhouse/, bake tiny-llama on the GPU, start it
+## cold, prebaked and eager, print benchmarks/startup.py's JSON line
+gpu-check:
+	$(PY) benchmarks/gpu_check.py --wheelhouse wheelhouse
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .prebake .doit.db* build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .prebake .doit.db* build *.egg-info wheelhouse

@@ -208,9 +208,10 @@ def _load_in_parts(data: bytes, external: dict, parts: LoadParts) -> Callable:
 
 def example_args(shape: StepShape, cache: KVCache, tactic: Tactic) -> tuple:
     """Placeholder arguments of the model method that runs `shape` (as CompiledSteps.run_dummy builds them)."""
-    b = shape.batch
-    slots = torch.arange(b)
-    ids = torch.ones((b, shape.tokens), dtype=torch.long)
+    b, device = shape.batch, cache.keys[0].device  # on the device the steps run on, as CompiledSteps moves them
+    slots = torch.arange(b, device=device)
+    ids = torch.ones((b, shape.tokens), dtype=torch.long, device=device)
     if shape.phase == "prefill":
-        return ids, torch.full((b,), shape.tokens), slots, cache, tactic.attn_impl
-    return ids[:, 0], torch.full((b,), shape.ctx_len - 1), slots, cache, shape.ctx_len, tactic.attn_impl
+        return ids, torch.full((b,), shape.tokens, device=device), slots, cache, tactic.attn_impl
+    positions = torch.full((b,), shape.ctx_len - 1, device=device)
+    return ids[:, 0], positions, slots, cache, shape.ctx_len, tactic.attn_impl

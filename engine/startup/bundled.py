@@ -309,7 +309,7 @@ def _warm(
     with log.step("load") as s:
         from engine.runtime.build import model_and_cache
 
-        model, cache = model_and_cache(recipe, plan.target.dtype)
+        model, cache = model_and_cache(recipe, plan.target.dtype, plan.target.platform)
         s.detail = (
             f"{recipe.model.name} {plan.target.dtype} ({sum(p.numel() for p in model.parameters()):,} parameters)"
         )
