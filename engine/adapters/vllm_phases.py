@@ -5,7 +5,8 @@ KV cache, warm-up).
 vLLM times each phase itself and logs the seconds; nothing here times anything. The lines, as
 vllm/model_executor, vllm/compilation/{backends,monitor}.py and vllm/v1/engine/core.py print them:
 
-    model-load       "Model loading took 0.01 GiB memory and 0.412 seconds"
+    model-load       "Model loading took 0.01 GiB memory and 0.412 seconds" (GPU model runner), or on
+                     CPU "Initializing model took 0.19 seconds" plus "Loading weights took 0.03 seconds"
     dynamo           "Dynamo bytecode transform time: 3.21 s"
     inductor         "Compiling a graph for compile range (1, 128) takes 20.1 s" (compiled) and
                      "Directly load the compiled graph(s) for compile range ... took 0.21 s" (loaded),
@@ -37,6 +38,8 @@ _SINGLE = {
     "warm-up": re.compile(rf"Initial profiling/warmup run took {_NUMBER} s"),
     "engine-init": re.compile(rf"init engine \(profile, create kv cache, warmup model\) took {_NUMBER} s"),
 }
+_INIT_MODEL = re.compile(rf"Initializing model took {_NUMBER} seconds")
+_LOAD_WEIGHTS = re.compile(rf"Loading weights took {_NUMBER} seconds")
 _SUMMED = {
     "dynamo": re.compile(rf"Dynamo bytecode transform time: {_NUMBER} s"),
     "inductor": re.compile(
@@ -63,6 +66,10 @@ def phases(log_text: str, ready_s: float | None = None) -> dict[str, float]:
         found = pattern.findall(log_text)
         if found:
             out[name] = float(found[-1])
+    if "model-load" not in out:  # vLLM's CPU model runner logs the two halves of the load
+        halves = [_INIT_MODEL.findall(log_text), _LOAD_WEIGHTS.findall(log_text)]
+        if any(halves):
+            out["model-load"] = sum(float(h[-1]) for h in halves if h)
     for name, pattern in _SUMMED.items():
         total, seen = 0.0, False
         for match in pattern.finditer(log_text):
