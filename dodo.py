@@ -6,8 +6,8 @@ doit list
 
 from doit import get_var
 
-from artifacts.tasks import BakeRequest, bake_tasks
-from engine.compose import Context
+from prebake.artifacts.bake.tasks import BakeRequest, bake_tasks
+from prebake.engine.compose import Context
 
 DOIT_CONFIG = {
     "backend": "sqlite3",  # tolerates several doit processes sharing one dependency file

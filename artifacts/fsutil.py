@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import BundleError, StoreError
+from prebake.artifacts.errors import BundleError, StoreError
 
 TMP_PREFIX = ".tmp-"
 CRASH_ENV = "PREBAKE_TEST_CRASH_AT"
@@ -264,3 +264,13 @@ def file_digest(path: Path) -> str:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return "sha256:" + h.hexdigest()
+
+
+def human_size(n: int) -> str:
+    """A byte count as people read it: 512 B, 3.2 MiB, 12.0 GiB."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            break
+        value /= 1024
+    return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"

@@ -19,7 +19,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .errors import PrebakeError
+from prebake.artifacts.errors import PrebakeError
 
 SALT_ENV = "PREBAKE_KEY_SALT"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import PrebakeError
+from prebake.artifacts.errors import PrebakeError
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -25,7 +25,7 @@ def index_relpath(kind: str, key_digest: str) -> str:
 
 
 def summary_relpath(kind: str) -> str:
-    """Where a registry keeps the listing summary of one kind (artifacts.listing): a cache, not truth."""
+    """Where a registry keeps the listing summary of one kind (prebake.artifacts.ports.listing): a cache, not truth."""
     if not kind.isidentifier():
         raise PrebakeError(f"artifact kind {kind!r} must be a plain identifier such as 'graphs'")
     return f"summary/{kind}.json"

@@ -12,13 +12,13 @@ Three trees, made here:
 
 Each tree is packed and unpacked by prebake, with the code production runs and every check on:
 
-    pack          artifacts.bundle.pack: deterministic tar, multi-threaded zstd -3, the sha256 of
+    pack          prebake.artifacts.bundle.payload.pack: deterministic tar, multi-threaded zstd -3, the sha256 of
                   every file (for the manifest) and of the blob
-    unpack        artifacts.unpack.unpack_streamed, the path of Store.install's fetch, fed from the
+    unpack        prebake.artifacts.bundle.unpack.unpack_streamed, the path of Store.install's fetch, fed from the
                   local blob: the blob's sha256 checked as it is read, every member's path, type,
                   size and link checked against the manifest before it is written, every file's
                   sha256 compared, the tree renamed into place only after all passed
-    unpack_local  artifacts.bundle.unpack, Store.install's path for a blob already in the store
+    unpack_local  prebake.artifacts.bundle.payload.unpack, Store.install's path for a blob already in the store
                   (verified when it landed): the same member checks, no blob digest
 
 and by `tar -I 'zstd -T0 -3' -cf` / `tar -I 'zstd -d' -xf` (which verify nothing), alternating
@@ -53,10 +53,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from artifacts.bundle import UnpackLimits, pack, unpack  # noqa: E402
-from artifacts.errors import BundleError  # noqa: E402
-from artifacts.manifest import FileEntry  # noqa: E402
-from artifacts.unpack import unpack_streamed  # noqa: E402
+from prebake.artifacts.bundle.manifest import FileEntry  # noqa: E402
+from prebake.artifacts.bundle.payload import UnpackLimits, pack, unpack  # noqa: E402
+from prebake.artifacts.bundle.unpack import unpack_streamed  # noqa: E402
+from prebake.artifacts.errors import BundleError  # noqa: E402
 
 _MiB = 1 << 20
 VERIFICATION = (
@@ -70,11 +70,11 @@ SMALL_TREE_BYTES = 64 << 20  # a tree under this size takes tens of milliseconds
 SMALL_TREE_ROUNDS = 15  # ... so it gets at least this many rounds, or its median is noise
 
 COMPILE_SNIPPET = """
-from artifacts.recipes import load_recipe
-from engine.runtime.loader import load_model
-from engine.runtime.model import KVCache
-from engine.runtime.steps import CompiledSteps, Tactic
-from engine.runtime.shapes import StepShape
+from prebake.artifacts.bake.recipes import load_recipe
+from prebake.engine.bundled.runtime.loader import load_model
+from prebake.engine.bundled.runtime.model import KVCache
+from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
+from prebake.engine.bundled.runtime.shapes import StepShape
 import torch
 recipe = load_recipe("tiny-llama")
 model = load_model(recipe.model, "fp32")

@@ -34,12 +34,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from artifacts.bundle import pack, unpack
-from artifacts.keys import Key
-from artifacts.layout import blob_relpath
-from artifacts.manifest import Manifest
-from artifacts.store import Store, StoreLimits
-from registry.s3 import S3Registry, S3Settings
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.bundle.payload import pack, unpack
+from prebake.artifacts.keys import Key
+from prebake.artifacts.layout import blob_relpath
+from prebake.artifacts.store.local import Store, StoreLimits
+from prebake.registry.s3 import S3Registry, S3Settings
 from tests.support.moto_server import moto_server, s3_env
 
 _MiB = 1 << 20

@@ -34,13 +34,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from artifacts.kinds import plan
-from artifacts.planning import plan_fleet
-from artifacts.recipes import load_recipe, targets
-from engine.adapters import kinds_for
-from engine.fleet.profiles import load_profiles
-from engine.probe import current_host
-from registry.file import FileRegistry
+from prebake.artifacts.bake.fleet_plan import plan_fleet
+from prebake.artifacts.bake.kinds import target_keys
+from prebake.artifacts.bake.recipes import load_recipe, targets
+from prebake.engine.adapters import kinds_for
+from prebake.engine.common.probe import current_host
+from prebake.engine.fleet.profiles import load_profiles
+from prebake.registry.file import FileRegistry
 from tests.support.fleet import fill_registry, write_entry
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,7 +75,7 @@ def seed_plan_keys(root: Path) -> int:
     profiles = {p.platform_string(): p for p in load_profiles(REPO / "examples" / "profiles" / "fleet.toml")}
     written = 0
     for target in targets(recipe)[::2]:
-        for key in plan(recipe, target, profiles[target.platform].host).keys.values():
+        for key in target_keys(recipe, target, profiles[target.platform].host).keys.values():
             write_entry(root, key)
             written += 1
     return written
@@ -97,7 +97,7 @@ def noop_figures(tmp: Path, repeat: int) -> dict[str, float]:
     root = home / "registry"
     recipe = load_recipe("tiny-llama")
     for target in targets(recipe):
-        for key in plan(recipe, target, current_host()).keys.values():
+        for key in target_keys(recipe, target, current_host()).keys.values():
             write_entry(root, key)
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")}, "PREBAKE_HOME": str(home)}
     env["PREBAKE_TRUSTED_KEYS"] = ""

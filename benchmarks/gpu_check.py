@@ -135,7 +135,7 @@ def check(python: Path, facts: dict, work: Path, precision: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")} | {"PREBAKE_RECIPES": str(recipes)}
     env["PYTHONPATH"] = ""  # the installed prebake, not this checkout's modules
     argv = [str(python), str(REPO / "benchmarks" / "startup.py"), "--model", MODEL, "--precision", precision]
-    argv += ["--variant", "aoti", "--iterations", "1", "--work", str(work / "startup")]
+    argv += ["--variant", "dynamo-precompile", "--iterations", "1", "--work", str(work / "startup")]
     output = _run(argv, env=env, capture=True, echo=True)
     return json.loads(output.strip().splitlines()[-1])
 

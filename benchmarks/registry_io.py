@@ -33,11 +33,11 @@ from collections.abc import Callable
 from pathlib import Path
 from subprocess import DEVNULL
 
-from artifacts.bundle import file_digest
-from artifacts.keys import Key
-from artifacts.layout import blob_relpath
-from artifacts.manifest import BlobRef, Manifest
-from registry.s3 import S3Registry
+from prebake.artifacts.bundle.manifest import BlobRef, Manifest
+from prebake.artifacts.bundle.payload import file_digest
+from prebake.artifacts.keys import Key
+from prebake.artifacts.layout import blob_relpath
+from prebake.registry.s3 import S3Registry
 from tests.support.moto_server import moto_server, s3_env
 
 _MiB = 1 << 20

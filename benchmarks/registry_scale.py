@@ -37,13 +37,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from artifacts.fetch import MISS_SAMPLE, nearest_miss
-from artifacts.keys import Key
-from artifacts.layout import index_relpath
-from artifacts.manifest import Manifest
-from registry.file import FileRegistry
-from registry.hf import HubRegistry
-from registry.s3 import S3Registry, S3Settings
+from prebake.artifacts.bake.fetch import MISS_SAMPLE, nearest_miss
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.keys import Key
+from prebake.artifacts.layout import index_relpath
+from prebake.registry.file import FileRegistry
+from prebake.registry.hf import HubRegistry
+from prebake.registry.s3 import S3Registry, S3Settings
 from tests.support.hub_server import hub_server
 from tests.support.index_seed import entry_key, seed_folder, seed_s3, synthetic_manifests
 from tests.support.moto_server import moto_server, s3_env
@@ -176,7 +176,7 @@ def _missing_key() -> Key:
 
 
 def _prebake_ls(address: str) -> None:
-    argv = [sys.executable, "-m", "engine.cli", "ls", "--registry", address, "--kind", "graphs"]
+    argv = [sys.executable, "-m", "prebake.engine.cli", "ls", "--registry", address, "--kind", "graphs"]
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=True)
     if done.stdout.count("\n") < 2:
         raise RuntimeError(f"prebake ls printed no bundles: {done.stdout!r} {done.stderr!r}")

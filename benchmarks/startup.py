@@ -16,7 +16,7 @@ The figure of merit is the share of the compile overhead the bundle removes:
 
 measured on the mean time to ready, for each graphs variant ([compile] variant of the recipe):
 "inductor-cache" (Inductor's cache folder: Dynamo still traces every shape at start-up) and
-"aoti" (Dynamo's ahead-of-time precompile, engine.runtime.aot: nothing is traced at start-up).
+"dynamo-precompile" (Dynamo's ahead-of-time precompile, prebake.engine.bundled.runtime.precompile: nothing is traced at start-up).
 Modes are interleaved per iteration, so machine noise hits them alike.
 
     python benchmarks/startup.py [--model tiny-llama] [--precision fp32] [--variant both]
@@ -24,7 +24,7 @@ Modes are interleaved per iteration, so machine noise hits them alike.
 
 Before timing, each variant's bundles are made by one untimed cold start with --write-back.
 The output ends with one JSON line: the overhead removed per variant and for the recipe's
-default variant (aoti for the bundled engine), and the mean time to ready of every mode.
+default variant (dynamo-precompile for the bundled engine), and the mean time to ready of every mode.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PREBAKE = Path(sys.executable).parent / "prebake"
-VARIANTS = ("inductor-cache", "aoti")
+VARIANTS = ("inductor-cache", "dynamo-precompile")
 PROMPT = list(range(1, 17))
 
 
@@ -346,7 +346,7 @@ def _recipe_path(model: str) -> Path:
 def _recipe_variant(toml: str) -> str:
     import tomllib
 
-    from artifacts.recipes import DEFAULT_VARIANT
+    from prebake.artifacts.bake.recipes import DEFAULT_VARIANT
 
     data = tomllib.loads(toml)
     return data.get("compile", {}).get("variant", DEFAULT_VARIANT[data["model"].get("engine", "prebake")])

@@ -18,7 +18,7 @@ tiny-llama-vllm into a private PREBAKE_HOME (one vLLM start), then, N times, int
                 on an empty root: the floor no cache can beat
 
 Compile overhead removed, (cold - prebaked) / (cold - eager), on the means; and every start by
-phase as vLLM logs them (engine.adapters.vllm_phases: imports, model load, Dynamo, Inductor or
+phase as vLLM logs them (prebake.engine.vllm.phases: imports, model load, Dynamo, Inductor or
 cache load, warm-up, KV cache and profiling), with the mean of each phase per mode.
 
 Every start is a new process with the same vLLM flags and variables. Printed: every start,
@@ -41,9 +41,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from artifacts.recipes import load_recipe, targets  # noqa: E402
-from engine.adapters import vllm_phases  # noqa: E402
-from engine.adapters.vllm import (  # noqa: E402
+from prebake.artifacts.bake.recipes import load_recipe, targets  # noqa: E402
+from prebake.engine.vllm import phases as vllm_phases  # noqa: E402
+from prebake.engine.vllm.process import (  # noqa: E402
     Launch,
     compile_report,
     engine_flags,
@@ -79,7 +79,18 @@ def bake(env: dict[str, str], work: Path) -> float:
 def through_prebake(env: dict[str, str], registry: str, run: Path, python: Path = BIN / "python") -> dict:
     """One `prebake serve --engine vllm` start (prebake execs vLLM), timed to ready."""
     port = free_port()
-    argv = (str(python), "-m", "engine.cli", "serve", "--engine", "vllm", "--model", MODEL, "--precision", PRECISION)
+    argv = (
+        str(python),
+        "-m",
+        "prebake.engine.cli",
+        "serve",
+        "--engine",
+        "vllm",
+        "--model",
+        MODEL,
+        "--precision",
+        PRECISION,
+    )
     argv += ("--registry", registry, "--port", str(port), "--cache-root", str(run / "cache"))
     return _timed(Launch(argv, env, REPO, run / "vllm.log"), port)
 
@@ -188,7 +199,7 @@ def _relocated_env(base: dict[str, str], work: Path) -> tuple[dict[str, str], Pa
     env |= {"HOME": str(home), "PREBAKE_HOME": str(work / "elsewhere" / "prebake-home")}
     env["PATH"] = f"{python.parent}:{env.get('PATH', '')}"
     # save this home's model folder, untimed, as the other homes' are (a miss on the empty registry: exit 3)
-    fetch = [str(python), "-m", "engine.cli", "fetch", "--engine", "vllm", "--model", MODEL]
+    fetch = [str(python), "-m", "prebake.engine.cli", "fetch", "--engine", "vllm", "--model", MODEL]
     subprocess.run([*fetch, "--registry", str(work / "empty-registry")], env=env, cwd=REPO, capture_output=True)
     return env, python
 

@@ -3,9 +3,9 @@
     python docs/gen_reference.py           rewrite both pages
     python docs/gen_reference.py --check   exit 1 (naming the page) if either differs from the code
 
-cli.md walks the argparse parser of `prebake` (engine.cli.build_parser): every command, its
+cli.md walks the argparse parser of `prebake` (prebake.engine.cli.build_parser): every command, its
 usage and every option with its default and help. environment.md is the table in
-engine/environment.py, with where the code reads each variable, found by scanning the sources
+engine/common/environment.py, with where the code reads each variable, found by scanning the sources
 for string literals that begin with PREBAKE_. tests/unit/test_docs_reference.py fails when a
 page is stale, when a CLI option is missing from cli.md, or when the code reads a PREBAKE_*
 variable the table does not describe.
@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from engine import cli  # noqa: E402
-from engine.environment import VARIABLES  # noqa: E402
+from prebake.engine import cli  # noqa: E402
+from prebake.engine.common.environment import VARIABLES  # noqa: E402
 
 CLI_PAGE = ROOT / "docs" / "reference" / "cli.md"
 ENV_PAGE = ROOT / "docs" / "reference" / "environment.md"
@@ -134,7 +134,7 @@ def _sources() -> list[tuple[str, str]]:
         path = ROOT / entry
         for f in [path] if path.is_file() else sorted(path.rglob("*.py")):
             rel = f.relative_to(ROOT).as_posix()
-            if rel != "engine/environment.py":
+            if rel != "engine/common/environment.py":
                 out.append((rel, f.read_text(encoding="utf-8")))
     return out
 
@@ -144,7 +144,7 @@ def environment_page() -> str:
     out = [_HEADER, "# Environment variables\n\n"]
     out.append(
         "Every variable prebake reads or sets. The descriptions live in one table in the code "
-        "(`engine/environment.py`); *where* lists the files whose code names the variable.\n\n"
+        "(`engine/common/environment.py`); *where* lists the files whose code names the variable.\n\n"
     )
     sections = (
         ("read", "Read by prebake", "Settings an operator gives; a command-line option, where there is one, wins."),

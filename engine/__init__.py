@@ -1,1 +1,13 @@
-"""Host probe, model runtime, start-up pipeline, HTTP server, adapters and the CLI."""
+"""Everything that runs: the host probe, the composition root, the engines, the fleet executors, the CLI.
+
+    common/      the probe, the environment table, logging, the EngineAdapter interface
+    bundled/     prebake's own engine (adapter, cache layout, build child, start-up, serve, runtime, API)
+    vllm/        vLLM and vLLM on Gaudi (adapter, process control, portability, start-up)
+    adapters.py  the registry of engine adapters: one line per engine
+    compose.py   the composition root: the one place that opens store, registry, trust, signer, host
+    fleet/       baking on a fleet: builder profiles, the local and Ray executors
+    cli/         the `prebake` command
+
+tests/repo/test_layering.py states the order: common, then each engine, then the composition root,
+then fleet, then the CLI; engines never import each other or anything above them.
+"""

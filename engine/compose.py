@@ -8,8 +8,13 @@ signer and the host probe, for the CLI, dodo.py and both serve paths.
     context.resolve(plan, ...)       the fetch pipeline (lookup -> verify -> install)
     context.bake(plan, kind)         the doit action: build, publish and install one kind
 
-Everything else takes these as parameters; nothing below this module reads PREBAKE_* settings
-for the store, the registry address, trust or signing on its own.
+Every engine, the fleet executors and the commands take these as parameters, or open them
+here; nothing else reads the PREBAKE_* settings of the store, the registry address, trust or
+signing (a command that only reads the store, such as `prebake stats`, opens `Store()` alone).
+Other settings are read where they apply, each through a function that takes the environment as
+a parameter: the key salt (PREBAKE_KEY_SALT, prebake.artifacts.keys.policy_factors, read by
+every target_keys call), the recipe folders (PREBAKE_RECIPES), whether stats are kept
+(PREBAKE_STATS); engine/common/environment.py lists every variable and who reads it.
 """
 
 from __future__ import annotations
@@ -18,18 +23,17 @@ import time
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from artifacts.bake import Baked, Signer, bake_kind
-from artifacts.fetch import Resolution, TrustCheck, resolve
-from artifacts.kinds import HostFacts, Plan, buildable_targets, plan
-from artifacts.ports import Registry
-from artifacts.recipes import Recipe
-from artifacts.stats import record_resolution
-from artifacts.store import Store
-from engine.adapters import adapter_for, kinds_for
-from engine.adapters.base import EngineAdapter
-from engine.probe import Host, current_host
-from registry import open_registry
-from registry.signing import signer_from_env, trust_from_env
+from prebake.artifacts.bake.bake_kind import Baked, Signer, bake_kind
+from prebake.artifacts.bake.fetch import Resolution, TrustCheck, record_resolution, resolve
+from prebake.artifacts.bake.kinds import HostFacts, TargetKeys, buildable_targets, target_keys
+from prebake.artifacts.bake.recipes import Recipe
+from prebake.artifacts.ports.registry import Registry
+from prebake.artifacts.store.local import Store
+from prebake.engine.adapters import adapter_for, kinds_for
+from prebake.engine.common.adapter import EngineAdapter
+from prebake.engine.common.probe import Host, current_host
+from prebake.registry import open_registry
+from prebake.registry.signing import signer_from_env, trust_from_env
 
 
 @dataclass(frozen=True)
@@ -59,18 +63,18 @@ class Context:
         """The registry, opened on first use (UnknownRegistryError for an address prebake does not know)."""
         return self.given_registry or open_registry(self.address)
 
-    def plans(self, recipe: Recipe, *, dtype: str | None = None, tp: int | None = None) -> list[Plan]:
+    def plans(self, recipe: Recipe, *, dtype: str | None = None, tp: int | None = None) -> list[TargetKeys]:
         """Every target of `recipe` (narrowed to dtype/tp) this host can build, with its keys."""
         return plans_for(recipe, self.host, dtype=dtype, tp=tp)
 
-    def pick_plan(self, recipe: Recipe, *, dtype: str | None = None, tp: int | None = None) -> Plan:
+    def pick_plan(self, recipe: Recipe, *, dtype: str | None = None, tp: int | None = None) -> TargetKeys:
         """The one target to serve: the requested dtype and TP (TP defaults to the smallest baked)."""
         return min(self.plans(recipe, dtype=dtype, tp=tp), key=lambda p: (p.target.tp, p.target.dtype))
 
-    def adapter(self, plan: Plan) -> EngineAdapter:
+    def adapter(self, plan: TargetKeys) -> EngineAdapter:
         return adapter_for(plan.recipe, plan.target)
 
-    def resolve(self, plan: Plan, *, lookup_timeout: float = 30.0, fetch_timeout: float = 600.0) -> Resolution:
+    def resolve(self, plan: TargetKeys, *, lookup_timeout: float = 30.0, fetch_timeout: float = 600.0) -> Resolution:
         """The fetch pipeline for every kind of `plan`; its hits and misses go into the store's stats."""
         resolution = resolve(
             plan,
@@ -84,7 +88,7 @@ class Context:
         record_resolution(self.store, resolution)
         return resolution
 
-    def bake(self, plan: Plan, kind: str) -> Baked:
+    def bake(self, plan: TargetKeys, kind: str) -> Baked:
         """Build, publish and install one kind of one target, and say what happened."""
         started = time.monotonic()
         baked = bake_kind(plan, kind, store=self.store, registry=self.registry, sign=self.sign, trust=self.trust)
@@ -97,6 +101,8 @@ class Context:
         return baked
 
 
-def plans_for(recipe: Recipe, host: HostFacts, *, dtype: str | None = None, tp: int | None = None) -> list[Plan]:
+def plans_for(recipe: Recipe, host: HostFacts, *, dtype: str | None = None, tp: int | None = None) -> list[TargetKeys]:
     """Every target of `recipe` (narrowed to dtype/tp) that `host` can build, with its kind table and keys."""
-    return [plan(recipe, t, host, kinds_for(recipe, t)) for t in buildable_targets(recipe, host, dtype=dtype, tp=tp)]
+    return [
+        target_keys(recipe, t, host, kinds_for(recipe, t)) for t in buildable_targets(recipe, host, dtype=dtype, tp=tp)
+    ]

@@ -8,15 +8,15 @@
     hf://datasets/ns/repo[@rev]              HubRegistry: a dataset repo
     /local/folder,s3://team/prebake          ChainRegistry: nearest first, farther hits backfilled
 
-Backends import boto3 or huggingface_hub only when opened, so `import registry` stays light.
+Backends import boto3 or huggingface_hub only when opened, so `import prebake.registry` stays light.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .base import Published, Registry
-from .errors import UnknownRegistryError
+from prebake.registry.base import Published, Registry
+from prebake.registry.errors import UnknownRegistryError
 
 SCHEMES = ("file://", "s3://", "hf://")
 
@@ -24,7 +24,7 @@ SCHEMES = ("file://", "s3://", "hf://")
 def open_registry(address: str | Path) -> Registry:
     """The backend for an address; a comma-separated list of addresses opens a chain, nearest first."""
     if isinstance(address, Path):
-        from .file import FileRegistry
+        from prebake.registry.file import FileRegistry
 
         return FileRegistry(address)
     parts = [part.strip() for part in str(address).split(",") if part.strip()]
@@ -33,7 +33,7 @@ def open_registry(address: str | Path) -> Registry:
             f"registry address {address!r} is empty; name a folder or one of {', '.join(SCHEMES)}"
         )
     if len(parts) > 1:
-        from .chain import ChainRegistry
+        from prebake.registry.chain import ChainRegistry
 
         return ChainRegistry([_open_one(part) for part in parts])
     return _open_one(parts[0])
@@ -41,11 +41,11 @@ def open_registry(address: str | Path) -> Registry:
 
 def _open_one(text: str) -> Registry:
     if text.startswith("s3://"):
-        from .s3 import S3Registry
+        from prebake.registry.s3 import S3Registry
 
         return S3Registry(text)
     if text.startswith("hf://"):
-        from .hf import HubRegistry
+        from prebake.registry.hf import HubRegistry
 
         return HubRegistry(text)
     if text.startswith("file://"):
@@ -56,7 +56,7 @@ def _open_one(text: str) -> Registry:
             f"registry {text!r} uses scheme {scheme!r}, which prebake does not know; "
             f"use a folder path or one of {', '.join(SCHEMES)}"
         )
-    from .file import FileRegistry
+    from prebake.registry.file import FileRegistry
 
     return FileRegistry(text)
 

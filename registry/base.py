@@ -1,7 +1,7 @@
 """What every registry backend shares: settling a publish race and copying a blob verified.
 
 The protocols themselves (Registry, Maintainable, Published) are the core's port, in
-artifacts.ports; they are named here too for the backends.
+prebake.artifacts.ports.registry; they are named here too for the backends.
 
 A backend answers four questions and nothing else. A miss is `None`, never an exception;
 faults (down, refused, corrupt) raise RegistryError subclasses so callers can tell a miss
@@ -15,16 +15,20 @@ import hashlib
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
-from artifacts import fsutil
-from artifacts.errors import PublishConflict
-from artifacts.listing import Listed
-from artifacts.manifest import Manifest
-from artifacts.ports import Listable, Maintainable, Published, Registry
+from prebake.artifacts import fsutil
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.errors import PublishConflict
+from prebake.artifacts.ports.listing import Listed
+from prebake.artifacts.ports.registry import Listable, Maintainable, Published, Registry
+from prebake.registry.errors import BlobDigestMismatch, BlobSizeMismatch, RegistryError, RegistryUnavailable
 
-from .errors import BlobDigestMismatch, BlobSizeMismatch, RegistryError, RegistryUnavailable
+T = TypeVar("T")
 
 
 def settle(existing: Manifest, manifest: Manifest, where: str) -> Published:
@@ -125,7 +129,7 @@ class SizedSink:
 
 def listed(registry: Registry, kind: str | None = None) -> Iterator[Listed]:
     """What `prebake ls` shows: from the registry's verified summary where it keeps one
-    (artifacts.listing), else one row per manifest of `list()`; the same rows either way."""
+    (prebake.artifacts.ports.listing), else one row per manifest of `list()`; the same rows either way."""
     if isinstance(registry, Listable):
         yield from registry.listing(kind)
     else:
@@ -143,3 +147,25 @@ __all__ = [
     "listed",
     "settle",
 ]
+
+
+def read_ahead(
+    items: Iterable[T], read: Callable[[T], Manifest | None], *, readers: int, name: str
+) -> Iterator[Manifest]:
+    """The manifests `read` returns for `items`, in order, read `readers` at a time in parallel
+    threads: the first few cost a handful of requests (a bounded miss explanation), ten thousand
+    run at the server's pace (`prebake ls`). An entry deleted since it was listed (None) is left
+    out; a reader that stops early waits for nothing still in flight."""
+    pool = ThreadPoolExecutor(readers, thread_name_prefix=name)
+    reads: deque[Future[Manifest | None]] = deque()
+    try:
+        for item in items:
+            reads.append(pool.submit(read, item))
+            while len(reads) >= readers:
+                if (manifest := reads.popleft().result()) is not None:
+                    yield manifest
+        while reads:
+            if (manifest := reads.popleft().result()) is not None:
+                yield manifest
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)

@@ -22,10 +22,9 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from artifacts.manifest import Manifest
-
-from .base import Listed, Published, Registry, listed
-from .errors import RegistryError, RegistryUnavailable
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.registry.base import Listed, Published, Registry, listed
+from prebake.registry.errors import RegistryError, RegistryUnavailable
 
 log = logging.getLogger(__name__)
 

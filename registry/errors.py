@@ -1,12 +1,12 @@
 """Errors of the registry layer, rooted in prebake's one base error.
 
-RegistryError, UnknownRegistryError and PublishConflict belong to the core's port (artifacts.errors); they are
+RegistryError, UnknownRegistryError and PublishConflict belong to the core's port (prebake.artifacts.errors); they are
 named here too so backends and callers find every registry error in one module.
 """
 
 from __future__ import annotations
 
-from artifacts.errors import BundleError, PublishConflict, RegistryError, UnknownRegistryError
+from prebake.artifacts.errors import BundleError, PublishConflict, RegistryError, UnknownRegistryError
 
 __all__ = [
     "BlobDigestMismatch",

@@ -2,7 +2,7 @@
 
 Conditional creation of index entries relies on hard links, which is atomic on local
 POSIX file systems. `listing` (what `prebake ls` shows) keeps a verified summary per kind in
-<root>/summary/<kind>.json, tagged by each entry's size, mtime and inode (artifacts/listing.py). NFS does not give that guarantee: share bundles across nodes
+<root>/summary/<kind>.json, tagged by each entry's size, mtime and inode (artifacts/ports/listing.py). NFS does not give that guarantee: share bundles across nodes
 through S3 or the Hub instead of a network folder.
 """
 
@@ -12,18 +12,16 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from functools import partial
 from pathlib import Path
 
-from artifacts import fsutil
-from artifacts.bundle import file_digest
-from artifacts.errors import PrebakeError
-from artifacts.layout import blob_relpath, index_relpath, parse_index_relpath, summary_relpath
-from artifacts.listing import Listed, Read, Summary, reconcile
-from artifacts.manifest import MAX_MANIFEST_BYTES, Manifest
-
-from .base import Published, copy_verified, settle
-from .errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
+from prebake.artifacts import fsutil
+from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
+from prebake.artifacts.bundle.payload import file_digest
+from prebake.artifacts.errors import PrebakeError
+from prebake.artifacts.layout import blob_relpath, index_relpath, parse_index_relpath, summary_relpath
+from prebake.artifacts.ports.listing import Listed, ListingSummary, Read, summarised_listing
+from prebake.registry.base import Published, copy_verified, settle
+from prebake.registry.errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -94,14 +92,8 @@ class FileRegistry:
         """A row for every entry, in list() order: stat each entry, read only those the kind's
         summary cannot answer for, and write the summary back when it was stale."""
         base = self.root / "index"
-        for k in [kind] if kind else sorted(n for n in _names(base) if (base / n).is_dir()):
-            present = _tagged(base, k)
-            if not present:
-                continue
-            result = reconcile(k, present, self._load_summary(k), partial(self._read_rows, k))
-            if result.worth_storing:
-                self._store_summary(result.summary)
-            yield from result.rows
+        kinds = [kind] if kind else sorted(n for n in _names(base) if (base / n).is_dir())
+        yield from summarised_listing(self, ((k, digest, tag) for k in kinds for digest, tag in _tagged(base, k)))
 
     def blob_path(self, digest: str) -> Path:
         return self.root / blob_relpath(digest)
@@ -156,10 +148,10 @@ class FileRegistry:
             except FileNotFoundError:  # removed since the listing
                 yield Read(digest, "", None)
 
-    def _load_summary(self, kind: str) -> Summary | None:
-        return Summary.load(self.root / summary_relpath(kind), within=self.root)
+    def _load_summary(self, kind: str) -> ListingSummary | None:
+        return ListingSummary.load(self.root / summary_relpath(kind), within=self.root)
 
-    def _store_summary(self, summary: Summary) -> None:
+    def _store_summary(self, summary: ListingSummary) -> None:
         summary.store(self.root / summary_relpath(summary.kind))
 
     def _move_aside(self, relpath: str) -> Path | None:

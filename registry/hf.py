@@ -34,22 +34,25 @@ import logging
 import os
 import re
 import sys
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from artifacts import fsutil
-from artifacts.bundle import file_digest
-from artifacts.layout import blob_relpath, index_relpath, parse_index_relpath
-from artifacts.manifest import MAX_MANIFEST_BYTES, Manifest
-
-from .base import Published, copy_verified, settle
-from .errors import BlobDigestMismatch, BlobSizeMismatch, RegistryError, RegistryReadOnly, RegistryUnavailable
-from .hf_listing import HubListing
-from .hf_maintain import HubMaintenance
+from prebake.artifacts import fsutil
+from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
+from prebake.artifacts.bundle.payload import file_digest
+from prebake.artifacts.layout import blob_relpath, index_relpath, parse_index_relpath
+from prebake.registry.base import Published, copy_verified, read_ahead, settle
+from prebake.registry.errors import (
+    BlobDigestMismatch,
+    BlobSizeMismatch,
+    RegistryError,
+    RegistryReadOnly,
+    RegistryUnavailable,
+)
+from prebake.registry.hf_listing import HubListing
+from prebake.registry.hf_maintain import HubMaintenance
 
 log = logging.getLogger(__name__)
 
@@ -146,20 +149,10 @@ class HubRegistry(HubMaintenance, HubListing):
         head = self._head(create=False)
         if head is None:
             return
-        paths = [path for path, _ in self._index_files(folder, head)]
-        # One tree listing, then the entries read _LIST_READERS at a time: ten thousand in seconds,
-        # the first few (a miss's bounded sample) in a handful of requests.
-        pool = ThreadPoolExecutor(_LIST_READERS, thread_name_prefix="prebake-hf-list")
-        reads: deque[Future[Manifest | None]] = deque()
-        try:
-            for path in paths:
-                reads.append(pool.submit(self._read_index, path, head))
-                while len(reads) >= _LIST_READERS:
-                    yield from _present(reads.popleft())
-            while reads:
-                yield from _present(reads.popleft())
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)  # a reader that stopped early does not wait
+        paths = [path for path, _ in self._index_files(folder, head)]  # one tree listing, then the entries
+        yield from read_ahead(
+            paths, lambda path: self._read_index(path, head), readers=_LIST_READERS, name="prebake-hf-list"
+        )
 
     def _index_files(self, folder: str, head: str) -> Sequence[tuple[str, str]]:
         """(path, git blob id) of every index entry under `folder` at commit `head`, sorted: one tree listing."""
@@ -397,11 +390,6 @@ class HubRegistry(HubMaintenance, HubListing):
                 f"cannot {doing}: the Hub sent a body of another size than it announced ({exc}); the blob is "
                 f"refused; run `prebake verify --deep --registry {self.url}`"
             ) from exc
-
-
-def _present(read: Future[Manifest | None]) -> Iterator[Manifest]:
-    if (manifest := read.result()) is not None:
-        yield manifest
 
 
 def _parse_address(address: str) -> tuple[str, str, str]:

@@ -1,6 +1,4 @@
-# mypy: disable-error-code="attr-defined"
-# (a mixin of its registry class: the attributes it uses are the registry's, checked there)
-"""What `prebake verify --quarantine` needs from a Hub registry (artifacts.ports.Maintainable).
+"""What `prebake verify --quarantine` needs from a Hub registry (prebake.artifacts.ports.registry.Maintainable).
 
     index/<kind>/<digest>.json         -> quarantine/index/<kind>/<digest>.json
     blobs/sha256/<aa>/<digest>.tar.zst -> quarantine/blobs/sha256/<aa>/<digest>.tar.zst
@@ -15,14 +13,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from artifacts.layout import blob_relpath, index_relpath
-
-from .errors import RegistryError
+from prebake.artifacts.layout import blob_relpath, index_relpath
+from prebake.registry.errors import RegistryError
+from prebake.registry.hf_parts import HubParts
 
 QUARANTINE = "quarantine"
 
 
-class HubMaintenance:
+class HubMaintenance(HubParts):
     """Mixed into HubRegistry: raw index entries and quarantine, through its API client and fault mapping."""
 
     def index_entries(self) -> Iterator[tuple[str, bytes]]:
@@ -40,8 +38,8 @@ class HubMaintenance:
         moved = self._move_aside(index_relpath(kind, key_digest), head) if head else None
         if moved is None:
             raise RegistryError(f"cannot quarantine {kind} {key_digest[:16]}: its index entry in {self.url} is gone")
-        if blob_digest is not None:
-            self._move_aside(blob_relpath(blob_digest), self._head(create=False))
+        if blob_digest is not None and (head := self._head(create=False)) is not None:
+            self._move_aside(blob_relpath(blob_digest), head)  # a repo gone meanwhile has no blob to move
         return moved
 
     def _tree(self, head: str, folder: str) -> list[str]:
@@ -66,7 +64,7 @@ class HubMaintenance:
         dest = f"{QUARANTINE}/{relpath}"
         if self._present(dest, head):  # quarantined before: keep both for whoever investigates
             dest = f"{dest}.{time.time_ns()}"
-        operations = [
+        operations: list[CommitOperationAdd | CommitOperationDelete] = [
             CommitOperationAdd(path_in_repo=dest, path_or_fileobj=str(local)),
             CommitOperationDelete(path_in_repo=relpath),
         ]

@@ -29,9 +29,7 @@ import logging
 import os
 import sys
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,16 +37,15 @@ from typing import Any, BinaryIO
 
 from tqdm import tqdm
 
-from artifacts import fsutil
-from artifacts.bundle import file_digest
-from artifacts.errors import BundleError
-from artifacts.layout import blob_relpath, index_relpath, parse_index_relpath
-from artifacts.manifest import MAX_MANIFEST_BYTES, BlobRef, Manifest
-
-from .base import Published, SizedSink, settle
-from .errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
-from .s3_listing import S3Listing
-from .s3_maintain import S3Maintenance
+from prebake.artifacts import fsutil
+from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, BlobRef, Manifest
+from prebake.artifacts.bundle.payload import file_digest
+from prebake.artifacts.errors import BundleError
+from prebake.artifacts.layout import blob_relpath, index_relpath, parse_index_relpath
+from prebake.registry.base import Published, SizedSink, read_ahead, settle
+from prebake.registry.errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
+from prebake.registry.s3_listing import S3Listing
+from prebake.registry.s3_maintain import S3Maintenance
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +99,8 @@ class S3Settings:
 
 class S3Registry(S3Maintenance, S3Listing):
     """index/ + blobs/ under s3://bucket/prefix, through boto3 (maintainable: see s3_maintain; listable: s3_listing)."""
+
+    settings: S3Settings
 
     writable = True
 
@@ -165,17 +164,9 @@ class S3Registry(S3Maintenance, S3Listing):
         and entries read `concurrency` at a time in parallel: the first few cost a handful of
         requests (a bounded miss explanation), ten thousand run at the server's pace (`prebake ls`)."""
         base = self._key(f"index/{kind}/" if kind else "index/")
-        pool = ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="prebake-s3-list")
-        reads: deque[Future[Manifest | None]] = deque()
-        try:
-            for key in self._index_keys(base):
-                reads.append(pool.submit(self._read_listed, key))
-                while len(reads) >= self.settings.concurrency:
-                    yield from _present(reads.popleft())
-            while reads:
-                yield from _present(reads.popleft())
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)  # a reader that stopped early does not wait
+        yield from read_ahead(
+            self._index_keys(base), self._read_listed, readers=self.settings.concurrency, name="prebake-s3-list"
+        )
 
     def __repr__(self) -> str:
         return f"S3Registry({self.url!r}, endpoint={self.endpoint!r})"
@@ -447,11 +438,6 @@ def _progress(verb: str, digest: str, total: int) -> tqdm:
         disable=total < _PROGRESS_MIN_BYTES or not sys.stderr.isatty(),
         leave=False,
     )
-
-
-def _present(read: Future[Manifest | None]) -> Iterator[Manifest]:
-    if (manifest := read.result()) is not None:
-        yield manifest
 
 
 def _parse_address(address: str) -> tuple[str, str]:

@@ -1,14 +1,12 @@
-# mypy: disable-error-code="attr-defined"
-# (a mixin of its registry class: the attributes it uses are the registry's, checked there)
-"""`prebake ls` of an S3 registry in a few requests (artifacts.ports.Listable).
+"""`prebake ls` of an S3 registry in a few requests (prebake.artifacts.ports.registry.Listable).
 
-    s3://bucket/prefix/summary/<kind>.json     the listing summary of one kind (artifacts.listing)
+    s3://bucket/prefix/summary/<kind>.json     the listing summary of one kind (prebake.artifacts.ports.listing)
 
 A listing reads the index keys with their ETag and size (ListObjectsV2: one request per
 1,000 entries), then the kind's summary (one GET), and reads only the entries the summary
 cannot answer for (new, or whose ETag/size differ), `concurrency` at a time. When the summary
 was missing or stale it is written back (one PUT); a write that fails (read-only credentials)
-is logged and changes nothing else. The index stays the truth: see artifacts/listing.py.
+is logged and changes nothing else. The index stays the truth: see artifacts/ports/listing.py.
 """
 
 from __future__ import annotations
@@ -16,31 +14,22 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 
-from artifacts.errors import BundleError
-from artifacts.layout import index_relpath, parse_index_relpath, summary_relpath
-from artifacts.listing import Listed, Read, Summary, reconcile
-from artifacts.manifest import Manifest
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.errors import BundleError
+from prebake.artifacts.layout import index_relpath, parse_index_relpath, summary_relpath
+from prebake.artifacts.ports.listing import Listed, ListingSummary, Read, summarised_listing
+from prebake.registry.s3_parts import S3Parts
 
 log = logging.getLogger(__name__)
 
 
-class S3Listing:
+class S3Listing(S3Parts):
     """Mixed into S3Registry: `listing`, through its client, settings and fault mapping."""
 
     def listing(self, kind: str | None = None) -> Iterator[Listed]:
         """A row for every index entry (of one kind, if given), in key order, as list() yields them."""
-        present: dict[str, list[tuple[str, str]]] = {}
-        for entry_kind, digest, tag in self._index_objects(self._key(f"index/{kind}/" if kind else "index/")):
-            present.setdefault(entry_kind, []).append((digest, tag))
-        for entry_kind, entries in present.items():  # S3 lists in key order: kinds come sorted
-            result = reconcile(
-                entry_kind, entries, self._load_summary(entry_kind), partial(self._read_rows, entry_kind)
-            )
-            if result.worth_storing:
-                self._store_summary(result.summary)
-            yield from result.rows
+        yield from summarised_listing(self, self._index_objects(self._key(f"index/{kind}/" if kind else "index/")))
 
     def _index_objects(self, base: str) -> Iterator[tuple[str, str, str]]:
         """(kind, key digest, ETag/size) of every index entry under `base`, in key order."""
@@ -66,17 +55,17 @@ class S3Listing:
         with ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="prebake-s3-ls") as pool:
             yield from pool.map(read, digests)
 
-    def _load_summary(self, kind: str) -> Summary | None:
+    def _load_summary(self, kind: str) -> ListingSummary | None:
         key = self._key(summary_relpath(kind))
         try:
             with self._faults(f"read {self._where(key)}"):
                 got = self._get_tagged(key)
-            return None if got is None else Summary.parse(got[0], self._where(key))
+            return None if got is None else ListingSummary.parse(got[0], self._where(key))
         except BundleError as exc:  # too large, or not a summary
             log.warning("%s; reading every entry instead, and rewriting it", exc)
             return None
 
-    def _store_summary(self, summary: Summary) -> None:
+    def _store_summary(self, summary: ListingSummary) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
 
         key = self._key(summary_relpath(summary.kind))

@@ -1,6 +1,4 @@
-# mypy: disable-error-code="attr-defined"
-# (a mixin of its registry class: the attributes it uses are the registry's, checked there)
-"""What `prebake verify --quarantine` needs from an S3 registry (artifacts.ports.Maintainable).
+"""What `prebake verify --quarantine` needs from an S3 registry (prebake.artifacts.ports.registry.Maintainable).
 
     s3://bucket/prefix/index/<kind>/<digest>.json        -> prefix/quarantine/index/<kind>/<digest>.json
     s3://bucket/prefix/blobs/sha256/<aa>/<digest>.tar.zst -> prefix/quarantine/blobs/sha256/<aa>/<digest>.tar.zst
@@ -16,14 +14,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from artifacts.layout import blob_relpath, index_relpath
-
-from .errors import RegistryError
+from prebake.artifacts.layout import blob_relpath, index_relpath
+from prebake.registry.errors import RegistryError
+from prebake.registry.s3_parts import S3Parts
 
 QUARANTINE = "quarantine"
 
 
-class S3Maintenance:
+class S3Maintenance(S3Parts):
     """Mixed into S3Registry: raw index entries and quarantine, through its client and fault mapping."""
 
     def index_entries(self) -> Iterator[tuple[str, bytes]]:

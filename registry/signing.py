@@ -35,10 +35,10 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from artifacts import fsutil
-from artifacts.errors import PrebakeError
-from artifacts.fetch import TrustCheck
-from artifacts.manifest import SIGNATURE_VERSION, Manifest, Signature
+from prebake.artifacts import fsutil
+from prebake.artifacts.bake.fetch import TrustCheck
+from prebake.artifacts.bundle.manifest import SIGNATURE_VERSION, Manifest, Signature
+from prebake.artifacts.errors import PrebakeError
 
 SIGNING_KEY_ENV = "PREBAKE_SIGNING_KEY"
 SIGNING_KEY_NAME_ENV = "PREBAKE_SIGNING_KEY_NAME"

@@ -18,14 +18,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from artifacts.errors import BundleError, PrebakeError
-from artifacts.fetch import TrustCheck
-from artifacts.layout import parse_index_relpath
-from artifacts.manifest import Manifest
-from artifacts.ports import Maintainable, Registry
-from artifacts.unpack import UnpackLimits, unpack_streamed
-
-from .errors import BlobDigestMismatch, BlobSizeMismatch, RegistryError
+from prebake.artifacts.bake.fetch import TrustCheck
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.bundle.unpack import UnpackLimits, unpack_streamed
+from prebake.artifacts.errors import BundleError, PrebakeError
+from prebake.artifacts.layout import parse_index_relpath
+from prebake.artifacts.ports.registry import Maintainable, Registry
+from prebake.registry.errors import BlobDigestMismatch, BlobSizeMismatch, RegistryError
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from artifacts.errors import ExitCode, PrebakeError
-from engine import logs
-from engine.cli import bake, buckets, bundles, plan, serving, stats, store
+from prebake import __version__
+from prebake.artifacts.errors import ExitCode, PrebakeError
+from prebake.engine.cli import bake, buckets, bundles, plan, serving, stats, store
+from prebake.engine.common import logs
 
 COMMAND_GROUPS = (bundles, serving, store, stats, buckets, plan, bake)
 
@@ -48,20 +49,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The whole `prebake` command line (docs/gen_reference.py walks it for docs/reference/cli.md)."""
     parser = argparse.ArgumentParser(prog="prebake", description=__doc__.splitlines()[0])
-    parser.add_argument("--version", action="version", version=f"prebake {_version()}")
+    parser.add_argument("--version", action="version", version=f"prebake {__version__}")
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
     for group in COMMAND_GROUPS:
         group.add(sub)
     return parser
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("prebake")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
-"""`python -m engine.cli`: the same as the `prebake` console script."""
+"""`python -m prebake.engine.cli`: the same as the `prebake` console script."""
 
 import sys
 
-from engine.cli import main
+from prebake.engine.cli import main
 
 sys.exit(main())

@@ -8,11 +8,17 @@ prebake bake --model M --executor ray [--ray-address ADDR]         every missing
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from artifacts.recipes import load_recipe
-from artifacts.tasks import BakeRequest
-from engine.cli.common import registry_option
-from engine.cli.plan import profiles_option
+from prebake.artifacts.bake.kinds import BUCKETS
+from prebake.artifacts.bake.recipes import load_recipe
+from prebake.artifacts.bake.tasks import BakeRequest
+from prebake.engine.bundled.adapter import BundledAdapter
+from prebake.engine.cli.common import registry_option, table
+from prebake.engine.cli.plan import profiles_option
+
+if TYPE_CHECKING:
+    from prebake.engine.fleet.ray_executor import RayReport
 
 
 def add(sub) -> None:
@@ -44,10 +50,24 @@ def add(sub) -> None:
 
 def cmd_bake(args: argparse.Namespace) -> int:
     if args.executor == "ray":
-        from engine.fleet.ray_executor import bake_on_ray
+        from prebake.engine.fleet.ray_executor import RayBake, bake_on_ray
 
-        return bake_on_ray(args)
-    from engine.fleet.local import bake_locally, parse_target, request_for_target
+        report = bake_on_ray(
+            RayBake(
+                model=args.model,
+                precision=args.precision,
+                tp=args.tp,
+                registry=args.registry,
+                profiles=args.profiles,
+                address=args.ray_address,
+                routing=args.ray_routing,
+                retries=args.ray_retries,
+                node_timeout=args.node_timeout,
+            )
+        )
+        print(render(report))
+        return 1 if report.failed else 0
+    from prebake.engine.fleet.local import bake_locally, parse_target, request_for_target
 
     if args.target:
         target = parse_target(load_recipe(args.model), args.target)
@@ -55,3 +75,23 @@ def cmd_bake(args: argparse.Namespace) -> int:
     else:
         request = BakeRequest(model=args.model, precision=args.precision, tp=args.tp, registry=args.registry)
     return bake_locally(request, doit_args=["-a"] if args.always else ())
+
+
+def render(report: RayReport) -> str:
+    """The Ray bake's outcomes as a table, one row per target x kind, then the counts."""
+    from prebake.engine.fleet.ray_executor import ALREADY, BUILT, FAILED, NO_NODE, NOT_BUILDABLE
+
+    rows = report.rows
+    body = [
+        (r.target, r.kind, r.outcome, r.node or "-", r.reason[:160])
+        for r in sorted(rows, key=lambda r: (r.target, _kind_rank(r.kind)))
+    ]
+    counts = {o: sum(1 for r in rows if r.outcome == o) for o in (BUILT, ALREADY, FAILED, NO_NODE, NOT_BUILDABLE)}
+    summary = f"{report.submitted} Ray tasks submitted; " + ", ".join(f"{n} {o}" for o, n in counts.items() if n)
+    return table(("TARGET", "KIND", "OUTCOME", "NODE", "REASON"), body) + "\n" + summary
+
+
+def _kind_rank(kind: str) -> tuple[int, str]:
+    """Build order of the shipped kinds (buckets, autotune, graphs), then any other kind by name."""
+    order = (BUCKETS.name, *(k.name for k in BundledAdapter().kinds()))
+    return (order.index(kind), "") if kind in order else (len(order), kind)

@@ -13,12 +13,12 @@ import argparse
 import json
 from pathlib import Path
 
-from artifacts.bucket_report import STRATEGY_ORDER, figures, strategy_set
-from artifacts.errors import BucketError, ExitCode
-from artifacts.fsutil import atomic_target
-from artifacts.recipes import load_recipe
-from artifacts.replay import ReplaySettings, replay
-from artifacts.traces import read_trace
+from prebake.artifacts.bake.recipes import load_recipe
+from prebake.artifacts.buckets.replay import ReplaySettings, replay
+from prebake.artifacts.buckets.report import STRATEGY_ORDER, figures, strategy_set
+from prebake.artifacts.buckets.traces import read_trace
+from prebake.artifacts.errors import BucketError, ExitCode
+from prebake.artifacts.fsutil import atomic_target
 
 
 def add(sub) -> None:

@@ -7,9 +7,9 @@ import dataclasses
 import json
 from pathlib import Path
 
-from artifacts.listing import Listed
-from artifacts.store import Store
-from engine.cli.common import json_option, registry_option, size, table
+from prebake.artifacts.ports.listing import Listed
+from prebake.artifacts.store.local import Store
+from prebake.engine.cli.common import json_option, registry_option, size, table
 
 
 def add(sub) -> None:
@@ -38,8 +38,8 @@ def add(sub) -> None:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from registry import open_registry
-    from registry.base import listed
+    from prebake.registry import open_registry
+    from prebake.registry.base import listed
 
     store = Store()
     registry = open_registry(store.registry_address(args.registry))
@@ -85,19 +85,19 @@ def _ls_json(m: Listed) -> dict:
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
-    from registry.signing import keygen_cli
+    from prebake.registry.signing import keygen_cli
 
     print(keygen_cli(args.name, Path(args.dir).resolve()))
     return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from registry import open_registry
-    from registry.signing import trust_from_env
-    from registry.verify import verify_registry
+    from prebake.registry import open_registry
+    from prebake.registry.signing import trust_from_env
+    from prebake.registry.verify import verify_registry
 
     if args.store:  # the same check as `prebake store verify`
-        from artifacts.store_admin import verify_store
+        from prebake.artifacts.store.admin import verify_store
 
         store_report = verify_store(Store())
         print(store_report.render())

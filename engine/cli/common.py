@@ -6,7 +6,8 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from engine.adapters import ADAPTERS
+from prebake.artifacts.fsutil import human_size
+from prebake.engine import adapters
 
 
 def target_options(parser: argparse.ArgumentParser) -> None:
@@ -23,13 +24,10 @@ def registry_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-ENGINES = tuple(sorted({adapter.name for adapter in ADAPTERS}))
-
-
 def engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--engine",
-        choices=ENGINES,
+        choices=sorted({adapter.name for adapter in adapters.ADAPTERS}),  # read when the parser is built
         default="prebake",
         help="the engine to serve with: prebake's own (default) or vLLM (recipes with engine = 'vllm')",
     )
@@ -47,13 +45,7 @@ def json_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            break
-        value /= 1024
-    return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+size = human_size  # the one formatter (prebake.artifacts.fsutil.human_size)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

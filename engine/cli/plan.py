@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from artifacts.planning import FleetPlan, TargetPlan, custom_resource
-from engine.cli.common import registry_option, table
-from engine.fleet.plan import make_plan as plan_for
-from engine.fleet.profiles import host_profile, render_toml
-from engine.probe import current_host
+from prebake.artifacts.bake.fleet_plan import FleetPlan, TargetPlan, custom_resource
+from prebake.engine.cli.common import registry_option, table
+from prebake.engine.common.probe import current_host
+from prebake.engine.fleet.plan import make_plan as plan_for
+from prebake.engine.fleet.profiles import host_profile, render_toml
 
 PLAN_SCHEMA = "prebake.plan/1"
 

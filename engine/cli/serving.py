@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
+import shlex
 import sys
 from collections.abc import Sequence
 
-from artifacts.errors import ExitCode, PrebakeError
-from artifacts.fetch import Miss
-from artifacts.recipes import load_recipe
-from artifacts.stats import classify
-from engine.cli.common import engine_options, registry_option, target_options
+from prebake.artifacts.bake.fetch import Miss
+from prebake.artifacts.errors import ExitCode
+from prebake.artifacts.store.stats import classify
+from prebake.engine.adapters import adapter_named
+from prebake.engine.cli.common import engine_options, registry_option, target_options
+from prebake.engine.common.adapter import Fetched, StartRequest
+from prebake.engine.common.exports import shell_exports
 
 
 def add(sub) -> None:
@@ -62,99 +64,71 @@ def add(sub) -> None:
     serve.set_defaults(run=cmd_serve)
 
 
-def _vllm_start(args: argparse.Namespace):
-    from engine.startup.vllm import VllmStart
-
-    return VllmStart(
+def start_request(args: argparse.Namespace) -> StartRequest:
+    """What `fetch` or `serve` asks of the engine, from the command line (fetch has no listener)."""
+    defaults = StartRequest(model=args.model)
+    return StartRequest(
         model=args.model,
         precision=args.precision,
         tp=args.tp,
         registry=args.registry,
-        cache_root=args.cache_root,
-        host=getattr(args, "host", None),
-        port=getattr(args, "port", None),
+        registry_timeout=getattr(args, "registry_timeout", defaults.registry_timeout),
+        fetch_timeout=getattr(args, "fetch_timeout", defaults.fetch_timeout),
         on_miss=getattr(args, "on_miss", "compile"),
         write_back=getattr(args, "write_back", False),
-        vllm_args=tuple(getattr(args, "vllm_args", ())),
+        eager=getattr(args, "eager", False),
+        host=getattr(args, "host", None),
+        port=getattr(args, "port", None),
+        api_key=getattr(args, "api_key", None),
+        cache_root=args.cache_root,
+        engine_args=tuple(getattr(args, "vllm_args", ())),
         force_aot_load=getattr(args, "force_aot_load", False),
-        **(
-            {"registry_timeout": args.registry_timeout, "fetch_timeout": args.fetch_timeout}
-            if hasattr(args, "registry_timeout")
-            else {}
-        ),
     )
 
 
-def cmd_fetch_vllm(args: argparse.Namespace) -> int:
-    """`fetch --engine vllm`: install, lay out a writable cache root, print vLLM's environment and flags."""
-    import shlex
+def cmd_fetch(args: argparse.Namespace) -> int:
+    """`fetch`: the engine's adapter installs what matches; this prints its environment (and the
+    command line of an engine started as its own process)."""
+    from prebake.engine.compose import Context
 
-    from engine.startup.install import shell_exports
-    from engine.startup.vllm import fetch_environment
-
-    prepared = fetch_environment(_vllm_start(args))
-    for miss in prepared.misses:
+    fetched = adapter_named(args.engine).fetch(start_request(args), Context.open(args.registry))
+    for miss in fetched.misses:
         print(miss.explain(), file=sys.stderr)
-    for note in prepared.notes:
+    for note in fetched.notes:
         print(f"prebake: {note}", file=sys.stderr)
     if args.json:
-        payload = {
-            "target": prepared.plan.target.name,
-            "env": prepared.variables,
-            "argv": list(prepared.argv),
-            "cwd": str(prepared.cwd) if prepared.cwd else None,
-            "complete": not prepared.misses,
-            "misses": [miss_json(m) for m in prepared.misses],
-        }
-        print(json.dumps(payload, indent=2, sort_keys=True))
-    else:
-        print(shell_exports(prepared.variables))
-        print(
-            f"# vLLM: {'cd ' + shlex.quote(str(prepared.cwd)) + ' && ' if prepared.cwd else ''}{shlex.join(prepared.argv)}"
-        )
-    return _miss_code(prepared.misses) if prepared.misses else 0
+        print(json.dumps(fetch_json(fetched), indent=2, sort_keys=True))
+    elif fetched.env or fetched.argv:
+        print(shell_exports(fetched.env))
+        if fetched.argv:
+            cd = f"cd {shlex.quote(str(fetched.cwd))} && " if fetched.cwd else ""
+            print(f"# {args.engine}: {cd}{shlex.join(fetched.argv)}")
+    return _miss_code(fetched.misses) if fetched.misses else 0
 
 
-def cmd_fetch(args: argparse.Namespace) -> int:
-    return FETCH_PATHS[args.engine](args)
+def fetch_json(fetched: Fetched) -> dict:
+    """`fetch --json`: the target, whether every kind was installed, the misses, the environment,
+    the installed bundles, and an engine process's command line where there is one."""
+    payload: dict = {
+        "target": fetched.target,
+        "complete": not fetched.misses,
+        "misses": [miss_json(m) for m in fetched.misses],
+        "env": fetched.env,
+        "bundles": {
+            k: {"key": i.manifest.key_digest, "blob": i.manifest.blob.digest, "tree": str(i.tree)}
+            for k, i in fetched.installed.items()
+        },
+    }
+    if fetched.argv:
+        payload |= {"argv": list(fetched.argv), "cwd": str(fetched.cwd) if fetched.cwd else None}
+    return payload
 
 
-def cmd_fetch_bundled(args: argparse.Namespace) -> int:
-    """`fetch` for the bundled engine (and plain torch.compile users): the kinds' environment."""
-    from engine.compose import Context
-    from engine.startup.install import prebake_environment, shell_exports
+def cmd_serve(args: argparse.Namespace) -> int:
+    """`serve`: the engine's adapter starts it from the bundles (compiling what misses)."""
+    from prebake.engine.compose import Context
 
-    context = Context.open(args.registry)
-    plan = context.pick_plan(load_recipe(args.model), dtype=args.precision, tp=args.tp)
-    resolution = context.resolve(plan)
-    if not resolution.complete:
-        for miss in resolution.misses:
-            print(miss.explain(), file=sys.stderr)
-        print(f"prebake: no complete bundle set for {plan.target.name} in {context.address}", file=sys.stderr)
-        if args.json:
-            payload = {
-                "target": plan.target.name,
-                "complete": False,
-                "misses": [miss_json(m) for m in resolution.misses],
-            }
-            print(json.dumps(payload, indent=2, sort_keys=True))
-        return _miss_code(resolution.misses)
-    env = prebake_environment(plan.kinds, resolution.installed)
-    if args.json:
-        payload = {
-            "target": plan.target.name,
-            "complete": True,
-            "misses": [],
-            "env": env,
-            "bundles": {
-                k: {"key": i.manifest.key_digest, "blob": i.manifest.blob.digest, "tree": str(i.tree)}
-                for k, i in resolution.installed.items()
-            },
-        }
-        print(json.dumps(payload, indent=2, sort_keys=True))
-    else:
-        print(shell_exports(env))
-    return 0
+    return adapter_named(args.engine).serve(start_request(args), lambda: Context.open(args.registry))
 
 
 def _miss_code(misses: Sequence[Miss]) -> int:
@@ -174,47 +148,3 @@ def miss_json(miss: Miss) -> dict:
         "nearest": miss.nearest.digest if miss.nearest is not None else None,
         "differing": {name: {"wanted": want, "nearest": have} for name, (want, have) in miss.differing.items()},
     }
-
-
-def cmd_serve_vllm(args: argparse.Namespace) -> int:
-    """`serve --engine vllm -- VLLM_ARGS`: fetch, install, then run vLLM from the installed graphs."""
-    from engine.startup.vllm import serve
-
-    return serve(_vllm_start(args), emit=lambda line: print(line, file=sys.stderr, flush=True))
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    return SERVE_PATHS[args.engine](args)
-
-
-def cmd_serve_bundled(args: argparse.Namespace) -> int:
-    """`serve` with prebake's own engine, in this process."""
-    if args.vllm_args:
-        raise PrebakeError(f"flags after -- ({' '.join(args.vllm_args)}) are for --engine vllm only")
-    if args.force_aot_load:
-        raise PrebakeError(
-            "--force-aot-load is vLLM's strict loading (--engine vllm); prebake's own engine refuses a start "
-            "without its baked graphs with --on-miss fail"
-        )
-    from engine.runtime.server import ServeSettings, api_key_from, serve
-    from engine.startup.bundled import StartupSettings
-
-    startup = StartupSettings(
-        model=args.model,
-        precision=args.precision,
-        tp=args.tp,
-        registry=args.registry,
-        registry_timeout=args.registry_timeout,
-        fetch_timeout=args.fetch_timeout,
-        on_miss=args.on_miss,
-        write_back=args.write_back,
-        eager=args.eager,
-    )
-    settings = ServeSettings(startup=startup, host=args.host, port=args.port, api_key=api_key_from(args.api_key))
-    return serve(settings, emit=logging.getLogger("prebake.serve").info)
-
-
-# The start path of each engine adapter (engine.adapters.ADAPTERS names them): the bundled engine
-# serves in this process; vLLM (on any platform, Gaudi too) is started as its own process.
-FETCH_PATHS = {"prebake": cmd_fetch_bundled, "vllm": cmd_fetch_vllm}
-SERVE_PATHS = {"prebake": cmd_serve_bundled, "vllm": cmd_serve_vllm}

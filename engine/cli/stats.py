@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from artifacts.errors import ExitCode
-from artifacts.stats import read_stats
-from artifacts.store import Store
-from engine.cli.common import json_option
+from prebake.artifacts.errors import ExitCode
+from prebake.artifacts.store.local import Store
+from prebake.artifacts.store.stats import read_stats
+from prebake.engine.cli.common import json_option
 
 
 def add(sub) -> None:

@@ -8,10 +8,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from artifacts import store_admin
-from artifacts.errors import ExitCode, StoreError
-from artifacts.store import Store, parse_size
-from engine.cli.common import json_option, size, table
+from prebake.artifacts.errors import ExitCode, StoreError
+from prebake.artifacts.store import admin as store_admin
+from prebake.artifacts.store.local import Store, parse_size
+from prebake.engine.cli.common import json_option, size, table
 
 
 def add(sub) -> None:

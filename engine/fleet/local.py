@@ -1,7 +1,7 @@
 """The local executor: `prebake bake` runs the very tasks of `doit bake`, through doit's own API.
 
 A ModuleTaskLoader hands doit one task generator, `task_bake`, which yields
-artifacts.tasks.bake_tasks for this host; DoitMain runs it as `doit run bake` would, with
+prebake.artifacts.bake.tasks.bake_tasks for this host; DoitMain runs it as `doit run bake` would, with
 its dependency database in $PREBAKE_HOME, so an installed wheel bakes outside a checkout
 (no dodo.py, no pyproject.toml read from the working folder).
 """
@@ -13,13 +13,13 @@ from collections.abc import Sequence
 from doit.cmd_base import ModuleTaskLoader
 from doit.doit_cmd import DoitMain
 
-from artifacts.errors import HostCannotBuildError, RecipeError
-from artifacts.planning import matches
-from artifacts.recipes import Recipe, Target, targets
-from artifacts.store import Store
-from artifacts.tasks import BakeRequest, bake_tasks
-from engine.compose import Context
-from engine.probe import current_host
+from prebake.artifacts.bake.fleet_plan import matches
+from prebake.artifacts.bake.recipes import Recipe, Target, targets
+from prebake.artifacts.bake.tasks import BakeRequest, bake_tasks
+from prebake.artifacts.errors import HostCannotBuildError, RecipeError
+from prebake.artifacts.store.local import Store
+from prebake.engine.common.probe import current_host
+from prebake.engine.compose import Context
 
 
 def bake_locally(request: BakeRequest, *, doit_args: Sequence[str] = ()) -> int:

@@ -1,14 +1,13 @@
-"""The composition root of a fleet plan: recipe, registry, this host and the declared profiles."""
+"""A fleet plan put together: the recipe, the registry and this host (from the composition root),
+and the declared builder profiles."""
 
 from __future__ import annotations
 
-from artifacts.planning import FleetPlan, plan_fleet
-from artifacts.recipes import load_recipe, targets
-from artifacts.store import Store
-from engine.adapters import kinds_for
-from engine.fleet.profiles import load_profiles
-from engine.probe import current_host
-from registry import open_registry
+from prebake.artifacts.bake.fleet_plan import FleetPlan, plan_fleet
+from prebake.artifacts.bake.recipes import load_recipe, targets
+from prebake.engine.adapters import kinds_for
+from prebake.engine.compose import Context
+from prebake.engine.fleet.profiles import load_profiles
 
 
 def make_plan(
@@ -16,11 +15,12 @@ def make_plan(
 ) -> FleetPlan:
     """The plan of `model` (narrowed to a dtype / TP size) against `registry` (default: the embedded one)."""
     recipe = load_recipe(model)
-    opened = open_registry(Store().registry_address(registry))
+    context = Context.open(registry)
+    opened = context.registry
     return plan_fleet(
         recipe,
         targets(recipe, dtype=precision, tp=tp),
-        here=current_host(),
+        here=context.host,
         profiles=load_profiles(profiles),
         published=lambda kind, digest: opened.lookup(kind, digest) is not None,
         kinds_for=kinds_for,

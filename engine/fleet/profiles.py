@@ -9,7 +9,7 @@ A profiles file (TOML) lists one `[[profile]]` per runner class; `prebake profil
     [profile.platform]    device = "cuda", arch = "sm_90", device_name = "NVIDIA H100 80GB HBM3", ...
     [profile.software]    python = "3.11", torch = "2.13.0+cu128", driver = "550.54.15", ...
 
-The fields are exactly engine.probe's Platform and Software, so a profile keys a target the
+The fields are exactly prebake.engine.common.probe's Platform and Software, so a profile keys a target the
 way the probe on that runner would. Profiles are found in --profiles, else $PREBAKE_PROFILES.
 """
 
@@ -22,20 +22,17 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
-from artifacts.errors import RecipeError
-from artifacts.planning import Profile
-from engine.probe import Host, Platform, Software
+from prebake.artifacts.bake.fleet_plan import Profile
+from prebake.artifacts.errors import RecipeError
+from prebake.artifacts.frozen import Frozen
+from prebake.engine.common.probe import Host, Platform, Software
 
 PROFILES_ENV = "PREBAKE_PROFILES"
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class PlatformModel(_Frozen):
+class PlatformModel(Frozen):
     device: str
     arch: str
     device_name: str = ""
@@ -43,26 +40,14 @@ class PlatformModel(_Frozen):
     isa: tuple[str, ...] = ()
 
 
-class SoftwareModel(_Frozen):
-    python: str
-    torch: str | None = None
-    triton: str | None = None
-    vllm: str | None = None
-    habana: str | None = None
-    cuda_runtime: str | None = None
-    driver: str | None = None
-    vllm_gaudi: str | None = None
-    prebake_schema: str
-
-
-class ProfileModel(_Frozen):
+class ProfileModel(Frozen):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     runner_labels: tuple[str, ...] = ()
     platform: PlatformModel
-    software: SoftwareModel
+    software: Software  # the probe's own dataclass, validated field by field (unknown fields refused)
 
 
-class ProfilesFile(_Frozen):
+class ProfilesFile(Frozen):
     profile: tuple[ProfileModel, ...] = ()
 
 
@@ -90,7 +75,7 @@ def to_profile(model: ProfileModel, where: Path | str = "profile") -> Profile:
         platform = Platform(**model.platform.model_dump())
     except ValueError as exc:
         raise RecipeError(f"{where}: profile {model.name!r}: {exc}") from exc
-    host = Host(platform=platform, software=Software(**model.software.model_dump()))
+    host = Host(platform=platform, software=model.software)
     return Profile(model.name, host, tuple(model.runner_labels))
 
 
@@ -99,7 +84,7 @@ def host_profile(host: Host, name: str, labels: tuple[str, ...] = ()) -> Profile
         name=name,
         runner_labels=labels,
         platform=PlatformModel(**dataclasses.asdict(host.platform)),
-        software=SoftwareModel(**dataclasses.asdict(host.software)),
+        software=host.software,
     )
 
 
@@ -112,7 +97,8 @@ def render_toml(model: ProfileModel) -> str:
     ]
     for section in ("platform", "software"):
         lines.append(f"[profile.{section}]")
-        for k, v in getattr(model, section).model_dump().items():
+        values = getattr(model, section)
+        for k, v in (values.model_dump() if section == "platform" else dataclasses.asdict(values)).items():
             if v is not None:
                 lines.append(f"{k} = {json.dumps(list(v) if isinstance(v, tuple) else v)}")
     return "\n".join(lines) + "\n"

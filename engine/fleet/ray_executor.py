@@ -2,7 +2,8 @@
 
     driver:  plan (index reads only) -> present targets: nothing submitted
              -> per missing target: wait (bounded) for an alive node advertising its resource,
-                submit bake_target with that resource -> collect, print a table per target x kind
+                submit bake_target with that resource -> collect one outcome per target x kind (the CLI
+             renders them)
     node:    bake_target re-probes its host and refuses a target of another platform, then runs
              `prebake bake --target` (the local executor: doit's tasks) into the shared registry
 
@@ -20,7 +21,6 @@ worker (PR_SET_PDEATHSIG), so a killed node leaves no baker running.
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import logging
 import os
@@ -33,20 +33,44 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from artifacts.errors import HostCannotBuildError
-from artifacts.kinds import BUCKETS, plan
-from artifacts.planning import MISSING, PRESENT, UNBUILDABLE, Requirement, TargetPlan, matches
-from artifacts.recipes import Recipe, load_recipe, targets
-from artifacts.store import Store
-from engine.adapters import kinds_for
-from engine.adapters.bundled import BundledAdapter
-from engine.cli.common import table
-from engine.fleet.plan import make_plan
-from engine.probe import probe
+from prebake.artifacts.bake.fleet_plan import MISSING, PRESENT, UNBUILDABLE, Requirement, TargetPlan, matches
+from prebake.artifacts.bake.kinds import target_keys
+from prebake.artifacts.bake.recipes import Recipe, load_recipe, targets
+from prebake.artifacts.errors import HostCannotBuildError
+from prebake.engine.adapters import kinds_for
+from prebake.engine.common.probe import probe
+from prebake.engine.fleet.plan import make_plan
 
 BUILT, ALREADY, FAILED, NO_NODE, NOT_BUILDABLE = "built", "already present", "failed", "no matching node", "unbuildable"
 _NOTE = re.compile(r"^prebake: (?P<target>\S+) (?P<kind>\w+): (?P<note>[^,]+),", re.M)
 _POLL_S = 1.0
+
+
+@dataclass(frozen=True)
+class RayBake:
+    """What `prebake bake --executor ray` was asked: the recipe's narrowed matrix and how to route it."""
+
+    model: str
+    precision: str | None = None
+    tp: int | None = None
+    registry: str | None = None
+    profiles: str | None = None  # a builder-profiles file
+    address: str | None = None  # the cluster (None: RAY_ADDRESS, else a local one)
+    routing: str = "resource"  # "resource" (prebake ray-resources) or "accelerator" (Ray's GPU/HPU counts)
+    retries: int = 2
+    node_timeout: float = 120.0
+
+
+@dataclass(frozen=True)
+class RayReport:
+    """Every (target, kind) of the matrix with its outcome; the CLI renders it."""
+
+    rows: tuple[KindOutcome, ...]
+    submitted: int
+
+    @property
+    def failed(self) -> bool:
+        return any(r.outcome in (FAILED, NO_NODE) for r in self.rows)
 
 
 @dataclass(frozen=True)
@@ -115,16 +139,16 @@ def _node_id() -> str:
 
 
 def _present(recipe: Recipe, target, host, registry_address: str | None) -> set[str]:
-    from registry import open_registry
+    from prebake.engine.compose import Context
 
-    registry = open_registry(Store().registry_address(registry_address))
+    registry = Context.open(registry_address, host=host).registry
     kinds = kinds_for(recipe, target)
-    keys = plan(recipe, target, host, kinds).keys
+    keys = target_keys(recipe, target, host, kinds).keys
     return {kind for kind in kinds.names if registry.lookup(kind, keys[kind].digest) is not None}
 
 
 def _run_bake(job: BakeJob, recipes: Path) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "engine.cli", "bake", "--model", job.recipe_name, "--target", job.target_id]
+    argv = [sys.executable, "-m", "prebake.engine.cli", "bake", "--model", job.recipe_name, "--target", job.target_id]
     if job.registry:
         argv += ["--registry", job.registry]
     env = {**os.environ, "PREBAKE_RECIPES": str(recipes)}
@@ -169,9 +193,11 @@ def _ray_gpu_type(device_name: str) -> str | None:
     return found.group(1) if found else None
 
 
-def bake_on_ray(args: argparse.Namespace) -> int:
-    """`prebake bake --executor ray`: bake every missing target on a matching node; 1 if anything failed."""
-    fleet = make_plan(args.model, precision=args.precision, tp=args.tp, registry=args.registry, profiles=args.profiles)
+def bake_on_ray(options: RayBake) -> RayReport:
+    """`prebake bake --executor ray`: bake every missing target on a matching node, and say how each went."""
+    fleet = make_plan(
+        options.model, precision=options.precision, tp=options.tp, registry=options.registry, profiles=options.profiles
+    )
     rows: list[KindOutcome] = []
     todo: list[TargetPlan] = []
     for t in fleet.targets:
@@ -182,26 +208,25 @@ def bake_on_ray(args: argparse.Namespace) -> int:
         else:
             todo.append(t)
     if todo:
-        rows += _run_on_ray(todo, load_recipe(args.model), args)
-    print(render(rows, submitted=len(todo)))
-    return 1 if any(r.outcome in (FAILED, NO_NODE) for r in rows) else 0
+        rows += _run_on_ray(todo, load_recipe(options.model), options)
+    return RayReport(tuple(rows), submitted=len(todo))
 
 
-def _run_on_ray(todo: list[TargetPlan], recipe: Recipe, args: argparse.Namespace) -> list[KindOutcome]:
+def _run_on_ray(todo: list[TargetPlan], recipe: Recipe, args: RayBake) -> list[KindOutcome]:
     try:
         import ray  # the optional extra, needed only when something is to be submitted
     except ImportError as exc:
         raise HostCannotBuildError(
             f"--executor ray needs Ray, which is not installed ({exc}); pip install 'prebake[ray]'"
         ) from exc
-    ray.init(address=args.ray_address, log_to_driver=False, logging_level=logging.ERROR)
+    ray.init(address=args.address, log_to_driver=False, logging_level=logging.ERROR)
     try:
         return _collect(ray, todo, recipe, args)
     finally:
         ray.shutdown()
 
 
-def _collect(ray, todo: list[TargetPlan], recipe: Recipe, args) -> list[KindOutcome]:
+def _collect(ray, todo: list[TargetPlan], recipe: Recipe, args: RayBake) -> list[KindOutcome]:
     remote = ray.remote(bake_target)
     text = _recipe_text(args.model, recipe)
     rows: list[KindOutcome] = []
@@ -211,17 +236,17 @@ def _collect(ray, todo: list[TargetPlan], recipe: Recipe, args) -> list[KindOutc
     while waiting or running:
         nodes = _alive_resources(ray)
         for tid, t in list(waiting.items()):
-            if _has_node(nodes, t.requirement, args.ray_routing):
+            if _has_node(nodes, t.requirement, args.routing):
                 job = BakeJob(recipe.model.name, text, tid, args.registry)
-                options = ray_options(t.requirement, args.ray_routing)
-                ref = remote.options(max_retries=args.ray_retries, retry_exceptions=False, **options).remote(job)
+                options = ray_options(t.requirement, args.routing)
+                ref = remote.options(max_retries=args.retries, retry_exceptions=False, **options).remote(job)
                 running[ref] = (t, time.monotonic())
                 del waiting[tid]
             elif time.monotonic() > deadline:
                 rows += _all(
                     t,
                     NO_NODE,
-                    f"no alive node advertised {_wanted(t.requirement, args.ray_routing)} within {args.node_timeout:g} s",
+                    f"no alive node advertised {_wanted(t.requirement, args.routing)} within {args.node_timeout:g} s",
                 )
                 del waiting[tid]
         if running:
@@ -230,12 +255,12 @@ def _collect(ray, todo: list[TargetPlan], recipe: Recipe, args) -> list[KindOutc
                 t, _seen = running.pop(ref)
                 rows += _result(ray, ref, t)
             for ref, (t, seen) in list(running.items()):  # a task whose every matching node left never starts
-                if _has_node(nodes, t.requirement, args.ray_routing):
+                if _has_node(nodes, t.requirement, args.routing):
                     running[ref] = (t, time.monotonic())
                 elif time.monotonic() - seen > args.node_timeout:
                     ray.cancel(ref, force=True)
                     running.pop(ref)
-                    rows += _all(t, NO_NODE, f"every node advertising {_wanted(t.requirement, args.ray_routing)} left")
+                    rows += _all(t, NO_NODE, f"every node advertising {_wanted(t.requirement, args.routing)} left")
         else:
             time.sleep(_POLL_S)
     return rows
@@ -277,7 +302,7 @@ def _all(t: TargetPlan, outcome: str, reason: str) -> list[KindOutcome]:
 
 
 def _recipe_text(model: str, recipe: Recipe) -> str:
-    from artifacts.recipes import recipe_dirs
+    from prebake.artifacts.bake.recipes import recipe_dirs
 
     path = (
         Path(model)
@@ -287,20 +312,4 @@ def _recipe_text(model: str, recipe: Recipe) -> str:
     return path.read_text()
 
 
-def _kind_rank(kind: str) -> tuple[int, str]:
-    """Build order of the shipped kinds (buckets, autotune, graphs), then any other kind by name."""
-    order = (BUCKETS.name, *(k.name for k in BundledAdapter().kinds()))
-    return (order.index(kind), "") if kind in order else (len(order), kind)
-
-
-def render(rows: list[KindOutcome], *, submitted: int) -> str:
-    body = [
-        (r.target, r.kind, r.outcome, r.node or "-", r.reason[:160])
-        for r in sorted(rows, key=lambda r: (r.target, _kind_rank(r.kind)))
-    ]
-    counts = {o: sum(1 for r in rows if r.outcome == o) for o in (BUILT, ALREADY, FAILED, NO_NODE, NOT_BUILDABLE)}
-    summary = f"{submitted} Ray tasks submitted; " + ", ".join(f"{n} {o}" for o, n in counts.items() if n)
-    return table(("TARGET", "KIND", "OUTCOME", "NODE", "REASON"), body) + "\n" + summary
-
-
-__all__ = ["MISSING", "BakeJob", "KindOutcome", "bake_on_ray", "bake_target", "ray_options", "render"]
+__all__ = ["MISSING", "BakeJob", "KindOutcome", "RayBake", "RayReport", "bake_on_ray", "bake_target", "ray_options"]

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.layout import blob_relpath
-from registry.base import Registry
-from registry.chain import ChainRegistry
-from registry.file import FileRegistry
+from prebake.artifacts.layout import blob_relpath
+from prebake.registry.base import Registry
+from prebake.registry.chain import ChainRegistry
+from prebake.registry.file import FileRegistry
 from tests.support.bundles import Bundle, make_bundle
 from tests.support.hub_server import HubStandIn, hub_server
 from tests.support.moto_server import free_port, moto_server, s3_env
@@ -121,7 +121,7 @@ def _file(request, tmp_path: Path) -> Backend:
 
 
 def _s3(request, tmp_path: Path, *, conditional: bool = True) -> Backend:
-    from registry.s3 import S3Registry, S3Settings
+    from prebake.registry.s3 import S3Registry, S3Settings
 
     bucket, client = request.getfixturevalue("s3_bucket"), request.getfixturevalue("s3_client")
     address, settings = f"s3://{bucket}/{S3_PREFIX}", S3Settings(conditional_put=conditional)
@@ -134,7 +134,7 @@ def _s3(request, tmp_path: Path, *, conditional: bool = True) -> Backend:
 
 
 def _hf(request, tmp_path: Path) -> Backend:
-    from registry.hf import HubRegistry
+    from prebake.registry.hf import HubRegistry
 
     hub = request.getfixturevalue("hub")
     repo = f"team/registry-{uuid.uuid4().hex[:8]}"
@@ -148,7 +148,7 @@ def _hf(request, tmp_path: Path) -> Backend:
 
 def _hf_lfs(request, tmp_path: Path) -> Backend:
     """The Hub backend with blobs going through Git LFS (upload: batch + basic PUT + verify)."""
-    from registry.hf import HubRegistry
+    from prebake.registry.hf import HubRegistry
 
     hub = request.getfixturevalue("hub_lfs")
     repo = f"team/registry-{uuid.uuid4().hex[:8]}"
@@ -185,7 +185,7 @@ def backend(request, tmp_path) -> Backend:
 
 
 def _s3_down(request, tmp_path: Path, monkeypatch) -> Registry:
-    from registry.s3 import S3Registry, S3Settings
+    from prebake.registry.s3 import S3Registry, S3Settings
 
     request.getfixturevalue("s3_client")  # the dummy credentials and no profile files
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
@@ -193,7 +193,7 @@ def _s3_down(request, tmp_path: Path, monkeypatch) -> Registry:
 
 
 def _hf_down(request, tmp_path: Path, monkeypatch) -> Registry:
-    from registry.hf import HubRegistry
+    from prebake.registry.hf import HubRegistry
 
     request.getfixturevalue("hub")
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")

@@ -7,10 +7,10 @@ import logging
 
 import pytest
 
-from registry.chain import ChainRegistry
-from registry.errors import RegistryError
-from registry.file import FileRegistry
-from registry.s3 import S3Registry, S3Settings
+from prebake.registry.chain import ChainRegistry
+from prebake.registry.errors import RegistryError
+from prebake.registry.file import FileRegistry
+from prebake.registry.s3 import S3Registry, S3Settings
 from tests.support.moto_server import free_port
 
 
@@ -67,7 +67,7 @@ def test_a_failed_backfill_is_logged_and_the_fetch_still_succeeds(far, bundle, t
     blocked.write_text("a file where the near registry's folder should be")
     chain = ChainRegistry([FileRegistry(blocked), far])
 
-    with caplog.at_level(logging.WARNING, logger="registry.chain"):
+    with caplog.at_level(logging.WARNING, logger="prebake.registry.chain"):
         assert chain.lookup(b.manifest.kind, b.manifest.key_digest) == b.manifest
         fetched = chain.fetch_blob(b.manifest.blob.digest, tmp_path / "fetched.tar.zst")
 
@@ -82,7 +82,7 @@ def test_a_down_registry_is_skipped_when_a_farther_one_answers(s3_client, bundle
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
     down = S3Registry("s3://team-cache/prebake", S3Settings(max_attempts=1, timeout_s=1))
 
-    with caplog.at_level(logging.WARNING, logger="registry.chain"):
+    with caplog.at_level(logging.WARNING, logger="prebake.registry.chain"):
         found = ChainRegistry([down, behind]).lookup(b.manifest.kind, b.manifest.key_digest)
 
     assert found == b.manifest

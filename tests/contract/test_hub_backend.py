@@ -9,14 +9,14 @@ import uuid
 
 import pytest
 
-from artifacts.layout import blob_relpath, index_relpath
-from registry.errors import (
+from prebake.artifacts.layout import blob_relpath, index_relpath
+from prebake.registry.errors import (
     PublishConflict,
     RegistryError,
     RegistryReadOnly,
     RegistryUnavailable,
 )
-from registry.hf import HubRegistry
+from prebake.registry.hf import HubRegistry
 from tests.support.moto_server import free_port
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import hashlib
 import uuid
 
-from artifacts.layout import blob_relpath, index_relpath
-from registry.hf import HubRegistry
+from prebake.artifacts.layout import blob_relpath, index_relpath
+from prebake.registry.hf import HubRegistry
 from tests.support.bundles import make_bundle
 
 

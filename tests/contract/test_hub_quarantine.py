@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import uuid
 
-from artifacts.layout import blob_relpath, index_relpath
-from artifacts.ports import Maintainable
-from registry.hf import HubRegistry
-from registry.verify import verify_registry
+from prebake.artifacts.layout import blob_relpath, index_relpath
+from prebake.artifacts.ports.registry import Maintainable
+from prebake.registry.hf import HubRegistry
+from prebake.registry.verify import verify_registry
 from tests.support.bundles import make_bundle
 
 

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from registry import open_registry
-from registry.chain import ChainRegistry
-from registry.errors import UnknownRegistryError
-from registry.file import FileRegistry
-from registry.hf import HubRegistry
-from registry.s3 import S3Registry
+from prebake.registry import open_registry
+from prebake.registry.chain import ChainRegistry
+from prebake.registry.errors import UnknownRegistryError
+from prebake.registry.file import FileRegistry
+from prebake.registry.hf import HubRegistry
+from prebake.registry.s3 import S3Registry
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import json
 
-from artifacts.fetch import MISS_SAMPLE, Miss, nearest_miss
-from artifacts.keys import Key
-from artifacts.layout import index_relpath, summary_relpath
-from artifacts.listing import SUMMARY_MIN_ROWS, Listed, Summary
-from artifacts.manifest import Manifest
-from engine.cli import main
-from registry.base import listed
-from registry.file import FileRegistry
-from registry.hf import HubRegistry
-from registry.s3 import S3Registry, S3Settings
+from prebake.artifacts.bake.fetch import MISS_SAMPLE, Miss, nearest_miss
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.keys import Key
+from prebake.artifacts.layout import index_relpath, summary_relpath
+from prebake.artifacts.ports.listing import SUMMARY_MIN_ROWS, Listed, ListingSummary
+from prebake.engine.cli import main
+from prebake.registry.base import listed
+from prebake.registry.file import FileRegistry
+from prebake.registry.hf import HubRegistry
+from prebake.registry.s3 import S3Registry, S3Settings
 from tests.support.index_seed import entry_key, seed_folder, seed_s3, synthetic_manifests
 
 ENTRIES = 150  # several times the sample: enough to show the bound, quick to seed
@@ -145,7 +145,7 @@ def test_a_stale_or_broken_s3_summary_costs_reads_never_a_wrong_row(s3_client, s
     s3_client.put_object(Bucket=s3_bucket, Key=summary, Body=b'{"not": "a summary"')
     assert list(registry.listing("graphs")) == expected  # read entry by entry, and rewritten
     stored = s3_client.get_object(Bucket=s3_bucket, Key=summary)["Body"].read()
-    assert [r.row for r in Summary.parse(stored, summary).rows] == expected
+    assert [r.row for r in ListingSummary.parse(stored, summary).rows] == expected
 
 
 def test_listing_a_large_folder_registry_again_reads_no_entry(tmp_path):

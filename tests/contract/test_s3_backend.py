@@ -7,11 +7,11 @@ import logging
 
 import pytest
 
-from artifacts.layout import blob_relpath, index_relpath
-from registry.errors import PublishConflict, RegistryError, RegistryUnavailable
-from registry.s3 import S3Registry, S3Settings
+from prebake.artifacts.layout import blob_relpath, index_relpath
+from prebake.registry.errors import PublishConflict, RegistryError, RegistryUnavailable
+from prebake.registry.s3 import S3Registry, S3Settings
+from tests.faults.fault_proxy import Fault, fault_proxy
 from tests.support.moto_server import free_port
-from tests.support.s3_proxy import without_conditional_writes
 
 
 def test_bundle_lands_under_the_prefix_in_the_shared_layout(s3_bucket, s3_client, bundle):
@@ -42,11 +42,12 @@ def test_a_server_without_conditional_writes_gets_the_safe_fallback(
     s3_endpoint, s3_bucket, monkeypatch, bundle, caplog
 ):
     first, second = bundle(build="first"), bundle(build="second")
-    with without_conditional_writes(s3_endpoint) as proxy:
-        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy)
+    with fault_proxy(s3_endpoint) as proxy:
+        proxy.inject(Fault("PUT", "", "no-conditional"))
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
         registry = S3Registry(f"s3://{s3_bucket}/old-server")
 
-        with caplog.at_level(logging.WARNING, logger="registry.s3"):
+        with caplog.at_level(logging.WARNING, logger="prebake.registry.s3"):
             created = registry.publish(first.manifest, first.blob)
         again = registry.publish(first.manifest, first.blob)
         with pytest.raises(PublishConflict):

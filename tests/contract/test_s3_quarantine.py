@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from artifacts.layout import blob_relpath, index_relpath
-from artifacts.ports import Maintainable
-from registry.s3 import S3Registry
-from registry.verify import verify_registry
+from prebake.artifacts.layout import blob_relpath, index_relpath
+from prebake.artifacts.ports.registry import Maintainable
+from prebake.registry.s3 import S3Registry
+from prebake.registry.verify import verify_registry
 from tests.support.bundles import make_bundle
 
 

@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from registry import open_registry
-from registry.verify import verify_registry
+from prebake.registry import open_registry
+from prebake.registry.verify import verify_registry
 from tests.faults.procs import actor, result
 from tests.support.bundles import make_bundle
 from tests.support.moto_server import s3_env

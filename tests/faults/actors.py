@@ -5,7 +5,7 @@ prebake's own code, prints one JSON line saying what it saw, and exits. Scenario
 several at once and kill them (from outside, or with PREBAKE_TEST_CRASH_AT from inside).
 
     fetch   fetch one bundle into a store; with --count, log every blob download to a file
-    bake    bake the tiny-llama buckets artifact and publish it (artifacts.bake.bake_kind)
+    bake    bake the tiny-llama buckets artifact and publish it (prebake.artifacts.bake.bake_kind.bake_kind)
     hold    fetch a bundle and hold its tree with Store.use until killed
     churn   fetch then evict (gc to 0) the same bundle, over and over
     read    look a bundle up, hold it, check every file against its manifest, over and over
@@ -21,9 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-from artifacts.fetch import Miss, fetch
-from artifacts.store import Store
-from registry import open_registry
+from prebake.artifacts.bake.fetch import Miss, fetch
+from prebake.artifacts.store.local import Store
+from prebake.registry import open_registry
 from tests.faults.checks import tree_problems
 
 
@@ -88,10 +88,10 @@ def _fetch(args, store: Store, registry) -> dict:
 
 
 def _bake(args, store: Store, registry) -> dict:
-    from artifacts.bake import bake_kind
-    from artifacts.recipes import load_recipe
-    from engine.compose import plans_for
-    from engine.probe import current_host
+    from prebake.artifacts.bake.bake_kind import bake_kind
+    from prebake.artifacts.bake.recipes import load_recipe
+    from prebake.engine.common.probe import current_host
+    from prebake.engine.compose import plans_for
 
     plan = plans_for(load_recipe("tiny-llama"), current_host())[0]
 
@@ -130,7 +130,7 @@ def _churn(args, store: Store, registry) -> dict:
 
 
 def _read(args, store: Store, registry) -> dict:
-    from artifacts.errors import StoreError
+    from prebake.artifacts.errors import StoreError
 
     seen = {"complete": 0, "nothing": 0, "evicted_before_held": 0, "partial": []}
     deadline = time.monotonic() + args.seconds
@@ -156,8 +156,8 @@ def _publish(args, store: Store, registry) -> dict:
     import resource
     import signal
 
-    from artifacts.manifest import Manifest
-    from registry.errors import RegistryError
+    from prebake.artifacts.bundle.manifest import Manifest
+    from prebake.registry.errors import RegistryError
 
     manifest = Manifest.read(args.manifest)
     if args.fsize_limit is not None:  # as a full disk would: writes past the cap fail with EFBIG

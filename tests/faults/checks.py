@@ -2,7 +2,7 @@
 
 tree_problems      a tree against its manifest: every file there, every byte matching, nothing extra
 store_problems     every tree a store's index names (what `Store.lookup` would hand out)
-registry_damage    re-verify a registry deeply (registry.verify, --deep: every blob unpacked against its
+registry_damage    re-verify a registry deeply (prebake.registry.verify, --deep: every blob unpacked against its
                    file list) and check the bundles published to it are still there
 """
 
@@ -13,8 +13,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from artifacts.bundle import file_digest
-from artifacts.manifest import Manifest
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.bundle.payload import file_digest
 
 
 def tree_problems(tree: Path, manifest: Manifest) -> list[str]:
@@ -42,10 +42,10 @@ def tree_problems(tree: Path, manifest: Manifest) -> list[str]:
 
 def store_problems(home: Path) -> list[str]:
     """Every index entry of the store at `home` whose tree exists must name a whole, verified tree,
-    and every blob it holds must hash right (`prebake verify --store`: artifacts.store_admin); an
+    and every blob it holds must hash right (`prebake verify --store`: prebake.artifacts.store.admin); an
     entry whose tree is gone is a miss, which readers handle."""
-    from artifacts.store import Store
-    from artifacts.store_admin import verify_store
+    from prebake.artifacts.store.admin import verify_store
+    from prebake.artifacts.store.local import Store
 
     return [f"{f.blob_hex[:16]}: {p}" for f in verify_store(Store(home)).findings for p in f.problems]
 
@@ -62,7 +62,7 @@ class Damage:
 
 def registry_damage(registry, published: list[Manifest]) -> Damage:
     """Re-verify `registry` (every entry, every blob re-hashed) and check each of `published` is still answered."""
-    from registry.verify import verify_registry
+    from prebake.registry.verify import verify_registry
 
     report = verify_registry(registry, trust=None, quarantine=False, deep=True)  # every blob opened
     corrupted = tuple(f"{f.kind} {f.key_digest[:16]}: {f.problem}" for f in report.findings)

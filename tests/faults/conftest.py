@@ -4,7 +4,7 @@
 
 A scenario survived when its test passed and, after it, every registry and store it
 registered with the `scenario` fixture still checks out: the registry re-verified by
-registry.verify (every blob re-hashed), every bundle published to it still answered, every
+prebake.registry.verify (every blob re-hashed), every bundle published to it still answered, every
 tree a store's index names whole. Losses and corruption are counted from those checks,
 never assumed; a check that finds damage fails the scenario too.
 """
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.manifest import Manifest
-from registry.file import FileRegistry
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.registry.file import FileRegistry
 from tests.faults.checks import registry_damage, store_problems
 from tests.support.bundles import Bundle, make_bundle
 

@@ -17,6 +17,8 @@ Requests pass through unchanged unless a fault matches (method and a piece of th
                none, so only prebake's own sha256 stands between the bytes and the store)
     corrupt+checksum  GET: flip one byte but keep the server's checksum headers (botocore checks them)
     throttle   GET: send the body in 4 KiB pieces, `seconds` apart (a test kills the reader mid-way)
+    no-conditional  PUT with If-None-Match: answer 501 NotImplemented, as S3-compatible servers
+               without conditional writes do (every other request passes)
 
 Every request is logged, and the bytes of each GET body sent so far are counted, so a test
 can assert "downloaded once" or wait until a download is half done.
@@ -34,6 +36,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length"}
+_NOT_IMPLEMENTED = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>NotImplemented</Code>'
+    b"<Message>A header you provided implies functionality that is not implemented</Message>"
+    b"<Header>If-None-Match</Header></Error>"
+)
 _INTERNAL_ERROR = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InternalError</Code>'
     b"<Message>We encountered an internal error. Please try again.</Message></Error>"
@@ -44,7 +51,7 @@ _INTERNAL_ERROR = (
 class Fault:
     method: str  # "GET", "PUT", "HEAD", or "*"
     path_contains: str  # e.g. "/blobs/" or "/index/"
-    kind: str  # error500 | slow | cut | short | corrupt | throttle
+    kind: str  # error500 | slow | cut | short | corrupt | throttle | no-conditional
     seconds: float = 0.0  # slow: delay; throttle: pause between pieces
 
     def matches(self, method: str, path: str) -> bool:
@@ -142,6 +149,10 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(length)
         if fault is not None and fault.kind == "slow":
             time.sleep(fault.seconds)
+        if fault is not None and fault.kind == "no-conditional" and "If-None-Match" in self.headers:
+            self.proxy._record(self.command, self.path, 501)
+            self._reply(501, {"Content-Type": "application/xml"}, _NOT_IMPLEMENTED)
+            return
         if fault is not None and fault.kind == "error500":
             self.proxy._record(self.command, self.path, 500)
             self._reply(500, {"Content-Type": "application/xml"}, _INTERNAL_ERROR)

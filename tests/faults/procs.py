@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from artifacts.store import Store, StoreLimits
+from prebake.artifacts.store.local import Store, StoreLimits
 
 REPO = Path(__file__).resolve().parents[2]
 

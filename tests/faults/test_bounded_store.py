@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 
-from registry.file import FileRegistry
+from prebake.registry.file import FileRegistry
 from tests.faults.checks import tree_problems
 from tests.faults.procs import REPO, actor, result, unbounded, wait_for
 from tests.support.bundles import make_bundle
@@ -32,7 +32,7 @@ def _store_bytes(home) -> int:
 def _gc(home, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")}
     return subprocess.run(
-        [sys.executable, "-m", "engine.cli", "gc", *args],
+        [sys.executable, "-m", "prebake.engine.cli", "gc", *args],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from registry.file import FileRegistry
+from prebake.registry.file import FileRegistry
 from tests.faults.checks import store_problems
 from tests.faults.procs import REPO, actor, killed, result, unbounded
 
@@ -91,7 +91,7 @@ def test_kill_9_while_publishing_leaves_the_registry_without_an_entry_and_the_ne
     assert list(registry.root.glob(registry_leftover)), f"the baker died elsewhere than at {point}"
     assert list(registry.list()) == [], "no index entry may exist without its whole blob"
     assert list((home / "tmp").iterdir()), "the dead baker's scratch folder is still there"
-    from registry.verify import verify_registry
+    from prebake.registry.verify import verify_registry
 
     assert verify_registry(registry, trust=None, quarantine=False).entries == 0
 
@@ -108,7 +108,7 @@ def test_kill_9_while_evicting_leaves_a_miss_and_the_next_gc_finishes_the_job(tm
     result(actor("fetch", *_fetch_args(home, registry, bundle)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")}
     env["PREBAKE_HOME"] = str(home)
-    gc = [sys.executable, "-m", "engine.cli", "gc", "--max-size", "0"]
+    gc = [sys.executable, "-m", "prebake.engine.cli", "gc", "--max-size", "0"]
 
     crashed = subprocess.run(gc, env={**env, CRASH: "evict"}, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert crashed.returncode == -9, crashed.stderr

@@ -8,11 +8,11 @@ import hashlib
 
 import pytest
 
-from artifacts.errors import BundleError
-from artifacts.fetch import Miss, fetch
-from artifacts.manifest import Manifest
-from registry.errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
-from registry.file import FileRegistry
+from prebake.artifacts.bake.fetch import Miss, fetch
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.errors import BundleError
+from prebake.registry.errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
+from prebake.registry.file import FileRegistry
 from tests.faults.procs import actor, result, unbounded
 from tests.support.bundles import make_bundle
 

@@ -26,15 +26,15 @@ from pathlib import Path
 
 import zstandard
 
-from artifacts.errors import PrebakeError
-from artifacts.fetch import Miss, fetch
-from artifacts.keys import Key
-from artifacts.manifest import Manifest
-from artifacts.store import Store
-from artifacts.store_admin import verify_store
-from artifacts.unpack import tree_problems
-from registry.file import FileRegistry
-from registry.verify import verify_registry
+from prebake.artifacts.bake.fetch import Miss, fetch
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.bundle.unpack import tree_problems
+from prebake.artifacts.errors import PrebakeError
+from prebake.artifacts.keys import Key
+from prebake.artifacts.store.admin import verify_store
+from prebake.artifacts.store.local import Store
+from prebake.registry.file import FileRegistry
+from prebake.registry.verify import verify_registry
 from tests.faults.procs import unbounded
 from tests.support.bundles import make_bundle
 

@@ -25,13 +25,13 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from artifacts.errors import BundleError, PrebakeError, StoreError
-from artifacts.fetch import Miss, fetch
-from artifacts.keys import Key
-from artifacts.layout import blob_relpath, index_relpath
-from artifacts.manifest import FileEntry, Manifest
-from registry.errors import BlobSizeMismatch
-from registry.file import FileRegistry
+from prebake.artifacts.bake.fetch import Miss, fetch
+from prebake.artifacts.bundle.manifest import FileEntry, Manifest
+from prebake.artifacts.errors import BundleError, PrebakeError, StoreError
+from prebake.artifacts.keys import Key
+from prebake.artifacts.layout import blob_relpath, index_relpath
+from prebake.registry.errors import BlobSizeMismatch
+from prebake.registry.file import FileRegistry
 from tests.faults.procs import REPO, actor, killed, result, unbounded
 from tests.support.bundles import make_bundle
 
@@ -51,7 +51,7 @@ def s3_registry(moto, monkeypatch):
 
     import boto3
 
-    from registry.s3 import S3Registry, S3Settings
+    from prebake.registry.s3 import S3Registry, S3Settings
     from tests.support.moto_server import s3_env
 
     for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
@@ -171,8 +171,8 @@ def test_a_manifest_declaring_more_than_the_disk_holds_is_refused_up_front_with_
     store = unbounded(home)
     with pytest.raises(PrebakeError, match="over the cap|free space"):
         fetch(store, FileRegistry(tmp_path / "registry"), manifest.the_key())
-    from artifacts.store import StoreLimits
-    from artifacts.unpack import UnpackLimits
+    from prebake.artifacts.bundle.unpack import UnpackLimits
+    from prebake.artifacts.store.local import StoreLimits
 
     roomy = type(store)(home, StoreLimits(unpack=UnpackLimits(max_bytes=1 << 60)))
     with pytest.raises(StoreError, match=r"needs .* free; free space, run `prebake gc"):
@@ -272,7 +272,7 @@ def test_a_hostile_index_entry_is_a_clean_error_in_bounded_time_and_verify_repor
     assert time.monotonic() - start < 10
     home = scenario.store(tmp_path / "home")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")} | {"PREBAKE_HOME": str(home)}
-    cmd = [sys.executable, "-m", "engine.cli", "verify", "--deep", "--registry", str(root)]
+    cmd = [sys.executable, "-m", "prebake.engine.cli", "verify", "--deep", "--registry", str(root)]
     proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and "1 bad" in proc.stdout, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
@@ -297,7 +297,7 @@ def test_a_second_manifest_for_an_installed_tree_must_name_the_same_files(tmp_pa
 def test_a_relabelled_signed_manifest_is_refused(tmp_path, scenario):
     from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
-    from registry.signing import TrustPolicy, generate_keypair, sign
+    from prebake.registry.signing import TrustPolicy, generate_keypair, sign
 
     pem, line = generate_keypair("ci")
     bundle = make_bundle(tmp_path / "bake")
@@ -316,7 +316,7 @@ def test_a_relabelled_signed_manifest_is_refused(tmp_path, scenario):
 
 
 def test_verify_deep_finds_a_file_list_that_disagrees_with_its_blob(tmp_path, scenario):
-    from registry.verify import verify_registry
+    from prebake.registry.verify import verify_registry
 
     bundle = make_bundle(tmp_path / "bake")
     blob = bundle.blob.read_bytes()
@@ -354,14 +354,14 @@ def test_kill_9_in_the_middle_of_a_streamed_install_leaves_nothing_readable(tmp_
 
 def _cli(home: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")} | {"PREBAKE_HOME": str(home)}
-    cmd = [sys.executable, "-m", "engine.cli", *args]
+    cmd = [sys.executable, "-m", "prebake.engine.cli", *args]
     return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize("case", ["nothing", "nested", "bomb", "fifo", "wrong-bytes"])
 def test_prebake_fetch_exits_0_3_or_2_and_never_with_a_traceback(tmp_path, scenario, case):
-    from artifacts.recipes import load_recipe
-    from engine.compose import Context
+    from prebake.artifacts.bake.recipes import load_recipe
+    from prebake.engine.compose import Context
 
     context = Context.open(str(tmp_path / "registry"), store=unbounded(tmp_path / "home"))
     key = context.pick_plan(load_recipe("tiny-llama")).key("buckets")

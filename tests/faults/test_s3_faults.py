@@ -15,8 +15,8 @@ import uuid
 
 import pytest
 
-from artifacts.fetch import Miss, fetch
-from registry.errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
+from prebake.artifacts.bake.fetch import Miss, fetch
+from prebake.registry.errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
 from tests.faults.checks import store_problems
 from tests.faults.fault_proxy import Fault, fault_proxy
 from tests.faults.procs import actor, killed, result, unbounded
@@ -37,7 +37,7 @@ def s3(moto, monkeypatch, tmp_path, scenario):
     """A fresh bucket holding one bundle, a fault proxy in front of it, and the environment pointing at the proxy."""
     import boto3
 
-    from registry.s3 import S3Registry, S3Settings
+    from prebake.registry.s3 import S3Registry, S3Settings
 
     for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(name, raising=False)
@@ -87,7 +87,7 @@ def _nothing_installed(store, bundle) -> None:
 def test_a_registry_that_is_down_is_a_clear_error_within_seconds_and_installs_nothing(
     tmp_path, s3, monkeypatch, scenario
 ):
-    from registry.s3 import S3Registry
+    from prebake.registry.s3 import S3Registry
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens there
     store = unbounded(scenario.store(tmp_path / "home"))

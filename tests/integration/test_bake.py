@@ -59,11 +59,11 @@ def test_baked_graphs_are_inductor_cache_hits_from_a_copied_folder(baked, tmp_pa
     probe = f"""
 import json, torch
 from torch._dynamo.utils import counters
-from artifacts.recipes import load_recipe
-from engine.runtime.autotune import load_winners
-from engine.runtime.loader import load_model, torch_dtype
-from engine.runtime.model import KVCache
-from engine.runtime.steps import CompiledSteps
+from prebake.artifacts.bake.recipes import load_recipe
+from prebake.engine.bundled.runtime.autotune import load_winners
+from prebake.engine.bundled.runtime.loader import load_model, torch_dtype
+from prebake.engine.bundled.runtime.model import KVCache
+from prebake.engine.bundled.runtime.steps import CompiledSteps
 recipe = load_recipe("tiny-llama")
 model = load_model(recipe.model, "bf16")
 cache = KVCache.allocate(model.config, recipe.serving.max_num_seqs, recipe.serving.max_model_len, dtype=torch_dtype("bf16"))

@@ -43,7 +43,11 @@ def test_the_wheel_set_holds_prebake_and_every_runtime_dependency_under_64_mib(w
 def test_prebake_installs_into_a_fresh_venv_from_the_wheels_alone(wheelhouse, tmp_path):
     python = gpu_check.offline_venv(tmp_path / "venv", wheelhouse)  # pip --no-index: nothing downloaded
     done = subprocess.run(
-        [str(python), "-c", "import engine.cli, artifacts.recipes, registry, fastapi, zstandard; print('ok')"],
+        [
+            str(python),
+            "-c",
+            "import prebake.engine.cli, prebake.artifacts.bake.recipes, registry, fastapi, zstandard; print('ok')",
+        ],
         capture_output=True,
         text=True,
         cwd=tmp_path,
@@ -77,5 +81,5 @@ def test_the_cpu_fallback_bakes_and_starts_cold_prebaked_and_eager_offline(wheel
     assert facts["torch"].startswith("2.") and (facts["platform"] == "cpu" or facts["gpu"])
     figures = gpu_check.check(python, {**facts, "platform": "cpu"}, work, "bf16")
     assert figures["benchmark"] == "startup" and figures["precision"] == "bf16"
-    assert set(figures["ready_mean_s"]) == {"eager", "cold_aoti", "prebaked_aoti"}
+    assert set(figures["ready_mean_s"]) == {"eager", "cold_dynamo-precompile", "prebaked_dynamo-precompile"}
     assert json.dumps(figures)

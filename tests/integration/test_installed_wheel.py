@@ -14,6 +14,7 @@ import site
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -22,11 +23,30 @@ from tests.support.baking import REPO
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory) -> Path:
+def wheel(tmp_path_factory) -> Path:
+    """The prebake wheel, built from this tree."""
+    root = tmp_path_factory.mktemp("dist")
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", root, REPO])
+    [built] = root.glob("prebake-*.whl")
+    return built
+
+
+def test_the_wheel_installs_one_import_package_prebake_and_its_console_script(wheel):
+    """No top-level `artifacts`, `engine` or `registry`: names unrelated projects also take."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        [entry_points] = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+        scripts = archive.read(entry_points).decode()
+    tops = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
+    assert tops == {"prebake"}, tops
+    assert "prebake/artifacts/bake/fetch.py" in names and "prebake/recipes/tiny-llama.toml" in names
+    assert "prebake = prebake.engine.cli:main" in scripts
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory, wheel) -> Path:
     """A fresh venv with the prebake wheel; returns its bin folder."""
     root = tmp_path_factory.mktemp("wheel")
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", root / "dist", REPO])
-    [wheel] = (root / "dist").glob("prebake-*.whl")
     venv = root / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", venv])
     purelib = Path(sysconfig.get_paths(vars={"base": venv, "platbase": venv})["purelib"])
@@ -51,7 +71,8 @@ def test_the_wheel_imports_its_own_modules_and_ships_the_recipes(installed, tmp_
         [
             installed / "python",
             "-c",
-            "import artifacts, engine.cli, artifacts.recipes as r; print(artifacts.__file__); print(r.list_recipes())",
+            "import prebake.artifacts, prebake.engine.cli, prebake.artifacts.bake.recipes as r; "
+            "print(prebake.artifacts.__file__); print(r.list_recipes())",
         ],
         cwd=tmp_path,
         env=_env(tmp_path),

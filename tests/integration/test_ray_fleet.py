@@ -21,8 +21,9 @@ import pytest
 
 pytest.importorskip("ray", reason="the Ray executor needs the optional extra: pip install 'prebake[ray]'")
 
-from artifacts.recipes import load_recipe
+from prebake.artifacts.bake.recipes import load_recipe
 from tests.support.baking import REPO
+from tests.support.hosts import cpu_only_env
 from tests.support.moto_server import moto_server, s3_env
 from tests.support.ray_cluster import ray_cluster
 from tests.support.recipe_files import write_recipe
@@ -64,7 +65,8 @@ def fleet(tmp_path_factory):
     _recipe("fleet-tiny", recipes, platforms=("cpu",), dtypes=("bf16", "fp32"), small=True)
     with moto_server() as endpoint:
         aws = s3_env(endpoint)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PREBAKE_", "AWS_"))}
+        # the CPU nodes probe as CPU hosts on any machine (a GPU builder too): no accelerator tool on PATH
+        env = {k: v for k, v in cpu_only_env().items() if not k.startswith(("PREBAKE_", "AWS_"))}
         env.update(aws, PREBAKE_HOME=str(root / "home"), PREBAKE_TRUSTED_KEYS="")
         boto3.client(
             "s3",
@@ -112,11 +114,11 @@ def test_bakes_route_to_the_node_advertising_the_platform_and_a_mismatched_node_
     cluster, env, recipes = fleet
     registry = tmp_path / "registry"
     seed = (
-        "import sys; from engine.probe import probe; from artifacts.kinds import plan; "
-        "from engine.adapters import kinds_for; "
-        "from artifacts.recipes import load_recipe, targets; from tests.support.fleet import write_entry; "
+        "import sys; from prebake.engine.common.probe import probe; from prebake.artifacts.bake.kinds import target_keys; "
+        "from prebake.engine.adapters import kinds_for; "
+        "from prebake.artifacts.bake.recipes import load_recipe, targets; from tests.support.fleet import write_entry; "
         "r = load_recipe('fleet-gaudi'); t = [t for t in targets(r) if t.platform == 'gaudi3'][0]; "
-        "[write_entry(__import__('pathlib').Path(sys.argv[1]), k) for k in plan(r, t, probe(), kinds_for(r, t)).keys.values()]"
+        "[write_entry(__import__('pathlib').Path(sys.argv[1]), k) for k in target_keys(r, t, probe(), kinds_for(r, t)).keys.values()]"
     )
     fake = {**env, "PATH": f"{FAKE_HABANA / 'bin'}:{env['PATH']}", "PYTHONPATH": f"{REPO}:{FAKE_HABANA}"}
     subprocess.run([sys.executable, "-c", seed, str(registry)], env=fake, cwd=REPO, check=True, timeout=120)
@@ -183,7 +185,7 @@ def test_a_node_killed_mid_bake_leaves_no_partial_entry_and_the_target_is_report
 
 
 def _node_running_the_bake(cluster, timeout: float, needle: bytes = b"--target"):
-    """The node whose process group holds an ancestor (its raylet) of the `engine.cli bake` child
+    """The node whose process group holds an ancestor (its raylet) of the `prebake.engine.cli bake` child
     of a Ray task (Ray starts its workers in process groups of their own), once a process of the
     bake whose command line holds `needle` runs (the graphs build child: b"graphs-request.json")."""
     deadline = time.monotonic() + timeout
@@ -194,7 +196,9 @@ def _node_running_the_bake(cluster, timeout: float, needle: bytes = b"--target")
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if any(needle in part for part in cmd) and (b"engine.cli" in cmd or b"engine.runtime.build" in cmd):
+            if any(needle in part for part in cmd) and (
+                b"prebake.engine.cli" in cmd or b"prebake.engine.bundled.build" in cmd
+            ):
                 node = _ancestor_node(int(pid), groups)
                 if node is not None:
                     return node

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.bundle import file_digest
-from artifacts.manifest import Manifest
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.bundle.payload import file_digest
 from tests.support.serving import ServeProcess, metric, serve_env, write_recipe
 
 pytestmark = pytest.mark.slow
@@ -29,7 +29,7 @@ PROMPT = [5, 17, 300, 42, 7]
 @pytest.fixture(scope="session")
 def recipes(tmp_path_factory):
     folder = tmp_path_factory.mktemp("recipes")
-    write_recipe(folder, AOT, variant="aoti", seqs=2)
+    write_recipe(folder, AOT, variant="dynamo-precompile", seqs=2)
     write_recipe(folder, CACHE, variant="inductor-cache", seqs=1)  # one sequence: two step shapes to compile
     return folder
 
@@ -108,7 +108,7 @@ def test_the_liveness_probe_is_200_through_a_fallback_compile(cold):
 def test_an_empty_registry_compiles_in_place_says_why_and_writes_back(cold):
     for kind in ("buckets", "autotune", "graphs"):
         assert f"miss: {kind} " in cold.log and "no bundle for this key in file://" in cold.log
-    assert "prebake serve: compile: 3 step shapes compiled in place (aoti)" in cold.log
+    assert "prebake serve: compile: 3 step shapes compiled in place (dynamo-precompile)" in cold.log
     for kind in ("buckets", "autotune", "graphs"):
         assert len(list((cold.registry / "index" / kind).glob("*.json"))) == 1
         assert f"write-back {kind} " in cold.log
@@ -237,7 +237,9 @@ def test_gc_never_evicts_the_trees_a_running_engine_serves_from(warm):
 
 def test_graphs_carry_no_weights_so_other_weights_of_the_architecture_reuse_them(tmp_path_factory, cold, warm):
     recipes = tmp_path_factory.mktemp("other-weights")
-    write_recipe(recipes, AOT, variant="aoti", seqs=2, seed=1)  # same architecture, other weights: same keys
+    write_recipe(
+        recipes, AOT, variant="dynamo-precompile", seqs=2, seed=1
+    )  # same architecture, other weights: same keys
     servers = [
         ServeProcess(
             ["--model", AOT, "--registry", str(cold.registry), "--on-miss", "fail", *extra],
@@ -280,8 +282,8 @@ def test_the_inductor_cache_variant_warms_up_from_cache_hits_and_serves_the_same
 
 
 def test_start_ups_record_hits_misses_and_fallback_compiles_in_the_stores_stats(cold, warm):
-    from artifacts.stats import read_stats
-    from artifacts.store import Store
+    from prebake.artifacts.store.local import Store
+    from prebake.artifacts.store.stats import read_stats
 
     cold_total = read_stats(Store(cold.registry.parent / "home")).to_json()["total"]
     assert cold_total["misses"] == 3 and cold_total["hits"] == 0

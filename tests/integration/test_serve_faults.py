@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from artifacts.layout import index_relpath
-from artifacts.recipes import load_recipe
-from engine.compose import plans_for
-from engine.probe import current_host
+from prebake.artifacts.bake.recipes import load_recipe
+from prebake.artifacts.layout import index_relpath
+from prebake.engine.common.probe import current_host
+from prebake.engine.compose import plans_for
 from tests.support.serving import ServeProcess, serve_env, write_recipe
 
 EXIT_MISS = 3
@@ -48,7 +48,7 @@ def test_an_unreadable_registry_is_a_miss_with_its_reason(tmp_path):
 
 
 def test_a_registry_that_never_answers_is_a_miss_after_the_time_box(tmp_path):
-    pytest.importorskip("registry.s3", reason="the S3 backend is not in this tree")
+    pytest.importorskip("prebake.registry.s3", reason="the S3 backend is not in this tree")
     with socket.socket() as silent:  # listens, never answers: every request hangs until its own time-out
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)
@@ -97,7 +97,7 @@ def test_an_index_entry_that_is_a_fifo_is_refused_at_once_not_waited_on(tmp_path
 
 
 def test_an_s3_registry_on_a_closed_port_is_a_miss_not_a_crash(tmp_path):
-    pytest.importorskip("registry.s3", reason="the S3 backend is not in this tree")
+    pytest.importorskip("prebake.registry.s3", reason="the S3 backend is not in this tree")
     with socket.socket() as s:  # a port nothing listens on: bound, then closed
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -131,7 +131,7 @@ def test_an_s3_registry_on_a_closed_port_is_a_miss_not_a_crash(tmp_path):
 
 def test_an_unreachable_registry_still_serves_by_building_in_place(tmp_path):
     recipes = tmp_path / "recipes"
-    write_recipe(recipes, "serve-test", variant="aoti", seqs=2)
+    write_recipe(recipes, "serve-test", variant="dynamo-precompile", seqs=2)
     not_a_folder = tmp_path / "registry"
     not_a_folder.write_text("")
     server = ServeProcess(

@@ -9,15 +9,25 @@ from pathlib import Path
 from doit.cmd_base import ModuleTaskLoader
 from doit.doit_cmd import DoitMain
 
-from artifacts.fetch import resolve
-from artifacts.kinds import BUCKETS, BUCKETS_FILE, BuildRequest, Groups, KeyContext, Kind, KindTable, Plan, plan
-from artifacts.recipes import Recipe, load_recipe
-from artifacts.store import Store
-from artifacts.tasks import BakeRequest, bake_tasks
-from engine.compose import Context
-from engine.probe import current_host
-from engine.startup.install import prebake_environment
-from registry import open_registry
+from prebake.artifacts.bake.fetch import resolve
+from prebake.artifacts.bake.kinds import (
+    BUCKETS,
+    BUCKETS_FILE,
+    BuildRequest,
+    Groups,
+    KeyContext,
+    Kind,
+    KindTable,
+    TargetKeys,
+    target_keys,
+)
+from prebake.artifacts.bake.recipes import Recipe, load_recipe
+from prebake.artifacts.bake.tasks import BakeRequest, bake_tasks
+from prebake.artifacts.store.local import Store
+from prebake.engine.common.exports import prebake_environment
+from prebake.engine.common.probe import current_host
+from prebake.engine.compose import Context
+from prebake.registry import open_registry
 
 TOY_FILE = "toy.json"
 BUILT: list[str] = []  # targets the toy builder ran for
@@ -47,9 +57,9 @@ TOY = Kind(
 class ToyContext(Context):
     """The composition root with one more kind in every target's table (and no torch kinds)."""
 
-    def plans(self, recipe: Recipe, *, dtype: str | None = None, tp: int | None = None) -> list[Plan]:
+    def plans(self, recipe: Recipe, *, dtype: str | None = None, tp: int | None = None) -> list[TargetKeys]:
         return [
-            plan(recipe, p.target, self.host, KindTable([BUCKETS, TOY]))
+            target_keys(recipe, p.target, self.host, KindTable([BUCKETS, TOY]))
             for p in super().plans(recipe, dtype=dtype, tp=tp)
         ]
 
@@ -89,7 +99,7 @@ def test_a_kind_declared_in_a_test_bakes_publishes_fetches_and_installs(tmp_path
 def test_a_kind_table_refuses_a_kind_before_its_upstream():
     import pytest
 
-    from artifacts.errors import PrebakeError
+    from prebake.artifacts.errors import PrebakeError
 
     with pytest.raises(PrebakeError, match="built from \\['buckets'\\], which are not declared before it"):
         KindTable([TOY, BUCKETS])

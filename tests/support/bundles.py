@@ -1,4 +1,4 @@
-"""Real bundles for registry tests: a small tree packed with artifacts.bundle.pack and its manifest."""
+"""Real bundles for registry tests: a small tree packed with prebake.artifacts.bundle.payload.pack and its manifest."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from artifacts.bundle import pack
-from artifacts.keys import Key
-from artifacts.manifest import Manifest
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.bundle.payload import pack
+from prebake.artifacts.keys import Key
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from artifacts.keys import Key
-from artifacts.layout import index_relpath
-from artifacts.manifest import BlobRef, Manifest
+from prebake.artifacts.bundle.manifest import BlobRef, Manifest
+from prebake.artifacts.keys import Key
+from prebake.artifacts.layout import index_relpath
 
 
 def write_entry(root: Path, key: Key, labels: dict[str, str] | None = None) -> Path:

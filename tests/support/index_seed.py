@@ -14,10 +14,10 @@ import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from artifacts import fsutil
-from artifacts.keys import Key
-from artifacts.layout import index_relpath
-from artifacts.manifest import BlobRef, FileEntry, Manifest
+from prebake.artifacts import fsutil
+from prebake.artifacts.bundle.manifest import BlobRef, FileEntry, Manifest
+from prebake.artifacts.keys import Key
+from prebake.artifacts.layout import index_relpath
 
 
 def entry_key(i: int, kind: str = "graphs") -> Key:

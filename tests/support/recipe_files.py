@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from artifacts.recipes import Recipe
+from prebake.artifacts.bake.recipes import Recipe
 
 
 def write_recipe(recipe: Recipe, folder: Path) -> Path:

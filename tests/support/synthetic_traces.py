@@ -21,7 +21,7 @@ import json
 import random
 from pathlib import Path
 
-from artifacts.traces import Request
+from prebake.artifacts.buckets.traces import Request
 
 SHAPES = {
     "chat": {"prompt": (4.8, 0.8), "output": (5.0, 0.7), "rate": 6.0},

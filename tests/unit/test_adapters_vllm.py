@@ -11,15 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.bake import bake_kind
-from artifacts.errors import BuildError, StoreError
-from artifacts.fsutil import copy_writable
-from artifacts.kinds import plan
-from artifacts.recipes import Recipe, Target, load_recipe, targets
-from artifacts.store import Installed, Store
-from engine.adapters import kinds_for
-from engine.adapters.base import EngineStartError
-from engine.adapters.vllm import (
+from prebake.artifacts.bake.bake_kind import bake_kind
+from prebake.artifacts.bake.kinds import target_keys
+from prebake.artifacts.bake.recipes import Recipe, Target, load_recipe, targets
+from prebake.artifacts.errors import BuildError, StoreError
+from prebake.artifacts.fsutil import copy_writable
+from prebake.artifacts.store.local import Installed, Store
+from prebake.engine.adapters import kinds_for
+from prebake.engine.common.adapter import EngineStartError, StartRequest
+from prebake.engine.compose import Context, plans_for
+from prebake.engine.vllm.process import (
     CACHE_DIR,
     REPORT_FILE,
     Launch,
@@ -34,9 +35,8 @@ from engine.adapters.vllm import (
     variable_drift,
     wait_ready,
 )
-from engine.compose import Context, plans_for
-from engine.startup.vllm import VllmStart, prepare, write_back
-from registry import open_registry
+from prebake.engine.vllm.start import prepare, write_back
+from prebake.registry import open_registry
 from tests.support.baking import REPO
 from tests.support.recipe_files import write_recipe
 from tests.unit.test_probe import X86_AVX512, ended, fake_proc, fake_site, h100_host, probe
@@ -134,7 +134,7 @@ def test_cuda_key_names_the_gpu_its_capability_and_the_cuda_and_driver_versions(
     a100, _ = h100_host(tmp_path / "a100", name="NVIDIA A100-SXM4-80GB", capability="8.0")
     cuda_target = next(t for t in targets(recipe) if t.platform == "cuda:sm_90")
 
-    key = plan(recipe, cuda_target, h100, kinds_for(recipe, cuda_target)).key("graphs")
+    key = target_keys(recipe, cuda_target, h100, kinds_for(recipe, cuda_target)).key("graphs")
     factors = key.factors()
 
     assert (factors["platform.device_name"], factors["platform.arch"]) == ("NVIDIA H100 80GB HBM3", "sm_90")
@@ -143,7 +143,7 @@ def test_cuda_key_names_the_gpu_its_capability_and_the_cuda_and_driver_versions(
         "550",
         "0.32.0",
     )
-    assert set(plan(recipe, cuda_target, a100, kinds_for(recipe, cuda_target)).key("graphs").diff(key)) == {
+    assert set(target_keys(recipe, cuda_target, a100, kinds_for(recipe, cuda_target)).key("graphs").diff(key)) == {
         "platform.arch",
         "platform.device_name",
         "inputs.autotune",
@@ -308,6 +308,10 @@ def bake_all(the_plan, store, registry):
 def test_bake_packs_the_cache_root_the_engine_filled_and_a_start_from_it_loads(
     folder_model_recipe, tmp_path, monkeypatch
 ):
+    """Plumbing, not reuse: the cache root the engine filled is packed, and a start from the bundle
+    hands it back under the same key. The "load" line read here is printed by the stand-in, under
+    the keying rule the stand-in implements; that real vLLM reuses a baked root is checked by
+    tests/integration/test_vllm.py (make vllm-check)."""
     monkeypatch.setenv("PREBAKE_VLLM_COMMAND", f"{sys.executable} {STANDIN}")
     host = vllm_cpu_host(tmp_path / "host")
     the_plan = plans_for(folder_model_recipe, host)[0]
@@ -343,12 +347,14 @@ def test_bake_packs_the_cache_root_the_engine_filled_and_a_start_from_it_loads(
 def _prepare(recipe: Recipe, store: Store, registry, host, monkeypatch, tmp_path):
     write_recipe(recipe, tmp_path / "recipes")
     monkeypatch.setenv("PREBAKE_RECIPES", str(tmp_path / "recipes"))
-    return prepare(VllmStart(model=recipe.model.name), Context(store, host, registry.url, given_registry=registry))
+    return prepare(StartRequest(model=recipe.model.name), Context(store, host, registry.url, given_registry=registry))
 
 
 def test_a_miss_starts_from_an_empty_root_and_write_back_publishes_what_vllm_compiled(
     folder_model_recipe, tmp_path, monkeypatch
 ):
+    """Plumbing: a miss starts from an empty root and the write-back publishes every kind, upstream
+    first; the stand-in's compile output stands for vLLM's (real reuse: tests/integration/test_vllm.py)."""
     monkeypatch.setenv("PREBAKE_VLLM_COMMAND", f"{sys.executable} {STANDIN}")
     host = vllm_cpu_host(tmp_path / "host")
     registry = open_registry(str(tmp_path / "registry"))
@@ -376,7 +382,7 @@ def test_a_miss_starts_from_an_empty_root_and_write_back_publishes_what_vllm_com
 def test_fetch_for_vllm_refuses_a_recipe_of_the_bundled_engine(tmp_path):
     env = {**os.environ, "PREBAKE_HOME": str(tmp_path / "home")}
     done = subprocess.run(
-        [sys.executable, "-m", "engine.cli", "fetch", "--engine", "vllm", "--model", "tiny-llama"],
+        [sys.executable, "-m", "prebake.engine.cli", "fetch", "--engine", "vllm", "--model", "tiny-llama"],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -416,7 +422,7 @@ class _BrokenRegistry:
     url = "s3://down"
 
     def lookup(self, kind, key_digest):
-        from registry.errors import RegistryUnavailable
+        from prebake.registry.errors import RegistryUnavailable
 
         raise RegistryUnavailable("s3://down answered 503; retry later")
 
@@ -438,7 +444,7 @@ def test_a_slow_or_broken_registry_is_a_miss_and_vllm_starts_from_an_empty_root(
     started = time.monotonic()
 
     prepared = prepare(
-        VllmStart(model="tiny-llama-vllm", registry_timeout=0.5, fetch_timeout=0.5),
+        StartRequest(model="tiny-llama-vllm", registry_timeout=0.5, fetch_timeout=0.5),
         Context(Store(tmp_path / "home"), vllm_cpu_host(tmp_path / "host"), registry.url, given_registry=registry),
     )
 
@@ -466,7 +472,7 @@ def test_a_cuda_start_keeps_flashinfer_deepgemm_and_the_startup_plan_in_the_bake
     """What vLLM's GPU start spends most on lands under VLLM_CACHE_ROOT at the bake (so in the bundle)
     and is read from the private copy at serve: FlashInfer's autotune file, DeepGEMM's JIT cache
     and the memory-profiling plan, at vLLM 0.32's default places under the root."""
-    from engine.adapters.vllm_engine import VllmAdapter
+    from prebake.engine.vllm.adapter import VllmAdapter
 
     gpu = Target("tiny-llama-vllm", "cuda:sm_90", 1, "bf16")
     base = {"DG_JIT_CACHE_DIR": "/shared/dg", "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": "/shared/fi", "PATH": "/bin"}
@@ -498,7 +504,7 @@ def test_a_cuda_start_keeps_flashinfer_deepgemm_and_the_startup_plan_in_the_bake
 
 
 def test_strict_aot_loading_is_asked_of_vllm_and_refused_where_vllm_runs_aot_off(recipe):
-    from engine.adapters.vllm import aot_compile_on, per_start_variables
+    from prebake.engine.vllm.process import aot_compile_on, per_start_variables
 
     gpu, cpu = Target("tiny-llama-vllm", "cuda:sm_90", 1, "bf16"), Target("tiny-llama-vllm", "cpu", 1, "bf16")
     assert per_start_variables(gpu, force_aot_load=True) == {
@@ -513,7 +519,7 @@ def test_strict_aot_loading_is_asked_of_vllm_and_refused_where_vllm_runs_aot_off
 
 def test_prebake_serve_takes_force_aot_load_for_vllm_only(tmp_path):
     env = {**os.environ, "PREBAKE_HOME": str(tmp_path / "home"), "PREBAKE_TRUSTED_KEYS": ""}
-    cli = [sys.executable, "-m", "engine.cli", "serve", "--model", "tiny-llama", "--force-aot-load"]
+    cli = [sys.executable, "-m", "prebake.engine.cli", "serve", "--model", "tiny-llama", "--force-aot-load"]
     done = subprocess.run(cli, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "--force-aot-load is vLLM's strict loading" in done.stderr
     cpu = [*cli[:5], "tiny-llama-vllm", "--engine", "vllm", "--precision", "bf16", "--force-aot-load"]

@@ -7,10 +7,10 @@ import asyncio
 import httpx
 import pytest
 
-from engine.runtime.api.app import create_app
-from engine.runtime.api.guard import Guard, GuardSettings
-from engine.runtime.api.state import AppState
-from engine.runtime.metrics import Metrics
+from prebake.engine.bundled.api.app import create_app
+from prebake.engine.bundled.api.guard import Guard, GuardSettings
+from prebake.engine.bundled.api.state import AppState
+from prebake.engine.bundled.runtime.metrics import Metrics
 
 
 def _client(**guard) -> httpx.AsyncClient:

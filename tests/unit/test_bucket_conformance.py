@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.buckets import build_bucket_set, vllm_gaudi_env
-from artifacts.errors import BucketError
-from artifacts.limits import BucketSettings, ServingLimits
+from prebake.artifacts.buckets.artifact import build_bucket_set, vllm_gaudi_env
+from prebake.artifacts.buckets.limits import BucketSettings, ServingLimits
+from prebake.artifacts.errors import BucketError
 
 TABLE = Path(
     os.environ.get("PREBAKE_BUCKET_REFERENCE", "/work/shared/reference-data/vllm-gaudi-091bbad-buckets.json.gz")

@@ -12,9 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.buckets import Bucket, BucketSet, build_bucket_set, exponential_range, linear_range, vllm_gaudi_env
-from artifacts.errors import BucketError
-from artifacts.limits import BucketRange, BucketSettings, ServingLimits
+from prebake.artifacts.buckets.artifact import (
+    Bucket,
+    BucketSet,
+    build_bucket_set,
+    exponential_range,
+    linear_range,
+    vllm_gaudi_env,
+)
+from prebake.artifacts.buckets.limits import BucketRange, BucketSettings, ServingLimits
+from prebake.artifacts.errors import BucketError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -326,6 +333,6 @@ def test_linear_env_pins_every_range_it_used():
 
 
 def test_bucket_module_imports_neither_torch_nor_boto3():
-    code = "import sys, artifacts.buckets; print(sorted({'torch', 'boto3'} & set(sys.modules)))"
+    code = "import sys, prebake.artifacts.buckets.artifact; print(sorted({'torch', 'boto3'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

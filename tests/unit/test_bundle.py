@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from artifacts.bundle import UnpackLimits, file_digest, pack, unpack
-from artifacts.errors import BundleError, UnsafeArchiveError
-from artifacts.manifest import FileEntry
+from prebake.artifacts.bundle.manifest import FileEntry
+from prebake.artifacts.bundle.payload import UnpackLimits, file_digest, pack, unpack
+from prebake.artifacts.errors import BundleError, UnsafeArchiveError
 from tests.support.archives import archive, file
 
 

@@ -1,14 +1,14 @@
 """Hostile archives that pass the per-entry checks one by one: links chained to reach outside,
 entries placed through links, folders by the million, names used twice. Each is refused
 because the unpacker holds every member to its manifest before writing it, and no manifest
-can name such a tree (artifacts/manifest.py refuses it)."""
+can name such a tree (artifacts/bundle/manifest.py refuses it)."""
 
 from pathlib import Path
 
 import pytest
 
-from artifacts.bundle import UnpackLimits, unpack
-from artifacts.errors import UnsafeArchiveError
+from prebake.artifacts.bundle.payload import UnpackLimits, unpack
+from prebake.artifacts.errors import UnsafeArchiveError
 from tests.support.archives import archive, file, folder, link
 
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from artifacts.recipes import ModelSpec, load_recipe
-from engine.runtime.api.chat import TINY_TEMPLATE, ChatTemplate, ChatTemplateError, chat_template_for
+from prebake.artifacts.bake.recipes import ModelSpec, load_recipe
+from prebake.engine.bundled.api.chat import TINY_TEMPLATE, ChatTemplate, ChatTemplateError, chat_template_for
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
 

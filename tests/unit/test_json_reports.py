@@ -4,13 +4,13 @@ import json
 
 import pytest
 
-from artifacts.bundle import pack
-from artifacts.manifest import Manifest
-from artifacts.recipes import load_recipe
-from artifacts.store import Store
-from engine.cli import main
-from engine.compose import Context
-from registry.file import FileRegistry
+from prebake.artifacts.bake.recipes import load_recipe
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.bundle.payload import pack
+from prebake.artifacts.store.local import Store
+from prebake.engine.cli import main
+from prebake.engine.compose import Context
+from prebake.registry.file import FileRegistry
 from tests.support.bundles import make_bundle
 
 

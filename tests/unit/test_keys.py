@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from artifacts.errors import PrebakeError
-from artifacts.keys import Key, canonical_json, policy_factors
+from prebake.artifacts.errors import PrebakeError
+from prebake.artifacts.keys import Key, canonical_json, policy_factors
 
 GROUPS = {"software": {"torch": "2.13.0+cpu", "python": "3.11"}, "parallel": {"tp": 1}}
 
@@ -19,7 +19,7 @@ def test_same_factors_give_the_same_digest_regardless_of_order():
 
 
 def test_digest_is_stable_across_processes():
-    code = "from artifacts.keys import Key; import json,sys;print(Key.of('graphs', json.loads(sys.argv[1])).digest)"
+    code = "from prebake.artifacts.keys import Key; import json,sys;print(Key.of('graphs', json.loads(sys.argv[1])).digest)"
     other = subprocess.run([sys.executable, "-c", code, json.dumps(GROUPS)], capture_output=True, text=True, check=True)
     assert other.stdout.strip() == Key.of("graphs", GROUPS).digest
 

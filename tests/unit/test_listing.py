@@ -1,12 +1,12 @@
-"""artifacts.listing: the summary is a cache the listing verifies, never the source of truth."""
+"""prebake.artifacts.ports.listing: the summary is a cache the listing verifies, never the source of truth."""
 
 from __future__ import annotations
 
 import pytest
 
-from artifacts.errors import BundleError
-from artifacts.listing import Listed, Read, Summary, SummaryRow, reconcile
-from artifacts.manifest import Signature
+from prebake.artifacts.bundle.manifest import Signature
+from prebake.artifacts.errors import BundleError
+from prebake.artifacts.ports.listing import Listed, ListingSummary, Read, SummaryRow, reconcile
 from tests.support.index_seed import synthetic_manifests
 
 ROWS = [Listed.of(m) for m in synthetic_manifests(4, files=1)]
@@ -22,7 +22,7 @@ def _reader(calls: list[list[str]], rows: dict[str, Listed | None]):
 
 def test_rows_follow_the_listing_and_only_unanswered_entries_are_read():
     a, b, c, d = ROWS
-    cached = Summary(
+    cached = ListingSummary(
         kind="graphs", rows=(SummaryRow(tag="1", row=a), SummaryRow(tag="old", row=b), SummaryRow(tag="1", row=d))
     )
     present = [(c.key_digest, "1"), (a.key_digest, "1"), (b.key_digest, "2")]  # d deleted, c new, b replaced
@@ -44,23 +44,23 @@ def test_an_entry_gone_since_the_listing_or_a_row_of_another_key_is_left_out():
 
 def test_a_summary_of_another_kind_answers_for_nothing():
     a = ROWS[0]
-    cached = Summary(kind="autotune", rows=(SummaryRow(tag="1", row=a),))
+    cached = ListingSummary(kind="autotune", rows=(SummaryRow(tag="1", row=a),))
     calls: list[list[str]] = []
     result = reconcile("graphs", [(a.key_digest, "1")], cached, _reader(calls, {a.key_digest: a}))
     assert result.rows == (a,) and calls == [[a.key_digest]]
 
 
 def test_an_up_to_date_summary_reads_nothing_and_is_not_stale():
-    cached = Summary(kind="graphs", rows=tuple(SummaryRow(tag="1", row=r) for r in ROWS))
+    cached = ListingSummary(kind="graphs", rows=tuple(SummaryRow(tag="1", row=r) for r in ROWS))
     result = reconcile("graphs", [(r.key_digest, "1") for r in ROWS], cached, _reader([], {}))
     assert result.rows == tuple(ROWS) and result.reads == 0 and not result.stale
-    assert Summary.parse(cached.to_bytes(), "here") == cached
+    assert ListingSummary.parse(cached.to_bytes(), "here") == cached
 
 
 @pytest.mark.parametrize("raw", [b"", b"[]", b'{"kind": "graphs", "rows": [], "extra": 1}', b"{" * 100_000])
 def test_a_malformed_summary_is_a_bundle_error(raw):
     with pytest.raises(BundleError, match="listing summary here"):
-        Summary.parse(raw, "here")
+        ListingSummary.parse(raw, "here")
 
 
 def test_signer_names_and_build_time_survive_the_summary():
@@ -68,5 +68,7 @@ def test_signer_names_and_build_time_survive_the_summary():
         update={"signatures": (Signature(signer="ci-key", signature="c2ln", version=2),), "build_seconds": 12.5}
     )
     row = Listed.of(manifest)
-    stored = Summary.parse(Summary(kind="graphs", rows=(SummaryRow(tag="t", row=row),)).to_bytes(), "here")
+    stored = ListingSummary.parse(
+        ListingSummary(kind="graphs", rows=(SummaryRow(tag="t", row=row),)).to_bytes(), "here"
+    )
     assert stored.rows[0].row == row and row.signers == ("ci-key",) and row.build_seconds == 12.5

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.runtime.metrics import Metrics
+from prebake.engine.bundled.runtime.metrics import Metrics
 
 
 def _samples(metrics: Metrics) -> dict[tuple[str, tuple], float]:

@@ -14,9 +14,9 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers import LlamaConfig as HFLlamaConfig
 
-from artifacts.recipes import architecture_digest
-from engine.runtime.model import ATTN_IMPLS, KVCache, Llama, build_model, generate, sample
-from engine.runtime.weights import (
+from prebake.artifacts.bake.recipes import architecture_digest
+from prebake.engine.bundled.runtime.model import ATTN_IMPLS, KVCache, Llama, build_model, generate, sample
+from prebake.engine.bundled.runtime.weights import (
     Llama3RopeScaling,
     LlamaConfig,
     check_state_dict,

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from artifacts import pack_read, packing
-from artifacts.errors import BundleError, UnsafeArchiveError
-from artifacts.packing import pack
+from prebake.artifacts.bundle import pack as packing
+from prebake.artifacts.bundle import pack_read
+from prebake.artifacts.bundle.pack import pack
+from prebake.artifacts.errors import BundleError, UnsafeArchiveError
 
 LONG = "d" * 60 + "/" + "n" * 80  # past the 100 bytes of a tar header's name field: a GNU long-name entry
 

@@ -6,14 +6,22 @@ import json
 
 import pytest
 
-from artifacts.kinds import plan
-from artifacts.planning import MISSING, PRESENT, UNBUILDABLE, UNKNOWN, Profile, host_independent_kinds, plan_fleet
-from artifacts.recipes import load_recipe, targets
-from engine.adapters import kinds_for
-from engine.cli import main
-from engine.fleet.profiles import host_profile, load_profiles, render_toml, to_profile
-from engine.probe import Host, Platform, Software, current_host
-from registry.file import FileRegistry
+from prebake.artifacts.bake.fleet_plan import (
+    MISSING,
+    PRESENT,
+    UNBUILDABLE,
+    UNKNOWN,
+    Profile,
+    host_independent_kinds,
+    plan_fleet,
+)
+from prebake.artifacts.bake.kinds import target_keys
+from prebake.artifacts.bake.recipes import load_recipe, targets
+from prebake.engine.adapters import kinds_for
+from prebake.engine.cli import main
+from prebake.engine.common.probe import Host, Platform, Software, current_host
+from prebake.engine.fleet.profiles import host_profile, load_profiles, render_toml, to_profile
+from prebake.registry.file import FileRegistry
 from tests.support.fleet import fill_registry, write_entry
 
 H100 = Host(
@@ -66,7 +74,7 @@ def test_a_profile_keys_targets_as_the_probe_on_that_runner_would(tmp_path):
     [profile] = load_profiles(path)
     fleet = _plan(recipe, [profile])
     target = fleet.find("llama3-8b/cuda:sm_90/tp8/fp8")
-    expected = plan(recipe, target.target, H100, kinds_for(recipe, target.target))
+    expected = target_keys(recipe, target.target, H100, kinds_for(recipe, target.target))
     assert {k.kind: k.key_digest for k in target.kinds} == {k: v.digest for k, v in expected.keys.items()}
     assert target.requirement.runner_labels == ("gpu-h100",) and target.profile == "h100"
     assert fleet.find("llama3-8b/gaudi2/tp1/bf16").status == MISSING  # buckets known, rest unknown
@@ -75,7 +83,7 @@ def test_a_profile_keys_targets_as_the_probe_on_that_runner_would(tmp_path):
 def test_present_only_when_the_exact_key_is_in_the_registry(tmp_path):
     recipe = load_recipe("llama3-8b")
     target = targets(recipe, dtype="bf16", tp=1)[0]
-    keys = plan(recipe, target, H100, kinds_for(recipe, target)).keys
+    keys = target_keys(recipe, target, H100, kinds_for(recipe, target)).keys
     present = {(k, key.digest) for k, key in keys.items()}
     fleet = _plan(recipe, [Profile("h100", H100)], present)
     assert fleet.find(target.name).status == PRESENT
@@ -98,7 +106,7 @@ def test_missing_only_github_matrix_is_a_valid_actions_matrix(tmp_path, capsys):
     root = tmp_path / "registry"
     recipe = load_recipe("tiny-llama")
     bf16 = targets(recipe, dtype="bf16")[0]
-    for key in plan(recipe, bf16, current_host(), kinds_for(recipe, bf16)).keys.values():
+    for key in target_keys(recipe, bf16, current_host(), kinds_for(recipe, bf16)).keys.values():
         write_entry(root, key)
     argv = ["plan", "--model", "tiny-llama", "--registry", str(root), "--missing-only", "--format", "github-matrix"]
     assert main(argv) == 0

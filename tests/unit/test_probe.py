@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.keys import Key
-from engine.probe import (
+from prebake.artifacts.keys import Key
+from prebake.engine.common.probe import (
     HL_SMI_ARGS,
     NVIDIA_SMI_ARGS,
     TOOL_TIMEOUT_S,
@@ -446,7 +446,7 @@ def test_probe_does_not_import_torch():
         pytest.skip("torch is not installed, so not importing it proves nothing")
     script = textwrap.dedent("""\
         import sys
-        from engine.probe import probe
+        from prebake.engine.common.probe import probe
         host = probe()
         assert host.software.torch, host
         print("torch" in sys.modules, "triton" in sys.modules)
@@ -465,8 +465,19 @@ def test_probe_does_not_import_torch():
     assert done.stdout.split() == ["False", "False"]
 
 
-def test_current_host_is_probed_once_per_process():
-    assert current_host() is current_host()
+def test_current_host_runs_the_probe_once_per_process(monkeypatch):
+    """doit asks for the host per task: nvidia-smi and hl-smi must not run once per task."""
+    import prebake.engine.common.probe as probe_module
+
+    runs: list[str] = []
+    real = probe_module.probe
+    monkeypatch.setattr(probe_module, "probe", lambda **kw: runs.append("probe") or real(**kw))
+    current_host.cache_clear()
+    try:
+        hosts = [current_host() for _ in range(3)]
+    finally:
+        current_host.cache_clear()
+    assert runs == ["probe"] and all(h is hosts[0] for h in hosts)
 
 
 def test_the_vllm_gaudi_plugin_version_is_a_software_factor(tmp_path):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from artifacts.planning import Profile, requirement
-from artifacts.recipes import Target, load_recipe
-from engine.fleet.ray_executor import FAILED, BakeJob, KindOutcome, bake_target, ray_options, render
-from engine.probe import Host, Platform, Software
+from prebake.artifacts.bake.fleet_plan import Profile, requirement
+from prebake.artifacts.bake.recipes import Target
+from prebake.engine.cli.bake import render
+from prebake.engine.common.probe import Host, Platform, Software
+from prebake.engine.fleet.ray_executor import FAILED, BakeJob, KindOutcome, RayReport, bake_target, ray_options
 from tests.support.baking import REPO
+from tests.support.hosts import as_cpu_host
 
 H100 = Host(
     Platform("cuda", "sm_90", "NVIDIA H100 80GB HBM3", 8, ()),
@@ -28,15 +30,16 @@ def test_accelerator_routing_uses_rays_gpu_type_and_hpu_count():
     assert ray_options(gaudi, "accelerator")["resources"] == {"HPU": 2.0, "prebake-gaudi2": 2.0}
 
 
-def test_a_node_of_another_platform_refuses_the_bake():
+def test_a_node_of_another_platform_refuses_the_bake(monkeypatch):
+    as_cpu_host(monkeypatch)
     text = (REPO / "recipes" / "llama3-8b.toml").read_text()
     outcomes = bake_target(BakeJob("llama3-8b", text, "llama3-8b/gaudi3/tp1/bf16", "/nonexistent"))
     assert {o.outcome for o in outcomes} == {FAILED} and len(outcomes) == 3
     assert all("refused: this node is cpu" in o.reason and "needs gaudi3" in o.reason for o in outcomes)
-    assert load_recipe("llama3-8b")  # the shipped recipe was not touched
+    assert (REPO / "recipes" / "llama3-8b.toml").read_text() == text  # the shipped recipe was not touched
 
 
 def test_the_table_counts_outcomes():
     rows = [KindOutcome("m/cpu/tp1/fp32", k, "built", node="abc") for k in ("graphs", "buckets", "autotune")]
-    text = render(rows, submitted=1)
+    text = render(RayReport(tuple(rows), submitted=1))
     assert text.splitlines()[1].split()[1] == "buckets" and text.endswith("1 Ray tasks submitted; 3 built")

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.errors import RecipeError, UnknownModelError
-from artifacts.recipes import list_recipes, load_recipe, targets
+from prebake.artifacts.bake.recipes import list_recipes, load_recipe, targets
+from prebake.artifacts.errors import RecipeError, UnknownModelError
 
 SHIPPED = Path(__file__).resolve().parents[2] / "recipes"
 
@@ -103,8 +103,17 @@ def test_architecture_digest_ignores_checkpoint_noise():
     assert wider.architecture_digest() != tiny.model.architecture_digest()
 
 
-def test_aoti_is_the_bundled_engines_default_variant_and_vllm_keeps_its_own_cache():
-    assert load_recipe("tiny-llama").compile.variant == "aoti"
+def test_dynamo_precompile_is_the_bundled_engines_default_variant_and_vllm_keeps_its_own_cache():
+    assert load_recipe("tiny-llama").compile.variant == "dynamo-precompile"
     assert load_recipe("tiny-llama-vllm").compile.variant == "inductor-cache"
     text = (Path(__file__).resolve().parents[2] / "recipes" / "tiny-llama-vllm.toml").read_text()
     assert "variant" not in text  # the vLLM default comes from the engine, not from the file
+
+
+def test_a_recipe_that_still_says_aoti_gets_dynamo_precompile_and_a_warning_naming_the_new_name(tmp_path, caplog):
+    with caplog.at_level("WARNING"):
+        recipe = load_recipe(_tiny_with('mode = "default"', 'mode = "default"\nvariant = "aoti"', tmp_path))
+    assert recipe.compile.variant == "dynamo-precompile"
+    assert "'aoti' is now called 'dynamo-precompile'" in caplog.text
+    with pytest.raises(RecipeError, match="variant"):
+        load_recipe(_tiny_with('mode = "default"', 'mode = "default"\nvariant = "aotinductor"', tmp_path))

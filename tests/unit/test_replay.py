@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from artifacts.errors import BucketError
-from artifacts.limits import ServingLimits
-from artifacts.replay import ReplaySettings, replay
-from artifacts.traces import Request, read_trace, split_trace
+from prebake.artifacts.buckets.limits import ServingLimits
+from prebake.artifacts.buckets.replay import ReplaySettings, replay
+from prebake.artifacts.buckets.traces import Request, read_trace, split_trace
+from prebake.artifacts.errors import BucketError
 
 SMALL = ServingLimits(
     max_model_len=256,

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from artifacts.buckets import build_bucket_set
-from artifacts.limits import BucketRange, BucketSettings, ServingLimits
-from engine.runtime.model import KVCache, build_model, generate
-from engine.runtime.scheduler import Request, RequestRejected, Scheduler
-from engine.runtime.steps import CompiledSteps
-from engine.runtime.weights import LlamaConfig, tiny_random_weights
+from prebake.artifacts.buckets.artifact import build_bucket_set
+from prebake.artifacts.buckets.limits import BucketRange, BucketSettings, ServingLimits
+from prebake.engine.bundled.runtime.model import KVCache, build_model, generate
+from prebake.engine.bundled.runtime.scheduler import Request, RequestRejected, Scheduler
+from prebake.engine.bundled.runtime.steps import CompiledSteps
+from prebake.engine.bundled.runtime.weights import LlamaConfig, tiny_random_weights
 
 LIMITS = ServingLimits(max_model_len=64, max_num_seqs=2, max_num_batched_tokens=64, block_size=32)
 CONFIG = LlamaConfig(

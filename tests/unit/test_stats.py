@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from artifacts import stats
-from artifacts.fetch import Miss, fetch
-from artifacts.keys import Key
-from artifacts.store import Store, StoreLimits
-from engine.cli import main
-from registry.file import FileRegistry
+from prebake.artifacts.bake.fetch import Miss, fetch
+from prebake.artifacts.errors import StoreError
+from prebake.artifacts.keys import Key
+from prebake.artifacts.store import stats
+from prebake.artifacts.store.local import Store, StoreLimits
+from prebake.engine.cli import main
+from prebake.registry.file import FileRegistry
 from tests.support.bundles import make_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,7 +130,12 @@ def test_recording_off_records_nothing(store, monkeypatch):
 def test_an_unwritable_stats_folder_loses_the_event_not_the_caller(store):
     (store.home / "stats").mkdir(parents=True)
     (store.home / "stats" / "events.jsonl").mkdir()  # not a file: every append fails
-    stats.record_fallback(store, "graphs")  # no exception
+    stats.record_fallback(store, "graphs")  # returns: the start-up that called it goes on
+    with pytest.raises(StoreError, match=r"cannot read the stats file .*events\.jsonl.*remove it"):
+        stats.read_stats(store)  # `prebake stats` names the file and the fix, not a bare IsADirectoryError
+    (store.home / "stats" / "events.jsonl").rmdir()  # the operator fixes the folder
+    stats.record_fallback(store, "autotune")
+    assert stats.read_stats(store).to_json()["events"] == 1  # the lost event stays lost; recording resumes
 
 
 def test_compaction_keeps_every_count(store):
@@ -171,8 +177,8 @@ def test_a_compaction_killed_before_deleting_its_segment_counts_it_once(store):
 _WRITER = textwrap.dedent(
     """
     import sys
-    from artifacts import stats
-    from artifacts.store import Store, StoreLimits
+    from prebake.artifacts.store import stats
+    from prebake.artifacts.store.local import Store, StoreLimits
     stats.COMPACT_BYTES = 6000  # compact often: writers fold while the others append
     store = Store(sys.argv[1], StoreLimits())
     n = int(sys.argv[2])

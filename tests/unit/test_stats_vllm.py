@@ -2,12 +2,13 @@
 
 import json
 
-from artifacts.recipes import Recipe, load_recipe
-from artifacts.stats import read_stats
-from artifacts.store import Store
-from engine.compose import Context
-from engine.startup.vllm import VllmStart, prepare
-from registry.errors import RegistryUnavailable
+from prebake.artifacts.bake.recipes import Recipe, load_recipe
+from prebake.artifacts.store.local import Store
+from prebake.artifacts.store.stats import read_stats
+from prebake.engine.common.adapter import StartRequest
+from prebake.engine.compose import Context
+from prebake.engine.vllm.start import prepare
+from prebake.registry.errors import RegistryUnavailable
 from tests.support.recipe_files import write_recipe
 from tests.unit.test_adapters_vllm import vllm_cpu_host
 
@@ -35,7 +36,7 @@ def test_a_vllm_start_whose_registry_is_down_records_a_miss_per_kind(tmp_path, m
     store = Store(tmp_path / "home")
     down = _DownRegistry()
     prepared = prepare(
-        VllmStart(model="tiny-llama-vllm", registry_timeout=5, fetch_timeout=5),
+        StartRequest(model="tiny-llama-vllm", registry_timeout=5, fetch_timeout=5),
         Context(store, vllm_cpu_host(tmp_path / "host"), down.url, given_registry=down),
     )
     assert len(prepared.misses) == 3

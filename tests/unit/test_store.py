@@ -5,13 +5,13 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.bundle import pack
-from artifacts.errors import BundleError
-from artifacts.fetch import Miss, fetch
-from artifacts.keys import Key
-from artifacts.manifest import Manifest
-from artifacts.store import Store
-from registry.file import FileRegistry
+from prebake.artifacts.bake.fetch import Miss, fetch
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.bundle.payload import pack
+from prebake.artifacts.errors import BundleError
+from prebake.artifacts.keys import Key
+from prebake.artifacts.store.local import Store
+from prebake.registry.file import FileRegistry
 
 FACTORS = {"software": {"torch": "2.13.0+cpu"}, "precision": {"dtype": "bf16"}}
 
@@ -102,7 +102,7 @@ def test_a_trust_check_refusal_is_a_miss_with_its_reason(tmp_path, published):
 
 
 def test_republishing_the_same_bundle_is_a_no_op_and_a_different_one_is_refused(tmp_path, published):
-    from registry.errors import PublishConflict
+    from prebake.registry.errors import PublishConflict
 
     registry, key, manifest = published
     again = registry.publish(manifest, registry.blob_path(manifest.blob.digest))

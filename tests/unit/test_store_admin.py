@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from artifacts import store_admin
-from artifacts.fetch import Miss, fetch
-from artifacts.store import Store, StoreLimits
-from engine.cli import main
-from registry.file import FileRegistry
+from prebake.artifacts.bake.fetch import Miss, fetch
+from prebake.artifacts.store import admin as store_admin
+from prebake.artifacts.store.local import Store, StoreLimits
+from prebake.engine.cli import main
+from prebake.registry.file import FileRegistry
 from tests.support.bundles import Bundle, make_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 _HOLDER = textwrap.dedent(
     """
     import sys
-    from artifacts.store import Store, StoreLimits
+    from prebake.artifacts.store.local import Store, StoreLimits
     store = Store(sys.argv[1], StoreLimits())
     installed = store.lookup(sys.argv[2], sys.argv[3])
     with store.use(installed):

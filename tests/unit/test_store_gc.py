@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from artifacts import fsutil
-from artifacts.errors import StoreError, UnsafeArchiveError
-from artifacts.fetch import Miss, fetch
-from artifacts.store import GcReport, Store, StoreLimits, parse_size
-from engine.cli import main
-from registry.file import FileRegistry
+from prebake.artifacts import fsutil
+from prebake.artifacts.bake.fetch import Miss, fetch
+from prebake.artifacts.errors import StoreError, UnsafeArchiveError
+from prebake.artifacts.store.local import GcReport, Store, StoreLimits, parse_size
+from prebake.engine.cli import main
+from prebake.registry.file import FileRegistry
 from tests.support.bundles import Bundle, make_bundle
 
 PAYLOAD = 64 * 1024  # incompressible: each bundle is about 2 x 64 KiB in the store (blob + tree)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from engine.runtime.api.text import TextStream
-from engine.runtime.tokenizer import ByteTokenizer
+from prebake.engine.bundled.api.text import TextStream
+from prebake.engine.bundled.runtime.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer(512)
 

@@ -9,9 +9,9 @@ import random
 import numpy as np
 import pytest
 
-from artifacts.bucket_set import BucketSet
-from artifacts.replay import Shapes
-from artifacts.threshold_fit import as_buckets, decode_curve, prompt_curve
+from prebake.artifacts.buckets.replay import Shapes
+from prebake.artifacts.buckets.sets import BucketSet
+from prebake.artifacts.buckets.threshold_fit import as_buckets, decode_curve, prompt_curve
 
 
 def random_shapes(seed: int) -> Shapes:

@@ -6,8 +6,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from artifacts.recipes import ModelSpec
-from engine.runtime.tokenizer import ByteTokenizer, HFTokenizer, TokenizerError, tokenizer_for
+from prebake.artifacts.bake.recipes import ModelSpec
+from prebake.engine.bundled.runtime.tokenizer import ByteTokenizer, HFTokenizer, TokenizerError, tokenizer_for
 
 CONFIG = {"vocab_size": 1024, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
 TEXT = "the quick brown fox jumps over the lazy dog; the dog sleeps"

@@ -8,16 +8,16 @@ import json
 
 import pytest
 
-from artifacts.bucket_report import figures, strategy_set
-from artifacts.buckets import bucket_key_factors, build_bucket_set
-from artifacts.errors import BucketError
-from artifacts.gaudi_file import bucket_file_text, parse_bucket_file, upstream_reading
-from artifacts.keys import Key
-from artifacts.limits import BucketSettings, ServingLimits
-from artifacts.replay import ReplaySettings, replay
-from artifacts.traces import split_trace
-from artifacts.traffic import cover_buckets, fit_bucket_set
-from engine.cli import main
+from prebake.artifacts.buckets.artifact import bucket_key_factors, build_bucket_set
+from prebake.artifacts.buckets.gaudi_file import bucket_file_text, parse_bucket_file, upstream_reading
+from prebake.artifacts.buckets.limits import BucketSettings, ServingLimits
+from prebake.artifacts.buckets.replay import ReplaySettings, replay
+from prebake.artifacts.buckets.report import figures, strategy_set
+from prebake.artifacts.buckets.traces import split_trace
+from prebake.artifacts.buckets.traffic import cover_buckets, fit_bucket_set
+from prebake.artifacts.errors import BucketError
+from prebake.artifacts.keys import Key
+from prebake.engine.cli import main
 from tests.support.synthetic_traces import synthetic_requests, write_jsonl
 from tests.unit.test_buckets import LLAMA3_8B
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from artifacts.bundle import pack
-from artifacts.errors import BundleError
-from artifacts.unpack import UnpackLimits, tree_problems, unpack_streamed
+from prebake.artifacts.bundle.payload import pack
+from prebake.artifacts.bundle.unpack import UnpackLimits, tree_problems, unpack_streamed
+from prebake.artifacts.errors import BundleError
 
 
 def _packed(tmp_path: Path):

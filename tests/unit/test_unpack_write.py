@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from artifacts import unpack_write
-from artifacts.bundle import pack, unpack
-from artifacts.errors import BundleError
+from prebake.artifacts.bundle import unpack_write
+from prebake.artifacts.bundle.payload import pack, unpack
+from prebake.artifacts.errors import BundleError
 
 BUFFER = unpack_write.BUFFER
 

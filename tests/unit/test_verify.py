@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
-from artifacts.bundle import pack
-from artifacts.keys import Key
-from artifacts.manifest import Manifest
-from registry.file import FileRegistry
-from registry.signing import TrustPolicy, generate_keypair, sign
-from registry.verify import verify_registry
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.bundle.payload import pack
+from prebake.artifacts.keys import Key
+from prebake.registry.file import FileRegistry
+from prebake.registry.signing import TrustPolicy, generate_keypair, sign
+from prebake.registry.verify import verify_registry
 
 
 def bake(registry: FileRegistry, tmp: Path, torch: str, *, signer=None) -> Manifest:

@@ -12,7 +12,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from engine.adapters.vllm_portability import (
+from prebake.engine.vllm.portability import (
     Site,
     interpreter,
     moved,

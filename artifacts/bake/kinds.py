@@ -1,0 +1,303 @@
+"""Artifact kinds: one declaration each, and the keys of every kind of one target on one host.
+
+A `Kind` says everything prebake needs to know about one build target:
+
+    name         "buckets", "autotune", "graphs", ...
+    upstream     the kinds whose trees it is built from (their key digests join its key)
+    groups       its own key factor groups, from the recipe, the target and the host
+    outputs      the files its tree must hold (checked after every build)
+    build        fills an empty folder with the tree (BuildRequest -> None)
+    environment  the variables that point an engine at an installed tree
+
+Everything else is derived from the declarations: the order of the doit tasks and their
+dependencies, the keys, what a fetch installs, what `prebake fetch` prints. The buckets kind
+is pure Python and lives here; the kinds an engine compiles (autotune, graphs) are declared
+by the engine's adapter (engine/<engine>/adapter.py), so a vLLM graphs artifact and the bundled
+engine's Inductor cache are two declarations of one kind name, never an if-branch.
+
+    buckets   <- serving limits, bucket strategy and ranges
+    autotune  <- model architecture, software, platform, tp, dtype, tactics, buckets key
+    graphs    <- the same, compile options (+ what the engine adds), autotune key
+
+A key holds the model's architecture, never its name or weights (unless freezing), so a
+fine-tune reuses its base model's graphs. `plan` computes every key from package metadata
+alone: no torch import, so a no-op bake stays fast.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from prebake.artifacts.bake.recipes import Recipe, Target, parse_platform, targets
+from prebake.artifacts.buckets.artifact import bucket_key_factors, build_bucket_set
+from prebake.artifacts.bundle.manifest import SCHEMA_VERSION
+from prebake.artifacts.errors import BuildError, HostCannotBuildError, PrebakeError
+from prebake.artifacts.keys import Key, policy_factors
+
+Factors = dict[str, str]
+Groups = dict[str, Mapping[str, object]]
+
+
+class PlatformFacts(Protocol):
+    @property
+    def device(self) -> str: ...
+
+    @property
+    def arch(self) -> str: ...
+
+    def factors(self) -> dict[str, str]: ...
+
+
+class SoftwareFacts(Protocol):
+    def factors(self) -> dict[str, str]: ...
+
+
+class HostFacts(Protocol):
+    """What keys and planning need from the host probe (prebake.engine.common.probe.Host satisfies this)."""
+
+    @property
+    def platform(self) -> PlatformFacts: ...
+
+    @property
+    def software(self) -> SoftwareFacts: ...
+
+    def can_build(self, device: str, dtype: str) -> tuple[bool, str]: ...
+
+
+@dataclass(frozen=True)
+class KeyContext:
+    """What a kind's key factors are computed from."""
+
+    recipe: Recipe
+    target: Target
+    host: HostFacts
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """What a builder gets: the plan, the kind to build, an empty folder, and its inputs' trees."""
+
+    plan: TargetKeys
+    kind: str
+    out: Path
+    inputs: dict[str, Path]
+
+
+Builder = Callable[[BuildRequest], None]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One artifact kind: how it is keyed, built, checked and handed to an engine."""
+
+    name: str
+    upstream: tuple[str, ...]
+    groups: Callable[[KeyContext], Groups]
+    outputs: tuple[str, ...]
+    build: Builder
+    environment: Callable[[Path], dict[str, str]] = field(default=lambda tree: {})
+
+    def check_outputs(self, tree: Path, target: str) -> None:
+        """Refuse a built tree that lacks a declared output: nothing incomplete is ever published."""
+        missing = [name for name in self.outputs if not (tree / name).exists()]
+        if missing:
+            raise BuildError(
+                f"building {self.name} of {target} left no {', '.join(missing)} in its tree; "
+                f"the builder is broken, so nothing was published"
+            )
+
+
+class KindTable:
+    """The kinds of one target, in build order (every kind after its upstream kinds)."""
+
+    def __init__(self, kinds: Sequence[Kind]):
+        seen: dict[str, Kind] = {}
+        for kind in kinds:
+            if kind.name in seen:
+                raise PrebakeError(f"artifact kind {kind.name!r} is declared twice")
+            unknown = [u for u in kind.upstream if u not in seen]
+            if unknown:
+                raise PrebakeError(
+                    f"artifact kind {kind.name!r} is built from {unknown}, which are not declared before it"
+                )
+            seen[kind.name] = kind
+        self._kinds = seen
+
+    def __iter__(self) -> Iterator[Kind]:
+        return iter(self._kinds.values())
+
+    def __getitem__(self, name: str) -> Kind:
+        try:
+            return self._kinds[name]
+        except KeyError:
+            raise PrebakeError(f"no artifact kind {name!r}; this target has {', '.join(self.names)}") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._kinds
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._kinds)
+
+    def with_kind(self, kind: Kind) -> KindTable:
+        """A table with one more kind (after its upstream kinds)."""
+        return KindTable([*self._kinds.values(), kind])
+
+
+@dataclass(frozen=True)
+class TargetKeys:
+    """The keys of every artifact kind of one target on one host, in build order."""
+
+    recipe: Recipe
+    target: Target
+    kinds: KindTable
+    keys: dict[str, Key]
+    labels: dict[str, str]
+
+    def key(self, kind: str) -> Key:
+        return self.keys[kind]
+
+
+def target_keys(recipe: Recipe, target: Target, host: HostFacts, kinds: KindTable) -> TargetKeys:
+    """Every kind's key: its own groups, its upstream kinds' digests, the operator's policy."""
+    context = KeyContext(recipe, target, host)
+    policy = policy_factors()
+    keys: dict[str, Key] = {}
+    for kind in kinds:
+        groups = dict(kind.groups(context))
+        if kind.upstream:
+            groups["inputs"] = {name: keys[name].digest for name in kind.upstream}
+        groups["policy"] = policy
+        keys[kind.name] = Key.of(kind.name, groups)
+    labels = {
+        "model": recipe.model.name,
+        "engine": recipe.model.engine,
+        "platform": _platform_label(host),
+        "precision": target.dtype,
+        "tp": str(target.tp),
+    }
+    return TargetKeys(recipe, target, kinds, keys, labels)
+
+
+def buildable_targets(
+    recipe: Recipe, host: HostFacts, *, dtype: str | None = None, tp: int | None = None
+) -> list[Target]:
+    """The recipe's targets (narrowed to dtype/tp) that this host can build and serve."""
+    wanted = targets(recipe, dtype=dtype, tp=tp)
+    here = [t for t in wanted if _runs_here(t, host)]
+    if not here:
+        raise HostCannotBuildError(_cannot_build_message(recipe, wanted, host))
+    return here
+
+
+def _runs_here(target: Target, host: HostFacts) -> bool:
+    device, arch = parse_platform(target.platform)
+    if host.platform.device != device or (arch and host.platform.arch != arch):
+        return False
+    ok, _ = host.can_build(device, target.dtype)
+    return ok
+
+
+def _cannot_build_message(recipe: Recipe, wanted: list[Target], host: HostFacts) -> str:
+    p = host.platform
+    here = f"{p.device} {p.arch}".strip()
+    verdicts = [host.can_build(p.device, t.dtype) for t in wanted]
+    reasons = sorted({why for ok, why in verdicts if not ok})
+    platforms = sorted({t.platform for t in wanted})
+    dtypes = sorted({t.dtype for t in wanted})
+    lines = [
+        f"this host ({here}) cannot build any of {recipe.model.name}'s requested targets "
+        f"(platforms {platforms}, dtypes {dtypes})."
+    ]
+    lines += [f"  {r}" for r in reasons]
+    lines.append(f"  run the bake on a runner of platform {' or '.join(platforms)}, or pick a dtype this host builds")
+    return "\n".join(lines)
+
+
+# -- factor groups the kinds share ---------------------------------------------------------------
+
+
+def target_groups(context: KeyContext, *, software: Sequence[str] = ()) -> Groups:
+    """The groups every compiled kind is keyed by: model architecture, software, platform, tp, dtype.
+
+    `software` names the engine-specific software factors the host probe reports (vllm,
+    vllm_gaudi) that this kind keeps; every other engine's versions stay out of the key.
+    """
+    return {
+        "model": model_factors(context.recipe),
+        "software": software_factors(context.host, keep=software),
+        "platform": context.host.platform.factors(),
+        "parallel": {"tp": context.target.tp},
+        "precision": {"dtype": context.target.dtype},
+    }
+
+
+ENGINE_ONLY_SOFTWARE = ("vllm", "vllm_gaudi")  # versions that matter only to the engine that is them
+
+
+def software_factors(host: HostFacts, *, keep: Sequence[str] = ()) -> Factors:
+    """The host's software factors, without the engine versions this kind does not depend on."""
+    return {k: v for k, v in host.software.factors().items() if k not in ENGINE_ONLY_SOFTWARE or k in keep}
+
+
+def model_factors(recipe: Recipe) -> Factors:
+    factors = {
+        "architecture": recipe.model.architecture_digest(),
+        "model_type": str(recipe.model.config.get("model_type", "llama")),
+    }
+    if recipe.compile.freezing:  # weights are folded into the graphs: they become part of the identity
+        factors["weights"] = weights_identity(recipe)
+    return factors
+
+
+def weights_identity(recipe: Recipe) -> str:
+    """The weights' content identity: the seed for random weights, else a digest of the files."""
+    if recipe.model.weights == "random":
+        return f"random:seed={recipe.model.seed}"
+    folder = Path(recipe.model.weights).expanduser()
+    h = hashlib.sha256()
+    for path in sorted(folder.glob("*.safetensors")):
+        h.update(path.name.encode())
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+    return "sha256:" + h.hexdigest()
+
+
+def _platform_label(host: HostFacts) -> str:
+    p = host.platform
+    return f"{p.device}:{p.arch}" if p.arch else p.device
+
+
+# -- the buckets kind: pure Python, the same for every engine -----------------------------------
+
+BUCKETS_FILE = "buckets.json"
+BUCKETS_ENV = "PREBAKE_BUCKETS_FILE"
+
+
+def _bucket_groups(context: KeyContext) -> Groups:
+    return {
+        "serving": context.recipe.serving.model_dump(mode="json"),
+        "buckets": bucket_key_factors(context.recipe.buckets),
+        "format": {"schema": SCHEMA_VERSION},
+    }
+
+
+def _build_buckets(request: BuildRequest) -> None:
+    bucket_set = build_bucket_set(request.plan.recipe.serving, request.plan.recipe.buckets)
+    (request.out / BUCKETS_FILE).write_text(json.dumps(bucket_set.to_json(), indent=1, sort_keys=True))
+
+
+BUCKETS = Kind(
+    name="buckets",
+    upstream=(),
+    groups=_bucket_groups,
+    outputs=(BUCKETS_FILE,),
+    build=_build_buckets,
+    environment=lambda tree: {BUCKETS_ENV: str(tree / BUCKETS_FILE)},
+)

@@ -1,0 +1,306 @@
+"""Recipes: one TOML file per model declaring what to bake.
+
+    [model]      name, engine, weights (seeded random or a Hugging Face folder), HF config inline
+    [serving]    the serving limits every bucket set derives from
+    [buckets]    strategy and optional per-dimension ranges
+    [compile]    Inductor options that change compiled graphs
+    [autotune]   tactics to measure per bucket shape
+    [matrix]     platform x tp x dtype to bake
+
+A recipe is validated once, when read; every error names the file, the field and a fix.
+`targets` expands the matrix into the concrete (platform, tp, dtype) builds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from prebake.artifacts.buckets.limits import BucketSettings, ServingLimits
+from prebake.artifacts.errors import RecipeError, UnknownModelError
+from prebake.artifacts.frozen import Frozen
+from prebake.artifacts.keys import canonical_json, sha256_hex
+
+_log = logging.getLogger(__name__)
+
+RECIPES_ENV = "PREBAKE_RECIPES"
+DTYPES = ("fp32", "bf16", "fp16", "fp8")
+# HF config fields that describe a checkpoint or tokenizer, not the computation: left out of keys.
+_NOT_ARCHITECTURE = {
+    "_name_or_path",
+    "transformers_version",
+    "torch_dtype",
+    "dtype",
+    "use_cache",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "output_attentions",
+    "output_hidden_states",
+}
+_PLATFORM_FORMS = "'cpu', 'cuda:sm_90' (any CUDA compute capability), 'gaudi2' or 'gaudi3'"
+
+
+class ModelSpec(Frozen):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    engine: Literal["prebake", "vllm"] = "prebake"
+    weights: Literal["random"] | str = Field(
+        default="random", description="'random' (seeded) or a Hugging Face model folder"
+    )
+    seed: int = 0
+    config: dict[str, Any]
+
+    @field_validator("config")
+    @classmethod
+    def _llama_shaped(cls, config: dict[str, Any]) -> dict[str, Any]:
+        for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
+            if not isinstance(config.get(field), int) or config[field] <= 0:
+                raise ValueError(f"config.{field} must be a positive integer, as in a Hugging Face config.json")
+        heads, kv = config["num_attention_heads"], config.get("num_key_value_heads", config["num_attention_heads"])
+        if config["hidden_size"] % heads and "head_dim" not in config:
+            raise ValueError(
+                f"hidden_size {config['hidden_size']} is not divisible by num_attention_heads {heads}; set head_dim"
+            )
+        if heads % kv:
+            raise ValueError(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
+        return config
+
+    def architecture(self) -> dict[str, Any]:
+        """The config fields that change the computation (and so the compiled graphs)."""
+        return architecture(self.config)
+
+    def architecture_digest(self) -> str:
+        return architecture_digest(self.config)
+
+
+def architecture(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A Hugging Face config's fields that change the computation, numbers normalised (500000.0 and
+    500000 are one value), without the fields that describe a checkpoint or a tokenizer."""
+    return {k: _normal(v) for k, v in config.items() if k not in _NOT_ARCHITECTURE}
+
+
+def architecture_digest(config: Mapping[str, Any]) -> str:
+    """The one architecture digest: recipes key on it; a fine-tune of the same config shares it."""
+    return sha256_hex(canonical_json(architecture(config)))
+
+
+def _normal(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, Mapping):
+        return {k: _normal(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_normal(v) for v in value]
+    return value
+
+
+# The graphs variant a recipe gets when its [compile] table names none, per engine: the bundled
+# engine loads functions precompiled by Dynamo ("dynamo-precompile", which also carries the Inductor
+# cache it falls back to); vLLM compiles through its own cache, which only "inductor-cache" describes.
+PRECOMPILE: Final = "dynamo-precompile"
+DEFAULT_VARIANT = {"prebake": PRECOMPILE, "vllm": "inductor-cache"}
+# "aoti" was this variant's first name; it is Dynamo's precompile, not AOTInductor (what "AOTI"
+# means to a PyTorch user), so it was renamed. Recipes that still say "aoti" keep working.
+_RENAMED_VARIANTS = {"aoti": PRECOMPILE}
+
+
+class CompileOptions(Frozen):
+    mode: Literal["default", "max-autotune-no-cudagraphs"] = "default"
+    freezing: bool = Field(default=False, description="fold weights into graphs: the weights join the key")
+    variant: Literal["inductor-cache", "dynamo-precompile"] = PRECOMPILE
+
+    @field_validator("variant", mode="before")
+    @classmethod
+    def _renamed(cls, value: Any) -> Any:
+        if isinstance(value, str) and value in _RENAMED_VARIANTS:
+            new = _RENAMED_VARIANTS[value]
+            _log.warning(
+                "recipe: [compile] variant = %r is now called %r (Dynamo's precompile, not AOTInductor); "
+                "it still works: write variant = %r to silence this",
+                value,
+                new,
+                new,
+            )
+            return new
+        return value
+
+
+class AutotuneSpec(Frozen):
+    tactics: tuple[Literal["attn_impl", "threads"], ...] = ("attn_impl", "threads")
+    warmup: int = Field(default=2, ge=0)
+    iterations: int = Field(default=5, ge=1)
+
+
+class Matrix(Frozen):
+    platform: tuple[str, ...] = Field(min_length=1)
+    tp: tuple[int, ...] = Field(default=(1,), min_length=1)
+    dtype: tuple[Literal["fp32", "bf16", "fp16", "fp8"], ...] = Field(min_length=1)
+
+    @field_validator("platform")
+    @classmethod
+    def _known_platforms(cls, platforms: tuple[str, ...]) -> tuple[str, ...]:
+        for p in platforms:
+            parse_platform(p)
+        return platforms
+
+    @field_validator("tp")
+    @classmethod
+    def _positive(cls, tps: tuple[int, ...]) -> tuple[int, ...]:
+        if any(t <= 0 for t in tps):
+            raise ValueError("tensor-parallel sizes must be positive, such as [1, 2, 4, 8]")
+        return tps
+
+
+class Recipe(Frozen):
+    model: ModelSpec
+    serving: ServingLimits
+    buckets: BucketSettings = BucketSettings()
+    compile: CompileOptions = CompileOptions()
+    autotune: AutotuneSpec = AutotuneSpec()
+    matrix: Matrix
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_default_variant(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+            return data
+        compile_table = data.get("compile", {})
+        if isinstance(compile_table, dict) and "variant" not in compile_table:
+            engine = data["model"].get("engine", "prebake")
+            data = {**data, "compile": {**compile_table, "variant": DEFAULT_VARIANT.get(engine, PRECOMPILE)}}
+        return data
+
+    @model_validator(mode="after")
+    def _tp_divides_heads(self) -> Recipe:
+        cfg = self.model.config
+        kv = cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+        for tp in self.matrix.tp:
+            if cfg["num_attention_heads"] % tp or (kv % tp and tp % kv):
+                raise ValueError(
+                    f"matrix.tp {tp} does not split {cfg['num_attention_heads']} attention heads and "
+                    f"{kv} KV heads evenly; use a TP size that divides the head counts"
+                )
+        if self.serving.max_model_len > cfg.get("max_position_embeddings", self.serving.max_model_len):
+            raise ValueError(
+                f"serving.max_model_len {self.serving.max_model_len} exceeds the model's "
+                f"max_position_embeddings {cfg['max_position_embeddings']}; lower max_model_len"
+            )
+        return self
+
+
+@dataclass(frozen=True)
+class Target:
+    """One concrete build of a recipe: a platform, a TP size and a dtype."""
+
+    recipe: str
+    platform: str
+    tp: int
+    dtype: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.recipe}/{self.platform}/tp{self.tp}/{self.dtype}"
+
+
+def parse_platform(text: str) -> tuple[str, str]:
+    """('cpu', ''), ('cuda', 'sm_90') or ('gaudi', 'gaudi3') from a matrix platform string."""
+    if text == "cpu":
+        return "cpu", ""
+    if text.startswith("cuda:sm_") and text[len("cuda:sm_") :].isdigit():
+        return "cuda", text.split(":", 1)[1]
+    if text in ("gaudi2", "gaudi3"):
+        return "gaudi", text
+    raise ValueError(f"unknown platform {text!r}; write one of {_PLATFORM_FORMS}")
+
+
+def recipe_dirs(env: Mapping[str, str] = os.environ) -> list[Path]:
+    """Where recipes are read from, first match wins: each folder of $PREBAKE_RECIPES
+    (os.pathsep-separated), then the shipped recipes (recipes/ in a checkout, the
+    prebake.recipes package data in an installed wheel)."""
+    added = [Path(part).expanduser() for part in env.get(RECIPES_ENV, "").split(os.pathsep) if part]
+    shipped = Path(__file__).resolve().parents[2] / "recipes"  # prebake/recipes, beside prebake/artifacts
+    return [*added, shipped]
+
+
+def recipes_dir(env: Mapping[str, str] = os.environ) -> Path:
+    """The first recipe folder: $PREBAKE_RECIPES's first, else the shipped one."""
+    return recipe_dirs(env)[0]
+
+
+def list_recipes(directory: Path | None = None) -> list[str]:
+    folders = [directory] if directory else recipe_dirs()
+    return sorted({p.stem for folder in folders for p in folder.glob("*.toml")})
+
+
+def load_recipe(name_or_path: str | Path, directory: Path | None = None) -> Recipe:
+    """Read and validate a recipe by name (recipes/<name>.toml) or path."""
+    path = Path(name_or_path)
+    if path.suffix != ".toml":
+        folders = [directory] if directory else recipe_dirs()
+        found = [f / f"{name_or_path}.toml" for f in folders if (f / f"{name_or_path}.toml").exists()]
+        if not found:
+            known = ", ".join(list_recipes(directory)) or "none"
+            where = os.pathsep.join(str(f) for f in folders)
+            raise UnknownModelError(
+                f"no recipe named {name_or_path!r} in {where} (known: {known}); "
+                f"pick one of those or add {name_or_path}.toml (PREBAKE_RECIPES adds folders)"
+            )
+        path = found[0]
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise UnknownModelError(f"recipe file {path} does not exist") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise RecipeError(f"{path} is not valid TOML: {exc}; fix the syntax at that line") from exc
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise RecipeError(_explain(path, exc)) from exc
+    if recipe.model.name != path.stem:
+        raise RecipeError(f"{path}: model.name is {recipe.model.name!r} but the file is {path.name}; make them agree")
+    if recipe.buckets.trace and not Path(recipe.buckets.trace).expanduser().is_absolute():  # relative to the recipe
+        trace = str(path.parent.resolve() / recipe.buckets.trace)
+        recipe = recipe.model_copy(update={"buckets": recipe.buckets.model_copy(update={"trace": trace})})
+    return recipe
+
+
+def targets(recipe: Recipe, *, dtype: str | None = None, tp: int | None = None) -> list[Target]:
+    """The matrix's builds, narrowed to one dtype and/or TP size when given."""
+    if dtype is not None and dtype not in recipe.matrix.dtype:
+        raise RecipeError(
+            f"recipe {recipe.model.name} bakes dtypes {list(recipe.matrix.dtype)}, not {dtype!r}; "
+            f"pick one of those or add it to [matrix] dtype"
+        )
+    if tp is not None and tp not in recipe.matrix.tp:
+        raise RecipeError(
+            f"recipe {recipe.model.name} bakes tp {list(recipe.matrix.tp)}, not {tp}; "
+            f"pick one of those or add it to [matrix] tp"
+        )
+    return [
+        Target(recipe.model.name, platform, t, d)
+        for platform in recipe.matrix.platform
+        for t in recipe.matrix.tp
+        if tp is None or t == tp
+        for d in recipe.matrix.dtype
+        if dtype is None or d == dtype
+    ]
+
+
+def _explain(path: Path, exc: ValidationError) -> str:
+    lines = [f"{path} is not a valid recipe:"]
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            lines.append(f"  {where}: unknown field; remove it or check its spelling")
+        elif err["type"] == "missing":
+            lines.append(f"  {where}: required field is missing; add it")
+        else:
+            lines.append(f"  {where}: {err['msg']} (got {err.get('input')!r})")
+    return "\n".join(lines)

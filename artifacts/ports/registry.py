@@ -1,0 +1,88 @@
+"""The core's ports: what artifacts/ needs from a registry, declared here and implemented in registry/.
+
+    Registry      lookup, fetch_blob, publish, list: every backend (file, s3, hf, chain)
+    Maintainable  the optional abilities an operator tool uses: raw index entries, quarantine
+    Published     the outcome of a publish (created, or the very same bundle was there)
+    Listable      the optional ability to list what `prebake ls` shows without reading every entry
+
+The core owns these so that it never imports a backend: registry/ depends on artifacts/,
+never the reverse. A backend that can also be maintained says so by implementing the second
+protocol, which callers test with isinstance instead of probing attributes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.ports.listing import Listed
+
+
+@dataclass(frozen=True)
+class Published:
+    """The outcome of a publish: created, or already there with the very same bundle."""
+
+    manifest: Manifest
+    created: bool
+    where: str
+
+
+@runtime_checkable
+class Registry(Protocol):
+    """Where bundles live. Every backend has the same layout: index/ and blobs/.
+
+    A miss is `None`, never an exception; faults (down, refused, corrupt) raise RegistryError
+    subclasses so callers can tell a miss from an outage. `writable` is False for a registry
+    that can only be read (an offline Hub, a Hub address pinned to a commit); chains skip such
+    registries when they backfill.
+    """
+
+    url: str
+
+    @property
+    def writable(self) -> bool:
+        """Whether publish can succeed here."""
+
+    def lookup(self, kind: str, key_digest: str) -> Manifest | None:
+        """The manifest that answers this key, or None."""
+
+    def fetch_blob(
+        self, digest: str, dest: Path, *, size: int | None = None, tee: Callable[[bytes], None] | None = None
+    ) -> Path:
+        """Download the blob named `digest` to `dest` (atomically), verify its sha256, return dest.
+
+        `size`: the manifest's blob size; a blob that differs (announced or as it streams) is refused
+        with BlobDigestMismatch as soon as it passes it, so no download runs past what was declared.
+        `tee`: called with every chunk, in order, as it is written (the store unpacks while the blob
+        downloads); an exception it raises stops the download. Only the return says the bytes fed to
+        it were the right ones."""
+
+    def publish(self, manifest: Manifest, blob: Path) -> Published:
+        """Store the blob, then create the index entry if absent. Raises PublishConflict if a
+        different bundle already answers the key."""
+
+    def list(self, kind: str | None = None) -> Iterator[Manifest]:
+        """Every manifest in the index (of one kind, if given)."""
+
+
+@runtime_checkable
+class Maintainable(Protocol):
+    """A registry an operator can check and repair entry by entry (`prebake verify --quarantine`)."""
+
+    def index_entries(self) -> Iterator[tuple[str, bytes]]:
+        """Every index entry as (relative path, raw bytes), unparsed, so a checker can report a bad one."""
+
+    def quarantine(self, kind: str, key_digest: str, *, blob_digest: str | None = None) -> object:
+        """Move an index entry (and, if given, its bad blob) aside; where it went."""
+
+
+@runtime_checkable
+class Listable(Protocol):
+    """A registry that lists `Listed` rows from a verified summary (prebake.artifacts.ports.listing) instead of
+    reading every index entry; the same rows, in the same order, as `Listed.of` over `list()`."""
+
+    def listing(self, kind: str | None = None) -> Iterator[Listed]:
+        """A row for every index entry (of one kind, if given), in list() order."""

@@ -1,0 +1,341 @@
+"""The operator's view of a store: what is installed, whether it is whole, and removing bundles.
+
+`list_bundles` reads the store's inventory (one row per blob: its tree, its blob file, the
+index entries naming it, its size, its last use, whether a live engine holds it).
+`verify_store` re-hashes every tree file and blob against the manifest naming it and, with
+`fix`, removes each broken bundle (index entries, tree, blob) so the next fetch installs it
+again; a bundle held by a live engine is never removed, only reported. `select` and
+`remove` back `prebake store rm`. Every removal goes through `Store.evict`, which takes the
+same locks as gc, so none of this races installs, engines or a running gc.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prebake.artifacts import fsutil
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.bundle.payload import file_digest
+from prebake.artifacts.bundle.unpack import tree_problems
+from prebake.artifacts.errors import PrebakeError, StoreError
+from prebake.artifacts.store.local import Store, StoreEntry
+
+_HEX_PREFIX = re.compile(r"^(?:sha256:)?([0-9a-f]{4,64})$")
+
+
+@dataclass(frozen=True)
+class StoredBundle:
+    """One bundle in the store: its blob (hex), the manifests naming it, and its state."""
+
+    entry: StoreEntry
+    manifests: tuple[Manifest, ...]
+    unreadable: tuple[str, ...]  # index entries naming it that do not parse: why
+    has_tree: bool
+    has_blob: bool
+    held: bool
+    holders: tuple[int, ...]  # pids holding it, where the kernel says (Linux /proc/locks)
+
+    @property
+    def hex(self) -> str:
+        return self.entry.hex
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "blob": "sha256:" + self.hex,
+            "bytes": self.entry.bytes,
+            "tree": self.has_tree,
+            "blob_file": self.has_blob,
+            "last_use": _iso_ns(self.entry.last_use_ns),
+            "held": self.held,
+            "holders": list(self.holders),
+            "entries": [
+                {
+                    "kind": m.kind,
+                    "key": m.key_digest,
+                    "model": m.labels.get("model"),
+                    "labels": dict(m.labels),
+                    "created": m.created,
+                    "build_seconds": m.build_seconds,
+                }
+                for m in self.manifests
+            ],
+            "unreadable_entries": list(self.unreadable),
+        }
+
+
+def list_bundles(store: Store) -> tuple[StoredBundle, ...]:
+    """Every bundle in the store, most recently used first."""
+    bundles = []
+    for entry in reversed(store.inventory()):
+        manifests, unreadable = [], []
+        for path in entry.index:
+            try:
+                manifests.append(Manifest.read(path))
+            except (OSError, PrebakeError) as exc:
+                unreadable.append(f"{path.relative_to(store.home)}: {exc}")
+        held = store.held(entry.hex)
+        bundles.append(
+            StoredBundle(
+                entry,
+                tuple(manifests),
+                tuple(unreadable),
+                (store.home / "trees" / entry.hex).is_dir(),
+                store.blob_path("sha256:" + entry.hex).is_file(),
+                held,
+                _holders(store.home / "leases" / entry.hex) if held else (),
+            )
+        )
+    return tuple(bundles)
+
+
+# -- verify -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StoreFinding:
+    """One broken bundle: what is wrong and what --fix did about it."""
+
+    blob_hex: str
+    kinds: tuple[str, ...]
+    keys: tuple[str, ...]
+    problems: tuple[str, ...]
+    action: str = ""  # "removed", or why it was kept; empty without --fix
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "blob": "sha256:" + self.blob_hex,
+            "kinds": list(self.kinds),
+            "keys": list(self.keys),
+            "problems": list(self.problems),
+            "action": self.action or None,
+        }
+
+
+@dataclass(frozen=True)
+class StoreVerifyReport:
+    store: str
+    bundles: int
+    findings: tuple[StoreFinding, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> int:
+        return self.bundles - len(self.findings)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.findings else 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "store": self.store,
+            "bundles": self.bundles,
+            "ok": self.ok,
+            "bad": len(self.findings),
+            "findings": [f.to_json() for f in self.findings],
+            "notes": list(self.notes),
+        }
+
+    def render(self) -> str:
+        lines = [f"verify store {self.store}: {self.bundles} bundle(s), {self.ok} ok, {len(self.findings)} bad"]
+        for f in self.findings:
+            what = ", ".join(f"{k} {d[:16]}" for k, d in zip(f.kinds, f.keys)) or "no index entry"
+            lines.append(f"  BAD {f.blob_hex[:16]} ({what}):")
+            lines += [f"      {p}" for p in f.problems]
+            if f.action:
+                lines.append(f"      -> {f.action}")
+        lines += [f"  note: {n}" for n in self.notes]
+        if self.findings and not any(f.action for f in self.findings):
+            lines.append("  run prebake store verify --fix to remove them; the next fetch installs them again")
+        return "\n".join(lines)
+
+
+def verify_store(store: Store, *, fix: bool = False) -> StoreVerifyReport:
+    """Re-hash every tree and blob against its manifest; with `fix`, remove the broken bundles."""
+    bundles = list_bundles(store)
+    findings, unindexed, treeless = [], 0, 0
+    for bundle in bundles:
+        try:
+            problems = _problems(store, bundle)
+        except FileNotFoundError:
+            if (
+                not (store.home / "trees" / bundle.hex).exists()
+                and not store.blob_path("sha256:" + bundle.hex).exists()
+            ):
+                continue  # evicted or removed while we read it: nothing left to verify
+            problems = ["a file vanished while it was being read; run verify again"]
+        except OSError as exc:
+            problems = [f"cannot be read: {exc}"]
+        unindexed += not bundle.manifests and not bundle.unreadable
+        treeless += bool(bundle.manifests) and not bundle.has_tree
+        if problems:
+            action = _fix(store, bundle) if fix else ""
+            kinds = tuple(m.kind for m in bundle.manifests)
+            keys = tuple(m.key_digest for m in bundle.manifests)
+            findings.append(StoreFinding(bundle.hex, kinds, keys, tuple(problems), action))
+    notes = []
+    if unindexed:
+        notes.append(
+            f"{unindexed} bundle(s) are named by no index entry (an install or gc was cut short); gc evicts them first"
+        )
+    if treeless:  # a miss, which readers handle (the next fetch installs the tree again): not damage
+        notes.append(f"{treeless} index entr(y/ies) name no unpacked tree: lookups miss them until the next fetch")
+    return StoreVerifyReport(str(store.home), len(bundles), tuple(findings), tuple(notes))
+
+
+def _problems(store: Store, bundle: StoredBundle) -> list[str]:
+    problems = [f"index entry {u}" for u in bundle.unreadable]
+    blob = store.blob_path("sha256:" + bundle.hex)
+    if bundle.has_blob:
+        if file_digest(blob) != "sha256:" + bundle.hex:
+            problems.append(f"blob {blob.relative_to(store.home)} does not hash to its name: it was damaged on disk")
+        else:
+            size = blob.stat().st_size
+            problems += [
+                f"blob is {size} bytes, {m.kind} {m.key_digest[:16]}'s manifest says {m.blob.size}"
+                for m in bundle.manifests
+                if m.blob.size != size
+            ]
+    if bundle.has_tree:
+        tree = store.home / "trees" / bundle.hex
+        for m in bundle.manifests[:1]:  # every manifest naming a blob lists the files of that blob
+            problems += [f"tree: {p}" for p in tree_problems(tree, m.files)]
+        record = _recorded_file_list(store, bundle.hex)
+        problems += [
+            f"tree was verified against another file list than {m.kind} {m.key_digest[:16]}'s"
+            for m in bundle.manifests
+            if record is not None and record != m.files_digest()
+        ]
+    return problems
+
+
+def _recorded_file_list(store: Store, hexd: str) -> str | None:
+    """The file-list digest the tree was verified against when it was installed (trees/<hex>.files)."""
+    try:
+        return fsutil.read_bounded(store.home / "trees" / f"{hexd}.files", 128).decode("ascii", "replace")
+    except (FileNotFoundError, PrebakeError):
+        return None
+
+
+def _fix(store: Store, bundle: StoredBundle) -> str:
+    if bundle.held:
+        return f"kept: {_held_text(bundle)}; stop it, then run prebake store verify --fix again"
+    if store.evict(bundle.entry):
+        return "removed; the next fetch installs it again"
+    return "kept: it is being installed or was taken into use just now; run prebake store verify --fix again"
+
+
+# -- rm ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RemoveReport:
+    removed: tuple[StoredBundle, ...]
+    kept: tuple[tuple[StoredBundle, str], ...]  # (bundle, why it was kept)
+    dry_run: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.kept else 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dry_run": self.dry_run,
+            "removed": [b.to_json() for b in self.removed],
+            "kept": [b.to_json() | {"reason": why} for b, why in self.kept],
+            "freed_bytes": sum(b.entry.bytes for b in self.removed),
+        }
+
+    def render(self) -> str:
+        verb = "would remove" if self.dry_run else "removed"
+        freed = sum(b.entry.bytes for b in self.removed)
+        lines = [f"{verb} {len(self.removed)} bundle(s), {freed / (1 << 20):.1f} MiB; kept {len(self.kept)}"]
+        lines += [f"  {verb} {_describe(b)}" for b in self.removed]
+        lines += [f"  KEPT {_describe(b)}: {why}" for b, why in self.kept]
+        return "\n".join(lines)
+
+
+def select(store: Store, selector: str, kind: str | None = None) -> tuple[StoredBundle, ...]:
+    """The bundles `selector` names: every bundle of a model (its label), or the one bundle whose key
+    or blob digest starts with a hex prefix (at least 4 digits). Raises StoreError when none or
+    several (for a prefix) match."""
+    bundles = [b for b in list_bundles(store) if kind is None or any(m.kind == kind for m in b.manifests)]
+    by_model = [b for b in bundles if any(m.labels.get("model") == selector for m in b.manifests)]
+    if by_model:
+        return tuple(by_model)
+    match = _HEX_PREFIX.match(selector.lower())
+    if match is None and re.fullmatch(r"(?:sha256:)?[0-9a-f]{1,3}", selector.lower()):
+        raise StoreError(f"{selector!r} is too short to name a bundle: give at least 4 hex digits of its key or blob")
+    if match is None:
+        raise StoreError(
+            f"no bundle of model {selector!r} in the store {store.home}; give a model name or a key or blob "
+            f"digest prefix (4+ hex digits), as prebake store ls shows them"
+        )
+    prefix = match[1]
+    hits = [b for b in bundles if b.hex.startswith(prefix) or any(m.key_digest.startswith(prefix) for m in b.manifests)]
+    if not hits:
+        raise StoreError(
+            f"no bundle in the store {store.home} has a key or blob digest starting {prefix}; see prebake store ls"
+        )
+    if len(hits) > 1:
+        names = "; ".join(_describe(b) for b in hits)
+        raise StoreError(f"{prefix} names {len(hits)} bundles ({names}); give more digits")
+    return tuple(hits)
+
+
+def remove(store: Store, bundles: Iterable[StoredBundle], *, dry_run: bool = False) -> RemoveReport:
+    """Remove each bundle (index entries, tree, blob) unless a live engine holds it."""
+    removed, kept = [], []
+    for bundle in bundles:
+        if store.held(bundle.hex):
+            kept.append((bundle, f"{_held_text(bundle)}; stop it first (gc and rm never remove a tree in use)"))
+        elif dry_run or store.evict(bundle.entry):
+            removed.append(bundle)
+        else:
+            kept.append((bundle, "being installed or taken into use right now; try again"))
+    return RemoveReport(tuple(removed), tuple(kept), dry_run)
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _describe(b: StoredBundle) -> str:
+    names = ", ".join(f"{m.labels.get('model', '?')} {m.kind} {m.key_digest[:16]}" for m in b.manifests)
+    return f"{b.hex[:12]} ({names or 'no index entry'})"
+
+
+def _held_text(b: StoredBundle) -> str:
+    pids = f" (pid {', '.join(map(str, b.holders))})" if b.holders else ""
+    return f"held by a live engine{pids}"
+
+
+def _holders(lease: Path) -> tuple[int, ...]:
+    """Pids with a flock on `lease`, from /proc/locks (Linux); () where that cannot be read."""
+    try:
+        st = lease.stat()
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return ()
+    wanted = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    pids = set()
+    for line in lines:
+        fields = line.split()
+        if (
+            "->" not in fields
+            and len(fields) >= 6
+            and fields[1] == "FLOCK"
+            and fields[5] == wanted
+            and fields[4].isdigit()
+        ):
+            pids.add(int(fields[4]))
+    return tuple(sorted(pids))
+
+
+def _iso_ns(ns: int) -> str | None:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ns / 1e9)) if ns else None

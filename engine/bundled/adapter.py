@@ -1,0 +1,158 @@
+"""The bundled engine's adapter: autotune tactics and an Inductor cache (or Dynamo precompile) as
+graphs (the trees are drawn in prebake.engine.bundled.cache_layout), and its fetch and serve.
+
+Both are built by torch in a child process (`python -m prebake.engine.bundled.build`), so the parent
+never imports torch (a no-op bake stays fast) and the child's environment (its private
+TORCHINDUCTOR_CACHE_DIR, PYTHONHASHSEED) is set explicitly and never leaks into the parent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from prebake.artifacts.bake.kinds import BuildRequest, Groups, KeyContext, Kind, TargetKeys, target_groups
+from prebake.artifacts.bake.recipes import Recipe, Target
+from prebake.artifacts.errors import BuildError
+from prebake.artifacts.store.local import Installed
+from prebake.engine.bundled.cache_layout import (
+    AUTOTUNE_ENV,
+    AUTOTUNE_FILE,
+    GRAPHS_ENV,
+    GRAPHS_FILE,
+    INDUCTOR_DIR,
+    engine_environment,
+    private_graphs_tree,
+)
+from prebake.engine.common.adapter import Fetched, OpenServices, Services, StartRequest
+from prebake.engine.common.exports import prebake_environment
+
+
+def child_env(kind: str, out: Path, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a build child: a private Inductor cache for graphs, nothing shared."""
+    env = dict(base if base is not None else os.environ)
+    if kind == "graphs":
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(out / INDUCTOR_DIR)
+    else:  # autotune compiles nothing it keeps: keep its scratch out of any shared cache
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(out.parent / "inductor-scratch")
+    env.setdefault("PYTHONHASHSEED", "0")
+    return env
+
+
+def build_in_child(request: BuildRequest) -> None:
+    """Build autotune or graphs with torch in `python -m prebake.engine.bundled.build`."""
+    target = request.plan.target
+    spec = {
+        "kind": request.kind,
+        "recipe": request.plan.recipe.model_dump(mode="json"),
+        "target": {"platform": target.platform, "tp": target.tp, "dtype": target.dtype},
+        "inputs": {k: str(v) for k, v in request.inputs.items()},
+        "out": str(request.out),
+    }
+    spec_path = request.out.parent / f"{request.kind}-request.json"
+    spec_path.write_text(json.dumps(spec))
+    proc = subprocess.run(
+        [sys.executable, "-m", "prebake.engine.bundled.build", str(spec_path)],
+        env=child_env(request.kind, request.out),
+        cwd=request.out.parent,
+    )
+    if proc.returncode != 0:
+        raise BuildError(
+            f"building {request.kind} of {target.name} failed (exit {proc.returncode}); "
+            f"its output is above; nothing was published"
+        )
+
+
+def _autotune_groups(context: KeyContext) -> Groups:
+    return {**target_groups(context), "options": context.recipe.autotune.model_dump(mode="json")}
+
+
+def _graphs_groups(context: KeyContext) -> Groups:
+    return {**target_groups(context), "options": context.recipe.compile.model_dump(mode="json")}
+
+
+AUTOTUNE = Kind(
+    name="autotune",
+    upstream=("buckets",),
+    groups=_autotune_groups,
+    outputs=(AUTOTUNE_FILE,),
+    build=build_in_child,
+    environment=lambda tree: {AUTOTUNE_ENV: str(tree / AUTOTUNE_FILE)},
+)
+
+GRAPHS = Kind(
+    name="graphs",
+    upstream=("buckets", "autotune"),
+    groups=_graphs_groups,
+    outputs=(GRAPHS_FILE,),
+    build=build_in_child,
+    environment=lambda tree: {GRAPHS_ENV: str(tree), "TORCHINDUCTOR_CACHE_DIR": str(tree / INDUCTOR_DIR)},
+)
+
+
+class BundledAdapter:
+    """prebake's own engine (`prebake serve`): compiles in its serving process."""
+
+    name = "prebake"
+    fallback_kind = "graphs"
+
+    def handles(self, recipe: Recipe, target: Target) -> bool:
+        return recipe.model.engine == self.name
+
+    def kinds(self) -> tuple[Kind, ...]:
+        return (AUTOTUNE, GRAPHS)
+
+    def serve_environment(self, plan: TargetKeys, installed: Mapping[str, Installed], run_dir: Path) -> dict[str, str]:
+        return engine_environment(private_graphs_tree(installed.get("graphs"), run_dir))
+
+    def fetch(self, request: StartRequest, services: Services) -> Fetched:
+        """The bundled engine (and plain torch.compile users): every installed kind's variables."""
+        from prebake.artifacts.bake.recipes import load_recipe
+
+        plan = services.pick_plan(load_recipe(request.model), dtype=request.precision, tp=request.tp)
+        resolution = services.resolve(
+            plan, lookup_timeout=request.registry_timeout, fetch_timeout=request.fetch_timeout
+        )
+        if not resolution.complete:
+            note = f"no complete bundle set for {plan.target.name} in {services.address}"
+            return Fetched(plan.target.name, {}, resolution.installed, tuple(resolution.misses), (note,))
+        env = prebake_environment(plan.kinds, resolution.installed)
+        return Fetched(plan.target.name, env, resolution.installed)
+
+    def serve(self, request: StartRequest, open_services: OpenServices) -> int:
+        """`prebake serve`: this engine serves in this process (prebake.engine.bundled.serve)."""
+        import logging
+
+        from prebake.artifacts.errors import PrebakeError
+        from prebake.engine.bundled.serve import ServeSettings, api_key_from, serve
+        from prebake.engine.bundled.start import StartupSettings
+
+        if request.engine_args:
+            raise PrebakeError(f"flags after -- ({' '.join(request.engine_args)}) are for --engine vllm only")
+        if request.force_aot_load:
+            raise PrebakeError(
+                "--force-aot-load is vLLM's strict loading (--engine vllm); prebake's own engine refuses a start "
+                "without its baked graphs with --on-miss fail"
+            )
+        startup = StartupSettings(
+            model=request.model,
+            precision=request.precision,
+            tp=request.tp,
+            registry=request.registry,
+            registry_timeout=request.registry_timeout,
+            fetch_timeout=request.fetch_timeout,
+            on_miss=request.on_miss,
+            write_back=request.write_back,
+            eager=request.eager,
+        )
+        settings = ServeSettings(
+            startup=startup,
+            host=request.host or "127.0.0.1",
+            port=8000 if request.port is None else request.port,
+            api_key=api_key_from(request.api_key),
+        )
+        return serve(settings, open_services, emit=logging.getLogger("prebake.serve").info)

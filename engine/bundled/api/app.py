@@ -1,0 +1,102 @@
+"""The bundled engine's HTTP API on FastAPI: probes, metrics, models, tokenizer routes, completions.
+
+    GET  /health                 200 once ready; 503 with the start-up step before
+    GET  /health/live            200 while the process serves HTTP and its scheduler runs
+    GET  /metrics                Prometheus text (prebake.engine.bundled.runtime.metrics)
+    GET  /version                prebake's version
+    GET  /v1/models              the one model served
+    POST /v1/completions         OpenAI completions, streamed with stream=true
+    POST /v1/chat/completions    OpenAI chat completions through the model's chat template
+    POST /tokenize, /detokenize  text or chat messages to token ids and back
+
+Bodies are prebake.engine.bundled.api.schema models; errors are prebake.engine.bundled.api.errors' shape;
+prebake.engine.bundled.api.guard checks the API key and bounds the body before any route runs.
+Until the engine is ready, every route but the probes and /metrics answers 503.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+from fastapi import FastAPI, Response
+from fastapi.responses import JSONResponse
+
+from prebake.engine.bundled.api import completions, errors
+from prebake.engine.bundled.api.guard import Guard, GuardSettings
+from prebake.engine.bundled.api.schema import (
+    DetokenizeRequest,
+    ModelCard,
+    ModelList,
+    Text,
+    TokenizeRequest,
+    Tokens,
+)
+from prebake.engine.bundled.api.state import AppState
+from prebake.engine.bundled.runtime.metrics import CONTENT_TYPE
+
+
+def create_app(state: AppState, guard: GuardSettings) -> FastAPI:
+    app = FastAPI(title="prebake bundled engine", version=_version(), openapi_url="/openapi.json")
+    app.state.engine = state
+    errors.install(app)
+    app.add_middleware(Guard, settings=guard)
+    _probe_routes(app, state)
+    _info_routes(app, state)
+    completions.add_routes(app, state)
+    return app
+
+
+def _probe_routes(app: FastAPI, state: AppState) -> None:
+    @app.get("/health")
+    def health() -> JSONResponse:
+        if state.serving is None:
+            return JSONResponse({"status": "starting", "step": state.step}, status_code=503)
+        return JSONResponse({"status": "ready", "target": state.serving.target})
+
+    @app.get("/health/live")
+    def live() -> JSONResponse:
+        if not state.alive():
+            return JSONResponse({"status": "dead", "reason": "the scheduler thread stopped"}, status_code=503)
+        return JSONResponse({"status": "alive", "step": "ready" if state.serving else state.step})
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+
+def _info_routes(app: FastAPI, state: AppState) -> None:
+    @app.get("/version")
+    def get_version() -> dict[str, str]:
+        return {"version": _version()}
+
+    @app.get("/v1/models")
+    def models() -> ModelList:
+        serving = state.ready()
+        card = ModelCard(
+            id=state.model_id, created=serving.created, root=serving.target, max_model_len=serving.max_model_len
+        )
+        return ModelList(data=[card])
+
+    @app.post("/tokenize")
+    def tokenize(body: TokenizeRequest) -> Tokens:
+        serving = state.ready()
+        state.check_model(body.model)
+        if body.messages is not None:
+            ids = completions.chat_prompt(serving, body.messages, body.add_generation_prompt)
+        else:
+            assert body.prompt is not None  # the model validator takes exactly one of the two
+            ids = completions.encode(serving, body.prompt, body.add_special_tokens)
+        return Tokens(count=len(ids), max_model_len=serving.max_model_len, tokens=ids)
+
+    @app.post("/detokenize")
+    def detokenize(body: DetokenizeRequest) -> Text:
+        serving = state.ready()
+        state.check_model(body.model)
+        return Text(prompt=completions.tokenizer_of(serving).decode(body.tokens))
+
+
+def _version() -> str:
+    try:
+        return version("prebake")
+    except PackageNotFoundError:
+        return "0+unknown"

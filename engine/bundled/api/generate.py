@@ -1,0 +1,178 @@
+"""One HTTP request's choices run on the scheduler and come back as events on the event loop.
+
+    Generation(serving, prompts, params)    n choices per prompt, submitted all or nothing
+      .events()                             Piece(index, text, token) as tokens are sampled,
+                                            then Finished(index, reason, tokens) per choice
+      .cancel()                             the client went away: every row ends at its next token
+
+The scheduler's thread feeds each choice's TextStream (decoding, stop strings) through the
+sink it was submitted with and posts what it got to this request's asyncio queue; the route
+either streams the events or collects them. Both paths see the same tokens, so a streamed
+answer is the non-streamed one cut in pieces, and batching is the scheduler's business alone.
+Choice i of a prompt with a seed samples with seed + i, so n > 1 gives n different answers
+that repeat exactly with the same seed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from prebake.engine.bundled.api.schema import SEED_BOUND, FinishReason
+from prebake.engine.bundled.api.text import TextStream
+from prebake.engine.bundled.runtime.metrics import Metrics
+from prebake.engine.bundled.runtime.tokenizer import Tokenizer
+
+MAX_CHOICES = 64  # prompts x n in one request: more is a 400, not a queue that starves everyone else
+
+if TYPE_CHECKING:  # torch: the server answers probes while it loads, so the scheduler comes later
+    from prebake.engine.bundled.runtime.scheduler import Request, Scheduler
+
+
+@dataclass(frozen=True)
+class Params:
+    """Sampling and stopping, as the schema validated them."""
+
+    max_tokens: int | None
+    temperature: float
+    top_p: float
+    n: int
+    seed: int | None
+    stop: tuple[str, ...]
+    ignore_eos: bool
+
+
+@dataclass(frozen=True)
+class Piece:
+    index: int
+    text: str
+    token: int | None
+
+
+@dataclass(frozen=True)
+class Finished:
+    index: int
+    reason: FinishReason
+    tokens: tuple[int, ...]
+    tail: str  # text not yet handed out as a Piece
+    text: str  # the whole choice's text
+
+
+class GenerationFailed(RuntimeError):
+    """A model step failed under this request (the server goes on serving)."""
+
+
+class _Choice:
+    def __init__(self, generation: Generation, index: int, text: TextStream):
+        self.generation, self.index, self.text = generation, index, text
+        self.future: Future | None = None
+
+    def __call__(self, token: int) -> bool:  # the scheduler's thread
+        if self.generation.cancelled:
+            return False
+        delta = self.text.feed(token)
+        self.generation.post(Piece(self.index, delta, token))
+        return not self.text.stopped
+
+    def done(self, future: Future) -> None:  # the scheduler's thread, or the one that cancelled
+        self.generation.post(self)
+
+
+class Generation:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        tokenizer: Tokenizer | None,
+        eos: frozenset[int],
+        prompts: list[list[int]],
+        params: Params,
+        metrics: Metrics,
+    ):
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._metrics = metrics
+        self.cancelled = False
+        self.prompt_tokens = sum(len(p) for p in prompts)
+        self.completion_tokens = 0
+        self._started = time.perf_counter()
+        self._first = True
+        if len(prompts) * params.n > MAX_CHOICES:
+            raise ValueError(
+                f"{len(prompts)} prompts x n = {params.n} asks for {len(prompts) * params.n} choices, more than "
+                f"{MAX_CHOICES} in one request; split the prompts over several requests"
+            )
+        requests = [
+            _request(p, params, i, eos, scheduler.limits.max_model_len) for p in prompts for i in range(params.n)
+        ]
+        for request in requests:  # all or nothing: nothing is queued when one choice is refused
+            scheduler.limits.check(request)
+        self._choices = [_Choice(self, i, TextStream(tokenizer, params.stop)) for i in range(len(requests))]
+        for choice, request in zip(self._choices, requests, strict=True):
+            choice.future = scheduler.submit(request, choice)
+            choice.future.add_done_callback(choice.done)
+
+    @property
+    def size(self) -> int:
+        """How many choices (prompts x n)."""
+        return len(self._choices)
+
+    def post(self, item) -> None:
+        """From any thread: hand an event (or a finished choice) to the request's event loop."""
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the loop is gone (server stopping): nobody is listening
+            pass
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        for choice in self._choices:
+            if choice.future is not None:
+                choice.future.cancel()  # still queued: never admitted; running: its sink ends it
+
+    async def events(self) -> AsyncIterator[Piece | Finished]:
+        pending = len(self._choices)
+        while pending:
+            item = await self._queue.get()
+            if isinstance(item, Piece):
+                if self._first:
+                    self._first = False
+                    self._metrics.observe("prebake_time_to_first_token_seconds", time.perf_counter() - self._started)
+                if item.text:
+                    yield item
+                continue
+            pending -= 1
+            yield self._finished(item)
+
+    def _finished(self, choice: _Choice) -> Finished:
+        future = choice.future
+        assert future is not None  # set when the choice was submitted
+        if future.cancelled():
+            raise GenerationFailed("the request was cancelled")
+        if (exc := future.exception()) is not None:
+            raise GenerationFailed(f"generation failed: {type(exc).__name__}: {exc}") from exc
+        completion = future.result()
+        tail = choice.text.finish()
+        tokens = tuple(choice.text.tokens)
+        self.completion_tokens += len(tokens)
+        self._metrics.add("prebake_generated_tokens_total", len(tokens))
+        reason: FinishReason = "stop" if choice.text.stopped or completion.finish_reason == "stop" else "length"
+        return Finished(choice.index, reason, tokens, tail, choice.text.text)
+
+
+def _request(prompt: list[int], params: Params, i: int, eos: frozenset[int], max_model_len: int) -> Request:
+    from prebake.engine.bundled.runtime.scheduler import Request  # torch; loaded by the time a request can arrive
+
+    seed = None if params.seed is None else (params.seed + i) % (SEED_BOUND + 1)
+    budget = params.max_tokens if params.max_tokens is not None else max(1, max_model_len - len(prompt))
+    return Request(
+        prompt=tuple(prompt),
+        max_tokens=budget,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        seed=seed,
+        stop_ids=frozenset() if params.ignore_eos else eos,
+    )

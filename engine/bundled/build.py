@@ -1,0 +1,130 @@
+"""The build child: `python -m prebake.engine.bundled.build REQUEST.json` builds autotune or graphs with torch.
+
+Run by prebake.engine.bundled.adapter in a fresh process whose environment (TORCHINDUCTOR_CACHE_DIR for
+graphs) was set by the parent, so nothing here touches os.environ.
+
+    graphs tree:  inductor/     Inductor's cache (FX graphs, AOTAutograd entries, compiled kernels)
+                  aot/          variant "dynamo-precompile" only: one precompiled function per step shape (prebake.engine.bundled.runtime.precompile)
+                  graphs.json   the step shapes compiled, their tactics and compile seconds
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+from prebake.artifacts.bake.kinds import BUCKETS_FILE
+from prebake.artifacts.bake.recipes import PRECOMPILE, Recipe
+from prebake.artifacts.buckets.artifact import BucketSet
+from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE, GRAPHS_FILE
+from prebake.engine.bundled.runtime import precompile
+from prebake.engine.bundled.runtime.autotune import load_winners, measure
+from prebake.engine.bundled.runtime.loader import load_model, torch_dtype
+from prebake.engine.bundled.runtime.model import KVCache, Llama
+from prebake.engine.bundled.runtime.shapes import StepShape, step_shapes
+from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
+
+
+def build_autotune(recipe: Recipe, dtype: str, buckets_tree: Path, out: Path, target_platform: str = "cpu") -> None:
+    shapes = _shapes(recipe, buckets_tree)
+    steps = CompiledSteps(*model_and_cache(recipe, dtype, target_platform), compile=False)
+    document = measure(steps, shapes, recipe.autotune)
+    document["measured_on"] = {"machine": platform.machine(), "processor": platform.processor()}
+    (out / AUTOTUNE_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))
+
+
+def build_graphs(
+    recipe: Recipe, dtype: str, buckets_tree: Path, autotune_tree: Path, out: Path, target_platform: str = "cpu"
+) -> None:
+    shapes = _shapes(recipe, buckets_tree)
+    tactics = load_winners(autotune_tree / AUTOTUNE_FILE)
+    compile_graphs(*model_and_cache(recipe, dtype, target_platform), recipe, {s: tactics[s] for s in shapes}, out)
+
+
+def compile_graphs(
+    model: Llama,
+    cache: KVCache,
+    recipe: Recipe,
+    tactics: dict[StepShape, Tactic],
+    out: Path,
+    log: Callable[[str], None] = print,
+) -> CompiledSteps:
+    """Compile every shape of `tactics` into the graphs tree `out`, in the recipe's variant; the warm steps.
+
+    The graphs builder and the serving engine's compile-in-place both call this, so a bundle
+    written back by an engine is the bundle `doit bake` would have built. Inductor writes its
+    cache into TORCHINDUCTOR_CACHE_DIR, which the caller set to out/inductor.
+    """
+    import torch
+
+    started = time.perf_counter()
+    unsupported = precompile.supported() if recipe.compile.variant == PRECOMPILE else None
+    if recipe.compile.variant == PRECOMPILE and unsupported is None:
+        # torch.compile first: its FX-graph and AOTAutograd entries (which aot_compile's are not,
+        # in torch 2.13) are what a server falls back to when a precompiled function does not load.
+        fallback = CompiledSteps(model, cache, mode=recipe.compile.mode, expected_shapes=len(tactics))
+        seconds = fallback.warm_up(tactics, log=log)
+        steps: CompiledSteps
+        steps, precompile_s = precompile.compile_shapes(model, cache, tactics, out, mode=recipe.compile.mode, log=log)
+        seconds = {s: seconds[s] + precompile_s[s] + t for s, t in steps.warm_up(tactics, log=log).items()}
+    else:
+        if unsupported:
+            log(f"  dynamo-precompile: {unsupported}; baking the Inductor cache alone (the engine warms up from it)")
+        steps = CompiledSteps(model, cache, mode=recipe.compile.mode, expected_shapes=len(tactics))
+        seconds = steps.warm_up(tactics, log=log)
+    document = {
+        "variant": recipe.compile.variant,
+        "precompiled": recipe.compile.variant == PRECOMPILE and unsupported is None,
+        "torch": torch.__version__,
+        "total_compile_s": round(time.perf_counter() - started, 3),
+        "shapes": [
+            {"shape": asdict(s), "tactic": asdict(t), "compile_s": round(seconds[s], 3)} for s, t in tactics.items()
+        ],
+    }
+    (out / GRAPHS_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))
+    return steps
+
+
+def _shapes(recipe: Recipe, buckets_tree: Path):
+    buckets = BucketSet.from_json(json.loads((buckets_tree / BUCKETS_FILE).read_text()))
+    return step_shapes(buckets, recipe.serving.max_model_len)
+
+
+def model_and_cache(recipe: Recipe, dtype: str, target_platform: str = "cpu") -> tuple[Llama, KVCache]:
+    """The recipe's model and a KV cache of its serving limits on the target platform's device (a
+    CUDA target: the GPU): the builder and the engine size and place them alike."""
+    device = device_of(target_platform)
+    model = load_model(recipe.model, dtype, device=device)
+    cache = KVCache.allocate(
+        model.config, recipe.serving.max_num_seqs, recipe.serving.max_model_len, dtype=torch_dtype(dtype), device=device
+    )
+    return model, cache
+
+
+def device_of(target_platform: str) -> str:
+    """The torch device a target platform runs on ("cuda:sm_90" -> "cuda")."""
+    return "cuda" if target_platform.split(":", 1)[0] == "cuda" else "cpu"
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(Path(argv[0]).read_text())
+    recipe = Recipe.model_validate(spec["recipe"])
+    dtype, out, inputs = spec["target"]["dtype"], Path(spec["out"]), {k: Path(v) for k, v in spec["inputs"].items()}
+    where = spec["target"].get("platform", "cpu")
+    if spec["kind"] == "autotune":
+        build_autotune(recipe, dtype, inputs["buckets"], out, where)
+    elif spec["kind"] == "graphs":
+        build_graphs(recipe, dtype, inputs["buckets"], inputs["autotune"], out, where)
+    else:
+        print(f"prebake.engine.bundled.build: unknown kind {spec['kind']!r}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,73 @@
+"""Where the bundled engine's caches live in its installed trees, and the variables that point
+torch at them: the one place that decides them. Imports no torch.
+
+    autotune tree:  autotune.json     every step shape's tactic timings and the winner
+    graphs tree:    inductor/         Inductor's cache (FX graphs, AOTAutograd entries, kernels)
+                    aot/              variant "dynamo-precompile" only: one precompiled function per shape
+                    graphs.json       the step shapes compiled, their tactics and compile seconds
+
+The environment is returned as a mapping: callers hand it to a child process or print it
+(`prebake fetch`). The one exception is the bundled engine's serving process, which compiles
+in itself: `activate` applies its environment once, before torch compiles anything.
+
+Inductor writes into its cache folder (locks, new entries), so the serving engine never
+points it at a store tree: it gets a private, writable copy (`private_graphs_tree`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from prebake.artifacts.errors import StoreError
+from prebake.artifacts.fsutil import copy_writable
+from prebake.artifacts.store.local import Installed
+
+GRAPHS_ENV = "PREBAKE_GRAPHS_DIR"
+INDUCTOR_DIR = "inductor"
+AUTOTUNE_FILE = "autotune.json"
+AUTOTUNE_ENV = "PREBAKE_AUTOTUNE_FILE"
+GRAPHS_FILE = "graphs.json"
+
+
+def private_graphs_tree(installed: Installed | None, run_dir: Path) -> Path:
+    """A writable graphs tree for one serving process: a copy of the installed one, or an empty
+    one to compile into. The store's tree is only read."""
+    dest = private_graphs_path(run_dir)
+    if installed is None:  # Inductor, imported early under this folder, may have made it already
+        (dest / INDUCTOR_DIR).mkdir(parents=True, exist_ok=True)
+        return dest
+    copy_writable(installed.tree, dest)  # bundles unpack 0644/0755; Inductor writes beside them
+    (dest / INDUCTOR_DIR).mkdir(exist_ok=True)
+    return dest
+
+
+def private_graphs_path(run_dir: Path) -> Path:
+    """Where a serving process's private graphs tree goes (made by `private_graphs_tree`)."""
+    return run_dir / "graphs"
+
+
+def inductor_cache_dir(run_dir: Path) -> Path:
+    """The Inductor cache folder a serving process in `run_dir` activates (known before the fetch, so
+    Inductor's modules can be imported under it while the bundles download)."""
+    return private_graphs_path(run_dir) / INDUCTOR_DIR
+
+
+def engine_environment(graphs_tree: Path) -> dict[str, str]:
+    """Variables the serving process compiles under: Inductor's cache inside its private graphs tree."""
+    return {GRAPHS_ENV: str(graphs_tree), "TORCHINDUCTOR_CACHE_DIR": str(graphs_tree / INDUCTOR_DIR)}
+
+
+def activate(env: Mapping[str, str]) -> None:
+    """Apply `env` to this process. Only the serving process calls this, once, before any compile:
+    Inductor caches paths derived from its cache folder after the first use."""
+    if "torch._inductor.codecache" in sys.modules and os.environ.get("TORCHINDUCTOR_CACHE_DIR") != env.get(
+        "TORCHINDUCTOR_CACHE_DIR", os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    ):
+        raise StoreError(
+            "Inductor is already loaded in this process with another cache folder, so the installed graphs "
+            "would be ignored; start the engine in a fresh process (prebake serve)"
+        )
+    os.environ.update(env)

@@ -1,0 +1,14 @@
+"""The bundled engine's runtime: a Llama-family model on torch, served from compiled buckets.
+
+    model, weights, loader   the model, its Hugging Face checkpoint I/O, seeded random weights
+    shapes, steps            padded step shapes and the compiled prefill/decode steps over them
+    autotune, precompile     tactic timing; Dynamo's precompile of one function per step shape
+    scheduler, tokenizer     continuous batching into buckets; text <-> token ids
+    metrics                  the engine's Prometheus metrics
+
+The build child of `doit bake` (prebake.engine.bundled.build), `prebake serve`'s process
+(prebake.engine.bundled.serve) and the HTTP API (prebake.engine.bundled.api) sit above this
+package. Everything here may import torch; nothing outside the bundled engine does at import time.
+serve, api/ and metrics import it only once the engine has started, so the probes answer while
+torch loads.
+"""

@@ -1,0 +1,217 @@
+"""The ahead-of-time graphs variant: one precompiled Dynamo function per step shape.
+
+The Inductor-cache variant still pays Dynamo's trace of every shape at start-up, because
+only Inductor's output is cached. This variant saves what Dynamo and Inductor produce
+together (torch.compile(...).aot_compile, the precompile path vLLM uses): the guards, the
+transformed bytecode and the compiled graph of each shape, so a start-up deserialises and
+runs instead of tracing.
+
+    graphs tree (variant "dynamo-precompile"):
+        aot/<shape name>.pt2fn    one torch.compiler.load_compiled_function file per step shape
+        inductor/                 Inductor's cache: the compiled C++ kernels those files call
+        graphs.json               shapes, tactics and compile seconds (as the other variant)
+
+Weights are not embedded: the model is passed as external data when a function is saved and
+the serving model is bound in its place when loaded, and parameters are graph inputs. The
+KV cache is an argument like any other, written in place by the compiled graph.
+
+This is the default variant of the bundled engine, with a fallback at both ends:
+
+- a torch without Dynamo's precompile (`supported()` says why) bakes the Inductor cache alone,
+  and graphs.json records that nothing was precompiled;
+- a precompiled function that does not load here (missing, another torch, a guard that no
+  longer deserialises) is no start-up failure: `load_or_fallback` warms up through
+  torch.compile from the Inductor cache of the same graphs tree, and returns the reason, which
+  the engine logs. aot_compile's own Inductor and AOTAutograd entries are not the ones
+  torch.compile looks up (measured on torch 2.13: all misses), so the builder compiles every
+  shape through torch.compile first (prebake.engine.bundled.build.compile_graphs): the fallback then
+  traces with Dynamo and hits Inductor's caches, as the inductor-cache variant does.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from prebake.engine.bundled.runtime.model import KVCache, Llama
+from prebake.engine.bundled.runtime.shapes import StepShape
+from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
+from prebake.engine.common.logs import Countdown
+
+AOT_DIR = "aot"
+SUFFIX = ".pt2fn"
+_MODEL_REF = "model"  # the external-data name the serving model is bound under
+
+
+class AotSteps(CompiledSteps):
+    """CompiledSteps whose prefill/decode dispatch to one precompiled function per step shape."""
+
+    def __init__(self, model: Llama, cache: KVCache, functions: dict[StepShape, Callable]):
+        super().__init__(model, cache, compile=False)
+        self.functions = dict(functions)
+        self._prefill = self._prefill_shape  # type: ignore[assignment]  # same call shape, untyped args
+        self._decode = self._decode_shape  # type: ignore[assignment]
+
+    def _prefill_shape(self, ids, lengths, slots, cache, attn_impl):
+        b, t = ids.shape
+        return self._function(StepShape("prefill", b, t, t))(ids, lengths, slots, cache, attn_impl)
+
+    def _decode_shape(self, ids, positions, slots, cache, ctx_len, attn_impl):
+        return self._function(StepShape("decode", ids.shape[0], 1, ctx_len))(
+            ids, positions, slots, cache, ctx_len, attn_impl
+        )
+
+    def _function(self, shape: StepShape) -> Callable:
+        try:
+            return self.functions[shape]
+        except KeyError:
+            raise KeyError(
+                f"no precompiled graph for step shape {shape.name}; the graphs bundle holds "
+                f"{sorted(s.name for s in self.functions)}; rebake graphs for this bucket set"
+            ) from None
+
+
+def supported() -> str | None:
+    """None when this torch can precompile and load Dynamo functions; else why not."""
+    compiled = torch.compile(lambda x: x)
+    if not hasattr(compiled, "aot_compile"):
+        return f"torch {torch.__version__} has no torch.compile(...).aot_compile"
+    if not hasattr(torch.compiler, "load_compiled_function"):
+        return f"torch {torch.__version__} has no torch.compiler.load_compiled_function"
+    return None
+
+
+def compile_shapes(
+    model: Llama, cache: KVCache, tactics: dict[StepShape, Tactic], out: Path, *, mode: str = "default", log=print
+) -> tuple[AotSteps, dict[StepShape, float]]:
+    """Precompile every shape with its tactic, save each under out/aot/; the steps and seconds per shape."""
+    folder = out / AOT_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    # No guards are saved (as vLLM strips them, TorchCompileGuardsStripWrapper): AotSteps picks each
+    # function by its exact step shape, the bundle's key pins the model, dtype and target, and the
+    # output code asserts its inputs' sizes and strides. Dynamo's guards would re-check the model's
+    # every parameter on every call, and building them is most of a function's load (`bind`).
+    # torch.compile takes a mode or options, not both: a mode is passed as the options it stands for.
+    inductor = {**(torch._inductor.list_mode_options(mode) if mode != "default" else {}), "guard_filter_fn": _no_guards}
+    options: dict = {"dynamic": False, "fullgraph": True, "options": inductor}
+    functions, seconds = {}, {}
+    countdown = Countdown(len(tactics))
+    for shape, tactic in tactics.items():
+        started = time.perf_counter()
+        method = model.prefill if shape.phase == "prefill" else model.decode
+        args = example_args(shape, cache, tactic)
+        if tactic.threads:
+            torch.set_num_threads(tactic.threads)
+        compiled = torch.compile(method, **options).aot_compile((args, {}))  # type: ignore[attr-defined]  # experimental, unstubbed
+        compiled.save_compiled_function(str(folder / f"{shape.name}{SUFFIX}"), external_data={_MODEL_REF: model})
+        functions[shape] = compiled
+        seconds[shape] = time.perf_counter() - started
+        log("  " + countdown.line(f"precompile {shape.name} [{tactic.label()}] {seconds[shape]:.2f} s"))
+    return AotSteps(model, cache, functions), seconds
+
+
+def _no_guards(entries: list) -> list[bool]:
+    return torch.compiler.skip_all_guards_unsafe(entries)
+
+
+def load_or_fallback(
+    model: Llama,
+    cache: KVCache,
+    shapes: list[StepShape],
+    tree: Path,
+    *,
+    mode: str = "default",
+    parts: LoadParts | None = None,
+) -> tuple[CompiledSteps, str | None]:
+    """The precompiled steps of a graphs tree; when they do not load, torch.compile'd steps over the
+    tree's Inductor cache (TORCHINDUCTOR_CACHE_DIR already points there) and the reason."""
+    try:
+        return load_shapes(model, cache, shapes, tree, parts), None
+    except Exception as exc:  # any load failure: the same tree's Inductor cache still serves
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return CompiledSteps(model, cache, mode=mode, expected_shapes=len(shapes)), reason
+
+
+@dataclass
+class LoadParts:
+    """Seconds of loading precompiled functions, by part (summed over the shapes loaded)."""
+
+    deserialise: float = 0.0  # unpickling the saved state: guards' state, bytecode, the graph's entry
+    kernels: float = 0.0  # the compiled graph's output code: its module run, its kernels' libraries loaded
+    bind: float = 0.0  # the function bound to the serving model: its guards built, its bytecode wrapped
+    split: bool = True  # False when this torch's internals differ and only the total is known (in bind)
+
+    def total(self) -> float:
+        return self.deserialise + self.kernels + self.bind
+
+    def as_dict(self) -> dict[str, float]:
+        return {"deserialise": self.deserialise, "kernels": self.kernels, "bind": self.bind}
+
+
+def load_shapes(
+    model: Llama, cache: KVCache, shapes: list[StepShape], tree: Path, parts: LoadParts | None = None
+) -> AotSteps:
+    """The precompiled functions of `shapes` from a graphs tree, bound to `model`; `parts` gets the seconds."""
+    parts = parts if parts is not None else LoadParts()
+    functions = {}
+    for shape in shapes:
+        path = tree / AOT_DIR / f"{shape.name}{SUFFIX}"
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"the graphs bundle at {tree} has no precompiled {shape.name} ({path}); "
+                f"it was baked for another bucket set: rebake graphs"
+            )
+        functions[shape] = _load_in_parts(path.read_bytes(), {_MODEL_REF: model}, parts)
+    return AotSteps(model, cache, functions)
+
+
+def _load_in_parts(data: bytes, external: dict, parts: LoadParts) -> Callable:
+    """torch.compiler.load_compiled_function, timed by part.
+
+    torch 2.13's AOTCompiledFunction.deserialize does three things in a row: unpickle the state,
+    deserialise the compiled graph (which runs Inductor's output code and loads its kernels), and
+    construct the function (whose __post_init__ builds the guards). They are done here one at a
+    time, with torch's own classes, to time them; a torch whose internals differ is loaded with
+    the public call and only its total is known."""
+    started = time.perf_counter()
+    try:
+        import dataclasses
+
+        from torch._dynamo.aot_compile import AOTCompiledFunction, AOTCompileUnpickler, CompileArtifacts
+        from torch._dynamo.package import SerializedCode
+    except ImportError:
+        parts.split = False
+        function = torch.compiler.load_compiled_function(io.BytesIO(data), external_data=external)
+        parts.bind += time.perf_counter() - started
+        return function
+    state = AOTCompileUnpickler(external, io.BytesIO(data)).load()
+    state["runtime_env"] = dataclasses.replace(
+        state["runtime_env"], bytecode=SerializedCode.to_code_object(state["runtime_env"].bytecode)
+    )
+    state["original_code"] = SerializedCode.to_code_object(state["original_code"])
+    deserializer, compiled_state = state["compiled_fn"]
+    loaded = time.perf_counter()
+    parts.deserialise += loaded - started
+    with torch._inductor.config.patch(enable_autograd_for_aot=True):
+        state["compiled_fn"] = deserializer(compiled_state)
+    bound = time.perf_counter()
+    parts.kernels += bound - loaded
+    function = AOTCompiledFunction(CompileArtifacts(**state))
+    parts.bind += time.perf_counter() - bound
+    return function
+
+
+def example_args(shape: StepShape, cache: KVCache, tactic: Tactic) -> tuple:
+    """Placeholder arguments of the model method that runs `shape` (as CompiledSteps.run_dummy builds them)."""
+    b, device = shape.batch, cache.keys[0].device  # on the device the steps run on, as CompiledSteps moves them
+    slots = torch.arange(b, device=device)
+    ids = torch.ones((b, shape.tokens), dtype=torch.long, device=device)
+    if shape.phase == "prefill":
+        return ids, torch.full((b,), shape.tokens, device=device), slots, cache, tactic.attn_impl
+    positions = torch.full((b,), shape.ctx_len - 1, device=device)
+    return ids[:, 0], positions, slots, cache, shape.ctx_len, tactic.attn_impl

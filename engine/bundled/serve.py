@@ -1,0 +1,183 @@
+"""`prebake serve` for the bundled engine: listen first, start the engine, then serve until a signal.
+
+    listen      bind host:port (0 picks a free port), uvicorn serves the FastAPI app
+                (prebake.engine.bundled.api) on its own thread; /health says 503 with the current
+                start-up step, /health/live 200, all through fetch, compile and warm-up
+    start       prebake.engine.bundled.start.start(settings, metrics, emit, open_services): the warm engine
+    ready       the scheduler's thread, the tokenizer and chat template; /health turns 200
+    stop        SIGTERM/SIGINT: uvicorn finishes, the scheduler stops, the engine's folder goes
+
+The default address is 127.0.0.1 (a desktop); in a container listen on 0.0.0.0 (--host) so the
+orchestrator's probes can reach it, and set --api-key (or PREBAKE_API_KEY) for anything shared.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import uvicorn
+from pydantic import BaseModel, ConfigDict, Field
+
+from prebake.artifacts.errors import ExitCode, PrebakeError
+from prebake.engine.bundled.api.app import create_app
+from prebake.engine.bundled.api.chat import ChatTemplateError, chat_template_for
+from prebake.engine.bundled.api.guard import GuardSettings
+from prebake.engine.bundled.api.state import AppState, Serving
+from prebake.engine.bundled.runtime.metrics import Metrics
+from prebake.engine.bundled.runtime.tokenizer import TokenizerError, tokenizer_for
+from prebake.engine.bundled.start import Engine, MissRefused, StartupSettings, start
+from prebake.engine.common.adapter import OpenServices
+
+API_KEY_VARIABLE = "PREBAKE_API_KEY"
+
+
+class ServeSettings(BaseModel):
+    """`prebake serve`'s options: what to start and where to listen."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    startup: StartupSettings
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535, description="0 picks a free port (logged)")
+    api_key: str | None = Field(default=None, min_length=1, repr=False)
+    max_body_bytes: int = Field(default=4 << 20, gt=0)
+    body_timeout_s: float = Field(default=30.0, gt=0)
+
+
+class ListenError(PrebakeError, OSError):
+    """The server's address cannot be bound."""
+
+
+def serve(settings: ServeSettings, open_services: OpenServices, emit: Callable[[str], None]) -> int:
+    """Listen, start the engine (its store, registry and host from `open_services`), serve until
+    SIGTERM/SIGINT; the exit status."""
+    metrics = Metrics()
+    metrics.set("prebake_ready", 0)
+    state = AppState(settings.startup.model, metrics)
+    sock = _bind(settings.host, settings.port)
+    guard = GuardSettings(settings.api_key, settings.max_body_bytes, settings.body_timeout_s)
+    config = uvicorn.Config(
+        create_app(state, guard), log_config=None, access_log=False, timeout_graceful_shutdown=5, lifespan="off"
+    )
+    server = uvicorn.Server(config)
+    http = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="prebake-http", daemon=True)
+    http.start()
+    host, port = sock.getsockname()[:2]
+    emit(f"prebake serve: listening on http://{host}:{port} (/health is 503 until ready)")
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _exit_on_signal)
+    engine = None
+    stop = threading.Event()
+    try:
+        engine = start(
+            settings.startup, metrics, emit, open_services, progress=lambda step: setattr(state, "step", step)
+        )
+        scheduler_thread = _ready(engine, state, stop, emit)
+        state.alive = scheduler_thread.is_alive
+        ready_s = _seconds_since_process_start()
+        metrics.set("prebake_time_to_ready_seconds", round(ready_s, 3))
+        metrics.set("prebake_ready", 1)
+        emit(
+            f"prebake serve: ready: {engine.plan.target.name} on http://{host}:{port} "
+            f"({ready_s:.2f} s after the process started)"
+        )
+        stop.wait()
+        return 0
+    except MissRefused as exc:
+        emit(f"prebake serve: {exc}")
+        return ExitCode.MISS
+    except SystemExit as exc:
+        emit("prebake serve: stopping")
+        return int(exc.code or 0)
+    finally:
+        stop.set()
+        server.should_exit = True
+        http.join(10)
+        sock.close()
+        if engine is not None:
+            engine.close()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before start-up so a taken port fails at once."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = infos[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        raise ListenError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another --port (0 picks a free one)"
+        ) from exc
+    sock.set_inheritable(True)
+    return sock
+
+
+def _ready(engine: Engine, state: AppState, stop: threading.Event, emit: Callable[[str], None]) -> threading.Thread:
+    from prebake.engine.bundled.runtime.scheduler import (
+        Scheduler,  # torch: loaded by start(), once the environment is set
+    )
+
+    metrics = state.metrics
+
+    def observe(shape, rows: int) -> None:
+        metrics.add("prebake_steps_total", shape=shape.name)
+        metrics.add("prebake_step_rows_total", rows, shape=shape.name)
+
+    recipe = engine.recipe
+    scheduler = Scheduler(engine.steps, engine.buckets, engine.tactics, recipe.serving.max_model_len, observe)
+    thread = threading.Thread(target=scheduler.serve_forever, args=(stop,), name="prebake-scheduler", daemon=True)
+    thread.start()
+    config = engine.steps.model.config
+    try:
+        tokenizer = tokenizer_for(recipe.model, config.vocab_size)
+    except TokenizerError as exc:  # token-id prompts still work: say so and serve
+        emit(f"prebake serve: no tokenizer, text prompts will be refused: {exc}")
+        tokenizer = None
+    try:
+        chat = chat_template_for(recipe.model)
+    except ChatTemplateError as exc:
+        emit(f"prebake serve: no chat template, chat requests will be refused: {exc}")
+        chat = None
+    state.serving = Serving(
+        scheduler=scheduler,
+        tokenizer=tokenizer,
+        chat=chat,
+        eos=frozenset(config.eos_token_ids),
+        target=engine.plan.target.name,
+        max_model_len=recipe.serving.max_model_len,
+        created=int(time.time()),
+    )
+    return thread
+
+
+def _exit_on_signal(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _seconds_since_process_start() -> float:
+    """From this process's start (as the kernel records it) to now; Linux, else since import."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return uptime - ticks / _CLOCK_TICKS
+    except (OSError, ValueError, IndexError):
+        return time.monotonic() - _IMPORTED
+
+
+_IMPORTED = time.monotonic()
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def api_key_from(flag: str | None, environ: Mapping[str, str] | None = None) -> str | None:
+    """--api-key, else PREBAKE_API_KEY, else none (no authentication)."""
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    return flag or env.get(API_KEY_VARIABLE) or None

@@ -1,0 +1,416 @@
+"""The engine's start-up: from a recipe name to warm compiled steps, one logged step at a time.
+
+    probe       this host's platform and software                    prebake.engine.common.probe
+    keys        the recipe's target here and its artifact keys        prebake.artifacts.bake.kinds
+    lookup      each key in the store, else the registry (time box)   registry
+    verify      registry entries carry the wanted key; trust policy   prebake.registry.signing
+    fetch       download, check digests, unpack into the store        prebake.artifacts.store.local
+    build       buckets/autotune that missed, built in place          the kinds' builders
+    torch       `import torch`, begun on a thread at keys time        prebake.engine.bundled.torch_import
+    install     a private writable copy of the graphs tree; Inductor pointed at it, and its
+                once-per-process init begun on a thread               prebake.engine.bundled.runtime.inductor_init
+    load        weights and the static KV cache (beside Inductor's init) prebake.engine.bundled.runtime.loader
+    warm-up     every step shape once, from the bundle                (graphs hit)
+                by part: inductor-init (what the load did not hide), deserialise, kernels, bind,
+                first-runs (prebake_startup_part_seconds)
+    compile     every step shape compiled in place, as `doit bake`    (graphs miss)
+    write-back  what was built in place packed and published          (--write-back)
+
+Every step logs one line with its duration and sets prebake_startup_step_seconds. A miss,
+a registry fault, a time-out or a failed verification is a Miss with its reason: logged,
+counted, and compiled in place, unless --on-miss fail, which raises MissRefused. The store's
+trees are only read: the engine compiles and loads from its private copy under
+$PREBAKE_HOME/tmp/serve-<pid>-<n>/, removed by Engine.close().
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from prebake.artifacts.bake import fetch
+from prebake.artifacts.bake.fetch import Found, Miss, Resolution, record_resolution
+from prebake.artifacts.bake.kinds import BUCKETS_FILE, Builder, BuildRequest, TargetKeys
+from prebake.artifacts.bake.recipes import PRECOMPILE, Recipe, load_recipe
+from prebake.artifacts.buckets.artifact import BucketSet
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.errors import PrebakeError, StoreError
+from prebake.artifacts.store.local import Installed, Store
+from prebake.artifacts.store.stats import record_fallback, record_miss
+from prebake.engine.bundled import cache_layout
+from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE
+from prebake.engine.bundled.runtime.metrics import Metrics
+from prebake.engine.bundled.runtime.shapes import StepShape, step_shapes
+from prebake.engine.bundled.torch_import import Imports
+from prebake.engine.common.adapter import OpenServices, Services
+from prebake.engine.common.write_back import WrittenBack, write_back
+
+if TYPE_CHECKING:  # torch is imported once the environment is set (install step), not before
+    from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
+
+Emit = Callable[[str], None]
+_runs = itertools.count()
+
+
+class StartupSettings(BaseModel):
+    """What `prebake serve` was asked to start."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str
+    precision: str | None = None
+    tp: int | None = Field(default=None, gt=0)
+    registry: str | None = None
+    registry_timeout: float = Field(default=5.0, gt=0, description="seconds the registry lookup may take")
+    fetch_timeout: float = Field(default=600.0, gt=0, description="seconds downloads (and write-back) may take")
+    on_miss: Literal["compile", "fail"] = "compile"
+    write_back: bool = False
+    eager: bool = Field(default=False, description="compilation off: the eager floor")
+
+
+class MissRefused(PrebakeError, LookupError):
+    """Bundles missed and the engine was told --on-miss fail."""
+
+
+@dataclass
+class Engine:
+    """A started engine: warm steps over the recipe's buckets, and the folder it runs in."""
+
+    plan: TargetKeys
+    steps: CompiledSteps
+    buckets: BucketSet
+    tactics: dict[StepShape, Tactic]
+    run_dir: Path
+    store: Store  # owns run_dir (a store scratch folder) for as long as the engine lives
+    built: tuple[str, ...] = ()  # kinds compiled in place
+    leases: ExitStack = field(default_factory=ExitStack)  # holds the store trees it was started from
+
+    @property
+    def recipe(self) -> Recipe:
+        return self.plan.recipe
+
+    def close(self) -> None:
+        self.leases.close()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+@dataclass
+class _Step:
+    detail: str = ""
+
+
+@dataclass
+class StartupPhaseLog:
+    """One line per step with its duration, mirrored into the metrics."""
+
+    metrics: Metrics
+    emit: Emit
+    progress: Callable[[str], None] | None = None  # told each step's name as it begins
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def step(self, name: str):
+        if self.progress is not None:
+            self.progress(name)
+        record = _Step()
+        started = time.perf_counter()
+        yield record
+        took = time.perf_counter() - started
+        self.seconds[name] = took
+        self.metrics.set("prebake_startup_step_seconds", round(took, 6), step=name)
+        self.emit(f"prebake serve: {name}: {record.detail} ({took:.2f} s)")
+
+    def note(self, text: str) -> None:
+        for line in text.splitlines():
+            self.emit(f"prebake serve:   {line}")
+
+
+def start(
+    settings: StartupSettings,
+    metrics: Metrics,
+    emit: Emit,
+    open_services: OpenServices,
+    progress: Callable[[str], None] | None = None,
+) -> Engine:
+    """Run the start-up pipeline; the warm engine. Raises MissRefused under --on-miss fail.
+    `open_services` opens the store, registry and host probe (timed as the probe step)."""
+    log = StartupPhaseLog(metrics, emit, progress)
+    with log.step("probe") as s:
+        context = open_services()
+        s.detail = context.host.platform.describe()
+    with log.step("keys") as s:
+        plan = context.pick_plan(load_recipe(settings.model), dtype=settings.precision, tp=settings.tp)
+        compiled = context.adapter(plan).fallback_kind
+        kinds = tuple(k for k in plan.kinds.names if not (settings.eager and k == compiled))
+        s.detail = f"{plan.target.name} " + ", ".join(f"{k} {plan.key(k).digest[:12]}" for k in kinds)
+    run_dir = context.store.scratch(f"serve-{os.getpid()}-{next(_runs)}")
+    torch_import = _begin_imports(settings, run_dir)  # beside the lookup, the fetch and the weights' load
+    leases = ExitStack()
+    try:
+        engine = _start(settings, context, plan, kinds, run_dir, log, leases, torch_import)
+    except BaseException:
+        leases.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    engine.leases = leases
+    return engine
+
+
+def _begin_imports(settings: StartupSettings, run_dir: Path) -> Imports:
+    """torch's imports on a thread; Inductor's too for a compiled start, under the cache folder the
+    install step will activate (set here, before any of Inductor is imported)."""
+    if settings.eager or "torch._inductor.codecache" in sys.modules:
+        return Imports.begin()
+    from prebake.engine.bundled.runtime.inductor_init import INDUCTOR_MODULES  # names only: torch is imported lazily
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_layout.inductor_cache_dir(run_dir))
+    return Imports.begin(INDUCTOR_MODULES)
+
+
+def _start(
+    settings: StartupSettings,
+    context: Services,
+    plan: TargetKeys,
+    kinds: tuple[str, ...],
+    run_dir: Path,
+    log: StartupPhaseLog,
+    leases: ExitStack,
+    torch_import: Imports,
+) -> Engine:
+    store, address = context.store, context.address
+    with log.step("lookup") as s:
+        looked = fetch.lookup(
+            plan,
+            kinds,
+            store=store,
+            open_registry=lambda: context.registry,
+            address=address,
+            trust=context.trust,
+            timeout=settings.registry_timeout,
+        )
+        s.detail = _summary(looked.found, address)
+    with log.step("verify") as s:
+        found = fetch.verify(plan, looked.found, context.trust)
+        passed = sum(isinstance(v, Manifest) for v in found.values())
+        s.detail = f"{passed} registry bundle(s) carry their keys and pass the trust policy"
+    with log.step("fetch") as s:
+        got = fetch.install(found, store=store, registry=looked.registry, timeout=settings.fetch_timeout)
+        fetched = [f"{k} {i.manifest.blob.hex[:12]}" for k, i in got.items() if isinstance(i, Installed)]
+        s.detail = ", ".join(fetched) or "nothing to fetch"
+    resolution = fetch.resolution(plan, looked.found, _hold(got, store, leases))
+    _count(log.metrics, resolution)
+    record_resolution(store, resolution)
+    for miss in resolution.misses:
+        log.note(miss.explain())
+    if resolution.misses and settings.on_miss == "fail":
+        raise MissRefused(
+            f"{len(resolution.misses)} of {plan.target.name}'s bundles missed (above) and --on-miss is fail; "
+            f"bake them (doit bake model={plan.target.recipe} precision={plan.target.dtype}) or use --on-miss compile"
+        )
+    compiled = context.adapter(plan).fallback_kind
+    trees = {k: i.tree for k, i in resolution.installed.items()}
+    built = [m.key.kind for m in resolution.misses]
+    if missing := [k for k in kinds if k not in trees and k != compiled]:
+        with log.step("build") as s:
+            for kind in missing:
+                started = time.perf_counter()
+                trees[kind] = _build_in_place(plan, kind, trees, run_dir)
+                log.metrics.add("prebake_fallback_compiles_total", kind=kind)
+                record_fallback(store, kind, time.perf_counter() - started)
+            s.detail = f"built {', '.join(missing)} in place with the bake's builders"
+    engine = _warm(settings, context, plan, trees, resolution.installed, run_dir, log, built, torch_import)
+    if settings.write_back and built:
+        with log.step("write-back") as s:
+            if looked.registry is None or not looked.answered:
+                s.detail = f"skipped: registry {address} did not answer at start-up; the next start compiles again"
+            else:
+                s.detail = _write_back(plan, built, trees, context, settings.fetch_timeout, log)
+    return engine
+
+
+def _hold(got: dict[str, Installed | Miss], store: Store, leases: ExitStack) -> dict[str, Installed | Miss]:
+    """Lease every installed tree for the engine's life, so `prebake gc` never evicts one under it."""
+    held: dict[str, Installed | Miss] = {}
+    for kind, value in got.items():
+        if isinstance(value, Installed):
+            try:
+                value = leases.enter_context(store.use(value))
+            except StoreError as exc:  # evicted between fetch and hold: compile in place instead
+                value = Miss(value.manifest.the_key(), str(exc))
+        held[kind] = value
+    return held
+
+
+def _count(metrics: Metrics, resolution: Resolution) -> None:
+    for kind, source in resolution.sources.items():
+        metrics.add("prebake_bundle_hits_total", kind=kind, source=source)
+    for miss in resolution.misses:
+        metrics.add("prebake_bundle_misses_total", kind=miss.key.kind)
+
+
+def _summary(found: dict[str, Found], address: str) -> str:
+    where = {Installed: "in the store", Manifest: "in the registry", Miss: "missed"}
+    parts = [f"{kind} {where[type(value)]}" for kind, value in found.items()]
+    return f"{', '.join(parts)} (registry {address})"
+
+
+def _build_in_place(plan: TargetKeys, kind: str, trees: dict[str, Path], run_dir: Path) -> Path:
+    out = run_dir / "built" / kind
+    out.mkdir(parents=True)
+    declared = plan.kinds[kind]
+    declared.build(BuildRequest(plan, kind, out, {k: trees[k] for k in declared.upstream}))
+    return out
+
+
+def _warm(
+    settings: StartupSettings,
+    context: Services,
+    plan: TargetKeys,
+    trees: dict[str, Path],
+    installed: dict[str, Installed],
+    run_dir: Path,
+    log: StartupPhaseLog,
+    built: list[str],
+    torch_import: Imports,
+) -> Engine:
+    with log.step("torch") as s:  # once per process, begun on a thread as start-up began
+        s.detail = torch_import.join_torch()
+    from prebake.engine.bundled.runtime.autotune import load_winners
+    from prebake.engine.bundled.runtime.steps import Tactic
+
+    recipe = plan.recipe
+    init = None
+    with log.step("install") as s:
+        buckets = BucketSet.from_json(json.loads((trees["buckets"] / BUCKETS_FILE).read_text()))
+        winners = load_winners(trees["autotune"] / AUTOTUNE_FILE)
+        shapes = step_shapes(buckets, recipe.serving.max_model_len)
+        schedule = {shape: winners.get(shape, Tactic()) for shape in shapes}
+        if settings.eager:
+            s.detail = f"{len(shapes)} step shapes, compilation off"
+        else:
+            env = context.adapter(plan).serve_environment(plan, installed, run_dir)
+            cache_layout.activate(env)
+            trees["graphs"] = Path(env[cache_layout.GRAPHS_ENV])
+            s.detail = f"{len(shapes)} step shapes, graphs ({recipe.compile.variant}) in {trees['graphs']}"
+            from prebake.engine.bundled.runtime.inductor_init import InductorInit  # on a thread, while the weights load
+
+            init = InductorInit.start(torch_import)
+    with log.step("load") as s:
+        from prebake.engine.bundled.build import model_and_cache
+
+        model, cache = model_and_cache(recipe, plan.target.dtype, plan.target.platform)
+        s.detail = (
+            f"{recipe.model.name} {plan.target.dtype} ({sum(p.numel() for p in model.parameters()):,} parameters)"
+        )
+    steps = None
+    if settings.eager or "graphs" in installed:
+        with log.step("warm-up") as s:
+            steps, s.detail = _load_steps(settings, recipe, model, cache, schedule, trees.get("graphs"), log, init)
+        if steps is None:
+            record_miss(context.store, "graphs", s.detail, key=plan.key("graphs").digest)
+    if steps is None:
+        if "graphs" not in built:
+            built.append("graphs")
+        with log.step("compile") as s:
+            from prebake.engine.bundled.build import compile_graphs
+
+            if init is not None:
+                init.join()
+
+            steps = compile_graphs(model, cache, recipe, schedule, trees["graphs"], log=log.note)
+            log.metrics.add("prebake_fallback_compiles_total", kind="graphs")
+            s.detail = f"{len(shapes)} step shapes compiled in place ({recipe.compile.variant})"
+        record_fallback(context.store, "graphs", log.seconds.get("compile"))
+    return Engine(plan, steps, buckets, schedule, run_dir, context.store, tuple(built))
+
+
+def _load_steps(
+    settings, recipe: Recipe, model, cache, schedule, graphs_tree: Path | None, log: StartupPhaseLog, init=None
+):
+    """Warm steps from the installed graphs (or eager ones), and what the warm-up step reports.
+
+    dynamo-precompile: the precompiled functions, or (when they do not load here) torch.compile over the same
+    tree's Inductor cache, with the reason logged (prebake.engine.bundled.runtime.precompile.load_or_fallback).
+    Each part of the warm-up is logged and exported (prebake_startup_part_seconds): Inductor's
+    once-per-process init (what of it the weights' load did not hide), deserialising, kernels,
+    binding, first runs."""
+    from prebake.engine.bundled.runtime.steps import CompiledSteps
+
+    parts: dict[str, float] = {}
+    if init is not None:
+        init.join()
+        parts["inductor-init"] = init.waited_s
+        log.note(init.describe())
+    precompiled = False
+    if settings.eager:
+        steps = CompiledSteps(model, cache, compile=False)
+    elif recipe.compile.variant == PRECOMPILE:
+        from prebake.engine.bundled.runtime import precompile
+
+        if graphs_tree is None:
+            raise StoreError(
+                "the dynamo-precompile variant was asked to load without a graphs tree; this is a bug in start-up"
+            )
+        loading = precompile.LoadParts()
+        steps, fallback = precompile.load_or_fallback(
+            model, cache, list(schedule), graphs_tree, mode=recipe.compile.mode, parts=loading
+        )
+        precompiled = fallback is None
+        if fallback is not None:  # verified bytes that do not load here: the same bundle's Inductor cache serves
+            log.note(
+                f"dynamo-precompile: precompiled functions do not load here ({fallback}); warming up from the bundle's Inductor cache"
+            )
+        else:
+            parts.update(loading.as_dict())
+    else:
+        steps = CompiledSteps(model, cache, mode=recipe.compile.mode, expected_shapes=len(schedule))
+    first = steps.warm_up(schedule, log=log.note)
+    parts["first-runs" if precompiled or settings.eager else "trace-and-cache-load"] = sum(first.values())
+    for part, took in parts.items():
+        log.metrics.set("prebake_startup_part_seconds", round(took, 6), part=part)
+    log.note("warm-up by part: " + ", ".join(f"{p} {t:.2f} s" for p, t in parts.items()))
+    detail = f"{len(schedule)} step shapes " + (
+        "eager" if settings.eager else f"from the bundle ({recipe.compile.variant})"
+    )
+    if not settings.eager and not precompiled:
+        from torch._dynamo.utils import counters
+
+        hits, missed = counters["aot_autograd"]["autograd_cache_hit"], counters["aot_autograd"]["autograd_cache_miss"]
+        detail += f"; AOTAutograd cache {hits} hit(s), {missed} miss(es)"
+    return steps, detail
+
+
+def _write_back(
+    plan: TargetKeys, built: list[str], trees: dict[str, Path], context: Services, timeout: float, log: StartupPhaseLog
+) -> str:
+    """Pack and publish what was built in place (prebake.engine.common.write_back's one policy)."""
+
+    def report(result: WrittenBack) -> None:
+        log.metrics.add("prebake_write_backs_total", kind=result.kind, outcome=result.outcome)
+        log.note(f"write-back {result.kind} {result.key[:12]} to {context.registry.url}: {result.note}")
+        if not result.published:
+            log.emit(
+                f"prebake serve: WARNING: write-back of {result.kind} failed; the next start will compile it again"
+            )
+
+    builds: dict[str, Builder | None] = {kind: _copy_of(trees[kind]) for kind in built}
+    results = write_back(plan, builds, context, timeout=timeout, report=report)
+    return ", ".join(f"{r.kind}: {r.outcome}" for r in results) or "nothing finished"
+
+
+def _copy_of(tree: Path):
+    def build(request: BuildRequest) -> None:
+        shutil.copytree(tree, request.out, dirs_exist_ok=True)
+
+    return build

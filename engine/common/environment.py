@@ -1,0 +1,187 @@
+"""Every environment variable prebake reads or sets, and what it does: the one table.
+
+docs/reference/environment.md is generated from `VARIABLES` (docs/gen_reference.py), and
+tests/unit/test_docs_reference.py fails when the code reads a PREBAKE_* variable this table
+does not describe. Add a row here when you add a variable; the code that reads it keeps its
+own constant (e.g. prebake.artifacts.store.local.HOME_ENV), this table only describes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    role: Literal["read", "set", "test"]  # read by prebake; set by prebake for an engine; a test hook
+    default: str
+    description: str
+
+
+_S3 = "S3 registries:"
+
+VARIABLES: tuple[Variable, ...] = (
+    # -- the store and the registry
+    Variable(
+        "PREBAKE_HOME",
+        "read",
+        "~/.cache/prebake",
+        "The local store: installed bundles, the embedded default registry, locks, stats.",
+    ),
+    Variable(
+        "PREBAKE_REGISTRY",
+        "read",
+        "$PREBAKE_HOME/registry",
+        "Registry address when --registry is not given: a folder, file://, s3://bucket/prefix, hf://ns/repo, or a comma list (a chain).",
+    ),
+    Variable(
+        "PREBAKE_STORE_MAX_BYTES",
+        "read",
+        "unbounded",
+        "Bound on the store's blobs and trees (e.g. 10G); installs evict least recently used bundles past it, never one in use. Also the default of `prebake gc --max-size`.",
+    ),
+    Variable(
+        "PREBAKE_UNPACK_MAX_BYTES",
+        "read",
+        "64G",
+        "The most one archive may unpack to; a larger (or hostile) archive is refused.",
+    ),
+    Variable(
+        "PREBAKE_STATS",
+        "read",
+        "on",
+        "`off` (or 0, no, false) stops recording hits, misses and fallback compiles in the store's stats (`prebake stats`).",
+    ),
+    Variable(
+        "PREBAKE_RECIPES",
+        "read",
+        "the shipped recipes",
+        "Folders of recipe TOML files (os.pathsep-separated) searched for `--model NAME` before the shipped recipes (recipes/ in a checkout, the prebake.recipes package in a wheel).",
+    ),
+    Variable(
+        "PREBAKE_PROFILES",
+        "read",
+        "none",
+        "Builder profiles file for `prebake plan` when --profiles is not given: the recorded host facts of each runner class (`prebake profile` prints one), so a planner keys targets of other platforms.",
+    ),
+    Variable(
+        "PREBAKE_ACCEPT_V1_SIGNATURES",
+        "read",
+        "off",
+        "`1` accepts manifests signed with signature version 1 (which left labels unsigned) during an upgrade; otherwise they are refused with the reason.",
+    ),
+    Variable(
+        "PREBAKE_KEY_SALT",
+        "read",
+        "empty",
+        "Joins every key: changing it disowns every bundle built before (a new generation).",
+    ),
+    # -- trust
+    Variable(
+        "PREBAKE_SIGNING_KEY",
+        "read",
+        "unset (bundles unsigned)",
+        "Path of the ed25519 private key (`prebake keygen`) that bakes sign bundles with.",
+    ),
+    Variable(
+        "PREBAKE_SIGNING_KEY_NAME",
+        "read",
+        "the key file's name",
+        "The signer name written into signatures; must match the name in consumers' trusted key lines.",
+    ),
+    Variable(
+        "PREBAKE_TRUSTED_KEYS",
+        "read",
+        "unset (nothing verified, said once on stderr)",
+        "Trusted public key lines (`name:base64`, separated by commas, spaces or newlines) or a file of them; bundles not signed by one are misses.",
+    ),
+    # -- S3
+    Variable("PREBAKE_S3_CONCURRENCY", "read", "10", f"{_S3} parallel part requests per transfer."),
+    Variable(
+        "PREBAKE_S3_CHUNK_MB",
+        "read",
+        "8",
+        f"{_S3} multipart part size in MiB (at least 5), and the size from which transfers split.",
+    ),
+    Variable(
+        "PREBAKE_S3_MAX_ATTEMPTS", "read", "5", f"{_S3} attempts per request, with exponential backoff and jitter."
+    ),
+    Variable("PREBAKE_S3_RETRY_MODE", "read", "standard", f"{_S3} boto3's retry mode: standard, adaptive or legacy."),
+    Variable("PREBAKE_S3_TIMEOUT_S", "read", "30", f"{_S3} connect and read timeout of each request, in seconds."),
+    Variable(
+        "PREBAKE_S3_CONDITIONAL_PUT",
+        "read",
+        "on",
+        f"{_S3} `off` for servers that reject If-None-Match: index entries are then checked before and after writing, which leaves a small race window.",
+    ),
+    # -- engines
+    Variable(
+        "PREBAKE_VLLM_COMMAND",
+        "read",
+        "this Python's vLLM",
+        "How to start vLLM's server, e.g. `.venv-vllm/bin/python -m vllm.entrypoints.openai.api_server` for vLLM in another environment.",
+    ),
+    Variable("PREBAKE_BUCKETS_FILE", "set", "-", "Set by `prebake fetch`/`serve`: the installed buckets.json."),
+    Variable("PREBAKE_AUTOTUNE_FILE", "set", "-", "Set by `prebake fetch`/`serve`: the installed autotune results."),
+    Variable("PREBAKE_GRAPHS_DIR", "set", "-", "Set by `prebake fetch`/`serve`: the installed graphs tree."),
+    Variable(
+        "TORCHINDUCTOR_CACHE_DIR",
+        "set",
+        "-",
+        "Set by `prebake fetch`/`serve` for the bundled engine: Inductor's cache inside the graphs tree (a private writable copy when serving).",
+    ),
+    Variable(
+        "VLLM_CACHE_ROOT",
+        "set",
+        "-",
+        "Set by `prebake serve|fetch --engine vllm`: a private writable copy of the baked vLLM cache.",
+    ),
+    Variable(
+        "PT_HPU_RECIPE_CACHE_CONFIG",
+        "set",
+        "-",
+        "Set by `prebake serve|fetch --engine vllm` on Gaudi: the private copy of the baked HPU recipe cache.",
+    ),
+    Variable(
+        "HF_ENDPOINT", "read", "https://huggingface.co", "Hugging Face Hub registries (hf://): the Hub's address."
+    ),
+    Variable("HF_TOKEN", "read", "the saved login", "Hugging Face Hub registries (hf://): the access token."),
+    Variable(
+        "HF_HUB_OFFLINE", "read", "off", "Hugging Face Hub registries (hf://): 1 to use only what the Hub cache holds."
+    ),
+    Variable(
+        "HF_HUB_CACHE", "read", "huggingface_hub's", "Hugging Face Hub registries (hf://): where downloads are cached."
+    ),
+    # -- the bundled engine's server and every command's log
+    Variable(
+        "PREBAKE_API_KEY",
+        "read",
+        "none (no authentication)",
+        "`prebake serve`: every route but /health and /health/live needs `Authorization: Bearer <key>` (as --api-key, which wins); compared in constant time.",
+    ),
+    Variable(
+        "PREBAKE_LOG_LEVEL",
+        "read",
+        "INFO",
+        "Log level of every command: DEBUG, INFO, WARNING or ERROR (engine/common/logs.py configures logging once).",
+    ),
+    Variable(
+        "PREBAKE_LOG_FORMAT",
+        "read",
+        "text",
+        "`text` (timestamp, level, logger, message) or `json` (one object a line: ts, level, logger, message).",
+    ),
+    # -- tests
+    Variable(
+        "PREBAKE_TEST_CRASH_AT",
+        "test",
+        "unset",
+        "Fault injection for tests/faults: the process kills itself (SIGKILL) at the named point (see artifacts/fsutil.py). Never set it in production.",
+    ),
+)
+
+
+def variable(name: str) -> Variable | None:
+    return next((v for v in VARIABLES if v.name == name), None)

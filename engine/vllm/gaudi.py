@@ -1,0 +1,119 @@
+"""vLLM on Gaudi: the bucket set as vllm-gaudi's variables, and the HPU recipe cache as an artifact.
+
+    graphs tree (engine = "vllm", platform gaudi2 | gaudi3), beside vllm-cache/ and vllm.json:
+        hpu-recipes/     the compiled HPU graph recipes the Gaudi bridge wrote during warm-up
+
+The bridge reads PT_HPU_RECIPE_CACHE_CONFIG=<path>,<delete>,<size MB>: delete=True clears the
+folder before storing, False reuses what is there; past the size the oldest recipes (by
+creation time) are deleted. A hit skips the GC graph compile, not the HPU graph compile.
+Recipes are valid for one Gaudi generation, Gaudi software version, TP size and dtype, which
+the graphs key carries (platform.arch, software.habana, parallel.tp, precision.dtype).
+
+    bake:   <build folder>/hpu-recipes,True,<size>       every bucket compiled into an empty folder
+    serve:  <local copy of the installed tree>,False,<size>   reused; never the store's own tree
+
+The folder must be on local disk: the bridge's file locks do not work on NFS, so a copy is
+made per serving process and a network file system is reported.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from prebake.artifacts.bake.kinds import BUCKETS_FILE
+from prebake.artifacts.bake.recipes import Recipe
+from prebake.artifacts.buckets.artifact import vllm_gaudi_env
+from prebake.artifacts.buckets.gaudi_file import write_bucket_file
+from prebake.artifacts.buckets.sets import BucketSet
+from prebake.artifacts.errors import BuildError
+
+RECIPES_DIR = "hpu-recipes"
+BUCKET_FILE = "vllm-gaudi-buckets.txt"  # a traffic-fitted set, as VLLM_BUCKETING_FROM_FILE reads it
+RECIPE_CACHE_ENV = "PT_HPU_RECIPE_CACHE_CONFIG"
+DEFAULT_CACHE_MB = 8192  # the size vLLM's Gaudi guide uses for Llama-3.1-8B
+_NETWORK_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "lustre", "glusterfs", "ceph", "9p")
+
+
+def recipe_cache_config(path: Path, delete: bool, size_mb: int) -> str:
+    """The PT_HPU_RECIPE_CACHE_CONFIG value; the bridge splits it on commas, so paths may not hold one."""
+    if "," in str(path):
+        raise BuildError(
+            f"HPU recipe cache folder {path} contains a comma, which "
+            f"{RECIPE_CACHE_ENV} cannot carry; use a folder without commas"
+        )
+    if size_mb <= 0:
+        raise BuildError(f"HPU recipe cache size must be positive, not {size_mb} MB")
+    return f"{path},{delete},{size_mb}"
+
+
+def parse_recipe_cache_config(value: str) -> tuple[Path, bool, int]:
+    """(folder, delete, size MB) from a PT_HPU_RECIPE_CACHE_CONFIG value."""
+    try:
+        path, delete, size = value.rsplit(",", 2)
+        flag = {"true": True, "false": False}[delete.strip().lower()]
+        return Path(path), flag, int(size)
+    except (ValueError, KeyError) as exc:
+        raise BuildError(f"{RECIPE_CACHE_ENV}={value!r} is not '<path>,<True|False>,<size MB>'") from exc
+
+
+def bucket_variables(recipe: Recipe, buckets_tree: Path | None = None, folder: Path | None = None) -> dict[str, str]:
+    """vllm-gaudi's bucket variables (and strategy) that reproduce the recipe's bucket set.
+
+    The rule-based strategies are variables; a traffic-fitted set has no rule, so the baked set
+    (buckets.json in `buckets_tree`) is written as upstream's VLLM_BUCKETING_FROM_FILE into `folder`.
+    """
+    if recipe.buckets.strategy == "traffic" and buckets_tree is not None and folder is not None:
+        baked = BucketSet.from_json(json.loads((buckets_tree / BUCKETS_FILE).read_text()))
+        bucket_file = write_bucket_file(baked, folder / BUCKET_FILE)
+        return vllm_gaudi_env(recipe.serving, recipe.buckets, bucket_file=bucket_file)
+    return vllm_gaudi_env(recipe.serving, recipe.buckets)
+
+
+def build_variables(recipe: Recipe, out: Path, buckets_tree: Path | None = None) -> dict[str, str]:
+    """A Gaudi bake's variables: buckets, and an empty recipe folder inside the artifact tree."""
+    folder = out / RECIPES_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    buckets = bucket_variables(recipe, buckets_tree, out)
+    return buckets | {RECIPE_CACHE_ENV: recipe_cache_config(folder, True, DEFAULT_CACHE_MB)}
+
+
+def serving_variables(recipe: Recipe, local_recipes: Path, buckets_tree: Path | None = None) -> dict[str, str]:
+    """A Gaudi server's variables: the same buckets, and its local copy of the recipes, reused."""
+    size = max(DEFAULT_CACHE_MB, 2 * folder_mb(local_recipes))  # never below what is there: it would evict
+    buckets = bucket_variables(recipe, buckets_tree, local_recipes.parent)
+    return buckets | {RECIPE_CACHE_ENV: recipe_cache_config(local_recipes, False, size)}
+
+
+def folder_mb(folder: Path) -> int:
+    total = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+    return math.ceil(total / (1 << 20))
+
+
+def filesystem_type(path: Path, mounts: Path = Path("/proc/mounts")) -> str | None:
+    """The file system type of the mount holding `path` (longest matching mount point)."""
+    try:
+        rows = [line.split() for line in mounts.read_text().splitlines()]
+    except OSError:
+        return None
+    target = str(path.resolve())
+    best: tuple[int, str] | None = None
+    for row in rows:
+        if len(row) >= 3:
+            point = row[1]
+            inside = target == point or target.startswith(point.rstrip("/") + "/")
+            if inside and (best is None or len(point) > best[0]):
+                best = (len(point), row[2])
+    return best[1] if best else None
+
+
+def local_disk_problem(path: Path, mounts: Path = Path("/proc/mounts")) -> str | None:
+    """Why `path` is a bad place for a recipe cache, or None when it is on local disk."""
+    kind = filesystem_type(path, mounts)
+    if kind and (kind in _NETWORK_FILESYSTEMS or kind.startswith("fuse.")):
+        return (
+            f"{path} is on a {kind} file system, which has no working file locks; the Gaudi bridge needs "
+            f"its recipe cache on local disk: point --cache-root at a local folder"
+        )
+    return None

@@ -1,0 +1,71 @@
+"""The default graphs variant (dynamo-precompile): a precompiled function that does not load falls back to the
+Inductor cache of the same graphs tree, says why, and computes the same thing.
+
+Real torch.compile in fresh processes (one per phase, as a baker and a server are), on the
+smallest step shape of tiny-llama, so each compile is as short as it gets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+
+_CHILD = """
+import json, sys
+from pathlib import Path
+from torch._dynamo.utils import counters
+from prebake.artifacts.bake.recipes import load_recipe
+from prebake.engine.bundled.runtime import precompile
+from prebake.engine.bundled.build import compile_graphs, model_and_cache
+from prebake.engine.bundled.runtime.shapes import StepShape
+from prebake.engine.bundled.runtime.steps import Tactic
+
+phase, tree = sys.argv[1], Path(sys.argv[2])
+recipe = load_recipe("tiny-llama")
+model, cache = model_and_cache(recipe, "fp32")
+plan = {StepShape("decode", 1, 1, 64): Tactic()}
+if phase == "build":
+    steps, reason = compile_graphs(model, cache, recipe, plan, tree, log=lambda line: None), None
+else:
+    steps, reason = aot.load_or_fallback(model, cache, list(plan), tree)
+out = steps.run_dummy(*next(iter(plan.items())))
+hits = {k: counters["aot_autograd"][k] for k in ("autograd_cache_hit", "autograd_cache_miss")}
+print(json.dumps({"kind": type(steps).__name__, "reason": reason, "sum": float(out.double().sum()), **hits}))
+"""
+
+
+def _run(phase: str, tree: Path) -> dict:
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tree / "inductor"), "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, phase, str(tree)], env=env, capture_output=True, text=True, timeout=1800
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_precompiled_function_that_does_not_load_falls_back_to_the_same_trees_inductor_cache(tmp_path):
+    baked = tmp_path / "baked"
+    built = _run("build", baked)
+    intact, broken = tmp_path / "intact", tmp_path / "broken"
+    shutil.copytree(baked, intact)
+    shutil.copytree(baked, broken)
+    (function,) = (broken / "aot").iterdir()
+    assert json.loads((baked / "graphs.json").read_text())["precompiled"] is True
+    function.write_bytes(function.read_bytes()[:100])  # verified bytes that do not load: here, cut short
+
+    loaded = _run("load", intact)
+    fallback = _run("load", broken)
+
+    assert loaded["kind"] == "AotSteps" and loaded["reason"] is None
+    assert fallback["kind"] == "CompiledSteps" and fallback["reason"]  # the reason the engine logs
+    assert fallback["autograd_cache_hit"] >= 1 and fallback["autograd_cache_miss"] == 0, fallback
+    assert loaded["sum"] == pytest.approx(built["sum"]) and fallback["sum"] == pytest.approx(built["sum"], rel=1e-4)
