@@ -6,7 +6,7 @@
     verify      registry entries carry the wanted key; trust policy   prebake.registry.signing
     fetch       download, check digests, unpack into the store        prebake.artifacts.store.local
     build       buckets/autotune that missed, built in place          the kinds' builders
-    torch       `import torch`, begun on a thread at keys time        prebake.engine.bundled.torch_import
+    torch       `import torch`, begun on a thread at keys time        prebake.engine.bundled.runtime.torch_import
     install     a private writable copy of the graphs tree; Inductor pointed at it, and its
                 once-per-process init begun on a thread               prebake.engine.bundled.runtime.inductor_init
     load        weights and the static KV cache (beside Inductor's init) prebake.engine.bundled.runtime.loader
@@ -52,7 +52,7 @@ from prebake.engine.bundled import cache_layout
 from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE
 from prebake.engine.bundled.runtime.metrics import Metrics
 from prebake.engine.bundled.runtime.shapes import StepShape, step_shapes
-from prebake.engine.bundled.torch_import import Imports
+from prebake.engine.bundled.runtime.torch_import import Imports
 from prebake.engine.common.adapter import OpenServices, Services
 from prebake.engine.common.write_back import WrittenBack, write_back
 

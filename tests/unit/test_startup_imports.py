@@ -1,4 +1,4 @@
-"""torch's and Inductor's once-per-process work on threads (prebake.engine.bundled.torch_import,
+"""torch's and Inductor's once-per-process work on threads (prebake.engine.bundled.runtime.torch_import,
 prebake.engine.bundled.runtime.inductor_init), run in a fresh interpreter each, as `prebake serve` runs them."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def _child(code: str, tmp_path: Path, **env: str) -> dict:
 def test_torch_then_inductor_import_on_one_thread_and_each_join_says_what_it_waited(tmp_path):
     got = _child(
         "import json, sys\n"
-        "from prebake.engine.bundled.torch_import import Imports\n"
+        "from prebake.engine.bundled.runtime.torch_import import Imports\n"
         "job = Imports.begin(['torch._inductor.codecache'])\n"
         "note = job.join_torch()\n"
         "waited = job.join()\n"
@@ -44,7 +44,7 @@ def test_torch_then_inductor_import_on_one_thread_and_each_join_says_what_it_wai
 def test_a_failed_import_is_raised_where_the_start_joins_it(tmp_path):
     got = _child(
         "import json\n"
-        "from prebake.engine.bundled.torch_import import Imports\n"
+        "from prebake.engine.bundled.runtime.torch_import import Imports\n"
         "job = Imports.begin(['no_such_module_anywhere'])\n"
         "job.join_torch()\n"
         "try:\n"
@@ -59,7 +59,7 @@ def test_a_failed_import_is_raised_where_the_start_joins_it(tmp_path):
 def test_inductor_init_picks_the_vector_isa_and_asks_the_compiler_before_any_kernel_loads(tmp_path):
     got = _child(
         "import json\n"
-        "from prebake.engine.bundled.torch_import import Imports\n"
+        "from prebake.engine.bundled.runtime.torch_import import Imports\n"
         "from prebake.engine.bundled.runtime.inductor_init import INDUCTOR_MODULES, InductorInit\n"
         "imports = Imports.begin(INDUCTOR_MODULES)\n"
         "imports.join_torch()\n"

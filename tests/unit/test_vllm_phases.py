@@ -1,8 +1,8 @@
-"""A vLLM start by phase, read from vLLM 0.32's own log lines (prebake.engine.adapters.vllm_phases)."""
+"""A vLLM start by phase, read from vLLM 0.32's own log lines (prebake.engine.vllm.phases)."""
 
 from __future__ import annotations
 
-from prebake.engine.adapters.vllm_phases import describe, phases
+from prebake.engine.vllm.phases import describe, phases
 
 # The lines as vLLM 0.32 prints them on CPU (prefixes as in a real log; values made up)
 COLD = """\

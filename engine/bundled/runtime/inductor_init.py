@@ -21,7 +21,7 @@ Inductor-cache variant, pays for things no bundle holds, because they belong to 
                It stays on the first kernel load (docs/graphs-variants.md, "what remains").
 
 The imports, the ISA and the compiler need no weights. The imports run on the start-up's import thread from its beginning
-(prebake.engine.bundled.torch_import); the ISA and compiler probes, which read Inductor's cache folder, run
+(prebake.engine.bundled.runtime.torch_import); the ISA and compiler probes, which read Inductor's cache folder, run
 on a thread of their own once that folder is installed (`InductorInit.start`), while the weights
 load; their children run on the other core. The warm-up joins the thread before the first function
 loads: `waited_s` is what did not overlap.
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from prebake.engine.bundled.torch_import import Imports
+    from prebake.engine.bundled.runtime.torch_import import Imports
 
 # What the output code of a CPU graph imports when it is first loaded (measured on torch 2.13:
 # loading a precompiled function imports these, and nothing else of weight, on first use).

@@ -97,8 +97,7 @@ def compile_shapes(
     # output code asserts its inputs' sizes and strides. Dynamo's guards would re-check the model's
     # every parameter on every call, and building them is most of a function's load (`bind`).
     # torch.compile takes a mode or options, not both: a mode is passed as the options it stands for.
-    inductor = {**(torch._inductor.list_mode_options(mode) if mode != "default" else {}), "guard_filter_fn": _no_guards}
-    options: dict = {"dynamic": False, "fullgraph": True, "options": inductor}
+    inductor = torch._inductor.list_mode_options(mode) if mode != "default" else {}
     functions, seconds = {}, {}
     countdown = Countdown(len(tactics))
     for shape, tactic in tactics.items():
@@ -107,7 +106,9 @@ def compile_shapes(
         args = example_args(shape, cache, tactic)
         if tactic.threads:
             torch.set_num_threads(tactic.threads)
-        compiled = torch.compile(method, **options).aot_compile((args, {}))  # type: ignore[attr-defined]  # experimental, unstubbed
+        # a fresh options dict per call: torch.compile pops guard_filter_fn out of the one it is given
+        options = {**inductor, "guard_filter_fn": _no_guards}
+        compiled = torch.compile(method, dynamic=False, fullgraph=True, options=options).aot_compile((args, {}))  # type: ignore[attr-defined]  # experimental, unstubbed
         compiled.save_compiled_function(str(folder / f"{shape.name}{SUFFIX}"), external_data={_MODEL_REF: model})
         functions[shape] = compiled
         seconds[shape] = time.perf_counter() - started
