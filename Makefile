@@ -58,6 +58,7 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.fetch_stream
 	$(BIN)/python -m benchmarks.fleet
 	$(BIN)/python -m benchmarks.serve_load
+	$(BIN)/python -m benchmarks.serve_bodies
 
 ## docs: regenerate docs/reference/ (cli.md, environment.md) from the code
 docs: $(STAMP)

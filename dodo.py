@@ -1,12 +1,11 @@
 """doit tasks of prebake: wiring only; the logic lives in artifacts/, engine/ and registry/.
 
 doit bake model=tiny-llama precision=bf16 [tp=1] [registry=PATH|file://|s3://|hf://]
+doit help bake     the variables bake takes
 doit list
 """
 
-from doit import get_var
-
-from prebake.artifacts.bake.tasks import BakeRequest, bake_tasks
+from prebake.artifacts.bake.tasks import doit_variables, variable_tasks
 from prebake.engine.compose import Context
 
 DOIT_CONFIG = {
@@ -20,14 +19,7 @@ DOIT_CONFIG = {
 def task_bake():
     """Bake a recipe for this host: buckets -> autotune -> graphs, each packed, published and installed.
 
-    Variables: model=<recipe> precision=<dtype> tp=<N> registry=<address> (default: PREBAKE_REGISTRY,
-    else the embedded registry in $PREBAKE_HOME/registry).
+    Variables (checked: a misspelt one is refused): model=<recipe> precision=<dtype> tp=<N>
+    registry=<address> (default: PREBAKE_REGISTRY, else the embedded registry in $PREBAKE_HOME/registry).
     """
-    tp = get_var("tp", None)
-    request = BakeRequest(
-        model=get_var("model", None),
-        precision=get_var("precision", None),
-        tp=int(tp) if tp else None,
-        registry=get_var("registry", None) or None,
-    )
-    yield from bake_tasks(request, open_baker=Context.open)
+    yield from variable_tasks(doit_variables(), open_baker=Context.for_baking)

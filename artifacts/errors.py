@@ -15,11 +15,17 @@ class ExitCode(IntEnum):
     OK = 0  # done: installed, served, verified
     FAILED = 1  # something went wrong that is not bad input (a bad entry found by verify, a failed bake)
     INVALID = 2  # bad input or refused content: unknown model, malformed recipe, bad registry address
-    MISS = 3  # bundles missed and the caller asked not to compile (fetch, --on-miss fail)
+    MISS = 3  # nothing matches: bundles missed and the caller asked not to compile (fetch, --on-miss fail)
+    UNAVAILABLE = 4  # the registry could not be asked: down, refusing us (credentials), or out of time
+    STORE = 5  # the local store ($PREBAKE_HOME) cannot be used: not a folder, not writable, full
 
 
 class PrebakeError(Exception):
     """Base of every error prebake raises on purpose."""
+
+
+class UsageError(PrebakeError, ValueError):
+    """A command-line option or doit variable is unknown or malformed (a typo, a word for a number)."""
 
 
 class RecipeError(PrebakeError, ValueError):
@@ -50,6 +56,14 @@ class StoreError(PrebakeError, OSError):
     """The local store could not be read or written."""
 
 
+class StoreBoundError(StoreError):
+    """The store's bound cannot hold the bundles one start needs at once."""
+
+
+class StoreOverlapError(StoreError, ValueError):
+    """A folder registry and the store share a folder (the same, or one inside the other)."""
+
+
 class BuildError(PrebakeError, RuntimeError):
     """Building an artifact (autotune, graph compilation) failed."""
 
@@ -60,6 +74,11 @@ class RegistryError(PrebakeError):
 
 class UnknownRegistryError(RegistryError, ValueError):
     """A registry address whose scheme prebake does not know."""
+
+
+class RegistryNotFound(RegistryError, LookupError):
+    """The registry an address names does not exist (a folder, bucket or repo): a wrong address, not an
+    empty registry."""
 
 
 class PublishConflict(RegistryError):

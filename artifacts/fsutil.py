@@ -112,9 +112,9 @@ def read_bounded(path: Path, limit: int, *, within: Path | None = None, timeout_
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
+        if exc.errno == errno.ELOOP and _is_link(path):
             raise BundleError(f"{path} is a link (only regular files are read); remove it") from exc
-        raise
+        raise  # ELOOP from a folder above it (a link loop): the folder's fault, not this file's
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
@@ -134,6 +134,13 @@ def read_bounded(path: Path, limit: int, *, within: Path | None = None, timeout_
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def _is_link(path: Path) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:  # the folders above loop or vanished: not this file
+        return False
 
 
 def sweep_temporaries(root: Path, older_than_s: float = 3600.0) -> int:
@@ -164,7 +171,21 @@ def copy_writable(tree: Path, dest: Path) -> Path:
     if dest.exists() and _holds_a_file(dest):
         raise StoreError(f"{dest} is not empty; give each engine process its own copy")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(tree, dest, symlinks=True, dirs_exist_ok=True)
+    need, count = _tree_size(tree)
+    free = shutil.disk_usage(dest.parent).free
+    if need > free:  # refused before the first byte, not after a copy that fills the disk
+        raise StoreError(
+            f"the private copy of {tree} needs {_mib(need)} ({count} files) and {dest.parent} has {_mib(free)} "
+            f"free; free space on that disk (prebake gc --max-size) or point PREBAKE_HOME at a larger one"
+        )
+    try:
+        shutil.copytree(tree, dest, symlinks=True, dirs_exist_ok=True)
+    except OSError as exc:  # shutil.Error lists every failed file: one line says what went wrong first
+        shutil.rmtree(dest, ignore_errors=True)
+        raise StoreError(
+            f"cannot copy {tree} to {dest}: {_first_copy_error(exc)}; free space or fix permissions on "
+            f"{dest.parent}, then start again"
+        ) from None
     for folder, _, files in os.walk(dest):
         os.chmod(folder, 0o755)
         for name in files:
@@ -176,6 +197,30 @@ def copy_writable(tree: Path, dest: Path) -> Path:
 
 def _holds_a_file(folder: Path) -> bool:
     return any(files or any((Path(root) / d).is_symlink() for d in dirs) for root, dirs, files in os.walk(folder))
+
+
+def _tree_size(tree: Path) -> tuple[int, int]:
+    """Bytes a copy of `tree` takes, counting each file's blocks (4 KiB at least), and its file count."""
+    total = count = 0
+    for folder, _, files in os.walk(tree):
+        for name in files:
+            st = os.lstat(os.path.join(folder, name))
+            total += max(st.st_size, 4096)
+            count += 1
+    return total, count
+
+
+def _first_copy_error(exc: OSError) -> str:
+    errors = exc.args[0] if isinstance(exc, shutil.Error) and exc.args and isinstance(exc.args[0], list) else None
+    if not errors:
+        return str(exc)[:300]
+    src, _dst, why = errors[0]
+    more = f" (and {len(errors) - 1} more file(s))" if len(errors) > 1 else ""
+    return f"{src}: {str(why)[:200]}{more}"
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
 
 
 def crash_point(point: str, subject: str = "") -> None:
@@ -228,6 +273,22 @@ class Flock:
             except FileNotFoundError:
                 pass
             os.close(fd)  # the file was deleted by the previous holder: lock its successor instead
+
+    @staticmethod
+    def is_held(path: Path) -> bool:
+        """True while some process holds `path` locked. Opens it read-only and creates nothing, so it
+        also answers on a read-only store (flock does not care how the file was opened)."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
 
     def release(self, *, unlink: bool = False) -> None:
         if self._fd < 0:

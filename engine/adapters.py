@@ -21,6 +21,12 @@ from prebake.engine.vllm.adapter import VllmAdapter, VllmGaudiAdapter
 ADAPTERS: tuple[EngineAdapter, ...] = (BundledAdapter(), VllmGaudiAdapter(), VllmAdapter())  # most specific first
 
 
+# Every artifact kind some engine bakes, in build order (what `ls --kind` / `store rm --kind` accept).
+KIND_NAMES: tuple[str, ...] = tuple(
+    dict.fromkeys([BUCKETS.name, *(k.name for adapter in ADAPTERS for k in adapter.kinds())])
+)
+
+
 def adapter_for(recipe: Recipe, target: Target) -> EngineAdapter:
     """The adapter that serves `recipe` on `target` (the first that handles it)."""
     for adapter in ADAPTERS:
@@ -43,4 +49,4 @@ def kinds_for(recipe: Recipe, target: Target) -> KindTable:
     return KindTable([BUCKETS, *adapter_for(recipe, target).kinds()])
 
 
-__all__ = ["ADAPTERS", "EngineAdapter", "EngineStartError", "adapter_for", "adapter_named", "kinds_for"]
+__all__ = ["ADAPTERS", "KIND_NAMES", "EngineAdapter", "EngineStartError", "adapter_for", "adapter_named", "kinds_for"]

@@ -2,6 +2,8 @@
 signer and the host probe, for the CLI, dodo.py and both serve paths.
 
     Context.open(registry=None)      everything a command needs, from the environment
+    Context.for_baking(registry)     the same, for a command that writes (a missing folder is created)
+    open_address(store, registry)    just the registry of an address (ls, verify)
     context.plans(recipe, ...)       the recipe's targets this host builds, each with its kind table
     context.pick_plan(recipe, ...)   the one target to serve
     context.registry                 the registry, opened on first use
@@ -20,6 +22,7 @@ every target_keys call), the recipe folders (PREBAKE_RECIPES), whether stats are
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -46,9 +49,18 @@ class Context:
     trust: TrustCheck | None = None
     sign: Signer | None = None
     given_registry: Registry | None = field(default=None, compare=False)  # tests: a registry double
+    creating: bool = False  # a command that writes: a registry folder that is not there is created
+    holds: ExitStack = field(default_factory=ExitStack, compare=False, repr=False)  # trees this command uses
 
     @classmethod
-    def open(cls, registry: str | None = None, *, store: Store | None = None, host: Host | None = None) -> Context:
+    def open(
+        cls,
+        registry: str | None = None,
+        *,
+        store: Store | None = None,
+        host: Host | None = None,
+        creating: bool = False,
+    ) -> Context:
         store = store or Store()
         return cls(
             store=store,
@@ -56,12 +68,19 @@ class Context:
             address=store.registry_address(registry),
             trust=trust_from_env(),
             sign=signer_from_env(),
+            creating=creating,
         )
+
+    @classmethod
+    def for_baking(cls, registry: str | None = None, *, store: Store | None = None) -> Context:
+        """The context of a bake (doit bake, prebake bake): it publishes, so it may create the registry folder."""
+        return cls.open(registry, store=store, creating=True)
 
     @cached_property
     def registry(self) -> Registry:
-        """The registry, opened on first use (UnknownRegistryError for an address prebake does not know)."""
-        return self.given_registry or open_registry(self.address)
+        """The registry, opened on first use (UnknownRegistryError for an address prebake does not know,
+        RegistryNotFound for a folder that is not there when this command only reads)."""
+        return self.given_registry or open_address(self.store, self.address, creating=self.creating)
 
     def plans(self, recipe: Recipe, *, dtype: str | None = None, tp: int | None = None) -> list[TargetKeys]:
         """Every target of `recipe` (narrowed to dtype/tp) this host can build, with its keys."""
@@ -74,8 +93,17 @@ class Context:
     def adapter(self, plan: TargetKeys) -> EngineAdapter:
         return adapter_for(plan.recipe, plan.target)
 
-    def resolve(self, plan: TargetKeys, *, lookup_timeout: float = 30.0, fetch_timeout: float = 600.0) -> Resolution:
-        """The fetch pipeline for every kind of `plan`; its hits and misses go into the store's stats."""
+    def resolve(
+        self,
+        plan: TargetKeys,
+        *,
+        lookup_timeout: float = 30.0,
+        fetch_timeout: float = 600.0,
+        hold: ExitStack | None = None,
+    ) -> Resolution:
+        """The fetch pipeline for every kind of `plan`; its hits and misses go into the store's stats.
+        Every tree is held from the moment it is found or installed: on `hold`, else on `holds`,
+        which lives as long as this command (`with context.holds:`)."""
         resolution = resolve(
             plan,
             store=self.store,
@@ -84,6 +112,7 @@ class Context:
             trust=self.trust,
             lookup_timeout=lookup_timeout,
             fetch_timeout=fetch_timeout,
+            hold=self.holds if hold is None else hold,
         )
         record_resolution(self.store, resolution)
         return resolution
@@ -99,6 +128,14 @@ class Context:
             flush=True,
         )
         return baked
+
+
+def open_address(store: Store, registry: str | None = None, *, creating: bool = False) -> Registry:
+    """The registry of an address (default: PREBAKE_REGISTRY, else the embedded one). The embedded
+    registry is prebake's own folder and is created on first use; any other folder must exist
+    unless the command writes (`creating`)."""
+    address = store.registry_address(registry)
+    return open_registry(address, create=creating or address == str(store.default_registry))
 
 
 def plans_for(recipe: Recipe, host: HostFacts, *, dtype: str | None = None, tp: int | None = None) -> list[TargetKeys]:

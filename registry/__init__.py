@@ -7,27 +7,36 @@
     hf://ns/repo[@rev]                       HubRegistry: a Hugging Face model repo
     hf://datasets/ns/repo[@rev]              HubRegistry: a dataset repo
     /local/folder,s3://team/prebake          ChainRegistry: nearest first, farther hits backfilled
+                                             (a comma inside a folder's name: write it \\, ; registry/address.py)
 
-Backends import boto3 or huggingface_hub only when opened, so `import prebake.registry` stays light.
+A folder that does not exist is an error (RegistryNotFound), unless `create` is set: only the
+commands that write (bake, publish, the embedded default registry) create one.
+
+Backends import boto3 or huggingface_hub only when opened, so `import registry` stays light.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from prebake.registry.address import split_addresses
 from prebake.registry.base import Published, Registry
-from prebake.registry.errors import UnknownRegistryError
+from prebake.registry.errors import RegistryNotFound, UnknownRegistryError
 
 SCHEMES = ("file://", "s3://", "hf://")
 
 
-def open_registry(address: str | Path) -> Registry:
-    """The backend for an address; a comma-separated list of addresses opens a chain, nearest first."""
+def open_registry(address: str | Path, *, create: bool = True) -> Registry:
+    """The backend for an address; a comma-separated list of addresses opens a chain, nearest first.
+
+    create=False: a folder that does not exist raises RegistryNotFound (so does a missing bucket or
+    Hub repo, when first asked) instead of reading as an empty registry.
+    """
     if isinstance(address, Path):
         from prebake.registry.file import FileRegistry
 
-        return FileRegistry(address)
-    parts = [part.strip() for part in str(address).split(",") if part.strip()]
+        return FileRegistry(address, create=create)
+    parts = split_addresses(str(address))
     if not parts:
         raise UnknownRegistryError(
             f"registry address {address!r} is empty; name a folder or one of {', '.join(SCHEMES)}"
@@ -35,11 +44,12 @@ def open_registry(address: str | Path) -> Registry:
     if len(parts) > 1:
         from prebake.registry.chain import ChainRegistry
 
-        return ChainRegistry([_open_one(part) for part in parts])
-    return _open_one(parts[0])
+        # Only the nearest member is written (publish, backfill creates nothing far away).
+        return ChainRegistry([_open_one(part, create=create and i == 0, listed=parts) for i, part in enumerate(parts)])
+    return _open_one(parts[0], create=create)
 
 
-def _open_one(text: str) -> Registry:
+def _open_one(text: str, *, create: bool, listed: list[str] | None = None) -> Registry:
     if text.startswith("s3://"):
         from prebake.registry.s3 import S3Registry
 
@@ -47,7 +57,7 @@ def _open_one(text: str) -> Registry:
     if text.startswith("hf://"):
         from prebake.registry.hf import HubRegistry
 
-        return HubRegistry(text)
+        return HubRegistry(text, must_exist=not create)
     if text.startswith("file://"):
         text = text[len("file://") :]
     elif "://" in text:
@@ -58,7 +68,15 @@ def _open_one(text: str) -> Registry:
         )
     from prebake.registry.file import FileRegistry
 
-    return FileRegistry(text)
+    try:
+        return FileRegistry(text, create=create)
+    except RegistryNotFound as exc:
+        if listed and len(listed) > 1:
+            exc.add_note(
+                f"the address was read as a chain of {len(listed)} registries ({' | '.join(listed)}); if a comma "
+                f"is part of a folder's name, write it as \\, or pass one --registry per address"
+            )
+        raise
 
 
 __all__ = ["SCHEMES", "Published", "Registry", "open_registry"]

@@ -10,25 +10,50 @@ logged and never fails the fetch.
 
 Publishing goes to the first registry only: put the registry you bake into first.
 
-A registry that is down is skipped with a warning. If a farther one answers, that answer
-stands; if none does, lookup raises RegistryUnavailable instead of reporting a miss, so the
-caller can tell "nobody has it" from "someone could not be asked".
+A member that faults (RegistryUnavailable, or anything but a refused entry) or does not
+answer within its share of the time box is skipped for the rest of the run: not asked again
+for the next kind, not listed for a miss's nearest bundle, not downloaded from and not
+backfilled into. `lookup_by(kind, key, deadline)` (the `Chained` ability the fetch pipeline
+uses) splits what is left of the caller's time box among the members still to ask, so a
+first member that accepts and never answers costs its share, and the next one answers
+within the same box. If a farther one answers, that answer stands; if none does, lookup
+raises RegistryUnavailable instead of reporting a miss, so the caller can tell "nobody has
+it" from "someone could not be asked". `faults` says which members were skipped and why,
+as values (`MemberFault`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Literal
 
 from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.errors import BundleError
+from prebake.artifacts.timebox import Done, Raised, within
 from prebake.registry.base import Listed, Published, Registry, listed
 from prebake.registry.errors import RegistryError, RegistryUnavailable
 
 log = logging.getLogger(__name__)
 
 _REMEMBERED_HITS = 4096  # far hits waiting for their fetch; the oldest are forgotten first
+
+
+@dataclass(frozen=True)
+class MemberFault:
+    """A chain member skipped for the rest of the run: which, and why."""
+
+    url: str
+    cause: Literal["timeout", "error"]
+    detail: str
+
+    def describe(self) -> str:
+        return f"{self.url} {'did not answer in time' if self.cause == 'timeout' else 'failed'}: {self.detail}"
 
 
 class ChainRegistry:
@@ -40,31 +65,72 @@ class ChainRegistry:
         self.registries = tuple(registries)
         self.url = ",".join(r.url for r in self.registries)
         self._far_hits: dict[str, list[tuple[int, Manifest]]] = {}  # blob digest -> (source index, manifest)
+        self._down: dict[int, MemberFault] = {}  # members skipped for the rest of the run
         self._lock = threading.Lock()
+
+    @property
+    def faults(self) -> tuple[MemberFault, ...]:
+        """The members skipped so far, nearest first."""
+        with self._lock:
+            return tuple(self._down[i] for i in sorted(self._down))
 
     @property
     def writable(self) -> bool:
         return self.registries[0].writable
 
     def lookup(self, kind: str, key_digest: str) -> Manifest | None:
-        down: list[RegistryUnavailable] = []
+        return self._lookup(kind, key_digest, None)
+
+    def lookup_by(self, kind: str, key_digest: str, deadline: float) -> Manifest | None:
+        """`lookup`, done by `deadline` (time.monotonic()): each member still up gets an equal share of
+        what is left; one that runs past its share is skipped from then on."""
+        return self._lookup(kind, key_digest, deadline)
+
+    def _lookup(self, kind: str, key_digest: str, deadline: float | None) -> Manifest | None:
         for i, registry in enumerate(self.registries):
-            try:
-                manifest = registry.lookup(kind, key_digest)
-            except RegistryUnavailable as exc:
-                log.warning("registry %s skipped: %s", registry.url, exc)
-                down.append(exc)
+            if i in self._down:
                 continue
+            manifest = self._ask(i, partial(registry.lookup, kind, key_digest), deadline)
             if manifest is not None:
                 if i > 0:
                     self._remember(i, manifest)
                 return manifest
+        down = self.faults
         if down:
             raise RegistryUnavailable(
                 f"no reachable registry of {self.url} has {kind}/{key_digest[:16]}, and {len(down)} could not be "
-                f"asked: {'; '.join(str(e) for e in down)}"
-            ) from down[0]
+                f"asked: {'; '.join(f.describe() for f in down)}"
+            )
         return None
+
+    def _ask(self, i: int, call: Callable[[], Manifest | None], deadline: float | None) -> Manifest | None:
+        """One member's answer, or None with the member marked down (a fault, or past its share)."""
+        if deadline is None:
+            try:
+                return call()
+            except BundleError:  # this entry is refused, not the member: the caller reports it
+                raise
+            except Exception as exc:
+                self._mark_down(i, "error", f"{type(exc).__name__}: {exc}")
+                return None
+        left = [j for j in range(i, len(self.registries)) if j not in self._down]
+        share = (deadline - time.monotonic()) / max(1, len(left))
+        outcome = within(share, call, name="prebake-chain-member")
+        if isinstance(outcome, Done):
+            return outcome.value
+        if isinstance(outcome, Raised):
+            if isinstance(outcome.error, BundleError):
+                raise outcome.error
+            self._mark_down(i, "error", outcome.describe())
+        else:
+            self._mark_down(i, "timeout", f"no answer within {max(share, 0):.2g} s, its share of the time box")
+        return None
+
+    def _mark_down(self, i: int, cause: Literal["timeout", "error"], detail: str) -> None:
+        fault = MemberFault(self.registries[i].url, cause, detail)
+        with self._lock:
+            self._down.setdefault(i, fault)
+        log.warning("registry %s skipped for the rest of this run: %s", fault.url, fault.detail)
 
     def fetch_blob(
         self, digest: str, dest: Path, *, size: int | None = None, tee: Callable[[bytes], None] | None = None
@@ -72,7 +138,9 @@ class ChainRegistry:
         with self._lock:
             hits = self._far_hits.pop(digest, [])
         sources = sorted({i for i, _ in hits})
-        order = sources + [i for i in range(len(self.registries)) if i not in sources]
+        order = [
+            i for i in sources + [i for i in range(len(self.registries)) if i not in sources] if i not in self._down
+        ]
         errors: list[RegistryError] = []
         fed = _Fed(tee)
         for i in order:
@@ -86,6 +154,11 @@ class ChainRegistry:
             for source, manifest in hits:
                 self._backfill(source, manifest, Path(dest))
             return Path(dest)
+        if not errors:
+            raise RegistryUnavailable(
+                f"no registry of {self.url} is up to fetch {digest} from: "
+                + "; ".join(f.describe() for f in self.faults)
+            )
         first = errors[0]
         for other in errors[1:]:
             first.add_note(f"also tried: {other}")
@@ -96,7 +169,7 @@ class ChainRegistry:
 
     def list(self, kind: str | None = None) -> Iterator[Manifest]:
         seen: set[tuple[str, str]] = set()
-        for registry in self.registries:
+        for registry in self._up():
             for manifest in registry.list(kind):
                 if (manifest.kind, manifest.key_digest) not in seen:
                     seen.add((manifest.kind, manifest.key_digest))
@@ -105,7 +178,7 @@ class ChainRegistry:
     def listing(self, kind: str | None = None) -> Iterator[Listed]:
         """list()'s rows, each member listed through its summary where it keeps one."""
         seen: set[tuple[str, str]] = set()
-        for registry in self.registries:
+        for registry in self._up():
             for row in listed(registry, kind):
                 if (row.kind, row.key_digest) not in seen:
                     seen.add((row.kind, row.key_digest))
@@ -114,6 +187,9 @@ class ChainRegistry:
     def __repr__(self) -> str:
         return f"ChainRegistry({list(self.registries)!r})"
 
+    def _up(self) -> tuple[Registry, ...]:
+        return tuple(r for i, r in enumerate(self.registries) if i not in self._down)
+
     def _remember(self, source: int, manifest: Manifest) -> None:
         with self._lock:
             self._far_hits.setdefault(manifest.blob.digest, []).append((source, manifest))
@@ -121,8 +197,8 @@ class ChainRegistry:
                 del self._far_hits[next(iter(self._far_hits))]
 
     def _backfill(self, source: int, manifest: Manifest, blob: Path) -> None:
-        for registry in self.registries[:source]:
-            if not registry.writable:
+        for i, registry in enumerate(self.registries[:source]):
+            if not registry.writable or i in self._down:  # a member down for this run is not written to either
                 continue
             try:
                 registry.publish(manifest, blob)

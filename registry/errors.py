@@ -6,13 +6,14 @@ named here too so backends and callers find every registry error in one module.
 
 from __future__ import annotations
 
-from prebake.artifacts.errors import BundleError, PublishConflict, RegistryError, UnknownRegistryError
+from prebake.artifacts.errors import BundleError, PublishConflict, RegistryError, RegistryNotFound, UnknownRegistryError
 
 __all__ = [
     "BlobDigestMismatch",
     "BlobSizeMismatch",
     "PublishConflict",
     "RegistryError",
+    "RegistryNotFound",
     "RegistryReadOnly",
     "RegistryUnavailable",
     "UnknownRegistryError",

@@ -8,8 +8,10 @@ through S3 or the Hub instead of a network folder.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -21,7 +23,7 @@ from prebake.artifacts.errors import PrebakeError
 from prebake.artifacts.layout import blob_relpath, index_relpath, parse_index_relpath, summary_relpath
 from prebake.artifacts.ports.listing import Listed, ListingSummary, Read, summarised_listing
 from prebake.registry.base import Published, copy_verified, settle
-from prebake.registry.errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
+from prebake.registry.errors import BlobDigestMismatch, RegistryError, RegistryNotFound, RegistryUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +35,13 @@ class FileRegistry:
 
     writable = True
 
-    def __init__(self, root: Path | str):
-        self.root = Path(root).expanduser()
+    def __init__(self, root: Path | str, *, create: bool = True):
+        self.root = Path(os.path.abspath(Path(root).expanduser()))  # a relative folder would move with the cwd
         self.url = f"file://{self.root}"
+        if not create and not self.root.is_dir():
+            if self.root.exists():
+                raise RegistryNotFound(f"registry {self.root} is a file, not a folder; fix the registry address")
+            raise RegistryNotFound(_missing_folder(self.root))
 
     def lookup(self, kind: str, key_digest: str) -> Manifest | None:
         path = self.root / index_relpath(kind, key_digest)
@@ -100,8 +106,17 @@ class FileRegistry:
 
     def index_entries(self) -> Iterator[tuple[str, bytes | PrebakeError]]:
         """Every index entry as (relative path, raw bytes or why it cannot be read), unparsed, so a
-        checker can report a bad one."""
-        for path in sorted((self.root / "index").glob("*/*.json")):
+        checker can report a bad one. Raises RegistryUnavailable when the folder is missing, not a
+        folder, or cannot be listed: a checker must not report "0 entries" for a registry it cannot see."""
+        self._check_root()
+        index = self.root / "index"
+        paths = [
+            index / k / n
+            for k in _listed_names(index)
+            for n in _listed_names(index / k)
+            if n.endswith(".json") and not n.startswith(".")
+        ]
+        for path in sorted(paths):
             if path.name.startswith(fsutil.TMP_PREFIX):
                 continue
             try:
@@ -130,6 +145,20 @@ class FileRegistry:
     def __repr__(self) -> str:
         return f"FileRegistry({str(self.root)!r})"
 
+    def _check_root(self) -> None:
+        try:
+            st = os.stat(self.root)
+        except FileNotFoundError:
+            raise RegistryUnavailable(
+                f"registry folder {self.root} does not exist; check the address (a typo, a missing mount?)"
+            ) from None
+        except OSError as exc:
+            raise RegistryUnavailable(
+                f"cannot open registry folder {self.root}: {exc.strerror or exc}; fix the path or its links"
+            ) from exc
+        if not stat.S_ISDIR(st.st_mode):
+            raise RegistryUnavailable(f"registry {self.root} is not a folder; point the address at the registry folder")
+
     def _read_entry(self, path: Path) -> bytes:
         """An index entry's bytes: a regular file inside the registry, bounded in size and time."""
         try:
@@ -137,7 +166,9 @@ class FileRegistry:
         except FileNotFoundError:
             raise
         except OSError as exc:
-            raise RegistryUnavailable(f"cannot read {path}: {exc}; check the folder's permissions") from exc
+            raise RegistryUnavailable(
+                f"cannot read {path}: {exc.strerror or exc}; check the folder's permissions and links"
+            ) from exc
 
     def _read_rows(self, kind: str, digests: Sequence[str]) -> Iterator[Read]:
         for digest in digests:
@@ -170,11 +201,37 @@ class FileRegistry:
         return dest
 
 
-def _names(folder: Path) -> list[str]:
+def _missing_folder(root: Path) -> str:
+    """Why a registry folder is not there, with the nearest spelling that exists, for a typo in any part."""
+    missing = [root.name]
+    parent = root.parent
+    while not parent.is_dir() and parent != parent.parent:
+        missing.insert(0, parent.name)
+        parent = parent.parent
+    near = sorted(n for n in _names(parent) if (parent / n).is_dir())
+    close = difflib.get_close_matches(missing[0], near, n=1)
+    guess = parent.joinpath(close[0], *missing[1:]) if close else None
+    hint = f" (did you mean {guess}?)" if guess is not None and guess.is_dir() else ""
+    return (
+        f"registry folder {root} does not exist{hint}; fix the registry address, or bake into it first "
+        f"(`prebake bake` and `doit bake` create it)"
+    )
+
+
+def _listed_names(folder: Path) -> list[str]:
+    """A folder's names ([] when it is absent); RegistryUnavailable when it cannot be listed."""
     try:
         return os.listdir(folder)
-    except (FileNotFoundError, NotADirectoryError):
+    except FileNotFoundError:
         return []
+    except NotADirectoryError:  # a file among the kinds: no entries under it
+        return []
+    except OSError as exc:
+        raise RegistryUnavailable(f"cannot list {folder}: {exc.strerror or exc}; fix the folder's permissions") from exc
+
+
+def _names(folder: Path) -> list[str]:
+    return _listed_names(folder)
 
 
 def _tagged(base: Path, kind: str) -> list[tuple[str, str]]:

@@ -48,6 +48,7 @@ from prebake.registry.errors import (
     BlobDigestMismatch,
     BlobSizeMismatch,
     RegistryError,
+    RegistryNotFound,
     RegistryReadOnly,
     RegistryUnavailable,
 )
@@ -67,8 +68,9 @@ class HubRegistry(HubMaintenance, HubListing):
     """index/ + blobs/ inside a Hub repo, through huggingface_hub (maintainable: see hf_maintain;
     listable: hf_listing)."""
 
-    def __init__(self, address: str, *, cache_dir: Path | str | None = None):
+    def __init__(self, address: str, *, cache_dir: Path | str | None = None, must_exist: bool = False):
         self.repo_type, self.repo_id, self.revision = _parse_address(address)
+        self.must_exist = must_exist  # a repo that is not there: RegistryNotFound, not a miss (read-only commands)
         prefix = "datasets/" if self.repo_type == "dataset" else ""
         self.url = f"hf://{prefix}{self.repo_id}@{self.revision}"
         env = os.environ
@@ -230,6 +232,8 @@ class HubRegistry(HubMaintenance, HubListing):
             except (RemoteEntryNotFoundError, RevisionNotFoundError):
                 return None
             except RepositoryNotFoundError:
+                if self.must_exist:
+                    raise RegistryNotFound(self._not_found()) from None
                 log.info("%s does not exist at %s, or HF_TOKEN may not read it: a miss", self.url, self.endpoint)
                 return None
         return meta.size if isinstance(meta.size, int) else True
@@ -323,6 +327,8 @@ class HubRegistry(HubMaintenance, HubListing):
                     f"(`hf repo branch create {self.repo_id} {self.revision}`) or publish to main"
                 ) from exc
             except RepositoryNotFoundError:
+                if self.must_exist:
+                    raise RegistryNotFound(self._not_found()) from None
                 if not create:
                     return None
             self._api.create_repo(self.repo_id, repo_type=self.repo_type, private=True, exist_ok=True)
@@ -362,7 +368,7 @@ class HubRegistry(HubMaintenance, HubListing):
     def _faults(self, doing: str) -> Iterator[None]:
         """Turn huggingface_hub's and the HTTP client's errors into registry errors that say what to do."""
         import httpx2
-        from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled
+        from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled, RepositoryNotFoundError
 
         try:
             yield
@@ -373,6 +379,8 @@ class HubRegistry(HubMaintenance, HubListing):
             ) from exc
         except HfHubHTTPError as exc:
             status = exc.response.status_code if exc.response is not None else 0
+            if isinstance(exc, RepositoryNotFoundError):
+                raise RegistryNotFound(self._not_found()) from exc
             if isinstance(exc, GatedRepoError) or status in (401, 403):
                 raise RegistryUnavailable(
                     f"cannot {doing}: the Hub refused us (HTTP {status}); set HF_TOKEN to a token that may "
@@ -390,6 +398,12 @@ class HubRegistry(HubMaintenance, HubListing):
                 f"cannot {doing}: the Hub sent a body of another size than it announced ({exc}); the blob is "
                 f"refused; run `prebake verify --deep --registry {self.url}`"
             ) from exc
+
+    def _not_found(self) -> str:
+        return (
+            f"registry {self.url} does not exist at {self.endpoint}, or HF_TOKEN may not read it; fix the "
+            f"registry address, or set HF_TOKEN to a token that may read {self.repo_id}"
+        )
 
 
 def _parse_address(address: str) -> tuple[str, str, str]:

@@ -43,7 +43,7 @@ from prebake.artifacts.bundle.payload import file_digest
 from prebake.artifacts.errors import BundleError
 from prebake.artifacts.layout import blob_relpath, index_relpath, parse_index_relpath
 from prebake.registry.base import Published, SizedSink, read_ahead, settle
-from prebake.registry.errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
+from prebake.registry.errors import BlobDigestMismatch, RegistryError, RegistryNotFound, RegistryUnavailable
 from prebake.registry.s3_listing import S3Listing
 from prebake.registry.s3_maintain import S3Maintenance
 
@@ -346,7 +346,7 @@ class S3Registry(S3Maintenance, S3Listing):
     def _client_fault(self, exc: Exception, doing: str) -> RegistryError:
         code, status = _error_code(exc), _status(exc)
         if code == "NoSuchBucket":
-            return RegistryUnavailable(
+            return RegistryNotFound(
                 f"cannot {doing}: bucket {self.bucket} does not exist at {self.endpoint}; "
                 f"create it (aws s3 mb s3://{self.bucket}) or fix the registry address"
             )

@@ -2,7 +2,13 @@
 
     lookup   each kind in the store, else the registry's index       (time-boxed, one deadline)
     verify   a registry entry carries the wanted key and passes the trust policy
+    bound    the store's bound can hold every kind at once, or StoreBoundError before anything goes
     install  download, check digests, unpack into the store          (time-boxed)
+
+With `hold` (an ExitStack), every tree is held (`Store.use`) from the moment it is found in
+the store or installed, so neither the install's own gc nor an operator's gc evicts the
+early kinds while the later ones download. A store entry that fails the hit path's check
+(artifacts/store/health.py) is moved aside and fetched again from the registry.
 
 `prebake fetch`, the bundled engine's start-up (which logs each step on its own) and
 `prebake serve|fetch --engine vllm` all run these steps. A miss is a value: it names the
@@ -14,18 +20,29 @@ a start was cold. A registry that is down, slow or corrupt is a miss, never a cr
 from __future__ import annotations
 
 import itertools
+import logging
 import time
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal
 
 from prebake.artifacts.bake.kinds import TargetKeys
 from prebake.artifacts.bundle.manifest import Manifest
-from prebake.artifacts.errors import BundleError, PrebakeError, UnknownRegistryError
+from prebake.artifacts.errors import (
+    BundleError,
+    ExitCode,
+    PrebakeError,
+    RegistryNotFound,
+    StoreBoundError,
+    StoreError,
+    UnknownRegistryError,
+)
 from prebake.artifacts.keys import Key
-from prebake.artifacts.ports.registry import Registry
-from prebake.artifacts.store.local import Installed, Store
+from prebake.artifacts.ports.registry import Chained, Registry
+from prebake.artifacts.store.health import Damaged
+from prebake.artifacts.store.local import MAX_BYTES_ENV, Installed, Store
 from prebake.artifacts.store.stats import record_outcomes
 from prebake.artifacts.timebox import Done, Raised, TimedOut, within
 
@@ -34,6 +51,18 @@ TrustCheck = Callable[[Manifest], "str | None"]
 
 MISS_SAMPLE = 32  # index entries a miss reads at most to name the nearest bundle
 MISS_BUDGET_S = 2.0  # ... and the time it spends on them
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Unreachable:
+    """The registry (or every member of a chain that could have it) could not be asked: a fault or
+    a time-out, not an answer. A caller maps it to its own outcome (an exit code, a metric)."""
+
+    address: str
+    timed_out: bool
+    detail: str
 
 
 @dataclass(frozen=True)
@@ -45,6 +74,12 @@ class Miss:
     nearest: Key | None = None
     differing: dict[str, tuple[str, str]] = field(default_factory=dict)  # factor -> (wanted, nearest has)
     refused: bool = False  # something was there and failed a check (tampered, untrusted, corrupt, malformed)
+    unreachable: Unreachable | None = None  # the registry could not be asked: down, refusing us, out of time
+
+    @property
+    def unavailable(self) -> bool:
+        """The registry could not be asked (exit 4), as opposed to nothing matching (exit 3)."""
+        return self.unreachable is not None
 
     def explain(self) -> str:
         lines = [f"miss: {self.key.kind} {self.key.digest[:16]}: {self.reason}"]
@@ -85,17 +120,56 @@ class Resolution:
         """Something the registry holds failed a check: `prebake fetch` exits 2, not 3."""
         return any(m.refused for m in self.misses)
 
+    @property
+    def unavailable(self) -> bool:
+        """The registry could not be asked for something that missed: `prebake fetch` exits 4, not 3."""
+        return any(m.unavailable for m in self.misses)
+
+
+def miss_exit_code(misses: Iterable[Miss]) -> ExitCode:
+    """What a set of misses means for a command: 2 something was refused, 4 the registry could not
+    be asked, 3 nothing matches (0 when there are none)."""
+    misses = list(misses)
+    if not misses:
+        return ExitCode.OK
+    if any(m.refused for m in misses):
+        return ExitCode.INVALID
+    if any(m.unavailable for m in misses):
+        return ExitCode.UNAVAILABLE
+    return ExitCode.MISS
+
+
+def miss_advice(misses: Iterable[Miss], *, target: str, bake: str, address: str) -> str:
+    """The one next step for a set of misses: fix the registry's access, or bake what is missing
+    (`bake` is the command that bakes the target, e.g. "doit bake model=tiny-llama precision=bf16")."""
+    code = miss_exit_code(misses)
+    if code == ExitCode.UNAVAILABLE:
+        return (
+            f"registry {address} could not be asked (down, refusing us, or slower than its time box): check "
+            f"that its endpoint is up and is the one meant (AWS_ENDPOINT_URL, HF_ENDPOINT, the folder's mount), "
+            f"the credentials (AWS_PROFILE / AWS_ACCESS_KEY_ID, HF_TOKEN), or give it longer with "
+            f"--registry-timeout / --fetch-timeout"
+        )
+    if code == ExitCode.INVALID:
+        return (
+            f"registry {address} holds bundles that failed a check (above): run `prebake verify --registry {address}`"
+        )
+    return f"nothing in {address} matches {target}: bake it ({bake}), or check the address"
+
 
 # -- one key ----------------------------------------------------------------------------------
 
 
-def fetch(store: Store, registry: Registry, key: Key, *, trust: TrustCheck | None = None) -> Installed | Miss:
+def fetch(
+    store: Store, registry: Registry, key: Key, *, trust: TrustCheck | None = None, hold: ExitStack | None = None
+) -> Installed | Miss:
     """The installed bundle for `key`: from the store, else from `registry` (verified), else a Miss."""
-    found = _find(store, registry, key, trust)
+    found = _find(store, registry, key, trust, hold)
     if isinstance(found, Manifest):
         found = verify_entry(key, found, trust)
     if isinstance(found, Manifest):
-        return store.install(found, registry)
+        check_bound(store, {key.kind: found}, f"{key.kind} {key.digest[:16]}")
+        return store.install(found, registry, hold=hold)
     return found
 
 
@@ -138,20 +212,73 @@ def nearest_miss(registry: Registry, key: Key, reason: str) -> Miss:
     return Miss(key, reason, nearest=best[1], differing=key.diff(best[1]))
 
 
-def _from_store(store: Store, key: Key, trust: TrustCheck | None) -> Installed | None:
-    installed = store.lookup(key.kind, key.digest)
+def _from_store(store: Store, key: Key, trust: TrustCheck | None, hold: ExitStack | None = None) -> Installed | None:
+    installed = _store_hit(store, key)
     if installed is not None and (trust is None or trust(installed.manifest) is None):
-        return installed
+        return _held(store, installed, hold)
     return None
 
 
-def _find(store: Store, registry: Registry, key: Key, trust: TrustCheck | None) -> Found:
-    hit = _from_store(store, key, trust)
+def _store_hit(store: Store, key: Key) -> Installed | None:
+    """The store's entry, if it passes the integrity check; a damaged one is logged and healed."""
+    found = store.find(key.kind, key.digest)
+    if isinstance(found, Damaged):
+        log.warning("%s", found.describe())
+        return None
+    return found
+
+
+def _held(store: Store, installed: Installed, hold: ExitStack | None) -> Installed | None:
+    """`installed`, held on `hold` for the caller's life; None if it was evicted before it could be."""
+    if hold is None:
+        return installed
+    try:
+        return hold.enter_context(store.use(installed))
+    except StoreError:  # evicted between the lookup and the hold: a miss, fetched again
+        return None
+
+
+def _find(
+    store: Store,
+    registry: Registry,
+    key: Key,
+    trust: TrustCheck | None,
+    hold: ExitStack | None = None,
+    deadline: float | None = None,
+) -> Found:
+    hit = _from_store(store, key, trust, hold)
     if hit is not None:
         return hit
-    return registry.lookup(key.kind, key.digest) or nearest_miss(
-        registry, key, f"no bundle for this key in {registry.url}"
-    )
+    if deadline is not None and isinstance(registry, Chained):  # members share the box; a hung one is skipped
+        found = registry.lookup_by(key.kind, key.digest, deadline)
+    else:
+        found = registry.lookup(key.kind, key.digest)
+    return found or nearest_miss(registry, key, f"no bundle for this key in {registry.url}")
+
+
+def check_bound(store: Store, found: Mapping[str, Found], what: str) -> None:
+    """Refuse a store bound that cannot hold these bundles at once, before anything is installed or
+    evicted: past it, installing the last kind would evict the first while the caller needs both."""
+    bound = store.limits.max_bytes
+    if bound is None:
+        return
+    sizes = {
+        kind: m.blob.size + m.unpacked_bytes
+        for kind, value in found.items()
+        if (m := value.manifest if isinstance(value, Installed) else value) is not None and isinstance(m, Manifest)
+    }
+    need = sum(sizes.values())
+    if need > bound:
+        parts = ", ".join(f"{kind} {_mib(n)}" for kind, n in sizes.items())
+        raise StoreBoundError(
+            f"the store {store.home} is bounded to {_mib(bound)} ({MAX_BYTES_ENV} or --max-size), less than "
+            f"{what}'s bundles take at once ({_mib(need)}: {parts}, blob and unpacked tree each); nothing was "
+            f"installed or evicted: raise {MAX_BYTES_ENV} to at least {need} bytes, or unset it"
+        )
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
 
 
 # -- every kind of one target, time-boxed ------------------------------------------------------
@@ -166,8 +293,9 @@ def lookup(
     address: str,
     trust: TrustCheck | None,
     timeout: float,
+    hold: ExitStack | None = None,
 ) -> Lookup:
-    """Each kind: Installed (store hit), Manifest (registry entry, unverified) or Miss.
+    """Each kind: Installed (store hit, held on `hold`), Manifest (registry entry, unverified) or Miss.
 
     One deadline covers opening the registry and every lookup. A registry that faults or runs
     out of time for one key is not asked again: the remaining kinds miss with the same reason.
@@ -176,32 +304,46 @@ def lookup(
     deadline = time.monotonic() + timeout
     wanted = list(kinds)
     opened = within(timeout, open_registry, name="prebake-open-registry")
-    if isinstance(opened, Raised) and isinstance(opened.error, UnknownRegistryError):
+    if isinstance(opened, Raised) and isinstance(opened.error, _BAD_ADDRESS):
         raise opened.error
     if not isinstance(opened, Done):
         why = _fault(opened, f"registry {address}", "--registry-timeout", timeout)
+        down = _unreachable(opened, address, why)
         return Lookup(
-            {k: _from_store(store, plan.key(k), trust) or Miss(plan.key(k), why) for k in wanted}, None, False
+            {
+                k: _from_store(store, plan.key(k), trust, hold) or Miss(plan.key(k), why, unreachable=down)
+                for k in wanted
+            },
+            None,
+            False,
         )
     registry = opened.value
     found: dict[str, Found] = {}
     fault: str | None = None
+    gone: Unreachable | None = None
     for kind in wanted:
         key = plan.key(kind)
-        if (hit := _from_store(store, key, trust)) is not None:
+        if (hit := _from_store(store, key, trust, hold)) is not None:
             found[kind] = hit
             continue
         if fault is None:
-            asked = within(deadline - time.monotonic(), partial(_find, store, registry, key, None))
+            asked = within(deadline - time.monotonic(), partial(_find, store, registry, key, None, None, deadline))
             if isinstance(asked, Done):
                 found[kind] = asked.value
                 continue
             if isinstance(asked, Raised) and isinstance(asked.error, BundleError):  # this entry, not the registry
                 found[kind] = Miss(key, f"registry {address}: its entry was refused: {asked.describe()}", refused=True)
                 continue
-            fault = _fault(asked, f"registry {address}", "--registry-timeout", timeout)
-        found[kind] = Miss(key, fault)
-    return Lookup(found, registry, fault is None)
+            if isinstance(asked, Raised) and isinstance(asked.error, _BAD_ADDRESS):  # a bucket or repo not there
+                raise asked.error
+            why = _fault(asked, f"registry {address}", "--registry-timeout", timeout)
+            if isinstance(asked, Raised) and isinstance(registry, Chained):  # the members that could have it are
+                found[kind] = Miss(key, why, unreachable=_unreachable(asked, address, why))  # down; others may
+                continue  # have the next kind, and the chain skips the down ones at no cost
+            fault, gone = why, _unreachable(asked, address, why)
+        found[kind] = Miss(key, fault, unreachable=gone)
+    answered = fault is None and not any(isinstance(v, Miss) and v.unreachable for v in found.values())
+    return Lookup(found, registry, answered)
 
 
 def verify(plan: TargetKeys, found: dict[str, Found], trust: TrustCheck | None) -> dict[str, Found]:
@@ -210,9 +352,15 @@ def verify(plan: TargetKeys, found: dict[str, Found], trust: TrustCheck | None) 
 
 
 def install(
-    found: dict[str, Found], *, store: Store, registry: Registry | None, timeout: float
+    found: dict[str, Found],
+    *,
+    store: Store,
+    registry: Registry | None,
+    timeout: float,
+    hold: ExitStack | None = None,
 ) -> dict[str, Installed | Miss]:
-    """Download and install every verified registry entry; one deadline for all of them."""
+    """Download and install every verified registry entry, each held on `hold` from the moment it
+    is installed; one deadline for all of them."""
     deadline = time.monotonic() + timeout
     out: dict[str, Installed | Miss] = {}
     for kind, value in found.items():
@@ -221,14 +369,29 @@ def install(
             continue
         if registry is None:  # cannot happen: entries come from an opened registry
             raise PrebakeError(f"no registry to fetch {kind} from")
-        got = within(deadline - time.monotonic(), partial(store.install, value, registry), name="prebake-fetch")
+        got = within(
+            deadline - time.monotonic(), partial(_install_held, store, value, registry, hold), name="prebake-fetch"
+        )
         if isinstance(got, Done):
             out[kind] = got.value
         else:
             why = _fault(got, f"fetching blob {value.blob.digest[:23]}", "--fetch-timeout", timeout)
             refused = isinstance(got, Raised) and isinstance(got.error, BundleError)  # corrupt or hostile bytes
-            out[kind] = Miss(value.the_key(), why, refused=refused)
+            down = isinstance(got, TimedOut) or (isinstance(got, Raised) and _is_fault(got.error))
+            gone = _unreachable(got, registry.url, why) if down and not refused else None
+            out[kind] = Miss(value.the_key(), why, refused=refused, unreachable=gone)
     return out
+
+
+def _install_held(store: Store, manifest: Manifest, registry: Registry, hold: ExitStack | None) -> Installed:
+    """One install, its hold taken on a private stack inside the install and handed to `hold` only
+    once the install returns: an install abandoned by its time box holds nothing."""
+    if hold is None:
+        return store.install(manifest, registry)
+    own = ExitStack()
+    installed = store.install(manifest, registry, hold=own)
+    hold.enter_context(own)
+    return installed
 
 
 def resolve(
@@ -241,8 +404,10 @@ def resolve(
     lookup_timeout: float = 30.0,
     fetch_timeout: float = 600.0,
     kinds: Iterable[str] | None = None,
+    hold: ExitStack | None = None,
 ) -> Resolution:
-    """lookup -> verify -> install for every kind of `plan` (or the given kinds)."""
+    """lookup -> verify -> bound -> install for every kind of `plan` (or the given kinds), each tree
+    held on `hold` (when given) from the moment it is found or installed."""
     looked = lookup(
         plan,
         plan.kinds.names if kinds is None else kinds,
@@ -251,9 +416,11 @@ def resolve(
         address=address,
         trust=trust,
         timeout=lookup_timeout,
+        hold=hold,
     )
     checked = verify(plan, looked.found, trust)
-    got = install(checked, store=store, registry=looked.registry, timeout=fetch_timeout)
+    check_bound(store, checked, plan.target.name)
+    got = install(checked, store=store, registry=looked.registry, timeout=fetch_timeout, hold=hold)
     return resolution(plan, looked.found, got)
 
 
@@ -262,6 +429,19 @@ def resolution(plan: TargetKeys, found: dict[str, Found], got: dict[str, Install
     sources: dict[str, Source] = {k: "store" if isinstance(found[k], Installed) else "registry" for k in installed}
     misses = tuple(v for v in got.values() if isinstance(v, Miss))
     return Resolution(plan, installed, misses, sources)
+
+
+_BAD_ADDRESS = (UnknownRegistryError, RegistryNotFound)
+
+
+def _is_fault(error: Exception) -> bool:
+    """The registry could not be asked (down, refusing us, a broken connection), as opposed to a
+    bundle that is missing or bad: RegistryUnavailable, which the backends raise, is a ConnectionError."""
+    return isinstance(error, ConnectionError)
+
+
+def _unreachable(outcome: Raised | TimedOut, address: str, why: str) -> Unreachable:
+    return Unreachable(address, isinstance(outcome, TimedOut), why)
 
 
 def _fault(outcome: Raised | TimedOut, what: str, option: str, box: float) -> str:

@@ -9,11 +9,16 @@ upstream kinds). Each task is up to date when the registry already answers its k
 costs one index read and no torch import: re-running a bake with nothing changed does nothing.
 Problems found while planning (unknown model, a precision this host cannot build) become one
 failing task that says so, so `doit list` keeps working.
+
+doit hands every `name=value` of its command line to the tasks, and ignores the ones no task
+reads; `request_from_variables` checks them against BAKE_VARIABLES first, so a typo
+(`precison=bf16`) is refused, naming the valid ones and the nearest, before anything is built.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import difflib
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -21,8 +26,10 @@ from doit.exceptions import TaskFailed
 
 from prebake.artifacts.bake.kinds import TargetKeys
 from prebake.artifacts.bake.recipes import Recipe, list_recipes, load_recipe
-from prebake.artifacts.errors import PrebakeError, RecipeError
+from prebake.artifacts.errors import PrebakeError, RecipeError, StoreError, UsageError
 from prebake.artifacts.ports.registry import Registry
+from prebake.artifacts.store.home import check_home
+from prebake.artifacts.store.local import default_home
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,72 @@ class BakeRequest:
     precision: str | None = None
     tp: int | None = None
     registry: str | None = None
+
+
+# The variables `doit bake` takes, each with what it means (shown by `doit help bake` / `doit list`).
+BAKE_VARIABLES: dict[str, str] = {
+    "model": "recipe name (required): recipes/<name>.toml, found as `prebake recipes` lists",
+    "precision": "only this dtype (default: every dtype of the matrix this host builds)",
+    "tp": "only this tensor-parallel size, a whole number (default: every size of the matrix)",
+    "registry": "where to publish: a folder, file://, s3://, hf:// (default: PREBAKE_REGISTRY, "
+    "else $PREBAKE_HOME/registry)",
+}
+BAKE_DOC = "Bake a recipe for this host (variables: model=<recipe> [precision=<dtype>] [tp=<N>] [registry=<address>])"
+
+
+def request_from_variables(variables: Mapping[str, str]) -> BakeRequest:
+    """The bake request of doit's command-line variables; UsageError for an unknown or malformed one."""
+    unknown = sorted(set(variables) - set(BAKE_VARIABLES))
+    if unknown:
+        name = unknown[0]
+        near = difflib.get_close_matches(name, list(BAKE_VARIABLES), n=1, cutoff=0.6)
+        hint = f"did you mean {near[0]}=? " if near else ""
+        raise UsageError(
+            f"doit bake takes no variable {name}= ({hint}it takes {', '.join(f'{v}=' for v in BAKE_VARIABLES)}); "
+            f"fix the spelling and run it again (see `doit help bake`)"
+        )
+    empty = [name for name, value in variables.items() if name != "registry" and not str(value).strip()]
+    if empty:
+        raise UsageError(f"doit bake variable {empty[0]}= is empty; give it a value or leave it out")
+    tp_text = variables.get("tp")
+    tp: int | None = None
+    if tp_text is not None:
+        try:
+            tp = int(tp_text)
+        except ValueError:
+            raise UsageError(
+                f"doit bake tp={tp_text!r} is not a whole number; write the tensor-parallel size, e.g. tp=1"
+            ) from None
+        if tp < 1:
+            raise UsageError(f"doit bake tp={tp} must be 1 or more")
+    return BakeRequest(
+        model=variables.get("model"),
+        precision=variables.get("precision"),
+        tp=tp,
+        registry=variables.get("registry") or None,
+    )
+
+
+def doit_variables() -> dict[str, str]:
+    """Every `name=value` on doit's command line. doit has no public call that lists them (its
+    get_var answers one name at a time), so this reads the dict get_var reads."""
+    from doit import doit_cmd
+
+    return dict(doit_cmd._CMDLINE_VARS or {})
+
+
+def variable_tasks(
+    variables: Mapping[str, str], *, open_baker: Callable[[str | None], Baker]
+) -> Iterator[dict[str, Any]]:
+    """`doit bake`'s tasks for its command-line variables: one failing task if a variable is wrong."""
+    try:
+        request = request_from_variables(variables)
+        check_home(default_home(), write=True)  # the bake installs and records in the store
+    except (UsageError, StoreError) as exc:
+        yield {"name": None, "doc": BAKE_DOC}
+        yield _failing_task(str(exc))
+        return
+    yield from bake_tasks(request, open_baker=open_baker)
 
 
 class Baker(Protocol):
@@ -48,6 +121,7 @@ class Baker(Protocol):
 
 def bake_tasks(request: BakeRequest, *, open_baker: Callable[[str | None], Baker]) -> Iterator[dict[str, Any]]:
     """The bake task of every kind of every target of the request that this host can build."""
+    yield {"name": None, "doc": BAKE_DOC}
     try:
         if not request.model:
             raise RecipeError(f"say which model to bake: doit bake model=<name>; recipes: {', '.join(list_recipes())}")

@@ -4,6 +4,7 @@
     Maintainable  the optional abilities an operator tool uses: raw index entries, quarantine
     Published     the outcome of a publish (created, or the very same bundle was there)
     Listable      the optional ability to list what `prebake ls` shows without reading every entry
+    Chained       the optional ability to share a caller's time box among members (prebake.registry.chain)
 
 The core owns these so that it never imports a backend: registry/ depends on artifacts/,
 never the reverse. A backend that can also be maintained says so by implementing the second
@@ -86,3 +87,13 @@ class Listable(Protocol):
 
     def listing(self, kind: str | None = None) -> Iterator[Listed]:
         """A row for every index entry (of one kind, if given), in list() order."""
+
+
+@runtime_checkable
+class Chained(Protocol):
+    """A registry of members asked in turn, which can be told when the caller stops waiting: it
+    shares what is left among the members still to ask and skips, for the rest of the run, one
+    that faults or runs past its share, so the next member answers within the caller's box."""
+
+    def lookup_by(self, kind: str, key_digest: str, deadline: float) -> Manifest | None:
+        """`lookup`, answered by `deadline` (a time.monotonic() value)."""

@@ -24,6 +24,8 @@ from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.bundle.payload import file_digest
 from prebake.artifacts.bundle.unpack import tree_problems
 from prebake.artifacts.errors import PrebakeError, StoreError
+from prebake.artifacts.layout import parse_index_relpath
+from prebake.artifacts.store.health import Damaged, check_hit, quarantine
 from prebake.artifacts.store.local import Store, StoreEntry
 
 _HEX_PREFIX = re.compile(r"^(?:sha256:)?([0-9a-f]{4,64})$")
@@ -101,7 +103,7 @@ def list_bundles(store: Store) -> tuple[StoredBundle, ...]:
 class StoreFinding:
     """One broken bundle: what is wrong and what --fix did about it."""
 
-    blob_hex: str
+    blob_hex: str | None  # None: an index entry too damaged to name its blob
     kinds: tuple[str, ...]
     keys: tuple[str, ...]
     problems: tuple[str, ...]
@@ -109,7 +111,7 @@ class StoreFinding:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "blob": "sha256:" + self.blob_hex,
+            "blob": "sha256:" + self.blob_hex if self.blob_hex else None,
             "kinds": list(self.kinds),
             "keys": list(self.keys),
             "problems": list(self.problems),
@@ -146,7 +148,7 @@ class StoreVerifyReport:
         lines = [f"verify store {self.store}: {self.bundles} bundle(s), {self.ok} ok, {len(self.findings)} bad"]
         for f in self.findings:
             what = ", ".join(f"{k} {d[:16]}" for k, d in zip(f.kinds, f.keys)) or "no index entry"
-            lines.append(f"  BAD {f.blob_hex[:16]} ({what}):")
+            lines.append(f"  BAD {f.blob_hex[:16] if f.blob_hex else 'index entry'} ({what}):")
             lines += [f"      {p}" for p in f.problems]
             if f.action:
                 lines.append(f"      -> {f.action}")
@@ -179,6 +181,7 @@ def verify_store(store: Store, *, fix: bool = False) -> StoreVerifyReport:
             kinds = tuple(m.kind for m in bundle.manifests)
             keys = tuple(m.key_digest for m in bundle.manifests)
             findings.append(StoreFinding(bundle.hex, kinds, keys, tuple(problems), action))
+    findings += _damaged_entries(store, {p for b in bundles for p in b.entry.index}, fix)
     notes = []
     if unindexed:
         notes.append(
@@ -187,6 +190,26 @@ def verify_store(store: Store, *, fix: bool = False) -> StoreVerifyReport:
     if treeless:  # a miss, which readers handle (the next fetch installs the tree again): not damage
         notes.append(f"{treeless} index entr(y/ies) name no unpacked tree: lookups miss them until the next fetch")
     return StoreVerifyReport(str(store.home), len(bundles), tuple(findings), tuple(notes))
+
+
+def _damaged_entries(store: Store, seen: set[Path], fix: bool) -> list[StoreFinding]:
+    """Index entries no bundle accounts for because they do not name a blob (cut short, not JSON, not a
+    manifest, filed under another key): one finding each; with `fix`, moved into quarantine/."""
+    findings = []
+    for path in sorted(store.home.glob("index/*/*.json")):
+        parsed = parse_index_relpath(path.relative_to(store.home).as_posix())
+        if path in seen or parsed is None or path.name.startswith(fsutil.TMP_PREFIX):
+            continue
+        kind, key = parsed
+        checked = check_hit(store.home, kind, key)
+        if not isinstance(checked, Damaged) or checked.blob_hex is not None:  # whole, gone, or a tree's problem
+            continue
+        action = ""
+        if fix:
+            moved = quarantine(store.home, kind, key)
+            action = f"moved aside to {moved}; the next fetch installs it again" if moved else "gone meanwhile"
+        findings.append(StoreFinding(None, (kind,), (key,), (f"index entry: {checked.problem}",), action))
+    return findings
 
 
 def _problems(store: Store, bundle: StoredBundle) -> list[str]:

@@ -10,6 +10,7 @@
     ├── locks/gc.lock                              one gc at a time
     ├── locks/scratch-<name>.lock                  held by the live process that owns tmp/<name>
     ├── stats/                                     hit, miss and fallback counts (prebake.artifacts.store.stats); never evicted
+    ├── quarantine/index/<kind>/<key-digest>.json  damaged entries the hit path moved aside (prebake.artifacts.store.health)
     ├── listing/                                   `prebake ls` summaries of Hub registries (registry/hf_listing.py)
     └── tmp/                                       scratch folders and evicted trees; nothing here is ever read
 
@@ -21,14 +22,19 @@ declares. Beside each tree, `trees/<blob-hex>.files` records the digest of the f
 it was verified against; a second manifest naming the same blob must name the same list,
 or it is refused (nothing is trusted because it is already there). The index entry is written after the
 tree, so an index entry always names a complete tree, and `lookup` checks the tree is
-still there. Eviction runs in the reverse order: index entries first, then the tree (moved
+still there and whole by a cheap check (artifacts/store/health.py: the entry parses, every
+file is there with its size); a damaged entry is moved into quarantine/ and its tree
+evicted, so the next install fetches it again from the registry. Eviction runs in the reverse order: index entries first, then the tree (moved
 into tmp/ by one rename, then deleted), then the blob. A process killed at any point leaves
 only temporaries (`.tmp-*` downloads, `.<hex>.*.partial` trees, tmp/ folders) that no
 reader looks at; the next install of the same blob, or the next gc, removes them.
 
-Size: PREBAKE_STORE_MAX_BYTES (or `gc(max_bytes)`, `prebake gc --max-size`) bounds blobs/
-plus trees/, evicting the least recently used bundles first. A process that holds a tree
-with `Store.use` keeps it from eviction until it lets go. Locks are flock(2), which the
+Size: blobs/ plus trees/ are bounded by DEFAULT_MAX_BYTES (10 GiB, sccache's default), or
+PREBAKE_STORE_MAX_BYTES (or `gc(max_bytes)`, `prebake store gc --max-size`), evicting the least
+recently used bundles first after each install. The embedded registry/ is not counted. A process
+that holds a tree with `Store.use` keeps it from eviction until it lets go; `install(..., hold=stack)`
+takes that hold inside the install, before the install's own gc runs, so a process never loses a
+tree between installing it and using it. Locks are flock(2), which the
 kernel drops when a holder dies: keep the store on local disk, where flock works (not NFS).
 """
 
@@ -40,8 +46,8 @@ import re
 import shutil
 import time
 from collections.abc import Collection, Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from prebake.artifacts import fsutil
@@ -51,11 +57,14 @@ from prebake.artifacts.bundle.unpack import tree_problems, unpack_streamed
 from prebake.artifacts.errors import BundleError, StoreError
 from prebake.artifacts.layout import blob_relpath, index_relpath
 from prebake.artifacts.ports.registry import Registry
+from prebake.artifacts.store.health import Damaged, check_hit, quarantine, tree_damage
+from prebake.artifacts.store.overlap import check_apart
 
 HOME_ENV = "PREBAKE_HOME"
 REGISTRY_ENV = "PREBAKE_REGISTRY"
 MAX_BYTES_ENV = "PREBAKE_STORE_MAX_BYTES"
 UNPACK_MAX_BYTES_ENV = "PREBAKE_UNPACK_MAX_BYTES"
+DEFAULT_MAX_BYTES = 10 * 1024**3  # the store's bound when PREBAKE_STORE_MAX_BYTES is not set (sccache's 10 GiB)
 
 _HEX = "[0-9a-f]{64}"
 _PARTIAL_TREE = re.compile(rf"^\.({_HEX})\..*\.partial$")  # bundle.unpack's temporary folder
@@ -65,7 +74,14 @@ _INDEX_TMP_GRACE_S = 600.0  # an index write takes milliseconds; an older tempor
 
 
 def default_home(env: Mapping[str, str] = os.environ) -> Path:
-    return Path(env.get(HOME_ENV) or Path.home() / ".cache" / "prebake").expanduser()
+    """$PREBAKE_HOME (made absolute: a relative one would move with the working folder), else ~/.cache/prebake."""
+    return absolute(env.get(HOME_ENV) or Path.home() / ".cache" / "prebake")
+
+
+def absolute(path: Path | str) -> Path:
+    """`path` with ~ expanded, made absolute against the working folder and normalised (no `..`);
+    links are kept, so the path stays the one the operator named."""
+    return Path(os.path.abspath(Path(path).expanduser()))
 
 
 def parse_size(text: str, what: str = "size") -> int:
@@ -78,7 +94,8 @@ def parse_size(text: str, what: str = "size") -> int:
 
 @dataclass(frozen=True)
 class StoreLimits:
-    """How large the store may grow (None: unbounded) and how far one archive may unpack."""
+    """How large the store may grow (None: unbounded, for tests and tools) and how far one archive may
+    unpack. From the environment it is always bounded: PREBAKE_STORE_MAX_BYTES, else DEFAULT_MAX_BYTES."""
 
     max_bytes: int | None = None
     unpack: UnpackLimits = UnpackLimits()
@@ -89,7 +106,7 @@ class StoreLimits:
         unpack_limits = (
             UnpackLimits(max_bytes=parse_size(raw_unpack, UNPACK_MAX_BYTES_ENV)) if raw_unpack else UnpackLimits()
         )
-        return cls(parse_size(raw_max, MAX_BYTES_ENV) if raw_max else None, unpack_limits)
+        return cls(parse_size(raw_max, MAX_BYTES_ENV) if raw_max else DEFAULT_MAX_BYTES, unpack_limits)
 
 
 @dataclass(frozen=True)
@@ -141,7 +158,7 @@ class Store:
     """One machine's store of verified, unpacked bundles."""
 
     def __init__(self, home: Path | str | None = None, limits: StoreLimits | None = None):
-        self.home = Path(home).expanduser() if home else default_home()
+        self.home = absolute(home) if home else default_home()
         self.limits = limits if limits is not None else StoreLimits.from_env()
         self._scratches: dict[Path, fsutil.Flock] = {}
 
@@ -150,30 +167,49 @@ class Store:
         return self.home / "registry"
 
     def registry_address(self, explicit: str | None = None, env: Mapping[str, str] = os.environ) -> str:
-        """The registry to use: the explicit one, else $PREBAKE_REGISTRY, else the embedded folder."""
-        return explicit or env.get(REGISTRY_ENV) or str(self.default_registry)
+        """The registry to use: the explicit one, else $PREBAKE_REGISTRY, else the embedded folder.
+        Raises StoreOverlapError for a folder registry that shares the store's folder (prebake.artifacts.store.overlap)."""
+        address = explicit or env.get(REGISTRY_ENV) or str(self.default_registry)
+        check_apart(self.home, address, embedded=self.default_registry)
+        return address
 
     def lookup(self, kind: str, key_digest: str) -> Installed | None:
-        """The installed bundle for this key, if its tree is complete; counts as a use for eviction."""
-        path = self.home / index_relpath(kind, key_digest)
-        try:
-            manifest = Manifest.parse(fsutil.read_bounded(path, MAX_MANIFEST_BYTES), str(path))
-        except FileNotFoundError:
+        """The installed bundle for this key, if its tree is whole; counts as a use for eviction."""
+        found = self.find(kind, key_digest)
+        return found if isinstance(found, Installed) else None
+
+    def find(self, kind: str, key_digest: str) -> Installed | Damaged | None:
+        """`lookup`, saying why when the entry was there but damaged (it is then moved aside and
+        its tree evicted, so the next install fetches the bundle again)."""
+        checked = check_hit(self.home, kind, key_digest)
+        if isinstance(checked, Damaged):
+            return self._heal(checked)
+        if checked is None:
             return None
-        tree = self.tree_path(manifest)
-        if not tree.is_dir():  # evicted after its entry was read, or its entry outlived a crashed gc
-            return None
+        manifest, tree = checked
         self._touch(manifest.blob.hex)
         return Installed(manifest, tree)
 
-    def install(self, manifest: Manifest, source: Registry, *, limits: UnpackLimits | None = None) -> Installed:
+    def install(
+        self,
+        manifest: Manifest,
+        source: Registry,
+        *,
+        limits: UnpackLimits | None = None,
+        hold: ExitStack | None = None,
+    ) -> Installed:
         """Fetch, verify and unpack `manifest`'s blob from `source`, once per blob across processes,
-        then evict least recently used bundles if the store is above its bound."""
+        then evict least recently used bundles if the store is above its bound. With `hold`, the
+        tree is held (`use`) on that stack from inside the install, so no gc evicts it before the
+        caller lets go."""
         hexd, tree = manifest.blob.hex, self.tree_path(manifest)
         limits = limits or self.limits.unpack
         limits.check(manifest.files, f"{manifest.kind} {manifest.key_digest[:16]}")
+        installed = Installed(manifest, tree)
         with fsutil.Flock.hold(self._install_lock(hexd)):
             self._remove_partials_locked(hexd)
+            if tree.is_dir() and tree_damage(tree, manifest) is not None:
+                self._discard_damaged_locked(hexd)  # a cleaner took files: fetch it whole again
             if tree.is_dir():
                 self._check_existing(manifest, tree)
             else:
@@ -181,9 +217,11 @@ class Store:
             self._lease(hexd).touch(exist_ok=True)
             self._touch(hexd)
             fsutil.write_bytes(self.home / index_relpath(manifest.kind, manifest.key_digest), manifest.to_bytes())
+            if hold is not None:  # inside the install lock: no gc can evict it before the hold is taken
+                hold.enter_context(self.use(installed))
         if self.limits.max_bytes is not None:
             self.gc(self.limits.max_bytes, keep=(hexd,), wait=False)  # a gc already running does the work
-        return Installed(manifest, tree)
+        return installed
 
     @contextmanager
     def use(self, installed: Installed) -> Iterator[Installed]:
@@ -258,14 +296,7 @@ class Store:
 
     def held(self, hexd: str) -> bool:
         """True while a process holds blob `hexd`'s tree with `use` (or a gc is evicting it)."""
-        path = self.home / "leases" / hexd
-        if not path.exists():
-            return False
-        lease = fsutil.Flock.acquire(path, wait=False)
-        if lease is None:
-            return True
-        lease.release()
-        return False
+        return fsutil.Flock.is_held(self.home / "leases" / hexd)
 
     def recover(self) -> int:
         """Remove what crashed runs left behind; return how many leftovers went. Safe while other
@@ -347,7 +378,7 @@ class Store:
             raise StoreError(
                 f"{manifest.kind} {manifest.key_digest[:16]} needs {_mib(need)} (blob {_mib(manifest.blob.size)}, "
                 f"files {_mib(manifest.unpacked_bytes)}) and {self.home} has {_mib(free)} free; free space, "
-                f"run `prebake gc --max-size`, or point {HOME_ENV} at a larger disk"
+                f"run `prebake store gc --max-size`, or point {HOME_ENV} at a larger disk"
             )
 
     def _files_record(self, hexd: str) -> Path:
@@ -443,6 +474,39 @@ class Store:
         if trash is not None:
             shutil.rmtree(trash, ignore_errors=True)
         return True
+
+    def _heal(self, damaged: Damaged) -> Damaged:
+        """Move a damaged entry aside and evict its tree; a tree a live process holds stays until the
+        next install of its blob replaces it. An install of the blob running now heals it itself."""
+        lock = None
+        if damaged.blob_hex is not None:
+            lock = fsutil.Flock.acquire(self._install_lock(damaged.blob_hex), wait=False)
+            if lock is None:
+                return damaged
+        try:
+            if not isinstance(check_hit(self.home, damaged.kind, damaged.key_digest), Damaged):
+                return damaged  # replaced by a whole one since it was read: nothing to move
+            moved = quarantine(self.home, damaged.kind, damaged.key_digest)
+            if damaged.blob_hex is not None and not self.held(damaged.blob_hex):
+                self._discard_damaged_locked(damaged.blob_hex)
+        finally:
+            if lock is not None:
+                lock.release()
+        return replace(damaged, moved_to=moved)
+
+    def _discard_damaged_locked(self, hexd: str) -> None:
+        """A damaged tree goes (one rename into tmp/), with its blob and file-list record, so the next
+        install streams the bundle again from the registry; the caller holds `hexd`'s install lock."""
+        tree = self.home / "trees" / hexd
+        trash = self.home / "tmp" / f"{_EVICTED}{hexd}-{time.time_ns()}"
+        trash.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(tree, trash)
+        except FileNotFoundError:
+            return
+        self._files_record(hexd).unlink(missing_ok=True)
+        self.blob_path("sha256:" + hexd).unlink(missing_ok=True)
+        shutil.rmtree(trash, ignore_errors=True)
 
     def _drop_dangling(self, index: Path, hexd: str | None) -> int:
         """Remove an index entry that names no tree (a crashed gc's) or cannot be read."""

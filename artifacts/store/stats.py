@@ -26,7 +26,7 @@ import os
 import re
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -193,6 +193,8 @@ class StatsReport:
     store: str
     summary: StatsSummary
     zeroed: bool = False
+    store_bytes: int | None = None  # blobs/ + trees/ now: what the bound counts
+    max_bytes: int | None = None  # the store's bound (PREBAKE_STORE_MAX_BYTES, else the default)
 
     def total(self) -> KindTally:
         return _add_tallies(self.summary.kinds.values())
@@ -215,12 +217,19 @@ class StatsReport:
             ],
             "differing_factors": [{"factor": f, "count": n} for f, n in factors],
             "zeroed": self.zeroed,
+            "store_bytes": self.store_bytes,
+            "max_bytes": self.max_bytes,
         }
 
     def render(self) -> str:
         data = self.to_json()
         since = data["since"] or "never (nothing recorded yet)"
         lines = [f"stats of {self.store} since {since}: {data['events']} event(s)"]
+        if self.store_bytes is not None:
+            bound = "unbounded" if self.max_bytes is None else f"bound {fsutil.human_size(self.max_bytes)}"
+            lines.append(
+                f"  store size {fsutil.human_size(self.store_bytes)} ({bound}; PREBAKE_STORE_MAX_BYTES sets it)"
+            )
         header = f"  {'kind':<10} {'hits':>6} {'store':>6} {'registry':>8} {'misses':>6} {'hit rate':>8} {'compiled':>8} {'compile s':>9} {'saved s':>9} {'fetched':>10}"
         lines.append(header)
         for name, t in [*data["kinds"].items(), ("total", data["total"])]:
@@ -245,6 +254,10 @@ class StatsReport:
 
 def read_stats(store: Store, *, zero: bool = False) -> StatsReport:
     """Fold the summary and every event into one report; with `zero`, start counting again."""
+    if not zero and not _writable(store.home):  # a read-only home: read it as it is, without the lock file
+        folder = store.home / "stats"
+        summary = _fold(_read_summary(folder), _pending(folder)) if folder.is_dir() else StatsSummary()
+        return _sized(StatsReport(str(store.home), summary, zeroed=False), store)
     folder = _folder(store)
     with _lock(folder, shared=not zero):
         try:
@@ -258,7 +271,13 @@ def read_stats(store: Store, *, zero: bool = False) -> StatsReport:
             fsutil.write_bytes(folder / "summary.json", fresh.model_dump_json(indent=1).encode())
             for path in [*folder.glob("events-*.jsonl"), folder / "events.jsonl"]:
                 path.unlink(missing_ok=True)
-    return StatsReport(str(store.home), summary, zeroed=zero)
+    return _sized(StatsReport(str(store.home), summary, zeroed=zero), store)
+
+
+def _sized(report: StatsReport, store: Store) -> StatsReport:
+    """The report with the store's size and bound beside its counts."""
+    used = sum(e.bytes for e in store.inventory())
+    return replace(report, store_bytes=used, max_bytes=store.limits.max_bytes)
 
 
 def compact(store: Store) -> StatsSummary:
@@ -409,6 +428,16 @@ def _lock(folder: Path, *, shared: bool = False) -> fsutil.Flock:
     lock = fsutil.Flock.acquire(folder / "stats.lock", shared=shared)
     assert lock is not None  # a waiting acquire always returns the lock
     return lock
+
+
+def _writable(home: Path) -> bool:
+    """False when the home is there but cannot be written (a read-only mount, a folder of another user)."""
+    probe = home / "stats" if (home / "stats").is_dir() else home
+    return not probe.is_dir() or (os.access(probe, os.W_OK) and not _read_only_mount(probe))
+
+
+def _read_only_mount(path: Path) -> bool:
+    return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
 
 
 def _folder(store: Store) -> Path:

@@ -13,6 +13,7 @@ orchestrator's probes can reach it, and set --api-key (or PREBAKE_API_KEY) for a
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
@@ -24,7 +25,7 @@ from pathlib import Path
 import uvicorn
 from pydantic import BaseModel, ConfigDict, Field
 
-from prebake.artifacts.errors import ExitCode, PrebakeError
+from prebake.artifacts.errors import PrebakeError
 from prebake.engine.bundled.api.app import create_app
 from prebake.engine.bundled.api.chat import ChatTemplateError, chat_template_for
 from prebake.engine.bundled.api.guard import GuardSettings
@@ -47,6 +48,7 @@ class ServeSettings(BaseModel):
     port: int = Field(default=8000, ge=0, le=65535, description="0 picks a free port (logged)")
     api_key: str | None = Field(default=None, min_length=1, repr=False)
     max_body_bytes: int = Field(default=4 << 20, gt=0)
+    max_bodies_bytes: int = Field(default=64 << 20, gt=0, description="every body in flight, together")
     body_timeout_s: float = Field(default=30.0, gt=0)
 
 
@@ -61,7 +63,9 @@ def serve(settings: ServeSettings, open_services: OpenServices, emit: Callable[[
     metrics.set("prebake_ready", 0)
     state = AppState(settings.startup.model, metrics)
     sock = _bind(settings.host, settings.port)
-    guard = GuardSettings(settings.api_key, settings.max_body_bytes, settings.body_timeout_s)
+    guard = GuardSettings(
+        settings.api_key, settings.max_body_bytes, settings.body_timeout_s, max_bodies_bytes=settings.max_bodies_bytes
+    )
     config = uvicorn.Config(
         create_app(state, guard), log_config=None, access_log=False, timeout_graceful_shutdown=5, lifespan="off"
     )
@@ -91,7 +95,7 @@ def serve(settings: ServeSettings, open_services: OpenServices, emit: Callable[[
         return 0
     except MissRefused as exc:
         emit(f"prebake serve: {exc}")
-        return ExitCode.MISS
+        return exc.code
     except SystemExit as exc:
         emit("prebake serve: stopping")
         return int(exc.code or 0)
@@ -115,10 +119,24 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.listen(2048)
     except OSError as exc:
         raise ListenError(
-            f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another --port (0 picks a free one)"
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}; {_listen_fix(exc, host, port)}"
         ) from exc
     sock.set_inheritable(True)
     return sock
+
+
+def _listen_fix(exc: OSError, host: str, port: int) -> str:
+    """What to change when an address cannot be bound: the port when it is taken, else the host."""
+    if exc.errno == errno.EADDRINUSE:
+        return "another process listens there: pick another --port (0 picks a free one)"
+    if exc.errno == errno.EACCES and 0 < port < 1024:
+        return "ports below 1024 need privileges: pick --port 1024 or above (default 8000)"
+    if isinstance(exc, socket.gaierror):
+        return f"--host {host!r} is not a name or address this machine can resolve: give an IP address or a host name"
+    return (
+        f"--host {host} is not an address of this machine: use 127.0.0.1 (this machine only), 0.0.0.0 "
+        f"(every interface, e.g. in a container) or one of its own addresses"
+    )
 
 
 def _ready(engine: Engine, state: AppState, stop: threading.Event, emit: Callable[[str], None]) -> threading.Thread:

@@ -45,7 +45,7 @@ from prebake.artifacts.bake.kinds import BUCKETS_FILE, Builder, BuildRequest, Ta
 from prebake.artifacts.bake.recipes import PRECOMPILE, Recipe, load_recipe
 from prebake.artifacts.buckets.artifact import BucketSet
 from prebake.artifacts.bundle.manifest import Manifest
-from prebake.artifacts.errors import PrebakeError, StoreError
+from prebake.artifacts.errors import ExitCode, PrebakeError, StoreError
 from prebake.artifacts.store.local import Installed, Store
 from prebake.artifacts.store.stats import record_fallback, record_miss
 from prebake.engine.bundled import cache_layout
@@ -80,7 +80,12 @@ class StartupSettings(BaseModel):
 
 
 class MissRefused(PrebakeError, LookupError):
-    """Bundles missed and the engine was told --on-miss fail."""
+    """Bundles missed and the engine was told --on-miss fail; `code` says why (3 nothing matches,
+    4 the registry could not be asked, 2 something was refused)."""
+
+    def __init__(self, message: str, code: int = ExitCode.MISS):
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass
@@ -198,17 +203,19 @@ def _start(
             address=address,
             trust=context.trust,
             timeout=settings.registry_timeout,
+            hold=leases,  # a store hit is held from here on: no gc evicts it while the rest downloads
         )
         s.detail = _summary(looked.found, address)
     with log.step("verify") as s:
         found = fetch.verify(plan, looked.found, context.trust)
         passed = sum(isinstance(v, Manifest) for v in found.values())
         s.detail = f"{passed} registry bundle(s) carry their keys and pass the trust policy"
+    fetch.check_bound(store, found, plan.target.name)  # before anything is installed or evicted
     with log.step("fetch") as s:
-        got = fetch.install(found, store=store, registry=looked.registry, timeout=settings.fetch_timeout)
+        got = fetch.install(found, store=store, registry=looked.registry, timeout=settings.fetch_timeout, hold=leases)
         fetched = [f"{k} {i.manifest.blob.hex[:12]}" for k, i in got.items() if isinstance(i, Installed)]
         s.detail = ", ".join(fetched) or "nothing to fetch"
-    resolution = fetch.resolution(plan, looked.found, _hold(got, store, leases))
+    resolution = fetch.resolution(plan, looked.found, got)
     _count(log.metrics, resolution)
     record_resolution(store, resolution)
     for miss in resolution.misses:
@@ -216,7 +223,9 @@ def _start(
     if resolution.misses and settings.on_miss == "fail":
         raise MissRefused(
             f"{len(resolution.misses)} of {plan.target.name}'s bundles missed (above) and --on-miss is fail; "
-            f"bake them (doit bake model={plan.target.recipe} precision={plan.target.dtype}) or use --on-miss compile"
+            f"{fetch.miss_advice(resolution.misses, target=plan.target.name, bake=_bake_command(plan), address=address)}; "
+            f"or use --on-miss compile",
+            code=fetch.miss_exit_code(resolution.misses),
         )
     compiled = context.adapter(plan).fallback_kind
     trees = {k: i.tree for k, i in resolution.installed.items()}
@@ -239,17 +248,8 @@ def _start(
     return engine
 
 
-def _hold(got: dict[str, Installed | Miss], store: Store, leases: ExitStack) -> dict[str, Installed | Miss]:
-    """Lease every installed tree for the engine's life, so `prebake gc` never evicts one under it."""
-    held: dict[str, Installed | Miss] = {}
-    for kind, value in got.items():
-        if isinstance(value, Installed):
-            try:
-                value = leases.enter_context(store.use(value))
-            except StoreError as exc:  # evicted between fetch and hold: compile in place instead
-                value = Miss(value.manifest.the_key(), str(exc))
-        held[kind] = value
-    return held
+def _bake_command(plan: TargetKeys) -> str:
+    return f"doit bake model={plan.target.recipe} precision={plan.target.dtype}"
 
 
 def _count(metrics: Metrics, resolution: Resolution) -> None:

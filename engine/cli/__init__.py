@@ -1,59 +1,112 @@
-"""The `prebake` command: list, fetch, serve, verify and manage bundles.
+"""The `prebake` command: bake and plan, registries, the local store, serving, keys and fleets.
 
-Exit codes: 0 success (installed), 2 refused or invalid (unknown model, malformed recipe,
-bad registry address, a bundle or index entry that fails a check), 3 a miss (`fetch` found no
-usable bundle, or the registry did not answer: the nearest bundle or the fault is explained);
-`verify` and `store verify` exit 1 when they found bad entries, `store rm` when it kept a
-bundle a live engine holds. Every command that prints a report takes --json. Nothing a
-registry or network sends ends in a traceback: an error prebake did not foresee is still
-reported in one line, with exit code 2.
+Exit codes (engine/cli/outcome.py, docs/commands.md): 0 done; 1 checked and found bad (verify),
+or a bake failed; 2 bad input or refused content; 3 nothing matches (a miss); 4 the registry could
+not be asked (down, refusing us, out of time); 5 the local store ($PREBAKE_HOME) cannot be used.
+Every command that prints a report takes --json, and with --json a failure prints a JSON error
+object. Nothing a registry or network sends ends in a traceback.
 
-Each command group lives in its own module with an `add(subparsers)` function; this
-module only assembles them and maps prebake's errors to exit codes.
+Each command group lives in its own module with an `add(subparsers)` function that declares its
+commands with common.command (group, examples, store use); registering a module is one line in
+COMMAND_MODULES.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
 from prebake import __version__
-from prebake.artifacts.errors import ExitCode, PrebakeError
-from prebake.engine.cli import bake, buckets, bundles, plan, serving, stats, store
+from prebake.artifacts.errors import ExitCode
+from prebake.artifacts.store.home import check_home
+from prebake.artifacts.store.local import default_home
+from prebake.engine.cli import bake, buckets, bundles, keys, plan, recipes, serving, stats, store
+from prebake.engine.cli.common import GROUPS, LISTED, Formatter, verbosity_options, warn_deprecated
+from prebake.engine.cli.outcome import Failure, failure
 from prebake.engine.common import logs
 
-COMMAND_GROUPS = (bundles, serving, store, stats, buckets, plan, bake)
+COMMAND_MODULES = (bake, plan, buckets, recipes, bundles, store, stats, serving, keys)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(json_errors="--json" in words or "json" in words)
+    args = parser.parse_args(words)
     try:
-        logs.configure()
+        logs.configure(_log_environment(args.verbosity))
+        warn_deprecated(args)
+        _check_store(args)
         return args.run(args)
-    except (PrebakeError, logs.LogSettingError) as exc:
-        print(f"prebake: error: {exc}", file=sys.stderr)
-        return ExitCode.INVALID
-    except OSError as exc:  # the local disk or network, outside prebake's own checks
-        print(f"prebake: error: {exc}", file=sys.stderr)
-        return ExitCode.INVALID
-    except Exception as exc:  # the 0/2/3 contract holds even for a fault nobody foresaw
-        print(
-            f"prebake: error: unexpected {type(exc).__name__}: {exc} (a bug in prebake: please report it)",
-            file=sys.stderr,
-        )
-        return ExitCode.INVALID
+    except BrokenPipeError:  # `prebake ls | head`: the reader has all it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return ExitCode.OK
+    except Exception as exc:  # the exit-code table holds even for a fault nobody foresaw
+        failed = failure(exc)
+        print(f"prebake: error: {failed.message}", file=sys.stderr)
+        if _wants_json(args):
+            print(failed.to_json())
+        return failed.code
 
 
-def build_parser() -> argparse.ArgumentParser:
+class Parser(argparse.ArgumentParser):
+    """argparse's parser; a usage error of a command asked for --json also prints a JSON error object."""
+
+    json_errors = False
+
+    def error(self, message: str):  # type: ignore[override]
+        if self.json_errors:
+            print(Failure(ExitCode.INVALID, "UsageError", f"{self.prog}: {message}").to_json())
+        super().error(message)
+
+
+def build_parser(*, json_errors: bool = False) -> argparse.ArgumentParser:
     """The whole `prebake` command line (docs/gen_reference.py walks it for docs/reference/cli.md)."""
-    parser = argparse.ArgumentParser(prog="prebake", description=__doc__.splitlines()[0])
+    LISTED.clear()
+    Parser.json_errors = json_errors
+    parser = Parser(
+        prog="prebake",
+        usage="prebake [-h] [--version] [-v | -q] COMMAND ...",
+        description=__doc__.splitlines()[0],
+        formatter_class=Formatter,
+        allow_abbrev=False,
+    )
     parser.add_argument("--version", action="version", version=f"prebake {__version__}")
-    sub = parser.add_subparsers(required=True, metavar="COMMAND")
-    for group in COMMAND_GROUPS:
-        group.add(sub)
+    verbosity_options(parser)
+    sub = parser.add_subparsers(required=True, metavar="COMMAND", prog="prebake", help=argparse.SUPPRESS)
+    for module in COMMAND_MODULES:
+        module.add(sub)
+    parser.epilog = _grouped()
     return parser
+
+
+def _grouped() -> str:
+    width = max(len(c.name) for c in LISTED)
+    lines = []
+    for group in [*GROUPS, *sorted({c.group for c in LISTED} - set(GROUPS))]:
+        members = [c for c in LISTED if c.group == group]
+        if members:
+            lines.append(f"{group}:")
+            lines += [f"  {c.name:<{width}}  {c.help}" for c in members]
+    lines.append("\n`prebake COMMAND --help` shows a command's options, defaults and examples.")
+    return "\n".join(lines)
+
+
+def _log_environment(verbosity: int) -> dict[str, str] | None:
+    if not verbosity:
+        return None
+    return {**os.environ, logs.LEVEL_VARIABLE: "DEBUG" if verbosity > 0 else "WARNING"}
+
+
+def _check_store(args: argparse.Namespace) -> None:
+    use = args.store_use(args) if callable(args.store_use) else args.store_use
+    if use is not None:
+        check_home(default_home(), write=use == "write")
+
+
+def _wants_json(args: argparse.Namespace) -> bool:
+    return bool(getattr(args, "json", False)) or getattr(args, "format", None) == "json"
 
 
 if __name__ == "__main__":

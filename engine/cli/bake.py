@@ -14,7 +14,7 @@ from prebake.artifacts.bake.kinds import BUCKETS
 from prebake.artifacts.bake.recipes import load_recipe
 from prebake.artifacts.bake.tasks import BakeRequest
 from prebake.engine.bundled.adapter import BundledAdapter
-from prebake.engine.cli.common import registry_option, table
+from prebake.engine.cli.common import command, positive_int, registry_option, table
 from prebake.engine.cli.plan import profiles_option
 
 if TYPE_CHECKING:
@@ -22,16 +22,37 @@ if TYPE_CHECKING:
 
 
 def add(sub) -> None:
-    bake = sub.add_parser("bake", help="bake a recipe's artifacts (doit's tasks) and publish them")
-    bake.add_argument("--model", required=True, help="recipe name (recipes/<name>.toml, PREBAKE_RECIPES adds folders)")
-    bake.add_argument("--precision", help="only this dtype")
-    bake.add_argument("--tp", type=int, help="only this tensor-parallel size")
-    bake.add_argument("--target", help="bake exactly this target id, as `prebake plan` prints it")
+    bake = command(
+        sub,
+        "bake",
+        group="bake and plan",
+        help="bake a recipe's artifacts (doit's tasks) and publish them",
+        examples=[
+            "prebake bake --model tiny-llama --precision bf16",
+            "prebake bake --model llama3-8b --target llama3-8b/cuda:sm_90/tp8/fp8 --registry s3://team/prebake",
+            "prebake bake --model llama3-8b --executor ray --ray-address ray://head:10001",
+        ],
+        store="write",
+    )
+    bake.add_argument(
+        "--model", required=True, help="recipe name (as `prebake recipes` lists them; PREBAKE_RECIPES adds folders)"
+    )
+    bake.add_argument("--precision", help="only this dtype (default: every dtype of the matrix this host builds)")
+    bake.add_argument("--tp", type=positive_int, help="only this tensor-parallel size (default: every size)")
+    bake.add_argument("--target", help="bake exactly this target id, as `prebake plan` prints it (default: all)")
     registry_option(bake)
-    bake.add_argument("--executor", choices=("local", "ray"), default="local", help="where the bakes run")
+    bake.add_argument(
+        "--executor",
+        choices=("local", "ray"),
+        default="local",
+        help="where the bakes run: this host, or a Ray cluster's matching nodes (default: local)",
+    )
     bake.add_argument("--ray-address", help="with --executor ray: the cluster (default: RAY_ADDRESS, else a local one)")
     bake.add_argument(
-        "--node-timeout", type=float, default=120.0, help="with --executor ray: seconds to wait for a matching node"
+        "--node-timeout",
+        type=float,
+        default=120.0,
+        help="with --executor ray: seconds to wait for a matching node (default: 120)",
     )
     bake.add_argument(
         "--ray-routing",
@@ -42,6 +63,12 @@ def add(sub) -> None:
     )
     bake.add_argument(
         "--ray-retries", type=int, default=2, help="with --executor ray: retries of a bake whose node died (default 2)"
+    )
+    bake.add_argument(
+        "--forward-credentials",
+        action="store_true",
+        help="with --executor ray: also send this host's registry credentials (AWS_*, HF_TOKEN) to the nodes; "
+        "without it only the non-secret settings travel (endpoint, region, HF_ENDPOINT, PREBAKE_*)",
     )
     profiles_option(bake)
     bake.add_argument("--always", action="store_true", help="rebuild even what the registry already has (doit -a)")
@@ -63,6 +90,7 @@ def cmd_bake(args: argparse.Namespace) -> int:
                 routing=args.ray_routing,
                 retries=args.ray_retries,
                 node_timeout=args.node_timeout,
+                forward_credentials=args.forward_credentials,
             )
         )
         print(render(report))

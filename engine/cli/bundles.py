@@ -1,48 +1,55 @@
-"""Registry commands: ls, keygen, verify."""
+"""Registry commands: ls, verify."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
-from pathlib import Path
+import sys
 
 from prebake.artifacts.ports.listing import Listed
 from prebake.artifacts.store.local import Store
-from prebake.engine.cli.common import json_option, registry_option, size, table
+from prebake.engine.adapters import KIND_NAMES
+from prebake.engine.cli.common import command, json_option, registry_option, size, table
 
 
 def add(sub) -> None:
-    ls = sub.add_parser("ls", help="list the bundles in a registry")
+    ls = command(
+        sub,
+        "ls",
+        group="registry",
+        help="list the bundles in a registry",
+        examples=["prebake ls", "prebake ls --registry s3://team/prebake --kind graphs --json"],
+        store="read",
+    )
     registry_option(ls)
-    ls.add_argument("--kind", help="only this artifact kind (buckets, autotune, graphs)")
+    ls.add_argument("--kind", choices=KIND_NAMES, help="only this artifact kind (default: every kind)")
     json_option(ls)
     ls.set_defaults(run=cmd_ls)
 
-    keygen = sub.add_parser("keygen", help="make an ed25519 signing key pair for bundles")
-    keygen.add_argument("name", help="the signer's name, e.g. ci-bakers-2026")
-    keygen.add_argument("--dir", default=".", help="folder to write <name>.pem and <name>.pub into")
-    keygen.set_defaults(run=cmd_keygen)
-
-    verify = sub.add_parser("verify", help="re-hash every blob and check every index entry and signature")
+    verify = command(
+        sub,
+        "verify",
+        group="registry",
+        help="re-hash every blob and check every index entry and signature of a registry",
+        examples=["prebake verify --registry s3://team/prebake --deep", "prebake verify --quarantine --json"],
+        store="read",
+    )
     registry_option(verify)
     verify.add_argument("--quarantine", action="store_true", help="move bad entries aside")
     json_option(verify)
     verify.add_argument(
         "--deep", action="store_true", help="also open every blob and check it against its manifest's file list"
     )
-    verify.add_argument(
-        "--store", action="store_true", help="verify the local store instead (every tree and blob, always deep)"
-    )
+    verify.add_argument("--store", action="store_true", help=argparse.SUPPRESS)  # old spelling of `store verify`
     verify.set_defaults(run=cmd_verify)
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from prebake.registry import open_registry
+    from prebake.engine.compose import open_address
     from prebake.registry.base import listed
 
-    store = Store()
-    registry = open_registry(store.registry_address(args.registry))
+    registry = open_address(Store(), args.registry)
     bundles = list(listed(registry, args.kind))
     if args.json:
         print(
@@ -84,25 +91,21 @@ def _ls_json(m: Listed) -> dict:
     }
 
 
-def cmd_keygen(args: argparse.Namespace) -> int:
-    from prebake.registry.signing import keygen_cli
-
-    print(keygen_cli(args.name, Path(args.dir).resolve()))
-    return 0
-
-
 def cmd_verify(args: argparse.Namespace) -> int:
-    from prebake.registry import open_registry
+    from prebake.engine.compose import open_address
     from prebake.registry.signing import trust_from_env
     from prebake.registry.verify import verify_registry
 
-    if args.store:  # the same check as `prebake store verify`
-        from prebake.artifacts.store.admin import verify_store
+    if args.store:  # the old spelling of `prebake store verify`: the same check, the same output
+        from prebake.engine.cli.store import cmd_store_verify
 
-        store_report = verify_store(Store())
-        print(store_report.render())
-        return store_report.exit_code
-    registry = open_registry(Store().registry_address(args.registry))
+        print(
+            "prebake: `prebake verify --store` is now `prebake store verify`; the old spelling still works for now",
+            file=sys.stderr,
+        )
+        args.fix = False
+        return cmd_store_verify(args)
+    registry = open_address(Store(), args.registry)
     report = verify_registry(registry, trust=trust_from_env(), quarantine=args.quarantine, deep=args.deep)
     if args.json:
         payload = {

@@ -14,7 +14,8 @@ import argparse
 import json
 
 from prebake.artifacts.bake.fleet_plan import FleetPlan, TargetPlan, custom_resource
-from prebake.engine.cli.common import registry_option, table
+from prebake.artifacts.errors import UsageError
+from prebake.engine.cli.common import command, json_option, positive_int, registry_option, table
 from prebake.engine.common.probe import current_host
 from prebake.engine.fleet.plan import make_plan as plan_for
 from prebake.engine.fleet.profiles import host_profile, render_toml
@@ -23,22 +24,42 @@ PLAN_SCHEMA = "prebake.plan/1"
 
 
 def add(sub) -> None:
-    plan = sub.add_parser("plan", help="every target x kind of a recipe: present, missing, unknown or unbuildable")
-    plan.add_argument("--model", required=True, help="recipe name (recipes/<name>.toml) or path")
-    plan.add_argument("--precision", help="only this dtype")
-    plan.add_argument("--tp", type=int, help="only this tensor-parallel size")
+    plan = command(
+        sub,
+        "plan",
+        group="bake and plan",
+        help="every target x kind of a recipe: present, missing, unknown or unbuildable",
+        examples=[
+            "prebake plan --model llama3-8b --missing-only",
+            "prebake plan --model llama3-8b --json",
+            "prebake plan --model llama3-8b --format github-matrix --profiles fleet.toml",
+        ],
+        store="read",
+    )
+    plan.add_argument("--model", required=True, help="recipe name (as `prebake recipes` lists them) or path")
+    plan.add_argument("--precision", help="only this dtype (default: every dtype of the matrix)")
+    plan.add_argument("--tp", type=positive_int, help="only this tensor-parallel size (default: every size)")
     registry_option(plan)
     profiles_option(plan)
     plan.add_argument("--missing-only", action="store_true", help="only targets some kind of which needs baking")
-    plan.add_argument("--format", choices=("table", "json", "github-matrix"), default="table")
+    plan.add_argument(
+        "--format",
+        choices=("table", "json", "github-matrix"),
+        default="table",
+        help="table for people, json (schema prebake.plan/1, the same as --json), or a GitHub Actions matrix "
+        "(default: table)",
+    )
+    json_option(plan, "the plan (the same as --format json)")
     plan.set_defaults(run=cmd_plan)
 
-    profile = sub.add_parser("profile", help="print this host's builder profile, for a profiles file")
+    profile = command(sub, "profile", group="fleet", help="print this host's builder profile, for a profiles file")
     profile.add_argument("--name", help="the profile's name (default: the host's platform)")
-    profile.add_argument("--label", action="append", default=[], help="a runner label (repeatable)")
+    profile.add_argument("--label", action="append", default=[], help="a runner label (repeatable; default: none)")
     profile.set_defaults(run=cmd_profile)
 
-    ray = sub.add_parser("ray-resources", help="print the --resources JSON a Ray node of this host advertises")
+    ray = command(
+        sub, "ray-resources", group="fleet", help="print the --resources JSON a Ray node of this host advertises"
+    )
     ray.set_defaults(run=cmd_ray_resources)
 
 
@@ -57,7 +78,9 @@ def make_plan(args: argparse.Namespace) -> FleetPlan:
 def cmd_plan(args: argparse.Namespace) -> int:
     fleet = make_plan(args)
     rows = fleet.missing() if args.missing_only else fleet.targets
-    if args.format == "json":
+    if args.json and args.format == "github-matrix":
+        raise UsageError("--json and --format github-matrix ask for two outputs; give one of them")
+    if args.format == "json" or args.json:
         print(json.dumps(plan_json(fleet, rows), indent=1))
     elif args.format == "github-matrix":
         print(json.dumps(github_matrix(rows), separators=(",", ":")))

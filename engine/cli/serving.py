@@ -6,48 +6,71 @@ import argparse
 import json
 import shlex
 import sys
-from collections.abc import Sequence
 
-from prebake.artifacts.bake.fetch import Miss
-from prebake.artifacts.errors import ExitCode
+from prebake.artifacts.bake.fetch import Miss, miss_advice, miss_exit_code
 from prebake.artifacts.store.stats import classify
 from prebake.engine.adapters import adapter_named
-from prebake.engine.cli.common import engine_options, registry_option, target_options
+from prebake.engine.cli.common import command, engine_options, json_option, registry_option, target_options
 from prebake.engine.common.adapter import Fetched, StartRequest
 from prebake.engine.common.exports import shell_exports
 
 
 def add(sub) -> None:
-    fetch = sub.add_parser("fetch", help="fetch, verify and install a recipe's bundles; print the environment")
+    fetch = command(
+        sub,
+        "fetch",
+        group="serve",
+        help="fetch, verify and install a recipe's bundles; print the environment",
+        examples=[
+            "prebake fetch --model tiny-llama --precision bf16",
+            'eval "$(prebake fetch --model tiny-llama --precision bf16)"',
+            "prebake fetch --model tiny-llama --registry s3://team/prebake --registry-timeout 10 --json",
+        ],
+        store="write",
+    )
     target_options(fetch)
-    fetch.add_argument("--json", action="store_true", help="print JSON instead of shell exports")
+    json_option(fetch, "the environment and the bundles (or the misses)")
     registry_option(fetch)
+    timeout_options(fetch, registry_timeout=StartRequest(model="-").registry_timeout)
     engine_options(fetch)
     fetch.set_defaults(run=cmd_fetch)
 
-    serve = sub.add_parser("serve", help="start the bundled engine from the recipe's bundles (compiling what misses)")
+    serve = command(
+        sub,
+        "serve",
+        group="serve",
+        help="start the bundled engine from the recipe's bundles (compiling what misses)",
+        examples=[
+            "prebake serve --model tiny-llama --precision bf16",
+            "prebake serve --model tiny-llama --host 0.0.0.0 --port 8080 --on-miss fail",
+            "prebake serve --model tiny-llama-vllm --engine vllm -- --max-model-len 512",
+        ],
+        store="write",
+    )
     target_options(serve)
     registry_option(serve)
     serve.add_argument(
         "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 in a container)"
     )
-    serve.add_argument("--port", type=int, default=8000, help="port to listen on; 0 picks a free one (default 8000)")
+    serve.add_argument(
+        "--port",
+        type=port_number,
+        default=8000,
+        help="port to listen on, 0 to 65535; 0 picks a free one (default 8000)",
+    )
     serve.add_argument(
         "--on-miss",
         choices=("compile", "fail"),
         default="compile",
-        help="when a bundle misses: compile in place (default) or exit 3",
+        help="when a bundle misses: compile in place (default) or exit (3 nothing matches, 4 registry unavailable)",
     )
     serve.add_argument(
         "--api-key",
-        help="require `Authorization: Bearer KEY` on every route but /health and /health/live "
+        help="require `Authorization: Bearer KEY` on every route but the health probes "
         "(default: $PREBAKE_API_KEY; none: no authentication)",
     )
     serve.add_argument("--write-back", action="store_true", help="publish what was compiled in place to the registry")
-    serve.add_argument(
-        "--registry-timeout", type=float, default=5.0, help="seconds the registry lookup may take (default 5)"
-    )
-    serve.add_argument("--fetch-timeout", type=float, default=600.0, help="seconds downloads may take (default 600)")
+    timeout_options(serve, registry_timeout=5.0)
     serve.add_argument(
         "--eager", action="store_true", help="compilation off: serve the eager model (the benchmark's floor)"
     )
@@ -62,6 +85,41 @@ def add(sub) -> None:
         "vllm_args", nargs="*", metavar="-- VLLM_ARGS", help="with --engine vllm: more `vllm serve` flags, after --"
     )
     serve.set_defaults(run=cmd_serve)
+
+
+def port_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port: give 0 to 65535 (0 picks a free one)")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} seconds: give a time box above 0")
+    return value
+
+
+def timeout_options(parser: argparse.ArgumentParser, *, registry_timeout: float) -> None:
+    """The time boxes of fetch and serve: the same flags (serve's lookup default is shorter: it
+    compiles when the registry is slow, while fetch has nothing else to do)."""
+    parser.add_argument(
+        "--registry-timeout",
+        type=_seconds,
+        default=registry_timeout,
+        help="seconds opening the registry and looking every kind up may take; then it counts as unavailable "
+        f"(default {registry_timeout:g})",
+    )
+    parser.add_argument(
+        "--fetch-timeout", type=_seconds, default=600.0, help="seconds the downloads may take (default 600)"
+    )
 
 
 def start_request(args: argparse.Namespace) -> StartRequest:
@@ -91,19 +149,31 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     command line of an engine started as its own process)."""
     from prebake.engine.compose import Context
 
-    fetched = adapter_named(args.engine).fetch(start_request(args), Context.open(args.registry))
+    context = Context.open(args.registry)
+    with context.holds:  # every tree held until its path is printed: no gc (its own included) takes one before
+        fetched = adapter_named(args.engine).fetch(start_request(args), context)
+        _print_fetched(args, fetched, context.address)
+    return miss_exit_code(fetched.misses)
+
+
+def _print_fetched(args: argparse.Namespace, fetched: Fetched, address: str) -> None:
     for miss in fetched.misses:
         print(miss.explain(), file=sys.stderr)
     for note in fetched.notes:
         print(f"prebake: {note}", file=sys.stderr)
+    advice = None
+    if fetched.misses:
+        bake = f"doit bake model={args.model}" + (f" precision={args.precision}" if args.precision else "")
+        advice = miss_advice(fetched.misses, target=fetched.target, bake=bake, address=address)
+        print(f"prebake: {advice}", file=sys.stderr)
     if args.json:
-        print(json.dumps(fetch_json(fetched), indent=2, sort_keys=True))
+        print(json.dumps(fetch_json(fetched) | ({"advice": advice} if advice else {}), indent=2, sort_keys=True))
     elif fetched.env or fetched.argv:
         print(shell_exports(fetched.env))
         if fetched.argv:
             cd = f"cd {shlex.quote(str(fetched.cwd))} && " if fetched.cwd else ""
             print(f"# {args.engine}: {cd}{shlex.join(fetched.argv)}")
-    return _miss_code(fetched.misses) if fetched.misses else 0
+    sys.stdout.flush()  # out while the trees are still held
 
 
 def fetch_json(fetched: Fetched) -> dict:
@@ -131,12 +201,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return adapter_named(args.engine).serve(start_request(args), lambda: Context.open(args.registry))
 
 
-def _miss_code(misses: Sequence[Miss]) -> int:
-    """3 when nothing usable was there (a miss, a registry fault); 2 when something was there and
-    was refused (tampered, untrusted, corrupt or malformed): bad input, not a cold cache."""
-    return ExitCode.INVALID if any(m.refused for m in misses) else ExitCode.MISS
-
-
 def miss_json(miss: Miss) -> dict:
     """A miss in `fetch --json`: the key, why (and its short class), the nearest bundle and how it differs."""
     return {
@@ -145,6 +209,7 @@ def miss_json(miss: Miss) -> dict:
         "reason": miss.reason,
         "reason_class": classify(miss.reason),
         "refused": miss.refused,
+        "unavailable": miss.unavailable,
         "nearest": miss.nearest.digest if miss.nearest is not None else None,
         "differing": {name: {"wanted": want, "nearest": have} for name, (want, have) in miss.differing.items()},
     }

@@ -1,4 +1,4 @@
-"""`prebake stats`: how often this node's fetches and start-ups hit, why they missed, what it saved."""
+"""`prebake store stats` (and its old spelling `prebake stats`): how often this node's fetches and start-ups hit, why they missed, what it saved."""
 
 from __future__ import annotations
 
@@ -8,13 +8,23 @@ import json
 from prebake.artifacts.errors import ExitCode
 from prebake.artifacts.store.local import Store
 from prebake.artifacts.store.stats import read_stats
-from prebake.engine.cli.common import json_option
+from prebake.engine.cli.common import command, json_option
 
 
 def add(sub) -> None:
-    stats = sub.add_parser(
-        "stats", help="hit rate per kind, the commonest miss reasons, seconds saved and bytes fetched (this store)"
+    stats_options(
+        command(
+            sub,
+            "stats",
+            group="store",
+            help="hit rate per kind, miss reasons, seconds saved; the store's size and bound",
+            deprecated="prebake store stats",
+            store=lambda args: "write" if args.zero else "read",
+        )
     )
+
+
+def stats_options(stats: argparse.ArgumentParser) -> None:
     stats.add_argument("--zero", action="store_true", help="print the counts, then start counting again from zero")
     json_option(stats)
     stats.set_defaults(run=cmd_stats)

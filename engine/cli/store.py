@@ -1,4 +1,5 @@
-"""Local store commands: gc, and store ls | verify | rm (what is installed, whether it is whole).
+"""Local store commands: store ls | verify | rm | gc | stats (what is installed, whether it is whole,
+how large it may grow). `prebake gc` and `prebake stats` are the old spellings, kept as hidden aliases.
 
 Every report takes --json; the shapes are documented in docs/operations.md and kept stable.
 """
@@ -8,28 +9,52 @@ from __future__ import annotations
 import argparse
 import json
 
-from prebake.artifacts.errors import ExitCode, StoreError
+from prebake.artifacts.errors import ExitCode
 from prebake.artifacts.store import admin as store_admin
-from prebake.artifacts.store.local import Store, parse_size
-from prebake.engine.cli.common import json_option, size, table
+from prebake.artifacts.store.local import DEFAULT_MAX_BYTES, Store, parse_size
+from prebake.engine.adapters import KIND_NAMES
+from prebake.engine.cli.common import Formatter, command, json_option, size, table
 
 
 def add(sub) -> None:
-    gc = sub.add_parser("gc", help="evict least recently used bundles from the local store; never one in use")
-    gc.add_argument(
-        "--max-size", help="how large the store may be, e.g. 10G or 500M (default: $PREBAKE_STORE_MAX_BYTES)"
+    gc_options(
+        command(
+            sub,
+            "gc",
+            group="store",
+            help="evict least recently used bundles from the local store",
+            deprecated="prebake store gc",
+            store=_gc_store_use,
+        )
     )
-    gc.add_argument("--dry-run", action="store_true", help="remove nothing; show what would be evicted")
-    json_option(gc)
-    gc.set_defaults(run=cmd_gc)
-
-    store = sub.add_parser("store", help="inspect the local store: ls, verify, rm")
+    store = sub.add_parser(
+        "store",
+        help="the local store: ls, verify, rm, gc, stats",
+        description="The local store ($PREBAKE_HOME): what is installed, whether it is whole, its size and bound.",
+        formatter_class=Formatter,
+    )
     cmds = store.add_subparsers(required=True, metavar="STORE_COMMAND")
-    ls = cmds.add_parser("ls", help="list the installed bundles: size, last use, held by a live engine or not")
+    ls = command(
+        cmds,
+        "ls",
+        group="store",
+        listed_as="store ls",
+        help="list the installed bundles: size, last use, held by a live engine or not",
+        examples=["prebake store ls", "prebake store ls --json"],
+        store="read",
+    )
     json_option(ls)
     ls.set_defaults(run=cmd_store_ls)
 
-    verify = cmds.add_parser("verify", help="re-hash every installed tree and blob against its manifest")
+    verify = command(
+        cmds,
+        "verify",
+        group="store",
+        listed_as="store verify",
+        help="re-hash every installed tree and blob against its manifest",
+        examples=["prebake store verify", "prebake store verify --fix"],
+        store=lambda args: "write" if args.fix else "read",
+    )
     verify.add_argument(
         "--fix",
         action="store_true",
@@ -38,19 +63,68 @@ def add(sub) -> None:
     json_option(verify)
     verify.set_defaults(run=cmd_store_verify)
 
-    rm = cmds.add_parser("rm", help="remove bundles from the store (never one held by a live engine)")
+    rm = command(
+        cmds,
+        "rm",
+        group="store",
+        listed_as="store rm",
+        help="remove bundles from the store (never one held by a live engine)",
+        examples=["prebake store rm tiny-llama --kind graphs --dry-run"],
+        store=lambda args: "read" if args.dry_run else "write",
+    )
     rm.add_argument("selector", help="a model name (all its bundles), or a key or blob digest prefix (4+ hex digits)")
-    rm.add_argument("--kind", help="only bundles of this artifact kind (buckets, autotune, graphs)")
+    rm.add_argument("--kind", choices=KIND_NAMES, help="only bundles of this artifact kind (default: every kind)")
     rm.add_argument("--dry-run", action="store_true", help="remove nothing; show what would go")
     json_option(rm)
     rm.set_defaults(run=cmd_store_rm)
 
+    gc_options(
+        command(
+            cmds,
+            "gc",
+            group="store",
+            listed_as="store gc",
+            help="evict least recently used bundles down to the store's bound; never one in use",
+            examples=["prebake store gc --dry-run", "prebake store gc --max-size 20G"],
+            store=_gc_store_use,
+        )
+    )
+    from prebake.engine.cli.stats import stats_options
+
+    stats_options(
+        command(
+            cmds,
+            "stats",
+            group="store",
+            listed_as="store stats",
+            help="hit rate per kind, the commonest miss reasons, seconds saved; the store's size and bound",
+            examples=["prebake store stats", "prebake store stats --json"],
+            store=lambda args: "write" if args.zero else "read",
+        )
+    )
+
+
+def gc_options(gc: argparse.ArgumentParser) -> None:
+    gc.add_argument(
+        "--max-size",
+        help="how large the store may be, e.g. 10G or 500M "
+        f"(default: $PREBAKE_STORE_MAX_BYTES, else {size(DEFAULT_MAX_BYTES)})",
+    )
+    gc.add_argument("--dry-run", action="store_true", help="remove nothing; show what would be evicted")
+    json_option(gc)
+    gc.set_defaults(run=cmd_gc)
+
+
+def _gc_store_use(args: argparse.Namespace) -> str:
+    return "read" if args.dry_run else "write"
+
 
 def cmd_gc(args: argparse.Namespace) -> int:
     store = Store()
+    store.registry_address()  # a $PREBAKE_REGISTRY folder inside the store would lose its bundles: refused
     bound = parse_size(args.max_size, "--max-size") if args.max_size else store.limits.max_bytes
-    if bound is None:
-        raise StoreError("say how large the store may be: prebake gc --max-size 10G, or set PREBAKE_STORE_MAX_BYTES")
+    if bound is None:  # a Store made with unbounded limits (tools, tests): the documented default
+        bound = DEFAULT_MAX_BYTES
     report = store.gc(bound, dry_run=args.dry_run)
     assert report is not None  # gc waits for a running gc instead of returning None
     if args.json:
@@ -106,13 +180,17 @@ def _ls_row(b: store_admin.StoredBundle) -> tuple[str, ...]:
 
 
 def cmd_store_verify(args: argparse.Namespace) -> int:
-    report = store_admin.verify_store(Store(), fix=args.fix)
+    store = Store()
+    if args.fix:
+        store.registry_address()  # as gc: never remove a registry's files that sit in the store's folders
+    report = store_admin.verify_store(store, fix=args.fix)
     _print_json(report.to_json()) if args.json else print(report.render())
     return report.exit_code
 
 
 def cmd_store_rm(args: argparse.Namespace) -> int:
     store = Store()
+    store.registry_address()
     chosen = store_admin.select(store, args.selector, args.kind)
     report = store_admin.remove(store, chosen, dry_run=args.dry_run)
     _print_json(report.to_json()) if args.json else print(report.render())

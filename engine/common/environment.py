@@ -34,13 +34,13 @@ VARIABLES: tuple[Variable, ...] = (
         "PREBAKE_REGISTRY",
         "read",
         "$PREBAKE_HOME/registry",
-        "Registry address when --registry is not given: a folder, file://, s3://bucket/prefix, hf://ns/repo, or a comma list (a chain).",
+        "Registry address when --registry is not given: a folder, file://, s3://bucket/prefix, hf://ns/repo, or a comma list (a chain, nearest first; a comma inside a folder name escaped as \\,).",
     ),
     Variable(
         "PREBAKE_STORE_MAX_BYTES",
         "read",
-        "unbounded",
-        "Bound on the store's blobs and trees (e.g. 10G); installs evict least recently used bundles past it, never one in use. Also the default of `prebake gc --max-size`.",
+        "10G",
+        "Bound on the store's blobs and trees (e.g. 10G; default 10 GiB, sccache's); installs evict least recently used bundles past it, never one in use. Also the default of `prebake store gc --max-size`.",
     ),
     Variable(
         "PREBAKE_UNPACK_MAX_BYTES",
@@ -58,7 +58,7 @@ VARIABLES: tuple[Variable, ...] = (
         "PREBAKE_RECIPES",
         "read",
         "the shipped recipes",
-        "Folders of recipe TOML files (os.pathsep-separated) searched for `--model NAME` before the shipped recipes (recipes/ in a checkout, the prebake.recipes package in a wheel).",
+        "Folders of recipe TOML files (os.pathsep-separated) searched first for `--model NAME` / `model=NAME`, then ./recipes in the working folder, then the shipped recipes; `prebake recipes` shows what is found where.",
     ),
     Variable(
         "PREBAKE_PROFILES",

@@ -28,7 +28,7 @@ def bake_locally(request: BakeRequest, *, doit_args: Sequence[str] = ()) -> int:
 
     def task_bake():
         """Bake a recipe for this host: buckets -> autotune -> graphs, each packed, published and installed."""
-        yield from bake_tasks(request, open_baker=lambda registry: Context.open(registry, store=store))
+        yield from bake_tasks(request, open_baker=lambda registry: Context.for_baking(registry, store=store))
 
     store.home.mkdir(parents=True, exist_ok=True)
     namespace = {

@@ -17,6 +17,10 @@ A node that dies mid-bake fails its task with a system error, which Ray retries 
 matching node (--ray-retries); a bake killed half-way leaves no index entry, since entries
 are written only after their blob. The bake runs in a child process that dies with its Ray
 worker (PR_SET_PDEATHSIG), so a killed node leaves no baker running.
+
+The driver's registry settings that are not secrets (endpoint, region, HF_ENDPOINT, PREBAKE_*)
+travel with each task in Ray's runtime_env, credentials only with --forward-credentials
+(engine/fleet/node_env.py); a node-side failure names the registry and the settings it used.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +44,7 @@ from prebake.artifacts.bake.recipes import Recipe, load_recipe, targets
 from prebake.artifacts.errors import HostCannotBuildError
 from prebake.engine.adapters import kinds_for
 from prebake.engine.common.probe import probe
+from prebake.engine.fleet.node_env import describe, forwarded
 from prebake.engine.fleet.plan import make_plan
 
 BUILT, ALREADY, FAILED, NO_NODE, NOT_BUILDABLE = "built", "already present", "failed", "no matching node", "unbuildable"
@@ -59,6 +65,7 @@ class RayBake:
     routing: str = "resource"  # "resource" (prebake ray-resources) or "accelerator" (Ray's GPU/HPU counts)
     retries: int = 2
     node_timeout: float = 120.0
+    forward_credentials: bool = False  # also send AWS_* credentials and HF_TOKEN to the nodes (node_env.py)
 
 
 @dataclass(frozen=True)
@@ -108,7 +115,11 @@ def bake_target(job: BakeJob) -> tuple[KindOutcome, ...]:
         if not matches(target, host):
             why = f"refused: this node is {host.platform.describe()}, the target needs {target.platform}"
             return tuple(KindOutcome(target.name, kind, FAILED, why, node) for kind in kinds_for(recipe, target).names)
-        before = _present(recipe, target, host, job.registry)
+        try:
+            before = _present(recipe, target, host, job.registry)
+        except Exception as exc:  # the registry as this node sees it: say which, and with what settings
+            why = f"{type(exc).__name__}: {exc}; {describe(os.environ, job.registry)}"
+            return tuple(KindOutcome(target.name, kind, FAILED, why, node) for kind in kinds_for(recipe, target).names)
         proc = _run_bake(job, folder)
     said = {m["kind"]: m["note"] for m in _NOTE.finditer(proc.stdout) if m["target"] == job.target_id}
     tail = " ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])[-300:]
@@ -124,7 +135,8 @@ def bake_target(job: BakeJob) -> tuple[KindOutcome, ...]:
         elif proc.returncode == 0:
             outcomes.append(KindOutcome(target.name, kind, ALREADY, "up to date", node))
         else:
-            outcomes.append(KindOutcome(target.name, kind, FAILED, f"bake exited {proc.returncode}: {tail}", node))
+            why = f"bake exited {proc.returncode}: {tail}; {describe(os.environ, job.registry)}"
+            outcomes.append(KindOutcome(target.name, kind, FAILED, why, node))
     return tuple(outcomes)
 
 
@@ -141,7 +153,7 @@ def _node_id() -> str:
 def _present(recipe: Recipe, target, host, registry_address: str | None) -> set[str]:
     from prebake.engine.compose import Context
 
-    registry = Context.open(registry_address, host=host).registry
+    registry = Context.open(registry_address, host=host, creating=True).registry  # the bake creates it
     kinds = kinds_for(recipe, target)
     keys = target_keys(recipe, target, host, kinds).keys
     return {kind for kind in kinds.names if registry.lookup(kind, keys[kind].digest) is not None}
@@ -164,6 +176,11 @@ def _die_with_parent() -> None:
 
 
 # --- the driver side -------------------------------------------------------------------------
+
+
+def runtime_env(credentials: bool, env: Mapping[str, str] = os.environ) -> dict:
+    """Ray's runtime_env option carrying the driver's registry settings (engine/fleet/node_env.py)."""
+    return {"runtime_env": {"env_vars": forwarded(env, credentials=credentials)}}
 
 
 def ray_options(need: Requirement, routing: str) -> dict:
@@ -238,7 +255,7 @@ def _collect(ray, todo: list[TargetPlan], recipe: Recipe, args: RayBake) -> list
         for tid, t in list(waiting.items()):
             if _has_node(nodes, t.requirement, args.routing):
                 job = BakeJob(recipe.model.name, text, tid, args.registry)
-                options = ray_options(t.requirement, args.routing)
+                options = ray_options(t.requirement, args.routing) | runtime_env(args.forward_credentials)
                 ref = remote.options(max_retries=args.retries, retry_exceptions=False, **options).remote(job)
                 running[ref] = (t, time.monotonic())
                 del waiting[tid]
@@ -270,6 +287,7 @@ def _result(ray, ref, t: TargetPlan) -> list[KindOutcome]:
     try:
         return list(ray.get(ref))
     except Exception as exc:  # a task error, a dead worker or node past its retries: the target failed
+        exc = getattr(exc, "cause", None) or exc  # RayTaskError wraps the node's own exception
         first = str(exc).strip().splitlines()
         return _all(t, FAILED, f"{type(exc).__name__}: {first[0][:200] if first else ''}")
 

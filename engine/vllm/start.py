@@ -21,10 +21,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from prebake.artifacts.bake.fetch import Miss
+from prebake.artifacts.bake.fetch import Miss, miss_advice, miss_exit_code
 from prebake.artifacts.bake.kinds import Builder, BuildRequest, TargetKeys
 from prebake.artifacts.bake.recipes import load_recipe
-from prebake.artifacts.errors import ExitCode, RecipeError
+from prebake.artifacts.errors import RecipeError
 from prebake.artifacts.store.local import Installed
 from prebake.artifacts.store.stats import record_fallback
 from prebake.engine.common import write_back as publishing
@@ -99,9 +99,11 @@ def prepare(request: StartRequest, context: Services) -> Prepared:
             f"recipe {recipe.model.name} is served by engine {adapter.name!r}; --engine vllm "
             f"needs a recipe with engine = 'vllm', such as tiny-llama-vllm"
         )
+    # the trees are held for the command's life (Context.holds): until vLLM is exec'd or has exited
     resolution = context.resolve(plan, lookup_timeout=request.registry_timeout, fetch_timeout=request.fetch_timeout)
     home = context.store.home
-    cache_root = request.cache_root or home / "engines" / "vllm" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    given = Path(os.path.abspath(request.cache_root.expanduser())) if request.cache_root else None  # vLLM's cwd differs
+    cache_root = given or home / "engines" / "vllm" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     variables = adapter.serve_environment(plan, resolution.installed, cache_root)
     if request.force_aot_load:
         if not aot_compile_on(recipe, plan.target):
@@ -114,6 +116,7 @@ def prepare(request: StartRequest, context: Services) -> Prepared:
         variables |= per_start_variables(plan.target, force_aot_load=True)
     portable = _portable(resolution.installed.get("graphs"), cache_root, variables)
     variables |= portable.pins
+    notes = portable.notes + _notes(request, resolution.installed.get("graphs"), variables, cache_root, plan)
     location = model_location(recipe, home / "models")
     argv = (
         *vllm_command(),
@@ -123,7 +126,6 @@ def prepare(request: StartRequest, context: Services) -> Prepared:
         *_listen_flags(request),
         *request.engine_args,
     )
-    notes = portable.notes + _notes(request, resolution.installed.get("graphs"), variables, cache_root, plan)
     return Prepared(plan, resolution.installed, resolution.misses, cache_root, variables, argv, location.cwd, notes)
 
 
@@ -168,15 +170,22 @@ def _notes(
 
 
 def serve(request: StartRequest, context: Services, emit: Emit) -> int:
-    """Fetch, install, and run vLLM; returns vLLM's exit code (or 3 on a refused miss)."""
+    """Fetch, install, and run vLLM; returns vLLM's exit code (or 2/3/4 on a miss under --on-miss fail)."""
     prepared = prepare(request, context)
     for line in [m.explain() for m in prepared.misses] + list(prepared.notes):
         emit(f"prebake: {line}")
     if prepared.misses and request.on_miss == "fail":
         emit(
-            f"prebake: no complete bundle set for {prepared.plan.target.name} in {context.address}; not starting (--on-miss fail)"
+            f"prebake: no complete bundle set for {prepared.plan.target.name} in {context.address}; not starting "
+            f"(--on-miss fail); "
+            + miss_advice(
+                prepared.misses,
+                target=prepared.plan.target.name,
+                bake=f"doit bake model={prepared.plan.target.recipe} precision={prepared.plan.target.dtype}",
+                address=context.address,
+            )
         )
-        return ExitCode.MISS
+        return miss_exit_code(prepared.misses)
     where = "the baked graphs" if "graphs" in prepared.installed else "an empty cache (vLLM compiles)"
     emit(
         f"prebake: starting vLLM for {prepared.plan.target.name} from {where}: VLLM_CACHE_ROOT={prepared.cache_root / CACHE_DIR}"

@@ -63,8 +63,9 @@ def test_the_nearest_hit_wins(far, bundle, tmp_path):
 def test_a_failed_backfill_is_logged_and_the_fetch_still_succeeds(far, bundle, tmp_path, caplog):
     b = bundle()
     far.publish(b.manifest, b.blob)
-    blocked = tmp_path / "not-a-folder"
-    blocked.write_text("a file where the near registry's folder should be")
+    blocked = tmp_path / "near"
+    blocked.mkdir()
+    (blocked / "blobs").write_text("a file where the near registry's blobs/ should be: it answers, cannot take a blob")
     chain = ChainRegistry([FileRegistry(blocked), far])
 
     with caplog.at_level(logging.WARNING, logger="prebake.registry.chain"):
@@ -73,6 +74,24 @@ def test_a_failed_backfill_is_logged_and_the_fetch_still_succeeds(far, bundle, t
 
     assert fetched.read_bytes() == b.blob.read_bytes()
     assert "could not backfill" in caplog.text
+
+
+def test_a_member_that_faulted_is_neither_asked_again_nor_backfilled(far, bundle, tmp_path, caplog):
+    first, second = bundle(), bundle(model="other-model")
+    for b in (first, second):
+        far.publish(b.manifest, b.blob)
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the near registry's folder should be")
+    chain = ChainRegistry([FileRegistry(blocked), far])
+
+    with caplog.at_level(logging.WARNING, logger="prebake.registry.chain"):
+        for b in (first, second):
+            assert chain.lookup(b.manifest.kind, b.manifest.key_digest) == b.manifest
+            chain.fetch_blob(b.manifest.blob.digest, tmp_path / f"{b.manifest.key_digest}.tar.zst")
+
+    assert caplog.text.count("skipped for the rest of this run") == 1 and "could not backfill" not in caplog.text
+    [fault] = chain.faults
+    assert fault.url == f"file://{blocked}" and fault.cause == "error" and "RegistryUnavailable" in fault.detail
 
 
 def test_a_down_registry_is_skipped_when_a_farther_one_answers(s3_client, bundle, tmp_path, monkeypatch, caplog):

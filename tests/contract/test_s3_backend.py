@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from prebake.artifacts.layout import blob_relpath, index_relpath
-from prebake.registry.errors import PublishConflict, RegistryError, RegistryUnavailable
+from prebake.registry.errors import PublishConflict, RegistryError, RegistryNotFound, RegistryUnavailable
 from prebake.registry.s3 import S3Registry, S3Settings
 from tests.faults.fault_proxy import Fault, fault_proxy
 from tests.support.moto_server import free_port
@@ -61,7 +61,7 @@ def test_a_server_without_conditional_writes_gets_the_safe_fallback(
 def test_a_missing_bucket_says_how_to_create_it(s3_client):
     registry = S3Registry("s3://no-such-prebake-bucket/x")
 
-    with pytest.raises(RegistryUnavailable, match=r"does not exist.*aws s3 mb s3://no-such-prebake-bucket"):
+    with pytest.raises(RegistryNotFound, match=r"does not exist.*aws s3 mb s3://no-such-prebake-bucket"):
         registry.lookup("graphs", "0" * 64)
 
 

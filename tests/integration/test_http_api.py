@@ -269,3 +269,95 @@ def test_an_api_key_guards_every_route_but_the_probes_and_logs_go_out_as_json(se
     assert any(m.startswith("prebake serve: lookup: ") for m in messages)
     assert any(r["logger"] == "prebake.trust" for r in records)  # a library module's logger reaches the handler
     assert len(records) == len([line for line in keyed.lines if line.strip()])
+
+
+# -- where users of vLLM and NIM look ---------------------------------------------------------------
+
+
+def test_completions_logprobs_give_each_tokens_logprob_and_its_likeliest(client):
+    answer = client.completions.create(model=MODEL, prompt=[3, 1, 4], max_tokens=5, temperature=0, logprobs=3)
+    (choice,) = answer.choices
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 5
+    assert all(v <= 0 for v in lp.token_logprobs) and all(len(top) <= 3 for top in lp.top_logprobs)
+    for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        # greedy: the chosen token is the likeliest (tokens that decode alike share a key in this legacy shape)
+        assert value >= max(top.values()) - 1e-5 and token in top
+
+
+def test_chat_logprobs_follow_the_chat_shape(client):
+    answer = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    choice = answer.choices[0]
+    content = choice.logprobs.content
+    assert len(content) == len(choice.model_extra["token_ids"])
+    assert all(c.logprob <= 0 and len(c.top_logprobs) == 2 and c.bytes is not None for c in content)
+    assert all(c.logprob == pytest.approx(c.top_logprobs[0].logprob, abs=1e-5) for c in content)  # greedy
+
+
+@pytest.mark.parametrize(
+    "path, extra",
+    [
+        ("/v1/chat/completions", {"response_format": {"type": "json_object"}}),
+        ("/v1/completions", {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}),
+        ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}),
+        ("/v1/chat/completions", {"tool_choice": "required"}),
+        ("/v1/completions", {"logprobs": 2, "stream": True}),
+    ],
+    ids=lambda v: v if isinstance(v, str) else next(iter(v)),
+)
+def test_openai_fields_this_engine_lacks_are_a_clear_400_not_an_unknown_field(server, path, extra):
+    base = {"prompt": "hi"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "hi"}]}
+    status, body = server.post(path, {**base, "max_tokens": 2, **extra})
+    assert status == 400, body
+    assert (
+        "not supported by this engine" in body["error"]["message"] and "unknown field" not in body["error"]["message"]
+    )
+
+
+def test_neutral_values_of_those_fields_are_accepted(server):
+    status, body = server.post(
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2,
+            "response_format": {"type": "text"},
+            "tools": [],
+            "tool_choice": "none",
+        },
+    )
+    assert status == 200, body
+
+
+@pytest.mark.parametrize("path", ["/health", "/health/live", "/v1/health/ready", "/v1/health/live"])
+def test_every_probe_answers_get_and_head(server, path):
+    assert server.get(path)[0] == 200
+    assert httpx.head(server.url(path)).status_code == 200
+
+
+def test_streamed_chunks_carry_token_ids_that_add_up_to_the_whole_answers(client, server):
+    body = {
+        "model": MODEL,
+        "prompt": [2, 7, 1, 8],
+        "max_tokens": 12,
+        "temperature": 0,
+        "extra_body": {"ignore_eos": True},
+    }
+    whole = client.completions.create(**body)
+    chunks = list(client.completions.create(**body, stream=True))
+    streamed = [t for c in chunks for choice in c.choices for t in (choice.model_extra.get("token_ids") or [])]
+    assert streamed == whole.choices[0].model_extra["token_ids"]
+
+
+def test_metrics_show_running_and_waiting_requests_and_kv_cache_use(client, server):
+    client.completions.create(model=MODEL, prompt="load", max_tokens=2)
+    families = {f.name: f for f in text_string_to_metric_families(server.get("/metrics")[1])}
+    for name in ("prebake_num_requests_running", "prebake_num_requests_waiting", "prebake_kv_cache_usage_perc"):
+        assert name in families, sorted(families)
+    assert 0 <= families["prebake_kv_cache_usage_perc"].samples[0].value <= 1

@@ -32,12 +32,12 @@ from prebake.engine.bundled.runtime.steps import Tactic
 phase, tree = sys.argv[1], Path(sys.argv[2])
 recipe = load_recipe("tiny-llama")
 model, cache = model_and_cache(recipe, "fp32")
-plan = {StepShape("decode", 1, 1, 64): Tactic()}
+tactics = {StepShape("decode", 1, 1, 64): Tactic()}
 if phase == "build":
-    steps, reason = compile_graphs(model, cache, recipe, plan, tree, log=lambda line: None), None
+    steps, reason = compile_graphs(model, cache, recipe, tactics, tree, log=lambda line: None), None
 else:
-    steps, reason = aot.load_or_fallback(model, cache, list(plan), tree)
-out = steps.run_dummy(*next(iter(plan.items())))
+    steps, reason = precompile.load_or_fallback(model, cache, list(tactics), tree)
+out = steps.run_dummy(*next(iter(tactics.items())))
 hits = {k: counters["aot_autograd"][k] for k in ("autograd_cache_hit", "autograd_cache_miss")}
 print(json.dumps({"kind": type(steps).__name__, "reason": reason, "sum": float(out.double().sum()), **hits}))
 """

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,9 @@ from prebake.engine.common.probe import current_host
 from prebake.engine.compose import plans_for
 from tests.support.serving import ServeProcess, serve_env, write_recipe
 
-EXIT_MISS = 3
+EXIT_MISS = 3  # nothing matches (engine/cli/outcome.py, docs/commands.md#exit-codes)
+EXIT_REFUSED = 2  # something was there and failed a check
+EXIT_UNAVAILABLE = 4  # the registry could not be asked
 KINDS_OF_TINY_LLAMA = ("buckets", "autotune", "graphs")
 
 
@@ -35,15 +38,23 @@ def test_on_miss_fail_exits_3_on_the_real_recipe_and_explains_every_miss(tmp_pat
     assert not any((tmp_path / "home" / "tmp").iterdir())  # its private run folder is gone
 
 
+def _unreadable_registry(tmp_path: Path) -> Path:
+    """A registry folder whose index cannot be read (a file where index/ should be): the address is
+    right, the registry cannot answer. (A path that is no folder at all is a wrong address: exit 2.)"""
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    (registry / "index").write_text("a file where the index folder should be")
+    return registry
+
+
 def test_an_unreadable_registry_is_a_miss_with_its_reason(tmp_path):
-    not_a_folder = tmp_path / "registry"
-    not_a_folder.write_text("a file where the registry folder should be")
+    registry = _unreadable_registry(tmp_path)
     server = ServeProcess(
-        ["--model", "tiny-llama", "--precision", "bf16", "--registry", str(not_a_folder), "--on-miss", "fail"],
+        ["--model", "tiny-llama", "--precision", "bf16", "--registry", str(registry), "--on-miss", "fail"],
         serve_env(tmp_path / "home"),
     )
-    assert server.wait_exit() == EXIT_MISS
-    assert f"failed: RegistryUnavailable: cannot read {not_a_folder}/index/buckets/" in server.log
+    assert server.wait_exit() == EXIT_UNAVAILABLE
+    assert f"failed: RegistryUnavailable: cannot read {registry}/index/buckets/" in server.log
     assert "Traceback" not in server.log
 
 
@@ -75,7 +86,7 @@ def test_a_registry_that_never_answers_is_a_miss_after_the_time_box(tmp_path):
             ],
             env,
         )
-        assert server.wait_exit() == EXIT_MISS
+        assert server.wait_exit() == EXIT_UNAVAILABLE
     assert time.monotonic() - started < 60
     assert "registry s3://prebake/hangs did not answer within 1 s (--registry-timeout)" in server.log
 
@@ -90,7 +101,7 @@ def test_an_index_entry_that_is_a_fifo_is_refused_at_once_not_waited_on(tmp_path
     started = time.monotonic()
     args = ["--model", "tiny-llama", "--precision", "bf16", "--registry", str(registry), "--on-miss", "fail"]
     server = ServeProcess(args, serve_env(tmp_path / "home"))
-    assert server.wait_exit() == EXIT_MISS
+    assert server.wait_exit() == EXIT_REFUSED
     assert time.monotonic() - started < 60
     assert "is not a regular file (a FIFO, device or folder); remove it" in server.log
     assert "Traceback" not in server.log
@@ -123,7 +134,7 @@ def test_an_s3_registry_on_a_closed_port_is_a_miss_not_a_crash(tmp_path):
         ],
         env,
     )
-    assert server.wait_exit() == EXIT_MISS
+    assert server.wait_exit() == EXIT_UNAVAILABLE
     for kind in KINDS_OF_TINY_LLAMA:
         assert f"miss: {kind} " in server.log
     assert "registry s3://prebake/team failed: RegistryUnavailable" in server.log and "Traceback" not in server.log
@@ -132,14 +143,13 @@ def test_an_s3_registry_on_a_closed_port_is_a_miss_not_a_crash(tmp_path):
 def test_an_unreachable_registry_still_serves_by_building_in_place(tmp_path):
     recipes = tmp_path / "recipes"
     write_recipe(recipes, "serve-test", variant="dynamo-precompile", seqs=2)
-    not_a_folder = tmp_path / "registry"
-    not_a_folder.write_text("")
+    registry = _unreadable_registry(tmp_path)
     server = ServeProcess(
-        ["--model", "serve-test", "--registry", str(not_a_folder), "--eager"], serve_env(tmp_path / "home", recipes)
+        ["--model", "serve-test", "--registry", str(registry), "--eager"], serve_env(tmp_path / "home", recipes)
     )
     try:
         server.wait_ready(timeout=300)
-        assert "miss: buckets " in server.log and f"cannot read {not_a_folder}/index/buckets/" in server.log
+        assert "miss: buckets " in server.log and f"cannot read {registry}/index/buckets/" in server.log
         assert "prebake serve: build: built buckets, autotune in place" in server.log
         assert len(server.complete(prompt="hello", max_tokens=4, temperature=0)["choices"][0]["token_ids"]) == 4
     finally:

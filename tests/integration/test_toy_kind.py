@@ -67,7 +67,7 @@ class ToyContext(Context):
 def test_a_kind_declared_in_a_test_bakes_publishes_fetches_and_installs(tmp_path: Path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     registry_dir = tmp_path / "registry"
-    baker = ToyContext(Store(tmp_path / "baker-home"), current_host(), str(registry_dir))
+    baker = ToyContext(Store(tmp_path / "baker-home"), current_host(), str(registry_dir), creating=True)  # it bakes
 
     def task_bake():
         yield from bake_tasks(BakeRequest("tiny-llama", precision="fp32"), open_baker=lambda _registry: baker)

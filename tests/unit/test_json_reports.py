@@ -20,6 +20,7 @@ def env(tmp_path, monkeypatch):
     monkeypatch.setenv("PREBAKE_REGISTRY", str(tmp_path / "registry"))
     monkeypatch.delenv("PREBAKE_TRUSTED_KEYS", raising=False)
     monkeypatch.delenv("PREBAKE_STATS", raising=False)
+    (tmp_path / "registry").mkdir()  # an empty registry; a folder that is not there is an error
     return FileRegistry(tmp_path / "registry")
 
 
@@ -66,7 +67,16 @@ def test_fetch_json_on_a_miss_names_every_miss_and_records_them_in_stats(env, ca
     assert data["complete"] is False and data["target"]
     assert {m["kind"] for m in data["misses"]} == {"buckets", "autotune", "graphs"}
     assert {m["reason_class"] for m in data["misses"]} == {"no-bundle"}
-    assert set(data["misses"][0]) == {"kind", "key", "reason", "reason_class", "refused", "nearest", "differing"}
+    assert set(data["misses"][0]) == {
+        "kind",
+        "key",
+        "reason",
+        "reason_class",
+        "refused",
+        "unavailable",
+        "nearest",
+        "differing",
+    }
     assert not any(m["refused"] for m in data["misses"])  # nothing was there: a miss, exit 3
     assert main(["stats", "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)

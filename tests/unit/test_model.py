@@ -352,6 +352,20 @@ def test_greedy_sampling_is_argmax():
     assert torch.equal(sample(logits, temperature=0.0, top_p=0.5), logits.argmax(-1))
 
 
+@pytest.mark.parametrize("temperature", [1e-40, 1e-38, 5e-324, 1e-6, 1e-4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tiny_temperatures_are_argmax_never_nan(temperature, dtype):
+    logits = (torch.randn(8, 50, generator=torch.Generator().manual_seed(1)) * 20).to(dtype)
+    drawn = sample(logits, temperature=temperature, top_p=1.0, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(drawn, logits.argmax(-1))
+
+
+def test_a_tiny_top_p_keeps_the_most_likely_token():
+    logits = torch.randn(8, 50, generator=torch.Generator().manual_seed(2))
+    drawn = sample(logits, temperature=1.0, top_p=1e-40, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(drawn, logits.argmax(-1))
+
+
 def test_top_p_keeps_the_smallest_nucleus_and_samples_it_in_proportion():
     probs = torch.tensor([0.05, 0.5, 0.15, 0.3])
     logits = probs.log().expand(4000, 4)

@@ -45,8 +45,8 @@ def _plan(recipe, profiles, present=frozenset()):
     )
 
 
-def test_llama3_plan_has_24_targets_by_3_kinds_with_requirements(capsys):
-    assert main(["plan", "--model", "llama3-8b", "--format", "json", "--registry", "/nonexistent-registry"]) == 0
+def test_llama3_plan_has_24_targets_by_3_kinds_with_requirements(capsys, tmp_path):
+    assert main(["plan", "--model", "llama3-8b", "--format", "json", "--registry", str(tmp_path)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["schema"] == "prebake.plan/1" and len(out["targets"]) == 24
     for t in out["targets"]:

@@ -43,3 +43,67 @@ def test_the_table_counts_outcomes():
     rows = [KindOutcome("m/cpu/tp1/fp32", k, "built", node="abc") for k in ("graphs", "buckets", "autotune")]
     text = render(RayReport(tuple(rows), submitted=1))
     assert text.splitlines()[1].split()[1] == "buckets" and text.endswith("1 Ray tasks submitted; 3 built")
+
+
+# -- what a node sees of the driver's settings -----------------------------------------------------
+
+DRIVER = {
+    "AWS_ENDPOINT_URL": "http://minio.internal:9000",
+    "AWS_DEFAULT_REGION": "eu-west-1",
+    "HF_ENDPOINT": "http://hub.internal",
+    "PREBAKE_S3_TIMEOUT_S": "5",
+    "PREBAKE_REGISTRY": "s3://team/prebake",
+    "PREBAKE_HOME": "/home/driver/.cache/prebake",
+    "PREBAKE_TEST_CRASH_AT": "pack",
+    "AWS_ACCESS_KEY_ID": "AKIA-driver",
+    "AWS_SECRET_ACCESS_KEY": "secret",
+    "HF_TOKEN": "hf_secret",
+    "PATH": "/usr/bin",
+}
+
+
+def test_the_registry_settings_that_are_not_secrets_travel_in_the_runtime_env():
+    from prebake.engine.fleet.ray_executor import runtime_env
+
+    sent = runtime_env(False, DRIVER)["runtime_env"]["env_vars"]
+    assert sent == {
+        "AWS_ENDPOINT_URL": "http://minio.internal:9000",
+        "AWS_DEFAULT_REGION": "eu-west-1",
+        "HF_ENDPOINT": "http://hub.internal",
+        "PREBAKE_S3_TIMEOUT_S": "5",
+        "PREBAKE_REGISTRY": "s3://team/prebake",
+    }
+
+
+def test_credentials_travel_only_when_asked():
+    from prebake.engine.fleet.node_env import forwarded
+
+    assert "AWS_SECRET_ACCESS_KEY" not in forwarded(DRIVER)
+    sent = forwarded(DRIVER, credentials=True)
+    assert sent["AWS_SECRET_ACCESS_KEY"] == "secret" and sent["HF_TOKEN"] == "hf_secret"
+    assert "PREBAKE_HOME" not in sent and "PATH" not in sent  # the node's own
+
+
+def test_a_node_that_cannot_reach_the_registry_names_the_address_and_its_settings(monkeypatch):
+    """A real S3 client against a loopback port nobody listens on: the failure says where it went."""
+    from tests.support.moto_server import free_port
+
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    for name, value in {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": "/dev/null",
+        "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+        "PREBAKE_S3_MAX_ATTEMPTS": "1",
+        "PREBAKE_S3_TIMEOUT_S": "2",
+    }.items():
+        monkeypatch.setenv(name, value)
+    text = (REPO / "recipes" / "tiny-llama.toml").read_text()
+    outcomes = bake_target(BakeJob("tiny-llama", text, "tiny-llama/cpu/tp1/fp32", "s3://prebake-team/bundles"))
+    assert {o.outcome for o in outcomes} == {FAILED}
+    reason = outcomes[0].reason
+    assert "RegistryUnavailable" in reason and "registry s3://prebake-team/bundles, as this node saw it" in reason
+    assert f"AWS_ENDPOINT_URL={endpoint}" in reason and "credentials: AWS_ACCESS_KEY_ID set" in reason
+    assert "testing" not in reason  # a credential's value is never shown

@@ -232,6 +232,8 @@ def test_prebake_stats_prints_a_table_and_json(store, monkeypatch, capsys):
         "miss_reasons",
         "differing_factors",
         "zeroed",
+        "store_bytes",
+        "max_bytes",
     }
     assert data["total"]["misses"] == 1 and data["total"]["fallback_compiles"] == 1
     assert main(["stats", "--zero", "--json"]) == 0

@@ -168,8 +168,8 @@ def test_store_verify_finds_extra_and_missing_files_and_a_damaged_blob(installed
 
 def test_store_verify_fix_never_removes_a_tree_a_live_engine_holds(installed, home, capsys):
     bundle = installed["tiny-graphs"]
-    (_tree(home, bundle) / "kernels.bin").write_bytes(b"damaged")
-    with _Held(home, bundle) as held:
+    with _Held(home, bundle) as held:  # held first: a lookup of a damaged tree moves it aside
+        (_tree(home, bundle) / "kernels.bin").write_bytes(b"damaged")
         code, out = _run(capsys, "store", "verify", "--fix", "--json")
         [finding] = json.loads(out)["findings"]
         assert code == 1 and finding["action"].startswith(f"kept: held by a live engine (pid {held.proc.pid})")

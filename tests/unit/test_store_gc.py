@@ -1,5 +1,6 @@
 """The bounded store: least recently used bundles go first, held trees never, crashed runs' leftovers are swept."""
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -8,8 +9,8 @@ import pytest
 
 from prebake.artifacts import fsutil
 from prebake.artifacts.bake.fetch import Miss, fetch
-from prebake.artifacts.errors import StoreError, UnsafeArchiveError
-from prebake.artifacts.store.local import GcReport, Store, StoreLimits, parse_size
+from prebake.artifacts.errors import StoreBoundError, StoreError, UnsafeArchiveError
+from prebake.artifacts.store.local import DEFAULT_MAX_BYTES, GcReport, Store, StoreLimits, parse_size
 from prebake.engine.cli import main
 from prebake.registry.file import FileRegistry
 from tests.support.bundles import Bundle, make_bundle
@@ -62,7 +63,7 @@ def test_a_size_that_is_not_one_says_how_to_write_it(text):
 def test_limits_come_from_the_environment():
     limits = StoreLimits.from_env({"PREBAKE_STORE_MAX_BYTES": "3M", "PREBAKE_UNPACK_MAX_BYTES": "1K"})
     assert limits.max_bytes == 3 << 20 and limits.unpack.max_bytes == 1024
-    assert StoreLimits.from_env({}).max_bytes is None
+    assert StoreLimits.from_env({}).max_bytes == DEFAULT_MAX_BYTES == 10 << 30  # sccache's default bound
 
 
 def test_the_unpack_cap_from_the_environment_refuses_a_bundle_that_unpacks_past_it(tmp_path, registry):
@@ -124,8 +125,10 @@ def test_the_bound_from_the_environment_holds_after_every_install_but_spares_the
         assert _store_bytes(store) <= 3 * PAYLOAD
     assert [store.lookup("graphs", x.manifest.key_digest) is not None for x in (a, b, c)] == [False, False, True]
 
-    tiny = Store(tmp_path / "home", StoreLimits(max_bytes=1))  # smaller than any bundle
-    assert _fetch(tiny, registry, a).tree.is_dir(), "the bundle just installed must survive its own install"
+    tiny = Store(tmp_path / "home", StoreLimits(max_bytes=1))  # smaller than any bundle: refused, nothing evicted
+    with pytest.raises(StoreBoundError, match="bounded to 0.0 MiB.*nothing was installed or evicted"):
+        _fetch(tiny, registry, a)
+    assert store.lookup("graphs", c.manifest.key_digest) is not None
 
 
 def test_the_embedded_registry_is_never_evicted(tmp_path):
@@ -292,11 +295,30 @@ def test_prebake_gc_evicts_down_to_max_size_and_prints_what_it_did(tmp_path, reg
     assert _store_bytes(store) <= 200 << 10
 
 
-def test_prebake_gc_without_a_bound_says_how_to_give_one(tmp_path, monkeypatch, capsys):
+def test_prebake_store_gc_without_a_size_uses_the_default_bound(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PREBAKE_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("PREBAKE_STORE_MAX_BYTES", raising=False)
-    assert main(["gc"]) == 2
-    assert "--max-size 10G" in capsys.readouterr().err
+    assert main(["store", "gc", "--dry-run", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["max_bytes"] == DEFAULT_MAX_BYTES
+    monkeypatch.setenv("PREBAKE_STORE_MAX_BYTES", "2G")
+    assert main(["store", "gc", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["max_bytes"] == 2 << 30
+
+
+def test_the_old_spelling_prebake_gc_still_works_and_says_where_it_moved(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PREBAKE_HOME", str(tmp_path / "home"))
+    assert main(["gc", "--dry-run"]) == 0
+    assert "`prebake gc` is now `prebake store gc`" in capsys.readouterr().err
+
+
+def test_store_stats_shows_the_store_size_and_its_bound(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PREBAKE_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PREBAKE_STORE_MAX_BYTES", "3G")
+    assert main(["store", "stats"]) == 0
+    assert "store size 0 B (bound 3.0 GiB" in capsys.readouterr().out
+    assert main(["store", "stats", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["store_bytes"] == 0 and data["max_bytes"] == 3 << 30
 
 
 def test_a_report_is_plain_data():

@@ -180,6 +180,8 @@ def test_cli_json_has_exactly_the_promised_shape(tmp_path, capsys):
     assert json.loads(out.read_text())["strategy"] == "traffic"
 
 
-def test_cli_without_a_trace_says_what_to_pass(capsys):
-    assert main(["buckets", "--model", "tiny-llama"]) == 2
+def test_cli_without_a_trace_shows_the_sets_and_says_what_to_pass_for_waste(capsys):
+    assert main(["buckets", "--model", "tiny-llama"]) == 0
+    assert "pass --trace FILE" in capsys.readouterr().out
+    assert main(["buckets", "--model", "tiny-llama", "--strategy", "traffic"]) == 2
     assert "--trace" in capsys.readouterr().err

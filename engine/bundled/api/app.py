@@ -1,7 +1,8 @@
 """The bundled engine's HTTP API on FastAPI: probes, metrics, models, tokenizer routes, completions.
 
-    GET  /health                 200 once ready; 503 with the start-up step before
-    GET  /health/live            200 while the process serves HTTP and its scheduler runs
+    GET  /health                 200 once ready; 503 with the start-up step before (also HEAD)
+    GET  /health/live            200 while the process serves HTTP and its scheduler runs (also HEAD)
+    GET  /v1/health/ready        NIM's spelling of /health; /v1/health/live NIM's of /health/live
     GET  /metrics                Prometheus text (prebake.engine.bundled.runtime.metrics)
     GET  /version                prebake's version
     GET  /v1/models              the one model served
@@ -46,21 +47,33 @@ def create_app(state: AppState, guard: GuardSettings) -> FastAPI:
     return app
 
 
+READY_PATHS = ("/health", "/v1/health/ready")  # ours (vLLM's), and NVIDIA NIM's
+LIVE_PATHS = ("/health/live", "/v1/health/live")
+
+
 def _probe_routes(app: FastAPI, state: AppState) -> None:
-    @app.get("/health")
     def health() -> JSONResponse:
         if state.serving is None:
             return JSONResponse({"status": "starting", "step": state.step}, status_code=503)
         return JSONResponse({"status": "ready", "target": state.serving.target})
 
-    @app.get("/health/live")
     def live() -> JSONResponse:
         if not state.alive():
             return JSONResponse({"status": "dead", "reason": "the scheduler thread stopped"}, status_code=503)
         return JSONResponse({"status": "alive", "step": "ready" if state.serving else state.step})
 
+    for path in READY_PATHS:  # HEAD too: load balancers and curl -I probe with it
+        app.add_api_route(path, health, methods=["GET", "HEAD"])
+    for path in LIVE_PATHS:
+        app.add_api_route(path, live, methods=["GET", "HEAD"])
+
     @app.get("/metrics")
     def metrics() -> Response:
+        if state.serving is not None:  # the load as of this scrape
+            load = state.serving.scheduler.load()
+            state.metrics.set("prebake_num_requests_running", load.running)
+            state.metrics.set("prebake_num_requests_waiting", load.waiting)
+            state.metrics.set("prebake_kv_cache_usage_perc", round(load.kv_cache_usage, 6))
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
 

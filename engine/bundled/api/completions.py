@@ -4,15 +4,20 @@ A streamed answer is a sequence of `data: <chunk JSON>` events, one per piece of
 scheduler samples it, a last chunk per choice with its finish_reason, with
 stream_options.include_usage one more chunk with no choices and the usage, then `data: [DONE]`.
 A failure after the stream began is sent as a `data: {"error": ...}` event before [DONE] (the
-status line is already out). A client that disconnects ends its rows at their next token.
+status line is already out). A client that disconnects ends its rows at their next token, and
+its choices still queued are never started, streamed or not: a streamed answer learns of it
+from Starlette's disconnect listener (the generator is closed), a whole answer from its own
+watcher on the connection (`_cancel_on_disconnect`), since nothing else would tell it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
+from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
@@ -27,14 +32,18 @@ from prebake.engine.bundled.api.schema import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
+    ChatLogprobs,
     ChatMessage,
+    ChatTokenLogprob,
     Completion,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionRequest,
     Delta,
     ErrorBody,
     ErrorResponse,
     FinishReason,
+    TopLogprob,
     Usage,
 )
 from prebake.engine.bundled.api.state import AppState, Serving
@@ -45,18 +54,18 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 def add_routes(app: FastAPI, state: AppState) -> None:
     @app.post("/v1/completions", response_model=None)
-    async def completions(body: CompletionRequest) -> Completion | StreamingResponse:
+    async def completions(body: CompletionRequest, request: Request) -> Completion | StreamingResponse:
         serving = state.ready()
         state.check_model(body.model)
         prompts = await run_in_threadpool(_prompts, serving, body.prompt)
-        return await _answer(state, serving, prompts, body, _CompletionShape(state.model_id))
+        return await _answer(state, serving, prompts, body, _CompletionShape(state.model_id), request)
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat(body: ChatCompletionRequest) -> ChatCompletion | StreamingResponse:
+    async def chat(body: ChatCompletionRequest, request: Request) -> ChatCompletion | StreamingResponse:
         serving = state.ready()
         state.check_model(body.model)
         prompt = await run_in_threadpool(chat_prompt, serving, body.messages, body.add_generation_prompt)
-        return await _answer(state, serving, [prompt], body, _ChatShape(state.model_id))
+        return await _answer(state, serving, [prompt], body, _ChatShape(state.model_id), request)
 
 
 # -- prompts ---------------------------------------------------------------------------------------
@@ -110,7 +119,7 @@ def _prompts(serving: Serving, prompt) -> list[list[int]]:
 # -- answers ---------------------------------------------------------------------------------------
 
 
-async def _answer(state: AppState, serving: Serving, prompts, body, shape):
+async def _answer(state: AppState, serving: Serving, prompts, body, shape, request: Request):
     started = time.perf_counter()
     params = Params(
         max_tokens=body.token_budget() if isinstance(body, ChatCompletionRequest) else body.max_tokens,
@@ -120,6 +129,7 @@ async def _answer(state: AppState, serving: Serving, prompts, body, shape):
         seed=body.seed,
         stop=body.stop_strings(),
         ignore_eos=body.ignore_eos,
+        top_logprobs=body.top_logprobs_asked(),
     )
     try:
         generation = Generation(serving.scheduler, serving.tokenizer, serving.eos, prompts, params, state.metrics)
@@ -130,9 +140,10 @@ async def _answer(state: AppState, serving: Serving, prompts, body, shape):
         events = _stream(state, generation, shape, body.include_usage(), started)
         return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
     try:
-        finished = {f.index: f async for f in generation.events() if isinstance(f, Finished)}
+        async with _cancel_on_disconnect(request, generation):
+            finished = {f.index: f async for f in generation.events() if isinstance(f, Finished)}
     except GenerationFailed as exc:
-        state.metrics.add("prebake_requests_total", outcome="error")
+        state.metrics.add("prebake_requests_total", outcome="cancelled" if generation.cancelled else "error")
         raise ApiError(500, f"{exc}; the server goes on serving, retry the request") from exc
     finally:
         generation.cancel()  # no-op once all finished; ends the rows if this handler was cancelled
@@ -143,7 +154,24 @@ async def _answer(state: AppState, serving: Serving, prompts, body, shape):
         completion_tokens=generation.completion_tokens,
         total_tokens=generation.prompt_tokens + generation.completion_tokens,
     )
-    return shape.whole([finished[i] for i in sorted(finished)], usage)
+    return shape.whole([finished[i] for i in sorted(finished)], usage, serving.tokenizer)
+
+
+@asynccontextmanager
+async def _cancel_on_disconnect(request: Request, generation: Generation):
+    """While the block runs, a client that hangs up cancels `generation` (its running rows end at
+    their next token, its queued ones never start); the block then fails with GenerationFailed."""
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass  # the body was read whole by the guard: nothing else can come but the disconnect
+        generation.cancel()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        yield
+    finally:
+        watcher.cancel()
 
 
 async def _stream(state: AppState, generation: Generation, shape, include_usage: bool, started: float):
@@ -153,9 +181,9 @@ async def _stream(state: AppState, generation: Generation, shape, include_usage:
             yield _sse(chunk)
         async for event in generation.events():
             if isinstance(event, Finished):
-                yield _sse(shape.piece(event.index, event.tail, event.reason))
+                yield _sse(shape.piece(event.index, event.tail, event.reason, event.tail_tokens))
             else:
-                yield _sse(shape.piece(event.index, event.text, None))
+                yield _sse(shape.piece(event.index, event.text, None, event.tokens))
         if include_usage:
             usage = Usage(
                 prompt_tokens=generation.prompt_tokens,
@@ -178,13 +206,55 @@ def _sse(chunk: BaseModel) -> str:
     return f"data: {chunk.model_dump_json()}\n\n"
 
 
+def _token_text(tokenizer: Tokenizer | None, token: int) -> str:
+    """A token as logprobs name it: its text, or token_id:N without a tokenizer (as vLLM's
+    return_tokens_as_token_ids writes it)."""
+    return tokenizer.decode([token]) if tokenizer is not None else f"token_id:{token}"
+
+
+def _completion_logprobs(f: Finished, tokenizer: Tokenizer | None) -> CompletionLogprobs | None:
+    if not f.logprobs:
+        return None
+    texts = [_token_text(tokenizer, lp.token) for lp in f.logprobs]
+    offsets = [sum(len(t) for t in texts[:i]) for i in range(len(texts))]
+    top = [{_token_text(tokenizer, t): v for t, v in lp.top} for lp in f.logprobs]
+    return CompletionLogprobs(
+        tokens=texts,
+        token_logprobs=[lp.logprob for lp in f.logprobs],
+        top_logprobs=top if any(lp.top for lp in f.logprobs) else None,
+        text_offset=offsets,
+    )
+
+
+def _chat_logprobs(f: Finished, tokenizer: Tokenizer | None) -> ChatLogprobs | None:
+    if not f.logprobs:
+        return None
+
+    def entry(token: int) -> tuple[str, list[int]]:
+        text = _token_text(tokenizer, token)
+        return text, list(text.encode("utf-8", "surrogatepass"))
+
+    content = []
+    for lp in f.logprobs:
+        text, raw = entry(lp.token)
+        top = [TopLogprob(token=t, logprob=v, bytes=b) for t, b, v in ((*entry(i), v) for i, v in lp.top)]
+        content.append(ChatTokenLogprob(token=text, logprob=lp.logprob, bytes=raw, top_logprobs=top))
+    return ChatLogprobs(content=content)
+
+
 class _CompletionShape:
     def __init__(self, model: str):
         self.model, self.id, self.created = model, f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
-    def whole(self, finished: list[Finished], usage: Usage) -> Completion:
+    def whole(self, finished: list[Finished], usage: Usage, tokenizer: Tokenizer | None) -> Completion:
         choices = [
-            CompletionChoice(index=f.index, text=f.text, finish_reason=f.reason, token_ids=list(f.tokens))
+            CompletionChoice(
+                index=f.index,
+                text=f.text,
+                logprobs=_completion_logprobs(f, tokenizer),
+                finish_reason=f.reason,
+                token_ids=list(f.tokens),
+            )
             for f in finished
         ]
         return Completion(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage)
@@ -192,8 +262,8 @@ class _CompletionShape:
     def opening(self, n: int) -> list[Completion]:
         return []
 
-    def piece(self, index: int, text: str, reason: FinishReason) -> Completion:
-        choice = CompletionChoice(index=index, text=text, finish_reason=reason)
+    def piece(self, index: int, text: str, reason: FinishReason, tokens: tuple[int, ...]) -> Completion:
+        choice = CompletionChoice(index=index, text=text, finish_reason=reason, token_ids=list(tokens))
         return Completion(id=self.id, created=self.created, model=self.model, choices=[choice])
 
     def usage(self, usage: Usage) -> Completion:
@@ -204,11 +274,12 @@ class _ChatShape:
     def __init__(self, model: str):
         self.model, self.id, self.created = model, f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
-    def whole(self, finished: list[Finished], usage: Usage) -> ChatCompletion:
+    def whole(self, finished: list[Finished], usage: Usage, tokenizer: Tokenizer | None) -> ChatCompletion:
         choices = [
             ChatChoice(
                 index=f.index,
                 message=AssistantMessage(content=f.text),
+                logprobs=_chat_logprobs(f, tokenizer),
                 finish_reason=f.reason,
                 token_ids=list(f.tokens),
             )
@@ -222,9 +293,9 @@ class _ChatShape:
     def opening(self, n: int) -> list[ChatCompletionChunk]:
         return [self._chunk([ChatChunkChoice(index=i, delta=Delta(role="assistant", content=""))]) for i in range(n)]
 
-    def piece(self, index: int, text: str, reason: FinishReason) -> ChatCompletionChunk:
+    def piece(self, index: int, text: str, reason: FinishReason, tokens: tuple[int, ...]) -> ChatCompletionChunk:
         delta = Delta(content=text) if text or reason is None else Delta()
-        return self._chunk([ChatChunkChoice(index=index, delta=delta, finish_reason=reason)])
+        return self._chunk([ChatChunkChoice(index=index, delta=delta, finish_reason=reason, token_ids=list(tokens))])
 
     def usage(self, usage: Usage) -> ChatCompletionChunk:
         return self._chunk([], usage)

@@ -103,8 +103,10 @@ def _reason(error: dict) -> str:
         return "required field missing"
     if kind == "json_invalid":
         return f"the body is not valid JSON ({error.get('ctx', {}).get('error', 'parse error')}); send one JSON object"
+    if kind == "not_supported":
+        return str(error.get("msg"))
     if kind == "literal_error" and "expected" in error.get("ctx", {}):
-        return f"not supported by the bundled engine; leave it at {error['ctx']['expected']}"
+        return f"not supported by this engine; leave it at {error['ctx']['expected']}"
     given = repr(error.get("input"))
     given = given if len(given) <= 40 else given[:37] + "..."
     return f"{error.get('msg', 'invalid')}, got {given}"

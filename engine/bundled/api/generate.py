@@ -19,7 +19,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from prebake.engine.bundled.api.schema import SEED_BOUND, FinishReason
@@ -30,7 +30,7 @@ from prebake.engine.bundled.runtime.tokenizer import Tokenizer
 MAX_CHOICES = 64  # prompts x n in one request: more is a 400, not a queue that starves everyone else
 
 if TYPE_CHECKING:  # torch: the server answers probes while it loads, so the scheduler comes later
-    from prebake.engine.bundled.runtime.scheduler import Request, Scheduler
+    from prebake.engine.bundled.runtime.scheduler import Request, Scheduler, TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ class Params:
     seed: int | None
     stop: tuple[str, ...]
     ignore_eos: bool
+    top_logprobs: int | None = None  # None: no log-probabilities; k: each token's and the k likeliest
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class Piece:
     index: int
     text: str
     token: int | None
+    tokens: tuple[int, ...] = ()  # the ids sampled since the last piece handed out, this one's last
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,8 @@ class Finished:
     tokens: tuple[int, ...]
     tail: str  # text not yet handed out as a Piece
     text: str  # the whole choice's text
+    tail_tokens: tuple[int, ...] = ()  # ids not yet handed out with a Piece
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token, when asked for
 
 
 class GenerationFailed(RuntimeError):
@@ -74,8 +78,9 @@ class _Choice:
     def __call__(self, token: int) -> bool:  # the scheduler's thread
         if self.generation.cancelled:
             return False
+        consumed = not self.text.stopped  # a token after a stop string is not part of the answer
         delta = self.text.feed(token)
-        self.generation.post(Piece(self.index, delta, token))
+        self.generation.post(Piece(self.index, delta, token if consumed else None))
         return not self.text.stopped
 
     def done(self, future: Future) -> None:  # the scheduler's thread, or the one that cancelled
@@ -134,18 +139,25 @@ class Generation:
                 choice.future.cancel()  # still queued: never admitted; running: its sink ends it
 
     async def events(self) -> AsyncIterator[Piece | Finished]:
+        """Pieces with text (each carrying the ids sampled since the previous one), then Finished."""
         pending = len(self._choices)
+        held: dict[int, list[int]] = {}  # ids sampled whose text is not settled yet, per choice
         while pending:
             item = await self._queue.get()
             if isinstance(item, Piece):
                 if self._first:
                     self._first = False
                     self._metrics.observe("prebake_time_to_first_token_seconds", time.perf_counter() - self._started)
+                ids = held.setdefault(item.index, [])
+                if item.token is not None:
+                    ids.append(item.token)
                 if item.text:
-                    yield item
+                    yield Piece(item.index, item.text, item.token, tuple(ids))
+                    ids.clear()
                 continue
             pending -= 1
-            yield self._finished(item)
+            finished = self._finished(item)
+            yield replace(finished, tail_tokens=tuple(held.pop(finished.index, ())))
 
     def _finished(self, choice: _Choice) -> Finished:
         future = choice.future
@@ -160,7 +172,8 @@ class Generation:
         self.completion_tokens += len(tokens)
         self._metrics.add("prebake_generated_tokens_total", len(tokens))
         reason: FinishReason = "stop" if choice.text.stopped or completion.finish_reason == "stop" else "length"
-        return Finished(choice.index, reason, tokens, tail, choice.text.text)
+        logprobs = completion.logprobs[: len(tokens)]  # a stop string may end the text before the last token
+        return Finished(choice.index, reason, tokens, tail, choice.text.text, logprobs=logprobs)
 
 
 def _request(prompt: list[int], params: Params, i: int, eos: frozenset[int], max_model_len: int) -> Request:
@@ -175,4 +188,5 @@ def _request(prompt: list[int], params: Params, i: int, eos: frozenset[int], max
         top_p=params.top_p,
         seed=seed,
         stop_ids=frozenset() if params.ignore_eos else eos,
+        top_logprobs=params.top_logprobs,
     )

@@ -1,19 +1,32 @@
 """What every request passes before a route sees it: the API key, then a bounded body.
 
-    API key     with a key set, every route but the probes (/health, /health/live) needs
+    API key     with a key set, every route but the probes (/health, /health/live and NIM's /v1/health/*) needs
                 `Authorization: Bearer <key>`; compared in constant time (hmac.compare_digest)
     body        at most `max_body_bytes` (413 past it, by Content-Length or by counting),
                 read within `body_timeout_s` (408 for a client that dribbles), and UTF-8 (400);
                 read as JSON when it comes unlabelled or labelled a form (`curl -d` does that)
+    all bodies  the bodies of every request in flight take at most `max_bodies_bytes` together
+                (503 with Retry-After past it): a request reserves its Content-Length (or what
+                it has sent so far) before it is read and gives it back when it is answered
 
 The body is read here in full and replayed to the route, so a slow or oversized upload never
 ties up anything but its own connection. Later receive() calls (the disconnect a streaming
 response listens for) go to the client's connection as before.
+
+A refusal sent before the body was read (413, 503) would reach a client that sends its whole
+body before it reads (most do, without `Expect: 100-continue`) as a connection reset: the
+server closing a socket with unread bytes makes the kernel send RST, which discards the
+answer. So, as nginx's lingering close does, the rest of the body is read and dropped (up to
+`drain_bytes` and `drain_s`, never kept) before the refusal goes out with `Connection: close`.
+When the last large body in flight is given back, the C heap is trimmed (glibc's
+malloc_trim), so a burst of uploads does not leave the server at its peak size.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import hmac
 from dataclasses import dataclass
 
@@ -21,7 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from prebake.engine.bundled.api.errors import error_response
 
-PROBES = frozenset({"/health", "/health/live"})
+PROBES = frozenset({"/health", "/health/live", "/v1/health/ready", "/v1/health/live"})  # app.READY_PATHS, LIVE_PATHS
 
 
 @dataclass(frozen=True)
@@ -29,6 +42,19 @@ class GuardSettings:
     api_key: str | None = None
     max_body_bytes: int = 4 << 20
     body_timeout_s: float = 30.0
+    max_bodies_bytes: int = 64 << 20  # every request's body in flight, together
+    drain_bytes: int = 64 << 20  # read and dropped at most, before a refusal goes out
+    drain_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.max_bodies_bytes < self.max_body_bytes:
+            raise ValueError(
+                f"max_bodies_bytes ({self.max_bodies_bytes}) is below max_body_bytes ({self.max_body_bytes}): "
+                f"no body could ever be taken; raise it to at least the per-request cap"
+            )
+
+
+_TRIM_AFTER = 8 << 20  # bodies this large together leave the heap big: trim it when they are all gone
 
 
 class Guard:
@@ -37,6 +63,8 @@ class Guard:
     def __init__(self, app: ASGIApp, settings: GuardSettings):
         self.app, self.settings = app, settings
         self._key = None if settings.api_key is None else f"Bearer {settings.api_key}".encode()
+        self._in_flight = 0  # bytes reserved by the bodies of requests in flight (one event loop: no lock)
+        self._peak = 0  # the most reserved since the heap was last trimmed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -51,24 +79,30 @@ class Guard:
             )
             await response(scope, receive, send)
             return
-        body, problem = await self._read_body(scope, receive)
-        if problem is not None:
-            await problem(scope, receive, send)
-            return
-        if body is None:  # the client went away while sending
-            return
-        await self.app(_as_json(scope), _replay(body, receive), send)
+        reserved = _Reservation(self)
+        try:
+            body, problem = await self._read_body(scope, receive, reserved)
+            if problem is not None:
+                await problem(scope, receive, send)
+                return
+            if body is None:  # the client went away while sending
+                return
+            await self.app(_as_json(scope), _replay(body, receive), send)
+        finally:
+            reserved.give_back()
 
     def _authorized(self, scope: Scope) -> bool:
         assert self._key is not None
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
         return hmac.compare_digest(given, self._key)
 
-    async def _read_body(self, scope: Scope, receive: Receive):
+    async def _read_body(self, scope: Scope, receive: Receive, reserved: _Reservation):
         cap = self.settings.max_body_bytes
         declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
         if declared is not None and (not declared.isdigit() or int(declared) > cap):
-            return None, _too_large(cap)
+            return None, await self._refuse(scope, receive, _too_large(cap), int(declared) if declared.isdigit() else 0)
+        if declared is not None and not reserved.take(int(declared)):
+            return None, await self._refuse(scope, receive, self._busy(), int(declared))
         body = bytearray()
         try:
             async with asyncio.timeout(self.settings.body_timeout_s):
@@ -76,9 +110,12 @@ class Guard:
                     message = await receive()
                     if message["type"] == "http.disconnect":
                         return None, None
-                    body += message.get("body", b"")
+                    chunk = message.get("body", b"")
+                    body += chunk
                     if len(body) > cap:
-                        return None, _too_large(cap)
+                        return None, await self._refuse(scope, receive, _too_large(cap), 0, message)
+                    if declared is None and not reserved.take(len(chunk)):
+                        return None, await self._refuse(scope, receive, self._busy(), 0, message)
                     if not message.get("more_body", False):
                         break
         except TimeoutError:
@@ -93,6 +130,82 @@ class Guard:
                     400, f"the request body is not UTF-8 (byte {exc.start}: {exc.reason}); send JSON encoded as UTF-8"
                 )
         return bytes(body), None
+
+    async def _refuse(self, scope: Scope, receive: Receive, response, declared: int, last: Message | None = None):
+        """`response`, with `Connection: close`, once the rest of the body has been read and dropped, so a
+        client that sends its whole body before reading gets the answer, not a reset."""
+        response.headers["Connection"] = "close"
+        expects = any(k == b"expect" and v.lower() == b"100-continue" for k, v in scope["headers"])
+        if expects or declared > self.settings.drain_bytes or (last is not None and not last.get("more_body")):
+            return response  # nothing sent yet (100-continue), too much to read, or nothing left
+        drained = 0
+        try:
+            async with asyncio.timeout(self.settings.drain_s):
+                while drained <= self.settings.drain_bytes:
+                    message = await receive()
+                    drained += len(message.get("body", b""))
+                    if message["type"] == "http.disconnect" or not message.get("more_body", False):
+                        break
+        except TimeoutError:  # a client that keeps sending: refuse now, as nginx does after lingering_time
+            pass
+        return response
+
+    def _busy(self):
+        return error_response(
+            503,
+            f"the server is receiving {self.settings.max_bodies_bytes >> 20} MiB of request bodies already, "
+            f"its bound for all requests together; retry in a moment",
+            headers={"Retry-After": "1"},
+        )
+
+    def _reserve(self, n: int) -> bool:
+        if self._in_flight + n > self.settings.max_bodies_bytes:
+            return False
+        self._in_flight += n
+        self._peak = max(self._peak, self._in_flight)
+        return True
+
+    def _give_back(self, n: int) -> None:
+        self._in_flight -= n
+        if self._in_flight == 0 and self._peak >= _TRIM_AFTER:
+            self._peak = 0
+            _trim_heap()
+
+
+class _Reservation:
+    """The bytes one request's body holds of the guard's bound, given back once it is answered."""
+
+    def __init__(self, guard: Guard):
+        self.guard, self.bytes = guard, 0
+
+    def take(self, n: int) -> bool:
+        if not self.guard._reserve(n):
+            return False
+        self.bytes += n
+        return True
+
+    def give_back(self) -> None:
+        if self.bytes:
+            self.guard._give_back(self.bytes)
+            self.bytes = 0
+
+
+def _trim_heap() -> None:
+    """Hand freed heap pages back to the kernel (glibc); elsewhere a no-op."""
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+
+
+def _load_libc():
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+    return libc if libc is not None and hasattr(libc, "malloc_trim") else None
+
+
+_LIBC = _load_libc()
 
 
 _FORM = b"application/x-www-form-urlencoded"

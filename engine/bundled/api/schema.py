@@ -2,22 +2,26 @@
 
 Requests forbid unknown fields (a typo is a 400, not a silently ignored option) and bound every
 number, so a bad value is refused by validation before it reaches the scheduler. Options of the
-OpenAI schema the engine does not implement (echo, logprobs, best_of, penalties, tools) are
-accepted at their neutral value and refused otherwise, naming the option. Responses are frozen
-models; the engine adds `token_ids` to every choice (as vLLM's `return_token_ids` does).
+OpenAI schema the engine does not implement (echo, best_of, penalties, response_format, tools) are
+accepted at their neutral value and otherwise refused as "not supported by this engine", naming
+the option. logprobs (and chat's top_logprobs) are supported on whole answers. Responses are
+frozen models; the engine adds `token_ids` to every choice and every streamed chunk (as vLLM's
+`return_token_ids` does).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 MAX_N = 16  # choices per prompt; more is a 400, not a queue of hundreds of rows
 MAX_STOP = 8  # stop strings per request
 MAX_TOKENS_BOUND = 1 << 20  # above any model length: a clear 400 from the limits, never an overflow
 SEED_BOUND = (1 << 63) - 1
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound (prebake.engine.bundled.runtime.scheduler keeps the same)
 TokenId = Annotated[StrictInt, Field(ge=0, lt=1 << 31)]
 StopString = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 
@@ -47,6 +51,14 @@ class _Sampling(_Request):
     presence_penalty: float = Field(default=0.0, ge=0.0, le=0.0, description="not supported: 0 only")
     frequency_penalty: float = Field(default=0.0, ge=0.0, le=0.0, description="not supported: 0 only")
     logit_bias: dict[str, float] | None = Field(default=None, max_length=0)
+    response_format: Any = None  # OpenAI's structured output: only {"type": "text"}, the neutral value
+
+    @field_validator("response_format")
+    @classmethod
+    def _free_text_only(cls, value: Any) -> Any:
+        if value is None or value == {"type": "text"}:
+            return value
+        raise not_supported("response_format", "it generates free text only; leave response_format out")
 
     @model_validator(mode="after")
     def _checks(self):
@@ -54,7 +66,13 @@ class _Sampling(_Request):
             raise ValueError(f"stop: at most {MAX_STOP} stop strings, got {len(self.stop)}")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options: only allowed with stream=true")
+        if self.stream and self.top_logprobs_asked() is not None:
+            raise not_supported("logprobs", "log-probabilities come with whole answers only; ask without stream")
         return self
+
+    def top_logprobs_asked(self) -> int | None:
+        """None: no log-probabilities; k: each token's and the k likeliest."""
+        return None
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -73,15 +91,23 @@ Prompt = (
 )
 
 
+def not_supported(field: str, why: str) -> PydanticCustomError:
+    """The refusal of an OpenAI option this engine does not implement (errors.py words it)."""
+    return PydanticCustomError("not_supported", "not supported by this engine: {why}", {"why": why, "field": field})
+
+
 class CompletionRequest(_Sampling):
     """POST /v1/completions."""
 
     prompt: Prompt
     max_tokens: StrictInt | None = Field(default=16, ge=1, le=MAX_TOKENS_BOUND)
     echo: Literal[False] = False
-    logprobs: None = None
+    logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     best_of: Literal[1] | None = None
     suffix: None = None
+
+    def top_logprobs_asked(self) -> int | None:
+        return self.logprobs
 
 
 class TextPart(_Request):
@@ -104,8 +130,36 @@ class ChatCompletionRequest(_Sampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1, le=MAX_TOKENS_BOUND)
     add_generation_prompt: bool = True
-    logprobs: Literal[False] | None = None
-    top_logprobs: None = None
+    logprobs: bool | None = None
+    top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: Any = None  # function calling: only none or [] (the neutral values)
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    functions: Any = None  # the deprecated spelling of tools
+    function_call: Any = None
+
+    @field_validator("tools", "functions")
+    @classmethod
+    def _no_tools(cls, value: Any, info) -> Any:
+        if value in (None, []):
+            return value
+        raise not_supported(info.field_name, "it has no function calling; leave tools out")
+
+    @field_validator("tool_choice", "function_call")
+    @classmethod
+    def _no_tool_choice(cls, value: Any, info) -> Any:
+        if value in (None, "none", "auto"):
+            return value
+        raise not_supported(info.field_name, "it has no function calling; leave it out")
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self):
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs: only with logprobs=true")
+        return self
+
+    def top_logprobs_asked(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def token_budget(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -150,10 +204,19 @@ class Usage(_Response):
 FinishReason = Literal["stop", "length"] | None
 
 
+class CompletionLogprobs(_Response):
+    """OpenAI's legacy completions shape: parallel lists, one entry per generated token."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
 class CompletionChoice(_Response):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReason
     token_ids: list[int] | None = None
 
@@ -172,10 +235,27 @@ class AssistantMessage(_Response):
     content: str
 
 
+class TopLogprob(_Response):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(_Response):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(_Response):
+    content: list[ChatTokenLogprob]
+
+
 class ChatChoice(_Response):
     index: int
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: FinishReason
     token_ids: list[int] | None = None
 

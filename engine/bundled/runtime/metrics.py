@@ -15,6 +15,9 @@ prebake_time_to_first_token_seconds         histogram of the wait for a request'
 prebake_generated_tokens_total              tokens generated
 prebake_steps_total{shape}                  model steps run per step shape (bucket)
 prebake_step_rows_total{shape}              real rows in those steps (the rest was padding)
+prebake_num_requests_running                requests in the running batch (vLLM: num_requests_running)
+prebake_num_requests_waiting                requests queued for a slot (vLLM: num_requests_waiting)
+prebake_kv_cache_usage_perc                 fraction of the KV cache's positions held, 0 to 1 (vLLM's name)
 process_*, python_gc_*, python_info         prometheus_client's process, GC and platform collectors
 
 Callers name a metric and its labels (`metrics.add("prebake_steps_total", shape=...)`); a name
@@ -64,6 +67,9 @@ _DECLARED: dict[str, tuple[type, str, tuple[str, ...]]] = {
         "Real (unpadded) rows run, by step shape; rows / steps is the batch filled.",
         ("shape",),
     ),
+    "prebake_num_requests_running": (Gauge, "Requests in the running batch.", ()),
+    "prebake_num_requests_waiting": (Gauge, "Requests waiting for a slot.", ()),
+    "prebake_kv_cache_usage_perc": (Gauge, "Fraction of the KV cache's positions held by running requests.", ()),
     "prebake_request_latency_seconds": (Histogram, "Seconds from a completion request to its response.", ()),
     "prebake_time_to_first_token_seconds": (Histogram, "Seconds from a request to its first token.", ()),
 }

@@ -341,17 +341,27 @@ def _decode_mask(positions: Tensor, ctx_len: int, window: int | None) -> Tensor:
     return mask[:, None, None, :]
 
 
+GREEDY_BELOW = 1e-5  # temperatures under this sample greedily (vLLM's _SAMPLING_EPS)
+
+
+def is_greedy(temperature: float) -> bool:
+    return temperature < GREEDY_BELOW
+
+
 def sample(logits: Tensor, temperature: float, top_p: float = 1.0, generator: torch.Generator | None = None) -> Tensor:
     """Token ids [B] from logits [B, vocab]: argmax at temperature 0, else nucleus sampling.
 
     Sampling is an exponential race (argmax of p / Exp(1) noise), which draws from p
     exactly without a data-dependent shape; `generator` must live on the logits' device.
+    A temperature below GREEDY_BELOW is argmax too, as vLLM does: dividing by it would take
+    the logits past float32's range (1e-40 makes every logit inf and softmax NaN), and the
+    distribution it asks for is argmax to within float precision anyway.
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if temperature == 0:
+    if is_greedy(temperature):
         return logits.argmax(dim=-1)
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     if top_p < 1:

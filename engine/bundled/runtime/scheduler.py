@@ -36,7 +36,7 @@ import torch
 
 from prebake.artifacts.buckets.artifact import BucketSet
 from prebake.artifacts.errors import PrebakeError
-from prebake.engine.bundled.runtime.model import sample
+from prebake.engine.bundled.runtime.model import is_greedy, sample
 from prebake.engine.bundled.runtime.shapes import StepShape, decode_for, prefill_for, step_shapes
 from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
 
@@ -55,15 +55,28 @@ class Request:
     top_p: float = 1.0
     seed: int | None = None
     stop_ids: frozenset[int] = frozenset()
+    top_logprobs: int | None = None  # None: no log-probabilities; k: each token's, and the k likeliest
 
 
 Sink = Callable[[int], bool]  # told each sampled token; False ends the request ("stop")
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A sampled token's log-probability under the model (before temperature and top_p, as vLLM's
+    default raw_logprobs), and the `top` likeliest tokens with theirs."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
 class Completion:
     tokens: tuple[int, ...]
     finish_reason: str  # "length" (max_tokens reached) or "stop" (a stop token was produced)
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token when the request asked for them
 
 
 @dataclass(frozen=True)
@@ -92,10 +105,21 @@ class Limits:
             )
         if bad := [t for t in request.prompt if not 0 <= t < self.vocab_size]:
             raise RequestRejected(f"prompt token ids {bad[:5]} are outside the vocabulary 0..{self.vocab_size - 1}")
+        if request.top_logprobs is not None and not 0 <= request.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise RequestRejected(f"top_logprobs must be 0 ... {MAX_TOP_LOGPROBS}, got {request.top_logprobs}")
         if not (math.isfinite(request.temperature) and request.temperature >= 0 and 0 < request.top_p <= 1):
             raise RequestRejected(
                 f"temperature must be >= 0 and top_p in (0, 1]; got {request.temperature} and {request.top_p}"
             )
+
+
+@dataclass(frozen=True)
+class Load:
+    """The scheduler's load as vLLM users graph it: num_requests_running / _waiting, kv_cache_usage_perc."""
+
+    running: int
+    waiting: int
+    kv_cache_usage: float  # positions held by running requests / the cache's positions (slots x max_model_len)
 
 
 @dataclass
@@ -107,6 +131,7 @@ class _Running:
     sink: Sink | None = None
     tokens: list[int] = field(default_factory=list)
     ended: bool = False  # the sink said stop
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
     @property
     def position(self) -> int:
@@ -155,6 +180,14 @@ class Scheduler:
     def idle(self) -> bool:
         return not self._running and not self._waiting and self._inbox.empty()
 
+    def load(self) -> Load:
+        """Requests running and waiting, and how full the KV cache is (read from any thread: a
+        snapshot, not a lock; the figures are for /metrics)."""
+        running = list(self._running)
+        slots = self.steps.cache.num_slots
+        held = sum(len(r.request.prompt) + len(r.tokens) for r in running)
+        return Load(len(running), len(self._waiting) + self._inbox.qsize(), held / (slots * self.max_model_len))
+
     def step(self) -> None:
         """One iteration: admit what fits, decode everything running, finish what is done."""
         self._drain_inbox()
@@ -190,6 +223,8 @@ class Scheduler:
                 return
 
     def _admit(self) -> None:
+        if any(future.cancelled() for _, future, _ in self._waiting):  # their clients left: never started
+            self._waiting = deque(w for w in self._waiting if not w[1].cancelled())
         while self._waiting and self._free:
             group = self._prefill_group()
             if group is None:  # unreachable for checked requests; fail the head rather than spin on it
@@ -265,6 +300,8 @@ class Scheduler:
             r = run.request
             token = int(sample(logits[i : i + 1], r.temperature, r.top_p, run.generator)[0])
             run.tokens.append(token)
+            if r.top_logprobs is not None:
+                run.logprobs.append(_logprob(logits[i], token, r.top_logprobs))
             if run.sink is not None:
                 run.ended = not _tell(run.sink, token)
 
@@ -275,10 +312,18 @@ class Scheduler:
             if reason is None:
                 still.append(run)
             else:
-                run.future.set_result(Completion(tuple(run.tokens), reason))
+                run.future.set_result(Completion(tuple(run.tokens), reason, tuple(run.logprobs)))
                 self._free.append(run.slot)
         self._running = still
         self._free.sort()
+
+
+def _logprob(logits: torch.Tensor, token: int, k: int) -> TokenLogprob:
+    """One row's log-softmax at the sampled token, and its k likeliest tokens (k <= MAX_TOP_LOGPROBS)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    top = torch.topk(logp, min(k, logp.shape[-1])) if k else None
+    pairs = tuple(zip(top.indices.tolist(), top.values.tolist(), strict=True)) if top is not None else ()
+    return TokenLogprob(token, float(logp[token]), pairs)
 
 
 def _tell(sink: Sink, token: int) -> bool:
@@ -289,7 +334,7 @@ def _tell(sink: Sink, token: int) -> bool:
 
 
 def _generator(request: Request) -> torch.Generator | None:
-    if request.temperature == 0:
+    if is_greedy(request.temperature):
         return None
     seed = request.seed if request.seed is not None else random.SystemRandom().randrange(2**63)
     return torch.Generator().manual_seed(seed)

@@ -1,0 +1,132 @@
+"""The store's hit path check: an index entry is trusted only if it parses and names a whole tree.
+
+    check_hit(home, kind, key)   Manifest and tree (healthy), Damaged (why), or None (not here)
+    quarantine(home, entry)      moves a damaged index entry into quarantine/ (readers miss from then on)
+
+An operator's tools work on a live store: an age-based cleaner removes old files, a disk
+fills while an entry is written, someone edits a file by hand. Re-hashing every tree on
+every start would cost as much as installing it, so the hit path checks what it can check
+cheaply and `prebake store verify` checks the rest (every byte):
+
+    the entry     is a regular file of at most MAX_MANIFEST_BYTES that parses as a manifest
+                  of the kind and key it is filed under
+    the tree      every file and link the manifest lists is there, of its type and size
+                  (one lstat each: no file is opened)
+
+A damaged entry is a value, not an exception: the caller moves it aside (quarantine/, kept
+for whoever investigates), evicts the tree when no process holds it, and installs the bundle
+again from the registry. Messages name the store, since the fix is in the store (the
+registry's copy is intact), not in the registry.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from prebake.artifacts import fsutil
+from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
+from prebake.artifacts.errors import BundleError
+from prebake.artifacts.layout import index_relpath
+
+QUARANTINE = "quarantine"  # <home>/quarantine/index/<kind>/<key>.json[.<ns>]: entries the hit path moved aside
+_MAX_REPORTED = 3  # problems named in one message; the rest are counted
+
+
+@dataclass(frozen=True)
+class Damaged:
+    """A store entry that failed the hit path's check, and where it was moved."""
+
+    kind: str
+    key_digest: str
+    problem: str
+    home: Path
+    moved_to: Path | None = None
+    blob_hex: str | None = None  # the blob its manifest names, when the entry parsed
+
+    def describe(self) -> str:
+        where = f"; moved aside to {self.moved_to}" if self.moved_to is not None else ""
+        return (
+            f"store {self.home}: its {self.kind} {self.key_digest[:16]} entry is damaged ({self.problem}){where}; "
+            f"installing it again from the registry (see `prebake store verify`)"
+        )
+
+
+def check_hit(home: Path, kind: str, key_digest: str) -> tuple[Manifest, Path] | Damaged | None:
+    """The store's entry for (kind, key) if it parses and its tree is whole by a cheap check."""
+    path = home / index_relpath(kind, key_digest)
+    try:
+        raw = fsutil.read_bounded(path, MAX_MANIFEST_BYTES)
+    except FileNotFoundError:
+        return None
+    except (OSError, BundleError) as exc:
+        return Damaged(kind, key_digest, f"its index entry cannot be read: {_short(exc)}", home)
+    try:
+        manifest = Manifest.parse(raw, str(path))
+    except BundleError as exc:
+        return Damaged(kind, key_digest, f"its index entry {path.name} does not parse: {_short(exc)}", home)
+    if (manifest.kind, manifest.key_digest) != (kind, key_digest):
+        return Damaged(
+            kind, key_digest, f"its index entry holds {manifest.kind} {manifest.key_digest[:16]}", home, None
+        )
+    tree = home / "trees" / manifest.blob.hex
+    if not tree.is_dir():  # evicted after its entry was read, or its entry outlived a crashed gc: a miss
+        return None
+    problem = tree_damage(tree, manifest)
+    if problem is not None:
+        return Damaged(kind, key_digest, problem, home, None, manifest.blob.hex)
+    return manifest, tree
+
+
+def tree_damage(tree: Path, manifest: Manifest) -> str | None:
+    """What is missing or of the wrong type or size in `tree`, by one lstat per listed file; None if whole."""
+    problems: list[str] = []
+    for entry in manifest.files:
+        path = tree / entry.path
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            problems.append(f"{entry.path} is missing")
+            continue
+        except OSError as exc:
+            problems.append(f"{entry.path} cannot be read: {exc.strerror or exc}")
+            continue
+        if entry.link is not None:
+            if not stat.S_ISLNK(st.st_mode):
+                problems.append(f"{entry.path} is no longer a link")
+        elif not stat.S_ISREG(st.st_mode):
+            problems.append(f"{entry.path} is no longer a regular file")
+        elif st.st_size != entry.size:
+            problems.append(f"{entry.path} is {st.st_size} bytes, the manifest says {entry.size}")
+    if not problems:
+        return None
+    more = f" and {len(problems) - _MAX_REPORTED} more" if len(problems) > _MAX_REPORTED else ""
+    return f"its tree {tree}: " + "; ".join(problems[:_MAX_REPORTED]) + more
+
+
+def quarantine(home: Path, kind: str, key_digest: str) -> Path | None:
+    """Move (kind, key)'s index entry under quarantine/; its new path, or None if it is gone already."""
+    src = home / index_relpath(kind, key_digest)
+    dest = home / QUARANTINE / index_relpath(kind, key_digest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.exists():  # quarantined before: keep both for whoever investigates
+        dest = dest.with_name(f"{dest.name}.{time.time_ns()}")
+    try:
+        os.replace(src, dest)
+    except FileNotFoundError:  # another process moved it, or an install replaced it meanwhile
+        return None
+    fsutil.fsync_dir(src.parent)
+    return dest
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    """The error without the registry's fix ("republish the bundle"): a store entry's fix is a fetch."""
+    text = _REGISTRY_FIX.sub("", str(exc))
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+_REGISTRY_FIX = re.compile(r"; (republish|rebake|remove it|upgrade prebake or rebake)[^;]*$")

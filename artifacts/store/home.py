@@ -1,0 +1,65 @@
+"""Whether $PREBAKE_HOME can serve as the local store, checked once before a command touches it.
+
+    check_home(home, write=False)   a command that only reads (stats, store ls, ls, plan, verify)
+    check_home(home, write=True)    a command that installs, evicts or records (fetch, serve, bake, gc)
+
+A home that is a file, holds a file where one of the store's folders belongs, cannot be created
+or (for a writer) cannot be written raises StoreHomeError naming PREBAKE_HOME, what is wrong
+and the fix; every command maps it to one exit code (ExitCode.STORE). Without this check the
+same mistake surfaced as "[Errno 20] Not a directory: '.../index/buckets/...json'" from some
+commands and as an empty store (exit 0) from others. A read-only home is fine for readers.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from pathlib import Path
+
+from prebake.artifacts.errors import StoreError
+from prebake.artifacts.store.local import HOME_ENV
+
+# The folders the store keeps under its home (artifacts/store/local.py draws the tree).
+STORE_FOLDERS = ("registry", "index", "blobs", "trees", "leases", "locks", "stats", "listing", "tmp")
+_DEFAULT = "~/.cache/prebake"
+
+
+class StoreHomeError(StoreError):
+    """$PREBAKE_HOME cannot be used as the local store: not a folder, not writable, not creatable."""
+
+
+def check_home(home: Path, *, write: bool) -> None:
+    """Raise StoreHomeError if `home` cannot be the store for a command that reads (or writes)."""
+    where = f"{HOME_ENV}={home}" if os.environ.get(HOME_ENV) else f"the store {home} ({HOME_ENV} is not set)"
+    if home.exists() and not home.is_dir():
+        raise StoreHomeError(
+            f"{where} is a file, not a folder; point {HOME_ENV} at a folder (default {_DEFAULT}) or move the file away"
+        )
+    for name in STORE_FOLDERS:
+        inner = home / name
+        if inner.exists() and not inner.is_dir():
+            raise StoreHomeError(
+                f"{where} is not a prebake store: {inner} is a file where the store keeps a folder; "
+                f"move it away, or point {HOME_ENV} at another folder"
+            )
+    if not write:
+        return
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreHomeError(
+            f"cannot create {where}: {exc.strerror or exc}; point {HOME_ENV} at a folder you may write "
+            f"(default {_DEFAULT})"
+        ) from exc
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".prebake-probe-", dir=home)
+    except OSError as exc:
+        why = "is on a read-only file system" if exc.errno == errno.EROFS else f"cannot be written ({exc.strerror})"
+        raise StoreHomeError(
+            f"{where} {why}, and this command installs or records bundles there; point {HOME_ENV} at a "
+            f"writable folder (default {_DEFAULT}), or mount it read-write (read-only homes serve "
+            f"`prebake stats`, `prebake store ls` and `prebake ls`)"
+        ) from exc
+    os.close(fd)
+    os.unlink(probe)

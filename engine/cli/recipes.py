@@ -1,0 +1,49 @@
+"""`prebake recipes`: every recipe the search order finds, and from where (artifacts/bake/recipes.py).
+
+The order is the same for `doit bake` and `prebake`: $PREBAKE_RECIPES's folders, then ./recipes
+in the working folder, then the shipped recipes; the first file of a name wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from prebake.artifacts.bake.recipes import find_recipes, recipe_folders
+from prebake.engine.cli.common import command, json_option, table
+
+
+def add(sub) -> None:
+    recipes = command(
+        sub,
+        "recipes",
+        group="bake and plan",
+        help="list the recipes found and where from ($PREBAKE_RECIPES, ./recipes, the shipped ones)",
+        examples=["prebake recipes", "PREBAKE_RECIPES=~/my-recipes prebake recipes --json"],
+    )
+    json_option(recipes, "the recipes and the folders searched")
+    recipes.set_defaults(run=cmd_recipes)
+
+
+def cmd_recipes(args: argparse.Namespace) -> int:
+    found = find_recipes()
+    folders = recipe_folders()
+    if args.json:
+        payload = {
+            "search_order": [{"path": str(f.path), "source": f.source} for f in folders],
+            "recipes": [
+                {
+                    "name": r.name,
+                    "path": str(r.path),
+                    "source": r.source,
+                    "shadowed_by": str(r.shadowed_by) if r.shadowed_by else None,
+                }
+                for r in found
+            ],
+        }
+        print(json.dumps(payload, indent=2, sort_keys=True))
+        return 0
+    rows = [(r.name, r.source, str(r.path), f"shadowed by {r.shadowed_by}" if r.shadowed_by else "") for r in found]
+    print(table(("NAME", "FROM", "PATH", ""), rows) if rows else "no recipes found")
+    print("searched, first match wins: " + "; ".join(f"{f.path} ({f.source})" for f in folders))
+    return 0

@@ -1,0 +1,80 @@
+"""The operations suite: prebake in the hands of operators, cron jobs and impatient clients.
+
+Each test is one scenario, run as an operator would: real `prebake` processes on a real store
+and a real registry (a folder, or S3 through moto's server and a fault proxy). It is counted in
+the fault suite's summary line (tests/support/scenarios.py) as the "operations" group, and every
+registry and store it registered is re-checked when it ends.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from tests.support.moto_server import moto_server, s3_env
+from tests.support.scenarios import Scenario
+
+
+@pytest.fixture(autouse=True)
+def _checked(scenario: Scenario) -> Scenario:
+    return scenario
+
+
+@pytest.fixture(scope="module")
+def moto():
+    with moto_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def bucket(moto, monkeypatch) -> str:
+    """A fresh bucket on the module's moto server; this process's boto3 points at it."""
+    import boto3
+
+    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in s3_env(moto).items():
+        monkeypatch.setenv(name, value)
+    name = f"ops-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3").create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture(scope="session")
+def baked(tmp_path_factory):
+    """A registry holding a small eager recipe's buckets and autotune, written back by a first
+    `prebake serve --eager --write-back` (about a minute, once a session): later servers load them."""
+    from tests.support.api_server import write_api_recipe
+    from tests.support.serving import ServeProcess, serve_env
+
+    root = tmp_path_factory.mktemp("baked")
+    recipes = write_api_recipe(root / "recipes", OPS_MODEL)
+    (root / "registry").mkdir()
+    first = ServeProcess(
+        ["--model", OPS_MODEL, "--eager", "--registry", str(root / "registry"), "--write-back"],
+        serve_env(root / "home", recipes),
+    )
+    try:
+        first.wait_ready(600)
+    finally:
+        first.stop()
+    assert "write-back" in first.log and "failed" not in first.log.split("write-back", 1)[1][:400], first.log
+    return Baked(root / "registry", recipes)
+
+
+OPS_MODEL = "ops-test"
+
+
+class Baked:
+    def __init__(self, registry, recipes):
+        self.registry, self.recipes = registry, recipes
+
+    def serve(self, home, *args: str, **env: str):
+        """A `prebake serve --eager` of the baked recipe from a fresh store `home`, started (not yet ready)."""
+        from tests.support.serving import ServeProcess, serve_env
+
+        return ServeProcess(
+            ["--model", OPS_MODEL, "--eager", "--registry", str(self.registry), "--on-miss", "fail", *args],
+            serve_env(home, self.recipes, **env),
+        )
