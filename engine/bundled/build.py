@@ -30,18 +30,20 @@ from prebake.engine.bundled.runtime.shapes import StepShape, step_shapes
 from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
 
 
-def build_autotune(recipe: Recipe, dtype: str, buckets_tree: Path, out: Path) -> None:
+def build_autotune(recipe: Recipe, dtype: str, buckets_tree: Path, out: Path, target_platform: str = "cpu") -> None:
     shapes = _shapes(recipe, buckets_tree)
-    steps = CompiledSteps(*model_and_cache(recipe, dtype), compile=False)
+    steps = CompiledSteps(*model_and_cache(recipe, dtype, target_platform), compile=False)
     document = measure(steps, shapes, recipe.autotune)
     document["measured_on"] = {"machine": platform.machine(), "processor": platform.processor()}
     (out / AUTOTUNE_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))
 
 
-def build_graphs(recipe: Recipe, dtype: str, buckets_tree: Path, autotune_tree: Path, out: Path) -> None:
+def build_graphs(
+    recipe: Recipe, dtype: str, buckets_tree: Path, autotune_tree: Path, out: Path, target_platform: str = "cpu"
+) -> None:
     shapes = _shapes(recipe, buckets_tree)
     tactics = load_winners(autotune_tree / AUTOTUNE_FILE)
-    compile_graphs(*model_and_cache(recipe, dtype), recipe, {s: tactics[s] for s in shapes}, out)
+    compile_graphs(*model_and_cache(recipe, dtype, target_platform), recipe, {s: tactics[s] for s in shapes}, out)
 
 
 def compile_graphs(
@@ -93,23 +95,31 @@ def _shapes(recipe: Recipe, buckets_tree: Path):
     return step_shapes(buckets, recipe.serving.max_model_len)
 
 
-def model_and_cache(recipe: Recipe, dtype: str) -> tuple[Llama, KVCache]:
-    """The recipe's model and a KV cache of its serving limits: the builder and the engine size them alike."""
-    model = load_model(recipe.model, dtype)
+def model_and_cache(recipe: Recipe, dtype: str, target_platform: str = "cpu") -> tuple[Llama, KVCache]:
+    """The recipe's model and a KV cache of its serving limits on the target platform's device (a
+    CUDA target: the GPU): the builder and the engine size and place them alike."""
+    device = device_of(target_platform)
+    model = load_model(recipe.model, dtype, device=device)
     cache = KVCache.allocate(
-        model.config, recipe.serving.max_num_seqs, recipe.serving.max_model_len, dtype=torch_dtype(dtype)
+        model.config, recipe.serving.max_num_seqs, recipe.serving.max_model_len, dtype=torch_dtype(dtype), device=device
     )
     return model, cache
+
+
+def device_of(target_platform: str) -> str:
+    """The torch device a target platform runs on ("cuda:sm_90" -> "cuda")."""
+    return "cuda" if target_platform.split(":", 1)[0] == "cuda" else "cpu"
 
 
 def main(argv: list[str]) -> int:
     spec = json.loads(Path(argv[0]).read_text())
     recipe = Recipe.model_validate(spec["recipe"])
     dtype, out, inputs = spec["target"]["dtype"], Path(spec["out"]), {k: Path(v) for k, v in spec["inputs"].items()}
+    where = spec["target"].get("platform", "cpu")
     if spec["kind"] == "autotune":
-        build_autotune(recipe, dtype, inputs["buckets"], out)
+        build_autotune(recipe, dtype, inputs["buckets"], out, where)
     elif spec["kind"] == "graphs":
-        build_graphs(recipe, dtype, inputs["buckets"], inputs["autotune"], out)
+        build_graphs(recipe, dtype, inputs["buckets"], inputs["autotune"], out, where)
     else:
         print(f"prebake.engine.bundled.build: unknown kind {spec['kind']!r}", file=sys.stderr)
         return 2

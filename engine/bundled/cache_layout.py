@@ -35,13 +35,24 @@ GRAPHS_FILE = "graphs.json"
 def private_graphs_tree(installed: Installed | None, run_dir: Path) -> Path:
     """A writable graphs tree for one serving process: a copy of the installed one, or an empty
     one to compile into. The store's tree is only read."""
-    dest = run_dir / "graphs"
-    if installed is None:
-        (dest / INDUCTOR_DIR).mkdir(parents=True)
+    dest = private_graphs_path(run_dir)
+    if installed is None:  # Inductor, imported early under this folder, may have made it already
+        (dest / INDUCTOR_DIR).mkdir(parents=True, exist_ok=True)
         return dest
     copy_writable(installed.tree, dest)  # bundles unpack 0644/0755; Inductor writes beside them
     (dest / INDUCTOR_DIR).mkdir(exist_ok=True)
     return dest
+
+
+def private_graphs_path(run_dir: Path) -> Path:
+    """Where a serving process's private graphs tree goes (made by `private_graphs_tree`)."""
+    return run_dir / "graphs"
+
+
+def inductor_cache_dir(run_dir: Path) -> Path:
+    """The Inductor cache folder a serving process in `run_dir` activates (known before the fetch, so
+    Inductor's modules can be imported under it while the bundles download)."""
+    return private_graphs_path(run_dir) / INDUCTOR_DIR
 
 
 def engine_environment(graphs_tree: Path) -> dict[str, str]:

@@ -6,9 +6,13 @@
     verify      registry entries carry the wanted key; trust policy   prebake.registry.signing
     fetch       download, check digests, unpack into the store        prebake.artifacts.store.local
     build       buckets/autotune that missed, built in place          the kinds' builders
-    install     a private writable copy of the graphs tree; Inductor pointed at it
-    load        weights and the static KV cache                       prebake.engine.bundled.runtime.loader
+    torch       `import torch`, begun on a thread at keys time        prebake.engine.bundled.runtime.torch_import
+    install     a private writable copy of the graphs tree; Inductor pointed at it, and its
+                once-per-process init begun on a thread               prebake.engine.bundled.runtime.inductor_init
+    load        weights and the static KV cache (beside Inductor's init) prebake.engine.bundled.runtime.loader
     warm-up     every step shape once, from the bundle                (graphs hit)
+                by part: inductor-init (what the load did not hide), deserialise, kernels, bind,
+                first-runs (prebake_startup_part_seconds)
     compile     every step shape compiled in place, as `doit bake`    (graphs miss)
     write-back  what was built in place packed and published          (--write-back; to the
                 registry's quarantine namespace unless PREBAKE_WRITE_BACK=index: registry.writeback)
@@ -26,6 +30,7 @@ import itertools
 import json
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
@@ -48,6 +53,7 @@ from prebake.engine.bundled import cache_layout
 from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE
 from prebake.engine.bundled.runtime.metrics import Metrics
 from prebake.engine.bundled.runtime.shapes import StepShape, step_shapes
+from prebake.engine.bundled.runtime.torch_import import Imports
 from prebake.engine.common.adapter import OpenServices, Services
 from prebake.engine.common.mounted import check_mounted, parse_mounts
 from prebake.engine.common.write_back import WrittenBack, write_back
@@ -157,15 +163,27 @@ def start(
         kinds = tuple(k for k in plan.kinds.names if not (settings.eager and k == compiled))
         s.detail = f"{plan.target.name} " + ", ".join(f"{k} {plan.key(k).digest[:12]}" for k in kinds)
     run_dir = context.store.scratch(f"serve-{os.getpid()}-{next(_runs)}")
+    torch_import = _begin_imports(settings, run_dir)  # beside the lookup, the fetch and the weights' load
     leases = ExitStack()
     try:
-        engine = _start(settings, context, plan, kinds, run_dir, log, leases)
+        engine = _start(settings, context, plan, kinds, run_dir, log, leases, torch_import)
     except BaseException:
         leases.close()
         shutil.rmtree(run_dir, ignore_errors=True)
         raise
     engine.leases = leases
     return engine
+
+
+def _begin_imports(settings: StartupSettings, run_dir: Path) -> Imports:
+    """torch's imports on a thread; Inductor's too for a compiled start, under the cache folder the
+    install step will activate (set here, before any of Inductor is imported)."""
+    if settings.eager or "torch._inductor.codecache" in sys.modules:
+        return Imports.begin()
+    from prebake.engine.bundled.runtime.inductor_init import INDUCTOR_MODULES  # names only: torch is imported lazily
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_layout.inductor_cache_dir(run_dir))
+    return Imports.begin(INDUCTOR_MODULES)
 
 
 def _start(
@@ -176,6 +194,7 @@ def _start(
     run_dir: Path,
     log: StartupPhaseLog,
     leases: ExitStack,
+    torch_import: Imports,
 ) -> Engine:
     store, address = context.store, context.address
     with log.step("lookup") as s:
@@ -233,7 +252,7 @@ def _start(
                 log.metrics.add("prebake_fallback_compiles_total", kind=kind)
                 record_fallback(store, kind, time.perf_counter() - started)
             s.detail = f"built {', '.join(missing)} in place with the bake's builders"
-    engine = _warm(settings, context, plan, trees, resolution.installed, run_dir, log, built)
+    engine = _warm(settings, context, plan, trees, resolution.installed, run_dir, log, built, torch_import)
     if settings.write_back and built:
         with log.step("write-back") as s:
             if looked.registry is None or not looked.answered:
@@ -277,13 +296,15 @@ def _warm(
     run_dir: Path,
     log: StartupPhaseLog,
     built: list[str],
+    torch_import: Imports,
 ) -> Engine:
-    from prebake.engine.bundled.runtime.autotune import (
-        load_winners,  # torch: imported here, once the process is about to compile
-    )
+    with log.step("torch") as s:  # once per process, begun on a thread as start-up began
+        s.detail = torch_import.join_torch()
+    from prebake.engine.bundled.runtime.autotune import load_winners
     from prebake.engine.bundled.runtime.steps import Tactic
 
     recipe = plan.recipe
+    init = None
     with log.step("install") as s:
         buckets = BucketSet.from_json(json.loads((trees["buckets"] / BUCKETS_FILE).read_text()))
         winners = load_winners(trees["autotune"] / AUTOTUNE_FILE)
@@ -296,17 +317,20 @@ def _warm(
             cache_layout.activate(env)
             trees["graphs"] = Path(env[cache_layout.GRAPHS_ENV])
             s.detail = f"{len(shapes)} step shapes, graphs ({recipe.compile.variant}) in {trees['graphs']}"
+            from prebake.engine.bundled.runtime.inductor_init import InductorInit  # on a thread, while the weights load
+
+            init = InductorInit.start(torch_import)
     with log.step("load") as s:
         from prebake.engine.bundled.build import model_and_cache
 
-        model, cache = model_and_cache(recipe, plan.target.dtype)
+        model, cache = model_and_cache(recipe, plan.target.dtype, plan.target.platform)
         s.detail = (
             f"{recipe.model.name} {plan.target.dtype} ({sum(p.numel() for p in model.parameters()):,} parameters)"
         )
     steps = None
     if settings.eager or "graphs" in installed:
         with log.step("warm-up") as s:
-            steps, s.detail = _load_steps(settings, recipe, model, cache, schedule, trees.get("graphs"), log)
+            steps, s.detail = _load_steps(settings, recipe, model, cache, schedule, trees.get("graphs"), log, init)
         if steps is None:
             record_miss(context.store, "graphs", s.detail, key=plan.key("graphs").digest)
     if steps is None:
@@ -315,6 +339,9 @@ def _warm(
         with log.step("compile") as s:
             from prebake.engine.bundled.build import compile_graphs
 
+            if init is not None:
+                init.join()
+
             steps = compile_graphs(model, cache, recipe, schedule, trees["graphs"], log=log.note)
             log.metrics.add("prebake_fallback_compiles_total", kind="graphs")
             s.detail = f"{len(shapes)} step shapes compiled in place ({recipe.compile.variant})"
@@ -322,13 +349,23 @@ def _warm(
     return Engine(plan, steps, buckets, schedule, run_dir, context.store, tuple(built))
 
 
-def _load_steps(settings, recipe: Recipe, model, cache, schedule, graphs_tree: Path | None, log: StartupPhaseLog):
+def _load_steps(
+    settings, recipe: Recipe, model, cache, schedule, graphs_tree: Path | None, log: StartupPhaseLog, init=None
+):
     """Warm steps from the installed graphs (or eager ones), and what the warm-up step reports.
 
     dynamo-precompile: the precompiled functions, or (when they do not load here) torch.compile over the same
-    tree's Inductor cache, with the reason logged (prebake.engine.bundled.runtime.precompile.load_or_fallback)."""
+    tree's Inductor cache, with the reason logged (prebake.engine.bundled.runtime.precompile.load_or_fallback).
+    Each part of the warm-up is logged and exported (prebake_startup_part_seconds): Inductor's
+    once-per-process init (what of it the weights' load did not hide), deserialising, kernels,
+    binding, first runs."""
     from prebake.engine.bundled.runtime.steps import CompiledSteps
 
+    parts: dict[str, float] = {}
+    if init is not None:
+        init.join()
+        parts["inductor-init"] = init.waited_s
+        log.note(init.describe())
     precompiled = False
     if settings.eager:
         steps = CompiledSteps(model, cache, compile=False)
@@ -339,17 +376,24 @@ def _load_steps(settings, recipe: Recipe, model, cache, schedule, graphs_tree: P
             raise StoreError(
                 "the dynamo-precompile variant was asked to load without a graphs tree; this is a bug in start-up"
             )
+        loading = precompile.LoadParts()
         steps, fallback = precompile.load_or_fallback(
-            model, cache, list(schedule), graphs_tree, mode=recipe.compile.mode
+            model, cache, list(schedule), graphs_tree, mode=recipe.compile.mode, parts=loading
         )
         precompiled = fallback is None
         if fallback is not None:  # verified bytes that do not load here: the same bundle's Inductor cache serves
             log.note(
                 f"dynamo-precompile: precompiled functions do not load here ({fallback}); warming up from the bundle's Inductor cache"
             )
+        else:
+            parts.update(loading.as_dict())
     else:
         steps = CompiledSteps(model, cache, mode=recipe.compile.mode, expected_shapes=len(schedule))
-    steps.warm_up(schedule, log=log.note)
+    first = steps.warm_up(schedule, log=log.note)
+    parts["first-runs" if precompiled or settings.eager else "trace-and-cache-load"] = sum(first.values())
+    for part, took in parts.items():
+        log.metrics.set("prebake_startup_part_seconds", round(took, 6), part=part)
+    log.note("warm-up by part: " + ", ".join(f"{p} {t:.2f} s" for p, t in parts.items()))
     detail = f"{len(schedule)} step shapes " + (
         "eager" if settings.eager else f"from the bundle ({recipe.compile.variant})"
     )

@@ -76,6 +76,12 @@ def add(sub) -> None:
     )
     engine_options(serve)
     serve.add_argument(
+        "--force-aot-load",
+        action="store_true",
+        help="with --engine vllm: strict loading (VLLM_FORCE_AOT_LOAD=1): vLLM exits when the baked AOT "
+        "artifact does not load, instead of compiling again (targets where vLLM runs AOT compile: GPUs)",
+    )
+    serve.add_argument(
         "vllm_args", nargs="*", metavar="-- VLLM_ARGS", help="with --engine vllm: more `vllm serve` flags, after --"
     )
     serve.set_defaults(run=cmd_serve)
@@ -135,6 +141,7 @@ def start_request(args: argparse.Namespace) -> StartRequest:
         cache_root=args.cache_root,
         engine_args=tuple(getattr(args, "vllm_args", ())),
         mounted=tuple(getattr(args, "mounted", ())),
+        force_aot_load=getattr(args, "force_aot_load", False),
     )
 
 

@@ -59,6 +59,7 @@ class StartRequest:
     cache_root: Path | None = None  # where a separate engine process keeps its writable caches
     engine_args: tuple[str, ...] = ()  # flags after `--`, for an engine started as its own process
     mounted: tuple[str, ...] = ()  # KIND=PATH: bundle trees already mounted read-only (engine/common/mounted.py)
+    force_aot_load: bool = False  # vLLM's strict loading (VLLM_FORCE_AOT_LOAD=1); other engines refuse it
 
 
 @dataclass(frozen=True)

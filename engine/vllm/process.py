@@ -6,7 +6,12 @@
                          the AOT-compiled forward (vLLM on torch >= 2.10), with inductor_cache/
             torch_compile_cache/<hash10>/rank_<r>_<dp>/<prefix>/
                          piecewise graphs, cache_key_factors.json, inductor_cache/, triton_cache/
-            flashinfer_autotune_cache/     CUDA: FlashInfer's tuned tactics
+            flashinfer_autotune_cache/     CUDA: FlashInfer's tuned tactics (its default place under
+                                           the root; VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR is unset)
+            deep_gemm/                     CUDA: DeepGEMM's JIT kernels (vLLM's default DG_JIT_CACHE_DIR)
+            startup_plan/                  CUDA: the memory-profiling result (VLLM_ENABLE_STARTUP_PLAN=1,
+                                           keyed by vLLM's config, the GPU and the software; a
+                                           no-op on CPU, whose worker profiles nothing)
         hpu-recipes/     Gaudi: the HPU graph recipes (prebake.engine.vllm.gaudi)
             inductor_cache/                Inductor's FX graph and AOTAutograd caches where vLLM
                                            compiles through plain Inductor (CPU: AOT compile off)
@@ -77,6 +82,10 @@ _PER_PROCESS = frozenset(
         "VLLM_RPC_BASE_PATH",
         "VLLM_LOGGING_LEVEL",
         "VLLM_CPU_KVCACHE_SPACE",
+        # vLLM leaves these two out of its compile hash (envs.compile_factors): how strictly to load
+        # and whether to reuse the memory-profiling result change no graph
+        "VLLM_FORCE_AOT_LOAD",
+        "VLLM_ENABLE_STARTUP_PLAN",
         "VLLM_XLA_CACHE_PATH",
         "PT_HPU_RECIPE_CACHE_CONFIG",
     }
@@ -194,6 +203,27 @@ def vllm_settings(recipe: Recipe, target: Target) -> dict[str, str]:
     return settings
 
 
+def aot_compile_on(recipe: Recipe, target: Target) -> bool:
+    """Whether vLLM runs with its AOT compile on for this target (everywhere but CPU, see vllm_settings)."""
+    return vllm_settings(recipe, target).get("VLLM_USE_AOT_COMPILE", "1") != "0"
+
+
+def per_start_variables(target: Target, *, force_aot_load: bool = False) -> dict[str, str]:
+    """Variables of one vLLM start that vLLM keeps out of its compile hash (so out of the graphs key):
+
+    VLLM_ENABLE_STARTUP_PLAN=1 on a GPU: vLLM saves its memory-profiling result under the cache
+    root at the bake (startup_plan/, in the bundle) and a serve with the same config, GPU and
+    software skips the profiling; vLLM's CPU worker profiles nothing, so it is not set there.
+    VLLM_FORCE_AOT_LOAD=1 (`prebake serve --engine vllm --force-aot-load`): vLLM raises instead of
+    compiling again when the baked AOT artifact does not load."""
+    env: dict[str, str] = {}
+    if parse_platform(target.platform)[0] != "cpu":
+        env["VLLM_ENABLE_STARTUP_PLAN"] = "1"
+    if force_aot_load:
+        env["VLLM_FORCE_AOT_LOAD"] = "1"
+    return env
+
+
 def engine_flags(recipe: Recipe, target: Target) -> list[str]:
     """The vLLM flags of the recipe's serving limits and the target's TP and dtype."""
     if recipe.compile.freezing or recipe.compile.variant != "inductor-cache":
@@ -265,6 +295,7 @@ def serving_variables(recipe: Recipe, target: Target, cache_root: Path) -> dict[
     Inductor's folder inside the root where vLLM compiles through plain Inductor (AOT off)."""
     pinned = {k: v for k, v in vllm_settings(recipe, target).items() if k.startswith("VLLM_")}
     env = {"VLLM_CACHE_ROOT": str(cache_root), "VLLM_NO_USAGE_STATS": "1", "VLLM_DO_NOT_TRACK": "1", **pinned}
+    env |= per_start_variables(target)
     if pinned.get("VLLM_USE_AOT_COMPILE") == "0":
         env["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root / INDUCTOR_DIR)
     env["TORCH_LOGS"] = TORCH_LOGS

@@ -38,9 +38,11 @@ from prebake.engine.vllm.process import (
     REDIRECTS,
     REPORT_FILE,
     Launch,
+    aot_compile_on,
     baked_site,
     engine_flags,
     model_location,
+    per_start_variables,
     read_report,
     recorded_variables,
     start,
@@ -105,6 +107,15 @@ def prepare(request: StartRequest, context: Services) -> Prepared:
     given = Path(os.path.abspath(request.cache_root.expanduser())) if request.cache_root else None  # vLLM's cwd differs
     cache_root = given or home / "engines" / "vllm" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     variables = adapter.serve_environment(plan, resolution.installed, cache_root)
+    if request.force_aot_load:
+        if not aot_compile_on(recipe, plan.target):
+            raise RecipeError(
+                f"--force-aot-load: vLLM serves {plan.target.name} with its AOT compile off "
+                f"(VLLM_USE_AOT_COMPILE=0: vLLM 0.32 on CPU cannot load its own AOT artifacts), so there is "
+                f"no AOT artifact to load strictly; drop --force-aot-load, or use --on-miss fail to refuse a "
+                f"start without the baked bundle"
+            )
+        variables |= per_start_variables(plan.target, force_aot_load=True)
     portable = _portable(resolution.installed.get("graphs"), cache_root, variables)
     variables |= portable.pins
     notes = (

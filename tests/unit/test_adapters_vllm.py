@@ -16,7 +16,7 @@ from prebake.artifacts.bake.kinds import target_keys
 from prebake.artifacts.bake.recipes import Recipe, Target, load_recipe, targets
 from prebake.artifacts.errors import BuildError, StoreError
 from prebake.artifacts.fsutil import copy_writable
-from prebake.artifacts.store.local import Store
+from prebake.artifacts.store.local import Installed, Store
 from prebake.engine.adapters import kinds_for
 from prebake.engine.common.adapter import EngineStartError, StartRequest
 from prebake.engine.compose import Context, plans_for
@@ -494,3 +494,76 @@ def test_by_default_vllm_write_back_lands_in_quarantine_and_serves_others_only_o
     assert list(incoming.list()) == []  # moved out of the quarantine's index
     warm = _prepare(folder_model_recipe, Store(tmp_path / "home3"), registry, host, monkeypatch, tmp_path)
     assert warm.misses == ()
+
+
+def test_writable_copy_goes_into_a_folder_holding_only_empty_folders(tmp_path):
+    # Inductor's cache_dir(), imported early under the serving process's graphs tree, makes the folder first
+    tree = tmp_path / "store" / "graphs"
+    (tree / "inductor" / "ab").mkdir(parents=True)
+    (tree / "inductor" / "ab" / "kernel.so").write_bytes(b"k")
+    dest = tmp_path / "run" / "graphs"
+    (dest / "inductor").mkdir(parents=True)
+
+    copy_writable(tree, dest)
+    assert (dest / "inductor" / "ab" / "kernel.so").read_bytes() == b"k"
+    with pytest.raises(StoreError, match="not empty"):
+        copy_writable(tree, dest)
+
+
+def test_a_cuda_start_keeps_flashinfer_deepgemm_and_the_startup_plan_in_the_baked_root(recipe, tmp_path):
+    """What vLLM's GPU start spends most on lands under VLLM_CACHE_ROOT at the bake (so in the bundle)
+    and is read from the private copy at serve: FlashInfer's autotune file, DeepGEMM's JIT cache
+    and the memory-profiling plan, at vLLM 0.32's default places under the root."""
+    from prebake.engine.vllm.adapter import VllmAdapter
+
+    gpu = Target("tiny-llama-vllm", "cuda:sm_90", 1, "bf16")
+    base = {"DG_JIT_CACHE_DIR": "/shared/dg", "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": "/shared/fi", "PATH": "/bin"}
+    baked_env = build_environment(recipe, gpu, tmp_path / "bake" / CACHE_DIR, base)
+    assert not {"DG_JIT_CACHE_DIR", "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR"} & set(baked_env)
+    assert baked_env["VLLM_ENABLE_STARTUP_PLAN"] == "1"
+    # vLLM keeps both out of its compile hash, so they stay out of the graphs key too
+    assert "VLLM_ENABLE_STARTUP_PLAN" not in recorded_variables(baked_env)
+    assert "VLLM_FORCE_AOT_LOAD" not in recorded_variables({"VLLM_FORCE_AOT_LOAD": "1"})
+    assert "VLLM_ENABLE_STARTUP_PLAN" not in build_environment(
+        recipe, Target("tiny-llama-vllm", "cpu", 1, "bf16"), tmp_path, {}
+    )
+
+    tree = tmp_path / "store" / "graphs"
+    carried = {
+        "flashinfer_autotune_cache/flashinfer/90/0123abcd/autotune_configs.json": b"{}",
+        "deep_gemm/cache/kernel.cubin": b"\x7fELF",
+        "startup_plan/startup_plan_0123456789abcdef.json": b'{"schema": 1}',
+    }
+    for name, data in carried.items():
+        (tree / CACHE_DIR / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / CACHE_DIR / name).write_bytes(data)
+    graphs = Installed(None, tree)  # type: ignore[arg-type]  # serve_environment reads only the tree
+    plan_ = type("P", (), {"recipe": recipe, "target": gpu})()
+    served = VllmAdapter().serve_environment(plan_, {"graphs": graphs}, tmp_path / "run")
+    root = Path(served["VLLM_CACHE_ROOT"])
+    assert root.is_relative_to(tmp_path / "run") and served["VLLM_ENABLE_STARTUP_PLAN"] == "1"
+    assert {name: (root / name).read_bytes() for name in carried} == carried
+
+
+def test_strict_aot_loading_is_asked_of_vllm_and_refused_where_vllm_runs_aot_off(recipe):
+    from prebake.engine.vllm.process import aot_compile_on, per_start_variables
+
+    gpu, cpu = Target("tiny-llama-vllm", "cuda:sm_90", 1, "bf16"), Target("tiny-llama-vllm", "cpu", 1, "bf16")
+    assert per_start_variables(gpu, force_aot_load=True) == {
+        "VLLM_ENABLE_STARTUP_PLAN": "1",
+        "VLLM_FORCE_AOT_LOAD": "1",
+    }
+    assert per_start_variables(cpu) == {} and per_start_variables(cpu, force_aot_load=True) == {
+        "VLLM_FORCE_AOT_LOAD": "1"
+    }
+    assert aot_compile_on(recipe, gpu) and not aot_compile_on(recipe, cpu)
+
+
+def test_prebake_serve_takes_force_aot_load_for_vllm_only(tmp_path):
+    env = {**os.environ, "PREBAKE_HOME": str(tmp_path / "home"), "PREBAKE_TRUSTED_KEYS": ""}
+    cli = [sys.executable, "-m", "prebake.engine.cli", "serve", "--model", "tiny-llama", "--force-aot-load"]
+    done = subprocess.run(cli, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "--force-aot-load is vLLM's strict loading" in done.stderr
+    cpu = [*cli[:5], "tiny-llama-vllm", "--engine", "vllm", "--precision", "bf16", "--force-aot-load"]
+    done = subprocess.run(cpu, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "AOT compile off" in done.stderr, done.stderr[-2000:]

@@ -21,11 +21,11 @@ def torch_dtype(name: str) -> torch.dtype:
     return TORCH_DTYPES[name]
 
 
-def load_model(spec: ModelSpec, dtype: str) -> Llama:
-    """The runtime for a recipe's [model]: its inline config with seeded weights, or a folder."""
+def load_model(spec: ModelSpec, dtype: str, device: str = "cpu") -> Llama:
+    """The runtime for a recipe's [model]: its inline config with seeded weights, or a folder, on `device`."""
     if spec.weights == "random":
         config = LlamaConfig.from_hf(spec.config)
-        state = tiny_random_weights(config, seed=spec.seed)
+        state = tiny_random_weights(config, seed=spec.seed)  # made on the CPU: the same bits on any machine
     else:
         config, state = load_hf_folder(spec.weights, torch_dtype(dtype))
-    return build_model(config, state, torch_dtype(dtype))
+    return build_model(config, state, torch_dtype(dtype), device=device)

@@ -1,6 +1,8 @@
 """The engine's figures for Prometheus, kept by prometheus_client in one registry per engine.
 
 prebake_startup_step_seconds{step}          how long each start-up step took
+prebake_startup_part_seconds{part}          the warm-up's parts: inductor-init (not hidden by the load),
+                                            deserialise, kernels, bind, first-runs (or trace-and-cache-load)
 prebake_time_to_ready_seconds               process start to ready
 prebake_ready                               0 while starting, 1 once serving
 prebake_bundle_hits_total{kind,source}      bundles used from the store or the registry
@@ -42,6 +44,11 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 # name -> (type, help, label names)
 _DECLARED: dict[str, tuple[type, str, tuple[str, ...]]] = {
     "prebake_startup_step_seconds": (Gauge, "Seconds each start-up step took.", ("step",)),
+    "prebake_startup_part_seconds": (
+        Gauge,
+        "Seconds of each part of the warm-up step (loading compiled functions, Inductor's init, first runs).",
+        ("part",),
+    ),
     "prebake_time_to_ready_seconds": (Gauge, "Seconds from process start to ready.", ()),
     "prebake_ready": (Gauge, "1 once the engine serves, 0 while it starts.", ()),
     "prebake_bundle_hits_total": (Counter, "Bundles used, by kind and where they came from.", ("kind", "source")),

@@ -30,8 +30,10 @@ This is the default variant of the bundled engine, with a fallback at both ends:
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -90,9 +92,12 @@ def compile_shapes(
     """Precompile every shape with its tactic, save each under out/aot/; the steps and seconds per shape."""
     folder = out / AOT_DIR
     folder.mkdir(parents=True, exist_ok=True)
-    options: dict = {"dynamic": False, "fullgraph": True}
-    if mode != "default":
-        options["mode"] = mode
+    # No guards are saved (as vLLM strips them, TorchCompileGuardsStripWrapper): AotSteps picks each
+    # function by its exact step shape, the bundle's key pins the model, dtype and target, and the
+    # output code asserts its inputs' sizes and strides. Dynamo's guards would re-check the model's
+    # every parameter on every call, and building them is most of a function's load (`bind`).
+    # torch.compile takes a mode or options, not both: a mode is passed as the options it stands for.
+    inductor = torch._inductor.list_mode_options(mode) if mode != "default" else {}
     functions, seconds = {}, {}
     countdown = Countdown(len(tactics))
     for shape, tactic in tactics.items():
@@ -101,7 +106,9 @@ def compile_shapes(
         args = example_args(shape, cache, tactic)
         if tactic.threads:
             torch.set_num_threads(tactic.threads)
-        compiled = torch.compile(method, **options).aot_compile((args, {}))  # type: ignore[attr-defined]  # experimental, unstubbed
+        # a fresh options dict per call: torch.compile pops guard_filter_fn out of the one it is given
+        options = {**inductor, "guard_filter_fn": _no_guards}
+        compiled = torch.compile(method, dynamic=False, fullgraph=True, options=options).aot_compile((args, {}))  # type: ignore[attr-defined]  # experimental, unstubbed
         compiled.save_compiled_function(str(folder / f"{shape.name}{SUFFIX}"), external_data={_MODEL_REF: model})
         functions[shape] = compiled
         seconds[shape] = time.perf_counter() - started
@@ -109,20 +116,49 @@ def compile_shapes(
     return AotSteps(model, cache, functions), seconds
 
 
+def _no_guards(entries: list) -> list[bool]:
+    return torch.compiler.skip_all_guards_unsafe(entries)
+
+
 def load_or_fallback(
-    model: Llama, cache: KVCache, shapes: list[StepShape], tree: Path, *, mode: str = "default"
+    model: Llama,
+    cache: KVCache,
+    shapes: list[StepShape],
+    tree: Path,
+    *,
+    mode: str = "default",
+    parts: LoadParts | None = None,
 ) -> tuple[CompiledSteps, str | None]:
     """The precompiled steps of a graphs tree; when they do not load, torch.compile'd steps over the
     tree's Inductor cache (TORCHINDUCTOR_CACHE_DIR already points there) and the reason."""
     try:
-        return load_shapes(model, cache, shapes, tree), None
+        return load_shapes(model, cache, shapes, tree, parts), None
     except Exception as exc:  # any load failure: the same tree's Inductor cache still serves
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     return CompiledSteps(model, cache, mode=mode, expected_shapes=len(shapes)), reason
 
 
-def load_shapes(model: Llama, cache: KVCache, shapes: list[StepShape], tree: Path) -> AotSteps:
-    """The precompiled functions of `shapes` from a graphs tree, bound to `model`."""
+@dataclass
+class LoadParts:
+    """Seconds of loading precompiled functions, by part (summed over the shapes loaded)."""
+
+    deserialise: float = 0.0  # unpickling the saved state: guards' state, bytecode, the graph's entry
+    kernels: float = 0.0  # the compiled graph's output code: its module run, its kernels' libraries loaded
+    bind: float = 0.0  # the function bound to the serving model: its guards built, its bytecode wrapped
+    split: bool = True  # False when this torch's internals differ and only the total is known (in bind)
+
+    def total(self) -> float:
+        return self.deserialise + self.kernels + self.bind
+
+    def as_dict(self) -> dict[str, float]:
+        return {"deserialise": self.deserialise, "kernels": self.kernels, "bind": self.bind}
+
+
+def load_shapes(
+    model: Llama, cache: KVCache, shapes: list[StepShape], tree: Path, parts: LoadParts | None = None
+) -> AotSteps:
+    """The precompiled functions of `shapes` from a graphs tree, bound to `model`; `parts` gets the seconds."""
+    parts = parts if parts is not None else LoadParts()
     functions = {}
     for shape in shapes:
         path = tree / AOT_DIR / f"{shape.name}{SUFFIX}"
@@ -131,16 +167,52 @@ def load_shapes(model: Llama, cache: KVCache, shapes: list[StepShape], tree: Pat
                 f"the graphs bundle at {tree} has no precompiled {shape.name} ({path}); "
                 f"it was baked for another bucket set: rebake graphs"
             )
-        with path.open("rb") as fh:
-            functions[shape] = torch.compiler.load_compiled_function(fh, external_data={_MODEL_REF: model})
+        functions[shape] = _load_in_parts(path.read_bytes(), {_MODEL_REF: model}, parts)
     return AotSteps(model, cache, functions)
+
+
+def _load_in_parts(data: bytes, external: dict, parts: LoadParts) -> Callable:
+    """torch.compiler.load_compiled_function, timed by part.
+
+    torch 2.13's AOTCompiledFunction.deserialize does three things in a row: unpickle the state,
+    deserialise the compiled graph (which runs Inductor's output code and loads its kernels), and
+    construct the function (whose __post_init__ builds the guards). They are done here one at a
+    time, with torch's own classes, to time them; a torch whose internals differ is loaded with
+    the public call and only its total is known."""
+    started = time.perf_counter()
+    try:
+        import dataclasses
+
+        from torch._dynamo.aot_compile import AOTCompiledFunction, AOTCompileUnpickler, CompileArtifacts
+        from torch._dynamo.package import SerializedCode
+    except ImportError:
+        parts.split = False
+        function = torch.compiler.load_compiled_function(io.BytesIO(data), external_data=external)
+        parts.bind += time.perf_counter() - started
+        return function
+    state = AOTCompileUnpickler(external, io.BytesIO(data)).load()
+    state["runtime_env"] = dataclasses.replace(
+        state["runtime_env"], bytecode=SerializedCode.to_code_object(state["runtime_env"].bytecode)
+    )
+    state["original_code"] = SerializedCode.to_code_object(state["original_code"])
+    deserializer, compiled_state = state["compiled_fn"]
+    loaded = time.perf_counter()
+    parts.deserialise += loaded - started
+    with torch._inductor.config.patch(enable_autograd_for_aot=True):
+        state["compiled_fn"] = deserializer(compiled_state)
+    bound = time.perf_counter()
+    parts.kernels += bound - loaded
+    function = AOTCompiledFunction(CompileArtifacts(**state))
+    parts.bind += time.perf_counter() - bound
+    return function
 
 
 def example_args(shape: StepShape, cache: KVCache, tactic: Tactic) -> tuple:
     """Placeholder arguments of the model method that runs `shape` (as CompiledSteps.run_dummy builds them)."""
-    b = shape.batch
-    slots = torch.arange(b)
-    ids = torch.ones((b, shape.tokens), dtype=torch.long)
+    b, device = shape.batch, cache.keys[0].device  # on the device the steps run on, as CompiledSteps moves them
+    slots = torch.arange(b, device=device)
+    ids = torch.ones((b, shape.tokens), dtype=torch.long, device=device)
     if shape.phase == "prefill":
-        return ids, torch.full((b,), shape.tokens), slots, cache, tactic.attn_impl
-    return ids[:, 0], torch.full((b,), shape.ctx_len - 1), slots, cache, shape.ctx_len, tactic.attn_impl
+        return ids, torch.full((b,), shape.tokens, device=device), slots, cache, tactic.attn_impl
+    positions = torch.full((b,), shape.ctx_len - 1, device=device)
+    return ids[:, 0], positions, slots, cache, shape.ctx_len, tactic.attn_impl

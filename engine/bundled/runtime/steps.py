@@ -36,6 +36,9 @@ class CompiledSteps:
         self, model: Llama, cache: KVCache, *, compile: bool = True, mode: str = "default", expected_shapes: int = 64
     ):
         self.model, self.cache = model, cache
+        # Callers (the scheduler, warm-up, autotune) build step inputs on the CPU; on a GPU they are
+        # moved to the cache's device here, and the logits come back to the CPU for sampling.
+        self.device = cache.keys[0].device
         if compile:
             # Every bucket is one static graph: allow one recompilation per shape, never fall back to eager.
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, expected_shapes + 8)
@@ -52,12 +55,18 @@ class CompiledSteps:
 
     def prefill(self, ids: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor, tactic: Tactic) -> torch.Tensor:
         _threads(tactic)
+        if self.device.type != "cpu":
+            ids, lengths, slots = ids.to(self.device), lengths.to(self.device), slots.to(self.device)
+            return self._prefill(ids, lengths, slots, self.cache, tactic.attn_impl).cpu()
         return self._prefill(ids, lengths, slots, self.cache, tactic.attn_impl)
 
     def decode(
         self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, ctx_len: int, tactic: Tactic
     ) -> torch.Tensor:
         _threads(tactic)
+        if self.device.type != "cpu":
+            ids, positions, slots = ids.to(self.device), positions.to(self.device), slots.to(self.device)
+            return self._decode(ids, positions, slots, self.cache, ctx_len, tactic.attn_impl).cpu()
         return self._decode(ids, positions, slots, self.cache, ctx_len, tactic.attn_impl)
 
     def run_dummy(self, shape: StepShape, tactic: Tactic) -> torch.Tensor:

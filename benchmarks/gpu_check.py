@@ -1,0 +1,184 @@
+"""The GPU check: one command for an NVIDIA host (H100/H200 class) with torch and CUDA preinstalled
+and no network at all; it ends with the same JSON line as benchmarks/startup.py.
+
+    python benchmarks/gpu_check.py [--wheelhouse wheelhouse] [--work DIR] [--precision bf16] [--cpu]
+    python benchmarks/gpu_check.py --build-wheelhouse wheelhouse [--python-version 3.12 ...]   (here)
+
+On the GPU host (`make gpu-check`), in this order:
+
+    install   a venv that sees the host's torch (--system-site-packages), and prebake with its
+              other dependencies from the wheels carried beside this checkout (pip --no-index
+              --find-links wheelhouse: nothing is downloaded)
+    probe     torch's version, CUDA, the GPU; the recipe tiny-llama copied with its [matrix]
+              platform set to this GPU's ("cuda:sm_90" on an H100 or H200)
+    start     benchmarks/startup.py on that recipe, default variant (Dynamo's precompile; on a
+              torch without it the Inductor-cache variant, as the graphs builder decides): the
+              bake (a cold start with --write-back, compiling Triton kernels), a cold start, a
+              prebaked and an eager one; its JSON line, and one more with the host's facts
+
+Without a GPU (or with --cpu) the same steps run on the CPU: the fallback the tests run here.
+
+The wheelhouse is built on a machine with PyPI (`make gpu-wheelhouse`): prebake's own wheel and
+binary wheels of its runtime dependencies (pyproject.toml [project] dependencies: not torch,
+not the dev or Ray extras) for the GPU host's Python (one version: 59 MB measured, numpy and
+botocore 17 MB each; two versions are 85 MB), manylinux x86_64; it must stay under 64 MiB
+(WHEELHOUSE_LIMIT) and the build exits 1, saying its size, when it does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+import venv
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+WHEELHOUSE_LIMIT = 64 * 2**20
+DEFAULT_PYTHONS = (
+    "3.12",
+)  # the Python of NVIDIA's and PyTorch's CUDA images; add the host's own with --python-version
+MODEL = "tiny-llama"
+
+
+def runtime_requirements(pyproject: Path = REPO / "pyproject.toml") -> list[str]:
+    """prebake's runtime dependencies as pyproject.toml declares them (torch is the host's own)."""
+    return list(tomllib.loads(pyproject.read_text())["project"]["dependencies"])
+
+
+def build_wheelhouse(out: Path, pythons: list[str], pip: list[str] | None = None) -> dict:
+    """prebake's wheel and its dependencies' wheels for each Python into `out`; what it holds."""
+    pip = pip or [sys.executable, "-m", "pip"]
+    out.mkdir(parents=True, exist_ok=True)
+    _run([*pip, "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(REPO)])
+    for version in pythons:
+        _run(
+            [
+                *pip,
+                "download",
+                "--quiet",
+                "--only-binary=:all:",
+                "--dest",
+                str(out),
+                "--python-version",
+                version,
+                "--platform",
+                "manylinux2014_x86_64",
+                "--platform",
+                "manylinux_2_28_x86_64",
+                "--platform",
+                "manylinux_2_17_x86_64",
+                *runtime_requirements(),
+            ]
+        )
+    return wheelhouse_report(out)
+
+
+def wheelhouse_report(folder: Path) -> dict:
+    wheels = sorted(folder.glob("*.whl"))
+    size = sum(w.stat().st_size for w in wheels)
+    return {
+        "wheels": len(wheels),
+        "bytes": size,
+        "limit_bytes": WHEELHOUSE_LIMIT,
+        "within_limit": size < WHEELHOUSE_LIMIT,
+    }
+
+
+def offline_venv(folder: Path, wheelhouse: Path) -> Path:
+    """A venv that sees this interpreter's site-packages (the host's torch) with prebake installed
+    from `wheelhouse` alone; its python."""
+    if not any(wheelhouse.glob("prebake-*.whl")):
+        raise SystemExit(
+            f"{wheelhouse} holds no prebake wheel; build the wheelhouse where PyPI is reachable "
+            f"(make gpu-wheelhouse) and carry it beside this checkout"
+        )
+    venv.EnvBuilder(system_site_packages=True, with_pip=True, clear=True).create(folder)
+    python = folder / "bin" / "python"
+    _run([str(python), "-m", "pip", "install", "--quiet", "--no-index", "--find-links", str(wheelhouse), "prebake"])
+    return python
+
+
+def host_facts(python: Path) -> dict:
+    """torch, CUDA and the GPU as the venv's interpreter sees them."""
+    code = (
+        "import json, torch\n"
+        "cuda = torch.cuda.is_available()\n"
+        "cap = torch.cuda.get_device_capability(0) if cuda else None\n"
+        "print(json.dumps({'torch': torch.__version__, 'cuda': torch.version.cuda, 'gpu': cuda,"
+        " 'device_name': torch.cuda.get_device_name(0) if cuda else '',"
+        " 'platform': f'cuda:sm_{cap[0]}{cap[1]}' if cap else 'cpu',"
+        " 'precompile': hasattr(torch.compile(lambda x: x), 'aot_compile')}))"
+    )
+    return json.loads(_run([str(python), "-c", code], capture=True).strip().splitlines()[-1])
+
+
+def recipe_for(platform: str, folder: Path) -> Path:
+    """tiny-llama with its [matrix] platform set to this host's; the folder PREBAKE_RECIPES names."""
+    text = (REPO / "recipes" / f"{MODEL}.toml").read_text()
+    lines = [f'platform = ["{platform}"]' if line.startswith("platform = ") else line for line in text.splitlines()]
+    if lines == text.splitlines() and platform != "cpu":
+        raise SystemExit(f"recipes/{MODEL}.toml has no [matrix] platform line to set to {platform}")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{MODEL}.toml").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def check(python: Path, facts: dict, work: Path, precision: str) -> dict:
+    """benchmarks/startup.py on this host's recipe with the venv's prebake; its JSON line."""
+    recipes = recipe_for(facts["platform"], work / "recipes")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")} | {"PREBAKE_RECIPES": str(recipes)}
+    env["PYTHONPATH"] = ""  # the installed prebake, not this checkout's modules
+    argv = [str(python), str(REPO / "benchmarks" / "startup.py"), "--model", MODEL, "--precision", precision]
+    argv += ["--variant", "dynamo-precompile", "--iterations", "1", "--work", str(work / "startup")]
+    output = _run(argv, env=env, capture=True, echo=True)
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def _run(argv: list[str], env: dict | None = None, capture: bool = False, echo: bool = False) -> str:
+    if not capture:
+        subprocess.run(argv, env=env, check=True)
+        return ""
+    done = subprocess.run(argv, env=env, capture_output=True, text=True)
+    if echo:
+        print(done.stdout, end="", flush=True)
+    if done.returncode != 0:
+        raise SystemExit(
+            f"{' '.join(argv[:3])} ... failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        )
+    return done.stdout
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--wheelhouse", type=Path, default=REPO / "wheelhouse", help="the wheels carried along")
+    parser.add_argument("--work", type=Path, help="working folder (default: a new temporary one)")
+    parser.add_argument("--precision", default="bf16")
+    parser.add_argument("--cpu", action="store_true", help="run on the CPU even where a GPU is present")
+    parser.add_argument("--build-wheelhouse", type=Path, metavar="DIR", help="build the wheelhouse here and exit")
+    parser.add_argument("--python-version", action="append", help="with --build-wheelhouse (repeatable)")
+    args = parser.parse_args(argv)
+    if args.build_wheelhouse:
+        report = build_wheelhouse(args.build_wheelhouse, args.python_version or list(DEFAULT_PYTHONS))
+        print(json.dumps({"benchmark": "gpu_wheelhouse", **report}))
+        return 0 if report["within_limit"] else 1
+    started = time.monotonic()
+    work = (args.work or Path(tempfile.mkdtemp(prefix="prebake-gpu-check-"))).resolve()
+    python = offline_venv(work / "venv", args.wheelhouse.resolve())
+    facts = host_facts(python)
+    if args.cpu:
+        facts["platform"] = "cpu"
+    print(f"host: {json.dumps(facts)}", flush=True)
+    figures = check(python, facts, work, args.precision)
+    print(json.dumps({"benchmark": "gpu_check", **facts, "seconds": round(time.monotonic() - started, 1)}))
+    print(json.dumps(figures))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""torch's imports on a thread, begun as start-up begins and joined where each is first needed.
+
+Importing torch takes seconds on two cores, and a compiled start imports as much again of
+torch._inductor (the modules the compiled output code imports: prebake.engine.bundled.runtime.inductor_init).
+Neither needs anything from the start-up before it, and the steps they run beside (the registry
+lookup, the fetch and the unpack, the copy of the graphs tree, the weights' load) spend their time
+in zstd, sha256, the disk and torch's kernels, which release the GIL. So one thread imports torch
+and then Inductor while those steps run; the "torch" step waits for the first, the warm-up for
+the second, and each says how much of its import was left to wait for.
+
+Inductor's modules may be imported this early only because the engine sets their cache folder
+(TORCHINDUCTOR_CACHE_DIR, prebake.engine.bundled.cache_layout.inductor_cache_dir) before the thread begins, to
+the very folder the install step will activate.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Imports:
+    torch_s: float = 0.0
+    inductor_s: float = 0.0
+    error: BaseException | None = None  # the first import that failed (torch's, or one of Inductor's)
+    torch_failed: bool = False
+    inductor_modules: tuple[str, ...] = ()
+    _torch_done: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    @classmethod
+    def begin(cls, inductor_modules: Sequence[str] = ()) -> Imports:
+        job = cls(inductor_modules=tuple(inductor_modules))
+        job._thread = threading.Thread(target=job._run, name="prebake-imports", daemon=True)
+        job._thread.start()
+        return job
+
+    def _run(self) -> None:
+        try:
+            started = time.perf_counter()
+            try:
+                importlib.import_module("torch")
+            except BaseException:
+                self.torch_failed = True
+                raise
+            self.torch_s = time.perf_counter() - started
+            self._torch_done.set()
+            started = time.perf_counter()
+            for name in self.inductor_modules:
+                importlib.import_module(name)
+            self.inductor_s = time.perf_counter() - started
+        except BaseException as exc:  # re-raised by the joins, in the thread that starts the engine
+            self.error = exc
+        finally:
+            self._torch_done.set()
+
+    def join_torch(self) -> str:
+        """Wait for `import torch`; what the start-up's "torch" step reports."""
+        started = time.perf_counter()
+        self._torch_done.wait()
+        if self.torch_failed and self.error is not None:
+            raise self.error
+        import torch
+
+        waited = time.perf_counter() - started
+        return (
+            f"torch {torch.__version__} imported in {self.torch_s:.2f} s on a thread, {waited:.2f} s of it waited for"
+        )
+
+    def join(self) -> float:
+        """Wait for every import; the seconds waited."""
+        started = time.perf_counter()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self.error is not None:
+            raise self.error
+        return time.perf_counter() - started

@@ -1,0 +1,41 @@
+"""benchmarks/startup.py's figures: the steps and warm-up parts of every mode, and what a prebaked
+start spends beyond an eager one, from runs (no engine is started here)."""
+
+from __future__ import annotations
+
+from benchmarks.startup import Run, _startup_steps, _warm_up_parts, beyond_eager, summarise
+
+METRICS = """\
+# HELP prebake_startup_step_seconds Seconds each start-up step took.
+prebake_startup_step_seconds{step="torch"} 1.5
+prebake_startup_step_seconds{step="warm-up"} 3.0
+prebake_startup_part_seconds{part="inductor-init"} 1.75
+prebake_startup_part_seconds{part="kernels"} 0.5
+"""
+
+
+def test_steps_and_parts_are_read_from_the_engines_metrics():
+    assert _startup_steps(METRICS) == {"torch": 1.5, "warm-up": 3.0}
+    assert _warm_up_parts(METRICS) == {"inductor-init": 1.75, "kernels": 0.5}
+
+
+def test_what_a_prebaked_start_spends_beyond_eager_is_split_by_step_and_part():
+    runs = [
+        Run("eager", "dynamo-precompile", 5.0, 0.1, {"torch": 1.0, "load": 2.0, "warm-up": 0.2}, {"first-runs": 0.2}),
+        Run("cold", "dynamo-precompile", 100.0, 0.1, {"torch": 1.0, "compile": 95.0}),
+        Run(
+            "prebaked",
+            "dynamo-precompile",
+            8.0,
+            0.1,
+            {"torch": 1.5, "load": 2.0, "warm-up": 3.0},
+            {"inductor-init": 1.7, "kernels": 0.6, "first-runs": 0.3},
+        ),
+    ]
+    summary = summarise(runs, ("dynamo-precompile",))
+    assert round(summary["dynamo-precompile"]["compile_overhead_removed"]["mean"], 4) == round(92 / 95, 4)
+    beyond = beyond_eager(summary["dynamo-precompile"]["prebaked"], summary["eager"])
+    assert beyond["torch"] == 0.5 and beyond["load"] == 0.0 and beyond["warm-up"] == 2.8
+    assert beyond["warm-up:inductor-init"] == 1.7 and beyond["warm-up:first-runs"] == 0.1
+    # outside any step: the interpreter, prebake's imports, the HTTP server (8 - 6.5 against 5 - 3.2)
+    assert beyond["outside steps"] == -0.3
