@@ -47,9 +47,7 @@ class FileRegistry:
         self.root = Path(os.path.abspath(Path(root).expanduser()))  # a relative folder would move with the cwd
         self.url = f"file://{self.root}"
         if not create and not self.root.is_dir():
-            if self.root.exists():
-                raise RegistryNotFound(f"registry {self.root} is a file, not a folder; fix the registry address")
-            raise RegistryNotFound(_missing_folder(self.root))
+            raise RegistryNotFound(_not_a_folder(self.root))
 
     def lookup(self, kind: str, key_digest: str) -> Manifest | None:
         path = self.root / index_relpath(kind, key_digest)
@@ -235,6 +233,17 @@ class FileRegistry:
         for folder in (src.parent, dest.parent):
             fsutil.fsync_dir(folder)
         return dest
+
+
+def _not_a_folder(root: Path) -> str:
+    """Why `root` cannot be a registry folder: a file, a symbolic link loop, or nothing there."""
+    try:
+        os.stat(root)
+    except FileNotFoundError:
+        return _missing_folder(root)
+    except OSError as exc:  # a link loop (ELOOP), a path through a file, no permission on a parent
+        return f"registry folder {root} cannot be reached ({exc.strerror}); fix the link or the registry address"
+    return f"registry {root} is not a folder (it is a file); fix the registry address"
 
 
 def _missing_folder(root: Path) -> str:

@@ -53,7 +53,7 @@ def baked(tmp_path_factory):
     (root / "registry").mkdir()
     first = ServeProcess(
         ["--model", OPS_MODEL, "--eager", "--registry", str(root / "registry"), "--write-back"],
-        serve_env(root / "home", recipes),
+        {**serve_env(root / "home", recipes), "PREBAKE_WRITE_BACK": "index"},  # a test's own registry: no review
     )
     try:
         first.wait_ready(600)

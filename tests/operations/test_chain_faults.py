@@ -92,15 +92,14 @@ def loop(tmp_path):
     return tmp_path / "loop-a"
 
 
-def test_a_registry_folder_that_is_a_link_loop_is_a_registry_fault_not_a_refused_entry(tmp_path, folder, loop):
-    registry, targets = folder
-    alone = prebake(*fetch_args(loop, "--json"), env=prebake_env(tmp_path / "home"))
-    assert alone.returncode == EXIT_MISS, alone.stderr  # a fault: a miss, not refused content (2)
-    misses = json.loads(alone.stdout)["misses"]
-    assert len(misses) == len(KINDS) and not any(m["refused"] for m in misses)
-    assert "is a link" not in alone.stderr and "Too many levels of symbolic links" in alone.stderr
-    chained = prebake(*fetch_args(f"{loop},{registry.root}", "--json"), env=prebake_env(tmp_path / "home2"))
-    _fetched(chained, targets)
+def test_a_registry_folder_that_is_a_link_loop_is_a_wrong_address_named_as_a_loop(tmp_path, folder, loop):
+    """A loop is not "this entry is a link" and not an empty registry: the address is refused, naming
+    the loop (issue 24: a registry address that names nothing is an error, in a chain too)."""
+    registry, _targets = folder
+    for address in (str(loop), f"{loop},{registry.root}"):
+        got = prebake(*fetch_args(address, "--json"), env=prebake_env(tmp_path / "home"))
+        assert got.returncode == EXIT_INVALID, got.stderr
+        assert "is a link" not in got.stderr and "Too many levels of symbolic links" in got.stderr, got.stderr
 
 
 def _missing(tmp_path):
