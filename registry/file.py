@@ -243,7 +243,7 @@ def _not_a_folder(root: Path) -> str:
         return _missing_folder(root)
     except OSError as exc:  # a link loop (ELOOP), a path through a file, no permission on a parent
         return f"registry folder {root} cannot be reached ({exc.strerror}); fix the link or the registry address"
-    return f"registry {root} is not a folder (it is a file); fix the registry address"
+    return f"registry {root} is a file, not a folder; fix the registry address"
 
 
 def _missing_folder(root: Path) -> str:

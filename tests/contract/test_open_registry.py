@@ -72,7 +72,7 @@ def test_an_empty_address_is_refused():
 
 def test_importing_registry_loads_neither_boto3_nor_huggingface_hub():
     code = (
-        "import sys, registry; registry.open_registry('/tmp/x'); "
+        "import sys; import prebake.registry as registry; registry.open_registry('/tmp/x'); "
         "print(sorted(m for m in ('boto3', 'huggingface_hub') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)

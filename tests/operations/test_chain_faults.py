@@ -108,7 +108,7 @@ def _missing(tmp_path):
 
 def _a_file(tmp_path):
     (tmp_path / "a-file").write_text("a file where the registry folder should be")
-    return tmp_path / "a-file", "is not a folder"
+    return tmp_path / "a-file", "is a file, not a folder"
 
 
 def _a_loop(tmp_path):
