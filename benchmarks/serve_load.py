@@ -88,7 +88,8 @@ class Server:
         home.mkdir(parents=True, exist_ok=True)
         self.log = home / "serve.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")}
-        env.update(PREBAKE_HOME=str(home), PREBAKE_TRUSTED_KEYS="")
+        # the benchmark is its registry's builder: a write-back goes to the index, not to quarantine
+        env.update(PREBAKE_HOME=str(home), PREBAKE_TRUSTED_KEYS="", PREBAKE_WRITE_BACK="index")
         cmd = [str(PREBAKE), "serve", "--model", args.model, "--precision", args.precision, "--port", "0"]
         cmd += ["--registry", str(registry), *extra]
         self._out = self.log.open("w")

@@ -192,7 +192,14 @@ class Bench:
         print(
             f"baking {self.model} {self.precision} ({variant}) through a cold start with --write-back ...", flush=True
         )
-        run = self._serve(variant, "bake", ["--registry", str(self.registry(variant)), "--write-back"])
+        # the benchmark is its registry's builder: its write-back goes to the index, not to quarantine
+        # (registry/writeback.py), or no prebaked start would find the bundles
+        bake = ["--registry", str(self.registry(variant)), "--write-back"]
+        run = self._serve(variant, "bake", bake, env={"PREBAKE_WRITE_BACK": "index"})
+        if not any(self.registry(variant).glob("index/graphs/*.json")):
+            sys.exit(
+                f"the bake published no graphs bundle into {self.registry(variant)}: see its serve.log under {self.work}"
+            )
         print(f"  baked in {run.ready_s:.1f} s", flush=True)
         return run
 
@@ -204,6 +211,11 @@ class Bench:
         else:
             extra = ["--registry", str(self.registry(variant))] + (["--eager"] if mode == "eager" else [])
         run = self._serve(variant, mode, extra, tag=str(iteration))
+        if mode == "prebaked" and run.steps.get("compile", 0.0) > 0:
+            sys.exit(
+                f"the prebaked start of {variant} #{iteration} compiled ({run.steps['compile']:.1f} s): the registry "
+                f"{self.registry(variant)} has no matching bundle for it; see its serve.log under {self.work}"
+            )
         print(
             f"  {mode:<9} {variant:<15} #{iteration}: ready {run.ready_s:7.2f} s, first request "
             f"{run.first_request_s * 1e3:7.1f} ms",
@@ -211,10 +223,12 @@ class Bench:
         )
         return run
 
-    def _serve(self, variant: str, mode: str, extra: list[str], tag: str = "") -> Run:
+    def _serve(self, variant: str, mode: str, extra: list[str], tag: str = "", env: dict | None = None) -> Run:
         home = Path(tempfile.mkdtemp(prefix=f"{mode}-{tag}-", dir=self.work))  # an empty store every time
+        given = env or {}
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")}
         env.update(PREBAKE_HOME=str(home), PREBAKE_RECIPES=str(self.recipes(variant)), PREBAKE_TRUSTED_KEYS="")
+        env.update(given)
         log = (home / "serve.log").open("w+")
         cmd = [str(PREBAKE), "serve", "--model", self.model, "--precision", self.precision, "--port", "0", *extra]
         started = time.perf_counter()
