@@ -137,7 +137,7 @@ class HubRegistry(HubMaintenance, HubListing):
             existing = self._read_index(index, head)
             if existing is not None:
                 return settle(existing, manifest, self._where(index))
-            if self._commit(manifest, blob, index, head):
+            if self._publish_commit(manifest, blob, index, head):
                 return Published(manifest, created=True, where=self._where(index))
         raise RegistryUnavailable(
             f"cannot publish into {self.url}: branch {self.revision} moved under each of {_COMMIT_ATTEMPTS} "
@@ -176,7 +176,6 @@ class HubRegistry(HubMaintenance, HubListing):
     def put_side(self, blob_digest: str, name: str, data: bytes) -> bool:
         """Commit the side file on top of the branch's head, unless the head already has it."""
         from huggingface_hub import CommitOperationAdd
-        from huggingface_hub.errors import HfHubHTTPError
 
         if not self.writable:
             raise RegistryReadOnly(f"cannot write a side file to {self.url}: it is read-only here")
@@ -186,21 +185,9 @@ class HubRegistry(HubMaintenance, HubListing):
             assert head is not None
             if self._present(relpath, head) is not None:
                 return False
-            with self._faults(f"commit {relpath} to {self.url}"):
-                try:
-                    self._api.create_commit(
-                        self.repo_id,
-                        [CommitOperationAdd(path_in_repo=relpath, path_or_fileobj=data)],
-                        commit_message=f"prebake: {name} of blob {blob_digest[:23]}",
-                        repo_type=self.repo_type,
-                        revision=self.revision,
-                        parent_commit=head,
-                    )
-                except HfHubHTTPError as exc:
-                    if exc.response is not None and exc.response.status_code in (409, 412):
-                        continue
-                    raise
-            return True
+            operation = CommitOperationAdd(path_in_repo=relpath, path_or_fileobj=data)
+            if self._commit([operation], relpath, head, f"prebake: {name} of blob {blob_digest[:23]}"):
+                return True
         raise RegistryUnavailable(f"cannot write {relpath} to {self.url}: the branch kept moving; retry")
 
     def put_meta(self, name: str, data: bytes) -> None:
@@ -392,29 +379,36 @@ class HubRegistry(HubMaintenance, HubListing):
             log.info("created %s at %s", self.url, self.endpoint)
             return self._api.repo_info(self.repo_id, repo_type=self.repo_type, revision=self.revision).sha
 
-    def _commit(self, manifest: Manifest, blob: Path, index: str, head: str) -> bool:
+    def _publish_commit(self, manifest: Manifest, blob: Path, index: str, head: str) -> bool:
         """One commit adding the blob and its index entry on top of `head`; False if the branch moved."""
         from huggingface_hub import CommitOperationAdd
-        from huggingface_hub.errors import HfHubHTTPError
 
         operations = [
             CommitOperationAdd(path_in_repo=blob_relpath(manifest.blob.digest), path_or_fileobj=str(blob)),
             CommitOperationAdd(path_in_repo=index, path_or_fileobj=manifest.to_bytes()),
         ]
-        with self._faults(f"commit {index} to {self.url}"):
+        message = f"prebake: publish {manifest.kind} {manifest.key_digest[:16]}"
+        about = f"blob {manifest.blob.digest} ({manifest.blob.size} bytes), built by {manifest.builder}"
+        return self._commit(operations, index, head, message, about)
+
+    def _commit(self, operations: Sequence[Any], relpath: str, head: str, message: str, description: str = "") -> bool:
+        """One commit of `operations` on top of `head`; False if the branch moved since (look again)."""
+        from huggingface_hub.errors import HfHubHTTPError
+
+        with self._faults(f"commit {relpath} to {self.url}"):
             try:
                 self._api.create_commit(
                     self.repo_id,
                     operations,
-                    commit_message=f"prebake: publish {manifest.kind} {manifest.key_digest[:16]}",
-                    commit_description=f"blob {manifest.blob.digest} ({manifest.blob.size} bytes), built by {manifest.builder}",
+                    commit_message=message,
+                    commit_description=description or None,
                     repo_type=self.repo_type,
                     revision=self.revision,
                     parent_commit=head,
                 )
             except HfHubHTTPError as exc:
                 if exc.response is not None and exc.response.status_code in (409, 412):
-                    return False  # someone committed since we read the head: look again
+                    return False  # someone committed since we read the head
                 raise
         return True
 
