@@ -11,6 +11,9 @@ fetches, verifies and installs the tree, and reports how long that took. Per N a
     mirror   a second docker-registry with `proxy.remoteurl` set to the first: a pull-through mirror;
              the nodes talk only to it, and it reads from the origin (a cold mirror: the bundle is new)
     mirror-warm  then N fresh nodes again through the same mirror, which now holds the bundle
+    preheated  a bundle of its own, pulled through the mirror once by `prebake preheat`
+             (registry/oci_preheat.py) before N fresh nodes start at once; what the preheat itself
+             cost the origin is reported beside it (preheat_origin_blob_ratio, once per bundle)
 
 Between the nodes (or the mirror) and the origin sits the fault proxy of the test suite, passing
 everything through and counting the bytes of every response it forwards: origin bytes are what
@@ -117,34 +120,29 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
-def run(nodes: list[int], scale: int, tmp: Path) -> dict[str, dict[int, dict[str, float]]]:
+SOURCES = ("s3", "oci", "mirror", "preheated")
+
+
+def run(
+    nodes: list[int], scale: int, tmp: Path, sources: tuple[str, ...] = SOURCES
+) -> dict[str, dict[int, dict[str, float]]]:
     from prebake.registry.oci import OCIRegistry
     from prebake.registry.oci_client import OCISettings
-    from prebake.registry.s3 import S3Registry
     from tests.faults.fault_proxy import fault_proxy
-    from tests.support.moto_server import moto_server, s3_env
     from tests.support.oci_server import oci_server
 
-    out: dict[str, dict[int, dict[str, float]]] = {"s3": {}, "oci": {}, "mirror": {}, "mirror-warm": {}}
-    with moto_server() as moto, fault_proxy(moto) as s3_proxy:
-        import boto3
-
-        env = s3_env(s3_proxy.url)
-        os.environ.update(s3_env(moto))
-        bucket = f"fleet-{uuid.uuid4().hex[:8]}"
-        boto3.client("s3").create_bucket(Bucket=bucket)
-        for n in nodes:
-            b = _bundle(tmp, scale, f"s3-{n}")
-            S3Registry(f"s3://{bucket}/prebake").publish(b.manifest, b.blob)
-            before = s3_proxy.bytes_sent("/blobs/")
-            seconds = _fleet(n, f"s3://{bucket}/prebake", b.manifest.key_digest, env, tmp)
-            out["s3"][n] = _figures(seconds, s3_proxy.bytes_sent("/blobs/") - before, n, b.manifest.blob.size)
-            print(f"  s3     N={n:3d}: {out['s3'][n]}", file=sys.stderr)
+    out: dict[str, dict[int, dict[str, float]]] = {s: {} for s in sources}
+    if "mirror" in sources:
+        out["mirror-warm"] = {}
+    if "s3" in sources:
+        out["s3"] = _s3(nodes, scale, tmp)
     with oci_server(tmp / "origin") as origin, fault_proxy(origin.url) as proxy:
         proxied = proxy.url.removeprefix("http://")
         with oci_server(tmp / "mirror", proxy_of=proxy.url) as mirror:
             direct = OCIRegistry(origin.address("fleet/prebake"), OCISettings(plain_http=(origin.host,), settle_s=0.1))
             for source, host in (("oci", proxied), ("mirror", mirror.host)):
+                if source not in sources:
+                    continue
                 for n in nodes:
                     b = _bundle(tmp, scale, f"{source}-{n}")
                     direct.publish(b.manifest, b.blob)
@@ -167,7 +165,55 @@ def run(nodes: list[int], scale: int, tmp: Path) -> dict[str, dict[int, dict[str
                         blob_bytes = proxy.bytes_sent("/blobs/") - before
                         out["mirror-warm"][n] = _figures(seconds, blob_bytes, n, b.manifest.blob.size)
                         print(f"  mirror-warm N={n:3d}: {out['mirror-warm'][n]}", file=sys.stderr)
+            for n in nodes if "preheated" in sources else ():
+                out["preheated"][n] = _preheated(n, direct, proxy, mirror.host, scale, tmp)
+                print(f"  preheated N={n:3d}: {out['preheated'][n]}", file=sys.stderr)
     return out
+
+
+def _s3(nodes: list[int], scale: int, tmp: Path) -> dict[int, dict[str, float]]:
+    import boto3
+
+    from prebake.registry.s3 import S3Registry
+    from tests.faults.fault_proxy import fault_proxy
+    from tests.support.moto_server import moto_server, s3_env
+
+    out = {}
+    with moto_server() as moto, fault_proxy(moto) as s3_proxy:
+        env = s3_env(s3_proxy.url)
+        os.environ.update(s3_env(moto))
+        bucket = f"fleet-{uuid.uuid4().hex[:8]}"
+        boto3.client("s3").create_bucket(Bucket=bucket)
+        for n in nodes:
+            b = _bundle(tmp, scale, f"s3-{n}")
+            S3Registry(f"s3://{bucket}/prebake").publish(b.manifest, b.blob)
+            before = s3_proxy.bytes_sent("/blobs/")
+            seconds = _fleet(n, f"s3://{bucket}/prebake", b.manifest.key_digest, env, tmp)
+            out[n] = _figures(seconds, s3_proxy.bytes_sent("/blobs/") - before, n, b.manifest.blob.size)
+            print(f"  s3     N={n:3d}: {out[n]}", file=sys.stderr)
+    return out
+
+
+def _preheated(n: int, direct, proxy, host: str, scale: int, tmp: Path) -> dict[str, float]:
+    """A new bundle, preheated through the mirror (what that cost the origin: measured), then N nodes."""
+    from prebake.registry.oci import OCIRegistry
+    from prebake.registry.oci_client import OCISettings
+    from prebake.registry.oci_preheat import preheat
+
+    b = _bundle(tmp, scale, f"preheated-{n}")
+    direct.publish(b.manifest, b.blob)
+    before = proxy.bytes_sent("/blobs/")
+    mirror = OCIRegistry(f"oci://{host}/fleet/prebake", OCISettings(plain_http=(host,)))
+    (done,) = preheat(mirror, keys=(b.manifest.key_digest,))
+    assert done.pulled, "a new bundle is pulled through the mirror"
+    preheat_bytes = proxy.bytes_sent("/blobs/") - before
+    before = proxy.bytes_sent("/blobs/")
+    env = {"PREBAKE_OCI_PLAIN_HTTP": host}
+    seconds = _fleet(n, f"oci://{host}/fleet/prebake", b.manifest.key_digest, env, tmp)
+    figures = _figures(seconds, proxy.bytes_sent("/blobs/") - before, n, b.manifest.blob.size)
+    figures["preheat_s"] = round(done.seconds, 3)
+    figures["preheat_origin_blob_ratio"] = round(preheat_bytes / b.manifest.blob.size, 3)
+    return figures
 
 
 def _figures(seconds: list[float], origin_blob_bytes: int, n: int, size: int) -> dict[str, float]:
@@ -187,13 +233,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", default="1,8,32", help="comma-separated fleet sizes (default 1,8,32)")
     parser.add_argument("--scale", type=int, default=8, help="the bundle's size in MiB (default 8)")
+    parser.add_argument("--sources", default=",".join(SOURCES), help=f"comma-separated, of {', '.join(SOURCES)}")
     args = parser.parse_args(argv)
+    sources = tuple(s for s in SOURCES if s in args.sources.split(","))
     if shutil.which("docker-registry") is None:
         print("docker-registry is needed: apt-get install docker-registry", file=sys.stderr)
         return 2
     nodes = [int(n) for n in args.nodes.split(",")]
     with tempfile.TemporaryDirectory(prefix="prebake-fleet-") as tmp:
-        results = run(nodes, args.scale, Path(tmp))
+        results = run(nodes, args.scale, Path(tmp), sources)
     print(
         f"\n{len(nodes)} fleet sizes fetching one {args.scale} MiB bundle at once (origin bytes: blob bytes the origin sent)"
     )
@@ -212,12 +260,16 @@ def main(argv: list[str] | None = None) -> int:
         for n, f in per_n.items():
             for name, value in f.items():
                 summary[f"{source.replace('-', '_')}_n{n}_{name}"] = value
-    summary["mirror_warm_origin_blob_bytes_per_node"] = results["mirror-warm"][largest]["origin_blob_bytes_per_node"]
-    summary["mirror_origin_blob_ratio_to_direct"] = round(
-        results["mirror"][largest]["origin_blob_bytes_per_node"]
-        / max(results["oci"][largest]["origin_blob_bytes_per_node"], 1),
-        3,
-    )
+    for source in ("mirror-warm", "preheated"):
+        if source in results:
+            got = results[source][largest]["origin_blob_bytes_per_node"]
+            summary[f"{source.replace('-', '_')}_origin_blob_bytes_per_node"] = got
+    if "mirror" in results and "oci" in results:
+        summary["mirror_origin_blob_ratio_to_direct"] = round(
+            results["mirror"][largest]["origin_blob_bytes_per_node"]
+            / max(results["oci"][largest]["origin_blob_bytes_per_node"], 1),
+            3,
+        )
     print(json.dumps(summary))
     return 0
 
