@@ -2,14 +2,15 @@
 
     digest_seen = download(client, "sha256:...", f, sized)      # f: the download's file, opened w+b
 
-A blob larger than one part (PREBAKE_OCI_CHUNK_MB, 8 MiB) is asked for with `Range: bytes=0-<part>`
-first. A 206 names the blob's size in its Content-Range: the other parts go out at once,
+A blob larger than one part (PREBAKE_OCI_CHUNK_MB, 8 MiB; a remainder under a quarter part rides
+with the part before it) is asked for with `Range: bytes=0-<part>` first. A 206 names the blob's size in its Content-Range: the other parts go out at once,
 `concurrency` at a time, while the first one is read (distribution serves ranges from every
 storage driver; a registry that redirects to object storage gets the Range header there too).
 A 200 is a registry, or a mirror, that ignores Range: distribution 2.8's pull-through mirror
 streams a blob it does not hold yet straight from its upstream, whole, whatever was asked. Its
 body is then read as the one stream, and nothing more is asked of it, so a cold mirror costs
-its origin one copy, not one per part. A blob of one part is one plain GET.
+its origin one copy, not one per part. A blob of one part is one plain GET, as is every blob
+under PREBAKE_OCI_CHUNK_MB=0.
 
 Every part, and the one stream, resumes from the byte it reached when its connection is cut
 (a Range request for the rest). The parts meet in registry/ranged.py's OrderedSink, which hands
@@ -33,7 +34,7 @@ import httpx
 from prebake.registry.base import SizedSink
 from prebake.registry.errors import RegistryError, RegistryUnavailable
 from prebake.registry.oci_client import Distribution
-from prebake.registry.ranged import OrderedSink, part_ranges, run_parts
+from prebake.registry.ranged import OrderedSink, one_part, part_ranges, run_parts
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ def download(client: Distribution, digest: str, f: BinaryIO, sized: SizedSink) -
     """Download blob `digest` into `f` (every byte checked against `sized`); the sha256 of what came."""
     sink, part = OrderedSink(f, sized), client.settings.chunk_mb << 20
     blob = _Blob(client, digest, sink, sized)
-    if part == 0 or (sized.size is not None and sized.size <= part):
+    if part == 0 or (sized.size is not None and one_part(sized.size, part)):
         blob.read(0, None, None)
         return sink.digest()
     with client.stream("GET", f"blobs/{digest}", headers={"Range": f"bytes=0-{part - 1}"}) as probe:

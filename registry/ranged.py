@@ -91,10 +91,20 @@ class OrderedSink:
                     self._emit(chunk)
 
 
+def one_part(size: int, part: int) -> bool:
+    """Whether `size` bytes are one part: at most a part and a quarter (a remainder that small is
+    not worth a request of its own)."""
+    return size <= part + part // 4
+
+
 def part_ranges(total: int, part: int, *, start: int = 0) -> Iterator[tuple[int, int]]:
-    """Inclusive byte ranges of `part` bytes (the last one shorter) covering [start, total)."""
-    for first in range(start, total, part):
-        yield first, min(first + part, total) - 1
+    """Inclusive byte ranges of `part` bytes covering [start, total); a short remainder rides with
+    the range before it (see `one_part`)."""
+    first = start
+    while first < total:
+        last = total - 1 if one_part(total - first, part) else first + part - 1
+        yield first, last
+        first = last + 1
 
 
 def run_parts(
@@ -119,4 +129,4 @@ def run_parts(
             raise failed.exception()  # type: ignore[misc]
 
 
-__all__ = ["OrderedSink", "part_ranges", "run_parts"]
+__all__ = ["OrderedSink", "one_part", "part_ranges", "run_parts"]
