@@ -6,7 +6,7 @@ Packs a bundle of one incompressible file (a real tar+zstd blob, so its manifest
 starts docker-registry on 127.0.0.1 over plain HTTP (tests/support/oci_server.py), publishes it,
 and times, in one run and alternating which goes first:
 
-    fetch     OCIRegistry.fetch_blob: parallel ranged GETs (8 MiB parts, 8 at a time: the defaults),
+    fetch     OCIRegistry.fetch_blob: parallel ranged GETs (8 MiB parts, 4 at a time: the defaults),
               size-bounded and sha256-verified in order while written; and the same in one stream
               (PREBAKE_OCI_CHUNK_MB=0), to show what the parts buy on this machine
               vs `skopeo copy docker://HOST/REPO:TAG dir:OUT` (manifest, config and layer, digests checked)

@@ -4,7 +4,7 @@
 
 A blob larger than one part (PREBAKE_OCI_CHUNK_MB, 8 MiB; a remainder under a quarter part rides
 with the part before it) is asked for with `Range: bytes=0-<part>` first. A 206 names the blob's size in its Content-Range: the other parts go out at once,
-`concurrency` at a time, while the first one is read (distribution serves ranges from every
+PREBAKE_OCI_PARTS (4) at a time, while the first one is read (distribution serves ranges from every
 storage driver; a registry that redirects to object storage gets the Range header there too).
 A 200 is a registry, or a mirror, that ignores Range: distribution 2.8's pull-through mirror
 streams a blob it does not hold yet straight from its upstream, whole, whatever was asked. Its
@@ -65,7 +65,7 @@ def download(client: Distribution, digest: str, f: BinaryIO, sized: SizedSink) -
         def fetch(start: int, end: int) -> None:
             blob.read(start, end, probe if start == 0 else None)
 
-        run_parts(ranges, fetch, workers=client.settings.concurrency, name="prebake-oci-part", stop=blob.stop)
+        run_parts(ranges, fetch, workers=client.settings.parts, name="prebake-oci-part", stop=blob.stop)
     return sink.digest()
 
 

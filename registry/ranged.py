@@ -62,7 +62,9 @@ class OrderedSink:
                 self._sized(bytes(end - self._next))  # refuses: the server sent more than the manifest says
         os.pwrite(self._fd, data, offset)  # outside the lock: parts land in parallel
         with self._lock:
-            if offset <= self._next < end:
+            if offset == self._next:
+                self._emit(data)  # the usual case in one stream: no slice, no copy
+            elif offset < self._next < end:
                 self._emit(memoryview(data)[self._next - offset :])
             elif offset > self._next:
                 self._ranges[offset] = max(end, self._ranges.get(offset, 0))

@@ -181,8 +181,9 @@ VARIABLES: tuple[Variable, ...] = (
         "PREBAKE_OCI_CONCURRENCY",
         "read",
         "8",
-        f"{_OCI} requests in parallel: entries read by a listing, ranged parts of a blob download.",
+        f"{_OCI} entries read in parallel by a listing.",
     ),
+    Variable("PREBAKE_OCI_PARTS", "read", "4", f"{_OCI} ranged parts of one blob downloaded at once."),
     Variable(
         "PREBAKE_OCI_CHUNK_MB",
         "read",

@@ -42,7 +42,7 @@ def parts(ranged_origin: OCIServer, monkeypatch, tmp_path, scenario):
     from prebake.registry.oci import OCIRegistry
     from prebake.registry.oci_client import OCISettings
 
-    for name in ("PREBAKE_OCI_CA_BUNDLE", "PREBAKE_OCI_USERNAME", "DOCKER_CONFIG", "PREBAKE_OCI_CONCURRENCY"):
+    for name in ("PREBAKE_OCI_CA_BUNDLE", "PREBAKE_OCI_USERNAME", "DOCKER_CONFIG", "PREBAKE_OCI_PARTS"):
         monkeypatch.delenv(name, raising=False)
     repo = f"ranged/r{uuid.uuid4().hex[:10]}"
     direct = OCIRegistry(ranged_origin.address(repo), OCISettings(plain_http=(ranged_origin.host,), settle_s=0.1))
