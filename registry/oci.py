@@ -305,7 +305,8 @@ class OCIRegistry(OCIMaintenance):
         if not self.must_exist or self._known:
             return
         if _NAME_UNKNOWN not in missed:
-            r = self.client.request("GET", "tags/list?n=1")
+            # a login that may pull but not list (some registries gate the tags API apart) says nothing
+            r = self.client.request("GET", "tags/list?n=1", ok=(200, 401, 403, 404))
             if r.status_code != 404:
                 self._known = True
                 return
