@@ -6,7 +6,9 @@ Packs a bundle of one incompressible file (a real tar+zstd blob, so its manifest
 starts docker-registry on 127.0.0.1 over plain HTTP (tests/support/oci_server.py), publishes it,
 and times, in one run and alternating which goes first:
 
-    fetch     OCIRegistry.fetch_blob: one streamed GET, size-bounded and sha256-verified while written
+    fetch     OCIRegistry.fetch_blob: parallel ranged GETs (8 MiB parts, 4 at a time: the defaults),
+              size-bounded and sha256-verified in order while written; and the same in one stream
+              (PREBAKE_OCI_CHUNK_MB=0), to show what the parts buy on this machine
               vs `skopeo copy docker://HOST/REPO:TAG dir:OUT` (manifest, config and layer, digests checked)
     publish   OCIRegistry.publish: hash the blob, decompress it once for the image config's diff_id,
               upload layer and config, manifest, tag, and the settle read-back (PREBAKE_OCI_SETTLE_S)
@@ -61,8 +63,14 @@ def measure(tmp: Path, size_mb: int, repeat: int) -> dict[str, list[float]]:
         layout = tmp / "layout"
         subprocess.run([*skopeo, src, f"dir:{layout}"], check=True)
 
+        one_stream = OCIRegistry(server.address("bench/seed"), OCISettings(plain_http=(server.host,), chunk_mb=0))
+
         def prebake_fetch() -> None:
             seeded.fetch_blob(bundle.manifest.blob.digest, tmp / "dl-prebake", size=bundle.manifest.blob.size)
+
+        def prebake_fetch_one_stream() -> None:
+            one_stream.fetch_blob(bundle.manifest.blob.digest, tmp / "dl-one", size=bundle.manifest.blob.size)
+            (tmp / "dl-one").unlink()
 
         def skopeo_fetch() -> None:
             shutil.rmtree(tmp / "dl-skopeo", ignore_errors=True)
@@ -82,6 +90,7 @@ def measure(tmp: Path, size_mb: int, repeat: int) -> dict[str, list[float]]:
 
         fresh = [servers.enter_context(oci_server(tmp / f"publish-{r}")) for r in range(repeat)]
         names = ("prebake fetch", "skopeo fetch", "prebake publish", "skopeo publish", "skopeo start-up")
+        names += ("prebake fetch 1-stream",)
         results: dict[str, list[float]] = {n: [] for n in names}
         for r in range(repeat):
             pairs = [("prebake fetch", prebake_fetch), ("skopeo fetch", skopeo_fetch)]
@@ -92,6 +101,7 @@ def measure(tmp: Path, size_mb: int, repeat: int) -> dict[str, list[float]]:
                 results[name].append(_timed(call))
                 print(f"  round {r + 1}: {name:16s} {results[name][-1]:6.2f} s", file=sys.stderr)
             (tmp / "dl-prebake").unlink(missing_ok=True)
+            results["prebake fetch 1-stream"].append(_timed(prebake_fetch_one_stream))
             results["skopeo start-up"].append(
                 _timed(lambda: subprocess.run(["skopeo", "--version"], check=True, stdout=subprocess.DEVNULL))
             )
@@ -106,8 +116,8 @@ def report(results: dict[str, list[float]], size_mb: int) -> dict[str, float]:
     med = {name: statistics.median(times) for name, times in results.items()}
     rounds = len(results["skopeo fetch"])
     print(f"\nOCI transfer of a {size_mb} MiB bundle on docker-registry over loopback (median of {rounds} rounds)")
-    for name in ("prebake fetch", "skopeo fetch", "prebake publish", "skopeo publish"):
-        print(f"  {name:16s} {med[name]:7.2f} s  {size_mb / med[name]:8.1f} MiB/s")
+    for name in ("prebake fetch", "prebake fetch 1-stream", "skopeo fetch", "prebake publish", "skopeo publish"):
+        print(f"  {name:22s} {med[name]:7.2f} s  {size_mb / med[name]:8.1f} MiB/s")
     startup = med["skopeo start-up"]
     print(f"  skopeo start-up  {startup:7.2f} s  (`skopeo --version`)")
     figures: dict[str, float] = {"oci_blob_mib": size_mb}
@@ -117,6 +127,9 @@ def report(results: dict[str, list[float]], size_mb: int) -> dict[str, float]:
         print(f"  {op:8s} time prebake/skopeo: {raw:5.2f}   (skopeo without its start-up: {net:5.2f})")
         figures[f"oci_{op}_time_ratio_to_skopeo"] = round(raw, 3)
         figures[f"oci_{op}_time_ratio_to_skopeo_net"] = round(net, 3)
+    one = med["prebake fetch 1-stream"] / med["skopeo fetch"]
+    print(f"  fetch in one stream, time prebake/skopeo: {one:5.2f}")
+    figures["oci_fetch_one_stream_time_ratio_to_skopeo"] = round(one, 3)
     return figures
 
 

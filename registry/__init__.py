@@ -11,8 +11,9 @@
                                              (a comma inside a folder's name: write it \\, ; registry/address.py)
 
 A folder that does not exist is an error (RegistryNotFound), unless `create` is set: only the
-commands that write (bake, publish, the embedded default registry) create one. An OCI repository
-that does not exist yet reads as empty: registries create repositories on the first push.
+commands that write (bake, publish, the embedded default registry) create one. So is an OCI
+repository the registry does not know (NAME_UNKNOWN), when first asked; with `create` it reads
+as empty, since registries create repositories on the first push.
 
 Backends import boto3, huggingface_hub or httpx only when opened, so `import prebake.registry` stays light.
 """
@@ -31,8 +32,8 @@ SCHEMES = ("file://", "s3://", "hf://", "oci://")
 def open_registry(address: str | Path, *, create: bool = True) -> Registry:
     """The backend for an address; a comma-separated list of addresses opens a chain, nearest first.
 
-    create=False: a folder that does not exist raises RegistryNotFound (so does a missing bucket or
-    Hub repo, when first asked) instead of reading as an empty registry.
+    create=False: a folder that does not exist raises RegistryNotFound (so does a missing bucket,
+    Hub repo or OCI repository, when first asked) instead of reading as an empty registry.
     """
     if isinstance(address, Path):
         from prebake.registry.file import FileRegistry
@@ -63,7 +64,7 @@ def _open_one(text: str, *, create: bool, listed: list[str] | None = None) -> Re
     if text.startswith("oci://"):
         from prebake.registry.oci import OCIRegistry
 
-        return OCIRegistry(text)
+        return OCIRegistry(text, must_exist=not create)
     if text.startswith("file://"):
         text = text[len("file://") :]
     elif "://" in text:

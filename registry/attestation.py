@@ -16,17 +16,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from securesystemslib.dsse import Envelope
-from securesystemslib.exceptions import FormatError, VerificationError
-from securesystemslib.signer import CryptoSigner, SSlibKey
 
 from prebake.artifacts.bake.provenance import PAYLOAD_TYPE, Provenance, read_statement
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.errors import BundleError
 from prebake.artifacts.ports.registry import MAX_SIDE_FILE_BYTES
 from prebake.registry.signing import PublicKey, SigningKeyError
+
+if TYPE_CHECKING:
+    from securesystemslib.signer import SSlibKey
+
+# securesystemslib is imported where it is used: its signer package imports boto3 (for its AWS
+# signer) at import time, about 0.2 s that every `prebake fetch` would pay before its first request.
 
 
 class AttestationError(BundleError):
@@ -35,11 +39,16 @@ class AttestationError(BundleError):
 
 def sslib_key(key: PublicKey) -> SSlibKey:
     """A trusted public key as securesystemslib's verifier takes it (keyid = the key's name)."""
+    from securesystemslib.signer import SSlibKey
+
     return SSlibKey.from_crypto(Ed25519PublicKey.from_public_bytes(key.raw), keyid=key.name)
 
 
 def seal(statement: bytes, private_key: Ed25519PrivateKey, name: str, payload_type: str = PAYLOAD_TYPE) -> bytes:
     """The DSSE envelope of `statement`, signed by `name`'s ed25519 key, as JSON bytes."""
+    from securesystemslib.dsse import Envelope
+    from securesystemslib.signer import CryptoSigner, SSlibKey
+
     if not isinstance(private_key, Ed25519PrivateKey):
         raise SigningKeyError(f"cannot attest as {name}: {type(private_key).__name__} is not an ed25519 key")
     signer = CryptoSigner(private_key, SSlibKey.from_crypto(private_key.public_key(), keyid=name))
@@ -50,6 +59,9 @@ def seal(statement: bytes, private_key: Ed25519PrivateKey, name: str, payload_ty
 
 def open_envelope(raw: bytes, keys: Sequence[PublicKey], payload_type: str = PAYLOAD_TYPE) -> bytes:
     """The verified payload of a DSSE envelope; AttestationError saying why not."""
+    from securesystemslib.dsse import Envelope
+    from securesystemslib.exceptions import FormatError, VerificationError
+
     if len(raw) > MAX_SIDE_FILE_BYTES:
         raise AttestationError(f"the attestation is over {MAX_SIDE_FILE_BYTES} bytes: it is not one")
     try:

@@ -9,9 +9,9 @@ a self-hosted distribution server), through the distribution API.
     └── quarantine-<kind>-<key>...    tag -> entries `prebake verify --quarantine` moved aside
 
 A lookup is one request: GET of the entry's tag, whose manifest carries the prebake manifest
-(parsed, held to its digest, to the tag's kind and key and to the layer). A blob is one GET,
-streamed through the manifest's size bound and sha256; a connection cut mid-blob resumes with a
-Range request from the byte it reached.
+(parsed, held to its digest, to the tag's kind and key and to the layer). A blob comes in parallel
+ranged GETs where the registry serves ranges, else in one stream (registry/oci_blob.py), through
+the manifest's size bound and sha256; a connection cut mid-blob resumes from the byte it reached.
 
 Publishing is create-only in effect, though OCI tags are last-writer-wins (the distribution API
 has no conditional tag write): blobs first, then the manifest by digest, then a last look at the
@@ -43,7 +43,7 @@ from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
 from prebake.artifacts.bundle.payload import file_digest
 from prebake.artifacts.errors import BundleError
 from prebake.registry.base import Published, SizedSink, read_ahead, settle
-from prebake.registry.errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
+from prebake.registry.errors import BlobDigestMismatch, RegistryError, RegistryNotFound, RegistryUnavailable
 from prebake.registry.oci_artifact import (
     MANIFEST_TYPE,
     MAX_OCI_MANIFEST_BYTES,
@@ -57,6 +57,7 @@ from prebake.registry.oci_artifact import (
     tag_for,
 )
 from prebake.registry.oci_artifact import read as read_entry
+from prebake.registry.oci_blob import download
 from prebake.registry.oci_client import Distribution, OCIAddress, OCISettings
 from prebake.registry.oci_maintain import OCIMaintenance
 
@@ -64,6 +65,7 @@ log = logging.getLogger(__name__)
 
 _MiB = 1 << 20
 _REFUSED_OCI = b"accept header does not support OCI manifests"
+_NAME_UNKNOWN = b'"NAME_UNKNOWN"'  # the distribution error code of a repository the registry does not know
 _READ_S = 30.0  # an entry is small: one that takes longer to arrive is stalled or hostile
 
 
@@ -72,8 +74,17 @@ class OCIRegistry(OCIMaintenance):
 
     writable = True
 
-    def __init__(self, address: str, settings: OCISettings | None = None, env: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        address: str,
+        settings: OCISettings | None = None,
+        env: Mapping[str, str] | None = None,
+        *,
+        must_exist: bool = False,
+    ):
         env = os.environ if env is None else env
+        self.must_exist = must_exist  # a repository that is not there: RegistryNotFound, not empty (read-only commands)
+        self._known = False  # the repository was seen to exist
         self.address = OCIAddress.parse(address)
         self.url = self.address.url
         self.settings = settings or OCISettings.from_env(env)
@@ -90,39 +101,12 @@ class OCIRegistry(OCIMaintenance):
     ) -> Path:
         where, dest = f"{self.url}@{digest}", Path(dest)
         sized = SizedSink(size, digest, where, self.url, tee)
-        h, offset = hashlib.sha256(), 0
-        with fsutil.atomic_target(dest) as tmp, tmp.open("wb") as f:
-            for attempt in range(self.settings.max_attempts):
-                headers = {"Range": f"bytes={offset}-"} if offset else {}
-                try:
-                    with self.client.stream("GET", f"blobs/{digest}", headers=headers) as r:
-                        if r.status_code == 404:
-                            raise RegistryError(
-                                f"blob {digest} is named by an index entry but missing from {self.url}; "
-                                f"run `prebake verify --quarantine --registry {self.url}`"
-                            )
-                        if offset and r.status_code != 206:
-                            raise RegistryUnavailable(
-                                f"{self.url} broke off blob {digest[:23]} at byte {offset} and does not serve ranges "
-                                f"(HTTP {r.status_code}); retry the fetch"
-                            )
-                        if not offset and r.headers.get("Content-Length"):
-                            sized.announce(int(r.headers["Content-Length"]))
-                        for chunk in r.iter_bytes():  # as they arrive: `offset` is what was written
-                            sized(chunk)
-                            h.update(chunk)
-                            f.write(chunk)
-                            offset += len(chunk)
-                    break
-                except httpx.TransportError as exc:  # cut or stalled mid-body: resume from `offset`
-                    if attempt == self.settings.max_attempts - 1:
-                        raise self.client.fault(exc, f"download blob {digest[:23]}") from exc
-                    log.info("blob %s broke off at byte %d (%s); resuming", digest[:23], offset, exc)
-                    time.sleep(0.1 * 2**attempt)
+        with fsutil.atomic_target(dest) as tmp, tmp.open("w+b") as f:  # read back as parts land out of order
+            got = download(self.client, digest, f, sized)
             sized.finish()
-            if "sha256:" + h.hexdigest() != digest:
+            if got != digest:
                 raise BlobDigestMismatch(
-                    f"blob {where} hashes to sha256:{h.hexdigest()}, not {digest}: it is corrupt; "
+                    f"blob {where} hashes to {got}, not {digest}: it is corrupt; "
                     f"run `prebake verify --quarantine --registry {self.url}` and rebake"
                 )
         return dest
@@ -260,8 +244,10 @@ class OCIRegistry(OCIMaintenance):
             with self.client.stream("GET", f"manifests/{reference}", accept=MANIFEST_TYPE) as r:
                 body = _bounded(r, MAX_OCI_MANIFEST_BYTES, f"{self.url}:{reference}")
                 if r.status_code != 404:
+                    self._known = True
                     return body, sha256(body)
             if _REFUSED_OCI not in body:
+                self._check_exists(body)
                 return None
             # Not a miss: the manifest exists, but a server on the way would not hand it over as OCI
             # (a mirror whose upstream request lost the OCI Accept type, e.g. behind a proxy that keeps
@@ -299,7 +285,10 @@ class OCIRegistry(OCIMaintenance):
         while url:
             r = self.client.request("GET", url)
             if r.status_code == 404:  # the repository does not exist yet: nothing published
+                if self.must_exist:
+                    raise RegistryNotFound(self._not_found())
                 return
+            self._known = True
             try:
                 names = r.json().get("tags") or []
             except (ValueError, AttributeError):
@@ -308,6 +297,27 @@ class OCIRegistry(OCIMaintenance):
                 ) from None
             yield from (str(n) for n in names)
             url = _next_link(r.headers.get("Link", ""), self.client.base)
+
+    def _check_exists(self, missed: bytes) -> None:
+        """After a 404: under `must_exist`, RegistryNotFound when the repository itself is unknown (the
+        404 says NAME_UNKNOWN, or, as distribution answers MANIFEST_UNKNOWN for any repository, one
+        short tags listing says so); asked once per registry, and only after a miss."""
+        if not self.must_exist or self._known:
+            return
+        if _NAME_UNKNOWN not in missed:
+            # a login that may pull but not list (some registries gate the tags API apart) says nothing
+            r = self.client.request("GET", "tags/list?n=1", ok=(200, 401, 403, 404))
+            if r.status_code != 404:
+                self._known = True
+                return
+        raise RegistryNotFound(self._not_found())
+
+    def _not_found(self) -> str:
+        return (
+            f"registry {self.url} does not exist: {self.address.host} knows no repository "
+            f"{self.address.repository} (NAME_UNKNOWN); fix the registry address (oci://HOST/NAMESPACE/REPO), "
+            f"or publish into it first (`prebake bake` and `doit bake` create it on their first push)"
+        )
 
     def __repr__(self) -> str:
         return f"OCIRegistry({self.url!r})"

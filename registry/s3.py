@@ -24,7 +24,6 @@ server that silently ignores If-None-Match has the same race without the read-ba
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import sys
@@ -33,7 +32,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from tqdm import tqdm
 
@@ -44,6 +43,7 @@ from prebake.artifacts.errors import BundleError
 from prebake.artifacts.layout import blob_relpath, index_relpath, meta_relpath, parse_index_relpath, side_relpath
 from prebake.registry.base import Published, SizedSink, read_ahead, settle
 from prebake.registry.errors import BlobDigestMismatch, RegistryError, RegistryNotFound, RegistryUnavailable
+from prebake.registry.ranged import OrderedSink
 from prebake.registry.s3_listing import S3Listing
 from prebake.registry.s3_maintain import S3Maintenance
 
@@ -137,7 +137,7 @@ class S3Registry(S3Maintenance, S3Listing):
                 tmp.open("w+b") as f,  # read back by the sink when parts arrive out of order
                 _progress("download", digest, stored) as progress,
             ):
-                sink = _HashingSink(f, sized)
+                sink = OrderedSink(f, sized)
                 self._client.download_fileobj(self.bucket, key, sink, Config=self._transfer, Callback=progress.update)
                 sized.finish()
                 if sink.digest() != digest:
@@ -404,66 +404,6 @@ class S3Registry(S3Maintenance, S3Listing):
                 f"cannot {doing}: {self.endpoint} failed ({code}) after {self.settings.max_attempts} attempts; retry later"
             )
         return RegistryError(f"cannot {doing}: {self.endpoint} answered {code} (HTTP {status}): {exc}")
-
-
-class _HashingSink:
-    """The download's file, seekable so that s3transfer writes each ranged part at its offset as
-    it arrives (and a retried part again, over itself). The file is the reorder buffer: whatever
-    became contiguous from the front is handed on in order, exactly once, to `sized` (the
-    manifest's size bound, then the store's unpacker) and the sha256, so the digest is taken
-    while downloading, retries never count twice, and memory holds one part at most."""
-
-    def __init__(self, f: BinaryIO, sized: SizedSink):
-        self._fd, self._h, self._sized = f.fileno(), hashlib.sha256(), sized
-        self._pos = self._next = 0
-        self._ranges: dict[int, int] = {}  # written beyond the front: start -> end
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        if whence != 0:
-            raise OSError("the download sink only seeks to absolute offsets")
-        self._pos = offset
-        return offset
-
-    def tell(self) -> int:
-        return self._pos
-
-    def write(self, data: bytes) -> int:
-        offset, end = self._pos, self._pos + len(data)
-        self._pos = end
-        if self._sized.size is not None and end > self._sized.size:
-            self._sized(bytes(end - self._next))  # refuses: the server sent more than the manifest says
-        os.pwrite(self._fd, data, offset)
-        if offset <= self._next < end:
-            self._emit(memoryview(data)[self._next - offset :])
-        elif offset > self._next:
-            self._ranges[offset] = max(end, self._ranges.get(offset, 0))
-        self._advance()
-        return len(data)
-
-    def digest(self) -> str:
-        return "sha256:" + self._h.hexdigest()
-
-    def _emit(self, data: bytes | memoryview) -> None:
-        self._sized(bytes(data))
-        self._h.update(data)
-        self._next += len(data)
-
-    def _advance(self) -> None:
-        """Hand on parts written earlier out of order, now that the front has reached them."""
-        while True:
-            ready = [start for start, end in self._ranges.items() if start <= self._next]
-            if not ready:
-                return
-            for start in ready:
-                end = self._ranges.pop(start)
-                while self._next < end:
-                    chunk = os.pread(self._fd, min(end - self._next, _MiB), self._next)
-                    if not chunk:
-                        raise BlobDigestMismatch("the download's file lost bytes it was given; retry")
-                    self._emit(chunk)
 
 
 def _progress(verb: str, digest: str, total: int) -> tqdm:

@@ -16,7 +16,6 @@ from prebake.artifacts.buckets import rules as bucket_rules
 from prebake.artifacts.buckets.limits import BucketSettings, ServingLimits
 from prebake.artifacts.buckets.rules import RANGE_VARIABLES, UPSTREAM, exponential_range, linear_range, padded_range
 from prebake.artifacts.buckets.sets import STRATEGIES, Bucket, BucketSet, PaddingReport, Phase
-from prebake.artifacts.buckets.traffic import fit_recipe_settings
 from prebake.artifacts.errors import BucketError
 
 __all__ = [
@@ -41,6 +40,8 @@ def build_bucket_set(limits: ServingLimits, settings: BucketSettings, recipe_dir
     (the trace path read relative to recipe_dir when it is relative)."""
     _check_overrides(limits, settings)
     if settings.strategy == "traffic":
+        from prebake.artifacts.buckets.traffic import fit_recipe_settings  # numpy: only for traffic
+
         return fit_recipe_settings(limits, settings, _trace_path(settings, recipe_dir))
     return bucket_rules.upstream_set(limits, settings)
 

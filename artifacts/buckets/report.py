@@ -18,7 +18,6 @@ from prebake.artifacts.buckets.artifact import build_bucket_set
 from prebake.artifacts.buckets.limits import BucketSettings, ServingLimits
 from prebake.artifacts.buckets.replay import Shapes
 from prebake.artifacts.buckets.sets import BucketSet
-from prebake.artifacts.buckets.traffic import fit_bucket_set, least_budget
 from prebake.artifacts.errors import BucketError
 
 Strategy = Literal["exponential", "linear", "pad", "traffic"]
@@ -76,6 +75,8 @@ def strategy_set(
         return build_bucket_set(limits, BucketSettings(strategy=strategy))
     if fit_shapes is None:
         raise BucketError("a traffic set needs replayed shapes to fit on; pass a trace")
+    from prebake.artifacts.buckets.traffic import fit_bucket_set, least_budget  # numpy: only for traffic
+
     if budget is None and max_waste is None:  # a third of exponential's count, or the least that works
         exponential = build_bucket_set(limits, BucketSettings())
         budget = max((len(exponential.prompt) + len(exponential.decode)) // 3, least_budget(limits, fit_shapes))

@@ -1,4 +1,4 @@
-"""Registry commands: ls, verify."""
+"""Registry commands: ls, verify, preheat."""
 
 from __future__ import annotations
 
@@ -47,6 +47,29 @@ def add(sub) -> None:
     )
     verify.set_defaults(run=cmd_verify)
 
+    preheat = command(
+        sub,
+        "preheat",
+        group="registry",
+        help="pull every bundle through a registry mirror once, so the nodes after cost the origin no blob bytes",
+        examples=[
+            "prebake preheat --mirror oci://mirror.local:5000/team/prebake",
+            "prebake preheat --mirror oci://mirror.local:5000/team/prebake --kind graphs --key 3fa2c1 --json",
+        ],
+    )
+    preheat.add_argument(
+        "--mirror", required=True, metavar="oci://HOST/NAMESPACE/REPO", help="the mirror, as the nodes name it"
+    )
+    preheat.add_argument("--kind", choices=KIND_NAMES, help="only this artifact kind (default: every kind)")
+    preheat.add_argument(
+        "--key", action="append", default=[], metavar="DIGEST", help="only this key digest, or its prefix (repeatable)"
+    )
+    preheat.add_argument(
+        "--wait-s", type=float, default=120.0, help="how long the mirror may take to store a blob it streamed"
+    )
+    json_option(preheat)
+    preheat.set_defaults(run=cmd_preheat)
+
 
 def cmd_ls(args: argparse.Namespace) -> int:
     from prebake.engine.compose import open_address
@@ -92,6 +115,33 @@ def _ls_json(m: Listed) -> dict:
         "build_seconds": m.build_seconds,
         "signers": list(m.signers),
     }
+
+
+def cmd_preheat(args: argparse.Namespace) -> int:
+    from prebake.artifacts.errors import ExitCode
+    from prebake.registry import open_registry
+    from prebake.registry.oci import OCIRegistry
+    from prebake.registry.oci_preheat import preheat
+
+    mirror = open_registry(args.mirror, create=False)
+    if not isinstance(mirror, OCIRegistry):
+        print(
+            f"prebake: --mirror {args.mirror!r} is not an OCI registry; name it as oci://HOST/NAMESPACE/REPO",
+            file=sys.stderr,
+        )
+        return ExitCode.INVALID
+    done = []
+    for got in preheat(mirror, kind=args.kind, keys=tuple(args.key), wait_s=args.wait_s):
+        done.append(got)
+        if not args.json:
+            state = "pulled through" if got.pulled else "already held"
+            print(f"{got.kind:9s} {got.key_digest[:16]}  {size(got.size):>9s}  {state}  ({got.seconds:.1f} s)")
+    if args.json:
+        print(json.dumps({"mirror": mirror.url, "bundles": [dataclasses.asdict(g) for g in done]}, indent=2))
+    else:
+        pulled = sum(g.pulled for g in done)
+        print(f"{len(done)} bundles through {mirror.url}: {pulled} pulled, {len(done) - pulled} already held")
+    return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:

@@ -177,7 +177,19 @@ VARIABLES: tuple[Variable, ...] = (
         "0.5",
         f"{_OCI} how long a publish waits (at least 4x its slowest round trip) before reading its tag back to see who won a race.",
     ),
-    Variable("PREBAKE_OCI_CONCURRENCY", "read", "8", f"{_OCI} entries read in parallel by a listing."),
+    Variable(
+        "PREBAKE_OCI_CONCURRENCY",
+        "read",
+        "8",
+        f"{_OCI} entries read in parallel by a listing.",
+    ),
+    Variable("PREBAKE_OCI_PARTS", "read", "4", f"{_OCI} ranged parts of one blob downloaded at once."),
+    Variable(
+        "PREBAKE_OCI_CHUNK_MB",
+        "read",
+        "8",
+        f"{_OCI} a blob larger than this many MiB downloads in parallel ranged parts of this size; 0: in one stream.",
+    ),
     # -- engines
     Variable(
         "PREBAKE_VLLM_COMMAND",

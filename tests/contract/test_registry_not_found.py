@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from prebake.registry import open_registry
 from prebake.registry.address import join_addresses, split_addresses
 from prebake.registry.errors import RegistryNotFound
 from prebake.registry.file import FileRegistry
+from tests.support.bundles import make_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,11 +33,13 @@ def _missing(scheme: str, tmp_path: Path, request) -> str:
     if scheme == "s3":
         request.getfixturevalue("s3_client")
         return "s3://no-such-prebake-bucket/team"
+    if scheme == "oci":
+        return request.getfixturevalue("oci").address("team/no-such-repo")
     request.getfixturevalue("hub")
     return "hf://team/no-such-repo"
 
 
-SCHEMES = ("file", "s3", "hf")
+SCHEMES = ("file", "s3", "hf", "oci")
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -65,6 +69,15 @@ def test_fetch_refuses_a_misspelt_folder_instead_of_missing(tmp_path, monkeypatc
     code = main(["fetch", "--model", "tiny-llama", "--precision", "fp32", "--registry", str(tmp_path / "bundle")])
     err = capsys.readouterr().err
     assert code == ExitCode.INVALID and f"did you mean {tmp_path / 'bundles'}?" in err
+
+
+def test_an_oci_repository_not_there_yet_reads_as_empty_when_publishing_creates_it(request, tmp_path):
+    address = request.getfixturevalue("oci").address(f"team/first-{uuid.uuid4().hex[:10]}")
+    registry = open_registry(address, create=True)
+    assert registry.lookup("graphs", "0" * 64) is None and list(registry.list()) == []
+    bundle = make_bundle(tmp_path / "bake")
+    assert registry.publish(bundle.manifest, bundle.blob).created
+    assert open_registry(address, create=False).lookup("graphs", bundle.manifest.key_digest) == bundle.manifest
 
 
 def test_the_embedded_default_registry_reads_as_empty_before_the_first_bake(tmp_path, monkeypatch, capsys):

@@ -19,6 +19,11 @@ Requests pass through unchanged unless a fault matches (method and a piece of th
     throttle   GET: send the body in 4 KiB pieces, `seconds` apart (a test kills the reader mid-way)
     no-conditional  PUT with If-None-Match: answer 501 NotImplemented, as S3-compatible servers
                without conditional writes do (every other request passes)
+    ignore-range  GET: forward it without its Range header, as a server or mirror that ignores
+               ranges does (a 200 with the whole body)
+
+Body faults apply to whole answers (200); `partial=True` applies them to 206 answers to Range
+requests too. `times=n` applies a fault to the first n requests it matches only (0: all of them).
 
 Every request is logged, and the bytes of each GET body sent so far are counted, so a test
 can assert "downloaded once" or wait until a download is half done.
@@ -51,8 +56,10 @@ _INTERNAL_ERROR = (
 class Fault:
     method: str  # "GET", "PUT", "HEAD", or "*"
     path_contains: str  # e.g. "/blobs/" or "/index/"
-    kind: str  # error500 | slow | cut | short | corrupt | throttle | no-conditional
+    kind: str  # error500 | slow | cut | short | corrupt | throttle | no-conditional | ignore-range
     seconds: float = 0.0  # slow: delay; throttle: pause between pieces
+    partial: bool = False  # body faults also on 206 answers to Range requests
+    times: int = 0  # the first `times` matching requests only; 0: every one
 
     def matches(self, method: str, path: str) -> bool:
         return self.method in ("*", method) and self.path_contains in path
@@ -68,6 +75,7 @@ class FaultProxy:
         self._faults: list[Fault] = []
         self._log: list[tuple[str, str, int]] = []  # method, path, status
         self._sent: dict[str, int] = {}
+        self._used: dict[int, int] = {}  # index in _faults -> requests it was applied to
         self._lock = threading.Lock()
 
     def inject(self, fault: Fault) -> None:
@@ -77,6 +85,7 @@ class FaultProxy:
     def clear(self) -> None:
         with self._lock:
             self._faults.clear()
+            self._used.clear()
 
     def count(self, method: str, path_contains: str) -> int:
         with self._lock:
@@ -86,9 +95,17 @@ class FaultProxy:
         with self._lock:
             return sum(n for p, n in self._sent.items() if path_contains in p)
 
+    def statuses(self, method: str, path_contains: str) -> list[int]:
+        with self._lock:
+            return [s for m, p, s in self._log if m == method and path_contains in p]
+
     def _fault_for(self, method: str, path: str) -> Fault | None:
         with self._lock:
-            return next((f for f in self._faults if f.matches(method, path)), None)
+            for i, f in enumerate(self._faults):
+                if f.matches(method, path) and (not f.times or self._used.get(i, 0) < f.times):
+                    self._used[i] = self._used.get(i, 0) + 1
+                    return f
+            return None
 
     def _record(self, method: str, path: str, status: int) -> None:
         with self._lock:
@@ -158,22 +175,23 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(500, {"Content-Type": "application/xml"}, _INTERNAL_ERROR)
             return
         try:
-            status, headers, data = self._forward(body)
+            status, headers, data = self._forward(body, drop_range=fault is not None and fault.kind == "ignore-range")
         except OSError:  # the server is gone (a test ended while a slow answer was pending)
             self._drop()
             return
         self.proxy._record(self.command, self.path, status)
-        if fault is None or self.command != "GET" or status != 200:
+        if fault is None or self.command != "GET" or status not in ((200, 206) if fault.partial else (200,)):
             self._reply(status, headers, data, length=headers.pop("__length", None))
             return
         self._faulty_body(fault, status, headers, data)
 
-    def _forward(self, body: bytes) -> tuple[int, dict[str, str], bytes]:
+    def _forward(self, body: bytes, *, drop_range: bool = False) -> tuple[int, dict[str, str], bytes]:
         conn = http.client.HTTPConnection(*self.proxy.upstream, timeout=60)
+        dropped = _HOP_BY_HOP | ({"range"} if drop_range else set())
         try:
             headers: dict[str, str] = {}
             for k, v in self.headers.items():  # a repeated header (Go clients send Accept once per type) is kept whole
-                if k.lower() not in _HOP_BY_HOP:
+                if k.lower() not in dropped:
                     headers[k] = f"{headers[k]}, {v}" if k in headers else v
             conn.request(self.command, self.path, body=body, headers=headers)
             resp = conn.getresponse()

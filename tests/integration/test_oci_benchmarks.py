@@ -24,7 +24,7 @@ def _figures(*argv: str) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def test_the_fleet_benchmark_measures_every_source_and_the_warm_mirror_costs_the_origin_nothing():
+def test_the_fleet_benchmark_measures_every_source_and_warm_or_preheated_mirrors_cost_the_origin_nothing():
     figures = _figures("benchmarks.fleet_fetch", "--nodes", "1,2", "--scale", "1")
 
     for source in ("s3", "oci", "mirror", "mirror_warm"):
@@ -35,6 +35,8 @@ def test_the_fleet_benchmark_measures_every_source_and_the_warm_mirror_costs_the
             )
     assert figures["oci_n2_origin_blob_ratio_per_node"] == pytest.approx(1.0, abs=0.01)
     assert figures["mirror_warm_n2_origin_blob_bytes_per_node"] == 0, "a mirror that holds the bundle sends no blob"
+    assert figures["preheated_n2_origin_blob_bytes_per_node"] == 0, "nodes after a preheat cost the origin no blob"
+    assert figures["preheated_n2_preheat_origin_blob_ratio"] >= 1.0, "the preheat itself pulled the bundle"
 
 
 def test_the_oci_io_benchmark_compares_fetch_and_publish_with_skopeo():

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import datetime
 import os
+import re
 import shutil
 import ssl
 import subprocess
@@ -32,6 +33,9 @@ from tests.support.moto_server import free_port
 from tests.support.oci_token import ISSUER, SERVICE, TokenService
 
 BINARY = "docker-registry"
+_ACCESS = re.compile(
+    r'^\S+ - \S+ \[[^]]+\] "(?P<method>[A-Z]+) (?P<path>\S+) HTTP/[0-9.]+" \d{3} (?P<bytes>\d+|-)', re.M
+)
 
 
 def oci_available() -> bool:
@@ -75,6 +79,15 @@ class OCIServer:
 
     def log(self) -> str:
         return (self.root / "server.log").read_text(errors="replace")
+
+    def bytes_sent(self, path_contains: str = "/blobs/", method: str = "GET") -> int:
+        """Body bytes this server sent for requests whose path holds `path_contains`, from its own
+        access log (combined format: `"GET /v2/... HTTP/1.1" 206 1048576`)."""
+        total = 0
+        for m in _ACCESS.finditer(self.log()):
+            if m["method"] == method and path_contains in m["path"] and m["bytes"] != "-":
+                total += int(m["bytes"])
+        return total
 
 
 def write_docker_config(folder: Path, host: str, user: str, password: str) -> Path:

@@ -73,6 +73,7 @@ def test_verbosity_flags_go_before_or_after_the_command(flag):
 REPORTS = {
     "ls": ["ls"],
     "verify": ["verify"],
+    "preheat": ["preheat", "--mirror", "/no/such/prebake/mirror"],  # not there: a JSON error
     "plan": ["plan", "--model", "tiny-llama"],
     "buckets": ["buckets", "--model", "tiny-llama"],
     "recipes": ["recipes"],

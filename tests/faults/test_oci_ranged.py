@@ -1,0 +1,172 @@
+"""A blob of several parts out of an OCI registry: parallel ranged GETs, and what goes wrong with them.
+
+Debian's docker-registry (distribution 2.8) serves Range requests on blobs; the fault proxy in
+front of it (tests/faults/fault_proxy.py) cuts, corrupts or fails single parts (`partial=True`),
+or hides the Range header as a registry that ignores ranges does. A pull-through mirror that does
+not hold a blob yet ignores Range for real (it streams the blob from its upstream whole): the
+client falls back to one stream there, and the origin sends the blob once, not once per part.
+Parts are 1 MiB here (PREBAKE_OCI_CHUNK_MB=1) so that a 4.5 MiB bundle is five of them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+
+import pytest
+
+from prebake.artifacts.bake.fetch import Miss, fetch
+from prebake.registry.errors import BlobDigestMismatch, RegistryUnavailable
+from tests.faults.checks import store_problems
+from tests.faults.fault_proxy import Fault, fault_proxy
+from tests.faults.procs import unbounded
+from tests.support.bundles import make_bundle
+from tests.support.oci_server import OCIServer, oci_available, oci_server
+
+ENV = {"PREBAKE_OCI_TIMEOUT_S": "2", "PREBAKE_OCI_MAX_ATTEMPTS": "3", "PREBAKE_OCI_CHUNK_MB": "1"}
+PAYLOAD = (4 << 20) + (512 << 10)
+
+
+@pytest.fixture(scope="module")
+def ranged_origin(tmp_path_factory):
+    if not oci_available():
+        pytest.skip("docker-registry is not installed (apt-get install docker-registry; .ci/run does)")
+    with oci_server(tmp_path_factory.mktemp("oci-ranged")) as server:
+        yield server
+
+
+@pytest.fixture
+def parts(ranged_origin: OCIServer, monkeypatch, tmp_path, scenario):
+    """A bundle of five parts in a fresh repository, and a fault proxy in front of the server."""
+    from prebake.registry.oci import OCIRegistry
+    from prebake.registry.oci_client import OCISettings
+
+    for name in ("PREBAKE_OCI_CA_BUNDLE", "PREBAKE_OCI_USERNAME", "DOCKER_CONFIG", "PREBAKE_OCI_PARTS"):
+        monkeypatch.delenv(name, raising=False)
+    repo = f"ranged/r{uuid.uuid4().hex[:10]}"
+    direct = OCIRegistry(ranged_origin.address(repo), OCISettings(plain_http=(ranged_origin.host,), settle_s=0.1))
+    bundle = make_bundle(tmp_path / "bake", payload_bytes=PAYLOAD)
+    direct.publish(bundle.manifest, bundle.blob)
+    scenario.registry(direct, bundle.manifest)
+    with fault_proxy(ranged_origin.url) as proxy:
+        host = proxy.url.removeprefix("http://")
+        for name, value in {**ENV, "PREBAKE_OCI_PLAIN_HTTP": host}.items():
+            monkeypatch.setenv(name, value)
+        yield _Parts(
+            OCIRegistry(f"oci://{host}/{repo}"), bundle, proxy, math.ceil(bundle.manifest.blob.size / (1 << 20))
+        )
+
+
+class _Parts:
+    def __init__(self, registry, bundle, proxy, count):
+        self.registry, self.bundle, self.proxy, self.count = registry, bundle, proxy, count
+
+    @property
+    def size(self) -> int:
+        return self.bundle.manifest.blob.size
+
+
+def _installed(store, parts: _Parts) -> None:
+    got = fetch(store, parts.registry, parts.bundle.manifest.the_key())
+    assert not isinstance(got, Miss) and store_problems(store.home) == []
+
+
+def _nothing_installed(store, parts: _Parts) -> None:
+    assert store.lookup("graphs", parts.bundle.manifest.key_digest) is None
+    assert not list(store.home.glob("trees/*")) and not list(store.home.glob("blobs/sha256/*/*"))
+    assert not list(store.home.glob("blobs/sha256/*/.tmp-*")), "the failed download's temporary is gone"
+
+
+def test_a_blob_of_several_parts_comes_in_ranged_gets_each_byte_once(tmp_path, parts, scenario):
+    assert parts.count == 5
+    _installed(unbounded(scenario.store(tmp_path / "home")), parts)
+    assert parts.proxy.statuses("GET", "/blobs/") == [206] * parts.count, "one ranged GET per part, all honoured"
+    assert parts.proxy.bytes_sent("/blobs/") == parts.size, "no byte was sent twice"
+
+
+def test_a_registry_that_ignores_range_is_read_in_one_stream_not_once_per_part(tmp_path, parts, scenario):
+    parts.proxy.inject(Fault("GET", "/blobs/", "ignore-range"))
+    _installed(unbounded(scenario.store(tmp_path / "home")), parts)
+    assert parts.proxy.statuses("GET", "/blobs/") == [200], "the whole blob, asked for once"
+    assert parts.proxy.bytes_sent("/blobs/") == parts.size
+
+
+def test_a_part_cut_mid_way_resumes_from_the_byte_it_reached(tmp_path, parts, scenario):
+    parts.proxy.inject(Fault("GET", "/blobs/", "cut", partial=True, times=2))
+    _installed(unbounded(scenario.store(tmp_path / "home")), parts)
+    assert parts.proxy.count("GET", "/blobs/") == parts.count + 2, "each cut part asked once more, for its rest"
+    assert parts.proxy.bytes_sent("/blobs/") < parts.size + (256 << 10), "a cut part's first half was not sent again"
+
+
+def test_a_part_that_keeps_breaking_off_is_an_outage_named_not_a_miss(tmp_path, parts, scenario):
+    parts.proxy.inject(Fault("GET", "/blobs/", "cut", partial=True))
+    store = unbounded(scenario.store(tmp_path / "home"))
+    with pytest.raises(RegistryUnavailable, match=parts.registry.url):
+        fetch(store, parts.registry, parts.bundle.manifest.the_key())
+    _nothing_installed(store, parts)
+
+
+def test_one_wrong_byte_in_one_part_is_refused_and_nothing_is_installed(tmp_path, parts, scenario):
+    parts.proxy.inject(Fault("GET", "/blobs/", "corrupt", partial=True, times=1))
+    store = unbounded(scenario.store(tmp_path / "home"))
+    with pytest.raises(BlobDigestMismatch, match=parts.bundle.manifest.blob.digest[:20]):
+        fetch(store, parts.registry, parts.bundle.manifest.the_key())
+    _nothing_installed(store, parts)
+
+
+def test_500s_on_parts_are_retried_and_a_registry_that_keeps_failing_is_named(tmp_path, parts, scenario):
+    store = unbounded(scenario.store(tmp_path / "home"))
+    parts.proxy.inject(Fault("GET", "/blobs/", "error500", times=2))
+    _installed(store, parts)
+
+    other = unbounded(scenario.store(tmp_path / "other"))
+    parts.proxy.inject(Fault("GET", "/blobs/", "error500"))
+    with pytest.raises(RegistryUnavailable, match="HTTP 500"):
+        fetch(other, parts.registry, parts.bundle.manifest.the_key())
+    _nothing_installed(other, parts)
+
+
+def test_a_cold_mirror_streams_the_blob_whole_and_a_warm_one_serves_parts(
+    tmp_path, ranged_origin, monkeypatch, scenario
+):
+    """distribution 2.8's pull-through mirror ignores Range for a blob it does not hold yet."""
+    from prebake.registry.oci import OCIRegistry
+    from prebake.registry.oci_client import OCISettings
+
+    repo = f"ranged/m{uuid.uuid4().hex[:10]}"
+    bundle = make_bundle(tmp_path / "bake", model="mirrored", payload_bytes=PAYLOAD)
+    OCIRegistry(ranged_origin.address(repo), OCISettings(plain_http=(ranged_origin.host,), settle_s=0.1)).publish(
+        bundle.manifest, bundle.blob
+    )
+    with (
+        fault_proxy(ranged_origin.url) as origin_log,
+        oci_server(tmp_path / "mirror", proxy_of=origin_log.url) as mirror,
+        fault_proxy(mirror.url) as nodes_log,
+    ):
+        host = nodes_log.url.removeprefix("http://")
+        for name, value in {**ENV, "PREBAKE_OCI_PLAIN_HTTP": host}.items():
+            monkeypatch.setenv(name, value)
+        through = OCIRegistry(f"oci://{host}/{repo}")
+        cold = unbounded(scenario.store(tmp_path / "cold"))
+        assert not isinstance(fetch(cold, through, bundle.manifest.the_key()), Miss)
+        assert nodes_log.statuses("GET", "/blobs/") == [200], "the cold mirror ignored Range: one stream"
+        assert store_problems(cold.home) == []
+
+        _until_held(mirror, bundle.manifest.blob.digest)
+        origin_before = origin_log.bytes_sent("/blobs/")
+        warm = unbounded(scenario.store(tmp_path / "warm"))
+        assert not isinstance(fetch(warm, through, bundle.manifest.the_key()), Miss)
+        assert nodes_log.statuses("GET", "/blobs/")[1:] == [206] * 5, "the warm mirror serves ranged parts"
+        assert origin_log.bytes_sent("/blobs/") == origin_before, "and costs the origin no blob bytes"
+        assert store_problems(warm.home) == []
+
+
+def _until_held(mirror: OCIServer, digest: str, timeout_s: float = 30.0) -> None:
+    """Wait until the mirror has stored the blob it pulled (it stores in the background; looking in its
+    storage folder asks nothing of the origin, as a probing request to a mirror still cold would)."""
+    deadline = time.monotonic() + timeout_s
+    while not mirror.blob_file(digest).is_file():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the mirror did not store {digest[:23]} within {timeout_s} s")
+        time.sleep(0.05)
