@@ -5,6 +5,7 @@ loads as vLLM does. The real vLLM run is tests/integration/test_vllm.py."""
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from prebake.artifacts.bake.bake_kind import bake_kind
 from prebake.artifacts.bake.kinds import target_keys
 from prebake.artifacts.bake.recipes import Recipe, Target, load_recipe, targets
-from prebake.artifacts.errors import BuildError, StoreError
+from prebake.artifacts.errors import BuildError, BundleError, StoreError
 from prebake.artifacts.fsutil import copy_writable
 from prebake.artifacts.store.local import Installed, Store
 from prebake.engine.adapters import kinds_for
@@ -348,6 +349,53 @@ def _prepare(recipe: Recipe, store: Store, registry, host, monkeypatch, tmp_path
     write_recipe(recipe, tmp_path / "recipes")
     monkeypatch.setenv("PREBAKE_RECIPES", str(tmp_path / "recipes"))
     return prepare(StartRequest(model=recipe.model.name), Context(store, host, registry.url, given_registry=registry))
+
+
+def _read_only_copy(tree: Path, dest: Path) -> Path:
+    """`tree` as an image volume presents it: the same files, nothing writable."""
+    shutil.copytree(tree, dest, symlinks=True)
+    for path in [dest, *dest.rglob("*")]:
+        if not path.is_symlink():
+            path.chmod(path.stat().st_mode & ~0o222)
+    return dest
+
+
+def test_a_mounted_graphs_tree_serves_vllm_from_a_private_root_and_a_tampered_one_is_refused(
+    folder_model_recipe, tmp_path, monkeypatch
+):
+    """The image-volume path for vLLM (`prebake fetch|serve --engine vllm --mounted graphs=PATH`): a
+    read-only tree that matches the key's signed manifest file for file is used without a fetch of
+    its blob, and vLLM gets a private, writable cache root copied from it (vLLM writes beside what
+    it reads); a tree with one file changed is refused naming that file, and nothing is copied."""
+    monkeypatch.setenv("PREBAKE_VLLM_COMMAND", f"{sys.executable} {STANDIN}")
+    host = vllm_cpu_host(tmp_path / "host")
+    the_plan = plans_for(folder_model_recipe, host)[0]
+    registry = open_registry(str(tmp_path / "registry"))
+    baked = bake_all(the_plan, Store(tmp_path / "baker"), registry)["graphs"]
+    good = _read_only_copy(baked.installed.tree, tmp_path / "volumes" / "good")
+    bad = _read_only_copy(baked.installed.tree, tmp_path / "volumes" / "bad")
+    victim = next(p for p in sorted(bad.rglob("graph.bin")))
+    victim.chmod(0o644)
+    victim.write_bytes(victim.read_bytes() + b"\0")
+    write_recipe(folder_model_recipe, tmp_path / "recipes")
+    monkeypatch.setenv("PREBAKE_RECIPES", str(tmp_path / "recipes"))
+    name = folder_model_recipe.model.name
+
+    node = Store(tmp_path / "node")
+    context = Context(node, host, registry.url, given_registry=registry)
+    served = prepare(StartRequest(model=name, mounted=(f"graphs={good}",)), context)
+    root = Path(served.variables["VLLM_CACHE_ROOT"])
+
+    assert served.misses == () and served.installed["graphs"].tree == good
+    graphs_digest = baked.manifest.blob.digest.removeprefix("sha256:")
+    assert not [p for p in node.home.rglob(f"*{graphs_digest}*")]  # its blob was neither fetched nor unpacked
+    assert sorted(p.name for p in root.rglob("graph.bin")) == sorted(p.name for p in good.rglob("graph.bin"))
+    assert os.access(root, os.W_OK) and not root.is_relative_to(good)
+    with pytest.raises(BundleError, match=r"is not the graphs bundle .*wrong bytes in .*graph\.bin"):
+        prepare(
+            StartRequest(model=name, mounted=(f"graphs={bad}",)),
+            Context(Store(tmp_path / "node2"), host, registry.url, given_registry=registry),
+        )
 
 
 def test_a_miss_starts_from_an_empty_root_and_write_back_publishes_what_vllm_compiled(
