@@ -109,3 +109,33 @@ def test_the_embedded_registry_keeps_writing_back_to_its_index(tmp_path):
     embedded = open_registry(str(tmp_path / "home" / "registry"))
     assert {m.kind for m in embedded.list()} == {"buckets", "autotune"}
     assert "(the index)" in log and not (tmp_path / "home" / "registry" / "incoming").exists()
+
+
+def test_under_a_policy_a_pod_writes_every_kind_to_quarantine_and_promote_promotes_the_set(tmp_path):
+    """A pod under a policy that refuses unsigned bundles compiles every kind on a miss: each kind is
+    written back (built on the pod's own write-backs, never refetched under the policy, which would
+    refuse them), its inputs name the quarantined blobs, and promote promotes the set upstream first."""
+    recipes = write_api_recipe(tmp_path / "recipes")
+    (tmp_path / "shared").mkdir()
+    private, public = write_keypair("builder", tmp_path / "keys")
+    policy = tmp_path / "policy.toml"
+    policy.write_text(
+        f'version = 1\n[keys.builder]\nkey = "{public.read_text().strip()}"\n[[rules]]\nkeys = ["builder"]\n'
+    )
+    shared = str(tmp_path / "shared")
+    log = _serve(tmp_path / "pod", recipes, "--registry", shared, "--write-back", PREBAKE_POLICY=str(policy))
+    assert "write-back: buckets: published, autotune: published" in log, log
+    waiting = {m.kind: m for m in open_registry(f"{shared}/incoming").list()}
+    assert waiting["autotune"].inputs == {"buckets": waiting["buckets"].blob.digest}
+
+    done = _prebake(
+        tmp_path, recipes, "promote", "--registry", shared, "--json",
+        PREBAKE_SIGNING_KEY=str(private), PREBAKE_POLICY=str(policy),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [(r["kind"], r["outcome"]) for r in json.loads(done.stdout)["results"]] == [
+        ("buckets", "promoted"),
+        ("autotune", "promoted"),
+    ]
+    log = _serve(tmp_path / "next-pod", recipes, "--registry", shared, "--on-miss", "fail", PREBAKE_POLICY=str(policy))
+    assert "buckets in the registry, autotune in the registry" in log
