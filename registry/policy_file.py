@@ -32,6 +32,9 @@ A TOML file (PREBAKE_POLICY=FILE at fetch and serve, `prebake verify --policy FI
     max_age_hours = 24                      # a list issued longer ago than this is stale
     cache_seconds = 3600                    # how long a node's stored copy stands in when the registry is down
 
+    [quarantine]                            # serving pods' write-backs awaiting `prebake promote`
+    max_age_days = 7                        # `prebake promote --prune` removes those older (default 7)
+
 `builders` (or `dependencies`, or `require_provenance = true`) makes the rule require the
 bundle's provenance attestation (prebake.artifacts.bake.provenance), sealed by one of the rule's keys,
 whose subject is the bundle's blob. Every refusal names the policy file and the rule.
@@ -49,6 +52,7 @@ from typing import Literal
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from prebake.registry.aging import DEFAULT_MAX_AGE_DAYS
 from prebake.registry.signing import PublicKey, SigningKeyError
 
 HOST = "host"  # a dependency constraint meaning "the serving node's own version"
@@ -147,11 +151,16 @@ class Revocation(_Frozen):
     cache_seconds: float = Field(default=3600.0, ge=0)
 
 
+class Quarantine(_Frozen):
+    max_age_days: float = Field(default=DEFAULT_MAX_AGE_DAYS, gt=0)
+
+
 class PolicyFile(_Frozen):
     version: Literal[1] = 1
     keys: dict[str, KeyEntry] = {}
     rules: tuple[Rule, ...] = Field(min_length=1)
     revocation: Revocation | None = None
+    quarantine: Quarantine = Quarantine()
 
     @model_validator(mode="after")
     def _names_agree(self) -> PolicyFile:

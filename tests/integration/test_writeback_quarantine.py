@@ -139,3 +139,37 @@ def test_under_a_policy_a_pod_writes_every_kind_to_quarantine_and_promote_promot
     ]
     log = _serve(tmp_path / "next-pod", recipes, "--registry", shared, "--on-miss", "fail", PREBAKE_POLICY=str(policy))
     assert "buckets in the registry, autotune in the registry" in log
+
+
+def test_prebake_promote_prune_removes_what_waited_past_the_policys_maximum_age(tmp_path):
+    """`prebake promote --prune`: the maximum age from --older-than, else the policy's [quarantine] max_age_days."""
+    import datetime as dt
+
+    from tests.support.baking import Home
+    from tests.support.bundles import make_bundle
+
+    shared = tmp_path / "shared"
+    incoming = open_registry(str(shared / "incoming"))
+    for model, days in (("week-old", 8), ("two-days-old", 2)):
+        b = make_bundle(tmp_path / "bake", model=model)
+        created = (dt.datetime.now(dt.UTC) - dt.timedelta(days=days)).isoformat(timespec="seconds")
+        incoming.publish(
+            b.manifest.model_copy(update={"created": created, "labels": {"writeback": "quarantine"}}), b.blob
+        )
+    _private, public = write_keypair("builder", tmp_path / "keys")
+    policy = tmp_path / "policy.toml"
+    policy.write_text(
+        f'version = 1\n[keys.builder]\nkey = "{public.read_text().strip()}"\n[[rules]]\nkeys = ["builder"]\n'
+        "[quarantine]\nmax_age_days = 1\n"
+    )
+    node = Home(tmp_path / "builder")
+    by_default = node.prebake("promote", "--registry", str(shared), "--prune", "--dry-run")
+    assert by_default.returncode == 0 and "1 of 2 write-back(s) older than 7d would remove" in by_default.stdout
+    weekly = node.prebake("promote", "--registry", str(shared), "--prune", "--older-than", "7d", "--json")
+    assert [r["outcome"] for r in json.loads(weekly.stdout)["results"]] == ["kept", "removed"], weekly.stdout
+    assert [m.labels.get("model") for m in incoming.list()] == [None]  # the two-day-old one stays
+    daily = node.prebake("promote", "--registry", str(shared), "--prune", extra_env={"PREBAKE_POLICY": str(policy)})
+    assert daily.returncode == 0 and "1 of 1 write-back(s) older than 1d removed" in daily.stdout, daily.stdout
+    assert list(incoming.list()) == []
+    wrong = node.prebake("promote", "--registry", str(shared), "--prune", "--older-than", "soon")
+    assert wrong.returncode == 2 and "is not a duration" in wrong.stderr
