@@ -45,13 +45,13 @@ from __future__ import annotations
 
 import datetime as dt
 import fnmatch
-import tomllib
 from pathlib import Path
 from typing import Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from prebake.artifacts.tomlfile import load_toml
 from prebake.registry.aging import DEFAULT_MAX_AGE_DAYS
 from prebake.registry.signing import PublicKey, SigningKeyError
 
@@ -181,22 +181,10 @@ class PolicyFile(_Frozen):
 
 def load_policy(path: Path | str) -> PolicyFile:
     """Read and validate a policy file; PolicyError naming the line or field and the fix."""
-    path = Path(path).expanduser()
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise PolicyError(f"policy file {path} cannot be read ({exc.strerror or exc}); check PREBAKE_POLICY") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise PolicyError(f"policy file {path} is not valid TOML: {exc}; fix the syntax at that line") from exc
-    try:
-        return PolicyFile.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(f"{_where(e['loc'])}: {e['msg']}" for e in exc.errors())
-        raise PolicyError(f"policy file {path}: {problems} (docs/trust.md describes every field)") from None
-
-
-def _where(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
+    return load_toml(
+        path,
+        PolicyFile,
+        what="policy file",
+        error=PolicyError,
+        fix="docs/trust.md describes every field; check PREBAKE_POLICY",
+    )
