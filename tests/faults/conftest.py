@@ -14,7 +14,10 @@ import pytest
 from prebake.registry.file import FileRegistry
 from tests.faults.in_force import FleetKey, InForce
 from tests.support.bundles import Bundle
+from tests.support.s3_fixtures import bucket, moto
 from tests.support.scenarios import Scenario
+
+__all__ = ["bucket", "moto"]  # shared with tests/operations
 
 
 @pytest.fixture(scope="session")
@@ -34,6 +37,17 @@ def in_force(fleet_key, tmp_path_factory, monkeypatch, scenario: Scenario) -> In
 
 
 # -- shared pieces ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def origin(tmp_path_factory):
+    """Debian's docker-registry on plain HTTP, one per test module that asks for it."""
+    from tests.support.oci_server import oci_available, oci_server
+
+    if not oci_available():
+        pytest.skip("docker-registry is not installed (apt-get install docker-registry; .ci/run does)")
+    with oci_server(tmp_path_factory.mktemp("oci")) as server:
+        yield server
 
 
 @pytest.fixture

@@ -47,6 +47,18 @@ def result(proc: subprocess.Popen, timeout: float = 60) -> dict:
     return said
 
 
+def racing_bakers(tmp_path: Path, scenario, address: str, builds, env: dict[str, str] | None = None) -> list[dict]:
+    """One bake actor per build, each with its own store, publishing one key to `address`, released at once."""
+    go = tmp_path / "go"
+    procs = []
+    for i, build in enumerate(builds):
+        home = str(scenario.store(tmp_path / f"home-{i}"))
+        args = ["--home", home, "--registry", address, "--build", build, "--go", str(go)]
+        procs.append(actor("bake", *args, env=env))
+    go.touch()
+    return [result(p, timeout=120) for p in procs]  # exit 0 for all: losing the race is not a failed bake
+
+
 def killed(proc: subprocess.Popen, timeout: float = 60) -> str:
     """Wait for an actor that is meant to die by SIGKILL; its stderr."""
     _, err = proc.communicate(timeout=timeout)

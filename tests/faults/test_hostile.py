@@ -41,32 +41,14 @@ from tests.faults.procs import REPO, actor, child_env, killed, result, unbounded
 from tests.support.bundles import make_bundle
 
 
-@pytest.fixture(scope="module")
-def moto():
-    from tests.support.moto_server import moto_server
-
-    with moto_server() as endpoint:
-        yield endpoint
-
-
 @pytest.fixture
-def s3_registry(moto, monkeypatch):
+def s3_registry(bucket):
     """A fresh bucket on moto's server: (S3Registry, boto3 client, bucket)."""
-    import uuid
-
     import boto3
 
     from prebake.registry.s3 import S3Registry, S3Settings
-    from tests.support.moto_server import s3_env
 
-    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in s3_env(moto).items():
-        monkeypatch.setenv(name, value)
-    bucket = f"hostile-{uuid.uuid4().hex[:12]}"
-    client = boto3.client("s3")
-    client.create_bucket(Bucket=bucket)
-    return S3Registry(f"s3://{bucket}/prebake", S3Settings()), client, bucket
+    return S3Registry(f"s3://{bucket}/prebake", S3Settings()), boto3.client("s3"), bucket
 
 
 def _digest(data: bytes) -> str:

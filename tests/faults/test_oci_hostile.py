@@ -17,15 +17,6 @@ from prebake.registry.errors import BlobSizeMismatch
 from prebake.registry.oci_artifact import build, canonical, tag_for
 from prebake.registry.verify import verify_registry
 from tests.faults.procs import unbounded
-from tests.support.oci_server import oci_available, oci_server
-
-
-@pytest.fixture(scope="module")
-def origin(tmp_path_factory):
-    if not oci_available():
-        pytest.skip("docker-registry is not installed (apt-get install docker-registry; .ci/run does)")
-    with oci_server(tmp_path_factory.mktemp("oci-hostile")) as server:
-        yield server
 
 
 @pytest.fixture

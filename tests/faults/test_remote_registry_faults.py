@@ -27,10 +27,9 @@ from prebake.artifacts.layout import blob_relpath
 from prebake.registry.errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
 from tests.faults.checks import store_problems
 from tests.faults.fault_proxy import Fault, fault_proxy
-from tests.faults.procs import actor, killed, result, unbounded
+from tests.faults.procs import actor, killed, racing_bakers, result, unbounded
 from tests.support.bundles import Bundle
-from tests.support.moto_server import free_port, moto_server, s3_env
-from tests.support.oci_server import oci_available, oci_server
+from tests.support.moto_server import free_port, s3_env
 
 FAST = {
     "s3": {"PREBAKE_S3_TIMEOUT_S": "1", "PREBAKE_S3_MAX_ATTEMPTS": "2"},  # give up in seconds, not minutes
@@ -73,20 +72,6 @@ class Remote:
         return self.direct._size_or_none(self.direct._key(blob_relpath(blob.digest))) is not None
 
 
-@pytest.fixture(scope="module")
-def moto():
-    with moto_server() as endpoint:
-        yield endpoint
-
-
-@pytest.fixture(scope="module")
-def origin(tmp_path_factory):
-    if not oci_available():
-        pytest.skip("docker-registry is not installed (apt-get install docker-registry; .ci/run does)")
-    with oci_server(tmp_path_factory.mktemp("oci-faults")) as server:
-        yield server
-
-
 @pytest.fixture(params=["s3", "oci"])
 def remote(request, monkeypatch, tmp_path, scenario, in_force):
     """A fresh bucket or repository holding one signed bundle, a fault proxy in front, the environment set."""
@@ -96,17 +81,10 @@ def remote(request, monkeypatch, tmp_path, scenario, in_force):
 
 
 def _s3(request, monkeypatch, scenario, bundle):
-    import boto3
 
     from prebake.registry.s3 import S3Registry, S3Settings
 
-    moto = request.getfixturevalue("moto")
-    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in s3_env(moto).items():
-        monkeypatch.setenv(name, value)
-    bucket = f"faults-{uuid.uuid4().hex[:12]}"
-    boto3.client("s3").create_bucket(Bucket=bucket)
+    moto, bucket = request.getfixturevalue("moto"), request.getfixturevalue("bucket")
     address = f"s3://{bucket}/prebake"
     direct = S3Registry(address, S3Settings())
     direct.publish(bundle.manifest, bundle.blob)
@@ -333,24 +311,7 @@ def test_a_reader_killed_mid_download_leaves_nothing_readable_and_the_next_fetch
 
 
 def test_two_bakers_racing_leave_one_signed_entry_and_neither_fails(tmp_path, remote, scenario):
-    go = tmp_path / "go"
-    procs = [
-        actor(
-            "bake",
-            "--home",
-            str(scenario.store(tmp_path / f"home-{i}")),
-            "--registry",
-            remote.address,
-            "--build",
-            build,
-            "--go",
-            str(go),
-            env=remote.env,
-        )
-        for i, build in enumerate(("one", "two"))
-    ]
-    go.touch()
-    results = [result(p, timeout=120) for p in procs]
+    results = racing_bakers(tmp_path, scenario, remote.address, ("one", "two"), env=remote.env)
     assert sorted(r["created"] for r in results) == [False, True]
     (entry,) = remote.direct.list("buckets")
     assert {r["blob"] for r in results} == {entry.blob.digest}

@@ -192,24 +192,13 @@ def test_a_decompression_bomb_signed_by_a_trusted_key_is_still_refused(tmp_path,
     assert Store(home).lookup(manifest.kind, manifest.key_digest) is None
 
 
-@pytest.fixture(scope="module")
-def moto():
-    from tests.support.moto_server import moto_server
-
-    with moto_server() as endpoint:
-        yield endpoint
-
-
 @pytest.mark.parametrize("on_unreadable", ["fail-closed", "fail-open"])
 def test_a_revocation_list_slower_than_the_starts_registry_time_box_does_not_extend_it(
-    tmp_path, keys, scenario, moto, monkeypatch, on_unreadable
+    tmp_path, keys, scenario, moto, bucket, monkeypatch, on_unreadable
 ):
     """The list is read within the lookup's deadline (what `prebake fetch` and the bundled start run), not in a
     box of its own after it: a list the registry is slow to give is unreadable once the box ends."""
     import time
-    import uuid
-
-    import boto3
 
     from prebake.engine.compose import Context
     from prebake.registry.revocation import READ_TIMEOUT_S
@@ -218,10 +207,6 @@ def test_a_revocation_list_slower_than_the_starts_registry_time_box_does_not_ext
     from tests.support.moto_server import s3_env
     from tests.support.seeding import plan_here, seed
 
-    for name, value in s3_env(moto).items():
-        monkeypatch.setenv(name, value)
-    bucket = f"revocations-{uuid.uuid4().hex[:10]}"
-    boto3.client("s3").create_bucket(Bucket=bucket)
     address = f"s3://{bucket}/prebake"
     direct, plan = S3Registry(address), plan_here()
     seeded = FileRegistry(tmp_path / "seeded")
