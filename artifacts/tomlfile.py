@@ -58,7 +58,14 @@ def load_toml(
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        problems = [_problem(text, err["loc"], err["type"], err["msg"], err.get("input")) for err in exc.errors()]
+        errors = exc.errors()
+        deeper = [e["loc"] for e in errors]  # a container that failed because an element did is said once
+        errors = [
+            e
+            for e in errors
+            if not (e["loc"] and any(len(d) > len(e["loc"]) and d[: len(e["loc"])] == e["loc"] for d in deeper))
+        ]
+        problems = [_problem(text, err["loc"], err["type"], err["msg"], err.get("input")) for err in errors]
         raise error("\n  ".join([f"{name} is not valid:", *problems]) + f"\n{fix}") from None
 
 
