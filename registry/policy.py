@@ -129,8 +129,9 @@ class FilePolicy:
         raw = None if self.attestation is None else self.attestation(manifest)
         if raw is None:
             return (
-                f"it requires a provenance attestation beside blob {manifest.blob.digest[:23]}, and there is none; "
-                f"bake it with a signing key (the bake publishes one)"
+                f"it requires a provenance attestation beside blob {manifest.blob.digest[:23]}, and there is none "
+                f"(or the registry did not give it within the time box); bake it with a signing key (the bake "
+                f"publishes one), or give the registry longer with --registry-timeout"
             )
         keys = [self.policy.keys[k].public() for k in rule.keys if self.policy.keys[k].valid_at(self.now())]
         try:
