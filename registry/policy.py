@@ -39,7 +39,6 @@ from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.layout import side_relpath
 from prebake.artifacts.ports.registry import MAX_SIDE_FILE_BYTES, Registry, SideFiles
 from prebake.artifacts.timebox import Done, bounded, seconds_left, within
-from prebake.registry.attestation import AttestationError, check_attestation
 from prebake.registry.policy_file import HOST, PolicyError, PolicyFile, Rule, load_policy
 from prebake.registry.signing import TRUSTED_KEYS_ENV, TrustPolicy, trust_from_env
 
@@ -133,6 +132,8 @@ class FilePolicy:
                 f"(or the registry did not give it within the time box); bake it with a signing key (the bake "
                 f"publishes one), or give the registry longer with --registry-timeout"
             )
+        from prebake.registry.attestation import AttestationError, check_attestation  # securesystemslib: heavy
+
         keys = [self.policy.keys[k].public() for k in rule.keys if self.policy.keys[k].valid_at(self.now())]
         try:
             provenance = check_attestation(raw, keys, manifest)
@@ -209,13 +210,13 @@ def trust_in_force(
     list read through the store at `store_home` from `open_registry`), else the keys of
     PREBAKE_TRUSTED_KEYS, else None (bundles unverified; said once per process when `warn`)."""
     if path := env.get(POLICY_ENV, "").strip():
-        from prebake.registry.revocation import Revocations
-
         policy = load_policy(path)
         if attestation is None and store_home is not None and open_registry is not None:
             attestation = Attestations(store_home, open_registry)
         revoked: Revoked | None = None
         if policy.revocation is not None:
+            from prebake.registry.revocation import Revocations  # securesystemslib: only when a list is named
+
             if store_home is None or open_registry is None:
                 raise PolicyError(f"policy {path} names a revocation list, and this command cannot read one")
             revoked = Revocations(policy, address, store_home, open_registry)
