@@ -222,10 +222,12 @@ def test_a_revocation_list_slower_than_the_starts_registry_time_box_does_not_ext
         proxy.inject(Fault("GET", "/meta/", "slow", seconds=30))
         context = Context.open(address, store=unbounded(scenario.store(tmp_path / "home")))
         started = time.monotonic()
-        got = context.resolve(plan, lookup_timeout=1.0)
+        got = context.resolve(plan, lookup_timeout=2.0)
         seconds = time.monotonic() - started
     if on_unreadable == "fail-closed":
-        assert seconds < READ_TIMEOUT_S, f"the start took {seconds:.1f} s: the list got a box of its own"
+        assert seconds < READ_TIMEOUT_S, (
+            f"the start took {seconds:.1f} s, past its 2 s box: the list got one of its own"
+        )
         assert not got.installed and len(got.misses) == len(plan.kinds.names)
         for miss in got.misses:
             _refused(miss, "could not be read within the registry time box", "on_unreadable = 'fail-closed'")
