@@ -44,11 +44,16 @@ _SIDE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,99}$")
 
 def side_relpath(digest: str, name: str) -> str:
     """Where a file about blob `digest` lives beside it (e.g. its provenance attestation)."""
-    hexpart = digest.removeprefix("sha256:")
-    _check_hex(hexpart, "blob digest")
     if not _SIDE_NAME.match(name) or ".." in name:
         raise PrebakeError(f"side file name {name!r} must be lower-case letters, digits, '.', '_' or '-'")
-    return f"side/sha256/{hexpart[:2]}/{hexpart}/{name}"
+    return f"{side_folder_relpath(digest)}/{name}"
+
+
+def side_folder_relpath(digest: str) -> str:
+    """The folder of every file beside blob `digest`."""
+    hexpart = digest.removeprefix("sha256:")
+    _check_hex(hexpart, "blob digest")
+    return f"side/sha256/{hexpart[:2]}/{hexpart}"
 
 
 def meta_relpath(name: str) -> str:

@@ -5,14 +5,20 @@
 The call runs in a daemon thread; a call that outlives its time box is abandoned, never
 waited on (a registry that hangs must not hold a start-up), and its late result is dropped.
 Nothing is carried across threads in shared dicts: the outcome is a value.
+
+A caller's box can also be handed down as a deadline (a time.monotonic() value): something that
+reads a remote on its own (the trust policy's revocation list and attestations) is `Boundable`,
+and `bounded(check, deadline)` is that check ending its reads by the caller's deadline, so that
+no read it makes extends the caller's box.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 T = TypeVar("T")
 
@@ -54,3 +60,25 @@ def within(seconds: float, work: Callable[[], T], *, name: str = "prebake-timebo
     worker.start()
     worker.join(seconds)
     return slot[0] if slot else TimedOut(seconds)
+
+
+@runtime_checkable
+class Boundable(Protocol):
+    """Something that reads a remote when called and can be told its caller's deadline."""
+
+    def by(self, deadline: float) -> Boundable:
+        """The same, ending every read by `deadline` (a time.monotonic() value)."""
+        ...
+
+
+B = TypeVar("B")
+
+
+def bounded(thing: B, deadline: float) -> B:
+    """`thing` bound to `deadline` when it is Boundable, else `thing` itself."""
+    return thing.by(deadline) if isinstance(thing, Boundable) else thing  # type: ignore[return-value]
+
+
+def seconds_left(deadline: float | None, cap: float) -> float:
+    """How long a read may take: `cap`, or what is left before `deadline` when that comes first."""
+    return cap if deadline is None else min(cap, deadline - time.monotonic())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import logging
 import os
+import shutil
 import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -25,6 +26,7 @@ from prebake.artifacts.layout import (
     index_relpath,
     meta_relpath,
     parse_index_relpath,
+    side_folder_relpath,
     side_relpath,
     summary_relpath,
 )
@@ -175,6 +177,24 @@ class FileRegistry:
         if blob_digest is not None:
             self._move_aside(blob_relpath(blob_digest))  # None: an earlier entry naming it moved it already
         return moved
+
+    def remove(self, kind: str, key_digest: str, *, blob_digest: str | None = None) -> None:
+        """Delete an index entry, then (if given) its blob and the folder of files beside it."""
+        paths = [self.root / index_relpath(kind, key_digest)]
+        if blob_digest is not None:
+            paths.append(self.blob_path(blob_digest))
+        for path in paths:
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise RegistryError(
+                    f"cannot remove {path}: {exc.strerror or exc}; fix the folder's permissions"
+                ) from exc
+            fsutil.fsync_dir(path.parent)
+        if blob_digest is not None:
+            shutil.rmtree(self.root / side_folder_relpath(blob_digest), ignore_errors=True)
 
     def __repr__(self) -> str:
         return f"FileRegistry({str(self.root)!r})"

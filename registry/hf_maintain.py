@@ -1,4 +1,5 @@
-"""What `prebake verify --quarantine` needs from a Hub registry (prebake.artifacts.ports.registry.Maintainable).
+"""What `prebake verify --quarantine` and `prebake promote --prune` need from a Hub registry
+(prebake.artifacts.ports.registry.Maintainable).
 
     index/<kind>/<digest>.json         -> quarantine/index/<kind>/<digest>.json
     blobs/sha256/<aa>/<digest>.tar.zst -> quarantine/blobs/sha256/<aa>/<digest>.tar.zst
@@ -13,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from prebake.artifacts.layout import blob_relpath, index_relpath
+from prebake.artifacts.layout import blob_relpath, index_relpath, side_folder_relpath
 from prebake.registry.errors import RegistryError
 from prebake.registry.hf_parts import HubParts
 
@@ -41,6 +42,30 @@ class HubMaintenance(HubParts):
         if blob_digest is not None and (head := self._head(create=False)) is not None:
             self._move_aside(blob_relpath(blob_digest), head)  # a repo gone meanwhile has no blob to move
         return moved
+
+    def remove(self, kind: str, key_digest: str, *, blob_digest: str | None = None) -> None:
+        """Delete an index entry, then (if given) its blob and the files beside it, in one commit on the
+        head it read (the history keeps the bytes; the head no longer names them)."""
+        from huggingface_hub import CommitOperationDelete
+
+        head = self._head(create=False)
+        if head is None:
+            return
+        paths = [index_relpath(kind, key_digest)]
+        if blob_digest is not None:
+            paths += [blob_relpath(blob_digest), *self._tree(head, side_folder_relpath(blob_digest))]
+        there = [p for p in paths if self._present(p, head)]
+        if not there:
+            return
+        with self._faults(f"remove {self._where(there[0])}"):
+            self._api.create_commit(
+                self.repo_id,
+                [CommitOperationDelete(path_in_repo=p) for p in there],
+                commit_message=f"prebake promote --prune: remove {there[0]}",
+                repo_type=self.repo_type,
+                revision=self.revision,
+                parent_commit=head,
+            )
 
     def _tree(self, head: str, folder: str) -> list[str]:
         from huggingface_hub import RepoFile

@@ -1,4 +1,5 @@
-"""`prebake ls`, `prebake verify` and quarantine on an OCI registry (prebake.artifacts.ports.registry Listable, Maintainable).
+"""`prebake ls`, `prebake verify`, quarantine and removal on an OCI registry (prebake.artifacts.ports.registry
+Listable, Maintainable).
 
     <repo>:prebake-summary.<kind>      the listing summary of one kind (prebake.artifacts.ports.listing), as an artifact
                                        (artifactType application/vnd.prebake.summary.v1) whose one
@@ -29,7 +30,7 @@ from prebake.artifacts.layout import index_relpath
 from prebake.artifacts.ports.listing import Listed, ListingSummary, Read, summarised_listing
 from prebake.registry.errors import RegistryError
 from prebake.registry.oci_artifact import canonical, tag_for
-from prebake.registry.oci_files import OCIFiles
+from prebake.registry.oci_files import OCIFiles, side_tag
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,21 @@ class OCIMaintenance(OCIFiles):
             self.client.request("DELETE", f"blobs/{blob_digest}", push=True, ok=(202, 404))
         self._forget_row(kind, key_digest)
         return f"{self.url}:{aside}" if aside else f"{self.url} (deleted)"
+
+    def remove(self, kind: str, key_digest: str, *, blob_digest: str | None = None) -> None:
+        """Delete an entry's manifest by digest (which removes its tag), then (if given) the blob's link
+        and the side files' artifacts; the bytes go at the registry's own garbage collection."""
+        got = self.read_manifest(tag_for(kind, key_digest))
+        if got is not None:
+            self.client.request("DELETE", f"manifests/{got[1]}", push=True, ok=(202, 404))
+        self._forget_row(kind, key_digest)
+        if blob_digest is None:
+            return
+        self.client.request("DELETE", f"blobs/{blob_digest}", push=True, ok=(202, 404))
+        beside = side_tag(blob_digest, "x")[:-1]  # prebake-side.<hex>.
+        for tag in [t for t in self.tags() if t.startswith(beside)]:
+            if (side := self.read_manifest(tag)) is not None:
+                self.client.request("DELETE", f"manifests/{side[1]}", push=True, ok=(202, 404))
 
     # -- the summary ----------------------------------------------------------------------------
 

@@ -12,6 +12,13 @@ address the node reads from (its rules match on that prefix), this host's versio
 "host" constraints), where attestations are read, and the revocation list. For a bundle
 already in the store its cost is signature checks (the manifest's, the attestation's DSSE
 envelope kept in the store beside it): never a re-hash of the tree.
+
+Its registry reads (the revocation list, attestations not yet in the store) are time-boxed on
+their own (ATTESTATION_TIMEOUT_S, revocation.READ_TIMEOUT_S) and, on the start and fetch paths,
+within the caller's registry time box too: `policy.by(deadline)` is the same policy ending every
+read by that deadline (prebake.artifacts.timebox.bounded; the fetch pipeline's lookup binds it),
+so a slow revocation list cannot extend a start past --registry-timeout. A list not read by then
+is unreadable, and the policy's on_unreadable decides.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from packaging.specifiers import SpecifierSet
@@ -31,8 +38,7 @@ from prebake.artifacts.bake.provenance import SIDE_NAME, Provenance
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.layout import side_relpath
 from prebake.artifacts.ports.registry import MAX_SIDE_FILE_BYTES, Registry, SideFiles
-from prebake.artifacts.timebox import Done, within
-from prebake.registry.attestation import AttestationError, check_attestation
+from prebake.artifacts.timebox import Done, bounded, seconds_left, within
 from prebake.registry.policy_file import HOST, PolicyError, PolicyFile, Rule, load_policy
 from prebake.registry.signing import TRUSTED_KEYS_ENV, TrustPolicy, trust_from_env
 
@@ -53,6 +59,10 @@ class FilePolicy:
     attestation: Callable[[Manifest], bytes | None] | None = None
     revoked: Revoked | None = None
     now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
+
+    def by(self, deadline: float) -> FilePolicy:
+        """This policy with its registry reads ending by `deadline` (a time.monotonic() value)."""
+        return replace(self, attestation=bounded(self.attestation, deadline), revoked=bounded(self.revoked, deadline))
 
     def __call__(self, manifest: Manifest) -> str | None:
         model = manifest.labels.get("model", "")
@@ -118,9 +128,12 @@ class FilePolicy:
         raw = None if self.attestation is None else self.attestation(manifest)
         if raw is None:
             return (
-                f"it requires a provenance attestation beside blob {manifest.blob.digest[:23]}, and there is none; "
-                f"bake it with a signing key (the bake publishes one)"
+                f"it requires a provenance attestation beside blob {manifest.blob.digest[:23]}, and there is none "
+                f"(or the registry did not give it within the time box); bake it with a signing key (the bake "
+                f"publishes one), or give the registry longer with --registry-timeout"
             )
+        from prebake.registry.attestation import AttestationError, check_attestation  # securesystemslib: heavy
+
         keys = [self.policy.keys[k].public() for k in rule.keys if self.policy.keys[k].valid_at(self.now())]
         try:
             provenance = check_attestation(raw, keys, manifest)
@@ -160,6 +173,10 @@ class Attestations:
     store_home: Path
     open_registry: Callable[[], Registry]
     timeout: float = ATTESTATION_TIMEOUT_S
+    deadline: float | None = None  # the caller's registry time box, when it has one
+
+    def by(self, deadline: float) -> Attestations:
+        return replace(self, deadline=deadline)
 
     def __call__(self, manifest: Manifest) -> bytes | None:
         local = self.store_home / side_relpath(manifest.blob.digest, SIDE_NAME)
@@ -167,7 +184,8 @@ class Attestations:
             return fsutil.read_bounded(local, MAX_SIDE_FILE_BYTES)
         except FileNotFoundError:
             pass
-        asked = within(self.timeout, lambda: self._from_registry(manifest.blob.digest), name="prebake-attestation")
+        seconds = seconds_left(self.deadline, self.timeout)
+        asked = within(seconds, lambda: self._from_registry(manifest.blob.digest), name="prebake-attestation")
         if not isinstance(asked, Done) or asked.value is None:
             return None
         fsutil.write_bytes(local, asked.value)  # verified on every use: a copy is only a cache
@@ -192,13 +210,13 @@ def trust_in_force(
     list read through the store at `store_home` from `open_registry`), else the keys of
     PREBAKE_TRUSTED_KEYS, else None (bundles unverified; said once per process when `warn`)."""
     if path := env.get(POLICY_ENV, "").strip():
-        from prebake.registry.revocation import Revocations
-
         policy = load_policy(path)
         if attestation is None and store_home is not None and open_registry is not None:
             attestation = Attestations(store_home, open_registry)
         revoked: Revoked | None = None
         if policy.revocation is not None:
+            from prebake.registry.revocation import Revocations  # securesystemslib: only when a list is named
+
             if store_home is None or open_registry is None:
                 raise PolicyError(f"policy {path} names a revocation list, and this command cannot read one")
             revoked = Revocations(policy, address, store_home, open_registry)

@@ -32,6 +32,9 @@ A TOML file (PREBAKE_POLICY=FILE at fetch and serve, `prebake verify --policy FI
     max_age_hours = 24                      # a list issued longer ago than this is stale
     cache_seconds = 3600                    # how long a node's stored copy stands in when the registry is down
 
+    [quarantine]                            # serving pods' write-backs awaiting `prebake promote`
+    max_age_days = 7                        # `prebake promote --prune` removes those older (default 7)
+
 `builders` (or `dependencies`, or `require_provenance = true`) makes the rule require the
 bundle's provenance attestation (prebake.artifacts.bake.provenance), sealed by one of the rule's keys,
 whose subject is the bundle's blob. Every refusal names the policy file and the rule.
@@ -42,13 +45,14 @@ from __future__ import annotations
 
 import datetime as dt
 import fnmatch
-import tomllib
 from pathlib import Path
 from typing import Literal
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from prebake.artifacts.tomlfile import load_toml
+from prebake.registry.aging import DEFAULT_MAX_AGE_DAYS
 from prebake.registry.signing import PublicKey, SigningKeyError
 
 HOST = "host"  # a dependency constraint meaning "the serving node's own version"
@@ -147,11 +151,16 @@ class Revocation(_Frozen):
     cache_seconds: float = Field(default=3600.0, ge=0)
 
 
+class Quarantine(_Frozen):
+    max_age_days: float = Field(default=DEFAULT_MAX_AGE_DAYS, gt=0)
+
+
 class PolicyFile(_Frozen):
     version: Literal[1] = 1
     keys: dict[str, KeyEntry] = {}
     rules: tuple[Rule, ...] = Field(min_length=1)
     revocation: Revocation | None = None
+    quarantine: Quarantine = Quarantine()
 
     @model_validator(mode="after")
     def _names_agree(self) -> PolicyFile:
@@ -172,22 +181,10 @@ class PolicyFile(_Frozen):
 
 def load_policy(path: Path | str) -> PolicyFile:
     """Read and validate a policy file; PolicyError naming the line or field and the fix."""
-    path = Path(path).expanduser()
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise PolicyError(f"policy file {path} cannot be read ({exc.strerror or exc}); check PREBAKE_POLICY") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise PolicyError(f"policy file {path} is not valid TOML: {exc}; fix the syntax at that line") from exc
-    try:
-        return PolicyFile.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(f"{_where(e['loc'])}: {e['msg']}" for e in exc.errors())
-        raise PolicyError(f"policy file {path}: {problems} (docs/trust.md describes every field)") from None
-
-
-def _where(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
+    return load_toml(
+        path,
+        PolicyFile,
+        what="policy file",
+        error=PolicyError,
+        fix="docs/trust.md describes every field; check PREBAKE_POLICY",
+    )

@@ -10,8 +10,11 @@
 
 `prebake revoke` (engine/cli/revoke.py) adds entries: it reads the current list, raises the
 serial, stamps `issued`, signs and replaces it. A node reads the list on every fetch and start
-under a policy with a [revocation] table (time-boxed, READ_TIMEOUT_S); when the registry does
-not answer, its stored copy stands in for `cache_seconds` after it was read. The list decides whether a key's signatures and a bundle still count, for the
+under a policy with a [revocation] table, within the start's (or fetch's) registry time box:
+the fetch pipeline binds the check to the deadline of its lookups (`by(deadline)`), so the read
+gets what is left of --registry-timeout, and never more than READ_TIMEOUT_S (the bound for
+callers without a box of their own, such as `prebake verify`); when the registry does not
+answer in time, its stored copy stands in for `cache_seconds` after it was read. The list decides whether a key's signatures and a bundle still count, for the
 registry's entries and for what the node's store already holds alike.
 
 When the list cannot be used, the policy's `on_unreadable` decides: "fail-closed" (the default)
@@ -38,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from prebake.artifacts import fsutil
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.ports.registry import MAX_SIDE_FILE_BYTES, Registry, SideFiles
-from prebake.artifacts.timebox import Done, Raised, TimedOut, within
+from prebake.artifacts.timebox import Done, Raised, TimedOut, seconds_left, within
 from prebake.registry.attestation import AttestationError, open_envelope, seal
 from prebake.registry.policy_file import PolicyFile, Revocation
 from prebake.registry.signing import KeySigner
@@ -113,8 +116,12 @@ class Revocations:
         assert self.policy.revocation is not None
         return self.policy.revocation
 
-    def __call__(self, manifest: Manifest, signer: str) -> str | None:
-        state = self.state()
+    def by(self, deadline: float) -> _ByDeadline:
+        """This check with its read of the list ending by `deadline` (a time.monotonic() value)."""
+        return _ByDeadline(self, deadline)
+
+    def __call__(self, manifest: Manifest, signer: str, deadline: float | None = None) -> str | None:
+        state = self.state(deadline)
         if isinstance(state, RevocationList):
             why = state.why_revoked(manifest, signer)
             return None if why is None else f"{why} by the {state.describe()}; do not use it"
@@ -125,22 +132,23 @@ class Revocations:
             return None
         return f"{state}, and the policy says on_unreadable = 'fail-closed'; publish a fresh list with `prebake revoke`"
 
-    def state(self) -> RevocationList | str:
+    def state(self, deadline: float | None = None) -> RevocationList | str:
         """The list in force, or why there is none; read once per process (again after a minute, for
         long-lived ones), since every bundle of a start is checked against the same list."""
         if self._state is not None and time.monotonic() - self._state[0] < _PROCESS_MEMO_S:
             return self._state[1]
-        value = self._read()
+        value = self._read(deadline)
         self._state = (time.monotonic(), value)
         return value
 
-    def _read(self) -> RevocationList | str:
-        """Ask the registry (time-boxed); if it does not answer, the stored copy stands in while it is
-        younger than cache_seconds (and not stale)."""
+    def _read(self, deadline: float | None) -> RevocationList | str:
+        """Ask the registry (time-boxed, by the caller's deadline when it has one); if it does not
+        answer, the stored copy stands in while it is younger than cache_seconds (and not stale)."""
         cached_raw = self._cached()
         cached = self._verified(cached_raw) if cached_raw is not None else None
         held = cached if isinstance(cached, RevocationList) else None
-        asked = within(self.timeout, self._from_registry, name="prebake-revocations")
+        seconds = seconds_left(deadline, self.timeout)
+        asked = within(seconds, self._from_registry, name="prebake-revocations")
         if isinstance(asked, Done) and asked.value is not None:
             got = self._verified(asked.value)
             if isinstance(got, str):
@@ -154,7 +162,10 @@ class Revocations:
             return self._fresh(got)
         if isinstance(asked, Done):
             return f"the registry {self.address} holds no revocation list (meta/{LIST_NAME}): it is missing"
-        why = f"the revocation list of {self.address} could not be read within {self.timeout:g} s ({_said(asked)})"
+        box = (
+            f"{self.timeout:g} s" if deadline is None else f"the registry time box ({max(seconds, 0):.1f} s of it left)"
+        )
+        why = f"the revocation list of {self.address} could not be read within {box} ({_said(asked)})"
         if held is not None and self._cache_age() < self.rules.cache_seconds:
             return self._fresh(held)
         return why + (" and this node's copy has expired (cache_seconds)" if held is not None else "")
@@ -193,6 +204,17 @@ class Revocations:
             return time.time() - self._cache_path().stat().st_mtime
         except FileNotFoundError:
             return float("inf")
+
+
+@dataclass(frozen=True)
+class _ByDeadline:
+    """A Revocations check whose read of the list ends by the caller's deadline (registry.policy.Revoked)."""
+
+    revocations: Revocations
+    deadline: float
+
+    def __call__(self, manifest: Manifest, signer: str) -> str | None:
+        return self.revocations(manifest, signer, self.deadline)
 
 
 def _said(outcome: Raised | TimedOut) -> str:

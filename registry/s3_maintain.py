@@ -1,4 +1,5 @@
-"""What `prebake verify --quarantine` needs from an S3 registry (prebake.artifacts.ports.registry.Maintainable).
+"""What `prebake verify --quarantine` and `prebake promote --prune` need from an S3 registry
+(prebake.artifacts.ports.registry.Maintainable).
 
     s3://bucket/prefix/index/<kind>/<digest>.json        -> prefix/quarantine/index/<kind>/<digest>.json
     s3://bucket/prefix/blobs/sha256/<aa>/<digest>.tar.zst -> prefix/quarantine/blobs/sha256/<aa>/<digest>.tar.zst
@@ -14,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from prebake.artifacts.layout import blob_relpath, index_relpath
+from prebake.artifacts.layout import blob_relpath, index_relpath, side_folder_relpath
 from prebake.registry.errors import RegistryError
 from prebake.registry.s3_parts import S3Parts
 
@@ -49,6 +50,18 @@ class S3Maintenance(S3Parts):
         if blob_digest is not None:
             self._move_aside(blob_relpath(blob_digest))  # None: an earlier entry naming it moved it already
         return moved
+
+    def remove(self, kind: str, key_digest: str, *, blob_digest: str | None = None) -> None:
+        """Delete an index entry, then (if given) its blob and every object beside it (side/...)."""
+        keys = [self._key(index_relpath(kind, key_digest))]
+        with self._faults(f"remove {self._where(keys[0])}"):
+            if blob_digest is not None:
+                keys.append(self._key(blob_relpath(blob_digest)))
+                beside = self._key(side_folder_relpath(blob_digest) + "/")
+                pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=beside)
+                keys += [obj["Key"] for page in pages for obj in page.get("Contents", ())]
+            for key in keys:  # in this order: the entry first, so readers miss from then on
+                self._client.delete_object(Bucket=self.bucket, Key=key)
 
     def _move_aside(self, relpath: str) -> str | None:
         src, dest = self._key(relpath), self._key(f"{QUARANTINE}/{relpath}")

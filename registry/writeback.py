@@ -14,8 +14,8 @@ index, since only this machine reads it. Bundles written to quarantine carry the
 writeback=quarantine (covered by the signature); an index entry that carries it was copied
 out of quarantine and is refused under every policy (prebake.artifacts.bake.fetch.unreviewed). `prebake
 promote` reviews them: re-verifies each, signs it with the promoter's key and publishes it to
-the index; what is never promoted ages out (an S3 lifecycle rule on <prefix>/incoming/, or
-deleting the folder or repo).
+the index; what is never promoted ages out: `prebake promote --prune` removes what waited longer
+than the maximum age on every backend (registry.aging).
 """
 
 from __future__ import annotations

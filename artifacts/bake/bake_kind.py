@@ -12,7 +12,9 @@ the blob, so a reader that sees the entry can already read its provenance.
 The build is the kind's declared builder (prebake.artifacts.bake.kinds.Kind.build: buckets are pure Python,
 the engine adapters' autotune and graphs run in a child process), or one handed in (a write-back
 packs what an engine compiled in place); its declared outputs are checked before anything is
-packed. Losing a publish race to another baker of the same key is reported, not failed: the
+packed. Its upstream bundles are fetched under the trust policy in force, unless the caller
+hands in the ones it built on (a write-back: the bundles the engine ran with, fetched under the
+policy at its start or written back just before, which a quarantine holds unsigned). Losing a publish race to another baker of the same key is reported, not failed: the
 registry keeps the first bundle and everybody uses it.
 """
 
@@ -23,7 +25,7 @@ import os
 import platform
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from prebake import __version__
@@ -57,11 +59,13 @@ def bake_kind(
     trust: TrustCheck | None = None,
     build: Builder | None = None,
     attest: Attest | None = None,
+    inputs: Mapping[str, Installed] | None = None,
 ) -> Baked:
-    """Build `kind` for `plan` (with its declared builder, or `build`), publish it to `registry`
-    and install it into `store`."""
+    """Build `kind` for `plan` (with its declared builder, or `build`, on the upstream bundles
+    `inputs` when given), publish it to `registry` and install it into `store`."""
     declared = plan.kinds[kind]
-    inputs = {k: _input(plan, k, store, registry, trust) for k in declared.upstream}
+    given = inputs or {}
+    inputs = {k: given[k] if k in given else _input(plan, k, store, registry, trust) for k in declared.upstream}
     key = plan.key(kind)
     scratch = store.scratch(f"bake-{kind}-{key.digest[:16]}-{os.getpid()}")
     try:

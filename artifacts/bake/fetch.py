@@ -51,7 +51,7 @@ from prebake.artifacts.ports.registry import Chained, Registry
 from prebake.artifacts.store.health import Damaged
 from prebake.artifacts.store.local import MAX_BYTES_ENV, Installed, Store
 from prebake.artifacts.store.stats import record_outcomes
-from prebake.artifacts.timebox import Done, Raised, TimedOut, within
+from prebake.artifacts.timebox import Done, Raised, TimedOut, bounded, within
 
 # Checks a manifest before anything of it is installed; returns why it is refused, or None.
 TrustCheck = Callable[[Manifest], "str | None"]
@@ -129,6 +129,7 @@ class Lookup:
     registry: Registry | None  # None: it could not be opened within the time box
     answered: bool  # the registry answered every question within the time box
     store_refused: dict[str, StoreRefused] = field(default_factory=dict)  # stored bundles the policy refuses
+    trust: TrustCheck | None = None  # the policy in force, its own reads bound to the lookup's deadline: verify with it
 
 
 @dataclass(frozen=True)
@@ -365,11 +366,14 @@ def lookup(
 ) -> Lookup:
     """Each kind: Installed (store hit, held on `hold`), Manifest (registry entry, unverified) or Miss.
 
-    One deadline covers opening the registry and every lookup. A registry that faults or runs
+    One deadline covers opening the registry and every lookup, and the trust policy's own reads
+    (its revocation list, attestations): `Lookup.trust` is the policy bound to that deadline, for
+    the verify step, so no read of it extends the box. A registry that faults or runs
     out of time for one key is not asked again: the remaining kinds miss with the same reason.
     An address prebake does not understand is bad input and raises (UnknownRegistryError).
     """
     deadline = time.monotonic() + timeout
+    trust = bounded(trust, deadline)
     wanted = list(kinds)
     stored = {k: _from_store(store, plan.key(k), trust, hold) for k in wanted}
     refused = {k: v for k, v in stored.items() if isinstance(v, StoreRefused)}
@@ -384,6 +388,7 @@ def lookup(
             None,
             False,
             refused,
+            trust,
         )
     registry = opened.value
     found: dict[str, Found] = {}
@@ -411,7 +416,7 @@ def lookup(
             fault, gone = why, _unreachable(asked, address, why)
         found[kind] = Miss(key, fault, unreachable=gone)
     answered = fault is None and not any(isinstance(v, Miss) and v.unreachable for v in found.values())
-    return Lookup(found, registry, answered, refused)
+    return Lookup(found, registry, answered, refused, trust)
 
 
 def _hit_or(stored: Installed | StoreRefused | None, miss: Miss) -> Found:
@@ -490,7 +495,7 @@ def resolve(
         timeout=lookup_timeout,
         hold=hold,
     )
-    checked = verify(plan, looked.found, trust)
+    checked = verify(plan, looked.found, looked.trust)
     check_bound(store, checked, plan.target.name)
     got = install(checked, store=store, registry=looked.registry, timeout=fetch_timeout, hold=hold)
     return resolution(plan, looked.found, got, looked.store_refused)

@@ -15,18 +15,18 @@ from __future__ import annotations
 
 import logging
 import os
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from prebake.artifacts.buckets.limits import BucketSettings, ServingLimits
 from prebake.artifacts.errors import RecipeError, UnknownModelError
 from prebake.artifacts.frozen import Frozen
 from prebake.artifacts.keys import canonical_json, sha256_hex
+from prebake.artifacts.tomlfile import load_toml
 
 _log = logging.getLogger(__name__)
 
@@ -304,16 +304,14 @@ def load_recipe(name_or_path: str | Path, directory: Path | None = None) -> Reci
                 f"`prebake recipes` shows where each recipe is found)"
             )
         path = found[0]
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise UnknownModelError(f"recipe file {path} does not exist") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise RecipeError(f"{path} is not valid TOML: {exc}; fix the syntax at that line") from exc
-    try:
-        recipe = Recipe.model_validate(data)
-    except ValidationError as exc:
-        raise RecipeError(_explain(path, exc)) from exc
+    recipe = load_toml(
+        path,
+        Recipe,
+        what="recipe file",
+        error=RecipeError,
+        not_found=UnknownModelError,
+        fix="docs/concepts.md#recipes describes every field; `prebake recipes` lists the recipes found",
+    )
     if recipe.model.name != path.stem:
         raise RecipeError(f"{path}: model.name is {recipe.model.name!r} but the file is {path.name}; make them agree")
     if recipe.buckets.trace and not Path(recipe.buckets.trace).expanduser().is_absolute():  # relative to the recipe
@@ -342,16 +340,3 @@ def targets(recipe: Recipe, *, dtype: str | None = None, tp: int | None = None) 
         for d in recipe.matrix.dtype
         if dtype is None or d == dtype
     ]
-
-
-def _explain(path: Path, exc: ValidationError) -> str:
-    lines = [f"{path} is not a valid recipe:"]
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        if err["type"] == "extra_forbidden":
-            lines.append(f"  {where}: unknown field; remove it or check its spelling")
-        elif err["type"] == "missing":
-            lines.append(f"  {where}: required field is missing; add it")
-        else:
-            lines.append(f"  {where}: {err['msg']} (got {err.get('input')!r})")
-    return "\n".join(lines)

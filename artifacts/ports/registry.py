@@ -1,7 +1,7 @@
 """The core's ports: what artifacts/ needs from a registry, declared here and implemented in registry/.
 
     Registry      lookup, fetch_blob, publish, list: every backend (file, s3, hf, chain)
-    Maintainable  the optional abilities an operator tool uses: raw index entries, quarantine
+    Maintainable  the optional abilities an operator tool uses: raw index entries, quarantine, removal
     Published     the outcome of a publish (created, or the very same bundle was there)
     Listable      the optional ability to list what `prebake ls` shows without reading every entry
     Chained       the optional ability to share a caller's time box among members (prebake.registry.chain)
@@ -80,6 +80,11 @@ class Maintainable(Protocol):
 
     def quarantine(self, kind: str, key_digest: str, *, blob_digest: str | None = None) -> object:
         """Move an index entry (and, if given, its bad blob) aside; where it went."""
+
+    def remove(self, kind: str, key_digest: str, *, blob_digest: str | None = None) -> None:
+        """Delete an index entry for good, then (if given) its blob and the files beside it: what ages
+        out of a write-back quarantine (prebake.registry.aging). The entry goes first, so readers miss
+        from then on; what is already gone is no error."""
 
 
 @runtime_checkable

@@ -212,7 +212,7 @@ def _start(
         if looked.store_refused:
             s.detail += f"; {len(looked.store_refused)} stored bundle(s) refused by the trust policy in force"
     with log.step("verify") as s:
-        found = fetch.verify(plan, looked.found, context.trust)
+        found = fetch.verify(plan, looked.found, looked.trust)
         passed = sum(isinstance(v, Manifest) for v in found.values())
         s.detail = f"{passed} registry bundle(s) carry their keys and pass the trust policy"
         mounts = parse_mounts(settings.mounted, plan.kinds.names)
@@ -258,7 +258,7 @@ def _start(
             if looked.registry is None or not looked.answered:
                 s.detail = f"skipped: registry {address} did not answer at start-up; the next start compiles again"
             else:
-                s.detail = _write_back(plan, built, trees, context, settings.fetch_timeout, log)
+                s.detail = _write_back(plan, built, trees, resolution.installed, context, settings.fetch_timeout, log)
     return engine
 
 
@@ -406,7 +406,13 @@ def _load_steps(
 
 
 def _write_back(
-    plan: TargetKeys, built: list[str], trees: dict[str, Path], context: Services, timeout: float, log: StartupPhaseLog
+    plan: TargetKeys,
+    built: list[str],
+    trees: dict[str, Path],
+    installed: dict[str, Installed],
+    context: Services,
+    timeout: float,
+    log: StartupPhaseLog,
 ) -> str:
     """Pack and publish what was built in place (prebake.engine.common.write_back's one policy)."""
 
@@ -419,7 +425,7 @@ def _write_back(
             )
 
     builds: dict[str, Builder | None] = {kind: _copy_of(trees[kind]) for kind in built}
-    results = write_back(plan, builds, context, timeout=timeout, report=report)
+    results = write_back(plan, builds, context, installed=installed, timeout=timeout, report=report)
     return ", ".join(f"{r.kind}: {r.outcome}" for r in results) or "nothing finished"
 
 

@@ -2,6 +2,8 @@
 
 Run on a trusted builder with PREBAKE_SIGNING_KEY set (registry/promote.py says what is checked).
 --list shows what awaits review and how old it is; --dry-run re-verifies without publishing.
+--prune removes what waited longer than the maximum age (registry/aging.py): --older-than, else
+the policy file's [quarantine] max_age_days, else 7 days; it needs no signing key.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ def add(sub) -> None:
         examples=[
             "prebake promote --registry s3://acme/prebake --list",
             "prebake promote --registry s3://acme/prebake",
+            "prebake promote --registry s3://acme/prebake --prune --older-than 7d",
         ],
         store="write",
     )
@@ -30,7 +33,17 @@ def add(sub) -> None:
     promote.add_argument("--kind", help="only write-backs of this artifact kind")
     promote.add_argument("--key", default="", metavar="PREFIX", help="only keys starting with this hex prefix")
     promote.add_argument("--list", action="store_true", help="show what awaits review; change nothing")
-    promote.add_argument("--dry-run", action="store_true", help="re-verify everything; publish nothing")
+    promote.add_argument(
+        "--dry-run", action="store_true", help="re-verify (or, with --prune, list) only; change nothing"
+    )
+    promote.add_argument(
+        "--prune", action="store_true", help="remove write-backs that waited longer than the maximum age, unpromoted"
+    )
+    promote.add_argument(
+        "--older-than",
+        metavar="AGE",
+        help="with --prune: the maximum age (7d, 36h; default: the policy's [quarantine] max_age_days, else 7d)",
+    )
     json_option(promote)
     promote.set_defaults(run=cmd_promote)
 
@@ -59,6 +72,10 @@ def cmd_promote(args: argparse.Namespace) -> int:
             for row in rows:
                 print(f"  {row['kind']:9} {row['key'][:16]}  {row['model']:20} {row['created']}  {row['builder']}")
         return ExitCode.OK
+    if args.prune:
+        return _prune(args, incoming, incoming_address)
+    if args.older_than:
+        raise PrebakeError("--older-than is the maximum age of --prune; add --prune, or drop it")
     signer = signer_from_env()
     if signer is None:
         raise PrebakeError(f"promotion signs what it reviewed: set {SIGNING_KEY_ENV} to the builder's key")
@@ -79,3 +96,29 @@ def cmd_promote(args: argparse.Namespace) -> int:
         for r in results:
             print(f"  {r.kind:9} {r.key_digest[:16]}  {r.outcome}")
     return ExitCode.OK if all(r.ok for r in results) else ExitCode.FAILED
+
+
+def _prune(args: argparse.Namespace, incoming, incoming_address: str) -> int:
+    import datetime as dt
+
+    from prebake.registry.aging import DEFAULT_MAX_AGE_DAYS, parse_age, prune, say_age
+    from prebake.registry.policy import policy_file_in_force
+
+    if args.older_than:
+        max_age = parse_age(args.older_than)
+    else:
+        policy = policy_file_in_force()
+        max_age = dt.timedelta(days=policy.quarantine.max_age_days if policy else DEFAULT_MAX_AGE_DAYS)
+    results = prune(incoming, max_age, dry_run=args.dry_run)
+    gone = [r for r in results if r.expired]
+    if args.json:
+        print(json.dumps({"quarantine": incoming_address, "max_age_s": max_age.total_seconds(),
+                          "results": [r.__dict__ for r in results]}, indent=2))  # fmt: skip
+    else:
+        verb = "would remove" if args.dry_run else "removed"
+        print(
+            f"prune {incoming_address}: {len(gone)} of {len(results)} write-back(s) older than {say_age(max_age)} {verb}"
+        )
+        for r in gone:
+            print(f"  {r.kind:9} {r.key_digest[:16]}  created {r.created}  {r.outcome}")
+    return ExitCode.OK

@@ -85,7 +85,7 @@ def resolve_mounted(
         trust=context.trust,
         timeout=lookup_timeout,
     )
-    checked = verify(plan, looked.found, context.trust)
+    checked = verify(plan, looked.found, looked.trust)
     installed: dict[str, Installed] = {}
     misses: list[Miss] = []
     for kind, tree in mounts.items():

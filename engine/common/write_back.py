@@ -3,6 +3,11 @@
 One policy for every engine:
 
     order      the target's kinds in build order (upstream first), only those built in place
+    inputs     each kind names the upstream bundles the engine ran with: the ones it installed at
+               start (the policy in force accepted them) or the ones written back just before it,
+               never fetched again, so a kind built on in-place upstream kinds records their
+               quarantined blobs, and `prebake promote` can promote the set upstream first;
+               a kind whose upstream could not be written back is not written back either
     time box   the whole write-back, across kinds (an engine that serves never waits longer)
     outcome    one WrittenBack per kind, published or failed with the reason, each reported as it
                happens; a failure is logged and never fatal: publishing never swallows an error,
@@ -10,7 +15,9 @@ One policy for every engine:
 
     where      the registry's quarantine namespace (incoming/), labelled writeback=quarantine,
                unless PREBAKE_WRITE_BACK=index or the registry is the embedded local one
-               (prebake.registry.writeback); never the index other pods read by default
+               (prebake.registry.writeback); never the index other pods read by default.
+               Quarantine holds what awaits review, so the trust policy in force (which judges
+               what a node uses) does not judge what is written there; `prebake promote` does
 
 Each engine says only how a kind's tree is captured (`builds`: a builder per kind, or None for
 the kind's own declared builder); the bake itself is prebake.artifacts.bake.bake_kind.
@@ -22,8 +29,10 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from prebake.artifacts.bake.bake_kind import bake_kind
+from prebake.artifacts.bake.bake_kind import Baked, bake_kind
 from prebake.artifacts.bake.kinds import Builder, TargetKeys
+from prebake.artifacts.errors import BuildError
+from prebake.artifacts.store.local import Installed
 from prebake.artifacts.timebox import Done, Raised, within
 from prebake.engine.common.adapter import Services
 
@@ -47,30 +56,38 @@ def write_back(
     builds: Mapping[str, Builder | None],
     services: Services,
     *,
+    installed: Mapping[str, Installed],
     timeout: float,
     report: Callable[[WrittenBack], None] = lambda result: None,
 ) -> list[WrittenBack]:
-    """Publish every kind of `builds`, upstream first, within `timeout` seconds in all."""
+    """Publish every kind of `builds`, upstream first, within `timeout` seconds in all, each on the
+    upstream bundles of `installed` (what the engine started with) or written back before it."""
     deadline = time.monotonic() + timeout
     results: list[WrittenBack] = []
+    made = dict(installed)
+    judged = None if services.write_back.quarantined else services.trust
     for kind in (k for k in plan.kinds.names if k in builds):
 
-        def publish(kind: str = kind) -> str:
-            baked = bake_kind(
+        def publish(kind: str = kind) -> Baked:
+            if missing := [k for k in plan.kinds[kind].upstream if k in builds and k not in made]:
+                raise BuildError(f"it is built on {', '.join(missing)}, whose write-back failed (above)")
+            return bake_kind(
                 services.write_back_plan(plan),
                 kind,
                 store=services.store,
                 registry=services.write_back_registry,
                 sign=services.sign,
-                trust=services.trust,
+                trust=judged,
                 build=builds[kind],
                 attest=services.attest,
+                inputs=dict(made),
             )
-            return f"{baked.note} to {services.write_back.describe()}"
 
         outcome = within(max(0.0, deadline - time.monotonic()), publish, name="prebake-write-back")
         if isinstance(outcome, Done):
-            result = WrittenBack(kind, plan.key(kind).digest, True, outcome.value)
+            made[kind] = outcome.value.installed
+            note = f"{outcome.value.note} to {services.write_back.describe()}"
+            result = WrittenBack(kind, plan.key(kind).digest, True, note)
         elif isinstance(outcome, Raised):
             result = WrittenBack(kind, plan.key(kind).digest, False, f"failed: {outcome.describe()}")
         else:

@@ -18,15 +18,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from prebake.artifacts.bake.fleet_plan import Profile
 from prebake.artifacts.errors import RecipeError
 from prebake.artifacts.frozen import Frozen
+from prebake.artifacts.tomlfile import load_toml
 from prebake.engine.common.probe import Host, Platform, Software
 
 PROFILES_ENV = "PREBAKE_PROFILES"
@@ -56,17 +56,8 @@ def load_profiles(path: str | Path | None = None, env: Mapping[str, str] = os.en
     path = path or env.get(PROFILES_ENV)
     if not path:
         return []
-    path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise RecipeError(f"profiles file {path} does not exist; write one with `prebake profile`") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise RecipeError(f"profiles file {path} is not valid TOML: {exc}; fix the syntax at that line") from exc
-    try:
-        models = ProfilesFile.model_validate(data).profile
-    except (ValidationError, ValueError) as exc:
-        raise RecipeError(f"profiles file {path} is not valid: {exc}; compare with `prebake profile`'s output") from exc
+    fix = "write one with `prebake profile` on each runner class, and compare with its output"
+    models = load_toml(path, ProfilesFile, what="profiles file", error=RecipeError, fix=fix).profile
     return [to_profile(m, path) for m in models]
 
 

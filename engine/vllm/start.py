@@ -257,7 +257,7 @@ def write_back(prepared: Prepared, context: Services, ready_s: float, *, timeout
         for kind in prepared.plan.kinds.names
         if kind not in prepared.installed
     }
-    results = publishing.write_back(prepared.plan, builds, context, timeout=timeout)
+    results = publishing.write_back(prepared.plan, builds, context, installed=prepared.installed, timeout=timeout)
     return [f"{r.kind}: {r.note}, key {r.key[:16]}" for r in results]
 
 

@@ -1,7 +1,9 @@
 """The processes of the fault scenarios: each is `python -m tests.faults.actors <role> ...`.
 
 Every role works on a real store (PREBAKE_HOME-style folder) and a real registry through
-prebake's own code, prints one JSON line saying what it saw, and exits. Scenarios run
+prebake's own code, under the trust policy of its environment (PREBAKE_POLICY, and
+PREBAKE_SIGNING_KEY for a baker: the scenario's, tests/faults/in_force.py), prints one JSON
+line saying what it saw, and exits. Scenarios run
 several at once and kill them (from outside, or with PREBAKE_TEST_CRASH_AT from inside).
 
     fetch   fetch one bundle into a store; with --count, log every blob download to a file
@@ -24,6 +26,8 @@ from pathlib import Path
 from prebake.artifacts.bake.fetch import Miss, fetch
 from prebake.artifacts.store.local import Store
 from prebake.registry import open_registry
+from prebake.registry.policy import trust_in_force
+from prebake.registry.signing import signer_from_env
 from tests.faults.checks import tree_problems
 
 
@@ -70,24 +74,25 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     store = Store(args.home)
     registry = CountingRegistry(open_registry(args.registry), args.count, args.delay)
+    trust = trust_in_force(address=registry.url, store_home=store.home, open_registry=lambda: registry, warn=False)
     if args.go is not None:
         _wait_for(args.go)
-    result = ROLES[args.role](args, store, registry)
-    print(json.dumps(result), flush=True)
+    result = ROLES[args.role](args, store, registry, trust)
+    print(json.dumps({**result, "policy": trust is not None}), flush=True)
     return 0
 
 
-def _fetch(args, store: Store, registry) -> dict:
+def _fetch(args, store: Store, registry, trust) -> dict:
     manifest = registry.lookup(args.kind, args.key)
     if manifest is None:
         return {"miss": "no index entry"}
-    got = fetch(store, registry, manifest.the_key())
+    got = fetch(store, registry, manifest.the_key(), trust=trust)
     if isinstance(got, Miss):
         return {"miss": got.reason}
     return {"tree": str(got.tree), "blob": got.manifest.blob.digest, "problems": tree_problems(got.tree, got.manifest)}
 
 
-def _bake(args, store: Store, registry) -> dict:
+def _bake(args, store: Store, registry, trust) -> dict:
     from prebake.artifacts.bake.bake_kind import bake_kind
     from prebake.artifacts.bake.recipes import load_recipe
     from prebake.engine.common.probe import current_host
@@ -100,7 +105,8 @@ def _bake(args, store: Store, registry) -> dict:
         if args.build != "same":
             (request.out / "built-by.txt").write_text(args.build)
 
-    baked = bake_kind(plan, "buckets", store=store, registry=registry, build=build_this)
+    sign = signer_from_env()
+    baked = bake_kind(plan, "buckets", store=store, registry=registry, build=build_this, sign=sign, trust=trust)
     return {
         "created": baked.created,
         "note": baked.note,
@@ -110,8 +116,8 @@ def _bake(args, store: Store, registry) -> dict:
     }
 
 
-def _hold(args, store: Store, registry) -> dict:
-    got = _fetch(args, store, registry)
+def _hold(args, store: Store, registry, trust) -> dict:
+    got = _fetch(args, store, registry, trust)
     installed = store.lookup(args.kind, args.key)
     with store.use(installed):
         args.ready.write_text(json.dumps(got))
@@ -119,17 +125,17 @@ def _hold(args, store: Store, registry) -> dict:
             time.sleep(3600)
 
 
-def _churn(args, store: Store, registry) -> dict:
+def _churn(args, store: Store, registry, trust) -> dict:
     cycles, deadline = 0, time.monotonic() + args.seconds
     manifest = registry.lookup(args.kind, args.key)
     while time.monotonic() < deadline:
-        fetch(store, registry, manifest.the_key())
+        fetch(store, registry, manifest.the_key(), trust=trust)
         store.gc(0)
         cycles += 1
     return {"cycles": cycles}
 
 
-def _read(args, store: Store, registry) -> dict:
+def _read(args, store: Store, registry, trust) -> dict:
     from prebake.artifacts.errors import StoreError
 
     seen = {"complete": 0, "nothing": 0, "evicted_before_held": 0, "partial": []}
@@ -152,7 +158,7 @@ def _read(args, store: Store, registry) -> dict:
     return seen
 
 
-def _publish(args, store: Store, registry) -> dict:
+def _publish(args, store: Store, registry, trust) -> dict:
     import resource
     import signal
 

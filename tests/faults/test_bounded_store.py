@@ -3,22 +3,20 @@ and a tree a running process holds survives every gc until that process dies."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 
 from prebake.registry.file import FileRegistry
 from tests.faults.checks import tree_problems
-from tests.faults.procs import REPO, actor, result, unbounded, wait_for
-from tests.support.bundles import make_bundle
+from tests.faults.procs import REPO, actor, child_env, result, unbounded, wait_for
 
 PAYLOAD = 256 << 10  # incompressible: a bundle takes about 512 KiB in the store (blob + tree)
 
 
-def _registry_of(tmp_path, scenario, *models: str):
+def _registry_of(tmp_path, scenario, in_force, *models: str):
     registry = FileRegistry(tmp_path / "registry")
-    bundles = [make_bundle(tmp_path / "bake", model=m, payload_bytes=PAYLOAD) for m in models]
+    bundles = [in_force.bundle(tmp_path / "bake", model=m, payload_bytes=PAYLOAD) for m in models]
     for b in bundles:
         registry.publish(b.manifest, b.blob)
     scenario.registry(registry, *(b.manifest for b in bundles))
@@ -30,19 +28,18 @@ def _store_bytes(home) -> int:
 
 
 def _gc(home, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")}
     return subprocess.run(
         [sys.executable, "-m", "prebake.engine.cli", "gc", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
-        env={**base, "PREBAKE_HOME": str(home), **(env or {})},
+        env=child_env(PREBAKE_HOME=str(home), **(env or {})),
         timeout=60,
     )
 
 
-def test_the_store_bound_holds_after_every_install_by_separate_processes(tmp_path, scenario):
-    registry, bundles = _registry_of(tmp_path, scenario, "a", "b", "c")
+def test_the_store_bound_holds_after_every_install_by_separate_processes(tmp_path, scenario, in_force):
+    registry, bundles = _registry_of(tmp_path, scenario, in_force, "a", "b", "c")
     home = scenario.store(tmp_path / "home")
     bound = 3 * PAYLOAD  # one bundle and a half
     for bundle in bundles:
@@ -64,8 +61,8 @@ def test_the_store_bound_holds_after_every_install_by_separate_processes(tmp_pat
     assert [store.lookup("graphs", b.manifest.key_digest) is not None for b in bundles] == [False, False, True]
 
 
-def test_gc_evicts_the_least_recently_used_and_never_a_tree_a_running_process_holds(tmp_path, scenario):
-    registry, (held, old, recent) = _registry_of(tmp_path, scenario, "held", "old", "recent")
+def test_gc_evicts_the_least_recently_used_and_never_a_tree_a_running_process_holds(tmp_path, scenario, in_force):
+    registry, (held, old, recent) = _registry_of(tmp_path, scenario, in_force, "held", "old", "recent")
     home = scenario.store(tmp_path / "home")
     common = ["--home", str(home), "--registry", str(registry.root)]
     ready = tmp_path / "ready"
@@ -99,8 +96,8 @@ def test_gc_evicts_the_least_recently_used_and_never_a_tree_a_running_process_ho
     assert _store_bytes(home) == 0
 
 
-def test_a_bound_from_the_environment_is_what_plain_prebake_gc_enforces(tmp_path, scenario):
-    registry, bundles = _registry_of(tmp_path, scenario, "a", "b")
+def test_a_bound_from_the_environment_is_what_plain_prebake_gc_enforces(tmp_path, scenario, in_force):
+    registry, bundles = _registry_of(tmp_path, scenario, in_force, "a", "b")
     home = scenario.store(tmp_path / "home")
     for bundle in bundles:
         result(

@@ -6,7 +6,7 @@ import pytest
 
 from prebake.registry.file import FileRegistry
 from tests.faults.checks import tree_problems
-from tests.faults.procs import actor, result, unbounded
+from tests.faults.procs import actor, racing_bakers, result, unbounded
 
 FETCHERS = 6
 
@@ -43,23 +43,7 @@ def test_six_processes_fetching_one_bundle_download_it_once_and_share_one_verifi
 @pytest.mark.parametrize("builds", [("same", "same"), ("one", "two")], ids=["identical-builds", "different-builds"])
 def test_two_bakers_publishing_one_key_at_once_leave_exactly_one_entry_and_neither_fails(tmp_path, scenario, builds):
     registry = FileRegistry(tmp_path / "registry")
-    go = tmp_path / "go"
-    procs = [
-        actor(
-            "bake",
-            "--home",
-            str(scenario.store(tmp_path / f"home-{i}")),
-            "--registry",
-            str(registry.root),
-            "--build",
-            build,
-            "--go",
-            str(go),
-        )
-        for i, build in enumerate(builds)
-    ]
-    go.touch()
-    results = [result(p) for p in procs]  # exit 0 for both: losing the race is not a failed bake
+    results = racing_bakers(tmp_path, scenario, str(registry.root), builds)
 
     assert sorted(r["created"] for r in results) == [False, True]
     loser = next(r for r in results if not r["created"])

@@ -16,7 +16,7 @@ import pytest
 
 from prebake.registry.file import FileRegistry
 from tests.faults.checks import store_problems
-from tests.faults.procs import REPO, actor, killed, result, unbounded
+from tests.faults.procs import REPO, actor, child_env, killed, result, unbounded
 
 CRASH = "PREBAKE_TEST_CRASH_AT"
 
@@ -81,7 +81,7 @@ def test_kill_9_after_the_tree_but_before_its_index_entry_is_a_miss_then_a_cheap
     ids=["blob-upload", "index-create"],
 )
 def test_kill_9_while_publishing_leaves_the_registry_without_an_entry_and_the_next_bake_publishes(
-    tmp_path, scenario, point, registry_leftover
+    tmp_path, scenario, in_force, point, registry_leftover
 ):
     registry = FileRegistry(tmp_path / "registry")
     home = scenario.store(tmp_path / "home")
@@ -93,11 +93,12 @@ def test_kill_9_while_publishing_leaves_the_registry_without_an_entry_and_the_ne
     assert list((home / "tmp").iterdir()), "the dead baker's scratch folder is still there"
     from prebake.registry.verify import verify_registry
 
-    assert verify_registry(registry, trust=None, quarantine=False).entries == 0
+    assert verify_registry(registry, trust=in_force.trust(registry), quarantine=False).entries == 0
 
     baked = result(actor("bake", *bake))
     assert baked["created"] is True
     (entry,) = registry.list()
+    assert entry.signatures and entry.signatures[0].signer == "fleet", "the baker signed under the policy"
     scenario.registry(registry, entry)
     assert list((home / "tmp").iterdir()) == [], "the next bake removed the dead baker's scratch folder"
 
@@ -106,8 +107,7 @@ def test_kill_9_while_evicting_leaves_a_miss_and_the_next_gc_finishes_the_job(tm
     registry, bundle = published
     home = scenario.store(tmp_path / "home")
     result(actor("fetch", *_fetch_args(home, registry, bundle)))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")}
-    env["PREBAKE_HOME"] = str(home)
+    env = child_env(PREBAKE_HOME=str(home))  # under the scenario's policy: its notion of in use
     gc = [sys.executable, "-m", "prebake.engine.cli", "gc", "--max-size", "0"]
 
     crashed = subprocess.run(gc, env={**env, CRASH: "evict"}, cwd=REPO, capture_output=True, text=True, timeout=60)

@@ -1,6 +1,7 @@
 """A folder registry that is missing, unreadable, truncated, wrong or full: fetch misses or raises
 a RegistryError that says what to do, never installs bad bytes; publish fails loudly and
-leaves the registry exactly as it was."""
+leaves the registry exactly as it was. Every bundle is signed and fetched under the policy in force
+(tests/faults/in_force.py); a forged file list is signed too, so the unpacker is what refuses it."""
 
 from __future__ import annotations
 
@@ -8,13 +9,12 @@ import hashlib
 
 import pytest
 
-from prebake.artifacts.bake.fetch import Miss, fetch
+from prebake.artifacts.bake.fetch import Miss
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.errors import BundleError
 from prebake.registry.errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
 from prebake.registry.file import FileRegistry
 from tests.faults.procs import actor, result, unbounded
-from tests.support.bundles import make_bundle
 
 
 def _nothing_installed(store, manifest: Manifest) -> None:
@@ -32,30 +32,30 @@ def _snapshot(root) -> dict[str, str]:
     }
 
 
-def test_a_missing_registry_folder_is_a_miss(tmp_path, scenario):
+def test_a_missing_registry_folder_is_a_miss(tmp_path, in_force, scenario):
     store = unbounded(scenario.store(tmp_path / "home"))
-    bundle = make_bundle(tmp_path / "bake")
-    got = fetch(store, FileRegistry(tmp_path / "nowhere"), bundle.manifest.the_key())
+    bundle = in_force.bundle(tmp_path / "bake")
+    got = in_force.fetch(store, FileRegistry(tmp_path / "nowhere"), bundle.manifest.the_key())
     assert isinstance(got, Miss) and "no bundle for this key" in got.reason
     _nothing_installed(store, bundle.manifest)
 
 
 @pytest.mark.parametrize("damage", ["root-is-a-file", "entry-is-a-folder"])
-def test_an_unreadable_registry_is_an_outage_that_says_what_to_check(tmp_path, scenario, damage):
+def test_an_unreadable_registry_is_an_outage_that_says_what_to_check(tmp_path, in_force, scenario, damage):
     store = unbounded(scenario.store(tmp_path / "home"))
-    bundle = make_bundle(tmp_path / "bake")
+    bundle = in_force.bundle(tmp_path / "bake")
     root = tmp_path / "registry"
     if damage == "root-is-a-file":
         root.write_text("a mount that went wrong")
     else:
         (root / "index" / "graphs" / f"{bundle.manifest.key_digest}.json").mkdir(parents=True)
     with pytest.raises(RegistryUnavailable, match="cannot read .*check the folder's permissions"):
-        fetch(store, FileRegistry(root), bundle.manifest.the_key())
+        in_force.fetch(store, FileRegistry(root), bundle.manifest.the_key())
     _nothing_installed(store, bundle.manifest)
 
 
 @pytest.mark.parametrize("damage", ["truncated", "wrong-bytes", "missing"])
-def test_a_damaged_blob_is_refused_and_nothing_is_installed(tmp_path, published, scenario, damage):
+def test_a_damaged_blob_is_refused_and_nothing_is_installed(tmp_path, in_force, published, scenario, damage):
     registry, bundle = published
     blob = registry.blob_path(bundle.manifest.blob.digest)
     data = blob.read_bytes()
@@ -68,40 +68,40 @@ def test_a_damaged_blob_is_refused_and_nothing_is_installed(tmp_path, published,
     store = unbounded(scenario.store(tmp_path / "home"))
     expected = {"missing": (RegistryError, "run `prebake verify`")}.get(damage, (BlobDigestMismatch, "it is corrupt"))
     with pytest.raises(expected[0], match=expected[1]):
-        fetch(store, registry, bundle.manifest.the_key())
+        in_force.fetch(store, registry, bundle.manifest.the_key())
     _nothing_installed(store, bundle.manifest)
     blob.write_bytes(data)  # repaired: the scenario's own re-verification finds the registry whole
 
 
-def test_a_manifest_whose_file_list_lies_about_its_blob_installs_nothing(tmp_path, scenario):
+def test_a_manifest_whose_file_list_lies_about_its_blob_installs_nothing(tmp_path, in_force, scenario):
     registry = FileRegistry(tmp_path / "registry")
-    honest, other = make_bundle(tmp_path / "bake"), make_bundle(tmp_path / "bake", build="other")
-    liar = honest.manifest.model_copy(update={"blob": other.manifest.blob})  # real blob, someone else's files
+    honest, other = in_force.bundle(tmp_path / "bake"), in_force.bundle(tmp_path / "bake", build="other")
+    liar = in_force.sign(honest.manifest.model_copy(update={"blob": other.manifest.blob}))  # real blob, another's files
     registry.publish(liar, other.blob)
     store = unbounded(scenario.store(tmp_path / "home"))
     with pytest.raises(BundleError, match="does not match its manifest"):
-        fetch(store, registry, honest.manifest.the_key())
+        in_force.fetch(store, registry, honest.manifest.the_key())
     _nothing_installed(store, liar)
 
 
-def test_publishing_into_a_broken_registry_fails_loudly_and_changes_nothing(tmp_path, published, scenario):
+def test_publishing_into_a_broken_registry_fails_loudly_and_changes_nothing(tmp_path, in_force, published, scenario):
     registry, _ = published
     broken = FileRegistry(tmp_path / "broken")
     (broken.root / "index").mkdir(parents=True)
     (broken.root / "blobs").write_text("blobs/ should be a folder")
     before = _snapshot(broken.root)
-    bundle = make_bundle(tmp_path / "bake", model="other")
+    bundle = in_force.bundle(tmp_path / "bake", model="other")
     with pytest.raises(RegistryError, match="cannot publish into .*free space or fix permissions"):
         broken.publish(bundle.manifest, bundle.blob)
     assert _snapshot(broken.root) == before
 
 
 def test_a_disk_that_fills_up_mid_publish_fails_the_publish_and_leaves_the_registry_as_it_was(
-    tmp_path, published, scenario
+    tmp_path, in_force, published, scenario
 ):
     registry, first = published
     before = _snapshot(registry.root)
-    bundle = make_bundle(tmp_path / "bake", model="big", payload_bytes=512 << 10)
+    bundle = in_force.bundle(tmp_path / "bake", model="big", payload_bytes=512 << 10)
     manifest = tmp_path / "manifest.json"
     manifest.write_bytes(bundle.manifest.to_bytes())
 

@@ -10,9 +10,12 @@ mutates a real bundle in three ways and plants each result in a folder registry:
                       half the time the manifest is re-pointed at the mutated blob's digest, so
                       the unpacker, not the digest check, is what must refuse it
 
-After each case: lookup, fetch and a deep verify either succeed or raise prebake's own
-errors (never anything else, never a hang); an install that succeeded is whole and matches
-its manifest; the store holds nothing that `verify --store` finds wrong and no leftovers.
+Every case runs under the policy in force (tests/faults/in_force.py), and every mutant that still
+reads as a manifest is signed with the key that policy trusts, so the checks behind the signature
+are what each case reaches. After each case: lookup, fetch and a deep verify either succeed or
+raise prebake's own errors (never anything else, never a hang); an install that succeeded is
+whole and matches its manifest; the store holds nothing that `verify --store` finds wrong and no
+leftovers.
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ from prebake.artifacts.store.local import Store
 from prebake.registry.file import FileRegistry
 from prebake.registry.verify import verify_registry
 from tests.faults.procs import unbounded
-from tests.support.bundles import make_bundle
 
 SEED = int(os.environ.get("PREBAKE_FUZZ_SEED", "20261130"))
 SECONDS = float(os.environ.get("PREBAKE_FUZZ_SECONDS", "15"))
@@ -60,9 +62,9 @@ _HOSTILE_VALUES = [
 ]
 
 
-def test_random_manifests_and_archives_never_crash_fetch_or_verify(tmp_path, scenario):
+def test_random_manifests_and_archives_never_crash_fetch_or_verify(tmp_path, scenario, in_force):
     rng = random.Random(SEED)
-    bundle = make_bundle(tmp_path / "bake", payload_bytes=32 << 10)
+    bundle = in_force.bundle(tmp_path / "bake", payload_bytes=32 << 10)
     good_blob = bundle.blob.read_bytes()
     good_tar = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(good_blob)).read()
     deadline, cases, installed = time.monotonic() + SECONDS, 0, 0
@@ -71,29 +73,38 @@ def test_random_manifests_and_archives_never_crash_fetch_or_verify(tmp_path, sce
         case_dir = tmp_path / f"case-{cases}"
         raw, blob = _mutant(rng, bundle.manifest, good_blob, good_tar, cases)
         root = case_dir / "registry"
-        key_digest = _plant(root, raw, blob, bundle.manifest)
+        key_digest = _plant(root, _signed(in_force, raw), blob, bundle.manifest)
         home = scenario.store(case_dir / "home") if cases <= 3 else case_dir / "home"
-        installed += _exercise(root, home, key_digest, SEED, cases)
+        installed += _exercise(root, home, key_digest, SEED, cases, in_force)
     assert cases >= 10, f"only {cases} cases ran in {SECONDS} s"
     print(f"fuzz: {cases} cases (seed {SEED}), {installed} installed whole, the rest refused cleanly")
 
 
-def _exercise(root: Path, home: Path, key_digest: str, seed: int, case: int) -> int:
-    """Lookup, fetch and verify one planted case; 1 if it installed (whole), else 0."""
+def _signed(in_force, raw: bytes) -> bytes:
+    """The mutant signed with the trusted key when it still reads as a manifest, else as it is."""
+    try:
+        return in_force.sign(Manifest.parse(raw, "a fuzz case")).to_bytes()
+    except PrebakeError:
+        return raw
+
+
+def _exercise(root: Path, home: Path, key_digest: str, seed: int, case: int, in_force) -> int:
+    """Lookup, fetch and verify one planted case under the policy; 1 if it installed (whole), else 0."""
     where = f"seed {seed} case {case}"
     registry = FileRegistry(root)
     store = unbounded(home)
+    trust = in_force.trust(registry, home)
     got = None
     try:
         manifest = registry.lookup("graphs", key_digest)
         if manifest is not None:
-            got = fetch(store, registry, manifest.the_key())
+            got = fetch(store, registry, manifest.the_key(), trust=trust)
     except PrebakeError:
         pass
     except Exception as exc:  # the very thing this test exists to catch
         raise AssertionError(f"{where}: fetch raised {type(exc).__name__}: {exc}") from exc
     try:
-        verify_registry(registry, trust=None, quarantine=False, deep=True)
+        verify_registry(registry, trust=trust, quarantine=False, deep=True)
     except Exception as exc:
         raise AssertionError(f"{where}: verify raised {type(exc).__name__}: {exc}") from exc
     assert verify_store(Store(home)).findings == (), f"{where}: the store holds something wrong"

@@ -7,6 +7,11 @@ relabelled signed manifest) and checks that prebake refuses it cleanly, within a
 time and bytes, and leaves the store exactly as verifiable as before (the scenario fixture
 re-verifies every store deeply afterwards). The attacked registry itself is not registered
 for re-verification: it is damaged on purpose.
+
+Every scenario runs under the policy in force (tests/faults/in_force.py), and every forgery is
+signed with the key that policy trusts: the worst case, an attacker who holds the key or a
+builder gone bad, so that the checks behind the signature (sizes, the unpacker, the file list)
+are what must refuse it, not the signature check in front of them.
 """
 
 from __future__ import annotations
@@ -25,43 +30,25 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from prebake.artifacts.bake.fetch import Miss, fetch
+from prebake.artifacts.bake.fetch import Miss
 from prebake.artifacts.bundle.manifest import FileEntry, Manifest
 from prebake.artifacts.errors import BundleError, PrebakeError, StoreError
 from prebake.artifacts.keys import Key
 from prebake.artifacts.layout import blob_relpath, index_relpath
 from prebake.registry.errors import BlobSizeMismatch
 from prebake.registry.file import FileRegistry
-from tests.faults.procs import REPO, actor, killed, result, unbounded
+from tests.faults.procs import REPO, actor, child_env, killed, result, unbounded
 from tests.support.bundles import make_bundle
 
 
-@pytest.fixture(scope="module")
-def moto():
-    from tests.support.moto_server import moto_server
-
-    with moto_server() as endpoint:
-        yield endpoint
-
-
 @pytest.fixture
-def s3_registry(moto, monkeypatch):
+def s3_registry(bucket):
     """A fresh bucket on moto's server: (S3Registry, boto3 client, bucket)."""
-    import uuid
-
     import boto3
 
     from prebake.registry.s3 import S3Registry, S3Settings
-    from tests.support.moto_server import s3_env
 
-    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in s3_env(moto).items():
-        monkeypatch.setenv(name, value)
-    bucket = f"hostile-{uuid.uuid4().hex[:12]}"
-    client = boto3.client("s3")
-    client.create_bucket(Bucket=bucket)
-    return S3Registry(f"s3://{bucket}/prebake", S3Settings()), client, bucket
+    return S3Registry(f"s3://{bucket}/prebake", S3Settings()), boto3.client("s3"), bucket
 
 
 def _digest(data: bytes) -> str:
@@ -119,82 +106,88 @@ def _bomb(inflated: int, name: str = "kernels.bin", declared: int | None = None)
 # -- sizes ---------------------------------------------------------------------------------------
 
 
-def test_a_sparse_50_gb_blob_behind_a_small_manifest_is_refused_before_a_byte_is_copied(tmp_path, scenario):
+def test_a_sparse_50_gb_blob_behind_a_small_manifest_is_refused_before_a_byte_is_copied(tmp_path, scenario, in_force):
     registry = FileRegistry(tmp_path / "registry")
-    bundle = make_bundle(tmp_path / "bake", payload_bytes=64 << 10)
+    bundle = in_force.bundle(tmp_path / "bake", payload_bytes=64 << 10)
     registry.publish(bundle.manifest, bundle.blob)
     os.truncate(registry.blob_path(bundle.manifest.blob.digest), 50 << 30)  # sparse: costs no disk
     home = scenario.store(tmp_path / "home")
     start = time.monotonic()
     with pytest.raises(BlobSizeMismatch, match="is 53687091200 bytes, but its manifest says"):
-        fetch(unbounded(home), registry, bundle.manifest.the_key())
+        in_force.fetch(unbounded(home), registry, bundle.manifest.the_key())
     assert time.monotonic() - start < 5
     _nothing_left(home)
 
 
-def test_a_decompression_bomb_stops_at_the_member_that_outgrows_its_declared_size(tmp_path, scenario):
+def test_a_decompression_bomb_stops_at_the_member_that_outgrows_its_declared_size(tmp_path, scenario, in_force):
     bomb = _bomb(1 << 30)  # 1 GiB of zeros in about 40 KB
-    base = make_bundle(tmp_path / "bake").manifest
+    base = in_force.bundle(tmp_path / "bake").manifest
     declared = (FileEntry(path="kernels.bin", size=1024, sha256=_digest(bytes(1024))),)
-    manifest = _forged(base, bomb, declared)
+    manifest = in_force.sign(_forged(base, bomb, declared))
     root = tmp_path / "registry"
     _plant(root, manifest, bomb)
     home = scenario.store(tmp_path / "home")
     start = time.monotonic()
     with pytest.raises(BundleError, match="1073741824 bytes in the archive, but its manifest says 1024 bytes"):
-        fetch(unbounded(home), FileRegistry(root), manifest.the_key())
+        in_force.fetch(unbounded(home), FileRegistry(root), manifest.the_key())
     assert time.monotonic() - start < 10, "refused at the header, not after inflating"
     _nothing_left(home)
 
 
-def test_bytes_past_a_members_declared_size_are_never_written(tmp_path, scenario):
+def test_bytes_past_a_members_declared_size_are_never_written(tmp_path, scenario, in_force):
     bomb = _bomb(256 << 20, declared=4096)  # the header says 4 KiB; 256 MiB of zeros follow it
-    base = make_bundle(tmp_path / "bake").manifest
-    manifest = _forged(base, bomb, (FileEntry(path="kernels.bin", size=4096, sha256=_digest(bytes(4096))),))
+    base = in_force.bundle(tmp_path / "bake").manifest
+    manifest = in_force.sign(
+        _forged(base, bomb, (FileEntry(path="kernels.bin", size=4096, sha256=_digest(bytes(4096))),))
+    )
     _plant(tmp_path / "registry", manifest, bomb)
     home = scenario.store(tmp_path / "home")
     start = time.monotonic()
-    got = fetch(unbounded(home), FileRegistry(tmp_path / "registry"), manifest.the_key())
+    got = in_force.fetch(unbounded(home), FileRegistry(tmp_path / "registry"), manifest.the_key())
     assert not isinstance(got, Miss)
     assert time.monotonic() - start < 10, "the zeros after the member end the archive: nothing inflates them"
     written = sum(p.stat().st_size for p in (home / "trees").rglob("*") if p.is_file() and p.parent != home / "trees")
     assert written == 4096, "exactly the declared bytes; the blob's digest covers the rest"
 
 
-def test_a_manifest_declaring_more_than_the_disk_holds_is_refused_up_front_with_a_clear_message(tmp_path, scenario):
+def test_a_manifest_declaring_more_than_the_disk_holds_is_refused_up_front_with_a_clear_message(
+    tmp_path, scenario, in_force
+):
     bomb = _bomb(1 << 20)
-    base = make_bundle(tmp_path / "bake").manifest
+    base = in_force.bundle(tmp_path / "bake").manifest
     huge = (FileEntry(path="kernels.bin", size=1 << 50, sha256=_digest(b"")),)  # a petabyte
-    manifest = _forged(base, bomb, huge)
+    manifest = in_force.sign(_forged(base, bomb, huge))
     _plant(tmp_path / "registry", manifest, bomb)
     home = scenario.store(tmp_path / "home")
     store = unbounded(home)
     with pytest.raises(PrebakeError, match="over the cap|free space"):
-        fetch(store, FileRegistry(tmp_path / "registry"), manifest.the_key())
+        in_force.fetch(store, FileRegistry(tmp_path / "registry"), manifest.the_key())
     from prebake.artifacts.bundle.unpack import UnpackLimits
     from prebake.artifacts.store.local import StoreLimits
 
     roomy = type(store)(home, StoreLimits(unpack=UnpackLimits(max_bytes=1 << 60)))
     with pytest.raises(StoreError, match=r"needs .* free; free space, run `prebake store gc"):
-        fetch(roomy, FileRegistry(tmp_path / "registry"), manifest.the_key())
+        in_force.fetch(roomy, FileRegistry(tmp_path / "registry"), manifest.the_key())
     _nothing_left(home)
 
 
-def test_an_s3_blob_larger_than_its_manifest_says_is_refused_before_downloading(tmp_path, scenario, s3_registry):
+def test_an_s3_blob_larger_than_its_manifest_says_is_refused_before_downloading(
+    tmp_path, scenario, s3_registry, in_force
+):
     registry, client, bucket = s3_registry
-    bundle = make_bundle(tmp_path / "bake", payload_bytes=64 << 10)
+    bundle = in_force.bundle(tmp_path / "bake", payload_bytes=64 << 10)
     registry.publish(bundle.manifest, bundle.blob)
     key = f"{registry.prefix}/{blob_relpath(bundle.manifest.blob.digest)}"
     client.put_object(Bucket=bucket, Key=key, Body=bundle.blob.read_bytes() + bytes(8 << 20))
     home = scenario.store(tmp_path / "home")
     with pytest.raises(BlobSizeMismatch, match="but its manifest says"):
-        fetch(unbounded(home), registry, bundle.manifest.the_key())
+        in_force.fetch(unbounded(home), registry, bundle.manifest.the_key())
     _nothing_left(home)
 
 
-def test_a_corrupt_s3_stream_leaves_nothing_behind(tmp_path, scenario, s3_registry):
+def test_a_corrupt_s3_stream_leaves_nothing_behind(tmp_path, scenario, s3_registry, in_force):
     registry, client, bucket = s3_registry
-    bundle = make_bundle(tmp_path / "bake", payload_bytes=4 << 20)
+    bundle = in_force.bundle(tmp_path / "bake", payload_bytes=4 << 20)
     registry.publish(bundle.manifest, bundle.blob)
     data = bytearray(bundle.blob.read_bytes())
     data[-100] ^= 0xFF  # late in the stream: most members are written before the damage shows
@@ -202,14 +195,14 @@ def test_a_corrupt_s3_stream_leaves_nothing_behind(tmp_path, scenario, s3_regist
     client.put_object(Bucket=bucket, Key=key, Body=bytes(data))
     home = scenario.store(tmp_path / "home")
     with pytest.raises(BundleError):
-        fetch(unbounded(home), registry, bundle.manifest.the_key())
+        in_force.fetch(unbounded(home), registry, bundle.manifest.the_key())
     _nothing_left(home)
 
 
 @pytest.mark.parametrize("where", ["early", "late"])
-def test_a_corrupt_streamed_blob_leaves_nothing_behind(tmp_path, scenario, where):
+def test_a_corrupt_streamed_blob_leaves_nothing_behind(tmp_path, scenario, where, in_force):
     registry = FileRegistry(tmp_path / "registry")
-    bundle = make_bundle(tmp_path / "bake", payload_bytes=4 << 20)
+    bundle = in_force.bundle(tmp_path / "bake", payload_bytes=4 << 20)
     registry.publish(bundle.manifest, bundle.blob)
     path = registry.blob_path(bundle.manifest.blob.digest)
     data = bytearray(path.read_bytes())
@@ -217,7 +210,7 @@ def test_a_corrupt_streamed_blob_leaves_nothing_behind(tmp_path, scenario, where
     path.write_bytes(bytes(data))
     home = scenario.store(tmp_path / "home")
     with pytest.raises(BundleError):
-        fetch(unbounded(home), registry, bundle.manifest.the_key())
+        in_force.fetch(unbounded(home), registry, bundle.manifest.the_key())
     _nothing_left(home)
 
 
@@ -226,7 +219,7 @@ def test_a_corrupt_streamed_blob_leaves_nothing_behind(tmp_path, scenario, where
 
 def _entry_cases(tmp_path: Path, key_digest: str) -> dict[str, object]:
     long_name = "a" * 300
-    doc = json.loads(make_bundle(tmp_path / "bake").manifest.to_bytes())
+    doc = json.loads(make_bundle(tmp_path / "bake").manifest.to_bytes())  # its shape is what is hostile
     doc["files"][0]["path"] = long_name
     return {
         "nested": b"[" * 200_000 + b"]" * 200_000,
@@ -253,8 +246,10 @@ def _entry_cases(tmp_path: Path, key_digest: str) -> dict[str, object]:
         "link-out-of-the-registry",
     ],
 )
-def test_a_hostile_index_entry_is_a_clean_error_in_bounded_time_and_verify_reports_it(tmp_path, scenario, case):
-    bundle = make_bundle(tmp_path / "bake")
+def test_a_hostile_index_entry_is_a_clean_error_in_bounded_time_and_verify_reports_it(
+    tmp_path, scenario, case, in_force
+):
+    bundle = in_force.bundle(tmp_path / "bake")
     root = tmp_path / "registry"
     entry = root / index_relpath("graphs", bundle.manifest.key_digest)
     entry.parent.mkdir(parents=True)
@@ -271,70 +266,61 @@ def test_a_hostile_index_entry_is_a_clean_error_in_bounded_time_and_verify_repor
         registry.lookup("graphs", bundle.manifest.key_digest)
     assert time.monotonic() - start < 10
     home = scenario.store(tmp_path / "home")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")} | {"PREBAKE_HOME": str(home)}
     cmd = [sys.executable, "-m", "prebake.engine.cli", "verify", "--deep", "--registry", str(root)]
-    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        cmd, env=child_env(PREBAKE_HOME=str(home)), cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 1 and "1 bad" in proc.stdout, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
 
 
-def test_a_second_manifest_for_an_installed_tree_must_name_the_same_files(tmp_path, published, scenario):
+def test_a_second_manifest_for_an_installed_tree_must_name_the_same_files(tmp_path, published, scenario, in_force):
     registry, bundle = published
     home = scenario.store(tmp_path / "home")
     store = unbounded(home)
-    installed = fetch(store, registry, bundle.manifest.the_key())
+    installed = in_force.fetch(store, registry, bundle.manifest.the_key())
     assert not isinstance(installed, Miss)
     blob = bundle.blob.read_bytes()
-    liar = _forged(bundle.manifest, blob, bundle.manifest.files[:1])  # same blob, a file fewer
+    liar = in_force.sign(_forged(bundle.manifest, blob, bundle.manifest.files[:1]))  # same blob, a file fewer
     other = tmp_path / "other-registry"
     _plant(other, liar, blob)
     with pytest.raises(BundleError, match="does not match this manifest"):
-        fetch(store, FileRegistry(other), liar.the_key())
+        in_force.fetch(store, FileRegistry(other), liar.the_key())
     assert store.lookup("graphs", liar.key_digest) is None
     assert store.lookup("graphs", bundle.manifest.key_digest) is not None, "the honest entry still stands"
 
 
-def test_a_relabelled_signed_manifest_is_refused(tmp_path, scenario):
-    from cryptography.hazmat.primitives.serialization import load_pem_private_key
-
-    from prebake.registry.signing import TrustPolicy, generate_keypair, sign
-
-    pem, line = generate_keypair("ci")
-    bundle = make_bundle(tmp_path / "bake")
-    signed = sign(bundle.manifest, load_pem_private_key(pem, password=None), "ci")
-    relabelled = signed.model_copy(update={"labels": {"model": "llama3-70b"}})
+def test_a_relabelled_signed_manifest_is_refused(tmp_path, scenario, in_force):
+    bundle = in_force.bundle(tmp_path / "bake")
+    relabelled = bundle.manifest.model_copy(update={"labels": {"model": "llama3-70b"}})  # the signature stays
     _plant(tmp_path / "registry", relabelled, bundle.blob.read_bytes())
     home = scenario.store(tmp_path / "home")
-    got = fetch(
-        unbounded(home),
-        FileRegistry(tmp_path / "registry"),
-        relabelled.the_key(),
-        trust=TrustPolicy.from_lines([line]).check,
-    )
-    assert isinstance(got, Miss) and "does not verify" in got.reason
+    got = in_force.fetch(unbounded(home), FileRegistry(tmp_path / "registry"), relabelled.the_key())
+    assert isinstance(got, Miss) and got.refused and "no signature verifies" in got.reason
     _nothing_left(home)
 
 
-def test_verify_deep_finds_a_file_list_that_disagrees_with_its_blob(tmp_path, scenario):
+def test_verify_deep_finds_a_file_list_that_disagrees_with_its_blob(tmp_path, scenario, in_force):
     from prebake.registry.verify import verify_registry
 
-    bundle = make_bundle(tmp_path / "bake")
+    bundle = in_force.bundle(tmp_path / "bake")
     blob = bundle.blob.read_bytes()
     renamed = tuple(f.model_copy(update={"path": "renamed/" + f.path}) for f in bundle.manifest.files)
-    liar = _forged(bundle.manifest, blob, renamed)
+    liar = in_force.sign(_forged(bundle.manifest, blob, renamed))
     _plant(tmp_path / "registry", liar, blob)
     registry = FileRegistry(tmp_path / "registry")
-    assert verify_registry(registry, trust=None, quarantine=False).bad == 0, "shallow: the blob hashes right"
-    deep = verify_registry(registry, trust=None, quarantine=False, deep=True)
+    trust = in_force.trust(registry)
+    assert verify_registry(registry, trust=trust, quarantine=False).bad == 0, "shallow: signed, the blob hashes right"
+    deep = verify_registry(registry, trust=trust, quarantine=False, deep=True)
     assert deep.bad == 1 and "does not match the entry's file list" in deep.findings[0].problem
 
 
 # -- crashes -------------------------------------------------------------------------------------
 
 
-def test_kill_9_in_the_middle_of_a_streamed_install_leaves_nothing_readable(tmp_path, scenario):
+def test_kill_9_in_the_middle_of_a_streamed_install_leaves_nothing_readable(tmp_path, scenario, in_force):
     registry = scenario.registry(FileRegistry(tmp_path / "registry"))
-    bundle = make_bundle(tmp_path / "bake", payload_bytes=8 << 20)
+    bundle = in_force.bundle(tmp_path / "bake", payload_bytes=8 << 20)
     registry.publish(bundle.manifest, bundle.blob)
     scenario.registries[-1][1].append(bundle.manifest)
     home = scenario.store(tmp_path / "home")
@@ -353,13 +339,14 @@ def test_kill_9_in_the_middle_of_a_streamed_install_leaves_nothing_readable(tmp_
 
 
 def _cli(home: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")} | {"PREBAKE_HOME": str(home)}
     cmd = [sys.executable, "-m", "prebake.engine.cli", *args]
-    return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        cmd, env=child_env(PREBAKE_HOME=str(home)), cwd=REPO, capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.mark.parametrize("case", ["nothing", "nested", "bomb", "fifo", "wrong-bytes"])
-def test_prebake_fetch_exits_0_3_or_2_and_never_with_a_traceback(tmp_path, scenario, case):
+def test_prebake_fetch_exits_0_3_or_2_and_never_with_a_traceback(tmp_path, scenario, case, in_force):
     from prebake.artifacts.bake.recipes import load_recipe
     from prebake.engine.compose import Context
 
@@ -368,7 +355,7 @@ def test_prebake_fetch_exits_0_3_or_2_and_never_with_a_traceback(tmp_path, scena
     root = tmp_path / "registry"
     entry = root / index_relpath("buckets", key.digest)
     entry.parent.mkdir(parents=True)
-    base = make_bundle(tmp_path / "bake", kind="buckets").manifest
+    base = in_force.bundle(tmp_path / "bake", kind="buckets").manifest
     groups = {g: dict(f) for g, f in key.groups}
     if case == "nested":
         entry.write_bytes(b'{"kind": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
@@ -378,6 +365,7 @@ def test_prebake_fetch_exits_0_3_or_2_and_never_with_a_traceback(tmp_path, scena
         blob = _bomb(256 << 20)
         files = (FileEntry(path="kernels.bin", size=1024, sha256=_digest(bytes(1024))),)
         manifest = _forged(base, blob, files).model_copy(update={"key": groups, "key_digest": key.digest})
+        manifest = in_force.sign(manifest)
         _plant(root, manifest, blob if case == "bomb" else blob[:-10] + bytes(10))
     home = scenario.store(tmp_path / "home")
     start = time.monotonic()

@@ -1,9 +1,10 @@
-"""A Hub registry that misbehaves, as the S3 one does in test_s3_faults.py: down, 500s, cut, short and
+"""A Hub registry that misbehaves, as the S3 and OCI ones do in test_remote_registry_faults.py: down, 500s, cut, short and
 wrong bodies, a failing commit. Real huggingface_hub talks real HTTP to the Hub stand-in
 (tests/support/hub_server.py) through the fault proxy (tests/faults/fault_proxy.py).
 
 Reading: fetch raises a RegistryError subclass naming the endpoint and the fix, or misses; it
-never installs bad bytes. Publishing: a failed commit is loud and leaves no entry.
+never installs bad bytes. Publishing: a failed commit is loud and leaves no entry. Every bundle is
+signed and fetched under the policy in force (tests/faults/in_force.py).
 """
 
 from __future__ import annotations
@@ -13,12 +14,11 @@ import uuid
 
 import pytest
 
-from prebake.artifacts.bake.fetch import Miss, fetch
+from prebake.artifacts.bake.fetch import Miss
 from prebake.registry.errors import RegistryError, RegistryUnavailable
 from tests.faults.checks import store_problems
 from tests.faults.fault_proxy import Fault, fault_proxy
 from tests.faults.procs import unbounded
-from tests.support.bundles import make_bundle
 from tests.support.hub_server import hub_server
 from tests.support.moto_server import free_port
 
@@ -30,7 +30,7 @@ def stand_in():
 
 
 @pytest.fixture
-def hub(stand_in, monkeypatch, tmp_path, scenario):
+def hub(stand_in, monkeypatch, tmp_path, scenario, in_force):
     """A fresh repo holding one bundle, the fault proxy in front of the stand-in, HF_ENDPOINT at the proxy."""
     from prebake.registry.hf import HubRegistry
 
@@ -39,7 +39,7 @@ def hub(stand_in, monkeypatch, tmp_path, scenario):
     monkeypatch.setenv("HF_ENDPOINT", stand_in.url)
     address = f"hf://team/faults-{uuid.uuid4().hex[:8]}"
     direct = HubRegistry(address, cache_dir=tmp_path / "direct-cache")
-    bundle = make_bundle(tmp_path / "bake", payload_bytes=256 << 10)
+    bundle = in_force.bundle(tmp_path / "bake", payload_bytes=256 << 10)
     direct.publish(bundle.manifest, bundle.blob)
     scenario.registry(direct, bundle.manifest)
     with fault_proxy(stand_in.url) as proxy:
@@ -57,27 +57,31 @@ def _nothing_installed(store, bundle) -> None:
     assert not list(store.home.glob("trees/*")) and not list(store.home.glob("blobs/sha256/*/*"))
 
 
-def test_a_hub_that_is_down_is_a_clear_error_within_seconds_and_installs_nothing(tmp_path, hub, monkeypatch, scenario):
+def test_a_hub_that_is_down_is_a_clear_error_within_seconds_and_installs_nothing(
+    tmp_path, in_force, hub, monkeypatch, scenario
+):
     from prebake.registry.hf import HubRegistry
 
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")  # nothing listens there
     store = unbounded(scenario.store(tmp_path / "home"))
     started = time.monotonic()
     with pytest.raises(RegistryUnavailable, match="did not answer"):
-        fetch(store, HubRegistry(hub.address, cache_dir=tmp_path / "empty-cache"), hub.bundle.manifest.the_key())
+        in_force.fetch(
+            store, HubRegistry(hub.address, cache_dir=tmp_path / "empty-cache"), hub.bundle.manifest.the_key()
+        )
     assert time.monotonic() - started < 30
     _nothing_installed(store, hub.bundle)
 
 
-def test_http_500s_on_the_blob_are_reported_and_the_next_fetch_recovers(tmp_path, hub, scenario):
+def test_http_500s_on_the_blob_are_reported_and_the_next_fetch_recovers(tmp_path, in_force, hub, scenario):
     hub.proxy.inject(Fault("GET", "/blobs/", "error500"))
     store = unbounded(scenario.store(tmp_path / "home"))
     with pytest.raises(RegistryError):
-        fetch(store, hub.registry, hub.bundle.manifest.the_key())
+        in_force.fetch(store, hub.registry, hub.bundle.manifest.the_key())
     _nothing_installed(store, hub.bundle)
 
     hub.proxy.clear()
-    got = fetch(store, hub.registry, hub.bundle.manifest.the_key())
+    got = in_force.fetch(store, hub.registry, hub.bundle.manifest.the_key())
     assert not isinstance(got, Miss) and store_problems(store.home) == []
 
 
@@ -86,18 +90,18 @@ def test_http_500s_on_the_blob_are_reported_and_the_next_fetch_recovers(tmp_path
     ["cut", "short", "corrupt"],
     ids=["connection-cut-mid-body", "short-body", "wrong-bytes"],
 )
-def test_a_bad_blob_body_from_the_hub_is_refused_and_nothing_is_installed(tmp_path, hub, scenario, fault):
+def test_a_bad_blob_body_from_the_hub_is_refused_and_nothing_is_installed(tmp_path, in_force, hub, scenario, fault):
     hub.proxy.inject(Fault("GET", "/blobs/", fault))
     store = unbounded(scenario.store(tmp_path / "home"))
     with pytest.raises(RegistryError) as raised:
-        fetch(store, hub.registry, hub.bundle.manifest.the_key())
+        in_force.fetch(store, hub.registry, hub.bundle.manifest.the_key())
     assert "blobs/sha256" in str(raised.value) or hub.bundle.manifest.blob.digest[:20] in str(raised.value)
     _nothing_installed(store, hub.bundle)
     assert not list(store.home.glob("blobs/sha256/*/.tmp-*")), "the failed download's temporary is gone"
 
 
-def test_a_failing_commit_is_loud_and_leaves_no_entry(tmp_path, hub, scenario):
-    other = make_bundle(tmp_path / "bake", model="other", payload_bytes=64 << 10)
+def test_a_failing_commit_is_loud_and_leaves_no_entry(tmp_path, in_force, hub, scenario):
+    other = in_force.bundle(tmp_path / "bake", model="other", payload_bytes=64 << 10)
     hub.proxy.inject(Fault("POST", "/commit/", "error500"))
     with pytest.raises(RegistryError, match="commit|publish"):
         hub.registry.publish(other.manifest, other.blob)

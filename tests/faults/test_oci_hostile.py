@@ -1,6 +1,7 @@
 """Hostile content on an OCI registry: index entries a hostile or broken pusher left under a bundle's
 tag, and blobs that are not what their manifest says. Each is a clean BundleError (or blob
-mismatch) in bounded time, verify reports it, and nothing is installed."""
+mismatch) in bounded time, verify reports it, and nothing is installed. The bundles are signed and
+read under the policy in force (tests/faults/in_force.py): the tampering is what must be refused."""
 
 from __future__ import annotations
 
@@ -11,22 +12,11 @@ from typing import ClassVar
 
 import pytest
 
-from prebake.artifacts.bake.fetch import fetch
 from prebake.artifacts.errors import BundleError
 from prebake.registry.errors import BlobSizeMismatch
 from prebake.registry.oci_artifact import build, canonical, tag_for
 from prebake.registry.verify import verify_registry
 from tests.faults.procs import unbounded
-from tests.support.bundles import make_bundle
-from tests.support.oci_server import oci_available, oci_server
-
-
-@pytest.fixture(scope="module")
-def origin(tmp_path_factory):
-    if not oci_available():
-        pytest.skip("docker-registry is not installed (apt-get install docker-registry; .ci/run does)")
-    with oci_server(tmp_path_factory.mktemp("oci-hostile")) as server:
-        yield server
 
 
 @pytest.fixture
@@ -57,9 +47,11 @@ def _tamper(document: dict, case: str, other) -> dict:
 
 
 @pytest.mark.parametrize("case", ["not-prebake", "inline-edited", "another-keys-manifest", "two-layers"])
-def test_a_hostile_oci_entry_is_a_clean_error_in_bounded_time_and_verify_reports_it(registry, tmp_path, scenario, case):
-    b = make_bundle(tmp_path / "b")
-    other = make_bundle(tmp_path / "o", model="other")
+def test_a_hostile_oci_entry_is_a_clean_error_in_bounded_time_and_verify_reports_it(
+    registry, tmp_path, scenario, in_force, case
+):
+    b = in_force.bundle(tmp_path / "b")
+    other = in_force.bundle(tmp_path / "o", model="other")
     registry.publish(b.manifest, b.blob)
     registry.publish(other.manifest, other.blob)
     tag = tag_for("graphs", b.manifest.key_digest)
@@ -71,14 +63,16 @@ def test_a_hostile_oci_entry_is_a_clean_error_in_bounded_time_and_verify_reports
     with pytest.raises(BundleError):
         registry.lookup("graphs", b.manifest.key_digest)
     with pytest.raises(BundleError):
-        fetch(unbounded(scenario.store(tmp_path / "home")), registry, b.manifest.the_key())
+        in_force.fetch(unbounded(scenario.store(tmp_path / "home")), registry, b.manifest.the_key())
     assert time.monotonic() - started < 20
-    report = verify_registry(registry, trust=None, quarantine=False)
+    report = verify_registry(registry, trust=in_force.trust(registry), quarantine=False)
     assert report.exit_code == 1 and [f.key_digest for f in report.findings] == [b.manifest.key_digest]
 
 
-def test_an_oci_blob_larger_than_its_manifest_says_is_refused_before_downloading(registry, origin, tmp_path, scenario):
-    b = make_bundle(tmp_path, payload_bytes=64 << 10)
+def test_an_oci_blob_larger_than_its_manifest_says_is_refused_before_downloading(
+    registry, origin, tmp_path, scenario, in_force
+):
+    b = in_force.bundle(tmp_path, payload_bytes=64 << 10)
     registry.publish(b.manifest, b.blob)
     path = origin.blob_file(b.manifest.blob.digest)
     path.write_bytes(path.read_bytes() + b"\0" * (1 << 20))
@@ -97,13 +91,13 @@ def test_a_kind_that_cannot_name_a_tag_is_refused_with_the_rule(registry):
     assert len(tag_for("x" * 56, "0" * 64)) <= 128
 
 
-def test_a_manifest_over_the_registrys_limit_is_refused_by_the_registry_and_by_prebake(registry, tmp_path):
+def test_a_manifest_over_the_registrys_limit_is_refused_by_the_registry_and_by_prebake(registry, tmp_path, in_force):
     """distribution refuses manifests over 4 MiB on push; prebake refuses to read one (a registry that
     does not) past the same bound, without reading on."""
     from prebake.registry.errors import RegistryError
     from prebake.registry.oci import _bounded
 
-    b = make_bundle(tmp_path)
+    b = in_force.bundle(tmp_path)
     document = json.loads(build(b.manifest, "sha256:" + "0" * 64).manifest)
     document["annotations"]["padding"] = "x" * (5 << 20)
     with pytest.raises(RegistryError, match="HTTP 400|MANIFEST_INVALID|too large|SIZE"):

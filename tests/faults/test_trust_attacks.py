@@ -8,6 +8,8 @@ wrong, with nothing of the refused bundle used:
     a revoked key                            its signatures no longer count, in the store too
     an expired key                           outside its validity period, it signs nothing
     a revocation list: stale, forged, missing, rolled back    fail-closed refuses every bundle
+    a revocation list slower than the start's registry time box    the start ends within its box;
+                                                              on_unreadable decides
     an attestation about another blob        copied beside this blob, its subject is not this blob
     a quarantined bundle as a normal entry   a pod's write-back copied into the index
     a signed decompression bomb              a trusted signature does not lift the unpack checks
@@ -45,12 +47,14 @@ def keys(tmp_path_factory):
     return out
 
 
-def _policy(tmp_path, keys, *, rule: str = "", ci_key: str = "", revocation: bool = False) -> dict[str, str]:
+def _policy(
+    tmp_path, keys, *, rule: str = "", ci_key: str = "", revocation: bool = False, on_unreadable: str = "fail-closed"
+) -> dict[str, str]:
     path = tmp_path / "policy.toml"
     text = f'version = 1\n[keys.ci]\nkey = "{keys["ci"][1]}"\n{ci_key}[keys.revoker]\nkey = "{keys["revoker"][1]}"\n'
     text += f'[[rules]]\nkeys = ["ci"]\n{rule}'
     if revocation:
-        text += '[revocation]\nkeys = ["revoker"]\non_unreadable = "fail-closed"\n'
+        text += f'[revocation]\nkeys = ["revoker"]\non_unreadable = "{on_unreadable}"\n'
     path.write_text(text)
     return {"PREBAKE_POLICY": str(path)}
 
@@ -186,3 +190,46 @@ def test_a_decompression_bomb_signed_by_a_trusted_key_is_still_refused(tmp_path,
         fetch(unbounded(home), registry, manifest.the_key(), trust=trust)
     shutil.rmtree(home / "tmp", ignore_errors=True)
     assert Store(home).lookup(manifest.kind, manifest.key_digest) is None
+
+
+@pytest.mark.parametrize("on_unreadable", ["fail-closed", "fail-open"])
+def test_a_revocation_list_slower_than_the_starts_registry_time_box_does_not_extend_it(
+    tmp_path, keys, scenario, moto, bucket, monkeypatch, on_unreadable
+):
+    """The list is read within the lookup's deadline (what `prebake fetch` and the bundled start run), not in a
+    box of its own after it: a list the registry is slow to give is unreadable once the box ends."""
+    import time
+
+    from prebake.engine.compose import Context
+    from prebake.registry.revocation import READ_TIMEOUT_S
+    from prebake.registry.s3 import S3Registry
+    from tests.faults.fault_proxy import Fault, fault_proxy
+    from tests.support.moto_server import s3_env
+    from tests.support.seeding import plan_here, seed
+
+    address = f"s3://{bucket}/prebake"
+    direct, plan = S3Registry(address), plan_here()
+    seeded = FileRegistry(tmp_path / "seeded")
+    seed(seeded.root, tmp_path / "scratch", plan, sign=keys["ci"][0])
+    for manifest in seeded.list():
+        direct.publish(manifest, seeded.blob_path(manifest.blob.digest))
+    direct.put_meta(LIST_NAME, sign_list(RevocationList(serial=1, issued=dt.datetime.now(dt.UTC)), keys["revoker"][0]))
+    policy = _policy(tmp_path, keys, revocation=True, on_unreadable=on_unreadable)
+    monkeypatch.setenv("PREBAKE_POLICY", policy["PREBAKE_POLICY"])
+    with fault_proxy(moto) as proxy:
+        for name, value in {**s3_env(proxy.url), "PREBAKE_S3_TIMEOUT_S": "60", "PREBAKE_S3_MAX_ATTEMPTS": "1"}.items():
+            monkeypatch.setenv(name, value)  # the client would wait a minute: only the start's box stops it
+        proxy.inject(Fault("GET", "/meta/", "slow", seconds=30))
+        context = Context.open(address, store=unbounded(scenario.store(tmp_path / "home")))
+        started = time.monotonic()
+        got = context.resolve(plan, lookup_timeout=2.0)
+        seconds = time.monotonic() - started
+    if on_unreadable == "fail-closed":
+        assert seconds < READ_TIMEOUT_S, (
+            f"the start took {seconds:.1f} s, past its 2 s box: the list got one of its own"
+        )
+        assert not got.installed and len(got.misses) == len(plan.kinds.names)
+        for miss in got.misses:
+            _refused(miss, "could not be read within the registry time box", "on_unreadable = 'fail-closed'")
+    else:
+        assert got.complete, [m.reason for m in got.misses]  # fail-open: used, with a warning

@@ -109,3 +109,67 @@ def test_the_embedded_registry_keeps_writing_back_to_its_index(tmp_path):
     embedded = open_registry(str(tmp_path / "home" / "registry"))
     assert {m.kind for m in embedded.list()} == {"buckets", "autotune"}
     assert "(the index)" in log and not (tmp_path / "home" / "registry" / "incoming").exists()
+
+
+def test_under_a_policy_a_pod_writes_every_kind_to_quarantine_and_promote_promotes_the_set(tmp_path):
+    """A pod under a policy that refuses unsigned bundles compiles every kind on a miss: each kind is
+    written back (built on the pod's own write-backs, never refetched under the policy, which would
+    refuse them), its inputs name the quarantined blobs, and promote promotes the set upstream first."""
+    recipes = write_api_recipe(tmp_path / "recipes")
+    (tmp_path / "shared").mkdir()
+    private, public = write_keypair("builder", tmp_path / "keys")
+    policy = tmp_path / "policy.toml"
+    policy.write_text(
+        f'version = 1\n[keys.builder]\nkey = "{public.read_text().strip()}"\n[[rules]]\nkeys = ["builder"]\n'
+    )
+    shared = str(tmp_path / "shared")
+    log = _serve(tmp_path / "pod", recipes, "--registry", shared, "--write-back", PREBAKE_POLICY=str(policy))
+    assert "write-back: buckets: published, autotune: published" in log, log
+    waiting = {m.kind: m for m in open_registry(f"{shared}/incoming").list()}
+    assert waiting["autotune"].inputs == {"buckets": waiting["buckets"].blob.digest}
+
+    done = _prebake(
+        tmp_path, recipes, "promote", "--registry", shared, "--json",
+        PREBAKE_SIGNING_KEY=str(private), PREBAKE_POLICY=str(policy),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert [(r["kind"], r["outcome"]) for r in json.loads(done.stdout)["results"]] == [
+        ("buckets", "promoted"),
+        ("autotune", "promoted"),
+    ]
+    log = _serve(tmp_path / "next-pod", recipes, "--registry", shared, "--on-miss", "fail", PREBAKE_POLICY=str(policy))
+    assert "buckets in the registry, autotune in the registry" in log
+
+
+def test_prebake_promote_prune_removes_what_waited_past_the_policys_maximum_age(tmp_path):
+    """`prebake promote --prune`: the maximum age from --older-than, else the policy's [quarantine] max_age_days."""
+    import datetime as dt
+
+    from tests.support.baking import Home
+    from tests.support.bundles import make_bundle
+
+    shared = tmp_path / "shared"
+    incoming = open_registry(str(shared / "incoming"))
+    for model, days in (("week-old", 8), ("two-days-old", 2)):
+        b = make_bundle(tmp_path / "bake", model=model)
+        created = (dt.datetime.now(dt.UTC) - dt.timedelta(days=days)).isoformat(timespec="seconds")
+        incoming.publish(
+            b.manifest.model_copy(update={"created": created, "labels": {"writeback": "quarantine"}}), b.blob
+        )
+    _private, public = write_keypair("builder", tmp_path / "keys")
+    policy = tmp_path / "policy.toml"
+    policy.write_text(
+        f'version = 1\n[keys.builder]\nkey = "{public.read_text().strip()}"\n[[rules]]\nkeys = ["builder"]\n'
+        "[quarantine]\nmax_age_days = 1\n"
+    )
+    node = Home(tmp_path / "builder")
+    by_default = node.prebake("promote", "--registry", str(shared), "--prune", "--dry-run")
+    assert by_default.returncode == 0 and "1 of 2 write-back(s) older than 7d would remove" in by_default.stdout
+    weekly = node.prebake("promote", "--registry", str(shared), "--prune", "--older-than", "7d", "--json")
+    assert [r["outcome"] for r in json.loads(weekly.stdout)["results"]] == ["kept", "removed"], weekly.stdout
+    assert [m.labels.get("model") for m in incoming.list()] == [None]  # the two-day-old one stays
+    daily = node.prebake("promote", "--registry", str(shared), "--prune", extra_env={"PREBAKE_POLICY": str(policy)})
+    assert daily.returncode == 0 and "1 of 1 write-back(s) older than 1d removed" in daily.stdout, daily.stdout
+    assert list(incoming.list()) == []
+    wrong = node.prebake("promote", "--registry", str(shared), "--prune", "--older-than", "soon")
+    assert wrong.returncode == 2 and "is not a duration" in wrong.stderr

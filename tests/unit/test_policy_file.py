@@ -145,14 +145,14 @@ def test_no_matching_rule_is_a_refusal_that_says_so(world):
     ("body", "message"),
     [
         ('[[rules]]\nkeys = ["ci"\n', "is not valid TOML.*line"),
-        ('[[rules]]\nkeys = ["ci"]\nbuilder = ["x"]\n', r"rules\[0\]\.builder: Extra inputs are not permitted"),
+        ('[[rules]]\nkeys = ["ci"]\nbuilder = ["x"]\n', r"line 6: rules\[0\]\.builder: unknown field; remove it"),
         ('[[rules]]\nkeys = ["nobody"]\n', r"rules\[0\] names key 'nobody', which \[keys\] does not define"),
         (
             '[[rules]]\nkeys = ["ci"]\n[rules.dependencies]\ntorch = "two-point-thirteen"\n',
             "neither 'host' nor a version",
         ),
         ("[[rules]]\n", "names the keys that may sign"),
-        ("", r"rules: Field required"),
+        ("", r"rules: required field is missing; add it"),
     ],
 )
 def test_a_malformed_policy_is_a_clear_error_naming_the_field(world, body, message, tmp_path):
