@@ -16,12 +16,11 @@ import uuid
 
 import pytest
 
-from prebake.artifacts.bake.fetch import Miss, fetch
+from prebake.artifacts.bake.fetch import Miss
 from prebake.registry.errors import BlobDigestMismatch, RegistryUnavailable
 from tests.faults.checks import store_problems
 from tests.faults.fault_proxy import Fault, fault_proxy
 from tests.faults.procs import unbounded
-from tests.support.bundles import make_bundle
 from tests.support.oci_server import OCIServer, oci_available, oci_server
 
 ENV = {"PREBAKE_OCI_TIMEOUT_S": "2", "PREBAKE_OCI_MAX_ATTEMPTS": "3", "PREBAKE_OCI_CHUNK_MB": "1"}
@@ -37,8 +36,8 @@ def ranged_origin(tmp_path_factory):
 
 
 @pytest.fixture
-def parts(ranged_origin: OCIServer, monkeypatch, tmp_path, scenario):
-    """A bundle of five parts in a fresh repository, and a fault proxy in front of the server."""
+def parts(ranged_origin: OCIServer, monkeypatch, tmp_path, scenario, in_force):
+    """A signed bundle of five parts in a fresh repository, and a fault proxy in front of the server."""
     from prebake.registry.oci import OCIRegistry
     from prebake.registry.oci_client import OCISettings
 
@@ -46,29 +45,33 @@ def parts(ranged_origin: OCIServer, monkeypatch, tmp_path, scenario):
         monkeypatch.delenv(name, raising=False)
     repo = f"ranged/r{uuid.uuid4().hex[:10]}"
     direct = OCIRegistry(ranged_origin.address(repo), OCISettings(plain_http=(ranged_origin.host,), settle_s=0.1))
-    bundle = make_bundle(tmp_path / "bake", payload_bytes=PAYLOAD)
+    bundle = in_force.bundle(tmp_path / "bake", payload_bytes=PAYLOAD)
     direct.publish(bundle.manifest, bundle.blob)
     scenario.registry(direct, bundle.manifest)
     with fault_proxy(ranged_origin.url) as proxy:
         host = proxy.url.removeprefix("http://")
         for name, value in {**ENV, "PREBAKE_OCI_PLAIN_HTTP": host}.items():
             monkeypatch.setenv(name, value)
-        yield _Parts(
-            OCIRegistry(f"oci://{host}/{repo}"), bundle, proxy, math.ceil(bundle.manifest.blob.size / (1 << 20))
-        )
+        registry = OCIRegistry(f"oci://{host}/{repo}")
+        yield _Parts(registry, bundle, proxy, math.ceil(bundle.manifest.blob.size / (1 << 20)), in_force)
 
 
 class _Parts:
-    def __init__(self, registry, bundle, proxy, count):
+    def __init__(self, registry, bundle, proxy, count, in_force):
         self.registry, self.bundle, self.proxy, self.count = registry, bundle, proxy, count
+        self.in_force = in_force
 
     @property
     def size(self) -> int:
         return self.bundle.manifest.blob.size
 
+    def fetch(self, store):
+        """prebake's fetch of the bundle under the policy in force."""
+        return self.in_force.fetch(store, self.registry, self.bundle.manifest.the_key())
+
 
 def _installed(store, parts: _Parts) -> None:
-    got = fetch(store, parts.registry, parts.bundle.manifest.the_key())
+    got = parts.fetch(store)
     assert not isinstance(got, Miss) and store_problems(store.home) == []
 
 
@@ -103,7 +106,7 @@ def test_a_part_that_keeps_breaking_off_is_an_outage_named_not_a_miss(tmp_path, 
     parts.proxy.inject(Fault("GET", "/blobs/", "cut", partial=True))
     store = unbounded(scenario.store(tmp_path / "home"))
     with pytest.raises(RegistryUnavailable, match=parts.registry.url):
-        fetch(store, parts.registry, parts.bundle.manifest.the_key())
+        parts.fetch(store)
     _nothing_installed(store, parts)
 
 
@@ -111,7 +114,7 @@ def test_one_wrong_byte_in_one_part_is_refused_and_nothing_is_installed(tmp_path
     parts.proxy.inject(Fault("GET", "/blobs/", "corrupt", partial=True, times=1))
     store = unbounded(scenario.store(tmp_path / "home"))
     with pytest.raises(BlobDigestMismatch, match=parts.bundle.manifest.blob.digest[:20]):
-        fetch(store, parts.registry, parts.bundle.manifest.the_key())
+        parts.fetch(store)
     _nothing_installed(store, parts)
 
 
@@ -123,19 +126,19 @@ def test_500s_on_parts_are_retried_and_a_registry_that_keeps_failing_is_named(tm
     other = unbounded(scenario.store(tmp_path / "other"))
     parts.proxy.inject(Fault("GET", "/blobs/", "error500"))
     with pytest.raises(RegistryUnavailable, match="HTTP 500"):
-        fetch(other, parts.registry, parts.bundle.manifest.the_key())
+        parts.fetch(other)
     _nothing_installed(other, parts)
 
 
 def test_a_cold_mirror_streams_the_blob_whole_and_a_warm_one_serves_parts(
-    tmp_path, ranged_origin, monkeypatch, scenario
+    tmp_path, ranged_origin, monkeypatch, scenario, in_force
 ):
     """distribution 2.8's pull-through mirror ignores Range for a blob it does not hold yet."""
     from prebake.registry.oci import OCIRegistry
     from prebake.registry.oci_client import OCISettings
 
     repo = f"ranged/m{uuid.uuid4().hex[:10]}"
-    bundle = make_bundle(tmp_path / "bake", model="mirrored", payload_bytes=PAYLOAD)
+    bundle = in_force.bundle(tmp_path / "bake", model="mirrored", payload_bytes=PAYLOAD)
     OCIRegistry(ranged_origin.address(repo), OCISettings(plain_http=(ranged_origin.host,), settle_s=0.1)).publish(
         bundle.manifest, bundle.blob
     )
@@ -149,14 +152,14 @@ def test_a_cold_mirror_streams_the_blob_whole_and_a_warm_one_serves_parts(
             monkeypatch.setenv(name, value)
         through = OCIRegistry(f"oci://{host}/{repo}")
         cold = unbounded(scenario.store(tmp_path / "cold"))
-        assert not isinstance(fetch(cold, through, bundle.manifest.the_key()), Miss)
+        assert not isinstance(in_force.fetch(cold, through, bundle.manifest.the_key()), Miss)
         assert nodes_log.statuses("GET", "/blobs/") == [200], "the cold mirror ignored Range: one stream"
         assert store_problems(cold.home) == []
 
         _until_held(mirror, bundle.manifest.blob.digest)
         origin_before = origin_log.bytes_sent("/blobs/")
         warm = unbounded(scenario.store(tmp_path / "warm"))
-        assert not isinstance(fetch(warm, through, bundle.manifest.the_key()), Miss)
+        assert not isinstance(in_force.fetch(warm, through, bundle.manifest.the_key()), Miss)
         assert nodes_log.statuses("GET", "/blobs/")[1:] == [206] * 5, "the warm mirror serves ranged parts"
         assert origin_log.bytes_sent("/blobs/") == origin_before, "and costs the origin no blob bytes"
         assert store_problems(warm.home) == []
