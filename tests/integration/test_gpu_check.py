@@ -9,7 +9,6 @@ wheelhouse is built for the GPU host's one Python (make gpu-wheelhouse GPU_PYTHO
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import sysconfig
