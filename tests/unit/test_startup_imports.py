@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -73,3 +75,47 @@ def test_inductor_init_picks_the_vector_isa_and_asks_the_compiler_before_any_ker
     assert got["cached"] == 1  # the ISA list was probed on the thread: the first kernel load finds it
     assert f"vector ISA {got['isa'] or 'none'}" in got["describe"] and got["imports_s"] > 0
     assert "waited for after the weights' load" in got["describe"]
+
+
+def test_the_probes_begin_once_their_modules_are_in_beside_the_rest_and_warm_the_precompiled_header(tmp_path):
+    (tmp_path / "slow_to_import.py").write_text("import time\ntime.sleep(3)\n")  # stands for lowering's seconds
+    got = _child(
+        "import json\n"
+        "from prebake.engine.bundled.runtime.torch_import import Imports\n"
+        "from prebake.engine.bundled.runtime.inductor_init import PROBE_MODULES, InductorInit\n"
+        "imports = Imports.begin([*PROBE_MODULES, 'slow_to_import'])\n"
+        "imports.join_torch()\n"
+        "init = InductorInit.start(imports).join()\n"
+        "from torch._inductor import codecache\n"
+        "print(json.dumps({'beside': init.probes_beside_imports, 'describe': init.describe(),"
+        " 'headers': codecache._precompile_header.cache_info().currsize}))",
+        tmp_path,
+        TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
+        PYTHONPATH=f"{REPO}{os.pathsep}{tmp_path}",
+    )
+    assert got["beside"], got["describe"]  # the probes ran while the slow module was still importing
+    assert "beside the rest of them" in got["describe"] and "precompiled header ready" in got["describe"]
+    assert got["headers"] == 1  # the first kernel load finds the header's preprocessing done
+
+
+def test_waiting_for_modules_the_thread_does_not_import_is_refused_and_a_failed_import_is_raised():
+    from prebake.engine.bundled.runtime.torch_import import Imports
+
+    job = Imports.begin(["json", "no_such_module_anywhere"])
+    with pytest.raises(ValueError, match="not among the modules"):
+        job.wait_for(["csv"])
+    with pytest.raises(ModuleNotFoundError, match="no_such_module_anywhere"):
+        job.wait_for(["no_such_module_anywhere"])
+    job.wait_for(["json"])  # imported before the failure: no error for what was asked
+
+
+def test_the_start_up_runs_under_a_short_switch_interval_and_puts_the_default_back_even_when_it_fails():
+    from prebake.engine.bundled import start
+
+    before = sys.getswitchinterval()
+    with start._short_switch_interval():
+        assert sys.getswitchinterval() == min(before, start._START_SWITCH_INTERVAL_S)
+    assert sys.getswitchinterval() == before
+    with pytest.raises(RuntimeError), start._short_switch_interval():
+        raise RuntimeError("a start that fails")
+    assert sys.getswitchinterval() == before

@@ -18,18 +18,23 @@ Inductor-cache variant, pays for things no bundle holds, because they belong to 
                when it is not there, outside any bundle. It cannot be turned off for a load: the
                header's flag is part of every kernel's build command, so of its cache key (measured:
                with TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS=0 every kernel misses and compiles).
-               It stays on the first kernel load (docs/graphs-variants.md, "what remains").
+               So it is asked for with the probes (`_warm_header`), off the first kernel load.
 
-The imports, the ISA and the compiler need no weights. The imports run on the start-up's import thread from its beginning
+The imports, the ISA, the compiler and the header need no weights. The imports run on the start-up's import thread from its beginning
 (prebake.engine.bundled.runtime.torch_import); the ISA and compiler probes, which read Inductor's cache folder, run
-on a thread of their own once that folder is installed (`InductorInit.start`), while the weights
-load; their children run on the other core. The warm-up joins the thread before the first function
-loads: `waited_s` is what did not overlap.
+on a thread of their own (with the header) once that folder is installed (`InductorInit.start`), while the weights
+load. The probes need only PROBE_MODULES, which the import thread imports first (they bring in
+torch._dynamo too: two thirds of the imports' time); they begin as soon as those are in, beside
+the rest of the imports (torch._inductor.lowering and select_algorithm, the last third), instead
+of after them: their g++ and dlopen children run on the other core while the import thread holds
+the GIL (measured 2026-12-01: 0.7-1.6 s of probes off the start's critical path at load 18-27).
+The warm-up joins the thread before the first function loads: `waited_s` is what did not overlap.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -40,21 +45,28 @@ if TYPE_CHECKING:
 
 # What the output code of a CPU graph imports when it is first loaded (measured on torch 2.13:
 # loading a precompiled function imports these, and nothing else of weight, on first use).
+# The probes' own (imported first, so the probe thread imports nothing beside the import thread):
+PROBE_MODULES = (
+    "torch._inductor.cpu_vec_isa",
+    "torch._inductor.cpp_builder",
+    "torch._inductor.codecache",
+    "torch.utils.cpp_extension",  # the build command line's torch paths (it brings in setuptools)
+)
 INDUCTOR_MODULES = (
+    *PROBE_MODULES,  # first: the probes begin once these are in
     "torch._dynamo",
     "torch._dynamo.aot_compile",
-    "torch._inductor.codecache",
     "torch._inductor.output_code",
     "torch._inductor.async_compile",
     "torch._inductor.lowering",
     "torch._inductor.select_algorithm",
-    "torch._inductor.cpu_vec_isa",
     "torch._functorch._aot_autograd.aot_autograd_result",
 )
 
 
 def _probe_isa_and_compiler() -> str:
-    """What the first kernel load would ask, asked now: the vector ISA and the compiler's version."""
+    """What the first kernel load would ask, asked now: the vector ISA, the compiler's version and
+    the precompiled header."""
     from torch._inductor import cpu_vec_isa
     from torch._inductor.cpp_builder import CppBuilder, CppTorchDeviceOptions
 
@@ -62,7 +74,43 @@ def _probe_isa_and_compiler() -> str:
     CppBuilder(
         name="o", sources="i", BuildOption=CppTorchDeviceOptions(vec_isa=isa, device_type="cpu")
     ).get_command_line()
-    return f"vector ISA {isa or 'none'}"
+    return f"vector ISA {isa or 'none'}, {_warm_header(isa)}"
+
+
+def _warm_header(isa) -> str:
+    """Inductor's precompiled header for the kernels of this ISA, as the first kernel load asks for it.
+
+    Before it looks a CPU kernel up, Inductor's CppPythonBindingsCodeCache.load_async calls
+    `_precompile_header` (functools-cached) with the kernel's build command: `g++ -E` over
+    cpp_prefix.h and `openssl sha512` over the output (0.3-0.4 s, children on the other core), and
+    on a host without the header in $TMPDIR/torchinductor_$USER a compile of it (seconds). The call
+    is made here with the arguments load_async builds for a kernel without separate kernel code on
+    the picked ISA (torch 2.13), so the first load finds it done. Were torch's arguments to differ,
+    the cache would miss and the load would call it again: a few tenths of a second lost, nothing
+    else."""
+    try:
+        from torch._inductor import codecache, config
+
+        if not config.cpp_cache_precompile_headers or sys.platform == "win32":
+            return "no precompiled header (off)"
+        from torch._inductor.cpp_builder import CppBuilder, CppTorchDeviceOptions
+
+        bindings = codecache.CppPythonBindingsCodeCache
+        header = bindings._get_uncompiled_header("cpu")
+        command = {
+            **bindings.cpp_compile_command_flags,
+            "device_type": "cpu",
+            "extra_flags": (),
+            "use_relative_path": config.is_fbcode(),
+            "vec_isa": isa,
+        }
+        line = CppBuilder(
+            name="o", sources="i", BuildOption=CppTorchDeviceOptions(compile_only=False, min_optimize=False, **command)
+        ).get_command_line()
+        codecache._precompile_header(header, line, min_optimize=False, **command)
+    except (AttributeError, TypeError, ImportError) as exc:  # another torch's internals: the first load does it
+        return f"precompiled header left to the first load ({type(exc).__name__}: {exc})"
+    return "precompiled header ready"
 
 
 @dataclass
@@ -72,6 +120,7 @@ class InductorInit:
     imports: Imports | None = None  # the start-up's import thread, when it imports Inductor's modules
     imports_s: float = 0.0
     probes_s: float = 0.0
+    probes_beside_imports: bool = False  # the probes ran while the import thread imported the rest
     probes_note: str = ""
     waited_s: float = 0.0
     error: BaseException | None = None
@@ -87,18 +136,27 @@ class InductorInit:
     def _run(self) -> None:
         try:
             started = time.perf_counter()
-            if self.imports is not None:
-                self.imports.join()
-                self.imports_s = self.imports.inductor_s
-            else:
+            if self.imports is None:
                 for name in INDUCTOR_MODULES:
                     importlib.import_module(name)
                 self.imports_s = time.perf_counter() - started
-            started = time.perf_counter()
-            self.probes_note = _probe_isa_and_compiler()
-            self.probes_s = time.perf_counter() - started
+                self._probe()
+                return
+            if set(PROBE_MODULES) <= set(self.imports.inductor_modules):  # the probes beside the rest
+                self.imports.wait_for(PROBE_MODULES)
+                self.probes_beside_imports = self.imports.running()
+                self._probe()
+            self.imports.join()
+            self.imports_s = self.imports.inductor_s
+            if not self.probes_note:
+                self._probe()
         except BaseException as exc:  # re-raised by join, in the thread that starts the engine
             self.error = exc
+
+    def _probe(self) -> None:
+        started = time.perf_counter()
+        self.probes_note = _probe_isa_and_compiler()
+        self.probes_s = time.perf_counter() - started
 
     def join(self) -> InductorInit:
         if self._thread is not None:
@@ -111,8 +169,9 @@ class InductorInit:
         return self
 
     def describe(self) -> str:
+        order = "beside the rest of them" if self.probes_beside_imports else "after them"
         return (
             f"inductor init: {self.waited_s:.2f} s waited for after the weights' load (imports "
-            f"{self.imports_s:.2f} s on the import thread, then {self.probes_note} and the compiler's "
-            f"version {self.probes_s:.2f} s)"
+            f"{self.imports_s:.2f} s on the import thread; {self.probes_note}, the compiler's "
+            f"version: {self.probes_s:.2f} s, {order})"
         )

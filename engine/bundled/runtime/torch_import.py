@@ -6,7 +6,9 @@ Neither needs anything from the start-up before it, and the steps they run besid
 lookup, the fetch and the unpack, the copy of the graphs tree, the weights' load) spend their time
 in zstd, sha256, the disk and torch's kernels, which release the GIL. So one thread imports torch
 and then Inductor while those steps run; the "torch" step waits for the first, the warm-up for
-the second, and each says how much of its import was left to wait for.
+the second, and each says how much of its import was left to wait for. Inductor's ISA and
+compiler probes (prebake.engine.bundled.runtime.inductor_init) need only the first few of its modules:
+`wait_for` lets them begin as soon as those are in, beside the rest of the imports.
 
 Inductor's modules may be imported this early only because the engine sets their cache folder
 (TORCHINDUCTOR_CACHE_DIR, prebake.engine.bundled.cache_layout.inductor_cache_dir) before the thread begins, to
@@ -30,6 +32,9 @@ class Imports:
     torch_failed: bool = False
     inductor_modules: tuple[str, ...] = ()
     _torch_done: threading.Event = field(default_factory=threading.Event)
+    _imported: set[str] = field(default_factory=set)  # of inductor_modules, so far
+    _finished: bool = False
+    _progress: threading.Condition = field(default_factory=threading.Condition)
     _thread: threading.Thread | None = None
 
     @classmethod
@@ -52,11 +57,17 @@ class Imports:
             started = time.perf_counter()
             for name in self.inductor_modules:
                 importlib.import_module(name)
+                with self._progress:
+                    self._imported.add(name)
+                    self._progress.notify_all()
             self.inductor_s = time.perf_counter() - started
         except BaseException as exc:  # re-raised by the joins, in the thread that starts the engine
             self.error = exc
         finally:
             self._torch_done.set()
+            with self._progress:
+                self._finished = True
+                self._progress.notify_all()
 
     def join_torch(self) -> str:
         """Wait for `import torch`; what the start-up's "torch" step reports."""
@@ -70,6 +81,21 @@ class Imports:
         return (
             f"torch {torch.__version__} imported in {self.torch_s:.2f} s on a thread, {waited:.2f} s of it waited for"
         )
+
+    def wait_for(self, names: Sequence[str]) -> None:
+        """Wait until the thread has imported `names` (some of `inductor_modules`), not the rest."""
+        unknown = set(names) - set(self.inductor_modules)
+        if unknown:
+            raise ValueError(f"{sorted(unknown)} are not among the modules this thread imports; name them in begin()")
+        with self._progress:
+            self._progress.wait_for(lambda: self._finished or self._imported.issuperset(names))
+        if not self._imported.issuperset(names) and self.error is not None:
+            raise self.error
+
+    def running(self) -> bool:
+        """Whether the thread is still importing."""
+        with self._progress:
+            return not self._finished
 
     def join(self) -> float:
         """Wait for every import; the seconds waited."""
