@@ -31,10 +31,16 @@ demo: $(DEMO_STAMP)
 		--precision bf16 --iterations 1 --cold-from-bake --show-completion
 	$(BIN)/prebake ls
 
+# The suite runs on every core with pytest-xdist: one worker per CPU (at most 8; set
+# PYTEST_XDIST_AUTO_NUM_WORKERS to choose), each module's tests together on one worker and the
+# modules that compile handed out first (tests/support/xdist_groups.py). `make test PYTEST_FLAGS=`
+# runs the suite in one process.
+PYTEST_FLAGS ?= -n auto --dist loadscope --no-loadscope-reorder
+
 ## test: the checks (ruff lint and format, mypy: strict on artifacts/ and registry/) and the whole
-## suite (unit, contract, integration, faults)
+## suite (unit, contract, integration, faults, operations) on every core
 test: check $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q $(PYTEST_FLAGS)
 
 ## check: ruff lint, ruff format check, mypy
 check: $(STAMP)
@@ -44,7 +50,7 @@ check: $(STAMP)
 
 ## test-fast: everything but the tests that compile real graphs
 test-fast: $(STAMP)
-	$(BIN)/pytest -q -m "not slow"
+	$(BIN)/pytest -q $(PYTEST_FLAGS) -m "not slow"
 
 ## bench: the benchmark scripts, each printing ratios measured in one run and ending with one JSON
 ## line; the charts in docs/images/ are redrawn from these runs

@@ -1,5 +1,18 @@
-"""Hooks for the whole suite: the scenario tally of tests/faults and tests/operations."""
+"""Hooks for the whole suite: the scenario tally of tests/faults and tests/operations
+(tests/support/scenarios.py) and the grouping of tests onto pytest-xdist workers
+(tests/support/xdist_groups.py)."""
 
-from tests.support.scenarios import pytest_runtest_makereport, pytest_terminal_summary, scenario
+from tests.support.scenarios import pytest_configure, scenario
+from tests.support.xdist_groups import (
+    pytest_collection_modifyitems,
+    pytest_xdist_auto_num_workers,
+    pytest_xdist_make_scheduler,
+)
 
-__all__ = ["pytest_runtest_makereport", "pytest_terminal_summary", "scenario"]
+__all__ = [
+    "pytest_collection_modifyitems",
+    "pytest_configure",
+    "pytest_xdist_auto_num_workers",
+    "pytest_xdist_make_scheduler",
+    "scenario",
+]

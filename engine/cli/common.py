@@ -35,6 +35,16 @@ LISTED: list[Listed] = []  # filled as the command modules add their commands
 StoreUse = str | Callable[[argparse.Namespace], str | None] | None  # "read", "write", or None (no store)
 
 
+def writes_with(flag: str) -> Callable[[argparse.Namespace], str]:
+    """The store use of a command that writes only with `flag` set (verify --fix, stats --zero)."""
+    return lambda args: "write" if getattr(args, flag) else "read"
+
+
+def reads_with(flag: str) -> Callable[[argparse.Namespace], str]:
+    """The store use of a command that only reads with `flag` set (gc --dry-run, rm --dry-run)."""
+    return lambda args: "read" if getattr(args, flag) else "write"
+
+
 class Formatter(argparse.RawDescriptionHelpFormatter):
     """Descriptions and examples as written; every option that takes a value shows its default."""
 

@@ -8,7 +8,7 @@ import json
 from prebake.artifacts.errors import ExitCode
 from prebake.artifacts.store.local import Store
 from prebake.artifacts.store.stats import read_stats
-from prebake.engine.cli.common import command, json_option
+from prebake.engine.cli.common import command, json_option, writes_with
 
 
 def add(sub) -> None:
@@ -19,7 +19,7 @@ def add(sub) -> None:
             group="store",
             help="hit rate per kind, miss reasons, seconds saved; the store's size and bound",
             deprecated="prebake store stats",
-            store=lambda args: "write" if args.zero else "read",
+            store=writes_with("zero"),
         )
     )
 

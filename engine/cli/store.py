@@ -13,7 +13,16 @@ from prebake.artifacts.errors import ExitCode
 from prebake.artifacts.store import admin as store_admin
 from prebake.artifacts.store.local import DEFAULT_MAX_BYTES, Store, parse_size
 from prebake.engine.adapters import KIND_NAMES
-from prebake.engine.cli.common import Formatter, command, json_option, size, table
+from prebake.engine.cli.common import (
+    Formatter,
+    StoreUse,
+    command,
+    json_option,
+    reads_with,
+    size,
+    table,
+    writes_with,
+)
 from prebake.registry.policy import trust_in_force
 
 
@@ -25,7 +34,7 @@ def add(sub) -> None:
             group="store",
             help="evict least recently used bundles from the local store",
             deprecated="prebake store gc",
-            store=_gc_store_use,
+            store=reads_with("dry_run"),
         )
     )
     store = sub.add_parser(
@@ -35,26 +44,22 @@ def add(sub) -> None:
         formatter_class=Formatter,
     )
     cmds = store.add_subparsers(required=True, metavar="STORE_COMMAND")
-    ls = command(
+    ls = _store_command(
         cmds,
         "ls",
-        group="store",
-        listed_as="store ls",
-        help="list the installed bundles: size, last use, held by a live engine or not",
-        examples=["prebake store ls", "prebake store ls --json"],
-        store="read",
+        "list the installed bundles: size, last use, held by a live engine or not",
+        ["prebake store ls", "prebake store ls --json"],
+        "read",
     )
     json_option(ls)
     ls.set_defaults(run=cmd_store_ls)
 
-    verify = command(
+    verify = _store_command(
         cmds,
         "verify",
-        group="store",
-        listed_as="store verify",
-        help="re-hash every installed tree and blob against its manifest",
-        examples=["prebake store verify", "prebake store verify --fix"],
-        store=lambda args: "write" if args.fix else "read",
+        "re-hash every installed tree and blob against its manifest",
+        ["prebake store verify", "prebake store verify --fix"],
+        writes_with("fix"),
     )
     verify.add_argument(
         "--fix",
@@ -64,14 +69,12 @@ def add(sub) -> None:
     json_option(verify)
     verify.set_defaults(run=cmd_store_verify)
 
-    rm = command(
+    rm = _store_command(
         cmds,
         "rm",
-        group="store",
-        listed_as="store rm",
-        help="remove bundles from the store (never one held by a live engine)",
-        examples=["prebake store rm tiny-llama --kind graphs --dry-run"],
-        store=lambda args: "read" if args.dry_run else "write",
+        "remove bundles from the store (never one held by a live engine)",
+        ["prebake store rm tiny-llama --kind graphs --dry-run"],
+        reads_with("dry_run"),
     )
     rm.add_argument("selector", help="a model name (all its bundles), or a key or blob digest prefix (4+ hex digits)")
     rm.add_argument("--kind", choices=KIND_NAMES, help="only bundles of this artifact kind (default: every kind)")
@@ -80,29 +83,30 @@ def add(sub) -> None:
     rm.set_defaults(run=cmd_store_rm)
 
     gc_options(
-        command(
+        _store_command(
             cmds,
             "gc",
-            group="store",
-            listed_as="store gc",
-            help="evict least recently used bundles down to the store's bound; never one in use",
-            examples=["prebake store gc --dry-run", "prebake store gc --max-size 20G"],
-            store=_gc_store_use,
+            "evict least recently used bundles down to the store's bound; never one in use",
+            ["prebake store gc --dry-run", "prebake store gc --max-size 20G"],
+            reads_with("dry_run"),
         )
     )
     from prebake.engine.cli.stats import stats_options
 
     stats_options(
-        command(
+        _store_command(
             cmds,
             "stats",
-            group="store",
-            listed_as="store stats",
-            help="hit rate per kind, the commonest miss reasons, seconds saved; the store's size and bound",
-            examples=["prebake store stats", "prebake store stats --json"],
-            store=lambda args: "write" if args.zero else "read",
+            "hit rate per kind, the commonest miss reasons, seconds saved; the store's size and bound",
+            ["prebake store stats", "prebake store stats --json"],
+            writes_with("zero"),
         )
     )
+
+
+def _store_command(cmds, name: str, help: str, examples: list[str], store: StoreUse) -> argparse.ArgumentParser:
+    """`prebake store NAME`, listed under the store group of `prebake --help` by that spelling."""
+    return command(cmds, name, group="store", listed_as=f"store {name}", help=help, examples=examples, store=store)
 
 
 def gc_options(gc: argparse.ArgumentParser) -> None:
@@ -114,10 +118,6 @@ def gc_options(gc: argparse.ArgumentParser) -> None:
     gc.add_argument("--dry-run", action="store_true", help="remove nothing; show what would be evicted")
     json_option(gc)
     gc.set_defaults(run=cmd_gc)
-
-
-def _gc_store_use(args: argparse.Namespace) -> str:
-    return "read" if args.dry_run else "write"
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
@@ -186,7 +186,7 @@ def cmd_store_verify(args: argparse.Namespace) -> int:
     if args.fix:
         store.registry_address()  # as gc: never remove a registry's files that sit in the store's folders
     report = store_admin.verify_store(store, fix=args.fix)
-    _print_json(report.to_json()) if args.json else print(report.render())
+    _show(args, report)
     return report.exit_code
 
 
@@ -195,7 +195,7 @@ def cmd_store_rm(args: argparse.Namespace) -> int:
     store.registry_address()
     chosen = store_admin.select(store, args.selector, args.kind)
     report = store_admin.remove(store, chosen, dry_run=args.dry_run)
-    _print_json(report.to_json()) if args.json else print(report.render())
+    _show(args, report)
     return ExitCode.FAILED if report.kept else ExitCode.OK
 
 
@@ -207,6 +207,11 @@ def _trust(store: Store):
     return trust_in_force(
         warn=False, address=address, store_home=store.home, open_registry=lambda: open_registry(address)
     )
+
+
+def _show(args: argparse.Namespace, report) -> None:
+    """A report as --json asked, or as its text."""
+    _print_json(report.to_json()) if args.json else print(report.render())
 
 
 def _print_json(payload: dict) -> None:

@@ -19,14 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.baking import REPO
+from tests.support.baking import REPO, wheel_build_lock
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     """The prebake wheel, built from this tree."""
     root = tmp_path_factory.mktemp("dist")
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", root, REPO])
+    with wheel_build_lock():
+        _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", root, REPO])
     [built] = root.glob("prebake-*.whl")
     return built
 

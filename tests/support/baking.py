@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+
+
+@contextmanager
+def wheel_build_lock() -> Iterator[None]:
+    """Held while pip builds prebake's wheel from this checkout: setuptools writes the checkout's
+    build/ and prebake.egg-info, which two builds at once (two pytest-xdist workers) would tear."""
+    lock = REPO / "build" / ".wheel-build.lock"
+    lock.parent.mkdir(exist_ok=True)
+    with lock.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 @dataclass(frozen=True)

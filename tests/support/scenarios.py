@@ -12,6 +12,11 @@ store's index names whole. A scenario runs under a trust policy when it says so
 (`scenario.under(policy)`: tests/faults/conftest.py does it for every fault scenario, with
 signed bundles and the policy file in force); P counts those. Losses and corruption are counted from those checks,
 never assumed; a check that finds damage fails the scenario too.
+
+The tally is kept from the test reports (`pytest_runtest_logreport`), so it is whole under
+pytest-xdist too: workers send every report to the controller, which counts them and prints the
+line. A scenario's losses travel in its teardown report's user_properties, the one part of a
+report xdist carries that a fixture can write to.
 """
 
 from __future__ import annotations
@@ -30,18 +35,8 @@ if TYPE_CHECKING:
     from prebake.artifacts.bake.fetch import TrustCheck
 
 GROUPS = ("faults", "operations")  # the folders under tests/ whose tests are scenarios
-
-_TALLY = pytest.StashKey["Tally"]()
-
-
-@dataclass
-class Tally:
-    outcomes: dict[str, bool] = field(default_factory=dict)  # nodeid -> survived so far
-    groups: dict[str, str] = field(default_factory=dict)  # nodeid -> its group
-    skipped: int = 0
-    policed: set[str] = field(default_factory=set)  # nodeids of the scenarios run under a trust policy
-    lost: int = 0
-    corrupted: int = 0
+_LOST, _CORRUPTED = "scenario_bundles_lost", "scenario_bundles_corrupted"  # user_properties names
+_POLICED = "scenario_under_policy"
 
 
 @dataclass
@@ -65,50 +60,65 @@ class Scenario:
         return Path(home)
 
 
-def _tally(config) -> Tally:
-    return config.stash.setdefault(_TALLY, Tally())
-
-
-def _group(item) -> str | None:
-    parts = Path(item.path).parts
+def _group(nodeid: str) -> str | None:
+    parts = Path(nodeid.split("::", 1)[0]).parts
     for name in GROUPS:
         if "tests" in parts and name in parts[parts.index("tests") :]:
             return name
     return None
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item, call):
-    report = yield
-    group = _group(item)
-    if group is None:
-        return report
-    tally = _tally(item.config)
-    tally.groups[report.nodeid] = group
-    if report.skipped and report.when in ("setup", "call"):
-        tally.skipped += 1
-        tally.outcomes.pop(report.nodeid, None)
-    elif report.when == "setup" and report.passed:
-        tally.outcomes[report.nodeid] = True
-    elif report.failed:
-        tally.outcomes[report.nodeid] = False
-    return report
+@dataclass
+class Tally:
+    """One session's count, kept by the process that prints it (the controller under xdist)."""
+
+    outcomes: dict[str, bool] = field(default_factory=dict)  # nodeid -> survived so far
+    groups: dict[str, str] = field(default_factory=dict)  # nodeid -> its group
+    skipped: int = 0
+    policed: set[str] = field(default_factory=set)  # nodeids of the scenarios run under a trust policy
+    lost: int = 0
+    corrupted: int = 0
+
+    def pytest_runtest_logreport(self, report) -> None:
+        group = _group(report.nodeid)
+        if group is None:
+            return
+        self.groups[report.nodeid] = group
+        if report.skipped and report.when in ("setup", "call"):
+            self.skipped += 1
+            self.outcomes.pop(report.nodeid, None)
+        elif report.when == "setup" and report.passed:
+            self.outcomes[report.nodeid] = True
+        elif report.failed:
+            self.outcomes[report.nodeid] = False
+        for name, value in report.user_properties:
+            if name == _LOST:
+                self.lost += int(value)
+            elif name == _CORRUPTED:
+                self.corrupted += int(value)
+            elif name == _POLICED:
+                self.policed.add(report.nodeid)
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if not self.outcomes and not self.skipped:
+            return
+        survived = sum(self.outcomes.values())
+        counts = ", ".join(f"{g} {sum(self.groups.get(n) == g for n in self.outcomes)}" for g in GROUPS)
+        policed = len(self.policed & self.outcomes.keys())
+        terminalreporter.write_line(
+            f"faults: {len(self.outcomes)} scenarios ({counts}), {survived} survived, "
+            f"{policed} under a trust policy (signed bundles, the policy file in force), "
+            f"bundles lost or corrupted: {self.lost + self.corrupted}"
+        )
+        if self.skipped:
+            terminalreporter.write_line(f"faults: {self.skipped} scenario(s) skipped (not run, not counted)")
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    tally = _tally(config)
-    if not tally.outcomes and not tally.skipped:
-        return
-    survived = sum(tally.outcomes.values())
-    counts = ", ".join(f"{g} {sum(tally.groups.get(n) == g for n in tally.outcomes)}" for g in GROUPS)
-    policed = len(tally.policed & tally.outcomes.keys())
-    terminalreporter.write_line(
-        f"faults: {len(tally.outcomes)} scenarios ({counts}), {survived} survived, "
-        f"{policed} under a trust policy (signed bundles, the policy file in force), "
-        f"bundles lost or corrupted: {tally.lost + tally.corrupted}"
-    )
-    if tally.skipped:
-        terminalreporter.write_line(f"faults: {tally.skipped} scenario(s) skipped (not run, not counted)")
+def pytest_configure(config) -> None:
+    """Count in the process that reports: not in a pytest-xdist worker (it has `workerinput`),
+    whose reports the controller receives and counts."""
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(Tally(), "prebake-scenario-tally")
 
 
 @pytest.fixture
@@ -116,17 +126,17 @@ def scenario(request) -> Iterator[Scenario]:
     """Register the registries and stores a scenario used; they are re-verified when it ends."""
     seen = Scenario()
     yield seen
-    tally = _tally(request.config)
-    if seen.trust is not None:
-        tally.policed.add(request.node.nodeid)
-    damage = []
+    lost, corrupted, damage = 0, 0, []
     for registry, published in seen.registries:
         found = registry_damage(registry, published, None if seen.trust is None else seen.trust(registry))
-        tally.lost += len(found.lost)
-        tally.corrupted += len(found.corrupted)
+        lost += len(found.lost)
+        corrupted += len(found.corrupted)
         damage += [*found.lost, *found.corrupted]
     for home in seen.stores:
         problems = store_problems(home)
-        tally.corrupted += len(problems)
+        corrupted += len(problems)
         damage += problems
+    request.node.user_properties += [(_LOST, lost), (_CORRUPTED, corrupted)]  # the teardown report carries them
+    if seen.trust is not None:
+        request.node.user_properties.append((_POLICED, 1))
     assert not damage, f"bundles lost or corrupted after the scenario: {damage}"

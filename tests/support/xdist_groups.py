@@ -1,0 +1,75 @@
+"""Which tests share a pytest-xdist worker: `make test` runs
+`pytest -n auto --dist loadscope --no-loadscope-reorder`, and this module's scheduler hands out
+whole groups of tests.
+
+A group is one test module: its tests run together on one worker, in their order, as in a serial
+run, so its module- and session-scoped fixtures (servers, bakes) are set up once and no test
+waits on state another worker holds. A group may span modules (SHARED): modules that share one
+expensive session fixture, paid once on one worker. What tests write outside their tmp_path is
+guarded where it is written (tests/support/baking.wheel_build_lock: pip building prebake's wheel
+in the checkout's build/ folder).
+
+The groups are computed from node ids by the scheduler itself rather than through
+`xdist_group` marks: pytest-xdist 3.8 writes a mark's group into `item._nodeid`, which pytest 9
+no longer reads, so marks do not group anything there.
+
+Modules that hold slow tests (the ones that compile) are handed out first, so the longest groups
+do not start last and leave one worker idle at the end; a serial run keeps pytest's own order.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# module -> the group it shares with other modules: the `baked` session fixture of
+# tests/operations/conftest.py (a first serve with write-back), paid once on one worker
+SHARED = dict.fromkeys(
+    (
+        "tests/operations/test_abandoned_requests.py",
+        "tests/operations/test_answers.py",
+        "tests/operations/test_request_bodies.py",
+        "tests/operations/test_store_bound.py",
+        "tests/operations/test_store_damage.py",
+    ),
+    "operations-baked",
+)
+
+
+def group_of(nodeid: str) -> str:
+    """The group of a test: its module's, or the one SHARED names."""
+    module = nodeid.split("::", 1)[0]
+    return SHARED.get(module, module)
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """With --dist loadscope: whole groups to a worker, in collection order with
+    --no-loadscope-reorder (as `make test` runs it). Other --dist modes keep xdist's schedulers."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return GroupScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On the workers (whose collection order the scheduler follows): groups holding slow tests first."""
+    if not hasattr(config, "workerinput"):
+        return
+    slow = {group_of(item.nodeid) for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: group_of(item.nodeid) not in slow)  # stable: each group keeps its order
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """`-n auto`: one worker per CPU this process may run on, at most 8 (each worker starts its own
+    servers and, for the slow tests, its own compiles); PYTEST_XDIST_AUTO_NUM_WORKERS wins."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return None  # xdist's own hook reads it
+    return max(1, min(len(os.sched_getaffinity(0)), 8))
