@@ -21,22 +21,14 @@ from prebake.registry.errors import BlobDigestMismatch, RegistryUnavailable
 from tests.faults.checks import store_problems
 from tests.faults.fault_proxy import Fault, fault_proxy
 from tests.faults.procs import unbounded
-from tests.support.oci_server import OCIServer, oci_available, oci_server
+from tests.support.oci_server import OCIServer, oci_server
 
 ENV = {"PREBAKE_OCI_TIMEOUT_S": "2", "PREBAKE_OCI_MAX_ATTEMPTS": "3", "PREBAKE_OCI_CHUNK_MB": "1"}
 PAYLOAD = (4 << 20) + (512 << 10)
 
 
-@pytest.fixture(scope="module")
-def ranged_origin(tmp_path_factory):
-    if not oci_available():
-        pytest.skip("docker-registry is not installed (apt-get install docker-registry; .ci/run does)")
-    with oci_server(tmp_path_factory.mktemp("oci-ranged")) as server:
-        yield server
-
-
 @pytest.fixture
-def parts(ranged_origin: OCIServer, monkeypatch, tmp_path, scenario, in_force):
+def parts(origin: OCIServer, monkeypatch, tmp_path, scenario, in_force):
     """A signed bundle of five parts in a fresh repository, and a fault proxy in front of the server."""
     from prebake.registry.oci import OCIRegistry
     from prebake.registry.oci_client import OCISettings
@@ -44,11 +36,11 @@ def parts(ranged_origin: OCIServer, monkeypatch, tmp_path, scenario, in_force):
     for name in ("PREBAKE_OCI_CA_BUNDLE", "PREBAKE_OCI_USERNAME", "DOCKER_CONFIG", "PREBAKE_OCI_PARTS"):
         monkeypatch.delenv(name, raising=False)
     repo = f"ranged/r{uuid.uuid4().hex[:10]}"
-    direct = OCIRegistry(ranged_origin.address(repo), OCISettings(plain_http=(ranged_origin.host,), settle_s=0.1))
+    direct = OCIRegistry(origin.address(repo), OCISettings(plain_http=(origin.host,), settle_s=0.1))
     bundle = in_force.bundle(tmp_path / "bake", payload_bytes=PAYLOAD)
     direct.publish(bundle.manifest, bundle.blob)
     scenario.registry(direct, bundle.manifest)
-    with fault_proxy(ranged_origin.url) as proxy:
+    with fault_proxy(origin.url) as proxy:
         host = proxy.url.removeprefix("http://")
         for name, value in {**ENV, "PREBAKE_OCI_PLAIN_HTTP": host}.items():
             monkeypatch.setenv(name, value)
@@ -131,7 +123,7 @@ def test_500s_on_parts_are_retried_and_a_registry_that_keeps_failing_is_named(tm
 
 
 def test_a_cold_mirror_streams_the_blob_whole_and_a_warm_one_serves_parts(
-    tmp_path, ranged_origin, monkeypatch, scenario, in_force
+    tmp_path, origin, monkeypatch, scenario, in_force
 ):
     """distribution 2.8's pull-through mirror ignores Range for a blob it does not hold yet."""
     from prebake.registry.oci import OCIRegistry
@@ -139,11 +131,11 @@ def test_a_cold_mirror_streams_the_blob_whole_and_a_warm_one_serves_parts(
 
     repo = f"ranged/m{uuid.uuid4().hex[:10]}"
     bundle = in_force.bundle(tmp_path / "bake", model="mirrored", payload_bytes=PAYLOAD)
-    OCIRegistry(ranged_origin.address(repo), OCISettings(plain_http=(ranged_origin.host,), settle_s=0.1)).publish(
+    OCIRegistry(origin.address(repo), OCISettings(plain_http=(origin.host,), settle_s=0.1)).publish(
         bundle.manifest, bundle.blob
     )
     with (
-        fault_proxy(ranged_origin.url) as origin_log,
+        fault_proxy(origin.url) as origin_log,
         oci_server(tmp_path / "mirror", proxy_of=origin_log.url) as mirror,
         fault_proxy(mirror.url) as nodes_log,
     ):
