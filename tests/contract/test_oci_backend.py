@@ -21,6 +21,7 @@ from prebake.registry.oci_artifact import ARTIFACT_TYPE, LAYER_TYPE, tag_for
 from prebake.registry.signing import TrustPolicy, generate_keypair, sign
 from prebake.registry.verify import verify_registry
 from tests.support.bundles import make_bundle
+from tests.support.oci_server import umoci_unpack
 
 
 def _needs(tool: str) -> None:
@@ -126,15 +127,9 @@ def test_umoci_unpacks_exactly_the_tree_prebake_fetch_installs(oci, tmp_path):
         ref,
         f"oci:{tmp_path / 'layout'}:bundle",
     )
-    done = subprocess.run(
-        ["umoci", "unpack", "--rootless", "--image", f"{tmp_path / 'layout'}:bundle", str(tmp_path / "unpacked")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
+    unpacked = umoci_unpack(f"{tmp_path / 'layout'}:bundle", tmp_path / "unpacked")
 
-    assert _files(tmp_path / "unpacked" / "rootfs") == _files(installed.tree)
+    assert _files(unpacked) == _files(installed.tree)
 
 
 def test_a_signed_manifest_verifies_after_the_round_trip_and_a_tampered_one_does_not(oci, tmp_path):
@@ -240,14 +235,7 @@ def _umoci_tree(oci, tmp_path: Path, name: str, tag: str) -> Path:
     _needs("umoci")
     ref = f"docker://{oci.host}/{name}:{tag}"
     _skopeo(oci, tmp_path, "copy", "--dest-compress", "--dest-compress-format=gzip", ref, f"oci:{tmp_path / 'iv'}:b")
-    done = subprocess.run(
-        ["umoci", "unpack", "--rootless", "--image", f"{tmp_path / 'iv'}:b", str(tmp_path / "volume")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    return tmp_path / "volume" / "rootfs"
+    return umoci_unpack(f"{tmp_path / 'iv'}:b", tmp_path / "volume")
 
 
 def _read_only(tree: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.baking import Home
-from tests.support.oci_server import oci_available, oci_server
+from tests.support.oci_server import oci_available, oci_server, umoci_unpack
 
 pytestmark = pytest.mark.slow
 
@@ -87,12 +87,7 @@ def test_skopeo_shows_the_graphs_artifact_and_umoci_unpacks_the_installed_tree(o
         text=True,
     )  # fmt: skip
     assert copied.returncode == 0, copied.stderr
-    unpacked = subprocess.run(
-        ["umoci", "unpack", "--rootless", "--image", f"{tmp_path / 'layout'}:graphs", str(tmp_path / "bundle")],
-        capture_output=True,
-        text=True,
-    )
-    assert unpacked.returncode == 0, unpacked.stderr
+    umoci_unpack(f"{tmp_path / 'layout'}:graphs", tmp_path / "bundle")
     fresh = Home(root / "fresh")
     fetched = fresh.prebake(
         "fetch", "--model", "tiny-llama", "--precision", "bf16", "--registry", address, "--json", extra_env=env
@@ -118,14 +113,7 @@ def test_prebake_fetch_uses_a_mounted_graphs_tree_that_matches_and_refuses_one_t
         text=True,
     )  # fmt: skip
     assert copied.returncode == 0, copied.stderr
-    for name in ("good", "bad"):
-        done = subprocess.run(
-            ["umoci", "unpack", "--rootless", "--image", f"{tmp_path / 'layout'}:graphs", str(tmp_path / name)],
-            capture_output=True,
-            text=True,
-        )
-        assert done.returncode == 0, done.stderr
-    good, bad = tmp_path / "good" / "rootfs", tmp_path / "bad" / "rootfs"
+    good, bad = (umoci_unpack(f"{tmp_path / 'layout'}:graphs", tmp_path / name) for name in ("good", "bad"))
     (bad / "graphs.json").write_text("{}")
     for tree in (good, bad):
         for path in [tree, *tree.rglob("*")]:

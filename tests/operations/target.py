@@ -23,6 +23,7 @@ from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.bundle.payload import pack
 from prebake.engine.common.probe import current_host
 from prebake.engine.compose import plans_for
+from prebake.registry.file import FileRegistry
 from tests.support.baking import BIN, REPO
 
 MODEL, PRECISION = "tiny-llama", "bf16"
@@ -98,6 +99,16 @@ def synthetic(workdir: Path, key, files: dict[str, bytes], labels: dict[str, str
 def publish(registry, targets: TargetSet) -> None:
     for kind in KINDS:
         registry.publish(targets.manifests[kind], targets.blobs[kind])
+
+
+def published_set(workdir: Path, scenario) -> tuple[FileRegistry, TargetSet]:
+    """tiny-llama's whole set in a folder registry under `workdir`, registered with the scenario
+    for re-verification when it ends."""
+    targets = target_set(workdir / "bake")
+    registry = FileRegistry(workdir / "registry")
+    publish(registry, targets)
+    scenario.registry(registry, *targets.manifests.values())
+    return registry, targets
 
 
 def prebake_env(home: Path | str, **extra: str) -> dict[str, str]:

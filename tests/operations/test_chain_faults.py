@@ -10,8 +10,7 @@ import threading
 
 import pytest
 
-from prebake.registry.file import FileRegistry
-from tests.operations.target import KINDS, fetch_args, prebake, prebake_env, publish, target_set
+from tests.operations.target import KINDS, fetch_args, prebake, prebake_env, published_set
 from tests.support.moto_server import free_port, s3_env
 
 EXIT_INVALID, EXIT_MISS = 2, 3
@@ -20,11 +19,7 @@ EXIT_INVALID, EXIT_MISS = 2, 3
 @pytest.fixture
 def folder(tmp_path, scenario):
     """A folder registry holding tiny-llama's whole set: the chain's second member."""
-    targets = target_set(tmp_path / "bake")
-    registry = FileRegistry(tmp_path / "registry")
-    publish(registry, targets)
-    scenario.registry(registry, *targets.manifests.values())
-    return registry, targets
+    return published_set(tmp_path, scenario)
 
 
 class _Silent:

@@ -15,7 +15,7 @@ from prebake.artifacts.store.local import Store, StoreLimits
 from prebake.registry.file import FileRegistry
 from tests.faults.fault_proxy import Fault, fault_proxy
 from tests.operations.conftest import OPS_MODEL
-from tests.operations.target import KINDS, fetch_args, prebake, prebake_env, publish, target_set
+from tests.operations.target import KINDS, fetch_args, prebake, prebake_env, publish, published_set, target_set
 from tests.support.baking import BIN, REPO
 from tests.support.bundles import make_bundle
 from tests.support.moto_server import s3_env
@@ -25,11 +25,7 @@ EXIT_INVALID = 2
 
 
 def _registry(tmp_path, scenario):
-    targets = target_set(tmp_path / "bake")
-    registry = FileRegistry(tmp_path / "registry")
-    publish(registry, targets)
-    scenario.registry(registry, *targets.manifests.values())
-    return registry, targets
+    return published_set(tmp_path, scenario)
 
 
 def _old_bundle(tmp_path, home, scenario):

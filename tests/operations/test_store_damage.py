@@ -8,17 +8,13 @@ import json
 import pytest
 
 from prebake.artifacts.layout import index_relpath
-from prebake.registry.file import FileRegistry
-from tests.operations.target import KINDS, fetch_args, prebake, prebake_env, publish, target_set
+from tests.operations.target import KINDS, fetch_args, prebake, prebake_env, published_set
 
 
 @pytest.fixture
 def installed(tmp_path, scenario):
     """tiny-llama's three bundles in a folder registry, fetched once into a store."""
-    targets = target_set(tmp_path / "bake")
-    registry = FileRegistry(tmp_path / "registry")
-    publish(registry, targets)
-    scenario.registry(registry, *targets.manifests.values())
+    registry, targets = published_set(tmp_path, scenario)
     home = scenario.store(tmp_path / "home")
     got = prebake(*fetch_args(registry.root, "--json"), env=prebake_env(home))
     assert got.returncode == 0, got.stderr

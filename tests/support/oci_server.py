@@ -90,6 +90,16 @@ class OCIServer:
         return total
 
 
+def umoci_unpack(image: str, dest: Path) -> Path:
+    """`umoci unpack --rootless` of an OCI layout's image (`LAYOUT:TAG`) into `dest`, as an
+    independent reader of what prebake pushed; the unpacked tree (`dest/rootfs`)."""
+    done = subprocess.run(
+        ["umoci", "unpack", "--rootless", "--image", image, str(dest)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return dest / "rootfs"
+
+
 def write_docker_config(folder: Path, host: str, user: str, password: str) -> Path:
     """A Docker config.json as `docker login HOST` leaves it (auths.<host>.auth = base64 user:password)."""
     import json
