@@ -40,7 +40,7 @@ from prebake.artifacts.bake.recipes import load_recipe, targets
 from prebake.engine.adapters import kinds_for
 from prebake.engine.common.probe import current_host
 from prebake.engine.fleet.profiles import load_profiles
-from prebake.registry.file import FileRegistry
+from prebake.registry.backends.file import FileRegistry
 from tests.support.fleet import fill_registry, write_entry
 
 REPO = Path(__file__).resolve().parents[1]

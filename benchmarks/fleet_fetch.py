@@ -13,7 +13,7 @@ fetches, verifies and installs the tree, and reports how long that took. Per N a
              the nodes talk only to it, and it reads from the origin (a cold mirror: the bundle is new)
     mirror-warm  then N fresh nodes again through the same mirror, which now holds the bundle
     preheated  a bundle of its own, pulled through the mirror once by `prebake preheat`
-             (registry/oci_preheat.py) before N fresh nodes start at once; what the preheat itself
+             (registry/oci/preheat.py) before N fresh nodes start at once; what the preheat itself
              cost the origin is reported beside it (preheat_origin_blob_ratio, once per bundle)
 
 Origin bytes are what the origin itself sent for blob requests, read from its own access log
@@ -132,7 +132,7 @@ def run(
     nodes: list[int], scale: int, tmp: Path, sources: tuple[str, ...] = SOURCES
 ) -> dict[str, dict[int, dict[str, float]]]:
     from prebake.registry.oci import OCIRegistry
-    from prebake.registry.oci_client import OCISettings
+    from prebake.registry.oci.client import OCISettings
     from tests.support.oci_server import oci_server
 
     out: dict[str, dict[int, dict[str, float]]] = {s: {} for s in sources}
@@ -177,7 +177,7 @@ def run(
 def _s3(nodes: list[int], scale: int, tmp: Path) -> dict[int, dict[str, float]]:
     import boto3
 
-    from prebake.registry.s3 import S3Registry
+    from prebake.registry.backends.s3 import S3Registry
     from tests.faults.fault_proxy import fault_proxy
     from tests.support.moto_server import moto_server, s3_env
 
@@ -200,8 +200,8 @@ def _s3(nodes: list[int], scale: int, tmp: Path) -> dict[int, dict[str, float]]:
 def _preheated(n: int, direct, origin, host: str, scale: int, tmp: Path) -> dict[str, float]:
     """A new bundle, preheated through the mirror (what that cost the origin: measured), then N nodes."""
     from prebake.registry.oci import OCIRegistry
-    from prebake.registry.oci_client import OCISettings
-    from prebake.registry.oci_preheat import preheat
+    from prebake.registry.oci.client import OCISettings
+    from prebake.registry.oci.preheat import preheat
 
     b = _bundle(tmp, scale, f"preheated-{n}")
     direct.publish(b.manifest, b.blob)

@@ -38,7 +38,7 @@ from prebake.artifacts.bundle.manifest import BlobRef, Manifest
 from prebake.artifacts.bundle.payload import file_digest
 from prebake.artifacts.keys import Key
 from prebake.artifacts.layout import blob_relpath
-from prebake.registry.s3 import S3Registry
+from prebake.registry.backends.s3 import S3Registry
 from tests.support.moto_server import moto_server, s3_env
 
 _MiB = 1 << 20

@@ -43,9 +43,9 @@ from prebake.artifacts.bake.fetch import MISS_SAMPLE, nearest_miss
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.keys import Key
 from prebake.artifacts.layout import index_relpath
-from prebake.registry.file import FileRegistry
-from prebake.registry.hf import HubRegistry
-from prebake.registry.s3 import S3Registry, S3Settings
+from prebake.registry.backends.file import FileRegistry
+from prebake.registry.backends.hf import HubRegistry
+from prebake.registry.backends.s3 import S3Registry, S3Settings
 from tests.support.hub_server import hub_server
 from tests.support.index_seed import entry_key, seed_folder, seed_oci, seed_s3, synthetic_manifests
 from tests.support.moto_server import moto_server, s3_env

@@ -193,7 +193,7 @@ class Bench:
             f"baking {self.model} {self.precision} ({variant}) through a cold start with --write-back ...", flush=True
         )
         # the benchmark is its registry's builder: its write-back goes to the index, not to quarantine
-        # (registry/writeback.py), or no prebaked start would find the bundles
+        # (registry/review/writeback.py), or no prebaked start would find the bundles
         bake = ["--registry", str(self.registry(variant)), "--write-back"]
         run = self._serve(variant, "bake", bake, env={"PREBAKE_WRITE_BACK": "index"})
         if not any(self.registry(variant).glob("index/graphs/*.json")):

@@ -41,9 +41,9 @@ from prebake.engine.common.adapter import EngineAdapter
 from prebake.engine.common.builder import attester, host_versions
 from prebake.engine.common.probe import Host, current_host
 from prebake.registry import open_registry
-from prebake.registry.policy import trust_in_force
-from prebake.registry.signing import signer_from_env
-from prebake.registry.writeback import WriteBackTarget, write_back_target
+from prebake.registry.review.writeback import WriteBackTarget, write_back_target
+from prebake.registry.trust.policy import trust_in_force
+from prebake.registry.trust.signing import signer_from_env
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ class Context:
     @cached_property
     def write_back(self) -> WriteBackTarget:
         """Where a serving pod writes back what it compiled: the registry's quarantine namespace by
-        default (PREBAKE_WRITE_BACK, registry/writeback.py)."""
+        default (PREBAKE_WRITE_BACK, registry/review/writeback.py)."""
         return write_back_target(self.address, self.store.default_registry)
 
     @cached_property

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from prebake.artifacts.ports.errors import RegistryNotFound, UnknownRegistryError
 from prebake.registry.address import split_addresses
-from prebake.registry.base import Published, Registry
-from prebake.registry.errors import RegistryNotFound, UnknownRegistryError
+from prebake.registry.shared.transfer import Published, Registry
 
 SCHEMES = ("file://", "s3://", "hf://", "oci://")
 
@@ -36,7 +36,7 @@ def open_registry(address: str | Path, *, create: bool = True) -> Registry:
     Hub repo or OCI repository, when first asked) instead of reading as an empty registry.
     """
     if isinstance(address, Path):
-        from prebake.registry.file import FileRegistry
+        from prebake.registry.backends.file import FileRegistry
 
         return FileRegistry(address, create=create)
     parts = split_addresses(str(address))
@@ -54,11 +54,11 @@ def open_registry(address: str | Path, *, create: bool = True) -> Registry:
 
 def _open_one(text: str, *, create: bool, listed: list[str] | None = None) -> Registry:
     if text.startswith("s3://"):
-        from prebake.registry.s3 import S3Registry
+        from prebake.registry.backends.s3 import S3Registry
 
         return S3Registry(text)
     if text.startswith("hf://"):
-        from prebake.registry.hf import HubRegistry
+        from prebake.registry.backends.hf import HubRegistry
 
         return HubRegistry(text, must_exist=not create)
     if text.startswith("oci://"):
@@ -73,7 +73,7 @@ def _open_one(text: str, *, create: bool, listed: list[str] | None = None) -> Re
             f"registry {text!r} uses scheme {scheme!r}, which prebake does not know; "
             f"use a folder path or one of {', '.join(SCHEMES)}"
         )
-    from prebake.registry.file import FileRegistry
+    from prebake.registry.backends.file import FileRegistry
 
     try:
         return FileRegistry(text, create=create)

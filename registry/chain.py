@@ -35,10 +35,10 @@ from typing import Literal
 
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.errors import BundleError
+from prebake.artifacts.ports.errors import RegistryError, RegistryUnavailable
 from prebake.artifacts.ports.registry import SideFiles
 from prebake.artifacts.timebox import Done, Raised, within
-from prebake.registry.base import Listed, Published, Registry, listed
-from prebake.registry.errors import RegistryError, RegistryUnavailable
+from prebake.registry.shared.transfer import Listed, Published, Registry, listed
 
 log = logging.getLogger(__name__)
 

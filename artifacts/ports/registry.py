@@ -83,7 +83,7 @@ class Maintainable(Protocol):
 
     def remove(self, kind: str, key_digest: str, *, blob_digest: str | None = None) -> None:
         """Delete an index entry for good, then (if given) its blob and the files beside it: what ages
-        out of a write-back quarantine (prebake.registry.aging). The entry goes first, so readers miss
+        out of a write-back quarantine (prebake.registry.review.aging). The entry goes first, so readers miss
         from then on; what is already gone is no error."""
 
 

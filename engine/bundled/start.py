@@ -3,7 +3,7 @@
     probe       this host's platform and software                    prebake.engine.common.probe
     keys        the recipe's target here and its artifact keys        prebake.artifacts.bake.kinds
     lookup      each key in the store, else the registry (time box)   registry
-    verify      registry entries carry the wanted key; trust policy   prebake.registry.signing
+    verify      registry entries carry the wanted key; trust policy   prebake.registry.trust.signing
     fetch       download, check digests, unpack into the store        prebake.artifacts.store.local
     build       buckets/autotune that missed, built in place          the kinds' builders
     torch       `import torch`, begun on a thread at keys time        prebake.engine.bundled.runtime.torch_import

@@ -73,7 +73,7 @@ def add(sub) -> None:
 
 def cmd_ls(args: argparse.Namespace) -> int:
     from prebake.engine.compose import open_address
-    from prebake.registry.base import listed
+    from prebake.registry.shared.transfer import listed
 
     registry = open_address(Store(), args.registry)
     bundles = list(listed(registry, args.kind))
@@ -121,7 +121,7 @@ def cmd_preheat(args: argparse.Namespace) -> int:
     from prebake.artifacts.errors import ExitCode
     from prebake.registry import open_registry
     from prebake.registry.oci import OCIRegistry
-    from prebake.registry.oci_preheat import preheat
+    from prebake.registry.oci.preheat import preheat
 
     mirror = open_registry(args.mirror, create=False)
     if not isinstance(mirror, OCIRegistry):
@@ -147,7 +147,7 @@ def cmd_preheat(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     from prebake.engine.cli.trust import verify_trust
     from prebake.engine.compose import open_address
-    from prebake.registry.verify import verify_registry
+    from prebake.registry.review.verify import verify_registry
 
     if args.store:  # the old spelling of `prebake store verify`: the same check, the same output
         from prebake.engine.cli.store import cmd_store_verify

@@ -22,7 +22,7 @@ def add(sub) -> None:
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
-    from prebake.registry.signing import keygen_cli
+    from prebake.registry.trust.signing import keygen_cli
 
     print(keygen_cli(args.name, Path(args.dir).resolve()))
     return 0

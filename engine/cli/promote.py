@@ -1,8 +1,8 @@
 """`prebake promote`: review serving pods' write-backs in a registry's quarantine and sign them into its index.
 
-Run on a trusted builder with PREBAKE_SIGNING_KEY set (registry/promote.py says what is checked).
+Run on a trusted builder with PREBAKE_SIGNING_KEY set (registry/review/promote.py says what is checked).
 --list shows what awaits review and how old it is; --dry-run re-verifies without publishing.
---prune removes what waited longer than the maximum age (registry/aging.py): --older-than, else
+--prune removes what waited longer than the maximum age (registry/review/aging.py): --older-than, else
 the policy file's [quarantine] max_age_days, else 7 days; it needs no signing key.
 """
 
@@ -52,9 +52,9 @@ def cmd_promote(args: argparse.Namespace) -> int:
     from prebake.engine.common.builder import attester
     from prebake.engine.common.probe import current_host
     from prebake.registry import open_registry
-    from prebake.registry.promote import promote
-    from prebake.registry.signing import SIGNING_KEY_ENV, signer_from_env
-    from prebake.registry.writeback import quarantine_address
+    from prebake.registry.review.promote import promote
+    from prebake.registry.review.writeback import quarantine_address
+    from prebake.registry.trust.signing import SIGNING_KEY_ENV, signer_from_env
 
     address = Store().registry_address(args.registry)
     incoming_address = quarantine_address(address)
@@ -101,8 +101,8 @@ def cmd_promote(args: argparse.Namespace) -> int:
 def _prune(args: argparse.Namespace, incoming, incoming_address: str) -> int:
     import datetime as dt
 
-    from prebake.registry.aging import DEFAULT_MAX_AGE_DAYS, parse_age, prune, say_age
-    from prebake.registry.policy import policy_file_in_force
+    from prebake.registry.review.aging import DEFAULT_MAX_AGE_DAYS, parse_age, prune, say_age
+    from prebake.registry.trust.policy import policy_file_in_force
 
     if args.older_than:
         max_age = parse_age(args.older_than)

@@ -1,6 +1,6 @@
 """`prebake revoke`: add key ids and bundle digests to a registry's signed revocation list.
 
-The list is registry/revocation.py's: read (its entries kept), extended, given the next serial
+The list is registry/trust/revocation.py's: read (its entries kept), extended, given the next serial
 and a fresh `issued` time, signed with PREBAKE_SIGNING_KEY (or --signing-key; the key must be
 one the fleet's policy names under [revocation]) and written to <registry>/meta/. Run it with
 nothing to add to re-issue the list before it goes stale (max_age_hours), e.g. from a cron job.
@@ -47,8 +47,8 @@ def cmd_revoke(args: argparse.Namespace) -> int:
     import os
 
     from prebake.registry import open_registry
-    from prebake.registry.revocation import LIST_NAME, RevocationList, sign_list, unverified
-    from prebake.registry.signing import SIGNING_KEY_ENV, signer_from_env
+    from prebake.registry.trust.revocation import LIST_NAME, RevocationList, sign_list, unverified
+    from prebake.registry.trust.signing import SIGNING_KEY_ENV, signer_from_env
 
     env = {**os.environ, SIGNING_KEY_ENV: args.signing_key} if args.signing_key else dict(os.environ)
     signer = signer_from_env(env)

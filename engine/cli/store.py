@@ -23,7 +23,7 @@ from prebake.engine.cli.common import (
     table,
     writes_with,
 )
-from prebake.registry.policy import trust_in_force
+from prebake.registry.trust.policy import trust_in_force
 
 
 def add(sub) -> None:

@@ -15,7 +15,7 @@ from prebake.artifacts.ports.registry import Registry, SideFiles
 from prebake.artifacts.store.local import Store
 from prebake.engine.common.builder import host_versions
 from prebake.engine.common.probe import current_host
-from prebake.registry.policy import POLICY_ENV, trust_in_force
+from prebake.registry.trust.policy import POLICY_ENV, trust_in_force
 
 
 def verify_trust(policy: str | None, address: str, registry: Registry) -> TrustCheck | None:

@@ -33,7 +33,7 @@ from prebake.artifacts.errors import PrebakeError
 from prebake.artifacts.ports.registry import Registry
 from prebake.artifacts.store.local import Installed, Store
 from prebake.engine.common.probe import Host
-from prebake.registry.writeback import WriteBackTarget
+from prebake.registry.review.writeback import WriteBackTarget
 
 
 class EngineStartError(PrebakeError, RuntimeError):

@@ -25,8 +25,8 @@ from pathlib import Path
 from prebake import __version__ as PREBAKE_VERSION
 from prebake.artifacts.bake.provenance import Attest, BuildContext, SourceRevision, dependency_versions
 from prebake.engine.common.probe import Host
-from prebake.registry.attestation import seal
-from prebake.registry.signing import KeySigner
+from prebake.registry.trust.attestation import seal
+from prebake.registry.trust.signing import KeySigner
 
 BUILDER_ID_ENV = "PREBAKE_BUILDER_ID"
 SOURCE_URI_ENV = "PREBAKE_SOURCE_URI"

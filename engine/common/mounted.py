@@ -3,7 +3,7 @@
     prebake fetch --engine vllm --model M --mounted graphs=/bundles/graphs
     prebake serve --model M --mounted graphs=/bundles/graphs      (the bundled engine, and vLLM)
 
-An image volume mounts the bundle's one OCI layer (prebake.registry.oci_artifact) read-only: the tree,
+An image volume mounts the bundle's one OCI layer (prebake.registry.oci.artifact) read-only: the tree,
 but not its manifest, and nothing about it proves it is the bundle this host's key wants. So a
 mounted tree is taken only after it checked out: the key's manifest is looked up in the registry
 (one small request) and verified like any fetched entry (key, trust policy: a signature where

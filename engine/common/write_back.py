@@ -15,7 +15,7 @@ One policy for every engine:
 
     where      the registry's quarantine namespace (incoming/), labelled writeback=quarantine,
                unless PREBAKE_WRITE_BACK=index or the registry is the embedded local one
-               (prebake.registry.writeback); never the index other pods read by default.
+               (prebake.registry.review.writeback); never the index other pods read by default.
                Quarantine holds what awaits review, so the trust policy in force (which judges
                what a node uses) does not judge what is written there; `prebake promote` does
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from prebake.artifacts.layout import blob_relpath
-from prebake.registry.base import Registry
+from prebake.registry.backends.file import FileRegistry
 from prebake.registry.chain import ChainRegistry
-from prebake.registry.file import FileRegistry
+from prebake.registry.shared.transfer import Registry
 from tests.support.bundles import Bundle, make_bundle
 from tests.support.hub_server import HubStandIn, hub_server
 from tests.support.moto_server import free_port, moto_server, s3_env
@@ -142,7 +142,7 @@ def _file(request, tmp_path: Path) -> Backend:
 
 
 def _s3(request, tmp_path: Path, *, conditional: bool = True) -> Backend:
-    from prebake.registry.s3 import S3Registry, S3Settings
+    from prebake.registry.backends.s3 import S3Registry, S3Settings
 
     bucket, client = request.getfixturevalue("s3_bucket"), request.getfixturevalue("s3_client")
     address, settings = f"s3://{bucket}/{S3_PREFIX}", S3Settings(conditional_put=conditional)
@@ -155,7 +155,7 @@ def _s3(request, tmp_path: Path, *, conditional: bool = True) -> Backend:
 
 
 def _hf(request, tmp_path: Path) -> Backend:
-    from prebake.registry.hf import HubRegistry
+    from prebake.registry.backends.hf import HubRegistry
 
     hub = request.getfixturevalue("hub")
     repo = f"team/registry-{uuid.uuid4().hex[:8]}"
@@ -169,7 +169,7 @@ def _hf(request, tmp_path: Path) -> Backend:
 
 def _hf_lfs(request, tmp_path: Path) -> Backend:
     """The Hub backend with blobs going through Git LFS (upload: batch + basic PUT + verify)."""
-    from prebake.registry.hf import HubRegistry
+    from prebake.registry.backends.hf import HubRegistry
 
     hub = request.getfixturevalue("hub_lfs")
     repo = f"team/registry-{uuid.uuid4().hex[:8]}"
@@ -219,7 +219,7 @@ def backend(request, tmp_path) -> Backend:
 
 
 def _s3_down(request, tmp_path: Path, monkeypatch) -> Registry:
-    from prebake.registry.s3 import S3Registry, S3Settings
+    from prebake.registry.backends.s3 import S3Registry, S3Settings
 
     request.getfixturevalue("s3_client")  # the dummy credentials and no profile files
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
@@ -227,7 +227,7 @@ def _s3_down(request, tmp_path: Path, monkeypatch) -> Registry:
 
 
 def _hf_down(request, tmp_path: Path, monkeypatch) -> Registry:
-    from prebake.registry.hf import HubRegistry
+    from prebake.registry.backends.hf import HubRegistry
 
     request.getfixturevalue("hub")
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")
@@ -240,7 +240,7 @@ def _chain_down(request, tmp_path: Path, monkeypatch) -> Registry:
 
 def _oci_down(request, tmp_path: Path, monkeypatch) -> Registry:
     from prebake.registry.oci import OCIRegistry
-    from prebake.registry.oci_client import OCISettings
+    from prebake.registry.oci.client import OCISettings
 
     host = f"127.0.0.1:{free_port()}"
     return OCIRegistry(f"oci://{host}/team/down", OCISettings(max_attempts=2, timeout_s=2, plain_http=(host,)))

@@ -7,10 +7,10 @@ import logging
 
 import pytest
 
+from prebake.artifacts.ports.errors import RegistryError
+from prebake.registry.backends.file import FileRegistry
+from prebake.registry.backends.s3 import S3Registry, S3Settings
 from prebake.registry.chain import ChainRegistry
-from prebake.registry.errors import RegistryError
-from prebake.registry.file import FileRegistry
-from prebake.registry.s3 import S3Registry, S3Settings
 from tests.support.moto_server import free_port
 
 

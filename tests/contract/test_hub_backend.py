@@ -10,13 +10,13 @@ import uuid
 import pytest
 
 from prebake.artifacts.layout import blob_relpath, index_relpath
-from prebake.registry.errors import (
+from prebake.artifacts.ports.errors import (
     PublishConflict,
     RegistryError,
     RegistryReadOnly,
     RegistryUnavailable,
 )
-from prebake.registry.hf import HubRegistry
+from prebake.registry.backends.hf import HubRegistry
 from tests.support.moto_server import free_port
 
 

@@ -7,7 +7,7 @@ import hashlib
 import uuid
 
 from prebake.artifacts.layout import blob_relpath, index_relpath
-from prebake.registry.hf import HubRegistry
+from prebake.registry.backends.hf import HubRegistry
 from tests.support.bundles import make_bundle
 
 

@@ -6,8 +6,8 @@ import uuid
 
 from prebake.artifacts.layout import blob_relpath, index_relpath
 from prebake.artifacts.ports.registry import Maintainable
-from prebake.registry.hf import HubRegistry
-from prebake.registry.verify import verify_registry
+from prebake.registry.backends.hf import HubRegistry
+from prebake.registry.review.verify import verify_registry
 from tests.support.bundles import make_bundle
 
 

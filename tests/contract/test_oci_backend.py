@@ -17,9 +17,9 @@ import pytest
 from prebake.artifacts.bake.fetch import fetch
 from prebake.artifacts.store.local import Store, StoreLimits
 from prebake.registry.oci import OCIRegistry
-from prebake.registry.oci_artifact import ARTIFACT_TYPE, LAYER_TYPE, tag_for
-from prebake.registry.signing import TrustPolicy, generate_keypair, sign
-from prebake.registry.verify import verify_registry
+from prebake.registry.oci.artifact import ARTIFACT_TYPE, LAYER_TYPE, tag_for
+from prebake.registry.review.verify import verify_registry
+from prebake.registry.trust.signing import TrustPolicy, generate_keypair, sign
 from tests.support.bundles import make_bundle
 from tests.support.oci_server import umoci_unpack
 
@@ -172,8 +172,8 @@ def test_quarantine_moves_a_corrupt_bundle_aside_and_a_republish_restores_it(oci
 
 
 def test_a_manifest_naming_a_missing_blob_is_refused_by_the_registry_so_no_tag_can_name_one(oci, tmp_path):
-    from prebake.registry.errors import RegistryError
-    from prebake.registry.oci_artifact import build
+    from prebake.artifacts.ports.errors import RegistryError
+    from prebake.registry.oci.artifact import build
 
     _, address = _repo(oci)
     registry = OCIRegistry(address)
@@ -188,7 +188,7 @@ def test_a_manifest_naming_a_missing_blob_is_refused_by_the_registry_so_no_tag_c
 
 
 def test_a_large_file_list_rides_in_the_image_config_and_reads_back(oci, tmp_path, monkeypatch):
-    import prebake.registry.oci_artifact as artifact
+    import prebake.registry.oci.artifact as artifact
 
     monkeypatch.setattr(artifact, "INLINE_LIMIT", 64)
     _, address = _repo(oci)
@@ -207,7 +207,7 @@ def test_a_large_file_list_rides_in_the_image_config_and_reads_back(oci, tmp_pat
     ["oci://", "oci://ghcr.io", "oci://ghcr.io/", "oci://ghcr.io/Acme/Prebake", "oci://bad host/x/y", "s3://x/y"],
 )
 def test_a_malformed_address_is_refused_with_the_form_it_takes(address):
-    from prebake.registry.errors import RegistryError
+    from prebake.artifacts.ports.errors import RegistryError
 
     with pytest.raises(RegistryError, match=r"oci://HOST\[:PORT\]/NAMESPACE/REPO"):
         OCIRegistry(address)

@@ -13,9 +13,9 @@ import uuid
 
 import pytest
 
-from prebake.registry.errors import RegistryUnavailable
+from prebake.artifacts.ports.errors import RegistryUnavailable
 from prebake.registry.oci import OCIRegistry
-from prebake.registry.oci_client import OCISettings
+from prebake.registry.oci.client import OCISettings
 from tests.support.bundles import make_bundle
 from tests.support.moto_server import free_port
 from tests.support.oci_server import write_docker_config
@@ -112,7 +112,7 @@ def test_https_is_the_default_and_plain_http_only_for_named_hosts(monkeypatch):
 
 
 def test_a_missing_ca_bundle_file_is_refused_up_front(monkeypatch, tmp_path):
-    from prebake.registry.errors import RegistryError
+    from prebake.artifacts.ports.errors import RegistryError
 
     monkeypatch.setenv("PREBAKE_OCI_CA_BUNDLE", str(tmp_path / "nope.pem"))
     with pytest.raises(RegistryError, match="PREBAKE_OCI_CA_BUNDLE=.*is not a file"):

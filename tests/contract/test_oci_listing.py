@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from prebake.artifacts.ports.listing import Listed
-from prebake.registry.base import listed
+from prebake.registry.shared.transfer import listed
 from tests.faults.fault_proxy import fault_proxy
 from tests.support.index_seed import seed_oci, synthetic_manifests
 from tests.support.oci_server import oci_available, oci_server
@@ -28,7 +28,7 @@ def plain(tmp_path_factory):
 
 def _registry(plain):
     from prebake.registry.oci import OCIRegistry
-    from prebake.registry.oci_client import OCISettings
+    from prebake.registry.oci.client import OCISettings
 
     server, proxy = plain
     host = proxy.url.removeprefix("http://")

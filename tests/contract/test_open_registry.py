@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from prebake.artifacts.ports.errors import UnknownRegistryError
 from prebake.registry import open_registry
+from prebake.registry.backends.file import FileRegistry
+from prebake.registry.backends.hf import HubRegistry
+from prebake.registry.backends.s3 import S3Registry
 from prebake.registry.chain import ChainRegistry
-from prebake.registry.errors import UnknownRegistryError
-from prebake.registry.file import FileRegistry
-from prebake.registry.hf import HubRegistry
-from prebake.registry.s3 import S3Registry
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

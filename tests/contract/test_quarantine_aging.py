@@ -1,4 +1,4 @@
-"""Write-backs age out (issue 22, point 5): `prebake.registry.aging.prune` on the quarantine namespace of
+"""Write-backs age out (issue 22, point 5): `prebake.registry.review.aging.prune` on the quarantine namespace of
 every backend that keeps one (folder, S3 on moto, the Hub stand-in, OCI on docker-registry).
 
 What waited longer than the maximum age goes, entry first, then its blob and the files beside it;
@@ -17,9 +17,9 @@ from prebake.artifacts.errors import PrebakeError
 from prebake.artifacts.keys import Key
 from prebake.artifacts.store.local import Store
 from prebake.registry import open_registry
-from prebake.registry.aging import Aged, parse_age, prune, say_age
-from prebake.registry.verify import verify_registry
-from prebake.registry.writeback import quarantine_address
+from prebake.registry.review.aging import Aged, parse_age, prune, say_age
+from prebake.registry.review.verify import verify_registry
+from prebake.registry.review.writeback import quarantine_address
 from tests.support.bundles import make_bundle
 
 NOW = dt.datetime.now(dt.UTC)

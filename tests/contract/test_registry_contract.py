@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from prebake.registry.errors import BlobDigestMismatch, PublishConflict, RegistryUnavailable
+from prebake.artifacts.ports.errors import BlobDigestMismatch, PublishConflict, RegistryUnavailable
 
 
 def test_published_bundle_is_found_and_fetched_byte_for_byte(backend, bundle, tmp_path):

@@ -1,14 +1,14 @@
 """`prebake ls` on every backend (file, s3, s3 without conditional writes, hf, a chain): the rows
-`prebake.registry.base.listed` gives are `Listed.of` of what `list()` yields, in the same order, whether a
+`prebake.registry.shared.transfer.listed` gives are `Listed.of` of what `list()` yields, in the same order, whether a
 backend answers from its listing summary or not; a registry that is down is reported, not empty."""
 
 from __future__ import annotations
 
 import pytest
 
+from prebake.artifacts.ports.errors import RegistryUnavailable
 from prebake.artifacts.ports.listing import Listed
-from prebake.registry.base import listed
-from prebake.registry.errors import RegistryUnavailable
+from prebake.registry.shared.transfer import listed
 
 
 def test_listing_shows_every_bundle_as_list_does_in_its_order(backend, bundle):

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from prebake.artifacts.errors import ExitCode
+from prebake.artifacts.ports.errors import RegistryNotFound
 from prebake.engine.cli import main
 from prebake.registry import open_registry
 from prebake.registry.address import join_addresses, split_addresses
-from prebake.registry.errors import RegistryNotFound
-from prebake.registry.file import FileRegistry
+from prebake.registry.backends.file import FileRegistry
 from tests.support.bundles import make_bundle
 
 ROOT = Path(__file__).resolve().parents[2]

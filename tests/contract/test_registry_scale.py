@@ -15,10 +15,10 @@ from prebake.artifacts.keys import Key
 from prebake.artifacts.layout import index_relpath, summary_relpath
 from prebake.artifacts.ports.listing import SUMMARY_MIN_ROWS, Listed, ListingSummary
 from prebake.engine.cli import main
-from prebake.registry.base import listed
-from prebake.registry.file import FileRegistry
-from prebake.registry.hf import HubRegistry
-from prebake.registry.s3 import S3Registry, S3Settings
+from prebake.registry.backends.file import FileRegistry
+from prebake.registry.backends.hf import HubRegistry
+from prebake.registry.backends.s3 import S3Registry, S3Settings
+from prebake.registry.shared.transfer import listed
 from tests.support.index_seed import entry_key, seed_folder, seed_s3, synthetic_manifests
 
 ENTRIES = 150  # several times the sample: enough to show the bound, quick to seed

@@ -8,8 +8,8 @@ import logging
 import pytest
 
 from prebake.artifacts.layout import blob_relpath, index_relpath
-from prebake.registry.errors import PublishConflict, RegistryError, RegistryNotFound, RegistryUnavailable
-from prebake.registry.s3 import S3Registry, S3Settings
+from prebake.artifacts.ports.errors import PublishConflict, RegistryError, RegistryNotFound, RegistryUnavailable
+from prebake.registry.backends.s3 import S3Registry, S3Settings
 from tests.faults.fault_proxy import Fault, fault_proxy
 from tests.support.moto_server import free_port
 
@@ -47,7 +47,7 @@ def test_a_server_without_conditional_writes_gets_the_safe_fallback(
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
         registry = S3Registry(f"s3://{s3_bucket}/old-server")
 
-        with caplog.at_level(logging.WARNING, logger="prebake.registry.s3"):
+        with caplog.at_level(logging.WARNING, logger="prebake.registry.backends.s3"):
             created = registry.publish(first.manifest, first.blob)
         again = registry.publish(first.manifest, first.blob)
         with pytest.raises(PublishConflict):

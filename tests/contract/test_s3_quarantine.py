@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prebake.artifacts.layout import blob_relpath, index_relpath
 from prebake.artifacts.ports.registry import Maintainable
-from prebake.registry.s3 import S3Registry
-from prebake.registry.verify import verify_registry
+from prebake.registry.backends.s3 import S3Registry
+from prebake.registry.review.verify import verify_registry
 from tests.support.bundles import make_bundle
 
 

@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from prebake.registry import open_registry
-from prebake.registry.verify import verify_registry
+from prebake.registry.review.verify import verify_registry
 from tests.faults.procs import actor, result
 from tests.support.bundles import make_bundle
 from tests.support.moto_server import s3_env
@@ -57,7 +57,7 @@ def test_six_publishers_at_once_leave_one_verified_entry_per_key(backend, reques
     # On the Hub that happens when both read the same head; when one commits first the other is
     # told "already published": either way at least one, and the registry holds exactly one entry.
     # On OCI both racers of a byte-identical manifest push the very same manifest digest under the
-    # tag, so each reads back its own and reports created (registry/oci.py says so).
+    # tag, so each reads back its own and reports created (registry/oci/registry.py says so).
     assert identical in ((["False", "True"],) if backend == "s3" else (["False", "True"], ["True", "True"])), identical
     a = by_key["a"]
     assert sum(r.get("created") is True for r in a) == 1 and any(r.get("error") == "PublishConflict" for r in a), a

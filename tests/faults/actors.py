@@ -26,8 +26,8 @@ from pathlib import Path
 from prebake.artifacts.bake.fetch import Miss, fetch
 from prebake.artifacts.store.local import Store
 from prebake.registry import open_registry
-from prebake.registry.policy import trust_in_force
-from prebake.registry.signing import signer_from_env
+from prebake.registry.trust.policy import trust_in_force
+from prebake.registry.trust.signing import signer_from_env
 from tests.faults.checks import tree_problems
 
 
@@ -163,7 +163,7 @@ def _publish(args, store: Store, registry, trust) -> dict:
     import signal
 
     from prebake.artifacts.bundle.manifest import Manifest
-    from prebake.registry.errors import RegistryError
+    from prebake.artifacts.ports.errors import RegistryError
 
     manifest = Manifest.read(args.manifest)
     if args.fsize_limit is not None:  # as a full disk would: writes past the cap fail with EFBIG

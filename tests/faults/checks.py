@@ -2,7 +2,7 @@
 
 tree_problems      a tree against its manifest: every file there, every byte matching, nothing extra
 store_problems     every tree a store's index names (what `Store.lookup` would hand out)
-registry_damage    re-verify a registry deeply (prebake.registry.verify, --deep: every blob unpacked against its
+registry_damage    re-verify a registry deeply (prebake.registry.review.verify, --deep: every blob unpacked against its
                    file list; every signature checked when a policy is in force) and check the bundles
                    published to it are still there
 """
@@ -64,7 +64,7 @@ class Damage:
 def registry_damage(registry, published: list[Manifest], trust=None) -> Damage:
     """Re-verify `registry` (every entry, every blob re-hashed, under `trust` when given) and check each of
     `published` is still answered."""
-    from prebake.registry.verify import verify_registry
+    from prebake.registry.review.verify import verify_registry
 
     report = verify_registry(registry, trust=trust, quarantine=False, deep=True)  # every blob opened
     corrupted = tuple(f"{f.kind} {f.key_digest[:16]}: {f.problem}" for f in report.findings)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from prebake.registry.file import FileRegistry
+from prebake.registry.backends.file import FileRegistry
 from tests.faults.in_force import FleetKey, InForce
 from tests.support.bundles import Bundle
 from tests.support.s3_fixtures import bucket, moto

@@ -25,8 +25,14 @@ from prebake.artifacts.bake.fetch import Installed, Miss, TrustCheck, fetch
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.keys import Key
 from prebake.artifacts.store.local import Store
-from prebake.registry.policy import POLICY_ENV, trust_in_force
-from prebake.registry.signing import SIGNING_KEY_ENV, SIGNING_KEY_NAME_ENV, KeySigner, load_private_key, write_keypair
+from prebake.registry.trust.policy import POLICY_ENV, trust_in_force
+from prebake.registry.trust.signing import (
+    SIGNING_KEY_ENV,
+    SIGNING_KEY_NAME_ENV,
+    KeySigner,
+    load_private_key,
+    write_keypair,
+)
 from tests.support.bundles import Bundle, make_bundle
 
 FLEET_KEY = "fleet"

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from prebake.artifacts.store.local import Store, StoreLimits
-from prebake.registry.policy import POLICY_ENV
-from prebake.registry.signing import SIGNING_KEY_ENV, SIGNING_KEY_NAME_ENV
+from prebake.registry.trust.policy import POLICY_ENV
+from prebake.registry.trust.signing import SIGNING_KEY_ENV, SIGNING_KEY_NAME_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 IN_FORCE = (POLICY_ENV, SIGNING_KEY_ENV, SIGNING_KEY_NAME_ENV)  # the scenario's trust policy and fleet key

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 
-from prebake.registry.file import FileRegistry
+from prebake.registry.backends.file import FileRegistry
 from tests.faults.checks import tree_problems
 from tests.faults.procs import REPO, actor, child_env, result, unbounded, wait_for
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from prebake.registry.file import FileRegistry
+from prebake.registry.backends.file import FileRegistry
 from tests.faults.checks import tree_problems
 from tests.faults.procs import actor, racing_bakers, result, unbounded
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from prebake.registry.file import FileRegistry
+from prebake.registry.backends.file import FileRegistry
 from tests.faults.checks import store_problems
 from tests.faults.procs import REPO, actor, child_env, killed, result, unbounded
 
@@ -91,7 +91,7 @@ def test_kill_9_while_publishing_leaves_the_registry_without_an_entry_and_the_ne
     assert list(registry.root.glob(registry_leftover)), f"the baker died elsewhere than at {point}"
     assert list(registry.list()) == [], "no index entry may exist without its whole blob"
     assert list((home / "tmp").iterdir()), "the dead baker's scratch folder is still there"
-    from prebake.registry.verify import verify_registry
+    from prebake.registry.review.verify import verify_registry
 
     assert verify_registry(registry, trust=in_force.trust(registry), quarantine=False).entries == 0
 

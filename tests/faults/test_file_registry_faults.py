@@ -12,8 +12,8 @@ import pytest
 from prebake.artifacts.bake.fetch import Miss
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.errors import BundleError
-from prebake.registry.errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
-from prebake.registry.file import FileRegistry
+from prebake.artifacts.ports.errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
+from prebake.registry.backends.file import FileRegistry
 from tests.faults.procs import actor, result, unbounded
 
 

@@ -36,8 +36,8 @@ from prebake.artifacts.errors import PrebakeError
 from prebake.artifacts.keys import Key
 from prebake.artifacts.store.admin import verify_store
 from prebake.artifacts.store.local import Store
-from prebake.registry.file import FileRegistry
-from prebake.registry.verify import verify_registry
+from prebake.registry.backends.file import FileRegistry
+from prebake.registry.review.verify import verify_registry
 from tests.faults.procs import unbounded
 
 SEED = int(os.environ.get("PREBAKE_FUZZ_SEED", "20261130"))

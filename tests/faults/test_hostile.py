@@ -35,8 +35,8 @@ from prebake.artifacts.bundle.manifest import FileEntry, Manifest
 from prebake.artifacts.errors import BundleError, PrebakeError, StoreError
 from prebake.artifacts.keys import Key
 from prebake.artifacts.layout import blob_relpath, index_relpath
-from prebake.registry.errors import BlobSizeMismatch
-from prebake.registry.file import FileRegistry
+from prebake.artifacts.ports.errors import BlobSizeMismatch
+from prebake.registry.backends.file import FileRegistry
 from tests.faults.procs import REPO, actor, child_env, killed, result, unbounded
 from tests.support.bundles import make_bundle
 
@@ -46,7 +46,7 @@ def s3_registry(bucket):
     """A fresh bucket on moto's server: (S3Registry, boto3 client, bucket)."""
     import boto3
 
-    from prebake.registry.s3 import S3Registry, S3Settings
+    from prebake.registry.backends.s3 import S3Registry, S3Settings
 
     return S3Registry(f"s3://{bucket}/prebake", S3Settings()), boto3.client("s3"), bucket
 
@@ -301,7 +301,7 @@ def test_a_relabelled_signed_manifest_is_refused(tmp_path, scenario, in_force):
 
 
 def test_verify_deep_finds_a_file_list_that_disagrees_with_its_blob(tmp_path, scenario, in_force):
-    from prebake.registry.verify import verify_registry
+    from prebake.registry.review.verify import verify_registry
 
     bundle = in_force.bundle(tmp_path / "bake")
     blob = bundle.blob.read_bytes()

@@ -15,7 +15,7 @@ import uuid
 import pytest
 
 from prebake.artifacts.bake.fetch import Miss
-from prebake.registry.errors import RegistryError, RegistryUnavailable
+from prebake.artifacts.ports.errors import RegistryError, RegistryUnavailable
 from tests.faults.checks import store_problems
 from tests.faults.fault_proxy import Fault, fault_proxy
 from tests.faults.procs import unbounded
@@ -32,7 +32,7 @@ def stand_in():
 @pytest.fixture
 def hub(stand_in, monkeypatch, tmp_path, scenario, in_force):
     """A fresh repo holding one bundle, the fault proxy in front of the stand-in, HF_ENDPOINT at the proxy."""
-    from prebake.registry.hf import HubRegistry
+    from prebake.registry.backends.hf import HubRegistry
 
     monkeypatch.setenv("HF_TOKEN", "hf_faults_token")
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
@@ -60,7 +60,7 @@ def _nothing_installed(store, bundle) -> None:
 def test_a_hub_that_is_down_is_a_clear_error_within_seconds_and_installs_nothing(
     tmp_path, in_force, hub, monkeypatch, scenario
 ):
-    from prebake.registry.hf import HubRegistry
+    from prebake.registry.backends.hf import HubRegistry
 
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")  # nothing listens there
     store = unbounded(scenario.store(tmp_path / "home"))

@@ -13,16 +13,16 @@ from typing import ClassVar
 import pytest
 
 from prebake.artifacts.errors import BundleError
-from prebake.registry.errors import BlobSizeMismatch
-from prebake.registry.oci_artifact import build, canonical, tag_for
-from prebake.registry.verify import verify_registry
+from prebake.artifacts.ports.errors import BlobSizeMismatch
+from prebake.registry.oci.artifact import build, canonical, tag_for
+from prebake.registry.review.verify import verify_registry
 from tests.faults.procs import unbounded
 
 
 @pytest.fixture
 def registry(origin):
     from prebake.registry.oci import OCIRegistry
-    from prebake.registry.oci_client import OCISettings
+    from prebake.registry.oci.client import OCISettings
 
     return OCIRegistry(
         origin.address(f"hostile/r{uuid.uuid4().hex[:10]}"), OCISettings(plain_http=(origin.host,), settle_s=0)
@@ -38,7 +38,7 @@ def _tamper(document: dict, case: str, other) -> dict:
     elif case == "another-keys-manifest":
         raw = other.manifest.to_bytes()
         notes["org.prebake.manifest"] = raw.decode()
-        from prebake.registry.oci_artifact import sha256
+        from prebake.registry.oci.artifact import sha256
 
         notes["org.prebake.manifest.digest"] = sha256(raw)
     elif case == "two-layers":
@@ -94,8 +94,8 @@ def test_a_kind_that_cannot_name_a_tag_is_refused_with_the_rule(registry):
 def test_a_manifest_over_the_registrys_limit_is_refused_by_the_registry_and_by_prebake(registry, tmp_path, in_force):
     """distribution refuses manifests over 4 MiB on push; prebake refuses to read one (a registry that
     does not) past the same bound, without reading on."""
-    from prebake.registry.errors import RegistryError
-    from prebake.registry.oci import _bounded
+    from prebake.artifacts.ports.errors import RegistryError
+    from prebake.registry.oci.registry import _bounded
 
     b = in_force.bundle(tmp_path)
     document = json.loads(build(b.manifest, "sha256:" + "0" * 64).manifest)

@@ -17,7 +17,7 @@ import uuid
 import pytest
 
 from prebake.artifacts.bake.fetch import Miss
-from prebake.registry.errors import BlobDigestMismatch, RegistryUnavailable
+from prebake.artifacts.ports.errors import BlobDigestMismatch, RegistryUnavailable
 from tests.faults.checks import store_problems
 from tests.faults.fault_proxy import Fault, fault_proxy
 from tests.faults.procs import unbounded
@@ -31,7 +31,7 @@ PAYLOAD = (4 << 20) + (512 << 10)
 def parts(origin: OCIServer, monkeypatch, tmp_path, scenario, in_force):
     """A signed bundle of five parts in a fresh repository, and a fault proxy in front of the server."""
     from prebake.registry.oci import OCIRegistry
-    from prebake.registry.oci_client import OCISettings
+    from prebake.registry.oci.client import OCISettings
 
     for name in ("PREBAKE_OCI_CA_BUNDLE", "PREBAKE_OCI_USERNAME", "DOCKER_CONFIG", "PREBAKE_OCI_PARTS"):
         monkeypatch.delenv(name, raising=False)
@@ -127,7 +127,7 @@ def test_a_cold_mirror_streams_the_blob_whole_and_a_warm_one_serves_parts(
 ):
     """distribution 2.8's pull-through mirror ignores Range for a blob it does not hold yet."""
     from prebake.registry.oci import OCIRegistry
-    from prebake.registry.oci_client import OCISettings
+    from prebake.registry.oci.client import OCISettings
 
     repo = f"ranged/m{uuid.uuid4().hex[:10]}"
     bundle = in_force.bundle(tmp_path / "bake", model="mirrored", payload_bytes=PAYLOAD)

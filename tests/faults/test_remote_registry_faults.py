@@ -24,7 +24,7 @@ import pytest
 from prebake.artifacts.bake.fetch import Installed
 from prebake.artifacts.errors import BundleError
 from prebake.artifacts.layout import blob_relpath
-from prebake.registry.errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
+from prebake.artifacts.ports.errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
 from tests.faults.checks import store_problems
 from tests.faults.fault_proxy import Fault, fault_proxy
 from tests.faults.procs import actor, killed, racing_bakers, result, unbounded
@@ -66,7 +66,7 @@ class Remote:
     def has_blob(self, bundle: Bundle) -> bool:
         blob = bundle.manifest.blob
         if self.backend == "oci":
-            from prebake.registry.oci_artifact import Blob
+            from prebake.registry.oci.artifact import Blob
 
             return self.direct._has_blob(Blob("", blob.digest, blob.size))
         return self.direct._size_or_none(self.direct._key(blob_relpath(blob.digest))) is not None
@@ -82,7 +82,7 @@ def remote(request, monkeypatch, tmp_path, scenario, in_force):
 
 def _s3(request, monkeypatch, scenario, bundle):
 
-    from prebake.registry.s3 import S3Registry, S3Settings
+    from prebake.registry.backends.s3 import S3Registry, S3Settings
 
     moto, bucket = request.getfixturevalue("moto"), request.getfixturevalue("bucket")
     address = f"s3://{bucket}/prebake"
@@ -115,7 +115,7 @@ def _s3(request, monkeypatch, scenario, bundle):
 
 def _oci(request, monkeypatch, scenario, bundle):
     from prebake.registry.oci import OCIRegistry
-    from prebake.registry.oci_client import OCISettings
+    from prebake.registry.oci.client import OCISettings
 
     origin = request.getfixturevalue("origin")
     for name in [*FAST["oci"], "PREBAKE_OCI_CA_BUNDLE", "PREBAKE_OCI_USERNAME", "DOCKER_CONFIG"]:

@@ -28,10 +28,10 @@ from prebake.artifacts.bundle.manifest import FileEntry
 from prebake.artifacts.errors import BundleError
 from prebake.artifacts.layout import side_relpath
 from prebake.artifacts.store.local import Store
-from prebake.registry.file import FileRegistry
-from prebake.registry.policy import trust_in_force
-from prebake.registry.revocation import LIST_NAME, RevocationList, sign_list
-from prebake.registry.signing import KeySigner, load_private_key, sign, write_keypair
+from prebake.registry.backends.file import FileRegistry
+from prebake.registry.trust.policy import trust_in_force
+from prebake.registry.trust.revocation import LIST_NAME, RevocationList, sign_list
+from prebake.registry.trust.signing import KeySigner, load_private_key, sign, write_keypair
 from tests.faults.procs import unbounded
 from tests.faults.test_hostile import _bomb, _digest, _forged, _plant
 from tests.support.bundles import make_bundle
@@ -138,7 +138,7 @@ def test_an_unusable_revocation_list_refuses_under_fail_closed(tmp_path, keys, s
 def test_an_attestation_about_another_blob_is_refused(tmp_path, keys, scenario):
     from prebake.artifacts.bake.provenance import BuildContext, statement
     from prebake.artifacts.bake.recipes import load_recipe, targets
-    from prebake.registry.attestation import seal
+    from prebake.registry.trust.attestation import seal
 
     registry = FileRegistry(tmp_path / "registry")
     honest, _b = _signed(tmp_path, keys, registry, build="honest")
@@ -201,8 +201,8 @@ def test_a_revocation_list_slower_than_the_starts_registry_time_box_does_not_ext
     import time
 
     from prebake.engine.compose import Context
-    from prebake.registry.revocation import READ_TIMEOUT_S
-    from prebake.registry.s3 import S3Registry
+    from prebake.registry.backends.s3 import S3Registry
+    from prebake.registry.trust.revocation import READ_TIMEOUT_S
     from tests.faults.fault_proxy import Fault, fault_proxy
     from tests.support.moto_server import s3_env
     from tests.support.seeding import plan_here, seed

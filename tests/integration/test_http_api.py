@@ -31,7 +31,7 @@ def served(tmp_path_factory):
         ["--model", MODEL, "--eager", "--registry", str(root / "registry"), "--write-back"],
         serve_env(
             root / "home", recipes, PREBAKE_WRITE_BACK="index"
-        ),  # a single-user setup: write-back straight to the index, said so (registry/writeback.py)
+        ),  # a single-user setup: write-back straight to the index, said so (registry/review/writeback.py)
     )
     server.wait_ready(600)
     yield server, root

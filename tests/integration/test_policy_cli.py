@@ -8,7 +8,7 @@ import pytest
 
 from prebake.engine.common.builder import attester
 from prebake.engine.common.probe import current_host
-from prebake.registry.signing import KeySigner, load_private_key, write_keypair
+from prebake.registry.trust.signing import KeySigner, load_private_key, write_keypair
 from tests.support.baking import Home
 from tests.support.seeding import plan_here, seed
 

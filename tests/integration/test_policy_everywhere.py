@@ -22,7 +22,7 @@ from prebake.artifacts.bake.tasks import _published
 from prebake.artifacts.errors import UntrustedEntryError
 from prebake.artifacts.store.local import Installed, Store
 from prebake.registry import open_registry
-from prebake.registry.signing import KeySigner, TrustPolicy, load_private_key, write_keypair
+from prebake.registry.trust.signing import KeySigner, TrustPolicy, load_private_key, write_keypair
 from tests.support.baking import Home
 from tests.support.seeding import plan_here, seed
 

@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from prebake.registry.errors import RegistryUnavailable
-from prebake.registry.file import FileRegistry
-from prebake.registry.policy_file import load_policy
-from prebake.registry.revocation import LIST_NAME, RevocationList, Revocations, sign_list
-from prebake.registry.signing import KeySigner, load_private_key, write_keypair
+from prebake.artifacts.ports.errors import RegistryUnavailable
+from prebake.registry.backends.file import FileRegistry
+from prebake.registry.trust.policy_file import load_policy
+from prebake.registry.trust.revocation import LIST_NAME, RevocationList, Revocations, sign_list
+from prebake.registry.trust.signing import KeySigner, load_private_key, write_keypair
 from tests.support.baking import Home
 from tests.support.seeding import plan_here, seed
 

@@ -51,7 +51,7 @@ def _cold_start(tmp_path_factory, recipes, model: str) -> Cold:
         ["--model", model, "--registry", str(registry), "--write-back"],
         serve_env(
             root / "home", recipes, PREBAKE_WRITE_BACK="index"
-        ),  # a single-user setup: write-back straight to the index, said so (registry/writeback.py)
+        ),  # a single-user setup: write-back straight to the index, said so (registry/review/writeback.py)
     )
     try:
         server.wait_listening()

@@ -35,7 +35,7 @@ def test_bundled_engine_serves_a_traffic_fitted_bucket_set(tmp_path):
         ["--model", NAME, "--registry", str(registry), "--write-back"],
         serve_env(
             tmp_path / "home", recipes, PREBAKE_WRITE_BACK="index"
-        ),  # a single-user setup: write-back straight to the index, said so (registry/writeback.py)
+        ),  # a single-user setup: write-back straight to the index, said so (registry/review/writeback.py)
     )
     try:
         server.wait_ready()

@@ -16,7 +16,7 @@ import pytest
 
 from prebake.artifacts.layout import index_relpath
 from prebake.registry import open_registry
-from prebake.registry.signing import write_keypair
+from prebake.registry.trust.signing import write_keypair
 from tests.support.api_server import write_api_recipe
 from tests.support.baking import BIN, REPO
 from tests.support.serving import ServeProcess, serve_env

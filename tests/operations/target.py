@@ -23,7 +23,7 @@ from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.bundle.payload import pack
 from prebake.engine.common.probe import current_host
 from prebake.engine.compose import plans_for
-from prebake.registry.file import FileRegistry
+from prebake.registry.backends.file import FileRegistry
 from tests.support.baking import BIN, REPO
 
 MODEL, PRECISION = "tiny-llama", "bf16"

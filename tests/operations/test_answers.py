@@ -13,7 +13,7 @@ import pytest
 from prebake.artifacts.bake.recipes import load_recipe
 from prebake.engine.common.probe import current_host
 from prebake.engine.compose import plans_for
-from prebake.registry.file import FileRegistry
+from prebake.registry.backends.file import FileRegistry
 from tests.operations.conftest import OPS_MODEL
 from tests.operations.target import synthetic
 from tests.support.baking import BIN, REPO

@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 
-from prebake.registry.file import FileRegistry
+from prebake.registry.backends.file import FileRegistry
 from tests.operations.target import fetch_args, prebake, prebake_env, publish, target_set
 
 EXIT_INVALID = 2

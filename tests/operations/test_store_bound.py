@@ -12,7 +12,7 @@ import time
 
 from prebake.artifacts.bake.fetch import fetch
 from prebake.artifacts.store.local import Store, StoreLimits
-from prebake.registry.file import FileRegistry
+from prebake.registry.backends.file import FileRegistry
 from tests.faults.fault_proxy import Fault, fault_proxy
 from tests.operations.conftest import OPS_MODEL
 from tests.operations.target import KINDS, fetch_args, prebake, prebake_env, publish, published_set, target_set
@@ -75,7 +75,7 @@ def test_serve_with_a_bound_below_the_set_says_so_instead_of_a_miss(tmp_path, sc
 
 
 def test_a_gc_every_moment_while_fetch_downloads_never_takes_the_kinds_it_installed_first(tmp_path, scenario, bucket):
-    from prebake.registry.s3 import S3Registry, S3Settings
+    from prebake.registry.backends.s3 import S3Registry, S3Settings
 
     targets = target_set(tmp_path / "bake")
     address = f"s3://{bucket}/prebake"
@@ -126,7 +126,7 @@ def test_a_gc_every_moment_while_fetch_downloads_never_takes_the_kinds_it_instal
 
 
 def test_a_gc_every_moment_while_serve_starts_never_fails_the_start(baked, tmp_path, scenario, bucket):
-    from prebake.registry.s3 import S3Registry, S3Settings
+    from prebake.registry.backends.s3 import S3Registry, S3Settings
 
     address = f"s3://{bucket}/prebake"
     direct = S3Registry(address, S3Settings())

@@ -9,7 +9,12 @@ layer's modules and any layer below; peers on one layer never import each other)
     prebake.artifacts.ports          what the core needs from a registry, and listing rows
     prebake.artifacts.store          the local store, its admin view and its stats
     prebake.artifacts.bake           recipes, kinds and keys, the bake, the fetch pipeline, tasks
-    prebake.registry                 the backends of the core's registry port
+    prebake.registry.trust           signing, policy, policy files, revocation, attestation
+    prebake.registry.review          verify, promote, write-back, the quarantine's aging
+    prebake.registry.shared          the registry over the object-store port, verified transfers
+    prebake.registry.backends | prebake.registry.oci
+                                     the object stores (folder, S3, Hub, Azure) and the OCI registry
+    prebake.registry                 open_registry: an address to a backend, chains
     prebake.engine.common            host probe, environment table, logging, the adapter interface
     prebake.engine.bundled.runtime   the bundled engine's model runtime on torch
     prebake.engine.bundled.api       its HTTP API
@@ -50,6 +55,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("prebake.artifacts.ports",),
     ("prebake.artifacts.store",),
     ("prebake.artifacts.bake",),
+    ("prebake.registry.trust",),
+    ("prebake.registry.review",),
+    ("prebake.registry.shared",),
+    ("prebake.registry.backends", "prebake.registry.oci"),
     ("prebake.registry",),
     ("prebake.engine.common",),
     ("prebake.engine.bundled.runtime",),

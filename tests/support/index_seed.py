@@ -64,7 +64,7 @@ def seed_oci(registry, manifests: list[Manifest], *, threads: int = 8) -> list[M
     leaves it: a small blob of its own as the layer (the manifests are given that blob), the image
     config, the manifest, the tag. Returns the manifests as published."""
     from prebake.artifacts.bundle.manifest import BlobRef
-    from prebake.registry.oci_artifact import build, tag_for
+    from prebake.registry.oci.artifact import build, tag_for
 
     def put(m: Manifest) -> Manifest:
         data = f"layer of {m.key_digest}".encode()

@@ -6,7 +6,7 @@ ends with one line, counting each group:
 
 A scenario survived when its test passed and, after it, every registry and store it
 registered with the `scenario` fixture still checks out: the registry re-verified by
-prebake.registry.verify (every blob re-hashed, and every signature checked against the policy
+prebake.registry.review.verify (every blob re-hashed, and every signature checked against the policy
 when the scenario ran under one), every bundle published to it still answered, every tree a
 store's index names whole. A scenario runs under a trust policy when it says so
 (`scenario.under(policy)`: tests/faults/conftest.py does it for every fault scenario, with

@@ -473,7 +473,7 @@ class _BrokenRegistry:
     url = "s3://down"
 
     def lookup(self, kind, key_digest):
-        from prebake.registry.errors import RegistryUnavailable
+        from prebake.artifacts.ports.errors import RegistryUnavailable
 
         raise RegistryUnavailable("s3://down answered 503; retry later")
 
@@ -508,9 +508,9 @@ def test_a_slow_or_broken_registry_is_a_miss_and_vllm_starts_from_an_empty_root(
 def test_by_default_vllm_write_back_lands_in_quarantine_and_serves_others_only_once_promoted(
     folder_model_recipe, tmp_path, monkeypatch
 ):
-    from prebake.registry.promote import promote
-    from prebake.registry.signing import KeySigner, load_private_key, write_keypair
-    from prebake.registry.writeback import quarantine_address
+    from prebake.registry.review.promote import promote
+    from prebake.registry.review.writeback import quarantine_address
+    from prebake.registry.trust.signing import KeySigner, load_private_key, write_keypair
 
     monkeypatch.setenv("PREBAKE_VLLM_COMMAND", f"{sys.executable} {STANDIN}")
     monkeypatch.delenv("PREBAKE_WRITE_BACK", raising=False)

@@ -10,7 +10,7 @@ from prebake.artifacts.bundle.payload import pack
 from prebake.artifacts.store.local import Store
 from prebake.engine.cli import main
 from prebake.engine.compose import Context
-from prebake.registry.file import FileRegistry
+from prebake.registry.backends.file import FileRegistry
 from tests.support.bundles import make_bundle
 
 

@@ -23,10 +23,14 @@ def restore_root():
 def test_json_format_writes_one_object_a_line_from_any_modules_logger(restore_root):
     out = io.StringIO()
     configure({"PREBAKE_LOG_FORMAT": "json"}, stream=out)
-    logging.getLogger("prebake.registry.s3").info("fetched %s", "blob")
+    logging.getLogger("prebake.registry.backends.s3").info("fetched %s", "blob")
     logging.getLogger("prebake.trust").warning("two\nlines")
     first, second = (json.loads(line) for line in out.getvalue().splitlines())
-    assert first["logger"] == "prebake.registry.s3" and first["message"] == "fetched blob" and first["level"] == "INFO"
+    assert (
+        first["logger"] == "prebake.registry.backends.s3"
+        and first["message"] == "fetched blob"
+        and first["level"] == "INFO"
+    )
     assert second["message"] == "two\nlines" and second["ts"].endswith("Z")
 
 

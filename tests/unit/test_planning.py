@@ -21,7 +21,7 @@ from prebake.engine.adapters import kinds_for
 from prebake.engine.cli import main
 from prebake.engine.common.probe import Host, Platform, Software, current_host
 from prebake.engine.fleet.profiles import host_profile, load_profiles, render_toml, to_profile
-from prebake.registry.file import FileRegistry
+from prebake.registry.backends.file import FileRegistry
 from tests.support.fleet import fill_registry, write_entry
 
 H100 = Host(

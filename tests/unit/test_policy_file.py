@@ -14,10 +14,10 @@ from prebake.artifacts.bake.provenance import SIDE_NAME
 from prebake.artifacts.store.local import Store
 from prebake.engine.common.builder import attester, host_versions
 from prebake.engine.common.probe import current_host
-from prebake.registry.file import FileRegistry
-from prebake.registry.policy import FilePolicy
-from prebake.registry.policy_file import PolicyError, load_policy
-from prebake.registry.signing import KeySigner, load_private_key, write_keypair
+from prebake.registry.backends.file import FileRegistry
+from prebake.registry.trust.policy import FilePolicy
+from prebake.registry.trust.policy_file import PolicyError, load_policy
+from prebake.registry.trust.signing import KeySigner, load_private_key, write_keypair
 from tests.support.seeding import plan_here
 
 BUILDER = "https://github.com/acme/models/.github/workflows/bake.yml@refs/heads/main"

@@ -27,9 +27,9 @@ from prebake.artifacts.errors import BundleError
 from prebake.artifacts.store.local import Store
 from prebake.engine.common.builder import attester, builder_id, source_revision
 from prebake.engine.common.probe import current_host
-from prebake.registry.attestation import AttestationError, check_attestation, seal
-from prebake.registry.file import FileRegistry
-from prebake.registry.signing import KeySigner, PublicKey, load_private_key, write_keypair
+from prebake.registry.backends.file import FileRegistry
+from prebake.registry.trust.attestation import AttestationError, check_attestation, seal
+from prebake.registry.trust.signing import KeySigner, PublicKey, load_private_key, write_keypair
 from tests.support.seeding import plan_here
 
 

@@ -1,4 +1,4 @@
-"""Parallel ranged downloads (registry/ranged.py): parts in any order, from any thread, reach the
+"""Parallel ranged downloads (registry/shared/ranged.py): parts in any order, from any thread, reach the
 size bound, the sha256 and the consumer in order, each byte once."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import threading
 
 import pytest
 
-from prebake.registry.base import SizedSink
-from prebake.registry.errors import BlobSizeMismatch
-from prebake.registry.ranged import OrderedSink, part_ranges, run_parts
+from prebake.artifacts.ports.errors import BlobSizeMismatch
+from prebake.registry.shared.ranged import OrderedSink, part_ranges, run_parts
+from prebake.registry.shared.transfer import SizedSink
 
 _MiB = 1 << 20
 

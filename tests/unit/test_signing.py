@@ -17,8 +17,8 @@ from prebake.artifacts.bundle.payload import pack
 from prebake.artifacts.errors import PrebakeError
 from prebake.artifacts.keys import Key
 from prebake.artifacts.store.local import Store
-from prebake.registry.file import FileRegistry
-from prebake.registry.signing import (
+from prebake.registry.backends.file import FileRegistry
+from prebake.registry.trust.signing import (
     SigningKeyError,
     TrustPolicy,
     generate_keypair,
@@ -281,7 +281,7 @@ def test_trusted_keys_naming_a_missing_file_or_a_bad_line_is_a_clear_error(tmp_p
 
 def test_without_trusted_keys_nothing_is_checked_and_the_warning_is_said_once_per_process():
     script = (
-        "from prebake.registry.signing import trust_from_env\n"
+        "from prebake.registry.trust.signing import trust_from_env\n"
         "assert trust_from_env({}) is None\n"
         "assert trust_from_env({'PREBAKE_TRUSTED_KEYS': '  '}) is None\n"
         "assert trust_from_env({}) is None\n"

@@ -14,7 +14,7 @@ from prebake.artifacts.keys import Key
 from prebake.artifacts.store import stats
 from prebake.artifacts.store.local import Store, StoreLimits
 from prebake.engine.cli import main
-from prebake.registry.file import FileRegistry
+from prebake.registry.backends.file import FileRegistry
 from tests.support.bundles import make_bundle
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -3,12 +3,12 @@
 import json
 
 from prebake.artifacts.bake.recipes import Recipe, load_recipe
+from prebake.artifacts.ports.errors import RegistryUnavailable
 from prebake.artifacts.store.local import Store
 from prebake.artifacts.store.stats import read_stats
 from prebake.engine.common.adapter import StartRequest
 from prebake.engine.compose import Context
 from prebake.engine.vllm.start import prepare
-from prebake.registry.errors import RegistryUnavailable
 from tests.support.recipe_files import write_recipe
 from tests.unit.test_adapters_vllm import vllm_cpu_host
 

@@ -11,7 +11,7 @@ from prebake.artifacts.bundle.payload import pack
 from prebake.artifacts.errors import BundleError
 from prebake.artifacts.keys import Key
 from prebake.artifacts.store.local import Store
-from prebake.registry.file import FileRegistry
+from prebake.registry.backends.file import FileRegistry
 
 FACTORS = {"software": {"torch": "2.13.0+cpu"}, "precision": {"dtype": "bf16"}}
 
@@ -102,7 +102,7 @@ def test_a_trust_check_refusal_is_a_miss_with_its_reason(tmp_path, published):
 
 
 def test_republishing_the_same_bundle_is_a_no_op_and_a_different_one_is_refused(tmp_path, published):
-    from prebake.registry.errors import PublishConflict
+    from prebake.artifacts.ports.errors import PublishConflict
 
     registry, key, manifest = published
     again = registry.publish(manifest, registry.blob_path(manifest.blob.digest))

@@ -12,7 +12,7 @@ from prebake.artifacts.bake.fetch import Miss, fetch
 from prebake.artifacts.store import admin as store_admin
 from prebake.artifacts.store.local import Store, StoreLimits
 from prebake.engine.cli import main
-from prebake.registry.file import FileRegistry
+from prebake.registry.backends.file import FileRegistry
 from tests.support.bundles import Bundle, make_bundle
 
 ROOT = Path(__file__).resolve().parents[2]

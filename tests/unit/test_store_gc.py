@@ -12,7 +12,7 @@ from prebake.artifacts.bake.fetch import Miss, fetch
 from prebake.artifacts.errors import StoreBoundError, StoreError, UnsafeArchiveError
 from prebake.artifacts.store.local import DEFAULT_MAX_BYTES, GcReport, Store, StoreLimits, parse_size
 from prebake.engine.cli import main
-from prebake.registry.file import FileRegistry
+from prebake.registry.backends.file import FileRegistry
 from tests.support.bundles import Bundle, make_bundle
 
 PAYLOAD = 64 * 1024  # incompressible: each bundle is about 2 x 64 KiB in the store (blob + tree)

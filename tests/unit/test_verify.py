@@ -12,9 +12,9 @@ from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.bundle.payload import pack
 from prebake.artifacts.keys import Key
-from prebake.registry.file import FileRegistry
-from prebake.registry.signing import TrustPolicy, generate_keypair, sign
-from prebake.registry.verify import verify_registry
+from prebake.registry.backends.file import FileRegistry
+from prebake.registry.review.verify import verify_registry
+from prebake.registry.trust.signing import TrustPolicy, generate_keypair, sign
 
 
 def bake(registry: FileRegistry, tmp: Path, torch: str, *, signer=None) -> Manifest:

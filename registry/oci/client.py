@@ -1,0 +1,409 @@
+"""The OCI distribution API over httpx: authentication, TLS, retries, and faults named for people.
+
+    client = Distribution(OCIAddress.parse("oci://ghcr.io/acme/prebake"), OCISettings.from_env())
+    client.request("GET", "manifests/graphs-<hex>", accept=MANIFEST_TYPE)    # -> httpx.Response
+    with client.stream("GET", "blobs/sha256:...") as response: ...
+
+Every request goes to https://HOST/v2/<repository>/..., or to http:// only for the hosts named in
+PREBAKE_OCI_PLAIN_HTTP (loopback tests, air-gapped mirrors): never a silent downgrade. TLS checks
+the system's CAs, plus PREBAKE_OCI_CA_BUNDLE (a PEM file) or /etc/docker/certs.d/<host>/ca.crt,
+where docker and podman look. A 401 is answered once per challenge (registry/oci/auth.py);
+a 5xx, 429 or dropped connection is retried `max_attempts` times with exponential backoff.
+
+What cannot succeed raises RegistryUnavailable with the registry and the fix in its message:
+down, timed out, TLS refused, credentials refused or missing, 5xx after the retries. The
+caller turns 404 into a miss; nothing here ever reports an outage as one.
+
+Written by hand over httpx (a maintained client) rather than through oras-py: oras-py 0.2's
+download_blob writes a whole blob to a path with no digest check, size bound or per-chunk hook,
+and its push builds its own manifest (a title annotation per file) from files on disk, so neither
+the streamed verification prebake's store needs nor the deterministic manifest could go through it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import ssl
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from prebake.artifacts.ports.errors import RegistryError, RegistryUnavailable
+from prebake.registry.oci.auth import Challenge, Login, config_locations, find_login, parse_challenge
+
+_NAME = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$")
+_HOST = re.compile(r"^(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?$")
+_RETRY_STATUS = {429, 500, 502, 503, 504}
+CERTS_D = ("/etc/docker/certs.d", "/etc/containers/certs.d")
+
+
+@dataclass(frozen=True)
+class OCIAddress:
+    host: str  # host[:port], as docker names it
+    repository: str  # namespace/repo
+
+    @classmethod
+    def parse(cls, address: str) -> OCIAddress:
+        form = "write oci://HOST[:PORT]/NAMESPACE/REPO, e.g. oci://ghcr.io/acme/prebake"
+        if not address.startswith("oci://"):
+            raise RegistryError(f"{address!r} is not an OCI address; {form}")
+        host, _, repository = address[len("oci://") :].strip("/").partition("/")
+        if not host or not _HOST.match(host):
+            raise RegistryError(f"{address!r} names no registry host; {form}")
+        if not repository or not _NAME.match(repository) or len(repository) > 255:
+            raise RegistryError(
+                f"{address!r}: {repository!r} is not a repository name (lower-case letters, digits and "
+                f"separators . _ - between /-separated parts); {form}"
+            )
+        return cls(host, repository)
+
+    @property
+    def url(self) -> str:
+        return f"oci://{self.host}/{self.repository}"
+
+
+@dataclass(frozen=True)
+class OCISettings:
+    """How the client talks. Each field has a variable: PREBAKE_OCI_<FIELD> (see `from_env`)."""
+
+    timeout_s: float = 30.0  # connect and read timeout of each request
+    max_attempts: int = 5  # per request, for 5xx, 429 and dropped connections
+    settle_s: float = 0.5  # publish: how long a tag must stand before it is called ours (registry/oci/registry.py)
+    concurrency: int = 8  # parallel entry reads of a listing
+    chunk_mb: int = 8  # a blob larger than this downloads in ranged parts of this size; 0: one stream
+    parts: int = 4  # ranged parts of one blob in flight at once (benchmarks/oci_io.py: 4 beat 2 and 8 here)
+    plain_http: tuple[str, ...] = ()  # hosts spoken to over http://, by explicit request only
+    ca_bundle: str = ""  # a PEM file of extra CAs
+
+    def __post_init__(self) -> None:
+        if self.timeout_s <= 0 or self.max_attempts < 1 or self.settle_s < 0 or min(self.concurrency, self.parts) < 1:
+            raise RegistryError(
+                f"{self}: timeout_s, max_attempts, concurrency and parts must be positive, settle_s >= 0"
+            )
+        if self.chunk_mb < 0:
+            raise RegistryError(f"{self}: chunk_mb must be 0 (one stream) or a part size in MiB")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> OCISettings:
+        """Settings from PREBAKE_OCI_TIMEOUT_S, _MAX_ATTEMPTS, _SETTLE_S, _CONCURRENCY, _CHUNK_MB, _PARTS,
+        _PLAIN_HTTP (comma-separated host[:port]) and _CA_BUNDLE; unset ones keep the defaults."""
+        values: dict[str, Any] = {}
+        numbers = (("timeout_s", float), ("max_attempts", int), ("settle_s", float), ("concurrency", int))
+        for name, parse in (*numbers, ("chunk_mb", int), ("parts", int)):
+            var = f"PREBAKE_OCI_{name.upper()}"
+            if (raw := env.get(var, "").strip()) != "":
+                try:
+                    values[name] = parse(raw)
+                except ValueError as exc:
+                    raise RegistryError(f"{var}={raw!r} is not valid: {exc}; fix or unset it") from exc
+        if raw := env.get("PREBAKE_OCI_PLAIN_HTTP", "").strip():
+            values["plain_http"] = tuple(h.strip() for h in raw.split(",") if h.strip())
+        if raw := env.get("PREBAKE_OCI_CA_BUNDLE", "").strip():
+            if not Path(raw).is_file():
+                raise RegistryError(f"PREBAKE_OCI_CA_BUNDLE={raw!r} is not a file; point it at a PEM file of CAs")
+            values["ca_bundle"] = raw
+        return cls(**values)
+
+
+@dataclass
+class _Auth:
+    login: Login | None
+    scheme: str = ""  # "", "basic" or "bearer": what the registry asked for
+    challenge: Challenge | None = None
+    tokens: dict[str, tuple[str, float]] = field(default_factory=dict)  # scope -> (token, expires at)
+    refreshed: bool = False  # a refused token was replaced once already (an expired one gets one more)
+
+
+class Distribution:
+    """One repository of one registry, through a pooled httpx client."""
+
+    def __init__(self, address: OCIAddress, settings: OCISettings, env: Mapping[str, str] = os.environ):
+        self.address, self.settings = address, settings
+        self.plain = address.host in settings.plain_http
+        self.base = f"{'http' if self.plain else 'https'}://{address.host}"
+        self._env = env
+        self._auth: _Auth | None = None  # looked up on the first 401
+        self._client = httpx.Client(
+            verify=self._verify(),
+            timeout=httpx.Timeout(settings.timeout_s),
+            follow_redirects=True,  # blob GETs may go to storage; httpx drops Authorization off-origin
+            limits=httpx.Limits(max_connections=max(settings.concurrency, settings.parts) + 4),
+            trust_env=False,  # proxies from the environment are not for a registry on loopback
+        )
+
+    @property
+    def url(self) -> str:
+        return self.address.url
+
+    def repo_path(self, rest: str) -> str:
+        return f"{self.base}/v2/{self.address.repository}/{rest}"
+
+    def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        push: bool = False,
+        accept: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        content: bytes | None = None,
+        ok: tuple[int, ...] = (200, 201, 202, 204, 404),
+    ) -> httpx.Response:
+        """One request, read whole, authenticated and retried; a status outside `ok` raises."""
+        with self.stream(method, url, push=push, accept=accept, headers=headers, content=content, ok=ok) as r:
+            r.read()
+            return r
+
+    @contextmanager
+    def stream(
+        self,
+        method: str,
+        url: str,
+        *,
+        push: bool = False,
+        accept: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        content: Any = None,
+        ok: tuple[int, ...] = (200, 201, 202, 204, 206, 404),
+        retry: bool = True,
+    ) -> Iterator[httpx.Response]:
+        """The response of one request, its body not yet read (a blob streams from it)."""
+        if not url.startswith("http"):
+            url = self.repo_path(url)
+        attempts = self.settings.max_attempts if retry else 1
+        for attempt in range(attempts):
+            last = attempt == attempts - 1
+            send = dict(headers or {})
+            if accept:
+                send["Accept"] = accept
+            authorised = self._authorization(push)
+            if authorised:
+                send["Authorization"] = authorised
+            try:
+                response = self._client.send(
+                    self._client.build_request(method, url, headers=send, content=content), stream=True
+                )
+            except httpx.TransportError as exc:
+                if last or not _retryable_transport(exc):
+                    raise self.fault(exc, f"{method} {_short_url(url)}") from exc
+                _backoff(attempt)
+                continue
+            try:
+                if response.status_code == 401 and self._answer(response, push, had=bool(authorised)):
+                    response.close()
+                    continue
+                if response.status_code != 401 and self._auth is not None:
+                    self._auth.refreshed = False  # the token in use works: a later expiry may refresh again
+                if response.status_code in _RETRY_STATUS and not last:
+                    response.close()
+                    _backoff(attempt)
+                    continue
+                if response.status_code not in ok:
+                    response.read()
+                    raise self.refusal(response, f"{method} {_short_url(url)}")
+                yield response
+                return
+            finally:
+                response.close()
+        raise RegistryUnavailable(f"{self.url}: no attempt was left for {method} {_short_url(url)}; retry later")
+
+    def close(self) -> None:
+        self._client.close()
+
+    # -- authentication ---------------------------------------------------------------------
+
+    def _authorization(self, push: bool) -> str | None:
+        auth = self._auth
+        if auth is None or not auth.scheme:
+            return None
+        if auth.scheme == "basic":
+            return auth.login.basic() if auth.login else None
+        got = auth.tokens.get(self._scope(push))
+        if got is not None and got[1] > time.monotonic():
+            return f"Bearer {got[0]}"
+        return f"Bearer {self._token(push)}"
+
+    def _answer(self, response: httpx.Response, push: bool, *, had: bool) -> bool:
+        """Take up a 401's challenge; True when the request is worth sending again."""
+        challenge = parse_challenge(response.headers.get("WWW-Authenticate", ""))
+        if self._auth is None:
+            self._auth = _Auth(find_login(self.address.host, self._env))
+        auth = self._auth
+        if challenge is None or challenge.scheme not in ("basic", "bearer"):
+            return False
+        if had and auth.scheme == challenge.scheme:
+            if challenge.scheme == "bearer" and not auth.refreshed:
+                auth.tokens.pop(self._scope(push), None)  # expired or revoked: one fresh token, once
+                auth.refreshed = True
+                return True
+            return False  # the login was refused: refusal() explains
+        auth.scheme, auth.challenge = challenge.scheme, challenge
+        return challenge.scheme == "bearer" or auth.login is not None  # basic with no login: refusal() explains
+
+    def _scope(self, push: bool) -> str:
+        return f"repository:{self.address.repository}:{'pull,push' if push else 'pull'}"
+
+    def _token(self, push: bool) -> str:
+        """A bearer token for this repository from the challenge's realm (the distribution token spec)."""
+        auth = self._auth
+        assert auth is not None and auth.challenge is not None
+        realm = auth.challenge.params.get("realm", "")
+        if not realm.startswith(("https://", "http://")):
+            raise RegistryUnavailable(f"{self.url} asked for a token from realm {realm!r}, which is not a URL")
+        scope = self._scope(push)
+        params = {"scope": scope, "service": auth.challenge.params.get("service", "")}
+        login = auth.login
+        try:
+            if login is not None and login.identity_token:
+                r = self._client.post(
+                    realm,
+                    data={
+                        **params,
+                        "grant_type": "refresh_token",
+                        "refresh_token": login.password,
+                        "client_id": "prebake",
+                    },
+                )
+            else:
+                headers = {"Authorization": login.basic()} if login else {}
+                r = self._client.get(realm, params={**params, "client_id": "prebake"}, headers=headers)
+        except httpx.TransportError as exc:
+            raise self.fault(exc, f"ask {realm} for a token") from exc
+        if r.status_code in (401, 403):
+            raise RegistryUnavailable(
+                f"{self.url}: the token service {realm} refused {self._who()} (HTTP {r.status_code}); "
+                f"log in again with `docker login {self.address.host}` or fix PREBAKE_OCI_USERNAME/PASSWORD"
+            )
+        if r.status_code != 200:
+            raise RegistryUnavailable(
+                f"{self.url}: the token service {realm} answered HTTP {r.status_code}; retry later"
+            )
+        try:
+            body = r.json()
+            token = str(body.get("token") or body["access_token"])
+            expires = float(body.get("expires_in") or 60)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise RegistryUnavailable(f"{self.url}: the token service {realm} answered no token") from None
+        auth.tokens[scope] = (token, time.monotonic() + max(expires - 10, 1))
+        return token
+
+    def _who(self) -> str:
+        login = self._auth.login if self._auth else None
+        return f"the login from {login.source}" if login else "an anonymous request"
+
+    # -- faults -------------------------------------------------------------------------------
+
+    def fault(self, exc: Exception, doing: str) -> RegistryUnavailable:
+        """A transport failure, named with the registry and what to check."""
+        text = str(exc) or type(exc).__name__
+        if isinstance(exc, httpx.TimeoutException):
+            return RegistryUnavailable(
+                f"cannot {doing} at {self.url}: the registry did not answer within {self.settings.timeout_s:g} s "
+                f"({self.settings.max_attempts} attempts); check the network or the registry, or raise PREBAKE_OCI_TIMEOUT_S"
+            )
+        if _is_tls(exc):
+            return RegistryUnavailable(
+                f"cannot {doing} at {self.url}: TLS with {self.address.host} failed ({text[:200]}); if the registry uses "
+                f"a private CA, set PREBAKE_OCI_CA_BUNDLE=/path/ca.pem or put it at "
+                f"/etc/docker/certs.d/{self.address.host}/ca.crt; a registry without TLS must be named in PREBAKE_OCI_PLAIN_HTTP"
+            )
+        if self.plain and "Server disconnected" in text:
+            return RegistryUnavailable(
+                f"cannot {doing} at {self.url}: {self.address.host} dropped a plain-HTTP request ({text[:120]}); "
+                f"if it speaks TLS, remove it from PREBAKE_OCI_PLAIN_HTTP"
+            )
+        return RegistryUnavailable(
+            f"cannot {doing} at {self.url}: the registry did not answer ({text[:200]}); "
+            f"check that it runs and that the address is right, then retry"
+        )
+
+    def refusal(self, response: httpx.Response, doing: str) -> RegistryError:
+        """An HTTP answer that is neither success nor a miss."""
+        status = response.status_code
+        detail = _error_detail(response)
+        if status == 401:
+            login = self._auth.login if self._auth else None
+            if login is None:
+                return RegistryUnavailable(
+                    f"cannot {doing} at {self.url}: the registry wants a login and none was found "
+                    f"(looked in {config_locations(self._env)}); run `docker login {self.address.host}` "
+                    f"or set PREBAKE_OCI_USERNAME and PREBAKE_OCI_PASSWORD"
+                )
+            return RegistryUnavailable(
+                f"cannot {doing} at {self.url}: the registry refused the login from {login.source} ({detail}); "
+                f"the password or token is wrong or expired: run `docker login {self.address.host}` again"
+            )
+        if status == 403:
+            return RegistryUnavailable(
+                f"cannot {doing} at {self.url}: {self._who()} may not do that ({detail}); "
+                f"ask for pull (and, to publish, push) access to {self.address.repository}"
+            )
+        if status in _RETRY_STATUS:
+            return RegistryUnavailable(
+                f"cannot {doing} at {self.url}: HTTP {status} ({detail}) after {self.settings.max_attempts} attempts; retry later"
+            )
+        if status == 400 and self.plain and "HTTPS" in response.text:
+            return RegistryUnavailable(
+                f"cannot {doing} at {self.url}: {self.address.host} speaks TLS, but it is named in "
+                f"PREBAKE_OCI_PLAIN_HTTP; remove it from there (and give its CA with PREBAKE_OCI_CA_BUNDLE)"
+            )
+        if status == 405 and "DELETE" in doing:
+            return RegistryError(
+                f"cannot {doing} at {self.url}: the registry does not allow deletes ({detail}); enable them "
+                f"(distribution: storage.delete.enabled: true) or remove the entry with the registry's own tools"
+            )
+        return RegistryError(f"cannot {doing} at {self.url}: HTTP {status} ({detail})")
+
+    def _verify(self) -> ssl.SSLContext | bool:
+        if self.plain:
+            return False
+        extra = self.settings.ca_bundle or next(
+            (str(p) for d in CERTS_D if (p := Path(d, self.address.host, "ca.crt")).is_file()), ""
+        )
+        context = ssl.create_default_context()
+        if extra:
+            try:
+                context.load_verify_locations(cafile=extra)
+            except (OSError, ssl.SSLError) as exc:
+                raise RegistryError(f"cannot load the CA bundle {extra}: {exc}; point it at a PEM file of CAs") from exc
+        return context
+
+
+def _retryable_transport(exc: httpx.TransportError) -> bool:
+    return not _is_tls(exc) and not isinstance(exc, httpx.UnsupportedProtocol)
+
+
+def _is_tls(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError) or "CERTIFICATE_VERIFY_FAILED" in str(seen) or "SSL" in type(seen).__name__:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return "[SSL" in str(exc)
+
+
+def _backoff(attempt: int) -> None:
+    time.sleep(min(0.1 * 2**attempt, 2.0) * (0.5 + random.random() / 2))
+
+
+def _error_detail(response: httpx.Response) -> str:
+    """The distribution error's code and message, or the status line."""
+    try:
+        errors = response.json().get("errors") or []
+        if errors:
+            first = errors[0]
+            return f"{first.get('code', '')}: {str(first.get('message', ''))[:160]}"
+    except (ValueError, AttributeError, httpx.ResponseNotRead):
+        pass
+    return f"HTTP {response.status_code} {response.reason_phrase}"
+
+
+def _short_url(url: str) -> str:
+    return re.sub(r"^https?://[^/]+", "", url).split("?", 1)[0][:160]

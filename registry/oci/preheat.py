@@ -1,0 +1,129 @@
+"""Preheating a pull-through mirror: every bundle pulled through it once, before the fleet asks.
+
+    report = preheat(OCIRegistry("oci://mirror.local:5000/team/prebake"))   # `prebake preheat --mirror ...`
+
+A registry mirror (distribution's `proxy.remoteurl`, Harbor's proxy cache, a Spegel or Dragonfly
+node cache) keeps what it has been asked for. distribution 2.8 does not coalesce simultaneous
+first pulls of a blob: N nodes starting at once on a new bundle cost the origin N + 1 copies (each
+node's stream, plus the copy the mirror stores). The answer the field gives is Dragonfly's and
+Harbor's "preheat": pull each new bundle through the mirror once, when it is published, so the
+nodes that start afterwards find it there and cost the origin no blob bytes.
+
+For each index entry (of the kinds and keys asked for), through the mirror:
+
+    the entry's manifest (by tag: the mirror keeps it by digest), its image config, its side
+    files (the provenance attestation), and its layer: a one-byte Range request first; a 206
+    means the mirror serves the blob from its own storage already (nothing more is pulled), a 200
+    is a mirror that has to fetch it from the origin: that answer is read whole, through the
+    manifest's size bound and sha256, then the mirror is asked again (Range, one byte) until it
+    serves the blob itself, within `wait_s`.
+
+So a preheat is idempotent, and a second one costs the origin nothing but the manifest requests.
+It costs the origin, once per bundle, what one cold pull does (distribution 2.8: two copies, the
+one streamed to the preheater and the one it stores; a mirror that caches while it streams: one).
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.ports.errors import BlobDigestMismatch, RegistryUnavailable
+from prebake.registry.oci import OCIRegistry
+from prebake.registry.oci.blob import held, pull_through
+from prebake.registry.oci.files import SIDE_TYPE
+from prebake.registry.shared.transfer import SizedSink
+
+log = logging.getLogger(__name__)
+
+_SIDE_PREFIX = "prebake-side."
+
+
+@dataclass(frozen=True)
+class Preheated:
+    """What the preheat did for one bundle."""
+
+    kind: str
+    key_digest: str
+    blob: str
+    size: int
+    pulled: bool  # the mirror had to fetch the blob (False: it held it already)
+    side_files: int
+    seconds: float
+
+
+def preheat(
+    mirror: OCIRegistry, *, kind: str | None = None, keys: tuple[str, ...] = (), wait_s: float = 120.0
+) -> Iterator[Preheated]:
+    """Pull every index entry (of `kind`, or with a key digest in `keys`) through `mirror`, one by one."""
+    tags = list(mirror.tags())
+    sides = [t for t in tags if t.startswith(_SIDE_PREFIX)]
+    for entry_kind, key_digest, _ in mirror.entry_tags(kind):
+        if keys and key_digest not in keys and not any(key_digest.startswith(k) for k in keys):
+            continue
+        manifest = mirror.lookup(entry_kind, key_digest)
+        if manifest is None:  # deleted since it was listed
+            continue
+        yield _preheat_one(mirror, manifest, sides, wait_s)
+
+
+def _preheat_one(mirror: OCIRegistry, manifest: Manifest, sides: list[str], wait_s: float) -> Preheated:
+    started = time.monotonic()
+    got = mirror.read_manifest(f"{manifest.kind}-{manifest.key_digest}")
+    if got is not None:  # the image config: what a container runtime or an image volume reads first
+        config = _config_digest(got[0])
+        if config:
+            mirror.read_small_blob(config, f"{mirror.url}:{manifest.kind}-{manifest.key_digest}")
+    mine = [t for t in sides if t.startswith(f"{_SIDE_PREFIX}{manifest.blob.hex}.")]
+    for tag in mine:
+        mirror.read_file(tag, f"{SIDE_TYPE}+octet-stream")
+    pulled = _pull_blob(mirror, manifest, wait_s)
+    took = time.monotonic() - started
+    log.info(
+        "preheated %s %s (%s) in %.1f s", manifest.kind, manifest.key_digest[:16], "pulled" if pulled else "held", took
+    )
+    return Preheated(
+        manifest.kind, manifest.key_digest, manifest.blob.digest, manifest.blob.size, pulled, len(mine), took
+    )
+
+
+def _pull_blob(mirror: OCIRegistry, manifest: Manifest, wait_s: float) -> bool:
+    digest, where = manifest.blob.digest, f"{mirror.url}@{manifest.blob.digest}"
+    sized = SizedSink(manifest.blob.size, digest, where, mirror.url)
+    with tempfile.TemporaryFile(prefix="prebake-preheat-") as f:
+        got = pull_through(mirror.client, digest, f, sized)
+    if got is None:
+        return False
+    sized.finish()
+    if got != digest:
+        raise BlobDigestMismatch(
+            f"blob {where} hashes to {got}, not {digest}: the mirror, or its origin, holds corrupt bytes; "
+            f"run `prebake verify --quarantine --registry <origin>` and clear the mirror's copy"
+        )
+    deadline, pause = time.monotonic() + wait_s, 0.2  # the mirror stores its copy as it streams ours
+    time.sleep(pause)
+    while not held(mirror.client, digest):
+        if time.monotonic() > deadline:
+            raise RegistryUnavailable(
+                f"{mirror.url} streamed blob {digest[:23]} but did not serve it from its own storage within "
+                f"{wait_s:g} s; check the mirror's storage and log (is it a caching mirror?), then preheat again"
+            )
+        time.sleep(pause)
+        pause = min(pause * 2, 2.0)
+    return True
+
+
+def _config_digest(body: bytes) -> str:
+    import json
+
+    try:
+        return str(json.loads(body)["config"]["digest"])
+    except (ValueError, KeyError, TypeError):
+        return ""
+
+
+__all__ = ["Preheated", "preheat"]

@@ -1,0 +1,357 @@
+"""The OCI backend: bundles as artifacts in an OCI registry (GHCR, ECR, Harbor, Artifactory, Quay,
+a self-hosted distribution server), through the distribution API.
+
+    oci://HOST[:PORT]/NAMESPACE/REPO
+    ├── <kind>-<key digest>           tag -> one OCI image manifest per bundle (registry/oci/artifact.py):
+    │                                   config: a minimal image config; layer: the bundle blob, same sha256;
+    │                                   annotation org.prebake.manifest: the signed prebake manifest
+    ├── prebake-summary.<kind>        tag -> the listing summary of one kind (registry/oci/maintain.py)
+    └── quarantine-<kind>-<key>...    tag -> entries `prebake verify --quarantine` moved aside
+
+A lookup is one request: GET of the entry's tag, whose manifest carries the prebake manifest
+(parsed, held to its digest, to the tag's kind and key and to the layer). A blob comes in parallel
+ranged GETs where the registry serves ranges, else in one stream (registry/oci/blob.py), through
+the manifest's size bound and sha256; a connection cut mid-blob resumes from the byte it reached.
+
+Publishing is create-only in effect, though OCI tags are last-writer-wins (the distribution API
+has no conditional tag write): blobs first, then the manifest by digest, then a last look at the
+tag, the tag write, and a read-back after `settle_s` (at least four times the slowest round trip
+of the publish). Whoever's manifest the tag names after that wait is the winner; the other is told
+PublishConflict (or, for the very same bundle, created=False) and its manifest stays untagged. A
+tag therefore never names a manifest whose blobs are missing (the registry refuses such a manifest,
+and ours go up first), and a reader at any moment gets a complete bundle of that key, verified
+like any other. The race that remains: a publisher stalled for longer than the settle time between
+its last look and its tag write overwrites a winner who had already been told `created`; readers
+still get a whole, verifiable bundle of that key. Two publishers of byte-identical manifests both
+report created (their tags are the same manifest).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from prebake.artifacts import fsutil
+from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
+from prebake.artifacts.bundle.payload import file_digest
+from prebake.artifacts.errors import BundleError
+from prebake.artifacts.ports.errors import BlobDigestMismatch, RegistryError, RegistryNotFound, RegistryUnavailable
+from prebake.registry.oci.artifact import (
+    MANIFEST_TYPE,
+    MAX_OCI_MANIFEST_BYTES,
+    Artifact,
+    Blob,
+    build,
+    manifest_from_config,
+    parse_manifest,
+    parse_tag,
+    sha256,
+    tag_for,
+)
+from prebake.registry.oci.artifact import read as read_entry
+from prebake.registry.oci.blob import download
+from prebake.registry.oci.client import Distribution, OCIAddress, OCISettings
+from prebake.registry.oci.maintain import OCIMaintenance
+from prebake.registry.shared.transfer import Published, SizedSink, read_ahead, settle
+
+log = logging.getLogger(__name__)
+
+_MiB = 1 << 20
+_REFUSED_OCI = b"accept header does not support OCI manifests"
+_NAME_UNKNOWN = b'"NAME_UNKNOWN"'  # the distribution error code of a repository the registry does not know
+_READ_S = 30.0  # an entry is small: one that takes longer to arrive is stalled or hostile
+
+
+class OCIRegistry(OCIMaintenance):
+    """Bundles in one repository of an OCI registry (maintainable and listable: registry/oci/maintain.py)."""
+
+    writable = True
+
+    def __init__(
+        self,
+        address: str,
+        settings: OCISettings | None = None,
+        env: Mapping[str, str] | None = None,
+        *,
+        must_exist: bool = False,
+    ):
+        env = os.environ if env is None else env
+        self.must_exist = must_exist  # a repository that is not there: RegistryNotFound, not empty (read-only commands)
+        self._known = False  # the repository was seen to exist
+        self.address = OCIAddress.parse(address)
+        self.url = self.address.url
+        self.settings = settings or OCISettings.from_env(env)
+        self.client = Distribution(self.address, self.settings, env)
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def lookup(self, kind: str, key_digest: str) -> Manifest | None:
+        got = self._entry(tag_for(kind, key_digest))
+        return None if got is None else got[1]
+
+    def fetch_blob(
+        self, digest: str, dest: Path, *, size: int | None = None, tee: Callable[[bytes], None] | None = None
+    ) -> Path:
+        where, dest = f"{self.url}@{digest}", Path(dest)
+        sized = SizedSink(size, digest, where, self.url, tee)
+        with fsutil.atomic_target(dest) as tmp, tmp.open("w+b") as f:  # read back as parts land out of order
+            got = download(self.client, digest, f, sized)
+            sized.finish()
+            if got != digest:
+                raise BlobDigestMismatch(
+                    f"blob {where} hashes to {got}, not {digest}: it is corrupt; "
+                    f"run `prebake verify --quarantine --registry {self.url}` and rebake"
+                )
+        return dest
+
+    def list(self, kind: str | None = None) -> Iterator[Manifest]:
+        """Every manifest, in (kind, key digest) order: the tags API names the entries, then they are
+        read `concurrency` at a time, as they are consumed."""
+
+        def read(tag: str) -> Manifest | None:
+            got = self._entry(tag)
+            return None if got is None else got[1]
+
+        tags = (tag for _, _, tag in self.entry_tags(kind))
+        yield from read_ahead(tags, read, readers=self.settings.concurrency, name="prebake-oci-list")
+
+    # -- publishing ---------------------------------------------------------------------------
+
+    def publish(self, manifest: Manifest, blob: Path) -> Published:
+        blob = Path(blob)
+        with ThreadPoolExecutor(2, thread_name_prefix="prebake-oci-hash") as pool:  # both hash outside the GIL
+            digest, diff_id = pool.submit(file_digest, blob), pool.submit(_diff_id, blob)
+            if digest.result() != manifest.blob.digest:
+                raise BlobDigestMismatch(f"{blob} does not hash to {manifest.blob.digest}; repack it before publishing")
+            uncompressed = diff_id.result()
+        tag = tag_for(manifest.kind, manifest.key_digest)
+        where = f"{self.url}:{tag}"
+        existing = self.lookup(manifest.kind, manifest.key_digest)
+        if existing is not None:
+            return settle(existing, manifest, where)
+        artifact = build(manifest, uncompressed)
+        started = time.monotonic()
+        try:
+            self.push_blob(artifact.layer, blob)
+            self.push_bytes(artifact.config_ref, artifact.config)
+            self.put_manifest(artifact.digest, artifact.manifest)
+            rtt = time.monotonic()
+            before = self._entry(tag)  # the last look: someone may have won while our blobs went up
+            if before is None:
+                self.put_manifest(tag, artifact.manifest)
+            rtt = time.monotonic() - rtt
+        except RegistryUnavailable as exc:
+            raise RegistryUnavailable(f"cannot publish into {self.url}: {exc}") from exc
+        except BlobDigestMismatch:
+            raise
+        except RegistryError as exc:
+            raise RegistryError(f"cannot publish into {self.url}: {exc}") from exc
+        if before is not None:
+            return settle(before[1], manifest, where)
+        return self._settled(artifact, manifest, tag, where, rtt, time.monotonic() - started)
+
+    def _settled(
+        self, artifact: Artifact, manifest: Manifest, tag: str, where: str, rtt: float, took: float
+    ) -> Published:
+        """Wait until a racing tag write would have landed, then see whose manifest the tag names."""
+        time.sleep(max(self.settings.settle_s, 4 * rtt))
+        got = self._entry(tag)
+        if got is None:
+            raise RegistryError(
+                f"{where} was written and then could not be read; something deletes tags behind prebake's back: "
+                f"check the registry's retention or cleanup policies"
+            )
+        digest, stored = got
+        if digest == artifact.digest:
+            log.debug("published %s in %.2f s", where, took)
+            return Published(manifest, created=True, where=where)
+        return settle(stored, manifest, where)  # a racing publisher's tag landed after ours: theirs stands
+
+    def push_blob(self, ref: Blob, path: Path) -> None:
+        """Upload a file as a blob unless the repository has it (monolithic: POST, then one PUT)."""
+        if self._has_blob(ref):
+            return
+
+        def chunks() -> Iterator[bytes]:
+            with path.open("rb") as f:
+                while chunk := f.read(_MiB):
+                    yield chunk
+
+        self._upload(ref, chunks)
+
+    def push_bytes(self, ref: Blob, data: bytes) -> None:
+        if not self._has_blob(ref):
+            self._upload(ref, lambda: iter((data,)))
+
+    def put_manifest(self, reference: str, body: bytes) -> str:
+        """PUT a manifest under a tag or its digest; the digest the registry computed."""
+        r = self.client.request(
+            "PUT", f"manifests/{reference}", push=True, headers={"Content-Type": MANIFEST_TYPE}, content=body, ok=(201,)
+        )
+        return str(r.headers.get("Docker-Content-Digest", ""))
+
+    def _upload(self, ref: Blob, chunks: Callable[[], Iterator[bytes]]) -> None:
+        for attempt in range(self.settings.max_attempts):
+            start = self.client.request("POST", "blobs/uploads/", push=True, ok=(202,))
+            location = start.headers.get("Location", "")
+            if not location:
+                raise RegistryError(
+                    f"{self.url} opened an upload without a Location; it does not speak the distribution API"
+                )
+            url = httpx.URL(self.client.base).join(location).copy_merge_params({"digest": ref.digest})
+            headers = {"Content-Type": "application/octet-stream", "Content-Length": str(ref.size)}
+            try:
+                with self.client.stream(
+                    "PUT", str(url), push=True, headers=headers, content=chunks(), ok=(201,), retry=False
+                ):
+                    return
+            except RegistryUnavailable:
+                if attempt == self.settings.max_attempts - 1:
+                    raise
+                time.sleep(0.1 * 2**attempt)
+
+    def _has_blob(self, ref: Blob) -> bool:
+        r = self.client.request("HEAD", f"blobs/{ref.digest}", ok=(200, 404))
+        return r.status_code == 200 and int(r.headers.get("Content-Length") or -1) == ref.size
+
+    # -- entries ------------------------------------------------------------------------------
+
+    def _entry(self, tag: str) -> tuple[str, Manifest] | None:
+        """(manifest digest, prebake manifest) of the entry `tag` names; None when there is none."""
+        parsed = parse_tag(tag)
+        assert parsed is not None, tag
+        where = f"{self.url}:{tag}"
+        got = self.read_manifest(tag)
+        if got is None:
+            return None
+        body, digest = got
+        entry = read_entry(body, where)
+        raw = entry.inline
+        if raw is None:
+            raw = manifest_from_config(self.read_small_blob(entry.config.digest, where), where)
+        return digest, parse_manifest(raw, entry, parsed[0], parsed[1], where)
+
+    def read_manifest(self, reference: str) -> tuple[bytes, str] | None:
+        """A manifest's bytes (bounded in size and time) and digest; None on 404."""
+        for attempt in range(self.settings.max_attempts):
+            with self.client.stream("GET", f"manifests/{reference}", accept=MANIFEST_TYPE) as r:
+                body = _bounded(r, MAX_OCI_MANIFEST_BYTES, f"{self.url}:{reference}")
+                if r.status_code != 404:
+                    self._known = True
+                    return body, sha256(body)
+            if _REFUSED_OCI not in body:
+                self._check_exists(body)
+                return None
+            # Not a miss: the manifest exists, but a server on the way would not hand it over as OCI
+            # (a mirror whose upstream request lost the OCI Accept type, e.g. behind a proxy that keeps
+            # only the last of repeated Accept headers, as Go's client sends them). Ask again, then fail.
+            time.sleep(0.1 * 2**attempt)
+        raise RegistryUnavailable(
+            f"{self.url}:{reference} exists, but the registry (or the upstream of its mirror) kept refusing to serve "
+            f"it as an OCI manifest ({_REFUSED_OCI.decode()!r}); check the proxies and mirrors between here and "
+            f"the registry: they must pass every Accept header on"
+        )
+
+    def read_small_blob(self, digest: str, where: str) -> bytes:
+        with self.client.stream("GET", f"blobs/{digest}") as r:
+            if r.status_code == 404:
+                raise RegistryError(
+                    f"{where} names blob {digest[:23]}, which is missing; run `prebake verify --quarantine`"
+                )
+            body = _bounded(r, MAX_MANIFEST_BYTES, f"{where} blob {digest[:23]}")
+        if sha256(body) != digest:
+            raise BundleError(f"{where}: blob {digest[:23]} does not hash to its name: refusing it")
+        return body
+
+    def entry_tags(self, kind: str | None = None) -> tuple[tuple[str, str, str], ...]:
+        """(kind, key digest, tag) of every index entry (of one kind), sorted: the tags API, page by page."""
+        out = []
+        for tag in self.tags():
+            parsed = parse_tag(tag)
+            if parsed is not None and (kind is None or parsed[0] == kind):
+                out.append((parsed[0], parsed[1], tag))
+        return tuple(sorted(out))
+
+    def tags(self) -> Iterator[str]:
+        """Every tag of the repository, following the tags API's Link pages."""
+        url: str | None = "tags/list?n=1000"
+        while url:
+            r = self.client.request("GET", url)
+            if r.status_code == 404:  # the repository does not exist yet: nothing published
+                if self.must_exist:
+                    raise RegistryNotFound(self._not_found())
+                return
+            self._known = True
+            try:
+                names = r.json().get("tags") or []
+            except (ValueError, AttributeError):
+                raise RegistryError(
+                    f"{self.url} answered a tags list that is not JSON; is it an OCI registry?"
+                ) from None
+            yield from (str(n) for n in names)
+            url = _next_link(r.headers.get("Link", ""), self.client.base)
+
+    def _check_exists(self, missed: bytes) -> None:
+        """After a 404: under `must_exist`, RegistryNotFound when the repository itself is unknown (the
+        404 says NAME_UNKNOWN, or, as distribution answers MANIFEST_UNKNOWN for any repository, one
+        short tags listing says so); asked once per registry, and only after a miss."""
+        if not self.must_exist or self._known:
+            return
+        if _NAME_UNKNOWN not in missed:
+            # a login that may pull but not list (some registries gate the tags API apart) says nothing
+            r = self.client.request("GET", "tags/list?n=1", ok=(200, 401, 403, 404))
+            if r.status_code != 404:
+                self._known = True
+                return
+        raise RegistryNotFound(self._not_found())
+
+    def _not_found(self) -> str:
+        return (
+            f"registry {self.url} does not exist: {self.address.host} knows no repository "
+            f"{self.address.repository} (NAME_UNKNOWN); fix the registry address (oci://HOST/NAMESPACE/REPO), "
+            f"or publish into it first (`prebake bake` and `doit bake` create it on their first push)"
+        )
+
+    def __repr__(self) -> str:
+        return f"OCIRegistry({self.url!r})"
+
+
+def _diff_id(blob: Path) -> str:
+    """The sha256 of the uncompressed tar: what an image config's rootfs.diff_ids lists."""
+    import zstandard
+
+    h = hashlib.sha256()
+    try:
+        with blob.open("rb") as f, zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True) as reader:
+            while chunk := reader.read(4 * _MiB):
+                h.update(chunk)
+    except zstandard.ZstdError as exc:
+        raise BundleError(f"{blob} is not a zstd-compressed bundle ({exc}); repack it before publishing") from exc
+    return "sha256:" + h.hexdigest()
+
+
+def _bounded(r: httpx.Response, limit: int, where: str) -> bytes:
+    if int(r.headers.get("Content-Length") or 0) > limit:
+        raise BundleError(f"{where} is over {limit} bytes; no prebake entry is: refusing it")
+    chunks, total, deadline = [], 0, time.monotonic() + _READ_S
+    for chunk in r.iter_bytes(_MiB):
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > limit or time.monotonic() > deadline:
+            raise BundleError(f"{where} sent over {limit} bytes or for over {_READ_S:g} s: refusing it")
+    return b"".join(chunks)
+
+
+def _next_link(header: str, base: str) -> str | None:
+    """The rel="next" target of an RFC 5988 Link header (how the tags API pages)."""
+    for part in header.split(","):
+        if 'rel="next"' in part and "<" in part and ">" in part:
+            return str(httpx.URL(base).join(part[part.index("<") + 1 : part.index(">")]))
+    return None

@@ -1,0 +1,91 @@
+"""Write-backs age out: what waits in a quarantine namespace longer than its maximum age is removed.
+
+    prebake promote --prune [--older-than 7d]      on every backend (folder, S3, Hub, OCI), through
+                                                   Maintainable.remove: the index entry first (readers
+                                                   miss from then on), then its blob and the files
+                                                   beside it, unless an entry that stays names the blob
+
+A quarantine (registry.writeback) holds serving pods' write-backs until `prebake promote` reviews
+them; one never promoted is removed once it is older than the maximum age: --older-than, else
+the policy file's `[quarantine] max_age_days`, else DEFAULT_MAX_AGE_DAYS. Its age is counted
+from the `created` stamp the pod wrote. A stamp that cannot be read, or that lies in the future
+by more than CLOCK_SKEW, counts as expired: a write-back cannot keep itself waiting by claiming
+to be new. Only the quarantine is pruned, never the index every pod reads.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass
+
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.errors import PrebakeError
+from prebake.artifacts.ports.registry import Maintainable, Registry
+
+CLOCK_SKEW = dt.timedelta(hours=1)  # pods' clocks may run this far ahead of the pruner's
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "": 86400}
+
+
+@dataclass(frozen=True)
+class Aged:
+    """One quarantined write-back and what pruning did with it."""
+
+    kind: str
+    key_digest: str
+    created: str
+    outcome: str  # "removed", "would remove", "kept"
+
+    @property
+    def expired(self) -> bool:
+        return self.outcome != "kept"
+
+
+def parse_age(text: str) -> dt.timedelta:
+    """'7d', '36h', '90m', '3600s', '2w' (a bare number is days); PrebakeError saying the forms."""
+    m = _DURATION.match(text)
+    if m is None or float(m.group(1)) <= 0:
+        raise PrebakeError(
+            f"maximum age {text!r} is not a duration: write a positive number with s, m, h, d or w "
+            f"(e.g. 7d, 36h; a bare number is days)"
+        )
+    return dt.timedelta(seconds=float(m.group(1)) * _UNIT_S[m.group(2)])
+
+
+def say_age(age: dt.timedelta) -> str:
+    """A maximum age as an operator writes it: 7d, 36h, 90m, 30s."""
+    seconds = age.total_seconds()
+    for unit in ("d", "h", "m"):
+        if seconds >= _UNIT_S[unit] and seconds % _UNIT_S[unit] == 0:
+            return f"{seconds / _UNIT_S[unit]:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def prune(
+    incoming: Registry, max_age: dt.timedelta, *, now: dt.datetime | None = None, dry_run: bool = False
+) -> list[Aged]:
+    """Remove every entry of the quarantine `incoming` older than `max_age` (with `dry_run`, only say which)."""
+    if not isinstance(incoming, Maintainable):
+        raise PrebakeError(f"{incoming.url} cannot remove entries; prune a folder, S3, Hub or OCI quarantine")
+    now = now or dt.datetime.now(dt.UTC)
+    entries = list(incoming.list())
+    expired = [m for m in entries if _expired(m, now, max_age)]
+    kept_blobs = {m.blob.digest for m in entries if m not in expired}
+    out = [Aged(m.kind, m.key_digest, m.created, "kept") for m in entries if m not in expired]
+    for m in expired:
+        if not dry_run:
+            shared = m.blob.digest in kept_blobs
+            incoming.remove(m.kind, m.key_digest, blob_digest=None if shared else m.blob.digest)
+            kept_blobs.add(m.blob.digest)  # removed once: a second entry naming it has nothing left to remove
+        out.append(Aged(m.kind, m.key_digest, m.created, "would remove" if dry_run else "removed"))
+    return out
+
+
+def _expired(manifest: Manifest, now: dt.datetime, max_age: dt.timedelta) -> bool:
+    try:
+        created = dt.datetime.fromisoformat(manifest.created)
+    except ValueError:
+        return True
+    created = created if created.tzinfo else created.replace(tzinfo=dt.UTC)
+    return created > now + CLOCK_SKEW or now - created > max_age

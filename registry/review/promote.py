@@ -1,0 +1,125 @@
+"""Promotion: a serving pod's write-back, reviewed on a trusted builder, enters the shared index.
+
+For each entry of the quarantine namespace (registry.writeback) that is a write-back:
+
+    1. re-verify     the blob is downloaded into a scratch store: its digest, then every file
+                     against the entry's file list (the store's own checked unpacker)
+    2. inputs        every upstream bundle it was built from is in the index, reviewed (promote
+                     upstream kinds first: they are handled in that order)
+    3. sign          a copy without the writeback label, signed with the promoter's key, with a
+                     provenance statement of build type PROMOTE_TYPE naming what was reviewed
+    4. publish       into the index (created once: an entry already there stands, and is reported)
+    5. move aside    the promoted entry leaves the quarantine's index (when the backend can)
+
+A rebuild is the stronger review: `prebake bake` on the trusted builder makes the same key from
+source, and its bundle wins the index (create-only) over any write-back not yet promoted.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import tempfile
+from dataclasses import dataclass
+
+from prebake.artifacts.bake.fetch import WRITE_BACK_LABEL, unreviewed
+from prebake.artifacts.bake.provenance import PROMOTE_TYPE, SIDE_NAME, Attest, BuildContext, statement
+from prebake.artifacts.bake.recipes import load_recipe, targets
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.errors import PrebakeError, PublishConflict
+from prebake.artifacts.ports.registry import Maintainable, Registry, SideFiles
+from prebake.artifacts.store.local import Store
+from prebake.registry.trust.signing import KeySigner
+
+
+@dataclass(frozen=True)
+class Promoted:
+    kind: str
+    key_digest: str
+    outcome: str  # "promoted", "already in the index", "refused: ...", "would promote"
+
+    @property
+    def ok(self) -> bool:
+        return not self.outcome.startswith("refused")
+
+
+def promote(
+    incoming: Registry,
+    index: Registry,
+    *,
+    signer: KeySigner,
+    attest: Attest | None,
+    kind: str | None = None,
+    key_prefix: str = "",
+    dry_run: bool = False,
+) -> list[Promoted]:
+    """Review and promote every write-back in `incoming` (narrowed to a kind and key prefix) into `index`."""
+    entries = [m for m in incoming.list(kind) if m.key_digest.startswith(key_prefix)]
+    entries.sort(key=lambda m: len(m.inputs))  # upstream kinds first
+    return [_promote_one(m, incoming, index, signer, attest, dry_run) for m in entries]
+
+
+def _promote_one(
+    m: Manifest, incoming: Registry, index: Registry, signer: KeySigner, attest: Attest | None, dry_run: bool
+) -> Promoted:
+    def out(outcome: str) -> Promoted:
+        return Promoted(m.kind, m.key_digest, outcome)
+
+    if m.labels.get(WRITE_BACK_LABEL) != "quarantine":
+        return out("refused: not a write-back (no writeback=quarantine label); bake it instead")
+    if (why := _inputs_problem(m, index)) is not None:
+        return out(f"refused: {why}")
+    with tempfile.TemporaryDirectory(prefix="prebake-promote-") as scratch:
+        store = Store(scratch)
+        try:
+            store.install(m, incoming)  # the digest, then every file against the list
+        except PrebakeError as exc:
+            return out(f"refused: it does not verify: {exc}")
+        if dry_run:
+            return out("would promote")
+        reviewed = _reviewed(m, signer)
+        if attest is not None and isinstance(index, SideFiles):
+            try:
+                document = _statement(reviewed, m, incoming, attest.context)
+            except PrebakeError as exc:
+                return out(
+                    f"refused: its provenance cannot be written here ({exc}); promote on a builder with the recipe"
+                )
+            index.put_side(reviewed.blob.digest, SIDE_NAME, attest.seal(document))
+        try:
+            published = index.publish(reviewed, store.blob_path(m.blob.digest))
+        except PublishConflict as exc:
+            return out(f"refused: the index already holds another build of this key ({exc}); nothing to promote")
+    if isinstance(incoming, Maintainable):
+        incoming.quarantine(m.kind, m.key_digest)
+    return out("promoted" if published.created else "already in the index (the same bundle)")
+
+
+def _inputs_problem(m: Manifest, index: Registry) -> str | None:
+    for kind, blob in sorted(m.inputs.items()):
+        key = m.key.get("inputs", {}).get(kind)
+        entry = index.lookup(kind, key) if key else None
+        if entry is None or entry.blob.digest != blob or unreviewed(entry) is not None:
+            return (
+                f"it was built on {kind} blob {blob[:23]}, which the index does not hold reviewed; promote that first"
+            )
+    return None
+
+
+def _reviewed(m: Manifest, signer: KeySigner) -> Manifest:
+    labels = {k: v for k, v in m.labels.items() if k != WRITE_BACK_LABEL}
+    copy = m.model_copy(
+        update={"labels": labels, "signatures": (), "builder": f"{m.builder}; promoted by {signer.name}"}
+    )
+    return signer(copy)
+
+
+def _statement(reviewed: Manifest, original: Manifest, incoming: Registry, context: BuildContext) -> bytes:
+    now = dt.datetime.now(dt.UTC)
+    labels = reviewed.labels
+    recipe = load_recipe(labels.get("model", ""))
+    tp = int(labels["tp"]) if labels.get("tp", "").isdigit() else None
+    target = targets(recipe, dtype=labels.get("precision"), tp=tp)[0]
+    review = {"from": incoming.url, "original_builder": original.builder, "created": original.created}
+    return statement(
+        reviewed, recipe, target, context, started=now, finished=now, build_type=PROMOTE_TYPE, review=review
+    )

@@ -1,0 +1,1 @@
+"""What every backend shares: verified transfers, ranged downloads, and the registry over an object store."""

@@ -1,0 +1,171 @@
+"""What every registry backend shares: settling a publish race and copying a blob verified.
+
+The protocols themselves (Registry, Maintainable, Published) are the core's port, in
+prebake.artifacts.ports.registry; they are named here too for the backends.
+
+A backend answers four questions and nothing else. A miss is `None`, never an exception;
+faults (down, refused, corrupt) raise RegistryError subclasses so callers can tell a miss
+from an outage. Publishing writes the blob first and then creates the index entry only if
+it is absent, so two bakers racing on one key cannot clobber each other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+from prebake.artifacts import fsutil
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.errors import PublishConflict
+from prebake.artifacts.ports.errors import BlobDigestMismatch, BlobSizeMismatch, RegistryError, RegistryUnavailable
+from prebake.artifacts.ports.listing import Listed
+from prebake.artifacts.ports.registry import Listable, Maintainable, Published, Registry
+
+T = TypeVar("T")
+
+
+def settle(existing: Manifest, manifest: Manifest, where: str) -> Published:
+    """The outcome of publishing `manifest` where `existing` already answers its key.
+
+    The same bundle again is a no-op; a different build of the same key is refused, and the
+    registry keeps the first one (a losing baker is told, and uses the published bundle).
+    """
+    if existing.same_bundle(manifest):
+        return Published(existing, created=False, where=where)
+    raise PublishConflict(
+        f"{where} already names blob {existing.blob.digest[:23]}, a different build of the same key; "
+        f"the registry keeps the first one (your bake is fine: use the published bundle)",
+        existing_blob=existing.blob.digest,
+    )
+
+
+def copy_verified(
+    src: Path,
+    dest: Path,
+    digest: str,
+    *,
+    where: str,
+    registry_url: str,
+    size: int | None = None,
+    tee: Callable[[bytes], None] | None = None,
+) -> Path:
+    """Copy a local blob to `dest` atomically, hashing as it goes, handing each chunk to `tee`; a
+    wrong digest, or more bytes than `size`, leaves no `dest`. Only a regular file is read."""
+    h, sink = hashlib.sha256(), SizedSink(size, digest, where, registry_url, tee)
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise RegistryError(f"cannot read blob {where}: {exc}; check the registry folder") from exc
+    with os.fdopen(fd, "rb") as fin:
+        st = os.fstat(fin.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise BlobDigestMismatch(f"blob {where} is not a regular file; run `prebake verify --quarantine`")
+        sink.announce(st.st_size)
+        with fsutil.atomic_target(dest) as tmp, tmp.open("wb") as fout:
+            while chunk := fin.read(1 << 20):
+                sink(chunk)
+                h.update(chunk)
+                fout.write(chunk)
+            sink.finish()
+            if "sha256:" + h.hexdigest() != digest:
+                raise BlobDigestMismatch(
+                    f"blob {where} hashes to sha256:{h.hexdigest()}, not {digest}: it is corrupt; "
+                    f"run `prebake verify --quarantine --registry {registry_url}` and rebake"
+                )
+    return dest
+
+
+MIN_RATE = 1 << 20  # bytes/s: a download slower than this on average (after GRACE_S) is abandoned
+GRACE_S = 300.0
+
+
+class SizedSink:
+    """Counts a blob's bytes as they arrive and refuses it the moment it differs from the manifest's
+    size (announced up front, or as it streams), before handing the chunk on to `tee`. It also
+    bounds the time: a blob that trickles in slower than MIN_RATE on average, after GRACE_S
+    seconds, is abandoned (each request's own timeout catches a server that stops altogether)."""
+
+    def __init__(
+        self, size: int | None, digest: str, where: str, registry_url: str, tee: Callable[[bytes], None] | None = None
+    ):
+        self.size, self.digest, self.where, self.url, self.tee, self.seen = size, digest, where, registry_url, tee, 0
+        self.deadline = time.monotonic() + GRACE_S + (size or 0) / MIN_RATE
+
+    def announce(self, total: int) -> None:
+        if self.size is not None and total != self.size:
+            raise self._wrong(f"is {total} bytes", "it is corrupt or")
+
+    def __call__(self, chunk: bytes) -> None:
+        self.seen += len(chunk)
+        if self.size is not None and self.seen > self.size:
+            raise self._wrong(f"runs past {self.size} bytes", "it is corrupt or")
+        if time.monotonic() > self.deadline:
+            raise RegistryUnavailable(
+                f"blob {self.where} came slower than {MIN_RATE >> 20} MiB/s on average ({self.seen} bytes so far); "
+                f"abandoned it: check the network or the registry, then retry"
+            )
+        if self.tee is not None:
+            self.tee(chunk)
+
+    def finish(self) -> None:
+        if self.size is not None and self.seen != self.size:
+            raise self._wrong(f"ended after {self.seen} bytes", "it is corrupt or")
+
+    def _wrong(self, what: str, verdict: str) -> BlobSizeMismatch:
+        return BlobSizeMismatch(
+            f"blob {self.where} {what}, but its manifest says {self.size}: {verdict} not blob {self.digest[:23]}; "
+            f"stopped reading it; run `prebake verify --quarantine --registry {self.url}` and rebake"
+        )
+
+
+def listed(registry: Registry, kind: str | None = None) -> Iterator[Listed]:
+    """What `prebake ls` shows: from the registry's verified summary where it keeps one
+    (prebake.artifacts.ports.listing), else one row per manifest of `list()`; the same rows either way."""
+    if isinstance(registry, Listable):
+        yield from registry.listing(kind)
+    else:
+        yield from (Listed.of(m) for m in registry.list(kind))
+
+
+__all__ = [
+    "Listable",
+    "Listed",
+    "Maintainable",
+    "Published",
+    "Registry",
+    "SizedSink",
+    "copy_verified",
+    "listed",
+    "settle",
+]
+
+
+def read_ahead(
+    items: Iterable[T], read: Callable[[T], Manifest | None], *, readers: int, name: str
+) -> Iterator[Manifest]:
+    """The manifests `read` returns for `items`, in order, read `readers` at a time in parallel
+    threads: the first few cost a handful of requests (a bounded miss explanation), ten thousand
+    run at the server's pace (`prebake ls`). An entry deleted since it was listed (None) is left
+    out; a reader that stops early waits for nothing still in flight."""
+    pool = ThreadPoolExecutor(readers, thread_name_prefix=name)
+    reads: deque[Future[Manifest | None]] = deque()
+    try:
+        for item in items:
+            reads.append(pool.submit(read, item))
+            while len(reads) >= readers:
+                if (manifest := reads.popleft().result()) is not None:
+                    yield manifest
+        while reads:
+            if (manifest := reads.popleft().result()) is not None:
+                yield manifest
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
