@@ -101,8 +101,9 @@ def cmd_promote(args: argparse.Namespace) -> int:
 def _prune(args: argparse.Namespace, incoming, incoming_address: str) -> int:
     import datetime as dt
 
-    from prebake.registry.review.aging import DEFAULT_MAX_AGE_DAYS, parse_age, prune, say_age
+    from prebake.registry.review.aging import parse_age, prune, say_age
     from prebake.registry.trust.policy import policy_file_in_force
+    from prebake.registry.trust.policy_file import DEFAULT_MAX_AGE_DAYS
 
     if args.older_than:
         max_age = parse_age(args.older_than)
