@@ -174,7 +174,7 @@ def open_address(store: Store, registry: str | None = None, *, creating: bool = 
     registry is prebake's own folder and is created on first use; any other folder must exist
     unless the command writes (`creating`)."""
     address = store.registry_address(registry)
-    return open_registry(address, create=creating or address == str(store.default_registry))
+    return open_registry(address, create=creating or address == str(store.default_registry), home=store.home)
 
 
 def plans_for(recipe: Recipe, host: HostFacts, *, dtype: str | None = None, tp: int | None = None) -> list[TargetKeys]:

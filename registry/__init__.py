@@ -1,4 +1,4 @@
-"""Where bundles live: one small protocol and one small module per backend.
+"""Where bundles live: `open_registry` turns an address into a registry (backends/, oci/, chain.py).
 
 `open_registry` turns an address into a backend:
 
@@ -7,6 +7,7 @@
     hf://ns/repo[@rev]                       HubRegistry: a Hugging Face model repo
     hf://datasets/ns/repo[@rev]              HubRegistry: a dataset repo
     oci://host[:port]/namespace/repo         OCIRegistry: an OCI registry (GHCR, ECR, Harbor, distribution)
+    az://account/container/prefix            AzureRegistry: Azure Blob Storage (connection string, key or SAS)
     /local/folder,s3://team/prebake          ChainRegistry: nearest first, farther hits backfilled
                                              (a comma inside a folder's name: write it \\, ; registry/address.py)
 
@@ -26,14 +27,15 @@ from prebake.artifacts.ports.errors import RegistryNotFound, UnknownRegistryErro
 from prebake.registry.address import split_addresses
 from prebake.registry.shared.transfer import Published, Registry
 
-SCHEMES = ("file://", "s3://", "hf://", "oci://")
+SCHEMES = ("file://", "s3://", "hf://", "oci://", "az://")
 
 
-def open_registry(address: str | Path, *, create: bool = True) -> Registry:
+def open_registry(address: str | Path, *, create: bool = True, home: Path | None = None) -> Registry:
     """The backend for an address; a comma-separated list of addresses opens a chain, nearest first.
 
     create=False: a folder that does not exist raises RegistryNotFound (so does a missing bucket,
     Hub repo or OCI repository, when first asked) instead of reading as an empty registry.
+    home: the store's folder, where a Hub registry keeps its listing summaries (home/listing).
     """
     if isinstance(address, Path):
         from prebake.registry.backends.file import FileRegistry
@@ -48,11 +50,13 @@ def open_registry(address: str | Path, *, create: bool = True) -> Registry:
         from prebake.registry.chain import ChainRegistry
 
         # Only the nearest member is written (publish, backfill creates nothing far away).
-        return ChainRegistry([_open_one(part, create=create and i == 0, listed=parts) for i, part in enumerate(parts)])
-    return _open_one(parts[0], create=create)
+        return ChainRegistry(
+            [_open_one(part, create=create and i == 0, listed=parts, home=home) for i, part in enumerate(parts)]
+        )
+    return _open_one(parts[0], create=create, home=home)
 
 
-def _open_one(text: str, *, create: bool, listed: list[str] | None = None) -> Registry:
+def _open_one(text: str, *, create: bool, listed: list[str] | None = None, home: Path | None = None) -> Registry:
     if text.startswith("s3://"):
         from prebake.registry.backends.s3 import S3Registry
 
@@ -60,11 +64,15 @@ def _open_one(text: str, *, create: bool, listed: list[str] | None = None) -> Re
     if text.startswith("hf://"):
         from prebake.registry.backends.hf import HubRegistry
 
-        return HubRegistry(text, must_exist=not create)
+        return HubRegistry(text, must_exist=not create, listing_dir=None if home is None else home / "listing")
     if text.startswith("oci://"):
         from prebake.registry.oci import OCIRegistry
 
         return OCIRegistry(text, must_exist=not create)
+    if text.startswith("az://"):
+        from prebake.registry.backends.azure import AzureRegistry
+
+        return AzureRegistry(text)
     if text.startswith("file://"):
         text = text[len("file://") :]
     elif "://" in text:

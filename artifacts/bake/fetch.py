@@ -47,14 +47,13 @@ from prebake.artifacts.errors import (
     UnknownRegistryError,
 )
 from prebake.artifacts.keys import Key
+from prebake.artifacts.ports.errors import is_fault
 from prebake.artifacts.ports.registry import Chained, Registry
+from prebake.artifacts.ports.registry import TrustCheck as TrustCheck  # the port's; named here for callers
 from prebake.artifacts.store.health import Damaged
 from prebake.artifacts.store.local import MAX_BYTES_ENV, Installed, Store
 from prebake.artifacts.store.stats import record_outcomes
 from prebake.artifacts.timebox import Done, Raised, TimedOut, bounded, within
-
-# Checks a manifest before anything of it is installed; returns why it is refused, or None.
-TrustCheck = Callable[[Manifest], "str | None"]
 
 MISS_SAMPLE = 32  # index entries a miss reads at most to name the nearest bundle
 MISS_BUDGET_S = 2.0  # ... and the time it spends on them
@@ -177,9 +176,8 @@ def miss_advice(misses: Iterable[Miss], *, target: str, bake: str, address: str)
     if code == ExitCode.UNAVAILABLE:
         return (
             f"registry {address} could not be asked (down, refusing us, or slower than its time box): check "
-            f"that its endpoint is up and is the one meant (AWS_ENDPOINT_URL, HF_ENDPOINT, the folder's mount), "
-            f"the credentials (AWS_PROFILE / AWS_ACCESS_KEY_ID, HF_TOKEN), or give it longer with "
-            f"--registry-timeout / --fetch-timeout"
+            f"that it is up and is the one meant, and its credentials (the error above names the settings its "
+            f"backend reads), or give it longer with --registry-timeout / --fetch-timeout"
         )
     if code == ExitCode.INVALID:
         return (
@@ -533,8 +531,8 @@ _BAD_ADDRESS = (UnknownRegistryError, RegistryNotFound)
 
 def _is_fault(error: Exception) -> bool:
     """The registry could not be asked (down, refusing us, a broken connection), as opposed to a
-    bundle that is missing or bad: RegistryUnavailable, which the backends raise, is a ConnectionError."""
-    return isinstance(error, ConnectionError)
+    bundle that is missing or bad (prebake.artifacts.ports.errors.is_fault)."""
+    return is_fault(error)
 
 
 def _unreachable(outcome: Raised | TimedOut, address: str, why: str) -> Unreachable:

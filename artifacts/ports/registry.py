@@ -1,6 +1,6 @@
 """The core's ports: what artifacts/ needs from a registry, declared here and implemented in registry/.
 
-    Registry      lookup, fetch_blob, publish, list: every backend (file, s3, hf, chain)
+    Registry      lookup, fetch_blob, publish, list: every backend (folder, S3, Hub, Azure, OCI, chain)
     Maintainable  the optional abilities an operator tool uses: raw index entries, quarantine, removal
     Published     the outcome of a publish (created, or the very same bundle was there)
     Listable      the optional ability to list what `prebake ls` shows without reading every entry
@@ -8,9 +8,10 @@
     SideFiles     the optional ability to keep small files beside a bundle's blob (its provenance),
                   and about the registry itself (its signed revocation list)
 
-The core owns these so that it never imports a backend: registry/ depends on artifacts/,
-never the reverse. A backend that can also be maintained says so by implementing the second
-protocol, which callers test with isinstance instead of probing attributes.
+A new object store implements none of these: it implements the six methods of ObjectStore
+(prebake.artifacts.ports.objects), and prebake.registry.shared.index.StoreRegistry gives it all of
+the above. The port's errors are in prebake.artifacts.ports.errors; the trust check in TrustCheck.
+The core owns these so that it never imports a backend: registry/ depends on artifacts/, never the reverse.
 """
 
 from __future__ import annotations
@@ -105,6 +106,9 @@ class Chained(Protocol):
     def lookup_by(self, kind: str, key_digest: str, deadline: float) -> Manifest | None:
         """`lookup`, answered by `deadline` (a time.monotonic() value)."""
 
+
+# Checks a manifest before anything of it is installed; returns why it is refused, or None.
+TrustCheck = Callable[[Manifest], "str | None"]
 
 MAX_SIDE_FILE_BYTES = 1 << 20  # an attestation is a few KiB; anything past this is not one
 

@@ -146,7 +146,8 @@ def registry_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--registry",
         action=_AddressList,
-        help="registry address: a folder, file://, s3://bucket/prefix, hf://ns/repo; repeat the flag for a chain, "
+        help="registry address: a folder, file://, s3://bucket/prefix, hf://ns/repo, oci://host/repo, "
+        "az://account/container/prefix; repeat the flag for a chain, "
         "nearest first (a comma list works too; write a comma in a folder's name as \\,) "
         "(default: $PREBAKE_REGISTRY, else $PREBAKE_HOME/registry)",
     )

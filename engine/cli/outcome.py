@@ -60,9 +60,8 @@ def failure(exc: BaseException) -> Failure:
 
 
 UNAVAILABLE_ADVICE = (
-    "the registry could not be asked: check that its endpoint is up and is the one meant (AWS_ENDPOINT_URL, "
-    "HF_ENDPOINT), the credentials (AWS_PROFILE / AWS_ACCESS_KEY_ID, HF_TOKEN), or give it longer "
-    "(--registry-timeout)"
+    "the registry could not be asked: check that it is up and is the one meant, and its credentials (the "
+    "error above names the settings its backend reads), or give it longer (--registry-timeout)"
 )
 
 

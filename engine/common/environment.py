@@ -22,6 +22,7 @@ class Variable:
 
 _S3 = "S3 registries:"
 _OCI = "OCI registries:"
+_AZ = "Azure registries:"
 
 VARIABLES: tuple[Variable, ...] = (
     # -- the store and the registry
@@ -147,6 +148,10 @@ VARIABLES: tuple[Variable, ...] = (
         "on",
         f"{_S3} `off` for servers that reject If-None-Match: index entries are then checked before and after writing, which leaves a small race window.",
     ),
+    # -- Azure
+    Variable("PREBAKE_AZURE_CONCURRENCY", "read", "8", f"{_AZ} parallel block uploads and ranged reads per blob."),
+    Variable("PREBAKE_AZURE_MAX_ATTEMPTS", "read", "5", f"{_AZ} attempts per request, with exponential backoff."),
+    Variable("PREBAKE_AZURE_TIMEOUT_S", "read", "30", f"{_AZ} connect and read timeout of each request, in seconds."),
     # -- OCI
     Variable(
         "PREBAKE_OCI_PLAIN_HTTP",

@@ -69,8 +69,16 @@ class HubRegistry(HubMaintenance, HubListing):
     """index/ + blobs/ inside a Hub repo, through huggingface_hub (maintainable: see hf_maintain;
     listable: hf_listing)."""
 
-    def __init__(self, address: str, *, cache_dir: Path | str | None = None, must_exist: bool = False):
+    def __init__(
+        self,
+        address: str,
+        *,
+        cache_dir: Path | str | None = None,
+        must_exist: bool = False,
+        listing_dir: Path | None = None,
+    ):
         self.repo_type, self.repo_id, self.revision = _parse_address(address)
+        self.listing_dir, self._summaries = listing_dir, {}
         self.must_exist = must_exist  # a repo that is not there: RegistryNotFound, not a miss (read-only commands)
         prefix = "datasets/" if self.repo_type == "dataset" else ""
         self.url = f"hf://{prefix}{self.repo_id}@{self.revision}"

@@ -1,6 +1,9 @@
 """`prebake ls` of a Hub registry without one request per entry (prebake.artifacts.ports.registry.Listable).
 
-    $PREBAKE_HOME/listing/hf-<digest of endpoint and repo>-<kind>.json    the listing summary
+    <listing_dir>/hf-<digest of endpoint and repo>-<kind>.json    the listing summary
+
+The caller names the folder (open_registry's `home`: the store's listing/ folder); without one the
+summaries live as long as the registry object.
 
 On the Hub a write is a commit, so the summary (artifacts/ports/listing.py) is kept on this machine,
 not in the repo. Its tag is each entry's git blob id from the tree listing, the hash of the
@@ -18,7 +21,6 @@ from pathlib import Path
 
 from prebake.artifacts.layout import index_relpath, parse_index_relpath
 from prebake.artifacts.ports.listing import Listed, ListingSummary, Read, summarised_listing
-from prebake.artifacts.store.local import default_home
 from prebake.registry.backends.hf_parts import HubParts
 
 _READERS = 8  # index entries read in parallel, as list() reads them
@@ -42,15 +44,20 @@ class HubListing(HubParts):
         ]
         yield from summarised_listing(_AtCommit(self, head, {(k, d): tag for k, d, tag in entries}), entries)
 
-    def _summary_path(self, kind: str) -> Path:
+    def _summary_path(self, folder: Path, kind: str) -> Path:
         repo = hashlib.sha256(f"{self.endpoint}\n{self.repo_type}\n{self.repo_id}".encode()).hexdigest()[:24]
-        return default_home() / "listing" / f"hf-{repo}-{kind}.json"
+        return folder / f"hf-{repo}-{kind}.json"
 
     def _load_summary(self, kind: str) -> ListingSummary | None:
-        return ListingSummary.load(self._summary_path(kind))
+        if self.listing_dir is None:
+            return self._summaries.get(kind)
+        return ListingSummary.load(self._summary_path(self.listing_dir, kind))
 
     def _store_summary(self, summary: ListingSummary) -> None:
-        summary.store(self._summary_path(summary.kind))
+        if self.listing_dir is None:
+            self._summaries[summary.kind] = summary
+        else:
+            summary.store(self._summary_path(self.listing_dir, summary.kind))
 
 
 class _AtCommit:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.ports.listing import ListingSummary
 
 if TYPE_CHECKING:  # huggingface_hub is imported only when a Hub registry is opened
     from huggingface_hub import HfApi
@@ -28,6 +29,8 @@ class HubParts:
     repo_id: str
     revision: str
     offline: bool
+    listing_dir: Path | None  # where this machine keeps the listing summaries; None: in memory
+    _summaries: dict[str, ListingSummary]
     _api: HfApi
 
     @abstractmethod

@@ -28,7 +28,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,22 +36,17 @@ from typing import Any
 
 from tqdm import tqdm
 
-from prebake.artifacts import fsutil
-from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, BlobRef, Manifest
-from prebake.artifacts.bundle.payload import file_digest
+from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES
 from prebake.artifacts.errors import BundleError
-from prebake.artifacts.layout import blob_relpath, index_relpath, meta_relpath, parse_index_relpath, side_relpath
 from prebake.artifacts.ports.errors import BlobDigestMismatch, RegistryError, RegistryNotFound, RegistryUnavailable
-from prebake.registry.backends.s3_listing import S3Listing
-from prebake.registry.backends.s3_maintain import S3Maintenance
-from prebake.registry.shared.ranged import OrderedSink
-from prebake.registry.shared.transfer import Published, SizedSink, read_ahead, settle
+from prebake.artifacts.ports.objects import Stored
+from prebake.registry.shared.index import StoreRegistry
+from prebake.registry.shared.transfer import env_settings
 
 log = logging.getLogger(__name__)
 
 _MiB = 1 << 20
 _CREATE_ATTEMPTS = 5  # rounds of "409 ConditionalRequestConflict: try again" before giving up
-_FIRST_PAGE = 100  # keys in the first listing page; later pages hold S3's maximum, 1,000
 _PROGRESS_MIN_BYTES = 16 * _MiB  # smaller transfers finish before a meter is worth drawing
 _INDEX_READ_S = 30.0  # an index entry is small: one that takes longer is stalled or hostile
 
@@ -79,28 +74,12 @@ class S3Settings:
     def from_env(cls, env: Mapping[str, str] = os.environ) -> S3Settings:
         """Settings from PREBAKE_S3_CONCURRENCY, _CHUNK_MB, _MAX_ATTEMPTS, _RETRY_MODE,
         _TIMEOUT_S and _CONDITIONAL_PUT (on/off); unset variables keep the defaults."""
-        values: dict[str, object] = {}
-        for name, parse in (
-            ("concurrency", int),
-            ("chunk_mb", int),
-            ("max_attempts", int),
-            ("retry_mode", str),
-            ("timeout_s", float),
-            ("conditional_put", _parse_switch),
-        ):
-            var = f"PREBAKE_S3_{name.upper()}"
-            if (raw := env.get(var, "").strip()) != "":
-                try:
-                    values[name] = parse(raw)
-                except ValueError as exc:
-                    raise RegistryError(f"{var}={raw!r} is not valid: {exc}; fix or unset it") from exc
-        return cls(**values)  # type: ignore[arg-type]
+        parsers = {"concurrency": int, "chunk_mb": int, "max_attempts": int, "retry_mode": str, "timeout_s": float}
+        return cls(**env_settings("PREBAKE_S3_", {**parsers, "conditional_put": _parse_switch}, env))
 
 
-class S3Registry(S3Maintenance, S3Listing):
-    """index/ + blobs/ under s3://bucket/prefix, through boto3 (maintainable: see s3_maintain; listable: s3_listing)."""
-
-    settings: S3Settings
+class S3Store:
+    """The object-store port over s3://bucket/prefix, through boto3."""
 
     writable = True
 
@@ -113,128 +92,114 @@ class S3Registry(S3Maintenance, S3Listing):
         self._conditional = self.settings.conditional_put
         self.endpoint = self._client.meta.endpoint_url
 
-    def lookup(self, kind: str, key_digest: str) -> Manifest | None:
-        key = self._key(index_relpath(kind, key_digest))
-        with self._faults(f"read {self._where(key)}"):
-            raw = self._get_or_none(key)
-        return None if raw is None else Manifest.parse(raw, self._where(key))
-
-    def fetch_blob(
-        self, digest: str, dest: Path, *, size: int | None = None, tee: Callable[[bytes], None] | None = None
-    ) -> Path:
-        key = self._key(blob_relpath(digest))
-        where, dest = self._where(key), Path(dest)
-        sized = SizedSink(size, digest, where, self.url, tee)
-        with self._faults(f"download {where}"):
-            stored = self._size_or_none(key)
-            if stored is None:
-                raise RegistryError(
-                    f"blob {digest} is named by an index entry but missing at {where}; run `prebake verify`"
-                )
-            sized.announce(stored)  # a blob larger than its manifest says is refused before a byte moves
-            with (
-                fsutil.atomic_target(dest) as tmp,
-                tmp.open("w+b") as f,  # read back by the sink when parts arrive out of order
-                _progress("download", digest, stored) as progress,
-            ):
-                sink = OrderedSink(f, sized)
-                self._client.download_fileobj(self.bucket, key, sink, Config=self._transfer, Callback=progress.update)
-                sized.finish()
-                if sink.digest() != digest:
-                    raise BlobDigestMismatch(
-                        f"blob {where} hashes to {sink.digest()}, not {digest}: it is corrupt; "
-                        f"run `prebake verify --quarantine --registry {self.url}` and rebake"
-                    )
-        return dest
-
-    def publish(self, manifest: Manifest, blob: Path) -> Published:
-        blob = Path(blob)
-        if file_digest(blob) != manifest.blob.digest:
-            raise BlobDigestMismatch(f"{blob} does not hash to {manifest.blob.digest}; repack it before publishing")
-        key = self._key(index_relpath(manifest.kind, manifest.key_digest))
-        existing = self.lookup(manifest.kind, manifest.key_digest)
-        if existing is not None:
-            return settle(existing, manifest, self._where(key))
-        with self._faults(f"publish into {self.url}"):
-            self._put_blob(manifest.blob, blob)
-            return self._create_index(manifest, key)
-
-    def put_side(self, blob_digest: str, name: str, data: bytes) -> bool:
-        """Create the side file with a conditional put (If-None-Match), as index entries are created."""
+    def head(self, key: str) -> Stored | None:
         from botocore.exceptions import ClientError
 
-        key = self._key(side_relpath(blob_digest, name))
-        with self._faults(f"write {self._where(key)}"):
-            if not self._conditional:
-                if self._get_or_none(key) is not None:
-                    return False
-                self._client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType="application/json")
-                return True
+        with self._faults(f"read {self._where(key)}"):
             try:
-                self._client.put_object(
-                    Bucket=self.bucket, Key=key, Body=data, ContentType="application/json", IfNoneMatch="*"
-                )
+                got = self._client.head_object(Bucket=self.bucket, Key=self._key(key))
             except ClientError as exc:
-                if _error_code(exc) == "PreconditionFailed" or _status(exc) == 412:
-                    return False
-                if _error_code(exc) == "NotImplemented" or _status(exc) == 501:
-                    self._conditional = False
-                    return self.put_side(blob_digest, name, data)
+                if _error_code(exc) in ("NoSuchKey", "404", "NotFound"):
+                    return None
                 raise
+        size = int(got["ContentLength"])
+        return Stored(key, size, f"{got.get('ETag', '')}/{size}")
+
+    def get(self, key: str, limit: int) -> tuple[bytes, str] | None:
+        """The object's bytes, at most `limit` of them, read within the time box, and its ETag/size."""
+        from botocore.exceptions import ClientError
+
+        where = self._where(key)
+        with self._faults(f"read {where}"):
+            try:
+                response = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
+            except ClientError as exc:
+                if _error_code(exc) in ("NoSuchKey", "404"):
+                    return None
+                raise
+            body = response["Body"]
+            try:
+                if int(response.get("ContentLength") or 0) > limit:
+                    raise BundleError(f"{where} is over {limit} bytes; no manifest is: refusing it")
+                chunks, total, deadline = [], 0, time.monotonic() + _INDEX_READ_S
+                while chunk := body.read(min(_MiB, limit + 1 - total)):
+                    chunks.append(chunk)
+                    total += len(chunk)
+                    if total > limit or time.monotonic() > deadline:
+                        raise BundleError(f"{where} sent over {limit} bytes or for over {_INDEX_READ_S} s")
+                return b"".join(chunks), f"{response.get('ETag', '')}/{total}"
+            finally:
+                body.close()
+
+    def read(self, key: str, first: int = 0, last: int | None = None) -> Iterator[bytes]:
+        ranged = {} if (first, last) == (0, None) else {"Range": f"bytes={first}-{'' if last is None else last}"}
+        with self._faults(f"download {self._where(key)}"):
+            got = self._client.get_object(Bucket=self.bucket, Key=self._key(key), **ranged)
+            try:
+                yield from got["Body"].iter_chunks(_MiB)
+            finally:
+                got["Body"].close()
+
+    def put(self, key: str, data: bytes | Path, *, create_only: bool = False) -> bool:
+        with self._faults(f"write {self._where(key)}"):
+            if isinstance(data, Path):  # a blob: multipart past chunk_mb, parts in parallel
+                if create_only and self.head(key) is not None:
+                    return False
+                with _progress("upload", key.rpartition("/")[2], data.stat().st_size) as progress:
+                    self._client.upload_file(
+                        str(data), self.bucket, self._key(key), Config=self._transfer, Callback=progress.update
+                    )
+                return True
+            if create_only:
+                return self._create(key, data)
+            self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, ContentType="application/json")
         return True
 
-    def put_meta(self, name: str, data: bytes) -> None:
-        key = self._key(meta_relpath(name))
-        with self._faults(f"write {self._where(key)}"):
-            self._client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType="application/json")
+    def delete(self, key: str) -> None:
+        with self._faults(f"remove {self._where(key)}"):
+            self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
 
-    def get_meta(self, name: str) -> bytes | None:
-        key = self._key(meta_relpath(name))
-        with self._faults(f"read {self._where(key)}"):
-            return self._get_or_none(key)
-
-    def get_side(self, blob_digest: str, name: str) -> bytes | None:
-        key = self._key(side_relpath(blob_digest, name))
-        with self._faults(f"read {self._where(key)}"):
-            return self._get_or_none(key)
-
-    def list(self, kind: str | None = None) -> Iterator[Manifest]:
-        """Every manifest in the index, in key order. Listing pages are fetched as they are needed
-        and entries read `concurrency` at a time in parallel: the first few cost a handful of
-        requests (a bounded miss explanation), ten thousand run at the server's pace (`prebake ls`)."""
-        base = self._key(f"index/{kind}/" if kind else "index/")
-        yield from read_ahead(
-            self._index_keys(base), self._read_listed, readers=self.settings.concurrency, name="prebake-s3-list"
-        )
+    def list(self, prefix: str) -> Iterator[Stored]:
+        """Every object under `prefix`, page by page (1,000 keys each) as they are consumed, in key order."""
+        strip, pages = len(self._key("")), self._client.get_paginator("list_objects_v2")
+        with self._faults(f"list {self._where(prefix)}"):
+            for page in pages.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
+                for obj in page.get("Contents", ()):
+                    yield Stored(obj["Key"][strip:], int(obj["Size"]), f"{obj.get('ETag', '')}/{obj['Size']}")
 
     def __repr__(self) -> str:
-        return f"S3Registry({self.url!r}, endpoint={self.endpoint!r})"
+        return f"S3Store({self.url!r}, endpoint={self.endpoint!r})"
 
-    # -- index entries ---------------------------------------------------------------------
-
-    def _create_index(self, manifest: Manifest, key: str) -> Published:
+    def _create(self, key: str, body: bytes) -> bool:
+        """PutObject with If-None-Match: *; False when the object was there. A 409 is retried; a 501
+        switches this client to look-put-read-back (see the module's docstring for its race)."""
         from botocore.exceptions import ClientError
 
-        body = manifest.to_bytes()
         for attempt in range(_CREATE_ATTEMPTS):
             if not self._conditional:
-                return self._create_index_unconditionally(manifest, key, body)
+                if self.get(key, MAX_MANIFEST_BYTES) is not None:
+                    return False
+                self._client.put_object(
+                    Bucket=self.bucket, Key=self._key(key), Body=body, ContentType="application/json"
+                )
+                stored = self.get(key, MAX_MANIFEST_BYTES)
+                return stored is not None and stored[0] == body  # a concurrent writer overwrote ours: theirs stands
             try:
                 self._client.put_object(
-                    Bucket=self.bucket, Key=key, Body=body, ContentType="application/json", IfNoneMatch="*"
+                    Bucket=self.bucket, Key=self._key(key), Body=body, ContentType="application/json", IfNoneMatch="*"
                 )
-                return Published(manifest, created=True, where=self._where(key))
+                return True
             except ClientError as exc:
                 code, status = _error_code(exc), _status(exc)
                 if code == "PreconditionFailed" or status == 412:
-                    return settle(self._read_index(key), manifest, self._where(key))
+                    return False
                 if code == "ConditionalRequestConflict" or status == 409:
                     time.sleep(0.1 * 2**attempt)  # another conditional write of this key is in flight
                     continue
                 if code == "NotImplemented" or status == 501:
                     log.warning(
-                        "%s at %s does not support conditional writes (If-None-Match); creating index "
-                        "entries by look-put-read-back instead, see registry/backends/s3.py for the race that leaves",
+                        "%s at %s does not support conditional writes (If-None-Match); creating index entries "
+                        "by look-put-read-back instead, see registry/backends/s3.py for the race that leaves",
                         self.url,
                         self.endpoint,
                     )
@@ -246,99 +211,11 @@ class S3Registry(S3Maintenance, S3Listing):
             f"another baker is writing the same key, retry the publish"
         )
 
-    def _create_index_unconditionally(self, manifest: Manifest, key: str, body: bytes) -> Published:
-        if (raw := self._get_or_none(key)) is not None:
-            return settle(Manifest.parse(raw, self._where(key)), manifest, self._where(key))
-        self._client.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType="application/json")
-        stored = self._read_index(key)
-        if stored.same_bundle(manifest):
-            return Published(manifest, created=True, where=self._where(key))
-        return settle(stored, manifest, self._where(key))  # a concurrent baker overwrote ours: theirs stands
-
-    def _read_index(self, key: str) -> Manifest:
-        raw = self._get_or_none(key)
-        if raw is None:
-            raise RegistryError(
-                f"{self._where(key)} was reported present and then could not be read; "
-                f"something deletes index entries behind prebake's back: check lifecycle rules on the bucket"
-            )
-        return Manifest.parse(raw, self._where(key))
-
-    # -- objects ---------------------------------------------------------------------------
-
-    def _put_blob(self, ref: BlobRef, blob: Path) -> None:
-        key = self._key(blob_relpath(ref.digest))
-        if self._size_or_none(key) == ref.size:
-            return  # content-addressed: this name already holds these bytes
-        with _progress("upload", ref.digest, ref.size) as progress:
-            self._client.upload_file(str(blob), self.bucket, key, Config=self._transfer, Callback=progress.update)
-
-    def _get_or_none(self, key: str) -> bytes | None:
-        """An index entry's bytes, at most MAX_MANIFEST_BYTES of them, read within the time box."""
-        got = self._get_tagged(key)
-        return None if got is None else got[0]
-
-    def _get_tagged(self, key: str) -> tuple[bytes, str] | None:
-        """An index entry's bytes (bounded as `_get_or_none` says) and its version tag, ETag/size."""
-        from botocore.exceptions import ClientError
-
-        try:
-            response = self._client.get_object(Bucket=self.bucket, Key=key)
-        except ClientError as exc:
-            if _error_code(exc) in ("NoSuchKey", "404"):
-                return None
-            raise
-        body, where = response["Body"], self._where(key)
-        try:
-            if int(response.get("ContentLength") or 0) > MAX_MANIFEST_BYTES:
-                raise BundleError(f"{where} is over {MAX_MANIFEST_BYTES} bytes; no manifest is: refusing it")
-            chunks, total, deadline = [], 0, time.monotonic() + _INDEX_READ_S
-            while chunk := body.read(min(_MiB, MAX_MANIFEST_BYTES + 1 - total)):
-                chunks.append(chunk)
-                total += len(chunk)
-                if total > MAX_MANIFEST_BYTES or time.monotonic() > deadline:
-                    raise BundleError(f"{where} sent over {MAX_MANIFEST_BYTES} bytes or for over {_INDEX_READ_S} s")
-            return b"".join(chunks), f"{response.get('ETag', '')}/{total}"
-        finally:
-            body.close()
-
-    def _size_or_none(self, key: str) -> int | None:
-        from botocore.exceptions import ClientError
-
-        try:
-            return int(self._client.head_object(Bucket=self.bucket, Key=key)["ContentLength"])
-        except ClientError as exc:
-            if _error_code(exc) in ("NoSuchKey", "404", "NotFound"):
-                return None
-            raise
-
-    def _index_keys(self, base: str) -> Iterator[str]:
-        """Index entry keys under `base`, page by page as they are consumed (S3 lists in key order).
-        The first page is small, so a reader that wants only a few keys waits for a short answer."""
-        strip, token, size = len(self._key("")), None, _FIRST_PAGE
-        while True:
-            ask = {"Bucket": self.bucket, "Prefix": base, "MaxKeys": size}
-            with self._faults(f"list {self._where(base)}"):
-                page = self._client.list_objects_v2(**ask, **({"ContinuationToken": token} if token else {}))
-            for obj in page.get("Contents", ()):
-                if parse_index_relpath(obj["Key"][strip:]) is not None:
-                    yield obj["Key"]
-            token, size = page.get("NextContinuationToken"), 1000
-            if not page.get("IsTruncated") or not token:
-                return
-
-    def _read_listed(self, key: str) -> Manifest | None:
-        with self._faults(f"read {self._where(key)}"):
-            raw = self._get_or_none(key)
-        return None if raw is None else Manifest.parse(raw, self._where(key))  # None: deleted since listed
-
     def _key(self, relpath: str) -> str:
         return f"{self.prefix}/{relpath}" if self.prefix else relpath
 
     def _where(self, key: str) -> str:
-        return f"s3://{self.bucket}/{key}"
-
-    # -- faults ----------------------------------------------------------------------------
+        return f"s3://{self.bucket}/{self._key(key)}"
 
     @contextmanager
     def _faults(self, doing: str) -> Iterator[None]:
@@ -357,6 +234,8 @@ class S3Registry(S3Maintenance, S3Listing):
 
         try:
             yield
+        except RegistryError:
+            raise
         except (ChecksumError, FlexibleChecksumError) as exc:
             raise BlobDigestMismatch(
                 f"cannot {doing}: the bytes {self.endpoint} sent do not match the checksum it stored ({exc}); "
@@ -404,6 +283,24 @@ class S3Registry(S3Maintenance, S3Listing):
                 f"cannot {doing}: {self.endpoint} failed ({code}) after {self.settings.max_attempts} attempts; retry later"
             )
         return RegistryError(f"cannot {doing}: {self.endpoint} answered {code} (HTTP {status}): {exc}")
+
+
+class S3Registry(StoreRegistry):
+    """index/ + blobs/ under s3://bucket/prefix (prebake.registry.shared.index over S3Store)."""
+
+    def __init__(self, address: str, settings: S3Settings | None = None):
+        self.s3 = S3Store(address, settings)
+        super().__init__(self.s3, readers=self.s3.settings.concurrency, part_bytes=self.s3.settings.chunk_mb * _MiB)
+        self.bucket, self.prefix, self.endpoint, self.settings = (
+            self.s3.bucket,
+            self.s3.prefix,
+            self.s3.endpoint,
+            self.s3.settings,
+        )
+        self._client = self.s3._client
+
+    def __repr__(self) -> str:
+        return f"S3Registry({self.url!r}, endpoint={self.endpoint!r})"
 
 
 def _progress(verb: str, digest: str, total: int) -> tqdm:

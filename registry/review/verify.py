@@ -18,13 +18,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from prebake.artifacts.bake.fetch import TrustCheck
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.bundle.unpack import UnpackLimits, unpack_streamed
 from prebake.artifacts.errors import BundleError, PrebakeError
 from prebake.artifacts.layout import parse_index_relpath
 from prebake.artifacts.ports.errors import BlobDigestMismatch, BlobSizeMismatch, RegistryError
-from prebake.artifacts.ports.registry import Maintainable, Registry
+from prebake.artifacts.ports.registry import Maintainable, Registry, TrustCheck
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,7 @@
-"""What every registry backend shares: settling a publish race and copying a blob verified.
+"""Verified transfers every backend shares: settling a publish race, copying a blob verified,
+bounding a download by its manifest's size, reading entries ahead, and `prebake ls`'s rows.
 
-The protocols themselves (Registry, Maintainable, Published) are the core's port, in
-prebake.artifacts.ports.registry; they are named here too for the backends.
-
-A backend answers four questions and nothing else. A miss is `None`, never an exception;
-faults (down, refused, corrupt) raise RegistryError subclasses so callers can tell a miss
-from an outage. Publishing writes the blob first and then creates the index entry only if
-it is absent, so two bakers racing on one key cannot clobber each other.
+A miss is `None`, never an exception; faults raise the port's errors (prebake.artifacts.ports.errors).
 """
 
 from __future__ import annotations
@@ -16,10 +11,10 @@ import os
 import stat
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from prebake.artifacts import fsutil
 from prebake.artifacts.bundle.manifest import Manifest
@@ -29,6 +24,20 @@ from prebake.artifacts.ports.listing import Listed
 from prebake.artifacts.ports.registry import Listable, Maintainable, Published, Registry
 
 T = TypeVar("T")
+
+
+def env_settings(prefix: str, fields: Mapping[str, Callable[[str], object]], env: Mapping[str, str]) -> dict[str, Any]:
+    """A backend's settings from its variables: `fields` maps a field to its parser, read from
+    <prefix><FIELD>; unset or empty variables are left out, so the defaults stand."""
+    values: dict[str, Any] = {}
+    for name, parse in fields.items():
+        var = f"{prefix}{name.upper()}"
+        if (raw := env.get(var, "").strip()) != "":
+            try:
+                values[name] = parse(raw)
+            except ValueError as exc:
+                raise RegistryError(f"{var}={raw!r} is not valid: {exc}; fix or unset it") from exc
+    return values
 
 
 def settle(existing: Manifest, manifest: Manifest, where: str) -> Published:

@@ -6,7 +6,7 @@
     PREBAKE_TRUSTED_KEYS=LINES   the simple case: any of these keys may sign anything
     neither                      bundles are installed unverified (said once per process)
 
-A TrustCheck (prebake.artifacts.bake.fetch) answers one question about a manifest: None, or why the
+A TrustCheck (prebake.artifacts.ports.registry) answers one question about a manifest: None, or why the
 policy refuses it. `FilePolicy` is the TrustCheck of a policy file, bound to the registry
 address the node reads from (its rules match on that prefix), this host's versions (for
 "host" constraints), where attestations are read, and the revocation list. For a bundle
@@ -33,11 +33,10 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion
 
 from prebake.artifacts import fsutil
-from prebake.artifacts.bake.fetch import TrustCheck
 from prebake.artifacts.bake.provenance import SIDE_NAME, Provenance
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.layout import side_relpath
-from prebake.artifacts.ports.registry import MAX_SIDE_FILE_BYTES, Registry, SideFiles
+from prebake.artifacts.ports.registry import MAX_SIDE_FILE_BYTES, Registry, SideFiles, TrustCheck
 from prebake.artifacts.timebox import Done, bounded, seconds_left, within
 from prebake.registry.trust.policy_file import HOST, PolicyError, PolicyFile, Rule, load_policy
 from prebake.registry.trust.signing import TRUSTED_KEYS_ENV, TrustPolicy, trust_from_env

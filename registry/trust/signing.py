@@ -36,9 +36,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from prebake.artifacts import fsutil
-from prebake.artifacts.bake.fetch import TrustCheck
 from prebake.artifacts.bundle.manifest import SIGNATURE_VERSION, Manifest, Signature
 from prebake.artifacts.errors import PrebakeError
+from prebake.artifacts.ports.registry import TrustCheck
 
 SIGNING_KEY_ENV = "PREBAKE_SIGNING_KEY"
 SIGNING_KEY_NAME_ENV = "PREBAKE_SIGNING_KEY_NAME"

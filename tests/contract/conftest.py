@@ -5,7 +5,8 @@ session, a fresh bucket per test); the Hub runs against tests/support/hub_server
 HTTP server speaking the endpoints huggingface_hub calls (one per session, a fresh repo per
 test); OCI runs against Debian's docker-registry (distribution 2.8) with htpasswd auth over TLS
 with a CA the session makes (tests/support/oci_server.py; one per session, a fresh repository
-per test, the login in a Docker config.json). Each backend comes with a way to corrupt a stored blob through its own storage.
+per test, the login in a Docker config.json); Azure runs against Azurite, Microsoft's emulator
+(tests/support/azurite_server.py; one per session, a fresh container per test). Each backend comes with a way to corrupt a stored blob through its own storage.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from prebake.artifacts.layout import blob_relpath
 from prebake.registry.backends.file import FileRegistry
 from prebake.registry.chain import ChainRegistry
 from prebake.registry.shared.transfer import Registry
+from tests.support.azurite_server import Azurite, azurite_available, azurite_server
 from tests.support.bundles import Bundle, make_bundle
 from tests.support.hub_server import HubStandIn, hub_server
 from tests.support.moto_server import free_port, moto_server, s3_env
@@ -122,6 +124,24 @@ def oci(oci_session, monkeypatch, tmp_path) -> OCIServer:
     return oci_session
 
 
+@pytest.fixture(scope="session")
+def azurite_session(tmp_path_factory) -> Iterator[Azurite]:
+    if not azurite_available():
+        pytest.skip("azurite is not installed (npm install -g azurite; .ci/run does)")
+    with azurite_server(tmp_path_factory.mktemp("azurite")) as server:
+        yield server
+
+
+@pytest.fixture
+def azurite(azurite_session, monkeypatch) -> Azurite:
+    """Azurite, with its connection string in the environment and no other Azure credentials."""
+    for name in ("AZURE_STORAGE_KEY", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in azurite_session.env().items():
+        monkeypatch.setenv(name, value)
+    return azurite_session
+
+
 @pytest.fixture
 def bundle(tmp_path) -> Callable[..., Bundle]:
     """make_bundle(...) writing under this test's tmp_path."""
@@ -199,6 +219,23 @@ def _oci(request, tmp_path: Path) -> Backend:
     return Backend("oci", OCIRegistry(address), corrupt, lambda: OCIRegistry(address))
 
 
+def _azure(request, tmp_path: Path) -> Backend:
+    from azure.storage.blob import BlobServiceClient
+
+    from prebake.registry.backends.azure import AzureRegistry
+
+    server = request.getfixturevalue("azurite")
+    container = f"prebake-{uuid.uuid4().hex[:12]}"
+    client = BlobServiceClient.from_connection_string(server.connection_string()).get_container_client(container)
+    client.create_container()
+    address = server.address(f"{container}/{S3_PREFIX}")
+
+    def corrupt(digest: str, data: bytes) -> None:
+        client.upload_blob(f"{S3_PREFIX}/{blob_relpath(digest)}", data, overwrite=True)
+
+    return Backend("azure", AzureRegistry(address), corrupt, lambda: AzureRegistry(address))
+
+
 BACKENDS = {
     "file": _file,
     "s3": _s3,
@@ -207,6 +244,7 @@ BACKENDS = {
     "hf-lfs": _hf_lfs,
     "chain": _chain,
     "oci": _oci,
+    "azure": _azure,
 }
 
 
@@ -246,7 +284,15 @@ def _oci_down(request, tmp_path: Path, monkeypatch) -> Registry:
     return OCIRegistry(f"oci://{host}/team/down", OCISettings(max_attempts=2, timeout_s=2, plain_http=(host,)))
 
 
-DOWN = {"s3": _s3_down, "hf": _hf_down, "chain": _chain_down, "oci": _oci_down}
+def _azure_down(request, tmp_path: Path, monkeypatch) -> Registry:
+    from prebake.registry.backends.azure import AzureRegistry, AzureSettings
+
+    nobody = Azurite(f"http://127.0.0.1:{free_port()}/devstoreaccount1")  # Azurite's account, nobody at its port
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", nobody.connection_string())
+    return AzureRegistry(nobody.address("down/team"), AzureSettings(max_attempts=2, timeout_s=2))
+
+
+DOWN = {"s3": _s3_down, "hf": _hf_down, "chain": _chain_down, "oci": _oci_down, "azure": _azure_down}
 
 
 @pytest.fixture(params=list(DOWN))

@@ -69,7 +69,7 @@ class Remote:
             from prebake.registry.oci.artifact import Blob
 
             return self.direct._has_blob(Blob("", blob.digest, blob.size))
-        return self.direct._size_or_none(self.direct._key(blob_relpath(blob.digest))) is not None
+        return self.direct.store.head(blob_relpath(blob.digest)) is not None
 
 
 @pytest.fixture(params=["s3", "oci"])

@@ -72,20 +72,21 @@ def _start(log_path: Path, timeout_s: float) -> tuple[subprocess.Popen, str]:
                 stdin=subprocess.DEVNULL,
             )
         endpoint = f"http://127.0.0.1:{port}"
-        if _wait_until_up(proc, endpoint, timeout_s):
+        if wait_until_up(proc, endpoint + "/moto-api/", timeout_s):
             return proc, endpoint
         proc.kill()
         proc.wait()
     raise RuntimeError(f"moto's server did not start; its log says:\n{log_path.read_text(errors='replace')[-2000:]}")
 
 
-def _wait_until_up(proc: subprocess.Popen, endpoint: str, timeout_s: float) -> bool:
+def wait_until_up(proc: subprocess.Popen, url: str, timeout_s: float) -> bool:
+    """Whether the server `proc` answers `url` (any HTTP status) before `timeout_s`, and is still running."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return False
         try:
-            with urllib.request.urlopen(endpoint + "/moto-api/", timeout=1):
+            with urllib.request.urlopen(url, timeout=1):
                 return True
         except urllib.error.HTTPError:
             return True  # it answered, even if with an error status

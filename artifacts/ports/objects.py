@@ -1,0 +1,59 @@
+"""The object-store port: the six things a registry needs from where it keeps its objects.
+
+    head(key)                 the object's size and version tag, or None
+    get(key, limit)           a small object's bytes (at most `limit`) and tag, or None
+    read(key, first, last)    an object's bytes, or a range of them, in chunks (parallel ranged downloads)
+    put(key, data, create_only=...)   write bytes or a file; create-only answers False when taken
+    delete(key)               remove an object; one already gone is no error
+    list(prefix)              every object under a prefix, in key order
+
+Keys are the registry's layout (prebake.artifacts.layout) relative to the store's root. A miss
+is None; a store raises RegistryUnavailable (prebake.artifacts.ports.errors) when it cannot be
+asked, RegistryNotFound when its bucket or container is not there, RegistryError otherwise. The
+registry's behaviour (index, publish-then-settle, digest checks, listing summaries, side files,
+quarantine, aging) is written once over this port, in prebake.registry.shared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One object as head and list see it: its key, size, and a tag that changes with its bytes."""
+
+    key: str
+    size: int
+    tag: str
+
+
+@runtime_checkable
+class ObjectStore(Protocol):
+    """Where a registry's objects live: a folder, a bucket, a repository, a container."""
+
+    url: str  # the registry's address, as messages name it
+    writable: bool
+
+    def head(self, key: str) -> Stored | None:
+        """The object's size and tag, or None when there is none."""
+
+    def get(self, key: str, limit: int) -> tuple[bytes, str] | None:
+        """The object's bytes and tag, or None; an object over `limit` bytes is a BundleError."""
+
+    def read(self, key: str, first: int = 0, last: int | None = None) -> Iterator[bytes]:
+        """Bytes first..last (inclusive; None: to the end) of the object, in chunks. The whole object
+        (0, None) is one plain request, a range one ranged request."""
+
+    def put(self, key: str, data: bytes | Path, *, create_only: bool = False) -> bool:
+        """Write the object (bytes, or a file's contents); create_only: False, writing nothing,
+        when one is there already. True when this call wrote it."""
+
+    def delete(self, key: str) -> None:
+        """Remove the object; one that is already gone is no error."""
+
+    def list(self, prefix: str) -> Iterator[Stored]:
+        """Every object whose key starts with `prefix`, in key order."""

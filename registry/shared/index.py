@@ -1,0 +1,269 @@
+"""The registry over an object store, written once: every object-store backend is this plus a store.
+
+    <root>/index/<kind>/<key-digest>.json         created once (create-only put), never replaced
+    <root>/blobs/sha256/<aa>/<digest>.tar.zst     written before the entry that names it
+    <root>/side/sha256/<aa>/<hex>/<name>          files beside a blob (its provenance), created once
+    <root>/meta/<name>                            files about the registry (its revocation list)
+    <root>/summary/<kind>.json                    the listing summary (prebake.artifacts.ports.listing)
+    <root>/quarantine/...                         what `prebake verify --quarantine` moved aside
+
+Publishing writes the blob, then creates the index entry only if absent, so two bakers racing on
+one key cannot clobber each other: the loser reads the winner's entry and settles. Blobs are
+downloaded in parallel ranged reads, hashed in order as they land, refused past the manifest's size.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from prebake.artifacts import fsutil
+from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
+from prebake.artifacts.bundle.payload import file_digest
+from prebake.artifacts.errors import BundleError, PrebakeError
+from prebake.artifacts.layout import (
+    blob_relpath,
+    index_relpath,
+    meta_relpath,
+    parse_index_relpath,
+    side_folder_relpath,
+    side_relpath,
+    summary_relpath,
+)
+from prebake.artifacts.ports.errors import (
+    BlobDigestMismatch,
+    RegistryError,
+    RegistryNotFound,
+    RegistryReadOnly,
+    RegistryUnavailable,
+)
+from prebake.artifacts.ports.listing import Listed, ListingSummary, Read, summarised_listing
+from prebake.artifacts.ports.objects import ObjectStore
+from prebake.artifacts.ports.registry import MAX_SIDE_FILE_BYTES, Published
+from prebake.registry.shared.ranged import OrderedSink, one_part, part_ranges, run_parts
+from prebake.registry.shared.transfer import SizedSink, read_ahead, settle
+
+log = logging.getLogger(__name__)
+
+QUARANTINE = "quarantine"
+PART_BYTES = 8 << 20  # a blob downloads in ranges of this size, `readers` at a time
+
+
+class StoreRegistry:
+    """Registry, Maintainable, Listable and SideFiles over one ObjectStore."""
+
+    def __init__(self, store: ObjectStore, *, readers: int = 8, part_bytes: int = PART_BYTES):
+        self.store, self.url, self.readers, self.part_bytes = store, store.url, readers, part_bytes
+
+    @property
+    def writable(self) -> bool:
+        return self.store.writable
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    # -- Registry ----------------------------------------------------------------------------
+
+    def lookup(self, kind: str, key_digest: str) -> Manifest | None:
+        key = index_relpath(kind, key_digest)
+        got = self.store.get(key, MAX_MANIFEST_BYTES)
+        return None if got is None else Manifest.parse(got[0], self._where(key))
+
+    def fetch_blob(
+        self, digest: str, dest: Path, *, size: int | None = None, tee: Callable[[bytes], None] | None = None
+    ) -> Path:
+        key, dest = blob_relpath(digest), Path(dest)
+        where = self._where(key)
+        stored = self.store.head(key)
+        if stored is None:
+            raise RegistryError(
+                f"blob {digest} is named by an index entry but missing at {where}; run `prebake verify`"
+            )
+        sized = SizedSink(size, digest, where, self.url, tee)
+        sized.announce(stored.size)  # a blob larger than its manifest says is refused before a byte moves
+        stop = threading.Event()
+        with fsutil.atomic_target(dest) as tmp, tmp.open("w+b") as f:
+            sink = OrderedSink(f, sized)
+
+            whole = one_part(stored.size, self.part_bytes)  # one plain request, no Range
+
+            def fetch(first: int, last: int) -> None:
+                offset = first
+                for chunk in self.store.read(key, first, None if whole else last):
+                    if stop.is_set():
+                        return
+                    sink.write_at(offset, chunk)
+                    offset += len(chunk)
+                if offset != last + 1:
+                    raise BlobDigestMismatch(
+                        f"blob {where} ended after {offset} of its {stored.size} bytes: it is cut short or corrupt; "
+                        f"retry, and if it persists run `prebake verify --quarantine --registry {self.url}`"
+                    )
+
+            ranges = part_ranges(stored.size, self.part_bytes)
+            run_parts(ranges, fetch, workers=self.readers, name="prebake-get", stop=stop)
+            sized.finish()
+            if sink.digest() != digest:
+                raise BlobDigestMismatch(
+                    f"blob {where} hashes to {sink.digest()}, not {digest}: it is corrupt; "
+                    f"run `prebake verify --quarantine --registry {self.url}` and rebake"
+                )
+        return dest
+
+    def publish(self, manifest: Manifest, blob: Path) -> Published:
+        blob = Path(blob)
+        if file_digest(blob) != manifest.blob.digest:
+            raise BlobDigestMismatch(f"{blob} does not hash to {manifest.blob.digest}; repack it before publishing")
+        if not self.writable:
+            raise RegistryReadOnly(f"{self.url} can be read but not written here; publish to a registry you can write")
+        key = index_relpath(manifest.kind, manifest.key_digest)
+        existing = self.lookup(manifest.kind, manifest.key_digest)
+        if existing is not None:
+            return settle(existing, manifest, self._where(key))
+        blob_key = blob_relpath(manifest.blob.digest)
+        try:
+            stored = self.store.head(blob_key)
+            if stored is None or stored.size != manifest.blob.size:  # content-addressed: same name, same bytes
+                self.store.put(blob_key, blob)
+            if self.store.put(key, manifest.to_bytes(), create_only=True):
+                return Published(manifest, created=True, where=self._where(key))
+        except (RegistryUnavailable, RegistryNotFound) as exc:
+            raise type(exc)(f"cannot publish into {self.url}: {exc}") from exc
+        theirs = self.lookup(manifest.kind, manifest.key_digest)
+        if theirs is None:
+            raise RegistryError(
+                f"{self._where(key)} was reported present and then could not be read; something deletes "
+                f"index entries behind prebake's back: check the store's lifecycle rules"
+            )
+        return settle(theirs, manifest, self._where(key))
+
+    def list(self, kind: str | None = None) -> Iterator[Manifest]:
+        """Every manifest, in key order, read `readers` at a time as they are consumed."""
+        keys = (s.key for s in self.store.list(f"index/{kind}/" if kind else "index/") if parse_index_relpath(s.key))
+        yield from read_ahead(keys, self._read_listed, readers=self.readers, name="prebake-list")
+
+    # -- Listable ----------------------------------------------------------------------------
+
+    def listing(self, kind: str | None = None) -> Iterator[Listed]:
+        """A row for every index entry (of one kind, if given), in list() order, from the kind's
+        summary where an entry's tag still matches, else read."""
+        entries = (
+            (parsed[0], parsed[1], s.tag)
+            for s in self.store.list(f"index/{kind}/" if kind else "index/")
+            if (parsed := parse_index_relpath(s.key)) is not None
+        )
+        yield from summarised_listing(self, entries)
+
+    def _read_rows(self, kind: str, digests: Sequence[str]) -> Iterator[Read]:
+        def read(digest: str) -> Read:
+            key = index_relpath(kind, digest)
+            got = self.store.get(key, MAX_MANIFEST_BYTES)
+            if got is None:  # deleted since the listing
+                return Read(digest, "", None)
+            return Read(digest, got[1], Listed.of(Manifest.parse(got[0], self._where(key))))
+
+        with ThreadPoolExecutor(self.readers, thread_name_prefix="prebake-ls") as pool:
+            yield from pool.map(read, digests)
+
+    def _load_summary(self, kind: str) -> ListingSummary | None:
+        key = summary_relpath(kind)
+        try:
+            got = self.store.get(key, MAX_MANIFEST_BYTES)
+            return None if got is None else ListingSummary.parse(got[0], self._where(key))
+        except BundleError as exc:  # too large, or not a summary
+            log.warning("%s; reading every entry instead, and rewriting it", exc)
+            return None
+
+    def _store_summary(self, summary: ListingSummary) -> None:
+        key = summary_relpath(summary.kind)
+        try:
+            self.store.put(key, summary.to_bytes())
+        except RegistryError as exc:
+            log.warning(
+                "cannot write the listing summary %s (%s): listings stay correct but read every new entry "
+                "until someone with write access lists this registry",
+                self._where(key),
+                exc,
+            )
+
+    # -- SideFiles ---------------------------------------------------------------------------
+
+    def put_side(self, blob_digest: str, name: str, data: bytes) -> bool:
+        return self.store.put(side_relpath(blob_digest, name), data, create_only=True)
+
+    def get_side(self, blob_digest: str, name: str) -> bytes | None:
+        got = self.store.get(side_relpath(blob_digest, name), MAX_SIDE_FILE_BYTES)
+        return None if got is None else got[0]
+
+    def put_meta(self, name: str, data: bytes) -> None:
+        self.store.put(meta_relpath(name), data)
+
+    def get_meta(self, name: str) -> bytes | None:
+        got = self.store.get(meta_relpath(name), MAX_SIDE_FILE_BYTES)
+        return None if got is None else got[0]
+
+    # -- Maintainable ------------------------------------------------------------------------
+
+    def index_entries(self) -> Iterator[tuple[str, bytes | PrebakeError]]:
+        """Every object under index/ as (key, raw bytes or why it cannot be read), unparsed."""
+        for stored in [s for s in self.store.list("index/") if s.key.endswith(".json")]:
+            try:
+                got = self.store.get(stored.key, MAX_MANIFEST_BYTES)
+            except BundleError as exc:  # over the bound: report it, keep checking the rest
+                yield stored.key, exc
+                continue
+            if got is not None:  # quarantined or removed since the listing
+                yield stored.key, got[0]
+
+    def quarantine(self, kind: str, key_digest: str, *, blob_digest: str | None = None) -> str:
+        """Move an index entry (then, if given, its bad blob) under quarantine/; return the entry's new address.
+
+        The entry goes first, so readers miss from then on; the blob follows. A move is a copy,
+        then the delete of the original, so the bytes are never gone."""
+        moved = self._move_aside(index_relpath(kind, key_digest))
+        if moved is None:
+            raise RegistryError(f"cannot quarantine {kind} {key_digest[:16]}: its index entry in {self.url} is gone")
+        if blob_digest is not None:
+            self._move_aside(blob_relpath(blob_digest))  # None: an earlier entry naming it moved it already
+        return moved
+
+    def remove(self, kind: str, key_digest: str, *, blob_digest: str | None = None) -> None:
+        """Delete an index entry, then (if given) its blob and every file beside it."""
+        self.store.delete(index_relpath(kind, key_digest))  # first: readers miss from then on
+        if blob_digest is not None:
+            self.store.delete(blob_relpath(blob_digest))
+            for stored in list(self.store.list(side_folder_relpath(blob_digest) + "/")):
+                self.store.delete(stored.key)
+
+    def _move_aside(self, key: str) -> str | None:
+        stored = self.store.head(key)
+        if stored is None:
+            return None
+        dest = f"{QUARANTINE}/{key}"
+        if self.store.head(dest) is not None:  # quarantined before: keep both for whoever investigates
+            dest = f"{dest}.{time.time_ns()}"
+        with tempfile.TemporaryDirectory(prefix="prebake-quarantine-") as scratch:
+            copy = Path(scratch) / "object"
+            with copy.open("wb") as f:
+                for chunk in self.store.read(key):
+                    f.write(chunk)
+            self.store.put(dest, copy)
+        self.store.delete(key)
+        return self._where(dest)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _read_listed(self, key: str) -> Manifest | None:
+        got = self.store.get(key, MAX_MANIFEST_BYTES)
+        return None if got is None else Manifest.parse(got[0], self._where(key))  # None: deleted since listed
+
+    def _where(self, key: str) -> str:
+        return f"{self.url}/{key}"
+
+
+__all__ = ["QUARANTINE", "StoreRegistry"]
