@@ -12,7 +12,7 @@
     ├── locks/scratch-<name>.lock                  held by the live process that owns tmp/<name>
     ├── stats/                                     hit, miss and fallback counts (prebake.artifacts.store.stats); never evicted
     ├── quarantine/index/<kind>/<key-digest>.json  damaged entries the hit path moved aside (prebake.artifacts.store.health)
-    ├── listing/                                   `prebake ls` summaries of Hub registries (registry/backends/hf_listing.py)
+    ├── listing/                                   `prebake ls` summaries of Hub registries (registry/backends/hf.py)
     └── tmp/                                       scratch folders and evicted trees; nothing here is ever read
 
 A tree appears by rename only after its blob matched its digest and every file matched

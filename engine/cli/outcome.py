@@ -17,7 +17,8 @@ import errno
 import json
 from dataclasses import dataclass
 
-from prebake.artifacts.errors import ExitCode, PrebakeError, RegistryError, UsageError
+from prebake.artifacts.errors import ExitCode, PrebakeError, UsageError
+from prebake.artifacts.ports.errors import is_fault
 from prebake.artifacts.store.home import StoreHomeError
 from prebake.artifacts.store.local import HOME_ENV, default_home
 from prebake.engine.common.logs import LogSettingError
@@ -46,7 +47,7 @@ def failure(exc: BaseException) -> Failure:
         return Failure(ExitCode(code), kind, text)
     if isinstance(exc, (UsageError, LogSettingError)):
         return Failure(ExitCode.INVALID, kind, text)
-    if isinstance(exc, RegistryError) and isinstance(exc, ConnectionError):  # RegistryUnavailable
+    if is_fault(exc):  # RegistryUnavailable: the registry could not be asked
         return Failure(ExitCode.UNAVAILABLE, kind, f"{text}\n{UNAVAILABLE_ADVICE}")
     if isinstance(exc, StoreHomeError):
         return Failure(ExitCode.STORE, kind, text)

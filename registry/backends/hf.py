@@ -25,16 +25,25 @@ Hub refuses the commit (412) and we look again: the entry now exists (settle as 
 backend does), or another key moved the head (retry on the new head). No race remains
 between publishers going through the Hub's commit API; a force-push with plain git can
 still rewrite the branch behind it.
+
+Listing (`prebake ls`): on the Hub a write is a commit, so the listing summary
+(artifacts/ports/listing.py) is kept on this machine, in the folder the caller names (open_registry's
+`home`: <home>/listing/hf-<digest of endpoint and repo>-<kind>.json; none: in memory). Its tag is each
+entry's git blob id from the tree listing. Quarantine: a move is one commit that adds the copy and
+deletes the original on top of the head it read; the history keeps every byte.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import re
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -42,7 +51,14 @@ from typing import Any
 from prebake.artifacts import fsutil
 from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
 from prebake.artifacts.bundle.payload import file_digest
-from prebake.artifacts.layout import blob_relpath, index_relpath, meta_relpath, parse_index_relpath, side_relpath
+from prebake.artifacts.layout import (
+    blob_relpath,
+    index_relpath,
+    meta_relpath,
+    parse_index_relpath,
+    side_folder_relpath,
+    side_relpath,
+)
 from prebake.artifacts.ports.errors import (
     BlobDigestMismatch,
     BlobSizeMismatch,
@@ -51,9 +67,8 @@ from prebake.artifacts.ports.errors import (
     RegistryReadOnly,
     RegistryUnavailable,
 )
+from prebake.artifacts.ports.listing import Listed, ListingSummary, Read, summarised_listing
 from prebake.artifacts.ports.registry import MAX_SIDE_FILE_BYTES
-from prebake.registry.backends.hf_listing import HubListing
-from prebake.registry.backends.hf_maintain import HubMaintenance
 from prebake.registry.shared.transfer import Published, copy_verified, read_ahead, settle
 
 log = logging.getLogger(__name__)
@@ -62,12 +77,12 @@ _DEFAULT_ENDPOINT = "https://huggingface.co"
 _COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 _ADDRESS = re.compile(r"^hf://(?:(datasets|models)/)?([\w.-]+/[\w.-]+)(?:@([^@\s]+))?/?$")
 _COMMIT_ATTEMPTS = 5  # heads moved by other keys' publishes before we give up
-_LIST_READERS = 8  # index entries read in parallel by list()
+_LIST_READERS = 8  # index entries read in parallel by list() and listing()
+QUARANTINE = "quarantine"
 
 
-class HubRegistry(HubMaintenance, HubListing):
-    """index/ + blobs/ inside a Hub repo, through huggingface_hub (maintainable: see hf_maintain;
-    listable: hf_listing)."""
+class HubRegistry:
+    """index/ + blobs/ inside a Hub repo, through huggingface_hub: Registry, Maintainable, Listable, SideFiles."""
 
     def __init__(
         self,
@@ -78,7 +93,8 @@ class HubRegistry(HubMaintenance, HubListing):
         listing_dir: Path | None = None,
     ):
         self.repo_type, self.repo_id, self.revision = _parse_address(address)
-        self.listing_dir, self._summaries = listing_dir, {}
+        self.listing_dir = listing_dir  # where this machine keeps the listing summaries; None: in memory
+        self._summaries: dict[str, ListingSummary] = {}
         self.must_exist = must_exist  # a repo that is not there: RegistryNotFound, not a miss (read-only commands)
         prefix = "datasets/" if self.repo_type == "dataset" else ""
         self.url = f"hf://{prefix}{self.repo_id}@{self.revision}"
@@ -226,6 +242,120 @@ class HubRegistry(HubMaintenance, HubListing):
 
     def __repr__(self) -> str:
         return f"HubRegistry({self.url!r}, endpoint={self.endpoint!r})"
+
+    # -- listing (Listable) -------------------------------------------------------------------
+
+    def listing(self, kind: str | None = None) -> Iterator[Listed]:
+        """A row for every index entry (of one kind, if given), in list() order."""
+        if self.offline:
+            yield from (Listed.of(m) for m in self.list(kind))
+            return
+        head = self._head(create=False)
+        if head is None:
+            return
+        entries = [
+            (*parsed, blob_id)
+            for path, blob_id in self._index_files(f"index/{kind}" if kind else "index", head)
+            if (parsed := parse_index_relpath(path)) is not None
+        ]
+        yield from summarised_listing(_AtCommit(self, head, {(k, d): tag for k, d, tag in entries}), entries)
+
+    def _summary_path(self, folder: Path, kind: str) -> Path:
+        repo = hashlib.sha256(f"{self.endpoint}\n{self.repo_type}\n{self.repo_id}".encode()).hexdigest()[:24]
+        return folder / f"hf-{repo}-{kind}.json"
+
+    def _load_summary(self, kind: str) -> ListingSummary | None:
+        if self.listing_dir is None:
+            return self._summaries.get(kind)
+        return ListingSummary.load(self._summary_path(self.listing_dir, kind))
+
+    def _store_summary(self, summary: ListingSummary) -> None:
+        if self.listing_dir is None:
+            self._summaries[summary.kind] = summary
+        else:
+            summary.store(self._summary_path(self.listing_dir, summary.kind))
+
+    # -- maintenance (Maintainable) ---------------------------------------------------------
+
+    def index_entries(self) -> Iterator[tuple[str, bytes]]:
+        """Every file under index/ at the head, as (path in the repo, raw bytes), unparsed."""
+        head = self._head(create=False)
+        if head is None:
+            return
+        for path in self._tree(head, "index"):
+            if path.endswith(".json") and (local := self._download(path, head)) is not None:
+                yield path, local.read_bytes()
+
+    def quarantine(self, kind: str, key_digest: str, *, blob_digest: str | None = None) -> str:
+        """Move an index entry (then, if given, its bad blob) under quarantine/; return the entry's new place."""
+        head = self._head(create=False)
+        moved = self._move_aside(index_relpath(kind, key_digest), head) if head else None
+        if moved is None:
+            raise RegistryError(f"cannot quarantine {kind} {key_digest[:16]}: its index entry in {self.url} is gone")
+        if blob_digest is not None and (head := self._head(create=False)) is not None:
+            self._move_aside(blob_relpath(blob_digest), head)  # a repo gone meanwhile has no blob to move
+        return moved
+
+    def remove(self, kind: str, key_digest: str, *, blob_digest: str | None = None) -> None:
+        """Delete an index entry, then (if given) its blob and the files beside it, in one commit on the
+        head it read (the history keeps the bytes; the head no longer names them)."""
+        from huggingface_hub import CommitOperationDelete
+
+        head = self._head(create=False)
+        if head is None:
+            return
+        paths = [index_relpath(kind, key_digest)]
+        if blob_digest is not None:
+            paths += [blob_relpath(blob_digest), *self._tree(head, side_folder_relpath(blob_digest))]
+        there = [p for p in paths if self._present(p, head)]
+        if not there:
+            return
+        with self._faults(f"remove {self._where(there[0])}"):
+            self._api.create_commit(
+                self.repo_id,
+                [CommitOperationDelete(path_in_repo=p) for p in there],
+                commit_message=f"prebake promote --prune: remove {there[0]}",
+                repo_type=self.repo_type,
+                revision=self.revision,
+                parent_commit=head,
+            )
+
+    def _tree(self, head: str, folder: str) -> Sequence[str]:
+        from huggingface_hub import RepoFile
+        from huggingface_hub.errors import RemoteEntryNotFoundError
+
+        with self._faults(f"list {self.url}/{folder}"):
+            try:
+                entries = self._api.list_repo_tree(
+                    self.repo_id, path_in_repo=folder, recursive=True, repo_type=self.repo_type, revision=head
+                )
+                return sorted(e.path for e in entries if isinstance(e, RepoFile))
+            except RemoteEntryNotFoundError:
+                return []
+
+    def _move_aside(self, relpath: str, head: str) -> str | None:
+        from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
+        local = self._download(relpath, head, force=True)
+        if local is None:
+            return None
+        dest = f"{QUARANTINE}/{relpath}"
+        if self._present(dest, head):  # quarantined before: keep both for whoever investigates
+            dest = f"{dest}.{time.time_ns()}"
+        operations: Sequence[CommitOperationAdd | CommitOperationDelete] = [
+            CommitOperationAdd(path_in_repo=dest, path_or_fileobj=str(local)),
+            CommitOperationDelete(path_in_repo=relpath),
+        ]
+        with self._faults(f"quarantine {self._where(relpath)}"):
+            self._api.create_commit(
+                self.repo_id,
+                operations,
+                commit_message=f"prebake verify: quarantine {relpath}",
+                repo_type=self.repo_type,
+                revision=self.revision,
+                parent_commit=head,
+            )
+        return str(self._where(dest))
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -487,3 +617,24 @@ def _terminal_tqdm() -> type:
             super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
 
     return _TerminalOnly
+
+
+class _AtCommit:
+    """The Hub's listing at one commit: its summaries are the registry's, its entries read at `head`."""
+
+    def __init__(self, hub: HubRegistry, head: str, tags: dict[tuple[str, str], str]):
+        self.hub, self.head, self.tags = hub, head, tags
+
+    def _load_summary(self, kind: str) -> ListingSummary | None:
+        return self.hub._load_summary(kind)
+
+    def _store_summary(self, summary: ListingSummary) -> None:
+        self.hub._store_summary(summary)
+
+    def _read_rows(self, kind: str, digests: Sequence[str]) -> Iterator[Read]:
+        def read(digest: str) -> Read:
+            manifest = self.hub._read_index(index_relpath(kind, digest), self.head)
+            return Read(digest, self.tags[(kind, digest)], None if manifest is None else Listed.of(manifest))
+
+        with ThreadPoolExecutor(_LIST_READERS, thread_name_prefix="prebake-hf-ls") as pool:
+            yield from pool.map(read, digests)

@@ -5,7 +5,7 @@ a self-hosted distribution server), through the distribution API.
     ├── <kind>-<key digest>           tag -> one OCI image manifest per bundle (registry/oci/artifact.py):
     │                                   config: a minimal image config; layer: the bundle blob, same sha256;
     │                                   annotation org.prebake.manifest: the signed prebake manifest
-    ├── prebake-summary.<kind>        tag -> the listing summary of one kind (registry/oci/maintain.py)
+    ├── prebake-summary.<kind>        tag -> the listing summary of one kind (registry/oci/files.py)
     └── quarantine-<kind>-<key>...    tag -> entries `prebake verify --quarantine` moved aside
 
 A lookup is one request: GET of the entry's tag, whose manifest carries the prebake manifest
@@ -29,10 +29,11 @@ report created (their tags are the same manifest).
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -41,14 +42,18 @@ import httpx
 from prebake.artifacts import fsutil
 from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
 from prebake.artifacts.bundle.payload import file_digest
-from prebake.artifacts.errors import BundleError
+from prebake.artifacts.errors import BundleError, PrebakeError
+from prebake.artifacts.layout import index_relpath
 from prebake.artifacts.ports.errors import BlobDigestMismatch, RegistryError, RegistryNotFound, RegistryUnavailable
+from prebake.artifacts.ports.listing import Listed, ListingSummary, Read, summarised_listing
+from prebake.artifacts.ports.registry import MAX_SIDE_FILE_BYTES
 from prebake.registry.oci.artifact import (
     MANIFEST_TYPE,
     MAX_OCI_MANIFEST_BYTES,
     Artifact,
     Blob,
     build,
+    canonical,
     manifest_from_config,
     parse_manifest,
     parse_tag,
@@ -58,7 +63,17 @@ from prebake.registry.oci.artifact import (
 from prebake.registry.oci.artifact import read as read_entry
 from prebake.registry.oci.blob import download
 from prebake.registry.oci.client import Distribution, OCIAddress, OCISettings
-from prebake.registry.oci.maintain import OCIMaintenance
+from prebake.registry.oci.files import (
+    EMPTY,
+    EMPTY_TYPE,
+    META_TYPE,
+    SIDE_TYPE,
+    SUMMARY_LAYER_TYPE,
+    SUMMARY_TYPE,
+    meta_tag,
+    side_tag,
+    summary_tag,
+)
 from prebake.registry.shared.transfer import Published, SizedSink, read_ahead, settle
 
 log = logging.getLogger(__name__)
@@ -69,8 +84,8 @@ _NAME_UNKNOWN = b'"NAME_UNKNOWN"'  # the distribution error code of a repository
 _READ_S = 30.0  # an entry is small: one that takes longer to arrive is stalled or hostile
 
 
-class OCIRegistry(OCIMaintenance):
-    """Bundles in one repository of an OCI registry (maintainable and listable: registry/oci/maintain.py)."""
+class OCIRegistry:
+    """Bundles in one repository of an OCI registry: Registry, Maintainable, Listable, SideFiles."""
 
     writable = True
 
@@ -321,6 +336,174 @@ class OCIRegistry(OCIMaintenance):
 
     def __repr__(self) -> str:
         return f"OCIRegistry({self.url!r})"
+
+    # -- small files (SideFiles; registry/oci/files.py's tags) --------------------------------
+
+    def put_side(self, blob_digest: str, name: str, data: bytes) -> bool:
+        tag = side_tag(blob_digest, name)
+        if self.read_manifest(tag) is not None:
+            return False
+        layer = self.write_file(tag, data, SIDE_TYPE, f"{SIDE_TYPE}+octet-stream")
+        return self._layer_of(tag) == layer.digest  # the read-back: who the tag names won
+
+    def get_side(self, blob_digest: str, name: str) -> bytes | None:
+        return self.read_file(side_tag(blob_digest, name), f"{SIDE_TYPE}+octet-stream")
+
+    def put_meta(self, name: str, data: bytes) -> None:
+        self.write_file(meta_tag(name), data, META_TYPE, f"{META_TYPE}+octet-stream")
+
+    def get_meta(self, name: str) -> bytes | None:
+        return self.read_file(meta_tag(name), f"{META_TYPE}+octet-stream")
+
+    # -- one-layer artifacts ------------------------------------------------------------------------
+
+    def write_file(self, tag: str, data: bytes, artifact_type: str, layer_type: str) -> Blob:
+        """Push `data` as the one layer of an artifact and point `tag` at it; the layer's descriptor."""
+        if len(data) > MAX_SIDE_FILE_BYTES:
+            raise PrebakeError(f"{self.url}:{tag}: {len(data)} bytes is more than a small file may hold")
+        layer = Blob(layer_type, sha256(data), len(data))
+        empty = Blob(EMPTY_TYPE, sha256(EMPTY), len(EMPTY))
+        self.push_bytes(empty, EMPTY)
+        self.push_bytes(layer, data)
+        doc = {
+            "schemaVersion": 2,
+            "mediaType": MANIFEST_TYPE,
+            "artifactType": artifact_type,
+            "config": empty.descriptor(),
+            "layers": [layer.descriptor()],
+        }
+        self.put_manifest(tag, canonical(doc))
+        return layer
+
+    def read_file(self, tag: str, layer_type: str) -> bytes | None:
+        """The one layer of the artifact `tag` names; None when there is no such tag."""
+        where = f"{self.url}:{tag}"
+        got = self.read_manifest(tag)
+        if got is None:
+            return None
+        try:
+            layers = json.loads(got[0]).get("layers") or []
+            if len(layers) != 1 or layers[0].get("mediaType") != layer_type:
+                raise BundleError(f"{where} is not a prebake file of type {layer_type}")
+            return self.read_small_blob(str(layers[0]["digest"]), where)
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
+            raise BundleError(f"{where} is not a readable prebake file ({exc})") from exc
+
+    def _layer_of(self, tag: str) -> str | None:
+        got = self.read_manifest(tag)
+        if got is None:
+            return None
+        layers = json.loads(got[0]).get("layers") or [{}]
+        return str(layers[0].get("digest"))
+
+    # -- listing and maintenance (registry/oci/files.py's tags) -------------------------------
+
+    def listing(self, kind: str | None = None) -> Iterator[Listed]:
+        """A row for every index entry (of one kind, if given), in list() order; the tag name is the version."""
+        yield from summarised_listing(self, self.entry_tags(kind))
+
+    def index_entries(self) -> Iterator[tuple[str, bytes | PrebakeError]]:
+        """Every entry as (index/<kind>/<key>.json, the prebake manifest's bytes or why they cannot be had)."""
+        from prebake.registry.oci.artifact import manifest_from_config
+        from prebake.registry.oci.artifact import read as read_entry
+
+        for kind, digest, tag in self.entry_tags():
+            where = f"{self.url}:{tag}"
+            try:
+                got = self.read_manifest(tag)
+                if got is None:  # removed since the listing
+                    continue
+                entry = read_entry(got[0], where)
+                raw = entry.inline
+                if raw is None:
+                    raw = manifest_from_config(self.read_small_blob(entry.config.digest, where), where)
+                yield index_relpath(kind, digest), raw
+            except BundleError as exc:
+                yield index_relpath(kind, digest), exc
+
+    def quarantine(self, kind: str, key_digest: str, *, blob_digest: str | None = None) -> str:
+        """Move an entry aside under a quarantine tag (and drop the bad blob's link); where it went."""
+        tag = tag_for(kind, key_digest)
+        got = self.read_manifest(tag)
+        if got is None:
+            raise RegistryError(f"cannot quarantine {kind} {key_digest[:16]}: {self.url}:{tag} is gone")
+        body, digest = got
+        aside = f"quarantine-{tag}"[:128]
+        try:
+            doc = json.loads(body)
+            notes = doc.get("annotations") if isinstance(doc, dict) else None
+            doc = dict(doc) if isinstance(doc, dict) else {}
+            doc["annotations"] = {**(notes if isinstance(notes, dict) else {}), "org.prebake.quarantined": tag}
+            copy = canonical(doc)
+            self.put_manifest(aside, copy)
+        except (ValueError, RegistryError) as exc:  # a manifest the registry will not take again: drop it anyway
+            log.warning("cannot keep a copy of %s:%s (%s); removing the entry without one", self.url, tag, exc)
+            aside = ""
+        self.client.request("DELETE", f"manifests/{digest}", push=True, ok=(202, 404))
+        if blob_digest is not None:
+            self.client.request("DELETE", f"blobs/{blob_digest}", push=True, ok=(202, 404))
+        self._forget_row(kind, key_digest)
+        return f"{self.url}:{aside}" if aside else f"{self.url} (deleted)"
+
+    def remove(self, kind: str, key_digest: str, *, blob_digest: str | None = None) -> None:
+        """Delete an entry's manifest by digest (which removes its tag), then (if given) the blob's link
+        and the side files' artifacts; the bytes go at the registry's own garbage collection."""
+        got = self.read_manifest(tag_for(kind, key_digest))
+        if got is not None:
+            self.client.request("DELETE", f"manifests/{got[1]}", push=True, ok=(202, 404))
+        self._forget_row(kind, key_digest)
+        if blob_digest is None:
+            return
+        self.client.request("DELETE", f"blobs/{blob_digest}", push=True, ok=(202, 404))
+        beside = side_tag(blob_digest, "x")[:-1]  # prebake-side.<hex>.
+        for tag in [t for t in self.tags() if t.startswith(beside)]:
+            if (side := self.read_manifest(tag)) is not None:
+                self.client.request("DELETE", f"manifests/{side[1]}", push=True, ok=(202, 404))
+
+    # -- the summary ----------------------------------------------------------------------------
+
+    def _read_rows(self, kind: str, digests: Sequence[str]) -> Iterator[Read]:
+        def read(digest: str) -> Read:
+            got = self._entry(tag_for(kind, digest))
+            if got is None:
+                return Read(digest, "", None)
+            return Read(digest, tag_for(kind, digest), Listed.of(got[1]))
+
+        with ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="prebake-oci-ls") as pool:
+            yield from pool.map(read, digests)
+
+    def _load_summary(self, kind: str) -> ListingSummary | None:
+        tag, where = summary_tag(kind), f"{self.url}:{summary_tag(kind)}"
+        try:
+            raw = self.read_file(tag, SUMMARY_LAYER_TYPE)
+            return None if raw is None else ListingSummary.parse(raw, where)
+        except (BundleError, RegistryError) as exc:
+            log.warning(
+                "listing summary %s is unreadable (%s); reading every entry instead, and rewriting it", where, exc
+            )
+            return None
+
+    def _store_summary(self, summary: ListingSummary) -> None:
+        data = summary.to_bytes()
+        if len(data) > MAX_MANIFEST_BYTES:
+            return
+        try:
+            self.write_file(summary_tag(summary.kind), data, SUMMARY_TYPE, SUMMARY_LAYER_TYPE)
+        except RegistryError as exc:
+            log.warning(
+                "cannot write the listing summary %s:%s (%s): listings stay correct but read every new entry "
+                "until someone with push access lists this registry",
+                self.url,
+                summary_tag(summary.kind),
+                exc,
+            )
+
+    def _forget_row(self, kind: str, key_digest: str) -> None:
+        cached = self._load_summary(kind)
+        if cached is None or not any(r.row.key_digest == key_digest for r in cached.rows):
+            return
+        rows = tuple(r for r in cached.rows if r.row.key_digest != key_digest)
+        self._store_summary(ListingSummary(kind=kind, rows=rows))
 
 
 def _diff_id(blob: Path) -> str:

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.moto_server import free_port, wait_until_up
+from tests.support.moto_server import free_port, stop, wait_until_up
 
 ACCOUNT = "devstoreaccount1"  # Azurite's well-known development account and key (public, in its docs)
 KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
@@ -60,19 +60,10 @@ def azurite_server(workdir: Path, start_timeout_s: float = 60.0) -> Iterator[Azu
         endpoint = f"http://127.0.0.1:{port}/{ACCOUNT}"
         if wait_until_up(proc, endpoint + "?comp=list", start_timeout_s):
             break
-        _stop(proc)
+        stop(proc)
     else:
         raise RuntimeError(f"azurite did not start; its log says:\n{log_path.read_text(errors='replace')[-2000:]}")
     try:
         yield Azurite(endpoint)
     finally:
-        _stop(proc)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        stop(proc)

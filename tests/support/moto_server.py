@@ -53,12 +53,17 @@ def moto_server(start_timeout_s: float = 30.0) -> Iterator[str]:
         try:
             yield endpoint
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Stop a server this process started, by its pid: terminate, then kill if it lingers."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _start(log_path: Path, timeout_s: float) -> tuple[subprocess.Popen, str]:
