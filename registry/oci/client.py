@@ -321,7 +321,8 @@ class Distribution:
             )
         return RegistryUnavailable(
             f"cannot {doing} at {self.url}: the registry did not answer ({text[:200]}); "
-            f"check that it runs and that the address is right, then retry"
+            f"check that it runs and that the address is right (PREBAKE_OCI_PLAIN_HTTP names a registry without "
+            f"TLS; PREBAKE_OCI_TIMEOUT_S and _MAX_ATTEMPTS bound the wait), then retry"
         )
 
     def refusal(self, response: httpx.Response, doing: str) -> RegistryError:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from prebake.artifacts.errors import ExitCode
+from tests.support.azurite_server import Azurite
 from tests.support.moto_server import free_port, s3_env
 
 PREBAKE = str(Path(sys.executable).parent / "prebake")
@@ -34,13 +35,16 @@ def black_hole() -> Iterator[str]:
         sock.close()
 
 
-def _fetch(tmp_path: Path, endpoint: str, *extra: str, registry: str = "s3://prebake-team/bundles"):
+def _fetch(
+    tmp_path: Path, endpoint: str, *extra: str, registry: str = "s3://prebake-team/bundles", env: dict | None = None
+):
     env = {
         **os.environ,
         **s3_env(endpoint),
         "PREBAKE_HOME": str(tmp_path / "home"),
         "PREBAKE_TRUSTED_KEYS": "",
         "AWS_MAX_ATTEMPTS": "1",
+        **(env or {}),
     }
     argv = [PREBAKE, "fetch", "--model", "tiny-llama", "--precision", "fp32", "--registry", registry, *extra]
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
@@ -77,3 +81,38 @@ def test_nothing_matching_in_a_reachable_registry_still_exits_3(tmp_path):
     done = _fetch(tmp_path, "http://127.0.0.1:9", registry=str(tmp_path / "empty"))
     assert done.returncode == ExitCode.MISS, done.stderr
     assert "doit bake model=tiny-llama precision=fp32" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("registry", "env", "named"),
+    [
+        (
+            "oci://127.0.0.1:{port}/team/bundles",
+            {"PREBAKE_OCI_PLAIN_HTTP": "127.0.0.1:{port}"},
+            "PREBAKE_OCI_TIMEOUT_S",
+        ),
+        (
+            "az://devstoreaccount1/prebake/bundles",
+            {
+                "AZURE_STORAGE_CONNECTION_STRING": Azurite(
+                    "http://127.0.0.1:{port}/devstoreaccount1"
+                ).connection_string()
+            },
+            "BlobEndpoint",
+        ),
+    ],
+    ids=["oci", "azure"],
+)
+def test_a_down_registry_is_advised_by_its_own_settings_not_another_backends(tmp_path, registry, env, named):
+    port = str(free_port())
+    extra = {
+        "PREBAKE_OCI_MAX_ATTEMPTS": "1",
+        "PREBAKE_OCI_TIMEOUT_S": "2",
+        "PREBAKE_AZURE_MAX_ATTEMPTS": "1",
+        "PREBAKE_AZURE_TIMEOUT_S": "2",
+        **{k: v.replace("{port}", port) for k, v in env.items()},
+    }
+    done = _fetch(tmp_path, "http://127.0.0.1:1", registry=registry.replace("{port}", port), env=extra)
+    assert done.returncode == ExitCode.UNAVAILABLE, done.stderr
+    assert named in done.stderr and "--registry-timeout" in done.stderr
+    assert "AWS_ENDPOINT_URL" not in done.stderr and "HF_TOKEN" not in done.stderr, done.stderr
