@@ -37,6 +37,7 @@ import httpx
 
 from prebake.artifacts.ports.errors import RegistryError, RegistryUnavailable
 from prebake.registry.oci.auth import Challenge, Login, config_locations, find_login, parse_challenge
+from prebake.registry.shared.transfer import env_settings
 
 _NAME = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$")
 _HOST = re.compile(r"^(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?$")
@@ -94,15 +95,8 @@ class OCISettings:
     def from_env(cls, env: Mapping[str, str] = os.environ) -> OCISettings:
         """Settings from PREBAKE_OCI_TIMEOUT_S, _MAX_ATTEMPTS, _SETTLE_S, _CONCURRENCY, _CHUNK_MB, _PARTS,
         _PLAIN_HTTP (comma-separated host[:port]) and _CA_BUNDLE; unset ones keep the defaults."""
-        values: dict[str, Any] = {}
-        numbers = (("timeout_s", float), ("max_attempts", int), ("settle_s", float), ("concurrency", int))
-        for name, parse in (*numbers, ("chunk_mb", int), ("parts", int)):
-            var = f"PREBAKE_OCI_{name.upper()}"
-            if (raw := env.get(var, "").strip()) != "":
-                try:
-                    values[name] = parse(raw)
-                except ValueError as exc:
-                    raise RegistryError(f"{var}={raw!r} is not valid: {exc}; fix or unset it") from exc
+        numbers = {"timeout_s": float, "max_attempts": int, "settle_s": float, "concurrency": int}
+        values = env_settings("PREBAKE_OCI_", {**numbers, "chunk_mb": int, "parts": int}, env)
         if raw := env.get("PREBAKE_OCI_PLAIN_HTTP", "").strip():
             values["plain_http"] = tuple(h.strip() for h in raw.split(",") if h.strip())
         if raw := env.get("PREBAKE_OCI_CA_BUNDLE", "").strip():
