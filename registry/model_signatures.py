@@ -47,6 +47,7 @@ SIDE_NAME = "model.sig"
 KEY_ENV = "PREBAKE_MODEL_SIGNING_KEY"
 CERT_ENV = "PREBAKE_MODEL_SIGNING_CERT"
 CHAIN_ENV = "PREBAKE_MODEL_SIGNING_CHAIN"
+_CURVES = ("secp256r1", "secp384r1", "secp521r1")  # what the library signs with
 _INSTALL = "install it with `pip install 'prebake[model-signing]'`"
 
 
@@ -87,6 +88,7 @@ class ModelSigner:
         """The signature over every file of `tree`, as the bytes of the library's signature file."""
         signing = _library().signing
         config = signing.Config().set_hashing_config(_hashing(tree))
+        _check_key(self.private_key)
         try:
             if self.certificate is None:
                 config.use_elliptic_key_signer(private_key=self.private_key)
@@ -103,6 +105,24 @@ class ModelSigner:
             out = Path(scratch, SIDE_NAME)
             config.sign(tree, out)
             return out.read_bytes()
+
+
+def _check_key(path: Path) -> None:
+    """SigningKeyError unless `path` holds an EC private key on a curve the library signs with."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    try:
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    except (ValueError, TypeError, OSError) as exc:
+        key, problem = None, str(exc)
+    else:
+        problem = f"it is a {type(key).__name__}"
+    if not isinstance(key, ec.EllipticCurvePrivateKey) or key.curve.name not in _CURVES:
+        raise SigningKeyError(
+            f"cannot sign models with {path}: {problem}; {KEY_ENV} must name an unencrypted PEM elliptic-curve "
+            f"private key on P-256, P-384 or P-521 (openssl ecparam -name prime256v1 -genkey -noout -out key.pem)"
+        )
 
 
 def model_signer_from_env(env: Mapping[str, str] = os.environ) -> ModelSigner | None:

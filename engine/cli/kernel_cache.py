@@ -15,6 +15,7 @@ import json
 import shutil
 import sys
 
+from prebake.artifacts.bake.fetch import miss_exit_code
 from prebake.artifacts.errors import ExitCode, PrebakeError
 from prebake.engine.cli.common import command, json_option, registry_option
 
@@ -60,15 +61,25 @@ def cmd_kernel_cache(args: argparse.Namespace) -> int:
         raise PrebakeError(f"--to {args.to!r}: write oci://HOST[:PORT]/NAMESPACE/REPO:TAG")
     if bool(args.runtime_image) != bool(args.model_uri):
         raise PrebakeError("--runtime-image and --model-uri go together: KServe's footprint needs both")
+    recipe = load_recipe(args.model)
+    if recipe.model.engine != "vllm":
+        raise PrebakeError(
+            f"recipe {args.model} is for the {recipe.model.engine} engine; kernel-cache images hold vLLM's compile "
+            f"cache: name a recipe with engine = 'vllm' (prebake recipes lists them)"
+        )
     context = Context.open(args.registry)
-    plan = context.pick_plan(load_recipe(args.model), dtype=args.precision, tp=args.tp)
+    plan = context.pick_plan(recipe, dtype=args.precision, tp=args.tp)
     with context.holds:
         resolution = context.resolve(plan, kinds=["graphs"])
         if "graphs" not in resolution.installed:
+            from prebake.engine.cli.serving import miss_json
+
             for miss in resolution.misses:
                 print(miss.explain(), file=sys.stderr)
             print(f"prebake: bake it first: doit bake model={args.model}", file=sys.stderr)
-            return int(ExitCode.INVALID if resolution.refused else ExitCode.MISS)
+            if args.json:
+                print(json.dumps({"complete": False, "misses": [miss_json(m) for m in resolution.misses]}, indent=2))
+            return int(miss_exit_code(resolution.misses))
         installed = resolution.installed["graphs"]
         scratch = context.store.scratch(f"kernel-cache-{installed.manifest.key_digest[:16]}")
         try:
