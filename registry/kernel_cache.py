@@ -249,13 +249,13 @@ def summary_target(manifest: Manifest, entries: list[dict[str, Any]]) -> dict[st
     """The accelerator the graphs were compiled for, as MCV's summary names one target."""
     platform = manifest.key.get("platform", {})
     devices = {b["target_device"] for e in entries for b in e["binary"] if b["target_device"]}
-    backend = next(iter(sorted(devices)), "") or str(manifest.labels.get("platform", "cpu")).split(":")[0]
+    backend = next(iter(sorted(devices)), "") or str(platform.get("device") or "cpu")
     target: dict[str, object] = {"backend": backend, "arch": str(platform.get("arch", ""))}
     if backend in _WARP:
         target["warp_size"] = _WARP[backend]
-    cuda = manifest.key.get("software", {}).get("cuda_runtime")
-    if cuda:
-        target["cuda_version"] = str(cuda)
+    cuda = str(manifest.key.get("software", {}).get("cuda_runtime", ""))
+    if backend == "cuda" and cuda not in ("", "none"):
+        target["cuda_version"] = cuda
     return target
 
 
