@@ -227,3 +227,51 @@ def _files(root: Path) -> dict[str, bytes]:
         for p in sorted(root.rglob("*"))
         if p.is_file() and not p.is_symlink()
     }
+
+
+# KServe's option and variable names for the factors (pkg/kernelcache/identity/factors.go), to read the
+# example InferenceService the way its admission webhook reads a runtime container.
+_OPTIONS = {
+    "--tensor-parallel-size": ("option.tensorParallelSize", int),
+    "--max-model-len": ("option.maxModelLen", int),
+    "--dtype": ("option.dtype", str),
+    "--quantization": ("option.quantization", str),
+    "--kv-cache-dtype": ("option.kvCacheDtype", str),
+    "--block-size": ("option.blockSize", int),
+    "--max-num-batched-tokens": ("option.maxNumBatchedTokens", int),
+    "--max-num-seqs": ("option.maxNumSeqs", int),
+}
+_VARIABLES = ("VLLM_USE_AOT_COMPILE", "VLLM_USE_MEGA_AOT_ARTIFACT", "VLLM_USE_STANDALONE_COMPILE")
+
+
+def _kserve_factors(container: dict) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for arg in container.get("args", []):
+        name, _, value = arg.partition("=")
+        if name in _OPTIONS:
+            key, kind = _OPTIONS[name]
+            out[key] = str(int(value)) if kind is int else value.lower()
+    for variable in container.get("env", []):
+        if variable["name"] in _VARIABLES:
+            out[f"env.{variable['name']}"] = {"1": "true", "0": "false"}.get(variable["value"], variable["value"])
+    return out
+
+
+def test_the_kserve_example_names_the_images_factors_and_its_inferenceservice_passes_them(pushed):
+    import re
+
+    import yaml
+
+    _, image, _, _ = pushed
+    path = Path(__file__).parents[2] / "examples" / "kubernetes" / "kserve" / "kernel-cache.yaml"
+    cache, service = list(yaml.safe_load_all(path.read_text()))
+    assert (cache["apiVersion"], cache["kind"]) == ("serving.kserve.io/v1alpha1", "KernelCache")
+    artifact = cache["spec"]["artifact"]
+    assert re.fullmatch(r".+@sha256:[a-f0-9]{64}", artifact["imageReference"])
+    assert [p["ociPath"] for p in artifact["cachePaths"]] == ["io.vllm.cache"]
+    factors = dict(artifact["identity"]["factors"])
+    container = service["spec"]["predictor"]["containers"][0]
+    assert factors.pop("runtimeImage") == container["image"]
+    assert factors == image.factors == _kserve_factors(container)
+    root = next(v["value"] for v in container["env"] if v["name"] == "VLLM_CACHE_ROOT")
+    assert artifact["cachePaths"][0]["containerPath"] == root
