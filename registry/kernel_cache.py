@@ -4,8 +4,8 @@
     digest = push_image(image, "oci://HOST/REPO", "TAG")   with prebake's OCI client
 
 The layout is the "compat" variant of the GPU Kernel Cache Image Specification (GKM's
-mcv/docs/spec-compat.md, kept in kserve/kserve under kernelcache/mcv/; the revision read is pinned
-in docs/registries.md) with MCV's vLLM metadata (kernelcache/mcv/docs/vllm-binary-cache.md):
+mcv/docs/spec-compat.md, an older copy kept in kserve/kserve under kernelcache/mcv/; the revisions
+read are pinned in docs/registries.md) with MCV's vLLM metadata (kernelcache/mcv/docs/vllm-binary-cache.md):
 
     manifest   application/vnd.oci.image.manifest.v1+json, annotations
                  cache.vllm.image/variant = compat
@@ -15,7 +15,9 @@ in docs/registries.md) with MCV's vLLM metadata (kernelcache/mcv/docs/vllm-binar
                rootfs.diff_ids, and Labels
                  cache.vllm.image/entry-count       vLLM cache hash folders in the cache
                  cache.vllm.image/cache-size-bytes  bytes of every file under io.vllm.cache/
-                 cache.vllm.image/format            "binary" (artifacts are files) or "unpacked"
+                 cache.vllm.image/format            the formats present, comma-separated: "binary"
+                                                    (artifacts are files), "unpacked", "aot_compile"
+                                                    (torch_compile_cache/torch_aot_compile/)
                  cache.vllm.image/summary           {"targets": [{"backend", "arch", ...}]}: the
                                                     accelerator the graphs were compiled for
                  (and the factor labels, as in the manifest's annotations)
@@ -112,13 +114,13 @@ def build_image(
     footprint = None
     if runtime_image and model_uri:
         footprint = compatibility_footprint(runtime_image, model_uri, factors)
-    mcv = {"vllm": entries}
+    mcv = {"vllm": [{k: v for k, v in e.items() if k != "aot"} for e in entries]}
     size = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file() and not p.is_symlink())
-    formats = {b["cache_save_format"] for e in entries for b in e["binary"]}
+    formats = {"aot_compile" if e.get("aot") else b["cache_save_format"] for e in entries for b in e["binary"]}
     labels = {
         LABEL + "entry-count": str(len(entries)),
         LABEL + "cache-size-bytes": str(size),
-        LABEL + "format": "unpacked" if "unpacked" in formats else "binary",
+        LABEL + "format": ",".join(sorted(formats)),
         LABEL + "summary": json.dumps({"targets": [summary_target(manifest, entries)]}, separators=(",", ":")),
         **{FACTOR + k: v for k, v in factors.items()},
     }
@@ -241,7 +243,8 @@ def cache_entries(cache: Path) -> list[dict[str, Any]]:
             for prefix in prefixes:
                 binary.append(_binary_entry(rank.name, prefix))
         if binary:
-            entries.append({"vllmHash": folder.name, "cacheFormat": "binary", "binary": binary})
+            entry = {"vllmHash": folder.name, "cacheFormat": "binary", "binary": binary}
+            entries.append(entry | ({"aot": True} if folder.parent == aot else {}))
     return entries
 
 
