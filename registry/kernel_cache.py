@@ -55,8 +55,9 @@ import hashlib
 import io
 import json
 import os
+import posixpath
 import tarfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,12 @@ PREBAKE_DIR = "io.prebake.manifest"
 LABEL = "cache.vllm.image/"
 FACTOR = "org.prebake.kernelcache.factor."
 FOOTPRINT = "org.prebake.kernelcache.compatibility-footprint"
+CACHE_PATH = "org.prebake.kernelcache.cache-path"  # the VLLM_CACHE_ROOT the image's paths name
+RELOCATED = "org.prebake.kernelcache.relocated"  # files whose paths were rewritten for it (not as signed)
+DEFAULT_CACHE_PATH = "/root/.cache/vllm"  # where KServe puts the cache when the container sets no VLLM_CACHE_ROOT
+REPORT_FILE = "vllm.json"  # the graphs tree's bake report (prebake.engine.vllm.process.REPORT_FILE)
+HANDLES_FILE = "vllm_compile_cache.py"  # prebake.engine.vllm.portability.HANDLES_FILE
+GROUP_PREFIX = "__grp__"  # Triton's group files (prebake.engine.vllm.portability.GROUP_PREFIX)
 TREE_CACHE = "vllm-cache"  # the graphs tree's VLLM_CACHE_ROOT (prebake.engine.vllm.process.CACHE_DIR)
 INDUCTOR_DIR = "inductor_cache"  # Inductor's own cache in the root, where vLLM runs AOT compile off (CPU)
 _DTYPES = {"fp32": ("float32", None), "bf16": ("bfloat16", None), "fp16": ("float16", None), "fp8": ("bfloat16", "fp8")}
@@ -103,8 +110,10 @@ def build_image(
     *,
     runtime_image: str | None = None,
     model_uri: str | None = None,
+    cache_path: str = DEFAULT_CACHE_PATH,
 ) -> KernelCacheImage:
-    """The kernel-cache image of an installed vLLM graphs tree and its manifest (layer written under `scratch`)."""
+    """The kernel-cache image of an installed vLLM graphs tree and its manifest (layer written under
+    `scratch`), its absolute paths rewritten for a container whose VLLM_CACHE_ROOT is `cache_path`."""
     cache = tree / TREE_CACHE
     if manifest.kind != "graphs" or "vllm" not in manifest.key or not cache.is_dir():
         raise KernelCacheError(
@@ -123,21 +132,23 @@ def build_image(
     if runtime_image and model_uri:
         footprint = compatibility_footprint(runtime_image, model_uri, factors)
     mcv = {"vllm": [{k: v for k, v in e.items() if k != "aot"} for e in entries]}
-    size = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file() and not p.is_symlink())
     formats = {"aot_compile" if e.get("aot") else b["cache_save_format"] for e in entries for b in e["binary"]}
     formats |= {"inductor"} if inductor else set()
+    scratch.mkdir(parents=True, exist_ok=True)
+    layer = scratch / "layer.tar.gz"
+    relocate = Relocation(_baked_root(tree), cache_path.rstrip("/"))
+    diff_id, size = _write_layer(
+        layer, cache, json.dumps(mcv, indent=1, sort_keys=True).encode(), manifest.to_bytes(), relocate
+    )
     labels = {
         LABEL + "entry-count": str(len(entries)),
-        LABEL + "cache-size-bytes": str(size),
+        LABEL + "cache-size-bytes": str(size),  # the bytes of io.vllm.cache/'s files in the layer
         LABEL + "format": ",".join(sorted(formats)),
         LABEL + "summary": json.dumps({"targets": [summary_target(manifest, entries)]}, separators=(",", ":")),
         **{FACTOR + k: v for k, v in factors.items()},
     }
     if footprint:
         labels[FOOTPRINT] = footprint
-    scratch.mkdir(parents=True, exist_ok=True)
-    layer = scratch / "layer.tar.gz"
-    diff_id = _write_layer(layer, cache, json.dumps(mcv, indent=1, sort_keys=True).encode(), manifest.to_bytes())
     layer_ref = Blob(LAYER_TYPE, _file_sha256(layer), layer.stat().st_size)
     config = canonical(
         {
@@ -155,6 +166,8 @@ def build_image(
         "org.prebake.key-digest": manifest.key_digest,
         "org.opencontainers.image.title": f"vLLM kernel cache {manifest.labels.get('model', '')} {manifest.key_digest[:12]}",
         **{FACTOR + k: v for k, v in factors.items()},
+        CACHE_PATH: relocate.cache_path,
+        RELOCATED: str(relocate.rewritten),
     }
     if footprint:
         annotations[FOOTPRINT] = footprint
@@ -296,9 +309,55 @@ def _binary_entry(rank: str, prefix: Path) -> dict[str, object]:
     }
 
 
-def _write_layer(out: Path, cache: Path, mcv: bytes, prebake_manifest: bytes) -> str:
-    """Write the tar+gzip layer; the sha256 of the uncompressed tar (its diff_id)."""
-    digest = hashlib.sha256()
+@dataclass
+class Relocation:
+    """The absolute paths a vLLM cache root carries, rewritten from the bake's root to the container's
+    (as prebake.engine.vllm.portability.relocate does for a served copy): the standalone artifact
+    handles in vllm_compile_cache.py, and Triton's group files, which list their siblings by path."""
+
+    baked_root: str | None
+    cache_path: str
+    rewritten: int = 0
+
+    def __call__(self, rel: str, data: bytes) -> bytes:
+        name = rel.rsplit("/", 1)[-1]
+        if name == HANDLES_FILE and self.baked_root and self.baked_root != self.cache_path:
+            new = data.replace((self.baked_root + "/").encode(), (self.cache_path + "/").encode())
+        elif name.startswith(GROUP_PREFIX) and name.endswith(".json"):
+            new = self._group(rel, data)
+        else:
+            return data
+        self.rewritten += new != data
+        return new
+
+    def _group(self, rel: str, data: bytes) -> bytes:
+        try:
+            document = json.loads(data)
+            children = document["child_paths"]
+        except (ValueError, KeyError, TypeError):
+            return data  # not a group file Triton wrote: as it is
+        if not isinstance(children, dict):
+            return data
+        folder = posixpath.join(self.cache_path, posixpath.dirname(rel))
+        moved = {k: posixpath.join(folder, posixpath.basename(str(v))) for k, v in children.items()}
+        return json.dumps({**document, "child_paths": moved}).encode()
+
+
+def _baked_root(tree: Path) -> str | None:
+    """The cache root the bake ran vLLM with (vllm.json's site), which vLLM wrote into its handles."""
+    try:
+        root = json.loads((tree / REPORT_FILE).read_text())["site"]["cache_root"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return str(root).rstrip("/") if root else None
+
+
+def _write_layer(
+    out: Path, cache: Path, mcv: bytes, prebake_manifest: bytes, rewrite: Callable[[str, bytes], bytes]
+) -> tuple[str, int]:
+    """Write the tar+gzip layer; the sha256 of the uncompressed tar (its diff_id) and the bytes of the
+    cache's regular files in it."""
+    digest, size = hashlib.sha256(), 0
 
     class _Hashing(io.RawIOBase):
         def __init__(self, sink: gzip.GzipFile):
@@ -326,7 +385,14 @@ def _write_layer(out: Path, cache: Path, mcv: bytes, prebake_manifest: bytes) ->
                     tar.addfile(_info(rel + "/", tarfile.DIRTYPE, 0o755))
                 else:
                     info = _info(rel, tarfile.REGTYPE, 0o755 if os.access(path, os.X_OK) else 0o644)
+                    if path.name == HANDLES_FILE or path.name.startswith(GROUP_PREFIX):
+                        data = rewrite(path.relative_to(cache).as_posix(), path.read_bytes())
+                        info.size = len(data)
+                        size += info.size
+                        tar.addfile(info, io.BytesIO(data))
+                        continue
                     info.size = path.stat().st_size
+                    size += info.size
                     with path.open("rb") as f:
                         tar.addfile(info, f)
             for rel, data in (
@@ -336,7 +402,7 @@ def _write_layer(out: Path, cache: Path, mcv: bytes, prebake_manifest: bytes) ->
                 info = _info(rel, tarfile.REGTYPE, 0o644)
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
-    return "sha256:" + digest.hexdigest()
+    return "sha256:" + digest.hexdigest(), size
 
 
 def _info(name: str, kind: bytes, mode: int) -> tarfile.TarInfo:

@@ -47,6 +47,14 @@ def add(sub) -> None:
         "image also carries the compatibility footprint KServe computes for it",
     )
     kc.add_argument("--model-uri", metavar="URI", help="with --runtime-image: the InferenceService's storageUri")
+    kc.add_argument(
+        "--cache-path",
+        default="/root/.cache/vllm",
+        metavar="PATH",
+        help="the serving container's VLLM_CACHE_ROOT, where KServe links the cache (the KernelCache's "
+        "containerPath): the absolute paths vLLM wrote into the cache are rewritten to it (default: %(default)s, "
+        "KServe's fallback)",
+    )
     json_option(kc)
     kc.set_defaults(run=cmd_kernel_cache)
 
@@ -89,6 +97,7 @@ def cmd_kernel_cache(args: argparse.Namespace) -> int:
                 scratch,
                 runtime_image=args.runtime_image,
                 model_uri=args.model_uri,
+                cache_path=args.cache_path,
             )
             digest = push_image(image, address, tag)
         finally:

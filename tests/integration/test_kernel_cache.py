@@ -275,3 +275,40 @@ def test_the_kserve_example_names_the_images_factors_and_its_inferenceservice_pa
     assert factors == image.factors == _kserve_factors(container)
     root = next(v["value"] for v in container["env"] if v["name"] == "VLLM_CACHE_ROOT")
     assert artifact["cachePaths"][0]["containerPath"] == root
+
+
+def test_paths_vllm_wrote_into_the_cache_are_rewritten_for_the_containers_cache_root(baked, tmp_path):
+    """vLLM's standalone artifact handles and Triton's group files name the bake's cache root; the
+    image names the container's, as prebake's own serve rewrites them for its private copy."""
+    import tarfile
+
+    _, _, _, _, graphs = baked
+    tree = tmp_path / "tree"
+    shutil.copytree(graphs.installed.tree, tree)
+    baked_root = json.loads((tree / "vllm.json").read_text())["site"]["cache_root"]
+    prefix = next((tree / CACHE_DIR / "torch_compile_cache").iterdir()) / "rank_0_0" / "backbone"
+    (prefix / "vllm_compile_cache.py").write_text(repr({(1, 128): f"{baked_root}/torch_compile_cache/x/artifact"}))
+    kernels = tree / CACHE_DIR / "triton_cache" / "ABC"
+    kernels.mkdir(parents=True)
+    (kernels / "k.cubin").write_bytes(b"\0" * 10)
+    (kernels / "__grp__k.json").write_text(
+        json.dumps({"child_paths": {"k.cubin": f"{baked_root}/triton_cache/ABC/k.cubin"}})
+    )
+
+    image = build_image(tree, graphs.manifest, tmp_path / "image", cache_path="/srv/vllm/")
+
+    with tarfile.open(image.layer) as tar:
+        handles = tar.extractfile(
+            f"io.vllm.cache/{prefix.relative_to(tree / CACHE_DIR).as_posix()}/vllm_compile_cache.py"
+        )
+        group = tar.extractfile("io.vllm.cache/triton_cache/ABC/__grp__k.json")
+        assert handles is not None and group is not None
+        assert handles.read().decode() == repr({(1, 128): "/srv/vllm/torch_compile_cache/x/artifact"})
+        assert json.loads(group.read())["child_paths"] == {"k.cubin": "/srv/vllm/triton_cache/ABC/k.cubin"}
+        cached = sum(m.size for m in tar.getmembers() if m.isfile() and m.name.startswith("io.vllm.cache/"))
+    assert image.labels["cache.vllm.image/cache-size-bytes"] == str(cached)  # what MCV's extract counts
+    notes = json.loads(image.manifest)["annotations"]
+    assert (
+        notes["org.prebake.kernelcache.cache-path"] == "/srv/vllm"
+        and notes["org.prebake.kernelcache.relocated"] == "2"
+    )
