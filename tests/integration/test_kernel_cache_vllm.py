@@ -41,10 +41,12 @@ def test_vllm_starts_from_the_kernel_cache_image_linked_as_kserve_links_it_with_
     baked = home.doit("run", "bake", f"model={MODEL}", "precision=bf16")
     assert baked.returncode == 0, baked.stdout[-4000:] + baked.stderr[-4000:]
 
+    cache_root = tmp_path / "pod" / ".cache" / "vllm"  # the pod's VLLM_CACHE_ROOT (the KernelCache's containerPath)
     with oci_server(tmp_path / "server") as server:
         pushed = home.prebake(
             "kernel-cache", "--model", MODEL, "--precision", "bf16", "--to",
-            f"{server.address('team/vllm-cache')}:tiny", "--json", extra_env=server.env(),
+            f"{server.address('team/vllm-cache')}:tiny", "--cache-path", str(cache_root), "--json",
+            extra_env=server.env(),
         )  # fmt: skip
         assert pushed.returncode == 0, pushed.stderr
         report = json.loads(pushed.stdout)
@@ -59,7 +61,6 @@ def test_vllm_starts_from_the_kernel_cache_image_linked_as_kserve_links_it_with_
     volume = umoci_unpack(f"{layout}:kc", tmp_path / "volume")
 
     # The pod: a fresh cache root, the image's cache linked in file by file.
-    cache_root = tmp_path / "pod" / ".cache" / "vllm"
     cache_root.mkdir(parents=True)
     linked = subprocess.run(["cp", "-sr", f"{volume / 'io.vllm.cache'}/.", str(cache_root)], capture_output=True)
     assert linked.returncode == 0, linked.stderr
