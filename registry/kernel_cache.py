@@ -383,6 +383,8 @@ def _write_layer(
                     tar.addfile(info)
                 elif path.is_dir():
                     tar.addfile(_info(rel + "/", tarfile.DIRTYPE, 0o755))
+                elif _lock_file(path):
+                    continue  # see _lock_file
                 else:
                     info = _info(rel, tarfile.REGTYPE, 0o755 if os.access(path, os.X_OK) else 0o644)
                     if path.name == HANDLES_FILE or path.name.startswith(GROUP_PREFIX):
@@ -403,6 +405,13 @@ def _write_layer(
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
     return "sha256:" + digest.hexdigest(), size
+
+
+def _lock_file(path: Path) -> bool:
+    """An empty *.lock file (Inductor's inductor_cache/locks/): left out of the image. It holds
+    nothing, and linked in by `cp -sr` it cannot be opened: Inductor's file lock refuses a symbolic
+    link (ELOOP), so vLLM would fail to start; its folder stays, and Inductor makes the lock anew."""
+    return path.suffix == ".lock" and path.stat().st_size == 0
 
 
 def _info(name: str, kind: bytes, mode: int) -> tarfile.TarInfo:

@@ -279,7 +279,8 @@ def test_the_kserve_example_names_the_images_factors_and_its_inferenceservice_pa
 
 def test_paths_vllm_wrote_into_the_cache_are_rewritten_for_the_containers_cache_root(baked, tmp_path):
     """vLLM's standalone artifact handles and Triton's group files name the bake's cache root; the
-    image names the container's, as prebake's own serve rewrites them for its private copy."""
+    image names the container's, as prebake's own serve rewrites them for its private copy. Empty
+    lock files stay out (real vLLM on CPU failed to start on a linked one)."""
     import tarfile
 
     _, _, _, _, graphs = baked
@@ -295,6 +296,10 @@ def test_paths_vllm_wrote_into_the_cache_are_rewritten_for_the_containers_cache_
         json.dumps({"child_paths": {"k.cubin": f"{baked_root}/triton_cache/ABC/k.cubin"}})
     )
 
+    locks = tree / CACHE_DIR / "inductor_cache" / "locks"
+    locks.mkdir(parents=True)
+    (locks / "c73e.lock").touch()  # Inductor's: a symbolic link to it cannot be opened (ELOOP)
+
     image = build_image(tree, graphs.manifest, tmp_path / "image", cache_path="/srv/vllm/")
 
     with tarfile.open(image.layer) as tar:
@@ -306,9 +311,10 @@ def test_paths_vllm_wrote_into_the_cache_are_rewritten_for_the_containers_cache_
         assert handles.read().decode() == repr({(1, 128): "/srv/vllm/torch_compile_cache/x/artifact"})
         assert json.loads(group.read())["child_paths"] == {"k.cubin": "/srv/vllm/triton_cache/ABC/k.cubin"}
         cached = sum(m.size for m in tar.getmembers() if m.isfile() and m.name.startswith("io.vllm.cache/"))
+        names = tar.getnames()
+    assert "io.vllm.cache/inductor_cache/locks" in names and not [n for n in names if n.endswith(".lock")]
     assert image.labels["cache.vllm.image/cache-size-bytes"] == str(cached)  # what MCV's extract counts
     notes = json.loads(image.manifest)["annotations"]
     assert (
-        notes["org.prebake.kernelcache.cache-path"] == "/srv/vllm"
-        and notes["org.prebake.kernelcache.relocated"] == "2"
+        notes["org.prebake.kernelcache.cache-path"] == "/srv/vllm" and notes["org.prebake.kernelcache.relocated"] == "2"
     )
