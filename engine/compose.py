@@ -29,7 +29,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from prebake.artifacts.bake.bake_kind import Baked, Signer, bake_kind
+from prebake.artifacts.bake.bake_kind import Baked, ModelSign, Signer, bake_kind
 from prebake.artifacts.bake.fetch import WRITE_BACK_LABEL, Resolution, TrustCheck, record_resolution, resolve
 from prebake.artifacts.bake.kinds import HostFacts, TargetKeys, buildable_targets, target_keys
 from prebake.artifacts.bake.provenance import Attest
@@ -56,6 +56,7 @@ class Context:
     trust: TrustCheck | None = None
     sign: Signer | None = None
     attest: Attest | None = None  # the bake's provenance, sealed with the signing key
+    model_sign: ModelSign | None = None  # OpenSSF model signatures over each tree (PREBAKE_MODEL_SIGNING_KEY)
     given_registry: Registry | None = field(default=None, compare=False)  # tests: a registry double
     creating: bool = False  # a command that writes: a registry folder that is not there is created
     holds: ExitStack = field(default_factory=ExitStack, compare=False, repr=False)  # trees this command uses
@@ -86,6 +87,7 @@ class Context:
             trust=trust,
             sign=signer,
             attest=attester(signer, host),
+            model_sign=_model_signing(),
             creating=creating,
         )
 
@@ -158,7 +160,14 @@ class Context:
         """Build, publish and install one kind of one target, and say what happened."""
         started = time.monotonic()
         baked = bake_kind(
-            plan, kind, store=self.store, registry=self.registry, sign=self.sign, trust=self.trust, attest=self.attest
+            plan,
+            kind,
+            store=self.store,
+            registry=self.registry,
+            sign=self.sign,
+            trust=self.trust,
+            attest=self.attest,
+            model_sign=self.model_sign,
         )
         seconds = time.monotonic() - started
         print(
@@ -167,6 +176,14 @@ class Context:
             flush=True,
         )
         return baked
+
+
+def _model_signing() -> ModelSign | None:
+    """The OpenSSF model signer PREBAKE_MODEL_SIGNING_KEY names (registry.model_signatures), or None."""
+    from prebake.registry.trust.model_signatures import model_signer_from_env
+
+    signer = model_signer_from_env()
+    return None if signer is None else signer.sign
 
 
 def open_address(store: Store, registry: str | None = None, *, creating: bool = False) -> Registry:

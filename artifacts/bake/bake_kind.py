@@ -7,7 +7,9 @@
 With an `Attest` (prebake.artifacts.bake.provenance), the bake writes an in-toto Statement with the SLSA
 provenance v1 predicate for the blob, seals it in a DSSE envelope with the bake's key and
 publishes it beside the blob (prebake.artifacts.ports.registry.SideFiles) before the index entry that names
-the blob, so a reader that sees the entry can already read its provenance.
+the blob, so a reader that sees the entry can already read its provenance. With a `ModelSign`, the
+bake also signs the built tree as OpenSSF model signing does (prebake.registry.trust.model_signatures) and
+publishes that signature beside the blob the same way.
 
 The build is the kind's declared builder (prebake.artifacts.bake.kinds.Kind.build: buckets are pure Python,
 the engine adapters' autotune and graphs run in a child process), or one handed in (a write-back
@@ -27,6 +29,7 @@ import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from prebake import __version__
 from prebake.artifacts.bake.fetch import Miss, TrustCheck, fetch
@@ -39,6 +42,8 @@ from prebake.artifacts.ports.registry import Registry, SideFiles
 from prebake.artifacts.store.local import Installed, Store
 
 Signer = Callable[[Manifest], Manifest]
+ModelSign = Callable[[Path], bytes]  # a tree -> its OpenSSF model signature (registry.model_signatures)
+MODEL_SIGNATURE_SIDE_NAME = "model.sig"  # prebake.registry.trust.model_signatures.SIDE_NAME
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,7 @@ def bake_kind(
     build: Builder | None = None,
     attest: Attest | None = None,
     inputs: Mapping[str, Installed] | None = None,
+    model_sign: ModelSign | None = None,
 ) -> Baked:
     """Build `kind` for `plan` (with its declared builder, or `build`, on the upstream bundles
     `inputs` when given), publish it to `registry` and install it into `store`."""
@@ -92,6 +98,10 @@ def bake_kind(
             manifest = sign(manifest)
         if attest is not None:
             _publish_attestation(registry, manifest, plan, attest, started_at)
+        if model_sign is not None:
+            _side_files(registry, "an OpenSSF model signature", "PREBAKE_MODEL_SIGNING_KEY").put_side(
+                manifest.blob.digest, MODEL_SIGNATURE_SIDE_NAME, model_sign(tree)
+            )
         try:
             published = registry.publish(manifest, scratch / "payload.tar.zst")
             kept, created = published.manifest, published.created
@@ -112,15 +122,20 @@ def _publish_attestation(
     registry: Registry, manifest: Manifest, plan: TargetKeys, attest: Attest, started: dt.datetime
 ) -> None:
     """The signed provenance of `manifest`'s blob, beside the blob; one there already stands (created once)."""
-    if not isinstance(registry, SideFiles):
-        raise BuildError(
-            f"{registry.url} cannot keep an attestation beside the blob; publish to a folder, S3, Hub or OCI "
-            f"registry, or bake without a signing key"
-        )
+    side = _side_files(registry, "an attestation", "a signing key")
     document = statement(
         manifest, plan.recipe, plan.target, attest.context, started=started, finished=dt.datetime.now(dt.UTC)
     )
-    registry.put_side(manifest.blob.digest, SIDE_NAME, attest.seal(document))
+    side.put_side(manifest.blob.digest, SIDE_NAME, attest.seal(document))
+
+
+def _side_files(registry: Registry, what: str, without: str) -> SideFiles:
+    if not isinstance(registry, SideFiles):
+        raise BuildError(
+            f"{registry.url} cannot keep {what} beside the blob; publish to a folder, S3, Hub or OCI "
+            f"registry, or bake without {without}"
+        )
+    return registry
 
 
 def _check_adoptable(kept: Manifest, trust: TrustCheck | None, registry: Registry) -> None:

@@ -52,6 +52,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     from prebake.engine.common.builder import attester
     from prebake.engine.common.probe import current_host
     from prebake.registry import open_registry
+    from prebake.registry.trust.model_signatures import model_signer_from_env
     from prebake.registry.review.promote import promote
     from prebake.registry.review.writeback import quarantine_address
     from prebake.registry.trust.signing import SIGNING_KEY_ENV, signer_from_env
@@ -87,6 +88,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
         kind=args.kind,
         key_prefix=args.key,
         dry_run=args.dry_run,
+        model_sign=None if (model_signer := model_signer_from_env()) is None else model_signer.sign,
     )
     if args.json:
         print(json.dumps({"quarantine": incoming_address, "index": address,

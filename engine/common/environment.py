@@ -112,6 +112,24 @@ VARIABLES: tuple[Variable, ...] = (
         "The source commit a bake's provenance names (resolvedDependencies 'source').",
     ),
     Variable(
+        "PREBAKE_MODEL_SIGNING_KEY",
+        "read",
+        "unset (no model signatures)",
+        "Path of a PEM elliptic-curve private key (P-256/384/521): bakes also write an OpenSSF model signature (the model-signing package, `prebake[model-signing]`) over each bundle's tree, beside its blob as model.sig.",
+    ),
+    Variable(
+        "PREBAKE_MODEL_SIGNING_CERT",
+        "read",
+        "unset (key mode)",
+        "With PREBAKE_MODEL_SIGNING_KEY: the PEM signing certificate of that key; model signatures are then made in certificate mode.",
+    ),
+    Variable(
+        "PREBAKE_MODEL_SIGNING_CHAIN",
+        "read",
+        "unset",
+        "With PREBAKE_MODEL_SIGNING_CERT: the PEM certificates from it up to the root, separated by ':'.",
+    ),
+    Variable(
         "PREBAKE_POLICY",
         "read",
         "unset (PREBAKE_TRUSTED_KEYS decides)",

@@ -21,6 +21,7 @@ import datetime as dt
 import tempfile
 from dataclasses import dataclass
 
+from prebake.artifacts.bake.bake_kind import MODEL_SIGNATURE_SIDE_NAME, ModelSign
 from prebake.artifacts.bake.fetch import WRITE_BACK_LABEL, unreviewed
 from prebake.artifacts.bake.provenance import PROMOTE_TYPE, SIDE_NAME, Attest, BuildContext, statement
 from prebake.artifacts.bake.recipes import load_recipe, targets
@@ -51,15 +52,23 @@ def promote(
     kind: str | None = None,
     key_prefix: str = "",
     dry_run: bool = False,
+    model_sign: ModelSign | None = None,
 ) -> list[Promoted]:
-    """Review and promote every write-back in `incoming` (narrowed to a kind and key prefix) into `index`."""
+    """Review and promote every write-back in `incoming` (narrowed to a kind and key prefix) into `index`;
+    with `model_sign`, each reviewed tree also gets its OpenSSF model signature beside its blob."""
     entries = [m for m in incoming.list(kind) if m.key_digest.startswith(key_prefix)]
     entries.sort(key=lambda m: len(m.inputs))  # upstream kinds first
-    return [_promote_one(m, incoming, index, signer, attest, dry_run) for m in entries]
+    return [_promote_one(m, incoming, index, signer, attest, dry_run, model_sign) for m in entries]
 
 
 def _promote_one(
-    m: Manifest, incoming: Registry, index: Registry, signer: KeySigner, attest: Attest | None, dry_run: bool
+    m: Manifest,
+    incoming: Registry,
+    index: Registry,
+    signer: KeySigner,
+    attest: Attest | None,
+    dry_run: bool,
+    model_sign: ModelSign | None = None,
 ) -> Promoted:
     def out(outcome: str) -> Promoted:
         return Promoted(m.kind, m.key_digest, outcome)
@@ -71,7 +80,7 @@ def _promote_one(
     with tempfile.TemporaryDirectory(prefix="prebake-promote-") as scratch:
         store = Store(scratch)
         try:
-            store.install(m, incoming)  # the digest, then every file against the list
+            installed = store.install(m, incoming)  # the digest, then every file against the list
         except PrebakeError as exc:
             return out(f"refused: it does not verify: {exc}")
         if dry_run:
@@ -85,6 +94,8 @@ def _promote_one(
                     f"refused: its provenance cannot be written here ({exc}); promote on a builder with the recipe"
                 )
             index.put_side(reviewed.blob.digest, SIDE_NAME, attest.seal(document))
+        if model_sign is not None and isinstance(index, SideFiles):
+            index.put_side(reviewed.blob.digest, MODEL_SIGNATURE_SIDE_NAME, model_sign(installed.tree))
         try:
             published = index.publish(reviewed, store.blob_path(m.blob.digest))
         except PublishConflict as exc:

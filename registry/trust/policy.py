@@ -58,10 +58,16 @@ class FilePolicy:
     attestation: Callable[[Manifest], bytes | None] | None = None
     revoked: Revoked | None = None
     now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
+    model_signature: Callable[[Manifest], bytes | None] | None = None  # the model.sig side file
 
     def by(self, deadline: float) -> FilePolicy:
         """This policy with its registry reads ending by `deadline` (a time.monotonic() value)."""
-        return replace(self, attestation=bounded(self.attestation, deadline), revoked=bounded(self.revoked, deadline))
+        return replace(
+            self,
+            attestation=bounded(self.attestation, deadline),
+            revoked=bounded(self.revoked, deadline),
+            model_signature=bounded(self.model_signature, deadline),
+        )
 
     def __call__(self, manifest: Manifest) -> str | None:
         model = manifest.labels.get("model", "")
@@ -78,9 +84,14 @@ class FilePolicy:
     def _check(self, manifest: Manifest, rule: Rule) -> str | None:
         if rule.allow_unsigned:
             return None
-        signer = self._signer(manifest, rule)
+        signer = self._signer(manifest, rule) if rule.keys else ""
         if signer.startswith("!"):
             return signer[1:]
+        if rule.model_signing:
+            model_signer = self._model_signer(manifest, rule)
+            if model_signer.startswith("!"):
+                return model_signer[1:]
+            signer = signer or model_signer
         if self.revoked is not None and (why := self.revoked(manifest, signer)) is not None:
             return why
         if rule.max_age_days is not None and (why := self._too_old(manifest, rule.max_age_days)) is not None:
@@ -113,6 +124,31 @@ class FilePolicy:
             f"!signed by {signers}, and no signature verifies against the keys this rule trusts "
             f"({', '.join(rule.keys)}); sign with one of them, or add the key to the rule if you trust it"
         )
+
+    def _model_signer(self, manifest: Manifest, rule: Rule) -> str:
+        """The name of a model signing key of `rule` whose signature covers exactly the bundle's files; else "!why"."""
+        raw = None if self.model_signature is None else self.model_signature(manifest)
+        if raw is None:
+            return (
+                f"!it requires an OpenSSF model signature beside blob {manifest.blob.digest[:23]} by one of "
+                f"{', '.join(rule.model_signing)}, and there is none (or the registry did not give it within the "
+                f"time box); bake it with PREBAKE_MODEL_SIGNING_KEY set"
+            )
+        from prebake.registry.trust.model_signatures import Anchor, ModelSignatureError, check_signature  # model_signing
+
+        folder = Path(self.source).parent
+        anchors = [
+            Anchor(
+                name,
+                None if (k := self.policy.model_signing_keys[name]).public_key is None else folder / k.public_key,
+                tuple(folder / c for c in k.certificate_chain),
+            )
+            for name in rule.model_signing
+        ]
+        try:
+            return check_signature(raw, anchors, manifest)
+        except ModelSignatureError as exc:
+            return f"!its model signature is refused: {exc}"
 
     def _too_old(self, manifest: Manifest, days: float) -> str | None:
         created = _created(manifest)
@@ -167,18 +203,20 @@ class FilePolicy:
 
 @dataclass(frozen=True)
 class Attestations:
-    """A bundle's attestation: the store's copy, else the registry's (time-boxed), then kept in the store."""
+    """A bundle's side file (its attestation, or another `name`): the store's copy, else the
+    registry's (time-boxed), then kept in the store."""
 
     store_home: Path
     open_registry: Callable[[], Registry]
     timeout: float = ATTESTATION_TIMEOUT_S
     deadline: float | None = None  # the caller's registry time box, when it has one
+    name: str = SIDE_NAME
 
     def by(self, deadline: float) -> Attestations:
         return replace(self, deadline=deadline)
 
     def __call__(self, manifest: Manifest) -> bytes | None:
-        local = self.store_home / side_relpath(manifest.blob.digest, SIDE_NAME)
+        local = self.store_home / side_relpath(manifest.blob.digest, self.name)
         try:
             return fsutil.read_bounded(local, MAX_SIDE_FILE_BYTES)
         except FileNotFoundError:
@@ -192,7 +230,7 @@ class Attestations:
 
     def _from_registry(self, digest: str) -> bytes | None:
         registry = self.open_registry()
-        return registry.get_side(digest, SIDE_NAME) if isinstance(registry, SideFiles) else None
+        return registry.get_side(digest, self.name) if isinstance(registry, SideFiles) else None
 
 
 def trust_in_force(
@@ -219,7 +257,14 @@ def trust_in_force(
             if store_home is None or open_registry is None:
                 raise PolicyError(f"policy {path} names a revocation list, and this command cannot read one")
             revoked = Revocations(policy, address, store_home, open_registry)
-        return FilePolicy(policy, path, address, host_versions or {}, attestation, revoked)
+        model_signature = None
+        if policy.model_signing_keys and store_home is not None and open_registry is not None:
+            from prebake.registry.trust.model_signatures import SIDE_NAME as MODEL_SIGNATURE
+
+            model_signature = Attestations(store_home, open_registry, name=MODEL_SIGNATURE)
+        return FilePolicy(
+            policy, path, address, host_versions or {}, attestation, revoked, model_signature=model_signature
+        )
     if not warn and not env.get(TRUSTED_KEYS_ENV, "").strip():
         return None
     return trust_from_env(env)

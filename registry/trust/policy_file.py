@@ -26,6 +26,14 @@ A TOML file (PREBAKE_POLICY=FILE at fetch and serve, `prebake verify --policy FI
     registry = "file://"                    # a local folder: unsigned bundles allowed, said so here
     allow_unsigned = true
 
+    [model_signing_keys.models-team]        # an OpenSSF model signing key (registry.model_signatures)
+    public_key = "models-team.pub"          # a PEM public key (relative: to this file's folder) ...
+    # certificate_chain = ["ca.pem"]        # ... or the certificates a signing certificate leads to
+
+    [[rules]]
+    model = "llama3-*"
+    model_signing = ["models-team"]         # accept a bundle on a model signature over its files
+
     [revocation]                            # a signed revocation list in the registry (registry.revocation)
     keys = ["revoker"]                      # who may sign it
     on_unreadable = "fail-closed"           # or "fail-open": when it cannot be read, refuse or carry on
@@ -37,7 +45,9 @@ A TOML file (PREBAKE_POLICY=FILE at fetch and serve, `prebake verify --policy FI
 
 `builders` (or `dependencies`, or `require_provenance = true`) makes the rule require the
 bundle's provenance attestation (prebake.artifacts.bake.provenance), sealed by one of the rule's keys,
-whose subject is the bundle's blob. Every refusal names the policy file and the rule.
+whose subject is the bundle's blob. `model_signing` makes the rule require an OpenSSF model signature
+(the `model.sig` side file beside the blob) by one of those model signing keys over exactly the
+bundle's files; with `keys` too, both signatures are required. Every refusal names the policy file and the rule.
 Unknown fields are errors, so a typo never silently widens a policy.
 """
 
@@ -96,10 +106,25 @@ class KeyEntry(_Frozen):
         return f"{start} .. {end}"
 
 
+class ModelSigningKey(_Frozen):
+    """An OpenSSF model signing trust anchor: a PEM public key, or a certificate chain (PEM files;
+    relative paths are read from the policy file's folder)."""
+
+    public_key: str | None = None
+    certificate_chain: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _one_of(self) -> ModelSigningKey:
+        if (self.public_key is None) == (not self.certificate_chain):
+            raise ValueError("a model signing key gives either public_key or certificate_chain, not both or neither")
+        return self
+
+
 class Rule(_Frozen):
     registry: str = "*"
     model: str = "*"
     keys: tuple[str, ...] = ()
+    model_signing: tuple[str, ...] = ()
     allow_unsigned: bool = False
     builders: tuple[str, ...] = ()
     require_provenance: bool = False
@@ -122,12 +147,17 @@ class Rule(_Frozen):
 
     @model_validator(mode="after")
     def _says_who(self) -> Rule:
-        if not self.keys and not self.allow_unsigned:
-            raise ValueError("a rule names the keys that may sign (keys = [...]) or says allow_unsigned = true")
-        if self.allow_unsigned and self.needs_provenance:
+        if not self.keys and not self.model_signing and not self.allow_unsigned:
             raise ValueError(
-                "a rule that allows unsigned bundles cannot also require provenance (builders, dependencies)"
+                "a rule names the keys that may sign (keys = [...], model_signing = [...]) or says allow_unsigned = true"
             )
+        if self.allow_unsigned and (self.needs_provenance or self.model_signing):
+            raise ValueError(
+                "a rule that allows unsigned bundles cannot also require provenance (builders, dependencies) "
+                "or a model signature (model_signing)"
+            )
+        if self.needs_provenance and not self.keys:
+            raise ValueError("a rule that requires provenance names the keys that seal it (keys = [...])")
         return self
 
     @property
@@ -158,6 +188,7 @@ class Quarantine(_Frozen):
 class PolicyFile(_Frozen):
     version: Literal[1] = 1
     keys: dict[str, KeyEntry] = {}
+    model_signing_keys: dict[str, ModelSigningKey] = {}
     rules: tuple[Rule, ...] = Field(min_length=1)
     revocation: Revocation | None = None
     quarantine: Quarantine = Quarantine()
@@ -173,6 +204,14 @@ class PolicyFile(_Frozen):
             if key not in self.keys:
                 known = ", ".join(self.keys) or "none"
                 raise ValueError(f"{where} names key {key!r}, which [keys] does not define (defined: {known})")
+        for i, rule in enumerate(self.rules):
+            for key in rule.model_signing:
+                if key not in self.model_signing_keys:
+                    known = ", ".join(self.model_signing_keys) or "none"
+                    raise ValueError(
+                        f"rules[{i}] names model signing key {key!r}, which [model_signing_keys] does not define "
+                        f"(defined: {known})"
+                    )
         return self
 
     def rule_for(self, address: str, model: str) -> tuple[int, Rule] | None:

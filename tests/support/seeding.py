@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from prebake.artifacts.bake.bake_kind import Signer, bake_kind
+from prebake.artifacts.bake.bake_kind import ModelSign, Signer, bake_kind
 from prebake.artifacts.bake.kinds import BuildRequest, TargetKeys
 from prebake.artifacts.bake.provenance import Attest
 from prebake.artifacts.bake.recipes import load_recipe
@@ -34,6 +34,7 @@ def seed(
     sign: Signer | None = None,
     build: str = "first",
     attest: Attest | None = None,
+    model_sign: ModelSign | None = None,
 ) -> dict:
     """Publish every kind of `plan` into the folder registry `registry`; manifests by kind."""
     opened = open_registry(str(registry))
@@ -42,7 +43,9 @@ def seed(
     for kind in plan.kinds.names:
         declared = plan.kinds[kind]
         builder = None if kind == "buckets" else _outputs_of(declared.outputs, build)
-        baked = bake_kind(plan, kind, store=store, registry=opened, sign=sign, build=builder, attest=attest)
+        baked = bake_kind(
+            plan, kind, store=store, registry=opened, sign=sign, build=builder, attest=attest, model_sign=model_sign
+        )
         out[kind] = baked.manifest
     return out
 

@@ -536,9 +536,22 @@ def test_by_default_vllm_write_back_lands_in_quarantine_and_serves_others_only_o
     assert {m.key.kind for m in other_pod.misses} == {"buckets", "autotune", "graphs"}
 
     private, _public = write_keypair("builder", tmp_path / "keys")
-    results = promote(incoming, registry, signer=KeySigner("builder", load_private_key(private)), attest=None)
+    from prebake.registry.trust.model_signatures import SIDE_NAME, Anchor, ModelSigner, check_signature
+    from tests.integration.test_model_signing import ec_keypair
+
+    models_key, models_pub, _ = ec_keypair(tmp_path / "models", "models")
+    results = promote(
+        incoming,
+        registry,
+        signer=KeySigner("builder", load_private_key(private)),
+        attest=None,
+        model_sign=ModelSigner(models_key).sign,
+    )
     assert [r.outcome for r in results] == ["promoted"] * 3, results
     assert all(m.signatures[0].signer == "builder" and "writeback" not in m.labels for m in registry.list())
+    for m in registry.list():  # each reviewed tree carries its OpenSSF model signature too
+        signature = registry.get_side(m.blob.digest, SIDE_NAME)
+        assert signature is not None and check_signature(signature, [Anchor("models", models_pub)], m) == "models"
     assert list(incoming.list()) == []  # moved out of the quarantine's index
     warm = _prepare(folder_model_recipe, Store(tmp_path / "home3"), registry, host, monkeypatch, tmp_path)
     assert warm.misses == ()

@@ -87,6 +87,7 @@ REPORTS = {
     "stats": ["stats"],
     "revoke": ["revoke"],  # no signing key: a JSON error
     "promote": ["promote", "--list"],
+    "kernel-cache": ["kernel-cache", "--model", "tiny-llama", "--to", "oci://127.0.0.1:9/team/kc:t"],  # a JSON error
 }
 
 
