@@ -52,9 +52,9 @@ def cmd_promote(args: argparse.Namespace) -> int:
     from prebake.engine.common.builder import attester
     from prebake.engine.common.probe import current_host
     from prebake.registry import open_registry
-    from prebake.registry.trust.model_signatures import model_signer_from_env
     from prebake.registry.review.promote import promote
     from prebake.registry.review.writeback import quarantine_address
+    from prebake.registry.trust.model_signatures import model_signer_from_env
     from prebake.registry.trust.signing import SIGNING_KEY_ENV, signer_from_env
 
     address = Store().registry_address(args.registry)

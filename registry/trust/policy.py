@@ -134,7 +134,11 @@ class FilePolicy:
                 f"{', '.join(rule.model_signing)}, and there is none (or the registry did not give it within the "
                 f"time box); bake it with PREBAKE_MODEL_SIGNING_KEY set"
             )
-        from prebake.registry.trust.model_signatures import Anchor, ModelSignatureError, check_signature  # model_signing
+        from prebake.registry.trust.model_signatures import (  # model_signing
+            Anchor,
+            ModelSignatureError,
+            check_signature,
+        )
 
         folder = Path(self.source).parent
         anchors = [
