@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from prebake.artifacts.bake import fetch
 from prebake.artifacts.bake.fetch import Found, Miss, Resolution, record_resolution
 from prebake.artifacts.bake.kinds import BUCKETS_FILE, Builder, BuildRequest, TargetKeys
-from prebake.artifacts.bake.recipes import PRECOMPILE, Recipe, load_recipe
+from prebake.artifacts.bake.recipes import PRECOMPILE, Recipe
 from prebake.artifacts.buckets.artifact import BucketSet
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.errors import ExitCode, PrebakeError, StoreError
@@ -54,7 +54,7 @@ from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE
 from prebake.engine.bundled.runtime.metrics import Metrics
 from prebake.engine.bundled.runtime.shapes import StepShape, step_shapes
 from prebake.engine.bundled.runtime.torch_import import Imports
-from prebake.engine.common.adapter import OpenServices, Services
+from prebake.engine.common.adapter import OpenServices, Services, StartRequest, plan_to_start
 from prebake.engine.common.mounted import check_mounted, parse_mounts
 from prebake.engine.common.write_back import WrittenBack, write_back
 
@@ -189,7 +189,7 @@ def _start_all(
         context = open_services()
         s.detail = context.host.platform.describe()
     with log.step("keys") as s:
-        plan = context.pick_plan(load_recipe(settings.model), dtype=settings.precision, tp=settings.tp)
+        plan = plan_to_start(StartRequest(settings.model, settings.precision, settings.tp), context)
         compiled = context.adapter(plan).fallback_kind
         kinds = tuple(k for k in plan.kinds.names if not (settings.eager and k == compiled))
         s.detail = f"{plan.target.name} " + ", ".join(f"{k} {plan.key(k).digest[:12]}" for k in kinds)

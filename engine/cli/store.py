@@ -12,7 +12,7 @@ import json
 from prebake.artifacts.errors import ExitCode
 from prebake.artifacts.store import admin as store_admin
 from prebake.artifacts.store.local import DEFAULT_MAX_BYTES, Store, parse_size
-from prebake.engine.adapters import KIND_NAMES
+from prebake.engine.adapters import kind_names
 from prebake.engine.cli.common import (
     Formatter,
     StoreUse,
@@ -77,7 +77,7 @@ def add(sub) -> None:
         reads_with("dry_run"),
     )
     rm.add_argument("selector", help="a model name (all its bundles), or a key or blob digest prefix (4+ hex digits)")
-    rm.add_argument("--kind", choices=KIND_NAMES, help="only bundles of this artifact kind (default: every kind)")
+    rm.add_argument("--kind", choices=kind_names(), help="only bundles of this artifact kind (default: every kind)")
     rm.add_argument("--dry-run", action="store_true", help="remove nothing; show what would go")
     json_option(rm)
     rm.set_defaults(run=cmd_store_rm)

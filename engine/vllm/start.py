@@ -21,15 +21,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from prebake.artifacts.bake.fetch import Miss, miss_advice, miss_exit_code
 from prebake.artifacts.bake.kinds import Builder, BuildRequest, TargetKeys
-from prebake.artifacts.bake.recipes import load_recipe
 from prebake.artifacts.errors import RecipeError
 from prebake.artifacts.store.local import Installed
 from prebake.artifacts.store.stats import record_fallback
 from prebake.engine.common import write_back as publishing
-from prebake.engine.common.adapter import EngineStartError, Services, StartRequest
+from prebake.engine.common.adapter import EngineStartError, Services, StartRequest, plan_to_start
 from prebake.engine.common.mounted import resolve_with_mounts
 from prebake.engine.vllm import gaudi
 from prebake.engine.vllm import portability as vllm_portability
@@ -71,7 +71,6 @@ _RECIPE_FLAGS = (
 )
 
 Emit = Callable[[str], None]
-VLLM = "vllm"  # the recipe engine this start serves (prebake.engine.vllm.adapter.VllmAdapter.name)
 
 
 @dataclass(frozen=True)
@@ -91,23 +90,36 @@ class Prepared:
         return {k: v for k, v in base.items() if k not in REDIRECTS} | self.variables
 
 
+@dataclass(frozen=True)
+class _Options:
+    """vLLM's start options (StartRequest.options, checked by the adapter against OPTIONS)."""
+
+    cache_root: Path | None = None  # where this vLLM's writable cache copy goes
+    engine_args: tuple[str, ...] = ()  # `vllm serve` flags after --
+    force_aot_load: bool = False  # strict loading (VLLM_FORCE_AOT_LOAD=1)
+
+    @classmethod
+    def of(cls, request: StartRequest) -> _Options:
+        given = request.options
+        root = given.get("cache_root")
+        return cls(
+            cache_root=Path(str(root)) if root is not None else None,
+            engine_args=tuple(str(a) for a in cast(Sequence[object], given.get("engine_args", ()))),
+            force_aot_load=bool(given.get("force_aot_load", False)),
+        )
+
+
 def prepare(request: StartRequest, context: Services) -> Prepared:
     """Resolve the recipe's bundles on this host and lay out a private cache root for one vLLM."""
-    recipe = load_recipe(request.model)
-    plan = context.pick_plan(recipe, dtype=request.precision, tp=request.tp)
-    adapter = context.adapter(plan)
-    if adapter.name != VLLM:
-        raise RecipeError(
-            f"recipe {recipe.model.name} is served by engine {adapter.name!r}; --engine vllm "
-            f"needs a recipe with engine = 'vllm', such as tiny-llama-vllm"
-        )
+    plan = plan_to_start(request, context)
+    recipe, adapter, options = plan.recipe, context.adapter(plan), _Options.of(request)
     # the trees are held for the command's life (Context.holds): until vLLM is exec'd or has exited
     resolution = resolve_with_mounts(plan, request, context)
     home = context.store.home
-    given = Path(os.path.abspath(request.cache_root.expanduser())) if request.cache_root else None  # vLLM's cwd differs
+    given = Path(os.path.abspath(options.cache_root.expanduser())) if options.cache_root else None  # vLLM's cwd differs
     cache_root = given or home / "engines" / "vllm" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     variables = adapter.serve_environment(plan, resolution.installed, cache_root)
-    if request.force_aot_load:
+    if options.force_aot_load:
         if not aot_compile_on(recipe, plan.target):
             raise RecipeError(
                 f"--force-aot-load: vLLM serves {plan.target.name} with its AOT compile off "
@@ -121,7 +133,7 @@ def prepare(request: StartRequest, context: Services) -> Prepared:
     notes = (
         resolution.notes
         + portable.notes
-        + _notes(request, resolution.installed.get("graphs"), variables, cache_root, plan)
+        + _notes(options, resolution.installed.get("graphs"), variables, cache_root, plan)
     )
     location = model_location(recipe, home / "models")
     argv = (
@@ -129,8 +141,8 @@ def prepare(request: StartRequest, context: Services) -> Prepared:
         "--model",
         location.name,
         *engine_flags(recipe, plan.target),
-        *_listen_flags(request),
-        *request.engine_args,
+        *_listen_flags(request, options),
+        *options.engine_args,
     )
     return Prepared(plan, resolution.installed, resolution.misses, cache_root, variables, argv, location.cwd, notes)
 
@@ -144,20 +156,20 @@ def _portable(graphs: Installed | None, cache_root: Path, variables: dict[str, s
     return vllm_portability.prepare_root(read_report(graphs.tree), cache_root / CACHE_DIR, env, python)
 
 
-def _listen_flags(request: StartRequest) -> list[str]:
+def _listen_flags(request: StartRequest, options: _Options) -> list[str]:
     flags = []
-    if request.host is not None and "--host" not in request.engine_args:
+    if request.host is not None and "--host" not in options.engine_args:
         flags += ["--host", request.host]
-    if request.port is not None and "--port" not in request.engine_args:
+    if request.port is not None and "--port" not in options.engine_args:
         flags += ["--port", str(request.port)]
     return flags
 
 
 def _notes(
-    request: StartRequest, graphs: Installed | None, variables: dict[str, str], root: Path, plan: TargetKeys
+    options: _Options, graphs: Installed | None, variables: dict[str, str], root: Path, plan: TargetKeys
 ) -> tuple[str, ...]:
     notes = []
-    overridden = sorted({a.split("=", 1)[0] for a in request.engine_args} & set(_RECIPE_FLAGS))
+    overridden = sorted({a.split("=", 1)[0] for a in options.engine_args} & set(_RECIPE_FLAGS))
     if overridden:
         notes.append(
             f"vLLM flags {overridden} override the recipe's; vLLM keys its cache on them, so the baked "
