@@ -24,13 +24,15 @@ from prebake.engine.fleet.profiles import host_profile, load_profiles, render_to
 from prebake.registry.file import FileRegistry
 from tests.support.fleet import fill_registry, write_entry
 
+NO_ENGINE_PACKAGES = (("vllm", None), ("vllm_gaudi", None))  # the vLLM adapter's, not installed
+
 H100 = Host(
     Platform("cuda", "sm_90", "NVIDIA H100 80GB HBM3", 8, ("avx2", "avx512")),
-    Software("3.11", "2.13.0+cu128", "3.6.0", None, None, "12.8", "570.124.06"),
+    Software("3.11", "2.13.0+cu128", "3.6.0", None, "12.8", "570.124.06", packages=NO_ENGINE_PACKAGES),
 )
 OLD_GPU = Host(
     Platform("cuda", "sm_80", "NVIDIA A100", 8, ("avx2",)),
-    Software("3.11", "2.13.0+cu128", "3.6.0", None, None, "12.8", "570.124.06"),
+    Software("3.11", "2.13.0+cu128", "3.6.0", None, "12.8", "570.124.06", packages=NO_ENGINE_PACKAGES),
 )
 
 
@@ -88,7 +90,9 @@ def test_present_only_when_the_exact_key_is_in_the_registry(tmp_path):
     fleet = _plan(recipe, [Profile("h100", H100)], present)
     assert fleet.find(target.name).status == PRESENT
     assert len(fleet.missing()) == 23
-    other_driver = Host(H100.platform, Software("3.11", "2.13.0+cu128", "3.6.0", None, None, "12.8", "580.1"))
+    other_driver = Host(
+        H100.platform, Software("3.11", "2.13.0+cu128", "3.6.0", None, "12.8", "580.1", packages=NO_ENGINE_PACKAGES)
+    )
     assert _plan(recipe, [Profile("h100-new", other_driver)], present).find(target.name).status == MISSING
 
 
