@@ -114,7 +114,7 @@ _RENAMED_VARIANTS = {"aoti": PRECOMPILE}
 class CompileOptions(Frozen):
     mode: Literal["default", "max-autotune-no-cudagraphs"] = "default"
     freezing: bool = Field(default=False, description="fold weights into graphs: the weights join the key")
-    variant: Literal["inductor-cache", "dynamo-precompile"] = PRECOMPILE
+    variant: Literal["inductor-cache", "dynamo-precompile"] | None = None  # None: the engine's default (variant_or)
 
     @field_validator("variant", mode="before")
     @classmethod
@@ -133,7 +133,7 @@ class CompileOptions(Frozen):
 
     def variant_or(self, default: str) -> str:
         """The variant the recipe names, else the engine's `default`."""
-        return self.variant if "variant" in self.model_fields_set else default
+        return self.variant or default
 
 
 class AutotuneSpec(Frozen):

@@ -347,7 +347,9 @@ def _warm(
             env = context.adapter(plan).serve_environment(plan, installed, run_dir)
             cache_layout.activate(env)
             trees["graphs"] = Path(env[cache_layout.GRAPHS_ENV])
-            s.detail = f"{len(shapes)} step shapes, graphs ({recipe.compile.variant}) in {trees['graphs']}"
+            s.detail = (
+                f"{len(shapes)} step shapes, graphs ({recipe.compile.variant_or(PRECOMPILE)}) in {trees['graphs']}"
+            )
             from prebake.engine.bundled.runtime.inductor_init import InductorInit  # on a thread, while the weights load
 
             init = InductorInit.start(torch_import)
@@ -375,7 +377,7 @@ def _warm(
 
             steps = compile_graphs(model, cache, recipe, schedule, trees["graphs"], log=log.note)
             log.metrics.add("prebake_fallback_compiles_total", kind="graphs")
-            s.detail = f"{len(shapes)} step shapes compiled in place ({recipe.compile.variant})"
+            s.detail = f"{len(shapes)} step shapes compiled in place ({recipe.compile.variant_or(PRECOMPILE)})"
         record_fallback(context.store, "graphs", log.seconds.get("compile"))
     return Engine(plan, steps, buckets, schedule, run_dir, context.store, tuple(built))
 
@@ -400,7 +402,7 @@ def _load_steps(
     precompiled = False
     if settings.eager:
         steps = CompiledSteps(model, cache, compile=False)
-    elif recipe.compile.variant == PRECOMPILE:
+    elif recipe.compile.variant_or(PRECOMPILE) == PRECOMPILE:
         from prebake.engine.bundled.runtime import precompile
 
         if graphs_tree is None:
@@ -426,7 +428,7 @@ def _load_steps(
         log.metrics.set("prebake_startup_part_seconds", round(took, 6), part=part)
     log.note("warm-up by part: " + ", ".join(f"{p} {t:.2f} s" for p, t in parts.items()))
     detail = f"{len(schedule)} step shapes " + (
-        "eager" if settings.eager else f"from the bundle ({recipe.compile.variant})"
+        "eager" if settings.eager else f"from the bundle ({recipe.compile.variant_or(PRECOMPILE)})"
     )
     if not settings.eager and not precompiled:
         from torch._dynamo.utils import counters

@@ -188,7 +188,7 @@ def test_gaudi_bake_packs_the_recipes_and_a_server_reuses_a_local_copy(tmp_path,
         baked = bake_kind(plan, kind, store=Store(tmp_path / "baker"), registry=registry)
     recipes_baked = [f.path for f in baked.manifest.files if f.path.startswith("hpu-recipes/")]
     served = prepare(
-        StartRequest(model="tiny-llama-vllm", precision="bf16"),
+        StartRequest(model="tiny-llama-vllm", engine="vllm", precision="bf16"),
         Context(Store(tmp_path / "server"), host, registry.url, given_registry=registry),
     )
     path, delete, _ = gaudi.parse_recipe_cache_config(served.variables["PT_HPU_RECIPE_CACHE_CONFIG"])
