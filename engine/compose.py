@@ -4,6 +4,9 @@ signer and the host probe, for the CLI, dodo.py and both serve paths.
     Context.open(registry=None)      everything a command needs, from the environment
     Context.for_baking(registry)     the same, for a command that writes (a missing folder is created)
     open_address(store, registry)    just the registry of an address (ls, verify)
+    trust_for(store, address, ...)   the one assembly of the trust policy in force (serve, fetch,
+                                     bake, verify, gc)
+    context.quarantine()             the registry's quarantine namespace (promote)
     context.plans(recipe, ...)       the recipe's targets this host builds, each with its kind table
     context.pick_plan(recipe, ...)   the one target to serve
     context.registry                 the registry, opened on first use
@@ -23,17 +26,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from prebake.artifacts.bake.bake_kind import Baked, Signer, bake_kind
+from prebake.artifacts.bake.bake_kind import Baked, bake_kind
 from prebake.artifacts.bake.fetch import WRITE_BACK_LABEL, Resolution, TrustCheck, record_resolution, resolve
 from prebake.artifacts.bake.kinds import HostFacts, TargetKeys, buildable_targets, target_keys
 from prebake.artifacts.bake.provenance import Attest
 from prebake.artifacts.bake.recipes import Recipe
+from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.ports.registry import Registry
 from prebake.artifacts.store.local import Store
 from prebake.engine.adapters import adapter_for, kinds_for
@@ -42,8 +47,8 @@ from prebake.engine.common.builder import attester, host_versions
 from prebake.engine.common.probe import Host, current_host
 from prebake.registry import open_registry
 from prebake.registry.policy import trust_in_force
-from prebake.registry.signing import signer_from_env
-from prebake.registry.writeback import WriteBackTarget, write_back_target
+from prebake.registry.signing import SIGNING_KEY_ENV, KeySigner, signer_from_env
+from prebake.registry.writeback import WriteBackTarget, quarantine_address, write_back_target
 
 
 @dataclass(frozen=True)
@@ -54,7 +59,7 @@ class Context:
     host: Host
     address: str
     trust: TrustCheck | None = None
-    sign: Signer | None = None
+    sign: KeySigner | None = None  # a Signer (bundles), with its key for statements and lists
     attest: Attest | None = None  # the bake's provenance, sealed with the signing key
     given_registry: Registry | None = field(default=None, compare=False)  # tests: a registry double
     creating: bool = False  # a command that writes: a registry folder that is not there is created
@@ -68,17 +73,17 @@ class Context:
         store: Store | None = None,
         host: Host | None = None,
         creating: bool = False,
+        trusting: bool = True,
+        signing_key: str | None = None,
     ) -> Context:
+        """`trusting=False`: a command that installs nothing (promote, revoke) and needs no policy;
+        `signing_key`: a key file that stands in for PREBAKE_SIGNING_KEY (revoke --signing-key)."""
         store = store or Store()
         host = host or current_host()
-        signer = signer_from_env()
+        signer = signer_from_env({**os.environ, SIGNING_KEY_ENV: signing_key} if signing_key else os.environ)
         address = store.registry_address(registry)
-        trust = trust_in_force(
-            address=address,
-            host_versions=host_versions(host),
-            store_home=store.home,
-            open_registry=functools.cache(lambda: open_registry(address)),
-        )
+        opened = functools.cache(lambda: open_registry(address))
+        trust = trust_for(store, address, host=host, open_registry=opened) if trusting else None
         return cls(
             store=store,
             host=host,
@@ -104,6 +109,11 @@ class Context:
     def write_back_registry(self) -> Registry:
         target = self.write_back
         return self.registry if not target.quarantined else open_registry(target.address)
+
+    def quarantine(self) -> tuple[str, Registry]:
+        """The address and registry of this registry's quarantine namespace (registry/writeback.py)."""
+        address = quarantine_address(self.address)
+        return address, open_registry(address)
 
     def write_back_plan(self, plan: TargetKeys) -> TargetKeys:
         """`plan` whose bundles say they await review, when write-back goes to quarantine."""
@@ -167,6 +177,30 @@ class Context:
             flush=True,
         )
         return baked
+
+
+def trust_for(
+    store: Store,
+    address: str,
+    *,
+    host: Host | None = None,
+    env: Mapping[str, str] = os.environ,
+    warn: bool = True,
+    open_registry: Callable[[], Registry] | None = None,
+    attestation: Callable[[Manifest], bytes | None] | None = None,
+) -> TrustCheck | None:
+    """The trust policy in force for `address` (registry/policy.py: PREBAKE_POLICY, else
+    PREBAKE_TRUSTED_KEYS, else none), its "host" constraints checked against `host`'s versions, its
+    attestations and revocation list read through `store` from `open_registry`."""
+    return trust_in_force(
+        env,
+        warn=warn,
+        address=address,
+        host_versions=host_versions(host) if host is not None else None,
+        store_home=store.home,
+        open_registry=open_registry,
+        attestation=attestation,
+    )
 
 
 def open_address(store: Store, registry: str | None = None, *, creating: bool = False) -> Registry:

@@ -23,7 +23,6 @@ from prebake.engine.cli.common import (
     table,
     writes_with,
 )
-from prebake.registry.policy import trust_in_force
 
 
 def add(sub) -> None:
@@ -201,12 +200,11 @@ def cmd_store_rm(args: argparse.Namespace) -> int:
 
 def _trust(store: Store):
     """The policy in force for gc: the store's own copies of attestations and revocation list first."""
+    from prebake.engine.compose import trust_for
     from prebake.registry import open_registry
 
     address = store.registry_address()
-    return trust_in_force(
-        warn=False, address=address, store_home=store.home, open_registry=lambda: open_registry(address)
-    )
+    return trust_for(store, address, warn=False, open_registry=lambda: open_registry(address))
 
 
 def _show(args: argparse.Namespace, report) -> None:
