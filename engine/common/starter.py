@@ -3,7 +3,7 @@ miss policy, write-back and exec, the same for every such engine; the adapter gi
 differs (the anchor is vLLM's CompilerInterface: the framework owns the cache, the backend the
 compile), as an `EngineProcess`:
 
-    prepare(adapter, request, services)   the target (--engine checked against the recipe), its
+    prepare(request, services)            the target (--engine checked against the recipe), its
                                           bundles (fetched, or mounted and checked in place), a
                                           private run folder and the adapter's serve_environment
     fetched(prepared, launch)             what `prebake fetch --engine NAME` prints
@@ -11,8 +11,9 @@ compile), as an `EngineProcess`:
                                           --write-back and a miss, the engine watched until ready
                                           and what it compiled published by the one write-back policy
 
-`EngineProcess.launch` gives the command line, its variables and working folder; `ready` waits
-until a started process serves; `capture` fills a bundle tree from the run folder for write-back.
+The adapter's `Launch` gives the command line, its variables and working folder; its
+`EngineProcess` says when a started process serves (`ready`) and fills a bundle tree from the run
+folder for write-back (`capture`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from prebake.artifacts.store.local import Installed
 from prebake.artifacts.store.stats import record_fallback
 from prebake.engine.common import write_back as publishing
 from prebake.engine.common.adapter import (
-    EngineAdapter,
     EngineStartError,
     Fetched,
     Services,
@@ -67,12 +67,11 @@ class Launch:
     unset: tuple[str, ...] = ()  # inherited variables the engine must not see
 
 
-class EngineProcess(EngineAdapter, Protocol):
-    """What differs between engines started as their own process."""
+class EngineProcess(Protocol):
+    """What differs between engines started as their own process (their adapter, or a part of it)."""
 
-    def launch(self, prepared: Prepared, request: StartRequest) -> Launch:
-        """The command line that starts the engine from `prepared` (listening where `request` says)."""
-        ...
+    name: str
+    fallback_kind: str
 
     def ready(self, proc: subprocess.Popen, log: Path, started: float, launch: Launch) -> float:
         """Wait until the process started at `started` (time.monotonic(), its output in `log`) serves;
@@ -84,13 +83,14 @@ class EngineProcess(EngineAdapter, Protocol):
         ...
 
 
-def prepare(adapter: EngineAdapter, request: StartRequest, services: Services, run_dir: Path | None = None) -> Prepared:
-    """The target, its bundles (the trees held for the command's life: Context.holds) and a run folder."""
+def prepare(request: StartRequest, services: Services, run_dir: Path | None = None) -> Prepared:
+    """The target, its bundles (the trees held for the command's life: Context.holds) and a run
+    folder (default: $PREBAKE_HOME/engines/<engine>/<time>-<pid>) laid out by its adapter."""
     plan = plan_to_start(request, services)
     resolution = resolve_with_mounts(plan, request, services)
     stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    run_dir = run_dir or services.store.home / "engines" / adapter.name / stamp
-    variables = adapter.serve_environment(plan, resolution.installed, run_dir)
+    run_dir = run_dir or services.store.home / "engines" / request.engine / stamp
+    variables = services.adapter(plan).serve_environment(plan, resolution.installed, run_dir)
     return Prepared(plan, resolution.installed, resolution.misses, resolution.notes, run_dir, variables)
 
 

@@ -122,6 +122,15 @@ def test_a_toy_engine_bakes_misses_on_its_own_factor_and_serves(toy, tmp_path, m
     assert served.returncode == 0, served.stderr
     assert 'toy serving {"decode_buckets": ' in served.stdout and '"flavour": "sweet"' in served.stdout
 
+    # a miss under --write-back: the shared starter watches the server and publishes what it compiled
+    env["PREBAKE_RECIPES"] = str(_recipes(tmp_path / "salty", "salty"))
+    wrote = subprocess.run([*command, "serve", "--engine", "toy", "--model", "toy-model", "--write-back"], env=env,
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert wrote.returncode == 0, wrote.stderr
+    assert "toycache: published" in wrote.stderr, wrote.stderr
+    (waiting,) = open_registry(registry_dir / "incoming").list("toycache")
+    assert waiting.key["toy"] == {"flavour": "salty"}
+
     # the engine's options and settings are its own to check
     refused = subprocess.run([*command, "serve", "--engine", "toy", "--model", "toy-model", "--eager"], env=env,
                              capture_output=True, text=True, timeout=120)  # fmt: skip

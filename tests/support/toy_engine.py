@@ -40,13 +40,15 @@ from prebake.engine.common.probe import Package
 
 CACHE_FILE = "toy-cache.json"
 PACKAGE = Package("toy_runtime", ("toy-runtime",), "pkg:pypi/toy-runtime", dependency="toy-runtime")
-# The toy server: reads the cache the starter pointed it at, says what it serves, and exits.
-SERVER = (
-    "import json, os, pathlib; "
-    "cache = pathlib.Path(os.environ['TOY_CACHE_DIR']) / 'toy-cache.json'; "
-    "seen = json.loads(cache.read_text()) if cache.is_file() else None; "
-    "print('toy serving', json.dumps(seen, sort_keys=True), flush=True)"
-)
+# The toy server: serves from the cache the starter pointed it at; on a miss it "compiles" one
+# first (as an engine compiles what it did not find); says what it serves, and exits.
+SERVER = """
+import json, os, pathlib
+cache = pathlib.Path(os.environ['TOY_CACHE_DIR']) / 'toy-cache.json'
+if not cache.is_file():
+    cache.write_text(json.dumps({'flavour': 'compiled-in-place', 'decode_buckets': 0}, sort_keys=True))
+print('toy serving', cache.read_text(), flush=True)
+"""
 
 
 class ToySettings(Frozen):
@@ -96,13 +98,13 @@ class ToyEngine:
 
     def fetch(self, request: StartRequest, services: Services) -> Fetched:
         request.engine_options({})
-        prepared = starter.prepare(self, request, services)
+        prepared = starter.prepare(request, services)
         return starter.fetched(prepared, self.launch(prepared, request))
 
     def serve(self, request: StartRequest, open_services: OpenServices) -> int:
         request.engine_options({})
         services = open_services()
-        prepared = starter.prepare(self, request, services)
+        prepared = starter.prepare(request, services)
         emit = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
         return starter.serve(self, prepared, self.launch(prepared, request), request, services, emit)
 
