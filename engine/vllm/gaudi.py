@@ -27,7 +27,6 @@ from prebake.artifacts.bake.recipes import Recipe
 from prebake.artifacts.buckets import rules as bucket_rules
 from prebake.artifacts.buckets.artifact import check_overrides
 from prebake.artifacts.buckets.limits import BucketSettings, ServingLimits
-from prebake.artifacts.buckets.rules import RANGE_VARIABLES
 from prebake.artifacts.buckets.sets import BucketSet
 from prebake.artifacts.errors import BucketError, BuildError
 from prebake.engine.vllm.gaudi_file import write_bucket_file
@@ -36,6 +35,14 @@ RECIPES_DIR = "hpu-recipes"
 BUCKET_FILE = "vllm-gaudi-buckets.txt"  # a traffic-fitted set, as VLLM_BUCKETING_FROM_FILE reads it
 RECIPE_CACHE_ENV = "PT_HPU_RECIPE_CACHE_CONFIG"
 DEFAULT_CACHE_MB = 8192  # the size vLLM's Gaudi guide uses for Llama-3.1-8B
+# BucketSettings field -> the vllm-gaudi variable prefix that sets the same range.
+RANGE_VARIABLES = {
+    "prompt_bs": "VLLM_PROMPT_BS",
+    "prompt_seq": "VLLM_PROMPT_QUERY",  # VLLM_PROMPT_SEQ_* is the deprecated fallback name
+    "prompt_ctx": "VLLM_PROMPT_CTX",
+    "decode_bs": "VLLM_DECODE_BS",
+    "decode_block": "VLLM_DECODE_BLOCK",
+}
 _UPSTREAM_NAMES = {"exponential": "exp", "linear": "lin", "pad": "pad"}
 _NETWORK_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "lustre", "glusterfs", "ceph", "9p")
 
