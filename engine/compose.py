@@ -14,8 +14,8 @@ signer and the host probe, for the CLI, dodo.py and both serve paths.
     context.bake(plan, kind)         the doit action: build, publish and install one kind
 
 Every engine, the fleet executors and the commands take these as parameters, or open them
-here; nothing else reads the PREBAKE_* settings of the store, the registry address, trust or
-signing (a command that only reads the store, such as `prebake stats`, opens `Store()` alone).
+here (promote and revoke included: `Context.open(trusting=False)`); nothing else reads the
+PREBAKE_* settings of the store, the registry address, trust or signing (a command that only reads the store, such as `prebake stats`, opens `Store()` alone).
 Other settings are read where they apply, each through a function that takes the environment as
 a parameter: the key salt (PREBAKE_KEY_SALT, prebake.artifacts.keys.policy_factors, read by
 every target_keys call), the recipe folders (PREBAKE_RECIPES), whether stats are kept

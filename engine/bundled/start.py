@@ -55,6 +55,7 @@ from prebake.engine.bundled.runtime.metrics import Metrics
 from prebake.engine.bundled.runtime.shapes import StepShape, step_shapes
 from prebake.engine.bundled.runtime.torch_import import Imports
 from prebake.engine.common.adapter import OpenServices, Services, StartRequest, plan_to_start
+from prebake.engine.common.advice import miss_advice, miss_exit_code
 from prebake.engine.common.mounted import check_mounted, parse_mounts
 from prebake.engine.common.write_back import WrittenBack, write_back
 
@@ -268,9 +269,9 @@ def _start(
     if resolution.misses and settings.on_miss == "fail":
         raise MissRefused(
             f"{len(resolution.misses)} of {plan.target.name}'s bundles missed (above) and --on-miss is fail; "
-            f"{fetch.miss_advice(resolution.misses, target=plan.target.name, bake=_bake_command(plan), address=address)}; "
+            f"{miss_advice(resolution.misses, target=plan.target.name, bake=_bake_command(plan), address=address)}; "
             f"or use --on-miss compile",
-            code=fetch.miss_exit_code(resolution.misses),
+            code=miss_exit_code(resolution.misses),
         )
     compiled = context.adapter(plan).fallback_kind
     trees = {k: i.tree for k, i in resolution.installed.items()}

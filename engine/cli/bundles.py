@@ -119,11 +119,11 @@ def _ls_json(m: Listed) -> dict:
 
 def cmd_preheat(args: argparse.Namespace) -> int:
     from prebake.artifacts.errors import ExitCode
-    from prebake.registry import open_registry
+    from prebake.engine.compose import open_address
     from prebake.registry.oci import OCIRegistry
     from prebake.registry.oci_preheat import preheat
 
-    mirror = open_registry(args.mirror, create=False)
+    mirror = open_address(Store(), args.mirror)
     if not isinstance(mirror, OCIRegistry):
         print(
             f"prebake: --mirror {args.mirror!r} is not an OCI registry; name it as oci://HOST/NAMESPACE/REPO",

@@ -7,11 +7,12 @@ import json
 import shlex
 import sys
 
-from prebake.artifacts.bake.fetch import Miss, miss_advice, miss_exit_code
+from prebake.artifacts.bake.fetch import Miss
 from prebake.artifacts.store.stats import classify
 from prebake.engine.adapters import adapter_named
 from prebake.engine.cli.common import command, engine_options, json_option, registry_option, target_options
 from prebake.engine.common.adapter import Fetched, StartRequest
+from prebake.engine.common.advice import miss_advice, miss_exit_code
 from prebake.engine.common.exports import shell_exports
 
 

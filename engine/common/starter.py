@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from prebake.artifacts.bake.fetch import Miss, miss_advice, miss_exit_code
+from prebake.artifacts.bake.fetch import Miss
 from prebake.artifacts.bake.kinds import Builder, TargetKeys
 from prebake.artifacts.store.local import Installed
 from prebake.artifacts.store.stats import record_fallback
@@ -39,6 +39,7 @@ from prebake.engine.common.adapter import (
     StartRequest,
     plan_to_start,
 )
+from prebake.engine.common.advice import miss_advice, miss_exit_code
 from prebake.engine.common.mounted import resolve_with_mounts
 
 Emit = Callable[[str], None]
