@@ -17,6 +17,7 @@ from prebake.artifacts.bake.fleet_plan import (
 )
 from prebake.artifacts.bake.kinds import target_keys
 from prebake.artifacts.bake.recipes import load_recipe, targets
+from prebake.artifacts.errors import RecipeError
 from prebake.engine.adapters import kinds_for
 from prebake.engine.cli import main
 from prebake.engine.common.probe import Host, Platform, Software, current_host
@@ -156,6 +157,22 @@ def test_profile_round_trips_through_toml():
 
     again = to_profile(type(model).model_validate(tomllib.loads(render_toml(model))["profile"][0]))
     assert again.host == current_host() and again.runner_labels == ("a", "b")
+
+
+def test_a_profile_written_before_engines_declared_their_packages_still_reads(tmp_path):
+    """Profiles name vllm beside torch in [profile.software], as the probe's fields once did: they read
+    the same (the engine packages by factor), and a name no field or engine declares is refused."""
+    old = tmp_path / "profiles.toml"
+    old.write_text(
+        '[[profile]]\nname = "h100"\n[profile.platform]\ndevice = "cuda"\narch = "sm_90"\n'
+        '[profile.software]\npython = "3.11"\ntorch = "2.13.0+cu128"\nvllm = "0.32.0"\ndriver = "570.124.06"\n'
+    )
+    (profile,) = load_profiles(old)
+    assert profile.host.software.package_factors(["vllm", "vllm_gaudi"]) == {"vllm": "0.32.0", "vllm_gaudi": "none"}
+    assert profile.host.software.factors()["driver"] == "570"
+    old.write_text(old.read_text().replace('vllm = "0.32.0"', 'sglang = "0.5"'))
+    with pytest.raises(RecipeError, match="names sglang, which no probe field or engine package is"):
+        load_profiles(old)
 
 
 def test_ray_resources_prints_this_hosts_custom_resource(capsys):
