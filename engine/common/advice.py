@@ -30,9 +30,8 @@ def miss_advice(misses: Iterable[Miss], *, target: str, bake: str, address: str)
     if code == ExitCode.UNAVAILABLE:
         return (
             f"registry {address} could not be asked (down, refusing us, or slower than its time box): check "
-            f"that its endpoint is up and is the one meant (AWS_ENDPOINT_URL, HF_ENDPOINT, the folder's mount), "
-            f"the credentials (AWS_PROFILE / AWS_ACCESS_KEY_ID, HF_TOKEN), or give it longer with "
-            f"--registry-timeout / --fetch-timeout"
+            f"that it is up and is the one meant, and its credentials (the error above names the settings its "
+            f"backend reads), or give it longer with --registry-timeout / --fetch-timeout"
         )
     if code == ExitCode.INVALID:
         return (
