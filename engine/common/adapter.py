@@ -7,11 +7,12 @@ An adapter declares, as data, what the core must not know by name:
                          versions join its kinds' keys (software.<factor>) and its provenance
     default_variant      the graphs variant of its recipes when [compile] names none
     settings(recipe)     its recipe settings: the recipe's [engine] table, validated
-    options              the engine-only start options it takes (StartRequest.options)
     kinds()              the artifact kinds it compiles, after the shared buckets kind
     fallback_kind        the kind the engine produces by itself when it starts on a miss
     serve_environment()  the variables that start the engine from installed trees
-    fetch(), serve()     `prebake fetch|serve --engine NAME`
+    fetch(), serve()     `prebake fetch|serve --engine NAME`; the engine-only flags (--eager,
+                         --cache-root, ...) reach it as StartRequest.options, which it checks
+                         against those it takes (`request.engine_options`)
 
 Adapters are registered in prebake.engine.adapters (`register(adapter)`, one line) and looked up
 there; nothing else in the code asks which engine a recipe names. Engines are given a `Services`
@@ -56,7 +57,6 @@ class StartRequest:
     fetch_timeout: float = 600.0  # seconds downloads (and write-back) may take
     on_miss: Literal["compile", "fail"] = "compile"
     write_back: bool = False
-    eager: bool = False  # compilation off: the eager floor (an engine that cannot refuses)
     host: str | None = None
     port: int | None = None
     api_key: str | None = None
