@@ -24,7 +24,6 @@ every target_keys call), the recipe folders (PREBAKE_RECIPES), whether stats are
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import time
@@ -34,7 +33,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from prebake.artifacts.bake.bake_kind import Baked, bake_kind
-from prebake.artifacts.bake.fetch import WRITE_BACK_LABEL, Resolution, TrustCheck, record_resolution, resolve
+from prebake.artifacts.bake.fetch import Resolution, TrustCheck, record_resolution, resolve
 from prebake.artifacts.bake.kinds import HostFacts, TargetKeys, buildable_targets, target_keys
 from prebake.artifacts.bake.provenance import Attest
 from prebake.artifacts.bake.recipes import Recipe
@@ -42,13 +41,13 @@ from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.ports.registry import Registry
 from prebake.artifacts.store.local import Store
 from prebake.engine.adapters import adapter_for, kinds_for
-from prebake.engine.common.adapter import EngineAdapter
+from prebake.engine.common.adapter import EngineAdapter, Publishing
 from prebake.engine.common.builder import attester, host_versions
 from prebake.engine.common.probe import Host, current_host
 from prebake.registry import open_registry
 from prebake.registry.policy import trust_in_force
 from prebake.registry.signing import SIGNING_KEY_ENV, KeySigner, signer_from_env
-from prebake.registry.writeback import WriteBackTarget, quarantine_address, write_back_target
+from prebake.registry.writeback import quarantine_address, write_back_target
 
 
 @dataclass(frozen=True)
@@ -100,26 +99,25 @@ class Context:
         return cls.open(registry, store=store, creating=True)
 
     @cached_property
-    def write_back(self) -> WriteBackTarget:
-        """Where a serving pod writes back what it compiled: the registry's quarantine namespace by
-        default (PREBAKE_WRITE_BACK, registry/writeback.py)."""
-        return write_back_target(self.address, self.store.default_registry)
-
-    @cached_property
-    def write_back_registry(self) -> Registry:
-        target = self.write_back
-        return self.registry if not target.quarantined else open_registry(target.address)
+    def publishing(self) -> Publishing:
+        """Where and how a serving pod writes back what it compiled: the registry's quarantine
+        namespace by default (PREBAKE_WRITE_BACK, registry/writeback.py), signed and attested as
+        a bake, judged by the trust policy only when it goes to the index."""
+        target = write_back_target(self.address, self.store.default_registry)
+        return Publishing(
+            target=target,
+            open_registry=(lambda: self.registry)
+            if not target.quarantined
+            else functools.cache(lambda: open_registry(target.address)),  # opened once, on first use
+            sign=self.sign,
+            attest=self.attest,
+            trust=None if target.quarantined else self.trust,
+        )
 
     def quarantine(self) -> tuple[str, Registry]:
         """The address and registry of this registry's quarantine namespace (registry/writeback.py)."""
         address = quarantine_address(self.address)
         return address, open_registry(address)
-
-    def write_back_plan(self, plan: TargetKeys) -> TargetKeys:
-        """`plan` whose bundles say they await review, when write-back goes to quarantine."""
-        if not self.write_back.quarantined:
-            return plan
-        return dataclasses.replace(plan, labels={**plan.labels, WRITE_BACK_LABEL: "quarantine"})
 
     @cached_property
     def registry(self) -> Registry:

@@ -21,6 +21,7 @@ there; nothing else in the code asks which engine a recipe names. Engines are gi
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,7 @@ from typing import Literal, Protocol
 from pydantic import ValidationError
 
 from prebake.artifacts.bake.bake_kind import Signer
-from prebake.artifacts.bake.fetch import Miss, Resolution, TrustCheck
+from prebake.artifacts.bake.fetch import WRITE_BACK_LABEL, Miss, Resolution, TrustCheck
 from prebake.artifacts.bake.kinds import Kind, TargetKeys
 from prebake.artifacts.bake.provenance import Attest
 from prebake.artifacts.bake.recipes import Recipe
@@ -171,9 +172,29 @@ def plan_to_start(request: StartRequest, services: Services) -> TargetKeys:
     return services.pick_plan(recipe, dtype=request.precision, tp=request.tp)
 
 
+@dataclass(frozen=True)
+class Publishing:
+    """Where and how an engine writes back what it compiled (prebake.engine.common.write_back):
+    the target (quarantine by default), its registry, the signer and attester of a bake, and the
+    trust policy that judges it (none for quarantine: `prebake promote` does)."""
+
+    target: WriteBackTarget
+    open_registry: Callable[[], Registry]
+    sign: Signer | None
+    attest: Attest | None
+    trust: TrustCheck | None
+
+    def plan(self, plan: TargetKeys) -> TargetKeys:
+        """`plan` whose bundles say they await review, when write-back goes to quarantine."""
+        if not self.target.quarantined:
+            return plan
+        return dataclasses.replace(plan, labels={**plan.labels, WRITE_BACK_LABEL: "quarantine"})
+
+
 class Services(Protocol):
-    """What an engine's start needs from the composition root: the store, the registry, the trust
-    policy, the signer and the host, opened once per command (prebake.engine.compose.Context is one).
+    """What an engine's start needs from the composition root: the store, the host, the registry
+    and its trust policy, where write-backs go, the plans and the fetch, opened once per command
+    (prebake.engine.compose.Context is one).
 
     Engines take it as a parameter and never open one themselves: the composition root sits above
     every engine, so an engine that imported it would close a circle."""
@@ -187,17 +208,9 @@ class Services(Protocol):
     @property
     def trust(self) -> TrustCheck | None: ...
     @property
-    def sign(self) -> Signer | None: ...
-    @property
     def registry(self) -> Registry: ...
     @property
-    def attest(self) -> Attest | None: ...
-    @property
-    def write_back(self) -> WriteBackTarget: ...
-    @property
-    def write_back_registry(self) -> Registry: ...
-
-    def write_back_plan(self, plan: TargetKeys) -> TargetKeys: ...
+    def publishing(self) -> Publishing: ...
 
     def pick_plan(self, recipe: Recipe, *, dtype: str | None = None, tp: int | None = None) -> TargetKeys: ...
 
