@@ -7,6 +7,7 @@ signer and the host probe, for the CLI, dodo.py and both serve paths.
     trust_for(store, address, ...)   the one assembly of the trust policy in force (serve, fetch,
                                      bake, verify, gc)
     context.quarantine()             the registry's quarantine namespace (promote)
+    context.publishing               where and how an engine writes back (quarantine by default)
     context.plans(recipe, ...)       the recipe's targets this host builds, each with its kind table
     context.pick_plan(recipe, ...)   the one target to serve
     context.registry                 the registry, opened on first use
@@ -15,7 +16,8 @@ signer and the host probe, for the CLI, dodo.py and both serve paths.
 
 Every engine, the fleet executors and the commands take these as parameters, or open them
 here (promote and revoke included: `Context.open(trusting=False)`); nothing else reads the
-PREBAKE_* settings of the store, the registry address, trust or signing (a command that only reads the store, such as `prebake stats`, opens `Store()` alone).
+PREBAKE_* settings of the store, the registry address, trust or signing (a command that only
+reads the store, such as `prebake stats`, opens `Store()` alone).
 Other settings are read where they apply, each through a function that takes the environment as
 a parameter: the key salt (PREBAKE_KEY_SALT, prebake.artifacts.keys.policy_factors, read by
 every target_keys call), the recipe folders (PREBAKE_RECIPES), whether stats are kept
