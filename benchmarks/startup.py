@@ -360,10 +360,10 @@ def _recipe_path(model: str) -> Path:
 def _recipe_variant(toml: str) -> str:
     import tomllib
 
-    from prebake.artifacts.bake.recipes import DEFAULT_VARIANT
+    from prebake.engine.adapters import adapter_named
 
     data = tomllib.loads(toml)
-    return data.get("compile", {}).get("variant", DEFAULT_VARIANT[data["model"].get("engine", "prebake")])
+    return data.get("compile", {}).get("variant", adapter_named(data["model"].get("engine", "prebake")).default_variant)
 
 
 def _with_variant(toml: str, variant: str) -> str:

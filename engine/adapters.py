@@ -1,12 +1,14 @@
-"""The registry of engine adapters: each engine is one folder under engine/ and one line here.
+"""The registry of engine adapters: each engine is one folder under engine/ and one `register` line here.
 
     prebake.engine.common.adapter   the EngineAdapter interface (and EngineStartError, Services)
     prebake.engine.bundled          prebake's own engine: autotune tactics, Dynamo precompile or an Inductor cache
-    prebake.engine.vllm             vLLM, and vLLM on Gaudi: vLLM's compile cache (+ HPU recipes) as graphs
+    prebake.engine.vllm             vLLM (on any platform, Gaudi included): vLLM's compile cache as graphs
 
-`adapter_for` is the one place that maps a recipe's engine (and a target's platform) to an
-adapter; `kinds_for` gives a target's whole kind table: the shared buckets kind, then what
-the adapter compiles. Nothing here writes os.environ: environments go to child processes.
+`adapter_for` is the one place that maps a recipe's engine to an adapter, and so the one check of
+a recipe's engine against the registered ones (with the adapter's check of the recipe's [engine]
+settings); `kinds_for` gives a target's whole kind table: the shared buckets kind, then what the
+adapter compiles. `register` also makes the host probe read the packages the adapter declares.
+Nothing here writes os.environ: environments go to child processes.
 """
 
 from __future__ import annotations
@@ -16,32 +18,49 @@ from prebake.artifacts.bake.recipes import Recipe, Target
 from prebake.artifacts.errors import RecipeError
 from prebake.engine.bundled.adapter import BundledAdapter
 from prebake.engine.common.adapter import EngineAdapter, EngineStartError
-from prebake.engine.vllm.adapter import VllmAdapter, VllmGaudiAdapter
+from prebake.engine.common.probe import declare_packages
+from prebake.engine.vllm.adapter import VllmAdapter
 
-ADAPTERS: tuple[EngineAdapter, ...] = (BundledAdapter(), VllmGaudiAdapter(), VllmAdapter())  # most specific first
-
-
-# Every artifact kind some engine bakes, in build order (what `ls --kind` / `store rm --kind` accept).
-KIND_NAMES: tuple[str, ...] = tuple(
-    dict.fromkeys([BUCKETS.name, *(k.name for adapter in ADAPTERS for k in adapter.kinds())])
-)
+ADAPTERS: dict[str, EngineAdapter] = {}  # by the name a recipe's [model] engine and --engine give
 
 
-def adapter_for(recipe: Recipe, target: Target) -> EngineAdapter:
-    """The adapter that serves `recipe` on `target` (the first that handles it)."""
-    for adapter in ADAPTERS:
-        if adapter.handles(recipe, target):
-            return adapter
-    engines = sorted({a.name for a in ADAPTERS})
-    raise RecipeError(f"recipe {recipe.model.name} names engine {recipe.model.engine!r}; prebake serves {engines}")
+def register(adapter: EngineAdapter) -> EngineAdapter:
+    """Serve recipes whose engine is `adapter.name` with `adapter`: a new engine's one line."""
+    if adapter.name in ADAPTERS and ADAPTERS[adapter.name] is not adapter:
+        raise RecipeError(f"engine {adapter.name!r} is registered twice ({ADAPTERS[adapter.name]!r}, {adapter!r})")
+    declare_packages(adapter.packages)
+    ADAPTERS[adapter.name] = adapter
+    return adapter
+
+
+register(BundledAdapter())
+register(VllmAdapter())
+
+
+def kind_names() -> tuple[str, ...]:
+    """Every artifact kind some engine bakes, in build order (what `ls --kind` / `store rm --kind` accept)."""
+    return tuple(dict.fromkeys([BUCKETS.name, *(k.name for adapter in ADAPTERS.values() for k in adapter.kinds())]))
+
+
+def adapter_for(recipe: Recipe, target: Target | None = None) -> EngineAdapter:
+    """The adapter that serves `recipe`, its [engine] settings checked (RecipeError naming the fix)."""
+    try:
+        adapter = ADAPTERS[recipe.model.engine]
+    except KeyError:
+        raise RecipeError(
+            f"recipe {recipe.model.name} names engine {recipe.model.engine!r}; prebake serves {sorted(ADAPTERS)}: "
+            f"write one of those in [model] engine, or register the engine's adapter (prebake.engine.adapters)"
+        ) from None
+    adapter.settings(recipe)
+    return adapter
 
 
 def adapter_named(engine: str) -> EngineAdapter:
-    """The adapter behind `--engine ENGINE` (the first registered under that name)."""
-    for adapter in ADAPTERS:
-        if adapter.name == engine:
-            return adapter
-    raise RecipeError(f"unknown engine {engine!r}; prebake serves {sorted({a.name for a in ADAPTERS})}")
+    """The adapter behind `--engine ENGINE`."""
+    try:
+        return ADAPTERS[engine]
+    except KeyError:
+        raise RecipeError(f"unknown engine {engine!r}; prebake serves {sorted(ADAPTERS)}") from None
 
 
 def kinds_for(recipe: Recipe, target: Target) -> KindTable:
@@ -49,4 +68,13 @@ def kinds_for(recipe: Recipe, target: Target) -> KindTable:
     return KindTable([BUCKETS, *adapter_for(recipe, target).kinds()])
 
 
-__all__ = ["ADAPTERS", "KIND_NAMES", "EngineAdapter", "EngineStartError", "adapter_for", "adapter_named", "kinds_for"]
+__all__ = [
+    "ADAPTERS",
+    "EngineAdapter",
+    "EngineStartError",
+    "adapter_for",
+    "adapter_named",
+    "kind_names",
+    "kinds_for",
+    "register",
+]

@@ -4,6 +4,10 @@ signer and the host probe, for the CLI, dodo.py and both serve paths.
     Context.open(registry=None)      everything a command needs, from the environment
     Context.for_baking(registry)     the same, for a command that writes (a missing folder is created)
     open_address(store, registry)    just the registry of an address (ls, verify)
+    trust_for(store, address, ...)   the one assembly of the trust policy in force (serve, fetch,
+                                     bake, verify, gc)
+    context.quarantine()             the registry's quarantine namespace (promote)
+    context.publishing               where and how an engine writes back (quarantine by default)
     context.plans(recipe, ...)       the recipe's targets this host builds, each with its kind table
     context.pick_plan(recipe, ...)   the one target to serve
     context.registry                 the registry, opened on first use
@@ -11,8 +15,9 @@ signer and the host probe, for the CLI, dodo.py and both serve paths.
     context.bake(plan, kind)         the doit action: build, publish and install one kind
 
 Every engine, the fleet executors and the commands take these as parameters, or open them
-here; nothing else reads the PREBAKE_* settings of the store, the registry address, trust or
-signing (a command that only reads the store, such as `prebake stats`, opens `Store()` alone).
+here (promote and revoke included: `Context.open(trusting=False)`); nothing else reads the
+PREBAKE_* settings of the store, the registry address, trust or signing (a command that only
+reads the store, such as `prebake stats`, opens `Store()` alone).
 Other settings are read where they apply, each through a function that takes the environment as
 a parameter: the key salt (PREBAKE_KEY_SALT, prebake.artifacts.keys.policy_factors, read by
 every target_keys call), the recipe folders (PREBAKE_RECIPES), whether stats are kept
@@ -21,29 +26,30 @@ every target_keys call), the recipe folders (PREBAKE_RECIPES), whether stats are
 
 from __future__ import annotations
 
-import dataclasses
 import functools
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from prebake.artifacts.bake.bake_kind import Baked, ModelSign, Signer, bake_kind
-from prebake.artifacts.bake.fetch import WRITE_BACK_LABEL, Resolution, TrustCheck, record_resolution, resolve
+from prebake.artifacts.bake.bake_kind import Baked, ModelSign, bake_kind
+from prebake.artifacts.bake.fetch import Resolution, TrustCheck, record_resolution, resolve
 from prebake.artifacts.bake.kinds import HostFacts, TargetKeys, buildable_targets, target_keys
 from prebake.artifacts.bake.provenance import Attest
 from prebake.artifacts.bake.recipes import Recipe
+from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.ports.registry import Registry
 from prebake.artifacts.store.local import Store
 from prebake.engine.adapters import adapter_for, kinds_for
-from prebake.engine.common.adapter import EngineAdapter
+from prebake.engine.common.adapter import EngineAdapter, Publishing
 from prebake.engine.common.builder import attester, host_versions
 from prebake.engine.common.probe import Host, current_host
 from prebake.registry import open_registry
-from prebake.registry.review.writeback import WriteBackTarget, write_back_target
+from prebake.registry.review.writeback import quarantine_address, write_back_target
 from prebake.registry.trust.policy import trust_in_force
-from prebake.registry.trust.signing import signer_from_env
+from prebake.registry.trust.signing import SIGNING_KEY_ENV, KeySigner, signer_from_env
 
 
 @dataclass(frozen=True)
@@ -54,7 +60,7 @@ class Context:
     host: Host
     address: str
     trust: TrustCheck | None = None
-    sign: Signer | None = None
+    sign: KeySigner | None = None  # a Signer (bundles), with its key for statements and lists
     attest: Attest | None = None  # the bake's provenance, sealed with the signing key
     model_sign: ModelSign | None = None  # OpenSSF model signatures over each tree (PREBAKE_MODEL_SIGNING_KEY)
     given_registry: Registry | None = field(default=None, compare=False)  # tests: a registry double
@@ -69,17 +75,17 @@ class Context:
         store: Store | None = None,
         host: Host | None = None,
         creating: bool = False,
+        trusting: bool = True,
+        signing_key: str | None = None,
     ) -> Context:
+        """`trusting=False`: a command that installs nothing (promote, revoke) and needs no policy;
+        `signing_key`: a key file that stands in for PREBAKE_SIGNING_KEY (revoke --signing-key)."""
         store = store or Store()
         host = host or current_host()
-        signer = signer_from_env()
+        signer = signer_from_env({**os.environ, SIGNING_KEY_ENV: signing_key} if signing_key else os.environ)
         address = store.registry_address(registry)
-        trust = trust_in_force(
-            address=address,
-            host_versions=host_versions(host),
-            store_home=store.home,
-            open_registry=functools.cache(lambda: open_registry(address)),
-        )
+        opened = functools.cache(lambda: open_registry(address))
+        trust = trust_for(store, address, host=host, open_registry=opened) if trusting else None
         return cls(
             store=store,
             host=host,
@@ -97,21 +103,25 @@ class Context:
         return cls.open(registry, store=store, creating=True)
 
     @cached_property
-    def write_back(self) -> WriteBackTarget:
-        """Where a serving pod writes back what it compiled: the registry's quarantine namespace by
-        default (PREBAKE_WRITE_BACK, registry/review/writeback.py)."""
-        return write_back_target(self.address, self.store.default_registry)
+    def publishing(self) -> Publishing:
+        """Where and how a serving pod writes back what it compiled: the registry's quarantine
+        namespace by default (PREBAKE_WRITE_BACK, registry/review/writeback.py), signed and attested as
+        a bake, judged by the trust policy only when it goes to the index."""
+        target = write_back_target(self.address, self.store.default_registry)
+        return Publishing(
+            target=target,
+            open_registry=(lambda: self.registry)
+            if not target.quarantined
+            else functools.cache(lambda: open_registry(target.address)),  # opened once, on first use
+            sign=self.sign,
+            attest=self.attest,
+            trust=None if target.quarantined else self.trust,
+        )
 
-    @cached_property
-    def write_back_registry(self) -> Registry:
-        target = self.write_back
-        return self.registry if not target.quarantined else open_registry(target.address)
-
-    def write_back_plan(self, plan: TargetKeys) -> TargetKeys:
-        """`plan` whose bundles say they await review, when write-back goes to quarantine."""
-        if not self.write_back.quarantined:
-            return plan
-        return dataclasses.replace(plan, labels={**plan.labels, WRITE_BACK_LABEL: "quarantine"})
+    def quarantine(self) -> tuple[str, Registry]:
+        """The address and registry of this registry's quarantine namespace (registry/review/writeback.py)."""
+        address = quarantine_address(self.address)
+        return address, open_registry(address)
 
     @cached_property
     def registry(self) -> Registry:
@@ -184,6 +194,30 @@ def _model_signing() -> ModelSign | None:
 
     signer = model_signer_from_env()
     return None if signer is None else signer.sign
+
+
+def trust_for(
+    store: Store,
+    address: str,
+    *,
+    host: Host | None = None,
+    env: Mapping[str, str] = os.environ,
+    warn: bool = True,
+    open_registry: Callable[[], Registry] | None = None,
+    attestation: Callable[[Manifest], bytes | None] | None = None,
+) -> TrustCheck | None:
+    """The trust policy in force for `address` (registry/trust/policy.py: PREBAKE_POLICY, else
+    PREBAKE_TRUSTED_KEYS, else none), its "host" constraints checked against `host`'s versions, its
+    attestations and revocation list read through `store` from `open_registry`."""
+    return trust_in_force(
+        env,
+        warn=warn,
+        address=address,
+        host_versions=host_versions(host) if host is not None else None,
+        store_home=store.home,
+        open_registry=open_registry,
+        attestation=attestation,
+    )
 
 
 def open_address(store: Store, registry: str | None = None, *, creating: bool = False) -> Registry:

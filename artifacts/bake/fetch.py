@@ -39,13 +39,13 @@ from prebake.artifacts.bake.kinds import TargetKeys
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.errors import (
     BundleError,
-    ExitCode,
     PrebakeError,
     RegistryNotFound,
     StoreBoundError,
     StoreError,
     UnknownRegistryError,
 )
+from prebake.artifacts.fsutil import mib
 from prebake.artifacts.keys import Key
 from prebake.artifacts.ports.errors import is_fault
 from prebake.artifacts.ports.registry import Chained, Registry
@@ -154,36 +154,6 @@ class Resolution:
     def unavailable(self) -> bool:
         """The registry could not be asked for something that missed: `prebake fetch` exits 4, not 3."""
         return any(m.unavailable for m in self.misses)
-
-
-def miss_exit_code(misses: Iterable[Miss]) -> ExitCode:
-    """What a set of misses means for a command: 2 something was refused, 4 the registry could not
-    be asked, 3 nothing matches (0 when there are none)."""
-    misses = list(misses)
-    if not misses:
-        return ExitCode.OK
-    if any(m.refused for m in misses):
-        return ExitCode.INVALID
-    if any(m.unavailable for m in misses):
-        return ExitCode.UNAVAILABLE
-    return ExitCode.MISS
-
-
-def miss_advice(misses: Iterable[Miss], *, target: str, bake: str, address: str) -> str:
-    """The one next step for a set of misses: fix the registry's access, or bake what is missing
-    (`bake` is the command that bakes the target, e.g. "doit bake model=tiny-llama precision=bf16")."""
-    code = miss_exit_code(misses)
-    if code == ExitCode.UNAVAILABLE:
-        return (
-            f"registry {address} could not be asked (down, refusing us, or slower than its time box): check "
-            f"that it is up and is the one meant, and its credentials (the error above names the settings its "
-            f"backend reads), or give it longer with --registry-timeout / --fetch-timeout"
-        )
-    if code == ExitCode.INVALID:
-        return (
-            f"registry {address} holds bundles that failed a check (above): run `prebake verify --registry {address}`"
-        )
-    return f"nothing in {address} matches {target}: bake it ({bake}), or check the address"
 
 
 # -- one key ----------------------------------------------------------------------------------
@@ -336,16 +306,12 @@ def check_bound(store: Store, found: Mapping[str, Found], what: str) -> None:
     }
     need = sum(sizes.values())
     if need > bound:
-        parts = ", ".join(f"{kind} {_mib(n)}" for kind, n in sizes.items())
+        parts = ", ".join(f"{kind} {mib(n)}" for kind, n in sizes.items())
         raise StoreBoundError(
-            f"the store {store.home} is bounded to {_mib(bound)} ({MAX_BYTES_ENV} or --max-size), less than "
-            f"{what}'s bundles take at once ({_mib(need)}: {parts}, blob and unpacked tree each); nothing was "
+            f"the store {store.home} is bounded to {mib(bound)} ({MAX_BYTES_ENV} or --max-size), less than "
+            f"{what}'s bundles take at once ({mib(need)}: {parts}, blob and unpacked tree each); nothing was "
             f"installed or evicted: raise {MAX_BYTES_ENV} to at least {need} bytes, or unset it"
         )
-
-
-def _mib(n: int) -> str:
-    return f"{n / (1 << 20):.1f} MiB"
 
 
 # -- every kind of one target, time-boxed ------------------------------------------------------

@@ -225,9 +225,13 @@ class _StrangerPart:
     facts: dict[str, str]
     device: str = "cpu"
     arch: str = ""
+    marker: str = ""
 
     def factors(self) -> dict[str, str]:
         return dict(self.facts)
+
+    def package_factors(self, names: Sequence[str]) -> dict[str, str]:
+        return {name: f"{self.marker}-{name}" for name in names}
 
 
 class _Stranger:
@@ -236,7 +240,7 @@ class _Stranger:
 
     def __init__(self, like: HostFacts, marker: str):
         self.platform = _StrangerPart({k: f"{marker}-{v}" for k, v in like.platform.factors().items()})
-        self.software = _StrangerPart({k: f"{marker}-{v}" for k, v in like.software.factors().items()})
+        self.software = _StrangerPart({k: f"{marker}-{v}" for k, v in like.software.factors().items()}, marker=marker)
 
     def can_build(self, device: str, dtype: str) -> tuple[bool, str]:
         return True, ""  # keys only: a stranger is never asked to build

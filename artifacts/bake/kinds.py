@@ -56,6 +56,8 @@ class PlatformFacts(Protocol):
 class SoftwareFacts(Protocol):
     def factors(self) -> dict[str, str]: ...
 
+    def package_factors(self, names: Sequence[str]) -> dict[str, str]: ...
+
 
 class HostFacts(Protocol):
     """What keys and planning need from the host probe (prebake.engine.common.probe.Host satisfies this)."""
@@ -144,10 +146,6 @@ class KindTable:
     def names(self) -> tuple[str, ...]:
         return tuple(self._kinds)
 
-    def with_kind(self, kind: Kind) -> KindTable:
-        """A table with one more kind (after its upstream kinds)."""
-        return KindTable([*self._kinds.values(), kind])
-
 
 @dataclass(frozen=True)
 class TargetKeys:
@@ -225,8 +223,8 @@ def _cannot_build_message(recipe: Recipe, wanted: list[Target], host: HostFacts)
 def target_groups(context: KeyContext, *, software: Sequence[str] = ()) -> Groups:
     """The groups every compiled kind is keyed by: model architecture, software, platform, tp, dtype.
 
-    `software` names the engine-specific software factors the host probe reports (vllm,
-    vllm_gaudi) that this kind keeps; every other engine's versions stay out of the key.
+    `software` names the software factors the engine declares (its adapter's `packages`) that
+    this kind keeps, beside the ones every kind keeps; other engines' versions stay out of the key.
     """
     return {
         "model": model_factors(context.recipe),
@@ -237,12 +235,15 @@ def target_groups(context: KeyContext, *, software: Sequence[str] = ()) -> Group
     }
 
 
-ENGINE_ONLY_SOFTWARE = ("vllm", "vllm_gaudi")  # versions that matter only to the engine that is them
-
-
 def software_factors(host: HostFacts, *, keep: Sequence[str] = ()) -> Factors:
-    """The host's software factors, without the engine versions this kind does not depend on."""
-    return {k: v for k, v in host.software.factors().items() if k not in ENGINE_ONLY_SOFTWARE or k in keep}
+    """The software factors every kind keeps, and the engine's own packages named in `keep`."""
+    return host.software.factors() | host.software.package_factors(keep)
+
+
+def compile_factors(recipe: Recipe, default_variant: str) -> dict[str, object]:
+    """The recipe's [compile] options as key factors, the variant resolved to the engine's default
+    when the recipe names none."""
+    return {**recipe.compile.model_dump(mode="json"), "variant": recipe.compile.variant_or(default_variant)}
 
 
 def model_factors(recipe: Recipe) -> Factors:

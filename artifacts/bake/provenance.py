@@ -8,8 +8,8 @@ Each bake writes one Statement (in-toto v1) carrying the SLSA provenance v1 pred
                           recipe:<model>     the recipe, by the sha256 of its canonical JSON
                           source             the git checkout's revision, where there is one
                           bundle:<kind>      every upstream bundle it was built from, by blob
-                          torch, triton, cuda-runtime, habana-torch-plugin, vllm, vllm-gaudi,
-                          driver, python, prebake   pkg: URIs, the version as an annotation
+                          torch, triton, cuda-runtime, habana-torch-plugin, the engines' declared
+                          packages, driver, python, prebake   pkg: URIs, the version as an annotation
                           platform           the host probe's platform factors (annotations)
     runDetails          builder.id (who ran the bake), metadata (invocation id, start, finish)
 
@@ -52,12 +52,12 @@ _PACKAGES = {
     "triton": "pkg:pypi/triton",
     "cuda_runtime": "pkg:generic/cuda-runtime",
     "habana": "pkg:pypi/habana-torch-plugin",
-    "vllm": "pkg:pypi/vllm",
-    "vllm_gaudi": "pkg:pypi/vllm-gaudi",
     "driver": "pkg:generic/driver",
     "python": "pkg:generic/python",
 }
-_NAMES = {"cuda_runtime": "cuda-runtime", "habana": "habana-torch-plugin", "vllm_gaudi": "vllm-gaudi"}
+_NAMES = {"cuda_runtime": "cuda-runtime", "habana": "habana-torch-plugin"}
+# An engine's own packages come with their names and package URLs (PackageURLs, below).
+PackageURLs = Mapping[str, tuple[str, str]]  # software factor -> (dependency name, package URL)
 
 
 @dataclass(frozen=True)
@@ -74,10 +74,11 @@ class BuildContext:
 
     builder_id: str
     platform: Mapping[str, str]
-    software: Mapping[str, str]  # the prebake.engine.common.probe.Software fields that are set (the driver in full)
+    software: Mapping[str, str]  # the prebake.engine.common.probe.Software versions that are set (the driver in full)
     prebake_version: str
     source: SourceRevision | None = None
     invocation_id: str = ""
+    packages: PackageURLs = field(default_factory=dict)  # the engines' declared packages among `software`
 
 
 @dataclass(frozen=True)
@@ -187,20 +188,21 @@ def _dependencies(manifest: Manifest, recipe: Recipe, context: BuildContext) -> 
         ResourceDescriptor(name=f"bundle:{kind}", digest={"sha256": digest.removeprefix("sha256:")})
         for kind, digest in sorted(manifest.inputs.items())
     ]
-    for name, (purl, version) in _versions(context.software, context.prebake_version).items():
+    for name, (purl, version) in _versions(context.software, context.prebake_version, context.packages).items():
         deps.append(ResourceDescriptor(name=name, uri=f"{purl}@{version}", annotations={"version": version}))
     deps.append(ResourceDescriptor(name="platform", annotations=dict(context.platform)))
     return deps
 
 
-def dependency_versions(software: Mapping[str, str], prebake_version: str) -> dict[str, str]:
+def dependency_versions(software: Mapping[str, str], prebake_version: str, packages: PackageURLs) -> dict[str, str]:
     """The versions a Statement's resolvedDependencies name, by dependency name, for a host's
-    software (prebake.engine.common.probe.Software fields): what a policy's "host" constraint compares with."""
-    return {name: version for name, (_purl, version) in _versions(software, prebake_version).items()}
+    software (prebake.engine.common.probe.Software versions): what a policy's "host" constraint compares with."""
+    return {name: version for name, (_purl, version) in _versions(software, prebake_version, packages).items()}
 
 
-def _versions(software: Mapping[str, str], prebake_version: str) -> dict[str, tuple[str, str]]:
-    out = {_NAMES.get(f, f): (purl, software[f]) for f, purl in _PACKAGES.items() if software.get(f)}
+def _versions(software: Mapping[str, str], prebake_version: str, packages: PackageURLs) -> dict[str, tuple[str, str]]:
+    urls = {f: (_NAMES.get(f, f), purl) for f, purl in _PACKAGES.items()} | dict(packages)
+    out = {name: (purl, software[f]) for f, (name, purl) in urls.items() if software.get(f)}
     out["prebake"] = ("pkg:pypi/prebake", prebake_version)
     return out
 

@@ -1,6 +1,7 @@
 """Recipes: one TOML file per model declaring what to bake.
 
     [model]      name, engine, weights (seeded random or a Hugging Face folder), HF config inline
+    [engine]     the engine's own settings, validated by its adapter (engine/<engine>/adapter.py)
     [serving]    the serving limits every bucket set derives from
     [buckets]    strategy and optional per-dimension ranges
     [compile]    Inductor options that change compiled graphs
@@ -50,7 +51,7 @@ _PLATFORM_FORMS = "'cpu', 'cuda:sm_90' (any CUDA compute capability), 'gaudi2' o
 
 class ModelSpec(Frozen):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
-    engine: Literal["prebake", "vllm"] = "prebake"
+    engine: str = Field(default="prebake", pattern=r"^[a-z][a-z0-9_-]*$")  # checked against the registered adapters
     weights: Literal["random"] | str = Field(
         default="random", description="'random' (seeded) or a Hugging Face model folder"
     )
@@ -101,11 +102,10 @@ def _normal(value: Any) -> Any:
     return value
 
 
-# The graphs variant a recipe gets when its [compile] table names none, per engine: the bundled
-# engine loads functions precompiled by Dynamo ("dynamo-precompile", which also carries the Inductor
-# cache it falls back to); vLLM compiles through its own cache, which only "inductor-cache" describes.
+# The graphs variant of a recipe whose [compile] table names none is its engine's (the adapter's
+# `default_variant`, read through CompileOptions.variant_or): prebake's own engine loads functions
+# precompiled by Dynamo ("dynamo-precompile", which also carries the Inductor cache it falls back to).
 PRECOMPILE: Final = "dynamo-precompile"
-DEFAULT_VARIANT = {"prebake": PRECOMPILE, "vllm": "inductor-cache"}
 # "aoti" was this variant's first name; it is Dynamo's precompile, not AOTInductor (what "AOTI"
 # means to a PyTorch user), so it was renamed. Recipes that still say "aoti" keep working.
 _RENAMED_VARIANTS = {"aoti": PRECOMPILE}
@@ -114,7 +114,7 @@ _RENAMED_VARIANTS = {"aoti": PRECOMPILE}
 class CompileOptions(Frozen):
     mode: Literal["default", "max-autotune-no-cudagraphs"] = "default"
     freezing: bool = Field(default=False, description="fold weights into graphs: the weights join the key")
-    variant: Literal["inductor-cache", "dynamo-precompile"] = PRECOMPILE
+    variant: Literal["inductor-cache", "dynamo-precompile"] | None = None  # None: the engine's default (variant_or)
 
     @field_validator("variant", mode="before")
     @classmethod
@@ -130,6 +130,10 @@ class CompileOptions(Frozen):
             )
             return new
         return value
+
+    def variant_or(self, default: str) -> str:
+        """The variant the recipe names, else the engine's `default`."""
+        return self.variant or default
 
 
 class AutotuneSpec(Frozen):
@@ -165,17 +169,9 @@ class Recipe(Frozen):
     compile: CompileOptions = CompileOptions()
     autotune: AutotuneSpec = AutotuneSpec()
     matrix: Matrix
-
-    @model_validator(mode="before")
-    @classmethod
-    def _engine_default_variant(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
-            return data
-        compile_table = data.get("compile", {})
-        if isinstance(compile_table, dict) and "variant" not in compile_table:
-            engine = data["model"].get("engine", "prebake")
-            data = {**data, "compile": {**compile_table, "variant": DEFAULT_VARIANT.get(engine, PRECOMPILE)}}
-        return data
+    engine: dict[str, Any] = Field(
+        default_factory=dict
+    )  # [engine]: the engine's own settings, which its adapter validates
 
     @model_validator(mode="after")
     def _tp_divides_heads(self) -> Recipe:
@@ -266,11 +262,6 @@ def recipe_folders(env: Mapping[str, str] = os.environ, cwd: Path | None = None)
 def recipe_dirs(env: Mapping[str, str] = os.environ) -> list[Path]:
     """The folders of recipe_folders, in search order."""
     return [f.path for f in recipe_folders(env)]
-
-
-def recipes_dir(env: Mapping[str, str] = os.environ) -> Path:
-    """The first recipe folder: $PREBAKE_RECIPES's first, else ./recipes, else the shipped one."""
-    return recipe_dirs(env)[0]
 
 
 def find_recipes(env: Mapping[str, str] = os.environ) -> list[FoundRecipe]:

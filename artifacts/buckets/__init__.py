@@ -4,7 +4,6 @@
     traces, replay           request traces, and their replay through a model of the engine's batching
     traffic, threshold_fit   the traffic strategy: sets fitted to a replayed trace (exact threshold DPs)
     report                   how well a set fits some traffic: counts and the four padding figures
-    gaudi_file               a set as vllm-gaudi's VLLM_BUCKETING_FROM_FILE file
     artifact                 the buckets artifact: serving limits and settings to one BucketSet, and its key
 
 Pure Python over the core's foundation (errors, fsutil): no bundle, store or bake module is imported.

@@ -31,14 +31,7 @@ from prebake.artifacts.errors import BucketError
 
 UPSTREAM = "vllm-project/vllm-gaudi@091bbadda10bee4fd3f6d0efc1844d2610dd2707 (2026-08-21)"
 LONG_CONTEXT = 8192  # upstream's LONG_CTX_THRESHOLD: from here on, prompt ctx gets per-query edges
-# BucketSettings field -> the vllm-gaudi variable prefix that sets the same range.
-RANGE_VARIABLES = {
-    "prompt_bs": "VLLM_PROMPT_BS",
-    "prompt_seq": "VLLM_PROMPT_QUERY",  # VLLM_PROMPT_SEQ_* is the deprecated fallback name
-    "prompt_ctx": "VLLM_PROMPT_CTX",
-    "decode_bs": "VLLM_DECODE_BS",
-    "decode_block": "VLLM_DECODE_BLOCK",
-}
+RANGE_FIELDS = ("prompt_bs", "prompt_seq", "prompt_ctx", "decode_bs", "decode_block")  # BucketSettings' ranges
 Triple = tuple[int, int, int]
 
 
@@ -220,7 +213,7 @@ def derive_ranges(limits: ServingLimits, settings: BucketSettings) -> RuleRanges
     )
 
 
-_PLAN_FIELD = {f: f for f in RANGE_VARIABLES} | {"prompt_seq": "prompt_query"}
+_PLAN_FIELD = {f: f for f in RANGE_FIELDS} | {"prompt_seq": "prompt_query"}
 
 
 def _ctx_env_max(settings: BucketSettings, cfgs: dict[str, tuple[int, ...]]) -> int | None:
@@ -242,7 +235,7 @@ def _range(strategy: str, field: str, cfg: tuple[int, ...], contiguous: bool) ->
             return padded_range(*cfg)
         return linear_range(*cfg)
     except BucketError as error:
-        raise BucketError(f"{field} ({RANGE_VARIABLES[field]}_BUCKET_*): {error}") from None
+        raise BucketError(f"{field}: {error}") from None
 
 
 def upstream_set(limits: ServingLimits, settings: BucketSettings) -> BucketSet:

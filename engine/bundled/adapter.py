@@ -15,8 +15,16 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from prebake.artifacts.bake.kinds import BuildRequest, Groups, KeyContext, Kind, TargetKeys, target_groups
-from prebake.artifacts.bake.recipes import Recipe, Target
+from prebake.artifacts.bake.kinds import (
+    BuildRequest,
+    Groups,
+    KeyContext,
+    Kind,
+    TargetKeys,
+    compile_factors,
+    target_groups,
+)
+from prebake.artifacts.bake.recipes import PRECOMPILE, Recipe
 from prebake.artifacts.errors import BuildError
 from prebake.artifacts.store.local import Installed
 from prebake.engine.bundled.cache_layout import (
@@ -28,7 +36,14 @@ from prebake.engine.bundled.cache_layout import (
     engine_environment,
     private_graphs_tree,
 )
-from prebake.engine.common.adapter import Fetched, OpenServices, Services, StartRequest
+from prebake.engine.common.adapter import (
+    Fetched,
+    OpenServices,
+    Services,
+    StartRequest,
+    plan_to_start,
+    recipe_settings,
+)
 from prebake.engine.common.exports import prebake_environment
 
 
@@ -72,7 +87,7 @@ def _autotune_groups(context: KeyContext) -> Groups:
 
 
 def _graphs_groups(context: KeyContext) -> Groups:
-    return {**target_groups(context), "options": context.recipe.compile.model_dump(mode="json")}
+    return {**target_groups(context), "options": compile_factors(context.recipe, PRECOMPILE)}
 
 
 AUTOTUNE = Kind(
@@ -94,14 +109,20 @@ GRAPHS = Kind(
 )
 
 
+OPTIONS = {"eager": "--eager"}  # the start options this engine takes (StartRequest.options), by their flag
+
+
 class BundledAdapter:
     """prebake's own engine (`prebake serve`): compiles in its serving process."""
 
     name = "prebake"
+    packages = ()  # torch and its stack are every kind's factors already (prebake.engine.common.probe.Software)
+    default_variant = PRECOMPILE
     fallback_kind = "graphs"
 
-    def handles(self, recipe: Recipe, target: Target) -> bool:
-        return recipe.model.engine == self.name
+    def settings(self, recipe: Recipe) -> None:
+        """The bundled engine reads [compile] and [autotune]; it has no [engine] table."""
+        recipe_settings(recipe, self.name, None)
 
     def kinds(self) -> tuple[Kind, ...]:
         return (AUTOTUNE, GRAPHS)
@@ -111,10 +132,10 @@ class BundledAdapter:
 
     def fetch(self, request: StartRequest, services: Services) -> Fetched:
         """The bundled engine (and plain torch.compile users): every installed kind's variables."""
-        from prebake.artifacts.bake.recipes import load_recipe
         from prebake.engine.common.mounted import resolve_with_mounts
 
-        plan = services.pick_plan(load_recipe(request.model), dtype=request.precision, tp=request.tp)
+        request.engine_options(OPTIONS)
+        plan = plan_to_start(request, services)
         resolution = resolve_with_mounts(plan, request, services)
         if not resolution.complete:
             note = f"no complete bundle set for {plan.target.name} in {services.address}"
@@ -128,17 +149,10 @@ class BundledAdapter:
         """`prebake serve`: this engine serves in this process (prebake.engine.bundled.serve)."""
         import logging
 
-        from prebake.artifacts.errors import PrebakeError
         from prebake.engine.bundled.serve import ServeSettings, api_key_from, serve
         from prebake.engine.bundled.start import StartupSettings
 
-        if request.engine_args:
-            raise PrebakeError(f"flags after -- ({' '.join(request.engine_args)}) are for --engine vllm only")
-        if request.force_aot_load:
-            raise PrebakeError(
-                "--force-aot-load is vLLM's strict loading (--engine vllm); prebake's own engine refuses a start "
-                "without its baked graphs with --on-miss fail"
-            )
+        options = request.engine_options(OPTIONS)
         startup = StartupSettings(
             model=request.model,
             precision=request.precision,
@@ -148,7 +162,7 @@ class BundledAdapter:
             fetch_timeout=request.fetch_timeout,
             on_miss=request.on_miss,
             write_back=request.write_back,
-            eager=request.eager,
+            eager=bool(options.get("eager", False)),
             mounted=request.mounted,
         )
         settings = ServeSettings(

@@ -63,8 +63,8 @@ def compile_graphs(
     import torch
 
     started = time.perf_counter()
-    unsupported = precompile.supported() if recipe.compile.variant == PRECOMPILE else None
-    if recipe.compile.variant == PRECOMPILE and unsupported is None:
+    unsupported = precompile.supported() if recipe.compile.variant_or(PRECOMPILE) == PRECOMPILE else None
+    if recipe.compile.variant_or(PRECOMPILE) == PRECOMPILE and unsupported is None:
         # torch.compile first: its FX-graph and AOTAutograd entries (which aot_compile's are not,
         # in torch 2.13) are what a server falls back to when a precompiled function does not load.
         fallback = CompiledSteps(model, cache, mode=recipe.compile.mode, expected_shapes=len(tactics))
@@ -78,8 +78,8 @@ def compile_graphs(
         steps = CompiledSteps(model, cache, mode=recipe.compile.mode, expected_shapes=len(tactics))
         seconds = steps.warm_up(tactics, log=log)
     document = {
-        "variant": recipe.compile.variant,
-        "precompiled": recipe.compile.variant == PRECOMPILE and unsupported is None,
+        "variant": recipe.compile.variant_or(PRECOMPILE),
+        "precompiled": recipe.compile.variant_or(PRECOMPILE) == PRECOMPILE and unsupported is None,
         "torch": torch.__version__,
         "total_compile_s": round(time.perf_counter() - started, 3),
         "shapes": [

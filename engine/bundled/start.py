@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from prebake.artifacts.bake import fetch
 from prebake.artifacts.bake.fetch import Found, Miss, Resolution, record_resolution
 from prebake.artifacts.bake.kinds import BUCKETS_FILE, Builder, BuildRequest, TargetKeys
-from prebake.artifacts.bake.recipes import PRECOMPILE, Recipe, load_recipe
+from prebake.artifacts.bake.recipes import PRECOMPILE, Recipe
 from prebake.artifacts.buckets.artifact import BucketSet
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.errors import ExitCode, PrebakeError, StoreError
@@ -54,7 +54,8 @@ from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE
 from prebake.engine.bundled.runtime.metrics import Metrics
 from prebake.engine.bundled.runtime.shapes import StepShape, step_shapes
 from prebake.engine.bundled.runtime.torch_import import Imports
-from prebake.engine.common.adapter import OpenServices, Services
+from prebake.engine.common.adapter import OpenServices, Services, StartRequest, plan_to_start
+from prebake.engine.common.advice import miss_advice, miss_exit_code
 from prebake.engine.common.mounted import check_mounted, parse_mounts
 from prebake.engine.common.write_back import WrittenBack, write_back
 
@@ -189,7 +190,7 @@ def _start_all(
         context = open_services()
         s.detail = context.host.platform.describe()
     with log.step("keys") as s:
-        plan = context.pick_plan(load_recipe(settings.model), dtype=settings.precision, tp=settings.tp)
+        plan = plan_to_start(StartRequest(settings.model, settings.precision, settings.tp), context)
         compiled = context.adapter(plan).fallback_kind
         kinds = tuple(k for k in plan.kinds.names if not (settings.eager and k == compiled))
         s.detail = f"{plan.target.name} " + ", ".join(f"{k} {plan.key(k).digest[:12]}" for k in kinds)
@@ -268,9 +269,9 @@ def _start(
     if resolution.misses and settings.on_miss == "fail":
         raise MissRefused(
             f"{len(resolution.misses)} of {plan.target.name}'s bundles missed (above) and --on-miss is fail; "
-            f"{fetch.miss_advice(resolution.misses, target=plan.target.name, bake=_bake_command(plan), address=address)}; "
+            f"{miss_advice(resolution.misses, target=plan.target.name, bake=_bake_command(plan), address=address)}; "
             f"or use --on-miss compile",
-            code=fetch.miss_exit_code(resolution.misses),
+            code=miss_exit_code(resolution.misses),
         )
     compiled = context.adapter(plan).fallback_kind
     trees = {k: i.tree for k, i in resolution.installed.items()}
@@ -347,7 +348,9 @@ def _warm(
             env = context.adapter(plan).serve_environment(plan, installed, run_dir)
             cache_layout.activate(env)
             trees["graphs"] = Path(env[cache_layout.GRAPHS_ENV])
-            s.detail = f"{len(shapes)} step shapes, graphs ({recipe.compile.variant}) in {trees['graphs']}"
+            s.detail = (
+                f"{len(shapes)} step shapes, graphs ({recipe.compile.variant_or(PRECOMPILE)}) in {trees['graphs']}"
+            )
             from prebake.engine.bundled.runtime.inductor_init import InductorInit  # on a thread, while the weights load
 
             init = InductorInit.start(torch_import)
@@ -375,7 +378,7 @@ def _warm(
 
             steps = compile_graphs(model, cache, recipe, schedule, trees["graphs"], log=log.note)
             log.metrics.add("prebake_fallback_compiles_total", kind="graphs")
-            s.detail = f"{len(shapes)} step shapes compiled in place ({recipe.compile.variant})"
+            s.detail = f"{len(shapes)} step shapes compiled in place ({recipe.compile.variant_or(PRECOMPILE)})"
         record_fallback(context.store, "graphs", log.seconds.get("compile"))
     return Engine(plan, steps, buckets, schedule, run_dir, context.store, tuple(built))
 
@@ -400,7 +403,7 @@ def _load_steps(
     precompiled = False
     if settings.eager:
         steps = CompiledSteps(model, cache, compile=False)
-    elif recipe.compile.variant == PRECOMPILE:
+    elif recipe.compile.variant_or(PRECOMPILE) == PRECOMPILE:
         from prebake.engine.bundled.runtime import precompile
 
         if graphs_tree is None:
@@ -426,7 +429,7 @@ def _load_steps(
         log.metrics.set("prebake_startup_part_seconds", round(took, 6), part=part)
     log.note("warm-up by part: " + ", ".join(f"{p} {t:.2f} s" for p, t in parts.items()))
     detail = f"{len(schedule)} step shapes " + (
-        "eager" if settings.eager else f"from the bundle ({recipe.compile.variant})"
+        "eager" if settings.eager else f"from the bundle ({recipe.compile.variant_or(PRECOMPILE)})"
     )
     if not settings.eager and not precompiled:
         from torch._dynamo.utils import counters

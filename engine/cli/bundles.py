@@ -9,7 +9,7 @@ import sys
 
 from prebake.artifacts.ports.listing import Listed
 from prebake.artifacts.store.local import Store
-from prebake.engine.adapters import KIND_NAMES
+from prebake.engine.adapters import kind_names
 from prebake.engine.cli.common import command, json_option, registry_option, size, table
 
 
@@ -23,7 +23,7 @@ def add(sub) -> None:
         store="read",
     )
     registry_option(ls)
-    ls.add_argument("--kind", choices=KIND_NAMES, help="only this artifact kind (default: every kind)")
+    ls.add_argument("--kind", choices=kind_names(), help="only this artifact kind (default: every kind)")
     json_option(ls)
     ls.set_defaults(run=cmd_ls)
 
@@ -60,7 +60,7 @@ def add(sub) -> None:
     preheat.add_argument(
         "--mirror", required=True, metavar="oci://HOST/NAMESPACE/REPO", help="the mirror, as the nodes name it"
     )
-    preheat.add_argument("--kind", choices=KIND_NAMES, help="only this artifact kind (default: every kind)")
+    preheat.add_argument("--kind", choices=kind_names(), help="only this artifact kind (default: every kind)")
     preheat.add_argument(
         "--key", action="append", default=[], metavar="DIGEST", help="only this key digest, or its prefix (repeatable)"
     )
@@ -119,11 +119,11 @@ def _ls_json(m: Listed) -> dict:
 
 def cmd_preheat(args: argparse.Namespace) -> int:
     from prebake.artifacts.errors import ExitCode
-    from prebake.registry import open_registry
+    from prebake.engine.compose import open_address
     from prebake.registry.oci import OCIRegistry
     from prebake.registry.oci.preheat import preheat
 
-    mirror = open_registry(args.mirror, create=False)
+    mirror = open_address(Store(), args.mirror)
     if not isinstance(mirror, OCIRegistry):
         print(
             f"prebake: --mirror {args.mirror!r} is not an OCI registry; name it as oci://HOST/NAMESPACE/REPO",

@@ -156,7 +156,7 @@ def registry_option(parser: argparse.ArgumentParser) -> None:
 def engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--engine",
-        choices=sorted({adapter.name for adapter in adapters.ADAPTERS}),  # read when the parser is built
+        choices=sorted(adapters.ADAPTERS),  # read when the parser is built
         default="prebake",
         help="the engine to serve with: prebake's own (default) or vLLM (recipes with engine = 'vllm')",
     )

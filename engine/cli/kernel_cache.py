@@ -15,9 +15,9 @@ import json
 import shutil
 import sys
 
-from prebake.artifacts.bake.fetch import miss_exit_code
 from prebake.artifacts.errors import ExitCode, PrebakeError
 from prebake.engine.cli.common import command, json_option, registry_option
+from prebake.engine.common.advice import miss_exit_code
 
 
 def add(sub) -> None:

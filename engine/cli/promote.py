@@ -12,7 +12,6 @@ import argparse
 import json
 
 from prebake.artifacts.errors import ExitCode, PrebakeError
-from prebake.artifacts.store.local import Store
 from prebake.engine.cli.common import command, json_option, registry_option
 
 
@@ -49,17 +48,13 @@ def add(sub) -> None:
 
 
 def cmd_promote(args: argparse.Namespace) -> int:
-    from prebake.engine.common.builder import attester
-    from prebake.engine.common.probe import current_host
-    from prebake.registry import open_registry
+    from prebake.engine.compose import Context
     from prebake.registry.review.promote import promote
-    from prebake.registry.review.writeback import quarantine_address
-    from prebake.registry.trust.model_signatures import model_signer_from_env
-    from prebake.registry.trust.signing import SIGNING_KEY_ENV, signer_from_env
+    from prebake.registry.trust.signing import SIGNING_KEY_ENV
 
-    address = Store().registry_address(args.registry)
-    incoming_address = quarantine_address(address)
-    incoming = open_registry(incoming_address)
+    context = Context.open(args.registry, trusting=False)
+    address = context.address
+    incoming_address, incoming = context.quarantine()
     if args.list:
         rows = [
             {"kind": m.kind, "key": m.key_digest, "model": m.labels.get("model", ""), "created": m.created,
@@ -77,18 +72,17 @@ def cmd_promote(args: argparse.Namespace) -> int:
         return _prune(args, incoming, incoming_address)
     if args.older_than:
         raise PrebakeError("--older-than is the maximum age of --prune; add --prune, or drop it")
-    signer = signer_from_env()
-    if signer is None:
+    if context.sign is None:
         raise PrebakeError(f"promotion signs what it reviewed: set {SIGNING_KEY_ENV} to the builder's key")
     results = promote(
         incoming,
-        open_registry(address),
-        signer=signer,
-        attest=attester(signer, current_host()),
+        context.registry,
+        signer=context.sign,
+        attest=context.attest,
         kind=args.kind,
         key_prefix=args.key,
         dry_run=args.dry_run,
-        model_sign=None if (model_signer := model_signer_from_env()) is None else model_signer.sign,
+        model_sign=context.model_sign,
     )
     if args.json:
         print(json.dumps({"quarantine": incoming_address, "index": address,

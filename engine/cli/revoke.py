@@ -1,7 +1,7 @@
 """`prebake revoke`: add key ids and bundle digests to a registry's signed revocation list.
 
-The list is registry/trust/revocation.py's: read (its entries kept), extended, given the next serial
-and a fresh `issued` time, signed with PREBAKE_SIGNING_KEY (or --signing-key; the key must be
+The list is registry/trust/revocation.py's (`revoke`): read (its entries kept), extended, given the next
+serial and a fresh `issued` time, signed with PREBAKE_SIGNING_KEY (or --signing-key; the key must be
 one the fleet's policy names under [revocation]) and written to <registry>/meta/. Run it with
 nothing to add to re-issue the list before it goes stale (max_age_hours), e.g. from a cron job.
 """
@@ -9,13 +9,10 @@ nothing to add to re-issue the list before it goes stale (max_age_hours), e.g. f
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import re
 
 from prebake.artifacts.errors import ExitCode, PrebakeError
-from prebake.artifacts.ports.registry import SideFiles
-from prebake.artifacts.store.local import Store
 from prebake.engine.cli.common import command, json_option, registry_option
 
 _DIGEST = re.compile(r"^(sha256:)?([0-9a-f]{64})$")
@@ -44,41 +41,21 @@ def add(sub) -> None:
 
 
 def cmd_revoke(args: argparse.Namespace) -> int:
-    import os
+    from prebake.engine.compose import Context
+    from prebake.registry.trust.revocation import revoke
+    from prebake.registry.trust.signing import SIGNING_KEY_ENV
 
-    from prebake.registry import open_registry
-    from prebake.registry.trust.revocation import LIST_NAME, RevocationList, sign_list, unverified
-    from prebake.registry.trust.signing import SIGNING_KEY_ENV, signer_from_env
-
-    env = {**os.environ, SIGNING_KEY_ENV: args.signing_key} if args.signing_key else dict(os.environ)
-    signer = signer_from_env(env)
-    if signer is None:
+    context = Context.open(args.registry, trusting=False, signing_key=args.signing_key)
+    if context.sign is None:
         raise PrebakeError(
             f"say which key signs the revocation list: --signing-key PEM or {SIGNING_KEY_ENV} (a key the "
             f"policy's [revocation] table names)"
         )
     bundles = [_digest(d) for d in args.bundle]
-    address = Store().registry_address(args.registry)
-    registry = open_registry(address)
-    if not isinstance(registry, SideFiles):
-        raise PrebakeError(f"{address} cannot hold a revocation list; use a folder, S3 or Hub registry")
-    raw = registry.get_meta(LIST_NAME)
-    old = unverified(raw) if raw is not None else None
-    if raw is not None and old is None:
-        raise PrebakeError(
-            f"{address}/meta/{LIST_NAME} is not a revocation list; move it aside (it may be forged) and run again"
-        )
-    reasons = dict(old.reasons) if old else {}
-    if args.reason:
-        reasons |= {entry: args.reason for entry in [*args.key, *bundles]}
-    entries = RevocationList(
-        serial=(old.serial + 1) if old else 1,
-        issued=dt.datetime.now(dt.UTC).replace(microsecond=0),
-        keys=tuple(sorted({*(old.keys if old else ()), *args.key})),
-        bundles=tuple(sorted({*(old.bundles if old else ()), *bundles})),
-        reasons=reasons,
+    entries = revoke(
+        context.registry, context.address, context.sign, keys=args.key, bundles=bundles, reason=args.reason
     )
-    registry.put_meta(LIST_NAME, sign_list(entries, signer))
+    address, signer = context.address, context.sign
     if args.json:
         print(json.dumps({"registry": address, "signed_by": signer.name, **entries.model_dump(mode="json")}, indent=2))
     else:

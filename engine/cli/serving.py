@@ -7,11 +7,12 @@ import json
 import shlex
 import sys
 
-from prebake.artifacts.bake.fetch import Miss, miss_advice, miss_exit_code
+from prebake.artifacts.bake.fetch import Miss
 from prebake.artifacts.store.stats import classify
 from prebake.engine.adapters import adapter_named
 from prebake.engine.cli.common import command, engine_options, json_option, registry_option, target_options
 from prebake.engine.common.adapter import Fetched, StartRequest
+from prebake.engine.common.advice import miss_advice, miss_exit_code
 from prebake.engine.common.exports import shell_exports
 
 
@@ -123,8 +124,16 @@ def timeout_options(parser: argparse.ArgumentParser, *, registry_timeout: float)
 
 
 def start_request(args: argparse.Namespace) -> StartRequest:
-    """What `fetch` or `serve` asks of the engine, from the command line (fetch has no listener)."""
+    """What `fetch` or `serve` asks of the engine, from the command line (fetch has no listener).
+    The engine-only flags travel as options, the given ones only: the engine refuses those it
+    does not take."""
     defaults = StartRequest(model=args.model)
+    given = {
+        "eager": getattr(args, "eager", False),
+        "cache_root": args.cache_root,
+        "engine_args": tuple(getattr(args, "vllm_args", ())),
+        "force_aot_load": getattr(args, "force_aot_load", False),
+    }
     return StartRequest(
         model=args.model,
         precision=args.precision,
@@ -134,14 +143,12 @@ def start_request(args: argparse.Namespace) -> StartRequest:
         fetch_timeout=getattr(args, "fetch_timeout", defaults.fetch_timeout),
         on_miss=getattr(args, "on_miss", "compile"),
         write_back=getattr(args, "write_back", False),
-        eager=getattr(args, "eager", False),
         host=getattr(args, "host", None),
         port=getattr(args, "port", None),
         api_key=getattr(args, "api_key", None),
-        cache_root=args.cache_root,
-        engine_args=tuple(getattr(args, "vllm_args", ())),
         mounted=tuple(getattr(args, "mounted", ())),
-        force_aot_load=getattr(args, "force_aot_load", False),
+        engine=args.engine,
+        options={name: value for name, value in given.items() if value},
     )
 
 

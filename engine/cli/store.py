@@ -12,7 +12,7 @@ import json
 from prebake.artifacts.errors import ExitCode
 from prebake.artifacts.store import admin as store_admin
 from prebake.artifacts.store.local import DEFAULT_MAX_BYTES, Store, parse_size
-from prebake.engine.adapters import KIND_NAMES
+from prebake.engine.adapters import kind_names
 from prebake.engine.cli.common import (
     Formatter,
     StoreUse,
@@ -23,7 +23,6 @@ from prebake.engine.cli.common import (
     table,
     writes_with,
 )
-from prebake.registry.trust.policy import trust_in_force
 
 
 def add(sub) -> None:
@@ -77,7 +76,7 @@ def add(sub) -> None:
         reads_with("dry_run"),
     )
     rm.add_argument("selector", help="a model name (all its bundles), or a key or blob digest prefix (4+ hex digits)")
-    rm.add_argument("--kind", choices=KIND_NAMES, help="only bundles of this artifact kind (default: every kind)")
+    rm.add_argument("--kind", choices=kind_names(), help="only bundles of this artifact kind (default: every kind)")
     rm.add_argument("--dry-run", action="store_true", help="remove nothing; show what would go")
     json_option(rm)
     rm.set_defaults(run=cmd_store_rm)
@@ -201,12 +200,11 @@ def cmd_store_rm(args: argparse.Namespace) -> int:
 
 def _trust(store: Store):
     """The policy in force for gc: the store's own copies of attestations and revocation list first."""
+    from prebake.engine.compose import trust_for
     from prebake.registry import open_registry
 
     address = store.registry_address()
-    return trust_in_force(
-        warn=False, address=address, store_home=store.home, open_registry=lambda: open_registry(address)
-    )
+    return trust_for(store, address, warn=False, open_registry=lambda: open_registry(address))
 
 
 def _show(args: argparse.Namespace, report) -> None:

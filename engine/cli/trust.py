@@ -13,9 +13,9 @@ from prebake.artifacts.bake.fetch import TrustCheck
 from prebake.artifacts.bake.provenance import SIDE_NAME
 from prebake.artifacts.ports.registry import Registry, SideFiles
 from prebake.artifacts.store.local import Store
-from prebake.engine.common.builder import host_versions
 from prebake.engine.common.probe import current_host
-from prebake.registry.trust.policy import POLICY_ENV, trust_in_force
+from prebake.engine.compose import trust_for
+from prebake.registry.trust.policy import POLICY_ENV
 
 
 def verify_trust(policy: str | None, address: str, registry: Registry) -> TrustCheck | None:
@@ -25,11 +25,6 @@ def verify_trust(policy: str | None, address: str, registry: Registry) -> TrustC
     def attestation(manifest):  # straight from the registry being verified, not a store's copy
         return registry.get_side(manifest.blob.digest, SIDE_NAME) if isinstance(registry, SideFiles) else None
 
-    return trust_in_force(
-        env,
-        address=address,
-        host_versions=host_versions(current_host()),
-        store_home=Store().home,
-        open_registry=lambda: registry,
-        attestation=attestation,
+    return trust_for(
+        Store(), address, host=current_host(), env=env, open_registry=lambda: registry, attestation=attestation
     )

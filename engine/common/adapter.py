@@ -1,38 +1,44 @@
 """The engine-adapter interface: what an engine needs from prebake, and what it gives back.
 
-An adapter declares, for recipes it serves (`handles`):
+An adapter declares, as data, what the core must not know by name:
 
-    kinds()              the artifact kinds it compiles, after the shared buckets kind: what its
-                         autotune and graphs artifacts are, how each is built and keyed
+    name                 the recipe's [model] engine and `--engine NAME`
+    packages             its software factors: the packages the host probe reads for it, whose
+                         versions join its kinds' keys (software.<factor>) and its provenance
+    default_variant      the graphs variant of its recipes when [compile] names none
+    settings(recipe)     its recipe settings: the recipe's [engine] table, validated
+    kinds()              the artifact kinds it compiles, after the shared buckets kind
     fallback_kind        the kind the engine produces by itself when it starts on a miss
     serve_environment()  the variables that start the engine from installed trees
-    fetch(), serve()     `prebake fetch|serve --engine NAME`: install, then print how to start, or
-                         start and serve; a write-back follows the one policy of
-                         prebake.engine.common.write_back
+    fetch(), serve()     `prebake fetch|serve --engine NAME`; the engine-only flags (--eager,
+                         --cache-root, ...) reach it as StartRequest.options, which it checks
+                         against those it takes (`request.engine_options`)
 
-Its key factors are its kinds' key groups (Kind.groups); the software versions only that engine
-keys on are named in prebake.artifacts.bake.kinds.ENGINE_ONLY_SOFTWARE. Adapters are looked up by
-`prebake.engine.adapters.adapter_for(recipe, target)` (or `adapter_named` for --engine); nothing
-else in the code asks which engine a recipe names. Engines are given a `Services` (the store,
-registry, trust policy, signer and host), never the composition root itself.
+Adapters are registered in prebake.engine.adapters (`register(adapter)`, one line) and looked up
+there; nothing else in the code asks which engine a recipe names. Engines are given a `Services`
+(the store, registry, trust policy, signer and host), never the composition root itself.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
+from pydantic import ValidationError
+
 from prebake.artifacts.bake.bake_kind import Signer
-from prebake.artifacts.bake.fetch import Miss, Resolution, TrustCheck
+from prebake.artifacts.bake.fetch import WRITE_BACK_LABEL, Miss, Resolution, TrustCheck
 from prebake.artifacts.bake.kinds import Kind, TargetKeys
 from prebake.artifacts.bake.provenance import Attest
-from prebake.artifacts.bake.recipes import Recipe, Target
-from prebake.artifacts.errors import PrebakeError
+from prebake.artifacts.bake.recipes import Recipe
+from prebake.artifacts.errors import PrebakeError, RecipeError
+from prebake.artifacts.frozen import Frozen
 from prebake.artifacts.ports.registry import Registry
 from prebake.artifacts.store.local import Installed, Store
-from prebake.engine.common.probe import Host
+from prebake.engine.common.probe import Host, Package
 from prebake.registry.review.writeback import WriteBackTarget
 
 
@@ -52,14 +58,31 @@ class StartRequest:
     fetch_timeout: float = 600.0  # seconds downloads (and write-back) may take
     on_miss: Literal["compile", "fail"] = "compile"
     write_back: bool = False
-    eager: bool = False  # compilation off: the eager floor (an engine that cannot refuses)
     host: str | None = None
     port: int | None = None
     api_key: str | None = None
-    cache_root: Path | None = None  # where a separate engine process keeps its writable caches
-    engine_args: tuple[str, ...] = ()  # flags after `--`, for an engine started as its own process
     mounted: tuple[str, ...] = ()  # KIND=PATH: bundle trees already mounted read-only (engine/common/mounted.py)
-    force_aot_load: bool = False  # vLLM's strict loading (VLLM_FORCE_AOT_LOAD=1); other engines refuse it
+    engine: str = "prebake"  # --engine: the engine asked for; the recipe's must be the same (`plan_to_start`)
+    options: Mapping[str, object] = field(default_factory=dict)  # engine-only options, given ones only
+
+    def engine_options(self, takes: Mapping[str, str]) -> Mapping[str, object]:
+        """The options, all of which the engine `takes` (option -> the flag that gives it); a
+        PrebakeError names those it does not, with what it takes."""
+        refused = sorted(set(self.options) - set(takes))
+        if refused:
+            flags = ", ".join(OPTION_FLAGS.get(o, o) for o in refused)
+            offered = ", ".join(sorted(takes.values())) or "none"
+            raise PrebakeError(f"{flags}: not an option of engine {self.engine!r} (its options: {offered})")
+        return self.options
+
+
+# The command line's flag of each engine-only option, for messages (engine/cli/serving.py sets them).
+OPTION_FLAGS = {
+    "eager": "--eager",
+    "cache_root": "--cache-root",
+    "engine_args": "flags after --",
+    "force_aot_load": "--force-aot-load",
+}
 
 
 @dataclass(frozen=True)
@@ -79,15 +102,23 @@ class Fetched:
 class EngineAdapter(Protocol):
     """One serving engine: its compiled artifacts and how it starts from them.
 
-    A new engine is one folder under engine/ with a class of this shape, and one line in
-    prebake.engine.adapters.ADAPTERS; the CLI, the fleet planner and the bake know it from there.
+    A new engine is one folder under engine/ with a class of this shape, and one
+    `register(adapter)` line in prebake.engine.adapters; the CLI, the fleet planner, the probe
+    and the bake know it from there.
     """
 
     name: str  # the recipe's [model] engine
+
+    @property
+    def packages(self) -> Sequence[Package]:
+        """Its software factors."""
+        ...
+
+    default_variant: str  # [compile] variant when the recipe names none
     fallback_kind: str
 
-    def handles(self, recipe: Recipe, target: Target) -> bool:
-        """Whether this adapter serves `recipe` on `target`."""
+    def settings(self, recipe: Recipe) -> object:
+        """The recipe's [engine] settings, validated (RecipeError naming the field and the fix)."""
         ...
 
     def kinds(self) -> tuple[Kind, ...]:
@@ -108,9 +139,62 @@ class EngineAdapter(Protocol):
         ...
 
 
+def recipe_settings(recipe: Recipe, engine: str, model: type[Frozen] | None) -> Frozen | None:
+    """The recipe's [engine] table read as `model` (None: the engine takes no settings)."""
+    if model is None:
+        if recipe.engine:
+            raise RecipeError(
+                f"recipe {recipe.model.name}: engine {engine!r} takes no [engine] settings, but the recipe gives "
+                f"{', '.join(sorted(recipe.engine))}; remove the [engine] table"
+            )
+        return None
+    try:
+        return model.model_validate(recipe.engine)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise RecipeError(
+            f"recipe {recipe.model.name}: [engine] settings for {engine!r}: {problems}; "
+            f"the engine's adapter documents its settings"
+        ) from None
+
+
+def plan_to_start(request: StartRequest, services: Services) -> TargetKeys:
+    """The target `fetch` or `serve` starts, and the one check that `--engine` and the recipe's
+    engine agree (a RecipeError naming both and the fix)."""
+    from prebake.artifacts.bake.recipes import load_recipe
+
+    recipe = load_recipe(request.model)
+    if recipe.model.engine != request.engine:
+        raise RecipeError(
+            f"recipe {recipe.model.name} is served by engine {recipe.model.engine!r}, not {request.engine!r}; "
+            f"use --engine {recipe.model.engine}, or a recipe with engine = {request.engine!r}"
+        )
+    return services.pick_plan(recipe, dtype=request.precision, tp=request.tp)
+
+
+@dataclass(frozen=True)
+class Publishing:
+    """Where and how an engine writes back what it compiled (prebake.engine.common.write_back):
+    the target (quarantine by default), its registry, the signer and attester of a bake, and the
+    trust policy that judges it (none for quarantine: `prebake promote` does)."""
+
+    target: WriteBackTarget
+    open_registry: Callable[[], Registry]
+    sign: Signer | None
+    attest: Attest | None
+    trust: TrustCheck | None
+
+    def plan(self, plan: TargetKeys) -> TargetKeys:
+        """`plan` whose bundles say they await review, when write-back goes to quarantine."""
+        if not self.target.quarantined:
+            return plan
+        return dataclasses.replace(plan, labels={**plan.labels, WRITE_BACK_LABEL: "quarantine"})
+
+
 class Services(Protocol):
-    """What an engine's start needs from the composition root: the store, the registry, the trust
-    policy, the signer and the host, opened once per command (prebake.engine.compose.Context is one).
+    """What an engine's start needs from the composition root: the store, the host, the registry
+    and its trust policy, where write-backs go, the plans and the fetch, opened once per command
+    (prebake.engine.compose.Context is one).
 
     Engines take it as a parameter and never open one themselves: the composition root sits above
     every engine, so an engine that imported it would close a circle."""
@@ -124,17 +208,9 @@ class Services(Protocol):
     @property
     def trust(self) -> TrustCheck | None: ...
     @property
-    def sign(self) -> Signer | None: ...
-    @property
     def registry(self) -> Registry: ...
     @property
-    def attest(self) -> Attest | None: ...
-    @property
-    def write_back(self) -> WriteBackTarget: ...
-    @property
-    def write_back_registry(self) -> Registry: ...
-
-    def write_back_plan(self, plan: TargetKeys) -> TargetKeys: ...
+    def publishing(self) -> Publishing: ...
 
     def pick_plan(self, recipe: Recipe, *, dtype: str | None = None, tp: int | None = None) -> TargetKeys: ...
 

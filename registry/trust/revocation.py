@@ -32,7 +32,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from prebake.artifacts import fsutil
 from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.errors import PrebakeError
 from prebake.artifacts.ports.registry import MAX_SIDE_FILE_BYTES, Registry, SideFiles
 from prebake.artifacts.timebox import Done, Raised, TimedOut, seconds_left, within
 from prebake.registry.trust.attestation import AttestationError, open_envelope, seal
@@ -96,6 +97,39 @@ def unverified(raw: bytes) -> RevocationList | None:
         return RevocationList.model_validate_json(base64.b64decode(envelope["payload"]))
     except (ValueError, KeyError, TypeError, ValidationError):
         return None
+
+
+def revoke(
+    registry: Registry,
+    address: str,
+    signer: KeySigner,
+    *,
+    keys: Sequence[str] = (),
+    bundles: Sequence[str] = (),
+    reason: str = "",
+) -> RevocationList:
+    """Extend the registry's list (its entries kept) with `keys` and `bundles`, give it the next
+    serial and a fresh `issued` time, sign it and write it back: `prebake revoke`."""
+    if not isinstance(registry, SideFiles):
+        raise PrebakeError(f"{address} cannot hold a revocation list; use a folder, S3 or Hub registry")
+    raw = registry.get_meta(LIST_NAME)
+    old = unverified(raw) if raw is not None else None
+    if raw is not None and old is None:
+        raise PrebakeError(
+            f"{address}/meta/{LIST_NAME} is not a revocation list; move it aside (it may be forged) and run again"
+        )
+    reasons = dict(old.reasons) if old else {}
+    if reason:
+        reasons |= {entry: reason for entry in [*keys, *bundles]}
+    entries = RevocationList(
+        serial=(old.serial + 1) if old else 1,
+        issued=dt.datetime.now(dt.UTC).replace(microsecond=0),
+        keys=tuple(sorted({*(old.keys if old else ()), *keys})),
+        bundles=tuple(sorted({*(old.bundles if old else ()), *bundles})),
+        reasons=reasons,
+    )
+    registry.put_meta(LIST_NAME, sign_list(entries, signer))
+    return entries
 
 
 @dataclass

@@ -236,7 +236,7 @@ def test_the_checker_sees_circles_upward_imports_peers_and_unplaced_packages(tmp
 
 
 def test_a_new_engine_is_one_adapter_registered_in_one_line(tmp_path, monkeypatch, capsys):
-    """`--engine NAME` reaches whatever adapter ADAPTERS registers: no CLI table to extend."""
+    """`--engine NAME` reaches whatever adapter is registered (adapters.register): no CLI table to extend."""
     from prebake.engine import adapters, cli
     from prebake.engine.common.adapter import Fetched
 
@@ -245,9 +245,6 @@ def test_a_new_engine_is_one_adapter_registered_in_one_line(tmp_path, monkeypatc
     class ToyAdapter:
         name = "toy"
         fallback_kind = "graphs"
-
-        def handles(self, recipe, target):
-            return recipe.model.engine == self.name
 
         def kinds(self):
             return ()
@@ -264,7 +261,7 @@ def test_a_new_engine_is_one_adapter_registered_in_one_line(tmp_path, monkeypatc
             return 0
 
     monkeypatch.setenv("PREBAKE_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(adapters, "ADAPTERS", (*adapters.ADAPTERS, ToyAdapter()))
+    monkeypatch.setattr(adapters, "ADAPTERS", {**adapters.ADAPTERS, "toy": ToyAdapter()})
     assert cli.main(["fetch", "--engine", "toy", "--model", "tiny-llama"]) == 0
     assert "export TOY_CACHE=/x" in capsys.readouterr().out
     assert cli.main(["serve", "--engine", "toy", "--model", "tiny-llama"]) == 0

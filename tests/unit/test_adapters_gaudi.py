@@ -11,7 +11,6 @@ import pytest
 
 from prebake.artifacts.bake.bake_kind import bake_kind
 from prebake.artifacts.bake.recipes import Recipe, load_recipe
-from prebake.artifacts.buckets.artifact import vllm_gaudi_env
 from prebake.artifacts.errors import BuildError
 from prebake.artifacts.store.local import Store
 from prebake.engine.adapters import adapter_for
@@ -19,6 +18,7 @@ from prebake.engine.common.adapter import StartRequest
 from prebake.engine.common.probe import probe
 from prebake.engine.compose import Context, plans_for
 from prebake.engine.vllm import gaudi
+from prebake.engine.vllm.gaudi import vllm_gaudi_env
 from prebake.engine.vllm.process import Launch, free_port, start, stop, wait_ready
 from prebake.engine.vllm.start import prepare
 from prebake.registry import open_registry
@@ -188,7 +188,7 @@ def test_gaudi_bake_packs_the_recipes_and_a_server_reuses_a_local_copy(tmp_path,
         baked = bake_kind(plan, kind, store=Store(tmp_path / "baker"), registry=registry)
     recipes_baked = [f.path for f in baked.manifest.files if f.path.startswith("hpu-recipes/")]
     served = prepare(
-        StartRequest(model="tiny-llama-vllm", precision="bf16"),
+        StartRequest(model="tiny-llama-vllm", engine="vllm", precision="bf16"),
         Context(Store(tmp_path / "server"), host, registry.url, given_registry=registry),
     )
     path, delete, _ = gaudi.parse_recipe_cache_config(served.variables["PT_HPU_RECIPE_CACHE_CONFIG"])
@@ -207,7 +207,7 @@ def test_gaudi_bake_packs_the_recipes_and_a_server_reuses_a_local_copy(tmp_path,
 def test_a_traffic_fitted_set_reaches_vllm_gaudi_as_its_bucket_file_and_reads_back_exactly(tmp_path):
     from prebake.artifacts.bake.kinds import BUCKETS_FILE
     from prebake.artifacts.buckets.artifact import build_bucket_set
-    from prebake.artifacts.buckets.gaudi_file import upstream_reading
+    from prebake.engine.vllm.gaudi_file import upstream_reading
     from tests.support.synthetic_traces import synthetic_requests, write_jsonl
 
     trace = write_jsonl(synthetic_requests("chat", 200, max_len=120), tmp_path / "fit.jsonl")

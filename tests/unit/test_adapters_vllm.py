@@ -348,7 +348,10 @@ def test_bake_packs_the_cache_root_the_engine_filled_and_a_start_from_it_loads(
 def _prepare(recipe: Recipe, store: Store, registry, host, monkeypatch, tmp_path):
     write_recipe(recipe, tmp_path / "recipes")
     monkeypatch.setenv("PREBAKE_RECIPES", str(tmp_path / "recipes"))
-    return prepare(StartRequest(model=recipe.model.name), Context(store, host, registry.url, given_registry=registry))
+    return prepare(
+        StartRequest(model=recipe.model.name, engine="vllm"),
+        Context(store, host, registry.url, given_registry=registry),
+    )
 
 
 def _read_only_copy(tree: Path, dest: Path) -> Path:
@@ -383,7 +386,7 @@ def test_a_mounted_graphs_tree_serves_vllm_from_a_private_root_and_a_tampered_on
 
     node = Store(tmp_path / "node")
     context = Context(node, host, registry.url, given_registry=registry)
-    served = prepare(StartRequest(model=name, mounted=(f"graphs={good}",)), context)
+    served = prepare(StartRequest(model=name, engine="vllm", mounted=(f"graphs={good}",)), context)
     root = Path(served.variables["VLLM_CACHE_ROOT"])
 
     assert served.misses == () and served.installed["graphs"].tree == good
@@ -393,7 +396,7 @@ def test_a_mounted_graphs_tree_serves_vllm_from_a_private_root_and_a_tampered_on
     assert os.access(root, os.W_OK) and not root.is_relative_to(good)
     with pytest.raises(BundleError, match=r"is not the graphs bundle .*wrong bytes in .*graph\.bin"):
         prepare(
-            StartRequest(model=name, mounted=(f"graphs={bad}",)),
+            StartRequest(model=name, engine="vllm", mounted=(f"graphs={bad}",)),
             Context(Store(tmp_path / "node2"), host, registry.url, given_registry=registry),
         )
 
@@ -441,7 +444,10 @@ def test_fetch_for_vllm_refuses_a_recipe_of_the_bundled_engine(tmp_path):
         timeout=120,
     )
 
-    assert done.returncode == 2 and "needs a recipe with engine = 'vllm'" in done.stderr
+    assert (
+        done.returncode == 2
+        and "recipe tiny-llama is served by engine 'prebake', not 'vllm'; use --engine prebake" in done.stderr
+    )
 
 
 # --- the random-weight model ------------------------------------------------------------------
@@ -495,7 +501,7 @@ def test_a_slow_or_broken_registry_is_a_miss_and_vllm_starts_from_an_empty_root(
     started = time.monotonic()
 
     prepared = prepare(
-        StartRequest(model="tiny-llama-vllm", registry_timeout=0.5, fetch_timeout=0.5),
+        StartRequest(model="tiny-llama-vllm", engine="vllm", registry_timeout=0.5, fetch_timeout=0.5),
         Context(Store(tmp_path / "home"), vllm_cpu_host(tmp_path / "host"), registry.url, given_registry=registry),
     )
 
@@ -624,7 +630,10 @@ def test_prebake_serve_takes_force_aot_load_for_vllm_only(tmp_path):
     env = {**os.environ, "PREBAKE_HOME": str(tmp_path / "home"), "PREBAKE_TRUSTED_KEYS": ""}
     cli = [sys.executable, "-m", "prebake.engine.cli", "serve", "--model", "tiny-llama", "--force-aot-load"]
     done = subprocess.run(cli, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert done.returncode != 0 and "--force-aot-load is vLLM's strict loading" in done.stderr
+    assert (
+        done.returncode != 0
+        and "--force-aot-load: not an option of engine 'prebake' (its options: --eager)" in done.stderr
+    )
     cpu = [*cli[:5], "tiny-llama-vllm", "--engine", "vllm", "--precision", "bf16", "--force-aot-load"]
     done = subprocess.run(cpu, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "AOT compile off" in done.stderr, done.stderr[-2000:]

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from prebake.artifacts.buckets.artifact import build_bucket_set, vllm_gaudi_env
+from prebake.artifacts.buckets.artifact import build_bucket_set
 from prebake.artifacts.buckets.limits import BucketSettings, ServingLimits
 from prebake.artifacts.errors import BucketError
+from prebake.engine.vllm.gaudi import vllm_gaudi_env
 
 TABLE = Path(
     os.environ.get("PREBAKE_BUCKET_REFERENCE", "/work/shared/reference-data/vllm-gaudi-091bbad-buckets.json.gz")

@@ -18,10 +18,10 @@ from prebake.artifacts.buckets.artifact import (
     build_bucket_set,
     exponential_range,
     linear_range,
-    vllm_gaudi_env,
 )
 from prebake.artifacts.buckets.limits import BucketRange, BucketSettings, ServingLimits
 from prebake.artifacts.errors import BucketError
+from prebake.engine.vllm.gaudi import vllm_gaudi_env
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,6 +17,7 @@ from prebake.artifacts.bake.fleet_plan import (
 )
 from prebake.artifacts.bake.kinds import target_keys
 from prebake.artifacts.bake.recipes import load_recipe, targets
+from prebake.artifacts.errors import RecipeError
 from prebake.engine.adapters import kinds_for
 from prebake.engine.cli import main
 from prebake.engine.common.probe import Host, Platform, Software, current_host
@@ -24,13 +25,15 @@ from prebake.engine.fleet.profiles import host_profile, load_profiles, render_to
 from prebake.registry.backends.file import FileRegistry
 from tests.support.fleet import fill_registry, write_entry
 
+NO_ENGINE_PACKAGES = (("vllm", None), ("vllm_gaudi", None))  # the vLLM adapter's, not installed
+
 H100 = Host(
     Platform("cuda", "sm_90", "NVIDIA H100 80GB HBM3", 8, ("avx2", "avx512")),
-    Software("3.11", "2.13.0+cu128", "3.6.0", None, None, "12.8", "570.124.06"),
+    Software("3.11", "2.13.0+cu128", "3.6.0", None, "12.8", "570.124.06", packages=NO_ENGINE_PACKAGES),
 )
 OLD_GPU = Host(
     Platform("cuda", "sm_80", "NVIDIA A100", 8, ("avx2",)),
-    Software("3.11", "2.13.0+cu128", "3.6.0", None, None, "12.8", "570.124.06"),
+    Software("3.11", "2.13.0+cu128", "3.6.0", None, "12.8", "570.124.06", packages=NO_ENGINE_PACKAGES),
 )
 
 
@@ -88,7 +91,9 @@ def test_present_only_when_the_exact_key_is_in_the_registry(tmp_path):
     fleet = _plan(recipe, [Profile("h100", H100)], present)
     assert fleet.find(target.name).status == PRESENT
     assert len(fleet.missing()) == 23
-    other_driver = Host(H100.platform, Software("3.11", "2.13.0+cu128", "3.6.0", None, None, "12.8", "580.1"))
+    other_driver = Host(
+        H100.platform, Software("3.11", "2.13.0+cu128", "3.6.0", None, "12.8", "580.1", packages=NO_ENGINE_PACKAGES)
+    )
     assert _plan(recipe, [Profile("h100-new", other_driver)], present).find(target.name).status == MISSING
 
 
@@ -152,6 +157,22 @@ def test_profile_round_trips_through_toml():
 
     again = to_profile(type(model).model_validate(tomllib.loads(render_toml(model))["profile"][0]))
     assert again.host == current_host() and again.runner_labels == ("a", "b")
+
+
+def test_a_profile_written_before_engines_declared_their_packages_still_reads(tmp_path):
+    """Profiles name vllm beside torch in [profile.software], as the probe's fields once did: they read
+    the same (the engine packages by factor), and a name no field or engine declares is refused."""
+    old = tmp_path / "profiles.toml"
+    old.write_text(
+        '[[profile]]\nname = "h100"\n[profile.platform]\ndevice = "cuda"\narch = "sm_90"\n'
+        '[profile.software]\npython = "3.11"\ntorch = "2.13.0+cu128"\nvllm = "0.32.0"\ndriver = "570.124.06"\n'
+    )
+    (profile,) = load_profiles(old)
+    assert profile.host.software.package_factors(["vllm", "vllm_gaudi"]) == {"vllm": "0.32.0", "vllm_gaudi": "none"}
+    assert profile.host.software.factors()["driver"] == "570"
+    old.write_text(old.read_text().replace('vllm = "0.32.0"', 'sglang = "0.5"'))
+    with pytest.raises(RecipeError, match="names sglang, which no probe field or engine package is"):
+        load_profiles(old)
 
 
 def test_ray_resources_prints_this_hosts_custom_resource(capsys):

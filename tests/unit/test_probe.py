@@ -4,6 +4,7 @@ contract). Hangs and failures use real subprocesses put first on PATH."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import stat
@@ -16,17 +17,20 @@ from pathlib import Path
 
 import pytest
 
+from prebake.artifacts.errors import PrebakeError
 from prebake.artifacts.keys import Key
 from prebake.engine.common.probe import (
     HL_SMI_ARGS,
     NVIDIA_SMI_ARGS,
     TOOL_TIMEOUT_S,
     Host,
+    Package,
     Platform,
     Software,
     current_host,
     probe,
 )
+from prebake.engine.vllm.adapter import PACKAGES as VLLM_PACKAGES
 
 REPO = Path(__file__).resolve().parents[2]
 X86_AVX512 = "fpu sse sse2 avx fma avx2 avx512f avx512dq avx512bw avx512vl avx512cd"
@@ -107,6 +111,7 @@ def h100_host(
         run=tools,
         env=tools_on_path(tmp_path, {"nvidia-smi": "exit 99"}),
         metadata_path=fake_site(tmp_path, {"torch": torch, "triton": "3.4.0", "vllm": "0.32.0"}),
+        packages=VLLM_PACKAGES,
     )
     return host, tools
 
@@ -173,7 +178,8 @@ def test_h100_host_is_sm_90_with_its_cuda_build(tmp_path):
     assert host.platform == Platform("cuda", "sm_90", "NVIDIA H100 80GB HBM3", 8, ("avx2", "avx512"))
     assert host.platform.factors() == {"device": "cuda", "arch": "sm_90", "device_name": "NVIDIA H100 80GB HBM3"}
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    assert host.software == Software(python, "2.8.0+cu128", "3.4.0", "0.32.0", None, "12.8", "550.54.15")
+    packages = (("vllm", "0.32.0"), ("vllm_gaudi", None))  # the vLLM adapter's declared packages
+    assert host.software == Software(python, "2.8.0+cu128", "3.4.0", None, "12.8", "550.54.15", packages=packages)
     assert host.software.factors()["driver"] == "550"
     assert [call[1:] for call in tools.calls] == [list(NVIDIA_SMI_ARGS)]
 
@@ -480,7 +486,7 @@ def test_current_host_runs_the_probe_once_per_process(monkeypatch):
     assert runs == ["probe"] and all(h is hosts[0] for h in hosts)
 
 
-def test_the_vllm_gaudi_plugin_version_is_a_software_factor(tmp_path):
+def test_a_package_an_engine_declares_is_probed_and_keyed_by_its_factor(tmp_path):
     host = probe(
         proc_root=fake_proc(tmp_path, "x86_64", X86_AMX),
         run=CannedTools({"hl-smi": "HL-325L, 1.21.0-ca59b5a\n"}),
@@ -488,5 +494,19 @@ def test_the_vllm_gaudi_plugin_version_is_a_software_factor(tmp_path):
         metadata_path=fake_site(
             tmp_path, {"torch": "2.6.0+hpu.1.21.0.555", "habana-torch-plugin": "1.21.0.555", "vllm-gaudi": "0.11.2"}
         ),
+        packages=VLLM_PACKAGES,
     )
-    assert host.software.factors()["vllm_gaudi"] == "0.11.2"
+    assert host.software.package_factors(["vllm_gaudi", "vllm"]) == {"vllm_gaudi": "0.11.2", "vllm": "none"}
+    assert "vllm_gaudi" not in host.software.factors()  # only the kinds of the engine that declares it keep it
+    with pytest.raises(
+        PrebakeError, match=r"software factor sglang was not probed.*declare it in the engine's adapter"
+    ):
+        host.software.package_factors(["sglang"])
+
+
+def test_every_software_field_is_a_key_factor_without_a_list_to_extend():
+    """A field added to Software reaches every key by itself: factors() is derived from the fields."""
+    names = {f.name for f in dataclasses.fields(Software)} - {"packages"}
+    assert set(Software("3.12").factors()) == names
+    with pytest.raises(PrebakeError, match="not one of the probe's own"):
+        Package("torch", ("torch",), "pkg:pypi/torch")

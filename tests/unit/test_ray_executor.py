@@ -10,9 +10,11 @@ from prebake.engine.fleet.ray_executor import FAILED, BakeJob, KindOutcome, RayR
 from tests.support.baking import REPO
 from tests.support.hosts import as_cpu_host
 
+NO_ENGINE_PACKAGES = (("vllm", None), ("vllm_gaudi", None))  # the vLLM adapter's, not installed
+
 H100 = Host(
     Platform("cuda", "sm_90", "NVIDIA H100 80GB HBM3", 8, ()),
-    Software("3.11", "2.13.0+cu128", None, None, None, "12.8", "570"),
+    Software("3.11", "2.13.0+cu128", None, None, "12.8", "570", packages=NO_ENGINE_PACKAGES),
 )
 
 

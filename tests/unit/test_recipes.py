@@ -104,8 +104,11 @@ def test_architecture_digest_ignores_checkpoint_noise():
 
 
 def test_dynamo_precompile_is_the_bundled_engines_default_variant_and_vllm_keeps_its_own_cache():
-    assert load_recipe("tiny-llama").compile.variant == "dynamo-precompile"
-    assert load_recipe("tiny-llama-vllm").compile.variant == "inductor-cache"
+    from prebake.engine.adapters import adapter_for
+
+    for name, variant in (("tiny-llama", "dynamo-precompile"), ("tiny-llama-vllm", "inductor-cache")):
+        recipe = load_recipe(name)
+        assert recipe.compile.variant_or(adapter_for(recipe).default_variant) == variant
     text = (Path(__file__).resolve().parents[2] / "recipes" / "tiny-llama-vllm.toml").read_text()
     assert "variant" not in text  # the vLLM default comes from the engine, not from the file
 

@@ -36,7 +36,7 @@ def test_a_vllm_start_whose_registry_is_down_records_a_miss_per_kind(tmp_path, m
     store = Store(tmp_path / "home")
     down = _DownRegistry()
     prepared = prepare(
-        StartRequest(model="tiny-llama-vllm", registry_timeout=5, fetch_timeout=5),
+        StartRequest(model="tiny-llama-vllm", engine="vllm", registry_timeout=5, fetch_timeout=5),
         Context(store, vllm_cpu_host(tmp_path / "host"), down.url, given_registry=down),
     )
     assert len(prepared.misses) == 3

@@ -9,7 +9,6 @@ import json
 import pytest
 
 from prebake.artifacts.buckets.artifact import bucket_key_factors, build_bucket_set
-from prebake.artifacts.buckets.gaudi_file import bucket_file_text, parse_bucket_file, upstream_reading
 from prebake.artifacts.buckets.limits import BucketSettings, ServingLimits
 from prebake.artifacts.buckets.replay import ReplaySettings, replay
 from prebake.artifacts.buckets.report import figures, strategy_set
@@ -18,6 +17,7 @@ from prebake.artifacts.buckets.traffic import cover_buckets, fit_bucket_set
 from prebake.artifacts.errors import BucketError
 from prebake.artifacts.keys import Key
 from prebake.engine.cli import main
+from prebake.engine.vllm.gaudi_file import bucket_file_text, parse_bucket_file, upstream_reading
 from tests.support.synthetic_traces import synthetic_requests, write_jsonl
 from tests.unit.test_buckets import LLAMA3_8B
 
