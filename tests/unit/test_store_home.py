@@ -34,6 +34,7 @@ ARGV = {
     "fetch": ["fetch", "--model", "tiny-llama"],
     "serve": ["serve", "--model", "tiny-llama", "--port", "0"],
     "promote": ["promote", "--list"],
+    "kernel-cache": ["kernel-cache", "--model", "tiny-llama", "--to", "oci://127.0.0.1:9/kc:tag"],
 }
 READERS = ("stats", "store ls", "ls", "store stats", "store verify", "plan", "verify")
 
