@@ -18,6 +18,7 @@ from pathlib import Path
 from prebake.artifacts.bake.kinds import BuildRequest, Groups, KeyContext, Kind, TargetKeys, target_groups
 from prebake.artifacts.bake.recipes import Recipe, Target
 from prebake.artifacts.errors import BuildError
+from prebake.artifacts.extras import require
 from prebake.artifacts.store.local import Installed
 from prebake.engine.bundled.cache_layout import (
     AUTOTUNE_ENV,
@@ -45,6 +46,7 @@ def child_env(kind: str, out: Path, base: Mapping[str, str] | None = None) -> di
 
 def build_in_child(request: BuildRequest) -> None:
     """Build autotune or graphs with torch in `python -m prebake.engine.bundled.build`."""
+    require("torch", f"baking {request.kind}")
     target = request.plan.target
     spec = {
         "kind": request.kind,
@@ -129,6 +131,9 @@ class BundledAdapter:
         import logging
 
         from prebake.artifacts.errors import PrebakeError
+
+        require("serve", "prebake serve")
+        require("torch", "prebake serve")
         from prebake.engine.bundled.serve import ServeSettings, api_key_from, serve
         from prebake.engine.bundled.start import StartupSettings
 

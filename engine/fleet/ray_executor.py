@@ -42,6 +42,7 @@ from prebake.artifacts.bake.fleet_plan import MISSING, PRESENT, UNBUILDABLE, Req
 from prebake.artifacts.bake.kinds import target_keys
 from prebake.artifacts.bake.recipes import Recipe, load_recipe, targets
 from prebake.artifacts.errors import HostCannotBuildError
+from prebake.artifacts.extras import require
 from prebake.engine.adapters import kinds_for
 from prebake.engine.common.probe import probe
 from prebake.engine.fleet.node_env import describe, forwarded
@@ -235,12 +236,9 @@ def bake_on_ray(options: RayBake) -> RayReport:
 
 
 def _run_on_ray(todo: list[TargetPlan], recipe: Recipe, args: RayBake) -> list[KindOutcome]:
-    try:
-        import ray  # the optional extra, needed only when something is to be submitted
-    except ImportError as exc:
-        raise HostCannotBuildError(
-            f"--executor ray needs Ray, which is not installed ({exc}); pip install 'prebake[ray]'"
-        ) from exc
+    require("ray", "--executor ray")  # the optional extra, needed only when something is to be submitted
+    import ray
+
     ray.init(address=args.address, log_to_driver=False, logging_level=logging.ERROR)
     try:
         return _collect(ray, todo, recipe, args)
