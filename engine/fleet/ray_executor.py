@@ -1,26 +1,13 @@
 """The Ray executor: every target the plan says needs baking becomes one Ray task that only a matching node runs.
 
-    driver:  plan (index reads only) -> present targets: nothing submitted
-             -> per missing target: wait (bounded) for an alive node advertising its resource,
-                submit bake_target with that resource -> collect one outcome per target x kind (the CLI
-             renders them)
-    node:    bake_target re-probes its host and refuses a target of another platform, then runs
-             `prebake bake --target` (the local executor: doit's tasks) into the shared registry
+    driver:  plan (index reads only) -> per missing target: wait (bounded) for an alive node
+             advertising its resource, submit bake_target there -> one outcome per target x kind
+    node:    bake_target re-probes its host, refuses a target of another platform, then runs
+             `prebake bake --target` into the shared registry, in a child that dies with its worker
 
-Routing: by default through the custom resource a node advertises (`ray start --resources
-"$(prebake ray-resources)"`), one unit per accelerator of the target's TP; with
-`--ray-routing accelerator`, through Ray's own GPU count and accelerator_type (CUDA) or HPU
-count (Gaudi, plus the custom resource naming the generation). No scheduler of ours: Ray
-places the tasks; the registry's create-only entries settle two bakers of one key.
-
-A node that dies mid-bake fails its task with a system error, which Ray retries on another
-matching node (--ray-retries); a bake killed half-way leaves no index entry, since entries
-are written only after their blob. The bake runs in a child process that dies with its Ray
-worker (PR_SET_PDEATHSIG), so a killed node leaves no baker running.
-
-The driver's registry settings that are not secrets (endpoint, region, HF_ENDPOINT, PREBAKE_*)
-travel with each task in Ray's runtime_env, credentials only with --forward-credentials
-(engine/fleet/node_env.py); a node-side failure names the registry and the settings it used.
+Ray places the tasks and retries those of a dead node; the registry's create-only entries settle
+two bakers of one key. Only non-secret settings travel with a task (node_env.py). Routing,
+retries and credentials: docs/fleet.md. Ray itself is the optional extra `prebake[ray]`.
 """
 
 from __future__ import annotations
