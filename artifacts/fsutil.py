@@ -175,7 +175,7 @@ def copy_writable(tree: Path, dest: Path) -> Path:
     free = shutil.disk_usage(dest.parent).free
     if need > free:  # refused before the first byte, not after a copy that fills the disk
         raise StoreError(
-            f"the private copy of {tree} needs {_mib(need)} ({count} files) and {dest.parent} has {_mib(free)} "
+            f"the private copy of {tree} needs {mib(need)} ({count} files) and {dest.parent} has {mib(free)} "
             f"free; free space on that disk (prebake gc --max-size) or point PREBAKE_HOME at a larger one"
         )
     try:
@@ -219,7 +219,8 @@ def _first_copy_error(exc: OSError) -> str:
     return f"{src}: {str(why)[:200]}{more}"
 
 
-def _mib(n: int) -> str:
+def mib(n: int) -> str:
+    """A size for a message: bytes in MiB, one decimal."""
     return f"{n / (1 << 20):.1f} MiB"
 
 

@@ -47,6 +47,7 @@ from prebake.artifacts.errors import (
     StoreError,
     UnknownRegistryError,
 )
+from prebake.artifacts.fsutil import mib
 from prebake.artifacts.keys import Key
 from prebake.artifacts.ports.registry import Chained, Registry
 from prebake.artifacts.store.health import Damaged
@@ -339,16 +340,12 @@ def check_bound(store: Store, found: Mapping[str, Found], what: str) -> None:
     }
     need = sum(sizes.values())
     if need > bound:
-        parts = ", ".join(f"{kind} {_mib(n)}" for kind, n in sizes.items())
+        parts = ", ".join(f"{kind} {mib(n)}" for kind, n in sizes.items())
         raise StoreBoundError(
-            f"the store {store.home} is bounded to {_mib(bound)} ({MAX_BYTES_ENV} or --max-size), less than "
-            f"{what}'s bundles take at once ({_mib(need)}: {parts}, blob and unpacked tree each); nothing was "
+            f"the store {store.home} is bounded to {mib(bound)} ({MAX_BYTES_ENV} or --max-size), less than "
+            f"{what}'s bundles take at once ({mib(need)}: {parts}, blob and unpacked tree each); nothing was "
             f"installed or evicted: raise {MAX_BYTES_ENV} to at least {need} bytes, or unset it"
         )
-
-
-def _mib(n: int) -> str:
-    return f"{n / (1 << 20):.1f} MiB"
 
 
 # -- every kind of one target, time-boxed ------------------------------------------------------
