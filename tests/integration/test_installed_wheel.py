@@ -171,18 +171,22 @@ def test_a_registry_without_its_extra_is_one_line_naming_the_extra(bare, tmp_pat
     assert (done.returncode, said) == (2, [want]), done.stdout + done.stderr
 
 
-def test_serve_and_a_torch_bake_without_their_extras_name_them(bare, tmp_path):
-    env = _env(tmp_path)
-    serve = subprocess.run(
-        [bare / "prebake", "serve", "--model", "tiny-llama"], capture_output=True, text=True, cwd=tmp_path, env=env
-    )
-    assert (serve.returncode, serve.stderr.splitlines()) == (
-        2,
-        ["prebake: error: prebake serve needs fastapi: pip install 'prebake[serve]'"],
-    ), serve.stdout + serve.stderr
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["serve", "--model", "tiny-llama"], "prebake serve needs fastapi: pip install 'prebake[serve]'"),
+        (["preheat", "--mirror", "oci://127.0.0.1:9/a/b"], "prebake preheat needs httpx: pip install 'prebake[oci]'"),
+    ],
+)
+def test_a_command_without_its_extra_is_one_line_naming_the_extra(bare, tmp_path, argv, line):
+    done = subprocess.run([bare / "prebake", *argv], capture_output=True, text=True, cwd=tmp_path, env=_env(tmp_path))
+    assert (done.returncode, done.stderr.splitlines()) == (2, [f"prebake: error: {line}"]), done.stdout + done.stderr
+
+
+def test_a_torch_bake_without_the_torch_extra_names_it(bare, tmp_path):
     bake = [bare / "prebake", "bake", "--model", "tiny-llama", "--target", "tiny-llama/cpu/tp1/fp32"]
-    baked = subprocess.run(
-        [*bake, "--registry", tmp_path / "registry"], capture_output=True, text=True, cwd=tmp_path, env=env
+    done = subprocess.run(
+        [*bake, "--registry", tmp_path / "registry"], capture_output=True, text=True, cwd=tmp_path, env=_env(tmp_path)
     )
-    assert baked.returncode != 0
-    assert "baking autotune needs safetensors: pip install 'prebake[torch]'" in baked.stdout + baked.stderr
+    assert done.returncode != 0
+    assert "baking autotune needs safetensors: pip install 'prebake[torch]'" in done.stdout + done.stderr
