@@ -119,19 +119,33 @@ def test_the_installed_wheel_bakes_tiny_llama_outside_a_checkout(installed, tmp_
     assert "published" not in again.stdout and again.stdout.count("-- bake:") == 3, again.stdout
 
 
-@pytest.fixture(scope="module")
-def bare(tmp_path_factory, wheel) -> Path:
-    """A fresh venv with the wheel's bare dependencies and torch, nothing else; returns its bin folder."""
-    venv = tmp_path_factory.mktemp("bare") / "venv"
+def _venv_of(root: Path, wheel: Path, extras: tuple[str, ...]) -> Path:
+    """A fresh venv with the wheel, what it declares for `extras` (none: the bare wheel) and torch,
+    nothing else, all `pip check`ed; its bin folder."""
+    venv = root / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", venv])
     with zipfile.ZipFile(wheel) as archive:
         [metadata] = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
         declared = Parser().parsestr(archive.read(metadata).decode()).get_all("Requires-Dist") or []
-    link_into(venv, closure([*declared, "torch"]).values())  # markers drop every extra's requirements
+    link_into(venv, closure([*declared, "torch"], extras).values())  # markers keep only these extras' requirements
     pip = [sys.executable, "-m", "pip", "--python", venv / "bin" / "python"]
     _run([*pip, "install", "-q", "--no-deps", wheel])
     _run([*pip, "check"])
     return venv / "bin"
+
+
+@pytest.fixture(scope="module")
+def bare(tmp_path_factory, wheel) -> Path:
+    """The bare wheel (no extras) beside torch."""
+    return _venv_of(tmp_path_factory.mktemp("bare"), wheel, ())
+
+
+def test_the_demos_extras_bring_what_the_bundled_engine_bakes_and_serves_with(tmp_path_factory, wheel, tmp_path):
+    """make demo installs prebake[torch,serve]: its build child, start-up, server and the demo script import."""
+    demo = _venv_of(tmp_path_factory.mktemp("demo"), wheel, ("torch", "serve"))
+    modules = "prebake.engine.bundled.build, prebake.engine.bundled.serve, prebake.engine.bundled.start"
+    _run([demo / "python", "-c", f"import {modules}"], cwd=tmp_path, env=_env(tmp_path))
+    _run([demo / "python", REPO / "benchmarks" / "startup.py", "--help"], cwd=tmp_path, env=_env(tmp_path))
 
 
 def test_the_bare_wheel_holds_none_of_the_extras_packages(bare, tmp_path):

@@ -18,15 +18,16 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 
-def closure(requirements: Iterable[str]) -> dict[str, md.Distribution]:
-    """The installed distributions `requirements` need, by canonical name, dependencies included.
+def closure(requirements: Iterable[str], extras: Iterable[str] = ()) -> dict[str, md.Distribution]:
+    """The installed distributions `requirements` need, by canonical name, dependencies included;
+    `extras`: those of the project whose requirements these are (its markers `extra == ...`).
 
     A requirement whose marker does not hold here (another platform, an extra not asked for) is left
     out; one that holds but is not installed here raises LookupError.
     """
     found: dict[str, md.Distribution] = {}
     seen: set[tuple[str, frozenset[str]]] = set()
-    todo = [(Requirement(r), frozenset[str]()) for r in requirements]
+    todo = [(Requirement(r), frozenset(extras)) for r in requirements]
     while todo:
         requirement, asked = todo.pop()
         if requirement.marker is not None and not any(requirement.marker.evaluate({"extra": e}) for e in asked or {""}):
