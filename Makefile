@@ -10,17 +10,19 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	# torch first, pinned: on the project's machines this is the CPU build that lies on disk.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev,ray]'
+	# dev pulls every extra (the suite exercises every feature) and the test tools
+	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# The demo needs torch and prebake itself, not the dev and Ray extras (minutes of pip on two cores);
-# a venv that already has them (make test made it) serves as it is.
+# The demo bakes and serves through a folder registry: prebake with its torch and serve extras, not
+# the dev and Ray extras (minutes of pip on two cores); a venv that already has them (make test made
+# it) serves as it is.
 DEMO_STAMP := $(VENV)/.demo-installed
 
 $(DEMO_STAMP): pyproject.toml
 	test -f $(STAMP) || $(PY) -m venv $(VENV)
 	test -f $(STAMP) || $(BIN)/pip install --quiet torch==2.13.0
-	test -f $(STAMP) || $(BIN)/pip install --quiet -e .
+	test -f $(STAMP) || $(BIN)/pip install --quiet -e '.[torch,serve]'
 	touch $(DEMO_STAMP)
 
 ## demo: bake tiny-llama into the embedded registry through one cold start with --write-back (its

@@ -28,6 +28,10 @@ class UsageError(PrebakeError, ValueError):
     """A command-line option or doit variable is unknown or malformed (a typo, a word for a number)."""
 
 
+class MissingExtraError(PrebakeError, ImportError):
+    """A feature needs a package of an optional extra that is not installed (prebake.artifacts.extras)."""
+
+
 class RecipeError(PrebakeError, ValueError):
     """A recipe file is missing, malformed, or asks for limits that cannot work together."""
 

@@ -41,9 +41,6 @@ class TimedOut:
     seconds: float
 
 
-Outcome = Done[T] | Raised | TimedOut
-
-
 def within(seconds: float, work: Callable[[], T], *, name: str = "prebake-timebox") -> Done[T] | Raised | TimedOut:
     """`work()`'s outcome if it finishes within `seconds`, else TimedOut."""
     if seconds <= 0:

@@ -25,9 +25,10 @@ from prebake.artifacts.buckets.replay import replay
 from prebake.artifacts.buckets.report import figures, strategy_set
 from prebake.artifacts.buckets.traces import read_trace, split_trace
 from prebake.artifacts.buckets.traffic import fit_bucket_set
+from tests.support.baking import SHARED
 from tests.support.synthetic_traces import MIXES, SHAPES, synthetic_requests
 
-TRACE = Path("/work/shared/traces/azure-llm-2023-conv.csv")
+TRACE = SHARED / "traces" / "azure-llm-2023-conv.csv"
 
 
 def main() -> None:

@@ -16,18 +16,27 @@ commands that write (bake, publish, the embedded default registry) create one. S
 repository the registry does not know (NAME_UNKNOWN), when first asked; with `create` it reads
 as empty, since registries create repositories on the first push.
 
-Backends import boto3, huggingface_hub or httpx only when opened, so `import prebake.registry` stays light.
+Backends import boto3, huggingface_hub or httpx only when opened, so `import prebake.registry` stays light;
+each comes with an extra of the wheel (`pip install 'prebake[s3]'`), and opening an address whose
+extra is missing says which in one line.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from prebake.artifacts.extras import require
 from prebake.artifacts.ports.errors import RegistryNotFound, UnknownRegistryError
 from prebake.registry.address import split_addresses
 from prebake.registry.shared.transfer import Published, Registry
 
 SCHEMES = ("file://", "s3://", "hf://", "oci://", "az://")
+EXTRA_OF_SCHEME = {
+    "s3://": "s3",
+    "hf://": "hf",
+    "oci://": "oci",
+    "az://": "azure",
+}  # the wheel's extra each backend needs
 
 
 def open_registry(address: str | Path, *, create: bool = True, home: Path | None = None) -> Registry:
@@ -57,6 +66,7 @@ def open_registry(address: str | Path, *, create: bool = True, home: Path | None
 
 
 def _open_one(text: str, *, create: bool, listed: list[str] | None = None, home: Path | None = None) -> Registry:
+    _require_extra(text)
     if text.startswith("s3://"):
         from prebake.registry.backends.s3 import S3Registry
 
@@ -92,6 +102,13 @@ def _open_one(text: str, *, create: bool, listed: list[str] | None = None, home:
                 f"is part of a folder's name, write it as \\, or pass one --registry per address"
             )
         raise
+
+
+def _require_extra(address: str) -> None:
+    """One line naming the extra to install when the backend of `address` needs one that is missing."""
+    for scheme, extra in EXTRA_OF_SCHEME.items():
+        if address.startswith(scheme):
+            require(extra, f"an {scheme} registry")
 
 
 __all__ = ["SCHEMES", "Published", "Registry", "open_registry"]

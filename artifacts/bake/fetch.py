@@ -39,6 +39,7 @@ from prebake.artifacts.bake.kinds import TargetKeys
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.errors import (
     BundleError,
+    MissingExtraError,
     PrebakeError,
     RegistryNotFound,
     StoreBoundError,
@@ -334,7 +335,7 @@ def lookup(
     (its revocation list, attestations): `Lookup.trust` is the policy bound to that deadline, for
     the verify step, so no read of it extends the box. A registry that faults or runs
     out of time for one key is not asked again: the remaining kinds miss with the same reason.
-    An address prebake does not understand is bad input and raises (UnknownRegistryError).
+    An address prebake does not understand, or cannot open without an extra, is bad input and raises.
     """
     deadline = time.monotonic() + timeout
     trust = bounded(trust, deadline)
@@ -492,7 +493,7 @@ def _with_refusal(miss: Miss, refused: StoreRefused | None) -> Miss:
     return Miss(miss.key, reason, miss.nearest, miss.differing, refused=True)
 
 
-_BAD_ADDRESS = (UnknownRegistryError, RegistryNotFound)
+_BAD_ADDRESS = (UnknownRegistryError, RegistryNotFound, MissingExtraError)  # bad input, not a registry's fault
 
 
 def _is_fault(error: Exception) -> bool:

@@ -27,7 +27,7 @@ from doit.exceptions import TaskFailed
 from prebake.artifacts.bake.fetch import TrustCheck, accepted_entry
 from prebake.artifacts.bake.kinds import TargetKeys
 from prebake.artifacts.bake.recipes import Recipe, list_recipes, load_recipe
-from prebake.artifacts.errors import PrebakeError, RecipeError, StoreError, UsageError
+from prebake.artifacts.errors import MissingExtraError, PrebakeError, RecipeError, StoreError, UsageError
 from prebake.artifacts.ports.registry import Registry
 from prebake.artifacts.store.home import check_home
 from prebake.artifacts.store.local import default_home
@@ -149,8 +149,11 @@ def bake_tasks(request: BakeRequest, *, open_baker: Callable[[str | None], Baker
             }
 
 
-def _run(baker: Baker, plan: TargetKeys, kind: str) -> bool:
-    baker.bake(plan, kind)
+def _run(baker: Baker, plan: TargetKeys, kind: str) -> bool | TaskFailed:
+    try:
+        baker.bake(plan, kind)
+    except MissingExtraError as exc:  # a missing extra is one line naming it, not a traceback
+        return TaskFailed(str(exc))
     return True
 
 

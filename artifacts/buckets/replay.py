@@ -1,23 +1,11 @@
 """Replay a request trace through a model of the serving engine's batching, step by step.
 
-Each engine step, in the order vLLM's scheduler gives them:
-
-    arrivals join the waiting queue (trace timestamps, scaled to `rate`; or a closed loop of
-      max_num_seqs clients, each sending its next request when its last one finishes)
-    waiting requests are admitted while fewer than max_num_seqs run
-    decode: every running sequence past its prefill decodes one token; the step's shape is
-      (batch, ctx_blocks) with ctx_blocks = sum over the batch of ceil(tokens in KV / block_size)
-    prefill: the token budget left (max_num_batched_tokens minus one per decode) goes to
-      unfinished prompts in arrival order, at most max_num_prefill_seqs of them, and never so many
-      that the batch padded to its longest chunk passes max_num_batched_tokens (vllm-gaudi warms
-      no such bucket); a prompt that does not fit gets what is left (vLLM's chunked prefill); the shape is (prompts, longest
-      chunk, most context blocks), context being earlier chunks plus a prefix-cache hit (whole
-      blocks), counted as vllm-gaudi buckets it: ceil(context tokens / block_size)
-      (hpu_model_runner.py at 091bbad, `bucketing_ctx_blocks`)
-    time advances by the step's modelled duration (StepCost)
-
-A prompt is cut to max_model_len - 1 tokens and its output to what still fits. The replay is
-deterministic: the same trace and settings give the same shapes.
+Each step, in the order vLLM's scheduler gives them: arrivals join the queue (timestamps scaled to
+`rate`, or a closed loop of max_num_seqs clients), requests are admitted up to max_num_seqs, every
+running sequence decodes one token, the token budget left goes to prompts in arrival order
+(chunked prefill, at most max_num_prefill_seqs), and time advances by the step's modelled cost
+(StepCost). Context blocks are counted as vllm-gaudi buckets them (hpu_model_runner.py at 091bbad).
+Deterministic: the same trace and settings give the same shapes. The model in full: docs/buckets.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """vLLM-on-Gaudi's own bucket rules, reimplemented: the exponential, linear and pad strategies.
 
 Followed from vllm-project/vllm-gaudi at commit 091bbadda10bee4fd3f6d0efc1844d2610dd2707
-(2026-08-21), vllm_gaudi/extension/bucketing/: exponential.py (`warmup_range_with_limit`,
-`get_prompt_cfgs`, `get_decode_cfgs` with the 3x-device-blocks clamp), linear.py
-(`warmup_range`, `read_bucket_settings`), padding_aware.py (`warmup_range_with_limits`), and
-common.py (`generate_buckets`: the cross product, the long-context edge buckets, the prompt filters
-`ctx <= ceil((max_model_len - 1) / block)`, `query <= max_model_len`,
-`batch * query <= max_num_batched_tokens`, the decode filter `batch <= blocks` and correction
-`blocks = min(blocks, batch * ceil(max_model_len / block))` without contiguous PA, and the extra
-decode bucket at the device block count with contiguous PA). Conformance: tests/unit/
-test_bucket_conformance.py checks this module against upstream's output for 126 cases.
+(2026-08-21), vllm_gaudi/extension/bucketing/ (exponential.py, linear.py, padding_aware.py,
+common.py's cross product, edge buckets, filters and corrections); tests/unit/
+test_bucket_conformance.py checks it against upstream's output for 126 cases.
 
     per-dimension configs  ->  ranges (exp | lin | pad)  ->  cross + edges  ->  filters, corrections
 
-Not modelled (prebake never turns them on): merged prefill, speculative decoding, mamba chunks,
-sliding-window slicing, `skip_decode_block_clamp`. Graphs keys baked before this module followed
-an older vllm-gaudi (spring 2026): its prompt filter was `query + ctx * block <= max_model_len`
-and its exponential decode block max `min(max_model_len // block * seqs, blocks * seqs // 4)`.
+What is not modelled, and the older rules of bundles baked before: docs/buckets.md.
 """
 
 from __future__ import annotations

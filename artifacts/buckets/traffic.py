@@ -2,28 +2,11 @@
 
     trace --replay--> step shapes with counts --fit--> fitted buckets + edges + cover -> BucketSet
 
-Four figures measure a set on traffic (artifacts/buckets/report.py): the waste of prompt tokens
-(batch * query) and context blocks (batch * ctx), of decode rows and decode blocks. Each phase
-is fitted on its own (artifacts/buckets/threshold_fit.py: exact threshold DPs per level, an exact
-knapsack across levels) once per weighting of its two figures, for every bucket count; each
-distinct fit is measured exactly on the shapes, so each phase has a frontier: for a count, the
-fits it can have and their two figures.
-
-With a budget, the set is the one whose worst figure, each taken against the default exponential
-set's on the same shapes, is least (ties: the least sum of the four): an exact min-max over the
-two frontiers and every split of the budget between them. It pads no figure more than the set
-it replaces wherever the budget allows that, and all as far below it as they can go together.
-With max_waste, each phase takes the fewest buckets that keep both its figures under the bound.
-
-Cover buckets make sure no step the limits allow is left without a bucket: prompt
-(b, min(max_num_batched_tokens // b, max_model_len), ctx) for each distinct b-limited query top,
-with ctx 0 and (max_model_len - 1) // block_size; (1, widest query, every whole number of chunks
-of context) for chunked prefill; decode (max_num_seqs, 1, all sequences at max_model_len, or the
-device's blocks with contiguous PA). Edge buckets (`edge_buckets`) climb from the busiest decode
-step the fit saw to that cover bucket, doubling batch and blocks, so traffic a little busier than
-the fit's pads at most about twofold. A fitted bucket equal to a cover or edge bucket costs
-nothing. Prompt queries are at least 2 tokens, since a bucket file reads query 1 as a decode
-bucket.
+Each phase is fitted on its own (threshold_fit.py), for every bucket count and weighting of its two
+waste figures (report.py); with a budget, the set whose worst figure against the exponential
+set's is least, an exact min-max; with max_waste, the fewest buckets under the bound. Cover
+buckets leave no allowed step without a bucket, edge buckets climb from the busiest decode step
+seen to the cover. Pure Python and numpy; the method, and why, in docs/buckets.md.
 """
 
 from __future__ import annotations

@@ -10,13 +10,9 @@ The bytes are those `tarfile` writes in GNU format for the same entries (so bund
 before this module existed keep their digests), compressed by zstd in multi-threaded mode,
 whose output does not depend on the number of worker threads.
 
-Why it is fast: each byte is read once, into reused buffers (artifacts/bundle/pack_read.py).
-Small files are read and hashed by a pool of reader threads in runs (open, read and sha256
-all release the GIL) while the calling thread feeds the compressor in path order; a large
-file is read and hashed in big chunks by a thread running a few chunks ahead of the
-compressor. zstd's own workers compress, and a writer thread digests and writes the
-compressed output. Nothing is fsynced here: the
-blob is a scratch file that publishing copies into place atomically (fsutil.atomic_target).
+Each byte is read once, by reader threads ahead of the compressor (pack_read.py; how and why:
+docs/performance.md). Nothing is fsynced here: the blob is a scratch file that publishing
+copies into place atomically (fsutil.atomic_target).
 """
 
 from __future__ import annotations
@@ -120,7 +116,7 @@ def link_leaves_tree(rel: str, target: str) -> bool:
 def _walk(tree: Path) -> Iterator[_Entry]:
     """Every file and link under tree, in the order of their relative paths, listed as the
     packer asks for them: reading and compressing start with the first run of files, not after
-    the whole tree has been listed (8,000 files: 0.1 s of one core).
+    the whole tree has been listed (what that saves: docs/performance.md).
 
     A folder's entries are sorted by name, a sub-folder's name read as ending in "/". That is
     the order of the full paths: everything under sub-folder d starts with "d/", and any other

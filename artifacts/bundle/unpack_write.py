@@ -6,11 +6,9 @@
                               ──large──▶ one lane: a large file's chunks in order
                                          (write, sha256; at its end chmod, close, compare)
 
-On this kind of machine (a VM with few cores) creating and filling files is mostly kernel
-time: open(O_CREAT), page-cache allocation, close. `tar -x` spends it in one process; here
-several threads spend it at once (os.open, os.write, os.close and sha256 release the GIL),
-while the calling thread keeps decompressing. Only members already held to the manifest
-(name, type, size) reach a writer, and each writes exactly the bytes it was given, so the
+Creating and filling files is mostly kernel time, spent here by several threads at once while
+the calling thread keeps decompressing (docs/performance.md). Only members already held to the
+manifest (name, type, size) reach a writer, and each writes exactly the bytes it was given, so the
 bounds of artifacts/bundle/unpack.py hold; what is handed over and not yet written is bounded in
 bytes and jobs, so memory stays bounded too. A member whose digest differs raises in the
 caller at its next hand-over or at `finish`; `close` waits for every writer and closes

@@ -26,6 +26,7 @@ from prebake.artifacts.bake.kinds import (
 )
 from prebake.artifacts.bake.recipes import PRECOMPILE, Recipe
 from prebake.artifacts.errors import BuildError
+from prebake.artifacts.extras import require
 from prebake.artifacts.store.local import Installed
 from prebake.engine.bundled.cache_layout import (
     AUTOTUNE_ENV,
@@ -60,6 +61,7 @@ def child_env(kind: str, out: Path, base: Mapping[str, str] | None = None) -> di
 
 def build_in_child(request: BuildRequest) -> None:
     """Build autotune or graphs with torch in `python -m prebake.engine.bundled.build`."""
+    require("torch", f"baking {request.kind}")
     target = request.plan.target
     spec = {
         "kind": request.kind,
@@ -149,6 +151,8 @@ class BundledAdapter:
         """`prebake serve`: this engine serves in this process (prebake.engine.bundled.serve)."""
         import logging
 
+        require("serve", "prebake serve")
+        require("torch", "prebake serve")
         from prebake.engine.bundled.serve import ServeSettings, api_key_from, serve
         from prebake.engine.bundled.start import StartupSettings
 

@@ -119,6 +119,9 @@ def _ls_json(m: Listed) -> dict:
 
 def cmd_preheat(args: argparse.Namespace) -> int:
     from prebake.artifacts.errors import ExitCode
+    from prebake.artifacts.extras import require
+
+    require("oci", "prebake preheat")  # an OCI-only command: its modules import httpx
     from prebake.engine.compose import open_address
     from prebake.registry.oci import OCIRegistry
     from prebake.registry.oci.preheat import preheat

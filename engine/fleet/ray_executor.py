@@ -1,26 +1,13 @@
 """The Ray executor: every target the plan says needs baking becomes one Ray task that only a matching node runs.
 
-    driver:  plan (index reads only) -> present targets: nothing submitted
-             -> per missing target: wait (bounded) for an alive node advertising its resource,
-                submit bake_target with that resource -> collect one outcome per target x kind (the CLI
-             renders them)
-    node:    bake_target re-probes its host and refuses a target of another platform, then runs
-             `prebake bake --target` (the local executor: doit's tasks) into the shared registry
+    driver:  plan (index reads only) -> per missing target: wait (bounded) for an alive node
+             advertising its resource, submit bake_target there -> one outcome per target x kind
+    node:    bake_target re-probes its host, refuses a target of another platform, then runs
+             `prebake bake --target` into the shared registry, in a child that dies with its worker
 
-Routing: by default through the custom resource a node advertises (`ray start --resources
-"$(prebake ray-resources)"`), one unit per accelerator of the target's TP; with
-`--ray-routing accelerator`, through Ray's own GPU count and accelerator_type (CUDA) or HPU
-count (Gaudi, plus the custom resource naming the generation). No scheduler of ours: Ray
-places the tasks; the registry's create-only entries settle two bakers of one key.
-
-A node that dies mid-bake fails its task with a system error, which Ray retries on another
-matching node (--ray-retries); a bake killed half-way leaves no index entry, since entries
-are written only after their blob. The bake runs in a child process that dies with its Ray
-worker (PR_SET_PDEATHSIG), so a killed node leaves no baker running.
-
-The driver's registry settings that are not secrets (endpoint, region, HF_ENDPOINT, PREBAKE_*)
-travel with each task in Ray's runtime_env, credentials only with --forward-credentials
-(engine/fleet/node_env.py); a node-side failure names the registry and the settings it used.
+Ray places the tasks and retries those of a dead node; the registry's create-only entries settle
+two bakers of one key. Only non-secret settings travel with a task (node_env.py). Routing,
+retries and credentials: docs/fleet.md. Ray itself is the optional extra `prebake[ray]`.
 """
 
 from __future__ import annotations
@@ -42,6 +29,7 @@ from prebake.artifacts.bake.fleet_plan import MISSING, PRESENT, UNBUILDABLE, Req
 from prebake.artifacts.bake.kinds import target_keys
 from prebake.artifacts.bake.recipes import Recipe, load_recipe, targets
 from prebake.artifacts.errors import HostCannotBuildError
+from prebake.artifacts.extras import require
 from prebake.engine.adapters import kinds_for
 from prebake.engine.common.probe import probe
 from prebake.engine.fleet.node_env import describe, forwarded
@@ -235,12 +223,9 @@ def bake_on_ray(options: RayBake) -> RayReport:
 
 
 def _run_on_ray(todo: list[TargetPlan], recipe: Recipe, args: RayBake) -> list[KindOutcome]:
-    try:
-        import ray  # the optional extra, needed only when something is to be submitted
-    except ImportError as exc:
-        raise HostCannotBuildError(
-            f"--executor ray needs Ray, which is not installed ({exc}); pip install 'prebake[ray]'"
-        ) from exc
+    require("ray", "--executor ray")  # the optional extra, needed only when something is to be submitted
+    import ray
+
     ray.init(address=args.address, log_to_driver=False, logging_level=logging.ERROR)
     try:
         return _collect(ray, todo, recipe, args)

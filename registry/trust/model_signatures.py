@@ -251,6 +251,9 @@ def _hashing(tree: Path) -> Any:
 
 
 def _library() -> Any:
+    from prebake.artifacts.extras import require
+
+    require("model-signing", "an OpenSSF model signature")
     try:
         import model_signing
         import model_signing.hashing

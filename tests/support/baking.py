@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+SHARED = REPO.parent / "shared"  # the project's shared data, beside every checkout (CI copies it there too)
 BIN = Path(sys.executable).parent
 
 
