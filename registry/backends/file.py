@@ -25,6 +25,7 @@ from prebake.artifacts.ports.objects import Stored
 from prebake.registry.shared.index import StoreRegistry
 
 _CHUNK = 1 << 20
+_WHOLE = 1 << 62  # a part larger than any blob
 
 
 class FolderStore:
@@ -181,7 +182,7 @@ class FileRegistry(StoreRegistry):
         self.root = self.folder.root
         if not create and not self.root.is_dir():
             raise RegistryNotFound(_not_a_folder(self.root))
-        super().__init__(self.folder)
+        super().__init__(self.folder, part_bytes=_WHOLE)  # one sequential read: ranges buy a local disk nothing
 
     def blob_path(self, digest: str) -> Path:
         return self.root / blob_relpath(digest)
