@@ -7,6 +7,8 @@
     delete(key)               remove an object; one already gone is no error
     list(prefix)              every object under a prefix, in key order
 
+A store may also offer move(key, dest), an atomic rename (Movable): the folder does.
+
 Keys are the registry's layout (prebake.artifacts.layout) relative to the store's root. A miss
 is None; a store raises RegistryUnavailable (prebake.artifacts.ports.errors) when it cannot be
 asked, RegistryNotFound when its bucket or container is not there, RegistryError otherwise. The
@@ -57,3 +59,12 @@ class ObjectStore(Protocol):
 
     def list(self, prefix: str) -> Iterator[Stored]:
         """Every object whose key starts with `prefix`, in key order."""
+
+
+@runtime_checkable
+class Movable(Protocol):
+    """A store that can rename an object atomically (a folder): quarantine moves it in one step
+    instead of copying it, then deleting the original."""
+
+    def move(self, key: str, dest: str) -> bool:
+        """Rename `key` to `dest`; False, moving nothing, when `key` is not there."""

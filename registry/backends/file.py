@@ -1,205 +1,137 @@
-"""The file backend: a registry in a local folder (the embedded default) or a mounted one.
+"""The folder backend: a registry in a local folder (the embedded default) or a mounted one.
 
-Conditional creation of index entries relies on hard links, which is atomic on local
-POSIX file systems. `listing` (what `prebake ls` shows) keeps a verified summary per kind in
-<root>/summary/<kind>.json, tagged by each entry's size, mtime and inode (artifacts/ports/listing.py). NFS does not give that guarantee: share bundles across nodes
-through S3 or the Hub instead of a network folder.
+FolderStore is the object-store port over a folder; the registry is the shared one
+(prebake.registry.shared.index). What the folder guarantees it gets from the file system: a
+create-only put is a hard link from a complete temporary file (atomic on local POSIX file systems,
+not on NFS: share bundles across nodes through S3, Azure, OCI or the Hub instead), every write is
+a rename of a complete temporary file, quarantine is a rename (the port's Movable capability), and
+reads of small objects are bounded, of regular files only, inside the root. Version tags are
+size/mtime/inode, so a listing summary answers for an entry until the file changes.
 """
 
 from __future__ import annotations
 
 import difflib
-import logging
 import os
-import shutil
 import stat
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 from prebake.artifacts import fsutil
-from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
-from prebake.artifacts.bundle.payload import file_digest
 from prebake.artifacts.errors import PrebakeError
-from prebake.artifacts.layout import (
-    blob_relpath,
-    index_relpath,
-    meta_relpath,
-    parse_index_relpath,
-    side_folder_relpath,
-    side_relpath,
-    summary_relpath,
-)
+from prebake.artifacts.layout import blob_relpath
 from prebake.artifacts.ports.errors import BlobDigestMismatch, RegistryError, RegistryNotFound, RegistryUnavailable
-from prebake.artifacts.ports.listing import Listed, ListingSummary, Read, summarised_listing
-from prebake.artifacts.ports.registry import MAX_SIDE_FILE_BYTES
-from prebake.registry.shared.transfer import Published, copy_verified, settle
+from prebake.artifacts.ports.objects import Stored
+from prebake.registry.shared.index import StoreRegistry
 
-log = logging.getLogger(__name__)
-
-QUARANTINE = "quarantine"  # <root>/quarantine/ mirrors index/ and blobs/ for entries `prebake verify` moved aside
+_CHUNK = 1 << 20
+_WHOLE = 1 << 62  # a part larger than any blob
 
 
-class FileRegistry:
-    """index/ + blobs/ under one folder, written atomically."""
+class FolderStore:
+    """The object-store port over one folder; keys are paths relative to it."""
 
     writable = True
 
-    def __init__(self, root: Path | str, *, create: bool = True):
+    def __init__(self, root: Path | str):
         self.root = Path(os.path.abspath(Path(root).expanduser()))  # a relative folder would move with the cwd
         self.url = f"file://{self.root}"
-        if not create and not self.root.is_dir():
-            raise RegistryNotFound(_not_a_folder(self.root))
 
-    def lookup(self, kind: str, key_digest: str) -> Manifest | None:
-        path = self.root / index_relpath(kind, key_digest)
+    def head(self, key: str) -> Stored | None:
         try:
-            raw = self._read_entry(path)
+            st = os.stat(self.path(key))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as exc:
+            raise self._unreadable(key, exc) from exc
+        return Stored(key, st.st_size, _tag(st))
+
+    def get(self, key: str, limit: int) -> tuple[bytes, str] | None:
+        """A regular file inside the root, at most `limit` bytes, read within a time bound."""
+        path = self.path(key)
+        try:
+            tag = _tag(os.stat(path))  # before the read: a change after it shows as a mismatch next time
+            return fsutil.read_bounded(path, limit, within=self.root), tag
         except FileNotFoundError:
             return None
-        return Manifest.parse(raw, str(path))
-
-    def fetch_blob(
-        self, digest: str, dest: Path, *, size: int | None = None, tee: Callable[[bytes], None] | None = None
-    ) -> Path:
-        src = self.blob_path(digest)
-        try:
-            return copy_verified(src, dest, digest, where=str(src), registry_url=self.url, size=size, tee=tee)
-        except FileNotFoundError:
-            raise RegistryError(
-                f"blob {digest} is named by an index entry but missing at {src}; run `prebake verify`"
-            ) from None
-
-    def publish(self, manifest: Manifest, blob: Path) -> Published:
-        if file_digest(blob) != manifest.blob.digest:
-            raise BlobDigestMismatch(f"{blob} does not hash to {manifest.blob.digest}; repack it before publishing")
-        index = self.root / index_relpath(manifest.kind, manifest.key_digest)
-        existing = self.lookup(manifest.kind, manifest.key_digest)
-        if existing is not None:
-            return settle(existing, manifest, str(index))
-        target = self.blob_path(manifest.blob.digest)
-        try:
-            for folder in (target.parent, index.parent):  # leftovers of bakers killed mid-write
-                fsutil.sweep_temporaries(folder, older_than_s=3600.0)
-            if not target.exists():
-                fsutil.copy_file(blob, target)
-            if fsutil.create_only(index, manifest.to_bytes()):
-                return Published(manifest, created=True, where=str(index))
         except OSError as exc:
-            raise RegistryError(f"cannot publish into {self.root}: {exc}; free space or fix permissions") from exc
-        return settle(Manifest.read(index), manifest, str(index))
+            raise self._unreadable(key, exc) from exc
 
-    def put_side(self, blob_digest: str, name: str, data: bytes) -> bool:
-        """Create side/<...>/<name> beside the blob (create-only, atomic)."""
-        path = self.root / side_relpath(blob_digest, name)
+    def read(self, key: str, first: int = 0, last: int | None = None) -> Iterator[bytes]:
+        path = self.path(key)
         try:
-            return fsutil.create_only(path, data)
-        except OSError as exc:
-            raise RegistryError(f"cannot write {path}: {exc}; free space or fix permissions") from exc
-
-    def get_side(self, blob_digest: str, name: str) -> bytes | None:
-        path = self.root / side_relpath(blob_digest, name)
-        try:
-            return fsutil.read_bounded(path, MAX_SIDE_FILE_BYTES, within=self.root)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
-            return None
+            raise RegistryError(f"{path} is gone; run `prebake verify`") from None
+        except OSError as exc:
+            raise self._unreadable(key, exc) from exc
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise BlobDigestMismatch(f"{path} is not a regular file; run `prebake verify --quarantine`")
+            f.seek(first)
+            left = None if last is None else last - first + 1
+            while left is None or left > 0:
+                chunk = f.read(_CHUNK if left is None else min(_CHUNK, left))
+                if not chunk:
+                    return
+                if left is not None:
+                    left -= len(chunk)
+                yield chunk
 
-    def put_meta(self, name: str, data: bytes) -> None:
-        path = self.root / meta_relpath(name)
+    def put(self, key: str, data: bytes | Path, *, create_only: bool = False) -> bool:
+        """An atomic write (a complete temporary file renamed into place); create-only links it
+        instead, which fails when the name is taken. Leftovers of writers killed mid-write go first."""
+        path = self.path(key)
         try:
-            fsutil.write_bytes(path, data)
+            fsutil.sweep_temporaries(path.parent, older_than_s=3600.0)
+            if create_only:  # index entries and side files: small
+                return fsutil.create_only(path, data.read_bytes() if isinstance(data, Path) else data)
+            if isinstance(data, Path):
+                fsutil.copy_file(data, path)
+            else:
+                fsutil.write_bytes(path, data)
         except OSError as exc:
             raise RegistryError(f"cannot write {path}: {exc}; free space or fix permissions") from exc
+        return True
 
-    def get_meta(self, name: str) -> bytes | None:
+    def delete(self, key: str) -> None:
+        path = self.path(key)
         try:
-            return fsutil.read_bounded(self.root / meta_relpath(name), MAX_SIDE_FILE_BYTES, within=self.root)
+            path.unlink()
         except FileNotFoundError:
-            return None
+            return
+        except OSError as exc:
+            raise RegistryError(f"cannot remove {path}: {exc.strerror or exc}; fix the folder's permissions") from exc
+        fsutil.fsync_dir(path.parent)
 
-    def list(self, kind: str | None = None) -> Iterator[Manifest]:
-        """Every manifest, in (kind, digest) order. Names are listed and sorted as strings, then
-        entries read one by one as they are consumed: a reader that wants a few reads a few."""
-        base = self.root / "index"
-        for k in [kind] if kind else sorted(n for n in _names(base) if (base / n).is_dir()):
-            for name in sorted(_names(base / k)):
-                if name.endswith(".json") and not name.startswith(fsutil.TMP_PREFIX):
-                    path = base / k / name
-                    try:
-                        yield Manifest.parse(self._read_entry(path), str(path))
-                    except FileNotFoundError:  # removed since the listing
-                        continue
+    def move(self, key: str, dest: str) -> bool:
+        """Rename `key` to `dest`, atomically (both are in the one folder); False when `key` is gone."""
+        src, to = self.path(key), self.path(dest)
+        try:
+            to.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(src, to)
+        except FileNotFoundError:  # moved by an earlier entry or a concurrent verify
+            return False
+        except OSError as exc:
+            raise RegistryError(f"cannot move {src} into {to.parent}: {exc}; fix the folder's permissions") from exc
+        for folder in (src.parent, to.parent):
+            fsutil.fsync_dir(folder)
+        return True
 
-    def listing(self, kind: str | None = None) -> Iterator[Listed]:
-        """A row for every entry, in list() order: stat each entry, read only those the kind's
-        summary cannot answer for, and write the summary back when it was stale."""
-        base = self.root / "index"
-        kinds = [kind] if kind else sorted(n for n in _names(base) if (base / n).is_dir())
-        yield from summarised_listing(self, ((k, digest, tag) for k in kinds for digest, tag in _tagged(base, k)))
+    def list(self, prefix: str) -> Iterator[Stored]:
+        """Every file under `prefix` (temporaries and other dot files left out), in key order."""
+        folder = prefix.rpartition("/")[0]
+        for key, entry in sorted(self._walk(self.root / folder, f"{folder}/" if folder else "")):
+            if key.startswith(prefix):
+                try:
+                    st = entry.stat()
+                except FileNotFoundError:  # removed since the listing
+                    continue
+                yield Stored(key, st.st_size, _tag(st))
 
-    def blob_path(self, digest: str) -> Path:
-        return self.root / blob_relpath(digest)
-
-    def index_entries(self) -> Iterator[tuple[str, bytes | PrebakeError]]:
-        """Every index entry as (relative path, raw bytes or why it cannot be read), unparsed, so a
-        checker can report a bad one. Raises RegistryUnavailable when the folder is missing, not a
-        folder, or cannot be listed: a checker must not report "0 entries" for a registry it cannot see."""
-        self._check_root()
-        index = self.root / "index"
-        paths = [
-            index / k / n
-            for k in _listed_names(index)
-            for n in _listed_names(index / k)
-            if n.endswith(".json") and not n.startswith(".")
-        ]
-        for path in sorted(paths):
-            if path.name.startswith(fsutil.TMP_PREFIX):
-                continue
-            try:
-                raw: bytes | PrebakeError = self._read_entry(path)
-            except FileNotFoundError:  # quarantined or removed since the listing
-                continue
-            except PrebakeError as exc:
-                raw = exc
-            yield path.relative_to(self.root).as_posix(), raw
-
-    def quarantine(self, kind: str, key_digest: str, *, blob_digest: str | None = None) -> Path:
-        """Move an index entry (then, if given, its bad blob) under <root>/quarantine/; return the entry's new path.
-
-        The entry goes first, so readers miss from then on; the blob follows. Both are renames
-        within the registry's folder, so each is atomic.
-        """
-        moved = self._move_aside(index_relpath(kind, key_digest))
-        if moved is None:
-            raise RegistryError(
-                f"cannot quarantine {kind} {key_digest[:16]}: {self.root / index_relpath(kind, key_digest)} is gone"
-            )
-        if blob_digest is not None:
-            self._move_aside(blob_relpath(blob_digest))  # None: an earlier entry naming it moved it already
-        return moved
-
-    def remove(self, kind: str, key_digest: str, *, blob_digest: str | None = None) -> None:
-        """Delete an index entry, then (if given) its blob and the folder of files beside it."""
-        paths = [self.root / index_relpath(kind, key_digest)]
-        if blob_digest is not None:
-            paths.append(self.blob_path(blob_digest))
-        for path in paths:
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                raise RegistryError(
-                    f"cannot remove {path}: {exc.strerror or exc}; fix the folder's permissions"
-                ) from exc
-            fsutil.fsync_dir(path.parent)
-        if blob_digest is not None:
-            shutil.rmtree(self.root / side_folder_relpath(blob_digest), ignore_errors=True)
-
-    def __repr__(self) -> str:
-        return f"FileRegistry({str(self.root)!r})"
-
-    def _check_root(self) -> None:
+    def check_root(self) -> None:
+        """RegistryUnavailable when the folder is missing or is not a folder: a checker must not
+        report "0 entries" for a registry it cannot see."""
         try:
             st = os.stat(self.root)
         except FileNotFoundError:
@@ -213,46 +145,57 @@ class FileRegistry:
         if not stat.S_ISDIR(st.st_mode):
             raise RegistryUnavailable(f"registry {self.root} is not a folder; point the address at the registry folder")
 
-    def _read_entry(self, path: Path) -> bytes:
-        """An index entry's bytes: a regular file inside the registry, bounded in size and time."""
+    def path(self, key: str) -> Path:
+        if key.startswith("/") or ".." in key.split("/"):
+            raise RegistryError(f"{key!r} is not a key inside {self.root}; keys are relative paths without '..'")
+        return self.root / key
+
+    def _walk(self, folder: Path, rel: str) -> Iterator[tuple[str, os.DirEntry[str]]]:
         try:
-            return fsutil.read_bounded(path, MAX_MANIFEST_BYTES, within=self.root)
-        except FileNotFoundError:
-            raise
+            with os.scandir(folder) as listed:
+                entries = list(listed)
+        except (FileNotFoundError, NotADirectoryError):
+            return
         except OSError as exc:
             raise RegistryUnavailable(
-                f"cannot read {path}: {exc.strerror or exc}; check the folder's permissions and links"
+                f"cannot list {folder}: {exc.strerror or exc}; fix the folder's permissions"
             ) from exc
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                yield from self._walk(Path(entry.path), f"{rel}{entry.name}/")
+            else:
+                yield f"{rel}{entry.name}", entry
 
-    def _read_rows(self, kind: str, digests: Sequence[str]) -> Iterator[Read]:
-        for digest in digests:
-            path = self.root / index_relpath(kind, digest)
-            try:
-                tag = _tag(os.stat(path))  # before the read: a change after it shows as a mismatch next time
-                yield Read(digest, tag, Listed.of(Manifest.parse(self._read_entry(path), str(path))))
-            except FileNotFoundError:  # removed since the listing
-                yield Read(digest, "", None)
+    def _unreadable(self, key: str, exc: OSError) -> RegistryUnavailable:
+        return RegistryUnavailable(
+            f"cannot read {self.root / key}: {exc.strerror or exc}; check the folder's permissions and links"
+        )
 
-    def _load_summary(self, kind: str) -> ListingSummary | None:
-        return ListingSummary.load(self.root / summary_relpath(kind), within=self.root)
 
-    def _store_summary(self, summary: ListingSummary) -> None:
-        summary.store(self.root / summary_relpath(summary.kind))
+class FileRegistry(StoreRegistry):
+    """index/ + blobs/ under one folder (prebake.registry.shared.index over FolderStore)."""
 
-    def _move_aside(self, relpath: str) -> Path | None:
-        src, dest = self.root / relpath, self.root / QUARANTINE / relpath
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if dest.exists():  # quarantined before: keep both for whoever investigates
-            dest = dest.with_name(f"{dest.name}.{time.time_ns()}")
-        try:
-            os.replace(src, dest)
-        except FileNotFoundError:  # moved by an earlier entry or a concurrent verify
-            return None
-        except OSError as exc:
-            raise RegistryError(f"cannot move {src} into {dest.parent}: {exc}; fix the folder's permissions") from exc
-        for folder in (src.parent, dest.parent):
-            fsutil.fsync_dir(folder)
-        return dest
+    def __init__(self, root: Path | str, *, create: bool = True):
+        self.folder = FolderStore(root)
+        self.root = self.folder.root
+        if not create and not self.root.is_dir():
+            raise RegistryNotFound(_not_a_folder(self.root))
+        super().__init__(self.folder, part_bytes=_WHOLE)  # one sequential read: ranges buy a local disk nothing
+
+    def blob_path(self, digest: str) -> Path:
+        return self.root / blob_relpath(digest)
+
+    def index_entries(self) -> Iterator[tuple[str, bytes | PrebakeError]]:
+        self.folder.check_root()
+        yield from super().index_entries()
+
+    def __repr__(self) -> str:
+        return f"FileRegistry({str(self.root)!r})"
+
+    def _where(self, key: str) -> str:
+        return str(self.root / key)
 
 
 def _not_a_folder(root: Path) -> str:
@@ -273,7 +216,10 @@ def _missing_folder(root: Path) -> str:
     while not parent.is_dir() and parent != parent.parent:
         missing.insert(0, parent.name)
         parent = parent.parent
-    near = sorted(n for n in _names(parent) if (parent / n).is_dir())
+    try:
+        near = sorted(n for n in os.listdir(parent) if (parent / n).is_dir())
+    except OSError:
+        near = []
     close = difflib.get_close_matches(missing[0], near, n=1)
     guess = parent.joinpath(close[0], *missing[1:]) if close else None
     hint = f" (did you mean {guess}?)" if guess is not None and guess.is_dir() else ""
@@ -281,38 +227,6 @@ def _missing_folder(root: Path) -> str:
         f"registry folder {root} does not exist{hint}; fix the registry address, or bake into it first "
         f"(`prebake bake` and `doit bake` create it)"
     )
-
-
-def _listed_names(folder: Path) -> list[str]:
-    """A folder's names ([] when it is absent); RegistryUnavailable when it cannot be listed."""
-    try:
-        return os.listdir(folder)
-    except FileNotFoundError:
-        return []
-    except NotADirectoryError:  # a file among the kinds: no entries under it
-        return []
-    except OSError as exc:
-        raise RegistryUnavailable(f"cannot list {folder}: {exc.strerror or exc}; fix the folder's permissions") from exc
-
-
-def _names(folder: Path) -> list[str]:
-    return _listed_names(folder)
-
-
-def _tagged(base: Path, kind: str) -> list[tuple[str, str]]:
-    """(key digest, size/mtime/inode) of the index entries of `kind` under `base`, sorted."""
-    tagged = []
-    try:
-        with os.scandir(base / kind) as entries:
-            for entry in entries:
-                if (parsed := parse_index_relpath(f"index/{kind}/{entry.name}")) is not None:
-                    try:
-                        tagged.append((parsed[1], _tag(entry.stat())))
-                    except FileNotFoundError:  # removed since the listing
-                        continue
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    return sorted(tagged)
 
 
 def _tag(st: os.stat_result) -> str:

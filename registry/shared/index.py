@@ -38,12 +38,10 @@ from prebake.artifacts.layout import (
 from prebake.artifacts.ports.errors import (
     BlobDigestMismatch,
     RegistryError,
-    RegistryNotFound,
     RegistryReadOnly,
-    RegistryUnavailable,
 )
 from prebake.artifacts.ports.listing import Listed, ListingSummary, Read, summarised_listing
-from prebake.artifacts.ports.objects import ObjectStore
+from prebake.artifacts.ports.objects import Movable, ObjectStore
 from prebake.artifacts.ports.registry import MAX_SIDE_FILE_BYTES, Published
 from prebake.registry.shared.ranged import OrderedSink, one_part, part_ranges, run_parts
 from prebake.registry.shared.transfer import SizedSink, read_ahead, settle
@@ -132,7 +130,7 @@ class StoreRegistry:
                 self.store.put(blob_key, blob)
             if self.store.put(key, manifest.to_bytes(), create_only=True):
                 return Published(manifest, created=True, where=self._where(key))
-        except (RegistryUnavailable, RegistryNotFound) as exc:
+        except RegistryError as exc:
             raise type(exc)(f"cannot publish into {self.url}: {exc}") from exc
         theirs = self.lookup(manifest.kind, manifest.key_digest)
         if theirs is None:
@@ -223,8 +221,9 @@ class StoreRegistry:
     def quarantine(self, kind: str, key_digest: str, *, blob_digest: str | None = None) -> str:
         """Move an index entry (then, if given, its bad blob) under quarantine/; return the entry's new address.
 
-        The entry goes first, so readers miss from then on; the blob follows. A move is a copy,
-        then the delete of the original, so the bytes are never gone."""
+        The entry goes first, so readers miss from then on; the blob follows. A move is a rename
+        where the store can (Movable), else a copy, then the delete of the original, so the bytes
+        are never gone."""
         moved = self._move_aside(index_relpath(kind, key_digest))
         if moved is None:
             raise RegistryError(f"cannot quarantine {kind} {key_digest[:16]}: its index entry in {self.url} is gone")
@@ -241,12 +240,13 @@ class StoreRegistry:
                 self.store.delete(stored.key)
 
     def _move_aside(self, key: str) -> str | None:
-        stored = self.store.head(key)
-        if stored is None:
-            return None
         dest = f"{QUARANTINE}/{key}"
         if self.store.head(dest) is not None:  # quarantined before: keep both for whoever investigates
             dest = f"{dest}.{time.time_ns()}"
+        if isinstance(self.store, Movable):
+            return self._where(dest) if self.store.move(key, dest) else None
+        if self.store.head(key) is None:
+            return None
         with tempfile.TemporaryDirectory(prefix="prebake-quarantine-") as scratch:
             copy = Path(scratch) / "object"
             with copy.open("wb") as f:

@@ -87,13 +87,19 @@ def test_listing_a_large_s3_registry_returns_every_entry_in_key_order(s3_client,
 
 
 class CountingFolder(FileRegistry):
-    """A real folder registry, with a count of the index entries it read."""
+    """A real folder registry, with a count of the index entries read through its store."""
 
     reads = 0
 
-    def _read_entry(self, path):
-        self.reads += 1
-        return super()._read_entry(path)
+    def __init__(self, root):
+        super().__init__(root)
+        get = self.store.get
+
+        def counted(key, limit):
+            self.reads += key.startswith("index/")
+            return get(key, limit)
+
+        self.store.get = counted  # type: ignore[method-assign]
 
 
 def _requests(registry: S3Registry) -> list[tuple[str, str]]:
