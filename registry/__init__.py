@@ -8,6 +8,7 @@
     hf://datasets/ns/repo[@rev]              HubRegistry: a dataset repo
     oci://host[:port]/namespace/repo         OCIRegistry: an OCI registry (GHCR, ECR, Harbor, distribution)
     az://account/container/prefix            AzureRegistry: Azure Blob Storage (connection string, key or SAS)
+    oci-layout:DIR, oci-layout:FILE.tar      LayoutRegistry: an OCI image layout on a disk (registry/oci/layout.py)
     /local/folder,s3://team/prebake          ChainRegistry: nearest first, farther hits backfilled
                                              (a comma inside a folder's name: write it \\, ; registry/address.py)
 
@@ -27,7 +28,7 @@ from prebake.artifacts.ports.errors import RegistryNotFound, UnknownRegistryErro
 from prebake.registry.address import split_addresses
 from prebake.registry.shared.transfer import Published, Registry
 
-SCHEMES = ("file://", "s3://", "hf://", "oci://", "az://")
+SCHEMES = ("file://", "s3://", "hf://", "oci://", "az://", "oci-layout:")
 
 
 def open_registry(address: str | Path, *, create: bool = True, home: Path | None = None) -> Registry:
@@ -73,6 +74,10 @@ def _open_one(text: str, *, create: bool, listed: list[str] | None = None, home:
         from prebake.registry.backends.azure import AzureRegistry
 
         return AzureRegistry(text)
+    if text.startswith("oci-layout:"):
+        from prebake.registry.oci.layout import LayoutRegistry
+
+        return LayoutRegistry(text, create=create)
     if text.startswith("file://"):
         text = text[len("file://") :]
     elif "://" in text:

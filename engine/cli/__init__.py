@@ -22,12 +22,12 @@ from prebake import __version__
 from prebake.artifacts.errors import ExitCode
 from prebake.artifacts.store.home import check_home
 from prebake.artifacts.store.local import default_home
-from prebake.engine.cli import bake, buckets, bundles, keys, plan, promote, recipes, revoke, serving, stats, store
+from prebake.engine.cli import bake, buckets, bundles, copy, keys, plan, promote, recipes, revoke, serving, stats, store
 from prebake.engine.cli.common import GROUPS, LISTED, Formatter, verbosity_options, warn_deprecated
 from prebake.engine.cli.outcome import Failure, failure
 from prebake.engine.common import logs
 
-COMMAND_MODULES = (bake, plan, buckets, recipes, bundles, store, stats, serving, keys, revoke, promote)
+COMMAND_MODULES = (bake, plan, buckets, recipes, bundles, copy, store, stats, serving, keys, revoke, promote)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
