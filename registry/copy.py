@@ -256,4 +256,4 @@ def revocation_check_in_force(trust: TrustCheck | None) -> RevocationCheck | Non
 
 FORMATS: dict[str, Callable[..., CopyReport]] = {"registry": copy_bundles}  # --format: what DST receives
 
-__all__ = ["FORMATS", "SIDE_NAMES", "CopyReport", "Copied", "Selection", "copy_bundles", "revocation_check_in_force"]
+__all__ = ["FORMATS", "SIDE_NAMES", "Copied", "CopyReport", "Selection", "copy_bundles", "revocation_check_in_force"]

@@ -37,6 +37,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from prebake.artifacts import fsutil
 from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
@@ -65,6 +66,7 @@ SCHEME = "oci-layout:"
 INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
 REF_NAME = "org.opencontainers.image.ref.name"
 LAYOUT_FILE = '{"imageLayoutVersion":"1.0.0"}'
+Descriptors = list[dict[str, Any]]  # index.json's manifests (a module name: the class has a `list` method)
 
 
 class LayoutRegistry:
@@ -181,10 +183,10 @@ class LayoutRegistry:
 
     # -- the layout ------------------------------------------------------------------------------
 
-    def tags(self) -> list[str]:
-        return [str(d["annotations"][REF_NAME]) for d in self._descriptors() if REF_NAME in d.get("annotations", {})]
+    def tags(self) -> Iterator[str]:
+        return (str(d["annotations"][REF_NAME]) for d in self._descriptors() if REF_NAME in d.get("annotations", {}))
 
-    def _descriptors(self) -> list[dict]:
+    def _descriptors(self) -> Descriptors:
         path = self.root / "index.json"
         try:
             doc = json.loads(fsutil.read_bounded(path, MAX_OCI_MANIFEST_BYTES * 16))
@@ -197,14 +199,14 @@ class LayoutRegistry:
         except (ValueError, KeyError, TypeError) as exc:
             raise BundleError(f"{path} is not an OCI image index ({exc}); is {self.url} an OCI image layout?") from exc
 
-    def _write_index(self, descriptors: list[dict]) -> None:
+    def _write_index(self, descriptors: Descriptors) -> None:
         doc = {"schemaVersion": 2, "mediaType": INDEX_TYPE, "manifests": descriptors}
         fsutil.write_bytes(self.root / "index.json", json.dumps(doc, indent=1).encode())
 
     def _tag(self, tag: str, ref: Blob, *, create_only: bool) -> bool:
         """Point `tag` at the manifest `ref` in index.json; create_only: False when the tag is taken."""
         with self._locked():
-            kept = []
+            kept: Descriptors = []
             for d in self._descriptors():
                 if d.get("annotations", {}).get(REF_NAME) == tag:
                     if create_only:
