@@ -79,7 +79,7 @@ class LayoutRegistry:
         path = Path(text).expanduser().absolute()
         self.url = f"{SCHEME}{path}"
         self.tar = path if path.suffix == ".tar" else None
-        self.writable = create
+        self.writable = create or self.tar is None  # a tar opened to read is unpacked in a scratch folder
         if self.tar is None:
             self.root = path
         elif create:

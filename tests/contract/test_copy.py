@@ -96,8 +96,8 @@ def test_copy_to_and_from_every_backend_carries_bundles_attestations_and_the_rev
         got = back.lookup(m.kind, digest)
         assert got is not None and got.to_bytes() == m.to_bytes()  # the signed manifest, byte for byte
         assert back.get_side(m.blob.digest, SIDE_NAME) == source.get_side(m.blob.digest, SIDE_NAME)
-        tree = store.install(got, back)  # the blob's digest, then every file against the list
-        assert tree.is_dir()
+        installed = store.install(got, back)  # the blob's digest, then every file against the list
+        assert installed.tree.is_dir()
     assert back.get_meta(LIST_NAME) == source.get_meta(LIST_NAME)
 
 
@@ -107,12 +107,12 @@ def test_copy_refuses_what_the_policy_refuses_and_writes_nothing_of_it(staged, t
     wrong = write_policy(tmp_path, other.read_text().strip(), rpublic.read_text().strip(), name="wrong")
     source, dest = FileRegistry(staged.registry), FileRegistry(tmp_path / "dest", create=True)
     trust = policy_for(staged, source, tmp_path / "home", wrong)
-    report = copy_bundles(source, dest, trust=None, check_revocations=revocation_check_in_force(trust))
+    report = copy_bundles(source, dest, trust=trust, select=Selection(kind="graphs"),
+                          check_revocations=revocation_check_in_force(trust))  # fmt: skip
     assert report.revocation_list.startswith("refused: the source's revocation list does not verify")
-    report = copy_bundles(source, dest, trust=trust, select=Selection(kind="graphs"))
     assert not report.ok and [c.outcome[:9] for c in report.bundles] == ["refused: "]
     assert "no signature verifies against the keys this rule trusts" in report.bundles[0].outcome
-    assert list(dest.list("graphs")) == []
+    assert list(dest.list("graphs")) == [] and dest.get_meta(LIST_NAME) is None
 
 
 def test_copy_leaves_a_different_build_of_a_key_alone(staged, tmp_path):
