@@ -98,12 +98,12 @@ class CopyReport:
         bad = sum(1 for c in self.bundles if not c.ok)
         if copied == 0 and bad == 0 and self.count("would copy") == 0:
             head = f"nothing to copy: all {there} bundle(s) already there, 0 bytes copied"
+        elif would := self.count("would copy"):
+            head = f"dry run, nothing written: {would} bundle(s) would be copied, {there} already there"
         else:
             head = f"{copied} bundle(s) copied ({self.bytes} bytes), {there} already there"
-            if would := self.count("would copy"):
-                head += f", {would} would be copied"
-            if bad:
-                head += f", {bad} refused"
+        if bad:
+            head += f", {bad} refused"
         return f"copy {self.source} -> {self.destination}: {head}; revocation list: {self.revocation_list}"
 
     def to_json(self) -> dict[str, object]:

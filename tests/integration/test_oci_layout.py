@@ -77,7 +77,9 @@ def test_a_layout_prebake_wrote_installs_offline_through_skopeo_into_a_registry_
     assert fetched_trees(Home(tmp_path / "from-skopeo"), f"oci-layout:{back}") == want
 
     graphs = next(t for t in tags if t.startswith("graphs-"))
-    gzipped = tmp_path / "gzip-layout"  # Debian's umoci (0.4) unpacks no zstd layer: recompressed, as test_oci_bake does
+    gzipped = (
+        tmp_path / "gzip-layout"
+    )  # Debian's umoci (0.4) unpacks no zstd layer: recompressed, as test_oci_bake does
     _skopeo("--dest-compress", "--dest-compress-format=gzip", f"oci:{layout}:{graphs}", f"oci:{gzipped}:{graphs}")
     assert _files(umoci_unpack(f"{gzipped}:{graphs}", tmp_path / "unpacked")) == want["graphs"]
 
