@@ -22,8 +22,9 @@ its own, like the OCI registry backend, sharing its documents.
 Writing is create-only and crash-safe: blobs and documents go in first, each written whole and
 renamed into place, and the index.json that names them is replaced last (atomically, under a
 lock), so a kill leaves unnamed blobs at worst, which a rerun reuses. A tar is read by unpacking
-it into a private folder; it is written by filling `<FILE>.tar.partial/` (kept across a kill, so a
-rerun resumes) and turning it into the tar once, whole, at `close()`.
+it into a private folder; on the first write that folder becomes `<FILE>.tar.partial/` (kept
+across a kill, so a rerun resumes from it), which `close()` turns into the tar once, whole. A copy
+that finds everything already there writes nothing and leaves the tar as it was.
 """
 
 from __future__ import annotations
@@ -80,25 +81,23 @@ class LayoutRegistry:
         self.url = f"{SCHEME}{path}"
         self.tar = path if path.suffix == ".tar" else None
         self.writable = create or self.tar is None  # a tar opened to read is unpacked in a scratch folder
+        self.partial = None if self.tar is None else path.with_name(path.name + ".partial")
         if self.tar is None:
             self.root = path
-        elif create:
-            self.root = path.with_name(path.name + ".partial")  # a killed run's stays: the rerun resumes
-            if not self.root.exists() and self.tar.exists():
-                _untar(self.tar, self.root)
-        else:
-            self.root = Path(tempfile.mkdtemp(prefix="prebake-oci-layout-"))
-            atexit.register(shutil.rmtree, self.root, ignore_errors=True)
-            if not self.tar.exists():
-                raise RegistryNotFound(self._not_found())
+            if create:
+                _start_layout(path)
+        elif create and self.partial is not None and self.partial.exists():
+            self.root = self.partial  # a killed copy's: it holds what the tar holds and more; the rerun resumes
+        elif self.tar.exists():
+            self.root = _scratch()  # read from a private copy; the tar's folder is made on the first write
             _untar(self.tar, self.root)
-        if not (self.root / "oci-layout").exists():
-            if not create:
-                raise RegistryNotFound(self._not_found())
-            (self.root / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
-            fsutil.write_bytes(self.root / "oci-layout", LAYOUT_FILE.encode())
-        if not (self.root / "index.json").exists() and create:
-            self._write_index([])
+        elif create:
+            self.root = _scratch()
+            _start_layout(self.root)
+        else:
+            raise RegistryNotFound(self._not_found())
+        if not (self.root / "oci-layout").is_file():
+            raise RegistryNotFound(self._not_found())
 
     def __repr__(self) -> str:
         return f"LayoutRegistry({self.url!r})"
@@ -138,6 +137,7 @@ class LayoutRegistry:
         where = f"{self.url}:{tag}"
         if (existing := self.lookup(manifest.kind, manifest.key_digest)) is not None:
             return settle(existing, manifest, where)
+        self._writing()
         artifact = build(manifest, diff_id(blob))
         self._put_blob(artifact.layer.digest, blob)  # blobs first, the index.json naming them last
         self._put_blob(artifact.config_ref.digest, artifact.config)
@@ -174,12 +174,19 @@ class LayoutRegistry:
 
     def close(self) -> None:
         """For oci-layout:FILE.tar opened to write: write the tar whole (atomically), drop the folder."""
-        if self.tar is None or not self.writable or not self.root.exists():
-            return
+        if self.tar is None or self.root != self.partial:
+            return  # a folder layout, or a tar nothing was written to
         with fsutil.atomic_target(self.tar) as tmp, tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as out:
             for name in ("oci-layout", "index.json", "blobs"):
                 out.add(self.root / name, arcname=name, filter=_no_leftovers)
         shutil.rmtree(self.root)
+
+    def _writing(self) -> None:
+        """Before the first write into a tar: its folder, FILE.tar.partial/, from what was read."""
+        if self.partial is not None and self.root != self.partial:
+            self.partial.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(self.root, self.partial)
+            self.root = self.partial
 
     # -- the layout ------------------------------------------------------------------------------
 
@@ -229,6 +236,7 @@ class LayoutRegistry:
             raise RegistryError(f"{self.url}:{tag}: {len(data)} bytes is more than a small file may hold")
         if create_only and self._manifest(tag) is not None:
             return False
+        self._writing()
         layer = Blob(f"{artifact_type}+octet-stream", sha256(data), len(data))
         self._put_blob(sha256(EMPTY), EMPTY)
         self._put_blob(layer.digest, data)
@@ -294,6 +302,21 @@ class LayoutRegistry:
             f"registry {self.url} is not an OCI image layout (no oci-layout file); name a folder or .tar that "
             f"`prebake copy` or `skopeo copy ... oci:DIR` wrote"
         )
+
+
+def _start_layout(root: Path) -> None:
+    (root / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
+    if not (root / "oci-layout").exists():
+        fsutil.write_bytes(root / "oci-layout", LAYOUT_FILE.encode())
+    if not (root / "index.json").exists():
+        doc = {"schemaVersion": 2, "mediaType": INDEX_TYPE, "manifests": []}
+        fsutil.write_bytes(root / "index.json", json.dumps(doc).encode())
+
+
+def _scratch() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="prebake-oci-layout-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def _no_leftovers(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
