@@ -87,6 +87,7 @@ REPORTS = {
     "stats": ["stats"],
     "revoke": ["revoke"],  # no signing key: a JSON error
     "promote": ["promote", "--list"],
+    "copy": ["copy", "/no/such/prebake/staging", "/no/such/prebake/production"],  # not there: a JSON error
 }
 
 
