@@ -5,6 +5,7 @@ all three; a second run moves no byte; what comes back installs into a store, fi
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,19 @@ def test_copy_leaves_a_different_build_of_a_key_alone(staged, tmp_path):
     report = copy(source, dest, staged, tmp_path / "home", select=Selection(kind="graphs"))
     assert not report.ok and report.bundles[0].outcome.startswith("conflict: ")
     assert report.revocation_list.startswith("kept the destination's (serial 3 >= the source's 3")
+
+
+def test_a_ring_through_every_backend_pairs_each_with_another_than_a_folder(staged, request, tmp_path):
+    """folder -> S3 -> OCI -> Hub -> Azure -> OCI layout -> folder: each hop a direct copy between two backends."""
+    ring = [BACKENDS[name](request, tmp_path / name).registry for name in ("s3", "oci", "hf", "azure")]
+    ring.append(LayoutRegistry(f"oci-layout:{tmp_path / 'layout'}", create=True))
+    source = FileRegistry(staged.registry)
+    hops = [source, *ring, FileRegistry(tmp_path / "end", create=True)]
+    for i, (a, b) in enumerate(pairwise(hops)):
+        report = copy(a, b, staged, tmp_path / f"home-{i}")
+        assert report.ok and report.count("copied") == 3, (a.url, b.url, report.to_json())
+        assert report.revocation_list == "copied (serial 3)", (a.url, b.url)
+    end = hops[-1]
+    for m in source.list():
+        assert end.lookup(m.kind, m.key_digest) == m
+        assert end.get_side(m.blob.digest, SIDE_NAME) == source.get_side(m.blob.digest, SIDE_NAME)
