@@ -1,7 +1,8 @@
 """`prebake copy`'s logic (registry/copy.py) between a folder and every backend of the contract suite,
 plus OCI image layouts (a folder and a tar), each way: signed bundles of tiny-llama's keys (seeded,
 no compile) with their attestations and a signed revocation list, under a policy file that needs
-all three; a second run moves no byte; what comes back installs into a store, file by file."""
+all three; a second run moves no byte; what comes back installs into a store, file by file. One ring of direct
+copies between the backends (S3 -> OCI -> Hub -> Azure -> layout) pairs each with another backend."""
 
 from __future__ import annotations
 
