@@ -36,7 +36,9 @@ from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.errors import PrebakeError, PublishConflict
 from prebake.artifacts.ports.registry import Registry, SideFiles, TrustCheck
 
-SIDE_NAMES: tuple[str, ...] = (SIDE_NAME,)  # the files kept beside a blob that travel with it
+# The files kept beside a blob that travel with it: the provenance attestation, and the OpenSSF model
+# signature a signed bake writes (model.sig: registry/model_signatures.py's SIDE_NAME on issue 31's branch).
+SIDE_NAMES: tuple[str, ...] = (SIDE_NAME, "model.sig")
 
 
 @dataclass(frozen=True)
