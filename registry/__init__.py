@@ -8,6 +8,7 @@
     hf://datasets/ns/repo[@rev]              HubRegistry: a dataset repo
     oci://host[:port]/namespace/repo         OCIRegistry: an OCI registry (GHCR, ECR, Harbor, distribution)
     az://account/container/prefix            AzureRegistry: Azure Blob Storage (connection string, key or SAS)
+    oci-layout:DIR, oci-layout:FILE.tar      LayoutRegistry: an OCI image layout on a disk (registry/oci/layout.py)
     /local/folder,s3://team/prebake          ChainRegistry: nearest first, farther hits backfilled
                                              (a comma inside a folder's name: write it \\, ; registry/address.py)
 
@@ -30,12 +31,13 @@ from prebake.artifacts.ports.errors import RegistryNotFound, UnknownRegistryErro
 from prebake.registry.address import split_addresses
 from prebake.registry.shared.transfer import Published, Registry
 
-SCHEMES = ("file://", "s3://", "hf://", "oci://", "az://")
+SCHEMES = ("file://", "s3://", "hf://", "oci://", "az://", "oci-layout:")
 EXTRA_OF_SCHEME = {
     "s3://": "s3",
     "hf://": "hf",
     "oci://": "oci",
     "az://": "azure",
+    "oci-layout:": "oci",  # the layout writes the images the OCI backend pushes (its modules import httpx)
 }  # the wheel's extra each backend needs
 
 
@@ -83,6 +85,10 @@ def _open_one(text: str, *, create: bool, listed: list[str] | None = None, home:
         from prebake.registry.backends.azure import AzureRegistry
 
         return AzureRegistry(text)
+    if text.startswith("oci-layout:"):
+        from prebake.registry.oci.layout import LayoutRegistry
+
+        return LayoutRegistry(text, create=create)
     if text.startswith("file://"):
         text = text[len("file://") :]
     elif "://" in text:

@@ -26,6 +26,7 @@ from prebake.engine.cli import (
     bake,
     buckets,
     bundles,
+    copy,
     kernel_cache,
     keys,
     plan,
@@ -40,7 +41,21 @@ from prebake.engine.cli.common import GROUPS, LISTED, Formatter, verbosity_optio
 from prebake.engine.cli.outcome import Failure, failure
 from prebake.engine.common import logs
 
-COMMAND_MODULES = (bake, plan, buckets, recipes, bundles, kernel_cache, store, stats, serving, keys, revoke, promote)
+COMMAND_MODULES = (
+    bake,
+    plan,
+    buckets,
+    recipes,
+    bundles,
+    copy,
+    kernel_cache,
+    store,
+    stats,
+    serving,
+    keys,
+    revoke,
+    promote,
+)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

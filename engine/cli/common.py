@@ -147,7 +147,7 @@ def registry_option(parser: argparse.ArgumentParser) -> None:
         "--registry",
         action=_AddressList,
         help="registry address: a folder, file://, s3://bucket/prefix, hf://ns/repo, oci://host/repo, "
-        "az://account/container/prefix; repeat the flag for a chain, "
+        "az://account/container/prefix, oci-layout:DIR or oci-layout:FILE.tar; repeat the flag for a chain, "
         "nearest first (a comma list works too; write a comma in a folder's name as \\,) "
         "(default: $PREBAKE_REGISTRY, else $PREBAKE_HOME/registry)",
     )

@@ -4,8 +4,7 @@
 
 The graphs bundle is fetched through the pipeline (lookup, the trust policy in force, install),
 and the image built from the installed tree and its signed manifest (registry/oci/kernel_cache.py)
-is pushed with prebake's OCI client. `prebake copy --format kernel-cache` will call the same
-function once `prebake copy` exists.
+is pushed with prebake's OCI client.
 """
 
 from __future__ import annotations

@@ -152,3 +152,31 @@ def test_doit_list_documents_the_bake_task(tmp_path):
 def test_fetch_on_an_empty_registry_exits_3(tmp_path):
     proc = Home(tmp_path).prebake("fetch", "--model", "tiny-llama", "--precision", "bf16")
     assert proc.returncode == 3 and "no bundle for this key" in proc.stderr
+
+
+@pytest.mark.slow
+def test_prebake_copy_to_oci_and_back_leaves_bundles_the_engine_starts_from(baked, tmp_path):
+    """issue 31's done-when: the default recipe's bundles, `prebake copy` folder -> OCI -> folder, then
+    `prebake serve --on-miss fail` from the copy: every tree verifies, and the engine starts on them."""
+    from tests.support.oci_server import oci_available, oci_server
+    from tests.support.serving import ServeProcess, serve_env
+
+    if not oci_available():
+        pytest.skip("docker-registry is not installed (apt-get install docker-registry; .ci/run does)")
+    back = tmp_path / "back"
+    with oci_server(tmp_path / "oci") as server:
+        address, env = server.address("team/promoted"), server.env()
+        there = baked.prebake("copy", str(baked.root / "home" / "registry"), address, "--json", extra_env=env)
+        assert there.returncode == 0 and json.loads(there.stdout)["copied"] == 3, there.stderr
+        again = baked.prebake("copy", address, str(back), "--json", extra_env=env)
+        assert again.returncode == 0 and json.loads(again.stdout)["copied"] == 3, again.stderr
+    server_process = ServeProcess(
+        ["--model", "tiny-llama", "--precision", "bf16", "--registry", str(back), "--on-miss", "fail"],
+        serve_env(tmp_path / "node"),
+    )
+    try:
+        server_process.wait_ready()
+        completion = server_process.complete(prompt=[5, 17, 300], max_tokens=4, temperature=0)
+    finally:
+        server_process.stop()
+    assert completion, server_process.log

@@ -88,6 +88,7 @@ REPORTS = {
     "revoke": ["revoke"],  # no signing key: a JSON error
     "promote": ["promote", "--list"],
     "kernel-cache": ["kernel-cache", "--model", "tiny-llama", "--to", "oci://127.0.0.1:9/team/kc:t"],  # a JSON error
+    "copy": ["copy", "/no/such/prebake/staging", "/no/such/prebake/production"],  # not there: a JSON error
 }
 
 
