@@ -10,7 +10,7 @@ import os
 import sys
 
 from prebake.artifacts.errors import ExitCode
-from prebake.engine.adapters import KIND_NAMES
+from prebake.engine.adapters import kind_names
 from prebake.engine.cli.common import command, json_option
 
 
@@ -32,7 +32,7 @@ def add(sub) -> None:
         "destination", metavar="DST", help="the registry to write (a folder is created; oci-layout:DIR or .tar too)"
     )
     copy.add_argument("--model", help="only bundles of this model (their model label)")
-    copy.add_argument("--kind", choices=KIND_NAMES, help="only this artifact kind (default: every kind)")
+    copy.add_argument("--kind", choices=kind_names(), help="only this artifact kind (default: every kind)")
     copy.add_argument("--platform", help="only bundles of this platform label (cuda, cpu, hpu...)")
     copy.add_argument("--precision", help="only bundles of this precision label (bfloat16, float32...)")
     copy.add_argument("--key", default="", metavar="PREFIX", help="only keys starting with this hex prefix")
