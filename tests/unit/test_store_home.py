@@ -35,6 +35,7 @@ ARGV = {
     "serve": ["serve", "--model", "tiny-llama", "--port", "0"],
     "promote": ["promote", "--list"],
     "kernel-cache": ["kernel-cache", "--model", "tiny-llama", "--to", "oci://127.0.0.1:9/kc:tag"],
+    "copy": ["copy", "/no/such/prebake/staging", "/no/such/prebake/production"],
 }
 READERS = ("stats", "store ls", "ls", "store stats", "store verify", "plan", "verify")
 
