@@ -73,6 +73,7 @@ class StoredBundle:
 
 def list_bundles(store: Store) -> tuple[StoredBundle, ...]:
     """Every bundle in the store, most recently used first."""
+    store.check_readable()
     bundles = []
     for entry in reversed(store.inventory()):
         manifests, unreadable = [], []
@@ -159,7 +160,9 @@ class StoreVerifyReport:
 
 
 def verify_store(store: Store, *, fix: bool = False) -> StoreVerifyReport:
-    """Re-hash every tree and blob against its manifest; with `fix`, remove the broken bundles."""
+    """Re-hash every tree and blob against its manifest; with `fix`, remove the broken bundles.
+    Only bundles the store installed are looked at (prebake.artifacts.store.mark)."""
+    store.claim() if fix else store.check_readable()
     bundles = list_bundles(store)
     findings, unindexed, treeless = [], 0, 0
     for bundle in bundles:
@@ -314,6 +317,8 @@ def select(store: Store, selector: str, kind: str | None = None) -> tuple[Stored
 
 def remove(store: Store, bundles: Iterable[StoredBundle], *, dry_run: bool = False) -> RemoveReport:
     """Remove each bundle (index entries, tree, blob) unless a live engine holds it."""
+    if not dry_run:
+        store.claim()
     removed, kept = [], []
     for bundle in bundles:
         if store.held(bundle.hex):
