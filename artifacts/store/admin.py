@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from prebake.artifacts import fsutil
-from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
 from prebake.artifacts.bundle.payload import file_digest
 from prebake.artifacts.bundle.unpack import tree_problems
-from prebake.artifacts.errors import PrebakeError, StoreError
+from prebake.artifacts.errors import BundleError, PrebakeError, StoreError
 from prebake.artifacts.layout import parse_index_relpath
-from prebake.artifacts.store.health import Damaged, check_hit, quarantine
+from prebake.artifacts.store.health import Damaged, check_hit, other_schema, quarantine
 from prebake.artifacts.store.local import Store, StoreEntry
 
 _HEX_PREFIX = re.compile(r"^(?:sha256:)?([0-9a-f]{4,64})$")
@@ -78,10 +78,13 @@ def list_bundles(store: Store) -> tuple[StoredBundle, ...]:
     for entry in reversed(store.inventory()):
         manifests, unreadable = [], []
         for path in entry.index:
+            raw = b""
             try:
-                manifests.append(Manifest.read(path))
+                raw = fsutil.read_bounded(path, MAX_MANIFEST_BYTES)
+                manifests.append(Manifest.parse(raw, str(path)))
             except (OSError, PrebakeError) as exc:
-                unreadable.append(f"{path.relative_to(store.home)}: {exc}")
+                if not (isinstance(exc, BundleError) and other_schema(raw)):  # another release's: not damage
+                    unreadable.append(f"{path.relative_to(store.home)}: {exc}")
         held = store.held(entry.hex)
         bundles.append(
             StoredBundle(
