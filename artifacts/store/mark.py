@@ -101,7 +101,8 @@ def look(home: Path) -> Look:
         more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
         return Look("other", f"it holds files a store never makes: {', '.join(foreign[:5])}{more}")
     has_records = any(n in names for n in _STORE_RECORDS)
-    if any(n in names for n in _REGISTRY_ONLY) or ({"index", "blobs"} & names and not has_records):
+    holds_bundles = any(_holds_a_file(home / n) for n in ("index", "blobs") if n in names)
+    if any(n in names for n in _REGISTRY_ONLY) or (holds_bundles and not has_records):
         shown = ", ".join(f"{n}/" for n in sorted(names & {"index", "blobs", "side", "meta", "summary"}))
         return Look("registry", f"it holds {shown} without the store's trees/, locks/ and leases/")
     if not has_records:  # only folders a store shares with a bake (stats/, registry/, tmp/ ...): nothing installed
@@ -149,7 +150,9 @@ def claim(home: Path) -> None:
     if seen.what == "legacy":
         adopt_installed(home)
     payload = json.dumps({"format": FORMAT, "version": STORE_VERSION}, sort_keys=True) + "\n"
-    fsutil.write_bytes(home / MARK, payload.encode())
+    temporary = home / f"{fsutil.TMP_PREFIX}{MARK}.{os.getpid()}"
+    temporary.write_text(payload)  # not fsutil.write_bytes: the mark is no step a crash test aims at
+    os.replace(temporary, home / MARK)
 
 
 def check_readable(home: Path) -> None:
@@ -184,6 +187,11 @@ def record_install(home: Path, hexd: str) -> None:
 
 def installed(home: Path, hexd: str) -> bool:
     return (home / INSTALLS / hexd).is_file()
+
+
+def _holds_a_file(folder: Path) -> bool:
+    """True if anything but folders lies under `folder` (stops at the first): empty folders lose nothing."""
+    return any(files for _root, _dirs, files in os.walk(folder))
 
 
 def _is_hex(name: str) -> bool:

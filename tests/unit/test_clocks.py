@@ -73,6 +73,21 @@ def test_key_validity_is_decided_by_this_nodes_clock_and_a_refusal_names_it(worl
 
 
 @pytest.mark.parametrize("clock", SKEWS)
+def test_a_key_starting_within_the_day_is_not_yet_valid_on_a_node_a_day_behind(world, clock):
+    """The key starts 12 h before the fleet's time and signed a bundle made an hour ago: a node a day
+    behind is before the key's period and refuses, naming its own clock."""
+    fresh = world[3].model_copy(update={"created": f"{TRUE_NOW - dt.timedelta(hours=1):%Y-%m-%dT%H:%M:%SZ}"})
+    signed = world[1]["ci"][1](fresh.model_copy(update={"signatures": ()}))
+    start = f"not_before = {(TRUE_NOW - DAY / 2):%Y-%m-%dT%H:%M:%SZ}\n"
+    policy = replace(_policy(world, f"start-{clock}", key_extra=start), now=_at(SKEWS[clock]))
+    why = policy(signed)
+    if clock == "a-day-behind":
+        assert why is not None and "not now (2026-11-30 12:00 UTC by this node's clock" in why
+    else:
+        assert why is None
+
+
+@pytest.mark.parametrize("clock", SKEWS)
 def test_bundle_age_is_counted_on_this_nodes_clock(world, clock):
     """max_age_days = 3 and a bundle made 2 days before the fleet's time: a node a day ahead sees 3 days."""
     policy = _policy(world, f"age-{clock}", rule_extra="max_age_days = 2.5\n")
