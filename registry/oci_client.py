@@ -8,7 +8,8 @@ Every request goes to https://HOST/v2/<repository>/..., or to http:// only for t
 PREBAKE_OCI_PLAIN_HTTP (loopback tests, air-gapped mirrors): never a silent downgrade. TLS checks
 the system's CAs, plus PREBAKE_OCI_CA_BUNDLE (a PEM file) or /etc/docker/certs.d/<host>/ca.crt,
 where docker and podman look. A 401 is answered once per challenge (registry/oci_auth.py);
-a 5xx, 429 or dropped connection is retried `max_attempts` times with exponential backoff.
+a 5xx, 429 or dropped connection is retried `max_attempts` times with exponential backoff, and a
+429 or 503 that says Retry-After is waited for as long as it asks (at most MAX_RETRY_AFTER_S).
 
 What cannot succeed raises RegistryUnavailable with the registry and the fix in its message:
 down, timed out, TLS refused, credentials refused or missing, 5xx after the retries. The
@@ -22,6 +23,8 @@ the streamed verification prebake's store needs nor the deterministic manifest c
 
 from __future__ import annotations
 
+import datetime as dt
+import email.utils
 import os
 import random
 import re
@@ -41,6 +44,7 @@ from prebake.registry.oci_auth import Challenge, Login, config_locations, find_l
 _NAME = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$")
 _HOST = re.compile(r"^(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?$")
 _RETRY_STATUS = {429, 500, 502, 503, 504}
+MAX_RETRY_AFTER_S = 60.0  # a Retry-After above this is waited for this long, then asked again
 CERTS_D = ("/etc/docker/certs.d", "/etc/containers/certs.d")
 
 
@@ -202,8 +206,9 @@ class Distribution:
                 if response.status_code != 401 and self._auth is not None:
                     self._auth.refreshed = False  # the token in use works: a later expiry may refresh again
                 if response.status_code in _RETRY_STATUS and not last:
+                    asked = _retry_after(response)
                     response.close()
-                    _backoff(attempt)
+                    _backoff(attempt, at_least=asked)
                     continue
                 if response.status_code not in ok:
                     response.read()
@@ -389,8 +394,24 @@ def _is_tls(exc: BaseException) -> bool:
     return "[SSL" in str(exc)
 
 
-def _backoff(attempt: int) -> None:
-    time.sleep(min(0.1 * 2**attempt, 2.0) * (0.5 + random.random() / 2))
+def _backoff(attempt: int, at_least: float = 0.0) -> None:
+    time.sleep(max(at_least, min(0.1 * 2**attempt, 2.0) * (0.5 + random.random() / 2)))
+
+
+def _retry_after(response: httpx.Response) -> float:
+    """The seconds a 429 or 503 asks the client to wait (Retry-After: seconds or an HTTP date), at most
+    MAX_RETRY_AFTER_S; 0 when it asks nothing. The caller's time box still ends a fetch that waits too long."""
+    value = response.headers.get("Retry-After", "").strip()
+    if not value:
+        return 0.0
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = (email.utils.parsedate_to_datetime(value) - dt.datetime.now(dt.UTC)).total_seconds()
+        except (TypeError, ValueError):
+            return 0.0
+    return max(0.0, min(seconds, MAX_RETRY_AFTER_S))
 
 
 def _error_detail(response: httpx.Response) -> str:

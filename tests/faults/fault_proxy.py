@@ -21,6 +21,8 @@ Requests pass through unchanged unless a fault matches (method and a piece of th
                without conditional writes do (every other request passes)
     ignore-range  GET: forward it without its Range header, as a server or mirror that ignores
                ranges does (a 200 with the whole body)
+    busy429, busy503  answer 429 Too Many Requests (or 503) with `Retry-After: <seconds>`, as a
+               rate-limited registry does
 
 Body faults apply to whole answers (200); `partial=True` applies them to 206 answers to Range
 requests too. `times=n` applies a fault to the first n requests it matches only (0: all of them).
@@ -73,7 +75,7 @@ class FaultProxy:
         self.upstream = (target.hostname, target.port)
         self.url = ""
         self._faults: list[Fault] = []
-        self._log: list[tuple[str, str, int]] = []  # method, path, status
+        self._log: list[tuple[str, str, int, float]] = []  # method, path, status, time.monotonic() when answered
         self._sent: dict[str, int] = {}
         self._used: dict[int, int] = {}  # index in _faults -> requests it was applied to
         self._lock = threading.Lock()
@@ -89,7 +91,7 @@ class FaultProxy:
 
     def count(self, method: str, path_contains: str) -> int:
         with self._lock:
-            return sum(1 for m, p, _ in self._log if m == method and path_contains in p)
+            return sum(1 for m, p, _s, _t in self._log if m == method and path_contains in p)
 
     def bytes_sent(self, path_contains: str) -> int:
         with self._lock:
@@ -97,7 +99,12 @@ class FaultProxy:
 
     def statuses(self, method: str, path_contains: str) -> list[int]:
         with self._lock:
-            return [s for m, p, s in self._log if m == method and path_contains in p]
+            return [s for m, p, s, _t in self._log if m == method and path_contains in p]
+
+    def answered_at(self, method: str, path_contains: str) -> list[float]:
+        """When each matching request was answered (time.monotonic()), in order."""
+        with self._lock:
+            return [t for m, p, _s, t in self._log if m == method and path_contains in p]
 
     def _fault_for(self, method: str, path: str) -> Fault | None:
         with self._lock:
@@ -109,7 +116,7 @@ class FaultProxy:
 
     def _record(self, method: str, path: str, status: int) -> None:
         with self._lock:
-            self._log.append((method, path, status))
+            self._log.append((method, path, status, time.monotonic()))
 
     def _add_sent(self, path: str, n: int) -> None:
         with self._lock:
@@ -169,6 +176,11 @@ class _Handler(BaseHTTPRequestHandler):
         if fault is not None and fault.kind == "no-conditional" and "If-None-Match" in self.headers:
             self.proxy._record(self.command, self.path, 501)
             self._reply(501, {"Content-Type": "application/xml"}, _NOT_IMPLEMENTED)
+            return
+        if fault is not None and fault.kind in ("busy429", "busy503"):
+            status = int(fault.kind.removeprefix("busy"))
+            self.proxy._record(self.command, self.path, status)
+            self._reply(status, {"Retry-After": f"{fault.seconds:g}", "Content-Type": "application/json"}, b"{}")
             return
         if fault is not None and fault.kind == "error500":
             self.proxy._record(self.command, self.path, 500)
