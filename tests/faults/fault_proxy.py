@@ -23,6 +23,10 @@ Requests pass through unchanged unless a fault matches (method and a piece of th
                ranges does (a 200 with the whole body)
     busy429, busy503  answer 429 Too Many Requests (or 503) with `Retry-After: <seconds>`, as a
                rate-limited registry does
+    huge200, huge500  answer 200 (or 500) with a body that never ends (no Content-Length: until the
+               client hangs up, at most 1 GiB), as a hostile or broken server may
+    bearer401  answer a request without Authorization 401 with a Bearer challenge whose token realm
+               is this proxy's /token (inject a fault on "/token" to make the token service misbehave)
 
 Body faults apply to whole answers (200); `partial=True` applies them to 206 answers to Range
 requests too. `times=n` applies a fault to the first n requests it matches only (0: all of them).
@@ -182,6 +186,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.proxy._record(self.command, self.path, status)
             self._reply(status, {"Retry-After": f"{fault.seconds:g}", "Content-Type": "application/json"}, b"{}")
             return
+        if fault is not None and fault.kind == "bearer401" and "Authorization" not in self.headers:
+            self.proxy._record(self.command, self.path, 401)
+            challenge = f'Bearer realm="{self.proxy.url}/token",service="fault-proxy"'
+            self._reply(401, {"WWW-Authenticate": challenge, "Content-Type": "application/json"}, b"{}")
+            return
+        if fault is not None and fault.kind in ("huge200", "huge500"):
+            self.proxy._record(self.command, self.path, int(fault.kind.removeprefix("huge")))
+            self._endless(int(fault.kind.removeprefix("huge")))
+            return
         if fault is not None and fault.kind == "error500":
             self.proxy._record(self.command, self.path, 500)
             self._reply(500, {"Content-Type": "application/xml"}, _INTERNAL_ERROR)
@@ -252,6 +265,20 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
         self.wfile.flush()
         self.proxy._add_sent(self.path, len(data))
+
+    def _endless(self, status: int) -> None:
+        """A body without a length, sent until the client hangs up (or 1 GiB): what a bound must stop."""
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        piece = b'{"tags": [' + b'"x",' * 16383
+        try:
+            while self.proxy.bytes_sent(self.path) < 1 << 30:
+                self._send(piece)
+        except OSError:  # the client hung up: the bound did its work
+            pass
 
     def _drop(self) -> None:
         self.close_connection = True
