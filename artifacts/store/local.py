@@ -234,11 +234,13 @@ class Store:
         *,
         limits: UnpackLimits | None = None,
         hold: ExitStack | None = None,
+        deadline: float | None = None,
     ) -> Installed:
         """Fetch, verify and unpack `manifest`'s blob from `source`, once per blob across processes,
         then evict least recently used bundles if the store is above its bound. With `hold`, the
         tree is held (`use`) on that stack from inside the install, so no gc evicts it before the
-        caller lets go."""
+        caller lets go. With `deadline` (a time.monotonic() value), a download still running then stops at
+        its next chunk: a fetch's time box ends the download itself, not only the wait for it."""
         hexd, tree = manifest.blob.hex, self.tree_path(manifest)
         limits = limits or self.limits.unpack
         limits.check(manifest.files, f"{manifest.kind} {manifest.key_digest[:16]}")
@@ -252,7 +254,7 @@ class Store:
             if tree.is_dir():
                 self._check_existing(manifest, tree)
             else:
-                self._unpack(manifest, source, tree, limits)
+                self._unpack(manifest, source, tree, limits, deadline)
             self._lease(hexd).touch(exist_ok=True)
             self._touch(hexd)
             fsutil.write_bytes(self.home / index_relpath(manifest.kind, manifest.key_digest), manifest.to_bytes())
@@ -391,7 +393,9 @@ class Store:
 
     # -- installing ------------------------------------------------------------------------
 
-    def _unpack(self, manifest: Manifest, source: Registry, tree: Path, limits: UnpackLimits) -> None:
+    def _unpack(
+        self, manifest: Manifest, source: Registry, tree: Path, limits: UnpackLimits, deadline: float | None = None
+    ) -> None:
         """The blob, streamed from `source` unless it is here already, unpacked into `tree`; then the
         file list it was verified against is recorded beside it."""
         blob = self.blob_path(manifest.blob.digest)
@@ -401,7 +405,9 @@ class Store:
             if blob.exists():
                 unpack(blob, tree, manifest.files, limits=limits)
             else:
-                download = lambda tee: source.fetch_blob(manifest.blob.digest, blob, size=manifest.blob.size, tee=tee)  # noqa: E731
+                download = lambda tee: source.fetch_blob(  # noqa: E731
+                    manifest.blob.digest, blob, size=manifest.blob.size, tee=_until(deadline, tee, what)
+                )
                 unpack_streamed(download, tree, manifest.files, limits, what)
         except Exception:
             blob.unlink(missing_ok=True)  # a bad blob must not be trusted on the next try
@@ -655,6 +661,20 @@ class Store:
 
     def _glob(self, *patterns: str) -> list[Path]:
         return [p for pattern in patterns for p in sorted(self.home.glob(pattern))]
+
+
+def _until(deadline: float | None, tee: Callable[[bytes], None], what: str) -> Callable[[bytes], None]:
+    """`tee`, raising once `deadline` has passed: a download sent slowly (a byte every half second) ends at
+    its time box instead of running on behind it, its unpacker waiting for it (and the process's exit, for that)."""
+    if deadline is None:
+        return tee
+
+    def checked(chunk: bytes) -> None:
+        if time.monotonic() > deadline:
+            raise StoreError(f"{what}: still downloading when the fetch's time box ran out; nothing was installed")
+        tee(chunk)
+
+    return checked
 
 
 def _mib(n: int) -> str:
