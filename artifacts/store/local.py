@@ -492,6 +492,8 @@ class Store:
         naming: dict[str, list[Path]] = {}
         dangling: list[tuple[Path, str | None]] = []
         owned = {p.name for p in self._glob(f"{mark.INSTALLS}/*") if re.fullmatch(_HEX, p.name)}
+        if not (self.home / mark.MARK).exists():  # a store of the release before the mark, read before adoption
+            owned |= mark.adoptable(self.home)
         for path in self._glob("index/*/*.json"):
             if path.name.startswith(fsutil.TMP_PREFIX):
                 continue

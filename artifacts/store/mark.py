@@ -162,16 +162,22 @@ def check_readable(home: Path) -> None:
         raise StoreHomeError(describe(home, seen))
 
 
-def adopt_installed(home: Path) -> int:
-    """Record as installed every bundle a legacy store unpacked: a tree trees/<hex> (or its trees/<hex>.files
-    record, or its lease) is the store's own doing; a blob with none of these is left alone for ever."""
-    hexes = set()
+def adoptable(home: Path) -> set[str]:
+    """The blobs a legacy store provably installed: a tree trees/<hex> (or its trees/<hex>.files record, or
+    its lease) is the store's own doing; a blob with none of these is never counted as installed."""
+    hexes: set[str] = set()
     for folder in ("trees", "leases"):
         try:
             names = os.listdir(home / folder)
         except (FileNotFoundError, NotADirectoryError):
             continue
         hexes |= {n.removesuffix(".files") for n in names if _is_hex(n.removesuffix(".files"))}
+    return hexes
+
+
+def adopt_installed(home: Path) -> int:
+    """Record as installed every bundle a legacy store provably installed (`adoptable`)."""
+    hexes = adoptable(home)
     for hexd in hexes:
         record_install(home, hexd)
     return len(hexes)

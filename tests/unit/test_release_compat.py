@@ -81,6 +81,8 @@ def test_an_older_releases_store_is_read_adopted_on_first_write_and_its_bundles_
     again = fetch(store, FileRegistry(root / "registry"), key, trust=_trust(root, accept_v1=True))
     assert isinstance(again, Installed) and again.tree == hit.tree
     assert store_admin.verify_store(store).findings == ()
+    listed = store_admin.list_bundles(store)  # a reader lists its bundles before any writer adopted it
+    assert [b.hex for b in listed] == [made["blob"].removeprefix("sha256:")] and not (home / MARK).exists()
     assert store.gc(1 << 40) is not None  # the first write: adopts it
     assert json.loads((home / MARK).read_text()) == {"format": "prebake-store", "version": STORE_VERSION}
     assert (home / INSTALLS / made["blob"].removeprefix("sha256:")).is_file()  # its tree was recorded as ours
