@@ -21,6 +21,12 @@ Requests pass through unchanged unless a fault matches (method and a piece of th
                without conditional writes do (every other request passes)
     ignore-range  GET: forward it without its Range header, as a server or mirror that ignores
                ranges does (a 200 with the whole body)
+    busy429, busy503  answer 429 Too Many Requests (or 503) with `Retry-After: <seconds>`, as a
+               rate-limited registry does
+    huge200, huge500  answer 200 (or 500) with a body that never ends (no Content-Length: until the
+               client hangs up, at most 1 GiB), as a hostile or broken server may
+    bearer401  answer a request without Authorization 401 with a Bearer challenge whose token realm
+               is this proxy's /token (inject a fault on "/token" to make the token service misbehave)
 
 Body faults apply to whole answers (200); `partial=True` applies them to 206 answers to Range
 requests too. `times=n` applies a fault to the first n requests it matches only (0: all of them).
@@ -73,7 +79,7 @@ class FaultProxy:
         self.upstream = (target.hostname, target.port)
         self.url = ""
         self._faults: list[Fault] = []
-        self._log: list[tuple[str, str, int]] = []  # method, path, status
+        self._log: list[tuple[str, str, int, float]] = []  # method, path, status, time.monotonic() when answered
         self._sent: dict[str, int] = {}
         self._used: dict[int, int] = {}  # index in _faults -> requests it was applied to
         self._lock = threading.Lock()
@@ -89,7 +95,7 @@ class FaultProxy:
 
     def count(self, method: str, path_contains: str) -> int:
         with self._lock:
-            return sum(1 for m, p, _ in self._log if m == method and path_contains in p)
+            return sum(1 for m, p, _s, _t in self._log if m == method and path_contains in p)
 
     def bytes_sent(self, path_contains: str) -> int:
         with self._lock:
@@ -97,7 +103,12 @@ class FaultProxy:
 
     def statuses(self, method: str, path_contains: str) -> list[int]:
         with self._lock:
-            return [s for m, p, s in self._log if m == method and path_contains in p]
+            return [s for m, p, s, _t in self._log if m == method and path_contains in p]
+
+    def answered_at(self, method: str, path_contains: str) -> list[float]:
+        """When each matching request was answered (time.monotonic()), in order."""
+        with self._lock:
+            return [t for m, p, _s, t in self._log if m == method and path_contains in p]
 
     def _fault_for(self, method: str, path: str) -> Fault | None:
         with self._lock:
@@ -109,7 +120,7 @@ class FaultProxy:
 
     def _record(self, method: str, path: str, status: int) -> None:
         with self._lock:
-            self._log.append((method, path, status))
+            self._log.append((method, path, status, time.monotonic()))
 
     def _add_sent(self, path: str, n: int) -> None:
         with self._lock:
@@ -169,6 +180,20 @@ class _Handler(BaseHTTPRequestHandler):
         if fault is not None and fault.kind == "no-conditional" and "If-None-Match" in self.headers:
             self.proxy._record(self.command, self.path, 501)
             self._reply(501, {"Content-Type": "application/xml"}, _NOT_IMPLEMENTED)
+            return
+        if fault is not None and fault.kind in ("busy429", "busy503"):
+            status = int(fault.kind.removeprefix("busy"))
+            self.proxy._record(self.command, self.path, status)
+            self._reply(status, {"Retry-After": f"{fault.seconds:g}", "Content-Type": "application/json"}, b"{}")
+            return
+        if fault is not None and fault.kind == "bearer401" and "Authorization" not in self.headers:
+            self.proxy._record(self.command, self.path, 401)
+            challenge = f'Bearer realm="{self.proxy.url}/token",service="fault-proxy"'
+            self._reply(401, {"WWW-Authenticate": challenge, "Content-Type": "application/json"}, b"{}")
+            return
+        if fault is not None and fault.kind in ("huge200", "huge500"):
+            self.proxy._record(self.command, self.path, int(fault.kind.removeprefix("huge")))
+            self._endless(int(fault.kind.removeprefix("huge")))
             return
         if fault is not None and fault.kind == "error500":
             self.proxy._record(self.command, self.path, 500)
@@ -240,6 +265,20 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
         self.wfile.flush()
         self.proxy._add_sent(self.path, len(data))
+
+    def _endless(self, status: int) -> None:
+        """A body without a length, sent until the client hangs up (or 1 GiB): what a bound must stop."""
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        piece = b'{"tags": [' + b'"x",' * 16383
+        try:
+            while self.proxy.bytes_sent(self.path) < 1 << 30:
+                self._send(piece)
+        except OSError:  # the client hung up: the bound did its work
+            pass
 
     def _drop(self) -> None:
         self.close_connection = True
