@@ -37,12 +37,17 @@ SIGNER = "compat-fixture"
 def main(out: Path) -> None:
     if Path("prebake").is_dir():  # one package (2026-12-01 on)
         from prebake.artifacts.store.local import Store, StoreLimits
-        from prebake.registry.file import FileRegistry
         from prebake.registry.trust.signing import KeySigner, PublicKey
+
+        if Path("registry/backends/file.py").is_file():  # the registry port (2026-12-01, later)
+            from prebake.registry.backends.file import FileRegistry
+        else:
+            from prebake.registry.file import FileRegistry  # type: ignore[no-redef]
     else:  # top-level packages (releases of 2026-11-30)
-        from artifacts.store import Store, StoreLimits  # type: ignore[no-redef]
         from registry.file import FileRegistry  # type: ignore[no-redef]
         from registry.signing import KeySigner, PublicKey  # type: ignore[no-redef]
+
+        from artifacts.store import Store, StoreLimits  # type: ignore[no-redef]
     from tests.support.bundles import make_bundle
 
     if out.exists():

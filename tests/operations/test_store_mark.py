@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from prebake.artifacts.store.mark import INSTALLS, MARK, STORE_VERSION
-from prebake.registry.file import FileRegistry
+from prebake.registry.backends.file import FileRegistry
 from tests.operations.target import fetch_args, prebake, prebake_env, published_set
 from tests.support.bundles import make_bundle
 

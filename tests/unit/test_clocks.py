@@ -13,8 +13,8 @@ from dataclasses import replace
 
 import pytest
 
+from prebake.registry.backends.file import FileRegistry
 from prebake.registry.review.aging import CLOCK_SKEW, prune
-from prebake.registry.file import FileRegistry
 from prebake.registry.trust.policy import FilePolicy
 from prebake.registry.trust.policy_file import load_policy
 from prebake.registry.trust.revocation import LIST_NAME, RevocationList, Revocations, sign_list

@@ -21,7 +21,7 @@ from prebake.artifacts.keys import Key
 from prebake.artifacts.store import admin as store_admin
 from prebake.artifacts.store.local import Store, StoreLimits
 from prebake.artifacts.store.mark import INSTALLS, MARK, STORE_VERSION, StoreHomeError
-from prebake.registry.file import FileRegistry
+from prebake.registry.backends.file import FileRegistry
 from prebake.registry.trust.signing import ACCEPT_V1_ENV, TRUSTED_KEYS_ENV, trust_from_env
 
 FIXTURES = Path(__file__).resolve().parents[1] / "compat" / "fixtures"
