@@ -9,7 +9,7 @@ PREBAKE_OCI_PLAIN_HTTP (loopback tests, air-gapped mirrors): never a silent down
 the system's CAs, plus PREBAKE_OCI_CA_BUNDLE (a PEM file) or /etc/docker/certs.d/<host>/ca.crt,
 where docker and podman look. A 401 is answered once per challenge (registry/oci/auth.py);
 a 5xx, 429 or dropped connection is retried `max_attempts` times with exponential backoff, and a
-429 or 503 that says Retry-After is waited for as long as it asks (at most MAX_RETRY_AFTER_S).
+429 or 503 that says Retry-After is waited for as long as it asks (at most MAX_RETRY_AFTER_S, registry/shared/transfer.py).
 
 What cannot succeed raises RegistryUnavailable with the registry and the fix in its message:
 down, timed out, TLS refused, credentials refused or missing, 5xx after the retries. The
@@ -23,8 +23,6 @@ the streamed verification prebake's store needs nor the deterministic manifest c
 
 from __future__ import annotations
 
-import datetime as dt
-import email.utils
 import os
 import random
 import re
@@ -40,13 +38,13 @@ import httpx
 
 from prebake.artifacts.ports.errors import RegistryError, RegistryUnavailable
 from prebake.registry.oci.auth import Challenge, Login, config_locations, find_login, parse_challenge
+from prebake.registry.shared.transfer import retry_after_s
 
 _NAME = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$")
 _HOST = re.compile(r"^(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?$")
 _RETRY_STATUS = {429, 500, 502, 503, 504}
 MAX_ANSWER_BYTES = 4 << 20  # a tags page, a token, any answer read whole (distribution's own manifest limit)
 MAX_ERROR_BYTES = 64 << 10  # of an error body only this much is read: its code and message
-MAX_RETRY_AFTER_S = 60.0  # a Retry-After above this is waited for this long, then asked again
 CERTS_D = ("/etc/docker/certs.d", "/etc/containers/certs.d")
 
 
@@ -213,7 +211,7 @@ class Distribution:
                 if response.status_code != 401 and self._auth is not None:
                     self._auth.refreshed = False  # the token in use works: a later expiry may refresh again
                 if response.status_code in _RETRY_STATUS and not last:
-                    asked = _retry_after(response)
+                    asked = retry_after_s(response.headers.get("Retry-After", ""))
                     response.close()
                     _backoff(attempt, at_least=asked)
                     continue
@@ -432,22 +430,6 @@ def read_at_most(response: httpx.Response, limit: int) -> bool:
 
 def _backoff(attempt: int, at_least: float = 0.0) -> None:
     time.sleep(max(at_least, min(0.1 * 2**attempt, 2.0) * (0.5 + random.random() / 2)))
-
-
-def _retry_after(response: httpx.Response) -> float:
-    """The seconds a 429 or 503 asks the client to wait (Retry-After: seconds or an HTTP date), at most
-    MAX_RETRY_AFTER_S; 0 when it asks nothing. The caller's time box still ends a fetch that waits too long."""
-    value = response.headers.get("Retry-After", "").strip()
-    if not value:
-        return 0.0
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            seconds = (email.utils.parsedate_to_datetime(value) - dt.datetime.now(dt.UTC)).total_seconds()
-        except (TypeError, ValueError):
-            return 0.0
-    return max(0.0, min(seconds, MAX_RETRY_AFTER_S))
 
 
 def _error_detail(response: httpx.Response) -> str:

@@ -27,11 +27,18 @@ Requests pass through unchanged unless a fault matches (method and a piece of th
                client hangs up, at most 1 GiB), as a hostile or broken server may
     bearer401  answer a request without Authorization 401 with a Bearer challenge whose token realm
                is this proxy's /token (inject a fault on "/token" to make the token service misbehave)
+    basic401   answer a request without Authorization 401 with a Basic challenge, as a registry with
+               logins does (the client then sends its login on every request)
+    expired401 forward the request without its Authorization, so the registry behind answers as it
+               does to an expired token: 401 with its Bearer challenge (its token service is real)
+    redirect   answer 307 to `to` + the request's path, as distribution and Harbor send blob GETs to
+               object storage (`to`: another proxy, whose log says which headers arrived there)
 
 Body faults apply to whole answers (200); `partial=True` applies them to 206 answers to Range
-requests too. `times=n` applies a fault to the first n requests it matches only (0: all of them).
+requests too. `times=n` applies a fault to the first n requests it matches only (0: all of them);
+`after=n` lets the first n matching requests pass untouched before it applies.
 
-Every request is logged, and the bytes of each GET body sent so far are counted, so a test
+Every request is logged (with the Authorization header it came with), and the bytes of each GET body sent so far are counted, so a test
 can assert "downloaded once" or wait until a download is half done.
 """
 
@@ -66,6 +73,8 @@ class Fault:
     seconds: float = 0.0  # slow: delay; throttle: pause between pieces
     partial: bool = False  # body faults also on 206 answers to Range requests
     times: int = 0  # the first `times` matching requests only; 0: every one
+    after: int = 0  # let this many matching requests pass before the fault applies
+    to: str = ""  # redirect: the base URL the answer points at
 
     def matches(self, method: str, path: str) -> bool:
         return self.method in ("*", method) and self.path_contains in path
@@ -82,6 +91,8 @@ class FaultProxy:
         self._log: list[tuple[str, str, int, float]] = []  # method, path, status, time.monotonic() when answered
         self._sent: dict[str, int] = {}
         self._used: dict[int, int] = {}  # index in _faults -> requests it was applied to
+        self._seen: dict[int, int] = {}  # index in _faults -> requests it matched, applied or not
+        self._credentials: list[tuple[str, str, str]] = []  # method, path, Authorization ("" if none)
         self._lock = threading.Lock()
 
     def inject(self, fault: Fault) -> None:
@@ -92,6 +103,7 @@ class FaultProxy:
         with self._lock:
             self._faults.clear()
             self._used.clear()
+            self._seen.clear()
 
     def count(self, method: str, path_contains: str) -> int:
         with self._lock:
@@ -110,10 +122,19 @@ class FaultProxy:
         with self._lock:
             return [t for m, p, _s, t in self._log if m == method and path_contains in p]
 
-    def _fault_for(self, method: str, path: str) -> Fault | None:
+    def credentials(self, method: str, path_contains: str) -> list[str]:
+        """The Authorization header of each matching request as it arrived here ("" when it had none)."""
         with self._lock:
+            return [a for m, p, a in self._credentials if m == method and path_contains in p]
+
+    def _fault_for(self, method: str, path: str, authorization: str) -> Fault | None:
+        with self._lock:
+            self._credentials.append((method, path, authorization))
             for i, f in enumerate(self._faults):
-                if f.matches(method, path) and (not f.times or self._used.get(i, 0) < f.times):
+                if not f.matches(method, path):
+                    continue
+                self._seen[i] = self._seen.get(i, 0) + 1
+                if self._seen[i] > f.after and (not f.times or self._used.get(i, 0) < f.times):
                     self._used[i] = self._used.get(i, 0) + 1
                     return f
             return None
@@ -167,7 +188,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._handle()
 
     def _handle(self) -> None:
-        fault = self.proxy._fault_for(self.command, self.path)
+        fault = self.proxy._fault_for(self.command, self.path, self.headers.get("Authorization", ""))
         length = int(self.headers.get("Content-Length") or 0)
         if fault is not None and fault.kind == "cut" and self.command == "PUT":
             self.rfile.read(length // 2)
@@ -191,6 +212,16 @@ class _Handler(BaseHTTPRequestHandler):
             challenge = f'Bearer realm="{self.proxy.url}/token",service="fault-proxy"'
             self._reply(401, {"WWW-Authenticate": challenge, "Content-Type": "application/json"}, b"{}")
             return
+        if fault is not None and fault.kind == "basic401" and "Authorization" not in self.headers:
+            self.proxy._record(self.command, self.path, 401)
+            self._reply(
+                401, {"WWW-Authenticate": 'Basic realm="fault-proxy"', "Content-Type": "application/json"}, b"{}"
+            )
+            return
+        if fault is not None and fault.kind == "redirect":
+            self.proxy._record(self.command, self.path, 307)
+            self._reply(307, {"Location": f"{fault.to}{self.path}", "Content-Type": "text/plain"}, b"")
+            return
         if fault is not None and fault.kind in ("huge200", "huge500"):
             self.proxy._record(self.command, self.path, int(fault.kind.removeprefix("huge")))
             self._endless(int(fault.kind.removeprefix("huge")))
@@ -200,7 +231,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(500, {"Content-Type": "application/xml"}, _INTERNAL_ERROR)
             return
         try:
-            status, headers, data = self._forward(body, drop_range=fault is not None and fault.kind == "ignore-range")
+            status, headers, data = self._forward(
+                body,
+                drop_range=fault is not None and fault.kind == "ignore-range",
+                drop_login=fault is not None and fault.kind == "expired401",
+            )
         except OSError:  # the server is gone (a test ended while a slow answer was pending)
             self._drop()
             return
@@ -210,9 +245,11 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._faulty_body(fault, status, headers, data)
 
-    def _forward(self, body: bytes, *, drop_range: bool = False) -> tuple[int, dict[str, str], bytes]:
+    def _forward(
+        self, body: bytes, *, drop_range: bool = False, drop_login: bool = False
+    ) -> tuple[int, dict[str, str], bytes]:
         conn = http.client.HTTPConnection(*self.proxy.upstream, timeout=60)
-        dropped = _HOP_BY_HOP | ({"range"} if drop_range else set())
+        dropped = _HOP_BY_HOP | ({"range"} if drop_range else set()) | ({"authorization"} if drop_login else set())
         try:
             headers: dict[str, str] = {}
             for k, v in self.headers.items():  # a repeated header (Go clients send Accept once per type) is kept whole

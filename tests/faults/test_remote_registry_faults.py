@@ -317,3 +317,22 @@ def test_two_bakers_racing_leave_one_signed_entry_and_neither_fails(tmp_path, re
     assert {r["blob"] for r in results} == {entry.blob.digest}
     assert [s.signer for s in entry.signatures] == ["fleet"], "the winner signed it with the fleet key"
     scenario.registry(remote.direct, entry)
+
+
+@pytest.mark.parametrize("status", [429, 503])
+@pytest.mark.parametrize("remote", ["s3"], indirect=True)
+def test_an_s3_server_asking_to_retry_after_two_seconds_is_waited_for_then_read(
+    tmp_path, remote, scenario, in_force, status
+):
+    """botocore reads only x-amz-retry-after (and waits at most 5 s past its backoff): S3-compatible servers
+    and proxies send Retry-After, which prebake's hook waits for (tests/faults/test_oci_retry_after.py: OCI)."""
+    asked = 2.0
+    remote.proxy.inject(Fault("GET", "/blobs/", f"busy{status}", seconds=asked, times=1))
+    store = unbounded(scenario.store(tmp_path / "home"))
+    got = in_force.fetch(store, remote.registry, remote.bundle.manifest.the_key())
+    statuses, answered = remote.proxy.statuses("GET", "/blobs/"), remote.proxy.answered_at("GET", "/blobs/")
+    assert isinstance(got, Installed), got
+    assert statuses[0] == status and statuses[-1] == 200, statuses
+    waited = answered[1] - answered[0]
+    assert waited >= asked - 0.05, f"asked to wait {asked} s, asked again after {waited:.2f} s"
+    assert store_problems(store.home) == []
