@@ -184,6 +184,7 @@ class FileRegistry:
         if blob_digest is not None:
             paths.append(self.blob_path(blob_digest))
         for path in paths:
+            fsutil.crash_point("remove", path.name)
             try:
                 path.unlink()
             except FileNotFoundError:
@@ -244,6 +245,7 @@ class FileRegistry:
         dest.parent.mkdir(parents=True, exist_ok=True)
         if dest.exists():  # quarantined before: keep both for whoever investigates
             dest = dest.with_name(f"{dest.name}.{time.time_ns()}")
+        fsutil.crash_point("move", src.name)
         try:
             os.replace(src, dest)
         except FileNotFoundError:  # moved by an earlier entry or a concurrent verify
