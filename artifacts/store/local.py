@@ -674,7 +674,8 @@ def _until(deadline: float | None, tee: Callable[[bytes], None], what: str) -> C
     def checked(chunk: bytes) -> None:
         if time.monotonic() > deadline:
             raise StoreError(f"{what}: still downloading when the fetch's time box ran out; nothing was installed")
-        tee(chunk)
+        if chunk:  # no bytes: a backend's probe of the time box while its download runs out of sight
+            tee(chunk)
 
     return checked
 

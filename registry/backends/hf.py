@@ -41,9 +41,10 @@ import logging
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -123,7 +124,7 @@ class HubRegistry:
         checked against `size` before the download); it is verified there, then copied to `dest`
         through `tee`, so the consumer is only ever fed a copy that already matched."""
         relpath, dest = blob_relpath(digest), Path(dest)
-        cached = self._download(relpath, self.revision, limit=size)
+        cached = _probing(lambda: self._download(relpath, self.revision, limit=size), tee)
         if cached is None:
             if self.offline:
                 raise RegistryUnavailable(
@@ -612,6 +613,29 @@ def _parse_address(address: str) -> tuple[str, str, str]:
             f"or hf://datasets/<namespace>/<repo>[@revision]"
         )
     return ("dataset" if m.group(1) == "datasets" else "model"), m.group(2), m.group(3) or "main"
+
+
+def _probing(call: Callable[[], T], tee: Callable[[bytes], None] | None) -> T:
+    """`call` (a download into huggingface_hub's cache, which prebake sees no byte of until it ends) in a
+    daemon thread, `tee` called with no bytes every quarter second meanwhile, so the consumer's time box
+    (Store.install's deadline) ends the wait: a blob sent slowly no longer holds the fetch until its last
+    byte. An abandoned download ends with the process (or completes into the cache, for the next fetch)."""
+    if tee is None:
+        return call()
+    done: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            done.set_result(call())
+        except BaseException as exc:
+            done.set_exception(exc)
+
+    threading.Thread(target=run, name="prebake-hf-download", daemon=True).start()
+    while True:
+        try:
+            return done.result(timeout=0.25)
+        except TimeoutError:
+            tee(b"")
 
 
 def _as_asked(call: Callable[[], T]) -> T:

@@ -1,8 +1,8 @@
 """A blob sent slowly ends inside the fetch's time box (issue 32, point 4), on every backend over HTTP:
 before, a blob sent a piece every half second kept the process running until the last byte (its
 unpacker, a thread the interpreter waits for at exit, kept reading); now the download itself stops at
-the time box and the process exits. The real server (Debian's docker-registry, moto's S3 server)
-behind the fault proxy, which throttles the blob; the fetch is a child process."""
+the time box and the process exits. The real server (Debian's docker-registry, moto's S3 server, the
+Hub stand-in) behind the fault proxy, which throttles the blob; the fetch is a child process."""
 
 from __future__ import annotations
 
@@ -60,12 +60,37 @@ def _s3(request, tmp_path, bundle, scenario):
     return moto, lambda proxy: (address, s3_env(proxy.url))
 
 
-@pytest.mark.parametrize("backend", ["oci", "s3"])
+def _hub(request, tmp_path, bundle, scenario):
+    from prebake.registry.backends.hf import HubRegistry
+
+    hub = request.getfixturevalue("stand_in")
+    env = {"HF_ENDPOINT": hub.url, "HF_TOKEN": "hf_slow_token", "HF_HUB_DISABLE_XET": "1"}
+    env |= {"HF_HUB_CACHE": str(tmp_path / "hf-cache")}
+    monkeypatch = request.getfixturevalue("monkeypatch")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    address = f"hf://team/slow-{uuid.uuid4().hex[:8]}"
+    direct = HubRegistry(address, cache_dir=tmp_path / "direct-cache")
+    direct.publish(bundle.manifest, bundle.blob)
+    scenario.registry(direct, bundle.manifest)
+    return hub.url, lambda proxy: (address, {**env, "HF_ENDPOINT": proxy.url})
+
+
+@pytest.fixture(scope="module")
+def stand_in():
+    from tests.support.hub_server import hub_server
+
+    with hub_server() as hub:
+        yield hub
+
+
+@pytest.mark.parametrize("backend", ["oci", "s3", "hub"])
 def test_a_blob_sent_a_piece_every_half_second_ends_at_the_time_box_and_the_process_exits(
     request, tmp_path, scenario, in_force, backend
 ):
     bundle = in_force.bundle(tmp_path / "bake", payload_bytes=128 << 10)  # 32 pieces: 16 s when sent whole
-    upstream, through = (_oci if backend == "oci" else _s3)(request, tmp_path, bundle, scenario)
+    upstream, through = {"oci": _oci, "s3": _s3, "hub": _hub}[backend](request, tmp_path, bundle, scenario)
     entry = tmp_path / "entry.json"
     entry.write_bytes(bundle.manifest.to_bytes())
     home = scenario.store(tmp_path / "home")
