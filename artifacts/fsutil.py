@@ -16,6 +16,8 @@ naming a point, the process kills itself with SIGKILL there, exactly as `kill -9
     unpack          bundle.unpack: every entry extracted into the partial folder, not yet renamed
     stream:<glob>   unpack_streamed: member <glob> written while the blob is still downloading
     evict           Store eviction: index entries gone, tree moved to tmp/, tree and blob not yet deleted
+    move:<glob>     a folder registry's move aside (quarantine, promote): <glob> not yet renamed
+    remove:<glob>   a folder registry's removal (prune): <glob> not yet deleted, what went before it gone
 
 (<glob> matches the destination's file name, e.g. `write:*.tar.zst`.) Unset, it costs one
 dictionary lookup.

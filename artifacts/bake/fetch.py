@@ -412,7 +412,9 @@ def install(
         if registry is None:  # cannot happen: entries come from an opened registry
             raise PrebakeError(f"no registry to fetch {kind} from")
         got = within(
-            deadline - time.monotonic(), partial(_install_held, store, value, registry, hold), name="prebake-fetch"
+            deadline - time.monotonic(),
+            partial(_install_held, store, value, registry, hold, deadline),
+            name="prebake-fetch",
         )
         if isinstance(got, Done):
             out[kind] = got.value
@@ -425,13 +427,15 @@ def install(
     return out
 
 
-def _install_held(store: Store, manifest: Manifest, registry: Registry, hold: ExitStack | None) -> Installed:
+def _install_held(
+    store: Store, manifest: Manifest, registry: Registry, hold: ExitStack | None, deadline: float | None = None
+) -> Installed:
     """One install, its hold taken on a private stack inside the install and handed to `hold` only
     once the install returns: an install abandoned by its time box holds nothing."""
     if hold is None:
-        return store.install(manifest, registry)
+        return store.install(manifest, registry, deadline=deadline)
     own = ExitStack()
-    installed = store.install(manifest, registry, hold=own)
+    installed = store.install(manifest, registry, hold=own, deadline=deadline)
     hold.enter_context(own)
     return installed
 

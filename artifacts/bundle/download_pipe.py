@@ -33,7 +33,11 @@ class Feed(io.RawIOBase):
     def put(self, chunk: bytes) -> None:
         """Hand a chunk on. Once the extraction ended (the archive's end marker, or a refusal) the
         rest of the blob is only downloaded and hashed, within the manifest's size: whether its
-        digest matches decides between "corrupt bytes" and "a blob unlike its manifest"."""
+        digest matches decides between "corrupt bytes" and "a blob unlike its manifest". No bytes (a
+        download's probe of its consumer's time box, artifacts/ports/registry.py) hand nothing on: an
+        empty read would end the pipe."""
+        if not chunk:
+            return
         while not self._finished and self.error is None:
             try:
                 self._q.put(bytes(chunk), timeout=0.1)

@@ -62,7 +62,8 @@ class Registry(Protocol):
         with BlobDigestMismatch as soon as it passes it, so no download runs past what was declared.
         `tee`: called with every chunk, in order, as it is written (the store unpacks while the blob
         downloads); an exception it raises stops the download. Only the return says the bytes fed to
-        it were the right ones."""
+        it were the right ones. A backend that waits on a download it cannot see (the Hub's, into its
+        cache) calls it with no bytes now and then, so the consumer's time box can stop the wait."""
 
     def publish(self, manifest: Manifest, blob: Path) -> Published:
         """Store the blob, then create the index entry if absent. Raises PublishConflict if a

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from prebake.artifacts import fsutil
-from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
 from prebake.artifacts.bundle.payload import file_digest
 from prebake.artifacts.bundle.unpack import tree_problems
-from prebake.artifacts.errors import PrebakeError, StoreError
+from prebake.artifacts.errors import BundleError, PrebakeError, StoreError
 from prebake.artifacts.layout import parse_index_relpath
-from prebake.artifacts.store.health import Damaged, check_hit, quarantine
+from prebake.artifacts.store.health import Damaged, check_hit, other_schema, quarantine
 from prebake.artifacts.store.local import Store, StoreEntry
 
 _HEX_PREFIX = re.compile(r"^(?:sha256:)?([0-9a-f]{4,64})$")
@@ -73,14 +73,18 @@ class StoredBundle:
 
 def list_bundles(store: Store) -> tuple[StoredBundle, ...]:
     """Every bundle in the store, most recently used first."""
+    store.check_readable()
     bundles = []
     for entry in reversed(store.inventory()):
         manifests, unreadable = [], []
         for path in entry.index:
+            raw = b""
             try:
-                manifests.append(Manifest.read(path))
+                raw = fsutil.read_bounded(path, MAX_MANIFEST_BYTES)
+                manifests.append(Manifest.parse(raw, str(path)))
             except (OSError, PrebakeError) as exc:
-                unreadable.append(f"{path.relative_to(store.home)}: {exc}")
+                if not (isinstance(exc, BundleError) and other_schema(raw)):  # another release's: not damage
+                    unreadable.append(f"{path.relative_to(store.home)}: {exc}")
         held = store.held(entry.hex)
         bundles.append(
             StoredBundle(
@@ -159,7 +163,9 @@ class StoreVerifyReport:
 
 
 def verify_store(store: Store, *, fix: bool = False) -> StoreVerifyReport:
-    """Re-hash every tree and blob against its manifest; with `fix`, remove the broken bundles."""
+    """Re-hash every tree and blob against its manifest; with `fix`, remove the broken bundles.
+    Only bundles the store installed are looked at (prebake.artifacts.store.mark)."""
+    store.claim() if fix else store.check_readable()
     bundles = list_bundles(store)
     findings, unindexed, treeless = [], 0, 0
     for bundle in bundles:
@@ -314,6 +320,8 @@ def select(store: Store, selector: str, kind: str | None = None) -> tuple[Stored
 
 def remove(store: Store, bundles: Iterable[StoredBundle], *, dry_run: bool = False) -> RemoveReport:
     """Remove each bundle (index entries, tree, blob) unless a live engine holds it."""
+    if not dry_run:
+        store.claim()
     removed, kept = [], []
     for bundle in bundles:
         if store.held(bundle.hex):

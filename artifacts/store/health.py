@@ -21,6 +21,7 @@ registry's copy is intact), not in the registry.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prebake.artifacts import fsutil
-from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
+from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, SCHEMA_VERSION, Manifest
 from prebake.artifacts.errors import BundleError
 from prebake.artifacts.layout import index_relpath
 
@@ -68,6 +69,8 @@ def check_hit(home: Path, kind: str, key_digest: str) -> tuple[Manifest, Path] |
     try:
         manifest = Manifest.parse(raw, str(path))
     except BundleError as exc:
+        if other_schema(raw):  # another release's entry: a miss for this one, never moved aside or healed
+            return None
         return Damaged(kind, key_digest, f"its index entry {path.name} does not parse: {_short(exc)}", home)
     if (manifest.kind, manifest.key_digest) != (kind, key_digest):
         return Damaged(
@@ -130,3 +133,12 @@ def _short(exc: BaseException, limit: int = 300) -> str:
 
 
 _REGISTRY_FIX = re.compile(r"; (republish|rebake|remove it|upgrade prebake or rebake)[^;]*$")
+
+
+def other_schema(raw: bytes) -> bool:
+    """True when the entry is a manifest object naming a schema other than the one this prebake reads."""
+    try:
+        schema = json.loads(raw).get("schema_version")
+    except (ValueError, AttributeError, RecursionError):
+        return False
+    return schema is not None and schema != SCHEMA_VERSION

@@ -7,7 +7,9 @@ A home that is a file, holds a file where one of the store's folders belongs, ca
 or (for a writer) cannot be written raises StoreHomeError naming PREBAKE_HOME, what is wrong
 and the fix; every command maps it to one exit code (ExitCode.STORE). Without this check the
 same mistake surfaced as "[Errno 20] Not a directory: '.../index/buckets/...json'" from some
-commands and as an empty store (exit 0) from others. A read-only home is fine for readers.
+commands and as an empty store (exit 0) from others. A read-only home is fine for readers. A writer also claims the home as a marked store
+(prebake.artifacts.store.mark): a folder registry, a newer prebake's store or a folder of other
+files is refused before anything is written or deleted there.
 """
 
 from __future__ import annotations
@@ -17,16 +19,14 @@ import os
 import tempfile
 from pathlib import Path
 
-from prebake.artifacts.errors import StoreError
 from prebake.artifacts.store.local import HOME_ENV
+from prebake.artifacts.store.mark import STORE_NAMES, StoreHomeError, check_readable, claim
+
+__all__ = ["STORE_FOLDERS", "StoreHomeError", "check_home"]
 
 # The folders the store keeps under its home (artifacts/store/local.py draws the tree).
-STORE_FOLDERS = ("registry", "index", "blobs", "trees", "leases", "locks", "stats", "listing", "tmp")
+STORE_FOLDERS = tuple(sorted(STORE_NAMES - {"prebake-store.json"}))
 _DEFAULT = "~/.cache/prebake"
-
-
-class StoreHomeError(StoreError):
-    """$PREBAKE_HOME cannot be used as the local store: not a folder, not writable, not creatable."""
 
 
 def check_home(home: Path, *, write: bool) -> None:
@@ -44,6 +44,7 @@ def check_home(home: Path, *, write: bool) -> None:
                 f"move it away, or point {HOME_ENV} at another folder"
             )
     if not write:
+        check_readable(home)  # a newer prebake's store could be misread
         return
     try:
         home.mkdir(parents=True, exist_ok=True)
@@ -63,3 +64,4 @@ def check_home(home: Path, *, write: bool) -> None:
         ) from exc
     os.close(fd)
     os.unlink(probe)
+    claim(home)  # a registry, a newer prebake's store or someone's files: refused before anything is written

@@ -1,6 +1,8 @@
 """The local store: bundles fetched onto this machine, verified and unpacked, safe for many processes.
 
     $PREBAKE_HOME/                                 (default ~/.cache/prebake)
+    ├── prebake-store.json                         the mark: this folder is a store, of this format (artifacts/store/mark.py)
+    ├── installs/<blob-hex>                        this store installed that blob: the only bundles it ever deletes
     ├── registry/                                  the embedded default registry (index/ + blobs/); never evicted
     ├── index/<kind>/<key-digest>.json             manifests of bundles installed here
     ├── blobs/sha256/<aa>/<digest>.tar.zst         their payloads, as downloaded and verified
@@ -30,6 +32,14 @@ into tmp/ by one rename, then deleted), then the blob. A process killed at any p
 only temporaries (`.tmp-*` downloads, `.<hex>.*.partial` trees, tmp/ folders) that no
 reader looks at; the next install of the same blob, or the next gc, removes them.
 
+The store deletes only what it made. Every command that writes or deletes first claims the home
+(prebake.artifacts.store.mark): a folder registry, a newer prebake's store or a folder of other
+files is refused, naming what it looks like. Inside a store, gc, `store rm`, `store verify --fix`
+and the heal delete only the blobs, trees and index entries of bundles recorded in installs/
+(written before the blob is fetched, removed last on eviction); a blob or entry copied in from
+elsewhere, whatever its layout, stays; an index entry that cannot be read is moved into
+quarantine/, never deleted; tmp/ loses only the store's own scratch folders and evicted trees.
+
 Size: blobs/ plus trees/ are bounded by DEFAULT_MAX_BYTES (10 GiB, sccache's default), or
 PREBAKE_STORE_MAX_BYTES (or `gc(max_bytes)`, `prebake store gc --max-size`), evicting the least
 recently used bundles first after each install. The embedded registry/ is not counted. A process
@@ -56,8 +66,9 @@ from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
 from prebake.artifacts.bundle.payload import UnpackLimits, unpack
 from prebake.artifacts.bundle.unpack import tree_problems, unpack_streamed
 from prebake.artifacts.errors import BundleError, StoreError
-from prebake.artifacts.layout import blob_relpath, index_relpath
+from prebake.artifacts.layout import blob_relpath, index_relpath, parse_index_relpath
 from prebake.artifacts.ports.registry import Registry
+from prebake.artifacts.store import mark
 from prebake.artifacts.store.health import Damaged, check_hit, quarantine, tree_damage
 from prebake.artifacts.store.overlap import check_apart
 
@@ -171,6 +182,21 @@ class Store:
         self.home = absolute(home) if home else default_home()
         self.limits = limits if limits is not None else StoreLimits.from_env()
         self._scratches: dict[Path, fsutil.Flock] = {}
+        self._claimed = False
+        self._readable = False
+
+    def claim(self) -> None:
+        """Make sure the home is this store's to write and delete in (marking a new or legacy one);
+        raises StoreHomeError (prebake.artifacts.store.mark) for a registry, a newer store or other files."""
+        if not self._claimed:
+            mark.claim(self.home)
+            self._claimed = True
+
+    def check_readable(self) -> None:
+        """Raise StoreHomeError for a store of a newer prebake, which this one could misread."""
+        if not self._readable:
+            mark.check_readable(self.home)
+            self._readable = True
 
     @property
     def default_registry(self) -> Path:
@@ -191,6 +217,7 @@ class Store:
     def find(self, kind: str, key_digest: str) -> Installed | Damaged | None:
         """`lookup`, saying why when the entry was there but damaged (it is then moved aside and
         its tree evicted, so the next install fetches the bundle again)."""
+        self.check_readable()
         checked = check_hit(self.home, kind, key_digest)
         if isinstance(checked, Damaged):
             return self._heal(checked)
@@ -207,23 +234,27 @@ class Store:
         *,
         limits: UnpackLimits | None = None,
         hold: ExitStack | None = None,
+        deadline: float | None = None,
     ) -> Installed:
         """Fetch, verify and unpack `manifest`'s blob from `source`, once per blob across processes,
         then evict least recently used bundles if the store is above its bound. With `hold`, the
         tree is held (`use`) on that stack from inside the install, so no gc evicts it before the
-        caller lets go."""
+        caller lets go. With `deadline` (a time.monotonic() value), a download still running then stops at
+        its next chunk: a fetch's time box ends the download itself, not only the wait for it."""
         hexd, tree = manifest.blob.hex, self.tree_path(manifest)
         limits = limits or self.limits.unpack
         limits.check(manifest.files, f"{manifest.kind} {manifest.key_digest[:16]}")
         installed = Installed(manifest, tree)
+        self.claim()
         with fsutil.Flock.hold(self._install_lock(hexd)):
+            mark.record_install(self.home, hexd)  # before any byte of it lands: the store may delete it later
             self._remove_partials_locked(hexd)
             if tree.is_dir() and tree_damage(tree, manifest) is not None:
                 self._discard_damaged_locked(hexd)  # a cleaner took files: fetch it whole again
             if tree.is_dir():
                 self._check_existing(manifest, tree)
             else:
-                self._unpack(manifest, source, tree, limits)
+                self._unpack(manifest, source, tree, limits, deadline)
             self._lease(hexd).touch(exist_ok=True)
             self._touch(hexd)
             fsutil.write_bytes(self.home / index_relpath(manifest.kind, manifest.key_digest), manifest.to_bytes())
@@ -272,7 +303,9 @@ class Store:
         if max_bytes < 0:
             raise StoreError(f"a store bound of {max_bytes} bytes makes no sense; give 0 or more")
         if dry_run:
+            self.check_readable()
             return self._gc_plan(max_bytes, keep, refuse)
+        self.claim()
         lock = fsutil.Flock.acquire(self.home / "locks" / "gc.lock", wait=wait)
         if lock is None:
             return None
@@ -324,9 +357,14 @@ class Store:
 
     def recover(self) -> int:
         """Remove what crashed runs left behind; return how many leftovers went. Safe while other
-        processes install, use and evict: nothing a live process owns is touched."""
+        processes install, use and evict: nothing a live process owns is touched, nor anything of a
+        blob this store did not install."""
+        self.claim()
         hexes = {m[1] for p in self._glob("trees/.*.partial", "blobs/sha256/*/.tmp-*") if (m := _leftover(p.name))}
+        hexes = {h for h in hexes if mark.installed(self.home, h)}
         removed = sum(self._remove_partials(h) for h in hexes) + self._sweep_tmp()
+        for record in self._glob(f"{mark.INSTALLS}/*"):
+            removed += self._drop_stray_record(record.name)
         for lease in self._glob("leases/*"):
             removed += self._drop_stray_lease(lease.name)
         removed += fsutil.sweep_temporaries(self.home / "index", older_than_s=_INDEX_TMP_GRACE_S)
@@ -341,6 +379,7 @@ class Store:
     def scratch(self, name: str) -> Path:
         """A fresh private folder under tmp/ for a build or download in progress, owned by this
         process until the folder is removed; folders of owners that died go on the way."""
+        self.claim()
         self._release_finished_scratches()
         self._sweep_tmp()
         lock = fsutil.Flock.acquire(self.home / "locks" / f"scratch-{name}.lock", wait=False)
@@ -354,7 +393,9 @@ class Store:
 
     # -- installing ------------------------------------------------------------------------
 
-    def _unpack(self, manifest: Manifest, source: Registry, tree: Path, limits: UnpackLimits) -> None:
+    def _unpack(
+        self, manifest: Manifest, source: Registry, tree: Path, limits: UnpackLimits, deadline: float | None = None
+    ) -> None:
         """The blob, streamed from `source` unless it is here already, unpacked into `tree`; then the
         file list it was verified against is recorded beside it."""
         blob = self.blob_path(manifest.blob.digest)
@@ -364,7 +405,9 @@ class Store:
             if blob.exists():
                 unpack(blob, tree, manifest.files, limits=limits)
             else:
-                download = lambda tee: source.fetch_blob(manifest.blob.digest, blob, size=manifest.blob.size, tee=tee)  # noqa: E731
+                download = lambda tee: source.fetch_blob(  # noqa: E731
+                    manifest.blob.digest, blob, size=manifest.blob.size, tee=_until(deadline, tee, what)
+                )
                 unpack_streamed(download, tree, manifest.files, limits, what)
         except Exception:
             blob.unlink(missing_ok=True)  # a bad blob must not be trusted on the next try
@@ -448,16 +491,22 @@ class Store:
         that name no tree (or are unreadable), with the blob they name."""
         naming: dict[str, list[Path]] = {}
         dangling: list[tuple[Path, str | None]] = []
+        owned = {p.name for p in self._glob(f"{mark.INSTALLS}/*") if re.fullmatch(_HEX, p.name)}
+        if not (self.home / mark.MARK).exists():  # a store of the release before the mark, read before adoption
+            owned |= mark.adoptable(self.home)
         for path in self._glob("index/*/*.json"):
             if path.name.startswith(fsutil.TMP_PREFIX):
                 continue
             hexd = _named_blob(path)
             if hexd is None or not (self.home / "trees" / hexd).is_dir():
-                dangling.append((path, hexd))
+                if hexd is None or hexd in owned:  # an entry naming a blob we never installed is not ours
+                    dangling.append((path, hexd))
             else:
                 naming.setdefault(hexd, []).append(path)
-        trees = {p.name: p for p in self._glob("trees/*") if re.fullmatch(_HEX, p.name) and p.is_dir()}
-        blobs = {p.name.removesuffix(".tar.zst"): p for p in self._glob("blobs/sha256/*/*.tar.zst")}
+        trees = {p.name: p for p in self._glob("trees/*") if p.name in owned and p.is_dir()}
+        blobs = {
+            h: p for p in self._glob("blobs/sha256/*/*.tar.zst") if (h := p.name.removesuffix(".tar.zst")) in owned
+        }
         entries = []
         for hexd in trees.keys() | blobs.keys():
             tree, blob = trees.get(hexd), blobs.get(hexd)
@@ -471,6 +520,9 @@ class Store:
 
     def evict(self, entry: StoreEntry) -> bool:
         """Remove one bundle (index entries, tree, blob) unless it is being installed or is held; True if it went."""
+        self.claim()
+        if not mark.installed(self.home, entry.hex):  # not ours, whatever its layout
+            return False
         install = fsutil.Flock.acquire(self._install_lock(entry.hex), wait=False)
         if install is None:
             return False
@@ -492,6 +544,7 @@ class Store:
                 self._files_record(entry.hex).unlink(missing_ok=True)
                 self.blob_path("sha256:" + entry.hex).unlink(missing_ok=True)
                 shutil.rmtree(self.home / "side" / "sha256" / entry.hex[:2] / entry.hex, ignore_errors=True)
+                (self.home / mark.INSTALLS / entry.hex).unlink(missing_ok=True)  # last: a crash before it retries
             finally:
                 lease.release(unlink=True)
         finally:
@@ -503,6 +556,10 @@ class Store:
     def _heal(self, damaged: Damaged) -> Damaged:
         """Move a damaged entry aside and evict its tree; a tree a live process holds stays until the
         next install of its blob replaces it. An install of the blob running now heals it itself."""
+        try:
+            self.claim()
+        except mark.StoreHomeError:  # not ours to move or delete in: the miss stands, nothing changes
+            return damaged
         lock = None
         if damaged.blob_hex is not None:
             lock = fsutil.Flock.acquire(self._install_lock(damaged.blob_hex), wait=False)
@@ -512,7 +569,11 @@ class Store:
             if not isinstance(check_hit(self.home, damaged.kind, damaged.key_digest), Damaged):
                 return damaged  # replaced by a whole one since it was read: nothing to move
             moved = quarantine(self.home, damaged.kind, damaged.key_digest)
-            if damaged.blob_hex is not None and not self.held(damaged.blob_hex):
+            if (
+                damaged.blob_hex is not None
+                and mark.installed(self.home, damaged.blob_hex)
+                and not self.held(damaged.blob_hex)
+            ):
                 self._discard_damaged_locked(damaged.blob_hex)
         finally:
             if lock is not None:
@@ -534,10 +595,11 @@ class Store:
         shutil.rmtree(trash, ignore_errors=True)
 
     def _drop_dangling(self, index: Path, hexd: str | None) -> int:
-        """Remove an index entry that names no tree (a crashed gc's) or cannot be read."""
+        """Remove an index entry that names no tree (a crashed gc's, of a blob this store installed);
+        one that cannot be read is moved into quarantine/ for whoever investigates, never deleted."""
         if hexd is None:
-            index.unlink(missing_ok=True)
-            return 1
+            parsed = parse_index_relpath(index.relative_to(self.home).as_posix())
+            return int(parsed is not None and quarantine(self.home, *parsed) is not None)
         lock = fsutil.Flock.acquire(self._install_lock(hexd), wait=False)
         if lock is None:  # being installed right now: its tree is on the way
             return 0
@@ -557,7 +619,10 @@ class Store:
         if path.name.startswith(_EVICTED):  # a gc died before deleting it; no one else reads tmp/
             shutil.rmtree(path, ignore_errors=True)
             return 1
-        lock = fsutil.Flock.acquire(self.home / "locks" / f"scratch-{path.name}.lock", wait=False)
+        lock_path = self.home / "locks" / f"scratch-{path.name}.lock"
+        if not lock_path.exists():  # not a scratch folder this store made (`scratch` takes its lock first)
+            return 0
+        lock = fsutil.Flock.acquire(lock_path, wait=False)
         if lock is None:  # its owner is alive
             return 0
         shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
@@ -579,12 +644,40 @@ class Store:
             lease.release(unlink=gone)
         return int(gone)
 
+    def _drop_stray_record(self, hexd: str) -> int:
+        """An installs/ record whose tree and blob are both gone: left by a gc killed before its last step."""
+        if not re.fullmatch(_HEX, hexd):
+            return 0
+        install = fsutil.Flock.acquire(self._install_lock(hexd), wait=False)
+        if install is None:  # being installed: the record comes before the blob
+            return 0
+        with install:
+            gone = not (self.home / "trees" / hexd).exists() and not self.blob_path("sha256:" + hexd).exists()
+            if gone:
+                (self.home / mark.INSTALLS / hexd).unlink(missing_ok=True)
+        return int(gone)
+
     def _release_finished_scratches(self) -> None:
         for path in [p for p in self._scratches if not p.exists()]:
             self._scratches.pop(path).release(unlink=True)
 
     def _glob(self, *patterns: str) -> list[Path]:
         return [p for pattern in patterns for p in sorted(self.home.glob(pattern))]
+
+
+def _until(deadline: float | None, tee: Callable[[bytes], None], what: str) -> Callable[[bytes], None]:
+    """`tee`, raising once `deadline` has passed: a download sent slowly (a byte every half second) ends at
+    its time box instead of running on behind it, its unpacker waiting for it (and the process's exit, for that)."""
+    if deadline is None:
+        return tee
+
+    def checked(chunk: bytes) -> None:
+        if time.monotonic() > deadline:
+            raise StoreError(f"{what}: still downloading when the fetch's time box ran out; nothing was installed")
+        if chunk:  # no bytes: a backend's probe of the time box while its download runs out of sight
+            tee(chunk)
+
+    return checked
 
 
 def _mib(n: int) -> str:

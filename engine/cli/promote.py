@@ -117,5 +117,5 @@ def _prune(args: argparse.Namespace, incoming, incoming_address: str) -> int:
             f"prune {incoming_address}: {len(gone)} of {len(results)} write-back(s) older than {say_age(max_age)} {verb}"
         )
         for r in gone:
-            print(f"  {r.kind:9} {r.key_digest[:16]}  created {r.created}  {r.outcome}")
+            print(f"  {r.kind:9} {r.key_digest[:16]}  created {r.created}  {r.outcome}: {r.why}")
     return ExitCode.OK

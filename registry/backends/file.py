@@ -96,6 +96,7 @@ class FolderStore:
 
     def delete(self, key: str) -> None:
         path = self.path(key)
+        fsutil.crash_point("remove", path.name)
         try:
             path.unlink()
         except FileNotFoundError:
@@ -109,6 +110,7 @@ class FolderStore:
         src, to = self.path(key), self.path(dest)
         try:
             to.parent.mkdir(parents=True, exist_ok=True)
+            fsutil.crash_point("move", src.name)
             os.replace(src, to)
         except FileNotFoundError:  # moved by an earlier entry or a concurrent verify
             return False

@@ -41,12 +41,13 @@ import logging
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from prebake.artifacts import fsutil
 from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
@@ -69,15 +70,17 @@ from prebake.artifacts.ports.errors import (
 )
 from prebake.artifacts.ports.listing import Listed, ListingSummary, Read, summarised_listing
 from prebake.artifacts.ports.registry import MAX_SIDE_FILE_BYTES
-from prebake.registry.shared.transfer import Published, copy_verified, read_ahead, settle
+from prebake.registry.shared.transfer import Published, copy_verified, read_ahead, retry_after_s, settle
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 _DEFAULT_ENDPOINT = "https://huggingface.co"
 _COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 _ADDRESS = re.compile(r"^hf://(?:(datasets|models)/)?([\w.-]+/[\w.-]+)(?:@([^@\s]+))?/?$")
 _COMMIT_ATTEMPTS = 5  # heads moved by other keys' publishes before we give up
 _LIST_READERS = 8  # index entries read in parallel by list() and listing()
+_ASKED_ATTEMPTS = 3  # a read the Hub answers 429 or 503 with Retry-After is asked this often in all
 QUARANTINE = "quarantine"
 
 
@@ -121,7 +124,7 @@ class HubRegistry:
         checked against `size` before the download); it is verified there, then copied to `dest`
         through `tee`, so the consumer is only ever fed a copy that already matched."""
         relpath, dest = blob_relpath(digest), Path(dest)
-        cached = self._download(relpath, self.revision, limit=size)
+        cached = _probing(lambda: self._download(relpath, self.revision, limit=size), tee)
         if cached is None:
             if self.offline:
                 raise RegistryUnavailable(
@@ -393,7 +396,7 @@ class HubRegistry:
                 raise
             log.warning("the Hub at %s is unreachable; using the cached %s", self.endpoint, self._where(relpath))
             return cached
-        return self._cached_download(relpath, revision, local_only=False, force=force)
+        return self._cached_download(relpath, revision, local_only=False, force=force, limit=limit)
 
     def _present(self, relpath: str, revision: str) -> int | bool | None:
         """The file's size at `revision` (True if the Hub does not say), None if absent; one HEAD, no retries."""
@@ -408,7 +411,7 @@ class HubRegistry:
         url = hf_hub_url(self.repo_id, relpath, repo_type=self.repo_type, revision=revision, endpoint=self.endpoint)
         with self._faults(f"read {self._where(relpath)}"):
             try:
-                meta = get_hf_file_metadata(url, token=self._token, endpoint=self.endpoint)
+                meta = _as_asked(lambda: get_hf_file_metadata(url, token=self._token, endpoint=self.endpoint))
             except GatedRepoError:
                 raise  # access refused, not absent: _faults says what to do
             except (RemoteEntryNotFoundError, RevisionNotFoundError):
@@ -420,8 +423,12 @@ class HubRegistry:
                 return None
         return meta.size if isinstance(meta.size, int) else True
 
-    def _cached_download(self, relpath: str, revision: str, *, local_only: bool, force: bool = False) -> Path | None:
-        """hf_hub_download into the cache; None if absent there (local_only) or on the Hub."""
+    def _cached_download(
+        self, relpath: str, revision: str, *, local_only: bool, force: bool = False, limit: int | None = None
+    ) -> Path | None:
+        """hf_hub_download into the cache; None if absent there (local_only) or on the Hub. A body that runs
+        past `limit` is refused while it comes (huggingface_hub reads until the server stops, then compares
+        sizes): an index entry's, a blob's, whatever the HEAD before it said."""
         from huggingface_hub import hf_hub_download
         from huggingface_hub.errors import (
             GatedRepoError,
@@ -433,17 +440,19 @@ class HubRegistry:
 
         with self._faults(f"download {self._where(relpath)}"):
             try:
-                local = hf_hub_download(
-                    self.repo_id,
-                    relpath,
-                    repo_type=self.repo_type,
-                    revision=revision,
-                    endpoint=self.endpoint,
-                    token=self._token,
-                    cache_dir=self._cache_dir,
-                    local_files_only=local_only,
-                    force_download=force,
-                    tqdm_class=_terminal_tqdm(),
+                local = _as_asked(
+                    lambda: hf_hub_download(
+                        self.repo_id,
+                        relpath,
+                        repo_type=self.repo_type,
+                        revision=revision,
+                        endpoint=self.endpoint,
+                        token=self._token,
+                        cache_dir=self._cache_dir,
+                        local_files_only=local_only,
+                        force_download=force,
+                        tqdm_class=_terminal_tqdm() if limit is None else _bounded_tqdm(limit, self._where(relpath)),
+                    )
                 )
             except GatedRepoError:
                 raise  # access refused, not absent: _faults says what to do
@@ -604,6 +613,75 @@ def _parse_address(address: str) -> tuple[str, str, str]:
             f"or hf://datasets/<namespace>/<repo>[@revision]"
         )
     return ("dataset" if m.group(1) == "datasets" else "model"), m.group(2), m.group(3) or "main"
+
+
+def _probing(call: Callable[[], T], tee: Callable[[bytes], None] | None) -> T:
+    """`call` (a download into huggingface_hub's cache, which prebake sees no byte of until it ends) in a
+    daemon thread, `tee` called with no bytes every quarter second meanwhile, so the consumer's time box
+    (Store.install's deadline) ends the wait: a blob sent slowly no longer holds the fetch until its last
+    byte. An abandoned download ends with the process (or completes into the cache, for the next fetch)."""
+    if tee is None:
+        return call()
+    done: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            done.set_result(call())
+        except BaseException as exc:
+            done.set_exception(exc)
+
+    threading.Thread(target=run, name="prebake-hf-download", daemon=True).start()
+    while True:
+        try:
+            return done.result(timeout=0.25)
+        except TimeoutError:
+            tee(b"")
+
+
+def _as_asked(call: Callable[[], T]) -> T:
+    """`call`, asked again after as long as the Hub asks when it answers 429 or 503 with Retry-After (at most
+    MAX_RETRY_AFTER_S, _ASKED_ATTEMPTS times in all). huggingface_hub's download waits for a 429's
+    Retry-After (and 1 s more), but not for a 503's, and its metadata HEAD asks once; the fetch's time box
+    still ends a fetch that waits too long."""
+    for attempt in range(_ASKED_ATTEMPTS):
+        try:
+            return call()
+        except Exception as exc:
+            status, asked = _asked(exc)
+            if not asked or attempt == _ASKED_ATTEMPTS - 1:
+                raise
+            log.warning("the Hub answered HTTP %s and asked to retry after %.0f s: waiting", status, asked)
+            time.sleep(asked)
+    raise AssertionError("unreachable")
+
+
+def _asked(exc: BaseException) -> tuple[int, float]:
+    """The status of a 429 or 503 behind `exc` (huggingface_hub wraps it in its own errors) and how long its
+    Retry-After asks to wait; (status, 0.0) for any other answer."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        response = getattr(seen, "response", None)
+        if response is not None and hasattr(response, "status_code"):
+            status = int(response.status_code)
+            return status, retry_after_s(response.headers.get("Retry-After", "")) if status in (429, 503) else 0.0
+        seen = seen.__cause__ or seen.__context__
+    return 0, 0.0
+
+
+def _bounded_tqdm(limit: int, where: str) -> type:
+    """_terminal_tqdm, refusing the download once more than `limit` bytes came (huggingface_hub reports
+    each piece it reads, 10 MiB at most, to its bar before writing it)."""
+
+    class _Bounded(_terminal_tqdm()):  # type: ignore[misc]
+        def update(self, n: float | None = 1) -> bool | None:
+            self.came = getattr(self, "came", 0) + (n or 0)
+            if self.came > limit:
+                raise BlobSizeMismatch(
+                    f"{where} sent over {limit} bytes, more than it may be (the HEAD announced less); refusing it"
+                )
+            return super().update(n)  # type: ignore[no-any-return]
+
+    return _Bounded
 
 
 @functools.cache

@@ -28,7 +28,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +41,7 @@ from prebake.artifacts.errors import BundleError
 from prebake.artifacts.ports.errors import BlobDigestMismatch, RegistryError, RegistryNotFound, RegistryUnavailable
 from prebake.artifacts.ports.objects import Stored
 from prebake.registry.shared.index import StoreRegistry
-from prebake.registry.shared.transfer import env_settings
+from prebake.registry.shared.transfer import env_settings, retry_after_s
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class S3Store:
         with self._faults(f"download {self._where(key)}"):
             got = self._client.get_object(Bucket=self.bucket, Key=self._key(key), **ranged)
             try:
-                yield from got["Body"].iter_chunks(_MiB)
+                yield from _as_received(got["Body"])
             finally:
                 got["Body"].close()
 
@@ -303,6 +303,24 @@ class S3Registry(StoreRegistry):
         return f"S3Registry({self.url!r}, endpoint={self.endpoint!r})"
 
 
+def _as_received(body: Any) -> Iterator[bytes]:
+    """A GetObject body in the pieces the network delivers (at most 1 MiB each), so the consumer sees each
+    one as it comes: its time box then ends a body sent slowly. botocore's own reads (`iter_chunks`) wait
+    for each whole MiB, so a server sending a few bytes a second held the fetch past its time box until
+    the last byte. urllib3's read1 is what the body wraps; the digest and size are prebake's own checks
+    (registry/shared/index.py), so botocore's checksum of the whole body is not needed for them."""
+    raw = getattr(body, "_raw_stream", None)
+    if raw is None or not hasattr(raw, "read1"):
+        yield from body.iter_chunks(_MiB)
+        return
+    while chunk := raw.read1(_MiB):
+        yield chunk
+    if short := getattr(raw, "length_remaining", None):  # botocore's read checks this; read1 does not
+        from urllib3.exceptions import ProtocolError
+
+        raise ProtocolError(f"Connection broken: the body ended {short} bytes before its Content-Length")
+
+
 def _progress(verb: str, digest: str, total: int) -> tqdm:
     """A tqdm transfer bar on stderr, drawn only when a person is watching (a TTY) and worth it."""
     return tqdm(
@@ -346,9 +364,28 @@ def _make_client(settings: S3Settings) -> Any:
         max_pool_connections=settings.concurrency + 2,
     )
     try:
-        return boto3.session.Session().client("s3", config=config)
+        client = boto3.session.Session().client("s3", config=config)
     except BotoCoreError as exc:
         raise RegistryUnavailable(f"cannot set up the S3 client: {exc}; check AWS_PROFILE and ~/.aws/config") from exc
+    client.meta.events.register_first("needs-retry.s3", _wait_as_asked(settings.max_attempts))
+    return client
+
+
+def _wait_as_asked(max_attempts: int) -> Callable[..., float | None]:
+    """A botocore needs-retry hook: a 429 or 503 with Retry-After is retried after as long as it asks
+    (at most MAX_RETRY_AFTER_S). botocore's own retries read only x-amz-retry-after, and wait at most 5 s
+    more than their backoff; S3-compatible servers (MinIO, Ceph, R2) and proxies send the standard header.
+    The first hook that names a delay decides, so this one runs before botocore's."""
+
+    def hook(response: Any = None, attempts: int = 0, **_: Any) -> float | None:
+        if response is None or attempts >= max_attempts:
+            return None
+        answer = response[0]
+        if answer.status_code not in (429, 503):
+            return None
+        return retry_after_s(answer.headers.get("Retry-After", "")) or None
+
+    return hook
 
 
 def _transfer_config(settings: S3Settings) -> Any:

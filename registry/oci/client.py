@@ -8,7 +8,8 @@ Every request goes to https://HOST/v2/<repository>/..., or to http:// only for t
 PREBAKE_OCI_PLAIN_HTTP (loopback tests, air-gapped mirrors): never a silent downgrade. TLS checks
 the system's CAs, plus PREBAKE_OCI_CA_BUNDLE (a PEM file) or /etc/docker/certs.d/<host>/ca.crt,
 where docker and podman look. A 401 is answered once per challenge (registry/oci/auth.py);
-a 5xx, 429 or dropped connection is retried `max_attempts` times with exponential backoff.
+a 5xx, 429 or dropped connection is retried `max_attempts` times with exponential backoff, and a
+429 or 503 that says Retry-After is waited for as long as it asks (at most MAX_RETRY_AFTER_S, registry/shared/transfer.py).
 
 What cannot succeed raises RegistryUnavailable with the registry and the fix in its message:
 down, timed out, TLS refused, credentials refused or missing, 5xx after the retries. The
@@ -37,11 +38,13 @@ import httpx
 
 from prebake.artifacts.ports.errors import RegistryError, RegistryUnavailable
 from prebake.registry.oci.auth import Challenge, Login, config_locations, find_login, parse_challenge
-from prebake.registry.shared.transfer import env_settings
+from prebake.registry.shared.transfer import env_settings, retry_after_s
 
 _NAME = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$")
 _HOST = re.compile(r"^(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?$")
 _RETRY_STATUS = {429, 500, 502, 503, 504}
+MAX_ANSWER_BYTES = 4 << 20  # a tags page, a token, any answer read whole (distribution's own manifest limit)
+MAX_ERROR_BYTES = 64 << 10  # of an error body only this much is read: its code and message
 CERTS_D = ("/etc/docker/certs.d", "/etc/containers/certs.d")
 
 
@@ -150,9 +153,14 @@ class Distribution:
         content: bytes | None = None,
         ok: tuple[int, ...] = (200, 201, 202, 204, 404),
     ) -> httpx.Response:
-        """One request, read whole, authenticated and retried; a status outside `ok` raises."""
+        """One request, read whole (at most MAX_ANSWER_BYTES: a longer answer is refused before it is read
+        whole), authenticated and retried; a status outside `ok` raises."""
         with self.stream(method, url, push=push, accept=accept, headers=headers, content=content, ok=ok) as r:
-            r.read()
+            if read_at_most(r, MAX_ANSWER_BYTES):
+                raise RegistryError(
+                    f"{self.url}: the answer to {method} {_short_url(url)} is over {MAX_ANSWER_BYTES} bytes; no "
+                    f"registry answer needs that: refusing it (is the address an OCI registry?)"
+                )
             return r
 
     @contextmanager
@@ -196,11 +204,12 @@ class Distribution:
                 if response.status_code != 401 and self._auth is not None:
                     self._auth.refreshed = False  # the token in use works: a later expiry may refresh again
                 if response.status_code in _RETRY_STATUS and not last:
+                    asked = retry_after_s(response.headers.get("Retry-After", ""))
                     response.close()
-                    _backoff(attempt)
+                    _backoff(attempt, at_least=asked)
                     continue
                 if response.status_code not in ok:
-                    response.read()
+                    read_at_most(response, MAX_ERROR_BYTES)  # enough for its code and message, never more
                     raise self.refusal(response, f"{method} {_short_url(url)}")
                 yield response
                 return
@@ -256,20 +265,30 @@ class Distribution:
         login = auth.login
         try:
             if login is not None and login.identity_token:
-                r = self._client.post(
-                    realm,
-                    data={
-                        **params,
-                        "grant_type": "refresh_token",
-                        "refresh_token": login.password,
-                        "client_id": "prebake",
-                    },
-                )
+                form = {
+                    **params,
+                    "grant_type": "refresh_token",
+                    "refresh_token": login.password,
+                    "client_id": "prebake",
+                }
+                asked = self._client.build_request("POST", realm, data=form)
             else:
                 headers = {"Authorization": login.basic()} if login else {}
-                r = self._client.get(realm, params={**params, "client_id": "prebake"}, headers=headers)
+                asked = self._client.build_request(
+                    "GET", realm, params={**params, "client_id": "prebake"}, headers=headers
+                )
+            r = self._client.send(asked, stream=True)
+            try:
+                too_long = read_at_most(r, MAX_ANSWER_BYTES)
+            finally:
+                r.close()
         except httpx.TransportError as exc:
             raise self.fault(exc, f"ask {realm} for a token") from exc
+        if too_long:
+            raise RegistryUnavailable(
+                f"{self.url}: the token service {realm} answered over {MAX_ANSWER_BYTES} bytes; no token needs "
+                f"that: refusing it (check the realm the registry names)"
+            )
         if r.status_code in (401, 403):
             raise RegistryUnavailable(
                 f"{self.url}: the token service {realm} refused {self._who()} (HTTP {r.status_code}); "
@@ -384,8 +403,26 @@ def _is_tls(exc: BaseException) -> bool:
     return "[SSL" in str(exc)
 
 
-def _backoff(attempt: int) -> None:
-    time.sleep(min(0.1 * 2**attempt, 2.0) * (0.5 + random.random() / 2))
+def read_at_most(response: httpx.Response, limit: int) -> bool:
+    """Read at most `limit` bytes of a streamed body (none when Content-Length says more) and keep them as
+    the response's content (.content, .text and .json() read them); True if the body was longer."""
+    declared = response.headers.get("Content-Length", "")
+    chunks: list[bytes] = []
+    longer = declared.isdigit() and int(declared) > limit
+    total = 0
+    if not longer:
+        for chunk in response.iter_bytes(64 << 10):
+            total += len(chunk)
+            if total > limit:
+                longer = True
+                break
+            chunks.append(chunk)
+    response._content = b"".join(chunks)  # where httpx's own read() keeps a body
+    return longer
+
+
+def _backoff(attempt: int, at_least: float = 0.0) -> None:
+    time.sleep(max(at_least, min(0.1 * 2**attempt, 2.0) * (0.5 + random.random() / 2)))
 
 
 def _error_detail(response: httpx.Response) -> str:

@@ -36,6 +36,7 @@ class Aged:
     key_digest: str
     created: str
     outcome: str  # "removed", "would remove", "kept"
+    why: str = ""  # why it expired, by the pruner's clock
 
     @property
     def expired(self) -> bool:
@@ -70,7 +71,8 @@ def prune(
         raise PrebakeError(f"{incoming.url} cannot remove entries; prune a folder, S3, Hub or OCI quarantine")
     now = now or dt.datetime.now(dt.UTC)
     entries = list(incoming.list())
-    expired = [m for m in entries if _expired(m, now, max_age)]
+    why = {m.key_digest: _expired(m, now, max_age) for m in entries}
+    expired = [m for m in entries if why[m.key_digest]]
     kept_blobs = {m.blob.digest for m in entries if m not in expired}
     out = [Aged(m.kind, m.key_digest, m.created, "kept") for m in entries if m not in expired]
     for m in expired:
@@ -78,14 +80,24 @@ def prune(
             shared = m.blob.digest in kept_blobs
             incoming.remove(m.kind, m.key_digest, blob_digest=None if shared else m.blob.digest)
             kept_blobs.add(m.blob.digest)  # removed once: a second entry naming it has nothing left to remove
-        out.append(Aged(m.kind, m.key_digest, m.created, "would remove" if dry_run else "removed"))
+        out.append(Aged(m.kind, m.key_digest, m.created, "would remove" if dry_run else "removed", why[m.key_digest]))
     return out
 
 
-def _expired(manifest: Manifest, now: dt.datetime, max_age: dt.timedelta) -> bool:
+def _expired(manifest: Manifest, now: dt.datetime, max_age: dt.timedelta) -> str:
+    """Why the entry has expired by the pruner's clock `now` (the clock that decides), or "" if it has not."""
     try:
         created = dt.datetime.fromisoformat(manifest.created)
     except ValueError:
-        return True
+        return f"its created stamp {manifest.created!r} cannot be read"
     created = created if created.tzinfo else created.replace(tzinfo=dt.UTC)
-    return created > now + CLOCK_SKEW or now - created > max_age
+    clock = f"{now:%Y-%m-%d %H:%M} UTC by this host's clock"
+    if created > now + CLOCK_SKEW:
+        ahead = (created - now).total_seconds() / 3600
+        return (
+            f"stamped {ahead:.0f} h in the future ({clock}), more than the {say_age(CLOCK_SKEW)} allowed: counted "
+            f"as expired; if most are, this host's clock is behind: set it right (NTP) before pruning"
+        )
+    if now - created > max_age:
+        return f"{(now - created).total_seconds() / 86400:.1f} days old ({clock}), more than {say_age(max_age)}"
+    return ""

@@ -111,7 +111,7 @@ class FilePolicy:
             if TrustPolicy((entry.public(),)).check(manifest) is not None:
                 continue
             if not entry.valid_at(now):
-                problems.append(f"key {name} signed it but is valid {entry.period()} only, not now ({now:%Y-%m-%d})")
+                problems.append(f"key {name} signed it but is valid {entry.period()} only, not now ({_clock(now)})")
             elif created is None or not entry.valid_at(created):
                 problems.append(f"key {name} signed it, but the bundle says it was made {manifest.created}, "
                                 f"outside the key's validity {entry.period()}")  # fmt: skip
@@ -160,7 +160,10 @@ class FilePolicy:
             return f"its creation time {manifest.created!r} cannot be read, and this rule limits age; rebake it"
         age = self.now() - created
         if age > dt.timedelta(days=days):
-            return f"made {manifest.created}, {age.days} days ago, older than max_age_days = {days:g}; rebake it"
+            return (
+                f"made {manifest.created}, {age.days} days ago ({_clock(self.now())}), older than "
+                f"max_age_days = {days:g}; rebake it"
+            )
         return None
 
     def _provenance(self, manifest: Manifest, rule: Rule) -> str | None:
@@ -277,6 +280,11 @@ def trust_in_force(
 def policy_file_in_force(env: Mapping[str, str] = os.environ) -> PolicyFile | None:
     path = env.get(POLICY_ENV, "").strip()
     return load_policy(path) if path else None
+
+
+def _clock(now: dt.datetime) -> str:
+    """The node's time as a refusal names it: this node's clock decides (docs/trust-and-failure.md, "Clocks")."""
+    return f"{now:%Y-%m-%d %H:%M} UTC by this node's clock; if that is wrong, set it right (NTP)"
 
 
 def _created(manifest: Manifest) -> dt.datetime | None:

@@ -51,6 +51,7 @@ LIST_NAME = "revocations.dsse.json"
 PAYLOAD_TYPE = "application/vnd.prebake.revocations+json"
 READ_TIMEOUT_S = 5.0
 _PROCESS_MEMO_S = 60.0
+FUTURE_SKEW = dt.timedelta(hours=1)  # a list issued further ahead of this node's clock says the clock is behind
 _log = logging.getLogger("prebake.trust")
 
 
@@ -144,6 +145,7 @@ class Revocations:
     now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
     _state: tuple[float, RevocationList | str] | None = field(default=None, init=False, repr=False)
     _warned: bool = field(default=False, init=False, repr=False)
+    _warned_future: bool = field(default=False, init=False, repr=False)
 
     @property
     def rules(self) -> Revocation:
@@ -206,12 +208,23 @@ class Revocations:
 
     def _fresh(self, entries: RevocationList) -> RevocationList | str:
         issued = entries.issued if entries.issued.tzinfo else entries.issued.replace(tzinfo=dt.UTC)
-        age = self.now() - issued
+        now = self.now()  # this node's clock decides freshness, against the issuer's `issued` stamp
+        age = now - issued
+        clock = f"{now:%Y-%m-%d %H:%M} UTC by this node's clock"
         if age > dt.timedelta(hours=self.rules.max_age_hours):
             return (
                 f"the {entries.describe()} is stale: {age.total_seconds() / 3600:.0f} h old, more than "
-                f"max_age_hours = {self.rules.max_age_hours:g}"
+                f"max_age_hours = {self.rules.max_age_hours:g} ({clock})"
             )
+        if age < -FUTURE_SKEW and not self._warned_future:  # still used: a list only ever takes trust away
+            _log.warning(
+                "prebake: WARNING: the %s is %.0f h in the future (%s): this node's clock is behind; set it "
+                "right (NTP), or stale lists will count as fresh for that much longer",
+                entries.describe(),
+                -age.total_seconds() / 3600,
+                clock,
+            )
+            self._warned_future = True
         return entries
 
     def _verified(self, raw: bytes) -> RevocationList | str:

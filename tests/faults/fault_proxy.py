@@ -21,11 +21,24 @@ Requests pass through unchanged unless a fault matches (method and a piece of th
                without conditional writes do (every other request passes)
     ignore-range  GET: forward it without its Range header, as a server or mirror that ignores
                ranges does (a 200 with the whole body)
+    busy429, busy503  answer 429 Too Many Requests (or 503) with `Retry-After: <seconds>`, as a
+               rate-limited registry does
+    huge200, huge500  answer 200 (or 500) with a body that never ends (no Content-Length: until the
+               client hangs up, at most 1 GiB), as a hostile or broken server may
+    bearer401  answer a request without Authorization 401 with a Bearer challenge whose token realm
+               is this proxy's /token (inject a fault on "/token" to make the token service misbehave)
+    basic401   answer a request without Authorization 401 with a Basic challenge, as a registry with
+               logins does (the client then sends its login on every request)
+    expired401 forward the request without its Authorization, so the registry behind answers as it
+               does to an expired token: 401 with its Bearer challenge (its token service is real)
+    redirect   answer 307 to `to` + the request's path, as distribution and Harbor send blob GETs to
+               object storage (`to`: another proxy, whose log says which headers arrived there)
 
 Body faults apply to whole answers (200); `partial=True` applies them to 206 answers to Range
-requests too. `times=n` applies a fault to the first n requests it matches only (0: all of them).
+requests too. `times=n` applies a fault to the first n requests it matches only (0: all of them);
+`after=n` lets the first n matching requests pass untouched before it applies.
 
-Every request is logged, and the bytes of each GET body sent so far are counted, so a test
+Every request is logged (with the Authorization header it came with), and the bytes of each GET body sent so far are counted, so a test
 can assert "downloaded once" or wait until a download is half done.
 """
 
@@ -60,6 +73,8 @@ class Fault:
     seconds: float = 0.0  # slow: delay; throttle: pause between pieces
     partial: bool = False  # body faults also on 206 answers to Range requests
     times: int = 0  # the first `times` matching requests only; 0: every one
+    after: int = 0  # let this many matching requests pass before the fault applies
+    to: str = ""  # redirect: the base URL the answer points at
 
     def matches(self, method: str, path: str) -> bool:
         return self.method in ("*", method) and self.path_contains in path
@@ -73,9 +88,11 @@ class FaultProxy:
         self.upstream = (target.hostname, target.port)
         self.url = ""
         self._faults: list[Fault] = []
-        self._log: list[tuple[str, str, int]] = []  # method, path, status
+        self._log: list[tuple[str, str, int, float]] = []  # method, path, status, time.monotonic() when answered
         self._sent: dict[str, int] = {}
         self._used: dict[int, int] = {}  # index in _faults -> requests it was applied to
+        self._seen: dict[int, int] = {}  # index in _faults -> requests it matched, applied or not
+        self._credentials: list[tuple[str, str, str]] = []  # method, path, Authorization ("" if none)
         self._lock = threading.Lock()
 
     def inject(self, fault: Fault) -> None:
@@ -86,10 +103,11 @@ class FaultProxy:
         with self._lock:
             self._faults.clear()
             self._used.clear()
+            self._seen.clear()
 
     def count(self, method: str, path_contains: str) -> int:
         with self._lock:
-            return sum(1 for m, p, _ in self._log if m == method and path_contains in p)
+            return sum(1 for m, p, _s, _t in self._log if m == method and path_contains in p)
 
     def bytes_sent(self, path_contains: str) -> int:
         with self._lock:
@@ -97,19 +115,33 @@ class FaultProxy:
 
     def statuses(self, method: str, path_contains: str) -> list[int]:
         with self._lock:
-            return [s for m, p, s in self._log if m == method and path_contains in p]
+            return [s for m, p, s, _t in self._log if m == method and path_contains in p]
 
-    def _fault_for(self, method: str, path: str) -> Fault | None:
+    def answered_at(self, method: str, path_contains: str) -> list[float]:
+        """When each matching request was answered (time.monotonic()), in order."""
         with self._lock:
+            return [t for m, p, _s, t in self._log if m == method and path_contains in p]
+
+    def credentials(self, method: str, path_contains: str) -> list[str]:
+        """The Authorization header of each matching request as it arrived here ("" when it had none)."""
+        with self._lock:
+            return [a for m, p, a in self._credentials if m == method and path_contains in p]
+
+    def _fault_for(self, method: str, path: str, authorization: str) -> Fault | None:
+        with self._lock:
+            self._credentials.append((method, path, authorization))
             for i, f in enumerate(self._faults):
-                if f.matches(method, path) and (not f.times or self._used.get(i, 0) < f.times):
+                if not f.matches(method, path):
+                    continue
+                self._seen[i] = self._seen.get(i, 0) + 1
+                if self._seen[i] > f.after and (not f.times or self._used.get(i, 0) < f.times):
                     self._used[i] = self._used.get(i, 0) + 1
                     return f
             return None
 
     def _record(self, method: str, path: str, status: int) -> None:
         with self._lock:
-            self._log.append((method, path, status))
+            self._log.append((method, path, status, time.monotonic()))
 
     def _add_sent(self, path: str, n: int) -> None:
         with self._lock:
@@ -156,7 +188,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._handle()
 
     def _handle(self) -> None:
-        fault = self.proxy._fault_for(self.command, self.path)
+        fault = self.proxy._fault_for(self.command, self.path, self.headers.get("Authorization", ""))
         length = int(self.headers.get("Content-Length") or 0)
         if fault is not None and fault.kind == "cut" and self.command == "PUT":
             self.rfile.read(length // 2)
@@ -170,12 +202,40 @@ class _Handler(BaseHTTPRequestHandler):
             self.proxy._record(self.command, self.path, 501)
             self._reply(501, {"Content-Type": "application/xml"}, _NOT_IMPLEMENTED)
             return
+        if fault is not None and fault.kind in ("busy429", "busy503"):
+            status = int(fault.kind.removeprefix("busy"))
+            self.proxy._record(self.command, self.path, status)
+            self._reply(status, {"Retry-After": f"{fault.seconds:g}", "Content-Type": "application/json"}, b"{}")
+            return
+        if fault is not None and fault.kind == "bearer401" and "Authorization" not in self.headers:
+            self.proxy._record(self.command, self.path, 401)
+            challenge = f'Bearer realm="{self.proxy.url}/token",service="fault-proxy"'
+            self._reply(401, {"WWW-Authenticate": challenge, "Content-Type": "application/json"}, b"{}")
+            return
+        if fault is not None and fault.kind == "basic401" and "Authorization" not in self.headers:
+            self.proxy._record(self.command, self.path, 401)
+            self._reply(
+                401, {"WWW-Authenticate": 'Basic realm="fault-proxy"', "Content-Type": "application/json"}, b"{}"
+            )
+            return
+        if fault is not None and fault.kind == "redirect":
+            self.proxy._record(self.command, self.path, 307)
+            self._reply(307, {"Location": f"{fault.to}{self.path}", "Content-Type": "text/plain"}, b"")
+            return
+        if fault is not None and fault.kind in ("huge200", "huge500"):
+            self.proxy._record(self.command, self.path, int(fault.kind.removeprefix("huge")))
+            self._endless(int(fault.kind.removeprefix("huge")))
+            return
         if fault is not None and fault.kind == "error500":
             self.proxy._record(self.command, self.path, 500)
             self._reply(500, {"Content-Type": "application/xml"}, _INTERNAL_ERROR)
             return
         try:
-            status, headers, data = self._forward(body, drop_range=fault is not None and fault.kind == "ignore-range")
+            status, headers, data = self._forward(
+                body,
+                drop_range=fault is not None and fault.kind == "ignore-range",
+                drop_login=fault is not None and fault.kind == "expired401",
+            )
         except OSError:  # the server is gone (a test ended while a slow answer was pending)
             self._drop()
             return
@@ -185,9 +245,11 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._faulty_body(fault, status, headers, data)
 
-    def _forward(self, body: bytes, *, drop_range: bool = False) -> tuple[int, dict[str, str], bytes]:
+    def _forward(
+        self, body: bytes, *, drop_range: bool = False, drop_login: bool = False
+    ) -> tuple[int, dict[str, str], bytes]:
         conn = http.client.HTTPConnection(*self.proxy.upstream, timeout=60)
-        dropped = _HOP_BY_HOP | ({"range"} if drop_range else set())
+        dropped = _HOP_BY_HOP | ({"range"} if drop_range else set()) | ({"authorization"} if drop_login else set())
         try:
             headers: dict[str, str] = {}
             for k, v in self.headers.items():  # a repeated header (Go clients send Accept once per type) is kept whole
@@ -240,6 +302,20 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
         self.wfile.flush()
         self.proxy._add_sent(self.path, len(data))
+
+    def _endless(self, status: int) -> None:
+        """A body without a length, sent until the client hangs up (or 1 GiB): what a bound must stop."""
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        piece = b'{"tags": [' + b'"x",' * 16383
+        try:
+            while self.proxy.bytes_sent(self.path) < 1 << 30:
+                self._send(piece)
+        except OSError:  # the client hung up: the bound did its work
+            pass
 
     def _drop(self) -> None:
         self.close_connection = True

@@ -110,3 +110,56 @@ def test_a_failing_commit_is_loud_and_leaves_no_entry(tmp_path, in_force, hub, s
     hub.proxy.clear()
     assert hub.registry.publish(other.manifest, other.blob).created is True
     scenario.registry(hub.direct, other.manifest)
+
+
+@pytest.mark.parametrize(
+    ("method", "status"),
+    [("GET", 429), ("GET", 503), ("HEAD", 503)],
+    ids=["download-429", "download-503", "metadata-503"],
+)
+def test_a_hub_asking_to_retry_after_two_seconds_is_waited_for_then_read(
+    tmp_path, in_force, hub, scenario, method, status
+):
+    """huggingface_hub waits for a download's 429 (Retry-After and 1 s more); prebake waits for the rest:
+    a download's 503 and the metadata HEAD's answers, which huggingface_hub does not retry."""
+    asked = 2.0
+    hub.proxy.inject(Fault(method, "/blobs/", f"busy{status}", seconds=asked, times=1))
+    store = unbounded(scenario.store(tmp_path / "home"))
+    got = in_force.fetch(store, hub.registry, hub.bundle.manifest.the_key())
+    statuses, answered = hub.proxy.statuses(method, "/blobs/"), hub.proxy.answered_at(method, "/blobs/")
+    assert not isinstance(got, Miss), got
+    assert statuses[0] == status and statuses[1] == 200, statuses
+    waited = answered[1] - answered[0]
+    assert waited >= asked - 0.05, f"asked to wait {asked} s, asked again after {waited:.2f} s"
+    assert store_problems(store.home) == []
+
+
+def test_an_index_entry_sent_without_end_is_refused_before_it_is_read_whole(tmp_path, in_force, hub, scenario):
+    """The HEAD announces the entry's true size; the GET then sends a body without end (at most 1 GiB):
+    the download is refused while it comes, not once huggingface_hub has written it all to the cache."""
+    from prebake.artifacts.ports.errors import BlobSizeMismatch
+
+    hub.proxy.inject(Fault("GET", "/index/", "huge200"))
+    started = time.monotonic()
+    with pytest.raises(BlobSizeMismatch, match="sent over"):
+        hub.registry.lookup("graphs", hub.bundle.manifest.key_digest)
+    assert time.monotonic() - started < 30
+    # the proxy counts what it wrote into the socket, 10 MiB reads and loopback buffers ahead of the client
+    assert hub.proxy.bytes_sent("/index/") < 256 << 20, "the endless body was read on past its bound (1 GiB)"
+    assert not [p for p in (tmp_path / "hf-cache").rglob("*") if p.is_file() and p.stat().st_size > 32 << 20]
+
+
+def test_a_blob_redirected_to_another_host_reaches_it_without_the_hub_token(
+    tmp_path, in_force, hub, stand_in, scenario
+):
+    """The Hub sends LFS and Xet downloads to a CDN on another host: the token stays with the Hub."""
+    with fault_proxy(stand_in.url) as storage:
+        hub.proxy.inject(Fault("GET", "/blobs/", "redirect", to=storage.url))
+        store = unbounded(scenario.store(tmp_path / "home"))
+        got = in_force.fetch(store, hub.registry, hub.bundle.manifest.the_key())
+        at_storage = storage.credentials("GET", "/blobs/")
+    assert not isinstance(got, Miss), got
+    assert any("hf_faults_token" in c for c in hub.proxy.credentials("GET", "/index/")), "the token was never sent"
+    assert at_storage, "the redirect was not followed"
+    assert at_storage == [""] * len(at_storage), f"the Hub token reached the storage host: {at_storage}"
+    assert store_problems(store.home) == []

@@ -11,6 +11,7 @@ Parts are 1 MiB here (PREBAKE_OCI_CHUNK_MB=1) so that a 4.5 MiB bundle is five o
 from __future__ import annotations
 
 import math
+import signal
 import time
 import uuid
 
@@ -20,7 +21,7 @@ from prebake.artifacts.bake.fetch import Miss
 from prebake.artifacts.ports.errors import BlobDigestMismatch, RegistryUnavailable
 from tests.faults.checks import store_problems
 from tests.faults.fault_proxy import Fault, fault_proxy
-from tests.faults.procs import unbounded
+from tests.faults.procs import actor, killed, result, unbounded
 from tests.support.oci_server import OCIServer, oci_server
 
 ENV = {"PREBAKE_OCI_TIMEOUT_S": "2", "PREBAKE_OCI_MAX_ATTEMPTS": "3", "PREBAKE_OCI_CHUNK_MB": "1"}
@@ -120,6 +121,38 @@ def test_500s_on_parts_are_retried_and_a_registry_that_keeps_failing_is_named(tm
     with pytest.raises(RegistryUnavailable, match="HTTP 500"):
         parts.fetch(other)
     _nothing_installed(other, parts)
+
+
+@pytest.mark.parametrize("when", ["mid-parts", "parts-complete"])
+def test_a_ranged_fetch_killed_9_leaves_nothing_readable_and_the_rerun_completes(tmp_path, parts, scenario, when):
+    """kill -9 while parts are in flight (a real SIGKILL once a MiB has come), or once every part is in and
+    checked but the blob not yet renamed into place (PREBAKE_TEST_CRASH_AT): no reader sees a part of it,
+    and the next fetch removes the dead one's temporary and installs the bundle."""
+    home = scenario.store(tmp_path / "home")
+    host = parts.registry.url.removeprefix("oci://").split("/", 1)[0]
+    env = {**ENV, "PREBAKE_OCI_PLAIN_HTTP": host}
+    args = ["--home", str(home), "--registry", parts.registry.url, "--key", parts.bundle.manifest.key_digest]
+    if when == "mid-parts":
+        parts.proxy.inject(Fault("GET", "/blobs/", "throttle", seconds=0.01, partial=True))  # ~400 KiB/s a part
+        reader = actor("fetch", *args, env=env)
+        deadline = time.monotonic() + 60
+        while parts.proxy.bytes_sent("/blobs/") < 1 << 20:
+            assert time.monotonic() < deadline and reader.poll() is None, "the download never got going"
+            time.sleep(0.01)
+        reader.send_signal(signal.SIGKILL)
+        killed(reader)
+        assert parts.proxy.bytes_sent("/blobs/") < parts.size, "killed mid-blob, not after"
+        parts.proxy.clear()
+    else:
+        killed(actor("fetch", *args, env={**env, "PREBAKE_TEST_CRASH_AT": "write:*.tar.zst"}))
+    assert parts.proxy.count("GET", "/blobs/") >= 2, "not a ranged fetch"
+    store = unbounded(home)
+    assert store.lookup("graphs", parts.bundle.manifest.key_digest) is None, "a reader must see nothing"
+    assert list(home.glob("blobs/sha256/*/.tmp-*")), "the dead fetch's parts are left under a temporary name"
+    assert not list(home.glob("trees/[0-9a-f]*")) and store_problems(home) == []
+
+    assert result(actor("fetch", *args, env=env))["problems"] == []
+    assert not list(home.glob("blobs/sha256/*/.tmp-*")), "the rerun removed the dead fetch's temporary"
 
 
 def test_a_cold_mirror_streams_the_blob_whole_and_a_warm_one_serves_parts(

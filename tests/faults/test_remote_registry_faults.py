@@ -317,3 +317,37 @@ def test_two_bakers_racing_leave_one_signed_entry_and_neither_fails(tmp_path, re
     assert {r["blob"] for r in results} == {entry.blob.digest}
     assert [s.signer for s in entry.signatures] == ["fleet"], "the winner signed it with the fleet key"
     scenario.registry(remote.direct, entry)
+
+
+@pytest.mark.parametrize("status", [429, 503])
+@pytest.mark.parametrize("remote", ["s3"], indirect=True)
+def test_an_s3_server_asking_to_retry_after_two_seconds_is_waited_for_then_read(
+    tmp_path, remote, scenario, in_force, status
+):
+    """botocore reads only x-amz-retry-after (and waits at most 5 s past its backoff): S3-compatible servers
+    and proxies send Retry-After, which prebake's hook waits for (tests/faults/test_oci_retry_after.py: OCI)."""
+    asked = 2.0
+    remote.proxy.inject(Fault("GET", "/blobs/", f"busy{status}", seconds=asked, times=1))
+    store = unbounded(scenario.store(tmp_path / "home"))
+    got = in_force.fetch(store, remote.registry, remote.bundle.manifest.the_key())
+    statuses, answered = remote.proxy.statuses("GET", "/blobs/"), remote.proxy.answered_at("GET", "/blobs/")
+    assert isinstance(got, Installed), got
+    assert statuses[0] == status and statuses[-1] == 200, statuses
+    waited = answered[1] - answered[0]
+    assert waited >= asked - 0.05, f"asked to wait {asked} s, asked again after {waited:.2f} s"
+    assert store_problems(store.home) == []
+
+
+@pytest.mark.parametrize("remote", ["s3"], indirect=True)
+def test_an_s3_blob_redirected_to_another_host_gets_no_signature_there(tmp_path, remote, moto, scenario, in_force):
+    """botocore follows no HTTP redirect itself (urllib3 runs with redirects off): a 307 of the blob GET to
+    another host is an error named for the endpoint, and nothing signed with the registry's keys goes there."""
+    with fault_proxy(moto) as storage:
+        remote.proxy.inject(Fault("GET", "/blobs/", "redirect", to=storage.url))
+        store = unbounded(scenario.store(tmp_path / "home"))
+        with pytest.raises(RegistryError, match="s3://"):
+            in_force.fetch(store, remote.registry, remote.bundle.manifest.the_key())
+        signed = [c for c in storage.credentials("GET", "/blobs/") if c]
+    assert remote.proxy.statuses("GET", "/blobs/")[:1] == [307], "the redirect was not answered"
+    assert signed == [], f"the registry's signature reached the other host: {signed}"
+    _nothing_installed(store, remote.bundle)

@@ -68,7 +68,7 @@ def _group(nodeid: str) -> str | None:
     return None
 
 
-@dataclass
+@dataclass(eq=False)  # a plugin: pluggy keeps plugins in sets, so it must stay hashable
 class Tally:
     """One session's count, kept by the process that prints it (the controller under xdist)."""
 

@@ -11,6 +11,7 @@ import pytest
 from prebake.artifacts.bake.fetch import Miss, fetch
 from prebake.artifacts.store import admin as store_admin
 from prebake.artifacts.store.local import Store, StoreLimits
+from prebake.artifacts.store.mark import record_install
 from prebake.engine.cli import main
 from prebake.registry.backends.file import FileRegistry
 from tests.support.bundles import Bundle, make_bundle
@@ -214,6 +215,7 @@ def test_store_rm_of_nothing_or_an_ambiguous_prefix_says_what_to_give(installed,
     assert "give a model name or a key or blob digest prefix" in capsys.readouterr().err
     for tail in "12":  # two trees no index entry names (an install cut short), whose names share 'abcd'
         (home / "trees" / ("abcd" + tail * 60)).mkdir()
+        record_install(home, "abcd" + tail * 60)  # installs record them before their blobs come
     assert main(["store", "rm", "abcd"]) == 2
     assert "abcd names 2 bundles" in capsys.readouterr().err
     assert main(["store", "rm", "abcd1"]) == 0 and not (home / "trees" / ("abcd" + "1" * 60)).exists()

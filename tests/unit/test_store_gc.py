@@ -11,6 +11,7 @@ from prebake.artifacts import fsutil
 from prebake.artifacts.bake.fetch import Miss, fetch
 from prebake.artifacts.errors import StoreBoundError, StoreError, UnsafeArchiveError
 from prebake.artifacts.store.local import DEFAULT_MAX_BYTES, GcReport, Store, StoreLimits, parse_size
+from prebake.artifacts.store.mark import record_install
 from prebake.engine.cli import main
 from prebake.registry.backends.file import FileRegistry
 from tests.support.bundles import Bundle, make_bundle
@@ -208,11 +209,13 @@ def test_partial_trees_and_downloads_of_a_dead_install_are_swept_by_the_next_ins
 def test_gc_leaves_the_partial_files_of_a_live_install_alone(tmp_path, registry):
     store = _unbounded(tmp_path / "home")
     hexd = "ab" * 32
+    record_install(store.home, hexd)  # an install records its blob before the first byte lands
     partial_tree, partial_blob = _leftovers(store, hexd)
     with fsutil.Flock.acquire(store.home / "locks" / f"{hexd}.lock"):  # an install in progress holds this
         assert store.recover() == 0
         assert partial_tree.exists() and partial_blob.exists()
-    assert store.recover() == 2
+    assert store.recover() == 3  # the two partials, and the install's record (no tree or blob of it left)
+    assert not (store.home / "installs" / hexd).exists()
     assert not partial_tree.exists() and not partial_blob.exists()
 
 
@@ -222,10 +225,13 @@ def test_a_dead_processs_scratch_folder_goes_and_a_live_one_stays(tmp_path):
     (live / "payload").write_bytes(b"x")
     dead = store.home / "tmp" / "bake-dead"  # its owner was killed: nobody holds its lock
     dead.mkdir()
+    (store.home / "locks" / "scratch-bake-dead.lock").touch()  # `scratch` took it; the kernel dropped the flock
+    foreign = store.home / "tmp" / "someone-elses"  # no scratch lock: the store never made it
+    foreign.mkdir()
     evicted = store.home / "tmp" / ".evicted-cafe-1"  # a gc was killed before deleting it
     evicted.mkdir()
     assert store.recover() == 2
-    assert live.is_dir() and not dead.exists() and not evicted.exists()
+    assert live.is_dir() and not dead.exists() and not evicted.exists() and foreign.is_dir()
     with pytest.raises(StoreError, match="in use by another build"):
         Store(store.home, StoreLimits()).scratch("bake-live")
 
@@ -243,10 +249,12 @@ def test_index_entries_naming_a_missing_tree_are_misses_and_gc_drops_them(tmp_pa
     store = _unbounded(tmp_path / "home")
     gone, kept = _fetch(store, registry, a), _fetch(store, registry, b)
     gone.tree.rename(store.home / "elsewhere")  # deleted by hand, say
-    (store.home / "index" / "graphs" / "x.json").write_text("{not json")
+    unreadable = store.home / "index" / "graphs" / f"{'cd' * 32}.json"
+    unreadable.write_text("{not json")
     assert store.lookup("graphs", a.manifest.key_digest) is None
     report = store.gc(1 << 40)
     assert report.recovered == 3 and report.evicted == ()  # the dangling entry, the unreadable one, the tree's lease
+    assert (store.home / "quarantine" / "index" / "graphs" / unreadable.name).read_text() == "{not json"  # kept aside
     assert sorted(p.name for p in (store.home / "index" / "graphs").iterdir()) == [f"{b.manifest.key_digest}.json"]
     assert store.lookup("graphs", b.manifest.key_digest) == kept
 
