@@ -52,7 +52,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     from prebake.registry.review.promote import promote
     from prebake.registry.trust.signing import SIGNING_KEY_ENV
 
-    context = Context.open(args.registry, trusting=False)
+    context = Context.open(args.registry, creating=True, trusting=False)
     address = context.address
     incoming_address, incoming = context.quarantine()
     if args.list:

@@ -45,7 +45,7 @@ def cmd_revoke(args: argparse.Namespace) -> int:
     from prebake.registry.trust.revocation import revoke
     from prebake.registry.trust.signing import SIGNING_KEY_ENV
 
-    context = Context.open(args.registry, trusting=False, signing_key=args.signing_key)
+    context = Context.open(args.registry, creating=True, trusting=False, signing_key=args.signing_key)
     if context.sign is None:
         raise PrebakeError(
             f"say which key signs the revocation list: --signing-key PEM or {SIGNING_KEY_ENV} (a key the "
