@@ -2,7 +2,8 @@
 plus OCI image layouts (a folder and a tar), each way: signed bundles of tiny-llama's keys (seeded,
 no compile) with their attestations and a signed revocation list, under a policy file that needs
 all three; a second run moves no byte; what comes back installs into a store, file by file. One ring of direct
-copies between the backends (S3 -> OCI -> Hub -> Azure -> layout) pairs each with another backend."""
+copies between the backends (S3 -> OCI -> Hub -> Azure -> layout) pairs each with another backend, and
+every ordered pair of the non-folder backends is copied directly."""
 
 from __future__ import annotations
 
@@ -140,3 +141,27 @@ def test_a_ring_through_every_backend_pairs_each_with_another_than_a_folder(stag
     for m in source.list():
         assert end.lookup(m.kind, m.key_digest) == m
         assert end.get_side(m.blob.digest, SIDE_NAME) == source.get_side(m.blob.digest, SIDE_NAME)
+
+
+DIRECT = ("s3", "oci", "hf", "azure", "oci-layout")  # the folder is either end of every case above
+
+
+def _open(name: str, request, folder: Path):
+    if name == "oci-layout":
+        return LayoutRegistry(f"oci-layout:{folder / 'layout'}", create=True)
+    return BACKENDS[name](request, folder).registry
+
+
+@pytest.mark.parametrize(("first", "second"), [(a, b) for a in DIRECT for b in DIRECT if a != b])
+def test_copy_between_every_pair_of_backends_directly(staged, request, tmp_path, first, second):
+    """Every ordered pair of non-folder backends: seeded from the folder, then copied A -> B directly."""
+    source = FileRegistry(staged.registry)
+    a, b = _open(first, request, tmp_path / "a"), _open(second, request, tmp_path / "b")
+    seeded = copy(source, a, staged, tmp_path / "home-a")
+    assert seeded.ok and seeded.count("copied") == 3, seeded.to_json()
+    report = copy(a, b, staged, tmp_path / "home-b")
+    assert report.ok and report.count("copied") == 3, (a.url, b.url, report.to_json())
+    assert report.revocation_list == "copied (serial 3)"
+    for m in source.list():
+        assert b.lookup(m.kind, m.key_digest) == m
+        assert b.get_side(m.blob.digest, SIDE_NAME) == source.get_side(m.blob.digest, SIDE_NAME)
