@@ -254,7 +254,11 @@ class Store:
             if tree.is_dir():
                 self._check_existing(manifest, tree)
             else:
-                self._unpack(manifest, source, tree, limits, deadline)
+                try:
+                    self._unpack(manifest, source, tree, limits, deadline)
+                except BaseException:
+                    self._forget_if_nothing_landed_locked(hexd)  # a refused bundle leaves no record behind
+                    raise
             self._lease(hexd).touch(exist_ok=True)
             self._touch(hexd)
             fsutil.write_bytes(self.home / index_relpath(manifest.kind, manifest.key_digest), manifest.to_bytes())
@@ -644,6 +648,11 @@ class Store:
             lease.release(unlink=gone)
         return int(gone)
 
+    def _forget_if_nothing_landed_locked(self, hexd: str) -> None:
+        """The installs/ record of a failed install whose tree and blob are both gone (install lock held)."""
+        if not (self.home / "trees" / hexd).exists() and not self.blob_path("sha256:" + hexd).exists():
+            (self.home / mark.INSTALLS / hexd).unlink(missing_ok=True)
+
     def _drop_stray_record(self, hexd: str) -> int:
         """An installs/ record whose tree and blob are both gone: left by a gc killed before its last step."""
         if not re.fullmatch(_HEX, hexd):
@@ -653,8 +662,7 @@ class Store:
             return 0
         with install:
             gone = not (self.home / "trees" / hexd).exists() and not self.blob_path("sha256:" + hexd).exists()
-            if gone:
-                (self.home / mark.INSTALLS / hexd).unlink(missing_ok=True)
+            self._forget_if_nothing_landed_locked(hexd)
         return int(gone)
 
     def _release_finished_scratches(self) -> None:
