@@ -105,6 +105,9 @@ def _normal(value: Any) -> Any:
 # engine loads functions precompiled by Dynamo ("dynamo-precompile", which also carries the Inductor
 # cache it falls back to); vLLM compiles through its own cache, which only "inductor-cache" describes.
 PRECOMPILE: Final = "dynamo-precompile"
+# AOTInductor: every step shape a named model of one .pt2 package, loaded by torch's C++ loader; its
+# graphs tree also holds the dynamo-precompile tree, the next variant when the package does not load.
+AOTI_PACKAGE: Final = "aoti-package"
 DEFAULT_VARIANT = {"prebake": PRECOMPILE, "vllm": "inductor-cache"}
 # "aoti" was this variant's first name; it is Dynamo's precompile, not AOTInductor (what "AOTI"
 # means to a PyTorch user), so it was renamed. Recipes that still say "aoti" keep working.
@@ -114,7 +117,7 @@ _RENAMED_VARIANTS = {"aoti": PRECOMPILE}
 class CompileOptions(Frozen):
     mode: Literal["default", "max-autotune-no-cudagraphs"] = "default"
     freezing: bool = Field(default=False, description="fold weights into graphs: the weights join the key")
-    variant: Literal["inductor-cache", "dynamo-precompile"] = PRECOMPILE
+    variant: Literal["inductor-cache", "dynamo-precompile", "aoti-package"] = PRECOMPILE
 
     @field_validator("variant", mode="before")
     @classmethod

@@ -1,0 +1,280 @@
+"""The AOTInductor graphs variant ("aoti-package"): every step shape a named model of one .pt2 package.
+
+Dynamo's precompile (prebake.engine.bundled.runtime.precompile) still loads through Dynamo and
+Inductor's Python: the output code imports the lowerings and select_algorithm, and a function
+needs torch._dynamo.aot_compile to load, seconds of pure-Python imports on every start. An
+AOTInductor package holds the compiled step itself, a shared object with its C++ wrapper and
+kernels (cubins on CUDA), and torch's C++ loader (torch._C._aoti.AOTIModelPackageLoader) loads it
+without any of Dynamo or Inductor's Python.
+
+    graphs tree (variant "aoti-package"):
+        aoti/steps.pt2      one AOTInductor package: each step shape a model named after it
+                            (prefill-b1-t16-c16, ...), compiled from torch.export of the model
+                            method with the KV cache as inputs the graph writes in place
+        aoti/package.json   what decides whether it loads here: torch, the vector ISA its kernels
+                            were built for, the device, the models and the constants they take
+        aot/, inductor/     the dynamo-precompile tree: what serves when the package does not load
+
+Weights are not in the package (aot_inductor.package_constants_in_so off): each model names its
+constants (the model's parameters and buffers, `get_constant_fqns`), and at load they are bound
+to the serving model's own tensors without a copy (`load_constants(..., user_managed=True)`).
+So a fine-tune of the same architecture loads the same package.
+
+One package per shape set, one model per step shape (not one model with dynamic dims): each step
+is a static graph, as the other variants compile them (measured in docs/graphs-variants.md).
+
+A package that does not load here (another torch, a vector ISA this CPU lacks, a model name the
+package does not hold, a damaged shared object) raises `PackageDoesNotLoad` with the reason; the
+engine then takes the next variant in the same tree (prebake.engine.bundled.start).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from prebake.engine.bundled.runtime.model import KVCache, Llama
+from prebake.engine.bundled.runtime.shapes import StepShape
+from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
+from prebake.engine.common.logs import Countdown
+
+AOTI_DIR = "aoti"
+PACKAGE = "steps.pt2"
+PACKAGE_FILE = "package.json"
+_PREFIX = "model."  # the exported wrapper holds the model under this attribute: its constants' names begin so
+
+# What Inductor's vector ISA names (AOTI_CPU_ISA, "AVX512 AVX512_VNNI") need of /proc/cpuinfo's flags.
+ISA_FLAGS: dict[str, frozenset[str]] = {
+    "AVX2": frozenset({"avx2", "fma"}),
+    "AVX512": frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"}),
+    "AVX512_VNNI": frozenset({"avx512_vnni"}),
+    "AVX512_BF16": frozenset({"avx512_bf16"}),
+    "AMX": frozenset({"amx_tile"}),
+    "AMX_TILE": frozenset({"amx_tile"}),
+    "AMX_FP16": frozenset({"amx_fp16"}),
+    "ASIMD": frozenset({"asimd"}),
+    "NEON": frozenset({"asimd"}),
+    "SVE": frozenset({"sve"}),
+    "SVE256": frozenset({"sve"}),
+}
+
+
+class PackageDoesNotLoad(RuntimeError):
+    """The graphs tree's AOTInductor package cannot serve on this host; the message says why."""
+
+
+class _Step(torch.nn.Module):
+    """One step shape of the model as an exportable module: the KV cache flattened into inputs."""
+
+    def __init__(self, model: Llama, shape: StepShape, tactic: Tactic) -> None:
+        super().__init__()
+        self.model, self.shape, self.attn_impl = model, shape, tactic.attn_impl
+        self.layers = len(model.layers)
+
+    def forward(self, ids, per_row, slots, *kv):
+        cache = KVCache(tuple(kv[: self.layers]), tuple(kv[self.layers :]))
+        if self.shape.phase == "prefill":
+            return self.model.prefill(ids, per_row, slots, cache, self.attn_impl)
+        return self.model.decode(ids, per_row, slots, cache, self.shape.ctx_len, self.attn_impl)
+
+
+def example_inputs(shape: StepShape, cache: KVCache) -> tuple:
+    """Placeholder inputs of one step, as the loaded package is called: ids, lengths or positions,
+    slots, then every layer's keys and values."""
+    b, device = shape.batch, cache.keys[0].device
+    slots = torch.arange(b, device=device)
+    if shape.phase == "prefill":
+        ids = torch.ones((b, shape.tokens), dtype=torch.long, device=device)
+        per_row = torch.full((b,), shape.tokens, device=device)
+    else:
+        ids = torch.ones((b,), dtype=torch.long, device=device)
+        per_row = torch.full((b,), shape.ctx_len - 1, device=device)
+    return ids, per_row, slots, *cache.keys, *cache.values
+
+
+def compile_package(
+    model: Llama, cache: KVCache, tactics: dict[StepShape, Tactic], out: Path, *, mode: str = "default", log=print
+) -> dict[StepShape, float]:
+    """Export and AOT-compile every shape with its tactic into out/aoti/steps.pt2; seconds per shape."""
+    import torch._inductor
+    from torch._inductor.package import package_aoti
+
+    folder = out / AOTI_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    options = {
+        **(torch._inductor.list_mode_options(mode) if mode != "default" else {}),
+        "aot_inductor.package": True,
+        "aot_inductor.package_constants_in_so": False,  # weights are bound at load, never packaged
+    }
+    files, seconds = {}, {}
+    countdown = Countdown(len(tactics))
+    for shape, tactic in tactics.items():
+        started = time.perf_counter()
+        if tactic.threads:
+            torch.set_num_threads(tactic.threads)
+        exported = torch.export.export(_Step(model, shape, tactic), example_inputs(shape, cache), strict=False)
+        files[shape.name] = torch._inductor.aot_compile(
+            exported.module(), exported.example_inputs[0], options=dict(options)
+        )
+        seconds[shape] = time.perf_counter() - started
+        log("  " + countdown.line(f"aoti {shape.name} [{tactic.label()}] {seconds[shape]:.2f} s"))
+    package_aoti(str(folder / PACKAGE), files)  # type: ignore[arg-type]  # a dict of model name to files
+    for name in (f for listed in files.values() for f in listed):  # packaged: no second copy in the bundle
+        Path(name).unlink(missing_ok=True)
+    first = torch._C._aoti.AOTIModelPackageLoader(str(folder / PACKAGE), next(iter(files)), False, 1, -1)
+    metadata = first.get_metadata()
+    document = {
+        "torch": torch.__version__,
+        "device": metadata.get("AOTI_DEVICE_KEY", cache.keys[0].device.type),
+        "cpu_isa": metadata.get("AOTI_CPU_ISA", ""),
+        "machine": metadata.get("AOTI_MACHINE", ""),
+        "models": sorted(files),
+        "sha256": _sha256(folder / PACKAGE),
+        "constants": sorted(first.get_constant_fqns()),
+    }
+    (folder / PACKAGE_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))
+    return seconds
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """This CPU's flags (x86 `flags`, Arm `Features`), from the first processor's lines."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+def platform_problem(recorded: dict, *, device: str, flags: frozenset[str]) -> str | None:
+    """Why a package recorded as `recorded` (package.json) cannot run here, or None."""
+    if recorded.get("torch") != torch.__version__:
+        return (
+            f"it was compiled with torch {recorded.get('torch')} and this is torch {torch.__version__} "
+            f"(AOTInductor's shared objects are built against one torch)"
+        )
+    if recorded.get("device", "cpu") != device:
+        return f"it was compiled for {recorded.get('device')} and the model runs on {device}"
+    if device == "cpu":
+        for isa in str(recorded.get("cpu_isa", "")).upper().split():
+            if isa not in ISA_FLAGS:
+                return f"its kernels were built for vector ISA {isa}, which prebake cannot check on this CPU"
+            if missing := sorted(ISA_FLAGS[isa] - flags):
+                return f"its kernels were built for vector ISA {isa} and this CPU lacks {', '.join(missing)}"
+    return None
+
+
+@dataclass
+class PackageParts:
+    """Seconds of loading a package, by part (the start's phase log shows them)."""
+
+    package_load: float = 0.0  # the package opened and each model's shared object loaded (C++)
+    bind: float = 0.0  # the serving model's tensors bound as each model's constants
+
+    def as_dict(self) -> dict[str, float]:
+        return {"package-load": self.package_load, "bind": self.bind}
+
+
+class PackageSteps(CompiledSteps):
+    """CompiledSteps whose prefill/decode run the package's model of their step shape."""
+
+    def __init__(self, model: Llama, cache: KVCache, runners: dict[StepShape, torch._C._aoti.AOTIModelPackageLoader]):
+        super().__init__(model, cache, compile=False)
+        self.runners = dict(runners)
+        self._kv = [*cache.keys, *cache.values]
+        self._prefill = self._prefill_shape  # type: ignore[assignment]  # same call shape, untyped args
+        self._decode = self._decode_shape  # type: ignore[assignment]
+
+    def _prefill_shape(self, ids, lengths, slots, cache, attn_impl):
+        b, t = ids.shape
+        return self._run(StepShape("prefill", b, t, t), [ids, lengths, slots, *self._kv])
+
+    def _decode_shape(self, ids, positions, slots, cache, ctx_len, attn_impl):
+        return self._run(StepShape("decode", ids.shape[0], 1, ctx_len), [ids, positions, slots, *self._kv])
+
+    def _run(self, shape: StepShape, inputs: list) -> torch.Tensor:
+        try:
+            runner = self.runners[shape]
+        except KeyError:
+            raise KeyError(
+                f"no AOTInductor model for step shape {shape.name}; the package holds "
+                f"{sorted(s.name for s in self.runners)}; rebake graphs for this bucket set"
+            ) from None
+        return runner.boxed_run(inputs)[0]
+
+
+def load_package(
+    model: Llama,
+    cache: KVCache,
+    shapes: list[StepShape],
+    tree: Path,
+    parts: PackageParts | None = None,
+    *,
+    cpuinfo: Path = Path("/proc/cpuinfo"),
+) -> PackageSteps:
+    """The package's model of every shape, bound to `model`'s tensors; PackageDoesNotLoad says why not."""
+    parts = parts if parts is not None else PackageParts()
+    folder = tree / AOTI_DIR
+    try:
+        recorded = json.loads((folder / PACKAGE_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        raise PackageDoesNotLoad(f"the graphs tree at {tree} has no readable {AOTI_DIR}/{PACKAGE_FILE} ({exc})") from exc
+    device = cache.keys[0].device.type
+    if problem := platform_problem(recorded, device=device, flags=cpu_flags(cpuinfo)):
+        raise PackageDoesNotLoad(f"the AOTInductor package does not load here: {problem}")
+    if missing := sorted({s.name for s in shapes} - set(recorded.get("models", ()))):
+        raise PackageDoesNotLoad(
+            f"the AOTInductor package does not load here: it holds no model for {', '.join(missing)} "
+            f"(baked for another bucket set)"
+        )
+    # A shared object cut short is no exception but a SIGBUS once dlopen maps it: the package's bytes
+    # are checked against the bake's before any model is loaded (milliseconds for megabytes).
+    if recorded.get("sha256") != (found := _sha256(folder / PACKAGE)):
+        raise PackageDoesNotLoad(
+            f"the AOTInductor package does not load here: {AOTI_DIR}/{PACKAGE} is damaged (sha256 {found[:12]}, "
+            f"baked as {str(recorded.get('sha256'))[:12]}); rebake graphs"
+        )
+    tensors = {_PREFIX + name: t for name, t in (*model.named_parameters(), *model.named_buffers())}
+    runners = {}
+    for shape in shapes:
+        started = time.perf_counter()
+        try:
+            runner = torch._C._aoti.AOTIModelPackageLoader(
+                str(folder / PACKAGE), shape.name, False, 1, cache.keys[0].device.index or -1
+            )
+        except Exception as exc:  # a model name the package lacks, a damaged shared object, a bad archive
+            raise PackageDoesNotLoad(f"the AOTInductor package does not load here: {_first_line(exc)}") from exc
+        bound = time.perf_counter()
+        parts.package_load += bound - started
+        wanted = runner.get_constant_fqns()
+        if absent := [name for name in wanted if name not in tensors]:
+            raise PackageDoesNotLoad(
+                f"the AOTInductor package does not load here: its model {shape.name} takes constants the "
+                f"serving model lacks ({', '.join(absent[:3])}...): another architecture"
+            )
+        # user_managed: the loader keeps the serving model's own tensors (no copy); the engine keeps them alive
+        runner.load_constants({name: tensors[name] for name in wanted}, False, True, True)
+        parts.bind += time.perf_counter() - bound
+        runners[shape] = runner
+    return PackageSteps(model, cache, runners)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
