@@ -142,7 +142,8 @@ def record_fallback(store: Store, kind: str, seconds: float | None = None) -> No
 def record_variant_fallback(store: Store, kind: str, variant: str, next_variant: str, reason: str) -> None:
     """A `kind` bundle's variant did not load here (`reason`); the next variant in the same tree served."""
     _append(
-        store, _event("variant-fallback", kind, "", reason=f"{variant} -> {next_variant}", detail=reason[:_DETAIL_CHARS])
+        store,
+        _event("variant-fallback", kind, "", reason=f"{variant} -> {next_variant}", detail=reason[:_DETAIL_CHARS]),
     )
 
 

@@ -351,9 +351,9 @@ def _warm(
             trees["graphs"] = Path(env[cache_layout.GRAPHS_ENV])
             s.detail = f"{len(shapes)} step shapes, graphs ({recipe.compile.variant}) in {trees['graphs']}"
             if recipe.compile.variant != AOTI_PACKAGE:  # the package needs none of Inductor's init
-                from prebake.engine.bundled.runtime.inductor_init import InductorInit  # on a thread, while the weights load
+                from prebake.engine.bundled.runtime.inductor_init import InductorInit
 
-                init = InductorInit.start(torch_import)
+                init = InductorInit.start(torch_import)  # on a thread, while the weights load
     with log.step("load") as s:
         from prebake.engine.bundled.build import model_and_cache
 
@@ -418,7 +418,9 @@ def _load_steps(
     steps: CompiledSteps | None = None
     if not settings.eager and variant == AOTI_PACKAGE:
         if graphs_tree is None:
-            raise StoreError("the aoti-package variant was asked to load without a graphs tree; this is a bug in start-up")
+            raise StoreError(
+                "the aoti-package variant was asked to load without a graphs tree; this is a bug in start-up"
+            )
         steps, reason = _load_package(model, cache, list(schedule), graphs_tree, parts)
         if steps is None:
             log.note(f"aoti-package: {reason}; taking dynamo-precompile from the same graphs tree")

@@ -234,7 +234,10 @@ def test_every_step_shape_of_the_package_matches_eager_on_the_model_directly(
     done = _python(_COMPARE, str(tree), dtype, MODEL, env=serve_env(tmp_path / "home", recipes))
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
-    assert got["type"] == "PackageSteps" and got["loaded"] == {"torch._dynamo": False, "torch._inductor.lowering": False}
+    assert got["type"] == "PackageSteps" and got["loaded"] == {
+        "torch._dynamo": False,
+        "torch._inductor.lowering": False,
+    }
     assert {r["shape"] for r in got["report"]} == {"prefill-b1-t32-c32", "decode-b1-t1-c32"}
     for row in got["report"]:
         assert row["max_abs"] <= TOLERANCE[dtype] * row["scale"], row

@@ -111,19 +111,21 @@ def compile_package(
         "aot_inductor.package": True,
         "aot_inductor.package_constants_in_so": False,  # weights are bound at load, never packaged
     }
-    files, seconds = {}, {}
+    files: dict[str, list[str]] = {}
+    seconds: dict[StepShape, float] = {}
     countdown = Countdown(len(tactics))
     for shape, tactic in tactics.items():
         started = time.perf_counter()
         if tactic.threads:
             torch.set_num_threads(tactic.threads)
         exported = torch.export.export(_Step(model, shape, tactic), example_inputs(shape, cache), strict=False)
-        files[shape.name] = torch._inductor.aot_compile(
-            exported.module(), exported.example_inputs[0], options=dict(options)
-        )
+        listed = torch._inductor.aot_compile(exported.module(), exported.example_inputs[0], options=dict(options))
+        if not isinstance(listed, list):  # with aot_inductor.package, torch 2.13 returns the files to package
+            raise TypeError(f"torch {torch.__version__}'s aot_compile returned {type(listed).__name__}, not files")
+        files[shape.name] = [str(f) for f in listed if isinstance(f, str)]
         seconds[shape] = time.perf_counter() - started
         log("  " + countdown.line(f"aoti {shape.name} [{tactic.label()}] {seconds[shape]:.2f} s"))
-    package_aoti(str(folder / PACKAGE), files)  # type: ignore[arg-type]  # a dict of model name to files
+    package_aoti(str(folder / PACKAGE), files)  # type: ignore[arg-type]  # a dict of model name to its files
     for name in (f for listed in files.values() for f in listed):  # packaged: no second copy in the bundle
         Path(name).unlink(missing_ok=True)
     first = torch._C._aoti.AOTIModelPackageLoader(str(folder / PACKAGE), next(iter(files)), False, 1, -1)
@@ -234,7 +236,9 @@ def load_package(
     try:
         recorded = json.loads((folder / PACKAGE_FILE).read_text())
     except (OSError, ValueError) as exc:
-        raise PackageDoesNotLoad(f"the graphs tree at {tree} has no readable {AOTI_DIR}/{PACKAGE_FILE} ({exc})") from exc
+        raise PackageDoesNotLoad(
+            f"the graphs tree at {tree} has no readable {AOTI_DIR}/{PACKAGE_FILE} ({exc})"
+        ) from exc
     device = cache.keys[0].device.type
     if problem := platform_problem(recorded, device=device, flags=cpu_flags(cpuinfo)):
         raise PackageDoesNotLoad(f"the AOTInductor package does not load here: {problem}")
