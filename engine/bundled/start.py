@@ -343,13 +343,24 @@ def _warm(
         winners = load_winners(trees["autotune"] / AUTOTUNE_FILE)
         shapes = step_shapes(buckets, recipe.serving.max_model_len)
         schedule = {shape: winners.get(shape, Tactic()) for shape in shapes}
-        if settings.eager:
-            s.detail = f"{len(shapes)} step shapes, compilation off"
-        else:
+
+        def private_tree() -> Path:  # Inductor writes beside what it reads: a writable copy, activated
             env = context.adapter(plan).serve_environment(plan, installed, run_dir)
             cache_layout.activate(env)
             trees["graphs"] = Path(env[cache_layout.GRAPHS_ENV])
-            s.detail = f"{len(shapes)} step shapes, graphs ({recipe.compile.variant}) in {trees['graphs']}"
+            return trees["graphs"]
+
+        if settings.eager:
+            s.detail = f"{len(shapes)} step shapes, compilation off"
+        elif recipe.compile.variant == AOTI_PACKAGE and "graphs" in installed:
+            # the package is only read (torch's loader unpacks each model's files to a folder of its own):
+            # served from the store's tree, copied only for a fallback to the variants Inductor writes beside
+            trees["graphs"] = installed["graphs"].tree
+            s.detail = (
+                f"{len(shapes)} step shapes, graphs ({recipe.compile.variant}) read in place from {trees['graphs']}"
+            )
+        else:
+            s.detail = f"{len(shapes)} step shapes, graphs ({recipe.compile.variant}) in {private_tree()}"
             if recipe.compile.variant != AOTI_PACKAGE:  # the package needs none of Inductor's init
                 from prebake.engine.bundled.runtime.inductor_init import InductorInit
 
@@ -365,7 +376,7 @@ def _warm(
     if settings.eager or "graphs" in installed:
         with log.step("warm-up") as s:
             steps, s.detail = _load_steps(
-                settings, recipe, model, cache, schedule, trees.get("graphs"), log, init, context.store
+                settings, recipe, model, cache, schedule, trees.get("graphs"), log, init, context.store, private_tree
             )
         if steps is None:
             record_miss(context.store, "graphs", s.detail, key=plan.key("graphs").digest)
@@ -395,6 +406,7 @@ def _load_steps(
     log: StartupPhaseLog,
     init=None,
     store: Store | None = None,
+    private_tree: Callable[[], Path] | None = None,
 ):
     """Warm steps from the installed graphs (or eager ones), and what the warm-up step reports.
 
@@ -403,7 +415,8 @@ def _load_steps(
     (the precompiled functions) -> inductor-cache (torch.compile over the same tree's Inductor
     cache: prebake.engine.bundled.runtime.precompile.load_or_fallback); a tree that serves none of
     them is compiled in place by the caller. A fallback from the package is counted in the store's
-    stats (`prebake store stats`).
+    stats (`prebake store stats`); the package is read where it lies, and `private_tree` makes the
+    writable copy the next variants need (Inductor writes beside its cache) only when it falls back.
     Each part of the warm-up is logged and exported (prebake_startup_part_seconds): the package's
     load and bind, or Inductor's once-per-process init (what of it the weights' load did not hide),
     deserialising, kernels, binding; then the first runs."""
@@ -429,6 +442,8 @@ def _load_steps(
                 record_variant_fallback(store, "graphs", AOTI_PACKAGE, PRECOMPILE, reason)
             from prebake.engine.bundled.runtime.inductor_init import InductorInit
 
+            if private_tree is not None:
+                graphs_tree = private_tree()
             init = InductorInit.start().join()  # what the package did not need: Inductor's imports and probes
             parts["inductor-init"] = init.waited_s
             log.note(init.describe())
