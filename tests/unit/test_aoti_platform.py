@@ -55,3 +55,10 @@ def test_the_isa_names_inductor_records_are_all_mapped_to_cpu_flags():
     picked = str(cpu_vec_isa.pick_vec_isa()).upper().split()
     assert all(isa in aoti.ISA_FLAGS for isa in picked), picked  # this host's, as Inductor names it
     assert aoti.platform_problem(_recorded(cpu_isa=" ".join(picked)), device="cpu", flags=aoti.cpu_flags()) is None
+
+
+def test_a_gpu_package_is_refused_on_another_compute_capability_and_needs_no_cpu_isa():
+    recorded = _recorded(device="cuda", compute_capability="90", cpu_isa="AMX")  # the bake host's CPU
+    assert aoti.platform_problem(recorded, device="cuda", flags=frozenset(), capability="90") is None
+    problem = aoti.platform_problem(recorded, device="cuda", flags=frozenset(), capability="80")
+    assert problem == "its kernels were built for compute capability 90 and this GPU's is 80"

@@ -135,6 +135,7 @@ def compile_package(
         "device": metadata.get("AOTI_DEVICE_KEY", cache.keys[0].device.type),
         "cpu_isa": metadata.get("AOTI_CPU_ISA", ""),
         "machine": metadata.get("AOTI_MACHINE", ""),
+        "compute_capability": metadata.get("AOTI_COMPUTE_CAPABILITY", ""),
         "models": sorted(files),
         "sha256": _sha256(folder / PACKAGE),
         "constants": sorted(first.get_constant_fqns()),
@@ -164,8 +165,9 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     return frozenset()
 
 
-def platform_problem(recorded: dict, *, device: str, flags: frozenset[str]) -> str | None:
-    """Why a package recorded as `recorded` (package.json) cannot run here, or None."""
+def platform_problem(recorded: dict, *, device: str, flags: frozenset[str], capability: str = "") -> str | None:
+    """Why a package recorded as `recorded` (package.json) cannot run here, or None. `capability`:
+    the GPU's compute capability as AOTInductor writes it ("90"), on a GPU."""
     if recorded.get("torch") != torch.__version__:
         return (
             f"it was compiled with torch {recorded.get('torch')} and this is torch {torch.__version__} "
@@ -173,6 +175,9 @@ def platform_problem(recorded: dict, *, device: str, flags: frozenset[str]) -> s
         )
     if recorded.get("device", "cpu") != device:
         return f"it was compiled for {recorded.get('device')} and the model runs on {device}"
+    built_for = str(recorded.get("compute_capability", ""))
+    if device != "cpu" and built_for and capability and built_for != capability:
+        return f"its kernels were built for compute capability {built_for} and this GPU's is {capability}"
     if device == "cpu":
         for isa in str(recorded.get("cpu_isa", "")).upper().split():
             if isa not in ISA_FLAGS:
@@ -240,7 +245,11 @@ def load_package(
             f"the graphs tree at {tree} has no readable {AOTI_DIR}/{PACKAGE_FILE} ({exc})"
         ) from exc
     device = cache.keys[0].device.type
-    if problem := platform_problem(recorded, device=device, flags=cpu_flags(cpuinfo)):
+    capability = ""
+    if device == "cuda":
+        major, minor = torch.cuda.get_device_capability(cache.keys[0].device)
+        capability = f"{major}{minor}"
+    if problem := platform_problem(recorded, device=device, flags=cpu_flags(cpuinfo), capability=capability):
         raise PackageDoesNotLoad(f"the AOTInductor package does not load here: {problem}")
     if missing := sorted({s.name for s in shapes} - set(recorded.get("models", ()))):
         raise PackageDoesNotLoad(
