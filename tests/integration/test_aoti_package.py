@@ -364,4 +364,5 @@ def test_the_package_holds_no_weights(graphs_tree):
     with zipfile.ZipFile(graphs_tree / "aoti" / "steps.pt2") as archive:
         names = archive.namelist()
     assert not [n for n in names if "/weights/" in n or n.endswith((".pt", ".bin", "constants.bin"))], names
+    assert [n for n in names if n.endswith(".so")] and not [n for n in names if n.endswith(".cpp")], names
     assert os.path.getsize(graphs_tree / "aoti" / "steps.pt2") > 0
