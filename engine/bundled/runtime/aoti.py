@@ -205,7 +205,7 @@ def platform_problem(recorded: dict, *, device: str, flags: frozenset[str], capa
 class PackageParts:
     """Seconds of loading a package, by part (the start's phase log shows them)."""
 
-    package_load: float = 0.0  # the package opened and each model's shared object loaded (C++)
+    package_load: float = 0.0  # the package's digest checked, each model's files unpacked and its shared object loaded
     bind: float = 0.0  # the serving model's tensors bound as each model's constants
 
     def as_dict(self) -> dict[str, float]:
@@ -271,8 +271,12 @@ def load_package(
             f"(baked for another bucket set)"
         )
     # A shared object cut short is no exception but a SIGBUS once dlopen maps it: the package's bytes
-    # are checked against the bake's before any model is loaded (milliseconds for megabytes).
-    if recorded.get("sha256") != (found := _sha256(folder / PACKAGE)):
+    # are checked against the bake's before any model is loaded (milliseconds for megabytes; counted
+    # in package-load).
+    started = time.perf_counter()
+    found = _sha256(folder / PACKAGE)
+    parts.package_load += time.perf_counter() - started
+    if recorded.get("sha256") != found:
         raise PackageDoesNotLoad(
             f"the AOTInductor package does not load here: {AOTI_DIR}/{PACKAGE} is damaged (sha256 {found[:12]}, "
             f"baked as {str(recorded.get('sha256'))[:12]}); rebake graphs"
@@ -284,7 +288,7 @@ def load_package(
         try:
             runner = torch._C._aoti.AOTIModelPackageLoader(
                 str(folder / PACKAGE), shape.name, False, 1, cache.keys[0].device.index or -1
-            )
+            )  # device index -1: the current device (cuda, cuda:0)
         except Exception as exc:  # a model name the package lacks, a damaged shared object, a bad archive
             raise PackageDoesNotLoad(f"the AOTInductor package does not load here: {_first_line(exc)}") from exc
         bound = time.perf_counter()
