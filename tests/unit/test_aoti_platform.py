@@ -11,8 +11,10 @@ from prebake.engine.bundled.runtime import aoti
 AVX512_HOST = "processor\t: 0\nflags\t\t: fpu sse avx2 fma avx512f avx512bw avx512vl avx512dq avx512_vnni\n"
 
 
-def _recorded(**changes) -> dict:
-    return {"torch": torch.__version__, "device": "cpu", "cpu_isa": "AVX512 AVX512_VNNI", **changes}
+def _recorded(**changes) -> aoti.PackageRecord:
+    return aoti.PackageRecord(
+        **{"torch": torch.__version__, "device": "cpu", "cpu_isa": "AVX512 AVX512_VNNI", **changes}
+    )
 
 
 def test_the_cpu_flags_are_read_from_cpuinfo(tmp_path):

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from prebake.artifacts.frozen import Frozen
 from prebake.engine.bundled.runtime.model import KVCache, Llama
 from prebake.engine.bundled.runtime.shapes import StepShape
 from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
@@ -64,6 +65,19 @@ ISA_FLAGS: dict[str, frozenset[str]] = {
     "SVE": frozenset({"sve"}),
     "SVE256": frozenset({"sve"}),
 }
+
+
+class PackageRecord(Frozen):
+    """aoti/package.json: what decides whether the package loads on a host, written at bake."""
+
+    torch: str
+    device: str = "cpu"
+    cpu_isa: str = ""  # AOTInductor's AOTI_CPU_ISA: the vector ISA its CPU kernels use ("AVX512 AVX512_VNNI")
+    machine: str = ""
+    compute_capability: str = ""  # on a GPU: AOTI_COMPUTE_CAPABILITY ("90")
+    models: tuple[str, ...] = ()  # the step shapes' names, one model each
+    sha256: str = ""  # of steps.pt2
+    constants: tuple[str, ...] = ()  # what each model takes from the serving model, by name
 
 
 class PackageDoesNotLoad(RuntimeError):
@@ -114,7 +128,7 @@ def compile_package(
         "aot_inductor.package_constants_in_so": False,  # weights are bound at load, never packaged
     }
     files: dict[str, list[str]] = {}
-    sources: list[str] = []  # C++ sources, left out of the package (measured with stripping: 15 MB to 3.1 MB)
+    sources: list[str] = []  # C++ sources: left out of the package, which loads from the shared objects alone
     seconds: dict[StepShape, float] = {}
     countdown = Countdown(len(tactics))
     for shape, tactic in tactics.items():
@@ -136,23 +150,23 @@ def compile_package(
         Path(name).unlink(missing_ok=True)
     first = torch._C._aoti.AOTIModelPackageLoader(str(folder / PACKAGE), next(iter(files)), False, 1, -1)
     metadata = first.get_metadata()
-    document = {
-        "torch": torch.__version__,
-        "device": metadata.get("AOTI_DEVICE_KEY", cache.keys[0].device.type),
-        "cpu_isa": metadata.get("AOTI_CPU_ISA", ""),
-        "machine": metadata.get("AOTI_MACHINE", ""),
-        "compute_capability": metadata.get("AOTI_COMPUTE_CAPABILITY", ""),
-        "models": sorted(files),
-        "sha256": _sha256(folder / PACKAGE),
-        "constants": sorted(first.get_constant_fqns()),
-    }
-    (folder / PACKAGE_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))
+    record = PackageRecord(
+        torch=torch.__version__,
+        device=metadata.get("AOTI_DEVICE_KEY", cache.keys[0].device.type),
+        cpu_isa=metadata.get("AOTI_CPU_ISA", ""),
+        machine=metadata.get("AOTI_MACHINE", ""),
+        compute_capability=metadata.get("AOTI_COMPUTE_CAPABILITY", ""),
+        models=tuple(sorted(files)),
+        sha256=_sha256(folder / PACKAGE),
+        constants=tuple(sorted(first.get_constant_fqns())),
+    )
+    (folder / PACKAGE_FILE).write_text(json.dumps(record.model_dump(mode="json"), indent=1, sort_keys=True))
     return seconds
 
 
 def _strip(files: list[str]) -> None:
     """The shared objects among `files` stripped of what loading and running do not read
-    (`strip --strip-unneeded`: 1.9 MB to 0.45 MB per tiny-llama shape); left as built without binutils."""
+    (`strip --strip-unneeded`; sizes in docs/graphs-variants.md); left as built without binutils."""
     if (strip := shutil.which("strip")) is not None:
         for name in (f for f in files if f.endswith(".so")):
             subprocess.run([strip, "--strip-unneeded", name], check=True, capture_output=True)
@@ -179,21 +193,23 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     return frozenset()
 
 
-def platform_problem(recorded: dict, *, device: str, flags: frozenset[str], capability: str = "") -> str | None:
-    """Why a package recorded as `recorded` (package.json) cannot run here, or None. `capability`:
-    the GPU's compute capability as AOTInductor writes it ("90"), on a GPU."""
-    if recorded.get("torch") != torch.__version__:
+def platform_problem(
+    recorded: PackageRecord, *, device: str, flags: frozenset[str], capability: str = ""
+) -> str | None:
+    """Why a package recorded as `recorded` cannot run here, or None. `capability`: the GPU's
+    compute capability as AOTInductor writes it ("90"), on a GPU."""
+    if recorded.torch != torch.__version__:
         return (
-            f"it was compiled with torch {recorded.get('torch')} and this is torch {torch.__version__} "
+            f"it was compiled with torch {recorded.torch} and this is torch {torch.__version__} "
             f"(AOTInductor's shared objects are built against one torch)"
         )
-    if recorded.get("device", "cpu") != device:
-        return f"it was compiled for {recorded.get('device')} and the model runs on {device}"
-    built_for = str(recorded.get("compute_capability", ""))
+    if recorded.device != device:
+        return f"it was compiled for {recorded.device} and the model runs on {device}"
+    built_for = recorded.compute_capability
     if device != "cpu" and built_for and capability and built_for != capability:
         return f"its kernels were built for compute capability {built_for} and this GPU's is {capability}"
     if device == "cpu":
-        for isa in str(recorded.get("cpu_isa", "")).upper().split():
+        for isa in recorded.cpu_isa.upper().split():
             if isa not in ISA_FLAGS:
                 return f"its kernels were built for vector ISA {isa}, which prebake cannot check on this CPU"
             if missing := sorted(ISA_FLAGS[isa] - flags):
@@ -253,8 +269,8 @@ def load_package(
     parts = parts if parts is not None else PackageParts()
     folder = tree / AOTI_DIR
     try:
-        recorded = json.loads((folder / PACKAGE_FILE).read_text())
-    except (OSError, ValueError) as exc:
+        recorded = PackageRecord.model_validate_json((folder / PACKAGE_FILE).read_bytes())
+    except (OSError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
         raise PackageDoesNotLoad(
             f"the graphs tree at {tree} has no readable {AOTI_DIR}/{PACKAGE_FILE} ({exc})"
         ) from exc
@@ -265,21 +281,20 @@ def load_package(
         capability = f"{major}{minor}"
     if problem := platform_problem(recorded, device=device, flags=cpu_flags(cpuinfo), capability=capability):
         raise PackageDoesNotLoad(f"the AOTInductor package does not load here: {problem}")
-    if missing := sorted({s.name for s in shapes} - set(recorded.get("models", ()))):
+    if missing := sorted({s.name for s in shapes} - set(recorded.models)):
         raise PackageDoesNotLoad(
             f"the AOTInductor package does not load here: it holds no model for {', '.join(missing)} "
             f"(baked for another bucket set)"
         )
     # A shared object cut short is no exception but a SIGBUS once dlopen maps it: the package's bytes
-    # are checked against the bake's before any model is loaded (milliseconds for megabytes; counted
-    # in package-load).
+    # are checked against the bake's before any model is loaded (counted in package-load).
     started = time.perf_counter()
     found = _sha256(folder / PACKAGE)
     parts.package_load += time.perf_counter() - started
-    if recorded.get("sha256") != found:
+    if recorded.sha256 != found:
         raise PackageDoesNotLoad(
             f"the AOTInductor package does not load here: {AOTI_DIR}/{PACKAGE} is damaged (sha256 {found[:12]}, "
-            f"baked as {str(recorded.get('sha256'))[:12]}); rebake graphs"
+            f"baked as {recorded.sha256[:12]}); rebake graphs"
         )
     tensors = {_PREFIX + name: t for name, t in (*model.named_parameters(), *model.named_buffers())}
     runners = {}
