@@ -11,10 +11,12 @@ On the GPU host (`make gpu-check`), in this order:
               --find-links wheelhouse: nothing is downloaded)
     probe     torch's version, CUDA, the GPU; the recipe tiny-llama copied with its [matrix]
               platform set to this GPU's ("cuda:sm_90" on an H100 or H200)
-    start     benchmarks/startup.py on that recipe, default variant (Dynamo's precompile; on a
-              torch without it the Inductor-cache variant, as the graphs builder decides): the
-              bake (a cold start with --write-back, compiling Triton kernels), a cold start, a
-              prebaked and an eager one; its JSON line, and one more with the host's facts
+    start     benchmarks/startup.py on that recipe, for today's default variant (Dynamo's
+              precompile; on a torch without it the Inductor-cache variant, as the graphs builder
+              decides) and beside it the AOTInductor package ("aoti-package": cubins on CUDA,
+              loaded by torch's C++ loader): for each, the bake (a cold start with --write-back,
+              compiling Triton kernels), a cold start and a prebaked one, and the eager floor;
+              its JSON line (both variants' figures), and one more with the host's facts
 
 Without a GPU (or with --cpu) the same steps run on the CPU: the fallback the tests run here.
 
@@ -134,15 +136,26 @@ def recipe_for(platform: str, folder: Path) -> Path:
     return folder
 
 
-def check(python: Path, facts: dict, work: Path, precision: str, *, cold_from_bake: bool = False) -> dict:
-    """benchmarks/startup.py on this host's recipe with the venv's prebake; its JSON line. With
+GPU_VARIANTS = ("dynamo-precompile", "aoti-package")  # today's default, and the AOTInductor package beside it
+
+
+def check(
+    python: Path,
+    facts: dict,
+    work: Path,
+    precision: str,
+    *,
+    cold_from_bake: bool = False,
+    variants: tuple[str, ...] = GPU_VARIANTS,
+) -> dict:
+    """benchmarks/startup.py on this host's recipe with the venv's prebake, for `variants`; its JSON line. With
     `cold_from_bake` the bake (a cold start with --write-back) is the cold figure, as in `make demo`:
     one compile instead of two (the tests' CPU fallback; the GPU check starts cold again)."""
     recipes = recipe_for(facts["platform"], work / "recipes")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")} | {"PREBAKE_RECIPES": str(recipes)}
     env["PYTHONPATH"] = ""  # the installed prebake, not this checkout's modules
     argv = [str(python), str(REPO / "benchmarks" / "startup.py"), "--model", MODEL, "--precision", precision]
-    argv += ["--variant", "dynamo-precompile", "--iterations", "1", "--work", str(work / "startup")]
+    argv += ["--variant", ",".join(variants), "--iterations", "1", "--work", str(work / "startup")]
     argv += ["--cold-from-bake"] if cold_from_bake else []
     output = _run(argv, env=env, capture=True, echo=True)
     return json.loads(output.strip().splitlines()[-1])

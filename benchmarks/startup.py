@@ -15,11 +15,13 @@ The figure of merit is the share of the compile overhead the bundle removes:
     (cold - prebaked) / (cold - eager)          target >= 0.97 on tiny-llama, default variant
 
 measured on the mean time to ready, for each graphs variant ([compile] variant of the recipe):
-"inductor-cache" (Inductor's cache folder: Dynamo still traces every shape at start-up) and
-"dynamo-precompile" (Dynamo's ahead-of-time precompile, prebake.engine.bundled.runtime.precompile: nothing is traced at start-up).
+"inductor-cache" (Inductor's cache folder: Dynamo still traces every shape at start-up),
+"dynamo-precompile" (Dynamo's ahead-of-time precompile, prebake.engine.bundled.runtime.precompile: nothing is traced at start-up)
+and "aoti-package" (an AOTInductor package loaded by torch's C++ loader, prebake.engine.bundled.runtime.aoti: neither
+Dynamo nor Inductor's Python is imported at start-up).
 Modes are interleaved per iteration, so machine noise hits them alike.
 
-    python benchmarks/startup.py [--model tiny-llama] [--precision fp32] [--variant both]
+    python benchmarks/startup.py [--model tiny-llama] [--precision fp32] [--variant both|all|V[,V...]]
                                  [--iterations 3] [--json results.json] [--work DIR]
 
 Before timing, each variant's bundles are made by one untimed cold start with --write-back.
@@ -46,7 +48,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PREBAKE = Path(sys.executable).parent / "prebake"
-VARIANTS = ("inductor-cache", "dynamo-precompile")
+VARIANTS = ("inductor-cache", "dynamo-precompile", "aoti-package")
+VARIANT_SETS = {"both": ("inductor-cache", "dynamo-precompile"), "all": VARIANTS}  # --variant's names for several
 PROMPT = list(range(1, 17))
 
 
@@ -64,7 +67,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-llama")
     parser.add_argument("--precision", default="fp32")
-    parser.add_argument("--variant", choices=(*VARIANTS, "both"), default="both")
+    parser.add_argument(
+        "--variant",
+        type=_variants,
+        default="both",
+        help=f"one of {', '.join(VARIANTS)}, several joined by commas, or {' or '.join(VARIANT_SETS)}",
+    )
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument(
         "--warm-iterations",
@@ -97,7 +105,7 @@ def main() -> None:
         variants = (_recipe_variant(_recipe_path(args.model).read_text()),)
         bench.registries[variants[0]] = args.registry
     else:
-        variants = VARIANTS if args.variant == "both" else (args.variant,)
+        variants = args.variant
     runs: list[Run] = []
     for variant in variants:
         baked = bench.bake(variant)
@@ -355,6 +363,20 @@ def _recipe_path(model: str) -> Path:
         return path
     folder = Path(os.environ.get("PREBAKE_RECIPES") or REPO / "recipes")
     return folder / f"{model}.toml"
+
+
+def _variants(text: str) -> tuple[str, ...]:
+    """--variant's value: a name of VARIANT_SETS, or variants joined by commas."""
+    if text in VARIANT_SETS:
+        return VARIANT_SETS[text]
+    names = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    unknown = [n for n in names if n not in VARIANTS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown variant(s) {', '.join(unknown) or repr(text)}; use {', '.join(VARIANTS)} (commas for several), "
+            f"or {' or '.join(VARIANT_SETS)}"
+        )
+    return names
 
 
 def _recipe_variant(toml: str) -> str:

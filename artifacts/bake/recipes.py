@@ -106,6 +106,9 @@ def _normal(value: Any) -> Any:
 # `default_variant`, read through CompileOptions.variant_or): prebake's own engine loads functions
 # precompiled by Dynamo ("dynamo-precompile", which also carries the Inductor cache it falls back to).
 PRECOMPILE: Final = "dynamo-precompile"
+# AOTInductor: every step shape a named model of one .pt2 package, loaded by torch's C++ loader; its
+# graphs tree also holds the dynamo-precompile tree, the next variant when the package does not load.
+AOTI_PACKAGE: Final = "aoti-package"
 # "aoti" was this variant's first name; it is Dynamo's precompile, not AOTInductor (what "AOTI"
 # means to a PyTorch user), so it was renamed. Recipes that still say "aoti" keep working.
 _RENAMED_VARIANTS = {"aoti": PRECOMPILE}
@@ -114,7 +117,9 @@ _RENAMED_VARIANTS = {"aoti": PRECOMPILE}
 class CompileOptions(Frozen):
     mode: Literal["default", "max-autotune-no-cudagraphs"] = "default"
     freezing: bool = Field(default=False, description="fold weights into graphs: the weights join the key")
-    variant: Literal["inductor-cache", "dynamo-precompile"] | None = None  # None: the engine's default (variant_or)
+    variant: Literal["inductor-cache", "dynamo-precompile", "aoti-package"] | None = (
+        None  # None: the engine's default (variant_or)
+    )
 
     @field_validator("variant", mode="before")
     @classmethod

@@ -7,7 +7,7 @@
     └── stats.lock          flock: writers and compaction exclusive, readers shared
 
 Fetches and start-ups call `record_outcomes` (every hit and miss of one fetch pipeline run),
-`record_hit`, `record_miss` and `record_fallback`; `read_stats`
+`record_hit`, `record_miss`, `record_fallback` and `record_variant_fallback`; `read_stats`
 folds summary.json and the events into a `StatsReport` (hit rate per kind, the commonest miss
 reasons, seconds saved, bytes fetched). A write is one short `write(2)` under an exclusive
 flock, so lines never interleave and a reader (holding the lock shared) never sees half of
@@ -67,12 +67,12 @@ class Event(Frozen):
     """One line of events.jsonl."""
 
     at: float  # unix seconds
-    event: Literal["hit", "miss", "fallback"]
+    event: Literal["hit", "miss", "fallback", "variant-fallback"]
     kind: str
     key: str = ""
     source: str = ""  # hit: store | registry
-    reason: str = ""  # miss: its class (see classify)
-    detail: str = ""  # miss: the reason text
+    reason: str = ""  # miss: its class (see classify); variant-fallback: "<from> -> <to>"
+    detail: str = ""  # miss, variant-fallback: the reason text
     factors: tuple[str, ...] = ()  # miss: the factors in which the nearest bundle differs
     bytes: int = Field(default=0, ge=0)  # hit from the registry: blob bytes fetched
     seconds: float = Field(default=0.0, ge=0)  # hit: build seconds saved; fallback: seconds compiling
@@ -88,6 +88,7 @@ class KindTally(Frozen):
     untimed_hits: int = 0  # hits whose manifest has no build time (baked before it was recorded)
     bytes_fetched: int = 0
     fallback_seconds: float = 0.0
+    variant_fallbacks: int = 0  # a bundle's variant that did not load here, the next one in its tree served
 
 
 class ReasonTally(Frozen):
@@ -138,6 +139,14 @@ def record_fallback(store: Store, kind: str, seconds: float | None = None) -> No
     _append(store, _event("fallback", kind, "", seconds=max(0.0, seconds or 0.0)))
 
 
+def record_variant_fallback(store: Store, kind: str, variant: str, next_variant: str, reason: str) -> None:
+    """A `kind` bundle's variant did not load here (`reason`); the next variant in the same tree served."""
+    _append(
+        store,
+        _event("variant-fallback", kind, "", reason=f"{variant} -> {next_variant}", detail=reason[:_DETAIL_CHARS]),
+    )
+
+
 def _hit(manifest: Manifest, source: str) -> Event:
     seconds = manifest.build_seconds
     fetched = manifest.blob.size if source == "registry" else 0
@@ -157,7 +166,7 @@ def _miss(kind: str, reason: str, differing: Iterable[str], key: str) -> Event:
     return _event("miss", kind, key, reason=classify(reason), detail=reason[:_DETAIL_CHARS], factors=factors)
 
 
-def _event(event: Literal["hit", "miss", "fallback"], kind: str, key: str, **fields: Any) -> Event:
+def _event(event: Literal["hit", "miss", "fallback", "variant-fallback"], kind: str, key: str, **fields: Any) -> Event:
     return Event(at=time.time(), event=event, kind=kind, key=key, **fields)
 
 
@@ -237,6 +246,11 @@ class StatsReport:
             lines.append(
                 f"  {name:<10} {t['hits']:>6} {t['store_hits']:>6} {t['registry_hits']:>8} {t['misses']:>6} "
                 f"{rate:>8} {t['fallback_compiles']:>8} {t['fallback_seconds']:>9.1f} {t['seconds_saved']:>9.1f} {fsutil.human_size(t['bytes_fetched']):>10}"
+            )
+        if data["total"]["variant_fallbacks"]:
+            lines.append(
+                f"  {data['total']['variant_fallbacks']} start(s) whose bundle's variant did not load here took the next "
+                f"variant in the same tree (aoti-package -> dynamo-precompile: the log says why)"
             )
         if data["total"]["untimed_hits"]:
             lines.append(
@@ -352,6 +366,8 @@ class _Fold:
             r["example"] = e.detail
             for name in e.factors:
                 self.factors[name] = self.factors.get(name, 0) + 1
+        elif e.event == "variant-fallback":
+            t["variant_fallbacks"] += 1
         else:
             t["fallback_compiles"] += 1
             t["fallback_seconds"] += e.seconds
@@ -418,6 +434,7 @@ def _tally_json(t: KindTally) -> dict[str, Any]:
         "hit_rate": round(hits / lookups, 4) if lookups else None,
         "fallback_compiles": t.fallback_compiles,
         "fallback_seconds": round(t.fallback_seconds, 3),
+        "variant_fallbacks": t.variant_fallbacks,
         "seconds_saved": round(t.seconds_saved, 3),
         "untimed_hits": t.untimed_hits,
         "bytes_fetched": t.bytes_fetched,

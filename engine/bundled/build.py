@@ -4,7 +4,8 @@ Run by prebake.engine.bundled.adapter in a fresh process whose environment (TORC
 graphs) was set by the parent, so nothing here touches os.environ.
 
     graphs tree:  inductor/     Inductor's cache (FX graphs, AOTAutograd entries, compiled kernels)
-                  aot/          variant "dynamo-precompile" only: one precompiled function per step shape (prebake.engine.bundled.runtime.precompile)
+                  aot/          variants "dynamo-precompile" and "aoti-package": one precompiled function per step shape (prebake.engine.bundled.runtime.precompile)
+                  aoti/         variant "aoti-package" only: one AOTInductor package, a model per step shape (prebake.engine.bundled.runtime.aoti)
                   graphs.json   the step shapes compiled, their tactics and compile seconds
 """
 
@@ -19,10 +20,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 from prebake.artifacts.bake.kinds import BUCKETS_FILE
-from prebake.artifacts.bake.recipes import PRECOMPILE, Recipe
+from prebake.artifacts.bake.recipes import AOTI_PACKAGE, PRECOMPILE, Recipe
 from prebake.artifacts.buckets.artifact import BucketSet
 from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE, GRAPHS_FILE
-from prebake.engine.bundled.runtime import precompile
+from prebake.engine.bundled.runtime import aoti, precompile
 from prebake.engine.bundled.runtime.autotune import load_winners, measure
 from prebake.engine.bundled.runtime.loader import load_model, torch_dtype
 from prebake.engine.bundled.runtime.model import KVCache, Llama
@@ -63,8 +64,10 @@ def compile_graphs(
     import torch
 
     started = time.perf_counter()
-    unsupported = precompile.supported() if recipe.compile.variant_or(PRECOMPILE) == PRECOMPILE else None
-    if recipe.compile.variant_or(PRECOMPILE) == PRECOMPILE and unsupported is None:
+    variant = recipe.compile.variant_or(PRECOMPILE)
+    precompiling = variant in (PRECOMPILE, AOTI_PACKAGE)  # aoti-package: the next variant in its tree
+    unsupported = precompile.supported() if precompiling else None
+    if precompiling and unsupported is None:
         # torch.compile first: its FX-graph and AOTAutograd entries (which aot_compile's are not,
         # in torch 2.13) are what a server falls back to when a precompiled function does not load.
         fallback = CompiledSteps(model, cache, mode=recipe.compile.mode, expected_shapes=len(tactics))
@@ -77,9 +80,14 @@ def compile_graphs(
             log(f"  dynamo-precompile: {unsupported}; baking the Inductor cache alone (the engine warms up from it)")
         steps = CompiledSteps(model, cache, mode=recipe.compile.mode, expected_shapes=len(tactics))
         seconds = steps.warm_up(tactics, log=log)
+    if variant == AOTI_PACKAGE:
+        aoti_s = aoti.compile_package(model, cache, tactics, out, mode=recipe.compile.mode, log=log)
+        seconds = {s: seconds[s] + aoti_s[s] for s in seconds}
+        steps = aoti.load_package(model, cache, list(tactics), out)  # what a start loads, checked here
     document = {
-        "variant": recipe.compile.variant_or(PRECOMPILE),
-        "precompiled": recipe.compile.variant_or(PRECOMPILE) == PRECOMPILE and unsupported is None,
+        "variant": variant,
+        "precompiled": precompiling and unsupported is None,
+        "aoti_package": variant == AOTI_PACKAGE,
         "torch": torch.__version__,
         "total_compile_s": round(time.perf_counter() - started, 3),
         "shapes": [

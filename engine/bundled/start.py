@@ -43,12 +43,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from prebake.artifacts.bake import fetch
 from prebake.artifacts.bake.fetch import Found, Miss, Resolution, record_resolution
 from prebake.artifacts.bake.kinds import BUCKETS_FILE, Builder, BuildRequest, TargetKeys
-from prebake.artifacts.bake.recipes import PRECOMPILE, Recipe
+from prebake.artifacts.bake.recipes import AOTI_PACKAGE, PRECOMPILE, Recipe
 from prebake.artifacts.buckets.artifact import BucketSet
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.errors import ExitCode, PrebakeError, StoreError
 from prebake.artifacts.store.local import Installed, Store
-from prebake.artifacts.store.stats import record_fallback, record_miss
+from prebake.artifacts.store.stats import record_fallback, record_miss, record_variant_fallback
 from prebake.engine.bundled import cache_layout
 from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE
 from prebake.engine.bundled.runtime.metrics import Metrics
@@ -195,7 +195,7 @@ def _start_all(
         kinds = tuple(k for k in plan.kinds.names if not (settings.eager and k == compiled))
         s.detail = f"{plan.target.name} " + ", ".join(f"{k} {plan.key(k).digest[:12]}" for k in kinds)
     run_dir = context.store.scratch(f"serve-{os.getpid()}-{next(_runs)}")
-    torch_import = _begin_imports(settings, run_dir)  # beside the lookup, the fetch and the weights' load
+    torch_import = _begin_imports(settings, plan.recipe, run_dir)  # beside the lookup, the fetch and the weights' load
     leases = ExitStack()
     try:
         engine = _start(settings, context, plan, kinds, run_dir, log, leases, torch_import)
@@ -207,15 +207,17 @@ def _start_all(
     return engine
 
 
-def _begin_imports(settings: StartupSettings, run_dir: Path) -> Imports:
+def _begin_imports(settings: StartupSettings, recipe: Recipe, run_dir: Path) -> Imports:
     """torch's imports on a thread; Inductor's too for a compiled start, under the cache folder the
-    install step will activate (set here, before any of Inductor is imported)."""
+    install step will activate (set here, before any of Inductor is imported). An aoti-package start
+    imports torch alone: its package loads through torch's C++ loader, and only a fallback to the
+    next variant needs Inductor (imported then)."""
     if settings.eager or "torch._inductor.codecache" in sys.modules:
         return Imports.begin()
     from prebake.engine.bundled.runtime.inductor_init import INDUCTOR_MODULES  # names only: torch is imported lazily
 
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_layout.inductor_cache_dir(run_dir))
-    return Imports.begin(INDUCTOR_MODULES)
+    return Imports.begin(() if recipe.compile.variant_or(PRECOMPILE) == AOTI_PACKAGE else INDUCTOR_MODULES)
 
 
 def _start(
@@ -342,18 +344,28 @@ def _warm(
         winners = load_winners(trees["autotune"] / AUTOTUNE_FILE)
         shapes = step_shapes(buckets, recipe.serving.max_model_len)
         schedule = {shape: winners.get(shape, Tactic()) for shape in shapes}
-        if settings.eager:
-            s.detail = f"{len(shapes)} step shapes, compilation off"
-        else:
+
+        def private_tree() -> Path:  # Inductor writes beside what it reads: a writable copy, activated
             env = context.adapter(plan).serve_environment(plan, installed, run_dir)
             cache_layout.activate(env)
             trees["graphs"] = Path(env[cache_layout.GRAPHS_ENV])
-            s.detail = (
-                f"{len(shapes)} step shapes, graphs ({recipe.compile.variant_or(PRECOMPILE)}) in {trees['graphs']}"
-            )
-            from prebake.engine.bundled.runtime.inductor_init import InductorInit  # on a thread, while the weights load
+            return trees["graphs"]
 
-            init = InductorInit.start(torch_import)
+        if settings.eager:
+            s.detail = f"{len(shapes)} step shapes, compilation off"
+        elif recipe.compile.variant_or(PRECOMPILE) == AOTI_PACKAGE and "graphs" in installed:
+            # the package is only read (torch's loader unpacks each model's files to a folder of its own):
+            # served from the store's tree, copied only for a fallback to the variants Inductor writes beside
+            trees["graphs"] = installed["graphs"].tree
+            s.detail = f"{len(shapes)} step shapes, graphs ({recipe.compile.variant_or(PRECOMPILE)}) read in place from {trees['graphs']}"
+        else:
+            s.detail = (
+                f"{len(shapes)} step shapes, graphs ({recipe.compile.variant_or(PRECOMPILE)}) in {private_tree()}"
+            )
+            if recipe.compile.variant_or(PRECOMPILE) != AOTI_PACKAGE:  # the package needs none of Inductor's init
+                from prebake.engine.bundled.runtime.inductor_init import InductorInit
+
+                init = InductorInit.start(torch_import)  # on a thread, while the weights load
     with log.step("load") as s:
         from prebake.engine.bundled.build import model_and_cache
 
@@ -364,7 +376,9 @@ def _warm(
     steps = None
     if settings.eager or "graphs" in installed:
         with log.step("warm-up") as s:
-            steps, s.detail = _load_steps(settings, recipe, model, cache, schedule, trees.get("graphs"), log, init)
+            steps, s.detail = _load_steps(
+                settings, recipe, model, cache, schedule, trees.get("graphs"), log, init, context.store, private_tree
+            )
         if steps is None:
             record_miss(context.store, "graphs", s.detail, key=plan.key("graphs").digest)
     if steps is None:
@@ -384,15 +398,29 @@ def _warm(
 
 
 def _load_steps(
-    settings, recipe: Recipe, model, cache, schedule, graphs_tree: Path | None, log: StartupPhaseLog, init=None
+    settings,
+    recipe: Recipe,
+    model,
+    cache,
+    schedule,
+    graphs_tree: Path | None,
+    log: StartupPhaseLog,
+    init=None,
+    store: Store | None = None,
+    private_tree: Callable[[], Path] | None = None,
 ):
     """Warm steps from the installed graphs (or eager ones), and what the warm-up step reports.
 
-    dynamo-precompile: the precompiled functions, or (when they do not load here) torch.compile over the same
-    tree's Inductor cache, with the reason logged (prebake.engine.bundled.runtime.precompile.load_or_fallback).
-    Each part of the warm-up is logged and exported (prebake_startup_part_seconds): Inductor's
-    once-per-process init (what of it the weights' load did not hide), deserialising, kernels,
-    binding, first runs."""
+    One chain, each variant falling to the next one its graphs tree holds, the reason logged:
+    aoti-package (the AOTInductor package, prebake.engine.bundled.runtime.aoti) -> dynamo-precompile
+    (the precompiled functions) -> inductor-cache (torch.compile over the same tree's Inductor
+    cache: prebake.engine.bundled.runtime.precompile.load_or_fallback); a tree that serves none of
+    them is compiled in place by the caller. A fallback from the package is counted in the store's
+    stats (`prebake store stats`); the package is read where it lies, and `private_tree` makes the
+    writable copy the next variants need (Inductor writes beside its cache) only when it falls back.
+    Each part of the warm-up is logged and exported (prebake_startup_part_seconds): the package's
+    load and bind, or Inductor's once-per-process init (what of it the weights' load did not hide),
+    deserialising, kernels, binding; then the first runs."""
     from prebake.engine.bundled.runtime.steps import CompiledSteps
 
     parts: dict[str, float] = {}
@@ -400,10 +428,31 @@ def _load_steps(
         init.join()
         parts["inductor-init"] = init.waited_s
         log.note(init.describe())
-    precompiled = False
-    if settings.eager:
+    variant = recipe.compile.variant_or(PRECOMPILE)
+    steps: CompiledSteps | None = None
+    if not settings.eager and variant == AOTI_PACKAGE:
+        if graphs_tree is None:
+            raise StoreError(
+                "the aoti-package variant was asked to load without a graphs tree; this is a bug in start-up"
+            )
+        steps, reason = _load_package(model, cache, list(schedule), graphs_tree, parts)
+        if steps is None:
+            log.note(f"aoti-package: {reason}; taking dynamo-precompile from the same graphs tree")
+            log.metrics.add("prebake_variant_fallbacks_total", variant=AOTI_PACKAGE)
+            if store is not None:
+                record_variant_fallback(store, "graphs", AOTI_PACKAGE, PRECOMPILE, reason)
+            from prebake.engine.bundled.runtime.inductor_init import InductorInit
+
+            if private_tree is not None:
+                graphs_tree = private_tree()
+            init = InductorInit.start().join()  # what the package did not need: Inductor's imports and probes
+            parts["inductor-init"] = init.waited_s
+            log.note(init.describe())
+            variant = PRECOMPILE
+    precompiled = steps is not None  # the package loaded
+    if steps is None and settings.eager:
         steps = CompiledSteps(model, cache, compile=False)
-    elif recipe.compile.variant_or(PRECOMPILE) == PRECOMPILE:
+    elif steps is None and variant == PRECOMPILE:
         from prebake.engine.bundled.runtime import precompile
 
         if graphs_tree is None:
@@ -421,7 +470,7 @@ def _load_steps(
             )
         else:
             parts.update(loading.as_dict())
-    else:
+    elif steps is None:
         steps = CompiledSteps(model, cache, mode=recipe.compile.mode, expected_shapes=len(schedule))
     first = steps.warm_up(schedule, log=log.note)
     parts["first-runs" if precompiled or settings.eager else "trace-and-cache-load"] = sum(first.values())
@@ -432,11 +481,24 @@ def _load_steps(
         "eager" if settings.eager else f"from the bundle ({recipe.compile.variant_or(PRECOMPILE)})"
     )
     if not settings.eager and not precompiled:
-        from torch._dynamo.utils import counters
+        from torch._dynamo.utils import counters  # a compiled start that traced: Dynamo is in already
 
         hits, missed = counters["aot_autograd"]["autograd_cache_hit"], counters["aot_autograd"]["autograd_cache_miss"]
         detail += f"; AOTAutograd cache {hits} hit(s), {missed} miss(es)"
     return steps, detail
+
+
+def _load_package(model, cache, shapes: list[StepShape], tree: Path, parts: dict[str, float]):
+    """The aoti-package steps and None, or None and why the package does not load here."""
+    from prebake.engine.bundled.runtime import aoti
+
+    loading = aoti.PackageParts()
+    try:
+        steps = aoti.load_package(model, cache, shapes, tree, loading)
+    except aoti.PackageDoesNotLoad as exc:
+        return None, str(exc)
+    parts.update(loading.as_dict())
+    return steps, None
 
 
 def _write_back(

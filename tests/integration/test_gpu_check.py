@@ -73,7 +73,9 @@ def test_the_cpu_fallback_bakes_and_starts_cold_prebaked_and_eager_offline(wheel
     """The whole check on the CPU, from the wheels, with torch 'preinstalled': the project's torch,
     seen through a .pth line as a host's system site would be (prebake's dependencies still come
     from the wheelhouse: the venv is made and filled before torch is linked in). The bake, a cold
-    start with --write-back, is the cold figure (--cold-from-bake): one compile, not two."""
+    start with --write-back, is the cold figure (--cold-from-bake): one compile, not two. The GPU
+    check runs today's default and aoti-package side by side; here aoti-package alone, whose bake
+    holds today's variant's tree too (its fallback), so one bake covers both."""
     work = tmp_path / "work"
     python = gpu_check.offline_venv(work / "venv", wheelhouse)
     site = Path(sysconfig.get_paths()["purelib"])
@@ -81,10 +83,14 @@ def test_the_cpu_fallback_bakes_and_starts_cold_prebaked_and_eager_offline(wheel
     (site_of_venv / "zz-host-torch.pth").write_text(str(site) + "\n")
     facts = gpu_check.host_facts(python)
     assert facts["torch"].startswith("2.") and (facts["platform"] == "cpu" or facts["gpu"])
-    figures = gpu_check.check(python, {**facts, "platform": "cpu"}, work, "bf16", cold_from_bake=True)
+    assert gpu_check.GPU_VARIANTS == ("dynamo-precompile", "aoti-package")
+    figures = gpu_check.check(
+        python, {**facts, "platform": "cpu"}, work, "bf16", cold_from_bake=True, variants=("aoti-package",)
+    )
     assert figures["benchmark"] == "startup" and figures["precision"] == "bf16" and figures["cold_from_bake"]
-    assert set(figures["ready_mean_s"]) == {"eager", "cold_dynamo-precompile", "prebaked_dynamo-precompile"}
+    assert set(figures["ready_mean_s"]) == {"eager", "cold_aoti-package", "prebaked_aoti-package"}
     # the prebaked start loaded what the bake published: it compiled nothing (a bake whose write-back
     # went to quarantine instead of the benchmark's own index once made it compile everything again)
-    assert "compile" in figures["steps_mean_s"]["cold_dynamo-precompile"]
-    assert "compile" not in figures["steps_mean_s"]["prebaked_dynamo-precompile"], figures["steps_mean_s"]
+    assert "compile" in figures["steps_mean_s"]["cold_aoti-package"]
+    assert "compile" not in figures["steps_mean_s"]["prebaked_aoti-package"], figures["steps_mean_s"]
+    assert "package-load" in figures["parts_mean_s"]["prebaked_aoti-package"]

@@ -70,10 +70,11 @@ def serve_env(home: Path, recipes: Path | None = None, **extra: str) -> dict[str
 class ServeProcess:
     """One `prebake serve --port 0` child; its merged output is collected line by line."""
 
-    def __init__(self, args: list[str], env: dict[str, str]):
+    def __init__(self, args: list[str], env: dict[str, str], command: list[str] | None = None):
+        """`command`: what runs in place of the `prebake` script (a wrapper that takes its arguments)."""
         self.env = env
         self.proc = subprocess.Popen(
-            [str(BIN / "prebake"), "serve", "--port", "0", *args],
+            [*(command or [str(BIN / "prebake")]), "serve", "--port", "0", *args],
             env=env,
             cwd=REPO,
             stdout=subprocess.PIPE,

@@ -120,3 +120,15 @@ def test_a_recipe_that_still_says_aoti_gets_dynamo_precompile_and_a_warning_nami
     assert "'aoti' is now called 'dynamo-precompile'" in caplog.text
     with pytest.raises(RecipeError, match="variant"):
         load_recipe(_tiny_with('mode = "default"', 'mode = "default"\nvariant = "aotinductor"', tmp_path))
+
+
+def test_the_recipe_schema_names_every_graphs_variant_aoti_package_among_them(tmp_path):
+    recipe = load_recipe(_tiny_with('mode = "default"', 'mode = "default"\nvariant = "aoti-package"', tmp_path))
+    assert recipe.compile.variant == "aoti-package"
+    for variant in ("inductor-cache", "dynamo-precompile"):  # the others keep their names
+        assert (
+            load_recipe(
+                _tiny_with('mode = "default"', f'mode = "default"\nvariant = "{variant}"', tmp_path)
+            ).compile.variant
+            == variant
+        )

@@ -3,7 +3,11 @@ start spends beyond an eager one, from runs (no engine is started here)."""
 
 from __future__ import annotations
 
-from benchmarks.startup import Run, _startup_steps, _warm_up_parts, beyond_eager, summarise
+import argparse
+
+import pytest
+
+from benchmarks.startup import Run, _startup_steps, _variants, _warm_up_parts, beyond_eager, summarise
 
 METRICS = """\
 # HELP prebake_startup_step_seconds Seconds each start-up step took.
@@ -39,3 +43,12 @@ def test_what_a_prebaked_start_spends_beyond_eager_is_split_by_step_and_part():
     assert beyond["warm-up:inductor-init"] == 1.7 and beyond["warm-up:first-runs"] == 0.1
     # outside any step: the interpreter, prebake's imports, the HTTP server (8 - 6.5 against 5 - 3.2)
     assert beyond["outside steps"] == -0.3
+
+
+def test_variant_takes_one_name_several_joined_by_commas_or_a_set_name():
+    assert _variants("aoti-package") == ("aoti-package",)
+    assert _variants("dynamo-precompile,aoti-package") == ("dynamo-precompile", "aoti-package")
+    assert _variants("both") == ("inductor-cache", "dynamo-precompile")
+    assert _variants("all") == ("inductor-cache", "dynamo-precompile", "aoti-package")
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown variant.*aoti; use inductor-cache"):
+        _variants("aoti")

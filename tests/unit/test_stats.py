@@ -104,6 +104,14 @@ def test_fallback_compiles_and_their_seconds_are_counted(store):
     assert kinds["autotune"]["fallback_compiles"] == 1 and kinds["autotune"]["hit_rate"] is None
 
 
+def test_a_variant_that_did_not_load_is_counted_apart_from_misses_and_compiles(store):
+    stats.record_variant_fallback(store, "graphs", "aoti-package", "dynamo-precompile", "another torch")
+    report = stats.read_stats(store)
+    graphs = report.to_json()["kinds"]["graphs"]
+    assert graphs["variant_fallbacks"] == 1 and graphs["misses"] == 0 and graphs["fallback_compiles"] == 0
+    assert "1 start(s) whose bundle's variant did not load here took the next variant" in report.render()
+
+
 def test_zero_prints_the_counts_then_starts_again(store):
     stats.record_miss(store, "graphs", "no bundle for this key in x")
     zeroed = stats.read_stats(store, zero=True)

@@ -54,6 +54,11 @@ _DECLARED: dict[str, tuple[type, str, tuple[str, ...]]] = {
     "prebake_bundle_hits_total": (Counter, "Bundles used, by kind and where they came from.", ("kind", "source")),
     "prebake_bundle_misses_total": (Counter, "Artifact keys no usable bundle answered, by kind.", ("kind",)),
     "prebake_fallback_compiles_total": (Counter, "Artifacts built in place after a miss, by kind.", ("kind",)),
+    "prebake_variant_fallbacks_total": (
+        Counter,
+        "Starts whose graphs variant did not load here and took the next one in the same tree, by variant.",
+        ("variant",),
+    ),
     "prebake_write_backs_total": (
         Counter,
         "Artifacts built in place and published back, by kind and outcome.",

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from prebake.engine.bundled.runtime.weights import Llama3RopeScaling, LlamaConfig, check_state_dict
 
@@ -84,7 +85,9 @@ class KVCache:
 def rope_inv_freq(config: LlamaConfig) -> Tensor:
     """Rotary inverse frequencies (fp32), Llama-3 scaled when the config asks for it."""
     dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    # on the CPU even under a meta-device context (build_model's), where these ops would go through
+    # torch's Python references and import Dynamo
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
     s = config.rope_scaling
     if s is None:
         return inv_freq
@@ -312,13 +315,26 @@ def build_model(
     Tensors already of that dtype and device are used as they are, not copied.
     """
     check_state_dict(config, state_dict)
-    with torch.device("meta"):  # no throwaway random init of a multi-gigabyte model
+    with torch.device("meta"), _SkipInit():  # no throwaway random init of a multi-gigabyte model
         model = Llama(config, dtype)
     model.load_state_dict(
         {k: v.to(device=device, dtype=dtype) for k, v in state_dict.items()}, strict=True, assign=True
     )
     model.inv_freq = rope_inv_freq(config).to(device)
     return model.eval().requires_grad_(False)
+
+
+class _SkipInit(TorchFunctionMode):
+    """torch.nn.init's functions left undone: every parameter is replaced by the state dict's.
+
+    On the meta device they would run through torch's Python references, which import Dynamo
+    (seconds of a start that otherwise needs none of it: the aoti-package variant's)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **kwargs)
 
 
 def _causal_mask(t: int, window: int | None, device: torch.device) -> Tensor:

@@ -1,0 +1,326 @@
+"""The AOTInductor graphs variant ("aoti-package"): every step shape a named model of one .pt2 package.
+
+Dynamo's precompile (prebake.engine.bundled.runtime.precompile) still loads through Dynamo and
+Inductor's Python: the output code imports the lowerings and select_algorithm, and a function
+needs torch._dynamo.aot_compile to load, seconds of pure-Python imports on every start. An
+AOTInductor package holds the compiled step itself, a shared object with its C++ wrapper and
+kernels (cubins on CUDA), and torch's C++ loader (torch._C._aoti.AOTIModelPackageLoader) loads it
+without any of Dynamo or Inductor's Python.
+
+    graphs tree (variant "aoti-package"):
+        aoti/steps.pt2      one AOTInductor package: each step shape a model named after it
+                            (prefill-b1-t16-c16, ...), compiled from torch.export of the model
+                            method with the KV cache as inputs the graph writes in place
+        aoti/package.json   what decides whether it loads here: torch, the vector ISA its kernels
+                            were built for, the device, the models and the constants they take
+        aot/, inductor/     the dynamo-precompile tree: what serves when the package does not load
+
+Weights are not in the package (aot_inductor.package_constants_in_so off): each model names its
+constants (the model's parameters and buffers, `get_constant_fqns`), and at load they are bound
+to the serving model's own tensors without a copy (`load_constants(..., user_managed=True)`).
+So a fine-tune of the same architecture loads the same package.
+
+One package per shape set, one model per step shape (not one model with dynamic dims): each step
+is a static graph, as the other variants compile them (measured in docs/graphs-variants.md).
+
+A package that does not load here (another torch, a vector ISA this CPU lacks, a model name the
+package does not hold, a damaged shared object) raises `PackageDoesNotLoad` with the reason; the
+engine then takes the next variant in the same tree (prebake.engine.bundled.start).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from prebake.artifacts.frozen import Frozen
+from prebake.engine.bundled.runtime.model import KVCache, Llama
+from prebake.engine.bundled.runtime.shapes import StepShape
+from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
+from prebake.engine.common.logs import Countdown
+
+AOTI_DIR = "aoti"
+PACKAGE = "steps.pt2"
+PACKAGE_FILE = "package.json"
+_PREFIX = "model."  # the exported wrapper holds the model under this attribute: its constants' names begin so
+
+# What Inductor's vector ISA names (AOTI_CPU_ISA, "AVX512 AVX512_VNNI") need of /proc/cpuinfo's flags.
+ISA_FLAGS: dict[str, frozenset[str]] = {
+    "AVX2": frozenset({"avx2", "fma"}),
+    "AVX512": frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"}),
+    "AVX512_VNNI": frozenset({"avx512_vnni"}),
+    "AVX512_BF16": frozenset({"avx512_bf16"}),
+    "AMX": frozenset({"amx_tile"}),
+    "AMX_TILE": frozenset({"amx_tile"}),
+    "AMX_FP16": frozenset({"amx_fp16"}),
+    "ASIMD": frozenset({"asimd"}),
+    "NEON": frozenset({"asimd"}),
+    "SVE": frozenset({"sve"}),
+    "SVE256": frozenset({"sve"}),
+}
+
+
+class PackageRecord(Frozen):
+    """aoti/package.json: what decides whether the package loads on a host, written at bake."""
+
+    torch: str
+    device: str = "cpu"
+    cpu_isa: str = ""  # AOTInductor's AOTI_CPU_ISA: the vector ISA its CPU kernels use ("AVX512 AVX512_VNNI")
+    machine: str = ""
+    compute_capability: str = ""  # on a GPU: AOTI_COMPUTE_CAPABILITY ("90")
+    models: tuple[str, ...] = ()  # the step shapes' names, one model each
+    sha256: str = ""  # of steps.pt2
+    constants: tuple[str, ...] = ()  # what each model takes from the serving model, by name
+
+
+class PackageDoesNotLoad(RuntimeError):
+    """The graphs tree's AOTInductor package cannot serve on this host; the message says why."""
+
+
+class _Step(torch.nn.Module):
+    """One step shape of the model as an exportable module: the KV cache flattened into inputs."""
+
+    def __init__(self, model: Llama, shape: StepShape, tactic: Tactic) -> None:
+        super().__init__()
+        self.model, self.shape, self.attn_impl = model, shape, tactic.attn_impl
+        self.layers = len(model.layers)
+
+    def forward(self, ids, per_row, slots, *kv):
+        cache = KVCache(tuple(kv[: self.layers]), tuple(kv[self.layers :]))
+        if self.shape.phase == "prefill":
+            return self.model.prefill(ids, per_row, slots, cache, self.attn_impl)
+        return self.model.decode(ids, per_row, slots, cache, self.shape.ctx_len, self.attn_impl)
+
+
+def example_inputs(shape: StepShape, cache: KVCache) -> tuple:
+    """Placeholder inputs of one step, as the loaded package is called: ids, lengths or positions,
+    slots, then every layer's keys and values."""
+    b, device = shape.batch, cache.keys[0].device
+    slots = torch.arange(b, device=device)
+    if shape.phase == "prefill":
+        ids = torch.ones((b, shape.tokens), dtype=torch.long, device=device)
+        per_row = torch.full((b,), shape.tokens, device=device)
+    else:
+        ids = torch.ones((b,), dtype=torch.long, device=device)
+        per_row = torch.full((b,), shape.ctx_len - 1, device=device)
+    return ids, per_row, slots, *cache.keys, *cache.values
+
+
+def compile_package(
+    model: Llama, cache: KVCache, tactics: dict[StepShape, Tactic], out: Path, *, mode: str = "default", log=print
+) -> dict[StepShape, float]:
+    """Export and AOT-compile every shape with its tactic into out/aoti/steps.pt2; seconds per shape."""
+    import torch._inductor
+    from torch._inductor.package import package_aoti
+
+    folder = out / AOTI_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    options = {
+        **(torch._inductor.list_mode_options(mode) if mode != "default" else {}),
+        "aot_inductor.package": True,
+        "aot_inductor.package_constants_in_so": False,  # weights are bound at load, never packaged
+    }
+    files: dict[str, list[str]] = {}
+    sources: list[str] = []  # C++ sources: left out of the package, which loads from the shared objects alone
+    seconds: dict[StepShape, float] = {}
+    countdown = Countdown(len(tactics))
+    for shape, tactic in tactics.items():
+        started = time.perf_counter()
+        if tactic.threads:
+            torch.set_num_threads(tactic.threads)
+        exported = torch.export.export(_Step(model, shape, tactic), example_inputs(shape, cache), strict=False)
+        listed = torch._inductor.aot_compile(exported.module(), exported.example_inputs[0], options=dict(options))
+        if not isinstance(listed, list):  # with aot_inductor.package, torch 2.13 returns the files to package
+            raise TypeError(f"torch {torch.__version__}'s aot_compile returned {type(listed).__name__}, not files")
+        built = [str(f) for f in listed if isinstance(f, str)]
+        _strip(built)
+        files[shape.name] = [f for f in built if not f.endswith(".cpp")]  # the loader needs the shared object alone
+        sources += [f for f in built if f.endswith(".cpp")]
+        seconds[shape] = time.perf_counter() - started
+        log("  " + countdown.line(f"aoti {shape.name} [{tactic.label()}] {seconds[shape]:.2f} s"))
+    package_aoti(str(folder / PACKAGE), files)  # type: ignore[arg-type]  # a dict of model name to its files
+    for name in (*sources, *(f for listed in files.values() for f in listed)):  # packed: no second copy
+        Path(name).unlink(missing_ok=True)
+    first = torch._C._aoti.AOTIModelPackageLoader(str(folder / PACKAGE), next(iter(files)), False, 1, -1)
+    metadata = first.get_metadata()
+    record = PackageRecord(
+        torch=torch.__version__,
+        device=metadata.get("AOTI_DEVICE_KEY", cache.keys[0].device.type),
+        cpu_isa=metadata.get("AOTI_CPU_ISA", ""),
+        machine=metadata.get("AOTI_MACHINE", ""),
+        compute_capability=metadata.get("AOTI_COMPUTE_CAPABILITY", ""),
+        models=tuple(sorted(files)),
+        sha256=_sha256(folder / PACKAGE),
+        constants=tuple(sorted(first.get_constant_fqns())),
+    )
+    (folder / PACKAGE_FILE).write_text(json.dumps(record.model_dump(mode="json"), indent=1, sort_keys=True))
+    return seconds
+
+
+def _strip(files: list[str]) -> None:
+    """The shared objects among `files` stripped of what loading and running do not read
+    (`strip --strip-unneeded`; sizes in docs/graphs-variants.md); left as built without binutils."""
+    if (strip := shutil.which("strip")) is not None:
+        for name in (f for f in files if f.endswith(".so")):
+            subprocess.run([strip, "--strip-unneeded", name], check=True, capture_output=True)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """This CPU's flags (x86 `flags`, Arm `Features`), from the first processor's lines."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
+def platform_problem(
+    recorded: PackageRecord, *, device: str, flags: frozenset[str], capability: str = ""
+) -> str | None:
+    """Why a package recorded as `recorded` cannot run here, or None. `capability`: the GPU's
+    compute capability as AOTInductor writes it ("90"), on a GPU."""
+    if recorded.torch != torch.__version__:
+        return (
+            f"it was compiled with torch {recorded.torch} and this is torch {torch.__version__} "
+            f"(AOTInductor's shared objects are built against one torch)"
+        )
+    if recorded.device != device:
+        return f"it was compiled for {recorded.device} and the model runs on {device}"
+    built_for = recorded.compute_capability
+    if device != "cpu" and built_for and capability and built_for != capability:
+        return f"its kernels were built for compute capability {built_for} and this GPU's is {capability}"
+    if device == "cpu":
+        for isa in recorded.cpu_isa.upper().split():
+            if isa not in ISA_FLAGS:
+                return f"its kernels were built for vector ISA {isa}, which prebake cannot check on this CPU"
+            if missing := sorted(ISA_FLAGS[isa] - flags):
+                return f"its kernels were built for vector ISA {isa} and this CPU lacks {', '.join(missing)}"
+    return None
+
+
+@dataclass
+class PackageParts:
+    """Seconds of loading a package, by part (the start's phase log shows them)."""
+
+    package_load: float = 0.0  # the package's digest checked, each model's files unpacked and its shared object loaded
+    bind: float = 0.0  # the serving model's tensors bound as each model's constants
+
+    def as_dict(self) -> dict[str, float]:
+        return {"package-load": self.package_load, "bind": self.bind}
+
+
+class PackageSteps(CompiledSteps):
+    """CompiledSteps whose prefill/decode run the package's model of their step shape."""
+
+    def __init__(self, model: Llama, cache: KVCache, runners: dict[StepShape, torch._C._aoti.AOTIModelPackageLoader]):
+        super().__init__(model, cache, compile=False)
+        self.runners = dict(runners)
+        self._kv = [*cache.keys, *cache.values]
+        self._prefill = self._prefill_shape  # type: ignore[assignment]  # same call shape, untyped args
+        self._decode = self._decode_shape  # type: ignore[assignment]
+
+    def _prefill_shape(self, ids, lengths, slots, cache, attn_impl):
+        b, t = ids.shape
+        return self._run(StepShape("prefill", b, t, t), [ids, lengths, slots, *self._kv])
+
+    def _decode_shape(self, ids, positions, slots, cache, ctx_len, attn_impl):
+        return self._run(StepShape("decode", ids.shape[0], 1, ctx_len), [ids, positions, slots, *self._kv])
+
+    def _run(self, shape: StepShape, inputs: list) -> torch.Tensor:
+        try:
+            runner = self.runners[shape]
+        except KeyError:
+            raise KeyError(
+                f"no AOTInductor model for step shape {shape.name}; the package holds "
+                f"{sorted(s.name for s in self.runners)}; rebake graphs for this bucket set"
+            ) from None
+        return runner.boxed_run(inputs)[0]
+
+
+def load_package(
+    model: Llama,
+    cache: KVCache,
+    shapes: list[StepShape],
+    tree: Path,
+    parts: PackageParts | None = None,
+    *,
+    cpuinfo: Path = Path("/proc/cpuinfo"),
+) -> PackageSteps:
+    """The package's model of every shape, bound to `model`'s tensors; PackageDoesNotLoad says why not."""
+    parts = parts if parts is not None else PackageParts()
+    folder = tree / AOTI_DIR
+    try:
+        recorded = PackageRecord.model_validate_json((folder / PACKAGE_FILE).read_bytes())
+    except (OSError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+        raise PackageDoesNotLoad(
+            f"the graphs tree at {tree} has no readable {AOTI_DIR}/{PACKAGE_FILE} ({exc})"
+        ) from exc
+    device = cache.keys[0].device.type
+    capability = ""
+    if device == "cuda":
+        major, minor = torch.cuda.get_device_capability(cache.keys[0].device)
+        capability = f"{major}{minor}"
+    if problem := platform_problem(recorded, device=device, flags=cpu_flags(cpuinfo), capability=capability):
+        raise PackageDoesNotLoad(f"the AOTInductor package does not load here: {problem}")
+    if missing := sorted({s.name for s in shapes} - set(recorded.models)):
+        raise PackageDoesNotLoad(
+            f"the AOTInductor package does not load here: it holds no model for {', '.join(missing)} "
+            f"(baked for another bucket set)"
+        )
+    # A shared object cut short is no exception but a SIGBUS once dlopen maps it: the package's bytes
+    # are checked against the bake's before any model is loaded (counted in package-load).
+    started = time.perf_counter()
+    found = _sha256(folder / PACKAGE)
+    parts.package_load += time.perf_counter() - started
+    if recorded.sha256 != found:
+        raise PackageDoesNotLoad(
+            f"the AOTInductor package does not load here: {AOTI_DIR}/{PACKAGE} is damaged (sha256 {found[:12]}, "
+            f"baked as {recorded.sha256[:12]}); rebake graphs"
+        )
+    tensors = {_PREFIX + name: t for name, t in (*model.named_parameters(), *model.named_buffers())}
+    runners = {}
+    for shape in shapes:
+        started = time.perf_counter()
+        try:
+            runner = torch._C._aoti.AOTIModelPackageLoader(
+                str(folder / PACKAGE), shape.name, False, 1, cache.keys[0].device.index or -1
+            )  # device index -1: the current device (cuda, cuda:0)
+        except Exception as exc:  # a model name the package lacks, a damaged shared object, a bad archive
+            raise PackageDoesNotLoad(f"the AOTInductor package does not load here: {_first_line(exc)}") from exc
+        bound = time.perf_counter()
+        parts.package_load += bound - started
+        wanted = runner.get_constant_fqns()
+        if absent := [name for name in wanted if name not in tensors]:
+            raise PackageDoesNotLoad(
+                f"the AOTInductor package does not load here: its model {shape.name} takes constants the "
+                f"serving model lacks ({', '.join(absent[:3])}...): another architecture"
+            )
+        # user_managed: the loader keeps the serving model's own tensors (no copy); the engine keeps them alive
+        runner.load_constants({name: tensors[name] for name in wanted}, False, True, True)
+        parts.bind += time.perf_counter() - bound
+        runners[shape] = runner
+    return PackageSteps(model, cache, runners)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"

@@ -1,0 +1,368 @@
+"""The aoti-package graphs variant: the engine starts from an AOTInductor package without Dynamo or
+Inductor's Python, answers as eager does, and a package that does not load here falls back to the
+next variant of the same graphs tree, says why, and is counted in the store's stats.
+
+One bake pays for the module: a cold `prebake serve --write-back` of a small recipe on an empty
+registry (its compile in place is the bake: torch.compile, Dynamo's precompile and the AOTInductor
+package of both step shapes). A bf16 package of the same shapes is compiled alone, through
+prebake.engine.bundled.runtime.aoti, for the bf16 equality check.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.support.serving import ServeProcess, serve_env, write_recipe
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "serve-test-aoti"
+PROMPT = [5, 17, 300, 42, 7]
+
+# `prebake serve` with a report of the modules Dynamo and Inductor's Python would have brought in:
+# once the engine is started, and again at exit, after it served.
+_SERVE_REPORTING_MODULES = """
+import atexit, json, sys
+import prebake.engine.bundled.serve as serve
+
+WATCHED = ("torch._dynamo", "torch._inductor.lowering", "torch._inductor.codecache", "torch._inductor.select_algorithm")
+
+def report(when):
+    print("modules " + json.dumps({"when": when, **{m: m in sys.modules for m in WATCHED}}), flush=True)
+
+real_start = serve.start
+def start(*args, **kwargs):
+    engine = real_start(*args, **kwargs)
+    report("started")
+    return engine
+serve.start = start
+atexit.register(report, "exit")
+from prebake.engine.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+# Runs in a fresh process: every step shape of a graphs tree through the package and eagerly, from
+# the same inputs and the same KV cache; the logits, each row's greedy token and the cache written.
+_COMPARE = """
+import json, sys
+from pathlib import Path
+import torch
+from prebake.artifacts.bake.recipes import load_recipe
+from prebake.engine.bundled.build import model_and_cache
+from prebake.engine.bundled.runtime import aoti
+from prebake.engine.bundled.runtime.shapes import StepShape
+from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
+
+tree, dtype, recipe = Path(sys.argv[1]), sys.argv[2], load_recipe(sys.argv[3])
+shapes = [StepShape(**s["shape"]) for s in json.loads((tree / "graphs.json").read_text())["shapes"]]
+model, cache = model_and_cache(recipe, dtype)
+steps = aoti.load_package(model, cache, shapes, tree)
+loaded = {m: m in sys.modules for m in ("torch._dynamo", "torch._inductor.lowering")}
+eager = CompiledSteps(*model_and_cache(recipe, dtype), compile=False)
+gen = torch.Generator().manual_seed(0)
+report = []
+for shape in shapes:
+    b, slots = shape.batch, torch.arange(shape.batch)
+    ids = torch.randint(0, model.config.vocab_size, (b, shape.tokens), generator=gen)
+    if shape.phase == "prefill":
+        lengths = torch.randint(1, shape.tokens + 1, (b,), generator=gen)
+        got, want = (s.prefill(ids, lengths, slots, Tactic()) for s in (steps, eager))
+    else:
+        for mine, theirs in zip((*cache.keys, *cache.values), (*eager.cache.keys, *eager.cache.values)):
+            mine.copy_(torch.randn(mine.shape, generator=gen).to(mine.dtype))
+            theirs.copy_(mine)
+        positions = torch.randint(0, shape.ctx_len, (b,), generator=gen)
+        got, want = (s.decode(ids[:, 0], positions, slots, shape.ctx_len, Tactic()) for s in (steps, eager))
+    written = max(float((m.float() - t.float()).abs().max()) for m, t in zip(cache.keys, eager.cache.keys))
+    report.append({
+        "shape": shape.name, "max_abs": float((got - want).abs().max()), "scale": float(want.abs().max()),
+        "tokens": [got.argmax(-1).tolist(), want.argmax(-1).tolist()], "cache_max_abs": written,
+    })
+print(json.dumps({"loaded": loaded, "report": report, "type": type(steps).__name__}))
+"""
+
+
+def _python(code: str, *args: str, env: dict[str, str], timeout: float = 1800) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=REPO,
+        env={**env, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="module")
+def recipes(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("recipes")
+    write_recipe(folder, MODEL, variant="aoti-package", seqs=1)  # one sequence: two step shapes
+    return folder
+
+
+@pytest.fixture(scope="module")
+def baked(tmp_path_factory, recipes):
+    """The registry a cold start with --write-back filled, and that start's log."""
+    root = tmp_path_factory.mktemp("cold-aoti")
+    registry = root / "registry"
+    registry.mkdir()
+    server = ServeProcess(
+        ["--model", MODEL, "--registry", str(registry), "--write-back"],
+        serve_env(root / "home", recipes, PREBAKE_WRITE_BACK="index"),
+    )
+    try:
+        server.wait_ready(timeout=1800)
+    finally:
+        server.stop()
+    assert "prebake serve: compile: 2 step shapes compiled in place (aoti-package)" in server.log, server.log
+    return registry
+
+
+@pytest.fixture(scope="module")
+def graphs_tree(tmp_path_factory, recipes, baked) -> Path:
+    """The baked graphs tree, fetched into a store of its own: a copy each test may damage."""
+    home = tmp_path_factory.mktemp("fetched")
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "prebake"), "fetch", "--model", MODEL, "--registry", str(baked)],
+        env=serve_env(home, recipes),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    (tree,) = {p.parents[1] for p in home.rglob("aoti/package.json")}
+    return tree
+
+
+class _ReportingServe(ServeProcess):
+    def __init__(self, args: list[str], env: dict[str, str]):
+        super().__init__(args, env, command=[sys.executable, "-c", _SERVE_REPORTING_MODULES])
+
+    def modules(self, when: str) -> dict:
+        rows = [json.loads(line.split("modules ", 1)[1]) for line in self.lines if line.startswith("modules ")]
+        return next(r for r in rows if r["when"] == when)
+
+
+def test_the_engine_serves_from_the_package_without_dynamo_or_inductors_python_and_answers_as_eager(
+    tmp_path, recipes, baked
+):
+    env = {**serve_env(tmp_path / "home", recipes), "PYTHONPATH": str(REPO)}
+    packaged = _ReportingServe(["--model", MODEL, "--registry", str(baked), "--on-miss", "fail"], env)
+    eager = ServeProcess(["--model", MODEL, "--registry", str(baked), "--eager"], serve_env(tmp_path / "e", recipes))
+    try:
+        packaged.wait_ready()
+        eager.wait_ready()
+        got = [packaged.complete(prompt=PROMPT[:n], max_tokens=12, temperature=0) for n in (1, 5)]
+        want = [eager.complete(prompt=PROMPT[:n], max_tokens=12, temperature=0) for n in (1, 5)]
+    finally:
+        eager.stop()
+        packaged.stop()
+    assert [g["choices"][0]["token_ids"] for g in got] == [w["choices"][0]["token_ids"] for w in want]
+    for when in ("started", "exit"):  # once started, and after serving
+        modules = packaged.modules(when)
+        assert not modules["torch._dynamo"] and not modules["torch._inductor.lowering"], modules
+        assert not modules["torch._inductor.codecache"] and not modules["torch._inductor.select_algorithm"], modules
+    log = packaged.log
+    assert "warm-up: 2 step shapes from the bundle (aoti-package)" in log and "prebake serve: compile:" not in log
+    assert "warm-up by part: package-load" in log  # the package's load is its own part of the phase log
+    assert "does not load here" not in log
+
+
+def test_a_fine_tune_of_the_architecture_loads_the_same_package_and_answers_as_its_eager_self(
+    tmp_path, tmp_path_factory, baked
+):
+    recipes = tmp_path_factory.mktemp("fine-tune")
+    write_recipe(recipes, MODEL, variant="aoti-package", seqs=1, seed=1)  # other weights: the same keys
+    servers = [
+        ServeProcess(["--model", MODEL, "--registry", str(baked), *extra], serve_env(tmp_path / name, recipes))
+        for name, extra in (("p", ["--on-miss", "fail"]), ("e", ["--eager"]))
+    ]
+    try:
+        for server in servers:
+            server.wait_ready()
+        packaged, eager = (s.complete(prompt=PROMPT, max_tokens=8, temperature=0) for s in servers)
+    finally:
+        for server in servers:
+            server.stop()
+    assert "from the bundle (aoti-package)" in servers[0].log and "does not load here" not in servers[0].log
+    assert packaged["choices"][0]["token_ids"] == eager["choices"][0]["token_ids"]
+
+
+@pytest.fixture(scope="module")
+def bf16_tree(tmp_path_factory, recipes, graphs_tree) -> Path:
+    """A bf16 package of the same step shapes, compiled alone."""
+    tree = tmp_path_factory.mktemp("bf16")
+    shutil.copy(graphs_tree / "graphs.json", tree / "graphs.json")
+    code = (
+        "import json, sys\nfrom pathlib import Path\n"
+        "from prebake.artifacts.bake.recipes import load_recipe\n"
+        "from prebake.engine.bundled.build import model_and_cache\n"
+        "from prebake.engine.bundled.runtime import aoti\n"
+        "from prebake.engine.bundled.runtime.shapes import StepShape\n"
+        "from prebake.engine.bundled.runtime.steps import Tactic\n"
+        "tree = Path(sys.argv[1])\n"
+        "shapes = [StepShape(**s['shape']) for s in json.loads((tree / 'graphs.json').read_text())['shapes']]\n"
+        "model, cache = model_and_cache(load_recipe(sys.argv[2]), 'bf16')\n"
+        "aoti.compile_package(model, cache, {s: Tactic() for s in shapes}, tree, log=lambda line: None)\n"
+    )
+    env = {**serve_env(tmp_path_factory.mktemp("bf16-home"), recipes), "TORCHINDUCTOR_CACHE_DIR": str(tree / "ind")}
+    done = _python(code, str(tree), MODEL, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return tree
+
+
+# Logits of the compiled steps against eager ones, as max |difference| / max |eager logit|: fp32
+# agrees to rounding (measured about 1e-6), bf16 to its 8-bit mantissa's rounding through 2 layers.
+TOLERANCE = {"fp32": 1e-4, "bf16": 3e-2}
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_every_step_shape_of_the_package_matches_eager_on_the_model_directly(
+    dtype, request, tmp_path, recipes, graphs_tree
+):
+    tree = graphs_tree if dtype == "fp32" else request.getfixturevalue("bf16_tree")
+    done = _python(_COMPARE, str(tree), dtype, MODEL, env=serve_env(tmp_path / "home", recipes))
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["type"] == "PackageSteps" and got["loaded"] == {
+        "torch._dynamo": False,
+        "torch._inductor.lowering": False,
+    }
+    assert {r["shape"] for r in got["report"]} == {"prefill-b1-t32-c32", "decode-b1-t1-c32"}
+    for row in got["report"]:
+        assert row["max_abs"] <= TOLERANCE[dtype] * row["scale"], row
+        assert row["tokens"][0] == row["tokens"][1], row  # the greedy token of every row
+        assert row["cache_max_abs"] <= TOLERANCE[dtype] * 10, row  # the package wrote the KV cache as eager did
+
+
+def _damage(tree: Path, how: str, tmp_path: Path) -> Path:
+    """A copy of `tree` whose package does not load here, in the way `how` names."""
+    copy = tmp_path / how
+    shutil.copytree(tree, copy)
+    recorded = copy / "aoti" / "package.json"
+    package = copy / "aoti" / "steps.pt2"
+    document = json.loads(recorded.read_text())
+    if how == "isa":
+        from prebake.engine.bundled.runtime.aoti import ISA_FLAGS, cpu_flags
+
+        flags = cpu_flags()
+        document["cpu_isa"] = next(isa for isa, needs in ISA_FLAGS.items() if not needs <= flags)
+    elif how == "torch":
+        document["torch"] = "2.1.0"
+    if how in ("isa", "torch"):
+        recorded.write_text(json.dumps(document))
+        return copy
+    entries = {}
+    with zipfile.ZipFile(package) as archive:
+        for info in archive.infolist():
+            entries[info.filename] = archive.read(info)
+    decode = [n for n in entries if "/decode-" in n]
+    if how == "damaged-so":
+        (so,) = [n for n in decode if n.endswith(".so")]
+        entries[so] = entries[so][:4096]  # an ELF header and little else: dlopen refuses it
+    elif how == "missing-model":  # a package whose own bytes are whole, without the decode model
+        entries = {n: data for n, data in entries.items() if n not in decode}
+    with zipfile.ZipFile(package, "w") as archive:
+        for name, data in entries.items():
+            archive.writestr(name, data)
+    if how == "missing-model":
+        document["sha256"] = hashlib.sha256(package.read_bytes()).hexdigest()
+        recorded.write_text(json.dumps(document))
+    return copy
+
+
+# Runs the engine's warm-up (prebake.engine.bundled.start._load_steps) on a graphs tree, with the
+# store whose stats count the fallback; prints the log and what served.
+_WARM_UP = """
+import json, sys
+from pathlib import Path
+from prebake.artifacts.bake.recipes import load_recipe
+from prebake.artifacts.store.local import Store
+from prebake.engine.bundled import start
+from prebake.engine.bundled.build import model_and_cache
+from prebake.engine.bundled.runtime.metrics import Metrics
+from prebake.engine.bundled.runtime.shapes import StepShape
+from prebake.engine.bundled.runtime.steps import Tactic
+
+tree, store = Path(sys.argv[1]), Store(Path(sys.argv[2]))
+recipe = load_recipe(sys.argv[3])
+shapes = [StepShape(**s["shape"]) for s in json.loads((tree / "graphs.json").read_text())["shapes"]]
+model, cache = model_and_cache(recipe, "fp32")
+lines = []
+log = start.StartupPhaseLog(Metrics(), lines.append)
+settings = start.StartupSettings(model=sys.argv[3])
+steps, detail = start._load_steps(settings, recipe, model, cache, {s: Tactic() for s in shapes}, tree, log, store=store)
+out = steps.run_dummy(shapes[-1], Tactic())
+print(json.dumps({"type": type(steps).__name__, "detail": detail, "log": lines, "sum": float(out.double().sum())}))
+"""
+
+
+@pytest.mark.parametrize("how", ["isa", "torch", "damaged-so", "missing-model"])
+def test_a_package_that_does_not_load_here_falls_back_to_dynamo_precompile_says_why_and_is_counted(
+    how, tmp_path, recipes, graphs_tree
+):
+    tree = _damage(graphs_tree, how, tmp_path)
+    home = tmp_path / "home"
+    env = {**serve_env(home, recipes), "TORCHINDUCTOR_CACHE_DIR": str(tree / "inductor")}
+    done = _python(_WARM_UP, str(tree), str(home), MODEL, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    log = "\n".join(got["log"])
+    assert got["type"] == "AotSteps", log  # dynamo-precompile's functions served, nothing compiled
+    reason = {
+        "isa": "its kernels were built for vector ISA",
+        "torch": "it was compiled with torch 2.1.0",
+        "damaged-so": "aoti/steps.pt2 is damaged (sha256",
+        "missing-model": "the AOTInductor package does not load here: RuntimeError",
+    }[how]
+    assert reason in log and "taking dynamo-precompile from the same graphs tree" in log, log
+    if how == "isa":
+        assert "this CPU lacks" in log
+    stats = subprocess.run(
+        [str(Path(sys.executable).parent / "prebake"), "store", "stats", "--json"],
+        env=serve_env(home, recipes),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert stats.returncode == 0, stats.stderr
+    assert json.loads(stats.stdout)["kinds"]["graphs"]["variant_fallbacks"] == 1
+
+
+def test_a_package_asked_for_a_shape_it_lacks_names_it_and_the_bucket_set(tmp_path, recipes, graphs_tree):
+    code = (
+        "import json, sys\nfrom pathlib import Path\n"
+        "from prebake.artifacts.bake.recipes import load_recipe\n"
+        "from prebake.engine.bundled.build import model_and_cache\n"
+        "from prebake.engine.bundled.runtime import aoti\n"
+        "from prebake.engine.bundled.runtime.shapes import StepShape\n"
+        "model, cache = model_and_cache(load_recipe(sys.argv[2]), 'fp32')\n"
+        "try:\n"
+        "    aoti.load_package(model, cache, [StepShape('decode', 1, 1, 16)], Path(sys.argv[1]))\n"
+        "except aoti.PackageDoesNotLoad as exc:\n"
+        "    print(json.dumps({'reason': str(exc)}))\n"
+    )
+    done = _python(code, str(graphs_tree), MODEL, env=serve_env(tmp_path / "home", recipes))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "holds no model for decode-b1-t1-c16 (baked for another bucket set)" in json.loads(done.stdout)["reason"]
+
+
+def test_the_package_holds_no_weights(graphs_tree):
+    recorded = json.loads((graphs_tree / "aoti" / "package.json").read_text())
+    assert "model.embed_tokens.weight" in recorded["constants"]
+    with zipfile.ZipFile(graphs_tree / "aoti" / "steps.pt2") as archive:
+        names = archive.namelist()
+    assert not [n for n in names if "/weights/" in n or n.endswith((".pt", ".bin", "constants.bin"))], names
+    assert [n for n in names if n.endswith(".so")] and not [n for n in names if n.endswith(".cpp")], names
+    assert os.path.getsize(graphs_tree / "aoti" / "steps.pt2") > 0

@@ -1,0 +1,66 @@
+"""What decides whether an AOTInductor package loads on a host, checked before any shared object is
+opened (prebake.engine.bundled.runtime.aoti): torch, the device, and the vector ISA its kernels need."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from prebake.engine.bundled.runtime import aoti
+
+AVX512_HOST = "processor\t: 0\nflags\t\t: fpu sse avx2 fma avx512f avx512bw avx512vl avx512dq avx512_vnni\n"
+
+
+def _recorded(**changes) -> aoti.PackageRecord:
+    return aoti.PackageRecord(
+        **{"torch": torch.__version__, "device": "cpu", "cpu_isa": "AVX512 AVX512_VNNI", **changes}
+    )
+
+
+def test_the_cpu_flags_are_read_from_cpuinfo(tmp_path):
+    (tmp_path / "cpuinfo").write_text(AVX512_HOST + "\nprocessor\t: 1\nflags\t\t: other\n")
+    assert aoti.cpu_flags(tmp_path / "cpuinfo") >= {"avx2", "avx512f", "avx512_vnni"}
+    assert "other" not in aoti.cpu_flags(tmp_path / "cpuinfo")  # the first processor's line
+    (tmp_path / "arm").write_text("processor\t: 0\nFeatures\t: fp asimd sve\n")
+    assert aoti.cpu_flags(tmp_path / "arm") == {"fp", "asimd", "sve"}
+    assert aoti.cpu_flags(tmp_path / "absent") == frozenset()
+
+
+def test_a_package_built_for_this_hosts_isa_and_torch_loads(tmp_path):
+    (tmp_path / "cpuinfo").write_text(AVX512_HOST)
+    assert aoti.platform_problem(_recorded(), device="cpu", flags=aoti.cpu_flags(tmp_path / "cpuinfo")) is None
+    assert (
+        aoti.platform_problem(_recorded(cpu_isa="AVX2"), device="cpu", flags=aoti.cpu_flags(tmp_path / "cpuinfo"))
+        is None
+    )
+
+
+@pytest.mark.parametrize(
+    ("recorded", "reason"),
+    [
+        (_recorded(cpu_isa="AMX"), "its kernels were built for vector ISA AMX and this CPU lacks amx_tile"),
+        (_recorded(cpu_isa="AVX512_BF16"), "vector ISA AVX512_BF16 and this CPU lacks avx512_bf16"),
+        (_recorded(cpu_isa="SVE256"), "vector ISA SVE256 and this CPU lacks sve"),
+        (_recorded(cpu_isa="RVV"), "vector ISA RVV, which prebake cannot check on this CPU"),
+        (_recorded(torch="2.1.0"), "it was compiled with torch 2.1.0 and this is torch"),
+        (_recorded(device="cuda"), "it was compiled for cuda and the model runs on cpu"),
+    ],
+)
+def test_a_package_this_host_cannot_run_is_refused_with_the_factor_that_differs(recorded, reason):
+    problem = aoti.platform_problem(recorded, device="cpu", flags=frozenset(AVX512_HOST.split()))
+    assert problem is not None and reason in problem, problem
+
+
+def test_the_isa_names_inductor_records_are_all_mapped_to_cpu_flags():
+    from torch._inductor import cpu_vec_isa
+
+    picked = str(cpu_vec_isa.pick_vec_isa()).upper().split()
+    assert all(isa in aoti.ISA_FLAGS for isa in picked), picked  # this host's, as Inductor names it
+    assert aoti.platform_problem(_recorded(cpu_isa=" ".join(picked)), device="cpu", flags=aoti.cpu_flags()) is None
+
+
+def test_a_gpu_package_is_refused_on_another_compute_capability_and_needs_no_cpu_isa():
+    recorded = _recorded(device="cuda", compute_capability="90", cpu_isa="AMX")  # the bake host's CPU
+    assert aoti.platform_problem(recorded, device="cuda", flags=frozenset(), capability="90") is None
+    problem = aoti.platform_problem(recorded, device="cuda", flags=frozenset(), capability="80")
+    assert problem == "its kernels were built for compute capability 90 and this GPU's is 80"
