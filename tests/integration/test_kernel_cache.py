@@ -181,7 +181,7 @@ def test_kserves_cp_sr_link_of_the_unpacked_cache_gives_the_engine_a_warm_start(
     write_recipe(recipe, tmp_path / "recipes")
     monkeypatch.setenv("PREBAKE_RECIPES", str(tmp_path / "recipes"))
     served = prepare(
-        StartRequest(model=recipe.model.name),
+        StartRequest(model=recipe.model.name, engine="vllm"),
         Context(Store(tmp_path / "node"), host, registry.url, given_registry=registry),
     )
     env = served.child_env(dict(os.environ)) | {"VLLM_CACHE_ROOT": str(cache_root)}
