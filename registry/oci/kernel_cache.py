@@ -62,6 +62,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prebake.artifacts import fsutil
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.errors import BundleError
 from prebake.registry.oci.artifact import CONFIG_TYPE, MANIFEST_TYPE, Blob, _architecture, canonical, sha256
@@ -149,7 +150,7 @@ def build_image(
     }
     if footprint:
         labels[FOOTPRINT] = footprint
-    layer_ref = Blob(LAYER_TYPE, _file_sha256(layer), layer.stat().st_size)
+    layer_ref = Blob(LAYER_TYPE, fsutil.file_digest(layer), layer.stat().st_size)
     config = canonical(
         {
             "architecture": _architecture(manifest),
@@ -418,14 +419,6 @@ def _info(name: str, kind: bytes, mode: int) -> tarfile.TarInfo:
     info = tarfile.TarInfo(name.rstrip("/"))
     info.type, info.mode, info.mtime, info.uid, info.gid, info.uname, info.gname = kind, mode, 0, 0, 0, "", ""
     return info
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return "sha256:" + h.hexdigest()
 
 
 def _integer(value: object) -> str:
