@@ -20,11 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from prebake.artifacts.bake.recipes import load_recipe
 from prebake.artifacts.buckets.replay import replay
 from prebake.artifacts.buckets.report import figures, strategy_set
 from prebake.artifacts.buckets.traces import read_trace, split_trace
 from prebake.artifacts.buckets.traffic import fit_bucket_set
+from prebake.artifacts.recipe.schema import load_recipe
 from tests.support.baking import SHARED
 from tests.support.synthetic_traces import MIXES, SHAPES, synthetic_requests
 

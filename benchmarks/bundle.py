@@ -70,7 +70,7 @@ SMALL_TREE_BYTES = 64 << 20  # a tree under this size takes tens of milliseconds
 SMALL_TREE_ROUNDS = 15  # ... so it gets at least this many rounds, or its median is noise
 
 COMPILE_SNIPPET = """
-from prebake.artifacts.bake.recipes import load_recipe
+from prebake.artifacts.recipe.schema import load_recipe
 from prebake.engine.bundled.runtime.loader import load_model
 from prebake.engine.bundled.runtime.model import KVCache
 from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic

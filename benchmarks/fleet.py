@@ -35,8 +35,8 @@ import time
 from pathlib import Path
 
 from prebake.artifacts.bake.fleet_plan import plan_fleet
-from prebake.artifacts.bake.kinds import target_keys
-from prebake.artifacts.bake.recipes import load_recipe, targets
+from prebake.artifacts.recipe.kinds import target_keys
+from prebake.artifacts.recipe.schema import load_recipe, targets
 from prebake.engine.adapters import kinds_for
 from prebake.engine.common.probe import current_host
 from prebake.engine.fleet.profiles import load_profiles

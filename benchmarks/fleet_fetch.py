@@ -55,7 +55,8 @@ def node(argv: list[str]) -> int:
     parser.add_argument("--key", required=True)
     parser.add_argument("--ready", type=Path, required=True)
     args = parser.parse_args(argv)
-    from prebake.artifacts.bake.fetch import Miss, fetch
+    from prebake.artifacts.fetch.outcome import Miss
+    from prebake.artifacts.fetch.pipeline import fetch
     from prebake.artifacts.store.local import Store, StoreLimits
     from prebake.registry import open_registry
 

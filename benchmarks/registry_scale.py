@@ -39,8 +39,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from prebake.artifacts.bake.fetch import MISS_SAMPLE, nearest_miss
 from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.fetch.explain import MISS_SAMPLE, nearest_miss
 from prebake.artifacts.keys import Key
 from prebake.artifacts.layout import index_relpath
 from prebake.registry.backends.file import FileRegistry

@@ -41,7 +41,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from prebake.artifacts.bake.recipes import load_recipe, targets  # noqa: E402
+from prebake.artifacts.recipe.schema import load_recipe, targets  # noqa: E402
 from prebake.engine.vllm import phases as vllm_phases  # noqa: E402
 from prebake.engine.vllm.process import (  # noqa: E402
     Launch,

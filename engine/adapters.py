@@ -13,9 +13,9 @@ Nothing here writes os.environ: environments go to child processes.
 
 from __future__ import annotations
 
-from prebake.artifacts.bake.kinds import BUCKETS, KindTable
-from prebake.artifacts.bake.recipes import Recipe, Target
 from prebake.artifacts.errors import RecipeError
+from prebake.artifacts.recipe.kinds import BUCKETS, KindTable
+from prebake.artifacts.recipe.schema import Recipe, Target
 from prebake.engine.bundled.adapter import BundledAdapter
 from prebake.engine.common.adapter import EngineAdapter, EngineStartError
 from prebake.engine.common.probe import declare_packages

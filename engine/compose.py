@@ -35,12 +35,13 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from prebake.artifacts.bake.bake_kind import Baked, ModelSign, bake_kind
-from prebake.artifacts.bake.fetch import Resolution, TrustCheck, record_resolution, resolve
-from prebake.artifacts.bake.kinds import HostFacts, TargetKeys, buildable_targets, target_keys
 from prebake.artifacts.bake.provenance import Attest
-from prebake.artifacts.bake.recipes import Recipe
 from prebake.artifacts.bundle.manifest import Manifest
-from prebake.artifacts.ports.registry import Registry
+from prebake.artifacts.fetch.outcome import Resolution
+from prebake.artifacts.fetch.pipeline import record_resolution, resolve
+from prebake.artifacts.ports.registry import Registry, TrustCheck
+from prebake.artifacts.recipe.kinds import HostFacts, TargetKeys, buildable_targets, target_keys
+from prebake.artifacts.recipe.schema import Recipe
 from prebake.artifacts.store.local import Store
 from prebake.engine.adapters import adapter_for, kinds_for
 from prebake.engine.common.adapter import EngineAdapter, Publishing

@@ -11,7 +11,7 @@ the blob, so a reader that sees the entry can already read its provenance. With 
 bake also signs the built tree as OpenSSF model signing does (prebake.registry.trust.model_signatures) and
 publishes that signature beside the blob the same way.
 
-The build is the kind's declared builder (prebake.artifacts.bake.kinds.Kind.build: buckets are pure Python,
+The build is the kind's declared builder (prebake.artifacts.recipe.kinds.Kind.build: buckets are pure Python,
 the engine adapters' autotune and graphs run in a child process), or one handed in (a write-back
 packs what an engine compiled in place); its declared outputs are checked before anything is
 packed. Its upstream bundles are fetched under the trust policy in force, unless the caller
@@ -32,13 +32,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prebake import __version__
-from prebake.artifacts.bake.fetch import Miss, TrustCheck, fetch
-from prebake.artifacts.bake.kinds import Builder, BuildRequest, TargetKeys
 from prebake.artifacts.bake.provenance import SIDE_NAME, Attest, statement
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.bundle.payload import pack
 from prebake.artifacts.errors import BuildError, PublishConflict, UntrustedEntryError
-from prebake.artifacts.ports.registry import Registry, SideFiles
+from prebake.artifacts.fetch.outcome import Miss
+from prebake.artifacts.fetch.pipeline import fetch
+from prebake.artifacts.ports.registry import Registry, SideFiles, TrustCheck
+from prebake.artifacts.recipe.kinds import Builder, BuildRequest, TargetKeys
 from prebake.artifacts.store.local import Installed, Store
 
 Signer = Callable[[Manifest], Manifest]

@@ -13,7 +13,7 @@ a GPU type), resolved in this order:
 
 The plan never calls a kind `present` unless the exact key it computed is in the registry
 with an entry the trust policy in force accepts (`published` answers that: prebake.engine.fleet.plan
-asks prebake.artifacts.bake.fetch.accepted_entry; a refused entry is `missing`, and its bake says why),
+asks prebake.artifacts.fetch.gate.accepted_entry; a refused entry is `missing`, and its bake says why),
 and never guesses a key from another host's factors; `unknown` counts as work to do, which
 the builder turns into a no-op if its own key is already present.
 
@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from prebake.artifacts.bake.kinds import HostFacts, KindTable, target_keys
-from prebake.artifacts.bake.recipes import Recipe, Target, parse_platform
+from prebake.artifacts.recipe.kinds import HostFacts, KindTable, target_keys
+from prebake.artifacts.recipe.schema import Recipe, Target, parse_platform
 
 PRESENT, MISSING, UNKNOWN, UNBUILDABLE = "present", "missing", "unknown", "unbuildable"
 STATUSES = (PRESENT, MISSING, UNKNOWN, UNBUILDABLE)

@@ -35,10 +35,10 @@ from in_toto_attestation.v1 import statement_pb2
 from in_toto_attestation.v1.resource_descriptor import ResourceDescriptor
 from in_toto_attestation.v1.statement import Statement
 
-from prebake.artifacts.bake.recipes import Recipe, Target
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.errors import BundleError
 from prebake.artifacts.keys import canonical_json
+from prebake.artifacts.recipe.schema import Recipe, Target
 
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
 BUILD_TYPE = "https://github.com/prebake/prebake/blob/main/docs/trust.md#bake-v1"

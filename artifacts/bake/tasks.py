@@ -24,11 +24,11 @@ from typing import Any, Protocol
 
 from doit.exceptions import TaskFailed
 
-from prebake.artifacts.bake.fetch import TrustCheck, accepted_entry
-from prebake.artifacts.bake.kinds import TargetKeys
-from prebake.artifacts.bake.recipes import Recipe, list_recipes, load_recipe
 from prebake.artifacts.errors import MissingExtraError, PrebakeError, RecipeError, StoreError, UsageError
-from prebake.artifacts.ports.registry import Registry
+from prebake.artifacts.fetch.gate import accepted_entry
+from prebake.artifacts.ports.registry import Registry, TrustCheck
+from prebake.artifacts.recipe.kinds import TargetKeys
+from prebake.artifacts.recipe.schema import Recipe, list_recipes, load_recipe
 from prebake.artifacts.store.home import check_home
 from prebake.artifacts.store.local import default_home
 

@@ -84,7 +84,7 @@ _PARTIAL_BLOB = re.compile(rf"^{re.escape(fsutil.TMP_PREFIX)}({_HEX})\.tar\.zst\
 _EVICTED = ".evicted-"
 _INDEX_TMP_GRACE_S = 600.0  # an index write takes milliseconds; an older temporary is a crash's
 
-# The trust policy in force (prebake.artifacts.bake.fetch.TrustCheck): why a manifest is refused, or None.
+# The trust policy in force (prebake.artifacts.ports.registry.TrustCheck): why a manifest is refused, or None.
 Refuses = Callable[[Manifest], "str | None"]
 
 

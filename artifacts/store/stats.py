@@ -120,7 +120,7 @@ def record_outcomes(
     misses: Iterable[MissRecord],
 ) -> None:
     """Every hit and miss of one run of the fetch pipeline, in one write
-    (prebake.artifacts.bake.fetch.record_resolution hands them over)."""
+    (prebake.artifacts.fetch.pipeline.record_resolution hands them over)."""
     _append(store, *(_hit(m, source) for m, source in hits), *(_miss(*miss) for miss in misses))
 
 

@@ -15,7 +15,9 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from prebake.artifacts.bake.kinds import (
+from prebake.artifacts.errors import BuildError
+from prebake.artifacts.extras import require
+from prebake.artifacts.recipe.kinds import (
     BuildRequest,
     Groups,
     KeyContext,
@@ -24,9 +26,7 @@ from prebake.artifacts.bake.kinds import (
     compile_factors,
     target_groups,
 )
-from prebake.artifacts.bake.recipes import PRECOMPILE, Recipe
-from prebake.artifacts.errors import BuildError
-from prebake.artifacts.extras import require
+from prebake.artifacts.recipe.schema import PRECOMPILE, Recipe
 from prebake.artifacts.store.local import Installed
 from prebake.engine.bundled.cache_layout import (
     AUTOTUNE_ENV,

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-from prebake.artifacts.bake.kinds import BUCKETS_FILE
-from prebake.artifacts.bake.recipes import AOTI_PACKAGE, PRECOMPILE, Recipe
 from prebake.artifacts.buckets.artifact import BucketSet
+from prebake.artifacts.recipe.kinds import BUCKETS_FILE
+from prebake.artifacts.recipe.schema import AOTI_PACKAGE, PRECOMPILE, Recipe
 from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE, GRAPHS_FILE
 from prebake.engine.bundled.runtime import aoti, precompile
 from prebake.engine.bundled.runtime.autotune import load_winners, measure

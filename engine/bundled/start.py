@@ -1,7 +1,7 @@
 """The engine's start-up: from a recipe name to warm compiled steps, one logged step at a time.
 
     probe       this host's platform and software                    prebake.engine.common.probe
-    keys        the recipe's target here and its artifact keys        prebake.artifacts.bake.kinds
+    keys        the recipe's target here and its artifact keys        prebake.artifacts.recipe.kinds
     lookup      each key in the store, else the registry (time box)   registry
     verify      registry entries carry the wanted key; trust policy   prebake.registry.trust.signing
     fetch       download, check digests, unpack into the store        prebake.artifacts.store.local
@@ -40,13 +40,14 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from prebake.artifacts.bake import fetch
-from prebake.artifacts.bake.fetch import Found, Miss, Resolution, record_resolution
-from prebake.artifacts.bake.kinds import BUCKETS_FILE, Builder, BuildRequest, TargetKeys
-from prebake.artifacts.bake.recipes import AOTI_PACKAGE, PRECOMPILE, Recipe
 from prebake.artifacts.buckets.artifact import BucketSet
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.errors import ExitCode, PrebakeError, StoreError
+from prebake.artifacts.fetch import outcome, pipeline
+from prebake.artifacts.fetch.outcome import Found, Miss, Resolution
+from prebake.artifacts.fetch.pipeline import record_resolution
+from prebake.artifacts.recipe.kinds import BUCKETS_FILE, Builder, BuildRequest, TargetKeys
+from prebake.artifacts.recipe.schema import AOTI_PACKAGE, PRECOMPILE, Recipe
 from prebake.artifacts.store.local import Installed, Store
 from prebake.artifacts.store.stats import record_fallback, record_miss, record_variant_fallback
 from prebake.engine.bundled import cache_layout
@@ -232,7 +233,7 @@ def _start(
 ) -> Engine:
     store, address = context.store, context.address
     with log.step("lookup") as s:
-        looked = fetch.lookup(
+        looked = pipeline.lookup(
             plan,
             kinds,
             store=store,
@@ -246,7 +247,7 @@ def _start(
         if looked.store_refused:
             s.detail += f"; {len(looked.store_refused)} stored bundle(s) refused by the trust policy in force"
     with log.step("verify") as s:
-        found = fetch.verify(plan, looked.found, looked.trust)
+        found = pipeline.verify(plan, looked.found, looked.trust)
         passed = sum(isinstance(v, Manifest) for v in found.values())
         s.detail = f"{passed} registry bundle(s) carry their keys and pass the trust policy"
         mounts = parse_mounts(settings.mounted, plan.kinds.names)
@@ -256,12 +257,14 @@ def _start(
                 found[kind] = check_mounted(tree, value.manifest if isinstance(value, Installed) else value)
                 s.detail += f"; {kind} mounted at {tree} matches it"
     mounted_elsewhere = {k: v for k, v in found.items() if k not in mounts}  # a mounted tree takes no store room
-    fetch.check_bound(store, mounted_elsewhere, plan.target.name)  # before anything is installed or evicted
+    pipeline.check_bound(store, mounted_elsewhere, plan.target.name)  # before anything is installed or evicted
     with log.step("fetch") as s:
-        got = fetch.install(found, store=store, registry=looked.registry, timeout=settings.fetch_timeout, hold=leases)
+        got = pipeline.install(
+            found, store=store, registry=looked.registry, timeout=settings.fetch_timeout, hold=leases
+        )
         fetched = [f"{k} {i.manifest.blob.hex[:12]}" for k, i in got.items() if isinstance(i, Installed)]
         s.detail = ", ".join(fetched) or "nothing to fetch"
-    resolution = fetch.resolution(plan, looked.found, got, looked.store_refused)
+    resolution = outcome.resolution(plan, looked.found, got, looked.store_refused)
     _count(log.metrics, resolution)
     record_resolution(store, resolution)
     for line in resolution.notes:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from prebake.artifacts.bake.kinds import BUCKETS
-from prebake.artifacts.bake.recipes import load_recipe
 from prebake.artifacts.bake.tasks import BakeRequest
+from prebake.artifacts.recipe.kinds import BUCKETS
+from prebake.artifacts.recipe.schema import load_recipe
 from prebake.engine.bundled.adapter import BundledAdapter
 from prebake.engine.cli.common import command, positive_int, registry_option, table
 from prebake.engine.cli.plan import profiles_option

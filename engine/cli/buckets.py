@@ -14,12 +14,12 @@ import argparse
 import json
 from pathlib import Path
 
-from prebake.artifacts.bake.recipes import load_recipe
 from prebake.artifacts.buckets.replay import ReplaySettings, replay
 from prebake.artifacts.buckets.report import STRATEGY_ORDER, figures, strategy_set
 from prebake.artifacts.buckets.traces import read_trace
 from prebake.artifacts.errors import BucketError, ExitCode
 from prebake.artifacts.fsutil import atomic_target
+from prebake.artifacts.recipe.schema import load_recipe
 from prebake.engine.cli.common import command, json_option
 
 

@@ -59,7 +59,7 @@ def add(sub) -> None:
 
 
 def cmd_kernel_cache(args: argparse.Namespace) -> int:
-    from prebake.artifacts.bake.recipes import load_recipe
+    from prebake.artifacts.recipe.schema import load_recipe
     from prebake.engine.compose import Context
     from prebake.registry.oci.kernel_cache import build_image, push_image
 

@@ -1,4 +1,4 @@
-"""`prebake recipes`: every recipe the search order finds, and from where (artifacts/bake/recipes.py).
+"""`prebake recipes`: every recipe the search order finds, and from where (artifacts/recipe/schema.py).
 
 The order is the same for `doit bake` and `prebake`: $PREBAKE_RECIPES's folders, then ./recipes
 in the working folder, then the shipped recipes; the first file of a name wins.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from prebake.artifacts.bake.recipes import find_recipes, recipe_folders
+from prebake.artifacts.recipe.schema import find_recipes, recipe_folders
 from prebake.engine.cli.common import command, json_option, table
 
 

@@ -7,7 +7,7 @@ import json
 import shlex
 import sys
 
-from prebake.artifacts.bake.fetch import Miss
+from prebake.artifacts.fetch.outcome import Miss
 from prebake.artifacts.store.stats import classify
 from prebake.engine.adapters import adapter_named
 from prebake.engine.cli.common import command, engine_options, json_option, registry_option, target_options

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import os
 
-from prebake.artifacts.bake.fetch import TrustCheck
 from prebake.artifacts.bake.provenance import SIDE_NAME
-from prebake.artifacts.ports.registry import Registry, SideFiles
+from prebake.artifacts.ports.registry import Registry, SideFiles, TrustCheck
 from prebake.artifacts.store.local import Store
 from prebake.engine.common.probe import current_host
 from prebake.engine.compose import trust_for

@@ -30,13 +30,14 @@ from typing import Literal, Protocol
 from pydantic import ValidationError
 
 from prebake.artifacts.bake.bake_kind import Signer
-from prebake.artifacts.bake.fetch import WRITE_BACK_LABEL, Miss, Resolution, TrustCheck
-from prebake.artifacts.bake.kinds import Kind, TargetKeys
 from prebake.artifacts.bake.provenance import Attest
-from prebake.artifacts.bake.recipes import Recipe
 from prebake.artifacts.errors import PrebakeError, RecipeError
+from prebake.artifacts.fetch.gate import WRITE_BACK_LABEL
+from prebake.artifacts.fetch.outcome import Miss, Resolution
 from prebake.artifacts.frozen import Frozen
-from prebake.artifacts.ports.registry import Registry
+from prebake.artifacts.ports.registry import Registry, TrustCheck
+from prebake.artifacts.recipe.kinds import Kind, TargetKeys
+from prebake.artifacts.recipe.schema import Recipe
 from prebake.artifacts.store.local import Installed, Store
 from prebake.engine.common.probe import Host, Package
 from prebake.registry.review.writeback import WriteBackTarget
@@ -161,7 +162,7 @@ def recipe_settings(recipe: Recipe, engine: str, model: type[Frozen] | None) -> 
 def plan_to_start(request: StartRequest, services: Services) -> TargetKeys:
     """The target `fetch` or `serve` starts, and the one check that `--engine` and the recipe's
     engine agree (a RecipeError naming both and the fix)."""
-    from prebake.artifacts.bake.recipes import load_recipe
+    from prebake.artifacts.recipe.schema import load_recipe
 
     recipe = load_recipe(request.model)
     if recipe.model.engine != request.engine:

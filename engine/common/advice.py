@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prebake.artifacts.bake.fetch import Miss
 from prebake.artifacts.errors import ExitCode
+from prebake.artifacts.fetch.outcome import Miss
 
 
 def miss_exit_code(misses: Iterable[Miss]) -> ExitCode:

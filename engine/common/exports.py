@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping
 
-from prebake.artifacts.bake.kinds import KindTable
+from prebake.artifacts.recipe.kinds import KindTable
 from prebake.artifacts.store.local import Installed
 
 

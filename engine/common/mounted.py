@@ -22,11 +22,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
-from prebake.artifacts.bake.fetch import Miss, Resolution, lookup, verify
-from prebake.artifacts.bake.kinds import TargetKeys
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.bundle.unpack import tree_problems
 from prebake.artifacts.errors import BundleError, RecipeError
+from prebake.artifacts.fetch.outcome import Miss, Resolution
+from prebake.artifacts.fetch.pipeline import lookup, verify
+from prebake.artifacts.recipe.kinds import TargetKeys
 from prebake.artifacts.store.local import Installed
 from prebake.engine.common.adapter import Services
 

@@ -37,9 +37,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from prebake.artifacts.bake.recipes import DTYPES
 from prebake.artifacts.bundle.manifest import SCHEMA_VERSION
 from prebake.artifacts.errors import PrebakeError
+from prebake.artifacts.recipe.schema import DTYPES
 
 DEVICES = ("cpu", "cuda", "gaudi")
 TOOL_TIMEOUT_S = 5.0
@@ -154,7 +154,7 @@ class Software:
     habana-torch-plugin version; driver is the NVIDIA or Gaudi driver as its tool reports it.
     Every field is a key factor of every compiled kind. `packages` holds the versions of the
     packages engines declare (factor -> version, None when absent): an engine's kinds keep only
-    their own (prebake.artifacts.bake.kinds.software_factors).
+    their own (prebake.artifacts.recipe.kinds.software_factors).
     """
 
     python: str

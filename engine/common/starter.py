@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from prebake.artifacts.bake.fetch import Miss
-from prebake.artifacts.bake.kinds import Builder, TargetKeys
+from prebake.artifacts.fetch.outcome import Miss
+from prebake.artifacts.recipe.kinds import Builder, TargetKeys
 from prebake.artifacts.store.local import Installed
 from prebake.artifacts.store.stats import record_fallback
 from prebake.engine.common import write_back as publishing

@@ -30,8 +30,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from prebake.artifacts.bake.bake_kind import Baked, bake_kind
-from prebake.artifacts.bake.kinds import Builder, TargetKeys
 from prebake.artifacts.errors import BuildError
+from prebake.artifacts.recipe.kinds import Builder, TargetKeys
 from prebake.artifacts.store.local import Installed
 from prebake.artifacts.timebox import Done, Raised, within
 from prebake.engine.common.adapter import Services

@@ -14,9 +14,9 @@ from doit.cmd_base import ModuleTaskLoader
 from doit.doit_cmd import DoitMain
 
 from prebake.artifacts.bake.fleet_plan import matches
-from prebake.artifacts.bake.recipes import Recipe, Target, targets
 from prebake.artifacts.bake.tasks import BakeRequest, bake_tasks
 from prebake.artifacts.errors import HostCannotBuildError, RecipeError
+from prebake.artifacts.recipe.schema import Recipe, Target, targets
 from prebake.artifacts.store.local import Store
 from prebake.engine.common.probe import current_host
 from prebake.engine.compose import Context

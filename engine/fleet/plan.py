@@ -3,9 +3,9 @@ and the declared builder profiles."""
 
 from __future__ import annotations
 
-from prebake.artifacts.bake.fetch import accepted_entry
 from prebake.artifacts.bake.fleet_plan import FleetPlan, plan_fleet
-from prebake.artifacts.bake.recipes import load_recipe, targets
+from prebake.artifacts.fetch.gate import accepted_entry
+from prebake.artifacts.recipe.schema import load_recipe, targets
 from prebake.engine.adapters import kinds_for
 from prebake.engine.compose import Context
 from prebake.engine.fleet.profiles import load_profiles

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prebake.artifacts.bake.fleet_plan import MISSING, PRESENT, UNBUILDABLE, Requirement, TargetPlan, matches
-from prebake.artifacts.bake.kinds import target_keys
-from prebake.artifacts.bake.recipes import Recipe, load_recipe, targets
 from prebake.artifacts.errors import HostCannotBuildError
 from prebake.artifacts.extras import require
+from prebake.artifacts.recipe.kinds import target_keys
+from prebake.artifacts.recipe.schema import Recipe, load_recipe, targets
 from prebake.engine.adapters import kinds_for
 from prebake.engine.common.probe import probe
 from prebake.engine.fleet.node_env import describe, forwarded
@@ -139,7 +139,7 @@ def _node_id() -> str:
 
 
 def _present(recipe: Recipe, target, host, registry_address: str | None) -> set[str]:
-    from prebake.artifacts.bake.fetch import accepted_entry
+    from prebake.artifacts.fetch.gate import accepted_entry
     from prebake.engine.compose import Context
 
     context = Context.open(registry_address, host=host, creating=True)  # the bake creates it
@@ -310,7 +310,7 @@ def _all(t: TargetPlan, outcome: str, reason: str) -> list[KindOutcome]:
 
 
 def _recipe_text(model: str, recipe: Recipe) -> str:
-    from prebake.artifacts.bake.recipes import recipe_dirs
+    from prebake.artifacts.recipe.schema import recipe_dirs
 
     path = (
         Path(model)

@@ -25,7 +25,9 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 
-from prebake.artifacts.bake.kinds import (
+from prebake.artifacts.errors import BuildError
+from prebake.artifacts.fsutil import copy_writable
+from prebake.artifacts.recipe.kinds import (
     BuildRequest,
     Groups,
     KeyContext,
@@ -34,9 +36,7 @@ from prebake.artifacts.bake.kinds import (
     compile_factors,
     target_groups,
 )
-from prebake.artifacts.bake.recipes import Recipe, Target, parse_platform
-from prebake.artifacts.errors import BuildError
-from prebake.artifacts.fsutil import copy_writable
+from prebake.artifacts.recipe.schema import Recipe, Target, parse_platform
 from prebake.artifacts.store.local import Installed
 from prebake.engine.common.adapter import (
     EngineStartError,

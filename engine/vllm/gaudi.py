@@ -22,13 +22,13 @@ import json
 import math
 from pathlib import Path
 
-from prebake.artifacts.bake.kinds import BUCKETS_FILE
-from prebake.artifacts.bake.recipes import Recipe
 from prebake.artifacts.buckets import rules as bucket_rules
 from prebake.artifacts.buckets.artifact import check_overrides
 from prebake.artifacts.buckets.limits import BucketSettings, ServingLimits
 from prebake.artifacts.buckets.sets import BucketSet
 from prebake.artifacts.errors import BucketError, BuildError
+from prebake.artifacts.recipe.kinds import BUCKETS_FILE
+from prebake.artifacts.recipe.schema import Recipe
 from prebake.engine.vllm.gaudi_file import write_bucket_file
 
 RECIPES_DIR = "hpu-recipes"

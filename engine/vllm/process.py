@@ -46,10 +46,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from prebake.artifacts.bake.kinds import weights_identity
-from prebake.artifacts.bake.recipes import Recipe, Target, parse_platform
 from prebake.artifacts.errors import BuildError
 from prebake.artifacts.keys import canonical_json, sha256_hex
+from prebake.artifacts.recipe.kinds import weights_identity
+from prebake.artifacts.recipe.schema import Recipe, Target, parse_platform
 from prebake.engine.common.adapter import EngineStartError
 from prebake.engine.vllm.portability import interpreter, resolve_site
 

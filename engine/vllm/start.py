@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from prebake.artifacts.bake.fetch import Miss
-from prebake.artifacts.bake.kinds import Builder, BuildRequest, TargetKeys
 from prebake.artifacts.errors import RecipeError
+from prebake.artifacts.fetch.outcome import Miss
+from prebake.artifacts.recipe.kinds import Builder, BuildRequest, TargetKeys
 from prebake.artifacts.store.local import Installed
 from prebake.engine.common import starter
 from prebake.engine.common.adapter import Services, StartRequest

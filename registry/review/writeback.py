@@ -12,7 +12,7 @@ itself, an explicit choice for single-user setups where the pod is the builder. 
 local registry ($PREBAKE_HOME/registry) keeps the simple behaviour: write-back lands in its
 index, since only this machine reads it. Bundles written to quarantine carry the label
 writeback=quarantine (covered by the signature); an index entry that carries it was copied
-out of quarantine and is refused under every policy (prebake.artifacts.bake.fetch.unreviewed). `prebake
+out of quarantine and is refused under every policy (prebake.artifacts.fetch.gate.unreviewed). `prebake
 promote` reviews them: re-verifies each, signs it with the promoter's key and publishes it to
 the index; what is never promoted ages out: `prebake promote --prune` removes what waited longer
 than the maximum age on every backend (registry.aging).

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from prebake.artifacts.bake.fetch import fetch
+from prebake.artifacts.fetch.pipeline import fetch
 from prebake.artifacts.store.local import Store, StoreLimits
 from prebake.registry.oci import OCIRegistry
 from prebake.registry.oci.artifact import ARTIFACT_TYPE, LAYER_TYPE, tag_for
@@ -247,7 +247,7 @@ def _read_only(tree: Path) -> None:
 def test_a_mounted_tree_unpacked_by_umoci_checks_out_against_its_signed_manifest(oci, tmp_path):
     from cryptography.hazmat.primitives import serialization
 
-    from prebake.artifacts.bake.fetch import verify_entry
+    from prebake.artifacts.fetch.gate import verify_entry
     from prebake.engine.common.mounted import check_mounted
 
     name, address = _repo(oci)

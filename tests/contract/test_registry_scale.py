@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 
-from prebake.artifacts.bake.fetch import MISS_SAMPLE, Miss, nearest_miss
 from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.fetch.explain import MISS_SAMPLE, nearest_miss
+from prebake.artifacts.fetch.outcome import Miss
 from prebake.artifacts.keys import Key
 from prebake.artifacts.layout import index_relpath, summary_relpath
 from prebake.artifacts.ports.listing import SUMMARY_MIN_ROWS, Listed, ListingSummary

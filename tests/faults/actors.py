@@ -23,7 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-from prebake.artifacts.bake.fetch import Miss, fetch
+from prebake.artifacts.fetch.outcome import Miss
+from prebake.artifacts.fetch.pipeline import fetch
 from prebake.artifacts.store.local import Store
 from prebake.registry import open_registry
 from prebake.registry.trust.policy import trust_in_force
@@ -94,7 +95,7 @@ def _fetch(args, store: Store, registry, trust) -> dict:
 
 def _bake(args, store: Store, registry, trust) -> dict:
     from prebake.artifacts.bake.bake_kind import bake_kind
-    from prebake.artifacts.bake.recipes import load_recipe
+    from prebake.artifacts.recipe.schema import load_recipe
     from prebake.engine.common.probe import current_host
     from prebake.engine.compose import plans_for
 

@@ -21,10 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from prebake.artifacts.bake.fetch import Installed, Miss, TrustCheck, fetch
 from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.fetch.outcome import Miss
+from prebake.artifacts.fetch.pipeline import fetch
 from prebake.artifacts.keys import Key
-from prebake.artifacts.store.local import Store
+from prebake.artifacts.ports.registry import TrustCheck
+from prebake.artifacts.store.local import Installed, Store
 from prebake.registry.trust.policy import POLICY_ENV, trust_in_force
 from prebake.registry.trust.signing import (
     SIGNING_KEY_ENV,

@@ -9,9 +9,9 @@ import hashlib
 
 import pytest
 
-from prebake.artifacts.bake.fetch import Miss
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.errors import BundleError
+from prebake.artifacts.fetch.outcome import Miss
 from prebake.artifacts.ports.errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
 from prebake.registry.backends.file import FileRegistry
 from tests.faults.procs import actor, result, unbounded

@@ -29,10 +29,11 @@ from pathlib import Path
 
 import zstandard
 
-from prebake.artifacts.bake.fetch import Miss, fetch
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.bundle.unpack import tree_problems
 from prebake.artifacts.errors import PrebakeError
+from prebake.artifacts.fetch.outcome import Miss
+from prebake.artifacts.fetch.pipeline import fetch
 from prebake.artifacts.keys import Key
 from prebake.artifacts.store.admin import verify_store
 from prebake.artifacts.store.local import Store

@@ -30,9 +30,9 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from prebake.artifacts.bake.fetch import Miss
 from prebake.artifacts.bundle.manifest import FileEntry, Manifest
 from prebake.artifacts.errors import BundleError, PrebakeError, StoreError
+from prebake.artifacts.fetch.outcome import Miss
 from prebake.artifacts.keys import Key
 from prebake.artifacts.layout import blob_relpath, index_relpath
 from prebake.artifacts.ports.errors import BlobSizeMismatch
@@ -348,7 +348,7 @@ def _cli(home: Path, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("case", ["nothing", "nested", "bomb", "fifo", "wrong-bytes"])
 def test_prebake_fetch_exits_0_3_or_2_and_never_with_a_traceback(tmp_path, scenario, case, in_force):
-    from prebake.artifacts.bake.recipes import load_recipe
+    from prebake.artifacts.recipe.schema import load_recipe
     from prebake.engine.compose import Context
 
     context = Context.open(str(tmp_path / "registry"), store=unbounded(tmp_path / "home"))

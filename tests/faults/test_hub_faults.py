@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from prebake.artifacts.bake.fetch import Miss
+from prebake.artifacts.fetch.outcome import Miss
 from prebake.artifacts.ports.errors import RegistryError, RegistryUnavailable
 from tests.faults.checks import store_problems
 from tests.faults.fault_proxy import Fault, fault_proxy

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from prebake.artifacts.bake.fetch import Installed
+from prebake.artifacts.store.local import Installed
 from tests.faults.checks import store_problems
 from tests.faults.fault_proxy import Fault, fault_proxy
 from tests.faults.procs import unbounded

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from prebake.artifacts.bake.fetch import Installed
 from prebake.artifacts.errors import BundleError
 from prebake.artifacts.layout import blob_relpath
 from prebake.artifacts.ports.errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
+from prebake.artifacts.store.local import Installed
 from tests.faults.checks import store_problems
 from tests.faults.fault_proxy import Fault, fault_proxy
 from tests.faults.procs import actor, killed, racing_bakers, result, unbounded

@@ -22,7 +22,7 @@ TIME_BOX_S = 2.0
 CHILD = """
 import json, sys
 from pathlib import Path
-from prebake.artifacts.bake.fetch import install
+from prebake.artifacts.fetch.pipeline import install
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.store.local import Store, StoreLimits
 from prebake.registry import open_registry

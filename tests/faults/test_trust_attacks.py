@@ -22,12 +22,13 @@ import shutil
 
 import pytest
 
-from prebake.artifacts.bake.fetch import Installed, Miss, fetch
 from prebake.artifacts.bake.provenance import SIDE_NAME
 from prebake.artifacts.bundle.manifest import FileEntry
 from prebake.artifacts.errors import BundleError
+from prebake.artifacts.fetch.outcome import Miss
+from prebake.artifacts.fetch.pipeline import fetch
 from prebake.artifacts.layout import side_relpath
-from prebake.artifacts.store.local import Store
+from prebake.artifacts.store.local import Installed, Store
 from prebake.registry.backends.file import FileRegistry
 from prebake.registry.trust.policy import trust_in_force
 from prebake.registry.trust.revocation import LIST_NAME, RevocationList, sign_list
@@ -137,7 +138,7 @@ def test_an_unusable_revocation_list_refuses_under_fail_closed(tmp_path, keys, s
 
 def test_an_attestation_about_another_blob_is_refused(tmp_path, keys, scenario):
     from prebake.artifacts.bake.provenance import BuildContext, statement
-    from prebake.artifacts.bake.recipes import load_recipe, targets
+    from prebake.artifacts.recipe.schema import load_recipe, targets
     from prebake.registry.trust.attestation import seal
 
     registry = FileRegistry(tmp_path / "registry")

@@ -56,7 +56,7 @@ _COMPARE = """
 import json, sys
 from pathlib import Path
 import torch
-from prebake.artifacts.bake.recipes import load_recipe
+from prebake.artifacts.recipe.schema import load_recipe
 from prebake.engine.bundled.build import model_and_cache
 from prebake.engine.bundled.runtime import aoti
 from prebake.engine.bundled.runtime.shapes import StepShape
@@ -205,7 +205,7 @@ def bf16_tree(tmp_path_factory, recipes, graphs_tree) -> Path:
     shutil.copy(graphs_tree / "graphs.json", tree / "graphs.json")
     code = (
         "import json, sys\nfrom pathlib import Path\n"
-        "from prebake.artifacts.bake.recipes import load_recipe\n"
+        "from prebake.artifacts.recipe.schema import load_recipe\n"
         "from prebake.engine.bundled.build import model_and_cache\n"
         "from prebake.engine.bundled.runtime import aoti\n"
         "from prebake.engine.bundled.runtime.shapes import StepShape\n"
@@ -286,7 +286,7 @@ def _damage(tree: Path, how: str, tmp_path: Path) -> Path:
 _WARM_UP = """
 import json, sys
 from pathlib import Path
-from prebake.artifacts.bake.recipes import load_recipe
+from prebake.artifacts.recipe.schema import load_recipe
 from prebake.artifacts.store.local import Store
 from prebake.engine.bundled import start
 from prebake.engine.bundled.build import model_and_cache
@@ -343,7 +343,7 @@ def test_a_package_that_does_not_load_here_falls_back_to_dynamo_precompile_says_
 def test_a_package_asked_for_a_shape_it_lacks_names_it_and_the_bucket_set(tmp_path, recipes, graphs_tree):
     code = (
         "import json, sys\nfrom pathlib import Path\n"
-        "from prebake.artifacts.bake.recipes import load_recipe\n"
+        "from prebake.artifacts.recipe.schema import load_recipe\n"
         "from prebake.engine.bundled.build import model_and_cache\n"
         "from prebake.engine.bundled.runtime import aoti\n"
         "from prebake.engine.bundled.runtime.shapes import StepShape\n"

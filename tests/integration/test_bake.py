@@ -59,7 +59,7 @@ def test_baked_graphs_are_inductor_cache_hits_from_a_copied_folder(baked, tmp_pa
     probe = f"""
 import json, torch
 from torch._dynamo.utils import counters
-from prebake.artifacts.bake.recipes import load_recipe
+from prebake.artifacts.recipe.schema import load_recipe
 from prebake.engine.bundled.runtime.autotune import load_winners
 from prebake.engine.bundled.runtime.loader import load_model, torch_dtype
 from prebake.engine.bundled.runtime.model import KVCache

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from prebake.artifacts.bake.recipes import load_recipe
+from prebake.artifacts.recipe.schema import load_recipe
 from tests.support.ci_examples import resolve, workflow
 from tests.support.moto_server import moto_server, s3_env
 from tests.support.recipe_files import write_recipe

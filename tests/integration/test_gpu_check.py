@@ -47,7 +47,7 @@ def test_prebake_installs_into_a_fresh_venv_from_the_wheels_alone(wheelhouse, tm
         [
             str(python),
             "-c",
-            "import prebake.engine.cli, prebake.artifacts.bake.recipes, prebake.registry, fastapi, zstandard; print('ok')",
+            "import prebake.engine.cli, prebake.artifacts.recipe.schema, prebake.registry, fastapi, zstandard; print('ok')",
         ],
         capture_output=True,
         text=True,

@@ -50,7 +50,7 @@ def test_the_wheel_installs_one_import_package_prebake_and_its_console_script(wh
         scripts = archive.read(entry_points).decode()
     tops = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
     assert tops == {"prebake"}, tops
-    assert "prebake/artifacts/bake/fetch.py" in names and "prebake/recipes/tiny-llama.toml" in names
+    assert "prebake/artifacts/fetch/pipeline.py" in names and "prebake/recipes/tiny-llama.toml" in names
     assert "prebake = prebake.engine.cli:main" in scripts
 
 
@@ -82,7 +82,7 @@ def test_the_wheel_imports_its_own_modules_and_ships_the_recipes(installed, tmp_
         [
             installed / "python",
             "-c",
-            "import prebake.artifacts, prebake.engine.cli, prebake.artifacts.bake.recipes as r; "
+            "import prebake.artifacts, prebake.engine.cli, prebake.artifacts.recipe.schema as r; "
             "print(prebake.artifacts.__file__); print(r.list_recipes())",
         ],
         cwd=tmp_path,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from prebake.artifacts.bake.recipes import Recipe, load_recipe
+from prebake.artifacts.recipe.schema import Recipe, load_recipe
 from prebake.artifacts.store.local import Store
 from prebake.engine.common.adapter import StartRequest
 from prebake.engine.compose import Context, plans_for

@@ -9,7 +9,8 @@ import uuid
 
 import pytest
 
-from prebake.artifacts.bake.fetch import Miss, fetch
+from prebake.artifacts.fetch.outcome import Miss
+from prebake.artifacts.fetch.pipeline import fetch
 from prebake.artifacts.store.local import Store, StoreLimits
 from prebake.engine.cli import main
 from tests.faults.fault_proxy import fault_proxy

@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 
 from prebake.artifacts.bake.bake_kind import bake_kind
-from prebake.artifacts.bake.fetch import Miss, StoreRefused, fetch, lookup, policy_refuses, resolve
 from prebake.artifacts.bake.tasks import _published
 from prebake.artifacts.errors import UntrustedEntryError
+from prebake.artifacts.fetch.gate import policy_refuses
+from prebake.artifacts.fetch.outcome import Miss, StoreRefused
+from prebake.artifacts.fetch.pipeline import fetch, lookup, resolve
 from prebake.artifacts.store.local import Installed, Store
 from prebake.registry import open_registry
 from prebake.registry.trust.signing import KeySigner, TrustPolicy, load_private_key, write_keypair

@@ -23,7 +23,7 @@ _CHILD = """
 import json, sys
 from pathlib import Path
 from torch._dynamo.utils import counters
-from prebake.artifacts.bake.recipes import load_recipe
+from prebake.artifacts.recipe.schema import load_recipe
 from prebake.engine.bundled.runtime import precompile
 from prebake.engine.bundled.build import compile_graphs, model_and_cache
 from prebake.engine.bundled.runtime.shapes import StepShape

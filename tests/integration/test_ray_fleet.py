@@ -21,7 +21,7 @@ import pytest
 
 pytest.importorskip("ray", reason="the Ray executor needs the optional extra: pip install 'prebake[ray]'")
 
-from prebake.artifacts.bake.recipes import load_recipe
+from prebake.artifacts.recipe.schema import load_recipe
 from tests.support.baking import REPO
 from tests.support.hosts import cpu_only_env
 from tests.support.moto_server import moto_server, s3_env
@@ -114,9 +114,9 @@ def test_bakes_route_to_the_node_advertising_the_platform_and_a_mismatched_node_
     cluster, env, recipes = fleet
     registry = tmp_path / "registry"
     seed = (
-        "import sys; from prebake.engine.common.probe import probe; from prebake.artifacts.bake.kinds import target_keys; "
+        "import sys; from prebake.engine.common.probe import probe; from prebake.artifacts.recipe.kinds import target_keys; "
         "from prebake.engine.adapters import kinds_for; "
-        "from prebake.artifacts.bake.recipes import load_recipe, targets; from tests.support.fleet import write_entry; "
+        "from prebake.artifacts.recipe.schema import load_recipe, targets; from tests.support.fleet import write_entry; "
         "r = load_recipe('fleet-gaudi'); t = [t for t in targets(r) if t.platform == 'gaudi3'][0]; "
         "[write_entry(__import__('pathlib').Path(sys.argv[1]), k) for k in target_keys(r, t, probe(), kinds_for(r, t)).keys.values()]"
     )

@@ -11,8 +11,8 @@ import socket
 import time
 from pathlib import Path
 
-from prebake.artifacts.bake.recipes import load_recipe
 from prebake.artifacts.layout import index_relpath
+from prebake.artifacts.recipe.schema import load_recipe
 from prebake.engine.common.probe import current_host
 from prebake.engine.compose import plans_for
 from tests.support.serving import ServeProcess, serve_env, write_recipe

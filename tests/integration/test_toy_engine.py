@@ -13,9 +13,9 @@ import pytest
 from doit.cmd_base import ModuleTaskLoader
 from doit.doit_cmd import DoitMain
 
-from prebake.artifacts.bake.recipes import load_recipe
 from prebake.artifacts.bake.tasks import BakeRequest, bake_tasks
 from prebake.artifacts.errors import RecipeError
+from prebake.artifacts.recipe.schema import load_recipe
 from prebake.artifacts.store.local import Store
 from prebake.engine import adapters
 from prebake.engine.common import probe as probing

@@ -9,8 +9,9 @@ from pathlib import Path
 from doit.cmd_base import ModuleTaskLoader
 from doit.doit_cmd import DoitMain
 
-from prebake.artifacts.bake.fetch import resolve
-from prebake.artifacts.bake.kinds import (
+from prebake.artifacts.bake.tasks import BakeRequest, bake_tasks
+from prebake.artifacts.fetch.pipeline import resolve
+from prebake.artifacts.recipe.kinds import (
     BUCKETS,
     BUCKETS_FILE,
     BuildRequest,
@@ -21,8 +22,7 @@ from prebake.artifacts.bake.kinds import (
     TargetKeys,
     target_keys,
 )
-from prebake.artifacts.bake.recipes import Recipe, load_recipe
-from prebake.artifacts.bake.tasks import BakeRequest, bake_tasks
+from prebake.artifacts.recipe.schema import Recipe, load_recipe
 from prebake.artifacts.store.local import Store
 from prebake.engine.common.exports import prebake_environment
 from prebake.engine.common.probe import current_host

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from prebake.artifacts.bake.recipes import load_recipe, targets
+from prebake.artifacts.recipe.schema import load_recipe, targets
 from prebake.engine.vllm.process import (
     Launch,
     engine_flags,

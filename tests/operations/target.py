@@ -17,10 +17,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from prebake.artifacts.bake.kinds import TargetKeys
-from prebake.artifacts.bake.recipes import load_recipe
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.bundle.payload import pack
+from prebake.artifacts.recipe.kinds import TargetKeys
+from prebake.artifacts.recipe.schema import load_recipe
 from prebake.engine.common.probe import current_host
 from prebake.engine.compose import plans_for
 from prebake.registry.backends.file import FileRegistry

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from prebake.artifacts.bake.recipes import load_recipe
+from prebake.artifacts.recipe.schema import load_recipe
 from prebake.engine.common.probe import current_host
 from prebake.engine.compose import plans_for
 from prebake.registry.backends.file import FileRegistry

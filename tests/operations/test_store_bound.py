@@ -10,7 +10,7 @@ import subprocess
 import threading
 import time
 
-from prebake.artifacts.bake.fetch import fetch
+from prebake.artifacts.fetch.pipeline import fetch
 from prebake.artifacts.store.local import Store, StoreLimits
 from prebake.registry.backends.file import FileRegistry
 from tests.faults.fault_proxy import Fault, fault_proxy

@@ -8,7 +8,9 @@ layer's modules and any layer below; peers on one layer never import each other)
     prebake.artifacts.bundle         the bundle format: manifest, pack, unpack
     prebake.artifacts.ports          what the core needs from a registry, and listing rows
     prebake.artifacts.store          the local store, its admin view and its stats
-    prebake.artifacts.bake           recipes, kinds and keys, the bake, the fetch pipeline, tasks
+    prebake.artifacts.recipe         recipes, kinds and the keys of a target
+    prebake.artifacts.fetch          the fetch pipeline, its outcomes, trust gating, the nearest miss
+    prebake.artifacts.bake           the bake of one kind, doit tasks, the fleet plan, provenance
     prebake.registry.trust           signing, policy, policy files, revocation, attestation
     prebake.registry.review          verify, promote, write-back, the quarantine's aging
     prebake.registry.shared          the registry over the object-store port, verified transfers
@@ -54,6 +56,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("prebake.artifacts.bundle",),
     ("prebake.artifacts.ports",),
     ("prebake.artifacts.store",),
+    ("prebake.artifacts.recipe",),
+    ("prebake.artifacts.fetch",),
     ("prebake.artifacts.bake",),
     ("prebake.registry.trust",),
     ("prebake.registry.review",),

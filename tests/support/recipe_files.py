@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from prebake.artifacts.bake.recipes import Recipe
+from prebake.artifacts.recipe.schema import Recipe
 
 
 def write_recipe(recipe: Recipe, folder: Path) -> Path:

@@ -32,7 +32,7 @@ from prebake.artifacts.bundle.manifest import Manifest
 from tests.faults.checks import registry_damage, store_problems
 
 if TYPE_CHECKING:
-    from prebake.artifacts.bake.fetch import TrustCheck
+    from prebake.artifacts.ports.registry import TrustCheck
 
 GROUPS = ("faults", "operations")  # the folders under tests/ whose tests are scenarios
 _LOST, _CORRUPTED = "scenario_bundles_lost", "scenario_bundles_corrupted"  # user_properties names

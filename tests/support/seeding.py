@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 
 from prebake.artifacts.bake.bake_kind import ModelSign, Signer, bake_kind
-from prebake.artifacts.bake.kinds import BuildRequest, TargetKeys
 from prebake.artifacts.bake.provenance import Attest
-from prebake.artifacts.bake.recipes import load_recipe
+from prebake.artifacts.recipe.kinds import BuildRequest, TargetKeys
+from prebake.artifacts.recipe.schema import load_recipe
 from prebake.artifacts.store.local import Store
 from prebake.engine.common.probe import current_host
 from prebake.engine.compose import Context

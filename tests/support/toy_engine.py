@@ -13,7 +13,9 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from prebake.artifacts.bake.kinds import (
+from prebake.artifacts.errors import PrebakeError
+from prebake.artifacts.frozen import Frozen
+from prebake.artifacts.recipe.kinds import (
     BUCKETS_FILE,
     Builder,
     BuildRequest,
@@ -23,9 +25,7 @@ from prebake.artifacts.bake.kinds import (
     TargetKeys,
     target_groups,
 )
-from prebake.artifacts.bake.recipes import Recipe
-from prebake.artifacts.errors import PrebakeError
-from prebake.artifacts.frozen import Frozen
+from prebake.artifacts.recipe.schema import Recipe
 from prebake.artifacts.store.local import Installed
 from prebake.engine.common import starter
 from prebake.engine.common.adapter import (

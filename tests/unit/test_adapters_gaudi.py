@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from prebake.artifacts.bake.bake_kind import bake_kind
-from prebake.artifacts.bake.recipes import Recipe, load_recipe
 from prebake.artifacts.errors import BuildError
+from prebake.artifacts.recipe.schema import Recipe, load_recipe
 from prebake.artifacts.store.local import Store
 from prebake.engine.adapters import adapter_for
 from prebake.engine.common.adapter import StartRequest
@@ -205,8 +205,8 @@ def test_gaudi_bake_packs_the_recipes_and_a_server_reuses_a_local_copy(tmp_path,
 
 
 def test_a_traffic_fitted_set_reaches_vllm_gaudi_as_its_bucket_file_and_reads_back_exactly(tmp_path):
-    from prebake.artifacts.bake.kinds import BUCKETS_FILE
     from prebake.artifacts.buckets.artifact import build_bucket_set
+    from prebake.artifacts.recipe.kinds import BUCKETS_FILE
     from prebake.engine.vllm.gaudi_file import upstream_reading
     from tests.support.synthetic_traces import synthetic_requests, write_jsonl
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from prebake.artifacts.bake.bake_kind import bake_kind
-from prebake.artifacts.bake.kinds import target_keys
-from prebake.artifacts.bake.recipes import Recipe, Target, load_recipe, targets
 from prebake.artifacts.errors import BuildError, BundleError, StoreError
 from prebake.artifacts.fsutil import copy_writable
+from prebake.artifacts.recipe.kinds import target_keys
+from prebake.artifacts.recipe.schema import Recipe, Target, load_recipe, targets
 from prebake.artifacts.store.local import Installed, Store
 from prebake.engine.adapters import kinds_for
 from prebake.engine.common.adapter import EngineStartError, StartRequest

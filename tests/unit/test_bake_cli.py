@@ -28,8 +28,8 @@ def test_a_nothing_to_do_bake_runs_doit_and_succeeds(tmp_path, monkeypatch):
     import sys
     from pathlib import Path
 
-    from prebake.artifacts.bake.kinds import target_keys
-    from prebake.artifacts.bake.recipes import load_recipe, targets
+    from prebake.artifacts.recipe.kinds import target_keys
+    from prebake.artifacts.recipe.schema import load_recipe, targets
     from prebake.engine.adapters import kinds_for
     from tests.support.fleet import write_entry
 

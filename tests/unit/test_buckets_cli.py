@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from prebake.artifacts.bake.recipes import load_recipe
 from prebake.artifacts.buckets.artifact import build_bucket_set
 from prebake.artifacts.buckets.limits import BucketSettings
 from prebake.artifacts.errors import ExitCode
+from prebake.artifacts.recipe.schema import load_recipe
 from prebake.engine.cli import main
 
 

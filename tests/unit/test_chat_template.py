@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from prebake.artifacts.bake.recipes import ModelSpec, load_recipe
+from prebake.artifacts.recipe.schema import ModelSpec, load_recipe
 from prebake.engine.bundled.api.chat import TINY_TEMPLATE, ChatTemplate, ChatTemplateError, chat_template_for
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from prebake.artifacts.bake.recipes import load_recipe
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.bundle.payload import pack
+from prebake.artifacts.recipe.schema import load_recipe
 from prebake.artifacts.store.local import Store
 from prebake.engine.cli import main
 from prebake.engine.compose import Context

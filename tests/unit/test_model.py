@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers import LlamaConfig as HFLlamaConfig
 
-from prebake.artifacts.bake.recipes import architecture_digest
+from prebake.artifacts.recipe.schema import architecture_digest
 from prebake.engine.bundled.runtime.model import ATTN_IMPLS, KVCache, Llama, build_model, generate, sample
 from prebake.engine.bundled.runtime.weights import (
     Llama3RopeScaling,

@@ -15,9 +15,9 @@ from prebake.artifacts.bake.fleet_plan import (
     host_independent_kinds,
     plan_fleet,
 )
-from prebake.artifacts.bake.kinds import target_keys
-from prebake.artifacts.bake.recipes import load_recipe, targets
 from prebake.artifacts.errors import RecipeError
+from prebake.artifacts.recipe.kinds import target_keys
+from prebake.artifacts.recipe.schema import load_recipe, targets
 from prebake.engine.adapters import kinds_for
 from prebake.engine.cli import main
 from prebake.engine.common.probe import Host, Platform, Software, current_host

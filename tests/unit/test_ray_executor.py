@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from prebake.artifacts.bake.fleet_plan import Profile, requirement
-from prebake.artifacts.bake.recipes import Target
+from prebake.artifacts.recipe.schema import Target
 from prebake.engine.cli.bake import render
 from prebake.engine.common.probe import Host, Platform, Software
 from prebake.engine.fleet.ray_executor import FAILED, BakeJob, KindOutcome, RayReport, bake_target, ray_options

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from prebake.artifacts.bake.recipes import list_recipes, load_recipe, targets
 from prebake.artifacts.errors import RecipeError, UnknownModelError
+from prebake.artifacts.recipe.schema import list_recipes, load_recipe, targets
 
 SHIPPED = Path(__file__).resolve().parents[2] / "recipes"
 

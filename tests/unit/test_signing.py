@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
-from prebake.artifacts.bake.fetch import Miss, fetch
 from prebake.artifacts.bundle.manifest import BlobRef, FileEntry, Manifest, Signature
 from prebake.artifacts.bundle.payload import pack
 from prebake.artifacts.errors import PrebakeError
+from prebake.artifacts.fetch.outcome import Miss
+from prebake.artifacts.fetch.pipeline import fetch
 from prebake.artifacts.keys import Key
 from prebake.artifacts.store.local import Store
 from prebake.registry.backends.file import FileRegistry

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from prebake.artifacts.bake.fetch import Miss, fetch
 from prebake.artifacts.errors import StoreError
+from prebake.artifacts.fetch.outcome import Miss
+from prebake.artifacts.fetch.pipeline import fetch
 from prebake.artifacts.keys import Key
 from prebake.artifacts.store import stats
 from prebake.artifacts.store.local import Store, StoreLimits

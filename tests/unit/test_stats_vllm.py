@@ -2,8 +2,8 @@
 
 import json
 
-from prebake.artifacts.bake.recipes import Recipe, load_recipe
 from prebake.artifacts.ports.errors import RegistryUnavailable
+from prebake.artifacts.recipe.schema import Recipe, load_recipe
 from prebake.artifacts.store.local import Store
 from prebake.artifacts.store.stats import read_stats
 from prebake.engine.common.adapter import StartRequest

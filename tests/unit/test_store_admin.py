@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from prebake.artifacts.bake.fetch import Miss, fetch
+from prebake.artifacts.fetch.outcome import Miss
+from prebake.artifacts.fetch.pipeline import fetch
 from prebake.artifacts.store import admin as store_admin
 from prebake.artifacts.store.local import Store, StoreLimits
 from prebake.artifacts.store.mark import record_install

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from prebake.artifacts import fsutil
-from prebake.artifacts.bake.fetch import Miss, fetch
 from prebake.artifacts.errors import StoreBoundError, StoreError, UnsafeArchiveError
+from prebake.artifacts.fetch.outcome import Miss
+from prebake.artifacts.fetch.pipeline import fetch
 from prebake.artifacts.store.local import DEFAULT_MAX_BYTES, GcReport, Store, StoreLimits, parse_size
 from prebake.artifacts.store.mark import record_install
 from prebake.engine.cli import main

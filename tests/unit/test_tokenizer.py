@@ -6,7 +6,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from prebake.artifacts.bake.recipes import ModelSpec
+from prebake.artifacts.recipe.schema import ModelSpec
 from prebake.engine.bundled.runtime.tokenizer import ByteTokenizer, HFTokenizer, TokenizerError, tokenizer_for
 
 CONFIG = {"vocab_size": 1024, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}

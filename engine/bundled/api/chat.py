@@ -19,8 +19,8 @@ from pathlib import Path
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from prebake.artifacts.bake.recipes import ModelSpec
 from prebake.artifacts.errors import PrebakeError
+from prebake.artifacts.recipe.schema import ModelSpec
 
 TINY_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n{% endfor %}"

@@ -22,7 +22,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from prebake.artifacts.bake.recipes import AutotuneSpec
+from prebake.artifacts.recipe.schema import AutotuneSpec
 from prebake.engine.bundled.runtime.model import ATTN_IMPLS
 from prebake.engine.bundled.runtime.shapes import StepShape
 from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic

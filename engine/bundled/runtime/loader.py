@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from prebake.artifacts.bake.recipes import ModelSpec
 from prebake.artifacts.errors import BuildError
+from prebake.artifacts.recipe.schema import ModelSpec
 from prebake.engine.bundled.runtime.model import Llama, build_model
 from prebake.engine.bundled.runtime.weights import LlamaConfig, load_hf_folder, tiny_random_weights
 

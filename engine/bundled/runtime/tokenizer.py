@@ -14,8 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from prebake.artifacts.bake.recipes import ModelSpec
 from prebake.artifacts.errors import PrebakeError
+from prebake.artifacts.recipe.schema import ModelSpec
 
 TOKENIZER_FILE = "tokenizer.json"
 

@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from prebake.artifacts.bake.recipes import Recipe, Target, parse_platform, targets
 from prebake.artifacts.buckets.artifact import bucket_key_factors, build_bucket_set
 from prebake.artifacts.bundle.manifest import SCHEMA_VERSION
 from prebake.artifacts.errors import BuildError, HostCannotBuildError, PrebakeError
 from prebake.artifacts.keys import Key, policy_factors
+from prebake.artifacts.recipe.schema import Recipe, Target, parse_platform, targets
 
 Factors = dict[str, str]
 Groups = dict[str, Mapping[str, object]]
