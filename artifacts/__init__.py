@@ -5,8 +5,9 @@
     bundle/    the bundle format: manifest, pack, unpack
     ports/     what the core needs from a registry (declared here, implemented in prebake.registry)
     store/     the local store, its admin view and its stats
-    bake/      recipes, kinds and keys, baking one kind, the fetch pipeline, doit's task dicts, the
-               fleet plan
+    recipe/    recipes, kinds and the keys of a target
+    fetch/     the fetch pipeline, its outcomes, trust gating, the nearest miss
+    bake/      baking one kind, doit's task dicts, the fleet plan, provenance
 
 Pure: nothing here imports torch, boto3, huggingface_hub, prebake.registry or prebake.engine, and
 nothing reads a PREBAKE_* setting except where a function says so in its docstring (the store's
