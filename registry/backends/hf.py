@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 
 from prebake.artifacts import fsutil
 from prebake.artifacts.bundle.manifest import Manifest
-from prebake.artifacts.layout import blob_relpath
+from prebake.artifacts.layout import blob_relpath, index_relpath, side_folder_relpath
 from prebake.artifacts.ports.errors import (
     BlobDigestMismatch,
     BlobSizeMismatch,
@@ -124,6 +124,13 @@ class HubRegistry(StoreRegistry):
         self.hub.branch_head(create=True)  # the Hub answers (else no cached entry may settle it) and the repo exists
         return super().publish(manifest, blob)
 
+    def remove(self, kind: str, key_digest: str, *, blob_digest: str | None = None) -> None:
+        """One commit deleting the index entry and (if given) its blob and every file beside it."""
+        keys = [index_relpath(kind, key_digest)]
+        if blob_digest is not None:
+            keys += [blob_relpath(blob_digest), *(s.key for s in self.hub.list(side_folder_relpath(blob_digest) + "/"))]
+        self.hub.delete_many(keys)
+
     def __repr__(self) -> str:
         return f"HubRegistry({self.url!r}, endpoint={self.hub.endpoint!r})"
 
@@ -185,9 +192,17 @@ class HubStore:
         return self._commit_on_head(adds, f"prebake: add {objects[-1][0]}", absent=unless)
 
     def delete(self, key: str) -> None:
+        self.delete_many([key])
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        """One commit removing those of `keys` the head has (the history keeps the bytes)."""
         from huggingface_hub import CommitOperationDelete
 
-        self._commit_on_head([CommitOperationDelete(path_in_repo=key)], f"prebake: remove {key}", present=key)
+        head = self.branch_head(create=False)
+        there = [k for k in keys if head is not None and self._present(k, head) is not None]
+        if there:
+            deletes = [CommitOperationDelete(path_in_repo=k) for k in there]
+            self._commit_on_head(deletes, f"prebake: remove {there[0]}", present=there[0])
 
     def move(self, key: str, dest: str) -> bool:
         """One commit adding the copy and deleting the original (the history keeps every byte)."""
