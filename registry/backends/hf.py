@@ -85,7 +85,7 @@ class HubRegistry(StoreRegistry):
         self.endpoint = self.hub.endpoint
         repo = hashlib.sha256(f"{self.hub.endpoint}\n{self.hub.repo_type}\n{self.hub.repo_id}".encode()).hexdigest()
         summaries = _Memory() if listing_dir is None else FolderStore(Path(listing_dir) / f"hf-{repo[:24]}")
-        super().__init__(self.hub, readers=8, summaries=summaries)
+        super().__init__(self.hub, summaries=summaries)
 
     def fetch_blob(
         self, digest: str, dest: Path, *, size: int | None = None, tee: Callable[[bytes], None] | None = None
@@ -94,16 +94,16 @@ class HubRegistry(StoreRegistry):
         checked against `size` before the download); it is verified there, then copied to `dest`
         through `tee`, so the consumer is only ever fed a copy that already matched."""
         hub, key, dest = self.hub, blob_relpath(digest), Path(dest)
+        where = self._where(key)
         cached = _probing(lambda: hub.download(key, hub.revision, limit=size), tee)
         if cached is None:
             if hub.offline:
                 raise RegistryUnavailable(
-                    f"{self._where(key)} is not in the Hugging Face cache and HF_HUB_OFFLINE=1; fetch it once online"
+                    f"{where} is not in the Hugging Face cache and HF_HUB_OFFLINE=1; fetch it once online"
                 )
             raise RegistryError(
-                f"blob {digest} is named by an index entry but missing at {self._where(key)}; run `prebake verify`"
+                f"blob {digest} is named by an index entry but missing at {where}; run `prebake verify`"
             )
-        where = self._where(key)
         try:
             copy_verified(cached[0], dest, digest, where=where, registry_url=self.url, size=size)
         except BlobDigestMismatch:
@@ -175,7 +175,7 @@ class HubStore:
         with got[0].resolve().open("rb") as f:
             f.seek(first)
             left = None if last is None else last - first + 1
-            while (chunk := f.read(_CHUNK if left is None else min(_CHUNK, left))) and (left is None or left > 0):
+            while chunk := f.read(_CHUNK if left is None else min(_CHUNK, left)):  # read(0) ends a range
                 left = None if left is None else left - len(chunk)
                 yield chunk
 
