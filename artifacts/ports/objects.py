@@ -7,7 +7,10 @@
     delete(key)               remove an object; one already gone is no error
     list(prefix)              every object under a prefix, in key order
 
-A store may also offer move(key, dest), an atomic rename (Movable): the folder does.
+A store may also offer move(key, dest), an atomic rename (Movable): the folder does; and
+put_many(objects, unless=key), several objects written in one step unless `key` is there already
+(Batching): a store whose every write costs (the Hub: a write is a rate-limited commit) publishes a
+blob and its index entry as one write.
 
 Keys are the registry's layout (prebake.artifacts.layout) relative to the store's root. A miss
 is None; a store raises RegistryUnavailable (prebake.artifacts.ports.errors) when it cannot be
@@ -18,7 +21,7 @@ quarantine, aging) is written once over this port, in prebake.registry.shared.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -68,3 +71,12 @@ class Movable(Protocol):
 
     def move(self, key: str, dest: str) -> bool:
         """Rename `key` to `dest`; False, moving nothing, when `key` is not there."""
+
+
+@runtime_checkable
+class Batching(Protocol):
+    """A store that writes several objects in one step (the Hub: one commit): publishing writes the
+    blob and its index entry together, and the entry's creation stays create-only."""
+
+    def put_many(self, objects: Sequence[tuple[str, bytes | Path]], *, unless: str) -> bool:
+        """Write every object in one step, unless `unless` is there already: then False, writing nothing."""

@@ -1,36 +1,28 @@
-"""The Hugging Face Hub backend: the registry layout inside a model or dataset repo.
+"""The Hugging Face Hub backend: the registry layout inside a model or dataset repo, over the object-store port.
 
     hf://<namespace>/<repo>[@revision]            a model repo; revision: a branch (default main)
     hf://datasets/<namespace>/<repo>[@revision]   a dataset repo                 or a commit sha (read-only)
 
-    <repo>@<revision>
-    ├── index/<kind>/<key-digest>.json
-    └── blobs/sha256/<aa>/<digest>.tar.zst        the Hub keeps large files in its LFS/Xet storage
+HubStore is the port (artifacts/ports/objects.py) over one repo at one revision; the registry's
+behaviour is StoreRegistry's (registry/shared/index.py). The Hub's own ways:
 
-Reads go through hf_hub_download and so through huggingface_hub's cache (HF_HUB_CACHE):
-a lookup downloads the index entry, a fetch downloads the blob into the cache and copies it,
-verified, to its destination. Each read first asks with one HEAD and no retries, so an
-unreachable Hub is reported at once (what is cached still serves). HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE and HF_HUB_CACHE are
-read when the registry is opened and passed to every call, because huggingface_hub freezes
-some of them into module constants when it is first imported.
+Reads go through hf_hub_download and so through huggingface_hub's cache (HF_HUB_CACHE). Each read
+first asks with one HEAD and no retries, so an unreachable Hub is reported at once (what is cached
+still serves); a 429 or 503 with Retry-After is asked again after the wait; a body past the size
+the HEAD announced is refused while it downloads. HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE and
+HF_HUB_CACHE are read when the registry is opened and passed to every call, because
+huggingface_hub freezes some of them into module constants when it is first imported.
+Offline (HF_HUB_OFFLINE=1), reads and listings see only what earlier online reads cached, and
+publishing is refused. A fetch downloads the blob into the cache (in a thread, so the consumer's
+time box keeps ticking), verifies it there, and downloads it again if the cached copy is corrupt.
 
-Offline (HF_HUB_OFFLINE=1), lookups, fetches and listings read only what earlier online
-reads left in the cache, and publishing is refused.
-
-One publish is one commit holding the blob and its index entry; the repo is created
-(private) on the first publish. The Hub has no If-None-Match, so creation is made
-conditional on the branch head instead: read the head, check the entry is absent at that
-very commit, and commit with parent_commit=head. If anything was committed in between, the
-Hub refuses the commit (412) and we look again: the entry now exists (settle as the file
-backend does), or another key moved the head (retry on the new head). No race remains
-between publishers going through the Hub's commit API; a force-push with plain git can
-still rewrite the branch behind it.
-
-Listing (`prebake ls`): on the Hub a write is a commit, so the listing summary
-(artifacts/ports/listing.py) is kept on this machine, in the folder the caller names (open_registry's
-`home`: <home>/listing/hf-<digest of endpoint and repo>-<kind>.json; none: in memory). Its tag is each
-entry's git blob id from the tree listing. Quarantine: a move is one commit that adds the copy and
-deletes the original on top of the head it read; the history keeps every byte.
+A write is a commit. Publishing is one commit holding the blob and its entry (put_many, Batching):
+the Hub has no If-None-Match, so creation is conditional on the branch head instead: read the head,
+check the entry is absent at that very commit, commit with parent_commit=head. If anything was
+committed in between, the Hub refuses it (412) and we look again. Quarantine's move is one commit
+(Movable). The listing summaries are kept on this machine (open_registry's `home`:
+<home>/listing/hf-<digest of endpoint and repo>/summary/<kind>.json; none: in memory), tagged with
+each entry's git blob id. The repo is created (private) on the first write.
 """
 
 from __future__ import annotations
@@ -44,22 +36,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 from prebake.artifacts import fsutil
-from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
-from prebake.artifacts.bundle.payload import file_digest
-from prebake.artifacts.layout import (
-    blob_relpath,
-    index_relpath,
-    meta_relpath,
-    parse_index_relpath,
-    side_folder_relpath,
-    side_relpath,
-)
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.layout import blob_relpath, index_relpath, side_folder_relpath
 from prebake.artifacts.ports.errors import (
     BlobDigestMismatch,
     BlobSizeMismatch,
@@ -68,9 +52,11 @@ from prebake.artifacts.ports.errors import (
     RegistryReadOnly,
     RegistryUnavailable,
 )
-from prebake.artifacts.ports.listing import Listed, ListingSummary, Read, summarised_listing
-from prebake.artifacts.ports.registry import MAX_SIDE_FILE_BYTES
-from prebake.registry.shared.transfer import Published, copy_verified, read_ahead, retry_after_s, settle
+from prebake.artifacts.ports.objects import Stored
+from prebake.artifacts.ports.registry import Published
+from prebake.registry.backends.file import FolderStore
+from prebake.registry.shared.index import StoreRegistry
+from prebake.registry.shared.transfer import copy_verified, retry_after_s
 
 log = logging.getLogger(__name__)
 
@@ -79,13 +65,12 @@ _DEFAULT_ENDPOINT = "https://huggingface.co"
 _COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 _ADDRESS = re.compile(r"^hf://(?:(datasets|models)/)?([\w.-]+/[\w.-]+)(?:@([^@\s]+))?/?$")
 _COMMIT_ATTEMPTS = 5  # heads moved by other keys' publishes before we give up
-_LIST_READERS = 8  # index entries read in parallel by list() and listing()
 _ASKED_ATTEMPTS = 3  # a read the Hub answers 429 or 503 with Retry-After is asked this often in all
-QUARANTINE = "quarantine"
+_CHUNK = 1 << 20
 
 
-class HubRegistry:
-    """index/ + blobs/ inside a Hub repo, through huggingface_hub: Registry, Maintainable, Listable, SideFiles."""
+class HubRegistry(StoreRegistry):
+    """index/ + blobs/ inside a Hub repo: StoreRegistry over HubStore, its summaries on this machine."""
 
     def __init__(
         self,
@@ -95,27 +80,12 @@ class HubRegistry:
         must_exist: bool = False,
         listing_dir: Path | None = None,
     ):
-        self.repo_type, self.repo_id, self.revision = _parse_address(address)
-        self.listing_dir = listing_dir  # where this machine keeps the listing summaries; None: in memory
-        self._summaries: dict[str, ListingSummary] = {}
-        self.must_exist = must_exist  # a repo that is not there: RegistryNotFound, not a miss (read-only commands)
-        prefix = "datasets/" if self.repo_type == "dataset" else ""
-        self.url = f"hf://{prefix}{self.repo_id}@{self.revision}"
-        env = os.environ
-        self.endpoint = (env.get("HF_ENDPOINT") or _DEFAULT_ENDPOINT).rstrip("/")
-        self.offline = env.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
-        self._token = env.get("HF_TOKEN") or None  # None: huggingface_hub's saved login, if any
-        self._cache_dir = str(cache_dir) if cache_dir else (env.get("HF_HUB_CACHE") or None)
-        from huggingface_hub import HfApi
-
-        self._api = HfApi(endpoint=self.endpoint, token=self._token)
-
-    @property
-    def writable(self) -> bool:
-        return not self.offline and not _COMMIT_SHA.match(self.revision)
-
-    def lookup(self, kind: str, key_digest: str) -> Manifest | None:
-        return self._read_index(index_relpath(kind, key_digest), self.revision)
+        self.hub = HubStore(address, cache_dir=cache_dir, must_exist=must_exist)
+        self.repo_type, self.repo_id, self.revision = self.hub.repo_type, self.hub.repo_id, self.hub.revision
+        self.endpoint = self.hub.endpoint
+        repo = hashlib.sha256(f"{self.hub.endpoint}\n{self.hub.repo_type}\n{self.hub.repo_id}".encode()).hexdigest()
+        summaries = _Memory() if listing_dir is None else FolderStore(Path(listing_dir) / f"hf-{repo[:24]}")
+        super().__init__(self.hub, summaries=summaries)
 
     def fetch_blob(
         self, digest: str, dest: Path, *, size: int | None = None, tee: Callable[[bytes], None] | None = None
@@ -123,72 +93,142 @@ class HubRegistry:
         """The Hub's copy lands in huggingface_hub's cache first (its size, as the Hub announces it,
         checked against `size` before the download); it is verified there, then copied to `dest`
         through `tee`, so the consumer is only ever fed a copy that already matched."""
-        relpath, dest = blob_relpath(digest), Path(dest)
-        cached = _probing(lambda: self._download(relpath, self.revision, limit=size), tee)
+        hub, key, dest = self.hub, blob_relpath(digest), Path(dest)
+        where = self._where(key)
+        cached = _probing(lambda: hub.download(key, hub.revision, limit=size), tee)
         if cached is None:
-            if self.offline:
+            if hub.offline:
                 raise RegistryUnavailable(
-                    f"{self._where(relpath)} is not in the Hugging Face cache and HF_HUB_OFFLINE=1; fetch it once online"
+                    f"{where} is not in the Hugging Face cache and HF_HUB_OFFLINE=1; fetch it once online"
                 )
             raise RegistryError(
-                f"blob {digest} is named by an index entry but missing at {self._where(relpath)}; run `prebake verify`"
+                f"blob {digest} is named by an index entry but missing at {where}; run `prebake verify`"
             )
         try:
-            self._copy_verified(cached, digest, dest, relpath, size)
+            copy_verified(cached[0], dest, digest, where=where, registry_url=self.url, size=size)
         except BlobDigestMismatch:
-            if self.offline:
+            if hub.offline:
                 raise
-            # The cached copy may be the corrupt one; the Hub's copy decides.
-            log.warning("cached copy of %s is corrupt; downloading it again", self._where(relpath))
-            cached = self._download(relpath, self.revision, force=True, limit=size)
+            log.warning("cached copy of %s is corrupt; downloading it again", where)  # the Hub's copy decides
+            cached = hub.download(key, hub.revision, force=True, limit=size)
             if cached is None:
-                raise RegistryError(
-                    f"blob {digest} vanished from {self._where(relpath)} while being fetched; retry"
-                ) from None
-            self._copy_verified(cached, digest, dest, relpath, size)
+                raise RegistryError(f"blob {digest} vanished from {where} while being fetched; retry") from None
+            copy_verified(cached[0], dest, digest, where=where, registry_url=self.url, size=size)
         if tee is not None:  # verified: now stream the very same bytes to the consumer
-            self._copy_verified(cached, digest, dest, relpath, size, tee)
+            copy_verified(cached[0], dest, digest, where=where, registry_url=self.url, size=size, tee=tee)
         return dest
 
     def publish(self, manifest: Manifest, blob: Path) -> Published:
         if not self.writable:
-            why = "HF_HUB_OFFLINE=1 is set; unset it" if self.offline else "it is pinned to a commit; name a branch"
-            raise RegistryReadOnly(f"cannot publish to {self.url}: {why} to publish")
-        blob = Path(blob)
-        if file_digest(blob) != manifest.blob.digest:
-            raise BlobDigestMismatch(f"{blob} does not hash to {manifest.blob.digest}; repack it before publishing")
-        index = index_relpath(manifest.kind, manifest.key_digest)
-        for _ in range(_COMMIT_ATTEMPTS):
-            head = self._head(create=True)
-            assert head is not None  # _head(create=True) creates the repo or raises
-            existing = self._read_index(index, head)
-            if existing is not None:
-                return settle(existing, manifest, self._where(index))
-            if self._publish_commit(manifest, blob, index, head):
-                return Published(manifest, created=True, where=self._where(index))
-        raise RegistryUnavailable(
-            f"cannot publish into {self.url}: branch {self.revision} moved under each of {_COMMIT_ATTEMPTS} "
-            f"attempts (other publishes); retry when the repo is quieter"
-        )
+            raise RegistryReadOnly(f"cannot publish to {self.url}: {self.hub.read_only_why()} to publish")
+        self.hub.branch_head(create=True)  # the Hub answers (else no cached entry may settle it) and the repo exists
+        return super().publish(manifest, blob)
 
-    def list(self, kind: str | None = None) -> Iterator[Manifest]:
-        folder = f"index/{kind}" if kind else "index"
+    def remove(self, kind: str, key_digest: str, *, blob_digest: str | None = None) -> None:
+        """One commit deleting the index entry and (if given) its blob and every file beside it."""
+        keys = [index_relpath(kind, key_digest)]
+        if blob_digest is not None:
+            keys += [blob_relpath(blob_digest), *(s.key for s in self.hub.list(side_folder_relpath(blob_digest) + "/"))]
+        self.hub.delete_many(keys)
+
+    def __repr__(self) -> str:
+        return f"HubRegistry({self.url!r}, endpoint={self.hub.endpoint!r})"
+
+
+class HubStore:
+    """The object-store port over a Hub repo at one revision, through huggingface_hub (Batching, Movable)."""
+
+    def __init__(self, address: str, *, cache_dir: Path | str | None = None, must_exist: bool = False):
+        self.repo_type, self.repo_id, self.revision = _parse_address(address)
+        self.must_exist = must_exist  # a repo that is not there: RegistryNotFound, not a miss (read-only commands)
+        self.url = f"hf://{'datasets/' if self.repo_type == 'dataset' else ''}{self.repo_id}@{self.revision}"
+        env = os.environ
+        self.endpoint = (env.get("HF_ENDPOINT") or _DEFAULT_ENDPOINT).rstrip("/")
+        self.offline = env.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
+        self.writable = not self.offline and not _COMMIT_SHA.match(self.revision)
+        self._token = env.get("HF_TOKEN") or None  # None: huggingface_hub's saved login, if any
+        self._cache_dir = str(cache_dir) if cache_dir else (env.get("HF_HUB_CACHE") or None)
+        from huggingface_hub import HfApi
+
+        self._api = HfApi(endpoint=self.endpoint, token=self._token)
+
+    def read_only_why(self) -> str:
+        return "HF_HUB_OFFLINE=1 is set; unset it" if self.offline else "it is pinned to a commit; name a branch"
+
+    # -- the port ----------------------------------------------------------------------------
+
+    def head(self, key: str) -> Stored | None:
         if self.offline:
-            yield from self._list_cached(folder)
-            return
-        head = self._head(create=False)
-        if head is None:
-            return
-        paths = [path for path, _ in self._index_files(folder, head)]  # one tree listing, then the entries
-        yield from read_ahead(
-            paths, lambda path: self._read_index(path, head), readers=_LIST_READERS, name="prebake-hf-list"
-        )
+            got = self._cached_download(key, self.revision, local_only=True)
+            return None if got is None else Stored(key, got.stat().st_size, "")
+        meta = self._present(key, self.revision)
+        return None if meta is None else Stored(key, meta[0] if meta[0] is not None else -1, meta[1])
 
-    def _index_files(self, folder: str, head: str) -> Sequence[tuple[str, str]]:
-        """(path, git blob id) of every index entry under `folder` at commit `head`, sorted: one tree listing."""
+    def get(self, key: str, limit: int) -> tuple[bytes, str] | None:
+        got = self.download(key, self.revision, limit=limit, exact=False)
+        return None if got is None else (fsutil.read_bounded(got[0].resolve(), limit), got[1])
+
+    def read(self, key: str, first: int = 0, last: int | None = None) -> Iterator[bytes]:
+        got = self.download(key, self.revision)
+        if got is None:
+            raise RegistryError(f"{self._where(key)} is gone; run `prebake verify`")
+        with got[0].resolve().open("rb") as f:
+            f.seek(first)
+            left = None if last is None else last - first + 1
+            while chunk := f.read(_CHUNK if left is None else min(_CHUNK, left)):  # read(0) ends a range
+                left = None if left is None else left - len(chunk)
+                yield chunk
+
+    def put(self, key: str, data: bytes | Path, *, create_only: bool = False) -> bool:
+        return self.put_many([(key, data)], unless=key if create_only else None)
+
+    def put_many(self, objects: Sequence[tuple[str, bytes | Path]], *, unless: str | None) -> bool:
+        """One commit of every object on top of the head it read, unless `unless` is at that head."""
+        from huggingface_hub import CommitOperationAdd
+
+        adds = [
+            CommitOperationAdd(path_in_repo=k, path_or_fileobj=str(d) if isinstance(d, Path) else d) for k, d in objects
+        ]
+        return self._commit_on_head(adds, f"prebake: add {objects[-1][0]}", absent=unless)
+
+    def delete(self, key: str) -> None:
+        self.delete_many([key])
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        """One commit removing those of `keys` the head has (the history keeps the bytes)."""
+        from huggingface_hub import CommitOperationDelete
+
+        head = self.branch_head(create=False)
+        there = [k for k in keys if head is not None and self._present(k, head) is not None]
+        if there:
+            deletes = [CommitOperationDelete(path_in_repo=k) for k in there]
+            self._commit_on_head(deletes, f"prebake: remove {there[0]}", present=there[0])
+
+    def move(self, key: str, dest: str) -> bool:
+        """One commit adding the copy and deleting the original (the history keeps every byte)."""
+        from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+
+        got = self.download(key, self.revision, force=True)
+        if got is None:
+            return False
+        operations = [
+            CommitOperationAdd(path_in_repo=dest, path_or_fileobj=str(got[0])),
+            CommitOperationDelete(path_in_repo=key),
+        ]
+        return self._commit_on_head(operations, f"prebake verify: quarantine {key}", present=key)
+
+    def list(self, prefix: str) -> Iterator[Stored]:
+        """One tree listing at the head (tags: git blob ids); offline, what the cache holds."""
         from huggingface_hub import RepoFile
         from huggingface_hub.errors import RemoteEntryNotFoundError
 
+        folder = prefix.rstrip("/")
+        if self.offline:
+            yield from self._list_cached(folder, prefix)
+            return
+        head = self.branch_head(create=False)
+        if head is None:
+            return
         with self._faults(f"list {self.url}/{folder}"):
             try:
                 entries = list(
@@ -197,181 +237,16 @@ class HubRegistry:
                     )
                 )
             except RemoteEntryNotFoundError:
-                return []
-        return sorted((e.path, e.blob_id) for e in entries if isinstance(e, RepoFile) and parse_index_relpath(e.path))
+                return
+        files = [e for e in entries if isinstance(e, RepoFile) and e.path.startswith(prefix)]
+        yield from sorted((Stored(e.path, e.size, e.blob_id) for e in files), key=lambda s: s.key)
 
-    def put_side(self, blob_digest: str, name: str, data: bytes) -> bool:
-        """Commit the side file on top of the branch's head, unless the head already has it."""
-        from huggingface_hub import CommitOperationAdd
+    # -- reading -----------------------------------------------------------------------------
 
-        if not self.writable:
-            raise RegistryReadOnly(f"cannot write a side file to {self.url}: it is read-only here")
-        relpath = side_relpath(blob_digest, name)
-        for _ in range(_COMMIT_ATTEMPTS):
-            head = self._head(create=True)
-            assert head is not None
-            if self._present(relpath, head) is not None:
-                return False
-            operation = CommitOperationAdd(path_in_repo=relpath, path_or_fileobj=data)
-            if self._commit([operation], relpath, head, f"prebake: {name} of blob {blob_digest[:23]}"):
-                return True
-        raise RegistryUnavailable(f"cannot write {relpath} to {self.url}: the branch kept moving; retry")
-
-    def put_meta(self, name: str, data: bytes) -> None:
-        from huggingface_hub import CommitOperationAdd
-
-        if not self.writable:
-            raise RegistryReadOnly(f"cannot write a registry file to {self.url}: it is read-only here")
-        relpath = meta_relpath(name)
-        self._head(create=True)
-        with self._faults(f"commit {relpath} to {self.url}"):
-            self._api.create_commit(
-                self.repo_id,
-                [CommitOperationAdd(path_in_repo=relpath, path_or_fileobj=data)],
-                commit_message=f"prebake: update {relpath}",
-                repo_type=self.repo_type,
-                revision=self.revision,
-            )
-
-    def get_meta(self, name: str) -> bytes | None:
-        relpath = meta_relpath(name)
-        local = self._download(relpath, self.revision, limit=MAX_SIDE_FILE_BYTES, exact=False)
-        return None if local is None else fsutil.read_bounded(local.resolve(), MAX_SIDE_FILE_BYTES)
-
-    def get_side(self, blob_digest: str, name: str) -> bytes | None:
-        relpath = side_relpath(blob_digest, name)
-        local = self._download(relpath, self.revision, limit=MAX_SIDE_FILE_BYTES, exact=False)
-        return None if local is None else fsutil.read_bounded(local.resolve(), MAX_SIDE_FILE_BYTES)
-
-    def __repr__(self) -> str:
-        return f"HubRegistry({self.url!r}, endpoint={self.endpoint!r})"
-
-    # -- listing (Listable) -------------------------------------------------------------------
-
-    def listing(self, kind: str | None = None) -> Iterator[Listed]:
-        """A row for every index entry (of one kind, if given), in list() order."""
-        if self.offline:
-            yield from (Listed.of(m) for m in self.list(kind))
-            return
-        head = self._head(create=False)
-        if head is None:
-            return
-        entries = [
-            (*parsed, blob_id)
-            for path, blob_id in self._index_files(f"index/{kind}" if kind else "index", head)
-            if (parsed := parse_index_relpath(path)) is not None
-        ]
-        yield from summarised_listing(_AtCommit(self, head, {(k, d): tag for k, d, tag in entries}), entries)
-
-    def _summary_path(self, folder: Path, kind: str) -> Path:
-        repo = hashlib.sha256(f"{self.endpoint}\n{self.repo_type}\n{self.repo_id}".encode()).hexdigest()[:24]
-        return folder / f"hf-{repo}-{kind}.json"
-
-    def _load_summary(self, kind: str) -> ListingSummary | None:
-        if self.listing_dir is None:
-            return self._summaries.get(kind)
-        return ListingSummary.load(self._summary_path(self.listing_dir, kind))
-
-    def _store_summary(self, summary: ListingSummary) -> None:
-        if self.listing_dir is None:
-            self._summaries[summary.kind] = summary
-        else:
-            summary.store(self._summary_path(self.listing_dir, summary.kind))
-
-    # -- maintenance (Maintainable) ---------------------------------------------------------
-
-    def index_entries(self) -> Iterator[tuple[str, bytes]]:
-        """Every file under index/ at the head, as (path in the repo, raw bytes), unparsed."""
-        head = self._head(create=False)
-        if head is None:
-            return
-        for path in self._tree(head, "index"):
-            if path.endswith(".json") and (local := self._download(path, head)) is not None:
-                yield path, local.read_bytes()
-
-    def quarantine(self, kind: str, key_digest: str, *, blob_digest: str | None = None) -> str:
-        """Move an index entry (then, if given, its bad blob) under quarantine/; return the entry's new place."""
-        head = self._head(create=False)
-        moved = self._move_aside(index_relpath(kind, key_digest), head) if head else None
-        if moved is None:
-            raise RegistryError(f"cannot quarantine {kind} {key_digest[:16]}: its index entry in {self.url} is gone")
-        if blob_digest is not None and (head := self._head(create=False)) is not None:
-            self._move_aside(blob_relpath(blob_digest), head)  # a repo gone meanwhile has no blob to move
-        return moved
-
-    def remove(self, kind: str, key_digest: str, *, blob_digest: str | None = None) -> None:
-        """Delete an index entry, then (if given) its blob and the files beside it, in one commit on the
-        head it read (the history keeps the bytes; the head no longer names them)."""
-        from huggingface_hub import CommitOperationDelete
-
-        head = self._head(create=False)
-        if head is None:
-            return
-        paths = [index_relpath(kind, key_digest)]
-        if blob_digest is not None:
-            paths += [blob_relpath(blob_digest), *self._tree(head, side_folder_relpath(blob_digest))]
-        there = [p for p in paths if self._present(p, head)]
-        if not there:
-            return
-        with self._faults(f"remove {self._where(there[0])}"):
-            self._api.create_commit(
-                self.repo_id,
-                [CommitOperationDelete(path_in_repo=p) for p in there],
-                commit_message=f"prebake promote --prune: remove {there[0]}",
-                repo_type=self.repo_type,
-                revision=self.revision,
-                parent_commit=head,
-            )
-
-    def _tree(self, head: str, folder: str) -> Sequence[str]:
-        from huggingface_hub import RepoFile
-        from huggingface_hub.errors import RemoteEntryNotFoundError
-
-        with self._faults(f"list {self.url}/{folder}"):
-            try:
-                entries = self._api.list_repo_tree(
-                    self.repo_id, path_in_repo=folder, recursive=True, repo_type=self.repo_type, revision=head
-                )
-                return sorted(e.path for e in entries if isinstance(e, RepoFile))
-            except RemoteEntryNotFoundError:
-                return []
-
-    def _move_aside(self, relpath: str, head: str) -> str | None:
-        from huggingface_hub import CommitOperationAdd, CommitOperationDelete
-
-        local = self._download(relpath, head, force=True)
-        if local is None:
-            return None
-        dest = f"{QUARANTINE}/{relpath}"
-        if self._present(dest, head):  # quarantined before: keep both for whoever investigates
-            dest = f"{dest}.{time.time_ns()}"
-        operations: Sequence[CommitOperationAdd | CommitOperationDelete] = [
-            CommitOperationAdd(path_in_repo=dest, path_or_fileobj=str(local)),
-            CommitOperationDelete(path_in_repo=relpath),
-        ]
-        with self._faults(f"quarantine {self._where(relpath)}"):
-            self._api.create_commit(
-                self.repo_id,
-                operations,
-                commit_message=f"prebake verify: quarantine {relpath}",
-                repo_type=self.repo_type,
-                revision=self.revision,
-                parent_commit=head,
-            )
-        return str(self._where(dest))
-
-    # -- reading ---------------------------------------------------------------------------
-
-    def _read_index(self, relpath: str, revision: str) -> Manifest | None:
-        local = self._download(relpath, revision, limit=MAX_MANIFEST_BYTES, exact=False)
-        if local is None:
-            return None
-        return Manifest.parse(fsutil.read_bounded(local.resolve(), MAX_MANIFEST_BYTES), self._where(relpath))
-
-    def _download(
-        self, relpath: str, revision: str, *, force: bool = False, limit: int | None = None, exact: bool = True
-    ) -> Path | None:
-        """The cached file for `relpath` at `revision`; None if the repo, revision or file is absent.
+    def download(
+        self, key: str, revision: str, *, force: bool = False, limit: int | None = None, exact: bool = True
+    ) -> tuple[Path, str] | None:
+        """The cached file for `key` at `revision` and its tag; None if the repo, revision or file is absent.
 
         Online, one HEAD without retries comes first: hf_hub_download alone retries an
         unreachable Hub for about 20 s before falling back to its cache, and a lookup must
@@ -379,27 +254,31 @@ class HubRegistry:
         (entries and blobs are never replaced, so a cached one is still the right one).
         """
         if self.offline:
-            return self._cached_download(relpath, revision, local_only=True)
+            cached = self._cached_download(key, revision, local_only=True)
+            return None if cached is None else (cached, "")
         try:
-            announced = self._present(relpath, revision)
-            if announced is None:
+            meta = self._present(key, revision)
+            if meta is None:
                 return None
-            if limit is not None and announced is not True and (announced > limit or (exact and announced != limit)):
+            announced, tag = meta
+            if limit is not None and announced is not None and (announced > limit or (exact and announced != limit)):
                 raise BlobDigestMismatch(
-                    f"{self._where(relpath)} is {announced} bytes by the Hub's account, but it may be "
+                    f"{self._where(key)} is {announced} bytes by the Hub's account, but it may be "
                     f"{'at most ' if not exact else ''}{limit}; refusing to download it: run "
                     f"`prebake verify --quarantine --registry {self.url}`"
                 )
         except RegistryUnavailable:
-            cached = None if force else self._cached_download(relpath, revision, local_only=True)
+            cached = None if force else self._cached_download(key, revision, local_only=True)
             if cached is None:
                 raise
-            log.warning("the Hub at %s is unreachable; using the cached %s", self.endpoint, self._where(relpath))
-            return cached
-        return self._cached_download(relpath, revision, local_only=False, force=force, limit=limit)
+            log.warning("the Hub at %s is unreachable; using the cached %s", self.endpoint, self._where(key))
+            return cached, ""
+        got = self._cached_download(key, revision, local_only=False, force=force, limit=limit)
+        return None if got is None else (got, tag)
 
-    def _present(self, relpath: str, revision: str) -> int | bool | None:
-        """The file's size at `revision` (True if the Hub does not say), None if absent; one HEAD, no retries."""
+    def _present(self, key: str, revision: str) -> tuple[int | None, str] | None:
+        """The file's size at `revision` (None if the Hub does not say) and its ETag, None if absent;
+        one HEAD, no retries."""
         from huggingface_hub import get_hf_file_metadata, hf_hub_url
         from huggingface_hub.errors import (
             GatedRepoError,
@@ -408,8 +287,8 @@ class HubRegistry:
             RevisionNotFoundError,
         )
 
-        url = hf_hub_url(self.repo_id, relpath, repo_type=self.repo_type, revision=revision, endpoint=self.endpoint)
-        with self._faults(f"read {self._where(relpath)}"):
+        url = hf_hub_url(self.repo_id, key, repo_type=self.repo_type, revision=revision, endpoint=self.endpoint)
+        with self._faults(f"read {self._where(key)}"):
             try:
                 meta = _as_asked(lambda: get_hf_file_metadata(url, token=self._token, endpoint=self.endpoint))
             except GatedRepoError:
@@ -421,10 +300,10 @@ class HubRegistry:
                     raise RegistryNotFound(self._not_found()) from None
                 log.info("%s does not exist at %s, or HF_TOKEN may not read it: a miss", self.url, self.endpoint)
                 return None
-        return meta.size if isinstance(meta.size, int) else True
+        return (meta.size if isinstance(meta.size, int) else None), meta.etag or ""
 
     def _cached_download(
-        self, relpath: str, revision: str, *, local_only: bool, force: bool = False, limit: int | None = None
+        self, key: str, revision: str, *, local_only: bool, force: bool = False, limit: int | None = None
     ) -> Path | None:
         """hf_hub_download into the cache; None if absent there (local_only) or on the Hub. A body that runs
         past `limit` is refused while it comes (huggingface_hub reads until the server stops, then compares
@@ -438,12 +317,12 @@ class HubRegistry:
             RevisionNotFoundError,
         )
 
-        with self._faults(f"download {self._where(relpath)}"):
+        with self._faults(f"download {self._where(key)}"):
             try:
                 local = _as_asked(
                     lambda: hf_hub_download(
                         self.repo_id,
-                        relpath,
+                        key,
                         repo_type=self.repo_type,
                         revision=revision,
                         endpoint=self.endpoint,
@@ -451,7 +330,7 @@ class HubRegistry:
                         cache_dir=self._cache_dir,
                         local_files_only=local_only,
                         force_download=force,
-                        tqdm_class=_terminal_tqdm() if limit is None else _bounded_tqdm(limit, self._where(relpath)),
+                        tqdm_class=_terminal_tqdm() if limit is None else _bounded_tqdm(limit, self._where(key)),
                     )
                 )
             except GatedRepoError:
@@ -460,7 +339,7 @@ class HubRegistry:
                 if local_only:
                     return None
                 raise RegistryUnavailable(
-                    f"cannot download {self._where(relpath)}: the Hub at {self.endpoint} stopped answering and "
+                    f"cannot download {self._where(key)}: the Hub at {self.endpoint} stopped answering and "
                     f"the file is not cached ({exc.__cause__ or exc}); check the network and HF_ENDPOINT, or set "
                     f"HF_HUB_OFFLINE=1 to work from the cache"
                 ) from exc
@@ -468,18 +347,7 @@ class HubRegistry:
                 return None  # deleted between our HEAD and the download
         return Path(local)
 
-    def _copy_verified(
-        self,
-        src: Path,
-        digest: str,
-        dest: Path,
-        relpath: str,
-        size: int | None,
-        tee: Callable[[bytes], None] | None = None,
-    ) -> Path:
-        return copy_verified(src, dest, digest, where=self._where(relpath), registry_url=self.url, size=size, tee=tee)
-
-    def _list_cached(self, folder: str) -> Iterator[Manifest]:
+    def _list_cached(self, folder: str, prefix: str) -> Iterator[Stored]:
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import LocalEntryNotFoundError
 
@@ -496,14 +364,14 @@ class HubRegistry:
             )
         except LocalEntryNotFoundError:
             return
-        for path in sorted(snapshot.glob(f"{folder}/**/*.json")):
-            relpath = path.relative_to(snapshot).as_posix()
-            if parse_index_relpath(relpath):  # cache entries are links into the cache's blobs/: follow them
-                yield Manifest.parse(fsutil.read_bounded(path.resolve(), MAX_MANIFEST_BYTES), self._where(relpath))
+        for path in sorted(snapshot.glob(f"{folder}/**/*")):
+            key = path.relative_to(snapshot).as_posix()
+            if key.startswith(prefix) and path.is_file():  # cache entries are links into the cache's blobs/
+                yield Stored(key, path.stat().st_size, "")
 
     # -- writing ---------------------------------------------------------------------------
 
-    def _head(self, *, create: bool) -> str | None:
+    def branch_head(self, *, create: bool) -> str | None:
         """The commit sha the revision points at; None if the repo is absent and not to be created."""
         from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 
@@ -526,29 +394,38 @@ class HubRegistry:
             log.info("created %s at %s", self.url, self.endpoint)
             return self._api.repo_info(self.repo_id, repo_type=self.repo_type, revision=self.revision).sha
 
-    def _publish_commit(self, manifest: Manifest, blob: Path, index: str, head: str) -> bool:
-        """One commit adding the blob and its index entry on top of `head`; False if the branch moved."""
-        from huggingface_hub import CommitOperationAdd
+    def _commit_on_head(
+        self, operations: Sequence[Any], message: str, *, absent: str | None = None, present: str | None = None
+    ) -> bool:
+        """One commit of `operations` on top of the branch's head, looked at again while the branch
+        moves under it; False, committing nothing, when `absent` is at the head or `present` is not."""
+        if not self.writable:
+            raise RegistryReadOnly(f"cannot write to {self.url}: {self.read_only_why()}")
+        for _ in range(_COMMIT_ATTEMPTS):
+            head = self.branch_head(create=absent is not None or present is None)
+            if head is None:
+                return False
+            if absent is not None and self._present(absent, head) is not None:
+                return False
+            if present is not None and self._present(present, head) is None:
+                return False
+            if self._commit(operations, head, message):
+                return True
+        raise RegistryUnavailable(
+            f"cannot write to {self.url}: branch {self.revision} moved under each of {_COMMIT_ATTEMPTS} "
+            f"attempts (other writers); retry when the repo is quieter"
+        )
 
-        operations = [
-            CommitOperationAdd(path_in_repo=blob_relpath(manifest.blob.digest), path_or_fileobj=str(blob)),
-            CommitOperationAdd(path_in_repo=index, path_or_fileobj=manifest.to_bytes()),
-        ]
-        message = f"prebake: publish {manifest.kind} {manifest.key_digest[:16]}"
-        about = f"blob {manifest.blob.digest} ({manifest.blob.size} bytes), built by {manifest.builder}"
-        return self._commit(operations, index, head, message, about)
-
-    def _commit(self, operations: Sequence[Any], relpath: str, head: str, message: str, description: str = "") -> bool:
+    def _commit(self, operations: Sequence[Any], head: str, message: str) -> bool:
         """One commit of `operations` on top of `head`; False if the branch moved since (look again)."""
         from huggingface_hub.errors import HfHubHTTPError
 
-        with self._faults(f"commit {relpath} to {self.url}"):
+        with self._faults(f"commit to {self.url} ({message})"):
             try:
                 self._api.create_commit(
                     self.repo_id,
                     operations,
                     commit_message=message,
-                    commit_description=description or None,
                     repo_type=self.repo_type,
                     revision=self.revision,
                     parent_commit=head,
@@ -559,8 +436,8 @@ class HubRegistry:
                 raise
         return True
 
-    def _where(self, relpath: str) -> str:
-        return f"{self.url}/{relpath}"
+    def _where(self, key: str) -> str:
+        return f"{self.url}/{key}"
 
     @contextmanager
     def _faults(self, doing: str) -> Iterator[None]:
@@ -697,22 +574,17 @@ def _terminal_tqdm() -> type:
     return _TerminalOnly
 
 
-class _AtCommit:
-    """The Hub's listing at one commit: its summaries are the registry's, its entries read at `head`."""
+class _Memory(FolderStore):
+    """The listing summaries of a registry opened without a `home`: kept for this process only, in a
+    dict. StoreRegistry asks a summaries store for get and put alone."""
 
-    def __init__(self, hub: HubRegistry, head: str, tags: dict[tuple[str, str], str]):
-        self.hub, self.head, self.tags = hub, head, tags
+    def __init__(self) -> None:
+        self.url, self._objects = "memory:", dict[str, bytes]()
 
-    def _load_summary(self, kind: str) -> ListingSummary | None:
-        return self.hub._load_summary(kind)
+    def get(self, key: str, limit: int) -> tuple[bytes, str] | None:
+        data = self._objects.get(key)
+        return None if data is None else (data, "")
 
-    def _store_summary(self, summary: ListingSummary) -> None:
-        self.hub._store_summary(summary)
-
-    def _read_rows(self, kind: str, digests: Sequence[str]) -> Iterator[Read]:
-        def read(digest: str) -> Read:
-            manifest = self.hub._read_index(index_relpath(kind, digest), self.head)
-            return Read(digest, self.tags[(kind, digest)], None if manifest is None else Listed.of(manifest))
-
-        with ThreadPoolExecutor(_LIST_READERS, thread_name_prefix="prebake-hf-ls") as pool:
-            yield from pool.map(read, digests)
+    def put(self, key: str, data: bytes | Path, *, create_only: bool = False) -> bool:
+        self._objects[key] = data if isinstance(data, bytes) else Path(data).read_bytes()
+        return True

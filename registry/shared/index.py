@@ -4,11 +4,13 @@
     <root>/blobs/sha256/<aa>/<digest>.tar.zst     written before the entry that names it
     <root>/side/sha256/<aa>/<hex>/<name>          files beside a blob (its provenance), created once
     <root>/meta/<name>                            files about the registry (its revocation list)
-    <root>/summary/<kind>.json                    the listing summary (prebake.artifacts.ports.listing)
+    <root>/summary/<kind>.json                    the listing summary (prebake.artifacts.ports.listing),
+                                                  in a second store where the registry names one
     <root>/quarantine/...                         what `prebake verify --quarantine` moved aside
 
 Publishing writes the blob, then creates the index entry only if absent, so two bakers racing on
-one key cannot clobber each other: the loser reads the winner's entry and settles. Blobs are
+one key cannot clobber each other: the loser reads the winner's entry and settles. A store that
+writes in batches (Batching) gets both in one put_many, the entry's creation still conditional. Blobs are
 downloaded in parallel ranged reads, hashed in order as they land, refused past the manifest's size.
 """
 
@@ -41,7 +43,7 @@ from prebake.artifacts.ports.errors import (
     RegistryReadOnly,
 )
 from prebake.artifacts.ports.listing import Listed, ListingSummary, Read, summarised_listing
-from prebake.artifacts.ports.objects import Movable, ObjectStore
+from prebake.artifacts.ports.objects import Batching, Movable, ObjectStore
 from prebake.artifacts.ports.registry import MAX_SIDE_FILE_BYTES, Published
 from prebake.registry.shared.ranged import OrderedSink, one_part, part_ranges, run_parts
 from prebake.registry.shared.transfer import SizedSink, read_ahead, settle
@@ -55,8 +57,18 @@ PART_BYTES = 8 << 20  # a blob downloads in ranges of this size, `readers` at a 
 class StoreRegistry:
     """Registry, Maintainable, Listable and SideFiles over one ObjectStore."""
 
-    def __init__(self, store: ObjectStore, *, readers: int = 8, part_bytes: int = PART_BYTES):
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        readers: int = 8,
+        part_bytes: int = PART_BYTES,
+        summaries: ObjectStore | None = None,
+    ):
+        """`summaries`: where the listing summaries live, when not in `store` (the Hub keeps them on
+        this machine: a write there is a commit)."""
         self.store, self.url, self.readers, self.part_bytes = store, store.url, readers, part_bytes
+        self.summaries = store if summaries is None else summaries
 
     @property
     def writable(self) -> bool:
@@ -125,10 +137,14 @@ class StoreRegistry:
             return settle(existing, manifest, self._where(key))
         blob_key = blob_relpath(manifest.blob.digest)
         try:
-            stored = self.store.head(blob_key)
-            if stored is None or stored.size != manifest.blob.size:  # content-addressed: same name, same bytes
-                self.store.put(blob_key, blob)
-            if self.store.put(key, manifest.to_bytes(), create_only=True):
+            if isinstance(self.store, Batching):
+                created = self.store.put_many([(blob_key, blob), (key, manifest.to_bytes())], unless=key)
+            else:
+                stored = self.store.head(blob_key)
+                if stored is None or stored.size != manifest.blob.size:  # content-addressed: same name, same bytes
+                    self.store.put(blob_key, blob)
+                created = self.store.put(key, manifest.to_bytes(), create_only=True)
+            if created:
                 return Published(manifest, created=True, where=self._where(key))
         except RegistryError as exc:
             raise type(exc)(f"cannot publish into {self.url}: {exc}") from exc
@@ -171,8 +187,8 @@ class StoreRegistry:
     def _load_summary(self, kind: str) -> ListingSummary | None:
         key = summary_relpath(kind)
         try:
-            got = self.store.get(key, MAX_MANIFEST_BYTES)
-            return None if got is None else ListingSummary.parse(got[0], self._where(key))
+            got = self.summaries.get(key, MAX_MANIFEST_BYTES)
+            return None if got is None else ListingSummary.parse(got[0], self._summary_where(key))
         except BundleError as exc:  # too large, or not a summary
             log.warning("%s; reading every entry instead, and rewriting it", exc)
             return None
@@ -180,12 +196,12 @@ class StoreRegistry:
     def _store_summary(self, summary: ListingSummary) -> None:
         key = summary_relpath(summary.kind)
         try:
-            self.store.put(key, summary.to_bytes())
+            self.summaries.put(key, summary.to_bytes())
         except RegistryError as exc:
             log.warning(
                 "cannot write the listing summary %s (%s): listings stay correct but read every new entry "
                 "until someone with write access lists this registry",
-                self._where(key),
+                self._summary_where(key),
                 exc,
             )
 
@@ -264,6 +280,9 @@ class StoreRegistry:
 
     def _where(self, key: str) -> str:
         return f"{self.url}/{key}"
+
+    def _summary_where(self, key: str) -> str:
+        return self._where(key) if self.summaries is self.store else f"{self.summaries.url}/{key}"
 
 
 __all__ = ["QUARANTINE", "StoreRegistry"]

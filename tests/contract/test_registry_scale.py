@@ -179,13 +179,19 @@ def test_a_small_registry_keeps_no_summary(tmp_path):
 
 
 class CountingHub(HubRegistry):
-    """A real Hub registry (the stand-in server), with a count of the index entries it read."""
+    """A real Hub registry (the stand-in server), with a count of the index entries read through its store."""
 
     reads = 0
 
-    def _read_index(self, relpath, revision):
-        self.reads += 1
-        return super()._read_index(relpath, revision)
+    def __init__(self, address):
+        super().__init__(address)
+        get = self.store.get
+
+        def counted(key, limit):
+            self.reads += key.startswith("index/")
+            return get(key, limit)
+
+        self.store.get = counted  # type: ignore[method-assign]
 
 
 def test_listing_a_large_hub_registry_again_reads_only_new_entries(hub, monkeypatch, tmp_path):
