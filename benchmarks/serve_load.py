@@ -86,10 +86,10 @@ class Server:
 
     def __init__(self, home: Path, args, registry: Path, extra: list[str]):
         home.mkdir(parents=True, exist_ok=True)
-        self.log = home / "serve.log"
+        self.log = home / "serve.log"  # beside the store (home/store), which holds only what prebake makes
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")}
         # the benchmark is its registry's builder: a write-back goes to the index, not to quarantine
-        env.update(PREBAKE_HOME=str(home), PREBAKE_TRUSTED_KEYS="", PREBAKE_WRITE_BACK="index")
+        env.update(PREBAKE_HOME=str(home / "store"), PREBAKE_TRUSTED_KEYS="", PREBAKE_WRITE_BACK="index")
         cmd = [str(PREBAKE), "serve", "--model", args.model, "--precision", args.precision, "--port", "0"]
         cmd += ["--registry", str(registry), *extra]
         self._out = self.log.open("w")

@@ -232,18 +232,19 @@ class Bench:
         return run
 
     def _serve(self, variant: str, mode: str, extra: list[str], tag: str = "", env: dict | None = None) -> Run:
-        home = Path(tempfile.mkdtemp(prefix=f"{mode}-{tag}-", dir=self.work))  # an empty store every time
+        run_dir = Path(tempfile.mkdtemp(prefix=f"{mode}-{tag}-", dir=self.work))
+        home, serve_log = run_dir / "home", run_dir / "serve.log"  # an empty store every time; its log beside it
         given = env or {}
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")}
         env.update(PREBAKE_HOME=str(home), PREBAKE_RECIPES=str(self.recipes(variant)), PREBAKE_TRUSTED_KEYS="")
         env.update(given)
-        log = (home / "serve.log").open("w+")
+        log = serve_log.open("w+")
         cmd = [str(PREBAKE), "serve", "--model", self.model, "--precision", self.precision, "--port", "0", *extra]
         started = time.perf_counter()
         proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
         try:
-            port = _wait_for_port(proc, home / "serve.log")
-            _wait_ready(proc, port, home / "serve.log")
+            port = _wait_for_port(proc, serve_log)
+            _wait_ready(proc, port, serve_log)
             ready = time.perf_counter() - started
             first, completion = _time_completion(port)
             if self.show and mode == "prebaked":
