@@ -37,7 +37,7 @@ EXTRA_OF_SCHEME = {
     "hf://": "hf",
     "oci://": "oci",
     "az://": "azure",
-    "oci-layout:": "oci",  # the layout writes the images the OCI backend pushes (its modules import httpx)
+    "oci-layout:": "oci",  # registry/oci/ (the package the layout lives in) imports httpx
 }  # the wheel's extra each backend needs
 
 

@@ -36,6 +36,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
 from prebake.artifacts.errors import BundleError, PrebakeError
@@ -235,3 +236,17 @@ def _architecture(manifest: Manifest) -> str:
     """The platform a runtime matches: arm64 for a bundle baked for an Arm host, amd64 otherwise."""
     text = " ".join([*manifest.labels.values(), *(v for g in manifest.key.values() for v in g.values())]).lower()
     return "arm64" if ("aarch64" in text or "arm64" in text) else "amd64"
+
+
+def diff_id(blob: Path) -> str:
+    """The sha256 of the uncompressed tar: what an image config's rootfs.diff_ids lists."""
+    import zstandard
+
+    h = hashlib.sha256()
+    try:
+        with blob.open("rb") as f, zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True) as reader:
+            while chunk := reader.read(4 << 20):
+                h.update(chunk)
+    except zstandard.ZstdError as exc:
+        raise BundleError(f"{blob} is not a zstd-compressed bundle ({exc}); repack it before publishing") from exc
+    return "sha256:" + h.hexdigest()

@@ -52,6 +52,7 @@ from prebake.registry.oci.artifact import (
     Blob,
     build,
     canonical,
+    diff_id,
     manifest_from_config,
     parse_manifest,
     parse_tag,
@@ -60,7 +61,6 @@ from prebake.registry.oci.artifact import (
 )
 from prebake.registry.oci.artifact import read as read_entry
 from prebake.registry.oci.files import EMPTY, EMPTY_TYPE, META_TYPE, SIDE_TYPE, meta_tag, side_tag
-from prebake.registry.oci.registry import _diff_id as diff_id
 from prebake.registry.shared.transfer import copy_verified, settle
 
 SCHEME = "oci-layout:"

@@ -28,7 +28,6 @@ report created (their tags are the same manifest).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -54,6 +53,7 @@ from prebake.registry.oci.artifact import (
     Blob,
     build,
     canonical,
+    diff_id,
     manifest_from_config,
     parse_manifest,
     parse_tag,
@@ -142,10 +142,10 @@ class OCIRegistry:
     def publish(self, manifest: Manifest, blob: Path) -> Published:
         blob = Path(blob)
         with ThreadPoolExecutor(2, thread_name_prefix="prebake-oci-hash") as pool:  # both hash outside the GIL
-            digest, diff_id = pool.submit(file_digest, blob), pool.submit(_diff_id, blob)
+            digest, layer_id = pool.submit(file_digest, blob), pool.submit(diff_id, blob)
             if digest.result() != manifest.blob.digest:
                 raise BlobDigestMismatch(f"{blob} does not hash to {manifest.blob.digest}; repack it before publishing")
-            uncompressed = diff_id.result()
+            uncompressed = layer_id.result()
         tag = tag_for(manifest.kind, manifest.key_digest)
         where = f"{self.url}:{tag}"
         existing = self.lookup(manifest.kind, manifest.key_digest)
@@ -504,20 +504,6 @@ class OCIRegistry:
             return
         rows = tuple(r for r in cached.rows if r.row.key_digest != key_digest)
         self._store_summary(ListingSummary(kind=kind, rows=rows))
-
-
-def _diff_id(blob: Path) -> str:
-    """The sha256 of the uncompressed tar: what an image config's rootfs.diff_ids lists."""
-    import zstandard
-
-    h = hashlib.sha256()
-    try:
-        with blob.open("rb") as f, zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True) as reader:
-            while chunk := reader.read(4 * _MiB):
-                h.update(chunk)
-    except zstandard.ZstdError as exc:
-        raise BundleError(f"{blob} is not a zstd-compressed bundle ({exc}); repack it before publishing") from exc
-    return "sha256:" + h.hexdigest()
 
 
 def _bounded(r: httpx.Response, limit: int, where: str) -> bytes:
