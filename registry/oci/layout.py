@@ -42,9 +42,8 @@ from typing import Any
 
 from prebake.artifacts import fsutil
 from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
-from prebake.artifacts.bundle.payload import file_digest
 from prebake.artifacts.errors import BundleError
-from prebake.artifacts.ports.errors import BlobDigestMismatch, RegistryError, RegistryNotFound, RegistryReadOnly
+from prebake.artifacts.ports.errors import RegistryError, RegistryNotFound, RegistryReadOnly
 from prebake.artifacts.ports.registry import MAX_SIDE_FILE_BYTES, Published
 from prebake.registry.oci.artifact import (
     MANIFEST_TYPE,
@@ -61,7 +60,7 @@ from prebake.registry.oci.artifact import (
 )
 from prebake.registry.oci.artifact import read as read_entry
 from prebake.registry.oci.files import EMPTY, EMPTY_TYPE, META_TYPE, SIDE_TYPE, meta_tag, side_tag
-from prebake.registry.shared.transfer import copy_verified, settle
+from prebake.registry.shared.transfer import check_publishable, copy_verified, settle
 
 SCHEME = "oci-layout:"
 INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
@@ -129,8 +128,7 @@ class LayoutRegistry:
 
     def publish(self, manifest: Manifest, blob: Path) -> Published:
         blob = Path(blob)
-        if file_digest(blob) != manifest.blob.digest:
-            raise BlobDigestMismatch(f"{blob} does not hash to {manifest.blob.digest}; repack it before publishing")
+        check_publishable(manifest, blob)
         if not self.writable:
             raise RegistryReadOnly(f"{self.url} was opened to read; `prebake copy` writes an OCI layout")
         tag = tag_for(manifest.kind, manifest.key_digest)

@@ -26,7 +26,6 @@ from pathlib import Path
 
 from prebake.artifacts import fsutil
 from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
-from prebake.artifacts.bundle.payload import file_digest
 from prebake.artifacts.errors import BundleError, PrebakeError
 from prebake.artifacts.layout import (
     blob_relpath,
@@ -46,7 +45,7 @@ from prebake.artifacts.ports.listing import Listed, ListingSummary, Read, summar
 from prebake.artifacts.ports.objects import Batching, Movable, ObjectStore
 from prebake.artifacts.ports.registry import MAX_SIDE_FILE_BYTES, Published
 from prebake.registry.shared.ranged import OrderedSink, one_part, part_ranges, run_parts
-from prebake.registry.shared.transfer import SizedSink, read_ahead, settle
+from prebake.registry.shared.transfer import SizedSink, check_publishable, read_ahead, settle
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +126,7 @@ class StoreRegistry:
 
     def publish(self, manifest: Manifest, blob: Path) -> Published:
         blob = Path(blob)
-        if file_digest(blob) != manifest.blob.digest:
-            raise BlobDigestMismatch(f"{blob} does not hash to {manifest.blob.digest}; repack it before publishing")
+        check_publishable(manifest, blob)
         if not self.writable:
             raise RegistryReadOnly(f"{self.url} can be read but not written here; publish to a registry you can write")
         key = index_relpath(manifest.kind, manifest.key_digest)

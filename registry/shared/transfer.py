@@ -59,6 +59,12 @@ def env_settings(prefix: str, fields: Mapping[str, Callable[[str], object]], env
     return values
 
 
+def check_publishable(manifest: Manifest, blob: Path) -> None:
+    """Refuse to publish a blob that is not the one `manifest` names (a stale or damaged pack)."""
+    if fsutil.file_digest(blob) != manifest.blob.digest:
+        raise BlobDigestMismatch(f"{blob} does not hash to {manifest.blob.digest}; repack it before publishing")
+
+
 def settle(existing: Manifest, manifest: Manifest, where: str) -> Published:
     """The outcome of publishing `manifest` where `existing` already answers its key.
 
