@@ -574,17 +574,35 @@ def _terminal_tqdm() -> type:
     return _TerminalOnly
 
 
-class _Memory(FolderStore):
-    """The listing summaries of a registry opened without a `home`: kept for this process only, in a
-    dict. StoreRegistry asks a summaries store for get and put alone."""
+class _Memory:
+    """The listing summaries of a registry opened without a `home`: an object store in a dict, kept
+    for this process only."""
+
+    writable = True
 
     def __init__(self) -> None:
         self.url, self._objects = "memory:", dict[str, bytes]()
 
+    def head(self, key: str) -> Stored | None:
+        data = self._objects.get(key)
+        return None if data is None else Stored(key, len(data), "")
+
     def get(self, key: str, limit: int) -> tuple[bytes, str] | None:
         data = self._objects.get(key)
-        return None if data is None else (data, "")
+        return None if data is None else (data[:limit], "")
+
+    def read(self, key: str, first: int = 0, last: int | None = None) -> Iterator[bytes]:
+        yield self._objects[key][first : None if last is None else last + 1]
 
     def put(self, key: str, data: bytes | Path, *, create_only: bool = False) -> bool:
+        if create_only and key in self._objects:
+            return False
         self._objects[key] = data if isinstance(data, bytes) else Path(data).read_bytes()
         return True
+
+    def delete(self, key: str) -> None:
+        self._objects.pop(key, None)
+
+    def list(self, prefix: str) -> Iterator[Stored]:
+        for key in sorted(k for k in self._objects if k.startswith(prefix)):
+            yield Stored(key, len(self._objects[key]), "")
