@@ -1,15 +1,13 @@
 """Attestations: a bundle's provenance Statement sealed in a DSSE envelope, published beside its blob.
 
     seal(statement, key, name)        DSSE envelope (securesystemslib.dsse) signed with the bake's
-                                      ed25519 key; the signature's keyid is the key's name, the same
-                                      name as in PREBAKE_TRUSTED_KEYS lines and manifest signatures
+                                      ed25519 key; its keyid is the key's name, as in PREBAKE_TRUSTED_KEYS
     open_envelope(raw, keys)          the Statement, once one of `keys` verified the envelope
-                                      (securesystemslib's own Envelope.verify)
     check_attestation(raw, keys, m)   Provenance, or why it is refused: the envelope verifies, the
                                       Statement is SLSA provenance v1, its subject is m's blob
 
-The envelope and its pre-authentication encoding are securesystemslib's, the Statement the
-in-toto bindings' (prebake.artifacts.bake.provenance): no format is written by hand here.
+The envelope is securesystemslib's, the Statement the in-toto bindings' (prebake.artifacts.bake.provenance):
+no format is written by hand here.
 """
 
 from __future__ import annotations
@@ -30,7 +28,8 @@ if TYPE_CHECKING:
     from securesystemslib.signer import SSlibKey
 
 # securesystemslib is imported where it is used: its signer package imports boto3 (for its AWS
-# signer) at import time, about 0.2 s that every `prebake fetch` would pay before its first request.
+# signer) at import time, which every `prebake fetch` would pay before its first request
+# (docs/performance.md, "Fleets fetching through a mirror", has the figure).
 
 
 class AttestationError(BundleError):

@@ -1,28 +1,14 @@
 """OpenSSF model signatures (the `model-signing` package) over a bundle's tree, beside its blob.
 
-    PREBAKE_MODEL_SIGNING_KEY=PEM        an elliptic-curve private key (P-256, P-384 or P-521: what
-                                         the library signs with); a bake then signs each bundle's tree
-    PREBAKE_MODEL_SIGNING_CERT=PEM       ... and with this signing certificate (its key is the one
-    PREBAKE_MODEL_SIGNING_CHAIN=PEM:PEM  above), the certificates up to the root, for certificate mode
-    model_signer_from_env(env)           the ModelSigner those name, or None
-    ModelSigner.sign(tree)               the Sigstore bundle (JSON) the library writes: a DSSE envelope
-                                         around an in-toto statement naming every file's sha256
+    model_signer_from_env(env)           PREBAKE_MODEL_SIGNING_KEY (+ _CERT, _CHAIN): the ModelSigner, or None
+    ModelSigner.sign(tree)               the library's Sigstore bundle (a DSSE envelope over every file's sha256)
     SIDE_NAME ("model.sig")              the side file beside the blob (SideFiles), like the attestation
     verify_tree(tree, sig, anchor)       the library's own verification of an installed tree
-    check_signature(sig, anchor, m)      at fetch time, before anything is installed: the signature
-                                         verifies with `anchor`, and the files it names with their
-                                         digests are exactly manifest `m`'s (the install then checks the
-                                         tree against the manifest, so a tree whose files differ from
-                                         what was signed is never installed)
+    check_signature(sig, anchor, m)      at fetch, before any install: it verifies, and names exactly m's files
 
-The same signature verifies with the library's CLI on an installed tree, with nothing of prebake:
-
-    model_signing verify key TREE --signature model.sig --public_key key.pub
-    model_signing verify certificate TREE --signature model.sig --certificate_chain ca.pem
-
-Keyless (Sigstore OIDC) signing needs the network and a Fulcio/Rekor instance; prebake signs with
-keys and certificates only. `model_signing` is imported where it is used: an optional extra
-(`pip install 'prebake[model-signing]'`).
+The signature verifies with the library's CLI on an installed tree, without prebake
+(docs/trust.md, "OpenSSF model signatures"). Keys and certificates only: keyless Sigstore needs
+the network. `model_signing` is imported where used: the optional extra `prebake[model-signing]`.
 """
 
 from __future__ import annotations

@@ -1,24 +1,14 @@
 """The trust policy in force: read from the environment at the edges, bound to one registry, handed down.
 
-    PREBAKE_POLICY=FILE          an operator's policy file (registry.policy_file): keys with
-                                 validity periods per registry prefix and model, builders,
-                                 dependency constraints, maximum age, revocation list
+    PREBAKE_POLICY=FILE          an operator's policy file (registry.trust.policy_file)
     PREBAKE_TRUSTED_KEYS=LINES   the simple case: any of these keys may sign anything
     neither                      bundles are installed unverified (said once per process)
 
-A TrustCheck (prebake.artifacts.ports.registry) answers one question about a manifest: None, or why the
-policy refuses it. `FilePolicy` is the TrustCheck of a policy file, bound to the registry
-address the node reads from (its rules match on that prefix), this host's versions (for
-"host" constraints), where attestations are read, and the revocation list. For a bundle
-already in the store its cost is signature checks (the manifest's, the attestation's DSSE
-envelope kept in the store beside it): never a re-hash of the tree.
-
-Its registry reads (the revocation list, attestations not yet in the store) are time-boxed on
-their own (ATTESTATION_TIMEOUT_S, revocation.READ_TIMEOUT_S) and, on the start and fetch paths,
-within the caller's registry time box too: `policy.by(deadline)` is the same policy ending every
-read by that deadline (prebake.artifacts.timebox.bounded; the fetch pipeline's lookup binds it),
-so a slow revocation list cannot extend a start past --registry-timeout. A list not read by then
-is unreadable, and the policy's on_unreadable decides.
+`FilePolicy` is the TrustCheck (prebake.artifacts.ports.registry) of a policy file, bound to the
+registry address, this host's versions, where attestations are read, and the revocation list.
+For a bundle already in the store it checks signatures only, never re-hashes the tree. Its own
+registry reads are time-boxed (ATTESTATION_TIMEOUT_S, revocation.READ_TIMEOUT_S) and, through
+`policy.by(deadline)`, end by the caller's deadline: a slow list cannot extend a start.
 """
 
 from __future__ import annotations

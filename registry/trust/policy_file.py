@@ -1,54 +1,12 @@
-"""An operator's trust policy: which keys may sign what, which builders, which toolchain, how old.
+"""An operator's trust policy file: which keys may sign what, which builders, which toolchain, how old.
 
-A TOML file (PREBAKE_POLICY=FILE at fetch and serve, `prebake verify --policy FILE`):
+A TOML file (PREBAKE_POLICY=FILE at fetch and serve, `prebake verify --policy FILE`) of
+[keys.<name>] with validity periods, [[rules]] matched by registry prefix and model glob (the
+first match decides), [model_signing_keys.<name>], [revocation] and [quarantine]; docs/trust.md
+("Policies an operator writes") shows every field in one example.
 
-    version = 1
-
-    [keys.ci-2026]                          # every key the policy names, with its validity period
-    key = "ci-2026:Hh9oJ0k3...="            # the line `prebake keygen` prints (name must match)
-    not_before = 2026-01-01T00:00:00Z       # optional: signatures count from then ...
-    not_after = 2027-01-01T00:00:00Z        # ... until then (an expired key signs nothing)
-
-    [keys.revoker]
-    key = "revoker:...="
-
-    [[rules]]                               # the first rule whose registry and model match decides
-    registry = "s3://acme-models/prod/"     # a prefix of the registry address ("*": any, the default)
-    model = "llama3-*"                      # a glob over the bundle's model label ("*" by default)
-    keys = ["ci-2026", "ci-2025"]           # who may sign; several at once while a key rotates
-    builders = ["https://github.com/acme/models/.github/workflows/bake.yml@refs/heads/main"]
-    max_age_days = 90                       # bundles older than this are refused
-    [rules.dependencies]                    # constraints on the provenance's resolvedDependencies
-    torch = "host"                          #   "host": equal to this serving node's version
-    vllm = ">=0.10,<0.12"                   #   or a PEP 440 specifier (packaging.specifiers)
-
-    [[rules]]
-    registry = "file://"                    # a local folder: unsigned bundles allowed, said so here
-    allow_unsigned = true
-
-    [model_signing_keys.models-team]        # an OpenSSF model signing key (registry.model_signatures)
-    public_key = "models-team.pub"          # a PEM public key (relative: to this file's folder) ...
-    # certificate_chain = ["ca.pem"]        # ... or the certificates a signing certificate leads to
-
-    [[rules]]
-    model = "llama3-*"
-    model_signing = ["models-team"]         # accept a bundle on a model signature over its files
-
-    [revocation]                            # a signed revocation list in the registry (registry.revocation)
-    keys = ["revoker"]                      # who may sign it
-    on_unreadable = "fail-closed"           # or "fail-open": when it cannot be read, refuse or carry on
-    max_age_hours = 24                      # a list issued longer ago than this is stale
-    cache_seconds = 3600                    # how long a node's stored copy stands in when the registry is down
-
-    [quarantine]                            # serving pods' write-backs awaiting `prebake promote`
-    max_age_days = 7                        # `prebake promote --prune` removes those older (default 7)
-
-`builders` (or `dependencies`, or `require_provenance = true`) makes the rule require the
-bundle's provenance attestation (prebake.artifacts.bake.provenance), sealed by one of the rule's keys,
-whose subject is the bundle's blob. `model_signing` makes the rule require an OpenSSF model signature
-(the `model.sig` side file beside the blob) by one of those model signing keys over exactly the
-bundle's files; with `keys` too, both signatures are required. Every refusal names the policy file and the rule.
-Unknown fields are errors, so a typo never silently widens a policy.
+Reads the file and the PEM files it names; touches nothing else. Unknown fields are errors, so a
+typo never silently widens a policy, and every refusal names the policy file and the rule.
 """
 
 from __future__ import annotations

@@ -1,27 +1,14 @@
 """The revocation list: signed key ids and bundle digests that no node may use any more.
 
-    <registry>/meta/revocations.dsse.json      a DSSE envelope (securesystemslib) whose payload is
-                                               RevocationList JSON, signed by a key the policy's
-                                               [revocation] table names
+    <registry>/meta/revocations.dsse.json      a DSSE envelope over RevocationList JSON (serial, issued,
+                                               keys, bundles, reasons), signed by a [revocation] key
     $PREBAKE_HOME/revocations/<sha256 of the registry address>.dsse.json   the copy a node read
 
-    {"serial": 7, "issued": "2026-12-01T09:00:00Z", "keys": ["ci-2025"],
-     "bundles": ["sha256:<blob>"], "reasons": {"ci-2025": "leaked 2026-11-30"}}
-
-`prebake revoke` (engine/cli/revoke.py) adds entries: it reads the current list, raises the
-serial, stamps `issued`, signs and replaces it. A node reads the list on every fetch and start
-under a policy with a [revocation] table, within the start's (or fetch's) registry time box:
-the fetch pipeline binds the check to the deadline of its lookups (`by(deadline)`), so the read
-gets what is left of --registry-timeout, and never more than READ_TIMEOUT_S (the bound for
-callers without a box of their own, such as `prebake verify`); when the registry does not
-answer in time, its stored copy stands in for `cache_seconds` after it was read. The list decides whether a key's signatures and a bundle still count, for the
-registry's entries and for what the node's store already holds alike.
-
-When the list cannot be used, the policy's `on_unreadable` decides: "fail-closed" (the default)
-refuses every bundle the rule would otherwise accept, with the reason; "fail-open" uses them and
-logs the reason once. Unusable means: missing, unreadable in the time box (and no stored copy
-fresh enough), not signed by a revocation key (forged), older than `max_age_hours` (stale), or
-a lower serial than the copy the node already holds (rolled back).
+Reads the list within the caller's registry time box (`by(deadline)`, never more than
+READ_TIMEOUT_S) and keeps the node's copy, which stands in for `cache_seconds` when the registry
+does not answer; `prebake revoke` (engine/cli/revoke.py) writes it. A list that is missing,
+late, forged, stale or rolled back is unusable, and the policy's `on_unreadable` decides
+("fail-closed" by default); docs/trust.md ("Keys rotate and revoke") has the whole behaviour.
 """
 
 from __future__ import annotations

@@ -1,23 +1,14 @@
-"""Signing: ed25519 signatures over a manifest's signed payload, and the policy that trusts them.
+"""Signing: ed25519 signatures over a manifest's signed payload, and the trust that checks them.
 
-Installing a bundle runs its code (pickles, shared objects), so a reader must know who
-baked it. A baker signs `Manifest.signed_payload(2)` (the whole manifest but its
-signatures: kind, key, blob, every file's digest, inputs, labels, created, builder) with a
-private key and records `version: 2` in the signature. Signatures made before 2026-11-30
-carry no version (read as 1) and covered kind, key, blob, files and inputs only, not the
-labels: they are refused with that reason unless the reader sets
-PREBAKE_ACCEPT_V1_SIGNATURES=1 (then they verify over what they covered). Readers hold the
-public keys they trust, each under a name, written one per line like Nix's
-trusted-public-keys:
+Installing a bundle runs its code (pickles, shared objects), so a reader must know who baked it.
+A baker signs `Manifest.signed_payload(2)` (everything but the signatures); version 1 signatures
+are refused unless PREBAKE_ACCEPT_V1_SIGNATURES=1 (docs/trust.md, "Signatures, version 2").
+Trusted keys are named lines, like Nix's trusted-public-keys:
 
-    ci-builder-1:Hh9oJ0k3...base64 of the raw 32-byte ed25519 key...=
+    <directory>/<name>.pem   private key, PKCS#8 PEM, mode 0600: PREBAKE_SIGNING_KEY points here
+    <directory>/<name>.pub   `ci-builder-1:<base64 of the raw 32-byte key>`: for PREBAKE_TRUSTED_KEYS
 
-    <directory>/
-    ├── <name>.pem      private key, PKCS#8 PEM, mode 0600: PREBAKE_SIGNING_KEY points here
-    └── <name>.pub      the public line above: goes into PREBAKE_TRUSTED_KEYS everywhere
-
-The environment is read only by `signer_from_env` and `trust_from_env`, which the engine
-and dodo.py call at their edges and hand down.
+The environment is read only by `signer_from_env` and `trust_from_env`, at the edges.
 """
 
 from __future__ import annotations
