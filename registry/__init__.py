@@ -1,25 +1,15 @@
 """Where bundles live: `open_registry` turns an address into a registry (backends/, oci/, chain.py).
 
-`open_registry` turns an address into a backend:
+    /some/folder, file:///some/folder        FileRegistry (the embedded default: $PREBAKE_HOME/registry)
+    s3://bucket/prefix, az://account/container/prefix      S3Registry, AzureRegistry
+    hf://[datasets/]ns/repo[@rev]            HubRegistry: a Hugging Face model or dataset repo
+    oci://host[:port]/namespace/repo, oci-layout:DIR|FILE.tar   OCIRegistry, LayoutRegistry
+    /local/folder,s3://team/prebake          ChainRegistry: nearest first (registry/address.py)
 
-    /some/folder, file:///some/folder        FileRegistry (the embedded default lives in $PREBAKE_HOME/registry)
-    s3://bucket/prefix                       S3Registry: AWS, MinIO, R2, Ceph (standard AWS configuration)
-    hf://ns/repo[@rev]                       HubRegistry: a Hugging Face model repo
-    hf://datasets/ns/repo[@rev]              HubRegistry: a dataset repo
-    oci://host[:port]/namespace/repo         OCIRegistry: an OCI registry (GHCR, ECR, Harbor, distribution)
-    az://account/container/prefix            AzureRegistry: Azure Blob Storage (connection string, key or SAS)
-    oci-layout:DIR, oci-layout:FILE.tar      LayoutRegistry: an OCI image layout on a disk (registry/oci/layout.py)
-    /local/folder,s3://team/prebake          ChainRegistry: nearest first, farther hits backfilled
-                                             (a comma inside a folder's name: write it \\, ; registry/address.py)
-
-A folder that does not exist is an error (RegistryNotFound), unless `create` is set: only the
-commands that write (bake, publish, the embedded default registry) create one. So is an OCI
-repository the registry does not know (NAME_UNKNOWN), when first asked; with `create` it reads
-as empty, since registries create repositories on the first push.
-
-Backends import boto3, huggingface_hub or httpx only when opened, so `import prebake.registry` stays light;
-each comes with an extra of the wheel (`pip install 'prebake[s3]'`), and opening an address whose
-extra is missing says which in one line.
+An address that names nothing is RegistryNotFound, unless `create` is set (only the commands
+that write). Backends import boto3, huggingface_hub, httpx or azure only when opened, so
+`import prebake.registry` stays light; an address whose extra is missing says which in one line.
+The table of addresses and what each backend needs: docs/registries.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """A chain of registries, nearest first: for example the local folder, then S3, then the Hub.
 
-A lookup asks each registry in order and the first hit wins. A hit in a farther registry is
-copied into the nearer writable ones (backfill, as ccache and sccache do with their
-levels) when its blob is fetched: fetch_blob downloads once, from the registry that
-answered, and then publishes the manifest and that file into each nearer registry, so the
-next lookup is answered close by. Backfilling at fetch rather than at lookup keeps lookups
-cheap (the engine time-boxes them) and downloads each blob once. A backfill failure is
-logged and never fails the fetch.
-
-Publishing goes to the first registry only: put the registry you bake into first.
-
-A member that faults (RegistryUnavailable, or anything but a refused entry) or does not
-answer within its share of the time box is skipped for the rest of the run: not asked again
-for the next kind, not listed for a miss's nearest bundle, not downloaded from and not
-backfilled into. `lookup_by(kind, key, deadline)` (the `Chained` ability the fetch pipeline
-uses) splits what is left of the caller's time box among the members still to ask, so a
-first member that accepts and never answers costs its share, and the next one answers
-within the same box. If a farther one answers, that answer stands; if none does, lookup
-raises RegistryUnavailable instead of reporting a miss, so the caller can tell "nobody has
-it" from "someone could not be asked". `faults` says which members were skipped and why,
-as values (`MemberFault`).
+A lookup asks each member in order and the first hit wins; publishing goes to the first only.
+A farther hit is backfilled into the nearer writable members when its blob is fetched, not at
+lookup: lookups stay cheap (the engine time-boxes them) and each blob downloads once; a failed
+backfill is logged, never fatal. A member that faults or overruns its share of the caller's time
+box (`lookup_by`, the `Chained` ability) is skipped for the rest of the run, and `faults` says
+why; when no member answers, lookup raises RegistryUnavailable instead of reporting a miss, so
+"nobody has it" differs from "someone could not be asked". docs/registries.md ("Chains").
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
 """`prebake copy SRC DST`: bundles from one registry into another, verified, create-only, resumable.
 
-Over the Registry port only (prebake.artifacts.ports.registry), so any two backends pair: a folder,
-S3, the Hub, Azure, an OCI registry, an OCI image layout (registry/oci/layout.py). In this order:
-
-    1. revocation list   the source's signed list (meta/revocations.dsse.json), verified with the
-                         policy's revocation keys when the policy names them, written first and only
-                         when it is newer (a higher serial) than the destination's: never rolled back
-    2. per bundle        upstream kinds first; a key the destination already answers with the same
-                         bundle is left alone (no byte moves: "already there"), a different bundle of
-                         that key is reported and left alone (create-only, like every publish);
-                         otherwise the trust check in force refuses it or lets it through, the blob
-                         comes down verified (digest and size against the signed manifest), its side
-                         files (the provenance attestation) go up, then `publish` writes the blob and,
-                         last, the index entry: a kill leaves at most a blob without an entry, which a
-                         rerun reuses, never an entry without its blob or attestation.
-
-A second run over the same registries reads each entry at both ends and moves no blob. The trust
-check is the policy of the composition root (engine/compose.py) bound to the source's address,
-so a policy's registry rules, key validity, revocation and provenance rules hold as they would
-for a node fetching from the source.
-
-Kernel-cache images (KServe, GKM) are not a registry: `prebake kernel-cache` writes them
-(registry/oci/kernel_cache.py).
+Over the Registry port only (prebake.artifacts.ports.registry), so any two backends pair. It
+copies the source's revocation list first (never over a higher serial), then each bundle,
+upstream kinds first: one already there is left alone, a different one of the same key is
+reported; otherwise the trust check (the composition root's policy bound to the source's
+address) lets it through, its blob comes down verified, its side files go up, then `publish`
+writes the blob and, last, the index entry, so a kill leaves at most a blob a rerun reuses.
+Kernel-cache images are not a registry: `prebake kernel-cache` writes them. docs/registries.md.
 """
 
 from __future__ import annotations

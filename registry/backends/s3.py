@@ -4,22 +4,11 @@
     ├── index/<kind>/<key-digest>.json          PutObject with If-None-Match: * (never replaced)
     └── blobs/sha256/<aa>/<digest>.tar.zst      multipart upload, parallel ranged download
 
-Endpoint, region and credentials come from the standard AWS configuration, read by boto3
-itself: AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3), AWS_PROFILE, AWS_ACCESS_KEY_ID and
-AWS_SECRET_ACCESS_KEY, ~/.aws/config. MinIO, R2 and Ceph therefore need only their
-endpoint. Transfers are tuned by `S3Settings` (PREBAKE_S3_* variables).
-
-An index entry is created only if absent: PutObject with If-None-Match: *, which AWS S3,
-MinIO, R2 and moto honour. A 412 means another baker created it first: we read theirs and
-settle like the file backend (same bundle: not created; different: PublishConflict).
-
-Fallback for servers without conditional writes (they answer 501 NotImplemented, or the
-operator sets PREBAKE_S3_CONDITIONAL_PUT=off): look, put, read back. The race that
-remains: two bakers who both look before either puts both write; the later write replaces
-the earlier one, and the earlier baker may already have reported `created=True`. Readers
-never see a broken entry (each write is whole and names a complete blob of that key), but
-"created once, never replaced" then holds only between bakers that do not overlap. A
-server that silently ignores If-None-Match has the same race without the read-back check.
+boto3 reads endpoint, region and credentials from the standard AWS configuration (so MinIO, R2
+and Ceph need only their endpoint); `S3Settings` (PREBAKE_S3_* variables) tunes transfers. A 412
+on an index entry means another baker created it first: theirs is read and settled as the file
+backend does. Servers without conditional writes (501, or PREBAKE_S3_CONDITIONAL_PUT=off) get
+look, put, read back, which leaves a race between overlapping bakers (docs/registries.md).
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Write-backs age out: what waits in a quarantine namespace longer than its maximum age is removed.
 
-    prebake promote --prune [--older-than 7d]      on every backend (folder, S3, Hub, OCI), through
-                                                   Maintainable.remove: the index entry first (readers
-                                                   miss from then on), then its blob and the files
-                                                   beside it, unless an entry that stays names the blob
-
-A quarantine (registry.writeback) holds serving pods' write-backs until `prebake promote` reviews
-them; one never promoted is removed once it is older than the maximum age: --older-than, else
-the policy file's `[quarantine] max_age_days`, else DEFAULT_MAX_AGE_DAYS. Its age is counted
-from the `created` stamp the pod wrote. A stamp that cannot be read, or that lies in the future
-by more than CLOCK_SKEW, counts as expired: a write-back cannot keep itself waiting by claiming
-to be new. Only the quarantine is pruned, never the index every pod reads.
+`prebake promote --prune [--older-than 7d]`, on every backend through Maintainable.remove: the
+index entry first (readers miss from then on), then its blob and side files, unless an entry
+that stays names the blob. The maximum age is --older-than, else the policy's `[quarantine]
+max_age_days`, else DEFAULT_MAX_AGE_DAYS, counted from the pod's `created` stamp; a stamp that
+cannot be read or lies in the future by more than CLOCK_SKEW counts as expired, so a write-back
+cannot keep itself waiting. Only the quarantine is pruned, never the index pods read.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """Promotion: a serving pod's write-back, reviewed on a trusted builder, enters the shared index.
 
-For each entry of the quarantine namespace (registry.writeback) that is a write-back:
-
-    1. re-verify     the blob is downloaded into a scratch store: its digest, then every file
-                     against the entry's file list (the store's own checked unpacker)
-    2. inputs        every upstream bundle it was built from is in the index, reviewed (promote
-                     upstream kinds first: they are handled in that order)
-    3. sign          a copy without the writeback label, signed with the promoter's key, with a
-                     provenance statement of build type PROMOTE_TYPE naming what was reviewed
-    4. publish       into the index (created once: an entry already there stands, and is reported)
-    5. move aside    the promoted entry leaves the quarantine's index (when the backend can)
-
-A rebuild is the stronger review: `prebake bake` on the trusted builder makes the same key from
-source, and its bundle wins the index (create-only) over any write-back not yet promoted.
+For each write-back in the quarantine namespace (registry.review.writeback), upstream kinds
+first: re-verify its blob and files in a scratch store, check that every upstream bundle is in
+the index, sign a copy without the writeback label with the promoter's key (with a provenance
+statement of build type PROMOTE_TYPE), publish it create-only, and move it out of the
+quarantine's index where the backend can. A rebuild is the stronger review: `prebake bake` on
+the trusted builder makes the same key from source and wins the index over any write-back not
+yet promoted. docs/trust.md lists each check.
 """
 
 from __future__ import annotations

@@ -1,21 +1,15 @@
 """Where a serving pod writes back what it compiled on a miss: a quarantine namespace, by default.
 
-    <registry>/incoming/index/... + blobs/...    the quarantine namespace: a registry of its own,
-                                                 which no serving node reads (lookups and lists
-                                                 of <registry> never look under incoming/)
+    <registry>/incoming/               the quarantine namespace: a registry no serving node reads
     s3://bucket/prefix  ->  s3://bucket/prefix/incoming
-    hf://ns/repo[@rev]  ->  hf://ns/repo-incoming[@rev]   (a repo of its own: Hub repos have no sub-roots)
+    hf://ns/repo[@rev]  ->  hf://ns/repo-incoming[@rev]   (Hub repos have no sub-roots)
     a chain             ->  the quarantine of its first level (the one a chain publishes to)
 
-PREBAKE_WRITE_BACK picks the target: "quarantine" (the default) or "index", the shared index
-itself, an explicit choice for single-user setups where the pod is the builder. The embedded
-local registry ($PREBAKE_HOME/registry) keeps the simple behaviour: write-back lands in its
-index, since only this machine reads it. Bundles written to quarantine carry the label
-writeback=quarantine (covered by the signature); an index entry that carries it was copied
-out of quarantine and is refused under every policy (prebake.artifacts.fetch.gate.unreviewed). `prebake
-promote` reviews them: re-verifies each, signs it with the promoter's key and publishes it to
-the index; what is never promoted ages out: `prebake promote --prune` removes what waited longer
-than the maximum age on every backend (registry.aging).
+PREBAKE_WRITE_BACK picks "quarantine" (the default) or "index" (single-user setups where the pod
+is the builder); the embedded local registry keeps write-back in its index. Quarantined bundles
+carry the signed label writeback=quarantine, refused in any index (prebake.artifacts.fetch.gate);
+`prebake promote` (registry.review.promote) reviews them and registry.review.aging prunes the
+rest. docs/trust.md, "Nothing a pod compiled reaches other pods unreviewed".
 """
 
 from __future__ import annotations
