@@ -3,20 +3,11 @@
     check_hit(home, kind, key)   Manifest and tree (healthy), Damaged (why), or None (not here)
     quarantine(home, entry)      moves a damaged index entry into quarantine/ (readers miss from then on)
 
-An operator's tools work on a live store: an age-based cleaner removes old files, a disk
-fills while an entry is written, someone edits a file by hand. Re-hashing every tree on
-every start would cost as much as installing it, so the hit path checks what it can check
-cheaply and `prebake store verify` checks the rest (every byte):
-
-    the entry     is a regular file of at most MAX_MANIFEST_BYTES that parses as a manifest
-                  of the kind and key it is filed under
-    the tree      every file and link the manifest lists is there, of its type and size
-                  (one lstat each: no file is opened)
-
-A damaged entry is a value, not an exception: the caller moves it aside (quarantine/, kept
-for whoever investigates), evicts the tree when no process holds it, and installs the bundle
-again from the registry. Messages name the store, since the fix is in the store (the
-registry's copy is intact), not in the registry.
+Re-hashing every tree on every start would cost as much as installing it, so the hit path checks
+cheaply (the entry is a regular file of at most MAX_MANIFEST_BYTES that parses as a manifest of
+its kind and key; every listed file and link is there, of its type and size: one lstat each) and
+`prebake store verify` checks every byte. A damaged entry is a value the caller moves aside
+before installing again from the registry; messages name the store, where the fix is.
 """
 
 from __future__ import annotations

@@ -3,13 +3,10 @@
     check_home(home, write=False)   a command that only reads (stats, store ls, ls, plan, verify)
     check_home(home, write=True)    a command that installs, evicts or records (fetch, serve, bake, gc)
 
-A home that is a file, holds a file where one of the store's folders belongs, cannot be created
-or (for a writer) cannot be written raises StoreHomeError naming PREBAKE_HOME, what is wrong
-and the fix; every command maps it to one exit code (ExitCode.STORE). Without this check the
-same mistake surfaced as "[Errno 20] Not a directory: '.../index/buckets/...json'" from some
-commands and as an empty store (exit 0) from others. A read-only home is fine for readers. A writer also claims the home as a marked store
-(prebake.artifacts.store.mark): a folder registry, a newer prebake's store or a folder of other
-files is refused before anything is written or deleted there.
+A home that is a file, holds a file where a store folder belongs, cannot be created or (for a
+writer) cannot be written raises StoreHomeError naming PREBAKE_HOME, what is wrong and the fix,
+instead of an errno from deep inside or an empty store. A writer also claims the home as a
+marked store (prebake.artifacts.store.mark).
 """
 
 from __future__ import annotations

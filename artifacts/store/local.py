@@ -1,52 +1,23 @@
 """The local store: bundles fetched onto this machine, verified and unpacked, safe for many processes.
 
     $PREBAKE_HOME/                                 (default ~/.cache/prebake)
-    ├── prebake-store.json                         the mark: this folder is a store, of this format (artifacts/store/mark.py)
+    ├── prebake-store.json                         the mark: this folder is a store, of this format (store/mark.py)
     ├── installs/<blob-hex>                        this store installed that blob: the only bundles it ever deletes
     ├── registry/                                  the embedded default registry (index/ + blobs/); never evicted
-    ├── index/<kind>/<key-digest>.json             manifests of bundles installed here
+    ├── index/<kind>/<key-digest>.json             manifests of bundles installed here, written after their tree
     ├── blobs/sha256/<aa>/<digest>.tar.zst         their payloads, as downloaded and verified
     ├── side/sha256/<aa>/<digest>/<name>           their attestations, as read for the trust policy
-    ├── trees/<blob-hex>/                          the unpacked payloads engines point at
+    ├── trees/<blob-hex>/ (+ <blob-hex>.files)     the unpacked payloads engines point at, renamed in once whole
     ├── leases/<blob-hex>                          engines hold it shared while they use the tree; mtime = last use
-    ├── locks/<blob-hex>.lock                      one install or eviction of a blob at a time
-    ├── locks/gc.lock                              one gc at a time
-    ├── locks/scratch-<name>.lock                  held by the live process that owns tmp/<name>
-    ├── stats/                                     hit, miss and fallback counts (prebake.artifacts.store.stats); never evicted
-    ├── quarantine/index/<kind>/<key-digest>.json  damaged entries the hit path moved aside (prebake.artifacts.store.health)
+    ├── locks/<blob-hex>.lock, gc.lock, scratch-<name>.lock   one install, eviction or gc at a time; tmp/ owners
+    ├── stats/                                     hit, miss and fallback counts (store/stats.py); never evicted
+    ├── quarantine/index/<kind>/<key-digest>.json  damaged entries the hit path moved aside (store/health.py)
     ├── listing/                                   `prebake ls` summaries of Hub registries (registry/backends/hf.py)
     └── tmp/                                       scratch folders and evicted trees; nothing here is ever read
 
-A tree appears by rename only after its blob matched its digest and every file matched
-the manifest, so a reader sees a whole tree or none. A blob not yet here is streamed:
-downloaded, hashed, written to blobs/ and unpacked in one overlapped pass
-(artifacts/bundle/unpack.py), after a check that the disk has room for what the manifest
-declares. Beside each tree, `trees/<blob-hex>.files` records the digest of the file list
-it was verified against; a second manifest naming the same blob must name the same list,
-or it is refused (nothing is trusted because it is already there). The index entry is written after the
-tree, so an index entry always names a complete tree, and `lookup` checks the tree is
-still there and whole by a cheap check (artifacts/store/health.py: the entry parses, every
-file is there with its size); a damaged entry is moved into quarantine/ and its tree
-evicted, so the next install fetches it again from the registry. Eviction runs in the reverse order: index entries first, then the tree (moved
-into tmp/ by one rename, then deleted), then the blob. A process killed at any point leaves
-only temporaries (`.tmp-*` downloads, `.<hex>.*.partial` trees, tmp/ folders) that no
-reader looks at; the next install of the same blob, or the next gc, removes them.
-
-The store deletes only what it made. Every command that writes or deletes first claims the home
-(prebake.artifacts.store.mark): a folder registry, a newer prebake's store or a folder of other
-files is refused, naming what it looks like. Inside a store, gc, `store rm`, `store verify --fix`
-and the heal delete only the blobs, trees and index entries of bundles recorded in installs/
-(written before the blob is fetched, removed last on eviction); a blob or entry copied in from
-elsewhere, whatever its layout, stays; an index entry that cannot be read is moved into
-quarantine/, never deleted; tmp/ loses only the store's own scratch folders and evicted trees.
-
-Size: blobs/ plus trees/ are bounded by DEFAULT_MAX_BYTES (10 GiB, sccache's default), or
-PREBAKE_STORE_MAX_BYTES (or `gc(max_bytes)`, `prebake store gc --max-size`), evicting the least
-recently used bundles first after each install. The embedded registry/ is not counted. A process
-that holds a tree with `Store.use` keeps it from eviction until it lets go; `install(..., hold=stack)`
-takes that hold inside the install, before the install's own gc runs, so a process never loses a
-tree between installing it and using it. Locks are flock(2), which the
-kernel drops when a holder dies: keep the store on local disk, where flock works (not NFS).
+Bounded by DEFAULT_MAX_BYTES (sccache's default) or PREBAKE_STORE_MAX_BYTES, least recently used
+first; evicts in the reverse order of installing. Locks are flock(2): keep it on local disk, not
+NFS. What a crash leaves and what it deletes: docs/trust-and-failure.md, docs/operations.md.
 """
 
 from __future__ import annotations

@@ -2,25 +2,13 @@
 
     <home>/prebake-store.json     {"format": "prebake-store", "version": 2}: written when the store is made
     <home>/installs/<blob-hex>    one per bundle this store installed: written before its blob is fetched,
-                                  removed last when it is evicted; gc, `store rm`, `store verify --fix` and
-                                  the heal delete only blobs, trees and index entries these name
+                                  removed last on eviction; deleting commands touch only what these name
 
-`look(home)` says what a folder is, from its mark and its top-level names only:
-
-    new       absent or empty: the first writer marks it
-    store     marked, of a format this prebake reads (STORE_VERSION or older)
-    legacy    unmarked, but every name in it is one the store makes and it has the store's own
-              records (trees/, locks/ or leases/): a store of a release before the mark (format 1);
-              the first writer adopts it (`claim`): installs/ records for the trees it unpacked, then the mark
-    newer     marked with a version above STORE_VERSION: a store of a newer prebake
-    registry  index/ and blobs/ without the store's trees/, locks/ and leases/, or a registry's
-              meta/ or summary/: a folder registry (a node pre-seeded by copying one into its cache)
-    other     names the store never makes (a user's files: PREBAKE_HOME=$HOME by mistake), or a mark
-              that is not ours
-
-`claim(home)` (every command that installs, records or deletes) refuses all but new, store and legacy
-with StoreHomeError naming the folder and what it looks like; `check_readable(home)` (readers) refuses
-a newer store only, which this prebake could misread. Nothing is written or deleted in a refused folder.
+`look(home)` reads the mark and the top-level names only: new, store, legacy (a store from
+before the mark, adopted by `claim`), newer, registry (a folder registry) or other (a user's
+files). `claim(home)`, for every command that installs, records or deletes, refuses all but new,
+store and legacy with StoreHomeError; `check_readable(home)` refuses a newer store only. Nothing
+is written or deleted in a refused folder. Each case and its message: docs/trust-and-failure.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """The store and the registries never share a folder.
 
-The store evicts what its bound does not hold and removes what it does not recognise
-(`prebake gc`, `store verify --fix`); a registry keeps every bundle ever published. A folder
-registry that is the store's own folder, or lies inside it, or holds it, would have its index
-entries and blobs deleted by the store's gc (they sit where the store keeps its own), and a
-registry's maintenance would touch the store. So every folder of a registry address is checked
-against PREBAKE_HOME when the address is chosen (`Store.registry_address`), on the real paths
-(links followed), and refused with the fix. The one folder inside the store a registry may
-use is the embedded default, $PREBAKE_HOME/registry, which the store never evicts.
-
-Only folder addresses are checked (a path, file://path, or either inside a comma-separated
-chain); s3:// and hf:// registries cannot overlap a local folder.
+The store's gc would delete a folder registry's entries and blobs if the registry were the
+store's folder, inside it, or held it. So every folder of a registry address (a path, file://,
+or either in a chain) is checked against PREBAKE_HOME on the real paths when the address is
+chosen (`Store.registry_address`), and refused with the fix; the one registry allowed inside is
+the embedded default, $PREBAKE_HOME/registry, which the store never evicts. Remote addresses
+cannot overlap a local folder.
 """
 
 from __future__ import annotations

@@ -6,18 +6,10 @@
     ├── events-<N>.jsonl    a segment being compacted: only there if a compaction was killed
     └── stats.lock          flock: writers and compaction exclusive, readers shared
 
-Fetches and start-ups call `record_outcomes` (every hit and miss of one fetch pipeline run),
-`record_hit`, `record_miss`, `record_fallback` and `record_variant_fallback`; `read_stats`
-folds summary.json and the events into a `StatsReport` (hit rate per kind, the commonest miss
-reasons, seconds saved, bytes fetched). A write is one short `write(2)` under an exclusive
-flock, so lines never interleave and a reader (holding the lock shared) never sees half of
-one. When events.jsonl passes `COMPACT_BYTES`, the writer that noticed folds it into
-summary.json: it renames events.jsonl to events-<N+1>.jsonl, writes the summary of
-generation N+1 atomically, then deletes the segment; a segment whose number is above the
-summary's generation was never folded, and is folded by the next compaction or read.
-
-Recording never fails a start-up: an unwritable store loses the event, not the engine.
-PREBAKE_STATS=off turns recording off.
+`record_*` append events; `read_stats` folds summary and events into a `StatsReport`. Past
+COMPACT_BYTES the writer that noticed compacts (rename, write the summary, delete the segment),
+so a kill neither loses nor double-counts. Recording never fails a start-up (an unwritable store
+loses the event); PREBAKE_STATS=off turns it off. docs/operations.md, "How the counts are kept".
 """
 
 from __future__ import annotations
