@@ -1,26 +1,11 @@
 """Atomic file operations and file locks: readers see a whole file or none, never a partial one.
 
-Every write goes to a temporary name in the destination's folder, is flushed and
-fsynced, and is then renamed (or hard-linked, for create-only) into place. A crash at
-any point leaves at most a `.tmp-*` file that `sweep_temporaries` removes later.
-
-`Flock` is flock(2) on a lock file: shared or exclusive, waiting or not. The kernel
-drops it when its holder dies, even by kill -9, so a lock never outlives a crashed
-process. Local file systems only: flock does not coordinate machines over NFS.
-
-`crash_point` is the fault-injection hook of tests/faults: with PREBAKE_TEST_CRASH_AT
-naming a point, the process kills itself with SIGKILL there, exactly as `kill -9` would:
-
-    write:<glob>    atomic_target: the temporary file is complete, not yet renamed over <glob>
-    create:<glob>   create_only: the temporary file is complete, not yet linked to <glob>
-    unpack          bundle.unpack: every entry extracted into the partial folder, not yet renamed
-    stream:<glob>   unpack_streamed: member <glob> written while the blob is still downloading
-    evict           Store eviction: index entries gone, tree moved to tmp/, tree and blob not yet deleted
-    move:<glob>     a folder registry's move aside (quarantine, promote): <glob> not yet renamed
-    remove:<glob>   a folder registry's removal (prune): <glob> not yet deleted, what went before it gone
-
-(<glob> matches the destination's file name, e.g. `write:*.tar.zst`.) Unset, it costs one
-dictionary lookup.
+Every write goes to a temporary name in the destination's folder, is flushed and fsynced, and
+is then renamed (or hard-linked, for create-only) into place; a crash leaves at most a `.tmp-*`
+file that `sweep_temporaries` removes later. `Flock` is flock(2) on a lock file, shared or
+exclusive: the kernel drops it when its holder dies, even by kill -9, but it does not
+coordinate machines over NFS. `crash_point` is the fault-injection hook of tests/faults
+(PREBAKE_TEST_CRASH_AT; its docstring lists the points).
 """
 
 from __future__ import annotations
@@ -227,7 +212,20 @@ def mib(n: int) -> str:
 
 
 def crash_point(point: str, subject: str = "") -> None:
-    """Die by SIGKILL here if $PREBAKE_TEST_CRASH_AT names this point (and its glob matches `subject`)."""
+    """Die by SIGKILL here if $PREBAKE_TEST_CRASH_AT names this point (and its glob matches `subject`).
+
+    The fault-injection hook of tests/faults, exactly as `kill -9` would; the points:
+
+        write:<glob>    atomic_target: the temporary file is complete, not yet renamed over <glob>
+        create:<glob>   create_only: the temporary file is complete, not yet linked to <glob>
+        unpack          bundle.unpack: every entry extracted into the partial folder, not yet renamed
+        stream:<glob>   unpack_streamed: member <glob> written while the blob is still downloading
+        evict           Store eviction: index entries gone, tree moved to tmp/, tree and blob not yet deleted
+        move:<glob>     a folder registry's move aside (quarantine, promote): <glob> not yet renamed
+        remove:<glob>   a folder registry's removal (prune): <glob> not yet deleted, what went before it gone
+
+    <glob> matches the destination's file name (`write:*.tar.zst`). Unset, it costs one dictionary lookup.
+    """
     wanted = os.environ.get(CRASH_ENV)
     if not wanted:
         return

@@ -2,14 +2,10 @@
 
     within(5.0, lambda: registry.lookup(kind, digest))  ->  Done(value) | Raised(error) | TimedOut(5.0)
 
-The call runs in a daemon thread; a call that outlives its time box is abandoned, never
-waited on (a registry that hangs must not hold a start-up), and its late result is dropped.
-Nothing is carried across threads in shared dicts: the outcome is a value.
-
-A caller's box can also be handed down as a deadline (a time.monotonic() value): something that
-reads a remote on its own (the trust policy's revocation list and attestations) is `Boundable`,
-and `bounded(check, deadline)` is that check ending its reads by the caller's deadline, so that
-no read it makes extends the caller's box.
+The call runs in a daemon thread; one that outlives its box is abandoned, never waited on (a
+registry that hangs must not hold a start-up), and its late result is dropped. A box can be
+handed down as a deadline (a time.monotonic() value): `bounded(check, deadline)` is a
+`Boundable` check (the trust policy's own reads) ending its reads by the caller's deadline.
 """
 
 from __future__ import annotations

@@ -2,18 +2,11 @@
 
     load_toml(path, Recipe, what="recipe", error=RecipeError, fix="recipes/README.md lists every field")
 
-Every problem is one `error` (a PrebakeError subclass of the caller's), naming the file:
-
-    recipe file recipes/x.toml does not exist; <fix>            (`not_found`, when given, instead of `error`)
-    policy file p.toml cannot be read (Permission denied); <fix>
-    profiles file f.toml is not valid TOML: Expected ']' (at line 3, column 9); fix the syntax at that line
-    recipe file recipes/x.toml is not valid:
-      line 12: serving.blok_size: unknown field; remove it or check its spelling
-      line 4: model.name: required field is missing; add it
-    <fix>
-
-The line of a field is found by reading the file's table headers and keys (tomllib keeps no
-positions): the line of the key itself, else of the table that should hold it.
+Every problem is one `error` (a PrebakeError subclass of the caller's) naming the file: missing,
+unreadable, not valid TOML (with its line and column), or not valid against the model, one line
+per field (`line 12: serving.blok_size: unknown field; remove it or check its spelling`). The
+line of a field comes from the file's table headers and keys (tomllib keeps no positions): the
+line of the key itself, else of the table that should hold it. Reads the one file; writes nothing.
 """
 
 from __future__ import annotations

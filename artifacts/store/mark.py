@@ -23,7 +23,7 @@ from prebake.artifacts.errors import StoreError
 
 MARK = "prebake-store.json"
 FORMAT = "prebake-store"
-STORE_VERSION = 2  # 1: the unmarked stores of releases before 2026-12-01, adopted on first write
+STORE_VERSION = 2  # 1: the unmarked stores of releases before the mark, adopted on first write
 INSTALLS = "installs"
 _MARK_MAX_BYTES = 4096
 _HEX_LEN = 64
