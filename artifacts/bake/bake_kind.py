@@ -1,23 +1,14 @@
 """Baking one artifact: build its tree, pack it, publish it, install it.
 
-    inputs (upstream kinds, fetched) -> build(tree) -> pack -> Manifest -> registry.publish
-                                                                         -> store.install
-                                         provenance Statement -> DSSE -> beside the blob
+    inputs (upstream kinds, fetched) -> build(tree) -> pack -> Manifest -> registry.publish -> store.install
+                                        provenance Statement / model signature -> beside the blob
 
-With an `Attest` (prebake.artifacts.bake.provenance), the bake writes an in-toto Statement with the SLSA
-provenance v1 predicate for the blob, seals it in a DSSE envelope with the bake's key and
-publishes it beside the blob (prebake.artifacts.ports.registry.SideFiles) before the index entry that names
-the blob, so a reader that sees the entry can already read its provenance. With a `ModelSign`, the
-bake also signs the built tree as OpenSSF model signing does (prebake.registry.trust.model_signatures) and
-publishes that signature beside the blob the same way.
-
-The build is the kind's declared builder (prebake.artifacts.recipe.kinds.Kind.build: buckets are pure Python,
-the engine adapters' autotune and graphs run in a child process), or one handed in (a write-back
-packs what an engine compiled in place); its declared outputs are checked before anything is
-packed. Its upstream bundles are fetched under the trust policy in force, unless the caller
-hands in the ones it built on (a write-back: the bundles the engine ran with, fetched under the
-policy at its start or written back just before, which a quarantine holds unsigned). Losing a publish race to another baker of the same key is reported, not failed: the
-registry keeps the first bundle and everybody uses it.
+The build is the kind's declared builder or one handed in (a write-back packs what an engine
+compiled in place); its declared outputs are checked before packing. Upstream bundles are
+fetched under the trust policy unless the caller hands in the ones it built on. With `Attest`
+or `ModelSign`, their side files are published before the index entry that names the blob, so
+a reader of the entry can already read them. Losing a publish race is reported, not failed:
+the registry keeps the first bundle and everybody uses it.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
 """The fleet plan: every target of a recipe's matrix, per kind present, missing, unknown or unbuildable.
 
-A target's keys depend on the builder's platform and software factors (torch build, driver
-branch, device name...), which a planner on another machine cannot probe. So the plan keys
-each target from a *profile*: the recorded facts of one class of builder (a runner image on
-a GPU type), resolved in this order:
-
-    1. a declared profile for the target's platform (`prebake profile` prints one; operators
-       keep one per runner class in a profiles file)
-    2. this host, when its platform is the target's platform
-    3. none: the kinds whose keys do not depend on the host (buckets today) are still looked
-       up exactly; the others are `unknown`, and a builder decides them on its own hardware
-
-The plan never calls a kind `present` unless the exact key it computed is in the registry
-with an entry the trust policy in force accepts (`published` answers that: prebake.engine.fleet.plan
-asks prebake.artifacts.fetch.gate.accepted_entry; a refused entry is `missing`, and its bake says why),
-and never guesses a key from another host's factors; `unknown` counts as work to do, which
-the builder turns into a no-op if its own key is already present.
-
-Planning reads only index entries (one lookup per target and kind) and never lists the
-registry, so its time grows with the number of targets, not with the registry's size.
+A target's keys depend on its builder's platform and software, which a planner elsewhere cannot
+probe, so each target is keyed from a profile: a declared one for its platform, else this host
+when the platforms match, else none (then host-independent kinds are still looked up exactly and
+the others are `unknown`, for a builder to decide on its own hardware). `present` means the exact
+key is in the registry with an entry the trust policy accepts (`published`); a key is never
+guessed from another host. Planning reads one index entry per target and kind and never lists the
+registry, so its time grows with the targets, not the registry. docs/fleet.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
 """Provenance: who built a bundle, from what, with which toolchain, as an in-toto Statement.
 
-Each bake writes one Statement (in-toto v1) carrying the SLSA provenance v1 predicate:
-
-    subject             the bundle's blob: {"sha256": <hex>}, named <kind>/<key digest>
-    buildDefinition     buildType (BUILD_TYPE), externalParameters (recipe, target, kind, key),
-                        internalParameters (the key's factor groups), resolvedDependencies:
-                          recipe:<model>     the recipe, by the sha256 of its canonical JSON
-                          source             the git checkout's revision, where there is one
-                          bundle:<kind>      every upstream bundle it was built from, by blob
-                          torch, triton, cuda-runtime, habana-torch-plugin, the engines' declared
-                          packages, driver, python, prebake   pkg: URIs, the version as an annotation
-                          platform           the host probe's platform factors (annotations)
-    runDetails          builder.id (who ran the bake), metadata (invocation id, start, finish)
-
-The formats are the maintained bindings' own (in_toto_attestation: Statement,
-ResourceDescriptor and the SLSA v1 Provenance message), serialised by protobuf's JSON
-mapping; nothing here writes the format by hand. The Statement is sealed in a DSSE envelope
-by registry.attestation with the bake's signing key, and published beside the blob
-(prebake.artifacts.ports.registry.SideFiles, as SIDE_NAME). `read_statement` turns a payload back into the
-few facts a policy checks (`Provenance`).
+Each bake writes one Statement (in-toto v1) with the SLSA provenance v1 predicate: subject the
+bundle's blob; buildDefinition with the recipe, target, kind and key, and resolvedDependencies
+(the recipe's sha256, the source revision, upstream bundles, toolchain and engine packages as
+pkg: URIs, the platform probe); runDetails with the builder id and the run's times. The formats
+are the maintained bindings' own (in_toto_attestation, protobuf's JSON mapping): nothing here
+writes them by hand. registry.trust.attestation seals it in DSSE, published beside the blob
+(SideFiles, SIDE_NAME). `read_statement` turns a payload back into the few facts a policy checks.
 """
 
 from __future__ import annotations

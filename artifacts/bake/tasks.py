@@ -1,18 +1,12 @@
 """doit task dictionaries for `doit bake`: one task per (target, artifact kind).
 
-    bake:<model>/<platform>/tp<N>/<dtype>:buckets
-    bake:<model>/<platform>/tp<N>/<dtype>:autotune   (after buckets)
-    bake:<model>/<platform>/tp<N>/<dtype>:graphs     (after buckets and autotune)
+    bake:<model>/<platform>/tp<N>/<dtype>:<kind>   buckets, then autotune, then graphs (the kind table's order)
 
-The tasks and their order come from the target's kind table (each task depends on its kind's
-upstream kinds). Each task is up to date when the registry already answers its key with an entry the trust
-policy in force accepts, which costs one index read and no torch import: re-running a bake with nothing changed does nothing.
-Problems found while planning (unknown model, a precision this host cannot build) become one
-failing task that says so, so `doit list` keeps working.
-
-doit hands every `name=value` of its command line to the tasks, and ignores the ones no task
-reads; `request_from_variables` checks them against BAKE_VARIABLES first, so a typo
-(`precison=bf16`) is refused, naming the valid ones and the nearest, before anything is built.
+A task is up to date when the registry already answers its key with an entry the trust policy
+accepts: one index read, no torch import, so a bake with nothing changed does nothing. A planning
+problem (unknown model, a precision this host cannot build) becomes one failing task that says
+so, so `doit list` keeps working. `request_from_variables` checks doit's `name=value` arguments
+against BAKE_VARIABLES first, so a typo (`precison=bf16`) is refused, naming the nearest.
 """
 
 from __future__ import annotations

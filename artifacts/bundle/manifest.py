@@ -1,17 +1,12 @@
 """The manifest: what a bundle is, which key it answers, and the digest of every byte in it.
 
-A bundle is two objects: `manifest.json` (this model) and a payload `.tar.zst` named by
-its sha256. The manifest records the key's raw factors (so a miss can be explained),
-the digest and size of the payload blob, the digest and size of every file inside,
-and who built it when. Signatures (ed25519) cover `signed_payload(version)`: version 2
-(written today) covers every field but the signatures themselves, labels included;
-version 1 (bundles signed before 2026-11-30) covered the key, blob, files and inputs only.
-
-Everything here may come from a hostile registry, so reading is bounded: at most
-`MAX_MANIFEST_BYTES`, JSON nested no deeper than the schema needs, every file path a
-plain relative path whose parts a file system accepts (no `..`, no absolute path, no
-part over 255 bytes, no entry that is also the folder of another), every link inside
-the tree. Any failure is a BundleError that names the source.
+A bundle is `manifest.json` (this model) and a payload `.tar.zst` named by its sha256. The
+manifest records the key's raw factors (so a miss can be explained), the blob's and every
+file's digest and size, and who built it when. Signatures cover `signed_payload(version)`:
+version 2, everything but the signatures; version 1, key, blob, files and inputs only
+(docs/trust.md, "Signatures, version 2"). It may come from a hostile registry, so reading is
+bounded (MAX_MANIFEST_BYTES, nesting, plain relative paths, links inside the tree); any failure
+is a BundleError naming the source.
 """
 
 from __future__ import annotations
@@ -105,8 +100,8 @@ class BlobRef(Frozen):
 class Signature(Frozen):
     """An ed25519 signature over `Manifest.signed_payload(version)` by a named key.
 
-    version 2 covers the whole manifest but its signatures; version 1 (absent from manifests
-    signed before 2026-11-30) covered kind, key, blob, files and inputs, not labels."""
+    version 2 covers the whole manifest but its signatures; version 1 (absent from manifests signed
+    by older releases: docs/trust.md) covered kind, key, blob, files and inputs, not labels."""
 
     signer: str = Field(max_length=256)
     signature: str = Field(max_length=1024)  # base64

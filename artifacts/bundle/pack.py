@@ -3,16 +3,12 @@
     tree/                                    payload.tar.zst
     ├── b/k.so   (0755, mtime t, uid u) ──▶  ├── a.json   0644 0:0 mtime 0
     ├── a.json                               ├── b/k.so   0755 0:0 mtime 0
-    └── latest -> b/k.so                     ├── latest -> b/k.so
-                                             └── end of archive (GNU tar, padded to 10 KiB)
+    └── latest -> b/k.so                     └── latest -> b/k.so, end of archive (GNU tar, 10 KiB)
 
-The bytes are those `tarfile` writes in GNU format for the same entries (so bundles packed
-before this module existed keep their digests), compressed by zstd in multi-threaded mode,
-whose output does not depend on the number of worker threads.
-
-Each byte is read once, by reader threads ahead of the compressor (pack_read.py; how and why:
-docs/performance.md). Nothing is fsynced here: the blob is a scratch file that publishing
-copies into place atomically (fsutil.atomic_target).
+The bytes are those `tarfile` writes in GNU format (so older bundles keep their digests),
+compressed by multi-threaded zstd, whose output does not depend on the thread count. Each byte is
+read once, by reader threads ahead of the compressor (pack_read.py; docs/performance.md). The
+blob is a scratch file, not fsynced: publishing copies it into place atomically.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Bundle payloads: a folder packed as a deterministic, zstd-compressed tar, and unpacked safely.
 
-    payload.tar.zst
-    └── every file of the tree, sorted by path, owner 0:0, mtime 0, mode 0644 or 0755
+    payload.tar.zst   every file of the tree, sorted by path, owner 0:0, mtime 0, mode 0644 or 0755
 
-The same tree always gives the same bytes and so the same sha256 (zstd runs with at
-least one worker thread, in which mode its output does not depend on the number of
-threads; artifacts/bundle/pack.py writes it). Unpacking (artifacts/bundle/unpack.py) holds every
-member to the manifest before writing it and goes into a temporary sibling folder that is
-renamed into place only after every file matched: a name the manifest lacks, a wrong type
-or size, a device file, or an archive that decompresses past what the manifest declares is
-refused, and nothing is left behind.
-
+The same tree always gives the same bytes and so the same sha256 (bundle/pack.py). Unpacking
+(bundle/unpack.py) holds every member to the manifest and goes into a temporary sibling folder,
+renamed into place only after every file matched; anything else is refused, leaving nothing.
 This module is the one door to both: pack, unpack and file_digest.
 """
 

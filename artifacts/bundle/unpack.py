@@ -1,22 +1,12 @@
 """Checked unpacking: a .tar.zst stream written to a folder only as far as its manifest allows.
 
-The manifest is the plan and the archive is held to it, member by member, before a byte
-of the member is written:
-
-    header read   name, type and size parsed by our own tar reader (never tarfile: its GNU
-                  long-name and pax records are read whole into memory, whatever size they claim)
-    checked       the name is one of the manifest's files (or a folder of one), not seen before;
-                  its type is the manifest's (file or link, link target equal); its size is the
-                  manifest's size for it
-    written       exactly that many bytes, handed to writer threads that create, write and hash
-                  it while decompression goes on (artifacts/bundle/unpack_write.py), the digest compared
-                  as soon as the member is written
-    at the end    every file of the manifest was there
-
-So the bytes written are bounded by the manifest's total, the entries by its file count,
-and memory by the writers' fixed set of buffers, whatever the archive claims; a decompression bomb stops at the
-first member that outgrows its declared size. Nothing is renamed into place unless all of
-it passed (see bundle.unpack and unpack_streamed for the folder dance).
+Each member is held to the manifest before a byte of it is written: its header parsed by our
+own tar reader (never tarfile, which reads GNU long names and pax records whole, whatever size
+they claim), its name one of the manifest's files not seen before, its type, link target and
+size the manifest's; exactly that many bytes go to the writer threads (bundle/unpack_write.py),
+which hash and compare; at the end every file of the manifest was there. So bytes, entries and
+memory are bounded whatever the archive claims, a decompression bomb stops at its first
+oversized member, and nothing is renamed into place unless all passed. docs/performance.md.
 """
 
 from __future__ import annotations

@@ -2,17 +2,12 @@
 
     extraction (calling thread)         writers
     decompress, parse, check  ──small──▶ pool of threads: a run of small files each job
-    against the manifest                 (create, write, chmod, close, sha256, compare)
-                              ──large──▶ one lane: a large file's chunks in order
-                                         (write, sha256; at its end chmod, close, compare)
+    against the manifest      ──large──▶ one lane: a large file's chunks in order
 
-Creating and filling files is mostly kernel time, spent here by several threads at once while
-the calling thread keeps decompressing (docs/performance.md). Only members already held to the
-manifest (name, type, size) reach a writer, and each writes exactly the bytes it was given, so the
-bounds of artifacts/bundle/unpack.py hold; what is handed over and not yet written is bounded in
-bytes and jobs, so memory stays bounded too. A member whose digest differs raises in the
-caller at its next hand-over or at `finish`; `close` waits for every writer and closes
-every file, so the caller may remove the folder afterwards.
+Only members already held to the manifest reach a writer, each writes exactly the bytes it was
+given, and what waits is bounded in bytes and jobs, so unpack.py's bounds hold. A wrong digest
+raises in the caller at its next hand-over or at `finish`; `close` waits for every writer and
+closes every file, so the caller may remove the folder. Why threads: docs/performance.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
 """Artifact kinds: one declaration each, and the keys of every kind of one target on one host.
 
-A `Kind` says everything prebake needs to know about one build target:
-
-    name         "buckets", "autotune", "graphs", ...
-    upstream     the kinds whose trees it is built from (their key digests join its key)
-    groups       its own key factor groups, from the recipe, the target and the host
-    outputs      the files its tree must hold (checked after every build)
-    build        fills an empty folder with the tree (BuildRequest -> None)
-    environment  the variables that point an engine at an installed tree
-
-Everything else is derived from the declarations: the order of the doit tasks and their
-dependencies, the keys, what a fetch installs, what `prebake fetch` prints. The buckets kind
-is pure Python and lives here; the kinds an engine compiles (autotune, graphs) are declared
-by the engine's adapter (engine/<engine>/adapter.py), so a vLLM graphs artifact and the bundled
-engine's Inductor cache are two declarations of one kind name, never an if-branch.
-
-    buckets   <- serving limits, bucket strategy and ranges
-    autotune  <- model architecture, software, platform, tp, dtype, tactics, buckets key
-    graphs    <- the same, compile options (+ what the engine adds), autotune key
-
-A key holds the model's architecture, never its name or weights (unless freezing), so a
-fine-tune reuses its base model's graphs. `plan` computes every key from package metadata
-alone: no torch import, so a no-op bake stays fast.
+A `Kind` declares name, upstream (kinds whose key digests join its key), groups (its own key
+factors), outputs (checked after every build), build and environment; the doit tasks, keys,
+what a fetch installs and what `prebake fetch` prints are derived from the declarations. The
+buckets kind is pure Python and lives here; an engine's adapter declares the kinds it compiles,
+so one kind name has one declaration per engine, never an if-branch. A key holds the model's
+architecture, never its name or weights (unless freezing). `plan` keys a target from package
+metadata alone, no torch import, so a no-op bake stays fast. docs/concepts.md has the factors.
 """
 
 from __future__ import annotations

@@ -2,10 +2,8 @@
 
     [model]      name, engine, weights (seeded random or a Hugging Face folder), HF config inline
     [engine]     the engine's own settings, validated by its adapter (engine/<engine>/adapter.py)
-    [serving]    the serving limits every bucket set derives from
-    [buckets]    strategy and optional per-dimension ranges
-    [compile]    Inductor options that change compiled graphs
-    [autotune]   tactics to measure per bucket shape
+    [serving], [buckets]    the serving limits every bucket set derives from; strategy and ranges
+    [compile], [autotune]   Inductor options that change compiled graphs; tactics to measure
     [matrix]     platform x tp x dtype to bake
 
 A recipe is validated once, when read; every error names the file, the field and a fix.
