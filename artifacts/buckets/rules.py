@@ -1,7 +1,7 @@
 """vLLM-on-Gaudi's own bucket rules, reimplemented: the exponential, linear and pad strategies.
 
-Followed from vllm-project/vllm-gaudi at commit 091bbadda10bee4fd3f6d0efc1844d2610dd2707
-(2026-08-21), vllm_gaudi/extension/bucketing/ (exponential.py, linear.py, padding_aware.py,
+Followed from vllm-project/vllm-gaudi at the commit UPSTREAM names (its date: docs/buckets.md),
+vllm_gaudi/extension/bucketing/ (exponential.py, linear.py, padding_aware.py,
 common.py's cross product, edge buckets, filters and corrections); tests/unit/
 test_bucket_conformance.py checks it against upstream's output for 126 cases.
 

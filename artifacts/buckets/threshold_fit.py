@@ -2,15 +2,12 @@
 
     values with weights --_threshold_curve--> the best k thresholds, for every k (exact DP)
     levels' curves --knapsack--> the best way to share k buckets among levels (exact)
-    prompt_curve / decode_curve: nested levels the way vllm-gaudi looks buckets up (the first
-      bucket in sorted order that holds a step): per batch level, query (decode: block)
-      thresholds; per query level, context thresholds
+    prompt_curve / decode_curve: nested levels the way vllm-gaudi looks buckets up
 
-A curve's cost is the weighted padded work of one phase: for prompts, token_weight x padded
-tokens / real tokens + ctx_weight x padded context blocks / real context blocks; for decode, the
-same with rows and blocks. Each level's thresholds come from an exact dynamic program over the
-distinct values seen (O(k n^2), numpy; more than MAX_CANDIDATES distinct values are first reduced
-to weighted quantiles, so near-exact there); the number of outer levels is chosen by trying each.
+A curve's cost is the weighted padded work of one phase (padded tokens or rows over real ones,
+plus padded context blocks over real ones). Each level's thresholds come from an exact DP over
+the distinct values (O(k n^2), numpy; past MAX_CANDIDATES, weighted quantiles first, so
+near-exact); the number of outer levels is chosen by trying each. docs/buckets.md.
 """
 
 from __future__ import annotations

@@ -5,12 +5,10 @@
     bound    the store's bound can hold every kind at once, or StoreBoundError before anything goes
     install  download, check digests, unpack into the store          (time-boxed)
 
-It touches the store (find, use, install) and the registry (lookup, download), and records a
-run's hits and misses in the store's stats. With `hold` (an ExitStack), every tree is held
-(`Store.use`) from the moment it is found or installed, so no gc evicts the early kinds while the
-later ones download. A damaged store entry is moved aside and fetched again. A stored bundle the
-policy refuses is not used: the registry is asked as if the store had nothing. A registry that is
-down, slow or corrupt is a miss (its reason says which), never a crash.
+It touches the store (find, use, install, stats) and the registry (lookup, download). With
+`hold`, each tree is held from the moment it is found or installed, so no gc evicts early kinds
+while later ones download. A damaged store entry is fetched again; a stored bundle the policy
+refuses is not used. A registry that is down, slow or corrupt is a miss with its reason.
 """
 
 from __future__ import annotations

@@ -1,17 +1,13 @@
 """What `prebake ls` shows of each bundle, and the listing summary that spares reading every entry.
 
-    Listed    one index entry as a listing shows it (kind, key, labels, blob, created, builder,
-              build time, signer names): the manifest without its file list
+    Listed           one index entry as a listing shows it: the manifest without its file list
     ListingSummary   per kind, the Listed rows of a registry's entries, each tagged with the version of
-              the index entry it was read from (S3: ETag and size; a folder: size, mtime, inode)
-    reconcile the rows of the entries a listing names right now, from the summary where its tag
-              still matches and from a read of the entry where it does not
+                     the entry it was read from (S3: ETag and size; a folder: size, mtime, inode)
+    reconcile        the rows of the entries a listing names now: from the summary where the tag matches
 
 The summary is a cache, never the source of truth: the index listing decides which entries
-exist, a row is used only for an entry whose tag is the one the listing reports, and every
-other entry is read. A summary that is missing, stale, written by a racing lister or
-malformed therefore costs reads, never a wrong or missing row. Index entries are created once
-and never replaced, so a matching tag means the very bytes the row was read from.
+exist, and any entry whose tag differs is read. A missing, stale, racing or malformed summary
+costs reads, never a wrong row; entries are created once, so a matching tag means the same bytes.
 """
 
 from __future__ import annotations

@@ -1,22 +1,15 @@
 """The object-store port: the six things a registry needs from where it keeps its objects.
 
-    head(key)                 the object's size and version tag, or None
-    get(key, limit)           a small object's bytes (at most `limit`) and tag, or None
-    read(key, first, last)    an object's bytes, or a range of them, in chunks (parallel ranged downloads)
-    put(key, data, create_only=...)   write bytes or a file; create-only answers False when taken
-    delete(key)               remove an object; one already gone is no error
-    list(prefix)              every object under a prefix, in key order
+    head(key), get(key, limit)         an object's size and version tag; a small object's bytes and tag
+    read(key, first, last)             an object's bytes, or a range, in chunks (parallel ranged downloads)
+    put(key, data, create_only=...)    write bytes or a file; create-only answers False when taken
+    delete(key), list(prefix)          remove (already gone is no error); every key under a prefix, in order
 
-A store may also offer move(key, dest), an atomic rename (Movable): the folder does; and
-put_many(objects, unless=key), several objects written in one step unless `key` is there already
-(Batching): a store whose every write costs (the Hub: a write is a rate-limited commit) publishes a
-blob and its index entry as one write.
-
-Keys are the registry's layout (prebake.artifacts.layout) relative to the store's root. A miss
-is None; a store raises RegistryUnavailable (prebake.artifacts.ports.errors) when it cannot be
-asked, RegistryNotFound when its bucket or container is not there, RegistryError otherwise. The
-registry's behaviour (index, publish-then-settle, digest checks, listing summaries, side files,
-quarantine, aging) is written once over this port, in prebake.registry.shared.
+Optional: Movable (move, an atomic rename) and Batching (put_many unless a key is there: a store
+whose every write is a commit publishes blob and entry in one). Keys are the registry layout
+(prebake.artifacts.layout); a miss is None; errors are RegistryUnavailable, RegistryNotFound or
+RegistryError (prebake.artifacts.ports.errors). The registry's behaviour over this port is
+written once, in prebake.registry.shared.
 """
 
 from __future__ import annotations

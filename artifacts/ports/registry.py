@@ -5,13 +5,11 @@
     Published     the outcome of a publish (created, or the very same bundle was there)
     Listable      the optional ability to list what `prebake ls` shows without reading every entry
     Chained       the optional ability to share a caller's time box among members (prebake.registry.chain)
-    SideFiles     the optional ability to keep small files beside a bundle's blob (its provenance),
-                  and about the registry itself (its signed revocation list)
+    SideFiles     the optional ability to keep small files beside a blob and about the registry itself
 
-A new object store implements none of these: it implements the six methods of ObjectStore
-(prebake.artifacts.ports.objects), and prebake.registry.shared.index.StoreRegistry gives it all of
-the above. The port's errors are in prebake.artifacts.ports.errors; the trust check in TrustCheck.
-The core owns these so that it never imports a backend: registry/ depends on artifacts/, never the reverse.
+A new object store implements none of these but ObjectStore's six methods (ports/objects.py);
+prebake.registry.shared.index.StoreRegistry gives it the rest. The core owns the ports so that it
+never imports a backend: registry/ depends on artifacts/, never the reverse.
 """
 
 from __future__ import annotations
