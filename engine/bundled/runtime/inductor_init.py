@@ -1,34 +1,14 @@
 """What Inductor costs once per process before the first compiled step runs, paid beside other work.
 
-Loading the first precompiled function (prebake.engine.bundled.runtime.aot), or the first cache hit of the
-Inductor-cache variant, pays for things no bundle holds, because they belong to the process
-(measured on torch 2.13, CPU):
-
-    imports    torch._inductor's and Dynamo's modules, which the compiled output code imports
-               (INDUCTOR_MODULES): seconds on two cores
-    ISA        Inductor's choice of the CPU's vector instruction set, part of every kernel's
-               cache key: `valid_vec_isa_list()` builds a probe library per candidate ISA and
-               feature (the bake's cache already holds them) and dlopens each in a fresh
-               Python child (three children on an AVX-512 host)
-    compiler   `g++ --version` and `g++ -v`, asked once for the build command line that keys
-               each kernel
-    header     the precompiled header of Inductor's C++ kernels: before looking a kernel up,
-               Inductor preprocesses cpp_prefix.h (g++ -E, then openssl over the output: about
-               0.5 s) and compiles the header into $TMPDIR/torchinductor_$USER/precompiled_headers
-               when it is not there, outside any bundle. It cannot be turned off for a load: the
-               header's flag is part of every kernel's build command, so of its cache key (measured:
-               with TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS=0 every kernel misses and compiles).
-               So it is asked for with the probes (`_warm_header`), off the first kernel load.
-
-The imports, the ISA, the compiler and the header need no weights. The imports run on the start-up's import thread from its beginning
-(prebake.engine.bundled.runtime.torch_import); the ISA and compiler probes, which read Inductor's cache folder, run
-on a thread of their own (with the header) once that folder is installed (`InductorInit.start`), while the weights
-load. The probes need only PROBE_MODULES, which the import thread imports first (they bring in
-torch._dynamo too: two thirds of the imports' time); they begin as soon as those are in, beside
-the rest of the imports (torch._inductor.lowering and select_algorithm, the last third), instead
-of after them: their g++ and dlopen children run on the other core while the import thread holds
-the GIL (measured 2026-12-01: 0.7-1.6 s of probes off the start's critical path at load 18-27).
-The warm-up joins the thread before the first function loads: `waited_s` is what did not overlap.
+Loading the first precompiled function, or the first Inductor-cache hit, pays for what no bundle
+holds because it belongs to the process: Inductor's and Dynamo's imports (INDUCTOR_MODULES), the
+CPU vector-ISA probe (a probe library dlopened per candidate in fresh Python children), the
+compiler's version, and the precompiled header of the C++ kernels (its flag keys every kernel, so
+it cannot be turned off for a load). The imports run on the start-up's import thread
+(runtime.torch_import); the probes and the header run on a thread of their own (`InductorInit.start`)
+once that thread has PROBE_MODULES, beside the rest of the imports and the weights' load, their
+children on the other core. The warm-up joins it before the first function loads: `waited_s` is
+what did not overlap. What each part costs: docs/graphs-variants.md.
 """
 
 from __future__ import annotations
@@ -43,8 +23,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from prebake.engine.bundled.runtime.torch_import import Imports
 
-# What the output code of a CPU graph imports when it is first loaded (measured on torch 2.13:
-# loading a precompiled function imports these, and nothing else of weight, on first use).
+# What the output code of a CPU graph imports when it is first loaded (on torch 2.13, loading a
+# precompiled function imports these, and nothing else of weight, on first use).
 # The probes' own (imported first, so the probe thread imports nothing beside the import thread):
 PROBE_MODULES = (
     "torch._inductor.cpu_vec_isa",
@@ -82,7 +62,7 @@ def _warm_header(isa) -> str:
 
     Before it looks a CPU kernel up, Inductor's CppPythonBindingsCodeCache.load_async calls
     `_precompile_header` (functools-cached) with the kernel's build command: `g++ -E` over
-    cpp_prefix.h and `openssl sha512` over the output (0.3-0.4 s, children on the other core), and
+    cpp_prefix.h and `openssl sha512` over the output (children, on the other core), and
     on a host without the header in $TMPDIR/torchinductor_$USER a compile of it (seconds). The call
     is made here with the arguments load_async builds for a kernel without separate kernel code on
     the picked ISA (torch 2.13), so the first load finds it done. Were torch's arguments to differ,

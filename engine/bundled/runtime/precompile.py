@@ -1,31 +1,14 @@
-"""The ahead-of-time graphs variant: one precompiled Dynamo function per step shape.
+"""The dynamo-precompile graphs variant: one precompiled Dynamo function per step shape.
 
-The Inductor-cache variant still pays Dynamo's trace of every shape at start-up, because
-only Inductor's output is cached. This variant saves what Dynamo and Inductor produce
-together (torch.compile(...).aot_compile, the precompile path vLLM uses): the guards, the
-transformed bytecode and the compiled graph of each shape, so a start-up deserialises and
-runs instead of tracing.
+    graphs tree: aot/<shape name>.pt2fn   one torch.compiler.load_compiled_function file per step shape
+                 inductor/, graphs.json   the Inductor cache those files call; shapes, tactics, seconds
 
-    graphs tree (variant "dynamo-precompile"):
-        aot/<shape name>.pt2fn    one torch.compiler.load_compiled_function file per step shape
-        inductor/                 Inductor's cache: the compiled C++ kernels those files call
-        graphs.json               shapes, tactics and compile seconds (as the other variant)
-
-Weights are not embedded: the model is passed as external data when a function is saved and
-the serving model is bound in its place when loaded, and parameters are graph inputs. The
-KV cache is an argument like any other, written in place by the compiled graph.
-
-This is the default variant of the bundled engine, with a fallback at both ends:
-
-- a torch without Dynamo's precompile (`supported()` says why) bakes the Inductor cache alone,
-  and graphs.json records that nothing was precompiled;
-- a precompiled function that does not load here (missing, another torch, a guard that no
-  longer deserialises) is no start-up failure: `load_or_fallback` warms up through
-  torch.compile from the Inductor cache of the same graphs tree, and returns the reason, which
-  the engine logs. aot_compile's own Inductor and AOTAutograd entries are not the ones
-  torch.compile looks up (measured on torch 2.13: all misses), so the builder compiles every
-  shape through torch.compile first (prebake.engine.bundled.build.compile_graphs): the fallback then
-  traces with Dynamo and hits Inductor's caches, as the inductor-cache variant does.
+It saves what Dynamo and Inductor produce together (torch.compile(...).aot_compile, as vLLM
+does): guards, bytecode and graph, so a start deserialises instead of tracing. Weights are not
+embedded (the model is external data, bound when loaded); the KV cache is an argument written in
+place. A torch without precompile (`supported()` says why) bakes the Inductor cache alone; a
+function that does not load here is no start failure: `load_or_fallback` warms up through
+torch.compile from the same tree's Inductor cache and returns the reason. docs/graphs-variants.md.
 """
 
 from __future__ import annotations
