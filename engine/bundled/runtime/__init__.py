@@ -6,9 +6,7 @@
     scheduler, tokenizer     continuous batching into buckets; text <-> token ids
     metrics                  the engine's Prometheus metrics
 
-The build child of `doit bake` (prebake.engine.bundled.build), `prebake serve`'s process
-(prebake.engine.bundled.serve) and the HTTP API (prebake.engine.bundled.api) sit above this
-package. Everything here may import torch; nothing outside the bundled engine does at import time.
-serve, api/ and metrics import it only once the engine has started, so the probes answer while
-torch loads.
+Everything here may import torch; nothing outside the bundled engine does at import time. The
+build child, `prebake serve`'s process and the HTTP API sit above it, and import it only once the
+engine has started, so the probes answer while torch loads.
 """

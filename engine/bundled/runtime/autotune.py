@@ -1,15 +1,12 @@
 """Autotune: measure each step shape under every tactic on this host and keep the fastest.
 
-Tactics are choices that change speed without changing results: the attention
-implementation (SDPA with a mask, or explicit matmul-softmax-matmul) and the intra-op
-thread count. Each (shape, tactic) is timed in eager mode after warm-up, median of the
-recipe's iterations; the winner per shape is what the graphs are compiled with. The file
-keeps every timing, so a surprising choice can be audited.
+Tactics change speed, never results: the attention implementation (SDPA with a mask, or
+explicit matmul-softmax-matmul) and the intra-op thread count. Each (shape, tactic) is timed in
+eager mode after warm-up, median of the recipe's iterations; the winner per shape is what the
+graphs are compiled with. autotune.json keeps every timing, so a surprising choice can be audited:
 
-    autotune.json
     {"tactics": {"attn_impl": [...], "threads": [...]},
-     "shapes": [{"shape": {...}, "timings_ms": {"attn_impl=sdpa,threads=2": 1.9, ...},
-                 "winner": {"attn_impl": "sdpa", "threads": 2}}, ...]}
+     "shapes": [{"shape": {...}, "timings_ms": {"attn_impl=sdpa,threads=2": 1.9, ...}, "winner": {...}}, ...]}
 """
 
 from __future__ import annotations

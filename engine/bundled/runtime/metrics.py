@@ -1,27 +1,14 @@
 """The engine's figures for Prometheus, kept by prometheus_client in one registry per engine.
 
-prebake_startup_step_seconds{step}          how long each start-up step took
-prebake_startup_part_seconds{part}          the warm-up's parts: inductor-init (not hidden by the load),
-                                            deserialise, kernels, bind, first-runs (or trace-and-cache-load)
-prebake_time_to_ready_seconds               process start to ready
-prebake_ready                               0 while starting, 1 once serving
-prebake_bundle_hits_total{kind,source}      bundles used from the store or the registry
-prebake_bundle_misses_total{kind}           keys nothing answered (or failed verification)
-prebake_fallback_compiles_total{kind}       artifacts compiled in place after a miss
-prebake_write_backs_total{kind,outcome}     compiled-in-place artifacts published (or not)
-prebake_requests_total{outcome}             completions served, rejected or failed
-prebake_request_latency_seconds             histogram of completion latency
-prebake_time_to_first_token_seconds         histogram of the wait for a request's first token
-prebake_generated_tokens_total              tokens generated
-prebake_steps_total{shape}                  model steps run per step shape (bucket)
-prebake_step_rows_total{shape}              real rows in those steps (the rest was padding)
-prebake_num_requests_running                requests in the running batch (vLLM: num_requests_running)
-prebake_num_requests_waiting                requests queued for a slot (vLLM: num_requests_waiting)
-prebake_kv_cache_usage_perc                 fraction of the KV cache's positions held, 0 to 1 (vLLM's name)
-process_*, python_gc_*, python_info         prometheus_client's process, GC and platform collectors
+    prebake_startup_*, prebake_time_to_ready_seconds, prebake_ready      the start-up, by step and part
+    prebake_bundle_*, prebake_*fallback*, prebake_write_backs_total      bundles, and compiles in place
+    prebake_requests_total, prebake_*_seconds histograms, prebake_*tokens*, prebake_step*   serving
+    prebake_num_requests_running, _waiting, prebake_kv_cache_usage_perc  vLLM's gauges, by vLLM's names
+    process_*, python_gc_*, python_info                                  prometheus_client's collectors
 
-Callers name a metric and its labels (`metrics.add("prebake_steps_total", shape=...)`); a name
-not declared in `_DECLARED` is refused, so a typo fails loudly instead of exporting a new series.
+Callers name a metric and its labels (`metrics.add("prebake_steps_total", shape=...)`); a name not
+declared in `_DECLARED` is refused, so a typo fails loudly instead of exporting a new series.
+Every series with its labels and meaning: docs/http-api.md ("Metrics").
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
 """Requests to bucketed steps: continuous batching over the compiled prefill and decode shapes.
 
-Each request owns one row (slot) of the static KV cache from its prefill to its last token.
-One scheduler iteration:
-
-    admit    waiting requests take free slots; the longest FIFO run that fits one prefill
-             bucket is prefilled together (padded to that bucket), and samples its first token
-    decode   every running request advances one token in one decode step, padded to the
-             smallest decode bucket holding the batch and its longest context
-    finish   requests at max_tokens, a stop token, or a sink that said stop resolve their
-             futures and free their slots
-
-A request may come with a sink: told each token as it is sampled (on the scheduler's thread),
-it answers whether to go on. That is how the server streams, cuts at stop strings and drops
-the row of a client that went away, without touching any other row.
-
-A request's tokens depend only on its own row: padding rows use free slots (or repeat a real
-row, writing the same values to the same place), attention never looks past a row's own
-position, and each request samples from its own seeded generator. So a request batched with
-others gets the tokens it would get alone, up to floating-point reassociation across bucket
-shapes. Only the thread that runs `step`/`serve_forever` touches the model.
+Each request owns one row (slot) of the static KV cache from its prefill to its last token. One
+iteration admits waiting requests into free slots (the longest FIFO run that fits one prefill
+bucket, prefilled together), decodes every running request one token in the smallest decode
+bucket that holds them, and finishes those at max_tokens, a stop token, or a sink that said stop
+(a sink is told each token on the scheduler's thread: streaming, stop strings, a client gone).
+A request's tokens depend only on its own row and its own seeded generator, so batched answers
+equal answers served alone, up to floating-point reassociation across bucket shapes. Only the
+thread that runs `step`/`serve_forever` touches the model.
 """
 
 from __future__ import annotations

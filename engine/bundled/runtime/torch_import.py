@@ -1,18 +1,13 @@
 """torch's imports on a thread, begun as start-up begins and joined where each is first needed.
 
-Importing torch takes seconds on two cores, and a compiled start imports as much again of
-torch._inductor (the modules the compiled output code imports: prebake.engine.bundled.runtime.inductor_init).
-Neither needs anything from the start-up before it, and the steps they run beside (the registry
-lookup, the fetch and the unpack, the copy of the graphs tree, the weights' load) spend their time
-in zstd, sha256, the disk and torch's kernels, which release the GIL. So one thread imports torch
-and then Inductor while those steps run; the "torch" step waits for the first, the warm-up for
-the second, and each says how much of its import was left to wait for. Inductor's ISA and
-compiler probes (prebake.engine.bundled.runtime.inductor_init) need only the first few of its modules:
-`wait_for` lets them begin as soon as those are in, beside the rest of the imports.
-
-Inductor's modules may be imported this early only because the engine sets their cache folder
-(TORCHINDUCTOR_CACHE_DIR, prebake.engine.bundled.cache_layout.inductor_cache_dir) before the thread begins, to
-the very folder the install step will activate.
+Importing torch, and then the torch._inductor modules compiled output code imports
+(runtime.inductor_init), takes seconds on two cores and needs nothing from the start-up before
+it, while the steps it runs beside (lookup, fetch, unpack, the graphs tree's copy, the weights'
+load) spend their time outside the GIL. So one thread imports torch, then Inductor; the "torch"
+step waits for the first, the warm-up for the second, each saying how long it waited, and
+`wait_for` lets Inductor's probes begin once their own modules are in. Inductor may be imported
+this early only because the engine sets its cache folder (TORCHINDUCTOR_CACHE_DIR) first, to the
+folder the install step will activate.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
 """Hugging Face checkpoints: the architecture config, the weights, and seeded random weights.
 
-A model folder, as transformers writes and reads it:
+    <folder>/config.json                       architecture (LlamaConfig.from_hf / to_hf)
+    <folder>/model.safetensors                 every tensor, by HF name (model.layers.0.self_attn.q_proj.weight, ...)
+    <folder>/model.safetensors.index.json      or sharded: {"weight_map": {tensor name: shard file}}
 
-    <folder>/
-      config.json                        architecture (LlamaConfig.from_hf / to_hf)
-      model.safetensors                  every tensor, HF names (model.layers.0.self_attn.q_proj.weight, ...)
-      -- or, sharded --
-      model.safetensors.index.json       {"weight_map": {tensor name: shard file}}
-      model-00001-of-00002.safetensors
-
-State dicts here use the runtime's names: the HF names without the leading `model.`
-(`lm_head.weight` as is, and absent when the embeddings are tied). This module knows
-the checkpoint format only; prebake.engine.bundled.runtime.model builds the runtime from what it returns.
+State dicts here use the runtime's names: the HF names without the leading `model.` (`lm_head.weight`
+as is, absent when the embeddings are tied). This module knows the checkpoint format only;
+prebake.engine.bundled.runtime.model builds the runtime from what it returns.
 """
 
 from __future__ import annotations
