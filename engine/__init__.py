@@ -3,10 +3,8 @@
     common/      the probe, the environment table, logging, the EngineAdapter interface
     bundled/     prebake's own engine (adapter, cache layout, build child, start-up, serve, runtime, API)
     vllm/        vLLM and vLLM on Gaudi (adapter, process control, portability, start-up)
-    adapters.py  the registry of engine adapters: one line per engine
-    compose.py   the composition root: the one place that opens store, registry, trust, signer, host
-    fleet/       baking on a fleet: builder profiles, the local and Ray executors
-    cli/         the `prebake` command
+    adapters.py, compose.py   the engine adapters, one line each; the composition root
+    fleet/, cli/              baking on a fleet (profiles, local and Ray executors); the `prebake` command
 
 tests/repo/test_layering.py states the order: common, then each engine, then the composition root,
 then fleet, then the CLI; engines never import each other or anything above them.

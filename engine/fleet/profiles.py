@@ -1,17 +1,11 @@
 """Builder profiles: the recorded host facts of one class of builder, so a planner elsewhere can key its targets.
 
-A profiles file (TOML) lists one `[[profile]]` per runner class; `prebake profile --name N
---label L` prints this host's, ready to append:
-
-    [[profile]]
-    name = "h100-cu128"
-    runner_labels = ["gpu-h100"]
-    [profile.platform]    device = "cuda", arch = "sm_90", device_name = "NVIDIA H100 80GB HBM3", ...
-    [profile.software]    python = "3.11", torch = "2.13.0+cu128", driver = "550.54.15", ...
-
-The fields are exactly prebake.engine.common.probe's Platform and Software (whose engine packages
-are written beside its fields, by factor), so a profile keys a target the way the probe on that
-runner would. Profiles are found in --profiles, else $PREBAKE_PROFILES.
+A profiles file (TOML) lists one `[[profile]]` per runner class (name, runner_labels,
+[profile.platform], [profile.software]); `prebake profile --name N --label L` prints this host's,
+ready to append, and examples/profiles/fleet.toml is one. The fields are exactly
+prebake.engine.common.probe's Platform and Software (engine packages beside them, by factor), so a
+profile keys a target as the probe on that runner would. Found in --profiles, else $PREBAKE_PROFILES.
+Reads the file only. docs/fleet.md.
 """
 
 from __future__ import annotations

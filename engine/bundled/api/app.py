@@ -1,18 +1,14 @@
 """The bundled engine's HTTP API on FastAPI: probes, metrics, models, tokenizer routes, completions.
 
-    GET  /health                 200 once ready; 503 with the start-up step before (also HEAD)
-    GET  /health/live            200 while the process serves HTTP and its scheduler runs (also HEAD)
-    GET  /v1/health/ready        NIM's spelling of /health; /v1/health/live NIM's of /health/live
-    GET  /metrics                Prometheus text (prebake.engine.bundled.runtime.metrics)
-    GET  /version                prebake's version
+    GET  /health, /health/live   ready (503 with the start-up step before), alive; NIM's /v1/health/*
+    GET  /metrics, /version      Prometheus text (runtime.metrics); prebake's version
     GET  /v1/models              the one model served
-    POST /v1/completions         OpenAI completions, streamed with stream=true
-    POST /v1/chat/completions    OpenAI chat completions through the model's chat template
+    POST /v1/completions, /v1/chat/completions   OpenAI's, streamed with stream=true
     POST /tokenize, /detokenize  text or chat messages to token ids and back
 
-Bodies are prebake.engine.bundled.api.schema models; errors are prebake.engine.bundled.api.errors' shape;
-prebake.engine.bundled.api.guard checks the API key and bounds the body before any route runs.
-Until the engine is ready, every route but the probes and /metrics answers 503.
+Bodies are api.schema models, errors api.errors' shape; api.guard checks the API key and bounds
+the body before any route runs. Until the engine is ready, every route but the probes and
+/metrics answers 503. Every route in full: docs/http-api.md.
 """
 
 from __future__ import annotations
