@@ -6,31 +6,15 @@ Three trees, made here:
 
     inductor_cache  tiny-llama's real Inductor cache (compiled here with torch.compile, a few shapes)
     files_512mb     512 MB in 8,000 files, log-normal sizes, every other file incompressible
-    vllm_cuda       shaped like a vLLM CUDA cache root: three kernel libraries of 200, 120 and
-                    60 MB (part machine code, incompressible; part tables, compressible) among
-                    4,000 small Triton/Inductor files (cubin, ptx, json, py)
+    vllm_cuda       shaped like a vLLM CUDA cache root: three kernel libraries among 4,000 small files
 
-Each tree is packed and unpacked by prebake, with the code production runs and every check on:
-
-    pack          prebake.artifacts.bundle.payload.pack: deterministic tar, multi-threaded zstd -3, the sha256 of
-                  every file (for the manifest) and of the blob
-    unpack        prebake.artifacts.bundle.unpack.unpack_streamed, the path of Store.install's fetch, fed from the
-                  local blob: the blob's sha256 checked as it is read, every member's path, type,
-                  size and link checked against the manifest before it is written, every file's
-                  sha256 compared, the tree renamed into place only after all passed
-    unpack_local  prebake.artifacts.bundle.payload.unpack, Store.install's path for a blob already in the store
-                  (verified when it landed): the same member checks, no blob digest
-
-and by `tar -I 'zstd -T0 -3' -cf` / `tar -I 'zstd -d' -xf` (which verify nothing), alternating
-which goes first, median of --repeat rounds (at least 15 for a tree under 64 MB, whose round
-takes tens of milliseconds). Before each timed operation the page cache's dirty
-data is written out (sync), so neither side pays for the other's writeback; CPU seconds (the
-process and its children) are reported beside wall seconds. A ratio below 1 means prebake is
-faster. Each tree also gets a pack floor: tar+zstd's CPU seconds plus what sha256 costs over
-the tree and the blob (at the rate measured here), spread over every core, as a ratio to
-tar+zstd's time; where it is above 1, no pack that computes these digests can match tar+zstd
-on this machine. --scale shrinks the synthetic trees for a quick run. The last line is a JSON object of
-the figures.
+Each is packed (payload.pack) and unpacked (unpack_streamed, the fetch path; payload.unpack, a
+blob already in the store) by prebake with every check on, and by `tar -I 'zstd -T0 -3'` (which
+verifies nothing), alternating which goes first, median of --repeat rounds (at least 15 for a
+tree under 64 MB), each after a sync; CPU seconds beside wall seconds. A ratio below 1 means
+prebake is faster. The pack floor is tar+zstd's CPU plus sha256 over tree and blob, spread over
+every core: above 1, no pack that computes these digests can match tar+zstd here. --scale
+shrinks the synthetic trees. The last line is a JSON object of the figures (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -3,22 +3,16 @@
     python -m benchmarks.fleet [--repeat 5]
 
 plan time    `plan_fleet` of llama3-8b's 24 targets x 3 kinds, keyed from the example profiles
-             (examples/profiles/fleet.toml), against folder registries holding 10, 1,000 and
-             10,000 entries (half of the plan's own keys present, the rest other models'
-             bundles). Planning reads only the index entries of its targets, so the ratio
-             10,000 / 10 should stay near 1.
-no-op bake   `prebake bake --model tiny-llama` (the installed command: DoitMain over
-             bake_tasks) with every key of this host already in the registry, and the
-             `prebake plan --missing-only --format github-matrix` that a CI fleet runs first:
-             wall time of each process, and the bake's ratio to `prebake --version` (the
-             interpreter and import floor).
+             (examples/profiles/fleet.toml), against folder registries of 10, 1,000 and 10,000
+             entries (half the plan's own keys present): 10,000 / 10 should stay near 1.
+no-op bake   `prebake bake --model tiny-llama` with every key of this host already in the
+             registry, and the `prebake plan --missing-only --format github-matrix` a CI fleet
+             runs first: each process's wall time, the bake's over `prebake --version`'s.
+ray fan-out  a local Ray cluster (a head and one node advertising {"prebake-cpu": 24}): 24 tasks
+             routed by that resource, the median of (task start - submit), and the no-op
+             `prebake bake --executor ray`. Skipped with --no-ray or without Ray.
 
-ray fan-out a local Ray cluster (a head and one node advertising {"prebake-cpu": 24}, on
-             loopback): 24 tasks routed by that resource, each returning when it started;
-             the median of (task start - submit), per target. Also the no-op fleet bake,
-             `prebake bake --executor ray` with every key present (it submits nothing).
-             Skipped with --no-ray or when Ray is not installed.
-Ends with one JSON line holding the figures.
+Ends with one JSON line holding the figures (docs/fleet.md).
 """
 
 from __future__ import annotations

@@ -2,29 +2,21 @@
 
     python -m benchmarks.fleet_fetch [--nodes 1,8,32] [--scale 8]
 
-Each node is a process with its own PREBAKE_HOME (an empty store), started and warmed up (imports
-done, registry opened) before a shared go signal (a line on its stdin, which it blocks on: no node
-spins while the others start); from the signal, it looks the bundle's key up,
-fetches, verifies and installs the tree, and reports how long that took. Per N and per source:
+Each node is a process with its own empty PREBAKE_HOME, warmed up (imports done, registry
+opened) and blocked on its stdin until a shared go line; from it, it looks up, fetches,
+verifies and installs the bundle, and reports how long that took. Per N and per source:
 
-    s3       moto's S3 server (tests/support/moto_server.py)
-    oci      Debian's docker-registry, the nodes talking to it directly
-    mirror   a second docker-registry with `proxy.remoteurl` set to the first: a pull-through mirror;
-             the nodes talk only to it, and it reads from the origin (a cold mirror: the bundle is new)
-    mirror-warm  then N fresh nodes again through the same mirror, which now holds the bundle
-    preheated  a bundle of its own, pulled through the mirror once by `prebake preheat`
-             (registry/oci/preheat.py) before N fresh nodes start at once; what the preheat itself
-             cost the origin is reported beside it (preheat_origin_blob_ratio, once per bundle)
+    s3           moto's S3 server (tests/support/moto_server.py)
+    oci          Debian's docker-registry, the nodes talking to it directly
+    mirror       a second docker-registry with `proxy.remoteurl` set to the first (cold: the bundle is new)
+    mirror-warm  N fresh nodes again through the same mirror, which now holds the bundle
+    preheated    a bundle pulled through the mirror once by `prebake preheat` before N nodes start
 
-Origin bytes are what the origin itself sent for blob requests, read from its own access log
-(tests/support/oci_server.py, `bytes_sent`), so nothing sits in the data path between the nodes
-(or the mirror) and the origin; for S3, moto logs no sizes, so the test suite's fault proxy sits in
-front of it, passing everything through and counting what it forwards. Every N uses a bundle of
-its own (a cold mirror).
-Reported: origin blob bytes per node (and as a ratio to the bundle's size), p50 and p99 of time to
-installed, per N and source. `--scale` is the bundle's size in MiB (8 by default: this is sized for
-a 2-core machine; the figures in docs/performance.md say which scale they ran at). Ends with one
-JSON line.
+Origin bytes are what the origin sent for blob requests, from its own access log (for S3, the
+fault proxy in front of moto counts them), so nothing sits in the data path. Reported per N and
+source: origin blob bytes per node (and over the bundle's size), p50 and p99 to installed.
+`--scale` is the bundle's size in MiB (8: sized for a 2-core machine). Every N uses a bundle of
+its own. Ends with one JSON line (docs/performance.md, "Fleets fetching through a mirror").
 """
 
 from __future__ import annotations

@@ -2,23 +2,20 @@
 
     python -m benchmarks.oci_io [--size-mb 256] [--repeat 3]       (also run by benchmarks/registry_io.py)
 
-Packs a bundle of one incompressible file (a real tar+zstd blob, so its manifest is a real one),
-starts docker-registry on 127.0.0.1 over plain HTTP (tests/support/oci_server.py), publishes it,
-and times, in one run and alternating which goes first:
+Packs a bundle of one incompressible file (a real blob and manifest), starts docker-registry on
+127.0.0.1 over plain HTTP (tests/support/oci_server.py), publishes it, and times, in one run and
+alternating which goes first:
 
-    fetch     OCIRegistry.fetch_blob: parallel ranged GETs (8 MiB parts, 4 at a time: the defaults),
-              size-bounded and sha256-verified in order while written; and the same in one stream
-              (PREBAKE_OCI_CHUNK_MB=0), to show what the parts buy on this machine
-              vs `skopeo copy docker://HOST/REPO:TAG dir:OUT` (manifest, config and layer, digests checked)
-    publish   OCIRegistry.publish: hash the blob, decompress it once for the image config's diff_id,
-              upload layer and config, manifest, tag, and the settle read-back (PREBAKE_OCI_SETTLE_S)
-              vs `skopeo copy dir:OUT docker://HOST2/REPO:TAG`; each round publishes into a registry
-              server of its own, which neither client has seen (skopeo would otherwise mount the layer
-              from the repository it read it from, which its blob-info cache remembers)
+    fetch     OCIRegistry.fetch_blob: parallel ranged GETs (the default parts), size-bounded and
+              sha256-verified while written, and the same in one stream (PREBAKE_OCI_CHUNK_MB=0),
+              vs `skopeo copy docker://HOST/REPO:TAG dir:OUT` (digests checked)
+    publish   OCIRegistry.publish: hash, diff_id, layer and config, manifest, tag, settle read-back,
+              vs `skopeo copy dir:OUT docker://HOST2/REPO:TAG`; each round into a fresh registry
+              server, so skopeo cannot mount the layer from where it read it
 
-It prints the median seconds and MiB/s of each and the ratios of time prebake/skopeo (below 1:
-prebake is faster); skopeo's include its process start, measured alone (`skopeo --version`)
-and left out in a second ratio. Ends with one JSON line.
+It prints the median seconds and MiB/s of each and the time ratios prebake/skopeo (below 1:
+prebake is faster), also with skopeo's process start (`skopeo --version`) left out. Ends with
+one JSON line (docs/performance.md, "OCI transfers against skopeo").
 """
 
 from __future__ import annotations

@@ -2,24 +2,18 @@
 
     python -m benchmarks.registry_scale [--sizes 10,1000,10000] [--files 50] [--lookups 20] [--backends file,s3,hf,oci]
 
-Four registries, a local folder, S3 (moto's server as a process on 127.0.0.1, real boto3),
-the Hub (tests/support/hub_server.py, the contract tests' stand-in, on a thread of this process,
-real huggingface_hub) and OCI (Debian's docker-registry on 127.0.0.1, when installed), are filled with index entries (tests/support/index_seed.py: distinct keys,
-each entry listing --files files, as a graphs bundle lists its cache). At each size it measures,
-in one run:
+A folder, S3 (moto's server), the Hub (tests/support/hub_server.py) and OCI (docker-registry,
+when installed) are filled with index entries (tests/support/index_seed.py, --files files each).
+At each size, in one run:
 
-    hit   median time of Registry.lookup of an existing key (one read, one GET, or the Hub's HEAD + GET)
-    miss  nearest_miss for a key in no registry (the start path's explanation): its time, the
-          entries it read and, on S3, the HTTP requests boto3 sent; bounded by a sample
-    ls    `prebake ls --registry <it>` as a subprocess, start-up included: first the first
-          listing (no listing summary yet: every entry read, the summary written), then the
-          median of three listings as operators see them from then on (the summary verified
-          against the index listing; no entry read)
+    hit   median time of Registry.lookup of an existing key
+    miss  nearest_miss for a key in no registry: its time, the entries it read, S3's requests
+    ls    `prebake ls` as a subprocess: the first listing (every entry read, the summary
+          written), then the median of three later ones (the summary verified, no entry read)
 
-Ratios compare the largest size with the smallest (hits, ls) and with the first size of at least
-a full miss sample (misses): about 1 means flat. `ls_ms_per_entry` is the marginal cost of an
-entry, (ls at the largest size - ls at the smallest) / (the difference in entries), which takes
-the process start-up out. The last line is a JSON object of the figures.
+Ratios compare the largest size with the smallest (hits, ls) and with the first size of a full
+miss sample (misses): about 1 means flat. `ls_ms_per_entry` is an entry's marginal cost, with the
+process start-up taken out. The last line is a JSON object of the figures (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -1,27 +1,20 @@
 """Load and bad input against the prebaked bundled engine, on loopback, bounded in time.
 
-One `prebake serve` started from the recipe's bundles (a start with --write-back before it
-bakes them when --registry does not hold them yet; "prebaked" in the figures says the measured
-engine compiled nothing), then three rounds:
-
-    one-by-one   each reference request alone, in turn: the tokens every later answer must
-                 equal, and the tokens/s of an engine that never batches
-    load         --clients concurrent clients (half streaming, half not) for --duration
-                 seconds, each sending reference requests back to back: requests, errors,
-                 answers that differ from one-by-one, p50/p99 time to first token (streamed
-                 requests) and latency (all), tokens/s to the last answer; the batching gain
-                 is load tokens/s over one-by-one tokens/s (at most max_num_seqs)
-    bad input    malformed JSON, wrong types, unknown fields, negative and huge max_tokens,
-                 prompts past the limits, a body past the cap, non-UTF-8 bytes, a lone
-                 surrogate, a client that sends its body slowly and one that disconnects
-                 mid-stream; each must get its 4xx (the slow one its 200), never a 5xx or a
-                 dropped connection; then /health must be 200 and a reference request must
-                 get the tokens it got before
-
     python benchmarks/serve_load.py [--model tiny-llama] [--precision fp32] [--clients 32]
                                     [--duration 20] [--registry DIR] [--work DIR]
 
-The last line of output is the figures as one JSON object.
+One `prebake serve` started from the recipe's bundles (a start with --write-back bakes them first
+when --registry lacks them; "prebaked" says the measured engine compiled nothing), then:
+
+    one-by-one   each reference request alone: the tokens every later answer must equal
+    load         --clients concurrent clients (half streaming) for --duration seconds: errors,
+                 answers that differ, p50/p99 time to first token and latency, tokens/s, and
+                 the batching gain over one-by-one (at most max_num_seqs)
+    bad input    malformed, mistyped and oversized bodies, non-UTF-8, a slow sender and a
+                 client gone mid-stream: each its 4xx (the slow one its 200), never a 5xx;
+                 then /health must be 200 and a reference request get the same tokens
+
+The last line of output is the figures as one JSON object (docs/http-api.md).
 """
 
 from __future__ import annotations

