@@ -66,9 +66,7 @@ def test_no_comment_or_docstring_carries_a_date():
         for token in tokenize.generate_tokens(io.StringIO(text).readline):
             if token.type == tokenize.COMMENT and (match := DATE.search(token.string)):
                 problems.append(f"{rel}:{token.start[0]}: comment dated {match[0]}")
-    assert not problems, "measurements and their dates live in docs/ (docs/performance.md):\n  " + "\n  ".join(
-        problems
-    )
+    assert not problems, "measurements and their dates live in docs/ (docs/performance.md):\n  " + "\n  ".join(problems)
 
 
 def test_the_allowlist_names_modules_that_exist():
