@@ -42,7 +42,7 @@ from prebake.registry.oci.artifact import (
 )
 from prebake.registry.oci.artifact import read as read_entry
 from prebake.registry.oci.files import EMPTY, META_TYPE, SIDE_TYPE, file_layer, file_manifest, meta_tag, side_tag
-from prebake.registry.shared.transfer import check_publishable, copy_verified, settle
+from prebake.registry.shared.transfer import check_publishable, copy_verified, missing, settle
 
 SCHEME = "oci-layout:"
 INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
@@ -106,7 +106,7 @@ class LayoutRegistry:
                 self._blob_path(digest), Path(dest), digest, where=where, registry_url=self.url, size=size, tee=tee
             )
         except FileNotFoundError:
-            raise RegistryError(f"blob {digest} is named by an entry but missing from {self.url}") from None
+            raise missing(digest, where, self.url) from None
 
     def publish(self, manifest: Manifest, blob: Path) -> Published:
         blob = Path(blob)
