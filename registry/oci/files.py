@@ -17,7 +17,7 @@ import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES
 from prebake.artifacts.errors import BundleError, PrebakeError
@@ -25,9 +25,6 @@ from prebake.artifacts.ports.errors import RegistryError
 from prebake.artifacts.ports.objects import Stored
 from prebake.artifacts.ports.registry import MAX_SIDE_FILE_BYTES
 from prebake.registry.oci.artifact import MANIFEST_TYPE, Blob, canonical, sha256, tag_for
-
-if TYPE_CHECKING:
-    from prebake.registry.oci.registry import OCIRegistry
 
 SIDE_TYPE = "application/vnd.prebake.side.v1"
 META_TYPE = "application/vnd.prebake.meta.v1"
@@ -110,10 +107,29 @@ def _keyed(tag: str) -> str | None:
     return None
 
 
+class Repository(Protocol):
+    """What OCIFiles needs of a repository (OCIRegistry has it)."""
+
+    url: str
+    writable: bool
+
+    def read_manifest(self, reference: str) -> tuple[bytes, str] | None: ...
+
+    def read_small_blob(self, digest: str, where: str, *, limit: int = ...) -> bytes: ...
+
+    def push_bytes(self, ref: Blob, data: bytes) -> None: ...
+
+    def put_manifest(self, reference: str, body: bytes) -> str: ...
+
+    def delete_manifest(self, digest: str) -> None: ...
+
+    def tags(self) -> Iterator[str]: ...
+
+
 class OCIFiles:
     """The object-store port over an OCI repository's small-file tags (tag: the manifest's digest)."""
 
-    def __init__(self, registry: OCIRegistry):
+    def __init__(self, registry: Repository):
         self.registry, self.url, self.writable = registry, registry.url, registry.writable
 
     def head(self, key: str) -> Stored | None:
@@ -155,7 +171,7 @@ class OCIFiles:
     def delete(self, key: str) -> None:
         got = self.registry.read_manifest(_tagged(key)[0])
         if got is not None:
-            self.registry.client.request("DELETE", f"manifests/{got[1]}", push=True, ok=(202, 404))
+            self.registry.delete_manifest(got[1])
 
     def list(self, prefix: str) -> Iterator[Stored]:
         """Every small file under `prefix`, by name only (the tags API gives no size or version)."""

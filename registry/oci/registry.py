@@ -176,6 +176,10 @@ class OCIRegistry(SharedParts):
         )
         return str(r.headers.get("Docker-Content-Digest", ""))
 
+    def delete_manifest(self, digest: str) -> None:
+        """Delete a manifest by digest, which removes its tags; one already gone is no error."""
+        self.client.request("DELETE", f"manifests/{digest}", push=True, ok=(202, 404))
+
     def _upload(self, ref: Blob, chunks: Callable[[], Iterator[bytes]]) -> None:
         for attempt in range(self.settings.max_attempts):
             start = self.client.request("POST", "blobs/uploads/", push=True, ok=(202,))
@@ -342,7 +346,7 @@ class OCIRegistry(SharedParts):
         except (ValueError, RegistryError) as exc:  # a manifest the registry will not take again: drop it anyway
             log.warning("cannot keep a copy of %s:%s (%s); removing the entry without one", self.url, tag, exc)
             aside = ""
-        self.client.request("DELETE", f"manifests/{digest}", push=True, ok=(202, 404))
+        self.delete_manifest(digest)
         if blob_digest is not None:
             self.client.request("DELETE", f"blobs/{blob_digest}", push=True, ok=(202, 404))
         self._forget_row(kind, key_digest)
@@ -353,7 +357,7 @@ class OCIRegistry(SharedParts):
         and the side files' artifacts; the bytes go at the registry's own garbage collection."""
         got = self.read_manifest(tag_for(kind, key_digest))
         if got is not None:
-            self.client.request("DELETE", f"manifests/{got[1]}", push=True, ok=(202, 404))
+            self.delete_manifest(got[1])
         self._forget_row(kind, key_digest)
         if blob_digest is None:
             return
