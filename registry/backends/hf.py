@@ -76,9 +76,8 @@ class HubRegistry(StoreRegistry):
     def fetch_blob(
         self, digest: str, dest: Path, *, size: int | None = None, tee: Callable[[bytes], None] | None = None
     ) -> Path:
-        """The Hub's copy lands in huggingface_hub's cache first (its size, as the Hub announces it,
-        checked against `size` before the download); it is verified there, then copied to `dest`
-        through `tee`, so the consumer is only ever fed a copy that already matched."""
+        """Into huggingface_hub's cache (the announced size checked first), verified there, then copied
+        to `dest` through `tee`: the consumer is only ever fed a copy that already matched."""
         hub, key, dest = self.hub, blob_relpath(digest), Path(dest)
         where = self._where(key)
         cached = ticking(lambda: hub.download(key, hub.revision, limit=size), tee)
@@ -231,12 +230,8 @@ class HubStore:
         self, key: str, revision: str, *, force: bool = False, limit: int | None = None, exact: bool = True
     ) -> tuple[Path, str] | None:
         """The cached file for `key` at `revision` and its tag; None if the repo, revision or file is absent.
-
-        Online, one HEAD without retries comes first: hf_hub_download alone retries an
-        unreachable Hub for about 20 s before falling back to its cache, and a lookup must
-        fail fast. If the Hub is unreachable, a copy cached by an earlier read still serves
-        (entries and blobs are never replaced, so a cached one is still the right one).
-        """
+        One HEAD without retries first (hf_hub_download alone retries an unreachable Hub for about 20 s);
+        if the Hub is unreachable, an earlier cached copy serves (entries and blobs are never replaced)."""
         if self.offline:
             cached = self._cached_download(key, revision, local_only=True)
             return None if cached is None else (cached, "")
@@ -261,8 +256,7 @@ class HubStore:
         return None if got is None else (got, tag)
 
     def _present(self, key: str, revision: str) -> tuple[int | None, str] | None:
-        """The file's size at `revision` (None if the Hub does not say) and its ETag, None if absent;
-        one HEAD, no retries."""
+        """(size at `revision`, None if the Hub does not say; ETag), None if absent: one HEAD, no retries."""
         from huggingface_hub import get_hf_file_metadata, hf_hub_url
         from huggingface_hub.errors import (
             GatedRepoError,
@@ -292,8 +286,7 @@ class HubStore:
         self, key: str, revision: str, *, local_only: bool, force: bool = False, limit: int | None = None
     ) -> Path | None:
         """hf_hub_download into the cache; None if absent there (local_only) or on the Hub. A body that runs
-        past `limit` is refused while it comes (huggingface_hub reads until the server stops, then compares
-        sizes): an index entry's, a blob's, whatever the HEAD before it said."""
+        past `limit` is refused while it comes (huggingface_hub itself compares sizes only at the end)."""
         from huggingface_hub import hf_hub_download
         from huggingface_hub.errors import (
             GatedRepoError,
@@ -480,8 +473,8 @@ def _parse_address(address: str) -> tuple[str, str, str]:
 
 
 def _bounded_tqdm(limit: int, where: str) -> type:
-    """_terminal_tqdm, refusing the download once more than `limit` bytes came (huggingface_hub reports
-    each piece it reads, 10 MiB at most, to its bar before writing it)."""
+    """_terminal_tqdm, refusing the download past `limit` bytes (huggingface_hub reports each piece to
+    its bar before writing it)."""
 
     class _Bounded(_terminal_tqdm()):  # type: ignore[misc]
         def update(self, n: float | None = 1) -> bool | None:
