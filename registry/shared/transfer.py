@@ -30,7 +30,7 @@ def missing(digest: str, where: str, registry_url: str) -> RegistryError:
     """A blob an index entry names that the registry does not have."""
     return RegistryError(
         f"blob {digest} is named by an index entry but missing at {where}; "
-        f"run `prebake verify --quarantine --registry {registry_url}`"
+        f"run `prebake verify` (`--quarantine --registry {registry_url}` moves the entry aside)"
     )
 
 
