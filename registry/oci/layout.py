@@ -42,7 +42,8 @@ from prebake.registry.oci.artifact import (
 )
 from prebake.registry.oci.artifact import read as read_entry
 from prebake.registry.oci.files import EMPTY, META_TYPE, SIDE_TYPE, file_layer, file_manifest, meta_tag, side_tag
-from prebake.registry.shared.transfer import check_publishable, copy_verified, missing, settle
+from prebake.registry.shared.parts import published_already
+from prebake.registry.shared.transfer import copy_verified, missing, settle
 
 SCHEME = "oci-layout:"
 INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
@@ -109,14 +110,10 @@ class LayoutRegistry:
             raise missing(digest, where, self.url) from None
 
     def publish(self, manifest: Manifest, blob: Path) -> Published:
-        blob = Path(blob)
-        check_publishable(manifest, blob)
-        if not self.writable:
-            raise RegistryReadOnly(f"{self.url} was opened to read; `prebake copy` writes an OCI layout")
-        tag = tag_for(manifest.kind, manifest.key_digest)
-        where = f"{self.url}:{tag}"
-        if (existing := self.lookup(manifest.kind, manifest.key_digest)) is not None:
-            return settle(existing, manifest, where)
+        blob, tag = Path(blob), tag_for(manifest.kind, manifest.key_digest)
+        where, read_only = f"{self.url}:{tag}", f"{self.url} was opened to read; `prebake copy` writes an OCI layout"
+        if (settled := published_already(self, manifest, blob, where, read_only)) is not None:
+            return settled
         self._writing()
         artifact = build(manifest, diff_id(blob))
         self._put_blob(artifact.layer.digest, blob)  # blobs first, the index.json naming them last

@@ -30,14 +30,13 @@ from prebake.artifacts.layout import (
 from prebake.artifacts.ports.errors import (
     BlobDigestMismatch,
     RegistryError,
-    RegistryReadOnly,
 )
 from prebake.artifacts.ports.listing import Listed, Read, summarised_listing
 from prebake.artifacts.ports.objects import Batching, Movable, ObjectStore
 from prebake.artifacts.ports.registry import Published
-from prebake.registry.shared.parts import SharedParts, publishing, vanished
+from prebake.registry.shared.parts import SharedParts, published_already, publishing, vanished
 from prebake.registry.shared.ranged import OrderedSink, one_part, part_ranges, run_parts
-from prebake.registry.shared.transfer import SizedSink, check_publishable, corrupt, missing, read_ahead, settle
+from prebake.registry.shared.transfer import SizedSink, corrupt, missing, read_ahead, settle
 
 log = logging.getLogger(__name__)
 
@@ -112,14 +111,10 @@ class StoreRegistry(SharedParts):
         return dest
 
     def publish(self, manifest: Manifest, blob: Path) -> Published:
-        blob = Path(blob)
-        check_publishable(manifest, blob)
-        if not self.writable:
-            raise RegistryReadOnly(f"{self.url} can be read but not written here; publish to a registry you can write")
-        key = index_relpath(manifest.kind, manifest.key_digest)
-        existing = self.lookup(manifest.kind, manifest.key_digest)
-        if existing is not None:
-            return settle(existing, manifest, self._where(key))
+        blob, key = Path(blob), index_relpath(manifest.kind, manifest.key_digest)
+        read_only = f"{self.url} can be read but not written here; publish to a registry you can write"
+        if (settled := published_already(self, manifest, blob, self._where(key), read_only)) is not None:
+            return settled
         blob_key = blob_relpath(manifest.blob.digest)
         with publishing(self.url):
             if isinstance(self.store, Batching):

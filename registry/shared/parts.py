@@ -13,14 +13,16 @@ import logging
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 
-from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES
+from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
 from prebake.artifacts.errors import BundleError
 from prebake.artifacts.layout import meta_relpath, side_folder_relpath, side_relpath, summary_relpath
-from prebake.artifacts.ports.errors import BlobDigestMismatch, RegistryError
+from prebake.artifacts.ports.errors import BlobDigestMismatch, RegistryError, RegistryReadOnly
 from prebake.artifacts.ports.listing import ListingSummary, Read
 from prebake.artifacts.ports.objects import ObjectStore
-from prebake.artifacts.ports.registry import MAX_SIDE_FILE_BYTES
+from prebake.artifacts.ports.registry import MAX_SIDE_FILE_BYTES, Published, Registry
+from prebake.registry.shared.transfer import check_publishable, settle
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +92,18 @@ class SharedParts:
         return f"{self.summaries.url}/{key}"
 
 
+def published_already(
+    registry: Registry, manifest: Manifest, blob: Path, where: str, read_only: str
+) -> Published | None:
+    """The start of a publish: the blob must be the manifest's and the registry writable (else
+    `read_only` says why not); a key taken already settles the publish (the outcome), else None."""
+    check_publishable(manifest, blob)
+    if not registry.writable:
+        raise RegistryReadOnly(read_only)
+    existing = registry.lookup(manifest.kind, manifest.key_digest)
+    return None if existing is None else settle(existing, manifest, where)
+
+
 @contextmanager
 def publishing(url: str) -> Iterator[None]:
     """Name the registry in what a publish raises, keeping the error's kind (a fault stays a fault);
@@ -110,4 +124,4 @@ def vanished(where: str, things: str, check: str) -> RegistryError:
     )
 
 
-__all__ = ["SharedParts", "publishing", "vanished"]
+__all__ = ["SharedParts", "published_already", "publishing", "vanished"]
