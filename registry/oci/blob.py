@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import re
 import threading
-import time
 from contextlib import AbstractContextManager
 from typing import BinaryIO
 
@@ -23,6 +22,7 @@ import httpx
 
 from prebake.artifacts.ports.errors import RegistryUnavailable
 from prebake.registry.oci.client import Distribution
+from prebake.registry.shared.http import pause
 from prebake.registry.shared.ranged import OrderedSink, one_part, part_ranges, run_parts
 from prebake.registry.shared.transfer import SizedSink, missing
 
@@ -104,7 +104,7 @@ class _Blob:
                 if attempt == attempts - 1:
                     raise self.client.fault(exc, f"download blob {self.digest[:23]}") from exc
                 log.info("blob %s broke off at byte %d (%s); resuming", self.digest[:23], at[0], exc)
-                time.sleep(0.05 * 2**attempt)
+                pause(attempt)
 
     def _get(self, pos: int, end: int | None, *, whole: bool) -> AbstractContextManager[httpx.Response]:
         headers = {} if whole else {"Range": f"bytes={pos}-{'' if end is None else end}"}

@@ -48,7 +48,7 @@ from prebake.registry.oci.artifact import read as read_entry
 from prebake.registry.oci.blob import download
 from prebake.registry.oci.client import Distribution, OCIAddress, OCISettings
 from prebake.registry.oci.files import OCIFiles
-from prebake.registry.shared.http import Bound, read_bounded
+from prebake.registry.shared.http import Bound, pause, read_bounded
 from prebake.registry.shared.parts import SharedParts, publishing, vanished
 from prebake.registry.shared.transfer import Published, SizedSink, check_publishable, corrupt, read_ahead, settle
 
@@ -198,7 +198,7 @@ class OCIRegistry(SharedParts):
             except RegistryUnavailable:
                 if attempt == self.settings.max_attempts - 1:
                     raise
-                time.sleep(0.1 * 2**attempt)
+                pause(attempt)
 
     def _has_blob(self, ref: Blob) -> bool:
         r = self.client.request("HEAD", f"blobs/{ref.digest}", ok=(200, 404))
@@ -242,7 +242,7 @@ class OCIRegistry(SharedParts):
             # Not a miss: the manifest exists, but a server on the way would not hand it over as OCI
             # (a mirror whose upstream request lost the OCI Accept type, e.g. behind a proxy that keeps
             # only the last of repeated Accept headers, as Go's client sends them). Ask again, then fail.
-            time.sleep(0.1 * 2**attempt)
+            pause(attempt)
         raise RegistryUnavailable(
             f"{self.url}:{reference} exists, but the registry (or the upstream of its mirror) kept refusing to serve "
             f"it as an OCI manifest ({_REFUSED_OCI.decode()!r}); check the proxies and mirrors between here and "
