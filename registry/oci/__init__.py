@@ -4,7 +4,7 @@ Not a StoreRegistry over the object-store port, though its small files (side, me
 one (files.py's OCIFiles, under the shared parts of registry/shared/parts.py). An index entry is an
 image manifest that embeds the prebake manifest and needs the blob's uncompressed digest, so no
 put(index key, bytes) can write it; a tag has no conditional write, so create-only is a settle wait
-the port cannot say; and a blob cannot be listed, and a mirror may answer a Range with the whole.
+the port cannot say; and the distribution API lists tags, never blobs, so list("blobs/") has no answer.
 """
 
 from prebake.registry.oci.registry import OCIRegistry
