@@ -1,28 +1,15 @@
-"""The Hugging Face Hub backend: the registry layout inside a model or dataset repo, over the object-store port.
+"""The Hugging Face Hub backend: StoreRegistry (registry/shared/index.py) over HubStore, one repo at one revision.
 
-    hf://<namespace>/<repo>[@revision]            a model repo; revision: a branch (default main)
-    hf://datasets/<namespace>/<repo>[@revision]   a dataset repo                 or a commit sha (read-only)
+    hf://[datasets/]<namespace>/<repo>[@revision]   revision: a branch (default main), or a commit (read-only)
 
-HubStore is the port (artifacts/ports/objects.py) over one repo at one revision; the registry's
-behaviour is StoreRegistry's (registry/shared/index.py). The Hub's own ways:
-
-Reads go through hf_hub_download and so through huggingface_hub's cache (HF_HUB_CACHE). Each read
-first asks with one HEAD and no retries, so an unreachable Hub is reported at once (what is cached
-still serves); a 429 or 503 with Retry-After is asked again after the wait; a body past the size
-the HEAD announced is refused while it downloads. HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE and
-HF_HUB_CACHE are read when the registry is opened and passed to every call, because
-huggingface_hub freezes some of them into module constants when it is first imported.
-Offline (HF_HUB_OFFLINE=1), reads and listings see only what earlier online reads cached, and
-publishing is refused. A fetch downloads the blob into the cache (in a thread, so the consumer's
-time box keeps ticking), verifies it there, and downloads it again if the cached copy is corrupt.
-
-A write is a commit. Publishing is one commit holding the blob and its entry (put_many, Batching):
-the Hub has no If-None-Match, so creation is conditional on the branch head instead: read the head,
-check the entry is absent at that very commit, commit with parent_commit=head. If anything was
-committed in between, the Hub refuses it (412) and we look again. Quarantine's move is one commit
-(Movable). The listing summaries are kept on this machine (open_registry's `home`:
-<home>/listing/hf-<digest of endpoint and repo>/summary/<kind>.json; none: in memory), tagged with
-each entry's git blob id. The repo is created (private) on the first write.
+May touch the Hub through huggingface_hub (HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE, HF_HUB_CACHE, read
+when opened: the library freezes some at import) and its cache; HTTP care is registry/shared/http.py.
+Reads go through the cache: one HEAD without retries first, so an unreachable Hub fails at once
+and what is cached still serves; offline, only the cache answers and publishing is refused.
+A write is a commit: the Hub has no If-None-Match, so a create-only write is a commit on the head it
+read, with parent_commit, looked at again when the Hub answers 412 (publish: blob and entry in one
+commit, Batching; quarantine: one commit, Movable). Listing summaries stay on this machine
+(<home>/listing/hf-<digest>/summary/; no home: in memory). The repo is created private on first write.
 """
 
 from __future__ import annotations
@@ -33,10 +20,7 @@ import logging
 import os
 import re
 import sys
-import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -55,8 +39,10 @@ from prebake.artifacts.ports.errors import (
 from prebake.artifacts.ports.objects import Stored
 from prebake.artifacts.ports.registry import Published
 from prebake.registry.backends.file import FolderStore
+from prebake.registry.shared.http import TRANSIENT, Bound, as_asked, ticking
 from prebake.registry.shared.index import StoreRegistry
-from prebake.registry.shared.transfer import copy_verified, retry_after_s
+from prebake.registry.shared.memory import MemoryStore
+from prebake.registry.shared.transfer import copy_verified, missing
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +51,7 @@ _DEFAULT_ENDPOINT = "https://huggingface.co"
 _COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 _ADDRESS = re.compile(r"^hf://(?:(datasets|models)/)?([\w.-]+/[\w.-]+)(?:@([^@\s]+))?/?$")
 _COMMIT_ATTEMPTS = 5  # heads moved by other keys' publishes before we give up
-_ASKED_ATTEMPTS = 3  # a read the Hub answers 429 or 503 with Retry-After is asked this often in all
+_ASKED = 3  # a read the Hub answers 429 or 503 with Retry-After is asked this often in all
 _CHUNK = 1 << 20
 
 
@@ -84,26 +70,23 @@ class HubRegistry(StoreRegistry):
         self.repo_type, self.repo_id, self.revision = self.hub.repo_type, self.hub.repo_id, self.hub.revision
         self.endpoint = self.hub.endpoint
         repo = hashlib.sha256(f"{self.hub.endpoint}\n{self.hub.repo_type}\n{self.hub.repo_id}".encode()).hexdigest()
-        summaries = _Memory() if listing_dir is None else FolderStore(Path(listing_dir) / f"hf-{repo[:24]}")
+        summaries = MemoryStore() if listing_dir is None else FolderStore(Path(listing_dir) / f"hf-{repo[:24]}")
         super().__init__(self.hub, summaries=summaries)
 
     def fetch_blob(
         self, digest: str, dest: Path, *, size: int | None = None, tee: Callable[[bytes], None] | None = None
     ) -> Path:
-        """The Hub's copy lands in huggingface_hub's cache first (its size, as the Hub announces it,
-        checked against `size` before the download); it is verified there, then copied to `dest`
-        through `tee`, so the consumer is only ever fed a copy that already matched."""
+        """Into huggingface_hub's cache (the announced size checked first), verified there, then copied
+        to `dest` through `tee`: the consumer is only ever fed a copy that already matched."""
         hub, key, dest = self.hub, blob_relpath(digest), Path(dest)
         where = self._where(key)
-        cached = _probing(lambda: hub.download(key, hub.revision, limit=size), tee)
+        cached = ticking(lambda: hub.download(key, hub.revision, limit=size), tee)
         if cached is None:
             if hub.offline:
                 raise RegistryUnavailable(
                     f"{where} is not in the Hugging Face cache and HF_HUB_OFFLINE=1; fetch it once online"
                 )
-            raise RegistryError(
-                f"blob {digest} is named by an index entry but missing at {where}; run `prebake verify`"
-            )
+            raise missing(digest, where, self.url)
         try:
             copy_verified(cached[0], dest, digest, where=where, registry_url=self.url, size=size)
         except BlobDigestMismatch:
@@ -247,12 +230,8 @@ class HubStore:
         self, key: str, revision: str, *, force: bool = False, limit: int | None = None, exact: bool = True
     ) -> tuple[Path, str] | None:
         """The cached file for `key` at `revision` and its tag; None if the repo, revision or file is absent.
-
-        Online, one HEAD without retries comes first: hf_hub_download alone retries an
-        unreachable Hub for about 20 s before falling back to its cache, and a lookup must
-        fail fast. If the Hub is unreachable, a copy cached by an earlier read still serves
-        (entries and blobs are never replaced, so a cached one is still the right one).
-        """
+        One HEAD without retries first (hf_hub_download alone retries an unreachable Hub for about 20 s);
+        if the Hub is unreachable, an earlier cached copy serves (entries and blobs are never replaced)."""
         if self.offline:
             cached = self._cached_download(key, revision, local_only=True)
             return None if cached is None else (cached, "")
@@ -277,8 +256,7 @@ class HubStore:
         return None if got is None else (got, tag)
 
     def _present(self, key: str, revision: str) -> tuple[int | None, str] | None:
-        """The file's size at `revision` (None if the Hub does not say) and its ETag, None if absent;
-        one HEAD, no retries."""
+        """(size at `revision`, None if the Hub does not say; ETag), None if absent: one HEAD, no retries."""
         from huggingface_hub import get_hf_file_metadata, hf_hub_url
         from huggingface_hub.errors import (
             GatedRepoError,
@@ -290,7 +268,9 @@ class HubStore:
         url = hf_hub_url(self.repo_id, key, repo_type=self.repo_type, revision=revision, endpoint=self.endpoint)
         with self._faults(f"read {self._where(key)}"):
             try:
-                meta = _as_asked(lambda: get_hf_file_metadata(url, token=self._token, endpoint=self.endpoint))
+                meta = as_asked(
+                    lambda: get_hf_file_metadata(url, token=self._token, endpoint=self.endpoint), attempts=_ASKED
+                )
             except GatedRepoError:
                 raise  # access refused, not absent: _faults says what to do
             except (RemoteEntryNotFoundError, RevisionNotFoundError):
@@ -306,8 +286,7 @@ class HubStore:
         self, key: str, revision: str, *, local_only: bool, force: bool = False, limit: int | None = None
     ) -> Path | None:
         """hf_hub_download into the cache; None if absent there (local_only) or on the Hub. A body that runs
-        past `limit` is refused while it comes (huggingface_hub reads until the server stops, then compares
-        sizes): an index entry's, a blob's, whatever the HEAD before it said."""
+        past `limit` is refused while it comes (huggingface_hub itself compares sizes only at the end)."""
         from huggingface_hub import hf_hub_download
         from huggingface_hub.errors import (
             GatedRepoError,
@@ -319,7 +298,7 @@ class HubStore:
 
         with self._faults(f"download {self._where(key)}"):
             try:
-                local = _as_asked(
+                local = as_asked(
                     lambda: hf_hub_download(
                         self.repo_id,
                         key,
@@ -331,7 +310,8 @@ class HubStore:
                         local_files_only=local_only,
                         force_download=force,
                         tqdm_class=_terminal_tqdm() if limit is None else _bounded_tqdm(limit, self._where(key)),
-                    )
+                    ),
+                    attempts=_ASKED,
                 )
             except GatedRepoError:
                 raise  # access refused, not absent: _faults says what to do
@@ -461,7 +441,7 @@ class HubStore:
                     f"cannot {doing}: the Hub refused us (HTTP {status}); set HF_TOKEN to a token that may "
                     f"read {self.repo_id} (and write to it, to publish)"
                 ) from exc
-            if status >= 500 or status == 429:
+            if status in TRANSIENT or status >= 500:
                 raise RegistryUnavailable(
                     f"cannot {doing}: the Hub at {self.endpoint} failed (HTTP {status}); retry later"
                 ) from exc
@@ -492,70 +472,15 @@ def _parse_address(address: str) -> tuple[str, str, str]:
     return ("dataset" if m.group(1) == "datasets" else "model"), m.group(2), m.group(3) or "main"
 
 
-def _probing(call: Callable[[], T], tee: Callable[[bytes], None] | None) -> T:
-    """`call` (a download into huggingface_hub's cache, which prebake sees no byte of until it ends) in a
-    daemon thread, `tee` called with no bytes every quarter second meanwhile, so the consumer's time box
-    (Store.install's deadline) ends the wait: a blob sent slowly no longer holds the fetch until its last
-    byte. An abandoned download ends with the process (or completes into the cache, for the next fetch)."""
-    if tee is None:
-        return call()
-    done: Future[T] = Future()
-
-    def run() -> None:
-        try:
-            done.set_result(call())
-        except BaseException as exc:
-            done.set_exception(exc)
-
-    threading.Thread(target=run, name="prebake-hf-download", daemon=True).start()
-    while True:
-        try:
-            return done.result(timeout=0.25)
-        except TimeoutError:
-            tee(b"")
-
-
-def _as_asked(call: Callable[[], T]) -> T:
-    """`call`, asked again after as long as the Hub asks when it answers 429 or 503 with Retry-After (at most
-    MAX_RETRY_AFTER_S, _ASKED_ATTEMPTS times in all). huggingface_hub's download waits for a 429's
-    Retry-After (and 1 s more), but not for a 503's, and its metadata HEAD asks once; the fetch's time box
-    still ends a fetch that waits too long."""
-    for attempt in range(_ASKED_ATTEMPTS):
-        try:
-            return call()
-        except Exception as exc:
-            status, asked = _asked(exc)
-            if not asked or attempt == _ASKED_ATTEMPTS - 1:
-                raise
-            log.warning("the Hub answered HTTP %s and asked to retry after %.0f s: waiting", status, asked)
-            time.sleep(asked)
-    raise AssertionError("unreachable")
-
-
-def _asked(exc: BaseException) -> tuple[int, float]:
-    """The status of a 429 or 503 behind `exc` (huggingface_hub wraps it in its own errors) and how long its
-    Retry-After asks to wait; (status, 0.0) for any other answer."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        response = getattr(seen, "response", None)
-        if response is not None and hasattr(response, "status_code"):
-            status = int(response.status_code)
-            return status, retry_after_s(response.headers.get("Retry-After", "")) if status in (429, 503) else 0.0
-        seen = seen.__cause__ or seen.__context__
-    return 0, 0.0
-
-
 def _bounded_tqdm(limit: int, where: str) -> type:
-    """_terminal_tqdm, refusing the download once more than `limit` bytes came (huggingface_hub reports
-    each piece it reads, 10 MiB at most, to its bar before writing it)."""
+    """_terminal_tqdm, refusing the download past `limit` bytes (huggingface_hub reports each piece to
+    its bar before writing it)."""
 
     class _Bounded(_terminal_tqdm()):  # type: ignore[misc]
         def update(self, n: float | None = 1) -> bool | None:
-            self.came = getattr(self, "came", 0) + (n or 0)
-            if self.came > limit:
-                raise BlobSizeMismatch(
-                    f"{where} sent over {limit} bytes, more than it may be (the HEAD announced less); refusing it"
-                )
+            if not hasattr(self, "bound"):
+                self.bound = Bound(limit, where, error=BlobSizeMismatch)
+            self.bound.add(int(n or 0))
             return super().update(n)  # type: ignore[no-any-return]
 
     return _Bounded
@@ -572,37 +497,3 @@ def _terminal_tqdm() -> type:
             super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
 
     return _TerminalOnly
-
-
-class _Memory:
-    """The listing summaries of a registry opened without a `home`: an object store in a dict, kept
-    for this process only."""
-
-    writable = True
-
-    def __init__(self) -> None:
-        self.url, self._objects = "memory:", dict[str, bytes]()
-
-    def head(self, key: str) -> Stored | None:
-        data = self._objects.get(key)
-        return None if data is None else Stored(key, len(data), "")
-
-    def get(self, key: str, limit: int) -> tuple[bytes, str] | None:
-        data = self._objects.get(key)
-        return None if data is None else (data[:limit], "")
-
-    def read(self, key: str, first: int = 0, last: int | None = None) -> Iterator[bytes]:
-        yield self._objects[key][first : None if last is None else last + 1]
-
-    def put(self, key: str, data: bytes | Path, *, create_only: bool = False) -> bool:
-        if create_only and key in self._objects:
-            return False
-        self._objects[key] = data if isinstance(data, bytes) else Path(data).read_bytes()
-        return True
-
-    def delete(self, key: str) -> None:
-        self._objects.pop(key, None)
-
-    def list(self, prefix: str) -> Iterator[Stored]:
-        for key in sorted(k for k in self._objects if k.startswith(prefix)):
-            yield Stored(key, len(self._objects[key]), "")

@@ -29,8 +29,9 @@ from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES
 from prebake.artifacts.errors import BundleError
 from prebake.artifacts.ports.errors import BlobDigestMismatch, RegistryError, RegistryNotFound, RegistryUnavailable
 from prebake.artifacts.ports.objects import Stored
+from prebake.registry.shared.http import retry_after_s
 from prebake.registry.shared.index import StoreRegistry
-from prebake.registry.shared.transfer import env_settings, retry_after_s
+from prebake.registry.shared.transfer import env_settings
 
 log = logging.getLogger(__name__)
 

@@ -1,32 +1,15 @@
-"""A prebake bundle as an OCI artifact that a container runtime can also unpack.
+"""A prebake bundle as an OCI image a container runtime can also unpack (docs/registries.md's drawing).
 
-    <repo>:<kind>-<key digest>          the index entry: one OCI image manifest per bundle
-    ├── config   application/vnd.oci.image.config.v1+json   a minimal image config (os, architecture,
-    │            rootfs.diff_ids: the sha256 of the uncompressed tar), so runtimes, `umoci unpack` and
-    │            Kubernetes image volumes take it as an image whose one layer is the bundle tree
-    ├── layers[0] application/vnd.oci.image.layer.v1.tar+zstd   the bundle blob itself: same bytes,
-    │            same sha256, so the bundle's address is the layer's digest
-    ├── artifactType application/vnd.prebake.bundle.v1
-    └── annotations
-        org.prebake.manifest     the signed prebake manifest, its exact bytes (what lookup parses
-                                 and trust verifies: signatures travel inside it, unchanged)
-        org.prebake.manifest.digest  their sha256, checked on every read
-        org.prebake.kind, org.prebake.key-digest, org.prebake.label.<name> (model, platform, tp,
-        precision...), org.prebake.key.<group>.<factor> (every key factor): for `skopeo inspect`,
-        registry UIs and policy engines; prebake itself reads only the manifest above
+    <repo>:<kind>-<key digest>   one image manifest per bundle, artifactType application/vnd.prebake.bundle.v1
+      config     a minimal image config (os, architecture, rootfs.diff_ids), so runtimes unpack it
+      layers[0]  the bundle blob itself, tar+zstd: same bytes, same sha256
+      annotations  org.prebake.manifest (the signed manifest, exact bytes; over INLINE_LIMIT it rides
+                 in the config's labels instead) and .digest, plus kind, key, labels and factors
 
-The manifest is canonical JSON with no timestamp, so the same bundle gives the same manifest
-digest however often and by whomever it is pushed. A prebake manifest too large for an annotation
-(over INLINE_LIMIT: bundles of several thousand files) rides in the image config instead, as its
-label org.prebake.manifest (the annotation is left out, org.prebake.manifest.digest still names
-it): such a lookup costs two requests instead of one.
-
-The tag is `<kind>-<64 hex key digest>`: within the 128-character limit and the alphabet
-[A-Za-z0-9_][A-Za-z0-9._-]* of the distribution spec for any plain-ASCII kind of up to 56
-characters, and never of the `sha256-<hex>` form the referrers tag fallback uses.
-
-Written here by hand because no library builds these documents: the OCI image-spec JSON is
-small and fixed, and prebake needs it byte-for-byte deterministic.
+Pure: builds and reads documents, touches no registry. The manifest is canonical JSON with no
+timestamp, so the same bundle gives the same digest whoever pushes it. The tag stays within the
+distribution spec's 128 characters and alphabet for kinds of up to 56, never `sha256-<hex>`.
+Written by hand: no library builds these documents byte-for-byte deterministic.
 """
 
 from __future__ import annotations

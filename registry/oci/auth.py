@@ -1,20 +1,12 @@
 """Credentials for OCI registries, as users already have them, and the challenges that ask for them.
 
-Where a login comes from, first found wins:
-
-    PREBAKE_OCI_USERNAME + PREBAKE_OCI_PASSWORD     for CI jobs that hold a token (ECR, GHCR)
-    $REGISTRY_AUTH_FILE                             podman's / skopeo's auth.json, when set
-    $DOCKER_CONFIG/config.json, ~/.docker/config.json   what `docker login` writes:
-        credHelpers.<host>  -> docker-credential-<helper> get     (ecr-login, gcloud, ...)
-        auths.<host>.auth   base64 user:password  (or identitytoken: an OAuth2 refresh token)
-        credsStore          -> docker-credential-<store> get      (desktop, pass, secretservice)
-
-Challenges (RFC 7235 WWW-Authenticate): `Basic` sends the login on every request; `Bearer
-realm=..,service=..,scope=..` exchanges it at the realm for a token (GET with basic auth, or a
-POST of the refresh token), kept per scope until it expires or the registry refuses it again.
-
-Written by hand: the Docker config and credential-helper protocol are small, documented formats
-(docker/cli's configfile, docker-credential-helpers) that no maintained Python library reads.
+May read the environment, the Docker and podman config files, and run docker-credential-<helper>.
+First found wins: PREBAKE_OCI_USERNAME + PREBAKE_OCI_PASSWORD; $REGISTRY_AUTH_FILE; then
+$DOCKER_CONFIG/config.json or ~/.docker/config.json (credHelpers.<host>, auths.<host>.auth or its
+identitytoken, credsStore). A `Basic` challenge sends the login on every request; `Bearer` trades
+it at the realm for a token per scope (registry/oci/client.py keeps and renews it).
+Written by hand: the Docker config and the credential-helper protocol are small, documented
+formats that no maintained Python library reads.
 """
 
 from __future__ import annotations

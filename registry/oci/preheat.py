@@ -2,25 +2,12 @@
 
     report = preheat(OCIRegistry("oci://mirror.local:5000/team/prebake"))   # `prebake preheat --mirror ...`
 
-A registry mirror (distribution's `proxy.remoteurl`, Harbor's proxy cache, a Spegel or Dragonfly
-node cache) keeps what it has been asked for. distribution 2.8 does not coalesce simultaneous
-first pulls of a blob: N nodes starting at once on a new bundle cost the origin N + 1 copies (each
-node's stream, plus the copy the mirror stores). The answer the field gives is Dragonfly's and
-Harbor's "preheat": pull each new bundle through the mirror once, when it is published, so the
-nodes that start afterwards find it there and cost the origin no blob bytes.
-
-For each index entry (of the kinds and keys asked for), through the mirror:
-
-    the entry's manifest (by tag: the mirror keeps it by digest), its image config, its side
-    files (the provenance attestation), and its layer: a one-byte Range request first; a 206
-    means the mirror serves the blob from its own storage already (nothing more is pulled), a 200
-    is a mirror that has to fetch it from the origin: that answer is read whole, through the
-    manifest's size bound and sha256, then the mirror is asked again (Range, one byte) until it
-    serves the blob itself, within `wait_s`.
-
-So a preheat is idempotent, and a second one costs the origin nothing but the manifest requests.
-It costs the origin, once per bundle, what one cold pull does (distribution 2.8: two copies, the
-one streamed to the preheater and the one it stores; a mirror that caches while it streams: one).
+May touch the mirror only, through the OCI client. A mirror does not coalesce simultaneous first
+pulls, so N nodes starting on a new bundle cost the origin N + 1 copies; pulled once ahead, they
+cost it none. Per entry: its manifest, image config and side files, then its layer: a one-byte
+Range first (206: the mirror holds it already), else the whole answer read through the manifest's
+size bound and sha256, and the mirror asked again until it serves the blob itself, within `wait_s`.
+Idempotent: a second preheat costs the origin only the manifest requests.
 """
 
 from __future__ import annotations
@@ -32,15 +19,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.layout import side_folder_relpath
 from prebake.artifacts.ports.errors import BlobDigestMismatch, RegistryUnavailable
+from prebake.artifacts.ports.objects import Stored
+from prebake.artifacts.ports.registry import MAX_SIDE_FILE_BYTES
 from prebake.registry.oci import OCIRegistry
 from prebake.registry.oci.blob import held, pull_through
-from prebake.registry.oci.files import SIDE_TYPE
 from prebake.registry.shared.transfer import SizedSink
 
 log = logging.getLogger(__name__)
-
-_SIDE_PREFIX = "prebake-side."
 
 
 @dataclass(frozen=True)
@@ -60,8 +47,7 @@ def preheat(
     mirror: OCIRegistry, *, kind: str | None = None, keys: tuple[str, ...] = (), wait_s: float = 120.0
 ) -> Iterator[Preheated]:
     """Pull every index entry (of `kind`, or with a key digest in `keys`) through `mirror`, one by one."""
-    tags = list(mirror.tags())
-    sides = [t for t in tags if t.startswith(_SIDE_PREFIX)]
+    sides = list(mirror.files.list("side/"))
     for entry_kind, key_digest, _ in mirror.entry_tags(kind):
         if keys and key_digest not in keys and not any(key_digest.startswith(k) for k in keys):
             continue
@@ -71,16 +57,16 @@ def preheat(
         yield _preheat_one(mirror, manifest, sides, wait_s)
 
 
-def _preheat_one(mirror: OCIRegistry, manifest: Manifest, sides: list[str], wait_s: float) -> Preheated:
+def _preheat_one(mirror: OCIRegistry, manifest: Manifest, sides: list[Stored], wait_s: float) -> Preheated:
     started = time.monotonic()
     got = mirror.read_manifest(f"{manifest.kind}-{manifest.key_digest}")
     if got is not None:  # the image config: what a container runtime or an image volume reads first
         config = _config_digest(got[0])
         if config:
             mirror.read_small_blob(config, f"{mirror.url}:{manifest.kind}-{manifest.key_digest}")
-    mine = [t for t in sides if t.startswith(f"{_SIDE_PREFIX}{manifest.blob.hex}.")]
-    for tag in mine:
-        mirror.read_file(tag, f"{SIDE_TYPE}+octet-stream")
+    mine = [s for s in sides if s.key.startswith(side_folder_relpath(manifest.blob.digest) + "/")]
+    for side in mine:
+        mirror.files.get(side.key, MAX_SIDE_FILE_BYTES)
     pulled = _pull_blob(mirror, manifest, wait_s)
     took = time.monotonic() - started
     log.info(

@@ -1,29 +1,14 @@
-"""The OCI backend: bundles as artifacts in an OCI registry (GHCR, ECR, Harbor, Artifactory, Quay,
-a self-hosted distribution server), through the distribution API.
+"""The OCI registry backend: one repository of an OCI registry through the distribution API.
 
     oci://HOST[:PORT]/NAMESPACE/REPO
-    ├── <kind>-<key digest>           tag -> one OCI image manifest per bundle (registry/oci/artifact.py):
-    │                                   config: a minimal image config; layer: the bundle blob, same sha256;
-    │                                   annotation org.prebake.manifest: the signed prebake manifest
-    ├── prebake-summary.<kind>        tag -> the listing summary of one kind (registry/oci/files.py)
-    └── quarantine-<kind>-<key>...    tag -> entries `prebake verify --quarantine` moved aside
+      <kind>-<key digest>         one image manifest per bundle (registry/oci/artifact.py)
+      prebake-{side,meta,summary}.*   small files, through OCIFiles (registry/oci/files.py)
+      quarantine-<kind>-<key>     an entry `prebake verify --quarantine` moved aside
 
-A lookup is one request: GET of the entry's tag, whose manifest carries the prebake manifest
-(parsed, held to its digest, to the tag's kind and key and to the layer). A blob comes in parallel
-ranged GETs where the registry serves ranges, else in one stream (registry/oci/blob.py), through
-the manifest's size bound and sha256; a connection cut mid-blob resumes from the byte it reached.
-
-Publishing is create-only in effect, though OCI tags are last-writer-wins (the distribution API
-has no conditional tag write): blobs first, then the manifest by digest, then a last look at the
-tag, the tag write, and a read-back after `settle_s` (at least four times the slowest round trip
-of the publish). Whoever's manifest the tag names after that wait is the winner; the other is told
-PublishConflict (or, for the very same bundle, created=False) and its manifest stays untagged. A
-tag therefore never names a manifest whose blobs are missing (the registry refuses such a manifest,
-and ours go up first), and a reader at any moment gets a complete bundle of that key, verified
-like any other. The race that remains: a publisher stalled for longer than the settle time between
-its last look and its tag write overwrites a winner who had already been told `created`; readers
-still get a whole, verifiable bundle of that key. Two publishers of byte-identical manifests both
-report created (their tags are the same manifest).
+May touch that repository only, through registry/oci/client.py. Side files and summaries are the
+shared parts' (registry/shared/parts.py). OCI tags are last-writer-wins, so publishing is create-only
+in effect: blobs, the manifest by digest, a last look at the tag, the tag, and a read-back after
+`settle_s` (at least four round trips); whoever the tag then names won, the other is told.
 """
 
 from __future__ import annotations
@@ -32,7 +17,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -40,17 +25,16 @@ import httpx
 
 from prebake.artifacts import fsutil
 from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
-from prebake.artifacts.bundle.payload import file_digest
 from prebake.artifacts.errors import BundleError, PrebakeError
 from prebake.artifacts.layout import index_relpath
-from prebake.artifacts.ports.errors import BlobDigestMismatch, RegistryError, RegistryNotFound, RegistryUnavailable
+from prebake.artifacts.ports.errors import RegistryError, RegistryNotFound, RegistryUnavailable
 from prebake.artifacts.ports.listing import Listed, ListingSummary, Read, summarised_listing
-from prebake.artifacts.ports.registry import MAX_SIDE_FILE_BYTES
 from prebake.registry.oci.artifact import (
     MANIFEST_TYPE,
     MAX_OCI_MANIFEST_BYTES,
     Artifact,
     Blob,
+    Entry,
     build,
     canonical,
     diff_id,
@@ -63,28 +47,19 @@ from prebake.registry.oci.artifact import (
 from prebake.registry.oci.artifact import read as read_entry
 from prebake.registry.oci.blob import download
 from prebake.registry.oci.client import Distribution, OCIAddress, OCISettings
-from prebake.registry.oci.files import (
-    EMPTY,
-    EMPTY_TYPE,
-    META_TYPE,
-    SIDE_TYPE,
-    SUMMARY_LAYER_TYPE,
-    SUMMARY_TYPE,
-    meta_tag,
-    side_tag,
-    summary_tag,
-)
-from prebake.registry.shared.transfer import Published, SizedSink, read_ahead, settle
+from prebake.registry.oci.files import OCIFiles
+from prebake.registry.shared.http import Bound, pause, read_bounded
+from prebake.registry.shared.parts import SharedParts, publishing, vanished
+from prebake.registry.shared.transfer import Published, SizedSink, check_publishable, corrupt, read_ahead, settle
 
 log = logging.getLogger(__name__)
 
-_MiB = 1 << 20
 _REFUSED_OCI = b"accept header does not support OCI manifests"
 _NAME_UNKNOWN = b'"NAME_UNKNOWN"'  # the distribution error code of a repository the registry does not know
 _READ_S = 30.0  # an entry is small: one that takes longer to arrive is stalled or hostile
 
 
-class OCIRegistry:
+class OCIRegistry(SharedParts):
     """Bundles in one repository of an OCI registry: Registry, Maintainable, Listable, SideFiles."""
 
     writable = True
@@ -104,6 +79,8 @@ class OCIRegistry:
         self.url = self.address.url
         self.settings = settings or OCISettings.from_env(env)
         self.client = Distribution(self.address, self.settings, env)
+        self.readers = self.settings.concurrency
+        self.files = self.summaries = OCIFiles(self)
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -120,10 +97,7 @@ class OCIRegistry:
             got = download(self.client, digest, f, sized)
             sized.finish()
             if got != digest:
-                raise BlobDigestMismatch(
-                    f"blob {where} hashes to {got}, not {digest}: it is corrupt; "
-                    f"run `prebake verify --quarantine --registry {self.url}` and rebake"
-                )
+                raise corrupt(where, got, digest, self.url)
         return dest
 
     def list(self, kind: str | None = None) -> Iterator[Manifest]:
@@ -135,16 +109,15 @@ class OCIRegistry:
             return None if got is None else got[1]
 
         tags = (tag for _, _, tag in self.entry_tags(kind))
-        yield from read_ahead(tags, read, readers=self.settings.concurrency, name="prebake-oci-list")
+        yield from read_ahead(tags, read, readers=self.readers, name="prebake-oci-list")
 
     # -- publishing ---------------------------------------------------------------------------
 
     def publish(self, manifest: Manifest, blob: Path) -> Published:
         blob = Path(blob)
         with ThreadPoolExecutor(2, thread_name_prefix="prebake-oci-hash") as pool:  # both hash outside the GIL
-            digest, layer_id = pool.submit(file_digest, blob), pool.submit(diff_id, blob)
-            if digest.result() != manifest.blob.digest:
-                raise BlobDigestMismatch(f"{blob} does not hash to {manifest.blob.digest}; repack it before publishing")
+            checked, layer_id = pool.submit(check_publishable, manifest, blob), pool.submit(diff_id, blob)
+            checked.result()
             uncompressed = layer_id.result()
         tag = tag_for(manifest.kind, manifest.key_digest)
         where = f"{self.url}:{tag}"
@@ -153,7 +126,7 @@ class OCIRegistry:
             return settle(existing, manifest, where)
         artifact = build(manifest, uncompressed)
         started = time.monotonic()
-        try:
+        with publishing(self.url):
             self.push_blob(artifact.layer, blob)
             self.push_bytes(artifact.config_ref, artifact.config)
             self.put_manifest(artifact.digest, artifact.manifest)
@@ -162,12 +135,6 @@ class OCIRegistry:
             if before is None:
                 self.put_manifest(tag, artifact.manifest)
             rtt = time.monotonic() - rtt
-        except RegistryUnavailable as exc:
-            raise RegistryUnavailable(f"cannot publish into {self.url}: {exc}") from exc
-        except BlobDigestMismatch:
-            raise
-        except RegistryError as exc:
-            raise RegistryError(f"cannot publish into {self.url}: {exc}") from exc
         if before is not None:
             return settle(before[1], manifest, where)
         return self._settled(artifact, manifest, tag, where, rtt, time.monotonic() - started)
@@ -179,10 +146,7 @@ class OCIRegistry:
         time.sleep(max(self.settings.settle_s, 4 * rtt))
         got = self._entry(tag)
         if got is None:
-            raise RegistryError(
-                f"{where} was written and then could not be read; something deletes tags behind prebake's back: "
-                f"check the registry's retention or cleanup policies"
-            )
+            raise vanished(where, "tags", "the registry's retention or cleanup policies")
         digest, stored = got
         if digest == artifact.digest:
             log.debug("published %s in %.2f s", where, took)
@@ -196,7 +160,7 @@ class OCIRegistry:
 
         def chunks() -> Iterator[bytes]:
             with path.open("rb") as f:
-                while chunk := f.read(_MiB):
+                while chunk := f.read(1 << 20):
                     yield chunk
 
         self._upload(ref, chunks)
@@ -211,6 +175,10 @@ class OCIRegistry:
             "PUT", f"manifests/{reference}", push=True, headers={"Content-Type": MANIFEST_TYPE}, content=body, ok=(201,)
         )
         return str(r.headers.get("Docker-Content-Digest", ""))
+
+    def delete_manifest(self, digest: str) -> None:
+        """Delete a manifest by digest, which removes its tags; one already gone is no error."""
+        self.client.request("DELETE", f"manifests/{digest}", push=True, ok=(202, 404))
 
     def _upload(self, ref: Blob, chunks: Callable[[], Iterator[bytes]]) -> None:
         for attempt in range(self.settings.max_attempts):
@@ -230,7 +198,7 @@ class OCIRegistry:
             except RegistryUnavailable:
                 if attempt == self.settings.max_attempts - 1:
                     raise
-                time.sleep(0.1 * 2**attempt)
+                pause(attempt)
 
     def _has_blob(self, ref: Blob) -> bool:
         r = self.client.request("HEAD", f"blobs/{ref.digest}", ok=(200, 404))
@@ -242,22 +210,29 @@ class OCIRegistry:
         """(manifest digest, prebake manifest) of the entry `tag` names; None when there is none."""
         parsed = parse_tag(tag)
         assert parsed is not None, tag
+        got = self._entry_bytes(tag)
+        if got is None:
+            return None
+        digest, entry, raw = got
+        return digest, parse_manifest(raw, entry, parsed[0], parsed[1], f"{self.url}:{tag}")
+
+    def _entry_bytes(self, tag: str) -> tuple[str, Entry, bytes] | None:
+        """(manifest digest, its OCI entry, the prebake manifest's bytes) of `tag`; None when there is none."""
         where = f"{self.url}:{tag}"
         got = self.read_manifest(tag)
         if got is None:
             return None
-        body, digest = got
-        entry = read_entry(body, where)
+        entry = read_entry(got[0], where)
         raw = entry.inline
         if raw is None:
             raw = manifest_from_config(self.read_small_blob(entry.config.digest, where), where)
-        return digest, parse_manifest(raw, entry, parsed[0], parsed[1], where)
+        return got[1], entry, raw
 
     def read_manifest(self, reference: str) -> tuple[bytes, str] | None:
         """A manifest's bytes (bounded in size and time) and digest; None on 404."""
         for attempt in range(self.settings.max_attempts):
             with self.client.stream("GET", f"manifests/{reference}", accept=MANIFEST_TYPE) as r:
-                body = _bounded(r, MAX_OCI_MANIFEST_BYTES, f"{self.url}:{reference}")
+                body = read_bounded(r, Bound(MAX_OCI_MANIFEST_BYTES, f"{self.url}:{reference}", within_s=_READ_S))
                 if r.status_code != 404:
                     self._known = True
                     return body, sha256(body)
@@ -267,20 +242,20 @@ class OCIRegistry:
             # Not a miss: the manifest exists, but a server on the way would not hand it over as OCI
             # (a mirror whose upstream request lost the OCI Accept type, e.g. behind a proxy that keeps
             # only the last of repeated Accept headers, as Go's client sends them). Ask again, then fail.
-            time.sleep(0.1 * 2**attempt)
+            pause(attempt)
         raise RegistryUnavailable(
             f"{self.url}:{reference} exists, but the registry (or the upstream of its mirror) kept refusing to serve "
             f"it as an OCI manifest ({_REFUSED_OCI.decode()!r}); check the proxies and mirrors between here and "
             f"the registry: they must pass every Accept header on"
         )
 
-    def read_small_blob(self, digest: str, where: str) -> bytes:
+    def read_small_blob(self, digest: str, where: str, *, limit: int = MAX_MANIFEST_BYTES) -> bytes:
         with self.client.stream("GET", f"blobs/{digest}") as r:
             if r.status_code == 404:
                 raise RegistryError(
                     f"{where} names blob {digest[:23]}, which is missing; run `prebake verify --quarantine`"
                 )
-            body = _bounded(r, MAX_MANIFEST_BYTES, f"{where} blob {digest[:23]}")
+            body = read_bounded(r, Bound(limit, f"{where} blob {digest[:23]}", within_s=_READ_S))
         if sha256(body) != digest:
             raise BundleError(f"{where}: blob {digest[:23]} does not hash to its name: refusing it")
         return body
@@ -337,65 +312,6 @@ class OCIRegistry:
     def __repr__(self) -> str:
         return f"OCIRegistry({self.url!r})"
 
-    # -- small files (SideFiles; registry/oci/files.py's tags) --------------------------------
-
-    def put_side(self, blob_digest: str, name: str, data: bytes) -> bool:
-        tag = side_tag(blob_digest, name)
-        if self.read_manifest(tag) is not None:
-            return False
-        layer = self.write_file(tag, data, SIDE_TYPE, f"{SIDE_TYPE}+octet-stream")
-        return self._layer_of(tag) == layer.digest  # the read-back: who the tag names won
-
-    def get_side(self, blob_digest: str, name: str) -> bytes | None:
-        return self.read_file(side_tag(blob_digest, name), f"{SIDE_TYPE}+octet-stream")
-
-    def put_meta(self, name: str, data: bytes) -> None:
-        self.write_file(meta_tag(name), data, META_TYPE, f"{META_TYPE}+octet-stream")
-
-    def get_meta(self, name: str) -> bytes | None:
-        return self.read_file(meta_tag(name), f"{META_TYPE}+octet-stream")
-
-    # -- one-layer artifacts ------------------------------------------------------------------------
-
-    def write_file(self, tag: str, data: bytes, artifact_type: str, layer_type: str) -> Blob:
-        """Push `data` as the one layer of an artifact and point `tag` at it; the layer's descriptor."""
-        if len(data) > MAX_SIDE_FILE_BYTES:
-            raise PrebakeError(f"{self.url}:{tag}: {len(data)} bytes is more than a small file may hold")
-        layer = Blob(layer_type, sha256(data), len(data))
-        empty = Blob(EMPTY_TYPE, sha256(EMPTY), len(EMPTY))
-        self.push_bytes(empty, EMPTY)
-        self.push_bytes(layer, data)
-        doc = {
-            "schemaVersion": 2,
-            "mediaType": MANIFEST_TYPE,
-            "artifactType": artifact_type,
-            "config": empty.descriptor(),
-            "layers": [layer.descriptor()],
-        }
-        self.put_manifest(tag, canonical(doc))
-        return layer
-
-    def read_file(self, tag: str, layer_type: str) -> bytes | None:
-        """The one layer of the artifact `tag` names; None when there is no such tag."""
-        where = f"{self.url}:{tag}"
-        got = self.read_manifest(tag)
-        if got is None:
-            return None
-        try:
-            layers = json.loads(got[0]).get("layers") or []
-            if len(layers) != 1 or layers[0].get("mediaType") != layer_type:
-                raise BundleError(f"{where} is not a prebake file of type {layer_type}")
-            return self.read_small_blob(str(layers[0]["digest"]), where)
-        except (ValueError, TypeError, AttributeError, KeyError) as exc:
-            raise BundleError(f"{where} is not a readable prebake file ({exc})") from exc
-
-    def _layer_of(self, tag: str) -> str | None:
-        got = self.read_manifest(tag)
-        if got is None:
-            return None
-        layers = json.loads(got[0]).get("layers") or [{}]
-        return str(layers[0].get("digest"))
-
     # -- listing and maintenance (registry/oci/files.py's tags) -------------------------------
 
     def listing(self, kind: str | None = None) -> Iterator[Listed]:
@@ -404,20 +320,11 @@ class OCIRegistry:
 
     def index_entries(self) -> Iterator[tuple[str, bytes | PrebakeError]]:
         """Every entry as (index/<kind>/<key>.json, the prebake manifest's bytes or why they cannot be had)."""
-        from prebake.registry.oci.artifact import manifest_from_config
-        from prebake.registry.oci.artifact import read as read_entry
-
         for kind, digest, tag in self.entry_tags():
-            where = f"{self.url}:{tag}"
             try:
-                got = self.read_manifest(tag)
-                if got is None:  # removed since the listing
-                    continue
-                entry = read_entry(got[0], where)
-                raw = entry.inline
-                if raw is None:
-                    raw = manifest_from_config(self.read_small_blob(entry.config.digest, where), where)
-                yield index_relpath(kind, digest), raw
+                got = self._entry_bytes(tag)
+                if got is not None:  # None: removed since the listing
+                    yield index_relpath(kind, digest), got[2]
             except BundleError as exc:
                 yield index_relpath(kind, digest), exc
 
@@ -439,7 +346,7 @@ class OCIRegistry:
         except (ValueError, RegistryError) as exc:  # a manifest the registry will not take again: drop it anyway
             log.warning("cannot keep a copy of %s:%s (%s); removing the entry without one", self.url, tag, exc)
             aside = ""
-        self.client.request("DELETE", f"manifests/{digest}", push=True, ok=(202, 404))
+        self.delete_manifest(digest)
         if blob_digest is not None:
             self.client.request("DELETE", f"blobs/{blob_digest}", push=True, ok=(202, 404))
         self._forget_row(kind, key_digest)
@@ -450,53 +357,18 @@ class OCIRegistry:
         and the side files' artifacts; the bytes go at the registry's own garbage collection."""
         got = self.read_manifest(tag_for(kind, key_digest))
         if got is not None:
-            self.client.request("DELETE", f"manifests/{got[1]}", push=True, ok=(202, 404))
+            self.delete_manifest(got[1])
         self._forget_row(kind, key_digest)
         if blob_digest is None:
             return
         self.client.request("DELETE", f"blobs/{blob_digest}", push=True, ok=(202, 404))
-        beside = side_tag(blob_digest, "x")[:-1]  # prebake-side.<hex>.
-        for tag in [t for t in self.tags() if t.startswith(beside)]:
-            if (side := self.read_manifest(tag)) is not None:
-                self.client.request("DELETE", f"manifests/{side[1]}", push=True, ok=(202, 404))
+        self._remove_beside(blob_digest)
 
-    # -- the summary ----------------------------------------------------------------------------
+    # -- the summary's rows ----------------------------------------------------------------------------
 
-    def _read_rows(self, kind: str, digests: Sequence[str]) -> Iterator[Read]:
-        def read(digest: str) -> Read:
-            got = self._entry(tag_for(kind, digest))
-            if got is None:
-                return Read(digest, "", None)
-            return Read(digest, tag_for(kind, digest), Listed.of(got[1]))
-
-        with ThreadPoolExecutor(self.settings.concurrency, thread_name_prefix="prebake-oci-ls") as pool:
-            yield from pool.map(read, digests)
-
-    def _load_summary(self, kind: str) -> ListingSummary | None:
-        tag, where = summary_tag(kind), f"{self.url}:{summary_tag(kind)}"
-        try:
-            raw = self.read_file(tag, SUMMARY_LAYER_TYPE)
-            return None if raw is None else ListingSummary.parse(raw, where)
-        except (BundleError, RegistryError) as exc:
-            log.warning(
-                "listing summary %s is unreadable (%s); reading every entry instead, and rewriting it", where, exc
-            )
-            return None
-
-    def _store_summary(self, summary: ListingSummary) -> None:
-        data = summary.to_bytes()
-        if len(data) > MAX_MANIFEST_BYTES:
-            return
-        try:
-            self.write_file(summary_tag(summary.kind), data, SUMMARY_TYPE, SUMMARY_LAYER_TYPE)
-        except RegistryError as exc:
-            log.warning(
-                "cannot write the listing summary %s:%s (%s): listings stay correct but read every new entry "
-                "until someone with push access lists this registry",
-                self.url,
-                summary_tag(summary.kind),
-                exc,
-            )
+    def _read_row(self, kind: str, digest: str) -> Read:
+        got = self._entry(tag_for(kind, digest))
+        return Read(digest, "", None) if got is None else Read(digest, tag_for(kind, digest), Listed.of(got[1]))
 
     def _forget_row(self, kind: str, key_digest: str) -> None:
         cached = self._load_summary(kind)
@@ -504,18 +376,6 @@ class OCIRegistry:
             return
         rows = tuple(r for r in cached.rows if r.row.key_digest != key_digest)
         self._store_summary(ListingSummary(kind=kind, rows=rows))
-
-
-def _bounded(r: httpx.Response, limit: int, where: str) -> bytes:
-    if int(r.headers.get("Content-Length") or 0) > limit:
-        raise BundleError(f"{where} is over {limit} bytes; no prebake entry is: refusing it")
-    chunks, total, deadline = [], 0, time.monotonic() + _READ_S
-    for chunk in r.iter_bytes(_MiB):
-        chunks.append(chunk)
-        total += len(chunk)
-        if total > limit or time.monotonic() > deadline:
-            raise BundleError(f"{where} sent over {limit} bytes or for over {_READ_S:g} s: refusing it")
-    return b"".join(chunks)
 
 
 def _next_link(header: str, base: str) -> str | None:

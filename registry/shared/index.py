@@ -1,17 +1,13 @@
 """The registry over an object store, written once: every object-store backend is this plus a store.
 
-    <root>/index/<kind>/<key-digest>.json         created once (create-only put), never replaced
-    <root>/blobs/sha256/<aa>/<digest>.tar.zst     written before the entry that names it
-    <root>/side/sha256/<aa>/<hex>/<name>          files beside a blob (its provenance), created once
-    <root>/meta/<name>                            files about the registry (its revocation list)
-    <root>/summary/<kind>.json                    the listing summary (prebake.artifacts.ports.listing),
-                                                  in a second store where the registry names one
-    <root>/quarantine/...                         what `prebake verify --quarantine` moved aside
+    index/<kind>/<key-digest>.json    created once (create-only put), never replaced
+    blobs/sha256/<aa>/<digest>.tar.zst   written before the entry that names it
+    side/, meta/, summary/            the shared parts' (registry/shared/parts.py)
+    quarantine/...                    what `prebake verify --quarantine` moved aside
 
-Publishing writes the blob, then creates the index entry only if absent, so two bakers racing on
-one key cannot clobber each other: the loser reads the winner's entry and settles. A store that
-writes in batches (Batching) gets both in one put_many, the entry's creation still conditional. Blobs are
-downloaded in parallel ranged reads, hashed in order as they land, refused past the manifest's size.
+May touch only its ObjectStores. Publishing writes the blob, then creates the entry only if absent,
+so the loser of a race reads the winner's entry and settles; a Batching store writes both in one
+put_many. Blobs come down in parallel ranged reads, hashed in order, refused past the manifest's size.
 """
 
 from __future__ import annotations
@@ -20,8 +16,7 @@ import logging
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from prebake.artifacts import fsutil
@@ -30,22 +25,18 @@ from prebake.artifacts.errors import BundleError, PrebakeError
 from prebake.artifacts.layout import (
     blob_relpath,
     index_relpath,
-    meta_relpath,
     parse_index_relpath,
-    side_folder_relpath,
-    side_relpath,
-    summary_relpath,
 )
 from prebake.artifacts.ports.errors import (
     BlobDigestMismatch,
     RegistryError,
-    RegistryReadOnly,
 )
-from prebake.artifacts.ports.listing import Listed, ListingSummary, Read, summarised_listing
+from prebake.artifacts.ports.listing import Listed, Read, summarised_listing
 from prebake.artifacts.ports.objects import Batching, Movable, ObjectStore
-from prebake.artifacts.ports.registry import MAX_SIDE_FILE_BYTES, Published
+from prebake.artifacts.ports.registry import Published
+from prebake.registry.shared.parts import SharedParts, published_already, publishing, vanished
 from prebake.registry.shared.ranged import OrderedSink, one_part, part_ranges, run_parts
-from prebake.registry.shared.transfer import SizedSink, check_publishable, read_ahead, settle
+from prebake.registry.shared.transfer import SizedSink, corrupt, missing, read_ahead, settle
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +44,7 @@ QUARANTINE = "quarantine"
 PART_BYTES = 8 << 20  # a blob downloads in ranges of this size, `readers` at a time
 
 
-class StoreRegistry:
+class StoreRegistry(SharedParts):
     """Registry, Maintainable, Listable and SideFiles over one ObjectStore."""
 
     def __init__(
@@ -67,7 +58,7 @@ class StoreRegistry:
         """`summaries`: where the listing summaries live, when not in `store` (the Hub keeps them on
         this machine: a write there is a commit)."""
         self.store, self.url, self.readers, self.part_bytes = store, store.url, readers, part_bytes
-        self.summaries = store if summaries is None else summaries
+        self.files, self.summaries = store, store if summaries is None else summaries
 
     @property
     def writable(self) -> bool:
@@ -90,9 +81,7 @@ class StoreRegistry:
         where = self._where(key)
         stored = self.store.head(key)
         if stored is None:
-            raise RegistryError(
-                f"blob {digest} is named by an index entry but missing at {where}; run `prebake verify`"
-            )
+            raise missing(digest, where, self.url)
         sized = SizedSink(size, digest, where, self.url, tee)
         sized.announce(stored.size)  # a blob larger than its manifest says is refused before a byte moves
         stop = threading.Event()
@@ -118,23 +107,16 @@ class StoreRegistry:
             run_parts(ranges, fetch, workers=self.readers, name="prebake-get", stop=stop)
             sized.finish()
             if sink.digest() != digest:
-                raise BlobDigestMismatch(
-                    f"blob {where} hashes to {sink.digest()}, not {digest}: it is corrupt; "
-                    f"run `prebake verify --quarantine --registry {self.url}` and rebake"
-                )
+                raise corrupt(where, sink.digest(), digest, self.url)
         return dest
 
     def publish(self, manifest: Manifest, blob: Path) -> Published:
-        blob = Path(blob)
-        check_publishable(manifest, blob)
-        if not self.writable:
-            raise RegistryReadOnly(f"{self.url} can be read but not written here; publish to a registry you can write")
-        key = index_relpath(manifest.kind, manifest.key_digest)
-        existing = self.lookup(manifest.kind, manifest.key_digest)
-        if existing is not None:
-            return settle(existing, manifest, self._where(key))
+        blob, key = Path(blob), index_relpath(manifest.kind, manifest.key_digest)
+        read_only = f"{self.url} can be read but not written here; publish to a registry you can write"
+        if (settled := published_already(self, manifest, blob, self._where(key), read_only)) is not None:
+            return settled
         blob_key = blob_relpath(manifest.blob.digest)
-        try:
+        with publishing(self.url):
             if isinstance(self.store, Batching):
                 created = self.store.put_many([(blob_key, blob), (key, manifest.to_bytes())], unless=key)
             else:
@@ -142,16 +124,11 @@ class StoreRegistry:
                 if stored is None or stored.size != manifest.blob.size:  # content-addressed: same name, same bytes
                     self.store.put(blob_key, blob)
                 created = self.store.put(key, manifest.to_bytes(), create_only=True)
-            if created:
-                return Published(manifest, created=True, where=self._where(key))
-        except RegistryError as exc:
-            raise type(exc)(f"cannot publish into {self.url}: {exc}") from exc
+        if created:
+            return Published(manifest, created=True, where=self._where(key))
         theirs = self.lookup(manifest.kind, manifest.key_digest)
         if theirs is None:
-            raise RegistryError(
-                f"{self._where(key)} was reported present and then could not be read; something deletes "
-                f"index entries behind prebake's back: check the store's lifecycle rules"
-            )
+            raise vanished(self._where(key), "index entries", "the store's lifecycle rules")
         return settle(theirs, manifest, self._where(key))
 
     def list(self, kind: str | None = None) -> Iterator[Manifest]:
@@ -171,53 +148,12 @@ class StoreRegistry:
         )
         yield from summarised_listing(self, entries)
 
-    def _read_rows(self, kind: str, digests: Sequence[str]) -> Iterator[Read]:
-        def read(digest: str) -> Read:
-            key = index_relpath(kind, digest)
-            got = self.store.get(key, MAX_MANIFEST_BYTES)
-            if got is None:  # deleted since the listing
-                return Read(digest, "", None)
-            return Read(digest, got[1], Listed.of(Manifest.parse(got[0], self._where(key))))
-
-        with ThreadPoolExecutor(self.readers, thread_name_prefix="prebake-ls") as pool:
-            yield from pool.map(read, digests)
-
-    def _load_summary(self, kind: str) -> ListingSummary | None:
-        key = summary_relpath(kind)
-        try:
-            got = self.summaries.get(key, MAX_MANIFEST_BYTES)
-            return None if got is None else ListingSummary.parse(got[0], self._summary_where(key))
-        except BundleError as exc:  # too large, or not a summary
-            log.warning("%s; reading every entry instead, and rewriting it", exc)
-            return None
-
-    def _store_summary(self, summary: ListingSummary) -> None:
-        key = summary_relpath(summary.kind)
-        try:
-            self.summaries.put(key, summary.to_bytes())
-        except RegistryError as exc:
-            log.warning(
-                "cannot write the listing summary %s (%s): listings stay correct but read every new entry "
-                "until someone with write access lists this registry",
-                self._summary_where(key),
-                exc,
-            )
-
-    # -- SideFiles ---------------------------------------------------------------------------
-
-    def put_side(self, blob_digest: str, name: str, data: bytes) -> bool:
-        return self.store.put(side_relpath(blob_digest, name), data, create_only=True)
-
-    def get_side(self, blob_digest: str, name: str) -> bytes | None:
-        got = self.store.get(side_relpath(blob_digest, name), MAX_SIDE_FILE_BYTES)
-        return None if got is None else got[0]
-
-    def put_meta(self, name: str, data: bytes) -> None:
-        self.store.put(meta_relpath(name), data)
-
-    def get_meta(self, name: str) -> bytes | None:
-        got = self.store.get(meta_relpath(name), MAX_SIDE_FILE_BYTES)
-        return None if got is None else got[0]
+    def _read_row(self, kind: str, digest: str) -> Read:
+        key = index_relpath(kind, digest)
+        got = self.store.get(key, MAX_MANIFEST_BYTES)
+        if got is None:  # deleted since the listing
+            return Read(digest, "", None)
+        return Read(digest, got[1], Listed.of(Manifest.parse(got[0], self._where(key))))
 
     # -- Maintainable ------------------------------------------------------------------------
 
@@ -250,8 +186,7 @@ class StoreRegistry:
         self.store.delete(index_relpath(kind, key_digest))  # first: readers miss from then on
         if blob_digest is not None:
             self.store.delete(blob_relpath(blob_digest))
-            for stored in list(self.store.list(side_folder_relpath(blob_digest) + "/")):
-                self.store.delete(stored.key)
+            self._remove_beside(blob_digest)
 
     def _move_aside(self, key: str) -> str | None:
         dest = f"{QUARANTINE}/{key}"
@@ -278,9 +213,6 @@ class StoreRegistry:
 
     def _where(self, key: str) -> str:
         return f"{self.url}/{key}"
-
-    def _summary_where(self, key: str) -> str:
-        return self._where(key) if self.summaries is self.store else f"{self.summaries.url}/{key}"
 
 
 __all__ = ["QUARANTINE", "StoreRegistry"]

@@ -6,8 +6,6 @@ A miss is `None`, never an exception; faults raise the port's errors (prebake.ar
 
 from __future__ import annotations
 
-import datetime as dt
-import email.utils
 import hashlib
 import os
 import stat
@@ -26,23 +24,22 @@ from prebake.artifacts.ports.listing import Listed
 from prebake.artifacts.ports.registry import Listable, Maintainable, Published, Registry
 
 T = TypeVar("T")
-MAX_RETRY_AFTER_S = 60.0  # a Retry-After above this is waited for this long, then asked again
 
 
-def retry_after_s(value: str) -> float:
-    """The seconds a 429 or 503 asks the client to wait (Retry-After: seconds or an HTTP date), at most
-    MAX_RETRY_AFTER_S; 0 when it asks nothing. The caller's time box still ends a fetch that waits too long."""
-    value = value.strip()
-    if not value:
-        return 0.0
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            seconds = (email.utils.parsedate_to_datetime(value) - dt.datetime.now(dt.UTC)).total_seconds()
-        except (TypeError, ValueError):
-            return 0.0
-    return max(0.0, min(seconds, MAX_RETRY_AFTER_S))
+def missing(digest: str, where: str, registry_url: str) -> RegistryError:
+    """A blob an index entry names that the registry does not have."""
+    return RegistryError(
+        f"blob {digest} is named by an index entry but missing at {where}; "
+        f"run `prebake verify` (`--quarantine --registry {registry_url}` moves the entry aside)"
+    )
+
+
+def corrupt(where: str, got: str, digest: str, registry_url: str) -> BlobDigestMismatch:
+    """A blob whose bytes hash to `got`, not the `digest` that names it."""
+    return BlobDigestMismatch(
+        f"blob {where} hashes to {got}, not {digest}: it is corrupt; "
+        f"run `prebake verify --quarantine --registry {registry_url}` and rebake"
+    )
 
 
 def env_settings(prefix: str, fields: Mapping[str, Callable[[str], object]], env: Mapping[str, str]) -> dict[str, Any]:
@@ -111,10 +108,7 @@ def copy_verified(
                 fout.write(chunk)
             sink.finish()
             if "sha256:" + h.hexdigest() != digest:
-                raise BlobDigestMismatch(
-                    f"blob {where} hashes to sha256:{h.hexdigest()}, not {digest}: it is corrupt; "
-                    f"run `prebake verify --quarantine --registry {registry_url}` and rebake"
-                )
+                raise corrupt(where, "sha256:" + h.hexdigest(), digest, registry_url)
     return dest
 
 
@@ -178,7 +172,9 @@ __all__ = [
     "Registry",
     "SizedSink",
     "copy_verified",
+    "corrupt",
     "listed",
+    "missing",
     "settle",
 ]
 

@@ -95,7 +95,7 @@ def test_a_manifest_over_the_registrys_limit_is_refused_by_the_registry_and_by_p
     """distribution refuses manifests over 4 MiB on push; prebake refuses to read one (a registry that
     does not) past the same bound, without reading on."""
     from prebake.artifacts.ports.errors import RegistryError
-    from prebake.registry.oci.registry import _bounded
+    from prebake.registry.shared.http import Bound, read_bounded
 
     b = in_force.bundle(tmp_path)
     document = json.loads(build(b.manifest, "sha256:" + "0" * 64).manifest)
@@ -110,4 +110,4 @@ def test_a_manifest_over_the_registrys_limit_is_refused_by_the_registry_and_by_p
             raise AssertionError("read on past the announced size")
 
     with pytest.raises(BundleError, match="over"):
-        _bounded(_Huge(), 4 << 20, "a hostile registry")  # type: ignore[arg-type]
+        read_bounded(_Huge(), Bound(4 << 20, "a hostile registry"))
