@@ -26,7 +26,7 @@ from prebake.artifacts.recipe.kinds import (
     compile_factors,
     target_groups,
 )
-from prebake.artifacts.recipe.schema import PRECOMPILE, Recipe
+from prebake.artifacts.recipe.schema import PRECOMPILE
 from prebake.artifacts.store.local import Installed
 from prebake.engine.bundled.cache_layout import (
     AUTOTUNE_ENV,
@@ -37,13 +37,14 @@ from prebake.engine.bundled.cache_layout import (
     engine_environment,
     private_graphs_tree,
 )
+from prebake.engine.common import starter
 from prebake.engine.common.adapter import (
+    EngineSpec,
     Fetched,
     OpenServices,
     Services,
     StartRequest,
     plan_to_start,
-    recipe_settings,
 )
 from prebake.engine.common.exports import prebake_environment
 
@@ -111,36 +112,32 @@ GRAPHS = Kind(
 )
 
 
-OPTIONS = {"eager": "--eager"}  # the start options this engine takes (StartRequest.options), by their flag
+SPEC = EngineSpec(
+    name="prebake",
+    kinds=(AUTOTUNE, GRAPHS),
+    fallback_kind="graphs",  # compiled in its serving process on a miss
+    default_variant=PRECOMPILE,
+    packages=(),  # torch and its stack are every kind's factors already (prebake.engine.common.probe.Software)
+    settings=None,  # it reads [compile] and [autotune]; it has no [engine] table
+    options={"eager": "--eager"},
+)
 
 
 class BundledAdapter:
-    """prebake's own engine (`prebake serve`): compiles in its serving process."""
+    """prebake's own engine (`prebake serve`): compiles and serves in its own process."""
 
-    name = "prebake"
-    packages = ()  # torch and its stack are every kind's factors already (prebake.engine.common.probe.Software)
-    default_variant = PRECOMPILE
-    fallback_kind = "graphs"
-
-    def settings(self, recipe: Recipe) -> None:
-        """The bundled engine reads [compile] and [autotune]; it has no [engine] table."""
-        recipe_settings(recipe, self.name, None)
-
-    def kinds(self) -> tuple[Kind, ...]:
-        return (AUTOTUNE, GRAPHS)
+    spec = SPEC
 
     def serve_environment(self, plan: TargetKeys, installed: Mapping[str, Installed], run_dir: Path) -> dict[str, str]:
         return engine_environment(private_graphs_tree(installed.get("graphs"), run_dir))
 
     def fetch(self, request: StartRequest, services: Services) -> Fetched:
         """The bundled engine (and plain torch.compile users): every installed kind's variables."""
-        from prebake.engine.common.mounted import resolve_with_mounts
-
-        request.engine_options(OPTIONS)
+        SPEC.options_of(request)
         plan = plan_to_start(request, services)
-        resolution = resolve_with_mounts(plan, request, services)
+        resolution = starter.resolve(plan, request, services).resolution
         if not resolution.complete:
-            note = f"no complete bundle set for {plan.target.name} in {services.address}"
+            note = f"no complete bundle set for {plan.target.name} in {services.source.address}"
             return Fetched(
                 plan.target.name, {}, resolution.installed, tuple(resolution.misses), (*resolution.notes, note)
             )
@@ -148,7 +145,8 @@ class BundledAdapter:
         return Fetched(plan.target.name, env, resolution.installed, notes=resolution.notes)
 
     def serve(self, request: StartRequest, open_services: OpenServices) -> int:
-        """`prebake serve`: this engine serves in this process (prebake.engine.bundled.serve)."""
+        """`prebake serve`: listen, then the shared starter with this engine's in-process runner
+        (prebake.engine.bundled.serve and .start)."""
         import logging
 
         require("serve", "prebake serve")
@@ -156,7 +154,7 @@ class BundledAdapter:
         from prebake.engine.bundled.serve import ServeSettings, api_key_from, serve
         from prebake.engine.bundled.start import StartupSettings
 
-        options = request.engine_options(OPTIONS)
+        options = SPEC.options_of(request)
         startup = StartupSettings(
             model=request.model,
             precision=request.precision,

@@ -36,15 +36,15 @@ from prebake.artifacts.recipe.kinds import (
     compile_factors,
     target_groups,
 )
-from prebake.artifacts.recipe.schema import Recipe, Target, parse_platform
+from prebake.artifacts.recipe.schema import Target, parse_platform
 from prebake.artifacts.store.local import Installed
 from prebake.engine.common.adapter import (
+    EngineSpec,
     EngineStartError,
     Fetched,
     OpenServices,
     Services,
     StartRequest,
-    recipe_settings,
 )
 from prebake.engine.common.probe import Package
 from prebake.engine.vllm import gaudi
@@ -103,20 +103,24 @@ class VllmAdapter:
     """vLLM (`prebake serve --engine vllm`, or any vLLM pointed at `prebake fetch --engine vllm`); on
     Gaudi targets (vllm-gaudi) vLLM's cache root plus the HPU recipe cache and the bucket variables."""
 
-    name = "vllm"
-    packages = PACKAGES
-    default_variant = VARIANT
-    fallback_kind = "graphs"
-
-    def settings(self, recipe: Recipe) -> None:
-        """vLLM takes its settings from the recipe's serving limits; it has no [engine] table."""
-        recipe_settings(recipe, self.name, None)
+    def __init__(self) -> None:
+        autotune = Kind("autotune", ("buckets",), _autotune_groups, (AUTOTUNE_FILE,), _record_autotune)
+        graphs = Kind("graphs", ("buckets", "autotune"), _graphs_groups, (REPORT_FILE, CACHE_DIR), self.build_graphs)
+        self.spec = EngineSpec(
+            name="vllm",
+            kinds=(autotune, graphs),
+            fallback_kind="graphs",  # vLLM compiles into its cache root as it starts
+            default_variant=VARIANT,
+            packages=PACKAGES,
+            settings=None,  # vLLM takes its settings from the recipe's serving limits: no [engine] table
+            options=OPTIONS,
+        )
 
     def fetch(self, request: StartRequest, services: Services) -> Fetched:
         """Install, lay out a writable cache root, and give vLLM's variables and command line."""
         from prebake.engine.vllm.start import fetch_environment
 
-        request.engine_options(OPTIONS)
+        self.spec.options_of(request)
         prepared = fetch_environment(request, services)
         return Fetched(
             prepared.plan.target.name,
@@ -129,18 +133,13 @@ class VllmAdapter:
         )
 
     def serve(self, request: StartRequest, open_services: OpenServices) -> int:
-        """vLLM runs as its own process (exec'd, or watched when it writes back)."""
+        """vLLM runs as its own process (exec'd, or watched when it writes back): the shared starter."""
         import sys
 
         from prebake.engine.vllm.start import serve
 
-        request.engine_options(OPTIONS)
-        return serve(request, open_services(), emit=lambda line: print(line, file=sys.stderr, flush=True))
-
-    def kinds(self) -> tuple[Kind, ...]:
-        autotune = Kind("autotune", ("buckets",), _autotune_groups, (AUTOTUNE_FILE,), _record_autotune)
-        graphs = Kind("graphs", ("buckets", "autotune"), _graphs_groups, (REPORT_FILE, CACHE_DIR), self.build_graphs)
-        return (autotune, graphs)
+        self.spec.options_of(request)
+        return serve(request, open_services, emit=lambda line: print(line, file=sys.stderr, flush=True))
 
     # -- the environment: where vLLM's caches go, at bake and at serve ----------------------------
 

@@ -1,14 +1,9 @@
-"""`prebake serve --engine vllm` and `prebake fetch --engine vllm`: vLLM started from baked graphs.
-
-    probe host -> keys -> fetch + verify + install (buckets, autotune, graphs)
-      -> a private cache root: a writable copy of the installed vllm-cache/ (empty on a miss,
-         and vLLM compiles into it), on Gaudi also of hpu-recipes/
-      -> vLLM with VLLM_CACHE_ROOT there (+ on Gaudi the bucket and recipe-cache variables)
-      -> with --write-back and a graphs miss: once vLLM is ready, pack and publish its cache root
-         (to the registry's quarantine namespace unless PREBAKE_WRITE_BACK=index: registry.writeback)
-
-Without --write-back prebake execs vLLM: vLLM gets the signals and the exit code is its own.
-A registry fault is a miss (vLLM compiles), unless --on-miss fail.
+"""`prebake serve|fetch --engine vllm`: vLLM started from baked graphs by the shared starter
+(prebake.engine.common.starter), which resolves, refuses misses and execs or watches it; this
+module gives what differs: the private cache root (a writable copy of the installed vllm-cache/,
+empty on a miss; on Gaudi also hpu-recipes/), vLLM's command line and variables (the recipe's
+flags, the pins that keep a baked cache root valid here, what drifted since the bake), when it
+serves, and what it compiled (captured from its cache root for write-back).
 """
 
 from __future__ import annotations
@@ -27,7 +22,7 @@ from prebake.artifacts.fetch.outcome import Miss
 from prebake.artifacts.recipe.kinds import Builder, BuildRequest, TargetKeys
 from prebake.artifacts.store.local import Installed
 from prebake.engine.common import starter
-from prebake.engine.common.adapter import Services, StartRequest
+from prebake.engine.common.adapter import OpenServices, Services, StartRequest
 from prebake.engine.vllm import gaudi
 from prebake.engine.vllm import portability as vllm_portability
 from prebake.engine.vllm.process import (
@@ -130,13 +125,19 @@ class _Options:
         )
 
 
+def _cache_root(request: StartRequest) -> Path | None:
+    """--cache-root, absolute (vLLM's working folder differs), or None: the starter's run folder."""
+    given = _Options.of(request).cache_root
+    return Path(os.path.abspath(given.expanduser())) if given else None
+
+
 def prepare(request: StartRequest, context: Services) -> Prepared:
     """Resolve the recipe's bundles on this host and lay out a private cache root for one vLLM
     (the shared starter), then vLLM's command line from them."""
-    options = _Options.of(request)
-    given = Path(os.path.abspath(options.cache_root.expanduser())) if options.cache_root else None  # vLLM's cwd differs
+    from prebake.engine.vllm.adapter import VllmAdapter
+
     # the trees are held for the command's life (Context.holds): until vLLM is exec'd or has exited
-    shared = starter.prepare(request, context, run_dir=given)
+    shared = starter.prepare(VllmAdapter(), request, context, run_dir=_cache_root(request))
     return Prepared(shared, launch(shared, request, context.store.home))
 
 
@@ -167,7 +168,9 @@ def launch(shared: starter.Prepared, request: StartRequest, home: Path) -> start
         *_listen_flags(request, options),
         *options.engine_args,
     )
-    return starter.Launch(argv, added, location.cwd, notes, unset=REDIRECTS)
+    where = "the baked graphs" if "graphs" in shared.installed else "an empty cache (vLLM compiles)"
+    banner = f"starting vLLM for {plan.target.name} from {where}: VLLM_CACHE_ROOT={cache_root / CACHE_DIR}"
+    return starter.Launch(argv, added, location.cwd, notes, unset=REDIRECTS, banner=banner)
 
 
 def _portable(graphs: Installed | None, cache_root: Path, variables: dict[str, str]) -> vllm_portability.Portability:
@@ -210,21 +213,19 @@ def _notes(
     return tuple(notes)
 
 
-def serve(request: StartRequest, context: Services, emit: Emit) -> int:
-    """Fetch, install, and run vLLM; returns vLLM's exit code (or 2/3/4 on a miss under --on-miss fail)."""
-    prepared = prepare(request, context)
-    where = "the baked graphs" if "graphs" in prepared.installed else "an empty cache (vLLM compiles)"
-    emit(
-        f"prebake: starting vLLM for {prepared.plan.target.name} from {where}: VLLM_CACHE_ROOT={prepared.cache_root / CACHE_DIR}"
-    )
-    return starter.serve(_Process(), prepared.shared, prepared.launch, request, context, emit)
+def serve(request: StartRequest, open_services: OpenServices, emit: Emit) -> int:
+    """Fetch, install, and run vLLM (the shared starter); vLLM's exit code (or 2/3/4 on a miss under
+    --on-miss fail)."""
+    from prebake.engine.vllm.adapter import VllmAdapter
+
+    return starter.serve(starter.Process(VllmAdapter(), _Process(), emit, _cache_root(request)), request, open_services)
 
 
 class _Process:
-    """What the shared starter asks of vLLM when it watches it for a write-back."""
+    """What the shared starter asks of vLLM as its own process (prebake.engine.common.starter.EngineProcess)."""
 
-    name = "vllm"
-    fallback_kind = "graphs"
+    def launch(self, prepared: starter.Prepared, request: StartRequest, services: Services) -> starter.Launch:
+        return launch(prepared, request, services.store.home)
 
     def ready(self, proc: subprocess.Popen, log: Path, started: float, launch: starter.Launch) -> float:
         host = _flag_value(launch.argv, "--host", "127.0.0.1")
@@ -254,7 +255,7 @@ class _Process:
 
 def write_back(prepared: Prepared, context: Services, ready_s: float, *, timeout: float = 600.0) -> list[str]:
     """Publish every kind that missed, within `timeout` seconds in all (the shared starter's write-back)."""
-    return starter.write_back(_Process(), prepared.shared, prepared.launch, context, ready_s, timeout=timeout)
+    return starter.write_back(_Process(), "graphs", prepared.shared, prepared.launch, context, ready_s, timeout=timeout)
 
 
 def fetch_environment(request: StartRequest, context: Services) -> Prepared:
