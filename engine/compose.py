@@ -3,6 +3,7 @@ signer and the host probe, for every command, dodo.py and every engine.
 
     Context.open(registry=None), for_baking   a command's parts, from the environment
     open_address(store, registry)             just the registry of an address (ls, verify, copy)
+    open_store(), gc_trust, verify_trust      a store alone; the policy of gc; the policy of verify
     trust_for(store, address, ...)            the one assembly of the trust policy in force
     context.source, publishing, holds         what an engine's start reads, writes back and holds
     context.plans, pick_plan, resolve, bake   the recipe's targets, the fetch pipeline, one bake
@@ -22,11 +23,11 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from prebake.artifacts.bake.bake_kind import Baked, ModelSign, bake_kind
-from prebake.artifacts.bake.provenance import Attest
+from prebake.artifacts.bake.provenance import SIDE_NAME, Attest
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.fetch.outcome import Resolution
 from prebake.artifacts.fetch.pipeline import record_resolution, resolve
-from prebake.artifacts.ports.registry import Registry, TrustCheck
+from prebake.artifacts.ports.registry import Registry, SideFiles, TrustCheck
 from prebake.artifacts.recipe.kinds import HostFacts, TargetKeys, buildable_targets, target_keys
 from prebake.artifacts.recipe.schema import Recipe
 from prebake.artifacts.store.local import Store
@@ -36,7 +37,7 @@ from prebake.engine.common.builder import attester, host_versions
 from prebake.engine.common.probe import Host, current_host
 from prebake.registry import open_registry
 from prebake.registry.review.writeback import quarantine_address, write_back_target
-from prebake.registry.trust.policy import trust_in_force
+from prebake.registry.trust.policy import POLICY_ENV, trust_in_force
 from prebake.registry.trust.signing import SIGNING_KEY_ENV, KeySigner, signer_from_env
 
 
@@ -207,6 +208,32 @@ def trust_for(
         store_home=store.home,
         open_registry=open_registry,
         attestation=attestation,
+    )
+
+
+def open_store() -> Store:
+    """The store of a command that needs the store alone ($PREBAKE_HOME and its limits: stats, store ls)."""
+    return Store()
+
+
+def gc_trust(store: Store) -> TrustCheck | None:
+    """The policy in force when gc judges `store`'s bundles: the store's own copies of attestations
+    and revocation list first, the registry opened only when the policy reads it."""
+    address = store.registry_address()
+    return trust_for(store, address, warn=False, open_registry=functools.cache(lambda: open_registry(address)))
+
+
+def verify_trust(policy: str | None, address: str, registry: Registry) -> TrustCheck | None:
+    """The trust check `prebake verify` applies to every entry of `registry` (at `address`): the
+    policy file `policy` (else $PREBAKE_POLICY) reading each bundle's attestation from that registry;
+    else the keys of PREBAKE_TRUSTED_KEYS; else none."""
+    env = {**os.environ, POLICY_ENV: policy} if policy else dict(os.environ)
+
+    def attestation(manifest: Manifest) -> bytes | None:  # from the registry being verified, not a store's copy
+        return registry.get_side(manifest.blob.digest, SIDE_NAME) if isinstance(registry, SideFiles) else None
+
+    return trust_for(
+        Store(), address, host=current_host(), env=env, open_registry=lambda: registry, attestation=attestation
     )
 
 

@@ -275,22 +275,27 @@ def run_folder(services: Services, engine: str, given: Path | None = None) -> Pa
     return given or services.store.home / "engines" / engine / stamp
 
 
-def _prepared(adapter: EngineAdapter, plan: TargetKeys, resolution: Resolution, run_dir: Path) -> Prepared:
-    variables = adapter.serve_environment(plan, resolution.installed, run_dir)
+ServeEnvironment = Callable[[TargetKeys, Mapping[str, Installed], Path], dict[str, str]]  # EngineAdapter's
+
+
+def _prepared(environment: ServeEnvironment, plan: TargetKeys, resolution: Resolution, run_dir: Path) -> Prepared:
+    variables = environment(plan, resolution.installed, run_dir)
     return Prepared(plan, resolution.installed, tuple(resolution.misses), tuple(resolution.notes), run_dir, variables)
 
 
-def prepare(adapter: EngineAdapter, request: StartRequest, services: Services, run_dir: Path | None = None) -> Prepared:
+def prepare(
+    environment: ServeEnvironment, request: StartRequest, services: Services, run_dir: Path | None = None
+) -> Prepared:
     """The target, its bundles (held for the command's life: `services.holds`) and a run folder
-    laid out by the adapter (`run_folder`), without starting anything (fetch)."""
+    (`run_folder`) laid out by the engine's serve_environment, without starting anything (fetch)."""
     plan = plan_to_start(request, services)
     resolved = resolve(plan, request, services)
-    return _prepared(adapter, plan, resolved.resolution, run_folder(services, request.engine, run_dir))
+    return _prepared(environment, plan, resolved.resolution, run_folder(services, request.engine, run_dir))
 
 
 def fetch(adapter: EngineAdapter, engine: EngineProcess, request: StartRequest, services: Services) -> Fetched:
     """`prebake fetch --engine NAME`: the variables and the command line that start the engine."""
-    prepared = prepare(adapter, request, services)
+    prepared = prepare(adapter.serve_environment, request, services)
     return fetched(prepared, engine.launch(prepared, request, services))
 
 
@@ -325,7 +330,7 @@ class Process:
         return Begun(plan.kinds.names, run_folder(services, self.adapter.spec.name, self.run_dir), services.holds)
 
     def run(self, started: Started) -> int:
-        prepared = _prepared(self.adapter, started.plan, started.resolved.resolution, started.run_dir)
+        prepared = _prepared(self.adapter.serve_environment, started.plan, started.resolved.resolution, started.run_dir)
         launch = self.engine.launch(prepared, started.request, started.services)
         for line in launch.notes:
             started.log.note(line)

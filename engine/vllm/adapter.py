@@ -26,7 +26,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 from prebake.artifacts.errors import BuildError
-from prebake.artifacts.fsutil import copy_writable
 from prebake.artifacts.recipe.kinds import (
     BuildRequest,
     Groups,
@@ -61,7 +60,6 @@ from prebake.engine.vllm.process import (
     free_port,
     model_location,
     recorded_variables,
-    serving_variables,
     start,
     stop,
     vllm_command,
@@ -139,7 +137,7 @@ class VllmAdapter:
         from prebake.engine.vllm.start import serve
 
         self.spec.options_of(request)
-        return serve(request, open_services, emit=lambda line: print(line, file=sys.stderr, flush=True))
+        return serve(self, request, open_services, emit=lambda line: print(line, file=sys.stderr, flush=True))
 
     # -- the environment: where vLLM's caches go, at bake and at serve ----------------------------
 
@@ -156,20 +154,9 @@ class VllmAdapter:
     def serve_environment(self, plan: TargetKeys, installed: Mapping[str, Installed], run_dir: Path) -> dict[str, str]:
         """Variables that start vLLM from a private writable copy of the baked cache root under
         `run_dir` (empty on a miss: vLLM compiles into it); on Gaudi, of the HPU recipe cache too."""
-        graphs = installed.get("graphs")
-        variables = serving_variables(plan.recipe, plan.target, self._private(graphs, CACHE_DIR, run_dir))
-        if _on_gaudi(plan.target):
-            recipes = self._private(graphs, gaudi.RECIPES_DIR, run_dir)
-            buckets = installed["buckets"].tree if "buckets" in installed else None
-            variables |= gaudi.serving_variables(plan.recipe, recipes, buckets)
-        return variables
+        from prebake.engine.vllm.start import serve_environment
 
-    @staticmethod
-    def _private(graphs: Installed | None, name: str, run_dir: Path) -> Path:
-        if graphs is not None and (graphs.tree / name).is_dir():
-            return copy_writable(graphs.tree / name, run_dir / name)
-        (run_dir / name).mkdir(parents=True, exist_ok=True)
-        return run_dir / name
+        return serve_environment(plan, installed, run_dir)
 
     # -- the bake: start vLLM once, keep what it compiled -----------------------------------------
 

@@ -12,17 +12,19 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
 from prebake.artifacts.errors import RecipeError
 from prebake.artifacts.fetch.outcome import Miss
+from prebake.artifacts.fsutil import copy_writable
 from prebake.artifacts.recipe.kinds import Builder, BuildRequest, TargetKeys
+from prebake.artifacts.recipe.schema import parse_platform
 from prebake.artifacts.store.local import Installed
 from prebake.engine.common import starter
-from prebake.engine.common.adapter import OpenServices, Services, StartRequest
+from prebake.engine.common.adapter import EngineAdapter, OpenServices, Services, StartRequest
 from prebake.engine.vllm import gaudi
 from prebake.engine.vllm import portability as vllm_portability
 from prebake.engine.vllm.process import (
@@ -37,6 +39,7 @@ from prebake.engine.vllm.process import (
     per_start_variables,
     read_report,
     recorded_variables,
+    serving_variables,
     variable_drift,
     vllm_command,
     wait_ready,
@@ -134,10 +137,8 @@ def _cache_root(request: StartRequest) -> Path | None:
 def prepare(request: StartRequest, context: Services) -> Prepared:
     """Resolve the recipe's bundles on this host and lay out a private cache root for one vLLM
     (the shared starter), then vLLM's command line from them."""
-    from prebake.engine.vllm.adapter import VllmAdapter
-
     # the trees are held for the command's life (Context.holds): until vLLM is exec'd or has exited
-    shared = starter.prepare(VllmAdapter(), request, context, run_dir=_cache_root(request))
+    shared = starter.prepare(serve_environment, request, context, run_dir=_cache_root(request))
     return Prepared(shared, launch(shared, request, context.store.home))
 
 
@@ -213,12 +214,29 @@ def _notes(
     return tuple(notes)
 
 
-def serve(request: StartRequest, open_services: OpenServices, emit: Emit) -> int:
+def serve(adapter: EngineAdapter, request: StartRequest, open_services: OpenServices, emit: Emit) -> int:
     """Fetch, install, and run vLLM (the shared starter); vLLM's exit code (or 2/3/4 on a miss under
     --on-miss fail)."""
-    from prebake.engine.vllm.adapter import VllmAdapter
+    return starter.serve(starter.Process(adapter, _Process(), emit, _cache_root(request)), request, open_services)
 
-    return starter.serve(starter.Process(VllmAdapter(), _Process(), emit, _cache_root(request)), request, open_services)
+
+def serve_environment(plan: TargetKeys, installed: Mapping[str, Installed], run_dir: Path) -> dict[str, str]:
+    """Variables that start vLLM from a private writable copy of the baked cache root under
+    `run_dir` (empty on a miss: vLLM compiles into it); on Gaudi, of the HPU recipe cache too."""
+    graphs = installed.get("graphs")
+    variables = serving_variables(plan.recipe, plan.target, _private(graphs, CACHE_DIR, run_dir))
+    if parse_platform(plan.target.platform)[0] == "gaudi":
+        recipes = _private(graphs, gaudi.RECIPES_DIR, run_dir)
+        buckets = installed["buckets"].tree if "buckets" in installed else None
+        variables |= gaudi.serving_variables(plan.recipe, recipes, buckets)
+    return variables
+
+
+def _private(graphs: Installed | None, name: str, run_dir: Path) -> Path:
+    if graphs is not None and (graphs.tree / name).is_dir():
+        return copy_writable(graphs.tree / name, run_dir / name)
+    (run_dir / name).mkdir(parents=True, exist_ok=True)
+    return run_dir / name
 
 
 class _Process:
