@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import cast
 
 from prebake.artifacts.errors import BuildError
 from prebake.artifacts.extras import require
@@ -119,7 +120,7 @@ SPEC = EngineSpec(
     default_variant=PRECOMPILE,
     packages=(),  # torch and its stack are every kind's factors already (prebake.engine.common.probe.Software)
     settings=None,  # it reads [compile] and [autotune]; it has no [engine] table
-    options={"eager": "--eager"},
+    options={"eager": "--eager", "api_key": "--api-key"},
 )
 
 
@@ -159,7 +160,6 @@ class BundledAdapter:
             model=request.model,
             precision=request.precision,
             tp=request.tp,
-            registry=request.registry,
             registry_timeout=request.registry_timeout,
             fetch_timeout=request.fetch_timeout,
             on_miss=request.on_miss,
@@ -171,6 +171,6 @@ class BundledAdapter:
             startup=startup,
             host=request.host or "127.0.0.1",
             port=8000 if request.port is None else request.port,
-            api_key=api_key_from(request.api_key),
+            api_key=api_key_from(cast(str | None, options.get("api_key"))),
         )
         return serve(settings, open_services, emit=logging.getLogger("prebake.serve").info)

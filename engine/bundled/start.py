@@ -57,7 +57,6 @@ class StartupSettings(BaseModel):
     model: str
     precision: str | None = None
     tp: int | None = Field(default=None, gt=0)
-    registry: str | None = None
     registry_timeout: float = Field(default=5.0, gt=0, description="seconds the registry lookup may take")
     fetch_timeout: float = Field(default=600.0, gt=0, description="seconds downloads (and write-back) may take")
     on_miss: Literal["compile", "fail"] = "compile"
@@ -71,7 +70,6 @@ class StartupSettings(BaseModel):
             model=self.model,
             precision=self.precision,
             tp=self.tp,
-            registry=self.registry,
             registry_timeout=self.registry_timeout,
             fetch_timeout=self.fetch_timeout,
             on_miss=self.on_miss,

@@ -47,14 +47,12 @@ class StartRequest:
     model: str
     precision: str | None = None
     tp: int | None = None
-    registry: str | None = None
     registry_timeout: float = 30.0  # seconds the lookup may take (serve: 5); then the engine starts without bundles
     fetch_timeout: float = 600.0  # seconds downloads (and write-back) may take
     on_miss: Literal["compile", "fail"] = "compile"
     write_back: bool = False
     host: str | None = None
     port: int | None = None
-    api_key: str | None = None
     mounted: tuple[str, ...] = ()  # KIND=PATH: bundle trees already mounted read-only (engine/common/mounted.py)
     engine: str = "prebake"  # --engine: the engine asked for; the recipe's must be the same (`plan_to_start`)
     options: Mapping[str, object] = field(default_factory=dict)  # engine-only options, given ones only
@@ -76,6 +74,7 @@ OPTION_FLAGS = {
     "cache_root": "--cache-root",
     "engine_args": "flags after --",
     "force_aot_load": "--force-aot-load",
+    "api_key": "--api-key",
 }
 
 
