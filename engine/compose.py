@@ -2,9 +2,8 @@
 signer and the host probe, for every command, dodo.py and every engine.
 
     Context.open(registry=None), for_baking   a command's parts, from the environment
-    open_address(store, registry)             just the registry of an address (ls, verify, copy)
-    open_store(), gc_trust, verify_trust      a store alone; the policy of gc; the policy of verify
-    trust_for(store, address, ...)            the one assembly of the trust policy in force
+    open_address, open_store                  a registry alone; a store alone (stats, store ls)
+    trust_for, gc_trust, verify_trust         the one assembly of the trust policy in force
     context.source, publishing, holds         what an engine's start reads, writes back and holds
     context.plans, pick_plan, resolve, bake   the recipe's targets, the fetch pipeline, one bake
 

@@ -149,9 +149,8 @@ def start(
 # of short system calls (registry reads, the unpack's writes and fsyncs, the graphs tree's copy,
 # the weights' allocations): each call gives the GIL up and then waits up to the switch interval
 # (5 ms by default) to get it back from the import thread. A 0.5 ms interval for the start-up
-# alone lets those steps run between the imports' slices (measured 2026-12-01, bf16, 4 interleaved
-# pairs of prebaked starts at load 8: ready 16.2 s against 20.7 s on the means); it is put back
-# once the engine is warm, so serving runs under Python's default.
+# alone lets those steps run between the imports' slices (measured: docs/graphs-variants.md); it is
+# put back once the engine is warm, so serving runs under Python's default.
 _START_SWITCH_INTERVAL_S = 0.0005
 
 

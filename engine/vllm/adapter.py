@@ -1,20 +1,11 @@
-"""The vLLM adapters: vLLM's own compile cache as the graphs artifact, on any platform and on Gaudi.
+"""The vLLM adapter: vLLM's own compile cache as the graphs artifact, on any platform and on Gaudi.
 
-    autotune tree:  autotune.json    a record that vLLM tunes while it starts; what it tuned
-                                     (Inductor's choices, FlashInfer's autotune cache on CUDA)
-                                     travels inside the graphs tree's cache root
-    graphs tree:    vllm-cache/      a VLLM_CACHE_ROOT that vLLM filled while it started
-                    hpu-recipes/     Gaudi only: the HPU graph recipes (prebake.engine.vllm.gaudi)
-                    vllm.json        how it was baked: flags, variables, start-up seconds, and
-                                     what the engine's log says it compiled or loaded
-
-Baking starts vLLM's OpenAI server in a child process with its cache root in the artifact
-tree and the recipe's serving limits as flags, waits until /health answers (vLLM compiles and
-warms up before it does), stops it, and keeps the folder. The graphs key adds vLLM's engine
-settings (`vllm_settings`) and the versions of the packages declared here (software.vllm,
-software.vllm_gaudi). On Gaudi targets the graphs also carry the HPU recipe cache and the bucket
-variables (prebake.engine.vllm.gaudi). The process tooling lives in prebake.engine.vllm.process;
-this module says what the artifacts are and which variables they need.
+Its EngineSpec declares the kinds (autotune: a record that vLLM tunes while it starts, what it
+tuned travelling in the graphs tree; graphs: the VLLM_CACHE_ROOT vLLM filled, drawn in
+prebake.engine.vllm.process), its packages (software.vllm, software.vllm_gaudi) and its start
+options. Baking starts vLLM's OpenAI server in a child with its cache root in the artifact tree,
+waits until /health answers, stops it and keeps the folder; the graphs key adds vLLM's engine
+settings (`vllm_settings`). How it starts is prebake.engine.vllm.start's.
 """
 
 from __future__ import annotations

@@ -1,18 +1,14 @@
 """The bundled engine's HTTP API on FastAPI: probes, metrics, models, tokenizer routes, completions.
 
-    GET  /health                 200 once ready; 503 with the start-up step before (also HEAD)
-    GET  /health/live            200 while the process serves HTTP and its scheduler runs (also HEAD)
-    GET  /v1/health/ready        NIM's spelling of /health; /v1/health/live NIM's of /health/live
-    GET  /metrics                Prometheus text (prebake.engine.bundled.runtime.metrics)
-    GET  /version                prebake's version
+    GET  /health, /health/live   200 once ready (503 with the start-up step before); 200 while it serves
+    GET  /v1/health/ready, live  NIM's spellings of the two probes
+    GET  /metrics, /version      Prometheus text (runtime.metrics); prebake's version
     GET  /v1/models              the one model served
-    POST /v1/completions         OpenAI completions, streamed with stream=true
-    POST /v1/chat/completions    OpenAI chat completions through the model's chat template
+    POST /v1/completions, /v1/chat/completions   OpenAI completions (chat through the chat template)
     POST /tokenize, /detokenize  text or chat messages to token ids and back
 
-Bodies are prebake.engine.bundled.api.schema models; errors are prebake.engine.bundled.api.errors' shape;
-prebake.engine.bundled.api.guard checks the API key and bounds the body before any route runs.
-Until the engine is ready, every route but the probes and /metrics answers 503.
+Bodies are api.schema models, errors api.errors' shape; api.guard checks the API key and bounds
+the body before any route runs. Until ready, every route but the probes and /metrics answers 503.
 """
 
 from __future__ import annotations

@@ -5,12 +5,9 @@
                                             then Finished(index, reason, tokens) per choice
       .cancel()                             the client went away: every row ends at its next token
 
-The scheduler's thread feeds each choice's TextStream (decoding, stop strings) through the
-sink it was submitted with and posts what it got to this request's asyncio queue; the route
-either streams the events or collects them. Both paths see the same tokens, so a streamed
-answer is the non-streamed one cut in pieces, and batching is the scheduler's business alone.
-Choice i of a prompt with a seed samples with seed + i, so n > 1 gives n different answers
-that repeat exactly with the same seed.
+The scheduler's thread posts each choice's decoded text to this request's asyncio queue; the
+route streams or collects the same events, so a streamed answer is the non-streamed one in
+pieces. Choice i of a prompt with a seed samples with seed + i (n different, repeatable answers).
 """
 
 from __future__ import annotations

@@ -1,25 +1,14 @@
 """What every request passes before a route sees it: the API key, then a bounded body.
 
-    API key     with a key set, every route but the probes (/health, /health/live and NIM's /v1/health/*) needs
-                `Authorization: Bearer <key>`; compared in constant time (hmac.compare_digest)
-    body        at most `max_body_bytes` (413 past it, by Content-Length or by counting),
-                read within `body_timeout_s` (408 for a client that dribbles), and UTF-8 (400);
-                read as JSON when it comes unlabelled or labelled a form (`curl -d` does that)
-    all bodies  the bodies of every request in flight take at most `max_bodies_bytes` together
-                (503 with Retry-After past it): a request reserves its Content-Length (or what
-                it has sent so far) before it is read and gives it back when it is answered
+    API key     with a key set, every route but the probes needs `Authorization: Bearer <key>`
+                (compared in constant time)
+    body        at most `max_body_bytes` (413), read within `body_timeout_s` (408), UTF-8 (400),
+                read as JSON when unlabelled or labelled a form (`curl -d`)
+    all bodies  every body in flight within `max_bodies_bytes` together (503 with Retry-After)
 
-The body is read here in full and replayed to the route, so a slow or oversized upload never
-ties up anything but its own connection. Later receive() calls (the disconnect a streaming
-response listens for) go to the client's connection as before.
-
-A refusal sent before the body was read (413, 503) would reach a client that sends its whole
-body before it reads (most do, without `Expect: 100-continue`) as a connection reset: the
-server closing a socket with unread bytes makes the kernel send RST, which discards the
-answer. So, as nginx's lingering close does, the rest of the body is read and dropped (up to
-`drain_bytes` and `drain_s`, never kept) before the refusal goes out with `Connection: close`.
-When the last large body in flight is given back, the C heap is trimmed (glibc's
-malloc_trim), so a burst of uploads does not leave the server at its peak size.
+The body is read in full and replayed to the route. A refusal before the body was read drains the
+rest (bounded, as nginx's lingering close) so the client gets the answer, not a reset; when the
+last large body is given back the C heap is trimmed (malloc_trim).
 """
 
 from __future__ import annotations
