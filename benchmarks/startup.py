@@ -386,7 +386,9 @@ def _recipe_variant(toml: str) -> str:
     from prebake.engine.adapters import adapter_named
 
     data = tomllib.loads(toml)
-    return data.get("compile", {}).get("variant", adapter_named(data["model"].get("engine", "prebake")).default_variant)
+    return data.get("compile", {}).get(
+        "variant", adapter_named(data["model"].get("engine", "prebake")).spec.default_variant
+    )
 
 
 def _with_variant(toml: str, variant: str) -> str:

@@ -1,14 +1,9 @@
 """The registry of engine adapters: each engine is one folder under engine/ and one `register` line here.
 
-    prebake.engine.common.adapter   the EngineAdapter interface (and EngineStartError, Services)
-    prebake.engine.bundled          prebake's own engine: autotune tactics, Dynamo precompile or an Inductor cache
-    prebake.engine.vllm             vLLM (on any platform, Gaudi included): vLLM's compile cache as graphs
-
 `adapter_for` is the one place that maps a recipe's engine to an adapter, and so the one check of
-a recipe's engine against the registered ones (with the adapter's check of the recipe's [engine]
-settings); `kinds_for` gives a target's whole kind table: the shared buckets kind, then what the
-adapter compiles. `register` also makes the host probe read the packages the adapter declares.
-Nothing here writes os.environ: environments go to child processes.
+a recipe's engine against the registered ones (with its [engine] settings, by the adapter's
+EngineSpec); `kinds_for` gives a target's whole kind table: the shared buckets kind, then what the
+engine compiles. `register` also makes the host probe read the packages the engine declares.
 """
 
 from __future__ import annotations
@@ -25,11 +20,12 @@ ADAPTERS: dict[str, EngineAdapter] = {}  # by the name a recipe's [model] engine
 
 
 def register(adapter: EngineAdapter) -> EngineAdapter:
-    """Serve recipes whose engine is `adapter.name` with `adapter`: a new engine's one line."""
-    if adapter.name in ADAPTERS and ADAPTERS[adapter.name] is not adapter:
-        raise RecipeError(f"engine {adapter.name!r} is registered twice ({ADAPTERS[adapter.name]!r}, {adapter!r})")
-    declare_packages(adapter.packages)
-    ADAPTERS[adapter.name] = adapter
+    """Serve recipes whose engine is `adapter.spec.name` with `adapter`: a new engine's one line."""
+    name = adapter.spec.name
+    if name in ADAPTERS and ADAPTERS[name] is not adapter:
+        raise RecipeError(f"engine {name!r} is registered twice ({ADAPTERS[name]!r}, {adapter!r})")
+    declare_packages(adapter.spec.packages)
+    ADAPTERS[name] = adapter
     return adapter
 
 
@@ -39,7 +35,7 @@ register(VllmAdapter())
 
 def kind_names() -> tuple[str, ...]:
     """Every artifact kind some engine bakes, in build order (what `ls --kind` / `store rm --kind` accept)."""
-    return tuple(dict.fromkeys([BUCKETS.name, *(k.name for adapter in ADAPTERS.values() for k in adapter.kinds())]))
+    return tuple(dict.fromkeys([BUCKETS.name, *(k.name for adapter in ADAPTERS.values() for k in adapter.spec.kinds)]))
 
 
 def adapter_for(recipe: Recipe, target: Target | None = None) -> EngineAdapter:
@@ -51,7 +47,7 @@ def adapter_for(recipe: Recipe, target: Target | None = None) -> EngineAdapter:
             f"recipe {recipe.model.name} names engine {recipe.model.engine!r}; prebake serves {sorted(ADAPTERS)}: "
             f"write one of those in [model] engine, or register the engine's adapter (prebake.engine.adapters)"
         ) from None
-    adapter.settings(recipe)
+    adapter.spec.read_settings(recipe)
     return adapter
 
 
@@ -65,7 +61,7 @@ def adapter_named(engine: str) -> EngineAdapter:
 
 def kinds_for(recipe: Recipe, target: Target) -> KindTable:
     """The target's kinds in build order: buckets, then the kinds its engine compiles."""
-    return KindTable([BUCKETS, *adapter_for(recipe, target).kinds()])
+    return KindTable([BUCKETS, *adapter_for(recipe, target).spec.kinds])
 
 
 __all__ = [

@@ -1,27 +1,14 @@
 """The composition root: the one place that opens the store, the registry, the trust policy, the
-signer and the host probe, for the CLI, dodo.py and both serve paths.
+signer and the host probe, for every command, dodo.py and every engine.
 
-    Context.open(registry=None)      everything a command needs, from the environment
-    Context.for_baking(registry)     the same, for a command that writes (a missing folder is created)
-    open_address(store, registry)    just the registry of an address (ls, verify)
-    trust_for(store, address, ...)   the one assembly of the trust policy in force (serve, fetch,
-                                     bake, verify, gc)
-    context.quarantine()             the registry's quarantine namespace (promote)
-    context.publishing               where and how an engine writes back (quarantine by default)
-    context.plans(recipe, ...)       the recipe's targets this host builds, each with its kind table
-    context.pick_plan(recipe, ...)   the one target to serve
-    context.registry                 the registry, opened on first use
-    context.resolve(plan, ...)       the fetch pipeline (lookup -> verify -> install)
-    context.bake(plan, kind)         the doit action: build, publish and install one kind
+    Context.open(registry=None), for_baking   a command's parts, from the environment
+    open_address, open_store                  a registry alone; a store alone (stats, store ls)
+    trust_for, gc_trust, verify_trust         the one assembly of the trust policy in force
+    context.source, publishing, holds         what an engine's start reads, writes back and holds
+    context.plans, pick_plan, resolve, bake   the recipe's targets, the fetch pipeline, one bake
 
-Every engine, the fleet executors and the commands take these as parameters, or open them
-here (promote and revoke included: `Context.open(trusting=False)`); nothing else reads the
-PREBAKE_* settings of the store, the registry address, trust or signing (a command that only
-reads the store, such as `prebake stats`, opens `Store()` alone).
-Other settings are read where they apply, each through a function that takes the environment as
-a parameter: the key salt (PREBAKE_KEY_SALT, prebake.artifacts.keys.policy_factors, read by
-every target_keys call), the recipe folders (PREBAKE_RECIPES), whether stats are kept
-(PREBAKE_STATS); engine/common/environment.py lists every variable and who reads it.
+Nothing else reads the PREBAKE_* settings of the registry, trust or signing; other settings are
+read where they apply (engine/common/environment.py lists every variable and who reads it).
 """
 
 from __future__ import annotations
@@ -35,21 +22,21 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from prebake.artifacts.bake.bake_kind import Baked, ModelSign, bake_kind
-from prebake.artifacts.bake.provenance import Attest
+from prebake.artifacts.bake.provenance import SIDE_NAME, Attest
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.fetch.outcome import Resolution
 from prebake.artifacts.fetch.pipeline import record_resolution, resolve
-from prebake.artifacts.ports.registry import Registry, TrustCheck
+from prebake.artifacts.ports.registry import Registry, SideFiles, TrustCheck
 from prebake.artifacts.recipe.kinds import HostFacts, TargetKeys, buildable_targets, target_keys
 from prebake.artifacts.recipe.schema import Recipe
 from prebake.artifacts.store.local import Store
-from prebake.engine.adapters import adapter_for, kinds_for
-from prebake.engine.common.adapter import EngineAdapter, Publishing
+from prebake.engine.adapters import kinds_for
+from prebake.engine.common.adapter import Publishing, Source
 from prebake.engine.common.builder import attester, host_versions
 from prebake.engine.common.probe import Host, current_host
 from prebake.registry import open_registry
 from prebake.registry.review.writeback import quarantine_address, write_back_target
-from prebake.registry.trust.policy import trust_in_force
+from prebake.registry.trust.policy import POLICY_ENV, trust_in_force
 from prebake.registry.trust.signing import SIGNING_KEY_ENV, KeySigner, signer_from_env
 
 
@@ -125,6 +112,11 @@ class Context:
         return address, open_registry(address)
 
     @cached_property
+    def source(self) -> Source:
+        """Where an engine's start looks its bundles up: this address, its registry, its trust policy."""
+        return Source(self.address, lambda: self.registry, self.trust)
+
+    @cached_property
     def registry(self) -> Registry:
         """The registry, opened on first use (UnknownRegistryError for an address prebake does not know,
         RegistryNotFound for a folder that is not there when this command only reads)."""
@@ -137,9 +129,6 @@ class Context:
     def pick_plan(self, recipe: Recipe, *, dtype: str | None = None, tp: int | None = None) -> TargetKeys:
         """The one target to serve: the requested dtype and TP (TP defaults to the smallest baked)."""
         return min(self.plans(recipe, dtype=dtype, tp=tp), key=lambda p: (p.target.tp, p.target.dtype))
-
-    def adapter(self, plan: TargetKeys) -> EngineAdapter:
-        return adapter_for(plan.recipe, plan.target)
 
     def resolve(
         self,
@@ -218,6 +207,32 @@ def trust_for(
         store_home=store.home,
         open_registry=open_registry,
         attestation=attestation,
+    )
+
+
+def open_store() -> Store:
+    """The store of a command that needs the store alone ($PREBAKE_HOME and its limits: stats, store ls)."""
+    return Store()
+
+
+def gc_trust(store: Store) -> TrustCheck | None:
+    """The policy in force when gc judges `store`'s bundles: the store's own copies of attestations
+    and revocation list first, the registry opened only when the policy reads it."""
+    address = store.registry_address()
+    return trust_for(store, address, warn=False, open_registry=functools.cache(lambda: open_registry(address)))
+
+
+def verify_trust(policy: str | None, address: str, registry: Registry) -> TrustCheck | None:
+    """The trust check `prebake verify` applies to every entry of `registry` (at `address`): the
+    policy file `policy` (else $PREBAKE_POLICY) reading each bundle's attestation from that registry;
+    else the keys of PREBAKE_TRUSTED_KEYS; else none."""
+    env = {**os.environ, POLICY_ENV: policy} if policy else dict(os.environ)
+
+    def attestation(manifest: Manifest) -> bytes | None:  # from the registry being verified, not a store's copy
+        return registry.get_side(manifest.blob.digest, SIDE_NAME) if isinstance(registry, SideFiles) else None
+
+    return trust_for(
+        Store(), address, host=current_host(), env=env, open_registry=lambda: registry, attestation=attestation
     )
 
 

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import cast
 
 from prebake.artifacts.errors import BuildError
 from prebake.artifacts.extras import require
@@ -26,7 +27,7 @@ from prebake.artifacts.recipe.kinds import (
     compile_factors,
     target_groups,
 )
-from prebake.artifacts.recipe.schema import PRECOMPILE, Recipe
+from prebake.artifacts.recipe.schema import PRECOMPILE
 from prebake.artifacts.store.local import Installed
 from prebake.engine.bundled.cache_layout import (
     AUTOTUNE_ENV,
@@ -37,13 +38,14 @@ from prebake.engine.bundled.cache_layout import (
     engine_environment,
     private_graphs_tree,
 )
+from prebake.engine.common import starter
 from prebake.engine.common.adapter import (
+    EngineSpec,
     Fetched,
     OpenServices,
     Services,
     StartRequest,
     plan_to_start,
-    recipe_settings,
 )
 from prebake.engine.common.exports import prebake_environment
 
@@ -111,36 +113,32 @@ GRAPHS = Kind(
 )
 
 
-OPTIONS = {"eager": "--eager"}  # the start options this engine takes (StartRequest.options), by their flag
+SPEC = EngineSpec(
+    name="prebake",
+    kinds=(AUTOTUNE, GRAPHS),
+    fallback_kind="graphs",  # compiled in its serving process on a miss
+    default_variant=PRECOMPILE,
+    packages=(),  # torch and its stack are every kind's factors already (prebake.engine.common.probe.Software)
+    settings=None,  # it reads [compile] and [autotune]; it has no [engine] table
+    options={"eager": "--eager", "api_key": "--api-key"},
+)
 
 
 class BundledAdapter:
-    """prebake's own engine (`prebake serve`): compiles in its serving process."""
+    """prebake's own engine (`prebake serve`): compiles and serves in its own process."""
 
-    name = "prebake"
-    packages = ()  # torch and its stack are every kind's factors already (prebake.engine.common.probe.Software)
-    default_variant = PRECOMPILE
-    fallback_kind = "graphs"
-
-    def settings(self, recipe: Recipe) -> None:
-        """The bundled engine reads [compile] and [autotune]; it has no [engine] table."""
-        recipe_settings(recipe, self.name, None)
-
-    def kinds(self) -> tuple[Kind, ...]:
-        return (AUTOTUNE, GRAPHS)
+    spec = SPEC
 
     def serve_environment(self, plan: TargetKeys, installed: Mapping[str, Installed], run_dir: Path) -> dict[str, str]:
         return engine_environment(private_graphs_tree(installed.get("graphs"), run_dir))
 
     def fetch(self, request: StartRequest, services: Services) -> Fetched:
         """The bundled engine (and plain torch.compile users): every installed kind's variables."""
-        from prebake.engine.common.mounted import resolve_with_mounts
-
-        request.engine_options(OPTIONS)
+        SPEC.options_of(request)
         plan = plan_to_start(request, services)
-        resolution = resolve_with_mounts(plan, request, services)
+        resolution = starter.resolve(plan, request, services).resolution
         if not resolution.complete:
-            note = f"no complete bundle set for {plan.target.name} in {services.address}"
+            note = f"no complete bundle set for {plan.target.name} in {services.source.address}"
             return Fetched(
                 plan.target.name, {}, resolution.installed, tuple(resolution.misses), (*resolution.notes, note)
             )
@@ -148,7 +146,8 @@ class BundledAdapter:
         return Fetched(plan.target.name, env, resolution.installed, notes=resolution.notes)
 
     def serve(self, request: StartRequest, open_services: OpenServices) -> int:
-        """`prebake serve`: this engine serves in this process (prebake.engine.bundled.serve)."""
+        """`prebake serve`: listen, then the shared starter with this engine's in-process runner
+        (prebake.engine.bundled.serve and .start)."""
         import logging
 
         require("serve", "prebake serve")
@@ -156,12 +155,11 @@ class BundledAdapter:
         from prebake.engine.bundled.serve import ServeSettings, api_key_from, serve
         from prebake.engine.bundled.start import StartupSettings
 
-        options = request.engine_options(OPTIONS)
+        options = SPEC.options_of(request)
         startup = StartupSettings(
             model=request.model,
             precision=request.precision,
             tp=request.tp,
-            registry=request.registry,
             registry_timeout=request.registry_timeout,
             fetch_timeout=request.fetch_timeout,
             on_miss=request.on_miss,
@@ -173,6 +171,6 @@ class BundledAdapter:
             startup=startup,
             host=request.host or "127.0.0.1",
             port=8000 if request.port is None else request.port,
-            api_key=api_key_from(request.api_key),
+            api_key=api_key_from(cast(str | None, options.get("api_key"))),
         )
         return serve(settings, open_services, emit=logging.getLogger("prebake.serve").info)

@@ -32,8 +32,9 @@ from prebake.engine.bundled.api.guard import GuardSettings
 from prebake.engine.bundled.api.state import AppState, Serving
 from prebake.engine.bundled.runtime.metrics import Metrics
 from prebake.engine.bundled.runtime.tokenizer import TokenizerError, tokenizer_for
-from prebake.engine.bundled.start import Engine, MissRefused, StartupSettings, start
+from prebake.engine.bundled.start import Engine, StartupSettings, start
 from prebake.engine.common.adapter import OpenServices
+from prebake.engine.common.starter import MissRefused
 
 API_KEY_VARIABLE = "PREBAKE_API_KEY"
 

@@ -1,27 +1,12 @@
-"""The engine's start-up: from a recipe name to warm compiled steps, one logged step at a time.
+"""The bundled engine's start: the shared starter (prebake.engine.common.starter: probe, keys,
+lookup, verify, fetch, the miss policy) with a runner that builds, warms up and serves in this process:
+build (kinds that missed, by the bake's builders), torch (imported on a thread since keys), install
+(the graphs tree read in place, or a private writable copy), load (weights and KV cache, beside
+Inductor's init), warm-up (every step shape from the bundle, variant by variant: `_load_steps`) or
+compile (in place, on a graphs miss), write-back (engine/common/write_back.py's policy).
 
-    probe       this host's platform and software                    prebake.engine.common.probe
-    keys        the recipe's target here and its artifact keys        prebake.artifacts.recipe.kinds
-    lookup      each key in the store, else the registry (time box)   registry
-    verify      registry entries carry the wanted key; trust policy   prebake.registry.trust.signing
-    fetch       download, check digests, unpack into the store        prebake.artifacts.store.local
-    build       buckets/autotune that missed, built in place          the kinds' builders
-    torch       `import torch`, begun on a thread at keys time        prebake.engine.bundled.runtime.torch_import
-    install     a private writable copy of the graphs tree; Inductor pointed at it, and its
-                once-per-process init begun on a thread               prebake.engine.bundled.runtime.inductor_init
-    load        weights and the static KV cache (beside Inductor's init) prebake.engine.bundled.runtime.loader
-    warm-up     every step shape once, from the bundle                (graphs hit)
-                by part: inductor-init (what the load did not hide), deserialise, kernels, bind,
-                first-runs (prebake_startup_part_seconds)
-    compile     every step shape compiled in place, as `doit bake`    (graphs miss)
-    write-back  what was built in place packed and published          (--write-back; to the
-                registry's quarantine namespace unless PREBAKE_WRITE_BACK=index: registry.writeback)
-
-Every step logs one line with its duration and sets prebake_startup_step_seconds. A miss,
-a registry fault, a time-out or a failed verification is a Miss with its reason: logged,
-counted, and compiled in place, unless --on-miss fail, which raises MissRefused. The store's
-trees are only read: the engine compiles and loads from its private copy under
-$PREBAKE_HOME/tmp/serve-<pid>-<n>/, removed by Engine.close().
+Every step logs one line with its duration and sets prebake_startup_step_seconds. The store's
+trees are only read; the private run folder under $PREBAKE_HOME/tmp/ goes with Engine.close().
 """
 
 from __future__ import annotations
@@ -41,11 +26,8 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from prebake.artifacts.buckets.artifact import BucketSet
-from prebake.artifacts.bundle.manifest import Manifest
-from prebake.artifacts.errors import ExitCode, PrebakeError, StoreError
-from prebake.artifacts.fetch import outcome, pipeline
-from prebake.artifacts.fetch.outcome import Found, Miss, Resolution
-from prebake.artifacts.fetch.pipeline import record_resolution
+from prebake.artifacts.errors import StoreError
+from prebake.artifacts.fetch.outcome import Resolution
 from prebake.artifacts.recipe.kinds import BUCKETS_FILE, Builder, BuildRequest, TargetKeys
 from prebake.artifacts.recipe.schema import AOTI_PACKAGE, PRECOMPILE, Recipe
 from prebake.artifacts.store.local import Installed, Store
@@ -55,9 +37,8 @@ from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE
 from prebake.engine.bundled.runtime.metrics import Metrics
 from prebake.engine.bundled.runtime.shapes import StepShape, step_shapes
 from prebake.engine.bundled.runtime.torch_import import Imports
-from prebake.engine.common.adapter import OpenServices, Services, StartRequest, plan_to_start
-from prebake.engine.common.advice import miss_advice, miss_exit_code
-from prebake.engine.common.mounted import check_mounted, parse_mounts
+from prebake.engine.common import starter
+from prebake.engine.common.adapter import OpenServices, Services, StartRequest
 from prebake.engine.common.write_back import WrittenBack, write_back
 
 if TYPE_CHECKING:  # torch is imported once the environment is set (install step), not before
@@ -65,6 +46,7 @@ if TYPE_CHECKING:  # torch is imported once the environment is set (install step
 
 Emit = Callable[[str], None]
 _runs = itertools.count()
+_COMPILED = "graphs"  # the kind this engine compiles by itself when it misses (its EngineSpec's fallback_kind)
 
 
 class StartupSettings(BaseModel):
@@ -75,7 +57,6 @@ class StartupSettings(BaseModel):
     model: str
     precision: str | None = None
     tp: int | None = Field(default=None, gt=0)
-    registry: str | None = None
     registry_timeout: float = Field(default=5.0, gt=0, description="seconds the registry lookup may take")
     fetch_timeout: float = Field(default=600.0, gt=0, description="seconds downloads (and write-back) may take")
     on_miss: Literal["compile", "fail"] = "compile"
@@ -83,14 +64,19 @@ class StartupSettings(BaseModel):
     eager: bool = Field(default=False, description="compilation off: the eager floor")
     mounted: tuple[str, ...] = Field(default=(), description="KIND=PATH trees already mounted read-only")
 
-
-class MissRefused(PrebakeError, LookupError):
-    """Bundles missed and the engine was told --on-miss fail; `code` says why (3 nothing matches,
-    4 the registry could not be asked, 2 something was refused)."""
-
-    def __init__(self, message: str, code: int = ExitCode.MISS):
-        super().__init__(message)
-        self.code = code
+    def request(self) -> StartRequest:
+        """The same, as the shared starter reads it."""
+        return StartRequest(
+            model=self.model,
+            precision=self.precision,
+            tp=self.tp,
+            registry_timeout=self.registry_timeout,
+            fetch_timeout=self.fetch_timeout,
+            on_miss=self.on_miss,
+            write_back=self.write_back,
+            mounted=self.mounted,
+            options={"eager": True} if self.eager else {},
+        )
 
 
 @dataclass
@@ -163,9 +149,8 @@ def start(
 # of short system calls (registry reads, the unpack's writes and fsyncs, the graphs tree's copy,
 # the weights' allocations): each call gives the GIL up and then waits up to the switch interval
 # (5 ms by default) to get it back from the import thread. A 0.5 ms interval for the start-up
-# alone lets those steps run between the imports' slices (measured 2026-12-01, bf16, 4 interleaved
-# pairs of prebaked starts at load 8: ready 16.2 s against 20.7 s on the means); it is put back
-# once the engine is warm, so serving runs under Python's default.
+# alone lets those steps run between the imports' slices (measured: docs/graphs-variants.md); it is
+# put back once the engine is warm, so serving runs under Python's default.
 _START_SWITCH_INTERVAL_S = 0.0005
 
 
@@ -187,25 +172,7 @@ def _start_all(
     progress: Callable[[str], None] | None,
 ) -> Engine:
     log = StartupPhaseLog(metrics, emit, progress)
-    with log.step("probe") as s:
-        context = open_services()
-        s.detail = context.host.platform.describe()
-    with log.step("keys") as s:
-        plan = plan_to_start(StartRequest(settings.model, settings.precision, settings.tp), context)
-        compiled = context.adapter(plan).fallback_kind
-        kinds = tuple(k for k in plan.kinds.names if not (settings.eager and k == compiled))
-        s.detail = f"{plan.target.name} " + ", ".join(f"{k} {plan.key(k).digest[:12]}" for k in kinds)
-    run_dir = context.store.scratch(f"serve-{os.getpid()}-{next(_runs)}")
-    torch_import = _begin_imports(settings, plan.recipe, run_dir)  # beside the lookup, the fetch and the weights' load
-    leases = ExitStack()
-    try:
-        engine = _start(settings, context, plan, kinds, run_dir, log, leases, torch_import)
-    except BaseException:
-        leases.close()
-        shutil.rmtree(run_dir, ignore_errors=True)
-        raise
-    engine.leases = leases
-    return engine
+    return starter.start(_InProcess(settings, log), settings.request(), open_services, log)
 
 
 def _begin_imports(settings: StartupSettings, recipe: Recipe, run_dir: Path) -> Imports:
@@ -221,86 +188,57 @@ def _begin_imports(settings: StartupSettings, recipe: Recipe, run_dir: Path) -> 
     return Imports.begin(() if recipe.compile.variant_or(PRECOMPILE) == AOTI_PACKAGE else INDUCTOR_MODULES)
 
 
-def _start(
-    settings: StartupSettings,
-    context: Services,
-    plan: TargetKeys,
-    kinds: tuple[str, ...],
-    run_dir: Path,
-    log: StartupPhaseLog,
-    leases: ExitStack,
-    torch_import: Imports,
-) -> Engine:
-    store, address = context.store, context.address
-    with log.step("lookup") as s:
-        looked = pipeline.lookup(
-            plan,
-            kinds,
-            store=store,
-            open_registry=lambda: context.registry,
-            address=address,
-            trust=context.trust,
-            timeout=settings.registry_timeout,
-            hold=leases,  # a store hit is held from here on: no gc evicts it while the rest downloads
-        )
-        s.detail = _summary(looked.found, address)
-        if looked.store_refused:
-            s.detail += f"; {len(looked.store_refused)} stored bundle(s) refused by the trust policy in force"
-    with log.step("verify") as s:
-        found = pipeline.verify(plan, looked.found, looked.trust)
-        passed = sum(isinstance(v, Manifest) for v in found.values())
-        s.detail = f"{passed} registry bundle(s) carry their keys and pass the trust policy"
-        mounts = parse_mounts(settings.mounted, plan.kinds.names)
-        for kind, tree in mounts.items():  # checked file by file against the verified manifest, used in place
-            value = found[kind]
-            if not isinstance(value, Miss):
-                found[kind] = check_mounted(tree, value.manifest if isinstance(value, Installed) else value)
-                s.detail += f"; {kind} mounted at {tree} matches it"
-    mounted_elsewhere = {k: v for k, v in found.items() if k not in mounts}  # a mounted tree takes no store room
-    pipeline.check_bound(store, mounted_elsewhere, plan.target.name)  # before anything is installed or evicted
-    with log.step("fetch") as s:
-        got = pipeline.install(
-            found, store=store, registry=looked.registry, timeout=settings.fetch_timeout, hold=leases
-        )
-        fetched = [f"{k} {i.manifest.blob.hex[:12]}" for k, i in got.items() if isinstance(i, Installed)]
-        s.detail = ", ".join(fetched) or "nothing to fetch"
-    resolution = outcome.resolution(plan, looked.found, got, looked.store_refused)
-    _count(log.metrics, resolution)
-    record_resolution(store, resolution)
-    for line in resolution.notes:
-        log.note(line)
-    for miss in resolution.misses:
-        log.note(miss.explain())
-    if resolution.misses and settings.on_miss == "fail":
-        raise MissRefused(
-            f"{len(resolution.misses)} of {plan.target.name}'s bundles missed (above) and --on-miss is fail; "
-            f"{miss_advice(resolution.misses, target=plan.target.name, bake=_bake_command(plan), address=address)}; "
-            f"or use --on-miss compile",
-            code=miss_exit_code(resolution.misses),
-        )
-    compiled = context.adapter(plan).fallback_kind
-    trees = {k: i.tree for k, i in resolution.installed.items()}
-    built = [m.key.kind for m in resolution.misses]
-    if missing := [k for k in kinds if k not in trees and k != compiled]:
-        with log.step("build") as s:
-            for kind in missing:
-                started = time.perf_counter()
-                trees[kind] = _build_in_place(plan, kind, trees, run_dir)
-                log.metrics.add("prebake_fallback_compiles_total", kind=kind)
-                record_fallback(store, kind, time.perf_counter() - started)
-            s.detail = f"built {', '.join(missing)} in place with the bake's builders"
-    engine = _warm(settings, context, plan, trees, resolution.installed, run_dir, log, built, torch_import)
-    if settings.write_back and built:
-        with log.step("write-back") as s:
-            if looked.registry is None or not looked.answered:
-                s.detail = f"skipped: registry {address} did not answer at start-up; the next start compiles again"
-            else:
-                s.detail = _write_back(plan, built, trees, resolution.installed, context, settings.fetch_timeout, log)
-    return engine
+@dataclass
+class _InProcess:
+    """The bundled engine's runner (prebake.engine.common.starter.Runner): once the shared starter
+    resolved the bundles, it builds what missed, warms up or compiles, and writes back, in this process."""
 
+    settings: StartupSettings
+    log: StartupPhaseLog
+    leases: ExitStack = field(default_factory=ExitStack)  # the store trees it starts from
+    torch_import: Imports | None = None
 
-def _bake_command(plan: TargetKeys) -> str:
-    return f"doit bake model={plan.target.recipe} precision={plan.target.dtype}"
+    def begin(self, plan: TargetKeys, services: Services) -> starter.Begun:
+        """The kinds to resolve (eager: no graphs), a scratch run folder, torch's imports begun."""
+        kinds = tuple(k for k in plan.kinds.names if not (self.settings.eager and k == _COMPILED))
+        run_dir = services.store.scratch(f"serve-{os.getpid()}-{next(_runs)}")
+        self.torch_import = _begin_imports(self.settings, plan.recipe, run_dir)  # beside the lookup, fetch and load
+
+        def abandon() -> None:
+            self.leases.close()
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+        return starter.Begun(kinds, run_dir, self.leases, abandon)
+
+    def run(self, started: starter.Started) -> Engine:
+        log, plan, store, run_dir = self.log, started.plan, started.services.store, started.run_dir
+        resolution = started.resolved.resolution
+        _count(log.metrics, resolution)
+        trees = {k: i.tree for k, i in resolution.installed.items()}
+        built = [m.key.kind for m in resolution.misses]
+        if missing := [k for k in plan.kinds.names if k not in trees and k != _COMPILED]:
+            with log.step("build") as s:
+                for kind in missing:
+                    began = time.perf_counter()
+                    trees[kind] = _build_in_place(plan, kind, trees, run_dir)
+                    log.metrics.add("prebake_fallback_compiles_total", kind=kind)
+                    record_fallback(store, kind, time.perf_counter() - began)
+                s.detail = f"built {', '.join(missing)} in place with the bake's builders"
+        assert self.torch_import is not None  # begun by `begin`
+        engine = _warm(
+            self.settings, started.services, plan, trees, resolution.installed, run_dir, log, built, self.torch_import
+        )
+        if self.settings.write_back and built:
+            with log.step("write-back") as s:
+                if not started.resolved.answered:
+                    address = started.services.source.address
+                    s.detail = f"skipped: registry {address} did not answer at start-up; the next start compiles again"
+                else:
+                    s.detail = _write_back(
+                        plan, built, trees, resolution.installed, started.services, self.settings.fetch_timeout, log
+                    )
+        engine.leases = self.leases
+        return engine
 
 
 def _count(metrics: Metrics, resolution: Resolution) -> None:
@@ -308,12 +246,6 @@ def _count(metrics: Metrics, resolution: Resolution) -> None:
         metrics.add("prebake_bundle_hits_total", kind=kind, source=source)
     for miss in resolution.misses:
         metrics.add("prebake_bundle_misses_total", kind=miss.key.kind)
-
-
-def _summary(found: dict[str, Found], address: str) -> str:
-    where = {Installed: "in the store", Manifest: "in the registry", Miss: "missed"}
-    parts = [f"{kind} {where[type(value)]}" for kind, value in found.items()]
-    return f"{', '.join(parts)} (registry {address})"
 
 
 def _build_in_place(plan: TargetKeys, kind: str, trees: dict[str, Path], run_dir: Path) -> Path:
@@ -349,7 +281,7 @@ def _warm(
         schedule = {shape: winners.get(shape, Tactic()) for shape in shapes}
 
         def private_tree() -> Path:  # Inductor writes beside what it reads: a writable copy, activated
-            env = context.adapter(plan).serve_environment(plan, installed, run_dir)
+            env = cache_layout.engine_environment(cache_layout.private_graphs_tree(installed.get("graphs"), run_dir))
             cache_layout.activate(env)
             trees["graphs"] = Path(env[cache_layout.GRAPHS_ENV])
             return trees["graphs"]

@@ -121,5 +121,5 @@ def render(report: RayReport) -> str:
 
 def _kind_rank(kind: str) -> tuple[int, str]:
     """Build order of the shipped kinds (buckets, autotune, graphs), then any other kind by name."""
-    order = (BUCKETS.name, *(k.name for k in BundledAdapter().kinds()))
+    order = (BUCKETS.name, *(k.name for k in BundledAdapter.spec.kinds))
     return (order.index(kind), "") if kind in order else (len(order), kind)

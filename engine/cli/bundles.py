@@ -8,7 +8,6 @@ import json
 import sys
 
 from prebake.artifacts.ports.listing import Listed
-from prebake.artifacts.store.local import Store
 from prebake.engine.adapters import kind_names
 from prebake.engine.cli.common import command, json_option, registry_option, size, table
 
@@ -72,10 +71,10 @@ def add(sub) -> None:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    from prebake.engine.compose import open_address
+    from prebake.engine.compose import open_address, open_store
     from prebake.registry.shared.transfer import listed
 
-    registry = open_address(Store(), args.registry)
+    registry = open_address(open_store(), args.registry)
     bundles = list(listed(registry, args.kind))
     if args.json:
         print(
@@ -122,11 +121,11 @@ def cmd_preheat(args: argparse.Namespace) -> int:
     from prebake.artifacts.extras import require
 
     require("oci", "prebake preheat")  # an OCI-only command: its modules import httpx
-    from prebake.engine.compose import open_address
+    from prebake.engine.compose import open_address, open_store
     from prebake.registry.oci import OCIRegistry
     from prebake.registry.oci.preheat import preheat
 
-    mirror = open_address(Store(), args.mirror)
+    mirror = open_address(open_store(), args.mirror)
     if not isinstance(mirror, OCIRegistry):
         print(
             f"prebake: --mirror {args.mirror!r} is not an OCI registry; name it as oci://HOST/NAMESPACE/REPO",
@@ -148,8 +147,7 @@ def cmd_preheat(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from prebake.engine.cli.trust import verify_trust
-    from prebake.engine.compose import open_address
+    from prebake.engine.compose import open_address, open_store, verify_trust
     from prebake.registry.review.verify import verify_registry
 
     if args.store:  # the old spelling of `prebake store verify`: the same check, the same output
@@ -161,7 +159,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         )
         args.fix = False
         return cmd_store_verify(args)
-    store = Store()
+    store = open_store()
     registry = open_address(store, args.registry)
     trust = verify_trust(args.policy, store.registry_address(args.registry), registry)
     report = verify_registry(registry, trust=trust, quarantine=args.quarantine, deep=args.deep)

@@ -124,28 +124,27 @@ def timeout_options(parser: argparse.ArgumentParser, *, registry_timeout: float)
 
 
 def start_request(args: argparse.Namespace) -> StartRequest:
-    """What `fetch` or `serve` asks of the engine, from the command line (fetch has no listener).
-    The engine-only flags travel as options, the given ones only: the engine refuses those it
-    does not take."""
+    """What `fetch` or `serve` asks of the engine, from the command line (fetch has no listener;
+    the registry is the composition root's, opened by `Context.open(args.registry)`). The
+    engine-only flags travel as options, the given ones only: the engine refuses those it does not take."""
     defaults = StartRequest(model=args.model)
     given = {
         "eager": getattr(args, "eager", False),
         "cache_root": args.cache_root,
         "engine_args": tuple(getattr(args, "vllm_args", ())),
         "force_aot_load": getattr(args, "force_aot_load", False),
+        "api_key": getattr(args, "api_key", None),
     }
     return StartRequest(
         model=args.model,
         precision=args.precision,
         tp=args.tp,
-        registry=args.registry,
         registry_timeout=getattr(args, "registry_timeout", defaults.registry_timeout),
         fetch_timeout=getattr(args, "fetch_timeout", defaults.fetch_timeout),
         on_miss=getattr(args, "on_miss", "compile"),
         write_back=getattr(args, "write_back", False),
         host=getattr(args, "host", None),
         port=getattr(args, "port", None),
-        api_key=getattr(args, "api_key", None),
         mounted=tuple(getattr(args, "mounted", ())),
         engine=args.engine,
         options={name: value for name, value in given.items() if value},

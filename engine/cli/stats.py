@@ -6,9 +6,9 @@ import argparse
 import json
 
 from prebake.artifacts.errors import ExitCode
-from prebake.artifacts.store.local import Store
 from prebake.artifacts.store.stats import read_stats
 from prebake.engine.cli.common import command, json_option, writes_with
+from prebake.engine.compose import open_store
 
 
 def add(sub) -> None:
@@ -31,6 +31,6 @@ def stats_options(stats: argparse.ArgumentParser) -> None:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    report = read_stats(Store(), zero=args.zero)
+    report = read_stats(open_store(), zero=args.zero)
     print(json.dumps(report.to_json(), indent=2, sort_keys=True) if args.json else report.render())
     return ExitCode.OK

@@ -11,7 +11,7 @@ import json
 
 from prebake.artifacts.errors import ExitCode
 from prebake.artifacts.store import admin as store_admin
-from prebake.artifacts.store.local import DEFAULT_MAX_BYTES, Store, parse_size
+from prebake.artifacts.store.local import DEFAULT_MAX_BYTES, parse_size
 from prebake.engine.adapters import kind_names
 from prebake.engine.cli.common import (
     Formatter,
@@ -23,6 +23,7 @@ from prebake.engine.cli.common import (
     table,
     writes_with,
 )
+from prebake.engine.compose import gc_trust, open_store
 
 
 def add(sub) -> None:
@@ -120,12 +121,12 @@ def gc_options(gc: argparse.ArgumentParser) -> None:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    store = Store()
+    store = open_store()
     store.registry_address()  # a $PREBAKE_REGISTRY folder inside the store would lose its bundles: refused
     bound = parse_size(args.max_size, "--max-size") if args.max_size else store.limits.max_bytes
     if bound is None:  # a Store made with unbounded limits (tools, tests): the documented default
         bound = DEFAULT_MAX_BYTES
-    report = store.gc(bound, dry_run=args.dry_run, refuse=_trust(store))
+    report = store.gc(bound, dry_run=args.dry_run, refuse=gc_trust(store))
     assert report is not None  # gc waits for a running gc instead of returning None
     if args.json:
         _print_json(
@@ -147,7 +148,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 def cmd_store_ls(args: argparse.Namespace) -> int:
-    store = Store()
+    store = open_store()
     bundles = store_admin.list_bundles(store)
     if args.json:
         total = sum(b.entry.bytes for b in bundles)
@@ -181,7 +182,7 @@ def _ls_row(b: store_admin.StoredBundle) -> tuple[str, ...]:
 
 
 def cmd_store_verify(args: argparse.Namespace) -> int:
-    store = Store()
+    store = open_store()
     if args.fix:
         store.registry_address()  # as gc: never remove a registry's files that sit in the store's folders
     report = store_admin.verify_store(store, fix=args.fix)
@@ -190,21 +191,12 @@ def cmd_store_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_store_rm(args: argparse.Namespace) -> int:
-    store = Store()
+    store = open_store()
     store.registry_address()
     chosen = store_admin.select(store, args.selector, args.kind)
     report = store_admin.remove(store, chosen, dry_run=args.dry_run)
     _show(args, report)
     return ExitCode.FAILED if report.kept else ExitCode.OK
-
-
-def _trust(store: Store):
-    """The policy in force for gc: the store's own copies of attestations and revocation list first."""
-    from prebake.engine.compose import trust_for
-    from prebake.registry import open_registry
-
-    address = store.registry_address()
-    return trust_for(store, address, warn=False, open_registry=lambda: open_registry(address))
 
 
 def _show(args: argparse.Namespace, report) -> None:

@@ -1,28 +1,21 @@
-"""The engine-adapter interface: what an engine needs from prebake, and what it gives back.
+"""The engine seam: what an engine declares, what differs in its start, and what it is given.
 
-An adapter declares, as data, what the core must not know by name:
+    EngineSpec      the declaration, as data: name, kinds, fallback kind, default variant,
+                    packages (software factors), [engine] settings model, engine-only options
+    EngineAdapter   spec + serve_environment, fetch, serve (what differs; the shared starter,
+                    prebake.engine.common.starter, does resolve, mounts, misses and write-back)
+    StartRequest    what `prebake fetch|serve` asked; Services: the composition root's parts
+                    (store, host, source, publishing, holds, pick_plan), never the root itself
 
-    name                 the recipe's [model] engine and `--engine NAME`
-    packages             its software factors: the packages the host probe reads for it, whose
-                         versions join its kinds' keys (software.<factor>) and its provenance
-    default_variant      the graphs variant of its recipes when [compile] names none
-    settings(recipe)     its recipe settings: the recipe's [engine] table, validated
-    kinds()              the artifact kinds it compiles, after the shared buckets kind
-    fallback_kind        the kind the engine produces by itself when it starts on a miss
-    serve_environment()  the variables that start the engine from installed trees
-    fetch(), serve()     `prebake fetch|serve --engine NAME`; the engine-only flags (--eager,
-                         --cache-root, ...) reach it as StartRequest.options, which it checks
-                         against those it takes (`request.engine_options`)
-
-Adapters are registered in prebake.engine.adapters (`register(adapter)`, one line) and looked up
-there; nothing else in the code asks which engine a recipe names. Engines are given a `Services`
-(the store, registry, trust policy, signer and host), never the composition root itself.
+Adapters are registered in prebake.engine.adapters (one line); plan_to_start is the one check that
+`--engine` and the recipe's engine agree. May import artifacts/ and registry/review, no engine.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
@@ -33,7 +26,7 @@ from prebake.artifacts.bake.bake_kind import Signer
 from prebake.artifacts.bake.provenance import Attest
 from prebake.artifacts.errors import PrebakeError, RecipeError
 from prebake.artifacts.fetch.gate import WRITE_BACK_LABEL
-from prebake.artifacts.fetch.outcome import Miss, Resolution
+from prebake.artifacts.fetch.outcome import Miss
 from prebake.artifacts.frozen import Frozen
 from prebake.artifacts.ports.registry import Registry, TrustCheck
 from prebake.artifacts.recipe.kinds import Kind, TargetKeys
@@ -54,14 +47,12 @@ class StartRequest:
     model: str
     precision: str | None = None
     tp: int | None = None
-    registry: str | None = None
     registry_timeout: float = 30.0  # seconds the lookup may take (serve: 5); then the engine starts without bundles
     fetch_timeout: float = 600.0  # seconds downloads (and write-back) may take
     on_miss: Literal["compile", "fail"] = "compile"
     write_back: bool = False
     host: str | None = None
     port: int | None = None
-    api_key: str | None = None
     mounted: tuple[str, ...] = ()  # KIND=PATH: bundle trees already mounted read-only (engine/common/mounted.py)
     engine: str = "prebake"  # --engine: the engine asked for; the recipe's must be the same (`plan_to_start`)
     options: Mapping[str, object] = field(default_factory=dict)  # engine-only options, given ones only
@@ -83,6 +74,7 @@ OPTION_FLAGS = {
     "cache_root": "--cache-root",
     "engine_args": "flags after --",
     "force_aot_load": "--force-aot-load",
+    "api_key": "--api-key",
 }
 
 
@@ -100,31 +92,38 @@ class Fetched:
     cwd: Path | None = None
 
 
+@dataclass(frozen=True)
+class EngineSpec:
+    """What an engine is, as data the core reads (it never asks an engine's name)."""
+
+    name: str  # the recipe's [model] engine and `--engine NAME`
+    kinds: tuple[Kind, ...]  # what it compiles, in build order, after the shared buckets kind
+    fallback_kind: str  # the kind it compiles by itself when it starts on a miss
+    default_variant: str  # [compile] variant when the recipe names none
+    packages: tuple[Package, ...] = ()  # its software factors (joined to its kinds' keys)
+    settings: type[Frozen] | None = None  # its recipe's [engine] table (None: it takes none)
+    options: Mapping[str, str] = field(default_factory=dict)  # engine-only start options, by flag
+
+    def read_settings(self, recipe: Recipe) -> Frozen | None:
+        """The recipe's [engine] settings, validated (RecipeError naming the field and the fix)."""
+        return recipe_settings(recipe, self.name, self.settings)
+
+    def options_of(self, request: StartRequest) -> Mapping[str, object]:
+        """`request`'s engine-only options, all of which this engine takes (else a PrebakeError)."""
+        return request.engine_options(self.options)
+
+
 class EngineAdapter(Protocol):
-    """One serving engine: its compiled artifacts and how it starts from them.
+    """One serving engine: its declaration, and what differs in how it starts.
 
     A new engine is one folder under engine/ with a class of this shape, and one
     `register(adapter)` line in prebake.engine.adapters; the CLI, the fleet planner, the probe
-    and the bake know it from there.
+    and the bake know it from there. Both commands run through the shared starter
+    (prebake.engine.common.starter), which does everything the engines share.
     """
 
-    name: str  # the recipe's [model] engine
-
     @property
-    def packages(self) -> Sequence[Package]:
-        """Its software factors."""
-        ...
-
-    default_variant: str  # [compile] variant when the recipe names none
-    fallback_kind: str
-
-    def settings(self, recipe: Recipe) -> object:
-        """The recipe's [engine] settings, validated (RecipeError naming the field and the fix)."""
-        ...
-
-    def kinds(self) -> tuple[Kind, ...]:
-        """The kinds this engine compiles, in build order, after the shared buckets kind."""
-        ...
+    def spec(self) -> EngineSpec: ...
 
     def serve_environment(self, plan: TargetKeys, installed: Mapping[str, Installed], run_dir: Path) -> dict[str, str]:
         """Variables that start the engine from the installed trees, with private writable copies
@@ -192,39 +191,35 @@ class Publishing:
         return dataclasses.replace(plan, labels={**plan.labels, WRITE_BACK_LABEL: "quarantine"})
 
 
-class Services(Protocol):
-    """What an engine's start needs from the composition root: the store, the host, the registry
-    and its trust policy, where write-backs go, the plans and the fetch, opened once per command
-    (prebake.engine.compose.Context is one).
+@dataclass(frozen=True)
+class Source:
+    """Where a start's bundles come from: the registry's address, the registry (opened on first
+    use) and the trust policy in force for it (None: no policy)."""
 
-    Engines take it as a parameter and never open one themselves: the composition root sits above
-    every engine, so an engine that imported it would close a circle."""
+    address: str
+    open_registry: Callable[[], Registry]
+    trust: TrustCheck | None
+
+
+class Services(Protocol):
+    """What an engine's start needs from the composition root, opened once per command
+    (prebake.engine.compose.Context is one). Engines take it as a parameter and never open one
+    themselves: the composition root sits above every engine."""
 
     @property
     def store(self) -> Store: ...
     @property
     def host(self) -> Host: ...
     @property
-    def address(self) -> str: ...
-    @property
-    def trust(self) -> TrustCheck | None: ...
-    @property
-    def registry(self) -> Registry: ...
+    def source(self) -> Source: ...
     @property
     def publishing(self) -> Publishing: ...
+    @property
+    def holds(self) -> ExitStack:
+        """The trees this command uses, held (from gc) for the command's life."""
+        ...
 
     def pick_plan(self, recipe: Recipe, *, dtype: str | None = None, tp: int | None = None) -> TargetKeys: ...
-
-    def adapter(self, plan: TargetKeys) -> EngineAdapter: ...
-
-    def resolve(
-        self,
-        plan: TargetKeys,
-        *,
-        lookup_timeout: float = 30.0,
-        fetch_timeout: float = 600.0,
-        kinds: Sequence[str] | None = None,
-    ) -> Resolution: ...
 
 
 OpenServices = Callable[[], Services]  # opens the Services of one command, when the start is ready for them

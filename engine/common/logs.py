@@ -1,15 +1,12 @@
 """Logging for every prebake command, configured once, through the standard library.
 
     PREBAKE_LOG_LEVEL    DEBUG, INFO (default), WARNING, ERROR
-    PREBAKE_LOG_FORMAT   text (default): 2026-11-30T13:05:01.123Z INFO prebake.registry.backends.s3: message
+    PREBAKE_LOG_FORMAT   text (default): `<UTC time> INFO prebake.registry.backends.s3: message`
                          json: one object a line, {"ts", "level", "logger", "message"[, "exc"]}
 
-One handler on the root logger, writing to stderr: every module's `logging.getLogger(__name__)`
-(prebake.registry.backends.s3, prebake.registry.backends.hf, prebake.trust, uvicorn's own) reaches it without setup of its own.
-Library code only logs; only `configure` (called by the `prebake` command) sets handlers.
-
-`Countdown` writes the "[i/N] ... (~12 s left)" prefix of long loops: autotune, compile and
-warm-up over every step shape.
+One handler on the root logger, writing to stderr, reached by every module's logger (uvicorn's
+too). Library code only logs; only `configure` (called by the `prebake` command) sets handlers.
+`Countdown` writes the "[i/N] ... (~12 s left)" prefix of long loops over every step shape.
 """
 
 from __future__ import annotations

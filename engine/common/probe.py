@@ -1,22 +1,13 @@
 """The host probe: what this machine is, as the key factors of the artifacts it builds and loads.
 
-Sources, read in this order, none of which imports torch (a no-op bake must stay under a
-second, and importing torch alone costs more):
-
-    package metadata   torch, triton, habana-torch-plugin, the CUDA runtime torch was built
-                       against (its local tag "+cu128", or its nvidia-cuda-runtime requirement
-                       pin), and every package an engine declares (`declare_packages`)
-    /proc              CPU architecture (sys/kernel/arch) and ISA flags (cpuinfo)
-    nvidia-smi         GPU name, compute capability, driver      (when on PATH; time-boxed)
-    hl-smi             Gaudi product name, driver                (when on PATH; time-boxed)
-
-A tool that is absent means no such device. A tool that fails, prints something unreadable
-or hangs past TOOL_TIMEOUT_S also means no such device, plus a note on the Host saying why:
-the probe never raises for what it finds on a machine.
-
-The probe describes the machine, not one process's slice of it: CUDA_VISIBLE_DEVICES and
-HABANA_VISIBLE_MODULES are not applied, so every process on a host computes the same keys.
-A host with mixed accelerators is described by its first device (with a note).
+Sources, none of which imports torch (a no-op bake stays fast): package metadata (torch, triton,
+the habana plugin, the CUDA runtime torch was built against, and every package an engine declares:
+`declare_packages`), /proc (CPU architecture and ISA flags), nvidia-smi and hl-smi (when on PATH,
+time-boxed). An absent tool means no such device; one that fails, prints nonsense or hangs past
+TOOL_TIMEOUT_S means the same plus a note on the Host: the probe never raises for what it finds.
+It describes the machine, not one process's slice (CUDA_VISIBLE_DEVICES and HABANA_VISIBLE_MODULES
+are not applied), so every process on a host computes the same keys; a host with mixed
+accelerators is described by its first device (with a note).
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
-"""The one start of an engine that runs as its own process: resolve, mounted trees, run folder,
-miss policy, write-back and exec, the same for every such engine; the adapter gives only what
-differs (the anchor is vLLM's CompilerInterface: the framework owns the cache, the backend the
-compile), as an `EngineProcess`:
+"""The one start of every engine (the anchor is vLLM's CompilerInterface: the framework owns the
+cache, the backend the compile). The starter does what engines share:
 
-    prepare(request, services)            the target (--engine checked against the recipe), its
-                                          bundles (fetched, or mounted and checked in place), a
-                                          private run folder and the adapter's serve_environment
-    fetched(prepared, launch)             what `prebake fetch --engine NAME` prints
-    serve(prepared, launch, ...)          --on-miss fail, a fallback recorded, then exec; with
-                                          --write-back and a miss, the engine watched until ready
-                                          and what it compiled published by the one write-back policy
+    start(runner, ...)   probe, keys, resolve (lookup, verify, mounted trees checked in place,
+                         fetch: one step each), the miss policy (MissRefused), then runner.run
+    Process              the runner of an engine that is its own process: its run folder and
+                         environment, the fallback record, then exec, or (--write-back on a miss)
+                         watch it until ready and publish what it compiled (write_back.py's policy)
 
-The adapter's `Launch` gives the command line, its variables and working folder; its
-`EngineProcess` says when a started process serves (`ready`) and fills a bundle tree from the run
-folder for write-back (`capture`).
+What differs is the adapter's: an `EngineProcess` (launch, ready, capture), or a runner of its
+own (the bundled engine runs in this process: prebake.engine.bundled.start).
 """
 
 from __future__ import annotations
@@ -22,27 +17,215 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
-from prebake.artifacts.fetch.outcome import Miss
+from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.errors import ExitCode, PrebakeError
+from prebake.artifacts.fetch import outcome, pipeline
+from prebake.artifacts.fetch.outcome import Found, Miss, Resolution
 from prebake.artifacts.recipe.kinds import Builder, TargetKeys
 from prebake.artifacts.store.local import Installed
 from prebake.artifacts.store.stats import record_fallback
 from prebake.engine.common import write_back as publishing
 from prebake.engine.common.adapter import (
+    EngineAdapter,
     EngineStartError,
     Fetched,
+    OpenServices,
     Services,
     StartRequest,
     plan_to_start,
 )
 from prebake.engine.common.advice import miss_advice, miss_exit_code
-from prebake.engine.common.mounted import resolve_with_mounts
+from prebake.engine.common.mounted import check_mounted, parse_mounts
 
 Emit = Callable[[str], None]
+T = TypeVar("T", covariant=True)
+
+
+class MissRefused(PrebakeError, LookupError):
+    """Bundles missed and the engine was told --on-miss fail; `code` says why (3 nothing matches,
+    4 the registry could not be asked, 2 something was refused)."""
+
+    def __init__(self, message: str, code: int = ExitCode.MISS):
+        super().__init__(message)
+        self.code = code
+
+
+class Detail(Protocol):
+    detail: str
+
+
+class StepLog(Protocol):
+    """The start's steps (each timed, with a detail) and its notes."""
+
+    def step(self, name: str) -> AbstractContextManager[Detail]: ...
+    def note(self, text: str) -> None: ...
+
+
+@dataclass
+class _Detail:
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Lines:
+    """The log of an engine started as its own process: steps are quiet, notes are `prebake:` lines."""
+
+    emit: Emit
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[_Detail]:
+        yield _Detail()
+
+    def note(self, text: str) -> None:
+        for line in text.splitlines():
+            self.emit(f"prebake: {line}")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A target's bundles on this host: the fetch pipeline's resolution, mounted trees included,
+    and whether the registry answered (a write-back to one that did not is skipped)."""
+
+    resolution: Resolution
+    answered: bool
+
+
+def resolve(
+    plan: TargetKeys,
+    request: StartRequest,
+    services: Services,
+    *,
+    kinds: Sequence[str] | None = None,
+    log: StepLog | None = None,
+    hold: ExitStack | None = None,
+) -> Resolved:
+    """lookup -> verify (each mounted tree checked file by file against its verified manifest and
+    used in place) -> bound -> fetch, one step each; every tree held on `hold` (default: the
+    command's `services.holds`); the hits and misses go into the store's stats."""
+    log = log or Lines(lambda line: None)
+    hold = services.holds if hold is None else hold
+    store, source = services.store, services.source
+    mounts = parse_mounts(request.mounted, plan.kinds.names)
+    with log.step("lookup") as s:
+        looked = pipeline.lookup(
+            plan,
+            plan.kinds.names if kinds is None else kinds,
+            store=store,
+            open_registry=source.open_registry,
+            address=source.address,
+            trust=source.trust,
+            timeout=request.registry_timeout,
+            hold=hold,  # a store hit is held from here on: no gc evicts it while the rest downloads
+        )
+        s.detail = _summary(looked.found, source.address)
+        if looked.store_refused:
+            s.detail += f"; {len(looked.store_refused)} stored bundle(s) refused by the trust policy in force"
+    with log.step("verify") as s:
+        found = pipeline.verify(plan, looked.found, looked.trust)
+        passed = sum(isinstance(v, Manifest) for v in found.values())
+        s.detail = f"{passed} registry bundle(s) carry their keys and pass the trust policy"
+        for kind, tree in mounts.items():
+            value = found.get(kind)
+            if value is not None and not isinstance(value, Miss):
+                found[kind] = check_mounted(tree, value.manifest if isinstance(value, Installed) else value)
+                s.detail += f"; {kind} mounted at {tree} matches it"
+    pipeline.check_bound(store, {k: v for k, v in found.items() if k not in mounts}, plan.target.name)
+    with log.step("fetch") as s:
+        got = pipeline.install(found, store=store, registry=looked.registry, timeout=request.fetch_timeout, hold=hold)
+        fetched = [f"{k} {i.manifest.blob.hex[:12]}" for k, i in got.items() if isinstance(i, Installed)]
+        s.detail = ", ".join(fetched) or "nothing to fetch"
+    resolution = outcome.resolution(plan, looked.found, got, looked.store_refused)
+    pipeline.record_resolution(store, resolution)
+    return Resolved(resolution, looked.registry is not None and looked.answered)
+
+
+def _summary(found: Mapping[str, Found], address: str) -> str:
+    where = {Installed: "in the store", Manifest: "in the registry", Miss: "missed"}
+    parts = [f"{kind} {where[type(value)]}" for kind, value in found.items()]
+    return f"{', '.join(parts)} (registry {address})"
+
+
+def refuse_misses(plan: TargetKeys, resolution: Resolution, request: StartRequest, address: str) -> None:
+    """The miss policy: under --on-miss fail, MissRefused saying what to do (its code: why)."""
+    if not resolution.misses or request.on_miss != "fail":
+        return
+    bake = f"doit bake model={plan.target.recipe} precision={plan.target.dtype}"
+    raise MissRefused(
+        f"{len(resolution.misses)} of {plan.target.name}'s bundles missed (above) and --on-miss is fail; "
+        f"{miss_advice(resolution.misses, target=plan.target.name, bake=bake, address=address)}; "
+        f"or use --on-miss compile",
+        code=miss_exit_code(resolution.misses),
+    )
+
+
+@dataclass(frozen=True)
+class Begun:
+    """What a runner set up once the keys are known: the kinds to resolve, its run folder, where
+    the trees it uses are held, and what undoes it when the start fails."""
+
+    kinds: tuple[str, ...]
+    run_dir: Path
+    hold: ExitStack
+    abandon: Callable[[], None] = lambda: None
+
+
+@dataclass(frozen=True)
+class Started:
+    """A start whose bundles are resolved and whose misses the policy accepted."""
+
+    plan: TargetKeys
+    resolved: Resolved
+    run_dir: Path
+    request: StartRequest
+    services: Services
+    log: StepLog
+
+    @property
+    def installed(self) -> dict[str, Installed]:
+        return self.resolved.resolution.installed
+
+    @property
+    def misses(self) -> tuple[Miss, ...]:
+        return tuple(self.resolved.resolution.misses)
+
+
+class Runner(Protocol[T]):
+    """Running the engine, once the starter resolved its bundles: exec'd or watched as its own
+    process (`Process`), or in this process (the bundled engine)."""
+
+    def begin(self, plan: TargetKeys, services: Services) -> Begun: ...
+    def run(self, started: Started) -> T: ...
+
+
+def start(runner: Runner[T], request: StartRequest, open_services: OpenServices, log: StepLog) -> T:
+    """probe -> keys -> lookup -> verify -> fetch -> the miss policy -> runner.run; what it returns."""
+    with log.step("probe") as s:
+        services = open_services()
+        s.detail = services.host.platform.describe()
+    with log.step("keys") as s:
+        plan = plan_to_start(request, services)
+        begun = runner.begin(plan, services)
+        s.detail = f"{plan.target.name} " + ", ".join(f"{k} {plan.key(k).digest[:12]}" for k in begun.kinds)
+    try:
+        resolved = resolve(plan, request, services, kinds=begun.kinds, log=log, hold=begun.hold)
+        for line in resolved.resolution.notes:
+            log.note(line)
+        for miss in resolved.resolution.misses:
+            log.note(miss.explain())
+        refuse_misses(plan, resolved.resolution, request, services.source.address)
+        return runner.run(Started(plan, resolved, begun.run_dir, request, services, log))
+    except BaseException:
+        begun.abandon()
+        raise
+
+
+# -- an engine that is its own process -------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -66,13 +249,15 @@ class Launch:
     cwd: Path | None = None
     notes: tuple[str, ...] = ()
     unset: tuple[str, ...] = ()  # inherited variables the engine must not see
+    banner: str = ""  # what serve says as it starts the engine
 
 
 class EngineProcess(Protocol):
     """What differs between engines started as their own process (their adapter, or a part of it)."""
 
-    name: str
-    fallback_kind: str
+    def launch(self, prepared: Prepared, request: StartRequest, services: Services) -> Launch:
+        """The command line, variables and folder that start the engine from `prepared`."""
+        ...
 
     def ready(self, proc: subprocess.Popen, log: Path, started: float, launch: Launch) -> float:
         """Wait until the process started at `started` (time.monotonic(), its output in `log`) serves;
@@ -84,19 +269,37 @@ class EngineProcess(Protocol):
         ...
 
 
-def prepare(request: StartRequest, services: Services, run_dir: Path | None = None) -> Prepared:
-    """The target, its bundles (the trees held for the command's life: Context.holds) and a run
-    folder (default: $PREBAKE_HOME/engines/<engine>/<time>-<pid>) laid out by its adapter."""
-    plan = plan_to_start(request, services)
-    resolution = resolve_with_mounts(plan, request, services)
+def run_folder(services: Services, engine: str, given: Path | None = None) -> Path:
+    """The engine's private run folder: `given`, else $PREBAKE_HOME/engines/<engine>/<time>-<pid>."""
     stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-    run_dir = run_dir or services.store.home / "engines" / request.engine / stamp
-    variables = services.adapter(plan).serve_environment(plan, resolution.installed, run_dir)
-    return Prepared(plan, resolution.installed, resolution.misses, resolution.notes, run_dir, variables)
+    return given or services.store.home / "engines" / engine / stamp
+
+
+ServeEnvironment = Callable[[TargetKeys, Mapping[str, Installed], Path], dict[str, str]]  # EngineAdapter's
+
+
+def _prepared(environment: ServeEnvironment, plan: TargetKeys, resolution: Resolution, run_dir: Path) -> Prepared:
+    variables = environment(plan, resolution.installed, run_dir)
+    return Prepared(plan, resolution.installed, tuple(resolution.misses), tuple(resolution.notes), run_dir, variables)
+
+
+def prepare(
+    environment: ServeEnvironment, request: StartRequest, services: Services, run_dir: Path | None = None
+) -> Prepared:
+    """The target, its bundles (held for the command's life: `services.holds`) and a run folder
+    (`run_folder`) laid out by the engine's serve_environment, without starting anything (fetch)."""
+    plan = plan_to_start(request, services)
+    resolved = resolve(plan, request, services)
+    return _prepared(environment, plan, resolved.resolution, run_folder(services, request.engine, run_dir))
+
+
+def fetch(adapter: EngineAdapter, engine: EngineProcess, request: StartRequest, services: Services) -> Fetched:
+    """`prebake fetch --engine NAME`: the variables and the command line that start the engine."""
+    prepared = prepare(adapter.serve_environment, request, services)
+    return fetched(prepared, engine.launch(prepared, request, services))
 
 
 def fetched(prepared: Prepared, launch: Launch) -> Fetched:
-    """`prebake fetch --engine NAME`: the variables and the command line that start the engine."""
     return Fetched(
         prepared.plan.target.name,
         prepared.variables | launch.variables,
@@ -112,80 +315,105 @@ def child_environment(launch: Launch, prepared: Prepared, base: Mapping[str, str
     return {k: v for k, v in base.items() if k not in launch.unset} | prepared.variables | launch.variables
 
 
-def serve(
-    engine: EngineProcess, prepared: Prepared, launch: Launch, request: StartRequest, services: Services, emit: Emit
-) -> int:
-    """Start the engine: its exit status (exec'd: its own), or 2/3/4 on a miss under --on-miss fail."""
-    plan = prepared.plan
-    for line in [m.explain() for m in prepared.misses] + list(prepared.notes + launch.notes):
-        emit(f"prebake: {line}")
-    if prepared.misses and request.on_miss == "fail":
-        bake = f"doit bake model={plan.target.recipe} precision={plan.target.dtype}"
-        advice = miss_advice(prepared.misses, target=plan.target.name, bake=bake, address=services.address)
-        emit(f"prebake: no complete bundle set for {plan.target.name} in {services.address}; not starting "
-             f"(--on-miss fail); {advice}")  # fmt: skip
-        return miss_exit_code(prepared.misses)
-    compiled = engine.fallback_kind
-    if compiled not in prepared.installed:
-        record_fallback(services.store, compiled)  # the engine compiles it as it starts
-    env = child_environment(launch, prepared, os.environ)
-    if not (request.write_back and compiled not in prepared.installed):
-        if launch.cwd is not None:
-            os.chdir(launch.cwd)
-        os.execvpe(launch.argv[0], list(launch.argv), env)
-    return _serve_and_write_back(engine, prepared, launch, env, services, emit, timeout=request.fetch_timeout)
+@dataclass(frozen=True)
+class Process:
+    """The runner of an engine that is its own process: exec'd (its signals and exit status are
+    its own), or, with --write-back and a miss of its fallback kind, watched until it serves and
+    what it compiled published."""
+
+    adapter: EngineAdapter
+    engine: EngineProcess
+    emit: Emit
+    run_dir: Path | None = None  # default: run_folder's
+
+    def begin(self, plan: TargetKeys, services: Services) -> Begun:
+        return Begun(plan.kinds.names, run_folder(services, self.adapter.spec.name, self.run_dir), services.holds)
+
+    def run(self, started: Started) -> int:
+        prepared = _prepared(self.adapter.serve_environment, started.plan, started.resolved.resolution, started.run_dir)
+        launch = self.engine.launch(prepared, started.request, started.services)
+        for line in launch.notes:
+            started.log.note(line)
+        if launch.banner:
+            self.emit(f"prebake: {launch.banner}")
+        compiled = self.adapter.spec.fallback_kind
+        if compiled not in prepared.installed:
+            record_fallback(started.services.store, compiled)  # the engine compiles it as it starts
+        env = child_environment(launch, prepared, os.environ)
+        if not (started.request.write_back and compiled not in prepared.installed):
+            if launch.cwd is not None:
+                os.chdir(launch.cwd)
+            os.execvpe(launch.argv[0], list(launch.argv), env)
+        return self._watch(prepared, launch, env, started)
+
+    def _watch(self, prepared: Prepared, launch: Launch, env: dict[str, str], started: Started) -> int:
+        name, emit = self.adapter.spec.name, self.emit
+        prepared.run_dir.mkdir(parents=True, exist_ok=True)
+        log = prepared.run_dir / f"{name}.log"
+        began = time.monotonic()
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                list(launch.argv),
+                env=env,
+                cwd=launch.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        emit(f"prebake: {name}'s log: {log}")
+
+        def forward(signum, _frame) -> None:
+            proc.send_signal(signum)
+
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            seconds = self.engine.ready(proc, log, began, launch)
+            emit(f"prebake: {name} ready in {seconds:.1f} s; writing what it compiled back")
+            timeout = started.request.fetch_timeout
+            published = write_back(
+                self.engine,
+                self.adapter.spec.fallback_kind,
+                prepared,
+                launch,
+                started.services,
+                seconds,
+                timeout=timeout,
+            )
+            for line in published:  # never raised
+                emit(f"prebake: {line}")
+            return proc.wait()
+        except EngineStartError as exc:
+            emit(f"prebake: {exc}")
+            _stop(proc)
+            return 1
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
 
 
-def _serve_and_write_back(
-    engine: EngineProcess,
-    prepared: Prepared,
-    launch: Launch,
-    env: dict[str, str],
-    services: Services,
-    emit: Emit,
-    *,
-    timeout: float,
-) -> int:
-    prepared.run_dir.mkdir(parents=True, exist_ok=True)
-    log = prepared.run_dir / f"{engine.name}.log"
-    started = time.monotonic()
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            list(launch.argv),
-            env=env,
-            cwd=launch.cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    emit(f"prebake: {engine.name}'s log: {log}")
-
-    def forward(signum, _frame) -> None:
-        proc.send_signal(signum)
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+def serve(runner: Process, request: StartRequest, open_services: OpenServices) -> int:
+    """`prebake serve --engine NAME` for an engine that is its own process: its exit status
+    (exec'd: its own), or 2/3/4 on a miss under --on-miss fail."""
     try:
-        seconds = engine.ready(proc, log, started, launch)
-        emit(f"prebake: {engine.name} ready in {seconds:.1f} s; writing what it compiled back")
-        for line in write_back(engine, prepared, launch, services, seconds, timeout=timeout):  # never raised
-            emit(f"prebake: {line}")
-        return proc.wait()
-    except EngineStartError as exc:
-        emit(f"prebake: {exc}")
-        _stop(proc)
-        return 1
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        return start(runner, request, open_services, Lines(runner.emit))
+    except MissRefused as exc:
+        runner.emit(f"prebake: {exc}")
+        return exc.code
 
 
 def write_back(
-    engine: EngineProcess, prepared: Prepared, launch: Launch, services: Services, ready_s: float, *, timeout: float
+    engine: EngineProcess,
+    compiled: str,
+    prepared: Prepared,
+    launch: Launch,
+    services: Services,
+    ready_s: float,
+    *,
+    timeout: float,
 ) -> list[str]:
     """Publish every kind that missed (the one write-back policy, prebake.engine.common.write_back):
-    the fallback kind from the engine's run folder, the others with the bake's builders."""
-    compiled = engine.fallback_kind
+    the `compiled` kind captured from the engine's run folder, the others with the bake's builders."""
     capture = engine.capture(prepared, launch, ready_s)
     builds: dict[str, Builder | None] = {
         kind: capture if kind == compiled else None
@@ -206,4 +434,23 @@ def _stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
             proc.wait()
 
 
-__all__ = ["EngineProcess", "Launch", "Prepared", "fetched", "prepare", "serve", "write_back"]
+__all__ = [
+    "Begun",
+    "EngineProcess",
+    "Launch",
+    "Lines",
+    "MissRefused",
+    "Prepared",
+    "Process",
+    "Resolved",
+    "Runner",
+    "Started",
+    "fetch",
+    "fetched",
+    "prepare",
+    "refuse_misses",
+    "resolve",
+    "serve",
+    "start",
+    "write_back",
+]

@@ -1,26 +1,13 @@
 """Write-back: what an engine compiled in place on a miss, packed and published for the next start.
 
-One policy for every engine:
-
-    order      the target's kinds in build order (upstream first), only those built in place
-    inputs     each kind names the upstream bundles the engine ran with: the ones it installed at
-               start (the policy in force accepted them) or the ones written back just before it,
-               never fetched again, so a kind built on in-place upstream kinds records their
-               quarantined blobs, and `prebake promote` can promote the set upstream first;
-               a kind whose upstream could not be written back is not written back either
-    time box   the whole write-back, across kinds (an engine that serves never waits longer)
-    outcome    one WrittenBack per kind, published or failed with the reason, each reported as it
-               happens; a failure is logged and never fatal: publishing never swallows an error,
-               and it never stops an engine that is already serving
-
-    where      the registry's quarantine namespace (incoming/), labelled writeback=quarantine,
-               unless PREBAKE_WRITE_BACK=index or the registry is the embedded local one
-               (prebake.registry.review.writeback); never the index other pods read by default.
-               Quarantine holds what awaits review, so the trust policy in force (which judges
-               what a node uses) does not judge what is written there; `prebake promote` does
-
-Each engine says only how a kind's tree is captured (`builds`: a builder per kind, or None for
-the kind's own declared builder); the bake itself is prebake.artifacts.bake.bake_kind.
+One policy for every engine: the kinds built in place, in build order (upstream first), each on
+the upstream bundles the engine ran with (installed at start, or written back just before it, so
+`prebake promote` can promote the set upstream first; a kind whose upstream failed is not written
+back); one time box for the whole write-back; one WrittenBack per kind, reported as it happens,
+a failure logged and never fatal. It goes to the registry's quarantine namespace unless
+PREBAKE_WRITE_BACK=index or the registry is the embedded one (prebake.registry.review.writeback);
+the trust policy does not judge quarantine, `prebake promote` does. Each engine gives only how a
+kind's tree is captured (`builds`); the bake itself is prebake.artifacts.bake.bake_kind.
 """
 
 from __future__ import annotations

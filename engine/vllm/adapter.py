@@ -1,20 +1,11 @@
-"""The vLLM adapters: vLLM's own compile cache as the graphs artifact, on any platform and on Gaudi.
+"""The vLLM adapter: vLLM's own compile cache as the graphs artifact, on any platform and on Gaudi.
 
-    autotune tree:  autotune.json    a record that vLLM tunes while it starts; what it tuned
-                                     (Inductor's choices, FlashInfer's autotune cache on CUDA)
-                                     travels inside the graphs tree's cache root
-    graphs tree:    vllm-cache/      a VLLM_CACHE_ROOT that vLLM filled while it started
-                    hpu-recipes/     Gaudi only: the HPU graph recipes (prebake.engine.vllm.gaudi)
-                    vllm.json        how it was baked: flags, variables, start-up seconds, and
-                                     what the engine's log says it compiled or loaded
-
-Baking starts vLLM's OpenAI server in a child process with its cache root in the artifact
-tree and the recipe's serving limits as flags, waits until /health answers (vLLM compiles and
-warms up before it does), stops it, and keeps the folder. The graphs key adds vLLM's engine
-settings (`vllm_settings`) and the versions of the packages declared here (software.vllm,
-software.vllm_gaudi). On Gaudi targets the graphs also carry the HPU recipe cache and the bucket
-variables (prebake.engine.vllm.gaudi). The process tooling lives in prebake.engine.vllm.process;
-this module says what the artifacts are and which variables they need.
+Its EngineSpec declares the kinds (autotune: a record that vLLM tunes while it starts, what it
+tuned travelling in the graphs tree; graphs: the VLLM_CACHE_ROOT vLLM filled, drawn in
+prebake.engine.vllm.process), its packages (software.vllm, software.vllm_gaudi) and its start
+options. Baking starts vLLM's OpenAI server in a child with its cache root in the artifact tree,
+waits until /health answers, stops it and keeps the folder; the graphs key adds vLLM's engine
+settings (`vllm_settings`). How it starts is prebake.engine.vllm.start's.
 """
 
 from __future__ import annotations
@@ -26,7 +17,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 from prebake.artifacts.errors import BuildError
-from prebake.artifacts.fsutil import copy_writable
 from prebake.artifacts.recipe.kinds import (
     BuildRequest,
     Groups,
@@ -36,15 +26,15 @@ from prebake.artifacts.recipe.kinds import (
     compile_factors,
     target_groups,
 )
-from prebake.artifacts.recipe.schema import Recipe, Target, parse_platform
+from prebake.artifacts.recipe.schema import Target, parse_platform
 from prebake.artifacts.store.local import Installed
 from prebake.engine.common.adapter import (
+    EngineSpec,
     EngineStartError,
     Fetched,
     OpenServices,
     Services,
     StartRequest,
-    recipe_settings,
 )
 from prebake.engine.common.probe import Package
 from prebake.engine.vllm import gaudi
@@ -61,7 +51,6 @@ from prebake.engine.vllm.process import (
     free_port,
     model_location,
     recorded_variables,
-    serving_variables,
     start,
     stop,
     vllm_command,
@@ -103,20 +92,24 @@ class VllmAdapter:
     """vLLM (`prebake serve --engine vllm`, or any vLLM pointed at `prebake fetch --engine vllm`); on
     Gaudi targets (vllm-gaudi) vLLM's cache root plus the HPU recipe cache and the bucket variables."""
 
-    name = "vllm"
-    packages = PACKAGES
-    default_variant = VARIANT
-    fallback_kind = "graphs"
-
-    def settings(self, recipe: Recipe) -> None:
-        """vLLM takes its settings from the recipe's serving limits; it has no [engine] table."""
-        recipe_settings(recipe, self.name, None)
+    def __init__(self) -> None:
+        autotune = Kind("autotune", ("buckets",), _autotune_groups, (AUTOTUNE_FILE,), _record_autotune)
+        graphs = Kind("graphs", ("buckets", "autotune"), _graphs_groups, (REPORT_FILE, CACHE_DIR), self.build_graphs)
+        self.spec = EngineSpec(
+            name="vllm",
+            kinds=(autotune, graphs),
+            fallback_kind="graphs",  # vLLM compiles into its cache root as it starts
+            default_variant=VARIANT,
+            packages=PACKAGES,
+            settings=None,  # vLLM takes its settings from the recipe's serving limits: no [engine] table
+            options=OPTIONS,
+        )
 
     def fetch(self, request: StartRequest, services: Services) -> Fetched:
         """Install, lay out a writable cache root, and give vLLM's variables and command line."""
         from prebake.engine.vllm.start import fetch_environment
 
-        request.engine_options(OPTIONS)
+        self.spec.options_of(request)
         prepared = fetch_environment(request, services)
         return Fetched(
             prepared.plan.target.name,
@@ -129,18 +122,13 @@ class VllmAdapter:
         )
 
     def serve(self, request: StartRequest, open_services: OpenServices) -> int:
-        """vLLM runs as its own process (exec'd, or watched when it writes back)."""
+        """vLLM runs as its own process (exec'd, or watched when it writes back): the shared starter."""
         import sys
 
         from prebake.engine.vllm.start import serve
 
-        request.engine_options(OPTIONS)
-        return serve(request, open_services(), emit=lambda line: print(line, file=sys.stderr, flush=True))
-
-    def kinds(self) -> tuple[Kind, ...]:
-        autotune = Kind("autotune", ("buckets",), _autotune_groups, (AUTOTUNE_FILE,), _record_autotune)
-        graphs = Kind("graphs", ("buckets", "autotune"), _graphs_groups, (REPORT_FILE, CACHE_DIR), self.build_graphs)
-        return (autotune, graphs)
+        self.spec.options_of(request)
+        return serve(self, request, open_services, emit=lambda line: print(line, file=sys.stderr, flush=True))
 
     # -- the environment: where vLLM's caches go, at bake and at serve ----------------------------
 
@@ -157,20 +145,9 @@ class VllmAdapter:
     def serve_environment(self, plan: TargetKeys, installed: Mapping[str, Installed], run_dir: Path) -> dict[str, str]:
         """Variables that start vLLM from a private writable copy of the baked cache root under
         `run_dir` (empty on a miss: vLLM compiles into it); on Gaudi, of the HPU recipe cache too."""
-        graphs = installed.get("graphs")
-        variables = serving_variables(plan.recipe, plan.target, self._private(graphs, CACHE_DIR, run_dir))
-        if _on_gaudi(plan.target):
-            recipes = self._private(graphs, gaudi.RECIPES_DIR, run_dir)
-            buckets = installed["buckets"].tree if "buckets" in installed else None
-            variables |= gaudi.serving_variables(plan.recipe, recipes, buckets)
-        return variables
+        from prebake.engine.vllm.start import serve_environment
 
-    @staticmethod
-    def _private(graphs: Installed | None, name: str, run_dir: Path) -> Path:
-        if graphs is not None and (graphs.tree / name).is_dir():
-            return copy_writable(graphs.tree / name, run_dir / name)
-        (run_dir / name).mkdir(parents=True, exist_ok=True)
-        return run_dir / name
+        return serve_environment(plan, installed, run_dir)
 
     # -- the bake: start vLLM once, keep what it compiled -----------------------------------------
 

@@ -1,19 +1,12 @@
-"""vLLM on Gaudi: the bucket set as vllm-gaudi's variables, and the HPU recipe cache as an artifact.
+"""vLLM on Gaudi: the bucket set as vllm-gaudi's variables, and the HPU recipe cache (hpu-recipes/,
+beside vllm-cache/ in the graphs tree) as an artifact.
 
-    graphs tree (engine = "vllm", platform gaudi2 | gaudi3), beside vllm-cache/ and vllm.json:
-        hpu-recipes/     the compiled HPU graph recipes the Gaudi bridge wrote during warm-up
-
-The bridge reads PT_HPU_RECIPE_CACHE_CONFIG=<path>,<delete>,<size MB>: delete=True clears the
-folder before storing, False reuses what is there; past the size the oldest recipes (by
-creation time) are deleted. A hit skips the GC graph compile, not the HPU graph compile.
-Recipes are valid for one Gaudi generation, Gaudi software version, TP size and dtype, which
-the graphs key carries (platform.arch, software.habana, parallel.tp, precision.dtype).
-
-    bake:   <build folder>/hpu-recipes,True,<size>       every bucket compiled into an empty folder
-    serve:  <local copy of the installed tree>,False,<size>   reused; never the store's own tree
-
-The folder must be on local disk: the bridge's file locks do not work on NFS, so a copy is
-made per serving process and a network file system is reported.
+The bridge reads PT_HPU_RECIPE_CACHE_CONFIG=<path>,<delete>,<size MB>: the bake stores every
+bucket's recipe into an empty folder (<build>/hpu-recipes,True,<size>), a serve reuses a local
+copy of the installed tree (<copy>,False,<size>), never the store's own. A hit skips the GC graph
+compile, not the HPU graph compile; recipes are valid for one Gaudi generation, software version,
+TP size and dtype, all in the graphs key. The folder must be on local disk (the bridge's file
+locks do not work on NFS): a network file system is reported.
 """
 
 from __future__ import annotations

@@ -1,30 +1,12 @@
-"""A vLLM start by phase, read from its own log (vLLM 0.32's messages, as its per-phase start-up
-benchmark splits a start: imports, model load, Dynamo, Inductor or cache load, memory profiling,
-KV cache, warm-up).
-
-vLLM times each phase itself and logs the seconds; nothing here times anything. The lines, as
-vllm/model_executor, vllm/compilation/{backends,monitor}.py and vllm/v1/engine/core.py print them:
-
-    model-load       "Model loading took 0.01 GiB memory and 0.412 seconds" (GPU model runner), or on
-                     CPU "Initializing model took 0.19 seconds" plus "Loading weights took 0.03 seconds"
-    dynamo           "Dynamo bytecode transform time: 3.21 s"
-    inductor         "Compiling a graph for compile range (1, 128) takes 20.1 s" (compiled) and
-                     "Directly load the compiled graph(s) for compile range ... took 0.21 s" (loaded),
-                     summed over the ranges
-    torch-compile    "torch.compile took 24.0 s in total" (Dynamo and Inductor together)
-    warm-up          "Initial profiling/warmup run took 1.52 s" (on CPU the first run compiles, so
-                     it holds torch.compile; on a GPU it is the memory-profiling run)
-    engine-init      "init engine (profile, create kv cache, warmup model) took 30.2 s"
-
-and two derived ones:
-
-    kv-cache+profile engine-init less warm-up: the KV cache's allocation, and on a GPU the
-                     memory profiling that VLLM_ENABLE_STARTUP_PLAN skips (vLLM's CPU worker
-                     profiles nothing: its KV cache is VLLM_CPU_KVCACHE_SPACE)
-    imports+rest     time to ready less model-load and engine-init: the interpreter, vLLM's imports,
-                     the API server and the engine process's spawn, the tokenizer
-
-A phase vLLM did not log (an eager start has no Dynamo) is absent, not zero.
+"""A vLLM start by phase, read from its own log (vLLM 0.32's messages; vLLM times each phase
+itself, nothing here times anything): model-load ("Model loading took ..." or, on CPU,
+"Initializing model took" plus "Loading weights took"), dynamo ("Dynamo bytecode transform
+time"), inductor (compiled or directly loaded graphs, summed over the compile ranges),
+torch-compile ("torch.compile took ... in total"), warm-up ("Initial profiling/warmup run took"),
+engine-init ("init engine (profile, create kv cache, warmup model) took"); derived:
+kv-cache+profile (engine-init less warm-up) and imports+rest (time to ready less model-load and
+engine-init). A phase vLLM did not log (an eager start has no Dynamo) is absent, not zero;
+docs/vllm.md ("Measured here") reads them.
 """
 
 from __future__ import annotations

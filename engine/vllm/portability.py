@@ -1,33 +1,13 @@
 """Whether a baked vLLM cache root is used on the host that serves it: what moves, fixed or named.
 
-prebake's key picks the right bundle; vLLM, Triton and DeepGEMM then decide, each with its
-own key, whether what the bundle holds is used. Read from their sources, these parts of
-those keys and artifacts depend on where things are installed, not on what is compiled:
-
-    what                                    where                                effect of a move
-    VLLM_CONFIG_ROOT, VLLM_XLA_CACHE_PATH   vLLM's env compile factors; their    vLLM's whole compile cache
-      (defaults derived from HOME and the     defaults follow HOME / XDG_*        misses (fixed upstream in
-      XDG folders)                            (vllm envs.compile_factors)         vllm #47573)
-    traced source files, hashed together    vLLM's code factor (compilation/    vLLM's own torch_compile_cache
-      with their absolute paths               backends.py)                        misses; Inductor's FX-graph and
-                                                                                  AOTAutograd caches still hit
-    standalone artifact handles             vllm_compile_cache.py in each cache  the artifact is looked for at the
-      (key, absolute path)                    folder (vllm #52154)               bake's path: load failure
-    Triton group files                      triton_cache/<key>/__grp__*.json    children "missing": every kernel
-      (child_paths: absolute)                 (triton runtime/cache.py)          compiles again (or, worse, is read
-                                                                                  from the bake's folder if it exists)
-    Inductor C++ kernels (CPU)              inductor_cache/, keyed on the        the kernels compile again (FX-
-      (-I<site-packages>/torch/include in     compile command (CppCodeCache)      graph and AOTAutograd still hit)
-      the compile command)
-    DeepGEMM kernel keys                    DG_JIT_CACHE_DIR, key name$$nvcc     every kernel JITs again
-      (-I<site-packages>/deep_gemm/include,   version$$flags$$code (csrc/jit/
-      -I$CUDA_HOME/include, nvcc version)     compiler.hpp; vllm #48190)
-
-`relocate` normalises what lives in files (the Triton group files and the standalone handles
-are rewritten to the served copy), `pins` sets the HOME-derived vLLM locations back to the
-bake's values where they were not set by hand, and `moved` names every other factor that
-differs, with its effect, before vLLM starts compiling. The bake records its `Site` (where
-HOME, vLLM, torch, Triton, DeepGEMM, CUDA and the cache root were) in vllm.json.
+prebake's key picks the bundle; vLLM, Triton and DeepGEMM then decide, each with its own key,
+whether what it holds is used, and parts of those keys depend on where things are installed
+(vLLM's HOME-derived paths and traced source paths, vLLM's standalone artifact handles, Triton's
+group files, Inductor's C++ compile command, DeepGEMM's include paths and nvcc): the table, with
+sources and effects, is in docs/vllm.md ("Portability"). `relocate` rewrites what lives in files
+(Triton group files, standalone handles) to the served copy, `pins` sets the HOME-derived vLLM
+locations back to the bake's values where not set by hand, and `moved` names every other factor
+that differs, with its effect, before vLLM starts. The bake records its `Site` in vllm.json.
 """
 
 from __future__ import annotations

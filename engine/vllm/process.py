@@ -1,30 +1,20 @@
-"""vLLM adapter: vLLM's own compile cache as the graphs artifact, baked by starting vLLM.
+"""vLLM as a process: its command line and variables at bake and serve, its start, readiness and
+log, and the graphs tree it fills (docs/adapters.md, "Baking", says how it is baked):
 
-    graphs tree (recipe engine = "vllm"):
-        vllm-cache/      a VLLM_CACHE_ROOT that vLLM filled while it started
-            torch_compile_cache/torch_aot_compile/<sha256>/rank_<r>_<dp>/model
-                         the AOT-compiled forward (vLLM on torch >= 2.10), with inductor_cache/
-            torch_compile_cache/<hash10>/rank_<r>_<dp>/<prefix>/
-                         piecewise graphs, cache_key_factors.json, inductor_cache/, triton_cache/
-            flashinfer_autotune_cache/     CUDA: FlashInfer's tuned tactics (its default place under
-                                           the root; VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR is unset)
-            deep_gemm/                     CUDA: DeepGEMM's JIT kernels (vLLM's default DG_JIT_CACHE_DIR)
-            startup_plan/                  CUDA: the memory-profiling result (VLLM_ENABLE_STARTUP_PLAN=1,
-                                           keyed by vLLM's config, the GPU and the software; a
-                                           no-op on CPU, whose worker profiles nothing)
-        hpu-recipes/     Gaudi: the HPU graph recipes (prebake.engine.vllm.gaudi)
-            inductor_cache/                Inductor's FX graph and AOTAutograd caches where vLLM
-                                           compiles through plain Inductor (CPU: AOT compile off)
-        vllm.json        how it was baked: vLLM's flags, the VLLM_* and PT_HPU_* variables,
-                         start-up seconds, and what the engine's log says it compiled or loaded
+    vllm-cache/      a VLLM_CACHE_ROOT that vLLM filled while it started
+        torch_compile_cache/torch_aot_compile/<sha256>/rank_<r>_<dp>/model   AOT forward (torch >= 2.10)
+        torch_compile_cache/<hash10>/rank_<r>_<dp>/<prefix>/   piecewise graphs, inductor_cache/, triton_cache/
+        inductor_cache/              Inductor's FX graph and AOTAutograd caches (CPU: AOT compile off)
+        flashinfer_autotune_cache/   CUDA: FlashInfer's tuned tactics
+        deep_gemm/                   CUDA: DeepGEMM's JIT kernels
+        startup_plan/                CUDA: the memory-profiling result (VLLM_ENABLE_STARTUP_PLAN=1)
+    hpu-recipes/     Gaudi: the HPU graph recipes (prebake.engine.vllm.gaudi)
+    vllm.json        the bake's flags, VLLM_* and PT_HPU_* variables, seconds, and what its log says
 
-Baking starts vLLM's OpenAI server in a child process with VLLM_CACHE_ROOT at an empty
-folder and the recipe's serving limits as flags, waits until /health answers (vLLM compiles
-and warms up before it does), stops it, and keeps the folder. vLLM names its cache folders
-by a hash of its config (the model name or path included), the VLLM_* variables it does not
-ignore, the traced source files *with their paths*, and torch/triton. So serve with the same
-vLLM install location, model name or path, and variables as the bake (one container image
-does that). A mismatch is safe: vLLM compiles, and `compile_report` on its log says so.
+vLLM names its cache folders by a hash of its config, the VLLM_* variables it does not ignore,
+its traced source files with their paths, and torch/triton: serve with the bake's vLLM install
+location, model name and variables (one image does that). A mismatch is safe: vLLM compiles, and
+`compile_report` on its log says so.
 """
 
 from __future__ import annotations

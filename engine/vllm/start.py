@@ -1,14 +1,9 @@
-"""`prebake serve --engine vllm` and `prebake fetch --engine vllm`: vLLM started from baked graphs.
-
-    probe host -> keys -> fetch + verify + install (buckets, autotune, graphs)
-      -> a private cache root: a writable copy of the installed vllm-cache/ (empty on a miss,
-         and vLLM compiles into it), on Gaudi also of hpu-recipes/
-      -> vLLM with VLLM_CACHE_ROOT there (+ on Gaudi the bucket and recipe-cache variables)
-      -> with --write-back and a graphs miss: once vLLM is ready, pack and publish its cache root
-         (to the registry's quarantine namespace unless PREBAKE_WRITE_BACK=index: registry.writeback)
-
-Without --write-back prebake execs vLLM: vLLM gets the signals and the exit code is its own.
-A registry fault is a miss (vLLM compiles), unless --on-miss fail.
+"""`prebake serve|fetch --engine vllm`: vLLM started from baked graphs by the shared starter
+(prebake.engine.common.starter), which resolves, refuses misses and execs or watches it; this
+module gives what differs: the private cache root (a writable copy of the installed vllm-cache/,
+empty on a miss; on Gaudi also hpu-recipes/), vLLM's command line and variables (the recipe's
+flags, the pins that keep a baked cache root valid here, what drifted since the bake), when it
+serves, and what it compiled (captured from its cache root for write-back).
 """
 
 from __future__ import annotations
@@ -17,17 +12,19 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
 from prebake.artifacts.errors import RecipeError
 from prebake.artifacts.fetch.outcome import Miss
+from prebake.artifacts.fsutil import copy_writable
 from prebake.artifacts.recipe.kinds import Builder, BuildRequest, TargetKeys
+from prebake.artifacts.recipe.schema import parse_platform
 from prebake.artifacts.store.local import Installed
 from prebake.engine.common import starter
-from prebake.engine.common.adapter import Services, StartRequest
+from prebake.engine.common.adapter import EngineAdapter, OpenServices, Services, StartRequest
 from prebake.engine.vllm import gaudi
 from prebake.engine.vllm import portability as vllm_portability
 from prebake.engine.vllm.process import (
@@ -42,6 +39,7 @@ from prebake.engine.vllm.process import (
     per_start_variables,
     read_report,
     recorded_variables,
+    serving_variables,
     variable_drift,
     vllm_command,
     wait_ready,
@@ -130,13 +128,17 @@ class _Options:
         )
 
 
+def _cache_root(request: StartRequest) -> Path | None:
+    """--cache-root, absolute (vLLM's working folder differs), or None: the starter's run folder."""
+    given = _Options.of(request).cache_root
+    return Path(os.path.abspath(given.expanduser())) if given else None
+
+
 def prepare(request: StartRequest, context: Services) -> Prepared:
     """Resolve the recipe's bundles on this host and lay out a private cache root for one vLLM
     (the shared starter), then vLLM's command line from them."""
-    options = _Options.of(request)
-    given = Path(os.path.abspath(options.cache_root.expanduser())) if options.cache_root else None  # vLLM's cwd differs
     # the trees are held for the command's life (Context.holds): until vLLM is exec'd or has exited
-    shared = starter.prepare(request, context, run_dir=given)
+    shared = starter.prepare(serve_environment, request, context, run_dir=_cache_root(request))
     return Prepared(shared, launch(shared, request, context.store.home))
 
 
@@ -167,7 +169,9 @@ def launch(shared: starter.Prepared, request: StartRequest, home: Path) -> start
         *_listen_flags(request, options),
         *options.engine_args,
     )
-    return starter.Launch(argv, added, location.cwd, notes, unset=REDIRECTS)
+    where = "the baked graphs" if "graphs" in shared.installed else "an empty cache (vLLM compiles)"
+    banner = f"starting vLLM for {plan.target.name} from {where}: VLLM_CACHE_ROOT={cache_root / CACHE_DIR}"
+    return starter.Launch(argv, added, location.cwd, notes, unset=REDIRECTS, banner=banner)
 
 
 def _portable(graphs: Installed | None, cache_root: Path, variables: dict[str, str]) -> vllm_portability.Portability:
@@ -210,21 +214,36 @@ def _notes(
     return tuple(notes)
 
 
-def serve(request: StartRequest, context: Services, emit: Emit) -> int:
-    """Fetch, install, and run vLLM; returns vLLM's exit code (or 2/3/4 on a miss under --on-miss fail)."""
-    prepared = prepare(request, context)
-    where = "the baked graphs" if "graphs" in prepared.installed else "an empty cache (vLLM compiles)"
-    emit(
-        f"prebake: starting vLLM for {prepared.plan.target.name} from {where}: VLLM_CACHE_ROOT={prepared.cache_root / CACHE_DIR}"
-    )
-    return starter.serve(_Process(), prepared.shared, prepared.launch, request, context, emit)
+def serve(adapter: EngineAdapter, request: StartRequest, open_services: OpenServices, emit: Emit) -> int:
+    """Fetch, install, and run vLLM (the shared starter); vLLM's exit code (or 2/3/4 on a miss under
+    --on-miss fail)."""
+    return starter.serve(starter.Process(adapter, _Process(), emit, _cache_root(request)), request, open_services)
+
+
+def serve_environment(plan: TargetKeys, installed: Mapping[str, Installed], run_dir: Path) -> dict[str, str]:
+    """Variables that start vLLM from a private writable copy of the baked cache root under
+    `run_dir` (empty on a miss: vLLM compiles into it); on Gaudi, of the HPU recipe cache too."""
+    graphs = installed.get("graphs")
+    variables = serving_variables(plan.recipe, plan.target, _private(graphs, CACHE_DIR, run_dir))
+    if parse_platform(plan.target.platform)[0] == "gaudi":
+        recipes = _private(graphs, gaudi.RECIPES_DIR, run_dir)
+        buckets = installed["buckets"].tree if "buckets" in installed else None
+        variables |= gaudi.serving_variables(plan.recipe, recipes, buckets)
+    return variables
+
+
+def _private(graphs: Installed | None, name: str, run_dir: Path) -> Path:
+    if graphs is not None and (graphs.tree / name).is_dir():
+        return copy_writable(graphs.tree / name, run_dir / name)
+    (run_dir / name).mkdir(parents=True, exist_ok=True)
+    return run_dir / name
 
 
 class _Process:
-    """What the shared starter asks of vLLM when it watches it for a write-back."""
+    """What the shared starter asks of vLLM as its own process (prebake.engine.common.starter.EngineProcess)."""
 
-    name = "vllm"
-    fallback_kind = "graphs"
+    def launch(self, prepared: starter.Prepared, request: StartRequest, services: Services) -> starter.Launch:
+        return launch(prepared, request, services.store.home)
 
     def ready(self, proc: subprocess.Popen, log: Path, started: float, launch: starter.Launch) -> float:
         host = _flag_value(launch.argv, "--host", "127.0.0.1")
@@ -254,7 +273,7 @@ class _Process:
 
 def write_back(prepared: Prepared, context: Services, ready_s: float, *, timeout: float = 600.0) -> list[str]:
     """Publish every kind that missed, within `timeout` seconds in all (the shared starter's write-back)."""
-    return starter.write_back(_Process(), prepared.shared, prepared.launch, context, ready_s, timeout=timeout)
+    return starter.write_back(_Process(), "graphs", prepared.shared, prepared.launch, context, ready_s, timeout=timeout)
 
 
 def fetch_environment(request: StartRequest, context: Services) -> Prepared:

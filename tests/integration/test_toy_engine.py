@@ -4,10 +4,14 @@ the factor named, and is fetched and served through the shared starter; no other
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from doit.cmd_base import ModuleTaskLoader
@@ -19,6 +23,8 @@ from prebake.artifacts.recipe.schema import load_recipe
 from prebake.artifacts.store.local import Store
 from prebake.engine import adapters
 from prebake.engine.common import probe as probing
+from prebake.engine.common import starter
+from prebake.engine.common.adapter import StartRequest
 from prebake.engine.compose import Context
 from prebake.registry import open_registry
 from tests.support.baking import REPO
@@ -146,3 +152,66 @@ def test_a_recipe_setting_the_toy_does_not_take_is_refused_naming_it(toy, tmp_pa
     unknown = recipe.model_copy(update={"model": recipe.model.model_copy(update={"engine": "sglang"})})
     with pytest.raises(RecipeError, match=r"names engine 'sglang'; prebake serves \['prebake', 'toy', 'vllm'\]"):
         adapters.adapter_for(unknown)
+
+
+class _Steps:
+    """A start's step log that keeps each step's name and detail, and the notes."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[str, str]] = []
+        self.notes: list[str] = []
+
+    @contextmanager
+    def step(self, name: str):
+        record = SimpleNamespace(detail="")
+        yield record
+        self.steps.append((name, record.detail))
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+
+@dataclass
+class _InProcess:
+    """A runner that serves the toy's cache in this process: the starter's other kind of run."""
+
+    ran: list[dict] = field(default_factory=list)
+    abandoned: list[Path] = field(default_factory=list)
+
+    def begin(self, plan, services) -> starter.Begun:
+        run_dir = services.store.home / "run"
+        return starter.Begun(plan.kinds.names, run_dir, services.holds, lambda: self.abandoned.append(run_dir))
+
+    def run(self, started: starter.Started) -> dict:
+        served = json.loads((started.installed["toycache"].tree / "toy-cache.json").read_text())
+        self.ran.append(served)
+        return served
+
+
+def test_the_shared_starter_runs_an_engine_in_this_process_through_a_runner_of_its_own(toy, tmp_path, monkeypatch):
+    """The bundled engine's way (a runner that serves in this process), on the toy: the same steps,
+    the same miss policy, which refuses before the engine runs and undoes what the runner began."""
+    monkeypatch.setenv("PREBAKE_RECIPES", str(_recipes(tmp_path / "recipes", "sweet")))
+    registry_dir = tmp_path / "registry"
+    host = probing.probe(metadata_path=[str(_site(tmp_path / "site-1.0", "1.0")), *sys.path])
+    baker = Context(Store(tmp_path / "baker-home"), host, str(registry_dir), creating=True)
+    plan = baker.pick_plan(load_recipe("toy-model"))
+    for kind in plan.kinds.names:
+        baker.bake(plan, kind)
+
+    runner, log = _InProcess(), _Steps()
+    node = Context(Store(tmp_path / "node-home"), host, str(registry_dir))
+    with node.holds:
+        served = starter.start(runner, StartRequest(model="toy-model", engine="toy"), lambda: node, log)
+    assert served["flavour"] == "sweet" and runner.ran == [served] and not runner.abandoned
+    assert [name for name, _ in log.steps] == ["probe", "keys", "lookup", "verify", "fetch"]
+    assert dict(log.steps)["lookup"].startswith("buckets in the registry, toycache in the registry")
+
+    # toy-runtime 2.0 misses the toycache: under --on-miss fail the starter refuses before the run
+    other = probing.probe(metadata_path=[str(_site(tmp_path / "site-2.0", "2.0")), *sys.path])
+    moved = Context(Store(tmp_path / "moved-home"), other, str(registry_dir))
+    request = StartRequest(model="toy-model", engine="toy", on_miss="fail")
+    with moved.holds, pytest.raises(starter.MissRefused, match="--on-miss is fail") as refused:
+        starter.start(runner, request, lambda: moved, _Steps())
+    assert refused.value.code == 3 and len(runner.ran) == 1
+    assert runner.abandoned == [tmp_path / "moved-home" / "run"]

@@ -242,16 +242,12 @@ def test_the_checker_sees_circles_upward_imports_peers_and_unplaced_packages(tmp
 def test_a_new_engine_is_one_adapter_registered_in_one_line(tmp_path, monkeypatch, capsys):
     """`--engine NAME` reaches whatever adapter is registered (adapters.register): no CLI table to extend."""
     from prebake.engine import adapters, cli
-    from prebake.engine.common.adapter import Fetched
+    from prebake.engine.common.adapter import EngineSpec, Fetched
 
     asked: list[tuple[str, str]] = []
 
     class ToyAdapter:
-        name = "toy"
-        fallback_kind = "graphs"
-
-        def kinds(self):
-            return ()
+        spec = EngineSpec(name="toy", kinds=(), fallback_kind="graphs", default_variant="inductor-cache")
 
         def serve_environment(self, plan, installed, run_dir):
             return {}

@@ -1,6 +1,6 @@
 """A toy engine, whole in this file: its own software factor (the `toy-runtime` package), its own
-recipe setting ([engine] flavour), one compiled kind, and a process that serves from it through
-the shared starter (prebake.engine.common.starter). tests/integration/test_toy_engine.py
+recipe setting ([engine] flavour), one compiled kind, declared in its EngineSpec, and a process
+that serves from it through the shared starter (prebake.engine.common.starter). tests/integration/test_toy_engine.py
 registers it with one line, `register(ToyEngine())`, and touches no other file."""
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from prebake.artifacts.recipe.schema import Recipe
 from prebake.artifacts.store.local import Installed
 from prebake.engine.common import starter
 from prebake.engine.common.adapter import (
+    EngineSpec,
     EngineStartError,
     Fetched,
     OpenServices,
@@ -56,7 +57,7 @@ class ToySettings(Frozen):
 
 
 def _settings(recipe: Recipe) -> ToySettings:
-    settings = recipe_settings(recipe, ToyEngine.name, ToySettings)
+    settings = recipe_settings(recipe, "toy", ToySettings)
     assert isinstance(settings, ToySettings)
     return settings
 
@@ -78,16 +79,14 @@ CACHE = Kind("toycache", ("buckets",), _cache_groups, (CACHE_FILE,), _build_cach
 
 
 class ToyEngine:
-    name = "toy"
-    packages = (PACKAGE,)
-    default_variant = "inductor-cache"
-    fallback_kind = "toycache"
-
-    def settings(self, recipe: Recipe) -> ToySettings:
-        return _settings(recipe)
-
-    def kinds(self) -> tuple[Kind, ...]:
-        return (CACHE,)
+    spec = EngineSpec(
+        name="toy",
+        kinds=(CACHE,),
+        fallback_kind="toycache",
+        default_variant="inductor-cache",
+        packages=(PACKAGE,),
+        settings=ToySettings,
+    )
 
     def serve_environment(self, plan: TargetKeys, installed: Mapping[str, Installed], run_dir: Path) -> dict[str, str]:
         private = run_dir / "cache"
@@ -97,20 +96,17 @@ class ToyEngine:
         return {"TOY_CACHE_DIR": str(private)}
 
     def fetch(self, request: StartRequest, services: Services) -> Fetched:
-        request.engine_options({})
-        prepared = starter.prepare(request, services)
-        return starter.fetched(prepared, self.launch(prepared, request))
+        self.spec.options_of(request)
+        return starter.fetch(self, self, request, services)
 
     def serve(self, request: StartRequest, open_services: OpenServices) -> int:
-        request.engine_options({})
-        services = open_services()
-        prepared = starter.prepare(request, services)
+        self.spec.options_of(request)
         emit = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-        return starter.serve(self, prepared, self.launch(prepared, request), request, services, emit)
+        return starter.serve(starter.Process(self, self, emit), request, open_services)
 
-    # -- what differs from every other engine started as a process ------------------------------
+    # -- what differs from every other engine started as a process (starter.EngineProcess) -------
 
-    def launch(self, prepared: starter.Prepared, request: StartRequest) -> starter.Launch:
+    def launch(self, prepared: starter.Prepared, request: StartRequest, services: Services) -> starter.Launch:
         return starter.Launch((sys.executable, "-c", SERVER))
 
     def ready(self, proc: subprocess.Popen, log: Path, started: float, launch: starter.Launch) -> float:

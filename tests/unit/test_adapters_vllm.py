@@ -632,8 +632,21 @@ def test_prebake_serve_takes_force_aot_load_for_vllm_only(tmp_path):
     done = subprocess.run(cli, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert (
         done.returncode != 0
-        and "--force-aot-load: not an option of engine 'prebake' (its options: --eager)" in done.stderr
+        and "--force-aot-load: not an option of engine 'prebake' (its options: --api-key, --eager)" in done.stderr
     )
     cpu = [*cli[:5], "tiny-llama-vllm", "--engine", "vllm", "--precision", "bf16", "--force-aot-load"]
     done = subprocess.run(cpu, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "AOT compile off" in done.stderr, done.stderr[-2000:]
+
+
+def test_an_api_key_is_an_option_of_the_bundled_engine_and_vllm_refuses_it_naming_its_own():
+    """vLLM takes its own --api-key after --; prebake's is the bundled engine's, refused, not dropped."""
+    from prebake.artifacts.errors import PrebakeError
+    from prebake.engine.adapters import adapter_named
+
+    request = StartRequest(model="tiny-llama-vllm", engine="vllm", options={"api_key": "k"})
+    with pytest.raises(PrebakeError, match=r"--api-key: not an option of engine 'vllm' \(its options: --cache-root, "):
+        adapter_named("vllm").spec.options_of(request)
+    assert adapter_named("prebake").spec.options_of(StartRequest(model="tiny-llama", options={"api_key": "k"})) == {
+        "api_key": "k"
+    }

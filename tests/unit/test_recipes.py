@@ -108,7 +108,7 @@ def test_dynamo_precompile_is_the_bundled_engines_default_variant_and_vllm_keeps
 
     for name, variant in (("tiny-llama", "dynamo-precompile"), ("tiny-llama-vllm", "inductor-cache")):
         recipe = load_recipe(name)
-        assert recipe.compile.variant_or(adapter_for(recipe).default_variant) == variant
+        assert recipe.compile.variant_or(adapter_for(recipe).spec.default_variant) == variant
     text = (Path(__file__).resolve().parents[2] / "recipes" / "tiny-llama-vllm.toml").read_text()
     assert "variant" not in text  # the vLLM default comes from the engine, not from the file
 

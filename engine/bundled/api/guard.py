@@ -2,14 +2,13 @@
 
     API key     with a key set, every route but the probes needs `Authorization: Bearer <key>`
                 (compared in constant time)
-    body        at most `max_body_bytes` (413), read within `body_timeout_s` (408), UTF-8 (400);
-                unlabelled or form-labelled bodies are read as JSON (`curl -d` sends those)
-    all bodies  the bodies in flight take at most `max_bodies_bytes` together (503, Retry-After)
+    body        at most `max_body_bytes` (413), read within `body_timeout_s` (408), UTF-8 (400),
+                read as JSON when unlabelled or labelled a form (`curl -d`)
+    all bodies  every body in flight within `max_bodies_bytes` together (503 with Retry-After)
 
-The body is read here in full and replayed to the route, so a slow or oversized upload ties up
-only its own connection. A refusal sent before the body was read would reach most clients as a
-connection reset, so the rest is read and dropped first (up to `drain_bytes`, `drain_s`), as
-nginx's lingering close does; the C heap is trimmed once the last large body is gone.
+The body is read in full and replayed to the route. A refusal before the body was read drains the
+rest (bounded, as nginx's lingering close) so the client gets the answer, not a reset; when the
+last large body is given back the C heap is trimmed (malloc_trim).
 """
 
 from __future__ import annotations
