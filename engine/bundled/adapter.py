@@ -26,7 +26,7 @@ from prebake.artifacts.recipe.kinds import (
     compile_factors,
     target_groups,
 )
-from prebake.artifacts.recipe.schema import PRECOMPILE, Recipe
+from prebake.artifacts.recipe.schema import DEFAULT_VARIANT, Recipe
 from prebake.artifacts.store.local import Installed
 from prebake.engine.bundled.cache_layout import (
     AUTOTUNE_ENV,
@@ -89,7 +89,7 @@ def _autotune_groups(context: KeyContext) -> Groups:
 
 
 def _graphs_groups(context: KeyContext) -> Groups:
-    return {**target_groups(context), "options": compile_factors(context.recipe, PRECOMPILE)}
+    return {**target_groups(context), "options": compile_factors(context.recipe, DEFAULT_VARIANT)}
 
 
 AUTOTUNE = Kind(
@@ -119,7 +119,7 @@ class BundledAdapter:
 
     name = "prebake"
     packages = ()  # torch and its stack are every kind's factors already (prebake.engine.common.probe.Software)
-    default_variant = PRECOMPILE
+    default_variant = DEFAULT_VARIANT
     fallback_kind = "graphs"
 
     def settings(self, recipe: Recipe) -> None:
