@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import platform
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from pathlib import Path
 from prebake.artifacts.buckets.artifact import BucketSet
 from prebake.artifacts.recipe.kinds import BUCKETS_FILE
 from prebake.artifacts.recipe.schema import AOTI_PACKAGE, DEFAULT_VARIANT, NO_FALLBACK, PRECOMPILE, Recipe
-from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE, GRAPHS_FILE
+from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE, GRAPHS_FILE, INDUCTOR_DIR
 from prebake.engine.bundled.runtime import aoti, precompile
 from prebake.engine.bundled.runtime.autotune import load_winners, measure
 from prebake.engine.bundled.runtime.loader import load_model, torch_dtype
@@ -76,6 +77,10 @@ def compile_graphs(
         aoti_s = aoti.compile_package(model, cache, tactics, out, mode=recipe.compile.mode, log=log)
         seconds = {s: seconds[s] + aoti_s[s] for s in seconds}
         steps = aoti.load_package(model, cache, list(tactics), out)  # what a start loads, checked here
+        if (
+            fallback == NO_FALLBACK
+        ):  # Inductor's leftovers of the AOT compile (ISA probes, locks): the package serves alone
+            shutil.rmtree(out / INDUCTOR_DIR, ignore_errors=True)
     document = {
         "variant": variant,
         "fallback": fallback,

@@ -1,11 +1,11 @@
 """The aoti-package graphs variant: the engine starts from an AOTInductor package without Dynamo or
-Inductor's Python, answers as eager does, and a package that does not load here falls back to the
-next variant of the same graphs tree, says why, and is counted in the store's stats.
+Inductor's Python, answers as eager does, and a package that does not load here falls to the next
+variant its graphs tree holds (dynamo-precompile, with the opt-in [compile] fallback) or, in a tree
+without one, compiles in place; either way it says why and is counted in the store's stats.
 
-One bake pays for the module: a cold `prebake serve --write-back` of a small recipe on an empty
-registry (its compile in place is the bake: torch.compile, Dynamo's precompile and the AOTInductor
-package of both step shapes). A bf16 package of the same shapes is compiled alone, through
-prebake.engine.bundled.runtime.aoti, for the bf16 equality check.
+One opt-in bake pays for most of the module: a cold `prebake serve --write-back` of a small recipe
+(2 step shapes) with fallback = "dynamo-precompile". A bf16 package of the same shapes is compiled
+alone for the bf16 equality check; the tree without fallback is the default recipe's own bake.
 """
 
 from __future__ import annotations
@@ -105,7 +105,8 @@ def _python(code: str, *args: str, env: dict[str, str], timeout: float = 1800) -
 @pytest.fixture(scope="module")
 def recipes(tmp_path_factory):
     folder = tmp_path_factory.mktemp("recipes")
-    write_recipe(folder, MODEL, variant="aoti-package", seqs=1)  # one sequence: two step shapes
+    # one sequence: two step shapes; the dynamo-precompile fallback the fallback tests take
+    write_recipe(folder, MODEL, variant="aoti-package", seqs=1, fallback="dynamo-precompile")
     return folder
 
 
@@ -182,7 +183,8 @@ def test_a_fine_tune_of_the_architecture_loads_the_same_package_and_answers_as_i
     tmp_path, tmp_path_factory, baked
 ):
     recipes = tmp_path_factory.mktemp("fine-tune")
-    write_recipe(recipes, MODEL, variant="aoti-package", seqs=1, seed=1)  # other weights: the same keys
+    # other weights: the same keys
+    write_recipe(recipes, MODEL, variant="aoti-package", seqs=1, seed=1, fallback="dynamo-precompile")
     servers = [
         ServeProcess(["--model", MODEL, "--registry", str(baked), *extra], serve_env(tmp_path / name, recipes))
         for name, extra in (("p", ["--on-miss", "fail"]), ("e", ["--eager"]))

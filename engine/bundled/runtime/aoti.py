@@ -120,6 +120,7 @@ def compile_package(
 
     folder = out / AOTI_DIR
     folder.mkdir(parents=True, exist_ok=True)
+    (folder / PACKAGE).unlink(missing_ok=True)  # a compile in place over a package that did not load
     options = {
         **(torch._inductor.list_mode_options(mode) if mode != "default" else {}),
         "aot_inductor.package": True,
