@@ -26,6 +26,7 @@ from tests.support.serving import ServeProcess, serve_env, write_recipe
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "serve-test-aoti"
+BARE = "serve-test-aoti-bare"  # the default aoti-package recipe: no fallback in its tree
 PROMPT = [5, 17, 300, 42, 7]
 
 # `prebake serve` with a report of the modules Dynamo and Inductor's Python would have brought in:
@@ -368,3 +369,49 @@ def test_the_package_holds_no_weights(graphs_tree):
     assert not [n for n in names if "/weights/" in n or n.endswith((".pt", ".bin", "constants.bin"))], names
     assert [n for n in names if n.endswith(".so")] and not [n for n in names if n.endswith(".cpp")], names
     assert os.path.getsize(graphs_tree / "aoti" / "steps.pt2") > 0
+
+
+def test_a_package_that_does_not_load_in_a_tree_without_fallback_compiles_in_place_says_why_and_serves(tmp_path):
+    recipes, registry, home = tmp_path / "recipes", tmp_path / "registry", tmp_path / "home"
+    write_recipe(recipes, BARE, variant="aoti-package", seqs=1)  # [compile] fallback: the default, none
+    registry.mkdir()
+    cold = ServeProcess(
+        ["--model", BARE, "--registry", str(registry), "--write-back"],
+        serve_env(home, recipes, PREBAKE_WRITE_BACK="index"),
+    )
+    try:
+        cold.wait_ready(timeout=1800)
+        want = cold.complete(prompt=PROMPT, max_tokens=8, temperature=0)
+    finally:
+        cold.stop()
+    (tree,) = {p.parents[1] for p in (home / "trees").rglob("aoti/package.json")}  # the store's graphs tree
+    assert json.loads((tree / "graphs.json").read_text())["fallback"] == "none"
+    assert sorted(p.name for p in tree.iterdir()) == ["aoti", "graphs.json"]  # the package alone: no aot/, inductor/
+    package = tree / "aoti" / "steps.pt2"
+    data = bytearray(package.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 64] = bytes(b ^ 0xFF for b in data[len(data) // 2 : len(data) // 2 + 64])
+    package.write_bytes(bytes(data))  # damaged in place, its size kept: the store's cheap check still passes
+    served = ServeProcess(["--model", BARE, "--registry", str(registry), "--on-miss", "fail"], serve_env(home, recipes))
+    try:
+        served.wait_ready(timeout=1800)
+        got = served.complete(prompt=PROMPT, max_tokens=8, temperature=0)
+    finally:
+        served.stop()
+    log = served.log
+    assert "graphs in the store" in log, log  # a hit, whose package does not load here
+    assert "aoti/steps.pt2 is damaged (sha256" in log, log
+    assert 'the graphs tree carries no fallback ([compile] fallback = "none"): compiling in place' in log, log
+    assert "compile: 2 step shapes compiled in place (aoti-package)" in log, log
+    assert got["choices"][0]["token_ids"] == want["choices"][0]["token_ids"]
+    stats = subprocess.run(
+        [str(Path(sys.executable).parent / "prebake"), "store", "stats", "--json"],
+        env=serve_env(home, recipes),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert stats.returncode == 0, stats.stderr
+    graphs = json.loads(stats.stdout)["kinds"]["graphs"]
+    # the cold start's miss and compile, then the package's fallback and its compile: no second miss
+    assert (graphs["variant_fallbacks"], graphs["fallback_compiles"], graphs["misses"]) == (1, 2, 1), graphs
