@@ -331,6 +331,11 @@ def test_a_package_that_does_not_load_here_falls_back_to_dynamo_precompile_says_
     assert reason in log and "taking dynamo-precompile from the same graphs tree" in log, log
     if how == "isa":
         assert "this CPU lacks" in log
+    assert _graphs_stats(home, recipes)["variant_fallbacks"] == 1
+
+
+def _graphs_stats(home: Path, recipes: Path) -> dict:
+    """`prebake store stats --json`'s counts for the graphs kind."""
     stats = subprocess.run(
         [str(Path(sys.executable).parent / "prebake"), "store", "stats", "--json"],
         env=serve_env(home, recipes),
@@ -340,7 +345,7 @@ def test_a_package_that_does_not_load_here_falls_back_to_dynamo_precompile_says_
         timeout=120,
     )
     assert stats.returncode == 0, stats.stderr
-    assert json.loads(stats.stdout)["kinds"]["graphs"]["variant_fallbacks"] == 1
+    return json.loads(stats.stdout)["kinds"]["graphs"]
 
 
 def test_a_package_asked_for_a_shape_it_lacks_names_it_and_the_bucket_set(tmp_path, recipes, graphs_tree):
@@ -403,15 +408,6 @@ def test_a_package_that_does_not_load_in_a_tree_without_fallback_compiles_in_pla
     assert 'the graphs tree carries no fallback ([compile] fallback = "none"): compiling in place' in log, log
     assert "compile: 2 step shapes compiled in place (aoti-package)" in log, log
     assert got["choices"][0]["token_ids"] == want["choices"][0]["token_ids"]
-    stats = subprocess.run(
-        [str(Path(sys.executable).parent / "prebake"), "store", "stats", "--json"],
-        env=serve_env(home, recipes),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert stats.returncode == 0, stats.stderr
-    graphs = json.loads(stats.stdout)["kinds"]["graphs"]
+    graphs = _graphs_stats(home, recipes)
     # the cold start's miss and compile, then the package's fallback and its compile: no second miss
     assert (graphs["variant_fallbacks"], graphs["fallback_compiles"], graphs["misses"]) == (1, 2, 1), graphs
