@@ -474,6 +474,9 @@ def _load_steps(
             log.note(
                 f"dynamo-precompile: precompiled functions do not load here ({fallback}); warming up from the bundle's Inductor cache"
             )
+            log.metrics.add("prebake_variant_fallbacks_total", variant=PRECOMPILE)
+            if store is not None:
+                record_variant_fallback(store, "graphs", PRECOMPILE, "inductor-cache", fallback)
         else:
             parts.update(loading.as_dict())
     elif steps is None:

@@ -255,15 +255,17 @@ def _damage(tree: Path, how: str, tmp_path: Path) -> Path:
     recorded = copy / "aoti" / "package.json"
     package = copy / "aoti" / "steps.pt2"
     document = json.loads(recorded.read_text())
-    if how == "isa":
+    if how in ("isa", "isa-and-aot"):
         from prebake.engine.bundled.runtime.aoti import ISA_FLAGS, cpu_flags
 
         flags = cpu_flags()
         document["cpu_isa"] = next(isa for isa, needs in ISA_FLAGS.items() if not needs <= flags)
     elif how == "torch":
         document["torch"] = "2.1.0"
-    if how in ("isa", "torch"):
+    if how in ("isa", "torch", "isa-and-aot"):
         recorded.write_text(json.dumps(document))
+        for function in (copy / "aot").glob("*.pt2fn") if how == "isa-and-aot" else ():
+            function.write_bytes(function.read_bytes()[:100])  # dynamo-precompile's functions cut short too
         return copy
     entries = {}
     with zipfile.ZipFile(package) as archive:
@@ -332,6 +334,23 @@ def test_a_package_that_does_not_load_here_falls_back_to_dynamo_precompile_says_
     if how == "isa":
         assert "this CPU lacks" in log
     assert _graphs_stats(home, recipes)["variant_fallbacks"] == 1
+
+
+def test_a_tree_whose_package_and_functions_do_not_load_warms_up_from_its_inductor_cache_each_step_counted(
+    tmp_path, recipes, graphs_tree
+):
+    tree = _damage(graphs_tree, "isa-and-aot", tmp_path)
+    home = tmp_path / "home"
+    env = {**serve_env(home, recipes), "TORCHINDUCTOR_CACHE_DIR": str(tree / "inductor")}
+    done = _python(_WARM_UP, str(tree), str(home), MODEL, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    log = "\n".join(got["log"])
+    assert got["type"] == "CompiledSteps", log  # torch.compile over the tree's Inductor cache
+    assert "this CPU lacks" in log and "taking dynamo-precompile from the same graphs tree" in log, log
+    assert "dynamo-precompile: precompiled functions do not load here" in log, log
+    assert "AOTAutograd cache" in got["detail"] and "0 miss(es)" in got["detail"], got["detail"]
+    assert _graphs_stats(home, recipes)["variant_fallbacks"] == 2  # aoti-package, then dynamo-precompile
 
 
 def _graphs_stats(home: Path, recipes: Path) -> dict:
