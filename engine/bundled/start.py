@@ -441,7 +441,7 @@ def _load_steps(
         if steps is None:
             from prebake.engine.bundled.runtime.aoti import fallback_in
 
-            variant = fallback_in(graphs_tree)
+            variant = fallback_in(graphs_tree / cache_layout.GRAPHS_FILE)
             log.note(f"aoti-package: {reason}; {_TAKING[variant]}")
             log.metrics.add("prebake_variant_fallbacks_total", variant=AOTI_PACKAGE)
             if store is not None:

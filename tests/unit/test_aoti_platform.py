@@ -80,5 +80,5 @@ def test_a_gpu_package_is_refused_on_another_compute_capability_and_needs_no_cpu
 )
 def test_the_variant_after_a_package_is_what_its_tree_was_baked_to_carry(tmp_path, document, next_variant):
     (tmp_path / "graphs.json").write_text(json.dumps({"variant": "aoti-package", **document}))
-    assert aoti.fallback_in(tmp_path) == next_variant
-    assert aoti.fallback_in(tmp_path / "absent") is None
+    assert aoti.fallback_in(tmp_path / "graphs.json") == next_variant
+    assert aoti.fallback_in(tmp_path / "absent.json") is None

@@ -25,7 +25,6 @@ import torch
 
 from prebake.artifacts.frozen import Frozen
 from prebake.artifacts.recipe.schema import NO_FALLBACK, PRECOMPILE
-from prebake.engine.bundled.cache_layout import GRAPHS_FILE
 from prebake.engine.bundled.runtime.model import KVCache, Llama
 from prebake.engine.bundled.runtime.shapes import StepShape
 from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
@@ -65,12 +64,13 @@ class PackageRecord(Frozen):
     constants: tuple[str, ...] = ()  # what each model takes from the serving model, by name
 
 
-def fallback_in(tree: Path) -> str | None:
-    """The variant an aoti-package graphs tree holds after its package: "dynamo-precompile" (Dynamo's
-    functions over Inductor's cache), "inductor-cache" (the cache alone: a torch without precompile),
-    or None (no [compile] fallback: a start whose package does not load compiles in place)."""
+def fallback_in(graphs_json: Path) -> str | None:
+    """The variant an aoti-package graphs tree holds after its package, from its graphs.json:
+    "dynamo-precompile" (Dynamo's functions over Inductor's cache), "inductor-cache" (the cache
+    alone: a torch without precompile), or None (no [compile] fallback: a start whose package does
+    not load compiles in place)."""
     try:
-        document = json.loads((tree / GRAPHS_FILE).read_text())
+        document = json.loads(graphs_json.read_text())
     except (OSError, ValueError):
         return None
     if document.get("fallback", PRECOMPILE) == NO_FALLBACK:  # trees baked before the setting carried one
