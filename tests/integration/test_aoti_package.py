@@ -3,9 +3,9 @@ Inductor's Python, answers as eager does, and a package that does not load here 
 variant its graphs tree holds (dynamo-precompile, with the opt-in [compile] fallback) or, in a tree
 without one, compiles in place; either way it says why and is counted in the store's stats.
 
-One opt-in bake pays for most of the module: a cold `prebake serve --write-back` of a small recipe
-(2 step shapes) with fallback = "dynamo-precompile". A bf16 package of the same shapes is compiled
-alone for the bf16 equality check; the tree without fallback is the default recipe's own bake.
+Two bakes pay for the module, each a cold `prebake serve --write-back` of a small recipe (2 step
+shapes): fp32 with the opt-in fallback = "dynamo-precompile", and the default (no fallback) in bf16,
+whose tree serves the bf16 equality check and the compile-in-place test.
 """
 
 from __future__ import annotations
@@ -202,25 +202,41 @@ def test_a_fine_tune_of_the_architecture_loads_the_same_package_and_answers_as_i
 
 
 @pytest.fixture(scope="module")
-def bf16_tree(tmp_path_factory, recipes, graphs_tree) -> Path:
-    """A bf16 package of the same step shapes, compiled alone."""
-    tree = tmp_path_factory.mktemp("bf16")
-    shutil.copy(graphs_tree / "graphs.json", tree / "graphs.json")
-    code = (
-        "import json, sys\nfrom pathlib import Path\n"
-        "from prebake.artifacts.recipe.schema import load_recipe\n"
-        "from prebake.engine.bundled.build import model_and_cache\n"
-        "from prebake.engine.bundled.runtime import aoti\n"
-        "from prebake.engine.bundled.runtime.shapes import StepShape\n"
-        "from prebake.engine.bundled.runtime.steps import Tactic\n"
-        "tree = Path(sys.argv[1])\n"
-        "shapes = [StepShape(**s['shape']) for s in json.loads((tree / 'graphs.json').read_text())['shapes']]\n"
-        "model, cache = model_and_cache(load_recipe(sys.argv[2]), 'bf16')\n"
-        "aoti.compile_package(model, cache, {s: Tactic() for s in shapes}, tree, log=lambda line: None)\n"
+def bare(tmp_path_factory):
+    """The default recipe's own bake (aoti-package, no fallback), bf16: a cold `prebake serve
+    --write-back` of the same model and step shapes; its registry, home, recipes and first completion."""
+    root = tmp_path_factory.mktemp("bare")
+    recipes, registry, home = root / "recipes", root / "registry", root / "home"
+    write_recipe(recipes, BARE, variant="aoti-package", seqs=1, dtype="bf16")  # [compile] fallback: none
+    registry.mkdir()
+    cold = ServeProcess(
+        ["--model", BARE, "--registry", str(registry), "--write-back"],
+        serve_env(home, recipes, PREBAKE_WRITE_BACK="index"),
     )
-    env = {**serve_env(tmp_path_factory.mktemp("bf16-home"), recipes), "TORCHINDUCTOR_CACHE_DIR": str(tree / "ind")}
-    done = _python(code, str(tree), MODEL, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
+    try:
+        cold.wait_ready(timeout=1800)
+        completion = cold.complete(prompt=PROMPT, max_tokens=8, temperature=0)
+    finally:
+        cold.stop()
+    assert "prebake serve: compile: 2 step shapes compiled in place (aoti-package)" in cold.log, cold.log
+    return registry, home, recipes, completion
+
+
+@pytest.fixture(scope="module")
+def bf16_tree(tmp_path_factory, bare) -> Path:
+    """A bf16 package of the same step shapes: the bare bake's graphs tree, fetched into a store of its own."""
+    registry, _, recipes, _ = bare
+    home = tmp_path_factory.mktemp("bf16-home")
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "prebake"), "fetch", "--model", BARE, "--registry", str(registry)],
+        env=serve_env(home, recipes),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    (tree,) = {p.parents[1] for p in home.rglob("aoti/package.json")}
     return tree
 
 
@@ -395,19 +411,8 @@ def test_the_package_holds_no_weights(graphs_tree):
     assert os.path.getsize(graphs_tree / "aoti" / "steps.pt2") > 0
 
 
-def test_a_package_that_does_not_load_in_a_tree_without_fallback_compiles_in_place_says_why_and_serves(tmp_path):
-    recipes, registry, home = tmp_path / "recipes", tmp_path / "registry", tmp_path / "home"
-    write_recipe(recipes, BARE, variant="aoti-package", seqs=1)  # [compile] fallback: the default, none
-    registry.mkdir()
-    cold = ServeProcess(
-        ["--model", BARE, "--registry", str(registry), "--write-back"],
-        serve_env(home, recipes, PREBAKE_WRITE_BACK="index"),
-    )
-    try:
-        cold.wait_ready(timeout=1800)
-        want = cold.complete(prompt=PROMPT, max_tokens=8, temperature=0)
-    finally:
-        cold.stop()
+def test_a_package_that_does_not_load_in_a_tree_without_fallback_compiles_in_place_says_why_and_serves(bare):
+    registry, home, recipes, want = bare
     (tree,) = {p.parents[1] for p in (home / "trees").rglob("aoti/package.json")}  # the store's graphs tree
     assert json.loads((tree / "graphs.json").read_text())["fallback"] == "none"
     assert sorted(p.name for p in tree.iterdir()) == ["aoti", "graphs.json"]  # the package alone: no aot/, inductor/
