@@ -111,30 +111,26 @@ def recipes(tmp_path_factory):
     return folder
 
 
-@pytest.fixture(scope="module")
-def baked(tmp_path_factory, recipes):
-    """The registry a cold start with --write-back filled, and that start's log."""
-    root = tmp_path_factory.mktemp("cold-aoti")
-    registry = root / "registry"
-    registry.mkdir()
+def _cold_bake(model: str, recipes: Path, registry: Path, home: Path) -> dict:
+    """A cold `prebake serve --write-back` of `model` into the empty `registry` (its bake); its first completion."""
+    registry.mkdir(parents=True)
     server = ServeProcess(
-        ["--model", MODEL, "--registry", str(registry), "--write-back"],
-        serve_env(root / "home", recipes, PREBAKE_WRITE_BACK="index"),
+        ["--model", model, "--registry", str(registry), "--write-back"],
+        serve_env(home, recipes, PREBAKE_WRITE_BACK="index"),
     )
     try:
         server.wait_ready(timeout=1800)
+        completion = server.complete(prompt=PROMPT, max_tokens=8, temperature=0)
     finally:
         server.stop()
     assert "prebake serve: compile: 2 step shapes compiled in place (aoti-package)" in server.log, server.log
-    return registry
+    return completion
 
 
-@pytest.fixture(scope="module")
-def graphs_tree(tmp_path_factory, recipes, baked) -> Path:
-    """The baked graphs tree, fetched into a store of its own: a copy each test may damage."""
-    home = tmp_path_factory.mktemp("fetched")
+def _fetched_tree(model: str, recipes: Path, registry: Path, home: Path) -> Path:
+    """`model`'s graphs tree from `registry`, fetched into the store at `home`."""
     done = subprocess.run(
-        [str(Path(sys.executable).parent / "prebake"), "fetch", "--model", MODEL, "--registry", str(baked)],
+        [str(Path(sys.executable).parent / "prebake"), "fetch", "--model", model, "--registry", str(registry)],
         env=serve_env(home, recipes),
         cwd=REPO,
         capture_output=True,
@@ -144,6 +140,20 @@ def graphs_tree(tmp_path_factory, recipes, baked) -> Path:
     assert done.returncode == 0, done.stderr
     (tree,) = {p.parents[1] for p in home.rglob("aoti/package.json")}
     return tree
+
+
+@pytest.fixture(scope="module")
+def baked(tmp_path_factory, recipes):
+    """The registry the opt-in recipe's cold start with --write-back filled."""
+    root = tmp_path_factory.mktemp("cold-aoti")
+    _cold_bake(MODEL, recipes, root / "registry", root / "home")
+    return root / "registry"
+
+
+@pytest.fixture(scope="module")
+def graphs_tree(tmp_path_factory, recipes, baked) -> Path:
+    """The baked graphs tree, fetched into a store of its own: a copy each test may damage."""
+    return _fetched_tree(MODEL, recipes, baked, tmp_path_factory.mktemp("fetched"))
 
 
 class _ReportingServe(ServeProcess):
@@ -203,41 +213,19 @@ def test_a_fine_tune_of_the_architecture_loads_the_same_package_and_answers_as_i
 
 @pytest.fixture(scope="module")
 def bare(tmp_path_factory):
-    """The default recipe's own bake (aoti-package, no fallback), bf16: a cold `prebake serve
-    --write-back` of the same model and step shapes; its registry, home, recipes and first completion."""
+    """The default recipe's own bake (aoti-package, no fallback), bf16, of the same model and step
+    shapes; its registry, home, recipes and first completion."""
     root = tmp_path_factory.mktemp("bare")
     recipes, registry, home = root / "recipes", root / "registry", root / "home"
     write_recipe(recipes, BARE, variant="aoti-package", seqs=1, dtype="bf16")  # [compile] fallback: none
-    registry.mkdir()
-    cold = ServeProcess(
-        ["--model", BARE, "--registry", str(registry), "--write-back"],
-        serve_env(home, recipes, PREBAKE_WRITE_BACK="index"),
-    )
-    try:
-        cold.wait_ready(timeout=1800)
-        completion = cold.complete(prompt=PROMPT, max_tokens=8, temperature=0)
-    finally:
-        cold.stop()
-    assert "prebake serve: compile: 2 step shapes compiled in place (aoti-package)" in cold.log, cold.log
-    return registry, home, recipes, completion
+    return registry, home, recipes, _cold_bake(BARE, recipes, registry, home)
 
 
 @pytest.fixture(scope="module")
 def bf16_tree(tmp_path_factory, bare) -> Path:
     """A bf16 package of the same step shapes: the bare bake's graphs tree, fetched into a store of its own."""
     registry, _, recipes, _ = bare
-    home = tmp_path_factory.mktemp("bf16-home")
-    done = subprocess.run(
-        [str(Path(sys.executable).parent / "prebake"), "fetch", "--model", BARE, "--registry", str(registry)],
-        env=serve_env(home, recipes),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr
-    (tree,) = {p.parents[1] for p in home.rglob("aoti/package.json")}
-    return tree
+    return _fetched_tree(BARE, recipes, registry, tmp_path_factory.mktemp("bf16-home"))
 
 
 # Logits of the compiled steps against eager ones, as max |difference| / max |eager logit|: fp32
@@ -328,17 +316,21 @@ print(json.dumps({"type": type(steps).__name__, "detail": detail, "log": lines, 
 """
 
 
-@pytest.mark.parametrize("how", ["isa", "torch", "damaged-so", "missing-model"])
-def test_a_package_that_does_not_load_here_falls_back_to_dynamo_precompile_says_why_and_is_counted(
-    how, tmp_path, recipes, graphs_tree
-):
-    tree = _damage(graphs_tree, how, tmp_path)
-    home = tmp_path / "home"
+def _warm_up(tree: Path, home: Path, recipes: Path) -> tuple[dict, str]:
+    """The engine's warm-up on `tree` in a fresh process, with the store at `home`: what served, and its log."""
     env = {**serve_env(home, recipes), "TORCHINDUCTOR_CACHE_DIR": str(tree / "inductor")}
     done = _python(_WARM_UP, str(tree), str(home), MODEL, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
-    log = "\n".join(got["log"])
+    return got, "\n".join(got["log"])
+
+
+@pytest.mark.parametrize("how", ["isa", "torch", "damaged-so", "missing-model"])
+def test_a_package_that_does_not_load_here_falls_back_to_dynamo_precompile_says_why_and_is_counted(
+    how, tmp_path, recipes, graphs_tree
+):
+    home = tmp_path / "home"
+    got, log = _warm_up(_damage(graphs_tree, how, tmp_path), home, recipes)
     assert got["type"] == "AotSteps", log  # dynamo-precompile's functions served, nothing compiled
     reason = {
         "isa": "its kernels were built for vector ISA",
@@ -355,13 +347,8 @@ def test_a_package_that_does_not_load_here_falls_back_to_dynamo_precompile_says_
 def test_a_tree_whose_package_and_functions_do_not_load_warms_up_from_its_inductor_cache_each_step_counted(
     tmp_path, recipes, graphs_tree
 ):
-    tree = _damage(graphs_tree, "isa-and-aot", tmp_path)
     home = tmp_path / "home"
-    env = {**serve_env(home, recipes), "TORCHINDUCTOR_CACHE_DIR": str(tree / "inductor")}
-    done = _python(_WARM_UP, str(tree), str(home), MODEL, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
-    log = "\n".join(got["log"])
+    got, log = _warm_up(_damage(graphs_tree, "isa-and-aot", tmp_path), home, recipes)
     assert got["type"] == "CompiledSteps", log  # torch.compile over the tree's Inductor cache
     assert "this CPU lacks" in log and "taking dynamo-precompile from the same graphs tree" in log, log
     assert "dynamo-precompile: precompiled functions do not load here" in log, log
