@@ -25,9 +25,10 @@ $(DEMO_STAMP): pyproject.toml
 	test -f $(STAMP) || $(BIN)/pip install --quiet -e '.[torch,serve]'
 	touch $(DEMO_STAMP)
 
-## demo: bake tiny-llama into the embedded registry through one cold start with --write-back (its
-## figures are the cold start's, labelled so: nothing is compiled twice), serve it from the bundle
-## (one completion), start it eager, print the cold, prebaked and eager start-up figures
+## demo: bake tiny-llama (the default aoti-package variant: one AOTInductor package) into the embedded
+## registry through one cold start with --write-back (its figures are the cold start's, labelled so:
+## nothing is compiled twice), serve it from the package (one completion), start it eager, print the
+## cold, prebaked and eager start-up figures
 demo: $(DEMO_STAMP)
 	$(BIN)/python benchmarks/startup.py --registry "$${PREBAKE_HOME:-$$HOME/.cache/prebake}/registry" \
 		--precision bf16 --iterations 1 --cold-from-bake --show-completion

@@ -4,27 +4,17 @@ and no network at all; it ends with the same JSON line as benchmarks/startup.py.
     python benchmarks/gpu_check.py [--wheelhouse wheelhouse] [--work DIR] [--precision bf16] [--cpu]
     python benchmarks/gpu_check.py --build-wheelhouse wheelhouse [--python-version 3.12 ...]   (here)
 
-On the GPU host (`make gpu-check`), in this order:
-
-    install   a venv that sees the host's torch (--system-site-packages), and prebake with its
-              other dependencies from the wheels carried beside this checkout (pip --no-index
-              --find-links wheelhouse: nothing is downloaded)
-    probe     torch's version, CUDA, the GPU; the recipe tiny-llama copied with its [matrix]
-              platform set to this GPU's ("cuda:sm_90" on an H100 or H200)
-    start     benchmarks/startup.py on that recipe, for today's default variant (Dynamo's
-              precompile; on a torch without it the Inductor-cache variant, as the graphs builder
-              decides) and beside it the AOTInductor package ("aoti-package": cubins on CUDA,
-              loaded by torch's C++ loader): for each, the bake (a cold start with --write-back,
-              compiling Triton kernels), a cold start and a prebaked one, and the eager floor;
-              its JSON line (both variants' figures), and one more with the host's facts
-
+On the GPU host (`make gpu-check`): install (a venv over the host's torch, prebake and its other
+dependencies from the wheels beside this checkout: nothing downloaded); probe (torch, CUDA, the GPU;
+tiny-llama with its [matrix] platform set to this GPU's, "cuda:sm_90" on an H100 or H200); start
+(benchmarks/startup.py for both variants, the default "aoti-package", cubins loaded by torch's C++
+loader, and "dynamo-precompile" beside it: each one's bake, a cold and a prebaked start, the eager
+floor; its JSON line, the bakes' compile ratio among it, and one more with the host's facts).
 Without a GPU (or with --cpu) the same steps run on the CPU: the fallback the tests run here.
 
-The wheelhouse is built on a machine with PyPI (`make gpu-wheelhouse`): prebake's own wheel and
-binary wheels of what the check runs besides torch (pyproject.toml's dependencies, the serve
-extra and safetensors: not torch, not the registries', dev or Ray extras) for the GPU host's
-Python, manylinux x86_64 (its size: docs/verified.md); it must stay under 64 MiB
-(WHEELHOUSE_LIMIT) and the build exits 1, saying its size, when it does not.
+The wheelhouse is built on a machine with PyPI (`make gpu-wheelhouse`): prebake's wheel and binary
+wheels of what the check runs besides torch, for the GPU host's Python, manylinux x86_64; it must
+stay under 64 MiB (WHEELHOUSE_LIMIT), and the build exits 1, saying its size, when it does not.
 """
 
 from __future__ import annotations
@@ -136,7 +126,7 @@ def recipe_for(platform: str, folder: Path) -> Path:
     return folder
 
 
-GPU_VARIANTS = ("dynamo-precompile", "aoti-package")  # today's default, and the AOTInductor package beside it
+GPU_VARIANTS = ("dynamo-precompile", "aoti-package")  # the default (aoti-package) and the variant it replaced
 
 
 def check(

@@ -1,32 +1,22 @@
 """Start-up of the bundled engine: cold, prebaked and eager, after vLLM's startup benchmark.
 
-Every iteration is a fresh `prebake serve` subprocess with an empty store (a fresh
-PREBAKE_HOME), timed from spawn until /health says 200 (time to ready), then one completion
-(first-request latency). Three modes on one recipe:
-
-    cold       no bundle anywhere (an empty registry): buckets, autotune and graphs are
-               built in place, as a first start on a new host would
-    prebaked   the recipe's bundles in a local registry: fetch, verify, install, load
-    eager      compilation off (--eager, bundles for buckets and autotune): the floor that
-               no cache can beat, since it compiles nothing
-
-The figure of merit is the share of the compile overhead the bundle removes:
+Every start is a fresh `prebake serve` subprocess with an empty store, timed from spawn until
+/health says 200, then one completion. Modes: cold (an empty registry: everything built in
+place), prebaked (the recipe's bundles in a local registry), eager (--eager: the floor).
+Figure of merit, on the mean time to ready, per graphs variant ([compile] variant):
 
     (cold - prebaked) / (cold - eager)          target >= 0.97 on tiny-llama, default variant
 
-measured on the mean time to ready, for each graphs variant ([compile] variant of the recipe):
-"inductor-cache" (Inductor's cache folder: Dynamo still traces every shape at start-up),
-"dynamo-precompile" (Dynamo's ahead-of-time precompile, prebake.engine.bundled.runtime.precompile: nothing is traced at start-up)
-and "aoti-package" (an AOTInductor package loaded by torch's C++ loader, prebake.engine.bundled.runtime.aoti: neither
-Dynamo nor Inductor's Python is imported at start-up).
+Each variant's bundles are made first by one cold start with --write-back (its bake); the bake's
+compile step and graphs bundle's size are reported per variant and against dynamo-precompile's.
 Modes are interleaved per iteration, so machine noise hits them alike.
 
     python benchmarks/startup.py [--model tiny-llama] [--precision fp32] [--variant both|all|V[,V...]]
-                                 [--iterations 3] [--json results.json] [--work DIR]
+                                 [--iterations 3] [--warm-iterations N] [--cold-from-bake]
+                                 [--json results.json] [--work DIR]
 
-Before timing, each variant's bundles are made by one untimed cold start with --write-back.
-The output ends with one JSON line: the overhead removed per variant and for the recipe's
-default variant (dynamo-precompile for the bundled engine), and the mean time to ready of every mode.
+The output ends with one JSON line: overhead removed per variant and for the recipe's default
+variant, mean time to ready of every mode, the bakes' compile seconds and bundle bytes.
 """
 
 from __future__ import annotations
@@ -109,6 +99,8 @@ def main() -> None:
     runs: list[Run] = []
     for variant in variants:
         baked = bench.bake(variant)
+        if baked is not None:
+            bench.bakes[variant] = baked
         if args.cold_from_bake and baked is not None:
             runs.append(Run("cold", variant, baked.ready_s, baked.first_request_s, baked.steps, baked.parts))
     for i in range(args.iterations):
@@ -122,7 +114,8 @@ def main() -> None:
         for variant in variants:
             runs.append(bench.start("prebaked", variant, i))
     summary = summarise(runs, variants)
-    print(render(summary, args))
+    bakes = bake_summary(bench, variants)
+    print(render(summary, args, bakes))
     if args.json:
         args.json.write_text(json.dumps({"runs": [asdict(r) for r in runs], "summary": summary}, indent=1))
     if args.chart:
@@ -130,10 +123,10 @@ def main() -> None:
         from benchmarks import charts
 
         charts.startup(summary, args.chart, title=f"{args.model} {args.precision} start-up by step")
-    print(json.dumps(figures(summary, variants, args)))
+    print(json.dumps(figures(summary, variants, args, bakes)))
 
 
-def figures(summary: dict, variants, args) -> dict:
+def figures(summary: dict, variants, args, bakes: dict) -> dict:
     """The run's figures under stable names: the last line of the output."""
     default = _recipe_variant(_recipe_path(args.model).read_text())
     removed = {v: round(summary[v]["compile_overhead_removed"]["mean"], 4) for v in variants}
@@ -166,6 +159,9 @@ def figures(summary: dict, variants, args) -> dict:
             **{f"{m}_{v}": _rounded(summary[v][m]["parts_mean_s"]) for v in variants for m in ("cold", "prebaked")},
         },
         "prebaked_beyond_eager_s": {v: beyond_eager(summary[v]["prebaked"], summary["eager"]) for v in variants},
+        # each bake's compile step (compile_graphs of every shape), seconds, and its graphs bundle's bytes;
+        # the ratios are to dynamo-precompile's of the same run
+        **{f"bake_{name}": value for name, value in bakes.items()},
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
 
@@ -180,6 +176,13 @@ class Bench:
     def __init__(self, work: Path, model: str, precision: str, show: bool = False):
         self.work, self.model, self.precision, self.show = work, model, precision, show
         self.registries: dict[str, Path] = {}  # variant -> a registry given by the caller
+        self.bakes: dict[str, Run] = {}  # variant -> the cold start with --write-back that baked it here
+
+    def graphs_bundle_bytes(self, variant: str) -> int | None:
+        """The size of the graphs bundle (its compressed blob) in the variant's registry."""
+        for entry in sorted(self.registry(variant).glob("index/graphs/*.json")):
+            return int(json.loads(entry.read_text())["blob"]["size"])
+        return None
 
     def recipes(self, variant: str) -> Path:
         folder = self.work / variant / "recipes"
@@ -281,6 +284,23 @@ def summarise(runs: list[Run], variants) -> dict:
     return out
 
 
+def bake_summary(bench: Bench, variants) -> dict:
+    """Each variant's bake compile step and graphs bundle bytes, and their ratios to dynamo-precompile's."""
+    compile_s = {v: run.steps["compile"] for v in variants if (run := bench.bakes.get(v)) and "compile" in run.steps}
+    sizes = {v: size for v in variants if (size := bench.graphs_bundle_bytes(v)) is not None}
+
+    def over(values: dict) -> dict[str, float]:
+        base = values.get("dynamo-precompile")
+        return {v: round(x / base, 3) for v, x in values.items() if base and v != "dynamo-precompile"}
+
+    return {
+        "compile_s": {v: round(x, 3) for v, x in compile_s.items()},
+        "compile_over_precompile": over(compile_s),
+        "bundle_bytes": sizes,
+        "bundle_over_precompile": over(sizes),
+    }
+
+
 def _mode_summary(runs: list[Run], stats) -> dict:
     step_names = sorted({name for r in runs for name in r.steps})
     part_names = sorted({name for r in runs for name in r.parts})
@@ -292,7 +312,7 @@ def _mode_summary(runs: list[Run], stats) -> dict:
     }
 
 
-def render(summary: dict, args) -> str:
+def render(summary: dict, args, bakes: dict | None = None) -> str:
     lines = [
         f"\nstart-up of {args.model} {args.precision}, {args.iterations} iteration(s) per mode, "
         f"fresh subprocess and empty store each",
@@ -319,6 +339,20 @@ def render(summary: dict, args) -> str:
             "then packed and published the bundles, a few seconds more than a cold start)"
         )
     lines.append("")
+    bakes = bakes or {"compile_s": {}}
+    for variant, seconds in bakes["compile_s"].items():
+        ratio = bakes["compile_over_precompile"].get(variant)
+        size = bakes["bundle_bytes"].get(variant)
+        lines.append(
+            f"bake of {variant:<17}: compile step {seconds:7.1f} s"
+            + (f" ({ratio:.2f}x dynamo-precompile's)" if ratio else "")
+            + (f", graphs bundle {size / 1e6:.2f} MB" if size else "")
+            + (
+                f" ({bakes['bundle_over_precompile'][variant]:.2f}x)"
+                if variant in bakes["bundle_over_precompile"]
+                else ""
+            )
+        )
     for variant in (v for v in VARIANTS if v in summary):
         ratio = summary[variant]["compile_overhead_removed"]
         lines.append(

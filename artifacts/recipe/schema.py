@@ -101,14 +101,15 @@ def _normal(value: Any) -> Any:
 
 
 # The graphs variant of a recipe whose [compile] table names none is its engine's (the adapter's
-# `default_variant`, read through CompileOptions.variant_or): prebake's own engine loads functions
-# precompiled by Dynamo ("dynamo-precompile", which also carries the Inductor cache it falls back to).
-PRECOMPILE: Final = "dynamo-precompile"
-# AOTInductor: every step shape a named model of one .pt2 package, loaded by torch's C++ loader; its
-# graphs tree also holds the dynamo-precompile tree, the next variant when the package does not load.
+# `default_variant`, read through CompileOptions.variant_or).
+PRECOMPILE: Final = "dynamo-precompile"  # functions precompiled by Dynamo, over the Inductor cache they fall to
+# AOTInductor: every step shape a named model of one .pt2 package, loaded by torch's C++ loader.
 AOTI_PACKAGE: Final = "aoti-package"
-# "aoti" was this variant's first name; it is Dynamo's precompile, not AOTInductor (what "AOTI"
-# means to a PyTorch user), so it was renamed. Recipes that still say "aoti" keep working.
+DEFAULT_VARIANT: Final = AOTI_PACKAGE  # the bundled engine's (docs/graphs-variants.md says why)
+# What an aoti-package tree carries besides its package ([compile] fallback): nothing by default, as
+# the key already names what decides whether a package loads; "dynamo-precompile" by opt-in.
+NO_FALLBACK: Final = "none"
+# "aoti" was dynamo-precompile's first name (it is not AOTInductor); recipes that say it still work.
 _RENAMED_VARIANTS = {"aoti": PRECOMPILE}
 
 
@@ -117,6 +118,11 @@ class CompileOptions(Frozen):
     freezing: bool = Field(default=False, description="fold weights into graphs: the weights join the key")
     variant: Literal["inductor-cache", "dynamo-precompile", "aoti-package"] | None = (
         None  # None: the engine's default (variant_or)
+    )
+    fallback: Literal["none", "dynamo-precompile"] = Field(
+        default=NO_FALLBACK,
+        description="aoti-package only: the variant its graphs tree also carries for a host where the package "
+        "does not load ('none': that host compiles in place)",
     )
 
     @field_validator("variant", mode="before")
@@ -134,9 +140,26 @@ class CompileOptions(Frozen):
             return new
         return value
 
+    @model_validator(mode="after")
+    def _fallback_of_a_package(self) -> CompileOptions:
+        if self.variant is not None:
+            self.fallback_for(self.variant)
+        return self
+
     def variant_or(self, default: str) -> str:
         """The variant the recipe names, else the engine's `default`."""
         return self.variant or default
+
+    def fallback_for(self, variant: str) -> str:
+        """What a graphs tree of `variant` carries besides it: [compile] fallback, which only an
+        aoti-package tree takes (the other variants' trees are their own fallbacks)."""
+        if variant != AOTI_PACKAGE and self.fallback != NO_FALLBACK:
+            raise ValueError(
+                f"[compile] fallback = {self.fallback!r} is what an aoti-package graphs tree carries besides its "
+                f"package, and this recipe's variant is {variant!r}; remove fallback, or set variant = "
+                f"{AOTI_PACKAGE!r}"
+            )
+        return self.fallback
 
 
 class AutotuneSpec(Frozen):

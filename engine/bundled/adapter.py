@@ -27,7 +27,7 @@ from prebake.artifacts.recipe.kinds import (
     compile_factors,
     target_groups,
 )
-from prebake.artifacts.recipe.schema import PRECOMPILE
+from prebake.artifacts.recipe.schema import DEFAULT_VARIANT
 from prebake.artifacts.store.local import Installed
 from prebake.engine.bundled.cache_layout import (
     AUTOTUNE_ENV,
@@ -91,7 +91,7 @@ def _autotune_groups(context: KeyContext) -> Groups:
 
 
 def _graphs_groups(context: KeyContext) -> Groups:
-    return {**target_groups(context), "options": compile_factors(context.recipe, PRECOMPILE)}
+    return {**target_groups(context), "options": compile_factors(context.recipe, DEFAULT_VARIANT)}
 
 
 AUTOTUNE = Kind(
@@ -117,7 +117,7 @@ SPEC = EngineSpec(
     name="prebake",
     kinds=(AUTOTUNE, GRAPHS),
     fallback_kind="graphs",  # compiled in its serving process on a miss
-    default_variant=PRECOMPILE,
+    default_variant=DEFAULT_VARIANT,
     packages=(),  # torch and its stack are every kind's factors already (prebake.engine.common.probe.Software)
     settings=None,  # it reads [compile] and [autotune]; it has no [engine] table
     options={"eager": "--eager", "api_key": "--api-key"},

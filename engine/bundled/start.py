@@ -29,9 +29,9 @@ from prebake.artifacts.buckets.artifact import BucketSet
 from prebake.artifacts.errors import StoreError
 from prebake.artifacts.fetch.outcome import Resolution
 from prebake.artifacts.recipe.kinds import BUCKETS_FILE, Builder, BuildRequest, TargetKeys
-from prebake.artifacts.recipe.schema import AOTI_PACKAGE, PRECOMPILE, Recipe
+from prebake.artifacts.recipe.schema import AOTI_PACKAGE, DEFAULT_VARIANT, PRECOMPILE, Recipe
 from prebake.artifacts.store.local import Installed, Store
-from prebake.artifacts.store.stats import record_fallback, record_miss, record_variant_fallback
+from prebake.artifacts.store.stats import record_fallback, record_variant_fallback
 from prebake.engine.bundled import cache_layout
 from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE
 from prebake.engine.bundled.runtime.metrics import Metrics
@@ -185,7 +185,7 @@ def _begin_imports(settings: StartupSettings, recipe: Recipe, run_dir: Path) -> 
     from prebake.engine.bundled.runtime.inductor_init import INDUCTOR_MODULES  # names only: torch is imported lazily
 
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_layout.inductor_cache_dir(run_dir))
-    return Imports.begin(() if recipe.compile.variant_or(PRECOMPILE) == AOTI_PACKAGE else INDUCTOR_MODULES)
+    return Imports.begin(() if recipe.compile.variant_or(DEFAULT_VARIANT) == AOTI_PACKAGE else INDUCTOR_MODULES)
 
 
 @dataclass
@@ -288,16 +288,16 @@ def _warm(
 
         if settings.eager:
             s.detail = f"{len(shapes)} step shapes, compilation off"
-        elif recipe.compile.variant_or(PRECOMPILE) == AOTI_PACKAGE and "graphs" in installed:
+        elif recipe.compile.variant_or(DEFAULT_VARIANT) == AOTI_PACKAGE and "graphs" in installed:
             # the package is only read (torch's loader unpacks each model's files to a folder of its own):
             # served from the store's tree, copied only for a fallback to the variants Inductor writes beside
             trees["graphs"] = installed["graphs"].tree
-            s.detail = f"{len(shapes)} step shapes, graphs ({recipe.compile.variant_or(PRECOMPILE)}) read in place from {trees['graphs']}"
+            s.detail = f"{len(shapes)} step shapes, graphs ({recipe.compile.variant_or(DEFAULT_VARIANT)}) read in place from {trees['graphs']}"
         else:
             s.detail = (
-                f"{len(shapes)} step shapes, graphs ({recipe.compile.variant_or(PRECOMPILE)}) in {private_tree()}"
+                f"{len(shapes)} step shapes, graphs ({recipe.compile.variant_or(DEFAULT_VARIANT)}) in {private_tree()}"
             )
-            if recipe.compile.variant_or(PRECOMPILE) != AOTI_PACKAGE:  # the package needs none of Inductor's init
+            if recipe.compile.variant_or(DEFAULT_VARIANT) != AOTI_PACKAGE:  # the package needs none of Inductor's init
                 from prebake.engine.bundled.runtime.inductor_init import InductorInit
 
                 init = InductorInit.start(torch_import)  # on a thread, while the weights load
@@ -314,10 +314,8 @@ def _warm(
             steps, s.detail = _load_steps(
                 settings, recipe, model, cache, schedule, trees.get("graphs"), log, init, context.store, private_tree
             )
-        if steps is None:
-            record_miss(context.store, "graphs", s.detail, key=plan.key("graphs").digest)
-    if steps is None:
-        if "graphs" not in built:
+    if steps is None:  # the graphs missed, or their package does not load here and the tree has no fallback
+        if "graphs" not in built and "graphs" not in installed:  # a hit compiled again here is not written back
             built.append("graphs")
         with log.step("compile") as s:
             from prebake.engine.bundled.build import compile_graphs
@@ -327,7 +325,7 @@ def _warm(
 
             steps = compile_graphs(model, cache, recipe, schedule, trees["graphs"], log=log.note)
             log.metrics.add("prebake_fallback_compiles_total", kind="graphs")
-            s.detail = f"{len(shapes)} step shapes compiled in place ({recipe.compile.variant_or(PRECOMPILE)})"
+            s.detail = f"{len(shapes)} step shapes compiled in place ({recipe.compile.variant_or(DEFAULT_VARIANT)})"
         record_fallback(context.store, "graphs", log.seconds.get("compile"))
     return Engine(plan, steps, buckets, schedule, run_dir, context.store, tuple(built))
 
@@ -349,10 +347,11 @@ def _load_steps(
     One chain, each variant falling to the next one its graphs tree holds, the reason logged:
     aoti-package (the AOTInductor package, prebake.engine.bundled.runtime.aoti) -> dynamo-precompile
     (the precompiled functions) -> inductor-cache (torch.compile over the same tree's Inductor
-    cache: prebake.engine.bundled.runtime.precompile.load_or_fallback); a tree that serves none of
-    them is compiled in place by the caller. A fallback from the package is counted in the store's
-    stats (`prebake store stats`); the package is read where it lies, and `private_tree` makes the
-    writable copy the next variants need (Inductor writes beside its cache) only when it falls back.
+    cache: prebake.engine.bundled.runtime.precompile.load_or_fallback) -> compile in place (steps
+    None: the caller compiles, as on a miss; an aoti-package tree carries no next variant unless its
+    recipe's [compile] fallback asks). A fallback from the package is counted in the store's stats
+    (`prebake store stats`); the package is read where it lies, and `private_tree` makes the writable
+    copy the next steps need (Inductor writes beside its cache) only when it falls back.
     Each part of the warm-up is logged and exported (prebake_startup_part_seconds): the package's
     load and bind, or Inductor's once-per-process init (what of it the weights' load did not hide),
     deserialising, kernels, binding; then the first runs."""
@@ -363,7 +362,7 @@ def _load_steps(
         init.join()
         parts["inductor-init"] = init.waited_s
         log.note(init.describe())
-    variant = recipe.compile.variant_or(PRECOMPILE)
+    variant: str | None = recipe.compile.variant_or(DEFAULT_VARIANT)
     steps: CompiledSteps | None = None
     if not settings.eager and variant == AOTI_PACKAGE:
         if graphs_tree is None:
@@ -372,18 +371,22 @@ def _load_steps(
             )
         steps, reason = _load_package(model, cache, list(schedule), graphs_tree, parts)
         if steps is None:
-            log.note(f"aoti-package: {reason}; taking dynamo-precompile from the same graphs tree")
+            from prebake.engine.bundled.runtime.aoti import fallback_in
+
+            variant = fallback_in(graphs_tree / cache_layout.GRAPHS_FILE)
+            log.note(f"aoti-package: {reason}; {_TAKING[variant]}")
             log.metrics.add("prebake_variant_fallbacks_total", variant=AOTI_PACKAGE)
             if store is not None:
-                record_variant_fallback(store, "graphs", AOTI_PACKAGE, PRECOMPILE, reason)
+                record_variant_fallback(store, "graphs", AOTI_PACKAGE, variant or "compile in place", reason)
+            if private_tree is not None:  # the next variants (and a compile) write beside what they read
+                graphs_tree = private_tree()
+            if variant is None:
+                return None, f"{len(schedule)} step shapes: the package does not load here and its tree has no fallback"
             from prebake.engine.bundled.runtime.inductor_init import InductorInit
 
-            if private_tree is not None:
-                graphs_tree = private_tree()
             init = InductorInit.start().join()  # what the package did not need: Inductor's imports and probes
             parts["inductor-init"] = init.waited_s
             log.note(init.describe())
-            variant = PRECOMPILE
     precompiled = steps is not None  # the package loaded
     if steps is None and settings.eager:
         steps = CompiledSteps(model, cache, compile=False)
@@ -403,6 +406,9 @@ def _load_steps(
             log.note(
                 f"dynamo-precompile: precompiled functions do not load here ({fallback}); warming up from the bundle's Inductor cache"
             )
+            log.metrics.add("prebake_variant_fallbacks_total", variant=PRECOMPILE)
+            if store is not None:
+                record_variant_fallback(store, "graphs", PRECOMPILE, "inductor-cache", fallback)
         else:
             parts.update(loading.as_dict())
     elif steps is None:
@@ -413,7 +419,7 @@ def _load_steps(
         log.metrics.set("prebake_startup_part_seconds", round(took, 6), part=part)
     log.note("warm-up by part: " + ", ".join(f"{p} {t:.2f} s" for p, t in parts.items()))
     detail = f"{len(schedule)} step shapes " + (
-        "eager" if settings.eager else f"from the bundle ({recipe.compile.variant_or(PRECOMPILE)})"
+        "eager" if settings.eager else f"from the bundle ({recipe.compile.variant_or(DEFAULT_VARIANT)})"
     )
     if not settings.eager and not precompiled:
         from torch._dynamo.utils import counters  # a compiled start that traced: Dynamo is in already
@@ -421,6 +427,14 @@ def _load_steps(
         hits, missed = counters["aot_autograd"]["autograd_cache_hit"], counters["aot_autograd"]["autograd_cache_miss"]
         detail += f"; AOTAutograd cache {hits} hit(s), {missed} miss(es)"
     return steps, detail
+
+
+# What an aoti-package start takes when its package does not load here: the next variant its tree holds.
+_TAKING = {
+    PRECOMPILE: "taking dynamo-precompile from the same graphs tree",
+    "inductor-cache": "warming up from the same graphs tree's Inductor cache",
+    None: 'the graphs tree carries no fallback ([compile] fallback = "none"): compiling in place',
+}
 
 
 def _load_package(model, cache, shapes: list[StepShape], tree: Path, parts: dict[str, float]):

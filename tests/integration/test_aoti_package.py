@@ -1,11 +1,11 @@
 """The aoti-package graphs variant: the engine starts from an AOTInductor package without Dynamo or
-Inductor's Python, answers as eager does, and a package that does not load here falls back to the
-next variant of the same graphs tree, says why, and is counted in the store's stats.
+Inductor's Python, answers as eager does, and a package that does not load here falls to the next
+variant its graphs tree holds (dynamo-precompile, with the opt-in [compile] fallback) or, in a tree
+without one, compiles in place; either way it says why and is counted in the store's stats.
 
-One bake pays for the module: a cold `prebake serve --write-back` of a small recipe on an empty
-registry (its compile in place is the bake: torch.compile, Dynamo's precompile and the AOTInductor
-package of both step shapes). A bf16 package of the same shapes is compiled alone, through
-prebake.engine.bundled.runtime.aoti, for the bf16 equality check.
+Two bakes pay for the module, each a cold `prebake serve --write-back` of a small recipe (2 step
+shapes): fp32 with the opt-in fallback = "dynamo-precompile", and the default (no fallback) in bf16,
+whose tree serves the bf16 equality check and the compile-in-place test.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from tests.support.serving import ServeProcess, serve_env, write_recipe
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "serve-test-aoti"
+BARE = "serve-test-aoti-bare"  # the default aoti-package recipe: no fallback in its tree
 PROMPT = [5, 17, 300, 42, 7]
 
 # `prebake serve` with a report of the modules Dynamo and Inductor's Python would have brought in:
@@ -105,34 +106,31 @@ def _python(code: str, *args: str, env: dict[str, str], timeout: float = 1800) -
 @pytest.fixture(scope="module")
 def recipes(tmp_path_factory):
     folder = tmp_path_factory.mktemp("recipes")
-    write_recipe(folder, MODEL, variant="aoti-package", seqs=1)  # one sequence: two step shapes
+    # one sequence: two step shapes; the dynamo-precompile fallback the fallback tests take
+    write_recipe(folder, MODEL, variant="aoti-package", seqs=1, fallback="dynamo-precompile")
     return folder
 
 
-@pytest.fixture(scope="module")
-def baked(tmp_path_factory, recipes):
-    """The registry a cold start with --write-back filled, and that start's log."""
-    root = tmp_path_factory.mktemp("cold-aoti")
-    registry = root / "registry"
-    registry.mkdir()
+def _cold_bake(model: str, recipes: Path, registry: Path, home: Path) -> dict:
+    """A cold `prebake serve --write-back` of `model` into the empty `registry` (its bake); its first completion."""
+    registry.mkdir(parents=True)
     server = ServeProcess(
-        ["--model", MODEL, "--registry", str(registry), "--write-back"],
-        serve_env(root / "home", recipes, PREBAKE_WRITE_BACK="index"),
+        ["--model", model, "--registry", str(registry), "--write-back"],
+        serve_env(home, recipes, PREBAKE_WRITE_BACK="index"),
     )
     try:
         server.wait_ready(timeout=1800)
+        completion = server.complete(prompt=PROMPT, max_tokens=8, temperature=0)
     finally:
         server.stop()
     assert "prebake serve: compile: 2 step shapes compiled in place (aoti-package)" in server.log, server.log
-    return registry
+    return completion
 
 
-@pytest.fixture(scope="module")
-def graphs_tree(tmp_path_factory, recipes, baked) -> Path:
-    """The baked graphs tree, fetched into a store of its own: a copy each test may damage."""
-    home = tmp_path_factory.mktemp("fetched")
+def _fetched_tree(model: str, recipes: Path, registry: Path, home: Path) -> Path:
+    """`model`'s graphs tree from `registry`, fetched into the store at `home`."""
     done = subprocess.run(
-        [str(Path(sys.executable).parent / "prebake"), "fetch", "--model", MODEL, "--registry", str(baked)],
+        [str(Path(sys.executable).parent / "prebake"), "fetch", "--model", model, "--registry", str(registry)],
         env=serve_env(home, recipes),
         cwd=REPO,
         capture_output=True,
@@ -142,6 +140,20 @@ def graphs_tree(tmp_path_factory, recipes, baked) -> Path:
     assert done.returncode == 0, done.stderr
     (tree,) = {p.parents[1] for p in home.rglob("aoti/package.json")}
     return tree
+
+
+@pytest.fixture(scope="module")
+def baked(tmp_path_factory, recipes):
+    """The registry the opt-in recipe's cold start with --write-back filled."""
+    root = tmp_path_factory.mktemp("cold-aoti")
+    _cold_bake(MODEL, recipes, root / "registry", root / "home")
+    return root / "registry"
+
+
+@pytest.fixture(scope="module")
+def graphs_tree(tmp_path_factory, recipes, baked) -> Path:
+    """The baked graphs tree, fetched into a store of its own: a copy each test may damage."""
+    return _fetched_tree(MODEL, recipes, baked, tmp_path_factory.mktemp("fetched"))
 
 
 class _ReportingServe(ServeProcess):
@@ -182,7 +194,8 @@ def test_a_fine_tune_of_the_architecture_loads_the_same_package_and_answers_as_i
     tmp_path, tmp_path_factory, baked
 ):
     recipes = tmp_path_factory.mktemp("fine-tune")
-    write_recipe(recipes, MODEL, variant="aoti-package", seqs=1, seed=1)  # other weights: the same keys
+    # other weights: the same keys
+    write_recipe(recipes, MODEL, variant="aoti-package", seqs=1, seed=1, fallback="dynamo-precompile")
     servers = [
         ServeProcess(["--model", MODEL, "--registry", str(baked), *extra], serve_env(tmp_path / name, recipes))
         for name, extra in (("p", ["--on-miss", "fail"]), ("e", ["--eager"]))
@@ -199,26 +212,20 @@ def test_a_fine_tune_of_the_architecture_loads_the_same_package_and_answers_as_i
 
 
 @pytest.fixture(scope="module")
-def bf16_tree(tmp_path_factory, recipes, graphs_tree) -> Path:
-    """A bf16 package of the same step shapes, compiled alone."""
-    tree = tmp_path_factory.mktemp("bf16")
-    shutil.copy(graphs_tree / "graphs.json", tree / "graphs.json")
-    code = (
-        "import json, sys\nfrom pathlib import Path\n"
-        "from prebake.artifacts.recipe.schema import load_recipe\n"
-        "from prebake.engine.bundled.build import model_and_cache\n"
-        "from prebake.engine.bundled.runtime import aoti\n"
-        "from prebake.engine.bundled.runtime.shapes import StepShape\n"
-        "from prebake.engine.bundled.runtime.steps import Tactic\n"
-        "tree = Path(sys.argv[1])\n"
-        "shapes = [StepShape(**s['shape']) for s in json.loads((tree / 'graphs.json').read_text())['shapes']]\n"
-        "model, cache = model_and_cache(load_recipe(sys.argv[2]), 'bf16')\n"
-        "aoti.compile_package(model, cache, {s: Tactic() for s in shapes}, tree, log=lambda line: None)\n"
-    )
-    env = {**serve_env(tmp_path_factory.mktemp("bf16-home"), recipes), "TORCHINDUCTOR_CACHE_DIR": str(tree / "ind")}
-    done = _python(code, str(tree), MODEL, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return tree
+def bare(tmp_path_factory):
+    """The default recipe's own bake (aoti-package, no fallback), bf16, of the same model and step
+    shapes; its registry, home, recipes and first completion."""
+    root = tmp_path_factory.mktemp("bare")
+    recipes, registry, home = root / "recipes", root / "registry", root / "home"
+    write_recipe(recipes, BARE, variant="aoti-package", seqs=1, dtype="bf16")  # [compile] fallback: none
+    return registry, home, recipes, _cold_bake(BARE, recipes, registry, home)
+
+
+@pytest.fixture(scope="module")
+def bf16_tree(tmp_path_factory, bare) -> Path:
+    """A bf16 package of the same step shapes: the bare bake's graphs tree, fetched into a store of its own."""
+    registry, _, recipes, _ = bare
+    return _fetched_tree(BARE, recipes, registry, tmp_path_factory.mktemp("bf16-home"))
 
 
 # Logits of the compiled steps against eager ones, as max |difference| / max |eager logit|: fp32
@@ -252,15 +259,17 @@ def _damage(tree: Path, how: str, tmp_path: Path) -> Path:
     recorded = copy / "aoti" / "package.json"
     package = copy / "aoti" / "steps.pt2"
     document = json.loads(recorded.read_text())
-    if how == "isa":
+    if how in ("isa", "isa-and-aot"):
         from prebake.engine.bundled.runtime.aoti import ISA_FLAGS, cpu_flags
 
         flags = cpu_flags()
         document["cpu_isa"] = next(isa for isa, needs in ISA_FLAGS.items() if not needs <= flags)
     elif how == "torch":
         document["torch"] = "2.1.0"
-    if how in ("isa", "torch"):
+    if how in ("isa", "torch", "isa-and-aot"):
         recorded.write_text(json.dumps(document))
+        for function in (copy / "aot").glob("*.pt2fn") if how == "isa-and-aot" else ():
+            function.write_bytes(function.read_bytes()[:100])  # dynamo-precompile's functions cut short too
         return copy
     entries = {}
     with zipfile.ZipFile(package) as archive:
@@ -307,17 +316,21 @@ print(json.dumps({"type": type(steps).__name__, "detail": detail, "log": lines, 
 """
 
 
-@pytest.mark.parametrize("how", ["isa", "torch", "damaged-so", "missing-model"])
-def test_a_package_that_does_not_load_here_falls_back_to_dynamo_precompile_says_why_and_is_counted(
-    how, tmp_path, recipes, graphs_tree
-):
-    tree = _damage(graphs_tree, how, tmp_path)
-    home = tmp_path / "home"
+def _warm_up(tree: Path, home: Path, recipes: Path) -> tuple[dict, str]:
+    """The engine's warm-up on `tree` in a fresh process, with the store at `home`: what served, and its log."""
     env = {**serve_env(home, recipes), "TORCHINDUCTOR_CACHE_DIR": str(tree / "inductor")}
     done = _python(_WARM_UP, str(tree), str(home), MODEL, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
-    log = "\n".join(got["log"])
+    return got, "\n".join(got["log"])
+
+
+@pytest.mark.parametrize("how", ["isa", "torch", "damaged-so", "missing-model"])
+def test_a_package_that_does_not_load_here_falls_back_to_dynamo_precompile_says_why_and_is_counted(
+    how, tmp_path, recipes, graphs_tree
+):
+    home = tmp_path / "home"
+    got, log = _warm_up(_damage(graphs_tree, how, tmp_path), home, recipes)
     assert got["type"] == "AotSteps", log  # dynamo-precompile's functions served, nothing compiled
     reason = {
         "isa": "its kernels were built for vector ISA",
@@ -328,6 +341,23 @@ def test_a_package_that_does_not_load_here_falls_back_to_dynamo_precompile_says_
     assert reason in log and "taking dynamo-precompile from the same graphs tree" in log, log
     if how == "isa":
         assert "this CPU lacks" in log
+    assert _graphs_stats(home, recipes)["variant_fallbacks"] == 1
+
+
+def test_a_tree_whose_package_and_functions_do_not_load_warms_up_from_its_inductor_cache_each_step_counted(
+    tmp_path, recipes, graphs_tree
+):
+    home = tmp_path / "home"
+    got, log = _warm_up(_damage(graphs_tree, "isa-and-aot", tmp_path), home, recipes)
+    assert got["type"] == "CompiledSteps", log  # torch.compile over the tree's Inductor cache
+    assert "this CPU lacks" in log and "taking dynamo-precompile from the same graphs tree" in log, log
+    assert "dynamo-precompile: precompiled functions do not load here" in log, log
+    assert "AOTAutograd cache" in got["detail"] and "0 miss(es)" in got["detail"], got["detail"]
+    assert _graphs_stats(home, recipes)["variant_fallbacks"] == 2  # aoti-package, then dynamo-precompile
+
+
+def _graphs_stats(home: Path, recipes: Path) -> dict:
+    """`prebake store stats --json`'s counts for the graphs kind."""
     stats = subprocess.run(
         [str(Path(sys.executable).parent / "prebake"), "store", "stats", "--json"],
         env=serve_env(home, recipes),
@@ -337,7 +367,7 @@ def test_a_package_that_does_not_load_here_falls_back_to_dynamo_precompile_says_
         timeout=120,
     )
     assert stats.returncode == 0, stats.stderr
-    assert json.loads(stats.stdout)["kinds"]["graphs"]["variant_fallbacks"] == 1
+    return json.loads(stats.stdout)["kinds"]["graphs"]
 
 
 def test_a_package_asked_for_a_shape_it_lacks_names_it_and_the_bucket_set(tmp_path, recipes, graphs_tree):
@@ -366,3 +396,29 @@ def test_the_package_holds_no_weights(graphs_tree):
     assert not [n for n in names if "/weights/" in n or n.endswith((".pt", ".bin", "constants.bin"))], names
     assert [n for n in names if n.endswith(".so")] and not [n for n in names if n.endswith(".cpp")], names
     assert os.path.getsize(graphs_tree / "aoti" / "steps.pt2") > 0
+
+
+def test_a_package_that_does_not_load_in_a_tree_without_fallback_compiles_in_place_says_why_and_serves(bare):
+    registry, home, recipes, want = bare
+    (tree,) = {p.parents[1] for p in (home / "trees").rglob("aoti/package.json")}  # the store's graphs tree
+    assert json.loads((tree / "graphs.json").read_text())["fallback"] == "none"
+    assert sorted(p.name for p in tree.iterdir()) == ["aoti", "graphs.json"]  # the package alone: no aot/, inductor/
+    package = tree / "aoti" / "steps.pt2"
+    data = bytearray(package.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 64] = bytes(b ^ 0xFF for b in data[len(data) // 2 : len(data) // 2 + 64])
+    package.write_bytes(bytes(data))  # damaged in place, its size kept: the store's cheap check still passes
+    served = ServeProcess(["--model", BARE, "--registry", str(registry), "--on-miss", "fail"], serve_env(home, recipes))
+    try:
+        served.wait_ready(timeout=1800)
+        got = served.complete(prompt=PROMPT, max_tokens=8, temperature=0)
+    finally:
+        served.stop()
+    log = served.log
+    assert "graphs in the store" in log, log  # a hit, whose package does not load here
+    assert "aoti/steps.pt2 is damaged (sha256" in log, log
+    assert 'the graphs tree carries no fallback ([compile] fallback = "none"): compiling in place' in log, log
+    assert "compile: 2 step shapes compiled in place (aoti-package)" in log, log
+    assert got["choices"][0]["token_ids"] == want["choices"][0]["token_ids"]
+    graphs = _graphs_stats(home, recipes)
+    # the cold start's miss and compile, then the package's fallback and its compile: no second miss
+    assert (graphs["variant_fallbacks"], graphs["fallback_compiles"], graphs["misses"]) == (1, 2, 1), graphs

@@ -1,9 +1,10 @@
-"""The bake pipeline end to end: real doit, real torch.compile, real bundles, real fetch."""
+"""The bake pipeline end to end: real doit, real compiles (AOTInductor, the default), real bundles, real fetch."""
 
 import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -41,7 +42,9 @@ def test_bake_publishes_every_kind_and_fetch_installs_them(baked):
         assert len(row["timings_ms"]) >= 2
         fastest = min(row["timings_ms"], key=row["timings_ms"].get)
         assert fastest == f"attn_impl={row['winner']['attn_impl']},threads={row['winner']['threads']}"
-    assert any(p.is_file() for p in __import__("pathlib").Path(env["TORCHINDUCTOR_CACHE_DIR"]).rglob("*"))
+    tree = Path(env["PREBAKE_GRAPHS_DIR"])  # the default variant's tree: its AOTInductor package alone
+    assert graphs["variant"] == "aoti-package" and graphs["fallback"] == "none"
+    assert (tree / "aoti" / "steps.pt2").is_file() and not (tree / "aot").exists()
 
 
 @pytest.mark.slow
@@ -52,37 +55,30 @@ def test_shell_exports_point_at_the_installed_trees(baked):
 
 
 @pytest.mark.slow
-def test_baked_graphs_are_inductor_cache_hits_from_a_copied_folder(baked, tmp_path):
+def test_the_baked_package_serves_from_a_copied_folder_without_dynamo(baked, tmp_path):
     env = json.loads(baked.prebake("fetch", "--model", "tiny-llama", "--precision", "bf16", "--json").stdout)["env"]
-    copy = tmp_path / "inductor"
-    shutil.copytree(env["TORCHINDUCTOR_CACHE_DIR"], copy)
+    copy = tmp_path / "graphs"
+    shutil.copytree(env["PREBAKE_GRAPHS_DIR"], copy)
     probe = f"""
-import json, torch
-from torch._dynamo.utils import counters
+import json, sys
+from pathlib import Path
 from prebake.artifacts.recipe.schema import load_recipe
+from prebake.engine.bundled.build import model_and_cache
+from prebake.engine.bundled.runtime import aoti
 from prebake.engine.bundled.runtime.autotune import load_winners
-from prebake.engine.bundled.runtime.loader import load_model, torch_dtype
-from prebake.engine.bundled.runtime.model import KVCache
-from prebake.engine.bundled.runtime.steps import CompiledSteps
-recipe = load_recipe("tiny-llama")
-model = load_model(recipe.model, "bf16")
-cache = KVCache.allocate(model.config, recipe.serving.max_num_seqs, recipe.serving.max_model_len, dtype=torch_dtype("bf16"))
 winners = load_winners({env["PREBAKE_AUTOTUNE_FILE"]!r})
+model, cache = model_and_cache(load_recipe("tiny-llama"), "bf16")
+steps = aoti.load_package(model, cache, list(winners), Path({str(copy)!r}))
 shape, tactic = next(iter(winners.items()))
-CompiledSteps(model, cache).run_dummy(shape, tactic)
-print(json.dumps(dict(counters["inductor"])))
+out = steps.run_dummy(shape, tactic)
+print(json.dumps({{"type": type(steps).__name__, "finite": bool(out.float().isfinite().all()),
+                  "dynamo": "torch._dynamo" in sys.modules}}))
 """
     proc = subprocess.run(
-        [sys.executable, "-c", probe],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**baked.env, "TORCHINDUCTOR_CACHE_DIR": str(copy)},
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=600, env=baked.env
     )
     assert proc.returncode == 0, proc.stderr
-    counts = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert counts.get("fxgraph_cache_hit", 0) >= 1 and counts.get("fxgraph_cache_miss", 0) == 0, counts
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"type": "PackageSteps", "finite": True, "dynamo": False}
 
 
 @pytest.mark.slow

@@ -74,8 +74,7 @@ def test_the_cpu_fallback_bakes_and_starts_cold_prebaked_and_eager_offline(wheel
     seen through a .pth line as a host's system site would be (prebake's dependencies still come
     from the wheelhouse: the venv is made and filled before torch is linked in). The bake, a cold
     start with --write-back, is the cold figure (--cold-from-bake): one compile, not two. The GPU
-    check runs today's default and aoti-package side by side; here aoti-package alone, whose bake
-    holds today's variant's tree too (its fallback), so one bake covers both."""
+    check runs aoti-package (the default) and dynamo-precompile side by side; here the default alone."""
     work = tmp_path / "work"
     python = gpu_check.offline_venv(work / "venv", wheelhouse)
     site = Path(sysconfig.get_paths()["purelib"])

@@ -1,5 +1,5 @@
-"""The default graphs variant (dynamo-precompile): a precompiled function that does not load falls back to the
-Inductor cache of the same graphs tree, says why, and computes the same thing.
+"""The dynamo-precompile graphs variant (named: the default is aoti-package): a precompiled function that does
+not load falls back to the Inductor cache of the same graphs tree, says why, and computes the same thing.
 
 Real torch.compile in fresh processes (one per phase, as a baker and a server are), on the
 smallest step shape of tiny-llama, so each compile is as short as it gets.
@@ -31,6 +31,7 @@ from prebake.engine.bundled.runtime.steps import Tactic
 
 phase, tree = sys.argv[1], Path(sys.argv[2])
 recipe = load_recipe("tiny-llama")
+recipe = recipe.model_copy(update={"compile": recipe.compile.model_copy(update={"variant": "dynamo-precompile"})})
 model, cache = model_and_cache(recipe, "fp32")
 tactics = {StepShape("decode", 1, 1, 64): Tactic()}
 if phase == "build":

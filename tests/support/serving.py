@@ -53,9 +53,23 @@ dtype = ["fp32"]
 """
 
 
-def write_recipe(folder: Path, name: str, *, variant: str, seqs: int, seed: int = 0) -> None:
+def write_recipe(
+    folder: Path,
+    name: str,
+    *,
+    variant: str,
+    seqs: int,
+    seed: int = 0,
+    fallback: str | None = None,
+    dtype: str = "fp32",
+) -> None:
+    """The test recipe `name` in `folder`; `fallback`: an aoti-package tree's [compile] fallback."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{name}.toml").write_text(SERVE_TEST_RECIPE.format(name=name, variant=variant, seqs=seqs, seed=seed))
+    text = SERVE_TEST_RECIPE.format(name=name, variant=variant, seqs=seqs, seed=seed)
+    text = text.replace('dtype = ["fp32"]', f'dtype = ["{dtype}"]')
+    if fallback is not None:
+        text = text.replace(f'variant = "{variant}"\n', f'variant = "{variant}"\nfallback = "{fallback}"\n')
+    (folder / f"{name}.toml").write_text(text)
 
 
 def serve_env(home: Path, recipes: Path | None = None, **extra: str) -> dict[str, str]:

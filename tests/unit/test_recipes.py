@@ -103,14 +103,52 @@ def test_architecture_digest_ignores_checkpoint_noise():
     assert wider.architecture_digest() != tiny.model.architecture_digest()
 
 
-def test_dynamo_precompile_is_the_bundled_engines_default_variant_and_vllm_keeps_its_own_cache():
+def test_aoti_package_is_the_bundled_engines_default_variant_and_vllm_keeps_its_own_cache():
+    from prebake.artifacts.recipe.schema import DEFAULT_VARIANT
     from prebake.engine.adapters import adapter_for
 
-    for name, variant in (("tiny-llama", "dynamo-precompile"), ("tiny-llama-vllm", "inductor-cache")):
+    assert DEFAULT_VARIANT == "aoti-package"
+    for name, variant in (("tiny-llama", "aoti-package"), ("tiny-llama-vllm", "inductor-cache")):
         recipe = load_recipe(name)
         assert recipe.compile.variant_or(adapter_for(recipe).spec.default_variant) == variant
     text = (Path(__file__).resolve().parents[2] / "recipes" / "tiny-llama-vllm.toml").read_text()
     assert "variant" not in text  # the vLLM default comes from the engine, not from the file
+
+
+def _graphs_factors(recipe) -> dict:
+    from prebake.engine.common.probe import current_host
+    from prebake.engine.compose import plans_for
+
+    return plans_for(recipe, current_host(), dtype="bf16")[0].key("graphs").factors()
+
+
+def test_an_aoti_package_trees_fallback_is_opt_in_and_part_of_its_graphs_key(tmp_path):
+    default = load_recipe("tiny-llama")
+    assert default.compile.fallback == "none"
+    opted = load_recipe(_tiny_with('mode = "default"', 'mode = "default"\nfallback = "dynamo-precompile"', tmp_path))
+    assert opted.compile.fallback_for("aoti-package") == "dynamo-precompile"
+    plain, with_fallback = _graphs_factors(default), _graphs_factors(opted)
+    assert plain["options.variant"] == "aoti-package" and plain["options.fallback"] == "none"
+    assert with_fallback["options.fallback"] == "dynamo-precompile"  # so the two trees have two keys
+    precompile = load_recipe(
+        _tiny_with('mode = "default"', 'mode = "default"\nvariant = "dynamo-precompile"', tmp_path)
+    )
+    assert "options.fallback" not in _graphs_factors(precompile)  # the other variants' keys are as they were
+
+
+def test_a_fallback_asked_of_a_variant_other_than_aoti_package_names_the_fix(tmp_path):
+    from prebake.artifacts.recipe.kinds import compile_factors
+    from prebake.engine.adapters import adapter_for
+
+    both = 'mode = "default"\nvariant = "inductor-cache"\nfallback = "dynamo-precompile"'
+    with pytest.raises(RecipeError, match="fallback.*aoti-package graphs tree.*remove fallback, or set variant"):
+        load_recipe(_tiny_with('mode = "default"', both, tmp_path))
+    with pytest.raises(RecipeError, match="fallback"):
+        load_recipe(_tiny_with('mode = "default"', 'mode = "default"\nfallback = "inductor-cache"', tmp_path))
+    vllm = load_recipe("tiny-llama-vllm")  # its engine's default variant is not aoti-package: caught at its keys
+    opted = vllm.model_copy(update={"compile": vllm.compile.model_copy(update={"fallback": "dynamo-precompile"})})
+    with pytest.raises(RecipeError, match="tiny-llama-vllm: \\[compile\\] fallback"):
+        compile_factors(opted, adapter_for(opted).spec.default_variant)
 
 
 def test_a_recipe_that_still_says_aoti_gets_dynamo_precompile_and_a_warning_naming_the_new_name(tmp_path, caplog):

@@ -1,13 +1,24 @@
 """benchmarks/startup.py's figures: the steps and warm-up parts of every mode, and what a prebaked
-start spends beyond an eager one, from runs (no engine is started here)."""
+start spends beyond an eager one, and each bake against dynamo-precompile's, from runs (no engine is
+started here)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
-from benchmarks.startup import Run, _startup_steps, _variants, _warm_up_parts, beyond_eager, summarise
+from benchmarks.startup import (
+    Bench,
+    Run,
+    _startup_steps,
+    _variants,
+    _warm_up_parts,
+    bake_summary,
+    beyond_eager,
+    summarise,
+)
 
 METRICS = """\
 # HELP prebake_startup_step_seconds Seconds each start-up step took.
@@ -52,3 +63,19 @@ def test_variant_takes_one_name_several_joined_by_commas_or_a_set_name():
     assert _variants("all") == ("inductor-cache", "dynamo-precompile", "aoti-package")
     with pytest.raises(argparse.ArgumentTypeError, match="unknown variant.*aoti; use inductor-cache"):
         _variants("aoti")
+
+
+def test_each_bakes_compile_step_and_graphs_bundle_are_reported_against_dynamo_precompiles(tmp_path):
+    bench = Bench(tmp_path, "tiny-llama", "bf16")
+    for variant, size, compile_s in (("dynamo-precompile", 1_200_000, 120.0), ("aoti-package", 480_000, 72.0)):
+        index = bench.registry(variant) / "index" / "graphs"
+        index.mkdir(parents=True)
+        (index / "abc.json").write_text(json.dumps({"kind": "graphs", "blob": {"digest": "sha256:0", "size": size}}))
+        bench.bakes[variant] = Run("cold", variant, compile_s + 10, 0.1, {"compile": compile_s, "build": 5.0})
+    bakes = bake_summary(bench, ("dynamo-precompile", "aoti-package"))
+    assert bakes["compile_s"] == {"dynamo-precompile": 120.0, "aoti-package": 72.0}
+    assert bakes["compile_over_precompile"] == {"aoti-package": 0.6}
+    assert bakes["bundle_bytes"] == {"dynamo-precompile": 1_200_000, "aoti-package": 480_000}
+    assert bakes["bundle_over_precompile"] == {"aoti-package": 0.4}
+    # a variant given a registry baked elsewhere (--registry) has its bundle's size but no bake of its own
+    assert bake_summary(bench, ("aoti-package",))["compile_over_precompile"] == {}

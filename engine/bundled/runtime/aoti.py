@@ -1,31 +1,14 @@
-"""The AOTInductor graphs variant ("aoti-package"): every step shape a named model of one .pt2 package.
+"""The AOTInductor graphs variant ("aoti-package", the default): each step shape a named model of one .pt2
+package, compiled from torch.export and loaded by torch's C++ loader, without Dynamo or Inductor's Python.
 
-Dynamo's precompile (prebake.engine.bundled.runtime.precompile) still loads through Dynamo and
-Inductor's Python: the output code imports the lowerings and select_algorithm, and a function
-needs torch._dynamo.aot_compile to load, seconds of pure-Python imports on every start. An
-AOTInductor package holds the compiled step itself, a shared object with its C++ wrapper and
-kernels (cubins on CUDA), and torch's C++ loader (torch._C._aoti.AOTIModelPackageLoader) loads it
-without any of Dynamo or Inductor's Python.
+    graphs tree:  aoti/steps.pt2      the package: one model per step shape (prefill-b1-t16-c16, ...)
+                  aoti/package.json   what decides whether it loads here: torch, device, vector ISA,
+                                      models, the constants they take, the package's sha256
+                  aot/, inductor/     only with [compile] fallback = "dynamo-precompile"
 
-    graphs tree (variant "aoti-package"):
-        aoti/steps.pt2      one AOTInductor package: each step shape a model named after it
-                            (prefill-b1-t16-c16, ...), compiled from torch.export of the model
-                            method with the KV cache as inputs the graph writes in place
-        aoti/package.json   what decides whether it loads here: torch, the vector ISA its kernels
-                            were built for, the device, the models and the constants they take
-        aot/, inductor/     the dynamo-precompile tree: what serves when the package does not load
-
-Weights are not in the package (aot_inductor.package_constants_in_so off): each model names its
-constants (the model's parameters and buffers, `get_constant_fqns`), and at load they are bound
-to the serving model's own tensors without a copy (`load_constants(..., user_managed=True)`).
-So a fine-tune of the same architecture loads the same package.
-
-One package per shape set, one model per step shape (not one model with dynamic dims): each step
-is a static graph, as the other variants compile them (measured in docs/graphs-variants.md).
-
-A package that does not load here (another torch, a vector ISA this CPU lacks, a model name the
-package does not hold, a damaged shared object) raises `PackageDoesNotLoad` with the reason; the
-engine then takes the next variant in the same tree (prebake.engine.bundled.start).
+Weights are not in the package: each model's constants are bound to the serving model's tensors at
+load (no copy), so a fine-tune of the architecture loads it. A package that does not load here raises
+`PackageDoesNotLoad` with the reason; the start takes what `fallback_in` names (engine/bundled/start).
 """
 
 from __future__ import annotations
@@ -41,6 +24,7 @@ from pathlib import Path
 import torch
 
 from prebake.artifacts.frozen import Frozen
+from prebake.artifacts.recipe.schema import NO_FALLBACK, PRECOMPILE
 from prebake.engine.bundled.runtime.model import KVCache, Llama
 from prebake.engine.bundled.runtime.shapes import StepShape
 from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
@@ -78,6 +62,20 @@ class PackageRecord(Frozen):
     models: tuple[str, ...] = ()  # the step shapes' names, one model each
     sha256: str = ""  # of steps.pt2
     constants: tuple[str, ...] = ()  # what each model takes from the serving model, by name
+
+
+def fallback_in(graphs_json: Path) -> str | None:
+    """The variant an aoti-package graphs tree holds after its package, from its graphs.json:
+    "dynamo-precompile" (Dynamo's functions over Inductor's cache), "inductor-cache" (the cache
+    alone: a torch without precompile), or None (no [compile] fallback: a start whose package does
+    not load compiles in place)."""
+    try:
+        document = json.loads(graphs_json.read_text())
+    except (OSError, ValueError):
+        return None
+    if document.get("fallback", PRECOMPILE) == NO_FALLBACK:  # trees baked before the setting carried one
+        return None
+    return PRECOMPILE if document.get("precompiled") else "inductor-cache"
 
 
 class PackageDoesNotLoad(RuntimeError):
@@ -122,6 +120,7 @@ def compile_package(
 
     folder = out / AOTI_DIR
     folder.mkdir(parents=True, exist_ok=True)
+    (folder / PACKAGE).unlink(missing_ok=True)  # a compile in place over a package that did not load
     options = {
         **(torch._inductor.list_mode_options(mode) if mode != "default" else {}),
         "aot_inductor.package": True,
