@@ -10,6 +10,7 @@ one-layer artifacts (registry/oci/files.py), so both reach these parts through o
 from __future__ import annotations
 
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -27,7 +28,7 @@ from prebake.registry.shared.transfer import check_publishable, settle
 log = logging.getLogger(__name__)
 
 
-class SharedParts:
+class SharedParts(ABC):
     """SideFiles, and the summary side of Listable (prebake.artifacts.ports.listing's SummaryStore),
     over `files` and `summaries`; a backend gives `_read_row` (one index entry as a listing row)."""
 
@@ -59,9 +60,9 @@ class SharedParts:
 
     # -- listing summaries -------------------------------------------------------------------
 
+    @abstractmethod
     def _read_row(self, kind: str, digest: str) -> Read:
         """The entry (kind, digest) as a listing row with its version tag; Read(digest, "", None) when gone."""
-        raise NotImplementedError
 
     def _read_rows(self, kind: str, digests: Sequence[str]) -> Iterator[Read]:
         with ThreadPoolExecutor(self.readers, thread_name_prefix="prebake-ls") as pool:
