@@ -1,11 +1,42 @@
-"""An HTTP proxy in front of a real S3 server that injects the faults of a bad network or server.
+"""An HTTP proxy in front of a real S3, Hub or OCI server that injects the faults of a bad network or server.
 
     with fault_proxy(moto_endpoint) as proxy:      # proxy.url: point AWS_ENDPOINT_URL here
         proxy.inject(Fault("GET", "/blobs/", "corrupt"))
         ...                                         # boto3 talks real HTTP through it
         proxy.count("GET", "/blobs/")               # how many requests reached it
 
-Requests pass through unchanged unless a fault matches (method and a piece of the path):
+Requests pass through unchanged unless a fault matches (method and a piece of the path); the
+faults are listed on `Fault`. Every request is logged (with its Authorization header), and the
+bytes of each GET body sent so far are counted, so a test can assert "downloaded once" or wait
+until a download is half done.
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length"}
+_NOT_IMPLEMENTED = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>NotImplemented</Code>'
+    b"<Message>A header you provided implies functionality that is not implemented</Message>"
+    b"<Header>If-None-Match</Header></Error>"
+)
+_INTERNAL_ERROR = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InternalError</Code>'
+    b"<Message>We encountered an internal error. Please try again.</Message></Error>"
+)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault: requests whose method is `method` and whose path contains `path_contains` get `kind`:
 
     error500   answer 500 InternalError, as an overloaded S3 does (clients retry, then give up)
     slow       wait `seconds` before answering, longer than the client's read timeout
@@ -34,42 +65,14 @@ Requests pass through unchanged unless a fault matches (method and a piece of th
     redirect   answer 307 to `to` + the request's path, as distribution and Harbor send blob GETs to
                object storage (`to`: another proxy, whose log says which headers arrived there)
 
-Body faults apply to whole answers (200); `partial=True` applies them to 206 answers to Range
-requests too. `times=n` applies a fault to the first n requests it matches only (0: all of them);
-`after=n` lets the first n matching requests pass untouched before it applies.
+    Body faults apply to whole answers (200); `partial=True` applies them to 206 answers to Range
+    requests too. `times=n` applies a fault to the first n requests it matches only (0: all of them);
+    `after=n` lets the first n matching requests pass untouched before it applies.
+    """
 
-Every request is logged (with the Authorization header it came with), and the bytes of each GET body sent so far are counted, so a test
-can assert "downloaded once" or wait until a download is half done.
-"""
-
-from __future__ import annotations
-
-import http.client
-import threading
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlsplit
-
-_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length"}
-_NOT_IMPLEMENTED = (
-    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>NotImplemented</Code>'
-    b"<Message>A header you provided implies functionality that is not implemented</Message>"
-    b"<Header>If-None-Match</Header></Error>"
-)
-_INTERNAL_ERROR = (
-    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InternalError</Code>'
-    b"<Message>We encountered an internal error. Please try again.</Message></Error>"
-)
-
-
-@dataclass(frozen=True)
-class Fault:
     method: str  # "GET", "PUT", "HEAD", or "*"
     path_contains: str  # e.g. "/blobs/" or "/index/"
-    kind: str  # error500 | slow | cut | short | corrupt | throttle | no-conditional | ignore-range
+    kind: str  # one of the kinds above
     seconds: float = 0.0  # slow: delay; throttle: pause between pieces
     partial: bool = False  # body faults also on 206 answers to Range requests
     times: int = 0  # the first `times` matching requests only; 0: every one

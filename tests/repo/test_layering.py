@@ -1,36 +1,10 @@
 """The import layering holds at every depth: no package imports one above it, nothing circles.
 
-The packages of prebake, from the core up to the command line (a package may import its own
-layer's modules and any layer below; peers on one layer never import each other):
-
-    prebake.artifacts                the core's foundation: errors, fsutil, timebox, keys, layout
-    prebake.artifacts.buckets        bucket sets: rules, traffic fit, reports
-    prebake.artifacts.bundle         the bundle format: manifest, pack, unpack
-    prebake.artifacts.ports          what the core needs from a registry, and listing rows
-    prebake.artifacts.store          the local store, its admin view and its stats
-    prebake.artifacts.recipe         recipes, kinds and the keys of a target
-    prebake.artifacts.fetch          the fetch pipeline, its outcomes, trust gating, the nearest miss
-    prebake.artifacts.bake           the bake of one kind, doit tasks, the fleet plan, provenance
-    prebake.registry.trust           signing, policy, policy files, revocation, attestation
-    prebake.registry.review          verify, promote, write-back, the quarantine's aging
-    prebake.registry.shared          the registry over the object-store port, verified transfers
-    prebake.registry.backends | prebake.registry.oci
-                                     the object stores (folder, S3, Hub, Azure) and the OCI registry
-    prebake.registry                 open_registry: an address to a backend, chains
-    prebake.engine.common            host probe, environment table, logging, the adapter interface
-    prebake.engine.bundled.runtime   the bundled engine's model runtime on torch
-    prebake.engine.bundled.api       its HTTP API
-    prebake.engine.bundled | prebake.engine.vllm
-                                     one folder per engine (peers)
-    prebake.engine                   the composition root and the registry of adapters
-    prebake.engine.fleet             baking on a fleet: executors and builder profiles
-    prebake.engine.cli               the `prebake` command
-
-A package is the node of its own modules (its __init__ and the modules directly in it); its
-sub-packages are nodes of their own. Every import counts, at module level or inside a function,
-and so does one under TYPE_CHECKING: a hidden circle is still a circle. Imports are read from the
-source with ast, so nothing is executed. A package that is not in LAYERS fails the test until it
-is placed.
+LAYERS lists prebake's packages from the core up to the command line: a package may import its own
+layer's modules and any layer below; peers on one layer never import each other. A package is the
+node of its own modules (its __init__ and the modules directly in it); its sub-packages are nodes
+of their own. Every import counts (module level, inside a function, under TYPE_CHECKING), read
+with ast, nothing executed. A package that is not in LAYERS fails the test until it is placed.
 """
 
 from __future__ import annotations
@@ -51,26 +25,29 @@ FOLDERS = {
 }
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("prebake",),
-    ("prebake.artifacts",),
-    ("prebake.artifacts.buckets",),
-    ("prebake.artifacts.bundle",),
-    ("prebake.artifacts.ports",),
-    ("prebake.artifacts.store",),
-    ("prebake.artifacts.recipe",),
-    ("prebake.artifacts.fetch",),
-    ("prebake.artifacts.bake",),
-    ("prebake.registry.trust",),
-    ("prebake.registry.review",),
-    ("prebake.registry.shared",),
-    ("prebake.registry.backends", "prebake.registry.oci"),
-    ("prebake.registry",),
-    ("prebake.engine.common",),
-    ("prebake.engine.bundled.runtime",),
-    ("prebake.engine.bundled.api",),
-    ("prebake.engine.bundled", "prebake.engine.vllm"),
-    ("prebake.engine",),
-    ("prebake.engine.fleet",),
-    ("prebake.engine.cli",),
+    ("prebake.artifacts",),  # the core's foundation: errors, fsutil, timebox, keys, layout
+    ("prebake.artifacts.buckets",),  # bucket sets: rules, traffic fit, reports
+    ("prebake.artifacts.bundle",),  # the bundle format: manifest, pack, unpack
+    ("prebake.artifacts.ports",),  # what the core needs from a registry, and listing rows
+    ("prebake.artifacts.store",),  # the local store, its admin view and its stats
+    ("prebake.artifacts.recipe",),  # recipes, kinds and the keys of a target
+    ("prebake.artifacts.fetch",),  # the fetch pipeline, its outcomes, trust gating, the nearest miss
+    ("prebake.artifacts.bake",),  # the bake of one kind, doit tasks, the fleet plan, provenance
+    ("prebake.registry.trust",),  # signing, policy, policy files, revocation, attestation
+    ("prebake.registry.review",),  # verify, promote, write-back, the quarantine's aging
+    ("prebake.registry.shared",),  # the registry over the object-store port, verified transfers
+    (
+        "prebake.registry.backends",
+        "prebake.registry.oci",
+    ),  # the object stores (folder, S3, Hub, Azure); the OCI registry
+    ("prebake.registry",),  # open_registry: an address to a backend, chains
+    ("prebake.engine.common",),  # host probe, environment table, logging, the adapter interface, the starter
+    ("prebake.engine.bundled.runtime",),  # the bundled engine's model runtime on torch
+    ("prebake.engine.bundled.api",),  # its HTTP API
+    ("prebake.engine.bundled", "prebake.engine.vllm"),  # one folder per engine (peers)
+    ("prebake.engine",),  # the composition root and the registry of adapters
+    ("prebake.engine.fleet",),  # baking on a fleet: executors and builder profiles
+    ("prebake.engine.cli",),  # the `prebake` command
 )
 
 
