@@ -273,6 +273,7 @@ def _warm(
     from prebake.engine.bundled.runtime.steps import Tactic
 
     recipe = plan.recipe
+    variant = recipe.compile.variant_or(DEFAULT_VARIANT)
     init = None
     with log.step("install") as s:
         buckets = BucketSet.from_json(json.loads((trees["buckets"] / BUCKETS_FILE).read_text()))
@@ -288,16 +289,14 @@ def _warm(
 
         if settings.eager:
             s.detail = f"{len(shapes)} step shapes, compilation off"
-        elif recipe.compile.variant_or(DEFAULT_VARIANT) == AOTI_PACKAGE and "graphs" in installed:
+        elif variant == AOTI_PACKAGE and "graphs" in installed:
             # the package is only read (torch's loader unpacks each model's files to a folder of its own):
             # served from the store's tree, copied only for a fallback to the variants Inductor writes beside
             trees["graphs"] = installed["graphs"].tree
-            s.detail = f"{len(shapes)} step shapes, graphs ({recipe.compile.variant_or(DEFAULT_VARIANT)}) read in place from {trees['graphs']}"
+            s.detail = f"{len(shapes)} step shapes, graphs ({variant}) read in place from {trees['graphs']}"
         else:
-            s.detail = (
-                f"{len(shapes)} step shapes, graphs ({recipe.compile.variant_or(DEFAULT_VARIANT)}) in {private_tree()}"
-            )
-            if recipe.compile.variant_or(DEFAULT_VARIANT) != AOTI_PACKAGE:  # the package needs none of Inductor's init
+            s.detail = f"{len(shapes)} step shapes, graphs ({variant}) in {private_tree()}"
+            if variant != AOTI_PACKAGE:  # the package needs none of Inductor's init
                 from prebake.engine.bundled.runtime.inductor_init import InductorInit
 
                 init = InductorInit.start(torch_import)  # on a thread, while the weights load
@@ -325,7 +324,7 @@ def _warm(
 
             steps = compile_graphs(model, cache, recipe, schedule, trees["graphs"], log=log.note)
             log.metrics.add("prebake_fallback_compiles_total", kind="graphs")
-            s.detail = f"{len(shapes)} step shapes compiled in place ({recipe.compile.variant_or(DEFAULT_VARIANT)})"
+            s.detail = f"{len(shapes)} step shapes compiled in place ({variant})"
         record_fallback(context.store, "graphs", log.seconds.get("compile"))
     return Engine(plan, steps, buckets, schedule, run_dir, context.store, tuple(built))
 
