@@ -102,6 +102,7 @@ def _normal(value: Any) -> Any:
 
 # The graphs variant of a recipe whose [compile] table names none is its engine's (the adapter's
 # `default_variant`, read through CompileOptions.variant_or).
+INDUCTOR_CACHE: Final = "inductor-cache"  # Inductor's cache folder: Dynamo traces every shape at start
 PRECOMPILE: Final = "dynamo-precompile"  # functions precompiled by Dynamo, over the Inductor cache they fall to
 # AOTInductor: every step shape a named model of one .pt2 package, loaded by torch's C++ loader.
 AOTI_PACKAGE: Final = "aoti-package"

