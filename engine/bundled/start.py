@@ -278,7 +278,7 @@ def _warm(
     recipe = plan.recipe
     first = variant_of(recipe)
     tree = GraphsTree(installed.get("graphs"), run_dir)
-    warm = WarmUp(log, tree, context.store)
+    warm = WarmUp(log, tree, context.store, plan.target)
     with log.step("install") as s:
         buckets = BucketSet.from_json(json.loads((trees["buckets"] / BUCKETS_FILE).read_text()))
         winners = load_winners(trees["autotune"] / AUTOTUNE_FILE)

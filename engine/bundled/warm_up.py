@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from prebake.artifacts.recipe.schema import Target
 from prebake.artifacts.store.local import Installed, Store
 from prebake.artifacts.store.stats import record_variant_fallback
 from prebake.engine.bundled import cache_layout
 from prebake.engine.bundled.runtime.metrics import Metrics
 from prebake.engine.bundled.variants import chain, variant
-from prebake.engine.bundled.variants.base import GraphsVariant, Loaded, LoadJob
+from prebake.engine.bundled.variants.base import GraphsVariant, Loaded, LoadJob, NotLoaded
 
 if TYPE_CHECKING:  # torch is imported once the environment is set
     from prebake.engine.bundled.runtime.inductor_init import InductorInit
@@ -69,6 +70,7 @@ class WarmUp:
     log: PhaseLog
     tree: GraphsTree
     store: Store | None = None
+    target: Target | None = None  # what it serves: a variant that refuses it is not loaded
     init: InductorInit | None = None  # begun at install, beside the weights' load, when the first variant needs it
     parts: dict[str, float] = field(default_factory=dict)
     _inductor_ready: bool = False
@@ -78,16 +80,20 @@ class WarmUp:
         assert self.tree.path is not None  # the install step placed it
         variants = chain(first, self.tree.path)
         for current, after in zip(variants, (*(v.name for v in variants[1:]), None), strict=True):
-            if current.needs_inductor:
-                self._inductor()
-            tree = self.tree.path if current.reads_in_place else self.tree.writable()
-            outcome = current.load(job_of(tree))
+            outcome = self._load(current, job_of)
             if isinstance(outcome, Loaded):
                 self.parts.update(outcome.parts)
                 return outcome
             self._fell_back(current, after, outcome.reason)
         self.tree.writable()  # compiling in place writes beside what it reads
         return None
+
+    def _load(self, current: GraphsVariant, job_of: Callable[[Path], LoadJob]) -> Loaded | NotLoaded:
+        if self.target is not None and (why := current.refuses(self.target)) is not None:
+            return NotLoaded(why)
+        if current.needs_inductor:
+            self._inductor()
+        return current.load(job_of(self.tree.path if current.reads_in_place else self.tree.writable()))
 
     def finish(self, steps: CompiledSteps, schedule: dict[StepShape, Tactic], traced: bool) -> None:
         """The first runs of every shape, then each part's seconds logged and exported."""

@@ -91,3 +91,69 @@ def test_a_fallback_of_a_variant_that_carries_none_names_the_variant_that_does()
     with pytest.raises(RecipeError, match="fallback = 'inductor-cache'.*; remove fallback$"):
         adapter_for(_asking("tiny-llama", fallback="inductor-cache"))
     assert adapter_for(_asking("tiny-llama", fallback="dynamo-precompile")).spec.name == "prebake"
+
+
+class _Fake(GraphsVariant):
+    """A variant of the test's own: it loads (or not) as told, without torch."""
+
+    needs_inductor = False
+    reads_in_place = True
+    taking = "taking the fake's next"
+
+    def __init__(self, name: str, outcome, after: str | None = None, refusal: str | None = None):
+        self.name, self.outcome, self.after, self.refusal, self.loads = name, outcome, after, refusal, []
+
+    def refuses(self, target):
+        return self.refusal
+
+    def compile(self, job):
+        raise AssertionError("the warm-up compiles nothing")
+
+    def load(self, job):
+        self.loads.append(job.tree)
+        return self.outcome
+
+    def next_in(self, tree):
+        return self.after
+
+
+def _warm(tmp_path, **variants):
+    from prebake.artifacts.recipe.schema import Target
+    from prebake.engine.bundled.runtime.metrics import Metrics
+    from prebake.engine.bundled.start import StartupPhaseLog
+    from prebake.engine.bundled.warm_up import GraphsTree, WarmUp
+
+    lines: list[str] = []
+    log = StartupPhaseLog(Metrics(), lines.append)
+    tree = GraphsTree(None, tmp_path, path=tmp_path, private=True)
+    return WarmUp(log, tree, target=Target("tiny-llama", "cpu", 2, "fp32")), lines
+
+
+def _job(tree):
+    from prebake.engine.bundled.variants.base import LoadJob
+
+    return LoadJob(None, None, "default", (), tree, print)  # type: ignore[arg-type]  # the fakes read only the tree
+
+
+def test_the_warm_up_walks_the_chain_logging_and_counting_each_variant_that_does_not_load(tmp_path, monkeypatch):
+    from prebake.engine.bundled.variants.base import Loaded, NotLoaded
+
+    served = Loaded(steps="the second's steps", parts={"bind": 0.5})  # type: ignore[arg-type]
+    first, second = _Fake("fake-first", NotLoaded("its bytes are damaged"), "fake-second"), _Fake("fake-second", served)
+    monkeypatch.setitem(VARIANTS, first.name, first)
+    monkeypatch.setitem(VARIANTS, second.name, second)
+    warm, lines = _warm(tmp_path)
+    assert warm.graphs("fake-first", _job) is served
+    assert lines == ["prebake serve:   fake-first: its bytes are damaged; taking the fake's next"]
+    assert warm.log.metrics.get("prebake_variant_fallbacks_total", variant="fake-first") == 1
+    assert first.loads == second.loads == [tmp_path] and warm.parts == {"bind": 0.5}
+
+
+def test_a_variant_that_refuses_the_target_is_not_loaded_and_the_chain_ends_in_a_compile(tmp_path, monkeypatch):
+    from prebake.engine.bundled.variants.base import Loaded
+
+    refusing = _Fake("fake-tp1", Loaded(steps=None), refusal="its graphs are one process's: tp 2 asks for two")  # type: ignore[arg-type]
+    monkeypatch.setitem(VARIANTS, refusing.name, refusing)
+    warm, lines = _warm(tmp_path)
+    assert warm.graphs("fake-tp1", _job) is None  # the start compiles in place
+    assert refusing.loads == [] and "fake-tp1: its graphs are one process's: tp 2 asks for two;" in lines[0]
