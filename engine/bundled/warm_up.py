@@ -93,7 +93,8 @@ class WarmUp:
             return NotLoaded(why)
         if current.needs_inductor:
             self._inductor()
-        return current.load(job_of(self.tree.path if current.reads_in_place else self.tree.writable()))
+        tree = self.tree.path if current.reads_in_place and self.tree.path is not None else self.tree.writable()
+        return current.load(job_of(tree))
 
     def finish(self, steps: CompiledSteps, schedule: dict[StepShape, Tactic], traced: bool) -> None:
         """The first runs of every shape, then each part's seconds logged and exported."""
