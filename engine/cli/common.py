@@ -18,6 +18,7 @@ from pathlib import Path
 from prebake.artifacts.fsutil import human_size
 from prebake.engine import adapters
 from prebake.registry.address import join_addresses, split_addresses
+from prebake.registry.schemes import address_forms
 
 GROUPS = ("bake and plan", "registry", "store", "serve", "keys", "fleet")  # the order of `prebake --help`
 
@@ -146,8 +147,7 @@ def registry_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--registry",
         action=_AddressList,
-        help="registry address: a folder, file://, s3://bucket/prefix, hf://ns/repo, oci://host/repo, "
-        "az://account/container/prefix, oci-layout:DIR or oci-layout:FILE.tar; repeat the flag for a chain, "
+        help=f"registry address: {address_forms()}; repeat the flag for a chain, "
         "nearest first (a comma list works too; write a comma in a folder's name as \\,) "
         "(default: $PREBAKE_REGISTRY, else $PREBAKE_HOME/registry)",
     )
