@@ -39,7 +39,8 @@ from prebake.artifacts.ports.errors import (
 from prebake.artifacts.ports.objects import Stored
 from prebake.artifacts.ports.registry import Published
 from prebake.registry.backends.file import FolderStore
-from prebake.registry.shared.http import TRANSIENT, Bound, as_asked, ticking
+from prebake.registry.shared.faults import Answer, Hints, translate
+from prebake.registry.shared.http import Bound, as_asked, ticking
 from prebake.registry.shared.index import StoreRegistry
 from prebake.registry.shared.memory import MemoryStore
 from prebake.registry.shared.transfer import copy_verified, missing
@@ -434,18 +435,13 @@ class HubStore:
             ) from exc
         except HfHubHTTPError as exc:
             status = exc.response.status_code if exc.response is not None else 0
-            if isinstance(exc, RepositoryNotFoundError):
-                raise RegistryNotFound(self._not_found()) from exc
-            if isinstance(exc, GatedRepoError) or status in (401, 403):
-                raise RegistryUnavailable(
-                    f"cannot {doing}: the Hub refused us (HTTP {status}); set HF_TOKEN to a token that may "
-                    f"read {self.repo_id} (and write to it, to publish)"
-                ) from exc
-            if status in TRANSIENT or status >= 500:
-                raise RegistryUnavailable(
-                    f"cannot {doing}: the Hub at {self.endpoint} failed (HTTP {status}); retry later"
-                ) from exc
-            raise RegistryError(f"cannot {doing}: {exc}") from exc
+            answer = Answer(
+                status,
+                detail=str(exc),
+                refused=isinstance(exc, GatedRepoError),
+                missing=isinstance(exc, RepositoryNotFoundError),
+            )
+            raise translate(answer, doing, self._hints) from exc
         except OSError as exc:
             if "Consistency check failed" not in str(exc):  # huggingface_hub's own size check
                 raise
@@ -453,6 +449,14 @@ class HubStore:
                 f"cannot {doing}: the Hub sent a body of another size than it announced ({exc}); the blob is "
                 f"refused; run `prebake verify --deep --registry {self.url}`"
             ) from exc
+
+    @property
+    def _hints(self) -> Hints:
+        return Hints(
+            who=f"the Hub at {self.endpoint}",
+            refused=f"set HF_TOKEN to a token that may read {self.repo_id} (and write to it, to publish)",
+            missing=self._not_found(),
+        )
 
     def _not_found(self) -> str:
         return (

@@ -162,7 +162,8 @@ def _file(request, tmp_path: Path) -> Backend:
 
 
 def _s3(request, tmp_path: Path, *, conditional: bool = True) -> Backend:
-    from prebake.registry.backends.s3 import S3Registry, S3Settings
+    from prebake.registry.backends.s3 import S3Registry
+    from prebake.registry.backends.s3_client import S3Settings
 
     bucket, client = request.getfixturevalue("s3_bucket"), request.getfixturevalue("s3_client")
     address, settings = f"s3://{bucket}/{S3_PREFIX}", S3Settings(conditional_put=conditional)
@@ -257,7 +258,8 @@ def backend(request, tmp_path) -> Backend:
 
 
 def _s3_down(request, tmp_path: Path, monkeypatch) -> Registry:
-    from prebake.registry.backends.s3 import S3Registry, S3Settings
+    from prebake.registry.backends.s3 import S3Registry
+    from prebake.registry.backends.s3_client import S3Settings
 
     request.getfixturevalue("s3_client")  # the dummy credentials and no profile files
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")

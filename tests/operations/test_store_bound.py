@@ -75,7 +75,8 @@ def test_serve_with_a_bound_below_the_set_says_so_instead_of_a_miss(tmp_path, sc
 
 
 def test_a_gc_every_moment_while_fetch_downloads_never_takes_the_kinds_it_installed_first(tmp_path, scenario, bucket):
-    from prebake.registry.backends.s3 import S3Registry, S3Settings
+    from prebake.registry.backends.s3 import S3Registry
+    from prebake.registry.backends.s3_client import S3Settings
 
     targets = target_set(tmp_path / "bake")
     address = f"s3://{bucket}/prebake"
@@ -126,7 +127,8 @@ def test_a_gc_every_moment_while_fetch_downloads_never_takes_the_kinds_it_instal
 
 
 def test_a_gc_every_moment_while_serve_starts_never_fails_the_start(baked, tmp_path, scenario, bucket):
-    from prebake.registry.backends.s3 import S3Registry, S3Settings
+    from prebake.registry.backends.s3 import S3Registry
+    from prebake.registry.backends.s3_client import S3Settings
 
     address = f"s3://{bucket}/prebake"
     direct = S3Registry(address, S3Settings())
