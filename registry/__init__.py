@@ -16,7 +16,7 @@ from pathlib import Path
 
 from prebake.artifacts.extras import require
 from prebake.artifacts.ports.errors import RegistryNotFound, UnknownRegistryError
-from prebake.artifacts.ports.registry import Published, Registry
+from prebake.artifacts.ports.registry import Registry
 from prebake.registry.address import split_addresses
 from prebake.registry.schemes import FOLDER, SCHEMES, Opening, backend_of
 
@@ -68,4 +68,4 @@ def _open_one(text: str, *, create: bool, listed: list[str] | None = None, home:
         raise
 
 
-__all__ = ["SCHEMES", "Published", "Registry", "open_registry"]
+__all__ = ["open_registry"]

@@ -24,7 +24,7 @@ GROUPS = ("bake and plan", "registry", "store", "serve", "keys", "fleet")  # the
 
 
 @dataclass(frozen=True)
-class Listed:
+class ListedCommand:
     """One command as `prebake --help` lists it."""
 
     group: str
@@ -32,7 +32,7 @@ class Listed:
     help: str
 
 
-LISTED: list[Listed] = []  # filled as the command modules add their commands
+LISTED: list[ListedCommand] = []  # filled as the command modules add their commands
 StoreUse = str | Callable[[argparse.Namespace], str | None] | None  # "read", "write", or None (no store)
 
 
@@ -89,7 +89,7 @@ def command(
     verbosity_options(parser, default=argparse.SUPPRESS)
     parser.set_defaults(store_use=store, deprecated=deprecated, spelled=f"{sub._prog_prefix} {name}")
     if deprecated is None:
-        LISTED.append(Listed(group, listed_as or name, help))
+        LISTED.append(ListedCommand(group, listed_as or name, help))
     return parser
 
 

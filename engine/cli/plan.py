@@ -17,7 +17,7 @@ from prebake.artifacts.bake.fleet_plan import FleetPlan, TargetPlan, custom_reso
 from prebake.artifacts.errors import UsageError
 from prebake.engine.cli.common import command, json_option, positive_int, registry_option, table
 from prebake.engine.common.probe import current_host
-from prebake.engine.fleet.plan import make_plan as plan_for
+from prebake.engine.fleet.plan import make_plan
 from prebake.engine.fleet.profiles import host_profile, render_toml
 
 PLAN_SCHEMA = "prebake.plan/1"
@@ -70,13 +70,13 @@ def profiles_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def make_plan(args: argparse.Namespace) -> FleetPlan:
+def plan_from_args(args: argparse.Namespace) -> FleetPlan:
     """The plan of args.model (narrowed by args.precision / args.tp) against args.registry."""
-    return plan_for(args.model, precision=args.precision, tp=args.tp, registry=args.registry, profiles=args.profiles)
+    return make_plan(args.model, precision=args.precision, tp=args.tp, registry=args.registry, profiles=args.profiles)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    fleet = make_plan(args)
+    fleet = plan_from_args(args)
     rows = fleet.missing() if args.missing_only else fleet.targets
     if args.json and args.format == "github-matrix":
         raise UsageError("--json and --format github-matrix ask for two outputs; give one of them")

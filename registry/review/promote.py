@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from prebake.artifacts.bake.bake_kind import MODEL_SIGNATURE_SIDE_NAME, ModelSign
 from prebake.artifacts.bake.provenance import PROMOTE_TYPE, SIDE_NAME, Attest, BuildContext, statement
 from prebake.artifacts.bundle.manifest import Manifest
-from prebake.artifacts.errors import PrebakeError, PublishConflict
+from prebake.artifacts.errors import PrebakeError
 from prebake.artifacts.fetch.gate import WRITE_BACK_LABEL, unreviewed
+from prebake.artifacts.ports.errors import PublishConflict
 from prebake.artifacts.ports.registry import Maintainable, Registry, SideFiles
 from prebake.artifacts.recipe.schema import load_recipe, targets
 from prebake.artifacts.store.local import Store

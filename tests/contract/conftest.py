@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from prebake.artifacts.layout import blob_relpath
+from prebake.artifacts.ports.registry import Registry
 from prebake.registry.backends.file import FileRegistry
 from prebake.registry.chain import ChainRegistry
-from prebake.registry.shared.transfer import Registry
 from tests.support.azurite_server import Azurite, azurite_available, azurite_server
 from tests.support.bundles import Bundle, make_bundle
 from tests.support.hub_server import HubStandIn, hub_server

@@ -10,7 +10,7 @@ import subprocess
 import threading
 import time
 
-from prebake.artifacts.fetch.pipeline import fetch
+from prebake.artifacts.fetch.pipeline import fetch_key
 from prebake.artifacts.store.local import Store, StoreLimits
 from prebake.registry.backends.file import FileRegistry
 from tests.faults.fault_proxy import Fault, fault_proxy
@@ -35,7 +35,7 @@ def _old_bundle(tmp_path, home, scenario):
     other.publish(bundle.manifest, bundle.blob)
     scenario.registry(other, bundle.manifest)
     got = prebake("store", "ls", env=prebake_env(home))
-    fetch(Store(home, StoreLimits()), other, bundle.manifest.the_key())
+    fetch_key(Store(home, StoreLimits()), other, bundle.manifest.the_key())
     assert got.returncode == 0 and "other-model" in prebake("store", "ls", env=prebake_env(home)).stdout
     return bundle
 

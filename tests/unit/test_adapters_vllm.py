@@ -24,7 +24,7 @@ from prebake.engine.compose import Context, plans_for
 from prebake.engine.vllm.process import (
     CACHE_DIR,
     REPORT_FILE,
-    Launch,
+    Spawn,
     build_environment,
     compile_report,
     engine_flags,
@@ -256,7 +256,7 @@ def standin_env(**extra: str) -> dict[str, str]:
 def test_engine_that_exits_before_ready_fails_with_the_end_of_its_log(tmp_path):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")
-    launch = Launch(
+    launch = Spawn(
         (sys.executable, str(STANDIN), "--model", "m", "--port", str(free_port())),
         standin_env(STANDIN_FAIL="ValueError: out of memory while profiling", VLLM_CACHE_ROOT=str(tmp_path / "c")),
         tmp_path,
@@ -275,7 +275,7 @@ def test_stop_ends_the_engine_and_the_workers_it_started(tmp_path):
         "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
         "print('worker started', flush=True); time.sleep(300)"
     )
-    running = start(Launch((sys.executable, "-c", script), dict(os.environ), tmp_path, tmp_path / "log"))
+    running = start(Spawn((sys.executable, "-c", script), dict(os.environ), tmp_path, tmp_path / "log"))
     while "worker started" not in running.log.read_text():
         assert running.proc.poll() is None
     group = running.proc.pid
@@ -329,7 +329,7 @@ def test_bake_packs_the_cache_root_the_engine_filled_and_a_start_from_it_loads(
     log = tmp_path / "serve.log"
     port = free_port()
     running = start(
-        Launch(
+        Spawn(
             (*served.argv, "--host", "127.0.0.1", "--port", str(port)),
             served.child_env(dict(os.environ)),
             served.cwd,
@@ -419,7 +419,7 @@ def test_a_miss_starts_from_an_empty_root_and_write_back_publishes_what_vllm_com
 
     port = free_port()
     running = start(
-        Launch((*cold.argv, "--port", str(port)), cold.child_env(dict(os.environ)), cold.cwd, tmp_path / "cold.log")
+        Spawn((*cold.argv, "--port", str(port)), cold.child_env(dict(os.environ)), cold.cwd, tmp_path / "cold.log")
     )
     try:
         seconds = wait_ready(running, f"http://127.0.0.1:{port}", timeout_s=60)
@@ -526,7 +526,7 @@ def test_by_default_vllm_write_back_lands_in_quarantine_and_serves_others_only_o
     cold = _prepare(folder_model_recipe, store, registry, host, monkeypatch, tmp_path)
     port = free_port()
     running = start(
-        Launch((*cold.argv, "--port", str(port)), cold.child_env(dict(os.environ)), cold.cwd, tmp_path / "cold.log")
+        Spawn((*cold.argv, "--port", str(port)), cold.child_env(dict(os.environ)), cold.cwd, tmp_path / "cold.log")
     )
     try:
         seconds = wait_ready(running, f"http://127.0.0.1:{port}", timeout_s=60)
