@@ -95,27 +95,9 @@ def cmd_promote(args: argparse.Namespace) -> int:
 
 
 def _prune(args: argparse.Namespace, incoming, incoming_address: str) -> int:
-    import datetime as dt
+    from prebake.registry.review.aging import Pruned, max_age_in_force, prune
 
-    from prebake.registry.review.aging import parse_age, prune, say_age
-    from prebake.registry.trust.policy import policy_file_in_force
-    from prebake.registry.trust.policy_file import DEFAULT_MAX_AGE_DAYS
-
-    if args.older_than:
-        max_age = parse_age(args.older_than)
-    else:
-        policy = policy_file_in_force()
-        max_age = dt.timedelta(days=policy.quarantine.max_age_days if policy else DEFAULT_MAX_AGE_DAYS)
-    results = prune(incoming, max_age, dry_run=args.dry_run)
-    gone = [r for r in results if r.expired]
-    if args.json:
-        print(json.dumps({"quarantine": incoming_address, "max_age_s": max_age.total_seconds(),
-                          "results": [r.__dict__ for r in results]}, indent=2))  # fmt: skip
-    else:
-        verb = "would remove" if args.dry_run else "removed"
-        print(
-            f"prune {incoming_address}: {len(gone)} of {len(results)} write-back(s) older than {say_age(max_age)} {verb}"
-        )
-        for r in gone:
-            print(f"  {r.kind:9} {r.key_digest[:16]}  created {r.created}  {r.outcome}: {r.why}")
+    oldest = max_age_in_force(args.older_than)
+    pruned = Pruned(incoming_address, oldest, tuple(prune(incoming, oldest, dry_run=args.dry_run)), args.dry_run)
+    print(json.dumps(pruned.to_json(), indent=2) if args.json else pruned.render())
     return ExitCode.OK
