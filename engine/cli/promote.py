@@ -49,24 +49,15 @@ def add(sub) -> None:
 
 def cmd_promote(args: argparse.Namespace) -> int:
     from prebake.engine.compose import Context
-    from prebake.registry.review.promote import promote
+    from prebake.registry.review.promote import Review, promote
     from prebake.registry.trust.signing import SIGNING_KEY_ENV
 
     context = Context.open(args.registry, creating=True, trusting=False)
     address = context.address
     incoming_address, incoming = context.quarantine()
     if args.list:
-        rows = [
-            {"kind": m.kind, "key": m.key_digest, "model": m.labels.get("model", ""), "created": m.created,
-             "builder": m.builder}
-            for m in incoming.list(args.kind)
-        ]  # fmt: skip
-        if args.json:
-            print(json.dumps({"quarantine": incoming_address, "waiting": rows}, indent=2))
-        else:
-            print(f"{len(rows)} write-back(s) awaiting review in {incoming_address}")
-            for row in rows:
-                print(f"  {row['kind']:9} {row['key'][:16]}  {row['model']:20} {row['created']}  {row['builder']}")
+        waiting = Review(incoming_address, address, waiting=tuple(incoming.list(args.kind)))
+        print(json.dumps(waiting.to_json(), indent=2) if args.json else waiting.render_waiting())
         return ExitCode.OK
     if args.prune:
         return _prune(args, incoming, incoming_address)
@@ -84,13 +75,8 @@ def cmd_promote(args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
         model_sign=context.model_sign,
     )
-    if args.json:
-        print(json.dumps({"quarantine": incoming_address, "index": address,
-                          "results": [r.__dict__ for r in results]}, indent=2))  # fmt: skip
-    else:
-        print(f"promote {incoming_address} -> {address}: {len(results)} write-back(s)")
-        for r in results:
-            print(f"  {r.kind:9} {r.key_digest[:16]}  {r.outcome}")
+    review = Review(incoming_address, address, results=tuple(results))
+    print(json.dumps(review.to_json(), indent=2) if args.json else review.render())
     return ExitCode.OK if all(r.ok for r in results) else ExitCode.FAILED
 
 
