@@ -36,7 +36,7 @@ from prebake.registry.oci.kernel_cache import (
 )
 from tests.support.oci_server import oci_available, oci_server, umoci_unpack
 from tests.support.recipe_files import write_recipe
-from tests.unit.test_adapters_vllm import STANDIN, bake_all, vllm_cpu_host
+from tests.support.vllm_hosts import STANDIN, bake_all, vllm_cpu_host
 
 pytestmark = pytest.mark.skipif(
     not oci_available() or shutil.which("skopeo") is None or shutil.which("umoci") is None,
