@@ -13,21 +13,12 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
+from prebake.artifacts.ports import errors as _errors
+
 REPO = Path(__file__).resolve().parents[2]
 FOLDERS = ("artifacts", "registry", "engine")
 ERRORS_HOME = "prebake.artifacts.ports.errors"
-REGISTRY_ERRORS = {
-    "BlobDigestMismatch",
-    "BlobSizeMismatch",
-    "PublishConflict",
-    "RegistryError",
-    "RegistryNotFound",
-    "RegistryReadOnly",
-    "RegistryUnavailable",
-    "UnknownRegistryError",
-    "UntrustedEntryError",
-    "is_fault",
-}
+REGISTRY_ERRORS = set(_errors.__all__)  # every name the one home defines
 # CLI modules still building a JSON payload themselves, each with the reason it is left.
 HAND_JSON_LEFT = {
     "engine/cli/store.py": "gc's and store ls's payloads: their reports (GcReport, the inventory) move with the store's split",
