@@ -43,7 +43,7 @@ from prebake.engine.vllm.process import (
     CACHE_DIR,
     REPORT_FILE,
     VARIANT,
-    Launch,
+    Spawn,
     baked_site,
     build_environment,
     compile_report,
@@ -107,19 +107,12 @@ class VllmAdapter:
 
     def fetch(self, request: StartRequest, services: Services) -> Fetched:
         """Install, lay out a writable cache root, and give vLLM's variables and command line."""
-        from prebake.engine.vllm.start import fetch_environment
+        from prebake.engine.common import starter
+        from prebake.engine.vllm.start import prepare
 
         self.spec.options_of(request)
-        prepared = fetch_environment(request, services)
-        return Fetched(
-            prepared.plan.target.name,
-            prepared.variables,
-            prepared.installed,
-            prepared.misses,
-            prepared.notes,
-            prepared.argv,
-            prepared.cwd,
-        )
+        prepared = prepare(request, services)
+        return starter.fetched(prepared.shared, prepared.launch)
 
     def serve(self, request: StartRequest, open_services: OpenServices) -> int:
         """vLLM runs as its own process (exec'd, or watched when it writes back): the shared starter."""
@@ -160,7 +153,7 @@ class VllmAdapter:
         argv = (*vllm_command(), "--model", location.name, *flags)
         log = work / "vllm-bake.log"
         print(f"prebake: starting vLLM for {plan.target.name} (log: {log})", flush=True)
-        running = start(Launch(argv, env, location.cwd, log))
+        running = start(Spawn(argv, env, location.cwd, log))
         try:
             seconds = wait_ready(running, f"http://127.0.0.1:{port}")
         except EngineStartError as exc:

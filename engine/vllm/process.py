@@ -114,7 +114,9 @@ class ModelLocation:
 
 
 @dataclass(frozen=True)
-class Launch:
+class Spawn:
+    """How the vLLM process is spawned: its command line, environment, folder and log."""
+
     argv: tuple[str, ...]
     env: Mapping[str, str]
     cwd: Path | None
@@ -317,7 +319,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(launch: Launch) -> Running:
+def start(launch: Spawn) -> Running:
     """Start the engine in its own session (so stop() can end its workers too), logging to a file."""
     launch.log.parent.mkdir(parents=True, exist_ok=True)
     with launch.log.open("ab") as log:

@@ -67,7 +67,7 @@ Emit = Callable[[str], None]
 
 
 @dataclass(frozen=True)
-class Prepared:
+class VllmStart:
     """Everything needed to start vLLM: what the shared starter prepared, and vLLM's command."""
 
     shared: starter.Prepared
@@ -134,12 +134,12 @@ def _cache_root(request: StartRequest) -> Path | None:
     return Path(os.path.abspath(given.expanduser())) if given else None
 
 
-def prepare(request: StartRequest, context: Services) -> Prepared:
+def prepare(request: StartRequest, context: Services) -> VllmStart:
     """Resolve the recipe's bundles on this host and lay out a private cache root for one vLLM
     (the shared starter), then vLLM's command line from them."""
     # the trees are held for the command's life (Context.holds): until vLLM is exec'd or has exited
     shared = starter.prepare(serve_environment, request, context, run_dir=_cache_root(request))
-    return Prepared(shared, launch(shared, request, context.store.home))
+    return VllmStart(shared, launch(shared, request, context.store.home))
 
 
 def launch(shared: starter.Prepared, request: StartRequest, home: Path) -> starter.Launch:
@@ -271,14 +271,9 @@ class _Process:
         return capture
 
 
-def write_back(prepared: Prepared, context: Services, ready_s: float, *, timeout: float = 600.0) -> list[str]:
+def write_back(prepared: VllmStart, context: Services, ready_s: float, *, timeout: float = 600.0) -> list[str]:
     """Publish every kind that missed, within `timeout` seconds in all (the shared starter's write-back)."""
     return starter.write_back(_Process(), "graphs", prepared.shared, prepared.launch, context, ready_s, timeout=timeout)
-
-
-def fetch_environment(request: StartRequest, context: Services) -> Prepared:
-    """`prebake fetch --engine vllm`: install and lay out the cache root; the caller prints it."""
-    return prepare(request, context)
 
 
 def _flag_value(argv: Sequence[str], flag: str, default: str) -> str:
