@@ -3,8 +3,9 @@
     prebake kernel-cache --model tiny-llama-vllm --precision bf16 --to oci://HOST/team/vllm-cache:TAG
 
 The graphs bundle is fetched through the pipeline (lookup, the trust policy in force, install),
-and the image built from the installed tree and its signed manifest (registry/oci/kernel_cache.py)
-is pushed with prebake's OCI client.
+checked to hold every tensor-parallel rank's compile cache (prebake.engine.vllm.ranks), and the
+image built from the installed tree and its signed manifest (registry/oci/kernel_cache.py) is
+pushed with prebake's OCI client.
 """
 
 from __future__ import annotations
@@ -13,10 +14,14 @@ import argparse
 import json
 import shutil
 import sys
+from typing import TYPE_CHECKING
 
 from prebake.artifacts.errors import ExitCode, PrebakeError
 from prebake.engine.cli.common import command, json_option, registry_option
 from prebake.engine.common.advice import miss_exit_code
+
+if TYPE_CHECKING:
+    from prebake.artifacts.store.local import Installed
 
 
 def add(sub) -> None:
@@ -88,6 +93,7 @@ def cmd_kernel_cache(args: argparse.Namespace) -> int:
                 print(json.dumps({"complete": False, "misses": [miss_json(m) for m in resolution.misses]}, indent=2))
             return int(miss_exit_code(resolution.misses))
         installed = resolution.installed["graphs"]
+        ranks = checked_ranks(installed, plan.target.tp)
         scratch = context.store.scratch(f"kernel-cache-{installed.manifest.key_digest[:16]}")
         try:
             image = build_image(
@@ -97,11 +103,13 @@ def cmd_kernel_cache(args: argparse.Namespace) -> int:
                 runtime_image=args.runtime_image,
                 model_uri=args.model_uri,
                 cache_path=args.cache_path,
+                ranks=ranks,
             )
             digest = push_image(image, address, tag)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     report = {
+        "ranks": list(ranks),
         "image": f"{address.removeprefix('oci://')}@{digest}",
         "tag": f"{address.removeprefix('oci://')}:{tag}",
         "target": plan.target.name,
@@ -117,3 +125,18 @@ def cmd_kernel_cache(args: argparse.Namespace) -> int:
         for name, value in sorted(image.factors.items()):
             print(f"  {name} = {value}")
     return int(ExitCode.OK)
+
+
+def checked_ranks(installed: Installed, tp: int) -> tuple[int, ...]:
+    """The ranks 0..tp-1, once the installed tree is checked to hold each one's compile cache
+    (prebake.engine.vllm.ranks); an image a rank could not start from is refused, the rank named."""
+    from prebake.engine.vllm.process import CACHE_DIR, read_report
+    from prebake.engine.vllm.ranks import describe, gaps
+
+    found = gaps(installed.tree / CACHE_DIR, tp, read_report(installed.tree).get("ranks"))
+    if found:
+        raise PrebakeError(
+            f"graphs {installed.manifest.key_digest[:16]} is baked for tp={tp}, but {describe(found)}; "
+            f"no kernel-cache image is made from it: rebake it (doit bake model=... tp={tp}) and push again"
+        )
+    return tuple(range(tp))
