@@ -62,7 +62,7 @@ def thread_binding(target: Target, env: Mapping[str, str], cpus: Sequence[int] |
 
 
 def _span(cores: Sequence[int]) -> str:
-    """ "0-3" for consecutive cores, else "0,2,5" (vLLM's parse_id_list reads both)."""
+    """Consecutive cores as a range ("0-3"), others as a list ("0,2,5"): vLLM's parse_id_list reads both."""
     if len(cores) > 1 and cores[-1] - cores[0] == len(cores) - 1:
         return f"{cores[0]}-{cores[-1]}"
     return ",".join(str(c) for c in cores)
@@ -183,6 +183,6 @@ def _subdirs(folder: Path) -> list[Path]:
 
 
 def describe(found: Sequence[RankGap]) -> str:
-    ranks = sorted({g.rank for g in found})
-    first = {r: next(g.missing for g in found if g.rank == r) for r in ranks}
-    return "; ".join(f"rank {r}'s compile cache is not in the bundle ({first[r]})" for r in ranks)
+    """One clause per rank that misses something, naming its first missing folder or entry."""
+    first = {g.rank: g for g in reversed(found)}
+    return "; ".join(first[rank].describe() for rank in sorted(first))

@@ -284,3 +284,45 @@ def test_no_kernel_cache_image_is_made_from_a_bundle_missing_one_ranks_cache(mis
     _host, _registry, installed = missing_rank_1
     with pytest.raises(PrebakeError, match=r"baked for tp=2, but rank 1's compile cache is not in the bundle"):
         checked_ranks(installed, 2)
+
+
+class _Execd(Exception):
+    """Raised where the starter would exec vLLM: the test keeps its process."""
+
+
+def test_a_tp2_serve_of_a_bundle_missing_one_ranks_cache_counts_a_fallback_and_starts_vllm_on_an_empty_root(
+    missing_rank_1, tmp_path, monkeypatch
+):
+    from prebake.artifacts.store.stats import read_stats
+    from prebake.engine.vllm.adapter import VllmAdapter
+    from prebake.engine.vllm.start import serve
+
+    host, registry, _installed = missing_rank_1
+    store = Store(tmp_path / "node")
+    started: list[dict] = []
+
+    def execvpe(_file, _argv, env):
+        started.append(env)
+        raise _Execd
+
+    monkeypatch.setattr(starter.os, "execvpe", execvpe)
+    monkeypatch.setattr(starter.os, "chdir", lambda _path: None)
+    lines: list[str] = []
+
+    def open_services():
+        return Context(store, host, registry.url, given_registry=registry)
+
+    with pytest.raises(_Execd):
+        serve(VllmAdapter(), StartRequest(model="tiny-llama-vllm", engine="vllm", tp=2), open_services, lines.append)
+    refused = serve(
+        VllmAdapter(),
+        StartRequest(model="tiny-llama-vllm", engine="vllm", tp=2, on_miss="fail"),
+        open_services,
+        lines.append,
+    )
+
+    assert any("miss: graphs" in line and "rank 1's compile cache" in line for line in lines), lines
+    assert read_stats(store).to_json()["kinds"]["graphs"]["fallback_compiles"] == 1
+    assert started[0][ranks.BIND] == "0|1" and not any(Path(started[0]["VLLM_CACHE_ROOT"]).iterdir())
+    assert refused == 3 and len(started) == 1  # refused before vLLM, naming the rank (the last line)
+    assert "rank 1's compile cache" in lines[-1] and "--on-miss is fail" in lines[-1]
