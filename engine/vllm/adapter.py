@@ -37,7 +37,7 @@ from prebake.engine.common.adapter import (
     StartRequest,
 )
 from prebake.engine.common.probe import Package
-from prebake.engine.vllm import gaudi
+from prebake.engine.vllm import gaudi, ranks
 from prebake.engine.vllm.process import (
     AUTOTUNE_FILE,
     CACHE_DIR,
@@ -131,6 +131,7 @@ class VllmAdapter:
         """A bake child's environment: vLLM's cache root inside the artifact tree `out`, nothing shared
         (on Gaudi also the HPU recipe cache in `out` and the variables of the baked buckets)."""
         env = build_environment(plan.recipe, plan.target, out / CACHE_DIR, base)
+        env |= ranks.thread_binding(plan.target, base)
         if _on_gaudi(plan.target):
             env |= gaudi.build_variables(plan.recipe, out, (inputs or {}).get("buckets"))
         return env
@@ -160,17 +161,23 @@ class VllmAdapter:
             raise BuildError(f"baking vLLM graphs of {plan.target.name} failed: {exc}") from exc
         finally:
             stop(running)
-        report = compile_report(log.read_text(errors="replace"))
+        text = log.read_text(errors="replace")
+        report = compile_report(text)
         if not report.compiled and not report.loaded:
             raise BuildError(
                 f"vLLM started for {plan.target.name} but compiled nothing ({report.describe()}); "
                 f"unset VLLM_DISABLE_COMPILE_CACHE and drop --enforce-eager / -O0, then bake again"
             )
+        recorded = ranks.rank_keys(text)
+        problem = ranks.bake_problem(text, request.out / CACHE_DIR, plan.target.tp, recorded)
+        if problem:
+            raise BuildError(f"vLLM baked {plan.target.name} at tp={plan.target.tp}, but {problem}; see {log}")
         document = {
             "flags": ["--model", location.name, *flags],
             "variables": recorded_variables(env),
             "ready_s": round(seconds, 3),
             "report": asdict(report),
+            "ranks": recorded,
             "site": baked_site(env, request.out / CACHE_DIR),
         }
         (request.out / REPORT_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))

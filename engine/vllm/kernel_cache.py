@@ -2,7 +2,8 @@
 
     KernelCacheRequest(model, to="oci://HOST/team/vllm-cache:TAG")  ->  push_kernel_cache(request, open_context)
         checks the address, the pairing of runtime image and model URI, and that the recipe is vLLM's
-        resolves the target's graphs bundle (lookup, the trust policy in force, install)
+        resolves the target's graphs bundle (lookup, the trust policy in force, install), checked to
+        hold every tensor-parallel rank's compile cache (prebake.engine.vllm.ranks)
         builds the image from the installed tree in the store's scratch (registry/oci/kernel_cache.py)
         pushes it with prebake's OCI client: Pushed, or NotBaked with the misses
 
@@ -21,7 +22,7 @@ from prebake.artifacts.errors import PrebakeError
 from prebake.artifacts.fetch.outcome import Miss, Resolution
 from prebake.artifacts.recipe.kinds import TargetKeys
 from prebake.artifacts.recipe.schema import Recipe, load_recipe
-from prebake.artifacts.store.local import Store
+from prebake.artifacts.store.local import Installed, Store
 
 
 class KernelCacheContext(Protocol):
@@ -69,9 +70,11 @@ class Pushed:
     labels: dict[str, str]
     factors: dict[str, str]
     footprint: str | None
+    ranks: tuple[int, ...] = (0,)  # the tensor-parallel ranks whose compile cache the image holds
 
     def to_json(self) -> dict[str, object]:
         return {
+            "ranks": list(self.ranks),
             "image": self.image,
             "tag": self.tag,
             "target": self.target,
@@ -121,6 +124,7 @@ def push_kernel_cache(request: KernelCacheRequest, open_context: Callable[[], Ke
         if "graphs" not in resolution.installed:
             return NotBaked(request.model, tuple(resolution.misses))
         installed = resolution.installed["graphs"]
+        ranks = checked_ranks(installed, plan.target.tp)
         scratch = context.store.scratch(f"kernel-cache-{installed.manifest.key_digest[:16]}")
         try:
             image = build_image(
@@ -130,6 +134,7 @@ def push_kernel_cache(request: KernelCacheRequest, open_context: Callable[[], Ke
                 runtime_image=request.runtime_image,
                 model_uri=request.model_uri,
                 cache_path=request.cache_path,
+                ranks=ranks,
             )
             digest = push_image(image, address, tag)
         finally:
@@ -143,4 +148,20 @@ def push_kernel_cache(request: KernelCacheRequest, open_context: Callable[[], Ke
         labels=dict(image.labels),
         factors=dict(image.factors),
         footprint=image.compatibility_footprint,
+        ranks=ranks,
     )
+
+
+def checked_ranks(installed: Installed, tp: int) -> tuple[int, ...]:
+    """The ranks 0..tp-1, once the installed tree is checked to hold each one's compile cache
+    (prebake.engine.vllm.ranks); an image a rank could not start from is refused, the rank named."""
+    from prebake.engine.vllm.process import CACHE_DIR, read_report
+    from prebake.engine.vllm.ranks import describe, gaps
+
+    found = gaps(installed.tree / CACHE_DIR, tp, read_report(installed.tree).get("ranks"))
+    if found:
+        raise PrebakeError(
+            f"graphs {installed.manifest.key_digest[:16]} is baked for tp={tp}, but {describe(found)}; "
+            f"no kernel-cache image is made from it: rebake it (doit bake model=... tp={tp}) and push again"
+        )
+    return tuple(range(tp))

@@ -9,7 +9,7 @@ log, and the graphs tree it fills (docs/adapters.md, "Baking", says how it is ba
         deep_gemm/                   CUDA: DeepGEMM's JIT kernels
         startup_plan/                CUDA: the memory-profiling result (VLLM_ENABLE_STARTUP_PLAN=1)
     hpu-recipes/     Gaudi: the HPU graph recipes (prebake.engine.vllm.gaudi)
-    vllm.json        the bake's flags, VLLM_* and PT_HPU_* variables, seconds, and what its log says
+    vllm.json        the bake's flags, VLLM_* and PT_HPU_* variables, seconds, what its log says (by rank: ranks.py)
 
 vLLM names its cache folders by a hash of its config, the VLLM_* variables it does not ignore,
 its traced source files with their paths, and torch/triton: serve with the bake's vLLM install

@@ -38,7 +38,7 @@ MODEL = "tiny-llama-vllm"
 
 def test_vllm_starts_from_the_kernel_cache_image_linked_as_kserve_links_it_with_cache_hits(tmp_path):
     home = Home(tmp_path / "baker")
-    baked = home.doit("run", "bake", f"model={MODEL}", "precision=bf16")
+    baked = home.doit("run", "bake", f"model={MODEL}", "precision=bf16", "tp=1")
     assert baked.returncode == 0, baked.stdout[-4000:] + baked.stderr[-4000:]
 
     cache_root = tmp_path / "pod" / ".cache" / "vllm"  # the pod's VLLM_CACHE_ROOT (the KernelCache's containerPath)

@@ -31,7 +31,7 @@ PROMPT = [1, 17, 230, 998, 45, 3, 512, 77]  # token ids: the model has no tokeni
 @pytest.fixture(scope="module")
 def baked(tmp_path_factory) -> Home:
     home = Home(tmp_path_factory.mktemp("vllm-bake"))
-    proc = home.doit("run", "bake", f"model={MODEL}", "precision=bf16")
+    proc = home.doit("run", "bake", f"model={MODEL}", "precision=bf16", "tp=1")  # tp=2: test_vllm_tp2.py
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return home
 
