@@ -77,4 +77,3 @@ def cmd_kernel_cache(args: argparse.Namespace) -> int:
         return int(miss_exit_code(list(report.misses)))
     print(json.dumps(report.to_json(), indent=2, sort_keys=True) if args.json else report.render())
     return int(ExitCode.OK)
-

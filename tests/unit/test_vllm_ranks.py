@@ -22,7 +22,7 @@ from prebake.engine.vllm.process import CACHE_DIR, REPORT_FILE
 from prebake.engine.vllm.start import prepare
 from prebake.registry import open_registry
 from tests.support.recipe_files import with_folder_weights, write_recipe
-from tests.unit.test_adapters_vllm import STANDIN, bake_all, vllm_cpu_host
+from tests.support.vllm_hosts import STANDIN, bake_all, vllm_cpu_host
 
 CPU_TP2 = Target("tiny-llama-vllm", "cpu", 2, "bf16")
 # Lines as vllm-cpu 0.32.0 printed them in a tp=2 bake here (tests/integration/test_vllm_tp2.py)
@@ -142,7 +142,7 @@ def test_a_bake_whose_rank_logged_nothing_or_left_no_cache_is_a_problem(tmp_path
 
 def test_tp2_joins_the_shipped_recipe_and_its_tp1_keys_stay_as_they_were(tmp_path):
     plans = {p.target.tp: p for p in plans_for(load_recipe("tiny-llama-vllm"), vllm_cpu_host(tmp_path))}
-    # tp=1's digests before [matrix] tp gained 2 (the same host as tests/unit/test_adapters_vllm.py's)
+    # tp=1's digests before [matrix] tp gained 2 (the same host as tests/unit/test_vllm_keys.py's)
     assert {k: plans[1].key(k).digest for k in plans[1].kinds.names} == {
         "buckets": "2cd8a57e25d9063b0a8098bec70f10a19ac8c8e79d7fc895f7d54a5a0bb2da1e",
         "autotune": "f7aeef16aeb8fbab3e2b02f5970277e8f0c9a9f2df1b47425dbe481af6673f7f",
