@@ -47,7 +47,8 @@ from prebake.artifacts.ports.errors import is_fault
 from prebake.artifacts.ports.registry import Chained, Registry, TrustCheck
 from prebake.artifacts.recipe.kinds import TargetKeys
 from prebake.artifacts.store.health import Damaged
-from prebake.artifacts.store.local import MAX_BYTES_ENV, Installed, Store
+from prebake.artifacts.store.local import Installed, Store
+from prebake.artifacts.store.settings import MAX_BYTES_ENV
 from prebake.artifacts.store.stats import record_outcomes
 from prebake.artifacts.timebox import Done, Raised, TimedOut, bounded, within
 

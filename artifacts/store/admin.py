@@ -25,8 +25,9 @@ from prebake.artifacts.bundle.payload import file_digest
 from prebake.artifacts.bundle.unpack import tree_problems
 from prebake.artifacts.errors import BundleError, PrebakeError, StoreError
 from prebake.artifacts.layout import parse_index_relpath
+from prebake.artifacts.store.eviction import StoreEntry
 from prebake.artifacts.store.health import Damaged, check_hit, other_schema, quarantine
-from prebake.artifacts.store.local import Store, StoreEntry
+from prebake.artifacts.store.local import Store
 
 _HEX_PREFIX = re.compile(r"^(?:sha256:)?([0-9a-f]{4,64})$")
 

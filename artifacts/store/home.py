@@ -16,8 +16,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from prebake.artifacts.store.local import HOME_ENV
 from prebake.artifacts.store.mark import STORE_NAMES, StoreHomeError, check_readable, claim
+from prebake.artifacts.store.settings import HOME_ENV
 
 __all__ = ["STORE_FOLDERS", "StoreHomeError", "check_home"]
 

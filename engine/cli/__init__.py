@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from prebake import __version__
 from prebake.artifacts.errors import ExitCode
 from prebake.artifacts.store.home import check_home
-from prebake.artifacts.store.local import default_home
+from prebake.artifacts.store.settings import default_home
 from prebake.engine.cli import (
     bake,
     buckets,

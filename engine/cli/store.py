@@ -11,7 +11,7 @@ import json
 
 from prebake.artifacts.errors import ExitCode
 from prebake.artifacts.store import admin as store_admin
-from prebake.artifacts.store.local import DEFAULT_MAX_BYTES, parse_size
+from prebake.artifacts.store.settings import DEFAULT_MAX_BYTES, parse_size
 from prebake.engine.adapters import kind_names
 from prebake.engine.cli.common import (
     Formatter,
@@ -23,7 +23,7 @@ from prebake.engine.cli.common import (
     table,
     writes_with,
 )
-from prebake.engine.compose import gc_trust, open_store
+from prebake.engine.compose import gc_trust, open_store, registry_address
 
 
 def add(sub) -> None:
@@ -122,7 +122,7 @@ def gc_options(gc: argparse.ArgumentParser) -> None:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     store = open_store()
-    store.registry_address()  # a $PREBAKE_REGISTRY folder inside the store would lose its bundles: refused
+    registry_address(store)  # a $PREBAKE_REGISTRY folder inside the store would lose its bundles: refused
     bound = parse_size(args.max_size, "--max-size") if args.max_size else store.limits.max_bytes
     if bound is None:  # a Store made with unbounded limits (tools, tests): the documented default
         bound = DEFAULT_MAX_BYTES
@@ -184,7 +184,7 @@ def _ls_row(b: store_admin.StoredBundle) -> tuple[str, ...]:
 def cmd_store_verify(args: argparse.Namespace) -> int:
     store = open_store()
     if args.fix:
-        store.registry_address()  # as gc: never remove a registry's files that sit in the store's folders
+        registry_address(store)  # as gc: never remove a registry's files that sit in the store's folders
     report = store_admin.verify_store(store, fix=args.fix)
     _show(args, report)
     return report.exit_code
@@ -192,7 +192,7 @@ def cmd_store_verify(args: argparse.Namespace) -> int:
 
 def cmd_store_rm(args: argparse.Namespace) -> int:
     store = open_store()
-    store.registry_address()
+    registry_address(store)
     chosen = store_admin.select(store, args.selector, args.kind)
     report = store_admin.remove(store, chosen, dry_run=args.dry_run)
     _show(args, report)

@@ -3,7 +3,7 @@
 docs/reference/environment.md is generated from `VARIABLES` (docs/gen_reference.py), and
 tests/unit/test_docs_reference.py fails when the code reads a PREBAKE_* variable this table
 does not describe. Add a row here when you add a variable; the code that reads it keeps its
-own constant (e.g. prebake.artifacts.store.local.HOME_ENV), this table only describes it.
+own constant (e.g. prebake.artifacts.store.settings.HOME_ENV), this table only describes it.
 """
 
 from __future__ import annotations

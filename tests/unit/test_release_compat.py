@@ -20,8 +20,9 @@ from prebake.artifacts.fetch.outcome import Miss
 from prebake.artifacts.fetch.pipeline import fetch
 from prebake.artifacts.keys import Key
 from prebake.artifacts.store import admin as store_admin
-from prebake.artifacts.store.local import Installed, Store, StoreLimits
+from prebake.artifacts.store.local import Installed, Store
 from prebake.artifacts.store.mark import INSTALLS, MARK, STORE_VERSION, StoreHomeError
+from prebake.artifacts.store.settings import StoreLimits
 from prebake.registry.backends.file import FileRegistry
 from prebake.registry.trust.signing import ACCEPT_V1_ENV, TRUSTED_KEYS_ENV, trust_from_env
 
