@@ -27,6 +27,7 @@ from prebake.artifacts.errors import (
     RegistryNotFound,
     StoreBoundError,
     StoreError,
+    StoreFullError,
     UnknownRegistryError,
 )
 from prebake.artifacts.fetch.explain import nearest_miss
@@ -244,9 +245,10 @@ def install(
         else:
             why = _fault(got, f"fetching blob {value.blob.digest[:23]}", "--fetch-timeout", timeout)
             refused = isinstance(got, Raised) and isinstance(got.error, BundleError)  # corrupt or hostile bytes
+            full = isinstance(got, Raised) and isinstance(got.error, StoreFullError)
             down = isinstance(got, TimedOut) or (isinstance(got, Raised) and is_fault(got.error))
-            gone = _unreachable(got, registry.url, why) if down and not refused else None
-            out[kind] = Miss(value.the_key(), why, refused=refused, unreachable=gone)
+            gone = _unreachable(got, registry.url, why) if down and not refused and not full else None
+            out[kind] = Miss(value.the_key(), why, refused=refused, unreachable=gone, full=full)
     return out
 
 

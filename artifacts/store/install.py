@@ -4,11 +4,13 @@ once complete), then its lease and index entry; once per blob across processes (
     install(paths, manifest, source, ...)   under locks/<hex>.lock: record, clean, unpack, index
 
 A tree already here counts only if it was verified against the same file list (trees/<hex>.files);
-a damaged one is fetched again. Room is checked before the download, from the manifest's sizes.
+a damaged one is fetched again. Room is checked before the download, from the manifest's sizes; a
+disk that fills anyway (ENOSPC, EDQUOT) undoes what this install wrote and raises StoreFullError.
 """
 
 from __future__ import annotations
 
+import errno
 import shutil
 import time
 from collections.abc import Callable
@@ -17,10 +19,10 @@ from prebake.artifacts import fsutil
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.bundle.payload import UnpackLimits, unpack
 from prebake.artifacts.bundle.unpack import tree_problems, unpack_streamed
-from prebake.artifacts.errors import BundleError, StoreError
+from prebake.artifacts.errors import BundleError, StoreError, StoreFullError
 from prebake.artifacts.fsutil import mib
 from prebake.artifacts.ports.registry import Registry
-from prebake.artifacts.store import leases, mark, recovery
+from prebake.artifacts.store import eviction, leases, mark, recovery
 from prebake.artifacts.store.health import tree_damage
 from prebake.artifacts.store.paths import StorePaths
 from prebake.artifacts.store.settings import HOME_ENV
@@ -38,23 +40,65 @@ def install(
     runs last inside the install lock (a hold taken there cannot lose its tree to a gc)."""
     hexd, tree = manifest.blob.hex, paths.tree(manifest.blob.hex)
     with fsutil.Flock.hold(paths.install_lock(hexd)):
-        mark.record_install(paths.home, hexd)  # before any byte of it lands: the store may delete it later
-        recovery.remove_partials_locked(paths, hexd)
-        if tree.is_dir() and tree_damage(tree, manifest) is not None:
-            recovery.discard_damaged_locked(paths, hexd)  # a cleaner took files: fetch it whole again
-        if tree.is_dir():
-            _check_existing(paths, manifest)
-        else:
-            try:
-                _unpack(paths, manifest, source, limits, deadline)
-            except BaseException:
-                recovery.forget_if_nothing_landed_locked(paths, hexd)  # a refused bundle leaves no record behind
+        had_tree = tree.is_dir()
+        try:
+            _install_locked(paths, manifest, source, limits, deadline, while_locked)
+        except BaseException as exc:
+            if not disk_full(exc):
                 raise
-        leases.lease_file(paths, hexd).touch(exist_ok=True)
-        leases.touch(paths, hexd)
-        fsutil.write_bytes(paths.index(manifest.kind, manifest.key_digest), manifest.to_bytes())
-        if while_locked is not None:
-            while_locked()
+            _undo_locked(paths, hexd, had_tree)
+            raise StoreFullError(_full(paths, manifest, blob_needed=True)) from exc
+
+
+def _install_locked(
+    paths: StorePaths,
+    manifest: Manifest,
+    source: Registry,
+    limits: UnpackLimits,
+    deadline: float | None,
+    while_locked: Callable[[], object] | None,
+) -> None:
+    """Record, clean, unpack (or check the tree already here), lease, index; the install lock is held."""
+    hexd, tree = manifest.blob.hex, paths.tree(manifest.blob.hex)
+    mark.record_install(paths.home, hexd)  # before any byte of it lands: the store may delete it later
+    recovery.remove_partials_locked(paths, hexd)
+    if tree.is_dir() and tree_damage(tree, manifest) is not None:
+        recovery.discard_damaged_locked(paths, hexd)  # a cleaner took files: fetch it whole again
+    if tree.is_dir():
+        _check_existing(paths, manifest)
+    else:
+        try:
+            _unpack(paths, manifest, source, limits, deadline)
+        except BaseException:
+            recovery.forget_if_nothing_landed_locked(paths, hexd)  # a refused bundle leaves no record behind
+            raise
+    leases.lease_file(paths, hexd).touch(exist_ok=True)
+    leases.touch(paths, hexd)
+    fsutil.write_bytes(paths.index(manifest.kind, manifest.key_digest), manifest.to_bytes())
+    if while_locked is not None:
+        while_locked()
+
+
+def disk_full(exc: BaseException) -> bool:
+    """True if `exc`, or an error it was raised from, is a full disk or an exhausted quota."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _undo_locked(paths: StorePaths, hexd: str, had_tree: bool) -> None:
+    """What a failed install of `hexd` wrote goes, so a reader sees the store as it was before and the
+    room comes back: partial trees and downloads, its tree if this install made it, its blob and record."""
+    recovery.remove_partials_locked(paths, hexd)
+    if not had_tree:
+        recovery.discard_damaged_locked(paths, hexd)
+        paths.blob("sha256:" + hexd).unlink(missing_ok=True)
+    recovery.forget_if_nothing_landed_locked(paths, hexd)
 
 
 def _unpack(
@@ -104,15 +148,27 @@ def _disagrees(manifest: Manifest, paths: StorePaths, why: str) -> str:
 
 def _check_room(paths: StorePaths, manifest: Manifest, *, blob_needed: bool) -> None:
     """Refuse before downloading when the disk cannot hold what the manifest declares."""
-    need = manifest.unpacked_bytes + 4096 * len(manifest.files) + (manifest.blob.size if blob_needed else 0)
     paths.home.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(paths.home).free
-    if need > free:
-        raise StoreError(
-            f"{manifest.kind} {manifest.key_digest[:16]} needs {mib(need)} (blob {mib(manifest.blob.size)}, "
-            f"files {mib(manifest.unpacked_bytes)}) and {paths.home} has {mib(free)} free; free space, "
-            f"run `prebake store gc --max-size`, or point {HOME_ENV} at a larger disk"
-        )
+    if _need(manifest, blob_needed) > shutil.disk_usage(paths.home).free:
+        raise StoreFullError(_full(paths, manifest, blob_needed=blob_needed))
+
+
+def _need(manifest: Manifest, blob_needed: bool) -> int:
+    return manifest.unpacked_bytes + 4096 * len(manifest.files) + (manifest.blob.size if blob_needed else 0)
+
+
+def _full(paths: StorePaths, manifest: Manifest, *, blob_needed: bool) -> str:
+    """The line a full disk prints: what the install needed, what was free, the gc bound that makes room."""
+    need, free = _need(manifest, blob_needed), shutil.disk_usage(paths.home).free
+    held = sum(e.bytes for e in eviction.inventory(paths))
+    bound = max(0, held - (need - free)) >> 20
+    return (
+        f"the disk of the store {paths.home} is full: installing {manifest.kind} {manifest.key_digest[:16]} needed "
+        f"{mib(need)} (blob {mib(manifest.blob.size)}, files {mib(manifest.unpacked_bytes)}) and {mib(free)} was "
+        f"free; nothing of it was left behind. Make room with `prebake store gc --max-size {bound}M` (the store "
+        f"holds {mib(held)}), free space on that disk, or point {HOME_ENV} at a larger one; then run the same "
+        f"command again"
+    )
 
 
 def _until(deadline: float | None, tee: Callable[[bytes], None], what: str) -> Callable[[bytes], None]:
