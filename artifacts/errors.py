@@ -68,7 +68,15 @@ class StoreFullError(StoreError):
 
 
 class StoreReadOnlyError(StoreError):
-    """The store is read-only (a read-only mount): it serves what it holds and installs nothing."""
+    """The store is read-only (a read-only mount): it serves what it holds and installs nothing (exit 5)."""
+
+    code = ExitCode.STORE
+
+
+class StoreSharedError(StoreError):
+    """The store is on a network filesystem whose locks may not hold across its nodes (exit 5)."""
+
+    code = ExitCode.STORE
 
 
 class StoreBoundError(StoreError):

@@ -304,6 +304,21 @@ class Flock:
                 pass
             os.close(fd)  # the file was deleted by the previous holder: lock its successor instead
 
+    @classmethod
+    def hold_existing(cls, path: Path) -> Flock | None:
+        """Lock `path` shared through a read-only open, creating nothing (a read-only store); None if
+        it is not there."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(path, fd)
+
     @staticmethod
     def is_held(path: Path) -> bool:
         """True while some process holds `path` locked. Opens it read-only and creates nothing, so it

@@ -30,15 +30,15 @@ from pathlib import Path
 from prebake.artifacts import fsutil
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.bundle.payload import UnpackLimits
-from prebake.artifacts.errors import StoreError
+from prebake.artifacts.errors import StoreError, StoreReadOnlyError, StoreSharedError
 from prebake.artifacts.ports.registry import Registry
-from prebake.artifacts.store import eviction, leases, mark, recovery
+from prebake.artifacts.store import eviction, leases, mark, recovery, volume
 from prebake.artifacts.store.eviction import GcReport, Refuses, StoreEntry
 from prebake.artifacts.store.health import Damaged, check_hit, quarantine
 from prebake.artifacts.store.install import install
 from prebake.artifacts.store.paths import StorePaths
 from prebake.artifacts.store.scratch import Scratches
-from prebake.artifacts.store.settings import MAX_BYTES_ENV, StoreLimits, absolute, default_home
+from prebake.artifacts.store.settings import HOME_ENV, MAX_BYTES_ENV, StoreLimits, absolute, default_home
 
 
 @dataclass(frozen=True)
@@ -59,11 +59,30 @@ class Store:
         self._scratches = Scratches(self.paths)
         self._claimed = False
         self._readable = False
+        self._read_only: bool | None = None
+
+    @property
+    def read_only(self) -> bool:
+        """True on a read-only mount (or a home this process may not write): it serves what it holds,
+        and installs, leases, records and scratches nothing there."""
+        if self._read_only is None:
+            self._read_only = not volume.writable(self.home)
+        return self._read_only
 
     def claim(self) -> None:
         """Make sure the home is this store's to write and delete in (marking a new or legacy one);
-        raises StoreHomeError (prebake.artifacts.store.mark) for a registry, a newer store or other files."""
+        raises StoreHomeError (prebake.artifacts.store.mark) for a registry, a newer store or other files,
+        StoreReadOnlyError for a read-only one, StoreSharedError on a network filesystem (store/volume.py)."""
         if not self._claimed:
+            if self.read_only:
+                raise StoreReadOnlyError(
+                    f"the store {self.home} is read-only (a read-only mount, or not this user's to write): it "
+                    f"serves what it holds and installs, evicts and records nothing; fill it from a writer "
+                    f"(`prebake fetch` with {HOME_ENV} on a writable mount of this volume), or point {HOME_ENV} "
+                    f"at a writable folder"
+                )
+            if (refusal := volume.shared_refusal(self.home)) is not None:
+                raise StoreSharedError(refusal)
             mark.claim(self.home)
             self._claimed = True
 
@@ -102,7 +121,7 @@ class Store:
         next install of its blob replaces it. An install of the blob running now heals it itself."""
         try:
             self.claim()
-        except mark.StoreHomeError:  # not ours to move or delete in: the miss stands, nothing changes
+        except (mark.StoreHomeError, StoreReadOnlyError):  # not ours to move or delete in: the miss stands
             return damaged
         lock = None
         if damaged.blob_hex is not None:
@@ -156,7 +175,7 @@ class Store:
         if installed.tree != self.tree_path(installed.manifest):
             raise StoreError(f"{installed.tree} is not a tree of the store in {self.home}; fetch through this store")
         hexd = installed.manifest.blob.hex
-        lease = leases.hold(self.paths, hexd)
+        lease = leases.hold(self.paths, hexd, read_only=self.read_only)
         try:
             if not installed.tree.is_dir():
                 raise StoreError(
@@ -167,7 +186,8 @@ class Store:
             yield installed
         finally:
             leases.touch(self.paths, hexd)  # last use is when the engine let go
-            lease.release()
+            if lease is not None:
+                lease.release()
 
     def held(self, hexd: str) -> bool:
         """True while a process holds blob `hexd`'s tree with `use` (or a gc is evicting it)."""
@@ -227,7 +247,11 @@ class Store:
 
     def scratch(self, name: str) -> Path:
         """A fresh private folder under tmp/ for a build or download in progress, owned by this
-        process until the folder is removed; folders of owners that died go on the way."""
+        process until the folder is removed; folders of owners that died go on the way. On a read-only
+        store, or one with less than volume.SCRATCH_MIN_FREE free, it is made in the system's temporary
+        folder instead (one warning): a compile in place still has room, and the store stays as it is."""
+        if self.read_only or not volume.roomy(self.home):
+            return self._scratches.elsewhere(name, "read-only" if self.read_only else "nearly full")
         self.claim()
         recovery.sweep_tmp(self.paths)
         return self._scratches.take(name)

@@ -5,11 +5,13 @@ through locks/scratch-<name>.lock; recovery deletes the folder of an owner that 
 from __future__ import annotations
 
 import shutil
+import tempfile
 from pathlib import Path
 
 from prebake.artifacts import fsutil
 from prebake.artifacts.errors import StoreError
 from prebake.artifacts.store.paths import StorePaths
+from prebake.artifacts.store.volume import warn_once
 
 
 class Scratches:
@@ -29,6 +31,17 @@ class Scratches:
         shutil.rmtree(path, ignore_errors=True)  # a crashed owner's leftover: we hold its lock now
         path.mkdir(parents=True)
         self._owned[path] = lock
+        return path
+
+    def elsewhere(self, name: str, why: str) -> Path:
+        """A fresh private folder in the system's temporary folder, for a store that is `why` (read-only,
+        nearly full); removed by its owner as a store scratch is, and by nobody if the owner dies."""
+        path = Path(tempfile.mkdtemp(prefix=f"prebake-{name}-"))
+        warn_once(
+            self.paths.home,
+            "read-only" if why == "read-only" else "scratch",  # a read-only store said it once already
+            f"the store {self.paths.home} is {why}: scratch folders (a compile in place) go to {path.parent}",
+        )
         return path
 
     def _release_finished(self) -> None:

@@ -32,7 +32,7 @@ class Listed:
 
 
 LISTED: list[Listed] = []  # filled as the command modules add their commands
-StoreUse = str | Callable[[argparse.Namespace], str | None] | None  # "read", "write", or None (no store)
+StoreUse = str | Callable[[argparse.Namespace], str | None] | None  # "read", "write", "serve", or None (no store)
 
 
 def writes_with(flag: str) -> Callable[[argparse.Namespace], str]:

@@ -124,7 +124,6 @@ class Tally:
         if self.skipped:
             terminalreporter.write_line(f"faults: {self.skipped} scenario(s) skipped (not run, not counted)")
 
-
     def _volumes(self) -> str:
         counts: dict[str, int] = {}
         for nodeid in self.outcomes:
