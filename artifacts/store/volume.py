@@ -29,9 +29,7 @@ _warned: set[tuple[Path, str]] = set()
 
 def writable(home: Path) -> bool:
     """Whether this process can write in the store `home` (or, if it does not exist yet, create it)."""
-    folder = home
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
+    folder = _existing(home)
     try:
         read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
     except OSError:
@@ -40,10 +38,18 @@ def writable(home: Path) -> bool:
 
 
 def roomy(home: Path, need: int = SCRATCH_MIN_FREE) -> bool:
+    """Whether the disk of `home` (or of the folder it will be made in) has `need` bytes free."""
     try:
-        return os.statvfs(home).f_bavail * os.statvfs(home).f_frsize >= need
+        found = os.statvfs(_existing(home))
     except OSError:
         return False
+    return found.f_bavail * found.f_frsize >= need
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
 
 
 def filesystem(home: Path, mountinfo: str | None = None) -> str:
