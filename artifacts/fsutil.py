@@ -226,7 +226,8 @@ def crash_point(point: str, subject: str = "") -> None:
         move:<glob>     a folder registry's move aside (quarantine, promote): <glob> not yet renamed
         remove:<glob>   a folder registry's removal (prune): <glob> not yet deleted, what went before it gone
 
-    <glob> matches the destination's file name (`write:*.tar.zst`). Unset, it costs one dictionary lookup.
+    <glob> matches the destination's file name (`write:*.tar.zst`). Unset (and $PREBAKE_TEST_FILL_AT
+    unset), it costs two dictionary lookups.
     """
     fill_point(point, subject)
     wanted = os.environ.get(CRASH_ENV)

@@ -184,6 +184,14 @@ def _other_model(baked, tmp_path: Path, home: Path):
     return ServeProcess(args, serve_env(home, recipes, PREBAKE_WRITE_BACK="index"))
 
 
+def _installed(baked, home: Path) -> Path:
+    """`home` holding the baked recipe's bundles, installed by a first start."""
+    first = baked.serve(home)
+    first.wait_ready(600)
+    first.stop()
+    return home
+
+
 def _warnings(log: str) -> list[str]:
     return [line for line in log.splitlines() if "WARNING" in line and "PREBAKE_TRUSTED_KEYS" not in line]
 
@@ -192,10 +200,7 @@ def _warnings(log: str) -> list[str]:
 def test_serve_on_a_full_disk_starts_from_what_is_installed_and_builds_a_miss_elsewhere(baked, tmp_path, scenario):
     scenario.volume("tmpfs (full)")
     with mounts.tmpfs(tmp_path / "disk", 64 << 20) as disk:
-        home = disk / "store"
-        first = baked.serve(home)
-        first.wait_ready(600)
-        first.stop()
+        home = _installed(baked, disk / "store")
         _fill(disk)
 
         hit = baked.serve(home)
@@ -217,10 +222,7 @@ def test_serve_from_a_read_only_store_writes_nothing_and_a_miss_builds_in_a_scra
 ):
     scenario.volume("read-only mount")
     with mounts.tmpfs(tmp_path / "disk", 64 << 20) as disk:
-        home = disk / "store"
-        first = baked.serve(home)
-        first.wait_ready(600)
-        first.stop()
+        home = _installed(baked, disk / "store")
         before = _snapshot(disk)
         with mounts.read_only(disk):
             hit = baked.serve(home)
