@@ -19,7 +19,7 @@ from tests.operations.target import fetch_args, prebake, prebake_env, published_
 from tests.support.releases import RELEASES, release_python
 
 ACTOR = Path(__file__).resolve().parents[1] / "support" / "store_actor.py"
-ROUNDS = 3
+ROUNDS = 2
 
 
 @pytest.fixture(scope="module")
