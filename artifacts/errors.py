@@ -17,7 +17,8 @@ class ExitCode(IntEnum):
     INVALID = 2  # bad input or refused content: unknown model, malformed recipe, bad registry address
     MISS = 3  # nothing matches: bundles missed and the caller asked not to compile (fetch, --on-miss fail)
     UNAVAILABLE = 4  # the registry could not be asked: down, refusing us (credentials), or out of time
-    STORE = 5  # the local store ($PREBAKE_HOME) cannot be used: not a folder, not writable, full
+    STORE = 5  # the local store ($PREBAKE_HOME) cannot be used: not a folder, not writable
+    FULL = 6  # the store's disk is full: free space (prebake store gc --max-size) and run the same command again
 
 
 class PrebakeError(Exception):
@@ -58,6 +59,24 @@ class UnsafeArchiveError(BundleError):
 
 class StoreError(PrebakeError, OSError):
     """The local store could not be read or written."""
+
+
+class StoreFullError(StoreError):
+    """The store's disk has no room for an install: nothing of it was left behind (exit 6)."""
+
+    code = ExitCode.FULL
+
+
+class StoreReadOnlyError(StoreError):
+    """The store is read-only (a read-only mount): it serves what it holds and installs nothing (exit 5)."""
+
+    code = ExitCode.STORE
+
+
+class StoreSharedError(StoreError):
+    """The store is on a network filesystem whose locks may not hold across its nodes (exit 5)."""
+
+    code = ExitCode.STORE
 
 
 class StoreBoundError(StoreError):

@@ -28,6 +28,7 @@ from prebake.artifacts.errors import BundleError, StoreError
 
 TMP_PREFIX = ".tmp-"
 CRASH_ENV = "PREBAKE_TEST_CRASH_AT"
+FILL_ENV = "PREBAKE_TEST_FILL_AT"
 
 
 @contextmanager
@@ -38,6 +39,7 @@ def atomic_target(dest: Path) -> Iterator[Path]:
     os.close(fd)
     tmp = Path(name)
     try:
+        fill_point("write", dest.name)
         yield tmp
         _fsync_file(tmp)
         crash_point("write", dest.name)
@@ -224,14 +226,42 @@ def crash_point(point: str, subject: str = "") -> None:
         move:<glob>     a folder registry's move aside (quarantine, promote): <glob> not yet renamed
         remove:<glob>   a folder registry's removal (prune): <glob> not yet deleted, what went before it gone
 
-    <glob> matches the destination's file name (`write:*.tar.zst`). Unset, it costs one dictionary lookup.
+    <glob> matches the destination's file name (`write:*.tar.zst`). Unset (and $PREBAKE_TEST_FILL_AT
+    unset), it costs two dictionary lookups.
     """
+    fill_point(point, subject)
     wanted = os.environ.get(CRASH_ENV)
+    if wanted and _names(wanted, point, subject):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def fill_point(point: str, subject: str = "") -> None:
+    """Fill the disk here if $PREBAKE_TEST_FILL_AT is `<point>[:<glob>]=<file>`: `file` grows until the
+    disk it is on is full, so the writes after this point meet a real ENOSPC (tests/operations, on a
+    small tmpfs). The points are crash_point's; `write:<glob>` fills before the temporary is written."""
+    wanted = os.environ.get(FILL_ENV)
     if not wanted:
         return
+    spec, _, filler = wanted.partition("=")
+    if not filler or not _names(spec, point, subject):
+        return
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    try:
+        for size in (64 << 10, 4096, 1):  # to the last byte
+            block = b"\0" * size
+            try:
+                while os.write(fd, block):
+                    pass
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+    finally:
+        os.close(fd)
+
+
+def _names(wanted: str, point: str, subject: str) -> bool:
     name, _, pattern = wanted.partition(":")
-    if name == point and (not pattern or fnmatch.fnmatchcase(subject, pattern)):
-        os.kill(os.getpid(), signal.SIGKILL)
+    return name == point and (not pattern or fnmatch.fnmatchcase(subject, pattern))
 
 
 class Flock:
@@ -274,6 +304,21 @@ class Flock:
             except FileNotFoundError:
                 pass
             os.close(fd)  # the file was deleted by the previous holder: lock its successor instead
+
+    @classmethod
+    def hold_existing(cls, path: Path) -> Flock | None:
+        """Lock `path` shared through a read-only open, creating nothing (a read-only store); None if
+        it is not there."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(path, fd)
 
     @staticmethod
     def is_held(path: Path) -> bool:

@@ -2,9 +2,11 @@
 
     python -m benchmarks.charts startup RESULTS.json docs/images/startup.png
     python -m benchmarks.charts startup-vllm FIGURES.json docs/images/startup_vllm.png
+    python -m benchmarks.charts soak SOAK.json docs/images/soak.png
 
 benchmarks/startup.py calls `startup` with --chart (RESULTS.json is what its --json writes);
-benchmarks/startup_vllm.py calls `startup_vllm` with --chart (FIGURES.json is its last line).
+benchmarks/startup_vllm.py calls `startup_vllm` with --chart (FIGURES.json is its last line);
+benchmarks/soak.py calls `soak` with --chart (SOAK.json is its last line).
 Nothing here measures: a chart is only as current as the run it was drawn from, and says its date.
 """
 
@@ -100,6 +102,27 @@ def startup_vllm(figures: dict, out: Path) -> Path:
     return _save(fig, out)
 
 
+def soak(figures: dict, out: Path) -> Path:
+    """RSS, open fds and threads of the serving process tree per minute, the warm-up shaded."""
+    samples = figures["samples"]
+    minutes = [s["minute"] for s in samples]
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+    series = (("rss_bytes", "RSS (MiB)", 1 << 20), ("fds", "open fds", 1), ("threads", "threads", 1))
+    for ax, (name, label, scale) in zip(axes, series):
+        ax.plot(minutes, [s[name] / scale for s in samples], marker=".", color="#0072b2")
+        ax.axvspan(0, figures["warm_up_minutes"], color="#dddddd", zorder=0)
+        ax.set_xlabel("minutes serving")
+        ax.set_title(f"{label}: +{figures['growth_after_warm_up'][name] * 100:.1f}% after warm-up", fontsize=9)
+        ax.set_ylim(bottom=0)
+    fig.suptitle(
+        f"soak {dt.date.today()}: {sum(figures['requests'].values())} requests, {figures['errors']} errors, "
+        f"{figures['differing']} differing; {figures['side_runs']['gc']} gc runs beside it",
+        fontsize=9,
+    )
+    return _save(fig, out)
+
+
 def _save(fig, out: Path, *, layout: bool = True) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     if layout:
@@ -109,12 +132,14 @@ def _save(fig, out: Path, *, layout: bool = True) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3 or argv[0] not in ("startup", "startup-vllm"):
+    if len(argv) != 3 or argv[0] not in ("startup", "startup-vllm", "soak"):
         print(__doc__, file=sys.stderr)
         return 2
     data = json.loads(Path(argv[1]).read_text())
     if argv[0] == "startup":
         startup(data.get("summary", data), Path(argv[2]))
+    elif argv[0] == "soak":
+        soak(data, Path(argv[2]))
     else:
         startup_vllm(data, Path(argv[2]))
     print(f"wrote {argv[2]}")

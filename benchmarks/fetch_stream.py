@@ -38,7 +38,8 @@ from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.bundle.payload import pack, unpack
 from prebake.artifacts.keys import Key
 from prebake.artifacts.layout import blob_relpath
-from prebake.artifacts.store.local import Store, StoreLimits
+from prebake.artifacts.store.local import Store
+from prebake.artifacts.store.settings import StoreLimits
 from prebake.registry.backends.s3 import S3Registry
 from prebake.registry.backends.s3_client import S3Settings
 from tests.support.moto_server import moto_server, s3_env

@@ -49,7 +49,8 @@ def node(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     from prebake.artifacts.fetch.outcome import Miss
     from prebake.artifacts.fetch.pipeline import fetch_key
-    from prebake.artifacts.store.local import Store, StoreLimits
+    from prebake.artifacts.store.local import Store
+    from prebake.artifacts.store.settings import StoreLimits
     from prebake.registry import open_registry
 
     store, registry = Store(Path(args.home), StoreLimits()), open_registry(args.registry)

@@ -7,7 +7,7 @@ signer and the host probe, for every command, dodo.py and every engine.
     context.source, publishing, holds         what an engine's start reads, writes back and holds
     context.plans, pick_plan, resolve, bake   the recipe's targets, the fetch pipeline, one bake
 
-Nothing else reads the PREBAKE_* settings of the registry, trust or signing; other settings are
+Nothing else reads the PREBAKE_* settings of the registry (registry_address), trust or signing; other settings are
 read where they apply (engine/common/environment.py lists every variable and who reads it).
 """
 
@@ -30,6 +30,7 @@ from prebake.artifacts.ports.registry import Registry, SideFiles, TrustCheck
 from prebake.artifacts.recipe.kinds import HostFacts, TargetKeys, buildable_targets, target_keys
 from prebake.artifacts.recipe.schema import Recipe
 from prebake.artifacts.store.local import Store
+from prebake.artifacts.store.overlap import check_apart
 from prebake.engine.adapters import kinds_for
 from prebake.engine.common.adapter import Publishing, Source
 from prebake.engine.common.builder import attester, host_versions
@@ -38,6 +39,8 @@ from prebake.registry import open_registry
 from prebake.registry.review.writeback import quarantine_address, write_back_target
 from prebake.registry.trust.policy import POLICY_ENV, trust_in_force
 from prebake.registry.trust.signing import SIGNING_KEY_ENV, KeySigner, signer_from_env
+
+REGISTRY_ENV = "PREBAKE_REGISTRY"
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,7 @@ class Context:
         store = store or Store()
         host = host or current_host()
         signer = signer_from_env({**os.environ, SIGNING_KEY_ENV: signing_key} if signing_key else os.environ)
-        address = store.registry_address(registry)
+        address = registry_address(store, registry)
         opened = functools.cache(lambda: open_registry(address))
         trust = trust_for(store, address, host=host, open_registry=opened) if trusting else None
         return cls(
@@ -186,6 +189,20 @@ def _model_signing() -> ModelSign | None:
     return None if signer is None else signer.sign
 
 
+def address_in_force(store: Store, explicit: str | None = None, env: Mapping[str, str] = os.environ) -> str:
+    """The registry a command uses: the explicit one, else $PREBAKE_REGISTRY, else the store's embedded
+    folder (the store's deleting calls take it, and refuse one that shares the store's folder)."""
+    return explicit or env.get(REGISTRY_ENV) or str(store.default_registry)
+
+
+def registry_address(store: Store, explicit: str | None = None, env: Mapping[str, str] = os.environ) -> str:
+    """`address_in_force`, refused with StoreOverlapError when it is a folder that shares the store's
+    folder (prebake.artifacts.store.overlap): a gc there would delete the registry's files."""
+    address = address_in_force(store, explicit, env)
+    check_apart(store.home, address, embedded=store.default_registry)
+    return address
+
+
 def trust_for(
     store: Store,
     address: str,
@@ -218,7 +235,7 @@ def open_store() -> Store:
 def gc_trust(store: Store) -> TrustCheck | None:
     """The policy in force when gc judges `store`'s bundles: the store's own copies of attestations
     and revocation list first, the registry opened only when the policy reads it."""
-    address = store.registry_address()
+    address = registry_address(store)
     return trust_for(store, address, warn=False, open_registry=functools.cache(lambda: open_registry(address)))
 
 
@@ -240,7 +257,7 @@ def open_address(store: Store, registry: str | None = None, *, creating: bool = 
     """The registry of an address (default: PREBAKE_REGISTRY, else the embedded one). The embedded
     registry is prebake's own folder and is created on first use; any other folder must exist
     unless the command writes (`creating`)."""
-    address = store.registry_address(registry)
+    address = registry_address(store, registry)
     return open_registry(address, create=creating or address == str(store.default_registry), home=store.home)
 
 

@@ -24,7 +24,7 @@ from prebake.artifacts.ports.registry import Registry, TrustCheck
 from prebake.artifacts.recipe.kinds import TargetKeys
 from prebake.artifacts.recipe.schema import Recipe, list_recipes, load_recipe
 from prebake.artifacts.store.home import check_home
-from prebake.artifacts.store.local import default_home
+from prebake.artifacts.store.settings import default_home
 
 
 @dataclass(frozen=True)

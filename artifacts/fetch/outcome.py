@@ -39,6 +39,7 @@ class Miss:
     differing: dict[str, tuple[str, str]] = field(default_factory=dict)  # factor -> (wanted, nearest has)
     refused: bool = False  # something was there and failed a check (tampered, untrusted, corrupt, malformed)
     unreachable: Unreachable | None = None  # the registry could not be asked: down, refusing us, out of time
+    full: bool = False  # the store's disk had no room to install it (exit 6); nothing of it was left behind
 
     @property
     def unavailable(self) -> bool:

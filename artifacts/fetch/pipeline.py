@@ -20,7 +20,14 @@ from contextlib import ExitStack
 from functools import partial
 
 from prebake.artifacts.bundle.manifest import Manifest
-from prebake.artifacts.errors import BundleError, MissingExtraError, PrebakeError, StoreBoundError, StoreError
+from prebake.artifacts.errors import (
+    BundleError,
+    MissingExtraError,
+    PrebakeError,
+    StoreBoundError,
+    StoreError,
+    StoreFullError,
+)
 from prebake.artifacts.fetch.explain import nearest_miss
 from prebake.artifacts.fetch.gate import policy_refuses, verify_entry
 from prebake.artifacts.fetch.outcome import (
@@ -39,7 +46,8 @@ from prebake.artifacts.ports.errors import RegistryNotFound, UnknownRegistryErro
 from prebake.artifacts.ports.registry import Chained, Registry, TrustCheck
 from prebake.artifacts.recipe.kinds import TargetKeys
 from prebake.artifacts.store.health import Damaged
-from prebake.artifacts.store.local import MAX_BYTES_ENV, Installed, Store
+from prebake.artifacts.store.local import Installed, Store
+from prebake.artifacts.store.settings import MAX_BYTES_ENV
 from prebake.artifacts.store.stats import record_outcomes
 from prebake.artifacts.timebox import Done, Raised, TimedOut, bounded, within
 
@@ -235,9 +243,10 @@ def install(
         else:
             why = _fault(got, f"fetching blob {value.blob.digest[:23]}", "--fetch-timeout", timeout)
             refused = isinstance(got, Raised) and isinstance(got.error, BundleError)  # corrupt or hostile bytes
+            full = isinstance(got, Raised) and isinstance(got.error, StoreFullError)
             down = isinstance(got, TimedOut) or (isinstance(got, Raised) and is_fault(got.error))
-            gone = _unreachable(got, registry.url, why) if down and not refused else None
-            out[kind] = Miss(value.the_key(), why, refused=refused, unreachable=gone)
+            gone = _unreachable(got, registry.url, why) if down and not refused and not full else None
+            out[kind] = Miss(value.the_key(), why, refused=refused, unreachable=gone, full=full)
     return out
 
 

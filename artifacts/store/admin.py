@@ -26,8 +26,10 @@ from prebake.artifacts.bundle.payload import file_digest
 from prebake.artifacts.bundle.unpack import tree_problems
 from prebake.artifacts.errors import BundleError, PrebakeError, StoreError
 from prebake.artifacts.layout import parse_index_relpath
+from prebake.artifacts.store.eviction import GcReport, Refuses, StoreEntry
 from prebake.artifacts.store.health import Damaged, check_hit, other_schema, quarantine
-from prebake.artifacts.store.local import GcReport, Refuses, Store, StoreEntry
+from prebake.artifacts.store.local import Store
+from prebake.artifacts.store.overlap import check_apart
 
 _HEX_PREFIX = re.compile(r"^(?:sha256:)?([0-9a-f]{4,64})$")
 
@@ -163,11 +165,12 @@ class StoreVerifyReport:
         return "\n".join(lines)
 
 
-def verify_store(store: Store, *, fix: bool = False) -> StoreVerifyReport:
-    """Re-hash every tree and blob against its manifest; with `fix`, remove the broken bundles.
-    Only bundles the store installed are looked at (prebake.artifacts.store.mark)."""
+def verify_store(store: Store, *, fix: bool = False, registry: str | None = None) -> StoreVerifyReport:
+    """Re-hash every tree and blob against its manifest; with `fix`, remove the broken bundles
+    (refused first when `registry`, the address in force, shares the store's folder). Only bundles
+    the store installed are looked at (prebake.artifacts.store.mark)."""
     if fix:
-        _apart_from_registries(store)
+        _apart_from_registries(store, registry)
     store.claim() if fix else store.check_readable()
     bundles = list_bundles(store)
     findings, unindexed, treeless = [], 0, 0
@@ -321,9 +324,12 @@ def select(store: Store, selector: str, kind: str | None = None) -> tuple[Stored
     return tuple(hits)
 
 
-def remove(store: Store, bundles: Iterable[StoredBundle], *, dry_run: bool = False) -> RemoveReport:
-    """Remove each bundle (index entries, tree, blob) unless a live engine holds it."""
-    _apart_from_registries(store)
+def remove(
+    store: Store, bundles: Iterable[StoredBundle], *, registry: str | None = None, dry_run: bool = False
+) -> RemoveReport:
+    """Remove each bundle (index entries, tree, blob) unless a live engine holds it; refused first
+    when `registry`, the address in force, shares the store's folder."""
+    _apart_from_registries(store, registry)
     if not dry_run:
         store.claim()
     removed, kept = [], []
@@ -376,15 +382,19 @@ def _iso_ns(ns: int) -> str | None:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ns / 1e9)) if ns else None
 
 
-def collect(store: Store, max_bytes: int, *, dry_run: bool = False, refuse: Refuses | None = None) -> GcReport:
-    """`prebake store gc`: evict down to `max_bytes` (Store.gc, waiting for a running gc)."""
-    _apart_from_registries(store)
+def collect(
+    store: Store, max_bytes: int, *, registry: str | None = None, dry_run: bool = False, refuse: Refuses | None = None
+) -> GcReport:
+    """`prebake store gc`: evict down to `max_bytes` (Store.gc, waiting for a running gc), refused
+    first when `registry` (the address in force) shares the store's folder."""
+    _apart_from_registries(store, registry)
     report = store.gc(max_bytes, dry_run=dry_run, refuse=refuse)
     assert report is not None  # gc waits for a running gc instead of returning None
     return report
 
 
-def _apart_from_registries(store: Store) -> None:
-    """StoreOverlapError when the registry in force is a folder that shares the store's: removing
-    from the store would delete the registry's bundles."""
-    store.registry_address()
+def _apart_from_registries(store: Store, registry: str | None) -> None:
+    """StoreOverlapError when `registry`, the address in force (the composition root decides it;
+    None: the store's embedded one), is a folder that shares the store's: removing from the store
+    would delete the registry's bundles."""
+    check_apart(store.home, registry or str(store.default_registry), embedded=store.default_registry)

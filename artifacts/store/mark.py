@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 from prebake.artifacts import fsutil
@@ -107,7 +108,13 @@ def _marked(raw: bytes) -> Look:
     if fmt != FORMAT or not isinstance(version, int) or isinstance(version, bool) or version < 1:
         return Look("other", f"its {MARK} is not a prebake store's mark (format {fmt!r}, version {version!r})")
     if version > STORE_VERSION:
-        return Look("newer", f"store format {version}; this prebake reads format {STORE_VERSION} and older", version)
+        by = data.get("release") if isinstance(data, dict) and isinstance(data.get("release"), str) else None
+        made = f", made by {by[:80]}" if by else ""
+        return Look(
+            "newer",
+            f"store format {version}{made}; this prebake ({release()}) reads format {STORE_VERSION} and older",
+            version,
+        )
     return Look("store", version=version)
 
 
@@ -137,10 +144,18 @@ def claim(home: Path) -> None:
     home.mkdir(parents=True, exist_ok=True)
     if seen.what == "legacy":
         adopt_installed(home)
-    payload = json.dumps({"format": FORMAT, "version": STORE_VERSION}, sort_keys=True) + "\n"
+    payload = json.dumps({"format": FORMAT, "version": STORE_VERSION, "release": release()}, sort_keys=True) + "\n"
     temporary = home / f"{fsutil.TMP_PREFIX}{MARK}.{os.getpid()}"
     temporary.write_text(payload)  # not fsutil.write_bytes: the mark is no step a crash test aims at
     os.replace(temporary, home / MARK)
+
+
+def release() -> str:
+    """This release, as the mark records it and a refusal names it: "prebake <version>"."""
+    try:
+        return f"prebake {metadata.version('prebake')}"
+    except metadata.PackageNotFoundError:  # a checkout run without installing it
+        return "prebake (not installed)"
 
 
 def check_readable(home: Path) -> None:

@@ -29,6 +29,7 @@ from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.errors import StoreError
 from prebake.artifacts.frozen import Frozen
 from prebake.artifacts.store.local import Store
+from prebake.artifacts.store.volume import warn_once
 
 STATS_ENV = "PREBAKE_STATS"
 COMPACT_BYTES = 1 << 20  # 4000 to 6000 events
@@ -165,6 +166,8 @@ def _event(event: Literal["hit", "miss", "fallback", "variant-fallback"], kind: 
 def _append(store: Store, *events: Event) -> bool:
     if not events or os.environ.get(STATS_ENV, "").lower() in ("off", "0", "no", "false"):
         return False
+    if store.read_only:  # said once when the command began (store/home.py): nothing is recorded there
+        return False
     line = b"".join((e.model_dump_json(exclude_defaults=True) + "\n").encode() for e in events)
     try:
         folder = _folder(store)
@@ -179,7 +182,13 @@ def _append(store: Store, *events: Event) -> bool:
                 os.close(fd)
             if size >= COMPACT_BYTES:
                 _compact_locked(folder)
-    except OSError:  # a full or read-only store loses the event, never the start-up
+    except OSError as exc:  # a full or read-only store loses the event, never the start-up: one warning
+        warn_once(
+            store.home,
+            "stats",
+            f"the store {store.home} cannot record hits and misses ({exc.strerror or exc}: read-only or full); "
+            f"`prebake stats` misses them until it can",
+        )
         return False
     return True
 

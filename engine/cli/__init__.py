@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from prebake import __version__
 from prebake.artifacts.errors import ExitCode
 from prebake.artifacts.store.home import check_home
-from prebake.artifacts.store.local import default_home
+from prebake.artifacts.store.settings import default_home
 from prebake.engine.cli import (
     bake,
     buckets,
@@ -129,8 +129,8 @@ def _log_environment(verbosity: int) -> dict[str, str] | None:
 
 def _check_store(args: argparse.Namespace) -> None:
     use = args.store_use(args) if callable(args.store_use) else args.store_use
-    if use is not None:
-        check_home(default_home(), write=use == "write")
+    if use is not None:  # "serve": writes where it can, reads a read-only store (serve, fetch)
+        check_home(default_home(), write=use in ("write", "serve"), read_only_ok=use == "serve")
 
 
 def _wants_json(args: argparse.Namespace) -> bool:

@@ -129,7 +129,7 @@ def cmd_preheat(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from prebake.engine.compose import open_address, open_store, verify_trust
+    from prebake.engine.compose import open_address, open_store, registry_address, verify_trust
     from prebake.registry.review.verify import verify_registry
 
     if args.store:  # the old spelling of `prebake store verify`: the same check, the same output
@@ -143,7 +143,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return cmd_store_verify(args)
     store = open_store()
     registry = open_address(store, args.registry)
-    trust = verify_trust(args.policy, store.registry_address(args.registry), registry)
+    trust = verify_trust(args.policy, registry_address(store, args.registry), registry)
     report = verify_registry(registry, trust=trust, quarantine=args.quarantine, deep=args.deep)
     if args.json:
         print(json.dumps(report.to_json(), indent=2, sort_keys=True))

@@ -33,7 +33,7 @@ class ListedCommand:
 
 
 LISTED: list[ListedCommand] = []  # filled as the command modules add their commands
-StoreUse = str | Callable[[argparse.Namespace], str | None] | None  # "read", "write", or None (no store)
+StoreUse = str | Callable[[argparse.Namespace], str | None] | None  # "read", "write", "serve", or None (no store)
 
 
 def writes_with(flag: str) -> Callable[[argparse.Namespace], str]:

@@ -7,6 +7,7 @@
     3 MISS         nothing matches: no usable bundle (fetch, serve --on-miss fail)
     4 UNAVAILABLE  the registry could not be asked: down, refusing us (credentials), out of time
     5 STORE        the local store ($PREBAKE_HOME) cannot be used: a file, read-only for a writer, not creatable
+    6 FULL         the store's disk is full: the line says how much was needed and free, and the gc to run
 
 docs/commands.md holds the same table; tests/repo/test_docs_commands.py checks one against the other.
 """
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from prebake.artifacts.errors import ExitCode, PrebakeError, UsageError
 from prebake.artifacts.ports.errors import is_fault
 from prebake.artifacts.store.home import StoreHomeError
-from prebake.artifacts.store.local import HOME_ENV, default_home
+from prebake.artifacts.store.settings import HOME_ENV, default_home
 from prebake.engine.common.logs import LogSettingError
 
 _STORE_ERRNOS = {errno.ENOTDIR, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EEXIST}

@@ -25,7 +25,7 @@ def add(sub) -> None:
             'eval "$(prebake fetch --model tiny-llama --precision bf16)"',
             "prebake fetch --model tiny-llama --registry s3://team/prebake --registry-timeout 10 --json",
         ],
-        store="write",
+        store="serve",
     )
     target_options(fetch)
     json_option(fetch, "the environment and the bundles (or the misses)")
@@ -44,7 +44,7 @@ def add(sub) -> None:
             "prebake serve --model tiny-llama --host 0.0.0.0 --port 8080 --on-miss fail",
             "prebake serve --model tiny-llama-vllm --engine vllm -- --max-model-len 512",
         ],
-        store="write",
+        store="serve",
     )
     target_options(serve)
     registry_option(serve)

@@ -11,7 +11,7 @@ import json
 
 from prebake.artifacts.errors import ExitCode
 from prebake.artifacts.store import admin as store_admin
-from prebake.artifacts.store.local import DEFAULT_MAX_BYTES, parse_size
+from prebake.artifacts.store.settings import DEFAULT_MAX_BYTES, parse_size
 from prebake.engine.adapters import kind_names
 from prebake.engine.cli.common import (
     Formatter,
@@ -23,7 +23,7 @@ from prebake.engine.cli.common import (
     table,
     writes_with,
 )
-from prebake.engine.compose import gc_trust, open_store
+from prebake.engine.compose import address_in_force, gc_trust, open_store
 
 
 def add(sub) -> None:
@@ -125,7 +125,9 @@ def cmd_gc(args: argparse.Namespace) -> int:
     bound = parse_size(args.max_size, "--max-size") if args.max_size else store.limits.max_bytes
     if bound is None:  # a Store made with unbounded limits (tools, tests): the documented default
         bound = DEFAULT_MAX_BYTES
-    report = store_admin.collect(store, bound, dry_run=args.dry_run, refuse=gc_trust(store))
+    report = store_admin.collect(
+        store, bound, registry=address_in_force(store), dry_run=args.dry_run, refuse=gc_trust(store)
+    )
     if args.json:
         _print_json(
             {
@@ -181,7 +183,7 @@ def _ls_row(b: store_admin.StoredBundle) -> tuple[str, ...]:
 
 def cmd_store_verify(args: argparse.Namespace) -> int:
     store = open_store()
-    report = store_admin.verify_store(store, fix=args.fix)
+    report = store_admin.verify_store(store, fix=args.fix, registry=address_in_force(store) if args.fix else None)
     _show(args, report)
     return report.exit_code
 
@@ -189,7 +191,7 @@ def cmd_store_verify(args: argparse.Namespace) -> int:
 def cmd_store_rm(args: argparse.Namespace) -> int:
     store = open_store()
     chosen = store_admin.select(store, args.selector, args.kind)
-    report = store_admin.remove(store, chosen, dry_run=args.dry_run)
+    report = store_admin.remove(store, chosen, registry=address_in_force(store), dry_run=args.dry_run)
     _show(args, report)
     return ExitCode.FAILED if report.kept else ExitCode.OK
 

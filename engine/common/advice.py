@@ -11,11 +11,13 @@ from prebake.artifacts.fetch.outcome import Miss
 
 
 def miss_exit_code(misses: Iterable[Miss]) -> ExitCode:
-    """What a set of misses means for a command: 2 something was refused, 4 the registry could not
-    be asked, 3 nothing matches (0 when there are none)."""
+    """What a set of misses means for a command: 6 the store's disk is full, 2 something was refused,
+    4 the registry could not be asked, 3 nothing matches (0 when there are none)."""
     misses = list(misses)
     if not misses:
         return ExitCode.OK
+    if any(m.full for m in misses):
+        return ExitCode.FULL
     if any(m.refused for m in misses):
         return ExitCode.INVALID
     if any(m.unavailable for m in misses):
@@ -26,7 +28,10 @@ def miss_exit_code(misses: Iterable[Miss]) -> ExitCode:
 def miss_advice(misses: Iterable[Miss], *, target: str, bake: str, address: str) -> str:
     """The one next step for a set of misses: fix the registry's access, or bake what is missing
     (`bake` is the command that bakes the target, e.g. "doit bake model=tiny-llama precision=bf16")."""
+    misses = list(misses)
     code = miss_exit_code(misses)
+    if code == ExitCode.FULL:
+        return next(m.reason for m in misses if m.full).split("failed: ", 1)[-1].removeprefix("StoreFullError: ")
     if code == ExitCode.UNAVAILABLE:
         return (
             f"registry {address} could not be asked (down, refusing us, or slower than its time box): check "

@@ -3,7 +3,7 @@
 docs/reference/environment.md is generated from `VARIABLES` (docs/gen_reference.py), and
 tests/unit/test_docs_reference.py fails when the code reads a PREBAKE_* variable this table
 does not describe. Add a row here when you add a variable; the code that reads it keeps its
-own constant (e.g. prebake.artifacts.store.local.HOME_ENV), this table only describes it.
+own constant (e.g. prebake.artifacts.store.settings.HOME_ENV), this table only describes it.
 """
 
 from __future__ import annotations
@@ -45,6 +45,12 @@ VARIABLES: tuple[Variable, ...] = (
         "read",
         "10G",
         "Bound on the store's blobs and trees (e.g. 10G; default 10 GiB, sccache's); installs evict least recently used bundles past it, never one in use. Also the default of `prebake store gc --max-size`.",
+    ),
+    Variable(
+        "PREBAKE_SHARED_STORE",
+        "read",
+        "unset",
+        '`flock` vouches that the store\'s network filesystem (NFS, CephFS...) holds flock across the nodes that mount it; unset, installs, gc and evictions refuse a store on a network filesystem (exit 5) and reads still serve (docs/operations.md, "Volumes").',
     ),
     Variable(
         "PREBAKE_UNPACK_MAX_BYTES",
@@ -278,6 +284,12 @@ VARIABLES: tuple[Variable, ...] = (
         "test",
         "unset",
         "Fault injection for tests/faults: the process kills itself (SIGKILL) at the named point (see artifacts/fsutil.py). Never set it in production.",
+    ),
+    Variable(
+        "PREBAKE_TEST_FILL_AT",
+        "test",
+        "unset",
+        "Fault injection for the volume scenarios: `<point>[:<glob>]=<file>` grows the file until its disk is full at the named point (artifacts/fsutil.py), so the writes after it meet a real ENOSPC. Never set it in production.",
     ),
 )
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from prebake.artifacts.fetch.pipeline import fetch_key
-from prebake.artifacts.store.local import Store, StoreLimits
+from prebake.artifacts.store.local import Store
+from prebake.artifacts.store.settings import StoreLimits
 from prebake.registry.oci import OCIRegistry
 from prebake.registry.oci.artifact import ARTIFACT_TYPE, LAYER_TYPE, tag_for
 from prebake.registry.review.verify import verify_registry

@@ -9,7 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from prebake.artifacts.store.local import Store, StoreLimits
+from prebake.artifacts.store.local import Store
+from prebake.artifacts.store.settings import StoreLimits
 from prebake.registry.trust.policy import POLICY_ENV
 from prebake.registry.trust.signing import SIGNING_KEY_ENV, SIGNING_KEY_NAME_ENV
 

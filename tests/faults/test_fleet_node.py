@@ -32,7 +32,8 @@ SMALL = {"buckets": 16 << 10, "autotune": 32 << 10, "graphs": 96 << 10}  # small
 GC_LOOP = """
 import sys, time
 from pathlib import Path
-from prebake.artifacts.store.local import Store, StoreLimits
+from prebake.artifacts.store.local import Store
+from prebake.artifacts.store.settings import StoreLimits
 home, stop, runs = Path(sys.argv[1]), Path(sys.argv[2]), 0
 while not stop.exists():
     Store(home, StoreLimits()).gc(100 << 30)  # the node's cron: a bound the set fits in, evicting nothing

@@ -165,7 +165,7 @@ def test_a_manifest_declaring_more_than_the_disk_holds_is_refused_up_front_with_
     with pytest.raises(PrebakeError, match="over the cap|free space"):
         in_force.fetch(store, FileRegistry(tmp_path / "registry"), manifest.the_key())
     from prebake.artifacts.bundle.unpack import UnpackLimits
-    from prebake.artifacts.store.local import StoreLimits
+    from prebake.artifacts.store.settings import StoreLimits
 
     roomy = type(store)(home, StoreLimits(unpack=UnpackLimits(max_bytes=1 << 60)))
     with pytest.raises(StoreError, match=r"needs .* free; free space, run `prebake store gc"):

@@ -24,7 +24,8 @@ import json, sys
 from pathlib import Path
 from prebake.artifacts.fetch.pipeline import install
 from prebake.artifacts.bundle.manifest import Manifest
-from prebake.artifacts.store.local import Store, StoreLimits
+from prebake.artifacts.store.local import Store
+from prebake.artifacts.store.settings import StoreLimits
 from prebake.registry import open_registry
 home, address, entry, box = sys.argv[1:5]
 manifest = Manifest.read(Path(entry))

@@ -11,7 +11,8 @@ import pytest
 
 from prebake.artifacts.fetch.outcome import Miss
 from prebake.artifacts.fetch.pipeline import fetch_key
-from prebake.artifacts.store.local import Store, StoreLimits
+from prebake.artifacts.store.local import Store
+from prebake.artifacts.store.settings import StoreLimits
 from prebake.engine.cli import main
 from tests.faults.fault_proxy import fault_proxy
 from tests.support.bundles import make_bundle

@@ -11,7 +11,8 @@ import threading
 import time
 
 from prebake.artifacts.fetch.pipeline import fetch_key
-from prebake.artifacts.store.local import Store, StoreLimits
+from prebake.artifacts.store.local import Store
+from prebake.artifacts.store.settings import StoreLimits
 from prebake.registry.backends.file import FileRegistry
 from tests.faults.fault_proxy import Fault, fault_proxy
 from tests.operations.conftest import OPS_MODEL

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from prebake.artifacts.store.mark import INSTALLS, MARK, STORE_VERSION
+from prebake.artifacts.store.mark import INSTALLS, MARK, STORE_VERSION, release
 from prebake.registry.backends.file import FileRegistry
 from tests.operations.target import fetch_args, prebake, prebake_env, published_set
 from tests.support.bundles import make_bundle
@@ -72,13 +72,22 @@ def test_a_store_of_a_newer_prebake_is_refused_by_every_command_and_not_damaged(
     registry, targets = published_set(tmp_path, scenario)
     home = scenario.store(tmp_path / "home")
     assert prebake(*fetch_args(registry.root), env=prebake_env(home)).returncode == 0
-    assert json.loads((home / MARK).read_text()) == {"format": "prebake-store", "version": STORE_VERSION}
-    (home / MARK).write_text(json.dumps({"format": "prebake-store", "version": STORE_VERSION + 1}))
+    assert json.loads((home / MARK).read_text()) == {
+        "format": "prebake-store",
+        "version": STORE_VERSION,
+        "release": release(),
+    }
+    (home / MARK).write_text(
+        json.dumps({"format": "prebake-store", "version": STORE_VERSION + 1, "release": "prebake 9.9.9"})
+    )
     before = _files(home)
     for args in (*DELETING, fetch_args(registry.root), ["store", "ls"], ["store", "verify"]):
         got = prebake(*args, env=prebake_env(home))
         assert got.returncode == EXIT_STORE, (args, got.stdout, got.stderr)
-        assert f"{home} is a store of a newer prebake (store format {STORE_VERSION + 1}" in got.stderr, got.stderr
+        assert (
+            f"{home} is a store of a newer prebake (store format {STORE_VERSION + 1}, made by prebake 9.9.9"
+            in got.stderr
+        ), got.stderr
         assert "upgrade prebake" in got.stderr
     assert _files(home) == before
     (home / MARK).write_text(json.dumps({"format": "prebake-store", "version": STORE_VERSION}))  # for the re-check

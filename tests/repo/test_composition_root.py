@@ -36,3 +36,23 @@ def test_the_check_finds_a_command_that_opens_its_own_registry(tmp_path):
         "from prebake.registry import open_registry\n\ndef run(a):\n    return open_registry(a)  # wiring\n"
     )
     assert wiring_outside_the_root(tmp_path, tmp_path) == ["cmd.py:4: return open_registry(a)  # wiring"]
+
+
+# Where the registry address is decided: engine/compose.py alone (registry_address). node_env only
+# names, in a node's log line, the address a node's own composition root used.
+READS_REGISTRY = re.compile(r"""(?:\.get\(|environ\[|getenv\()\s*["']PREBAKE_REGISTRY["']|\bREGISTRY_ENV\b""")
+MAY_READ_REGISTRY = {"engine/compose.py", "engine/fleet/node_env.py"}
+
+
+def test_only_the_composition_root_decides_the_registry_address():
+    found = []
+    for folder in ("artifacts", "registry", "engine"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            if path.relative_to(REPO).as_posix() in MAY_READ_REGISTRY:
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if READS_REGISTRY.search(line.split("#", 1)[0]):
+                    found.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
+    assert not found, "PREBAKE_REGISTRY read outside engine/compose.py (call compose.registry_address):\n" + "\n".join(
+        found
+    )

@@ -2,7 +2,8 @@
 operators, cron jobs and clients around prebake): every test is one scenario, and the session
 ends with one line, counting each group:
 
-    faults: N scenarios (faults F, operations O), N survived, P under a trust policy, bundles lost or corrupted: 0
+    faults: N scenarios (faults F, operations O), N survived, P under a trust policy, bundles lost or corrupted: 0;
+            volumes: local disk L, tmpfs (full) T, ...
 
 A scenario survived when its test passed and, after it, every registry and store it
 registered with the `scenario` fixture still checks out: the registry re-verified by
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
 GROUPS = ("faults", "operations")  # the folders under tests/ whose tests are scenarios
 _LOST, _CORRUPTED = "scenario_bundles_lost", "scenario_bundles_corrupted"  # user_properties names
 _POLICED = "scenario_under_policy"
+_VOLUME = "scenario_volume"
+LOCAL_DISK = "local disk"  # the volume of a scenario that names none: the test machine's own disk
 
 
 @dataclass
@@ -46,6 +49,11 @@ class Scenario:
     registries: list[tuple[object, list[Manifest]]] = field(default_factory=list)
     stores: list[Path] = field(default_factory=list)
     trust: Callable[[object], TrustCheck] | None = None  # the policy in force, bound to one registry
+    volumes: list[str] = field(default_factory=list)  # the real mounts it ran on (tests/support/mounts.py)
+
+    def volume(self, name: str) -> None:
+        """This scenario ran its store on `name` (a tmpfs, a read-only mount...): counted in the summary."""
+        self.volumes.append(name)
 
     def under(self, trust: Callable[[object], TrustCheck]) -> None:
         """This scenario runs under a trust policy: its registries are re-verified under it too."""
@@ -76,6 +84,7 @@ class Tally:
     groups: dict[str, str] = field(default_factory=dict)  # nodeid -> its group
     skipped: int = 0
     policed: set[str] = field(default_factory=set)  # nodeids of the scenarios run under a trust policy
+    volumes: dict[str, set[str]] = field(default_factory=dict)  # nodeid -> the volumes it named
     lost: int = 0
     corrupted: int = 0
 
@@ -98,6 +107,8 @@ class Tally:
                 self.corrupted += int(value)
             elif name == _POLICED:
                 self.policed.add(report.nodeid)
+            elif name == _VOLUME:
+                self.volumes.setdefault(report.nodeid, set()).add(str(value))
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self.outcomes and not self.skipped:
@@ -108,10 +119,18 @@ class Tally:
         terminalreporter.write_line(
             f"faults: {len(self.outcomes)} scenarios ({counts}), {survived} survived, "
             f"{policed} under a trust policy (signed bundles, the policy file in force), "
-            f"bundles lost or corrupted: {self.lost + self.corrupted}"
+            f"bundles lost or corrupted: {self.lost + self.corrupted}; volumes: {self._volumes()}"
         )
         if self.skipped:
             terminalreporter.write_line(f"faults: {self.skipped} scenario(s) skipped (not run, not counted)")
+
+    def _volumes(self) -> str:
+        counts: dict[str, int] = {}
+        for nodeid in self.outcomes:
+            for name in self.volumes.get(nodeid) or {LOCAL_DISK}:
+                counts[name] = counts.get(name, 0) + 1
+        first = [LOCAL_DISK] if LOCAL_DISK in counts else []
+        return ", ".join(f"{n} {counts[n]}" for n in first + sorted(set(counts) - {LOCAL_DISK}))
 
 
 def pytest_configure(config) -> None:
@@ -139,4 +158,5 @@ def scenario(request) -> Iterator[Scenario]:
     request.node.user_properties += [(_LOST, lost), (_CORRUPTED, corrupted)]  # the teardown report carries them
     if seen.trust is not None:
         request.node.user_properties.append((_POLICED, 1))
+    request.node.user_properties += [(_VOLUME, name) for name in seen.volumes]
     assert not damage, f"bundles lost or corrupted after the scenario: {damage}"

@@ -20,8 +20,10 @@ from prebake.artifacts.fetch.outcome import Miss
 from prebake.artifacts.fetch.pipeline import fetch_key
 from prebake.artifacts.keys import Key
 from prebake.artifacts.store import admin as store_admin
-from prebake.artifacts.store.local import Installed, Store, StoreLimits
+from prebake.artifacts.store import mark
+from prebake.artifacts.store.local import Installed, Store
 from prebake.artifacts.store.mark import INSTALLS, MARK, STORE_VERSION, StoreHomeError
+from prebake.artifacts.store.settings import StoreLimits
 from prebake.registry.backends.file import FileRegistry
 from prebake.registry.trust.signing import ACCEPT_V1_ENV, TRUSTED_KEYS_ENV, trust_from_env
 
@@ -85,7 +87,11 @@ def test_an_older_releases_store_is_read_adopted_on_first_write_and_its_bundles_
     listed = store_admin.list_bundles(store)  # a reader lists its bundles before any writer adopted it
     assert [b.hex for b in listed] == [made["blob"].removeprefix("sha256:")] and not (home / MARK).exists()
     assert store.gc(1 << 40) is not None  # the first write: adopts it
-    assert json.loads((home / MARK).read_text()) == {"format": "prebake-store", "version": STORE_VERSION}
+    assert json.loads((home / MARK).read_text()) == {
+        "format": "prebake-store",
+        "version": STORE_VERSION,
+        "release": mark.release(),
+    }
     assert (home / INSTALLS / made["blob"].removeprefix("sha256:")).is_file()  # its tree was recorded as ours
     store.install(again.manifest, FileRegistry(root / "registry"))  # records the file list it lacked, if it did
     assert (home / "trees" / f"{made['blob'].removeprefix('sha256:')}.files").is_file()
@@ -112,7 +118,9 @@ def test_a_manifest_of_a_newer_schema_is_refused_naming_both_versions_and_nothin
 def test_a_store_of_a_newer_format_is_refused_by_this_reader_and_left_as_it_was(tmp_path):
     root, made = _copy(RELEASES[-1], tmp_path)
     home = root / "store"
-    (home / MARK).write_text(json.dumps({"format": "prebake-store", "version": STORE_VERSION + 1}))
+    (home / MARK).write_text(
+        json.dumps({"format": "prebake-store", "version": STORE_VERSION + 1, "release": "prebake 9.9.9"})
+    )
     before = _files(home)
     store = Store(home, StoreLimits())
     for act in (
@@ -123,7 +131,10 @@ def test_a_store_of_a_newer_format_is_refused_by_this_reader_and_left_as_it_was(
         lambda: store_admin.list_bundles(store),
         lambda: store.recover(),
     ):
-        with pytest.raises(StoreHomeError, match=f"store of a newer prebake \\(store format {STORE_VERSION + 1};"):
+        with pytest.raises(
+            StoreHomeError,
+            match=f"store of a newer prebake \\(store format {STORE_VERSION + 1}, made by prebake 9.9.9;",
+        ):
             act()
     assert _files(home) == before
 

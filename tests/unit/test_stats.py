@@ -13,7 +13,8 @@ from prebake.artifacts.fetch.outcome import Miss
 from prebake.artifacts.fetch.pipeline import fetch_key
 from prebake.artifacts.keys import Key
 from prebake.artifacts.store import stats
-from prebake.artifacts.store.local import Store, StoreLimits
+from prebake.artifacts.store.local import Store
+from prebake.artifacts.store.settings import StoreLimits
 from prebake.engine.cli import main
 from prebake.registry.backends.file import FileRegistry
 from tests.support.bundles import make_bundle
@@ -187,7 +188,8 @@ _WRITER = textwrap.dedent(
     """
     import sys
     from prebake.artifacts.store import stats
-    from prebake.artifacts.store.local import Store, StoreLimits
+    from prebake.artifacts.store.local import Store
+    from prebake.artifacts.store.settings import StoreLimits
     stats.COMPACT_BYTES = 6000  # compact often: writers fold while the others append
     store = Store(sys.argv[1], StoreLimits())
     n = int(sys.argv[2])

@@ -115,10 +115,12 @@ def test_republishing_the_same_bundle_is_a_no_op_and_a_different_one_is_refused(
 
 
 def test_registry_address_prefers_explicit_then_env_then_embedded(tmp_path):
+    from prebake.engine.compose import registry_address
+
     store = Store(tmp_path / "home")
-    assert store.registry_address("s3://b/p", env={"PREBAKE_REGISTRY": "/x"}) == "s3://b/p"
-    assert store.registry_address(None, env={"PREBAKE_REGISTRY": "/x"}) == "/x"
-    assert store.registry_address(None, env={}) == str(tmp_path / "home" / "registry")
+    assert registry_address(store, "s3://b/p", env={"PREBAKE_REGISTRY": "/x"}) == "s3://b/p"
+    assert registry_address(store, None, env={"PREBAKE_REGISTRY": "/x"}) == "/x"
+    assert registry_address(store, None, env={}) == str(tmp_path / "home" / "registry")
 
 
 def test_default_home_honours_prebake_home(monkeypatch, tmp_path):

@@ -11,8 +11,9 @@ import pytest
 from prebake.artifacts.fetch.outcome import Miss
 from prebake.artifacts.fetch.pipeline import fetch_key
 from prebake.artifacts.store import admin as store_admin
-from prebake.artifacts.store.local import Store, StoreLimits
+from prebake.artifacts.store.local import Store
 from prebake.artifacts.store.mark import record_install
+from prebake.artifacts.store.settings import StoreLimits
 from prebake.engine.cli import main
 from prebake.registry.backends.file import FileRegistry
 from tests.support.bundles import Bundle, make_bundle
@@ -22,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 _HOLDER = textwrap.dedent(
     """
     import sys
-    from prebake.artifacts.store.local import Store, StoreLimits
+    from prebake.artifacts.store.local import Store
+    from prebake.artifacts.store.settings import StoreLimits
     store = Store(sys.argv[1], StoreLimits())
     installed = store.lookup(sys.argv[2], sys.argv[3])
     with store.use(installed):

@@ -11,8 +11,10 @@ from prebake.artifacts import fsutil
 from prebake.artifacts.errors import StoreBoundError, StoreError, UnsafeArchiveError
 from prebake.artifacts.fetch.outcome import Miss
 from prebake.artifacts.fetch.pipeline import fetch_key
-from prebake.artifacts.store.local import DEFAULT_MAX_BYTES, GcReport, Store, StoreLimits, parse_size
+from prebake.artifacts.store.eviction import GcReport
+from prebake.artifacts.store.local import Store
 from prebake.artifacts.store.mark import record_install
+from prebake.artifacts.store.settings import DEFAULT_MAX_BYTES, StoreLimits, parse_size
 from prebake.engine.cli import main
 from prebake.registry.backends.file import FileRegistry
 from tests.support.bundles import Bundle, make_bundle
