@@ -3,7 +3,8 @@
 `adapter_for` is the one place that maps a recipe's engine to an adapter, and so the one check of
 a recipe's engine against the registered ones (with its [engine] settings, by the adapter's
 EngineSpec); `kinds_for` gives a target's whole kind table: the shared buckets kind, then what the
-engine compiles. `register` also makes the host probe read the packages the engine declares.
+engine compiles. `register` also makes the host probe read the packages the engine declares, and
+the CLI build the start options it declares as flags (`start_options`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from prebake.artifacts.errors import RecipeError
 from prebake.artifacts.recipe.kinds import BUCKETS, KindTable
 from prebake.artifacts.recipe.schema import Recipe, Target
 from prebake.engine.bundled.adapter import BundledAdapter
-from prebake.engine.common.adapter import EngineAdapter, EngineStartError
+from prebake.engine.common.adapter import EngineAdapter, EngineOption, EngineStartError
 from prebake.engine.common.probe import declare_packages
 from prebake.engine.vllm.adapter import VllmAdapter
 
@@ -60,6 +61,18 @@ def adapter_named(engine: str) -> EngineAdapter:
         raise RecipeError(f"unknown engine {engine!r}; prebake serves {sorted(ADAPTERS)}") from None
 
 
+def start_options(command: str) -> list[tuple[str, EngineOption]]:
+    """Every registered engine's start options that `command` (fetch, serve) takes, with the engine
+    declaring each, in registration order: the CLI builds its flags from them (a flag two engines
+    declare is one flag)."""
+    found: dict[str, tuple[str, EngineOption]] = {}
+    for name, adapter in ADAPTERS.items():
+        for option in adapter.spec.options:
+            if command in option.commands:
+                found.setdefault(option.flag, (name, option))
+    return list(found.values())
+
+
 def kinds_for(recipe: Recipe, target: Target) -> KindTable:
     """The target's kinds in build order: buckets, then the kinds its engine compiles."""
     return KindTable([BUCKETS, *adapter_for(recipe, target).spec.kinds])
@@ -74,4 +87,5 @@ __all__ = [
     "kind_names",
     "kinds_for",
     "register",
+    "start_options",
 ]

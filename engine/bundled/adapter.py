@@ -40,6 +40,7 @@ from prebake.engine.bundled.cache_layout import (
 from prebake.engine.bundled.variants import DEFAULT_VARIANT, served, variant
 from prebake.engine.common import starter
 from prebake.engine.common.adapter import (
+    EngineOption,
     EngineSpec,
     Fetched,
     OpenServices,
@@ -123,7 +124,16 @@ SPEC = EngineSpec(
     variants=served(),  # prebake.engine.bundled.variants: one module and one registration line each
     packages=(),  # torch and its stack are every kind's factors already (prebake.engine.common.probe.Software)
     settings=None,  # it reads [compile] and [autotune]; it has no [engine] table
-    options={"eager": "--eager", "api_key": "--api-key"},
+    options=(
+        EngineOption(
+            "--eager", "compilation off: serve the eager model (the benchmark's floor)", type=bool, default=False
+        ),
+        EngineOption(
+            "--api-key",
+            "require `Authorization: Bearer KEY` on every route but the health probes "
+            "(default: $PREBAKE_API_KEY; none: no authentication)",
+        ),
+    ),
 )
 
 
@@ -156,24 +166,13 @@ class BundledAdapter:
         require("serve", "prebake serve")
         require("torch", "prebake serve")
         from prebake.engine.bundled.serve import ServeSettings, api_key_from, serve
-        from prebake.engine.bundled.start import StartupSettings
 
         options = SPEC.options_of(request)
-        startup = StartupSettings(
-            model=request.model,
-            precision=request.precision,
-            tp=request.tp,
-            registry_timeout=request.registry_timeout,
-            fetch_timeout=request.fetch_timeout,
-            on_miss=request.on_miss,
-            write_back=request.write_back,
-            eager=bool(options.get("eager", False)),
-            mounted=request.mounted,
-        )
         settings = ServeSettings(
-            startup=startup,
+            request=request,
+            eager=bool(options["eager"]),
             host=request.host or "127.0.0.1",
             port=8000 if request.port is None else request.port,
-            api_key=api_key_from(cast(str | None, options.get("api_key"))),
+            api_key=api_key_from(cast(str | None, options["api_key"])),
         )
         return serve(settings, open_services, emit=logging.getLogger("prebake.serve").info)

@@ -3,7 +3,7 @@
     listen      bind host:port (0 picks a free port), uvicorn serves the FastAPI app
                 (prebake.engine.bundled.api) on its own thread; /health says 503 with the current
                 start-up step, /health/live 200, all through fetch, compile and warm-up
-    start       prebake.engine.bundled.start.start(settings, metrics, emit, open_services): the warm engine
+    start       prebake.engine.bundled.start.start(request, metrics, emit, open_services): the warm engine
     ready       the scheduler's thread, the tokenizer and chat template; /health turns 200
     stop        SIGTERM/SIGINT: uvicorn finishes, the scheduler stops, the engine's folder goes
 
@@ -32,8 +32,8 @@ from prebake.engine.bundled.api.guard import GuardSettings
 from prebake.engine.bundled.api.state import AppState, Serving
 from prebake.engine.bundled.runtime.metrics import Metrics
 from prebake.engine.bundled.runtime.tokenizer import TokenizerError, tokenizer_for
-from prebake.engine.bundled.start import Engine, StartupSettings, start
-from prebake.engine.common.adapter import OpenServices
+from prebake.engine.bundled.start import Engine, start
+from prebake.engine.common.adapter import OpenServices, StartRequest
 from prebake.engine.common.starter import MissRefused
 
 API_KEY_VARIABLE = "PREBAKE_API_KEY"
@@ -42,9 +42,10 @@ API_KEY_VARIABLE = "PREBAKE_API_KEY"
 class ServeSettings(BaseModel):
     """`prebake serve`'s options: what to start and where to listen."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
-    startup: StartupSettings
+    request: StartRequest  # what to start (prebake.engine.bundled.start)
+    eager: bool = False  # --eager: compilation off
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535, description="0 picks a free port (logged)")
     api_key: str | None = Field(default=None, min_length=1, repr=False)
@@ -62,7 +63,7 @@ def serve(settings: ServeSettings, open_services: OpenServices, emit: Callable[[
     SIGTERM/SIGINT; the exit status."""
     metrics = Metrics()
     metrics.set("prebake_ready", 0)
-    state = AppState(settings.startup.model, metrics)
+    state = AppState(settings.request.model, metrics)
     sock = _bind(settings.host, settings.port)
     guard = GuardSettings(
         settings.api_key, settings.max_body_bytes, settings.body_timeout_s, max_bodies_bytes=settings.max_bodies_bytes
@@ -81,7 +82,12 @@ def serve(settings: ServeSettings, open_services: OpenServices, emit: Callable[[
     stop = threading.Event()
     try:
         engine = start(
-            settings.startup, metrics, emit, open_services, progress=lambda step: setattr(state, "step", step)
+            settings.request,
+            metrics,
+            emit,
+            open_services,
+            eager=settings.eager,
+            progress=lambda step: setattr(state, "step", step),
         )
         scheduler_thread = _ready(engine, state, stop, emit)
         state.alive = scheduler_thread.is_alive

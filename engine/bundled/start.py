@@ -22,9 +22,7 @@ from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import TYPE_CHECKING
 
 from prebake.artifacts.buckets.artifact import BucketSet
 from prebake.artifacts.fetch.outcome import Resolution
@@ -50,36 +48,6 @@ if TYPE_CHECKING:  # torch is imported once the environment is set (install step
 Emit = Callable[[str], None]
 _runs = itertools.count()
 _COMPILED = "graphs"  # the kind this engine compiles by itself when it misses (its EngineSpec's fallback_kind)
-
-
-class StartupSettings(BaseModel):
-    """What `prebake serve` was asked to start."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    model: str
-    precision: str | None = None
-    tp: int | None = Field(default=None, gt=0)
-    registry_timeout: float = Field(default=5.0, gt=0, description="seconds the registry lookup may take")
-    fetch_timeout: float = Field(default=600.0, gt=0, description="seconds downloads (and write-back) may take")
-    on_miss: Literal["compile", "fail"] = "compile"
-    write_back: bool = False
-    eager: bool = Field(default=False, description="compilation off: the eager floor")
-    mounted: tuple[str, ...] = Field(default=(), description="KIND=PATH trees already mounted read-only")
-
-    def request(self) -> StartRequest:
-        """The same, as the shared starter reads it."""
-        return StartRequest(
-            model=self.model,
-            precision=self.precision,
-            tp=self.tp,
-            registry_timeout=self.registry_timeout,
-            fetch_timeout=self.fetch_timeout,
-            on_miss=self.on_miss,
-            write_back=self.write_back,
-            mounted=self.mounted,
-            options={"eager": True} if self.eager else {},
-        )
 
 
 @dataclass
@@ -136,16 +104,20 @@ class StartupPhaseLog:
 
 
 def start(
-    settings: StartupSettings,
+    request: StartRequest,
     metrics: Metrics,
     emit: Emit,
     open_services: OpenServices,
+    *,
+    eager: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> Engine:
-    """Run the start-up pipeline; the warm engine. Raises MissRefused under --on-miss fail.
-    `open_services` opens the store, registry and host probe (timed as the probe step)."""
+    """Start what `request` asks (`eager`: compilation off, the engine's --eager); the warm engine.
+    Raises MissRefused under --on-miss fail. `open_services` opens the store, registry and host
+    probe (timed as the probe step)."""
     with _short_switch_interval():
-        return _start_all(settings, metrics, emit, open_services, progress)
+        log = StartupPhaseLog(metrics, emit, progress)
+        return starter.start(_InProcess(request, eager, log), request, open_services, log)
 
 
 # Start-up runs the import thread (pure Python, holding the GIL) beside steps that make thousands
@@ -167,23 +139,12 @@ def _short_switch_interval():
         sys.setswitchinterval(previous)
 
 
-def _start_all(
-    settings: StartupSettings,
-    metrics: Metrics,
-    emit: Emit,
-    open_services: OpenServices,
-    progress: Callable[[str], None] | None,
-) -> Engine:
-    log = StartupPhaseLog(metrics, emit, progress)
-    return starter.start(_InProcess(settings, log), settings.request(), open_services, log)
-
-
-def _begin_imports(settings: StartupSettings, recipe: Recipe, run_dir: Path) -> Imports:
+def _begin_imports(eager: bool, recipe: Recipe, run_dir: Path) -> Imports:
     """torch's imports on a thread; Inductor's too for a compiled start whose variant needs it, under
     the cache folder the install step will activate (set here, before any of Inductor is imported).
     A variant that needs none (aoti-package: torch's C++ loader) imports torch alone; a fallback to
     one that does imports Inductor then."""
-    if settings.eager or "torch._inductor.codecache" in sys.modules:
+    if eager or "torch._inductor.codecache" in sys.modules:
         return Imports.begin()
     from prebake.engine.bundled.runtime.inductor_init import INDUCTOR_MODULES  # names only: torch is imported lazily
 
@@ -196,16 +157,17 @@ class _InProcess:
     """The bundled engine's runner (prebake.engine.common.starter.Runner): once the shared starter
     resolved the bundles, it builds what missed, warms up or compiles, and writes back, in this process."""
 
-    settings: StartupSettings
+    request: StartRequest
+    eager: bool
     log: StartupPhaseLog
     leases: ExitStack = field(default_factory=ExitStack)  # the store trees it starts from
     torch_import: Imports | None = None
 
     def begin(self, plan: TargetKeys, services: Services) -> starter.Begun:
         """The kinds to resolve (eager: no graphs), a scratch run folder, torch's imports begun."""
-        kinds = tuple(k for k in plan.kinds.names if not (self.settings.eager and k == _COMPILED))
+        kinds = tuple(k for k in plan.kinds.names if not (self.eager and k == _COMPILED))
         run_dir = services.store.scratch(f"serve-{os.getpid()}-{next(_runs)}")
-        self.torch_import = _begin_imports(self.settings, plan.recipe, run_dir)  # beside the lookup, fetch and load
+        self.torch_import = _begin_imports(self.eager, plan.recipe, run_dir)  # beside the lookup, fetch and load
 
         def abandon() -> None:
             self.leases.close()
@@ -229,16 +191,16 @@ class _InProcess:
                 s.detail = f"built {', '.join(missing)} in place with the bake's builders"
         assert self.torch_import is not None  # begun by `begin`
         engine = _warm(
-            self.settings, started.services, plan, trees, resolution.installed, run_dir, log, built, self.torch_import
+            self.eager, started.services, plan, trees, resolution.installed, run_dir, log, built, self.torch_import
         )
-        if self.settings.write_back and built:
+        if self.request.write_back and built:
             with log.step("write-back") as s:
                 if not started.resolved.answered:
                     address = started.services.source.address
                     s.detail = f"skipped: registry {address} did not answer at start-up; the next start compiles again"
                 else:
                     s.detail = _write_back(
-                        plan, built, trees, resolution.installed, started.services, self.settings.fetch_timeout, log
+                        plan, built, trees, resolution.installed, started.services, self.request.fetch_timeout, log
                     )
         engine.leases = self.leases
         return engine
@@ -260,7 +222,7 @@ def _build_in_place(plan: TargetKeys, kind: str, trees: dict[str, Path], run_dir
 
 
 def _warm(
-    settings: StartupSettings,
+    eager: bool,
     context: Services,
     plan: TargetKeys,
     trees: dict[str, Path],
@@ -284,13 +246,13 @@ def _warm(
         winners = load_winners(trees["autotune"] / AUTOTUNE_FILE)
         shapes = step_shapes(buckets, recipe.serving.max_model_len)
         schedule = {shape: winners.get(shape, Tactic()) for shape in shapes}
-        if settings.eager:
+        if eager:
             s.detail = f"{len(shapes)} step shapes, compilation off"
         elif first.reads_in_place and tree.installed is not None:  # copied only if it falls to a variant that writes
             s.detail = f"{len(shapes)} step shapes, graphs ({first.name}) read in place from {tree.in_place()}"
         else:
             s.detail = f"{len(shapes)} step shapes, graphs ({first.name}) in {tree.writable()}"
-        if not settings.eager and first.needs_inductor:
+        if not eager and first.needs_inductor:
             from prebake.engine.bundled.runtime.inductor_init import InductorInit
 
             warm.init = InductorInit.start(torch_import)  # on a thread, while the weights load
@@ -302,9 +264,9 @@ def _warm(
             f"{recipe.model.name} {plan.target.dtype} ({sum(p.numel() for p in model.parameters()):,} parameters)"
         )
     steps = None
-    if settings.eager or tree.installed is not None:
+    if eager or tree.installed is not None:
         with log.step("warm-up") as s:
-            steps, s.detail = _warm_up(warm, first.name if not settings.eager else None, recipe, model, cache, schedule)
+            steps, s.detail = _warm_up(warm, None if eager else first.name, recipe, model, cache, schedule)
     if tree.path is not None:
         trees["graphs"] = tree.path
     if steps is None:  # the graphs missed, or no variant of their tree loads here

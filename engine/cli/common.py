@@ -13,10 +13,10 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from prebake.artifacts.fsutil import human_size
 from prebake.engine import adapters
+from prebake.engine.common.adapter import EngineOption
 from prebake.registry.address import join_addresses, split_addresses
 from prebake.registry.schemes import address_forms
 
@@ -153,18 +153,14 @@ def registry_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def engine_options(parser: argparse.ArgumentParser) -> None:
+def engine_options(parser: argparse.ArgumentParser, command: str) -> None:
+    """--engine, --mounted, and every registered engine's start options that `command` takes
+    (adapters.start_options: each declared once, in its engine's EngineSpec)."""
     parser.add_argument(
         "--engine",
         choices=sorted(adapters.ADAPTERS),  # read when the parser is built
         default="prebake",
         help="the engine to serve with: prebake's own (default) or vLLM (recipes with engine = 'vllm')",
-    )
-    parser.add_argument(
-        "--cache-root",
-        type=Path,
-        help="with --engine vllm: a local folder for this vLLM's writable cache copy "
-        "(default: a fresh one under $PREBAKE_HOME/engines/vllm)",
     )
     parser.add_argument(
         "--mounted",
@@ -174,6 +170,18 @@ def engine_options(parser: argparse.ArgumentParser) -> None:
         help="a bundle tree already mounted read-only (an image volume), e.g. graphs=/bundles/graphs: "
         "checked file by file against its key's signed manifest from the registry, then used in place",
     )
+    for engine, option in adapters.start_options(command):
+        _start_option(parser, engine, option)
+
+
+def _start_option(parser: argparse.ArgumentParser, engine: str, option: EngineOption) -> None:
+    text = option.help if engine == "prebake" else f"with --engine {engine}: {option.help}"  # prebake: the default
+    if option.type is tuple:  # the arguments after --, as they are
+        parser.add_argument(option.name, nargs="*", metavar=f"-- {engine.upper()}_ARGS", help=text)
+    elif option.type is bool:
+        parser.add_argument(option.flag, action="store_true", help=text)
+    else:
+        parser.add_argument(option.flag, type=option.type, help=text)
 
 
 def json_option(parser: argparse.ArgumentParser, what: str = "the report") -> None:

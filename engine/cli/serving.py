@@ -7,7 +7,7 @@ import json
 import shlex
 import sys
 
-from prebake.engine.adapters import adapter_named
+from prebake.engine.adapters import adapter_named, start_options
 from prebake.engine.cli.common import command, engine_options, json_option, registry_option, target_options
 from prebake.engine.common.adapter import Fetched, StartRequest
 from prebake.engine.common.advice import miss_advice, miss_exit_code
@@ -31,8 +31,8 @@ def add(sub) -> None:
     json_option(fetch, "the environment and the bundles (or the misses)")
     registry_option(fetch)
     timeout_options(fetch, registry_timeout=StartRequest(model="-").registry_timeout)
-    engine_options(fetch)
-    fetch.set_defaults(run=cmd_fetch)
+    engine_options(fetch, "fetch")
+    fetch.set_defaults(run=cmd_fetch, start_command="fetch")
 
     serve = command(
         sub,
@@ -63,27 +63,10 @@ def add(sub) -> None:
         default="compile",
         help="when a bundle misses: compile in place (default) or exit (3 nothing matches, 4 registry unavailable)",
     )
-    serve.add_argument(
-        "--api-key",
-        help="require `Authorization: Bearer KEY` on every route but the health probes "
-        "(default: $PREBAKE_API_KEY; none: no authentication)",
-    )
     serve.add_argument("--write-back", action="store_true", help="publish what was compiled in place to the registry")
     timeout_options(serve, registry_timeout=5.0)
-    serve.add_argument(
-        "--eager", action="store_true", help="compilation off: serve the eager model (the benchmark's floor)"
-    )
-    engine_options(serve)
-    serve.add_argument(
-        "--force-aot-load",
-        action="store_true",
-        help="with --engine vllm: strict loading (VLLM_FORCE_AOT_LOAD=1): vLLM exits when the baked AOT "
-        "artifact does not load, instead of compiling again (targets where vLLM runs AOT compile: GPUs)",
-    )
-    serve.add_argument(
-        "vllm_args", nargs="*", metavar="-- VLLM_ARGS", help="with --engine vllm: more `vllm serve` flags, after --"
-    )
-    serve.set_defaults(run=cmd_serve)
+    engine_options(serve, "serve")  # --engine, --mounted, and each engine's own (its EngineSpec's options)
+    serve.set_defaults(run=cmd_serve, start_command="serve")
 
 
 def port_number(text: str) -> int:
@@ -124,15 +107,9 @@ def timeout_options(parser: argparse.ArgumentParser, *, registry_timeout: float)
 def start_request(args: argparse.Namespace) -> StartRequest:
     """What `fetch` or `serve` asks of the engine, from the command line (fetch has no listener;
     the registry is the composition root's, opened by `Context.open(args.registry)`). The
-    engine-only flags travel as options, the given ones only: the engine refuses those it does not take."""
+    engines' own flags travel as options, the given ones only: the engine refuses those it does not take."""
     defaults = StartRequest(model=args.model)
-    given = {
-        "eager": getattr(args, "eager", False),
-        "cache_root": args.cache_root,
-        "engine_args": tuple(getattr(args, "vllm_args", ())),
-        "force_aot_load": getattr(args, "force_aot_load", False),
-        "api_key": getattr(args, "api_key", None),
-    }
+    given = {option.name: getattr(args, option.name) for _, option in start_options(args.start_command)}
     return StartRequest(
         model=args.model,
         precision=args.precision,
@@ -145,7 +122,7 @@ def start_request(args: argparse.Namespace) -> StartRequest:
         port=getattr(args, "port", None),
         mounted=tuple(getattr(args, "mounted", ())),
         engine=args.engine,
-        options={name: value for name, value in given.items() if value},
+        options={name: tuple(value) if isinstance(value, list) else value for name, value in given.items() if value},
     )
 
 

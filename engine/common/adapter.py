@@ -1,7 +1,8 @@
 """The engine seam: what an engine declares, what differs in its start, and what it is given.
 
-    EngineSpec      the declaration, as data: name, kinds, fallback kind, default variant,
-                    packages (software factors), [engine] settings model, engine-only options
+    EngineSpec      the declaration, as data: name, kinds, fallback kind, graphs variants,
+                    packages (software factors), [engine] settings model, start options (EngineOption:
+                    flag, help, type, default; the CLI's flags are built from them)
     EngineAdapter   spec + serve_environment, fetch, serve (what differs; the shared starter,
                     prebake.engine.common.starter, does resolve, mounts, misses and write-back)
     StartRequest    what `prebake fetch|serve` asked; Services: the composition root's parts
@@ -14,10 +15,11 @@ Adapters are registered in prebake.engine.adapters (one line); plan_to_start is 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Literal, Protocol
 
 from pydantic import ValidationError
@@ -57,25 +59,41 @@ class StartRequest:
     engine: str = "prebake"  # --engine: the engine asked for; the recipe's must be the same (`plan_to_start`)
     options: Mapping[str, object] = field(default_factory=dict)  # engine-only options, given ones only
 
-    def engine_options(self, takes: Mapping[str, str]) -> Mapping[str, object]:
-        """The options, all of which the engine `takes` (option -> the flag that gives it); a
-        PrebakeError names those it does not, with what it takes."""
-        refused = sorted(set(self.options) - set(takes))
-        if refused:
-            flags = ", ".join(OPTION_FLAGS.get(o, o) for o in refused)
-            offered = ", ".join(sorted(takes.values())) or "none"
-            raise PrebakeError(f"{flags}: not an option of engine {self.engine!r} (its options: {offered})")
-        return self.options
+
+REST = "engine_args"  # the option of the arguments after `--`, handed to the engine as they are
 
 
-# The command line's flag of each engine-only option, for messages (engine/cli/serving.py sets them).
-OPTION_FLAGS = {
-    "eager": "--eager",
-    "cache_root": "--cache-root",
-    "engine_args": "flags after --",
-    "force_aot_load": "--force-aot-load",
-    "api_key": "--api-key",
-}
+@dataclass(frozen=True)
+class EngineOption:
+    """One start option of an engine, declared once: the CLI builds its flag from it (vLLM's
+    wording), `prebake serve --help` shows `help`, the engine reads it parsed (`options_from`)."""
+
+    flag: str  # "--eager"; "--" for the arguments after -- (REST)
+    help: str
+    type: type = str  # bool: a switch; tuple: the arguments after --; else argparse's type (str, Path, float)
+    default: object = None  # when not given
+    commands: tuple[str, ...] = ("serve",)  # the `prebake` commands that take it
+
+    @property
+    def name(self) -> str:
+        """Its key in StartRequest.options and the parsed options: the flag in snake case."""
+        return self.flag.removeprefix("--").replace("-", "_") or REST
+
+
+def option_flag(name: str) -> str:
+    """How the command line gives option `name`, for messages."""
+    return "flags after --" if name == REST else "--" + name.replace("_", "-")
+
+
+def options_from(options: Sequence[EngineOption], request: StartRequest, engine: str) -> Mapping[str, object]:
+    """`request`'s options as an engine declaring `options` reads them, every one (its default when not
+    given); a PrebakeError names the given ones it does not take, with what it takes."""
+    declared = {option.name: option for option in options}
+    if refused := sorted(set(request.options) - set(declared)):
+        offered = ", ".join(sorted(option_flag(name) for name in declared)) or "none"
+        flags = ", ".join(option_flag(name) for name in refused)
+        raise PrebakeError(f"{flags}: not an option of engine {engine!r} (its options: {offered})")
+    return MappingProxyType({name: request.options.get(name, o.default) for name, o in declared.items()})
 
 
 @dataclass(frozen=True)
@@ -102,7 +120,7 @@ class EngineSpec:
     variants: Mapping[str, tuple[str, ...]]  # its graphs variants, the default first: each with its trees' fallbacks
     packages: tuple[Package, ...] = ()  # its software factors (joined to its kinds' keys)
     settings: type[Frozen] | None = None  # its recipe's [engine] table (None: it takes none)
-    options: Mapping[str, str] = field(default_factory=dict)  # engine-only start options, by flag
+    options: tuple[EngineOption, ...] = ()  # its start options, each declared once (the CLI's flags)
 
     @property
     def default_variant(self) -> str:
@@ -121,8 +139,8 @@ class EngineSpec:
         return recipe_settings(recipe, self.name, self.settings)
 
     def options_of(self, request: StartRequest) -> Mapping[str, object]:
-        """`request`'s engine-only options, all of which this engine takes (else a PrebakeError)."""
-        return request.engine_options(self.options)
+        """`request`'s options as this engine reads them: every one it declares, parsed (options_from)."""
+        return options_from(self.options, request, self.name)
 
 
 class EngineAdapter(Protocol):

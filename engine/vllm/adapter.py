@@ -57,6 +57,7 @@ from prebake.engine.vllm.process import (
     vllm_settings,
     wait_ready,
 )
+from prebake.engine.vllm.start import OPTIONS
 
 # vLLM's software factors: vLLM itself, and the vllm-gaudi plugin that compiles its graphs on Gaudi.
 PACKAGES = (
@@ -64,8 +65,6 @@ PACKAGES = (
     Package("vllm_gaudi", ("vllm-gaudi", "vllm_gaudi"), "pkg:pypi/vllm-gaudi", dependency="vllm-gaudi"),
 )
 _SOFTWARE = tuple(p.factor for p in PACKAGES)
-# The start options `prebake serve|fetch --engine vllm` take (StartRequest.options), by their flag.
-OPTIONS = {"cache_root": "--cache-root", "engine_args": "flags after --", "force_aot_load": "--force-aot-load"}
 
 
 def _autotune_groups(context: KeyContext) -> Groups:

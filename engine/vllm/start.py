@@ -26,7 +26,14 @@ from prebake.artifacts.recipe.schema import parse_platform
 from prebake.artifacts.store.local import Installed
 from prebake.artifacts.store.stats import record_fallback
 from prebake.engine.common import starter
-from prebake.engine.common.adapter import EngineAdapter, OpenServices, Services, StartRequest
+from prebake.engine.common.adapter import (
+    EngineAdapter,
+    EngineOption,
+    OpenServices,
+    Services,
+    StartRequest,
+    options_from,
+)
 from prebake.engine.vllm import gaudi, ranks
 from prebake.engine.vllm import portability as vllm_portability
 from prebake.engine.vllm.process import (
@@ -111,22 +118,42 @@ class VllmStart:
         return starter.child_environment(self.launch, self.shared, base)
 
 
+# The start options `prebake serve|fetch --engine vllm` take, declared once (the CLI builds its flags
+# from them; the adapter's EngineSpec holds them): vLLM's own flags go after --.
+OPTIONS = (
+    EngineOption(
+        "--cache-root",
+        "a local folder for this vLLM's writable cache copy (default: a fresh one under $PREBAKE_HOME/engines/vllm)",
+        type=Path,
+        commands=("fetch", "serve"),
+    ),
+    EngineOption(
+        "--force-aot-load",
+        "strict loading (VLLM_FORCE_AOT_LOAD=1): vLLM exits when the baked AOT artifact does not load, instead "
+        "of compiling again (targets where vLLM runs AOT compile: GPUs)",
+        type=bool,
+        default=False,
+    ),
+    EngineOption("--", "more `vllm serve` flags, after --", type=tuple, default=()),
+)
+
+
 @dataclass(frozen=True)
 class _Options:
-    """vLLM's start options (StartRequest.options, checked by the adapter against OPTIONS)."""
+    """vLLM's start options, parsed (options_from: each declared once, in OPTIONS)."""
 
-    cache_root: Path | None = None  # where this vLLM's writable cache copy goes
-    engine_args: tuple[str, ...] = ()  # `vllm serve` flags after --
-    force_aot_load: bool = False  # strict loading (VLLM_FORCE_AOT_LOAD=1)
+    cache_root: Path | None  # where this vLLM's writable cache copy goes
+    engine_args: tuple[str, ...]  # `vllm serve` flags after --
+    force_aot_load: bool  # strict loading (VLLM_FORCE_AOT_LOAD=1)
 
     @classmethod
     def of(cls, request: StartRequest) -> _Options:
-        given = request.options
-        root = given.get("cache_root")
+        given = options_from(OPTIONS, request, "vllm")
+        root = given["cache_root"]
         return cls(
             cache_root=Path(str(root)) if root is not None else None,
-            engine_args=tuple(str(a) for a in cast(Sequence[object], given.get("engine_args", ()))),
-            force_aot_load=bool(given.get("force_aot_load", False)),
+            engine_args=tuple(str(a) for a in cast(Sequence[object], given["engine_args"])),
+            force_aot_load=bool(given["force_aot_load"]),
         )
 
 

@@ -141,6 +141,16 @@ def test_a_toy_engine_bakes_misses_on_its_own_factor_and_serves(toy, tmp_path, m
     refused = subprocess.run([*command, "serve", "--engine", "toy", "--model", "toy-model", "--eager"], env=env,
                              capture_output=True, text=True, timeout=120)  # fmt: skip
     assert refused.returncode == 2 and "--eager: not an option of engine 'toy'" in refused.stderr
+    # its own option: a flag the CLI built from its EngineSpec, which reaches its server
+    fraction = subprocess.run([*command, "serve", "--engine", "toy", "--model", "toy-model", "--mem-fraction-static", "0.8"],
+                              env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert fraction.returncode == 0 and "mem 0.8" in fraction.stdout, fraction.stderr
+    wide = {**env, "COLUMNS": "400"}  # one help line per flag
+    helped = subprocess.run([*command, "serve", "--help"], env=wide, capture_output=True, text=True, timeout=120)
+    assert "--mem-fraction-static" in helped.stdout and "with --engine toy: the share of memory" in helped.stdout
+    other = subprocess.run([*command, "serve", "--model", "toy-model", "--mem-fraction-static", "0.8"], env=env,
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert other.returncode == 2 and "--mem-fraction-static: not an option of engine 'prebake'" in other.stderr
 
 
 def test_a_recipe_setting_the_toy_does_not_take_is_refused_naming_it(toy, tmp_path, monkeypatch):

@@ -1,5 +1,6 @@
 """A toy engine, whole in this file: its own software factor (the `toy-runtime` package), its own
-recipe setting ([engine] flavour), one compiled kind, declared in its EngineSpec, and a process
+recipe setting ([engine] flavour), one compiled kind and one start option of its own
+(--mem-fraction-static), declared in its EngineSpec, and a process
 that serves from it through the shared starter (prebake.engine.common.starter). tests/integration/test_toy_engine.py
 registers it with one line, `register(ToyEngine())`, and touches no other file."""
 
@@ -29,6 +30,7 @@ from prebake.artifacts.recipe.schema import Recipe
 from prebake.artifacts.store.local import Installed
 from prebake.engine.common import starter
 from prebake.engine.common.adapter import (
+    EngineOption,
     EngineSpec,
     EngineStartError,
     Fetched,
@@ -48,7 +50,7 @@ import json, os, pathlib
 cache = pathlib.Path(os.environ['TOY_CACHE_DIR']) / 'toy-cache.json'
 if not cache.is_file():
     cache.write_text(json.dumps({'flavour': 'compiled-in-place', 'decode_buckets': 0}, sort_keys=True))
-print('toy serving', cache.read_text(), flush=True)
+print('toy serving', cache.read_text(), 'mem', os.environ.get('TOY_MEM_FRACTION', 'default'), flush=True)
 """
 
 
@@ -86,6 +88,9 @@ class ToyEngine:
         variants={"inductor-cache": ()},
         packages=(PACKAGE,),
         settings=ToySettings,
+        options=(  # SGLang's flag: the share of memory its KV cache takes; the CLI builds the flag from it
+            EngineOption("--mem-fraction-static", "the share of memory its KV cache takes (SGLang's)", type=float),
+        ),
     )
 
     def serve_environment(self, plan: TargetKeys, installed: Mapping[str, Installed], run_dir: Path) -> dict[str, str]:
@@ -107,7 +112,8 @@ class ToyEngine:
     # -- what differs from every other engine started as a process (starter.EngineProcess) -------
 
     def launch(self, prepared: starter.Prepared, request: StartRequest, services: Services) -> starter.Launch:
-        return starter.Launch((sys.executable, "-c", SERVER))
+        fraction = self.spec.options_of(request)["mem_fraction_static"]
+        return starter.Launch((sys.executable, "-c", SERVER), {"TOY_MEM_FRACTION": str(fraction)} if fraction else {})
 
     def ready(self, proc: subprocess.Popen, log: Path, started: float, launch: starter.Launch) -> float:
         while "toy serving" not in (log.read_text() if log.is_file() else ""):

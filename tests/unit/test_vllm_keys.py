@@ -296,6 +296,5 @@ def test_an_api_key_is_an_option_of_the_bundled_engine_and_vllm_refuses_it_namin
     request = StartRequest(model="tiny-llama-vllm", engine="vllm", options={"api_key": "k"})
     with pytest.raises(PrebakeError, match=r"--api-key: not an option of engine 'vllm' \(its options: --cache-root, "):
         adapter_named("vllm").spec.options_of(request)
-    assert adapter_named("prebake").spec.options_of(StartRequest(model="tiny-llama", options={"api_key": "k"})) == {
-        "api_key": "k"
-    }
+    parsed = adapter_named("prebake").spec.options_of(StartRequest(model="tiny-llama", options={"api_key": "k"}))
+    assert parsed == {"eager": False, "api_key": "k"}  # every option it declares, its default where not given
