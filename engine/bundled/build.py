@@ -19,11 +19,13 @@ import platform
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
 from prebake.artifacts.buckets.artifact import BucketSet
+from prebake.artifacts.errors import BuildError
 from prebake.artifacts.recipe.kinds import BUCKETS_FILE
 from prebake.artifacts.recipe.schema import AOTI_PACKAGE, DEFAULT_VARIANT, NO_FALLBACK, PRECOMPILE, Recipe
 from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE, GRAPHS_FILE, INDUCTOR_DIR
@@ -31,24 +33,67 @@ from prebake.engine.bundled.runtime import aoti, precompile
 from prebake.engine.bundled.runtime.autotune import load_winners, measure
 from prebake.engine.bundled.runtime.loader import load_model, torch_dtype
 from prebake.engine.bundled.runtime.model import KVCache, Llama
+from prebake.engine.bundled.runtime.parallel import Parallel, one_rank_of
 from prebake.engine.bundled.runtime.shapes import StepShape, step_shapes
 from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
 
 
-def build_autotune(recipe: Recipe, dtype: str, buckets_tree: Path, out: Path, target_platform: str = "cpu") -> None:
+def build_autotune(
+    recipe: Recipe, dtype: str, buckets_tree: Path, out: Path, target_platform: str = "cpu", tp: int = 1
+) -> None:
     shapes = _shapes(recipe, buckets_tree)
-    steps = CompiledSteps(*model_and_cache(recipe, dtype, target_platform), compile=False)
-    document = measure(steps, shapes, recipe.autotune)
+    with _as_one_rank(tp) as parallel:  # a tp=N target's tactics are measured on one rank's shard
+        steps = CompiledSteps(*model_and_cache(recipe, dtype, target_platform, parallel), compile=False)
+        document = measure(steps, shapes, recipe.autotune)
     document["measured_on"] = {"machine": platform.machine(), "processor": platform.processor()}
     (out / AUTOTUNE_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))
 
 
 def build_graphs(
-    recipe: Recipe, dtype: str, buckets_tree: Path, autotune_tree: Path, out: Path, target_platform: str = "cpu"
+    recipe: Recipe,
+    dtype: str,
+    buckets_tree: Path,
+    autotune_tree: Path,
+    out: Path,
+    target_platform: str = "cpu",
+    tp: int = 1,
 ) -> None:
+    """The graphs tree of one target; a tp=N target's is compiled once, as rank 0 of a fake group of
+    N (runtime/parallel.one_rank_of): one package, its collectives inside, that every rank loads."""
+    if why := variant_refuses(recipe, tp):
+        raise BuildError(f"{recipe.model.name} tp {tp}: {why}")
     shapes = _shapes(recipe, buckets_tree)
     tactics = load_winners(autotune_tree / AUTOTUNE_FILE)
-    compile_graphs(*model_and_cache(recipe, dtype, target_platform), recipe, {s: tactics[s] for s in shapes}, out)
+    with _as_one_rank(tp) as parallel:
+        model, cache = model_and_cache(recipe, dtype, target_platform, parallel)
+        compile_graphs(model, cache, recipe, {s: tactics[s] for s in shapes}, out)
+
+
+def variant_refuses(recipe: Recipe, tp: int) -> str | None:
+    """Why the recipe's graphs variant cannot build or serve a tp `tp` target, or None.
+
+    At tp > 1 only aoti-package serves: its weights are bound at load, so one package holds every
+    rank's code. dynamo-precompile and inductor-cache are refused there: their trees were never
+    verified to load on a rank other than the one traced (vLLM keeps one such cache per rank)."""
+    if tp == 1:
+        return None
+    variant = recipe.compile.variant_or(DEFAULT_VARIANT)
+    if variant != AOTI_PACKAGE or recipe.compile.fallback_for(variant) != NO_FALLBACK:
+        return (
+            f"graphs variant {variant!r} (fallback {recipe.compile.fallback_for(variant)!r}) does not serve at tp {tp}: "
+            f"only {AOTI_PACKAGE!r} without a fallback does (one package for every rank, its weights bound at "
+            f"load); set [compile] variant = {AOTI_PACKAGE!r} and no fallback, or bake tp 1"
+        )
+    return None
+
+
+@contextmanager
+def _as_one_rank(tp: int) -> Iterator[Parallel | None]:
+    if tp == 1:
+        yield None
+        return
+    with one_rank_of(tp) as parallel:
+        yield parallel
 
 
 def compile_graphs(
@@ -133,11 +178,13 @@ def _shapes(recipe: Recipe, buckets_tree: Path):
     return step_shapes(buckets, recipe.serving.max_model_len)
 
 
-def model_and_cache(recipe: Recipe, dtype: str, target_platform: str = "cpu") -> tuple[Llama, KVCache]:
-    """The recipe's model and a KV cache of its serving limits on the target platform's device (a
-    CUDA target: the GPU): the builder and the engine size and place them alike."""
+def model_and_cache(
+    recipe: Recipe, dtype: str, target_platform: str = "cpu", parallel: Parallel | None = None
+) -> tuple[Llama, KVCache]:
+    """The recipe's model (one rank's shard with `parallel`) and a KV cache of its serving limits on the
+    target platform's device (a CUDA target: the GPU): the builder and the engine size and place them alike."""
     device = device_of(target_platform)
-    model = load_model(recipe.model, dtype, device=device)
+    model = load_model(recipe.model, dtype, device=device, parallel=parallel)
     cache = KVCache.allocate(
         model.config, recipe.serving.max_num_seqs, recipe.serving.max_model_len, dtype=torch_dtype(dtype), device=device
     )
@@ -154,10 +201,11 @@ def main(argv: list[str]) -> int:
     recipe = Recipe.model_validate(spec["recipe"])
     dtype, out, inputs = spec["target"]["dtype"], Path(spec["out"]), {k: Path(v) for k, v in spec["inputs"].items()}
     where = spec["target"].get("platform", "cpu")
+    tp = int(spec["target"].get("tp", 1))
     if spec["kind"] == "autotune":
-        build_autotune(recipe, dtype, inputs["buckets"], out, where)
+        build_autotune(recipe, dtype, inputs["buckets"], out, where, tp)
     elif spec["kind"] == "graphs":
-        build_graphs(recipe, dtype, inputs["buckets"], inputs["autotune"], out, where)
+        build_graphs(recipe, dtype, inputs["buckets"], inputs["autotune"], out, where, tp)
     else:
         print(f"prebake.engine.bundled.build: unknown kind {spec['kind']!r}", file=sys.stderr)
         return 2

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from prebake.artifacts.buckets.artifact import BucketSet
-from prebake.artifacts.errors import StoreError
+from prebake.artifacts.errors import StoreError, UsageError
 from prebake.artifacts.fetch.outcome import Resolution
 from prebake.artifacts.recipe.kinds import BUCKETS_FILE, Builder, BuildRequest, TargetKeys
 from prebake.artifacts.recipe.schema import AOTI_PACKAGE, DEFAULT_VARIANT, INDUCTOR_CACHE, PRECOMPILE, Recipe
@@ -34,6 +34,7 @@ from prebake.artifacts.store.local import Installed, Store
 from prebake.artifacts.store.stats import record_fallback, record_variant_fallback
 from prebake.engine.bundled import cache_layout
 from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE
+from prebake.engine.bundled.ranks import RankContext
 from prebake.engine.bundled.runtime.metrics import Metrics
 from prebake.engine.bundled.runtime.shapes import StepShape, step_shapes
 from prebake.engine.bundled.runtime.torch_import import Imports
@@ -42,6 +43,7 @@ from prebake.engine.common.adapter import OpenServices, Services, StartRequest
 from prebake.engine.common.write_back import WrittenBack, write_back
 
 if TYPE_CHECKING:  # torch is imported once the environment is set (install step), not before
+    from prebake.engine.bundled.runtime.parallel import Parallel
     from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
 
 Emit = Callable[[str], None]
@@ -91,12 +93,18 @@ class Engine:
     store: Store  # owns run_dir (a store scratch folder) for as long as the engine lives
     built: tuple[str, ...] = ()  # kinds compiled in place
     leases: ExitStack = field(default_factory=ExitStack)  # holds the store trees it was started from
+    parallel: Parallel | None = None  # this process's rank of a tp > 1 group (engine/bundled/ranks.py)
 
     @property
     def recipe(self) -> Recipe:
         return self.plan.recipe
 
     def close(self) -> None:
+        if self.parallel is not None and self.parallel.rank == 0 and hasattr(self.steps, "close"):
+            try:  # the followers stop with rank 0 (those still there)
+                self.steps.close()
+            except RuntimeError:
+                pass
         self.leases.close()
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
@@ -138,11 +146,13 @@ def start(
     emit: Emit,
     open_services: OpenServices,
     progress: Callable[[str], None] | None = None,
+    rank: RankContext | None = None,
 ) -> Engine:
     """Run the start-up pipeline; the warm engine. Raises MissRefused under --on-miss fail.
-    `open_services` opens the store, registry and host probe (timed as the probe step)."""
+    `open_services` opens the store, registry and host probe (timed as the probe step); `rank`:
+    this process is one rank of `prebake serve --tp N` (it joins the group once torch is in)."""
     with _short_switch_interval():
-        return _start_all(settings, metrics, emit, open_services, progress)
+        return _start_all(settings, metrics, emit, open_services, progress, rank)
 
 
 # Start-up runs the import thread (pure Python, holding the GIL) beside steps that make thousands
@@ -170,9 +180,10 @@ def _start_all(
     emit: Emit,
     open_services: OpenServices,
     progress: Callable[[str], None] | None,
+    rank: RankContext | None = None,
 ) -> Engine:
     log = StartupPhaseLog(metrics, emit, progress)
-    return starter.start(_InProcess(settings, log), settings.request(), open_services, log)
+    return starter.start(_InProcess(settings, log, rank=rank), settings.request(), open_services, log)
 
 
 def _begin_imports(settings: StartupSettings, recipe: Recipe, run_dir: Path) -> Imports:
@@ -197,6 +208,7 @@ class _InProcess:
     log: StartupPhaseLog
     leases: ExitStack = field(default_factory=ExitStack)  # the store trees it starts from
     torch_import: Imports | None = None
+    rank: RankContext | None = None
 
     def begin(self, plan: TargetKeys, services: Services) -> starter.Begun:
         """The kinds to resolve (eager: no graphs), a scratch run folder, torch's imports begun."""
@@ -212,6 +224,7 @@ class _InProcess:
 
     def run(self, started: starter.Started) -> Engine:
         log, plan, store, run_dir = self.log, started.plan, started.services.store, started.run_dir
+        _check_ranks(plan, self.settings, self.rank)
         resolution = started.resolved.resolution
         _count(log.metrics, resolution)
         trees = {k: i.tree for k, i in resolution.installed.items()}
@@ -226,9 +239,18 @@ class _InProcess:
                 s.detail = f"built {', '.join(missing)} in place with the bake's builders"
         assert self.torch_import is not None  # begun by `begin`
         engine = _warm(
-            self.settings, started.services, plan, trees, resolution.installed, run_dir, log, built, self.torch_import
+            self.settings,
+            started.services,
+            plan,
+            trees,
+            resolution.installed,
+            run_dir,
+            log,
+            built,
+            self.torch_import,
+            self.rank,
         )
-        if self.settings.write_back and built:
+        if self.settings.write_back and built and (self.rank is None or self.rank.rank == 0):  # one rank's tree: all ranks'
             with log.step("write-back") as s:
                 if not started.resolved.answered:
                     address = started.services.source.address
@@ -266,9 +288,17 @@ def _warm(
     log: StartupPhaseLog,
     built: list[str],
     torch_import: Imports,
+    rank: RankContext | None = None,
 ) -> Engine:
+    parallel = None
     with log.step("torch") as s:  # once per process, begun on a thread as start-up began
         s.detail = torch_import.join_torch()
+        if rank is not None:
+            from prebake.engine.bundled.runtime.lockstep import join
+
+            parallel = join(rank.rank, rank.world, rank.port)
+            s.detail += f"; rank {rank.rank} of a tp {rank.world} group (gloo, 127.0.0.1:{rank.port})"
+    store = context.store if parallel is None or parallel.rank == 0 else None  # the store's stats: one rank counts
     from prebake.engine.bundled.runtime.autotune import load_winners
     from prebake.engine.bundled.runtime.steps import Tactic
 
@@ -303,15 +333,17 @@ def _warm(
     with log.step("load") as s:
         from prebake.engine.bundled.build import model_and_cache
 
-        model, cache = model_and_cache(recipe, plan.target.dtype, plan.target.platform)
+        model, cache = model_and_cache(recipe, plan.target.dtype, plan.target.platform, parallel)
         s.detail = (
-            f"{recipe.model.name} {plan.target.dtype} ({sum(p.numel() for p in model.parameters()):,} parameters)"
+            f"{recipe.model.name} {plan.target.dtype} ({sum(p.numel() for p in model.parameters()):,} parameters"
+            + (f" on rank {parallel.rank} of {parallel.world})" if parallel is not None else ")")
         )
+        _agree_on_schedule(parallel, schedule)
     steps = None
     if settings.eager or "graphs" in installed:
         with log.step("warm-up") as s:
             steps, s.detail = _load_steps(
-                settings, recipe, model, cache, schedule, trees.get("graphs"), log, init, context.store, private_tree
+                settings, recipe, model, cache, schedule, trees.get("graphs"), log, init, store, private_tree, parallel
             )
     if steps is None:  # the graphs missed, or their package does not load here and the tree has no fallback
         if "graphs" not in built and "graphs" not in installed:  # a hit compiled again here is not written back
@@ -325,8 +357,9 @@ def _warm(
             steps = compile_graphs(model, cache, recipe, schedule, trees["graphs"], log=log.note)
             log.metrics.add("prebake_fallback_compiles_total", kind="graphs")
             s.detail = f"{len(shapes)} step shapes compiled in place ({variant})"
-        record_fallback(context.store, "graphs", log.seconds.get("compile"))
-    return Engine(plan, steps, buckets, schedule, run_dir, context.store, tuple(built))
+        if store is not None:
+            record_fallback(store, "graphs", log.seconds.get("compile"))
+    return Engine(plan, steps, buckets, schedule, run_dir, context.store, tuple(built), parallel=parallel)
 
 
 def _load_steps(
@@ -340,6 +373,7 @@ def _load_steps(
     init=None,
     store: Store | None = None,
     private_tree: Callable[[], Path] | None = None,
+    parallel: Parallel | None = None,
 ):
     """Warm steps from the installed graphs (or eager ones), and what the warm-up step reports.
 
@@ -369,6 +403,7 @@ def _load_steps(
                 "the aoti-package variant was asked to load without a graphs tree; this is a bug in start-up"
             )
         steps, reason = _load_package(model, cache, list(schedule), graphs_tree, parts)
+        steps, reason = _agreed(parallel, steps, reason, log)
         if steps is None:
             from prebake.engine.bundled.runtime.aoti import fallback_in
 
@@ -447,6 +482,50 @@ def _load_package(model, cache, shapes: list[StepShape], tree: Path, parts: dict
         return None, str(exc)
     parts.update(loading.as_dict())
     return steps, None
+
+
+def _check_ranks(plan: TargetKeys, settings: StartupSettings, rank: RankContext | None) -> None:
+    """A tp=N target runs on N ranks (`prebake serve --tp N`), in a variant that serves at tp N."""
+    from prebake.engine.bundled.build import variant_refuses
+
+    world = 1 if rank is None else rank.world
+    if plan.target.tp != world:
+        raise UsageError(
+            f"{plan.target.name} is a tp {plan.target.tp} target and this process is {world} rank(s); "
+            f"serve it with `prebake serve --tp {plan.target.tp}`"
+        )
+    if not settings.eager and (why := variant_refuses(plan.recipe, plan.target.tp)):
+        raise UsageError(f"{plan.target.name}: {why}")
+
+
+def _agree_on_schedule(parallel: Parallel | None, schedule: dict) -> None:
+    """Every rank runs the same step shapes with the same tactics, or none starts: their steps'
+    collectives line up only then."""
+    from prebake.engine.bundled.runtime.lockstep import agree
+
+    mine = ";".join(f"{shape.name}[{tactic.label()}]" for shape, tactic in schedule.items())
+    answers = agree(parallel, mine)
+    if any(a != answers[0] for a in answers):
+        differ = [r for r, a in enumerate(answers) if a != answers[0]]
+        raise StoreError(
+            f"ranks {differ} would run other step shapes or tactics than rank 0 ({answers[0]}); "
+            f"they started from different buckets or autotune bundles: clear the store and start again"
+        )
+
+
+def _agreed(parallel: Parallel | None, steps, reason: str | None, log: StartupPhaseLog):
+    """The package's steps only when every rank loaded it; else None and the first rank's reason
+    (the same road for all: a package that loads on rank 0 but not rank 1 is a fallback on both)."""
+    from prebake.engine.bundled.runtime.lockstep import agree, first_refusal
+
+    if parallel is None or parallel.world == 1:
+        return steps, reason
+    refusal = first_refusal(agree(parallel, reason))
+    if refusal is None:
+        path, sha256 = steps.source
+        log.note(f"aoti-package: rank {parallel.rank} of {parallel.world} loaded {path} (sha256 {sha256}); every rank did")
+        return steps, None
+    return None, refusal
 
 
 def _write_back(

@@ -62,6 +62,7 @@ class PackageRecord(Frozen):
     models: tuple[str, ...] = ()  # the step shapes' names, one model each
     sha256: str = ""  # of steps.pt2
     constants: tuple[str, ...] = ()  # what each model takes from the serving model, by name
+    tp: int = 1  # the tensor-parallel size its collectives were traced for; every rank loads this one package
 
 
 def fallback_in(graphs_json: Path) -> str | None:
@@ -158,9 +159,14 @@ def compile_package(
         models=tuple(sorted(files)),
         sha256=_sha256(folder / PACKAGE),
         constants=tuple(sorted(first.get_constant_fqns())),
+        tp=_world(model),
     )
     (folder / PACKAGE_FILE).write_text(json.dumps(record.model_dump(mode="json"), indent=1, sort_keys=True))
     return seconds
+
+
+def _world(model: Llama) -> int:
+    return 1 if model.parallel is None else model.parallel.world
 
 
 def _strip(files: list[str]) -> None:
@@ -233,6 +239,7 @@ class PackageSteps(CompiledSteps):
     def __init__(self, model: Llama, cache: KVCache, runners: dict[StepShape, torch._C._aoti.AOTIModelPackageLoader]):
         super().__init__(model, cache, compile=False)
         self.runners = dict(runners)
+        self.source: tuple[Path, str] | None = None  # the package file loaded and its sha256, once loaded
         self._kv = [*cache.keys, *cache.values]
         self._prefill = self._prefill_shape  # type: ignore[assignment]  # same call shape, untyped args
         self._decode = self._decode_shape  # type: ignore[assignment]
@@ -280,6 +287,11 @@ def load_package(
         capability = f"{major}{minor}"
     if problem := platform_problem(recorded, device=device, flags=cpu_flags(cpuinfo), capability=capability):
         raise PackageDoesNotLoad(f"the AOTInductor package does not load here: {problem}")
+    if recorded.tp != _world(model):
+        raise PackageDoesNotLoad(
+            f"the AOTInductor package does not load here: it was compiled for tp {recorded.tp} and this "
+            f"rank is one of {_world(model)}; bake graphs for tp {_world(model)}"
+        )
     if missing := sorted({s.name for s in shapes} - set(recorded.models)):
         raise PackageDoesNotLoad(
             f"the AOTInductor package does not load here: it holds no model for {', '.join(missing)} "
@@ -317,7 +329,9 @@ def load_package(
         runner.load_constants({name: tensors[name] for name in wanted}, False, True, True)
         parts.bind += time.perf_counter() - bound
         runners[shape] = runner
-    return PackageSteps(model, cache, runners)
+    steps = PackageSteps(model, cache, runners)
+    steps.source = (folder / PACKAGE, found)
+    return steps
 
 
 def _first_line(exc: BaseException) -> str:
