@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 RANK_ENV = "PREBAKE_TP_RANK"
 RANK_DIED = 70  # the server's exit status when a rank ended it (sysexits' EX_SOFTWARE)
-_GRACE_S = 2.0  # after a rank dies: rank 0's /health says 503 this long before every rank is told to stop
-_STOP_S = 5.0  # then SIGTERM, and SIGKILL for a rank still there this long after
+_GRACE_S = 1.5  # after a rank dies: rank 0's /health says 503 this long before every rank is told to stop
+_STOP_S = 3.0  # then SIGTERM, and SIGKILL for a rank still there this long after
 
 
 @dataclass(frozen=True)

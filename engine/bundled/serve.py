@@ -130,10 +130,14 @@ def serve(settings: ServeSettings, open_services: OpenServices, emit: Callable[[
         http.join(10)
         sock.close()
         if engine is not None:
+            if state.stopping is not None and hasattr(engine.steps, "abandon"):  # a rank is gone
+                engine.steps.abandon()
             engine.close()
 
 
-def _follow(settings: ServeSettings, open_services: OpenServices, emit: Callable[[str], None], rank: RankContext) -> int:
+def _follow(
+    settings: ServeSettings, open_services: OpenServices, emit: Callable[[str], None], rank: RankContext
+) -> int:
     """Rank 1..N-1: start like rank 0 (its own shard), then run every step rank 0 broadcasts."""
     from prebake.engine.bundled.runtime.lockstep import follow, leave
 

@@ -250,7 +250,9 @@ class _InProcess:
             self.torch_import,
             self.rank,
         )
-        if self.settings.write_back and built and (self.rank is None or self.rank.rank == 0):  # one rank's tree: all ranks'
+        if (
+            self.settings.write_back and built and (self.rank is None or self.rank.rank == 0)
+        ):  # one rank's tree: all ranks'
             with log.step("write-back") as s:
                 if not started.resolved.answered:
                     address = started.services.source.address
@@ -402,7 +404,7 @@ def _load_steps(
             raise StoreError(
                 "the aoti-package variant was asked to load without a graphs tree; this is a bug in start-up"
             )
-        steps, reason = _load_package(model, cache, list(schedule), graphs_tree, parts)
+        steps, reason = _load_package(model, cache, list(schedule), graphs_tree, parts, _cpuinfo(parallel))
         steps, reason = _agreed(parallel, steps, reason, log)
         if steps is None:
             from prebake.engine.bundled.runtime.aoti import fallback_in
@@ -471,13 +473,15 @@ _TAKING = {
 }
 
 
-def _load_package(model, cache, shapes: list[StepShape], tree: Path, parts: dict[str, float]):
+def _load_package(
+    model, cache, shapes: list[StepShape], tree: Path, parts: dict[str, float], cpuinfo: Path = Path("/proc/cpuinfo")
+):
     """The aoti-package steps and None, or None and why the package does not load here."""
     from prebake.engine.bundled.runtime import aoti
 
     loading = aoti.PackageParts()
     try:
-        steps = aoti.load_package(model, cache, shapes, tree, loading)
+        steps = aoti.load_package(model, cache, shapes, tree, loading, cpuinfo=cpuinfo)
     except aoti.PackageDoesNotLoad as exc:
         return None, str(exc)
     parts.update(loading.as_dict())
@@ -513,6 +517,17 @@ def _agree_on_schedule(parallel: Parallel | None, schedule: dict) -> None:
         )
 
 
+_RANK_CPUINFO_ENV = "PREBAKE_TEST_RANK_CPUINFO"  # RANK:PATH, a test hook: that rank lacks an ISA
+
+
+def _cpuinfo(parallel: Parallel | None) -> Path:
+    """Where this rank reads its CPU flags: /proc/cpuinfo, or the test hook's file for its rank."""
+    rank, _, path = os.environ.get(_RANK_CPUINFO_ENV, "").partition(":")
+    if parallel is not None and path and rank == str(parallel.rank):
+        return Path(path)
+    return Path("/proc/cpuinfo")
+
+
 def _agreed(parallel: Parallel | None, steps, reason: str | None, log: StartupPhaseLog):
     """The package's steps only when every rank loaded it; else None and the first rank's reason
     (the same road for all: a package that loads on rank 0 but not rank 1 is a fallback on both)."""
@@ -523,7 +538,9 @@ def _agreed(parallel: Parallel | None, steps, reason: str | None, log: StartupPh
     refusal = first_refusal(agree(parallel, reason))
     if refusal is None:
         path, sha256 = steps.source
-        log.note(f"aoti-package: rank {parallel.rank} of {parallel.world} loaded {path} (sha256 {sha256}); every rank did")
+        log.note(
+            f"aoti-package: rank {parallel.rank} of {parallel.world} loaded {path} (sha256 {sha256}); every rank did"
+        )
         return steps, None
     return None, refusal
 

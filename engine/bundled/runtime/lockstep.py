@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from prebake.engine.bundled.runtime.model import ATTN_IMPLS
-from prebake.engine.bundled.runtime.parallel import Parallel
+from prebake.engine.bundled.runtime.parallel import Parallel, world_group_name
 from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
 
 GROUP_TIMEOUT = timedelta(minutes=30)  # a collective waits this long for a live peer (torch's default)
@@ -31,10 +31,8 @@ _STOP, _PREFILL, _DECODE, _IDLE = 0, 1, 2, 3
 
 def join(rank: int, world: int, port: int, timeout: timedelta = GROUP_TIMEOUT) -> Parallel:
     """This process as rank `rank` of `world`, over gloo on 127.0.0.1:port (rank 0 hosts the store)."""
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timeout
-    )
-    return Parallel(rank, world, dist.group.WORLD.group_name)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timeout)
+    return Parallel(rank, world, world_group_name())
 
 
 def leave() -> None:
@@ -65,7 +63,9 @@ class Lockstep(CompiledSteps):
         self._lock = threading.Lock()
         self._last = time.monotonic()
         self._closed = threading.Event()
-        self._beat = threading.Thread(target=self._heartbeat, args=(heartbeat_s,), name="prebake-heartbeat", daemon=True)
+        self._beat = threading.Thread(
+            target=self._heartbeat, args=(heartbeat_s,), name="prebake-heartbeat", daemon=True
+        )
         self._beat.start()
 
     def prefill(self, ids, lengths, slots, tactic: Tactic):
@@ -81,10 +81,16 @@ class Lockstep(CompiledSteps):
             return self.steps.decode(ids, positions, slots, ctx_len, tactic)
 
     def close(self) -> None:
-        """Tell the followers to stop (they return from `follow`)."""
+        """Tell the followers to stop (they return from `follow`), unless the group is lost."""
+        if self._closed.is_set():
+            return
         self._closed.set()
         with self._lock:
             _send(_STOP, 0, 0, Tactic())
+
+    def abandon(self) -> None:
+        """A rank is gone: no collective again (one would wait for it), not even the stop."""
+        self._closed.set()
 
     def _heartbeat(self, every_s: float) -> None:
         while not self._closed.wait(every_s):

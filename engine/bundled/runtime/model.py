@@ -215,7 +215,9 @@ class Llama(nn.Module):
 
     inv_freq: Tensor  # a registered buffer (nn.Module types buffers as Tensor | Module)
 
-    def __init__(self, config: LlamaConfig, dtype: torch.dtype = torch.float32, parallel: Parallel | None = None) -> None:
+    def __init__(
+        self, config: LlamaConfig, dtype: torch.dtype = torch.float32, parallel: Parallel | None = None
+    ) -> None:
         super().__init__()
         self.config, self.parallel = config, parallel
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)

@@ -74,7 +74,9 @@ def shard_state_dict(
         return dict(state_dict)
     local = local_config(config, parallel)
     r, n, d = parallel.rank, parallel.world, config.head_dim
-    kv_first = r * local.num_key_value_heads if config.num_key_value_heads >= n else r // (n // config.num_key_value_heads)
+    kv_first = (
+        r * local.num_key_value_heads if config.num_key_value_heads >= n else r // (n // config.num_key_value_heads)
+    )
     rows = {
         "self_attn.q_proj": (r * local.num_attention_heads * d, local.num_attention_heads * d),
         "self_attn.k_proj": (kv_first * d, local.num_key_value_heads * d),
@@ -108,6 +110,16 @@ def all_reduce(x: Tensor, parallel: Parallel | None) -> Tensor:
     return torch.ops._c10d_functional.wait_tensor(reduced)
 
 
+def world_group_name() -> str:
+    """The default process group's name: what the package's collectives were traced with."""
+    import torch.distributed as dist
+
+    group = dist.group.WORLD
+    if group is None:
+        raise RuntimeError("no process group is initialised; join one first")
+    return group.group_name
+
+
 @contextmanager
 def one_rank_of(world: int) -> Iterator[Parallel]:
     """This process as rank 0 of a fake process group of `world` ranks (torch's "fake" backend,
@@ -120,6 +132,6 @@ def one_rank_of(world: int) -> Iterator[Parallel]:
         raise RuntimeError("a process group is already initialised here; compile a tp>1 target in a fresh process")
     dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
     try:
-        yield Parallel(0, world, dist.group.WORLD.group_name)
+        yield Parallel(0, world, world_group_name())
     finally:
         dist.destroy_process_group()
