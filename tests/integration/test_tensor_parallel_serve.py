@@ -1,8 +1,9 @@
 """`prebake serve --tp 2` end to end: one package for both ranks, the same answers as tp=1, the
 same road on every rank, a dead rank ending the server, and a tp miss named.
 
-The session bakes tp-test (4 heads, 2 KV heads, fp32, three step shapes) once through `doit bake`
-at tp 1 and at tp 2, one registry each (the tp=2 one holds both); every test serves from those.
+The session bakes tp-test (4 heads, 2 KV heads, fp32, three step shapes, tp = [1, 2]) once through
+`doit bake`, which builds both targets; every test serves from that registry (or a copy of it
+without the tp=2 bundles).
 Rank-death and bf16 tests serve eager (no compile), so they cost a start, not a bake.
 """
 
@@ -43,19 +44,21 @@ def recipes(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def registries(tmp_path_factory, recipes) -> dict[int, Path]:
-    """{1: a registry holding the tp=1 bake alone, 2: one holding the tp=1 and tp=2 bakes}."""
+    """{2: the registry one `doit bake` of the recipe (tp = [1, 2]) filled, 1: a copy without its tp=2 bundles}."""
     root = tmp_path_factory.mktemp("tp-bake")
-    home = Home(root / "baker")
-    one = root / "registry-tp1"
+    both, one = root / "registry", root / "registry-tp1"
     env = {"PREBAKE_RECIPES": str(recipes)}
-    for tp, registry in ((1, one), (2, root / "registry-tp2")):
-        if tp == 2:
-            shutil.copytree(one, registry)
-        done = home.doit(
-            "run", "bake", f"model={MODEL}", "precision=fp32", f"tp={tp}", f"registry={registry}", extra_env=env
-        )
-        assert done.returncode == 0, done.stdout + done.stderr
-    return {1: one, 2: root / "registry-tp2"}
+    done = Home(root / "baker").doit(
+        "run", "bake", f"model={MODEL}", "precision=fp32", f"registry={both}", extra_env=env
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "tp-test/cpu/tp1/fp32 graphs: published" in done.stdout + done.stderr
+    assert "tp-test/cpu/tp2/fp32 graphs: published" in done.stdout + done.stderr
+    shutil.copytree(both, one)
+    for entry in (one / "index").rglob("*.json"):
+        if json.loads(entry.read_text())["key"].get("parallel", {}).get("tp") in (2, "2"):
+            entry.unlink()
+    return {1: one, 2: both}
 
 
 def _server(tmp_path_factory, recipes, registry, *args: str, **env: str) -> ServeProcess:

@@ -126,6 +126,9 @@ def compile_package(
         **(torch._inductor.list_mode_options(mode) if mode != "default" else {}),
         "aot_inductor.package": True,
         "aot_inductor.package_constants_in_so": False,  # weights are bound at load, never packaged
+        # at tp > 1 every rank binds its own shard: no tensor (Inductor inlines 1-D ones of up to 8
+        # values, graph.py's can_inline_constant) may be baked in as rank 0's literal values
+        **({"always_keep_tensor_constants": True} if _world(model) > 1 else {}),
     }
     files: dict[str, list[str]] = {}
     sources: list[str] = []  # C++ sources: left out of the package, which loads from the shared objects alone
