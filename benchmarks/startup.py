@@ -14,10 +14,7 @@ Modes are interleaved per iteration, so machine noise hits them alike.
     python benchmarks/startup.py [--model tiny-llama] [--precision fp32] [--variant both|all|V[,V...]]
                                  [--iterations 3] [--warm-iterations N] [--cold-from-bake]
                                  [--json results.json] [--work DIR] [--tp N]
-
-At --tp N every start is `prebake serve --tp N` (N rank processes) of the recipe with [matrix]
-tp = [1, N]; the bundles come from `doit bake` of tp 1 and tp N (benchmarks/tp_bakes.py), whose
-compile steps and graphs bundles are compared (tp N over tp 1), and cold starts compile in place.
+At --tp N: every start `serve --tp N`, the bakes `doit bake` of tp 1 and N compared (tp_bakes.py).
 
 The output ends with one JSON line: overhead removed per variant and for the recipe's default
 variant, mean time to ready of every mode, the bakes' compile seconds and bundle bytes.

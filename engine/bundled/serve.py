@@ -6,12 +6,9 @@
     start       prebake.engine.bundled.start.start(settings, metrics, emit, open_services): the warm engine
     ready       the scheduler's thread, the tokenizer and chat template; /health turns 200
     stop        SIGTERM/SIGINT: uvicorn finishes, the scheduler stops, the engine's folder goes
+    --tp N      this process supervises N ranks (ranks.py): rank 0 does the above, the others follow
 
-At --tp N the process that binds the port supervises N rank processes (engine/bundled/ranks.py):
-rank 0 runs the steps above on the inherited socket, ranks 1.. start alike and follow its steps.
-
-The default address is 127.0.0.1 (a desktop); in a container listen on 0.0.0.0 (--host) so the
-orchestrator's probes can reach it, and set --api-key (or PREBAKE_API_KEY) for anything shared.
+The default address is 127.0.0.1; in a container listen on 0.0.0.0 (--host), with --api-key.
 """
 
 from __future__ import annotations
