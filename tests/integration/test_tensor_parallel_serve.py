@@ -66,13 +66,17 @@ def _server(tmp_path_factory, recipes, registry, *args: str, **env: str) -> Serv
     return ServeProcess(["--model", MODEL, "--registry", str(registry), *args], serve_env(home, recipes, **env))
 
 
-def _answers(server: ServeProcess) -> list[list[int]]:
-    """Greedy tokens of PROMPTS, sent at once (prefill b1, decode b1 and b2)."""
+def _answers(server: ServeProcess, margins: dict[int, list[float]] | None = None) -> list[list[int]]:
+    """Greedy tokens of PROMPTS, sent at once (prefill b1, decode b1 and b2); `margins`: filled with
+    each token's lead over the runner-up (log-probabilities)."""
     results: dict[int, list[int]] = {}
 
     def ask(i: int) -> None:
-        body = server.complete(prompt=PROMPTS[i], max_tokens=12, temperature=0)
+        body = server.complete(prompt=PROMPTS[i], max_tokens=12, temperature=0, logprobs=2)
         results[i] = body["choices"][0]["token_ids"]
+        if margins is not None:
+            tops = [sorted(top.values(), reverse=True) for top in body["choices"][0]["logprobs"]["top_logprobs"]]
+            margins[i] = [t[0] - t[1] if len(t) > 1 else float("inf") for t in tops]
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(PROMPTS))]
     for t in threads:
@@ -150,21 +154,38 @@ def test_a_rank_that_cannot_load_the_package_takes_every_rank_to_the_same_fallba
 def test_eager_at_tp2_answers_as_eager_at_tp1(tmp_path_factory, dtype):
     folder = tmp_path_factory.mktemp(f"eager-{dtype}")
     _recipe(folder, dtype)
-    answers = []
+    answers, margins = [], {}
     for tp in ("1", "2"):
         server = _server(tmp_path_factory, folder, tmp_path_factory.mktemp("empty"), "--tp", tp, "--eager")
         try:
             server.wait_ready()
-            answers.append(_answers(server))
+            answers.append(_answers(server, margins if tp == "1" else None))
         finally:
             server.stop()
-    assert answers[0] == answers[1]
+    if dtype == "fp32":
+        assert answers[0] == answers[1]
+        return
+    # bf16 rounds each rank's partial sum (docs/serving.md): tp 2 picks tp 1's token wherever tp 1's
+    # choice is clear, and may part from it only at a near-tie (then the continuations differ)
+    for i, (one, two) in enumerate(zip(*answers, strict=True)):
+        parted = next((n for n, (a, b) in enumerate(zip(one, two, strict=True)) if a != b), None)
+        assert parted is None or margins[i][parted] < 0.1, (i, parted, one, two, margins[i])
 
 
 def _rank_pids(server: ServeProcess) -> dict[int, int]:
     server._wait(lambda: "tp 2: ranks" in server.log, 120, "to start its ranks")
     listed = re.search(r"tp 2: ranks (.*)", server.log).group(1)
     return {int(r): int(p) for r, p in re.findall(r"(\d) \(pid (\d+)\)", listed)}
+
+
+def _health_until_gone(server: ServeProcess, within_s: float = 10) -> list[int]:
+    """/health's statuses every 0.1 s until the server stops answering."""
+    statuses: list[int] = []
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline and (not statuses or statuses[-1] != 0):
+        statuses.append(server.get("/health")[0])
+        time.sleep(0.1)
+    return statuses
 
 
 @pytest.mark.parametrize("when", ["starting", "serving"])
@@ -179,7 +200,7 @@ def test_a_rank_killed_ends_the_server_naming_it(tmp_path_factory, recipes, rank
             server.wait_ready()
         killed = time.monotonic()
         os.kill(pids[rank], signal.SIGKILL)
-        health = [] if rank == 0 else [server.get("/health")[0] for _ in range(3)]
+        health = _health_until_gone(server) if rank == 1 and when == "serving" else []
         code = server.wait_exit(30)
         took = time.monotonic() - killed
     finally:
@@ -188,7 +209,7 @@ def test_a_rank_killed_ends_the_server_naming_it(tmp_path_factory, recipes, rank
     assert code != 0 and took < 10, (code, took, server.log)
     assert f"prebake serve: rank {rank} (pid {pids[rank]}) was killed by SIGKILL; stopping every rank" in server.log
     if health:  # rank 0 still answers for a moment: not ready
-        assert 200 not in health and 503 in health, health
+        assert 503 in health and 200 not in health[health.index(503) :], health
     for pid in pids.values():  # no rank left behind, none hung in a collective
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)

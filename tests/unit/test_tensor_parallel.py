@@ -82,3 +82,42 @@ def test_two_ranks_answer_as_one_on_every_step_shape(tmp_path, dtype):
         clear = (top[:, 0] - top[:, 1]) > 0.02 * largest
         assert (two[name] - one[name]).abs().max() <= 0.02 * largest, name
         assert torch.equal(two[name].argmax(-1)[clear], one[name].argmax(-1)[clear]), name
+
+
+def test_only_the_package_without_a_fallback_serves_at_tp2_the_others_refuse_naming_why():
+    from prebake.artifacts.recipe.schema import Recipe
+    from prebake.engine.bundled.build import variant_refuses
+
+    def recipe(compile_table: dict) -> Recipe:
+        return Recipe.model_validate(
+            {
+                "model": {"name": "m", "weights": "random", "config": CONFIG},
+                "serving": {"max_model_len": 32, "max_num_seqs": 1, "max_num_batched_tokens": 32, "block_size": 32},
+                "compile": compile_table,
+                "matrix": {"platform": ["cpu"], "tp": [1, 2], "dtype": ["fp32"]},
+            }
+        )
+
+    assert variant_refuses(recipe({}), 2) is None  # the default: aoti-package, no fallback
+    for table in ({"variant": "dynamo-precompile"}, {"variant": "inductor-cache"}, {"fallback": "dynamo-precompile"}):
+        assert variant_refuses(recipe(table), 1) is None
+        why = variant_refuses(recipe(table), 2) or ""
+        assert "does not serve at tp 2" in why and "set [compile] variant = 'aoti-package'" in why, table
+
+
+def test_a_rank_context_round_trips_through_its_variable_and_a_bad_one_names_the_fix():
+    from prebake.engine.bundled.ranks import RANK_ENV, RankContext
+
+    context = RankContext(1, 2, 29500, -1, -1)
+    assert RankContext.from_environ({RANK_ENV: context.encode()}) == context
+    assert RankContext.from_environ({}) is None
+    with pytest.raises(ValueError, match="never by hand: unset it"):
+        RankContext.from_environ({RANK_ENV: "1,2"})
+
+
+def test_the_first_rank_that_says_no_decides_and_is_named():
+    from prebake.engine.bundled.runtime.lockstep import agree, first_refusal
+
+    assert agree(None, "why") == ["why"]
+    assert first_refusal([None, None]) is None
+    assert first_refusal([None, "lacks AVX512", "damaged"]) == "rank 1: lacks AVX512"
