@@ -340,7 +340,7 @@ def _warm(
             f"{recipe.model.name} {plan.target.dtype} ({sum(p.numel() for p in model.parameters()):,} parameters"
             + (f" on rank {parallel.rank} of {parallel.world})" if parallel is not None else ")")
         )
-        _agree_on_schedule(parallel, schedule)
+        _agree_on_schedule(parallel, schedule, log)
     steps = None
     if settings.eager or "graphs" in installed:
         with log.step("warm-up") as s:
@@ -502,19 +502,23 @@ def _check_ranks(plan: TargetKeys, settings: StartupSettings, rank: RankContext 
         raise UsageError(f"{plan.target.name}: {why}")
 
 
-def _agree_on_schedule(parallel: Parallel | None, schedule: dict) -> None:
-    """Every rank runs the same step shapes with the same tactics, or none starts: their steps'
-    collectives line up only then."""
-    from prebake.engine.bundled.runtime.lockstep import agree
+def _agree_on_schedule(parallel: Parallel | None, schedule: dict, log: StartupPhaseLog) -> None:
+    """Every rank runs rank 0's step shapes with rank 0's tactics: only then do their steps'
+    collectives line up. The shapes follow from the buckets; the tactics differ where each rank
+    autotuned in place (a cold start), and rank 0's win (its autotune is the one written back)."""
+    from prebake.engine.bundled.runtime.lockstep import from_rank0
 
-    mine = ";".join(f"{shape.name}[{tactic.label()}]" for shape, tactic in schedule.items())
-    answers = agree(parallel, mine)
-    if any(a != answers[0] for a in answers):
-        differ = [r for r, a in enumerate(answers) if a != answers[0]]
+    if parallel is None or parallel.world == 1:
+        return
+    first = from_rank0(parallel, list(schedule.items()))
+    if [shape for shape, _ in first] != list(schedule):
         raise StoreError(
-            f"ranks {differ} would run other step shapes or tactics than rank 0 ({answers[0]}); "
-            f"they started from different buckets or autotune bundles: clear the store and start again"
+            f"rank {parallel.rank} would run other step shapes than rank 0 ({', '.join(s.name for s, _ in first)}): "
+            f"the ranks started from different buckets bundles; clear the store and start again"
         )
+    if any(schedule[shape] != tactic for shape, tactic in first):
+        log.note(f"rank {parallel.rank} runs rank 0's tactics (each rank autotuned in place)")
+    schedule.update(first)
 
 
 _RANK_CPUINFO_ENV = "PREBAKE_TEST_RANK_CPUINFO"  # RANK:PATH, a test hook: that rank lacks an ISA

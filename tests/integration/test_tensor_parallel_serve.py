@@ -213,3 +213,19 @@ def test_a_rank_killed_ends_the_server_naming_it(tmp_path_factory, recipes, rank
     for pid in pids.values():  # no rank left behind, none hung in a collective
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_plan_and_fetch_show_the_tp_targets_this_cpu_host_builds(tmp_path_factory, recipes, registries):
+    home = Home(tmp_path_factory.mktemp("tp-plan"))
+    env = {"PREBAKE_RECIPES": str(recipes)}
+    plan = home.prebake("plan", "--model", MODEL, "--registry", str(registries[1]), extra_env=env)
+    assert plan.returncode == 0, plan.stderr
+    rows = {line.split()[0]: line.split() for line in plan.stdout.splitlines() if line.startswith(f"{MODEL}/")}
+    assert rows[f"{MODEL}/cpu/tp1/fp32"][1] == "present" and rows[f"{MODEL}/cpu/tp2/fp32"][1] == "missing"
+    assert rows[f"{MODEL}/cpu/tp2/fp32"][-1] == "yes"  # built here: N rank processes on this CPU
+    fetched = home.prebake(
+        "fetch", "--model", MODEL, "--tp", "2", "--registry", str(registries[2]), "--json", extra_env=env
+    )
+    assert fetched.returncode == 0, fetched.stderr
+    tree = Path(json.loads(fetched.stdout)["bundles"]["graphs"]["tree"])
+    assert json.loads((tree / "aoti" / "package.json").read_text())["tp"] == 2

@@ -2,8 +2,8 @@
 
     join(rank, world, port)   the default process group (gloo over 127.0.0.1), named as the
                               package's collectives name it
-    agree(...)                every rank's answer to one question (did the package load? which
-                              step shapes?), so all take the same road or none starts
+    agree(...), from_rank0    every rank's answer to one question (did the package load?), or
+                              rank 0's decision (which step shapes and tactics): one road for all
     Lockstep                  rank 0's steps: each step's inputs broadcast, then run here
     follow(steps)             ranks 1..: run every step rank 0 broadcasts, until it says stop
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from datetime import timedelta
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -27,6 +28,7 @@ from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
 GROUP_TIMEOUT = timedelta(minutes=30)  # a collective waits this long for a live peer (torch's default)
 HEARTBEAT_S = 10.0  # rank 0 says "no step" this often while idle, so followers never time out
 _STOP, _PREFILL, _DECODE, _IDLE = 0, 1, 2, 3
+T = TypeVar("T")
 
 
 def join(rank: int, world: int, port: int, timeout: timedelta = GROUP_TIMEOUT) -> Parallel:
@@ -47,6 +49,13 @@ def agree(parallel: Parallel | None, answer: str | None) -> list[str | None]:
     answers: list[str | None] = [None] * parallel.world
     dist.all_gather_object(answers, answer)
     return answers
+
+
+def from_rank0(parallel: Parallel, value: T) -> T:
+    """Rank 0's `value` on every rank (what rank 0 decided: the schedule of step shapes and tactics)."""
+    box = [value if parallel.rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]  # type: ignore[return-value]  # rank 0's, of the same type
 
 
 def first_refusal(answers: list[str | None]) -> str | None:
