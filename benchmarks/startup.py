@@ -205,9 +205,7 @@ class Bench:
 
     def bake(self, variant: str) -> Run | None:
         """One cold start with --write-back fills the variant's registry; its run (None if already baked)."""
-        if any(self.registry(variant).glob("index/graphs/*.json")):
-            return None
-        if self.tp > 1:  # one process per bake (rank 0 of a fake group), tp 1 beside it: no serve
+        if self.tp > 1:  # a process per bake (rank 0 of a fake group), tp 1 beside it; doit skips what is done
             self.tp_bakes = tp_bakes.bake(
                 PREBAKE.parent,
                 self.recipes(variant),
@@ -217,6 +215,8 @@ class Bench:
                 self.tp,
                 self.work,
             )
+            return None
+        if any(self.registry(variant).glob("index/graphs/*.json")):
             return None
         self.registry(variant).mkdir(parents=True, exist_ok=True)
         print(
@@ -508,7 +508,7 @@ def _get(port: int, path: str) -> tuple[int, str]:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, ""
-    except (urllib.error.URLError, ConnectionError):
+    except (urllib.error.URLError, ConnectionError, TimeoutError):  # --tp N: the socket queues until rank 0 listens
         return 0, ""
 
 
