@@ -53,9 +53,11 @@ def agree(parallel: Parallel | None, answer: str | None) -> list[str | None]:
 
 def from_rank0(parallel: Parallel, value: T) -> T:
     """Rank 0's `value` on every rank (what rank 0 decided: the schedule of step shapes and tactics)."""
-    box = [value if parallel.rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]  # type: ignore[return-value]  # rank 0's, of the same type
+    # an all-gather, not broadcast_object_list: after that one, the package's first all-reduce on the
+    # scheduler's thread never completed here (torch 2.13, gloo; seen, not root-caused)
+    answers: list[T | None] = [None] * parallel.world
+    dist.all_gather_object(answers, value if parallel.rank == 0 else None)
+    return answers[0]  # type: ignore[return-value]  # rank 0's, of the same type
 
 
 def first_refusal(answers: list[str | None]) -> str | None:
