@@ -98,10 +98,8 @@ class WarmUp:
             return NotLoaded(why)
         if current.needs_inductor:
             self._inductor()
-        if not current.reads_in_place:
-            return current.load(job_of(self.tree.writable()))
-        assert self.tree.path is not None  # the install step placed it
-        return current.load(job_of(self.tree.path))
+        tree = self.tree.path if current.reads_in_place and self.tree.path is not None else self.tree.writable()
+        return current.load(job_of(tree))
 
     def finish(self, steps: CompiledSteps, schedule: dict[StepShape, Tactic], traced: bool) -> None:
         """The first runs of every shape, then each part's seconds logged and exported."""
