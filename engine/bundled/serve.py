@@ -63,7 +63,7 @@ def serve(settings: ServeSettings, open_services: OpenServices, emit: Callable[[
     SIGTERM/SIGINT; the exit status. At --tp N: supervise N ranks, or be one of them."""
     rank = RankContext.from_environ()
     if rank is None and (settings.startup.tp or 1) > 1:
-        sock = _bind(settings.host, settings.port)
+        sock = _bind(settings.host, settings.port, listen=False)  # rank 0's uvicorn listens: until then, refused
         host, port = sock.getsockname()[:2]
         emit(f"prebake serve: listening on http://{host}:{port} (/health is 503 until ready)")
         return supervise(settings.startup.tp or 1, sock, emit)
@@ -155,15 +155,17 @@ def _follow(
         leave()
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    """The listening socket, bound before start-up so a taken port fails at once."""
+def _bind(host: str, port: int, listen: bool = True) -> socket.socket:
+    """The listening socket, bound before start-up so a taken port fails at once. Unless `listen`:
+    bound only (connections refused, as before any bind), for rank 0 to listen on once it serves."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         family, kind, proto, _, address = infos[0]
         sock = socket.socket(family, kind, proto)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
-        sock.listen(2048)
+        if listen:
+            sock.listen(2048)
     except OSError as exc:
         raise ListenError(
             f"cannot listen on {host}:{port}: {exc.strerror or exc}; {_listen_fix(exc, host, port)}"

@@ -84,25 +84,16 @@ def test_two_ranks_answer_as_one_on_every_step_shape(tmp_path, dtype):
         assert torch.equal(two[name].argmax(-1)[clear], one[name].argmax(-1)[clear]), name
 
 
-def test_only_the_package_without_a_fallback_serves_at_tp2_the_others_refuse_naming_why():
-    from prebake.artifacts.recipe.schema import Recipe
-    from prebake.engine.bundled.build import variant_refuses
+def test_the_variants_traced_on_one_rank_refuse_tp2_naming_why_and_the_package_serves_it():
+    from prebake.artifacts.recipe.schema import Target
+    from prebake.engine.bundled.variants import variant
 
-    def recipe(compile_table: dict) -> Recipe:
-        return Recipe.model_validate(
-            {
-                "model": {"name": "m", "weights": "random", "config": CONFIG},
-                "serving": {"max_model_len": 32, "max_num_seqs": 1, "max_num_batched_tokens": 32, "block_size": 32},
-                "compile": compile_table,
-                "matrix": {"platform": ["cpu"], "tp": [1, 2], "dtype": ["fp32"]},
-            }
-        )
-
-    assert variant_refuses(recipe({}), 2) is None  # the default: aoti-package, no fallback
-    for table in ({"variant": "dynamo-precompile"}, {"variant": "inductor-cache"}, {"fallback": "dynamo-precompile"}):
-        assert variant_refuses(recipe(table), 1) is None
-        why = variant_refuses(recipe(table), 2) or ""
-        assert "does not serve at tp 2" in why and "set [compile] variant = 'aoti-package'" in why, table
+    one, two = Target("m", "cpu", 1, "fp32"), Target("m", "cpu", 2, "fp32")
+    assert variant("aoti-package").refuses(two) is None
+    for name in ("dynamo-precompile", "inductor-cache"):
+        assert variant(name).refuses(one) is None
+        why = variant(name).refuses(two) or ""
+        assert "does not serve at tp 2" in why and "set [compile] variant = 'aoti-package'" in why, name
 
 
 def test_a_rank_context_round_trips_through_its_variable_and_a_bad_one_names_the_fix():

@@ -17,11 +17,12 @@ import dataclasses
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:  # torch is imported where a tensor is made: `Parallel` is read by torch-free modules
+    from torch import Tensor
 
-from prebake.engine.bundled.runtime.weights import LlamaConfig
+    from prebake.engine.bundled.runtime.weights import LlamaConfig
 
 DEFAULT_GROUP = "0"  # the name torch gives the default process group (fake or gloo alike)
 _COLUMN = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
@@ -88,6 +89,8 @@ def shard_state_dict(
         "self_attn.o_proj": (r * local.num_attention_heads * d, local.num_attention_heads * d),
         "mlp.down_proj": (r * local.intermediate_size, local.intermediate_size),
     }
+    import torch
+
     out = {}
     for name, tensor in state_dict.items():
         module, _, leaf = name.removeprefix("layers.").partition(".")[2].rpartition(".")
@@ -106,6 +109,8 @@ def all_reduce(x: Tensor, parallel: Parallel | None) -> Tensor:
     """The sum of `x` over the group (x itself at tp=1), as ops export and AOTInductor keep."""
     if parallel is None or parallel.world == 1:
         return x
+    import torch
+
     reduced = torch.ops._c10d_functional.all_reduce(x, "sum", parallel.group)
     return torch.ops._c10d_functional.wait_tensor(reduced)
 
