@@ -12,15 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from prebake.artifacts.recipe.schema import Target
-from prebake.engine.bundled.variants.base import (
-    Compiled,
-    CompileJob,
-    GraphsVariant,
-    Loaded,
-    LoadJob,
-    NotLoaded,
-    traced_on_one_rank,
-)
+from prebake.engine.bundled.variants.base import Compiled, CompileJob, GraphsVariant, Loaded, LoadJob, NotLoaded
+from prebake.engine.bundled.variants.base import traced_on_one_rank as traced_on_one_rank
 from prebake.engine.bundled.variants.inductor_cache import InductorCache
 
 
