@@ -13,7 +13,8 @@ Modes are interleaved per iteration, so machine noise hits them alike.
 
     python benchmarks/startup.py [--model tiny-llama] [--precision fp32] [--variant both|all|V[,V...]]
                                  [--iterations 3] [--warm-iterations N] [--cold-from-bake]
-                                 [--json results.json] [--work DIR]
+                                 [--json results.json] [--work DIR] [--tp N]
+At --tp N: every start `serve --tp N`, the bakes `doit bake` of tp 1 and N compared (tp_bakes.py).
 
 The output ends with one JSON line: overhead removed per variant and for the recipe's default
 variant, mean time to ready of every mode, the bakes' compile seconds and bundle bytes.
@@ -37,6 +38,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script from a checkout: benchmarks/ is no package
+from benchmarks import tp_bakes  # noqa: E402
+
 PREBAKE = Path(sys.executable).parent / "prebake"
 VARIANTS = ("inductor-cache", "dynamo-precompile", "aoti-package")
 VARIANT_SETS = {"both": ("inductor-cache", "dynamo-precompile"), "all": VARIANTS}  # --variant's names for several
@@ -80,6 +84,7 @@ def main() -> None:
         help="a registry that already holds the recipe's bundles (e.g. $PREBAKE_HOME/registry after "
         "`doit bake`): prebaked starts use it and nothing is baked; benchmarks the recipe's own variant",
     )
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every start (default 1)")
     parser.add_argument("--show-completion", action="store_true", help="print each prebaked start's first completion")
     parser.add_argument(
         "--cold-from-bake",
@@ -90,7 +95,7 @@ def main() -> None:
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="prebake-startup-"))
     work.mkdir(parents=True, exist_ok=True)
-    bench = Bench(work, args.model, args.precision, show=args.show_completion)
+    bench = Bench(work, args.model, args.precision, show=args.show_completion, tp=args.tp)
     if args.registry:
         variants = (_recipe_variant(_recipe_path(args.model).read_text()),)
         bench.registries[variants[0]] = args.registry
@@ -162,6 +167,8 @@ def figures(summary: dict, variants, args, bakes: dict) -> dict:
         # each bake's compile step (compile_graphs of every shape), seconds, and its graphs bundle's bytes;
         # the ratios are to dynamo-precompile's of the same run
         **{f"bake_{name}": value for name, value in bakes.items()},
+        "tp": args.tp,
+        **({"bake_tp": tp_bakes.summary(bakes["tp"], args.tp)} if "tp" in bakes else {}),
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
 
@@ -173,8 +180,9 @@ def _rounded(values: dict[str, float]) -> dict[str, float]:
 class Bench:
     """Recipes per variant, their registries, and one fresh serving process per measurement."""
 
-    def __init__(self, work: Path, model: str, precision: str, show: bool = False):
-        self.work, self.model, self.precision, self.show = work, model, precision, show
+    def __init__(self, work: Path, model: str, precision: str, show: bool = False, tp: int = 1):
+        self.work, self.model, self.precision, self.show, self.tp = work, model, precision, show, tp
+        self.tp_bakes: dict = {}  # at --tp N: {1: ..., N: ...} from benchmarks/tp_bakes.py
         self.registries: dict[str, Path] = {}  # variant -> a registry given by the caller
         self.bakes: dict[str, Run] = {}  # variant -> the cold start with --write-back that baked it here
 
@@ -188,8 +196,8 @@ class Bench:
         folder = self.work / variant / "recipes"
         if not folder.is_dir():
             folder.mkdir(parents=True)
-            source = _recipe_path(self.model).read_text()
-            (folder / f"{self.model}.toml").write_text(_with_variant(source, variant))
+            source = _with_variant(_recipe_path(self.model).read_text(), variant)
+            (folder / f"{self.model}.toml").write_text(source if self.tp == 1 else tp_bakes.with_tp(source, self.tp))
         return folder
 
     def registry(self, variant: str) -> Path:
@@ -197,6 +205,17 @@ class Bench:
 
     def bake(self, variant: str) -> Run | None:
         """One cold start with --write-back fills the variant's registry; its run (None if already baked)."""
+        if self.tp > 1:  # a process per bake (rank 0 of a fake group), tp 1 beside it; doit skips what is done
+            self.tp_bakes = tp_bakes.bake(
+                PREBAKE.parent,
+                self.recipes(variant),
+                self.registry(variant),
+                self.model,
+                self.precision,
+                self.tp,
+                self.work,
+            )
+            return None
         if any(self.registry(variant).glob("index/graphs/*.json")):
             return None
         self.registry(variant).mkdir(parents=True, exist_ok=True)
@@ -243,6 +262,7 @@ class Bench:
         env.update(given)
         log = serve_log.open("w+")
         cmd = [str(PREBAKE), "serve", "--model", self.model, "--precision", self.precision, "--port", "0", *extra]
+        cmd += ["--tp", str(self.tp)] if self.tp > 1 else []
         started = time.perf_counter()
         proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
         try:
@@ -294,6 +314,7 @@ def bake_summary(bench: Bench, variants) -> dict:
         return {v: round(x / base, 3) for v, x in values.items() if base and v != "dynamo-precompile"}
 
     return {
+        **({"tp": bench.tp_bakes} if bench.tp_bakes else {}),
         "compile_s": {v: round(x, 3) for v, x in compile_s.items()},
         "compile_over_precompile": over(compile_s),
         "bundle_bytes": sizes,
@@ -352,6 +373,13 @@ def render(summary: dict, args, bakes: dict | None = None) -> str:
                 if variant in bakes["bundle_over_precompile"]
                 else ""
             )
+        )
+    if "tp" in bakes:
+        tp = max(int(k) for k in bakes["tp"])
+        figures = tp_bakes.summary(bakes["tp"], tp)
+        lines.append(
+            f"bake at tp {tp} / tp 1: compile step {figures['compile_over_tp1']:.3f}x, graphs bundle "
+            f"{figures['bundle_over_tp1']:.3f}x ({figures['by_tp']})"
         )
     for variant in (v for v in VARIANTS if v in summary):
         ratio = summary[variant]["compile_overhead_removed"]
@@ -480,7 +508,7 @@ def _get(port: int, path: str) -> tuple[int, str]:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, ""
-    except (urllib.error.URLError, ConnectionError):
+    except (urllib.error.URLError, ConnectionError, TimeoutError):  # --tp N: the socket queues until rank 0 listens
         return 0, ""
 
 

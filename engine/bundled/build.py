@@ -15,37 +15,64 @@ import json
 import platform
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
 from prebake.artifacts.buckets.artifact import BucketSet
+from prebake.artifacts.errors import BuildError
 from prebake.artifacts.recipe.kinds import BUCKETS_FILE
-from prebake.artifacts.recipe.schema import Recipe
+from prebake.artifacts.recipe.schema import Recipe, Target
 from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE, GRAPHS_FILE
 from prebake.engine.bundled.runtime.autotune import load_winners, measure
 from prebake.engine.bundled.runtime.loader import load_model, torch_dtype
 from prebake.engine.bundled.runtime.model import KVCache, Llama
+from prebake.engine.bundled.runtime.parallel import Parallel, one_rank_of
 from prebake.engine.bundled.runtime.shapes import StepShape, step_shapes
 from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
 from prebake.engine.bundled.variants import variant_of
 from prebake.engine.bundled.variants.base import CompileJob
 
 
-def build_autotune(recipe: Recipe, dtype: str, buckets_tree: Path, out: Path, target_platform: str = "cpu") -> None:
+def build_autotune(
+    recipe: Recipe, dtype: str, buckets_tree: Path, out: Path, target_platform: str = "cpu", tp: int = 1
+) -> None:
     shapes = _shapes(recipe, buckets_tree)
-    steps = CompiledSteps(*model_and_cache(recipe, dtype, target_platform), compile=False)
-    document = measure(steps, shapes, recipe.autotune)
+    with _as_one_rank(tp) as parallel:  # a tp=N target's tactics are measured on one rank's shard
+        steps = CompiledSteps(*model_and_cache(recipe, dtype, target_platform, parallel), compile=False)
+        document = measure(steps, shapes, recipe.autotune)
     document["measured_on"] = {"machine": platform.machine(), "processor": platform.processor()}
     (out / AUTOTUNE_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))
 
 
 def build_graphs(
-    recipe: Recipe, dtype: str, buckets_tree: Path, autotune_tree: Path, out: Path, target_platform: str = "cpu"
+    recipe: Recipe,
+    dtype: str,
+    buckets_tree: Path,
+    autotune_tree: Path,
+    out: Path,
+    target_platform: str = "cpu",
+    tp: int = 1,
 ) -> None:
+    """The graphs tree of one target; a tp=N target's is compiled once, as rank 0 of a fake group of
+    N (runtime/parallel.one_rank_of): one package, its collectives inside, that every rank loads."""
+    if why := variant_of(recipe).refuses(Target(recipe.model.name, target_platform, tp, dtype)):
+        raise BuildError(f"{recipe.model.name} tp {tp}: {why}")
     shapes = _shapes(recipe, buckets_tree)
     tactics = load_winners(autotune_tree / AUTOTUNE_FILE)
-    compile_graphs(*model_and_cache(recipe, dtype, target_platform), recipe, {s: tactics[s] for s in shapes}, out)
+    with _as_one_rank(tp) as parallel:
+        model, cache = model_and_cache(recipe, dtype, target_platform, parallel)
+        compile_graphs(model, cache, recipe, {s: tactics[s] for s in shapes}, out)
+
+
+@contextmanager
+def _as_one_rank(tp: int) -> Iterator[Parallel | None]:
+    if tp == 1:
+        yield None
+        return
+    with one_rank_of(tp) as parallel:
+        yield parallel
 
 
 def compile_graphs(
@@ -66,7 +93,9 @@ def compile_graphs(
 
     started = time.perf_counter()
     graphs = variant_of(recipe)
-    job = CompileJob(model, cache, recipe.compile.mode, tactics, out, log, fallback=recipe.compile.fallback)
+    job = CompileJob(
+        model, cache, recipe.compile.mode, tactics, out, log, fallback=recipe.compile.fallback, parallel=model.parallel
+    )
     compiled = graphs.compile(job)
     document = {
         "variant": graphs.name,
@@ -90,11 +119,13 @@ def _shapes(recipe: Recipe, buckets_tree: Path):
     return step_shapes(buckets, recipe.serving.max_model_len)
 
 
-def model_and_cache(recipe: Recipe, dtype: str, target_platform: str = "cpu") -> tuple[Llama, KVCache]:
-    """The recipe's model and a KV cache of its serving limits on the target platform's device (a
-    CUDA target: the GPU): the builder and the engine size and place them alike."""
+def model_and_cache(
+    recipe: Recipe, dtype: str, target_platform: str = "cpu", parallel: Parallel | None = None
+) -> tuple[Llama, KVCache]:
+    """The recipe's model (one rank's shard with `parallel`) and a KV cache of its serving limits on the
+    target platform's device (a CUDA target: the GPU): the builder and the engine size and place them alike."""
     device = device_of(target_platform)
-    model = load_model(recipe.model, dtype, device=device)
+    model = load_model(recipe.model, dtype, device=device, parallel=parallel)
     cache = KVCache.allocate(
         model.config, recipe.serving.max_num_seqs, recipe.serving.max_model_len, dtype=torch_dtype(dtype), device=device
     )
@@ -111,10 +142,11 @@ def main(argv: list[str]) -> int:
     recipe = Recipe.model_validate(spec["recipe"])
     dtype, out, inputs = spec["target"]["dtype"], Path(spec["out"]), {k: Path(v) for k, v in spec["inputs"].items()}
     where = spec["target"].get("platform", "cpu")
+    tp = int(spec["target"].get("tp", 1))
     if spec["kind"] == "autotune":
-        build_autotune(recipe, dtype, inputs["buckets"], out, where)
+        build_autotune(recipe, dtype, inputs["buckets"], out, where, tp)
     elif spec["kind"] == "graphs":
-        build_graphs(recipe, dtype, inputs["buckets"], inputs["autotune"], out, where)
+        build_graphs(recipe, dtype, inputs["buckets"], inputs["autotune"], out, where, tp)
     else:
         print(f"prebake.engine.bundled.build: unknown kind {spec['kind']!r}", file=sys.stderr)
         return 2

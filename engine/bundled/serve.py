@@ -6,9 +6,9 @@
     start       prebake.engine.bundled.start.start(request, metrics, emit, open_services): the warm engine
     ready       the scheduler's thread, the tokenizer and chat template; /health turns 200
     stop        SIGTERM/SIGINT: uvicorn finishes, the scheduler stops, the engine's folder goes
+    --tp N      this process supervises N ranks (ranks.py): rank 0 does the above, the others follow
 
-The default address is 127.0.0.1 (a desktop); in a container listen on 0.0.0.0 (--host) so the
-orchestrator's probes can reach it, and set --api-key (or PREBAKE_API_KEY) for anything shared.
+The default address is 127.0.0.1; in a container listen on 0.0.0.0 (--host), with --api-key.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from prebake.engine.bundled.api.app import create_app
 from prebake.engine.bundled.api.chat import ChatTemplateError, chat_template_for
 from prebake.engine.bundled.api.guard import GuardSettings
 from prebake.engine.bundled.api.state import AppState, Serving
+from prebake.engine.bundled.ranks import RankContext, read_notices, supervise
 from prebake.engine.bundled.runtime.metrics import Metrics
 from prebake.engine.bundled.runtime.tokenizer import TokenizerError, tokenizer_for
 from prebake.engine.bundled.start import Engine, start
@@ -60,11 +61,21 @@ class ListenError(PrebakeError, OSError):
 
 def serve(settings: ServeSettings, open_services: OpenServices, emit: Callable[[str], None]) -> int:
     """Listen, start the engine (its store, registry and host from `open_services`), serve until
-    SIGTERM/SIGINT; the exit status."""
+    SIGTERM/SIGINT; the exit status. At --tp N: supervise N ranks, or be one of them."""
+    rank = RankContext.from_environ()
+    if rank is None and (settings.request.tp or 1) > 1:
+        sock = _bind(settings.host, settings.port, listen=False)  # rank 0's uvicorn listens: until then, refused
+        host, port = sock.getsockname()[:2]
+        emit(f"prebake serve: listening on http://{host}:{port} (/health is 503 until ready)")
+        return supervise(settings.request.tp or 1, sock, emit)
+    if rank is not None and rank.rank > 0:
+        return _follow(settings, open_services, emit, rank)
     metrics = Metrics()
     metrics.set("prebake_ready", 0)
     state = AppState(settings.request.model, metrics)
-    sock = _bind(settings.host, settings.port)
+    sock = _bind(settings.host, settings.port) if rank is None else socket.socket(fileno=rank.listen_fd)
+    if rank is not None:
+        threading.Thread(target=read_notices, args=(rank.notice_fd, state.stop_because), daemon=True).start()
     guard = GuardSettings(
         settings.api_key, settings.max_body_bytes, settings.body_timeout_s, max_bodies_bytes=settings.max_bodies_bytes
     )
@@ -75,7 +86,8 @@ def serve(settings: ServeSettings, open_services: OpenServices, emit: Callable[[
     http = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="prebake-http", daemon=True)
     http.start()
     host, port = sock.getsockname()[:2]
-    emit(f"prebake serve: listening on http://{host}:{port} (/health is 503 until ready)")
+    if rank is None:  # a rank's supervisor said it
+        emit(f"prebake serve: listening on http://{host}:{port} (/health is 503 until ready)")
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _exit_on_signal)
     engine = None
@@ -88,7 +100,12 @@ def serve(settings: ServeSettings, open_services: OpenServices, emit: Callable[[
             open_services,
             eager=settings.eager,
             progress=lambda step: setattr(state, "step", step),
+            rank=rank,
         )
+        if engine.parallel is not None:  # every step from here on is broadcast to the other ranks
+            from prebake.engine.bundled.runtime.lockstep import Lockstep
+
+            engine.steps = Lockstep(engine.steps)
         scheduler_thread = _ready(engine, state, stop, emit)
         state.alive = scheduler_thread.is_alive
         ready_s = _seconds_since_process_start()
@@ -112,18 +129,45 @@ def serve(settings: ServeSettings, open_services: OpenServices, emit: Callable[[
         http.join(10)
         sock.close()
         if engine is not None:
+            if state.stopping is not None and hasattr(engine.steps, "abandon"):  # a rank is gone
+                engine.steps.abandon()
             engine.close()
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    """The listening socket, bound before start-up so a taken port fails at once."""
+def _follow(
+    settings: ServeSettings, open_services: OpenServices, emit: Callable[[str], None], rank: RankContext
+) -> int:
+    """Rank 1..N-1: start like rank 0 (its own shard), then run every step rank 0 broadcasts."""
+    from prebake.engine.bundled.runtime.lockstep import follow, leave
+
+    def said(line: str) -> None:
+        emit(f"[rank {rank.rank}] {line}")
+
+    try:
+        engine = start(settings.request, Metrics(), said, open_services, eager=settings.eager, rank=rank)
+    except MissRefused as exc:
+        said(f"prebake serve: {exc}")
+        return exc.code
+    try:
+        said(f"prebake serve: rank {rank.rank} ready: following rank 0's steps")
+        follow(engine.steps)
+        return 0
+    finally:
+        engine.close()
+        leave()
+
+
+def _bind(host: str, port: int, listen: bool = True) -> socket.socket:
+    """The listening socket, bound before start-up so a taken port fails at once. Unless `listen`:
+    bound only (connections refused, as before any bind), for rank 0 to listen on once it serves."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
         family, kind, proto, _, address = infos[0]
         sock = socket.socket(family, kind, proto)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
-        sock.listen(2048)
+        if listen:
+            sock.listen(2048)
     except OSError as exc:
         raise ListenError(
             f"cannot listen on {host}:{port}: {exc.strerror or exc}; {_listen_fix(exc, host, port)}"

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prebake.artifacts.buckets.artifact import BucketSet
+from prebake.artifacts.errors import StoreError, UsageError
 from prebake.artifacts.fetch.outcome import Resolution
 from prebake.artifacts.recipe.kinds import BUCKETS_FILE, Builder, BuildRequest, TargetKeys
 from prebake.artifacts.recipe.schema import Recipe
@@ -32,6 +33,7 @@ from prebake.artifacts.store.local import Installed, Store
 from prebake.artifacts.store.stats import record_fallback
 from prebake.engine.bundled import cache_layout
 from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE
+from prebake.engine.bundled.ranks import RankContext
 from prebake.engine.bundled.runtime.metrics import Metrics
 from prebake.engine.bundled.runtime.shapes import StepShape, step_shapes
 from prebake.engine.bundled.runtime.torch_import import Imports
@@ -43,6 +45,7 @@ from prebake.engine.common.adapter import OpenServices, Services, StartRequest
 from prebake.engine.common.write_back import WrittenBack, write_back
 
 if TYPE_CHECKING:  # torch is imported once the environment is set (install step), not before
+    from prebake.engine.bundled.runtime.parallel import Parallel
     from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
 
 Emit = Callable[[str], None]
@@ -62,12 +65,18 @@ class Engine:
     store: Store  # owns run_dir (a store scratch folder) for as long as the engine lives
     built: tuple[str, ...] = ()  # kinds compiled in place
     leases: ExitStack = field(default_factory=ExitStack)  # holds the store trees it was started from
+    parallel: Parallel | None = None  # this process's rank of a tp > 1 group (engine/bundled/ranks.py)
 
     @property
     def recipe(self) -> Recipe:
         return self.plan.recipe
 
     def close(self) -> None:
+        if self.parallel is not None and self.parallel.rank == 0 and hasattr(self.steps, "close"):
+            try:  # the followers stop with rank 0 (those still there)
+                self.steps.close()
+            except RuntimeError:
+                pass
         self.leases.close()
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
@@ -111,13 +120,15 @@ def start(
     *,
     eager: bool = False,
     progress: Callable[[str], None] | None = None,
+    rank: RankContext | None = None,
 ) -> Engine:
     """Start what `request` asks (`eager`: compilation off, the engine's --eager); the warm engine.
     Raises MissRefused under --on-miss fail. `open_services` opens the store, registry and host
-    probe (timed as the probe step)."""
+    probe (timed as the probe step); `rank`: this process is one rank of `prebake serve --tp N` (it
+    joins the group once torch is in)."""
     with _short_switch_interval():
         log = StartupPhaseLog(metrics, emit, progress)
-        return starter.start(_InProcess(request, eager, log), request, open_services, log)
+        return starter.start(_InProcess(request, eager, log, rank=rank), request, open_services, log)
 
 
 # Start-up runs the import thread (pure Python, holding the GIL) beside steps that make thousands
@@ -162,6 +173,7 @@ class _InProcess:
     log: StartupPhaseLog
     leases: ExitStack = field(default_factory=ExitStack)  # the store trees it starts from
     torch_import: Imports | None = None
+    rank: RankContext | None = None
 
     def begin(self, plan: TargetKeys, services: Services) -> starter.Begun:
         """The kinds to resolve (eager: no graphs), a scratch run folder, torch's imports begun."""
@@ -177,6 +189,7 @@ class _InProcess:
 
     def run(self, started: starter.Started) -> Engine:
         log, plan, store, run_dir = self.log, started.plan, started.services.store, started.run_dir
+        _check_ranks(plan, self.eager, self.rank)
         resolution = started.resolved.resolution
         _count(log.metrics, resolution)
         trees = {k: i.tree for k, i in resolution.installed.items()}
@@ -191,9 +204,20 @@ class _InProcess:
                 s.detail = f"built {', '.join(missing)} in place with the bake's builders"
         assert self.torch_import is not None  # begun by `begin`
         engine = _warm(
-            self.eager, started.services, plan, trees, resolution.installed, run_dir, log, built, self.torch_import
+            self.eager,
+            started.services,
+            plan,
+            trees,
+            resolution.installed,
+            run_dir,
+            log,
+            built,
+            self.torch_import,
+            self.rank,
         )
-        if self.request.write_back and built:
+        if (
+            self.request.write_back and built and (self.rank is None or self.rank.rank == 0)
+        ):  # one rank's tree: all ranks'
             with log.step("write-back") as s:
                 if not started.resolved.answered:
                     address = started.services.source.address
@@ -231,16 +255,24 @@ def _warm(
     log: StartupPhaseLog,
     built: list[str],
     torch_import: Imports,
+    rank: RankContext | None = None,
 ) -> Engine:
+    parallel = None
     with log.step("torch") as s:  # once per process, begun on a thread as start-up began
         s.detail = torch_import.join_torch()
+        if rank is not None:
+            from prebake.engine.bundled.runtime.lockstep import join
+
+            parallel = join(rank.rank, rank.world, rank.port)
+            s.detail += f"; rank {rank.rank} of a tp {rank.world} group (gloo, 127.0.0.1:{rank.port})"
+    store = context.store if parallel is None or parallel.rank == 0 else None  # the store's stats: one rank counts
     from prebake.engine.bundled.runtime.autotune import load_winners
     from prebake.engine.bundled.runtime.steps import Tactic
 
     recipe = plan.recipe
     first = variant_of(recipe)
     tree = GraphsTree(installed.get("graphs"), run_dir)
-    warm = WarmUp(log, tree, context.store, plan.target)
+    warm = WarmUp(log, tree, store, plan.target, agree=_rank_agreement(parallel, log))
     with log.step("install") as s:
         buckets = BucketSet.from_json(json.loads((trees["buckets"] / BUCKETS_FILE).read_text()))
         winners = load_winners(trees["autotune"] / AUTOTUNE_FILE)
@@ -259,14 +291,16 @@ def _warm(
     with log.step("load") as s:
         from prebake.engine.bundled.build import model_and_cache
 
-        model, cache = model_and_cache(recipe, plan.target.dtype, plan.target.platform)
+        model, cache = model_and_cache(recipe, plan.target.dtype, plan.target.platform, parallel)
         s.detail = (
-            f"{recipe.model.name} {plan.target.dtype} ({sum(p.numel() for p in model.parameters()):,} parameters)"
+            f"{recipe.model.name} {plan.target.dtype} ({sum(p.numel() for p in model.parameters()):,} parameters"
+            + (f" on rank {parallel.rank} of {parallel.world})" if parallel is not None else ")")
         )
+        _agree_on_schedule(parallel, schedule, log)
     steps = None
     if eager or tree.installed is not None:
         with log.step("warm-up") as s:
-            steps, s.detail = _warm_up(warm, None if eager else first.name, recipe, model, cache, schedule)
+            steps, s.detail = _warm_up(warm, None if eager else first.name, recipe, model, cache, schedule, parallel)
     if tree.path is not None:
         trees["graphs"] = tree.path
     if steps is None:  # the graphs missed, or no variant of their tree loads here
@@ -281,12 +315,19 @@ def _warm(
             log.metrics.add("prebake_fallback_compiles_total", kind="graphs")
             s.detail = f"{len(shapes)} step shapes compiled in place ({first.name})"
         trees["graphs"] = tree.writable()
-        record_fallback(context.store, "graphs", log.seconds.get("compile"))
-    return Engine(plan, steps, buckets, schedule, run_dir, context.store, tuple(built))
+        if store is not None:
+            record_fallback(store, "graphs", log.seconds.get("compile"))
+    return Engine(plan, steps, buckets, schedule, run_dir, context.store, tuple(built), parallel=parallel)
 
 
 def _warm_up(
-    warm: WarmUp, first: str | None, recipe: Recipe, model, cache, schedule: dict[StepShape, Tactic]
+    warm: WarmUp,
+    first: str | None,
+    recipe: Recipe,
+    model,
+    cache,
+    schedule: dict[StepShape, Tactic],
+    parallel: Parallel | None = None,
 ) -> tuple[CompiledSteps | None, str]:
     """Warm steps from the graphs tree's chain of variants from `first` (None: eager steps), and what
     the warm-up step reports; no steps when no variant loads here (the caller compiles in place)."""
@@ -297,12 +338,62 @@ def _warm_up(
         warm.finish(steps, schedule, traced=False)
         return steps, f"{len(schedule)} step shapes eager"
     shapes = tuple(schedule)
-    loaded = warm.graphs(first, lambda tree: LoadJob(model, cache, recipe.compile.mode, shapes, tree, warm.log.note))
+    loaded = warm.graphs(
+        first, lambda tree: LoadJob(model, cache, recipe.compile.mode, shapes, tree, warm.log.note, parallel)
+    )
     if loaded is None:
         return None, f"{len(schedule)} step shapes: no variant of the graphs tree loads here"
     warm.finish(loaded.steps, schedule, loaded.traced)
     detail = f"{len(schedule)} step shapes from the bundle ({first})"
     return loaded.steps, detail + (f"; {aot_autograd_counts()}" if loaded.traced else "")
+
+
+def _check_ranks(plan: TargetKeys, eager: bool, rank: RankContext | None) -> None:
+    """A tp=N target runs on N ranks (`prebake serve --tp N`), in a variant that serves at tp N."""
+    world = 1 if rank is None else rank.world
+    if plan.target.tp != world:
+        raise UsageError(
+            f"{plan.target.name} is a tp {plan.target.tp} target and this process is {world} rank(s); "
+            f"serve it with `prebake serve --tp {plan.target.tp}`"
+        )
+    if not eager and (why := variant_of(plan.recipe).refuses(plan.target)):
+        raise UsageError(f"{plan.target.name}: {why}")
+
+
+def _agree_on_schedule(parallel: Parallel | None, schedule: dict, log: StartupPhaseLog) -> None:
+    """Every rank runs rank 0's step shapes with rank 0's tactics: only then do their steps'
+    collectives line up. The shapes follow from the buckets; the tactics differ where each rank
+    autotuned in place (a cold start), and rank 0's win (its autotune is the one written back)."""
+    from prebake.engine.bundled.runtime.lockstep import from_rank0
+
+    if parallel is None or parallel.world == 1:
+        return
+    first = from_rank0(parallel, list(schedule.items()))
+    if [shape for shape, _ in first] != list(schedule):
+        raise StoreError(
+            f"rank {parallel.rank} would run other step shapes than rank 0 ({', '.join(s.name for s, _ in first)}): "
+            f"the ranks started from different buckets bundles; clear the store and start again"
+        )
+    if any(schedule[shape] != tactic for shape, tactic in first):
+        log.note(f"rank {parallel.rank} runs rank 0's tactics (each rank autotuned in place)")
+    schedule.update(first)
+
+
+def _rank_agreement(parallel: Parallel | None, log: StartupPhaseLog) -> Callable[[str | None], str | None] | None:
+    """At tp > 1, the warm-up's agreement after each variant's load: every rank's answer (None: it
+    loaded), the first rank's reason when any could not (the same road for all: a package that loads on
+    rank 0 but not rank 1 is a fallback on both); each rank logs the package file it loaded."""
+    if parallel is None or parallel.world == 1:
+        return None
+    from prebake.engine.bundled.runtime.lockstep import agree, first_refusal
+
+    def agreed(reason: str | None) -> str | None:
+        refusal = first_refusal(agree(parallel, reason))
+        if refusal is None:
+            log.note(f"rank {parallel.rank} of {parallel.world}: loaded; every rank did")
+        return refusal
+
+    return agreed
 
 
 def _write_back(

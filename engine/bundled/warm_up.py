@@ -72,6 +72,9 @@ class WarmUp:
     store: Store | None = None
     target: Target | None = None  # what it serves: a variant that refuses it is not loaded
     init: InductorInit | None = None  # begun at install, beside the weights' load, when the first variant needs it
+    # at tp > 1: every rank's answer to "did it load?" -> the first rank's "no" (engine/bundled/start.py),
+    # so that all ranks take the same road
+    agree: Callable[[str | None], str | None] | None = None
     parts: dict[str, float] = field(default_factory=dict)
     _inductor_ready: bool = False
 
@@ -81,6 +84,8 @@ class WarmUp:
         variants = chain(first, self.tree.path)
         for current, after in zip(variants, (*(v.name for v in variants[1:]), None), strict=True):
             outcome = self._load(current, job_of)
+            if self.agree is not None and (refusal := self.agree(getattr(outcome, "reason", None))) is not None:
+                outcome = NotLoaded(refusal)  # this rank's load, if any, is dropped: another rank could not
             if isinstance(outcome, Loaded):
                 self.parts.update(outcome.parts)
                 return outcome

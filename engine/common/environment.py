@@ -278,7 +278,19 @@ VARIABLES: tuple[Variable, ...] = (
         "text",
         "`text` (timestamp, level, logger, message) or `json` (one object a line: ts, level, logger, message).",
     ),
+    Variable(
+        "PREBAKE_TP_RANK",
+        "set",
+        "unset",
+        "Set by `prebake serve --tp N` for each rank process it starts (rank,world,port,listen_fd,notice_fd: engine/bundled/ranks.py); never set it by hand.",
+    ),
     # -- tests
+    Variable(
+        "PREBAKE_TEST_RANK_CPUINFO",
+        "test",
+        "unset",
+        "RANK:PATH: at `serve --tp N`, that rank reads its CPU flags for the aoti-package's ISA check from PATH instead of /proc/cpuinfo (a rank lacking an ISA, for tests/integration/test_tensor_parallel_serve.py). Never set it in production.",
+    ),
     Variable(
         "PREBAKE_TEST_CRASH_AT",
         "test",

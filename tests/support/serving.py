@@ -161,7 +161,7 @@ class ServeProcess:
                 return response.status, response.read().decode()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode()
-        except (urllib.error.URLError, ConnectionError):
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
             return 0, ""
 
     def stop(self) -> int:

@@ -49,6 +49,8 @@ LIVE_PATHS = ("/health/live", "/v1/health/live")
 
 def _probe_routes(app: FastAPI, state: AppState) -> None:
     def health() -> JSONResponse:
+        if state.stopping is not None:
+            return JSONResponse({"status": "stopping", "reason": state.stopping}, status_code=503)
         if state.serving is None:
             return JSONResponse({"status": "starting", "step": state.step}, status_code=503)
         return JSONResponse({"status": "ready", "target": state.serving.target})

@@ -35,6 +35,10 @@ class AppState:
     step: str = "starting"
     serving: Serving | None = None
     alive: Callable[[], bool] = field(default=lambda: True)  # False once the scheduler thread has died
+    stopping: str | None = None  # why the server is going (at --tp N: a rank died); /health says 503
+
+    def stop_because(self, reason: str) -> None:
+        self.stopping = reason
 
     def ready(self) -> Serving:
         if self.serving is None:

@@ -62,6 +62,7 @@ class PackageRecord(Frozen):
     models: tuple[str, ...] = ()  # the step shapes' names, one model each
     sha256: str = ""  # of steps.pt2
     constants: tuple[str, ...] = ()  # what each model takes from the serving model, by name
+    tp: int = 1  # the tensor-parallel size its collectives were traced for; every rank loads this one package
 
 
 class PackageDoesNotLoad(RuntimeError):
@@ -111,6 +112,9 @@ def compile_package(
         **(torch._inductor.list_mode_options(mode) if mode != "default" else {}),
         "aot_inductor.package": True,
         "aot_inductor.package_constants_in_so": False,  # weights are bound at load, never packaged
+        # at tp > 1 every rank binds its own shard: no tensor (Inductor inlines 1-D ones of up to 8
+        # values, graph.py's can_inline_constant) may be baked in as rank 0's literal values
+        **({"always_keep_tensor_constants": True} if _world(model) > 1 else {}),
     }
     files: dict[str, list[str]] = {}
     sources: list[str] = []  # C++ sources: left out of the package, which loads from the shared objects alone
@@ -144,9 +148,14 @@ def compile_package(
         models=tuple(sorted(files)),
         sha256=_sha256(folder / PACKAGE),
         constants=tuple(sorted(first.get_constant_fqns())),
+        tp=_world(model),
     )
     (folder / PACKAGE_FILE).write_text(json.dumps(record.model_dump(mode="json"), indent=1, sort_keys=True))
     return seconds
+
+
+def _world(model: Llama) -> int:
+    return 1 if model.parallel is None else model.parallel.world
 
 
 def _strip(files: list[str]) -> None:
@@ -219,6 +228,7 @@ class PackageSteps(CompiledSteps):
     def __init__(self, model: Llama, cache: KVCache, runners: dict[StepShape, torch._C._aoti.AOTIModelPackageLoader]):
         super().__init__(model, cache, compile=False)
         self.runners = dict(runners)
+        self.source: tuple[Path, str] | None = None  # the package file loaded and its sha256, once loaded
         self._kv = [*cache.keys, *cache.values]
         self._prefill = self._prefill_shape  # type: ignore[assignment]  # same call shape, untyped args
         self._decode = self._decode_shape  # type: ignore[assignment]
@@ -266,6 +276,11 @@ def load_package(
         capability = f"{major}{minor}"
     if problem := platform_problem(recorded, device=device, flags=cpu_flags(cpuinfo), capability=capability):
         raise PackageDoesNotLoad(f"the AOTInductor package does not load here: {problem}")
+    if recorded.tp != _world(model):
+        raise PackageDoesNotLoad(
+            f"the AOTInductor package does not load here: it was compiled for tp {recorded.tp} and this "
+            f"rank is one of {_world(model)}; bake graphs for tp {_world(model)}"
+        )
     if missing := sorted({s.name for s in shapes} - set(recorded.models)):
         raise PackageDoesNotLoad(
             f"the AOTInductor package does not load here: it holds no model for {', '.join(missing)} "
@@ -303,7 +318,9 @@ def load_package(
         runner.load_constants({name: tensors[name] for name in wanted}, False, True, True)
         parts.bind += time.perf_counter() - bound
         runners[shape] = runner
-    return PackageSteps(model, cache, runners)
+    steps = PackageSteps(model, cache, runners)
+    steps.source = (folder / PACKAGE, found)
+    return steps
 
 
 def _first_line(exc: BaseException) -> str:

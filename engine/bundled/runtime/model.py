@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
+from prebake.engine.bundled.runtime.parallel import Parallel, all_reduce, local_config, shard_state_dict
 from prebake.engine.bundled.runtime.weights import Llama3RopeScaling, LlamaConfig, check_state_dict
 
 __all__ = [
@@ -144,8 +145,9 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, c: LlamaConfig, dtype: torch.dtype) -> None:
+    def __init__(self, c: LlamaConfig, dtype: torch.dtype, parallel: Parallel | None = None) -> None:
         super().__init__()
+        self.parallel = parallel
         self.heads, self.kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         q_size, kv_size = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
         self.q_proj = nn.Linear(c.hidden_size, q_size, bias=c.attention_bias, dtype=dtype)
@@ -169,27 +171,28 @@ class Attention(nn.Module):
         q, k = _apply_rope(q, *rope), _apply_rope(k, *rope)
         k, v = exchange(k, v)
         out = attend(q, k, v, mask, impl)
-        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+        return all_reduce(self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)), self.parallel)
 
 
 class MLP(nn.Module):
-    def __init__(self, c: LlamaConfig, dtype: torch.dtype) -> None:
+    def __init__(self, c: LlamaConfig, dtype: torch.dtype, parallel: Parallel | None = None) -> None:
         super().__init__()
+        self.parallel = parallel
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias, dtype=dtype)
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias, dtype=dtype)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return all_reduce(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)), self.parallel)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, c: LlamaConfig, dtype: torch.dtype) -> None:
+    def __init__(self, c: LlamaConfig, dtype: torch.dtype, parallel: Parallel | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
-        self.self_attn = Attention(c, dtype)
+        self.self_attn = Attention(c, dtype, parallel)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
-        self.mlp = MLP(c, dtype)
+        self.mlp = MLP(c, dtype, parallel)
 
     def forward(
         self,
@@ -204,15 +207,21 @@ class DecoderLayer(nn.Module):
 
 
 class Llama(nn.Module):
-    """The decoder. Parameter names are the Hugging Face ones without the leading `model.`."""
+    """The decoder. Parameter names are the Hugging Face ones without the leading `model.`.
+
+    With `parallel`, one rank of a tensor-parallel group (runtime/parallel.py): `config` is the
+    rank's share of the architecture (parallel.local_config), and attention and the MLP end in an
+    all-reduce."""
 
     inv_freq: Tensor  # a registered buffer (nn.Module types buffers as Tensor | Module)
 
-    def __init__(self, config: LlamaConfig, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self, config: LlamaConfig, dtype: torch.dtype = torch.float32, parallel: Parallel | None = None
+    ) -> None:
         super().__init__()
-        self.config = config
+        self.config, self.parallel = config, parallel
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
-        self.layers = nn.ModuleList(DecoderLayer(config, dtype) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, dtype, parallel) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype)
         self.lm_head = (
             None
@@ -309,16 +318,19 @@ def build_model(
     state_dict: Mapping[str, Tensor],
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
+    parallel: Parallel | None = None,
 ) -> Llama:
-    """The runtime in eval mode with `state_dict` (runtime names) cast to dtype, no gradients.
+    """The runtime in eval mode with `state_dict` (runtime names) cast to dtype, no gradients;
+    with `parallel`, the rank's shard of it (runtime/parallel.py).
 
     Tensors already of that dtype and device are used as they are, not copied.
     """
     check_state_dict(config, state_dict)
     with torch.device("meta"), _SkipInit():  # no throwaway random init of a multi-gigabyte model
-        model = Llama(config, dtype)
+        model = Llama(local_config(config, parallel), dtype, parallel)
+    shard = shard_state_dict(config, state_dict, parallel)
     model.load_state_dict(
-        {k: v.to(device=device, dtype=dtype) for k, v in state_dict.items()}, strict=True, assign=True
+        {k: v.to(device=device, dtype=dtype).contiguous() for k, v in shard.items()}, strict=True, assign=True
     )
     model.inv_freq = rope_inv_freq(config).to(device)
     return model.eval().requires_grad_(False)

@@ -7,9 +7,11 @@ the recipe asks ([compile] fallback = "dynamo-precompile"); that fallback joins 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
+from prebake.artifacts.errors import BuildError
 from prebake.artifacts.recipe.schema import NO_FALLBACK, CompileOptions
 from prebake.engine.bundled.variants.base import (
     GRAPHS_FILE,
@@ -20,6 +22,7 @@ from prebake.engine.bundled.variants.base import (
     Loaded,
     LoadJob,
     NotLoaded,
+    traced_on_one_rank,
 )
 from prebake.engine.bundled.variants.dynamo_precompile import DynamoPrecompile
 from prebake.engine.bundled.variants.inductor_cache import InductorCache
@@ -40,6 +43,10 @@ class AotiPackage(GraphsVariant):
         as a start loads it; without a fallback, Inductor's leftovers (ISA probes, locks) go."""
         from prebake.engine.bundled.runtime import aoti
 
+        if job.parallel is not None and job.parallel.world > 1 and job.fallback != NO_FALLBACK:
+            raise BuildError(
+                f"[compile] fallback = {job.fallback!r}: {traced_on_one_rank(job.fallback, job.parallel.world)}"
+            )
         inner = DynamoPrecompile().compile(job) if job.fallback != NO_FALLBACK else None
         tactics = dict(job.tactics)
         package_s = aoti.compile_package(job.model, job.cache, tactics, job.out, mode=job.mode, log=job.log)
@@ -55,9 +62,12 @@ class AotiPackage(GraphsVariant):
 
         parts = aoti.PackageParts()
         try:
-            steps = aoti.load_package(job.model, job.cache, list(job.shapes), job.tree, parts)
+            steps = aoti.load_package(job.model, job.cache, list(job.shapes), job.tree, parts, cpuinfo=_cpuinfo(job))
         except aoti.PackageDoesNotLoad as exc:
             return NotLoaded(str(exc))
+        if job.parallel is not None and steps.source is not None:  # every rank says which file, which bytes
+            path, sha256 = steps.source
+            job.log(f"aoti-package: rank {job.parallel.rank} of {job.parallel.world} loaded {path} (sha256 {sha256})")
         return Loaded(steps, parts.as_dict())
 
     def next_in(self, tree: Path) -> str | None:
@@ -70,3 +80,14 @@ class AotiPackage(GraphsVariant):
         if document.get("fallback", DynamoPrecompile.name) == NO_FALLBACK:  # trees baked before the setting had one
             return None
         return DynamoPrecompile.name if document.get("precompiled") else InductorCache.name
+
+
+_RANK_CPUINFO_ENV = "PREBAKE_TEST_RANK_CPUINFO"  # RANK:PATH, a test hook: that rank of `serve --tp N` lacks an ISA
+
+
+def _cpuinfo(job: LoadJob) -> Path:
+    """Where this rank reads its CPU flags: /proc/cpuinfo, or the test hook's file for its rank."""
+    rank, _, path = os.environ.get(_RANK_CPUINFO_ENV, "").partition(":")
+    if job.parallel is not None and path and rank == str(job.parallel.rank):
+        return Path(path)
+    return Path("/proc/cpuinfo")

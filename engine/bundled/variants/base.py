@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from prebake.artifacts.recipe.schema import CompileOptions, Target
+from prebake.engine.bundled.runtime.parallel import Parallel  # torch-free: this process's place in a tp group
 from prebake.engine.bundled.runtime.shapes import StepShape
 
 if TYPE_CHECKING:  # torch's types, for the annotations only
@@ -26,14 +27,6 @@ if TYPE_CHECKING:  # torch's types, for the annotations only
 Log = Callable[[str], None]
 GRAPHS_FILE = "graphs.json"  # in every variant's tree: the variant, its fallback, the shapes (build.py writes it)
 INDUCTOR_DIR = "inductor"  # Inductor's cache folder, in a tree whose variant has one
-
-
-@dataclass(frozen=True)
-class Parallel:
-    """This process's place in a tensor-parallel group."""
-
-    rank: int
-    world: int
 
 
 @dataclass(frozen=True)
@@ -116,3 +109,16 @@ class GraphsVariant(ABC):
     @abstractmethod
     def next_in(self, tree: Path) -> str | None:
         """The variant the graphs tree `tree` falls to when this one does not load; None: compile in place."""
+
+
+def traced_on_one_rank(name: str, tp: int) -> str | None:
+    """Why a variant whose tree holds Dynamo's guards and Inductor's graphs as traced on one rank
+    refuses a tp > 1 target: never verified to load on another rank (vLLM keeps one such cache per
+    rank, vllm#53958); the aoti-package's one package serves every rank, its weights bound at load."""
+    if tp == 1:
+        return None
+    return (
+        f"graphs variant {name!r} does not serve at tp {tp}: only 'aoti-package' without a fallback "
+        f"does (one package for every rank, its weights bound at load); set [compile] variant = "
+        f"'aoti-package' and no fallback, or bake tp 1"
+    )

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from prebake.artifacts.recipe.schema import Target
 from prebake.engine.bundled.variants.base import Compiled, CompileJob, GraphsVariant, Loaded, LoadJob, NotLoaded
+from prebake.engine.bundled.variants.base import traced_on_one_rank as traced_on_one_rank
 from prebake.engine.bundled.variants.inductor_cache import InductorCache
 
 
@@ -20,6 +22,9 @@ class DynamoPrecompile(GraphsVariant):
     needs_inductor = True
     reads_in_place = False  # its fallback, Inductor's cache, writes beside what it reads
     taking = "taking dynamo-precompile from the same graphs tree"
+
+    def refuses(self, target: Target) -> str | None:
+        return traced_on_one_rank(self.name, target.tp)
 
     def compile(self, job: CompileJob) -> Compiled:
         """torch.compile first (its FX-graph and AOTAutograd entries, which aot_compile's are not in

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from prebake.artifacts.recipe.schema import Target
 from prebake.engine.bundled.variants.base import Compiled, CompileJob, GraphsVariant, Loaded, LoadJob, NotLoaded
+from prebake.engine.bundled.variants.base import traced_on_one_rank as traced_on_one_rank
 
 
 class InductorCache(GraphsVariant):
@@ -18,6 +20,9 @@ class InductorCache(GraphsVariant):
     needs_inductor = True
     reads_in_place = False  # Inductor writes beside the cache it reads
     taking = "warming up from the same graphs tree's Inductor cache"
+
+    def refuses(self, target: Target) -> str | None:
+        return traced_on_one_rank(self.name, target.tp)
 
     def compile(self, job: CompileJob) -> Compiled:
         from prebake.engine.bundled.runtime.steps import CompiledSteps

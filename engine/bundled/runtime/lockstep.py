@@ -1,0 +1,140 @@
+"""Ranks in lockstep: the gloo group, what every rank agrees on before a step, and the steps.
+
+    join(rank, world, port)   the default process group (gloo over 127.0.0.1), named as the
+                              package's collectives name it
+    agree(...), from_rank0    every rank's answer to one question (did the package load?), or
+                              rank 0's decision (which step shapes and tactics): one road for all
+    Lockstep                  rank 0's steps: each step's inputs broadcast, then run here
+    follow(steps)             ranks 1..: run every step rank 0 broadcasts, until it says stop
+
+A step's collectives (the all-reduces inside the model) then line up on every rank. A rank
+waiting for the next step is kept inside the group's timeout by a heartbeat from rank 0.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+from typing import TypeVar
+
+import torch
+import torch.distributed as dist
+
+from prebake.engine.bundled.runtime.model import ATTN_IMPLS
+from prebake.engine.bundled.runtime.parallel import Parallel, world_group_name
+from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
+
+GROUP_TIMEOUT = timedelta(minutes=30)  # a collective waits this long for a live peer (torch's default)
+HEARTBEAT_S = 10.0  # rank 0 says "no step" this often while idle, so followers never time out
+_STOP, _PREFILL, _DECODE, _IDLE = 0, 1, 2, 3
+T = TypeVar("T")
+
+
+def join(rank: int, world: int, port: int, timeout: timedelta = GROUP_TIMEOUT) -> Parallel:
+    """This process as rank `rank` of `world`, over gloo on 127.0.0.1:port (rank 0 hosts the store)."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timeout)
+    return Parallel(rank, world, world_group_name())
+
+
+def leave() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def agree(parallel: Parallel | None, answer: str | None) -> list[str | None]:
+    """Every rank's `answer` (None: yes; else why not), in rank order; [answer] at tp=1."""
+    if parallel is None or parallel.world == 1:
+        return [answer]
+    answers: list[str | None] = [None] * parallel.world
+    dist.all_gather_object(answers, answer)
+    return answers
+
+
+def from_rank0(parallel: Parallel, value: T) -> T:
+    """Rank 0's `value` on every rank (what rank 0 decided: the schedule of step shapes and tactics)."""
+    # an all-gather, not broadcast_object_list: after that one, the package's first all-reduce on the
+    # scheduler's thread never completed here (torch 2.13, gloo; seen, not root-caused)
+    answers: list[T | None] = [None] * parallel.world
+    dist.all_gather_object(answers, value if parallel.rank == 0 else None)
+    return answers[0]  # type: ignore[return-value]  # rank 0's, of the same type
+
+
+def first_refusal(answers: list[str | None]) -> str | None:
+    """The first rank's reason, naming the rank ("rank 1: ..."), or None when every rank said yes."""
+    return next((f"rank {r}: {a}" for r, a in enumerate(answers) if a is not None), None)
+
+
+class Lockstep(CompiledSteps):
+    """Rank 0's steps: every prefill/decode is broadcast to the other ranks, then run here."""
+
+    def __init__(self, steps: CompiledSteps, heartbeat_s: float = HEARTBEAT_S) -> None:
+        super().__init__(steps.model, steps.cache, compile=False)
+        self.steps = steps
+        self._lock = threading.Lock()
+        self._last = time.monotonic()
+        self._closed = threading.Event()
+        self._beat = threading.Thread(
+            target=self._heartbeat, args=(heartbeat_s,), name="prebake-heartbeat", daemon=True
+        )
+        self._beat.start()
+
+    def prefill(self, ids, lengths, slots, tactic: Tactic):
+        with self._lock:
+            _send(_PREFILL, ids.shape[1], 0, tactic, ids, lengths, slots)
+            self._last = time.monotonic()
+            return self.steps.prefill(ids, lengths, slots, tactic)
+
+    def decode(self, ids, positions, slots, ctx_len: int, tactic: Tactic):
+        with self._lock:
+            _send(_DECODE, 1, ctx_len, tactic, ids, positions, slots)
+            self._last = time.monotonic()
+            return self.steps.decode(ids, positions, slots, ctx_len, tactic)
+
+    def close(self) -> None:
+        """Tell the followers to stop (they return from `follow`), unless the group is lost."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        with self._lock:
+            _send(_STOP, 0, 0, Tactic())
+
+    def abandon(self) -> None:
+        """A rank is gone: no collective again (one would wait for it), not even the stop."""
+        self._closed.set()
+
+    def _heartbeat(self, every_s: float) -> None:
+        while not self._closed.wait(every_s):
+            with self._lock:
+                if time.monotonic() - self._last >= every_s and not self._closed.is_set():
+                    _send(_IDLE, 0, 0, Tactic())
+                    self._last = time.monotonic()
+
+
+def _send(op: int, tokens: int, ctx_len: int, tactic: Tactic, *rows: torch.Tensor) -> None:
+    batch = rows[0].shape[0] if rows else 0
+    header = torch.tensor([op, batch, tokens, ctx_len, ATTN_IMPLS.index(tactic.attn_impl), tactic.threads])
+    dist.broadcast(header, src=0)
+    for row in rows:
+        dist.broadcast(row.contiguous(), src=0)
+
+
+def follow(steps: CompiledSteps) -> None:
+    """Run every step rank 0 broadcasts, until it broadcasts stop (or the group fails: raised)."""
+    header = torch.zeros(6, dtype=torch.long)
+    while True:
+        dist.broadcast(header, src=0)
+        op, batch, tokens, ctx_len, attn, threads = header.tolist()
+        if op == _STOP:
+            return
+        if op == _IDLE:
+            continue
+        tactic = Tactic(ATTN_IMPLS[attn], threads)
+        ids = torch.zeros((batch, tokens) if op == _PREFILL else (batch,), dtype=torch.long)
+        per_row, slots = torch.zeros(batch, dtype=torch.long), torch.zeros(batch, dtype=torch.long)
+        for row in (ids, per_row, slots):
+            dist.broadcast(row, src=0)
+        if op == _PREFILL:
+            steps.prefill(ids, per_row, slots, tactic)
+        else:
+            steps.decode(ids, per_row, slots, ctx_len, tactic)
