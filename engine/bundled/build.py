@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import platform
+import resource
 import shutil
 import sys
 import time
@@ -29,26 +30,38 @@ from prebake.artifacts.recipe.schema import AOTI_PACKAGE, DEFAULT_VARIANT, NO_FA
 from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE, GRAPHS_FILE, INDUCTOR_DIR
 from prebake.engine.bundled.runtime import aoti, precompile
 from prebake.engine.bundled.runtime.autotune import load_winners, measure
-from prebake.engine.bundled.runtime.loader import load_model, torch_dtype
+from prebake.engine.bundled.runtime.loader import load_model, placeholder_model, reduced_model, torch_dtype
 from prebake.engine.bundled.runtime.model import KVCache, Llama
 from prebake.engine.bundled.runtime.shapes import StepShape, step_shapes
 from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
 
 
 def build_autotune(recipe: Recipe, dtype: str, buckets_tree: Path, out: Path, target_platform: str = "cpu") -> None:
+    """Time every tactic on every shape: the whole model, or [autotune] layers of it (real compute)."""
     shapes = _shapes(recipe, buckets_tree)
-    steps = CompiledSteps(*model_and_cache(recipe, dtype, target_platform), compile=False)
+    layers = recipe.autotune.layers
+    steps = CompiledSteps(*model_and_cache(recipe, dtype, target_platform, layers=layers), compile=False)
     document = measure(steps, shapes, recipe.autotune)
     document["measured_on"] = {"machine": platform.machine(), "processor": platform.processor()}
+    document["model"] = {"layers": layers or steps.model.config.num_hidden_layers, "peak_rss_bytes": peak_rss()}
     (out / AUTOTUNE_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))
 
 
 def build_graphs(
     recipe: Recipe, dtype: str, buckets_tree: Path, autotune_tree: Path, out: Path, target_platform: str = "cpu"
 ) -> None:
+    """Compile every shape; a package without fallback on placeholder weights (it never runs the model)."""
     shapes = _shapes(recipe, buckets_tree)
     tactics = load_winners(autotune_tree / AUTOTUNE_FILE)
-    compile_graphs(*model_and_cache(recipe, dtype, target_platform), recipe, {s: tactics[s] for s in shapes}, out)
+    alone = recipe.compile.variant_or(DEFAULT_VARIANT) == AOTI_PACKAGE and recipe.compile.fallback == NO_FALLBACK
+    model, cache = model_and_cache(recipe, dtype, target_platform, placeholders=alone)
+    facts = {"weights": "placeholders" if alone else "loaded"}
+    compile_graphs(model, cache, recipe, {s: tactics[s] for s in shapes}, out, facts=facts)
+
+
+def peak_rss() -> int:
+    """This process's peak resident memory, in bytes (Linux's ru_maxrss is in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def compile_graphs(
@@ -58,6 +71,7 @@ def compile_graphs(
     tactics: dict[StepShape, Tactic],
     out: Path,
     log: Callable[[str], None] = print,
+    facts: dict[str, str] | None = None,
 ) -> CompiledSteps:
     """Compile every shape of `tactics` into the graphs tree `out`, in the recipe's variant; the warm steps.
 
@@ -88,6 +102,7 @@ def compile_graphs(
         "aoti_package": variant == AOTI_PACKAGE,
         "torch": torch.__version__,
         "total_compile_s": round(time.perf_counter() - started, 3),
+        "builder": {**(facts or {}), "peak_rss_bytes": peak_rss()},
         "shapes": [
             {"shape": asdict(s), "tactic": asdict(t), "compile_s": round(seconds[s], 3)} for s, t in tactics.items()
         ],
@@ -133,11 +148,25 @@ def _shapes(recipe: Recipe, buckets_tree: Path):
     return step_shapes(buckets, recipe.serving.max_model_len)
 
 
-def model_and_cache(recipe: Recipe, dtype: str, target_platform: str = "cpu") -> tuple[Llama, KVCache]:
+def model_and_cache(
+    recipe: Recipe,
+    dtype: str,
+    target_platform: str = "cpu",
+    *,
+    placeholders: bool = False,
+    layers: int | None = None,
+    log: Callable[[str], None] = print,
+) -> tuple[Llama, KVCache]:
     """The recipe's model and a KV cache of its serving limits on the target platform's device (a
-    CUDA target: the GPU): the builder and the engine size and place them alike."""
+    CUDA target: the GPU): the builder and the engine size and place them alike. `placeholders`: the
+    weights' storage reserved, never touched; `layers`: a copy cut to that many layers."""
     device = device_of(target_platform)
-    model = load_model(recipe.model, dtype, device=device)
+    if placeholders:
+        model = placeholder_model(recipe.model, dtype, device=device)
+    elif layers is not None:
+        model = reduced_model(recipe.model, dtype, layers, device=device)
+    else:
+        model = load_model(recipe.model, dtype, device=device, log=log)
     cache = KVCache.allocate(
         model.config, recipe.serving.max_num_seqs, recipe.serving.max_model_len, dtype=torch_dtype(dtype), device=device
     )

@@ -69,7 +69,7 @@ OPTIONS = {"cache_root": "--cache-root", "engine_args": "flags after --", "force
 
 
 def _autotune_groups(context: KeyContext) -> Groups:
-    options = context.recipe.autotune.model_dump(mode="json")
+    options = context.recipe.autotune.key_options()
     return {**target_groups(context, software=_SOFTWARE), "options": options}
 
 
