@@ -303,7 +303,7 @@ def _warm(
     with log.step("load") as s:
         from prebake.engine.bundled.build import model_and_cache
 
-        model, cache = model_and_cache(recipe, plan.target.dtype, plan.target.platform)
+        model, cache = model_and_cache(recipe, plan.target.dtype, plan.target.platform, log=log.note)
         s.detail = (
             f"{recipe.model.name} {plan.target.dtype} ({sum(p.numel() for p in model.parameters()):,} parameters)"
         )

@@ -58,7 +58,7 @@ def test_a_platform_profile_can_only_narrow_the_matrix(tmp_path):
     path = _write(tmp_path, text + '\n[platforms.cpu]\ndtype = ["fp16"]\n')
     with pytest.raises(RecipeError, match=r"platforms.cpu.dtype lists \['fp16'\].*add them to matrix.dtype"):
         load_recipe(path)
-    path = _write(tmp_path, text + '\n[platforms.gaudi3]\ntp = [1]\n')
+    path = _write(tmp_path, text + "\n[platforms.gaudi3]\ntp = [1]\n")
     with pytest.raises(RecipeError, match="platforms.gaudi3 describes a platform the matrix does not list"):
         load_recipe(path)
 

@@ -6,10 +6,9 @@
         model.safetensors.index.json             {"metadata": {"total_size": ...}, "weight_map": {...}}
     $PREBAKE_HOME/models/<name>/<digest>.lock    held while the folder is written
 
-The folder is written under a partial name beside it and renamed into place, under the lock: a
-start that dies half way leaves nothing that looks complete, and racing starts write it once.
-Values come from one seeded pool of uniform numbers, each tensor a window of it at a seeded offset,
-scaled as `tiny_random_weights` scales them: gigabytes at copy speed, the same bits on any machine.
+Written under a partial name and renamed into place, under the lock: a start that dies half way
+leaves nothing complete-looking, racing starts write it once. Values: windows of one seeded pool at
+seeded offsets, scaled as `tiny_random_weights` scales: gigabytes at copy speed, the same bits anywhere.
 """
 
 from __future__ import annotations
