@@ -73,6 +73,7 @@ def measure(model: str, work: Path, args) -> dict:
         for mode in ("eager", "prebaked", "cold"):
             if i < (args.cold if mode == "cold" else args.iterations):
                 starts[mode].append(_start(model, work, mode, i, args.tokens))
+                (work / "starts.json").write_text(json.dumps(starts, indent=1))  # kept as they come
     mean = {mode: _mean_start(runs) for mode, runs in starts.items() if runs}
     row = {"bake": bake, "checkpoint": checkpoint, "starts": mean, "load_average": _load()}
     ready = {mode: m["ready_s"] for mode, m in mean.items()}

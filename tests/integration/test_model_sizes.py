@@ -101,7 +101,7 @@ def test_the_1b_path_bakes_on_placeholders_and_serves_from_its_checkpoint_writte
     second = _serve(name, registry, serving, recipes)
     assert "random checkpoint" not in second.log  # read, not written
     assert {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} == files
-    assert first.tokens == second.tokens and len(first.tokens) == 4
+    assert first.tokens == second.tokens and first.tokens  # the same greedy tokens from the same weights
 
 
 class _Served:

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from prebake.artifacts.errors import RecipeError, UnknownModelError
-from prebake.artifacts.recipe.kinds import target_keys
+from prebake.artifacts.errors import HostCannotBuildError, RecipeError, UnknownModelError
+from prebake.artifacts.recipe.kinds import buildable_targets, target_keys
 from prebake.artifacts.recipe.schema import list_recipes, load_recipe, targets
 from prebake.engine.adapters import kinds_for
 from prebake.engine.common.probe import current_host
@@ -40,6 +40,14 @@ def test_llama3_matrix_covers_cuda_and_gaudi_by_tp_by_dtype_and_the_cpu_in_bf16_
     assert len(built) == 3 * 4 * 2 + 1
     assert ("gaudi3", 8, "fp8") in built and ("cuda:sm_90", 1, "bf16") in built
     assert [t for t in built if t[0] == "cpu"] == [("cpu", 1, "bf16")]
+
+
+def test_fp8_of_llama3_8b_is_refused_on_this_cpu_naming_why_and_bf16_builds_here():
+    big = load_recipe("llama3-8b", SHIPPED)
+    host = current_host()  # this machine: a CPU
+    with pytest.raises(HostCannotBuildError, match=r"cannot build cpu fp8: fp8 needs a CUDA GPU of sm_89 or newer"):
+        buildable_targets(big, host, dtype="fp8")
+    assert [t.name for t in buildable_targets(big, host, dtype="bf16")] == ["llama3-8b/cpu/tp1/bf16"]
 
 
 def test_a_platform_profile_gives_that_platform_its_own_serving_limits_in_its_plan():
