@@ -27,7 +27,6 @@ from prebake.artifacts.recipe.kinds import (
     compile_factors,
     target_groups,
 )
-from prebake.artifacts.recipe.schema import DEFAULT_VARIANT
 from prebake.artifacts.store.local import Installed
 from prebake.engine.bundled.cache_layout import (
     AUTOTUNE_ENV,
@@ -38,6 +37,7 @@ from prebake.engine.bundled.cache_layout import (
     engine_environment,
     private_graphs_tree,
 )
+from prebake.engine.bundled.variants import DEFAULT_VARIANT, served, variant
 from prebake.engine.common import starter
 from prebake.engine.common.adapter import (
     EngineSpec,
@@ -91,7 +91,10 @@ def _autotune_groups(context: KeyContext) -> Groups:
 
 
 def _graphs_groups(context: KeyContext) -> Groups:
-    return {**target_groups(context), "options": compile_factors(context.recipe, DEFAULT_VARIANT)}
+    """The target's groups and the [compile] options, with what the recipe's graphs variant adds."""
+    options = compile_factors(context.recipe, DEFAULT_VARIANT)
+    graphs = variant(SPEC.graphs_variant(context.recipe))
+    return {**target_groups(context), "options": {**options, **graphs.key_factors(context.recipe.compile)}}
 
 
 AUTOTUNE = Kind(
@@ -117,7 +120,7 @@ SPEC = EngineSpec(
     name="prebake",
     kinds=(AUTOTUNE, GRAPHS),
     fallback_kind="graphs",  # compiled in its serving process on a miss
-    default_variant=DEFAULT_VARIANT,
+    variants=served(),  # prebake.engine.bundled.variants: one module and one registration line each
     packages=(),  # torch and its stack are every kind's factors already (prebake.engine.common.probe.Software)
     settings=None,  # it reads [compile] and [autotune]; it has no [engine] table
     options={"eager": "--eager", "api_key": "--api-key"},

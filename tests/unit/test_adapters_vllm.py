@@ -179,7 +179,7 @@ def test_fp8_asks_vllm_for_fp8_weights_and_freezing_is_refused(recipe):
 
     data = recipe.model_dump(mode="json")
     data["compile"]["freezing"] = True
-    with pytest.raises(BuildError, match="remove them from \\[compile\\]"):
+    with pytest.raises(BuildError, match="remove it from \\[compile\\]"):
         engine_flags(Recipe.model_validate(data), target)
 
 
