@@ -32,12 +32,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from a checkout: benchmarks/ is no package
-from benchmarks.startup import PREBAKE, _get, _startup_steps, _wait_for_port, _wait_ready, _warm_up_parts  # noqa: E402
+from benchmarks.startup import (  # noqa: E402
+    PREBAKE,
+    _get,
+    _startup_steps,
+    _time_completion,
+    _wait_for_port,
+    _wait_ready,
+    _warm_up_parts,
+)
 
 DOIT = Path(sys.executable).parent / "doit"
 MODELS = ("tiny-llama", "llama3.2-1b", "llama3-8b")
 PRECISION = "bf16"
-PROMPT = list(range(1, 17))
 
 
 def main() -> None:
@@ -205,19 +212,8 @@ def _decode_tokens_per_s(port: int, tokens: int) -> float:
 
 
 def _complete(port: int, tokens: int) -> tuple[float, int]:
-    import urllib.request
-
-    body = json.dumps({"prompt": PROMPT, "max_tokens": tokens, "temperature": 0}).encode()
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/completions",
-        data=body,
-        method="POST",
-        headers={"Content-Type": "application/json"},
-    )
-    started = time.perf_counter()
-    with urllib.request.urlopen(request, timeout=1800) as response:
-        answer = json.loads(response.read())
-    return time.perf_counter() - started, int(answer["usage"]["completion_tokens"])
+    seconds, body = _time_completion(port, tokens)
+    return seconds, int(json.loads(body)["usage"]["completion_tokens"])
 
 
 def _mean_start(runs: list[dict]) -> dict:

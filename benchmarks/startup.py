@@ -460,8 +460,8 @@ def _check_alive(proc: subprocess.Popen, log: Path) -> None:
         raise SystemExit(f"prebake serve exited {proc.returncode}:\n{log.read_text()}")
 
 
-def _time_completion(port: int) -> tuple[float, str]:
-    body = json.dumps({"prompt": PROMPT, "max_tokens": 16, "temperature": 0}).encode()
+def _time_completion(port: int, tokens: int = 16) -> tuple[float, str]:
+    body = json.dumps({"prompt": PROMPT, "max_tokens": tokens, "temperature": 0}).encode()
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/completions",
         data=body,
