@@ -3,10 +3,12 @@
     python -m benchmarks.charts startup RESULTS.json docs/images/startup.png
     python -m benchmarks.charts startup-vllm FIGURES.json docs/images/startup_vllm.png
     python -m benchmarks.charts soak SOAK.json docs/images/soak.png
+    python -m benchmarks.charts scale RESULTS.json docs/images/scale.png
 
 benchmarks/startup.py calls `startup` with --chart (RESULTS.json is what its --json writes);
 benchmarks/startup_vllm.py calls `startup_vllm` with --chart (FIGURES.json is its last line);
 benchmarks/soak.py calls `soak` with --chart (SOAK.json is its last line).
+benchmarks/scale.py calls `scale` with --chart (RESULTS.json is what its --json writes).
 Nothing here measures: a chart is only as current as the run it was drawn from, and says its date.
 """
 
@@ -123,6 +125,37 @@ def soak(figures: dict, out: Path) -> Path:
     return _save(fig, out)
 
 
+def scale(rows: dict, out: Path) -> Path:
+    """Three panels over the models (tiny to 8B): the bake's seconds and peak RSS, the seconds to
+    ready of each start mode, and decode tokens/s prebaked and eager (benchmarks/scale.py's rows)."""
+    models = list(rows)
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    x = range(len(models))
+    bake = [rows[m]["bake"] for m in models]
+    axes[0].bar(x, [b["seconds"] for b in bake], color="#e69f00")
+    for i, b in enumerate(bake):
+        axes[0].text(i, b["seconds"], f"{b['peak_rss_bytes'] / 2**30:.1f} GiB", ha="center", va="bottom", fontsize=8)
+    axes[0].set_title("bake: seconds (label: peak RSS)", fontsize=9)
+    colours = {"eager": "#56b4e9", "prebaked": "#0072b2", "cold": "#d55e00"}
+    for j, mode in enumerate(("eager", "prebaked", "cold")):
+        ready = [rows[m]["starts"].get(mode, {}).get("ready_s", 0.0) for m in models]
+        axes[1].bar([i + (j - 1) * 0.27 for i in x], ready, width=0.27, color=colours[mode], label=mode)
+    axes[1].set_yscale("log")
+    axes[1].set_title("seconds to ready (log scale)", fontsize=9)
+    axes[1].legend(fontsize=7, frameon=False)
+    for j, mode in enumerate(("eager", "prebaked")):
+        speed = [rows[m]["starts"].get(mode, {}).get("decode_tokens_per_s", 0.0) for m in models]
+        axes[2].bar([i + (j - 0.5) * 0.4 for i in x], speed, width=0.4, color=colours[mode], label=mode)
+    axes[2].set_yscale("log")
+    axes[2].set_title("decode tokens/s, one sequence (log scale)", fontsize=9)
+    axes[2].legend(fontsize=7, frameon=False)
+    for ax in axes:
+        ax.set_xticks(list(x), models, fontsize=8)
+    fig.suptitle(f"prebake from tiny-llama to llama3-8b, bf16, 2 CPU cores ({dt.date.today().isoformat()})")
+    return _save(fig, out)
+
+
 def _save(fig, out: Path, *, layout: bool = True) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     if layout:
@@ -132,7 +165,7 @@ def _save(fig, out: Path, *, layout: bool = True) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3 or argv[0] not in ("startup", "startup-vllm", "soak"):
+    if len(argv) != 3 or argv[0] not in ("startup", "startup-vllm", "soak", "scale"):
         print(__doc__, file=sys.stderr)
         return 2
     data = json.loads(Path(argv[1]).read_text())
@@ -140,6 +173,8 @@ def main(argv: list[str]) -> int:
         startup(data.get("summary", data), Path(argv[2]))
     elif argv[0] == "soak":
         soak(data, Path(argv[2]))
+    elif argv[0] == "scale":
+        scale(data, Path(argv[2]))
     else:
         startup_vllm(data, Path(argv[2]))
     print(f"wrote {argv[2]}")

@@ -488,8 +488,8 @@ def _check_alive(proc: subprocess.Popen, log: Path) -> None:
         raise SystemExit(f"prebake serve exited {proc.returncode}:\n{log.read_text()}")
 
 
-def _time_completion(port: int) -> tuple[float, str]:
-    body = json.dumps({"prompt": PROMPT, "max_tokens": 16, "temperature": 0}).encode()
+def _time_completion(port: int, tokens: int = 16) -> tuple[float, str]:
+    body = json.dumps({"prompt": PROMPT, "max_tokens": tokens, "temperature": 0}).encode()
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}/v1/completions",
         data=body,
@@ -508,7 +508,11 @@ def _get(port: int, path: str) -> tuple[int, str]:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, ""
-    except (urllib.error.URLError, ConnectionError, TimeoutError):  # --tp N: the socket queues until rank 0 listens
+    except (
+        urllib.error.URLError,
+        ConnectionError,
+        TimeoutError,
+    ):  # too busy to answer yet; --tp N: rank 0 not listening yet
         return 0, ""
 
 

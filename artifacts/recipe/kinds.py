@@ -147,7 +147,9 @@ class TargetKeys:
 
 
 def target_keys(recipe: Recipe, target: Target, host: HostFacts, kinds: KindTable) -> TargetKeys:
-    """Every kind's key: its own groups, its upstream kinds' digests, the operator's policy."""
+    """Every kind's key: its own groups, its upstream kinds' digests, the operator's policy; the
+    plan's recipe is the one the target's platform bakes and serves ([platforms] applied)."""
+    recipe = recipe.for_platform(target.platform)
     context = KeyContext(recipe, target, host)
     policy = policy_factors()
     keys: dict[str, Key] = {}
@@ -244,8 +246,8 @@ def model_factors(recipe: Recipe) -> Factors:
 
 def weights_identity(recipe: Recipe) -> str:
     """The weights' content identity: the seed for random weights, else a digest of the files."""
-    if recipe.model.weights == "random":
-        return f"random:seed={recipe.model.seed}"
+    if recipe.model.random_weights:
+        return f"{recipe.model.weights}:seed={recipe.model.seed}"
     folder = Path(recipe.model.weights).expanduser()
     h = hashlib.sha256()
     for path in sorted(folder.glob("*.safetensors")):

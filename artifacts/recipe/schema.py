@@ -12,6 +12,7 @@ A recipe is validated once, when read; every error names the file, the field and
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 from collections.abc import Mapping
@@ -47,14 +48,41 @@ _NOT_ARCHITECTURE = {
 _PLATFORM_FORMS = "'cpu', 'cuda:sm_90' (any CUDA compute capability), 'gaudi2' or 'gaudi3'"
 
 
+# [model] weights: seeded random tensors made in memory at every load (tiny recipes), seeded random tensors
+# written once as a Hugging Face checkpoint under $PREBAKE_HOME/models/ and read from it by mmap (recipes
+# whose weights are gigabytes), or the path of a Hugging Face model folder.
+RANDOM_WEIGHTS: Final = "random"
+RANDOM_CHECKPOINT: Final = "random-checkpoint"
+_WEIGHT_WORDS = (RANDOM_WEIGHTS, RANDOM_CHECKPOINT)
+
+
 class ModelSpec(Frozen):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
     engine: str = Field(default="prebake", pattern=r"^[a-z][a-z0-9_-]*$")  # checked against the registered adapters
-    weights: Literal["random"] | str = Field(
-        default="random", description="'random' (seeded) or a Hugging Face model folder"
+    weights: str = Field(
+        default=RANDOM_WEIGHTS,
+        description="'random' (seeded, made in memory), 'random-checkpoint' (seeded, written once as a "
+        "safetensors checkpoint under $PREBAKE_HOME/models and read by mmap) or a Hugging Face model folder",
     )
     seed: int = 0
     config: dict[str, Any]
+
+    @field_validator("weights")
+    @classmethod
+    def _weights_word_or_folder(cls, weights: str) -> str:
+        if weights in _WEIGHT_WORDS or Path(weights).expanduser().is_dir():
+            return weights
+        near = difflib.get_close_matches(weights, _WEIGHT_WORDS, n=1, cutoff=0.75)
+        if near:
+            raise ValueError(f"weights {weights!r} is neither a folder nor a known word: did you mean {near[0]!r}?")
+        if not weights.strip():
+            raise ValueError(f"weights is empty; write one of {', '.join(map(repr, _WEIGHT_WORDS))} or a model folder")
+        return weights  # a folder not downloaded yet: the load says where it looked
+
+    @property
+    def random_weights(self) -> bool:
+        """Seeded random weights, in memory or written once as a checkpoint: no folder of the user's."""
+        return self.weights in _WEIGHT_WORDS
 
     @field_validator("config")
     @classmethod
@@ -165,12 +193,25 @@ class AutotuneSpec(Frozen):
     tactics: tuple[Literal["attn_impl", "threads"], ...] = ("attn_impl", "threads")
     warmup: int = Field(default=2, ge=0)
     iterations: int = Field(default=5, ge=1)
+    layers: int | None = Field(
+        default=None,
+        ge=1,
+        description="time a copy of the model cut to this many decoder layers (the same widths, its own "
+        "seeded weights): a model too large to hold measures its tactics on a few layers; None: the whole model",
+    )
+
+    def key_options(self) -> dict[str, Any]:
+        """The options as key factors; `layers` only when set, so recipes without it keep their keys."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+DType = Literal["fp32", "bf16", "fp16", "fp8"]
 
 
 class Matrix(Frozen):
     platform: tuple[str, ...] = Field(min_length=1)
     tp: tuple[int, ...] = Field(default=(1,), min_length=1)
-    dtype: tuple[Literal["fp32", "bf16", "fp16", "fp8"], ...] = Field(min_length=1)
+    dtype: tuple[DType, ...] = Field(min_length=1)
 
     @field_validator("platform")
     @classmethod
@@ -187,6 +228,15 @@ class Matrix(Frozen):
         return tps
 
 
+class PlatformProfile(Frozen):
+    """[platforms.<platform>]: where one platform of the matrix differs from the recipe: fewer TP
+    sizes or dtypes than the matrix's, and serving limits of its own (a whole [serving] table)."""
+
+    tp: tuple[int, ...] | None = Field(default=None, min_length=1)
+    dtype: tuple[DType, ...] | None = Field(default=None, min_length=1)
+    serving: ServingLimits | None = None
+
+
 class Recipe(Frozen):
     model: ModelSpec
     serving: ServingLimits
@@ -194,6 +244,9 @@ class Recipe(Frozen):
     compile: CompileOptions = CompileOptions()
     autotune: AutotuneSpec = AutotuneSpec()
     matrix: Matrix
+    platforms: dict[str, PlatformProfile] = Field(
+        default_factory=dict, description="per platform of the matrix: fewer tp/dtype, its own serving limits"
+    )
     engine: dict[str, Any] = Field(
         default_factory=dict
     )  # [engine]: the engine's own settings, which its adapter validates
@@ -208,12 +261,55 @@ class Recipe(Frozen):
                     f"matrix.tp {tp} does not split {cfg['num_attention_heads']} attention heads and "
                     f"{kv} KV heads evenly; use a TP size that divides the head counts"
                 )
-        if self.serving.max_model_len > cfg.get("max_position_embeddings", self.serving.max_model_len):
+        self._profiles_narrow_the_matrix()
+        layers = self.autotune.layers
+        if layers is not None and layers > cfg["num_hidden_layers"]:
             raise ValueError(
-                f"serving.max_model_len {self.serving.max_model_len} exceeds the model's "
+                f"autotune.layers {layers} exceeds the model's num_hidden_layers {cfg['num_hidden_layers']}; "
+                f"lower it, or remove it to time the whole model"
+            )
+        self._fits_the_model(self.serving, "serving")
+        return self
+
+    def _fits_the_model(self, serving: ServingLimits, where: str) -> None:
+        cfg = self.model.config
+        if serving.max_model_len > cfg.get("max_position_embeddings", serving.max_model_len):
+            raise ValueError(
+                f"{where}.max_model_len {serving.max_model_len} exceeds the model's "
                 f"max_position_embeddings {cfg['max_position_embeddings']}; lower max_model_len"
             )
-        return self
+
+    def _profiles_narrow_the_matrix(self) -> None:
+        for platform, profile in self.platforms.items():
+            if platform not in self.matrix.platform:
+                raise ValueError(
+                    f"platforms.{platform} describes a platform the matrix does not list "
+                    f"({list(self.matrix.platform)}); add it to matrix.platform or remove the table"
+                )
+            for name in ("tp", "dtype"):
+                extra = sorted(set(getattr(profile, name) or ()) - set(getattr(self.matrix, name)))
+                if extra:
+                    raise ValueError(
+                        f"platforms.{platform}.{name} lists {extra}, which matrix.{name} "
+                        f"({list(getattr(self.matrix, name))}) does not: a profile only narrows the matrix; "
+                        f"add them to matrix.{name}"
+                    )
+            if profile.serving is not None:
+                self._fits_the_model(profile.serving, f"platforms.{platform}.serving")
+
+    def builds(self, platform: str, tp: int, dtype: str) -> bool:
+        """Whether the matrix bakes this combination, its platform's profile applied."""
+        profile = self.platforms.get(platform)
+        if profile is None:
+            return True
+        return (profile.tp is None or tp in profile.tp) and (profile.dtype is None or dtype in profile.dtype)
+
+    def for_platform(self, platform: str) -> Recipe:
+        """The recipe as `platform` bakes and serves it: its profile's serving limits, if it has some."""
+        profile = self.platforms.get(platform)
+        if profile is None or profile.serving is None:
+            return self
+        return self.model_copy(update={"serving": profile.serving})
 
 
 @dataclass(frozen=True)
@@ -354,5 +450,5 @@ def targets(recipe: Recipe, *, dtype: str | None = None, tp: int | None = None) 
         for t in recipe.matrix.tp
         if tp is None or t == tp
         for d in recipe.matrix.dtype
-        if dtype is None or d == dtype
+        if (dtype is None or d == dtype) and recipe.builds(platform, t, d)
     ]

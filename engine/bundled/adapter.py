@@ -88,7 +88,7 @@ def build_in_child(request: BuildRequest) -> None:
 
 
 def _autotune_groups(context: KeyContext) -> Groups:
-    return {**target_groups(context), "options": context.recipe.autotune.model_dump(mode="json")}
+    return {**target_groups(context), "options": context.recipe.autotune.key_options()}
 
 
 def _graphs_groups(context: KeyContext) -> Groups:

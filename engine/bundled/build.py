@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import platform
+import resource
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +27,7 @@ from prebake.artifacts.recipe.kinds import BUCKETS_FILE
 from prebake.artifacts.recipe.schema import Recipe, Target
 from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE, GRAPHS_FILE
 from prebake.engine.bundled.runtime.autotune import load_winners, measure
-from prebake.engine.bundled.runtime.loader import load_model, torch_dtype
+from prebake.engine.bundled.runtime.loader import load_model, placeholder_model, reduced_model, torch_dtype
 from prebake.engine.bundled.runtime.model import KVCache, Llama
 from prebake.engine.bundled.runtime.parallel import Parallel, one_rank_of
 from prebake.engine.bundled.runtime.shapes import StepShape, step_shapes
@@ -38,11 +39,15 @@ from prebake.engine.bundled.variants.base import CompileJob
 def build_autotune(
     recipe: Recipe, dtype: str, buckets_tree: Path, out: Path, target_platform: str = "cpu", tp: int = 1
 ) -> None:
+    """Time every tactic on every shape: the whole model, or [autotune] layers of it (real compute);
+    a tp=N target's tactics on one rank's shard."""
     shapes = _shapes(recipe, buckets_tree)
-    with _as_one_rank(tp) as parallel:  # a tp=N target's tactics are measured on one rank's shard
-        steps = CompiledSteps(*model_and_cache(recipe, dtype, target_platform, parallel), compile=False)
+    layers = recipe.autotune.layers
+    with _as_one_rank(tp) as parallel:
+        steps = CompiledSteps(*model_and_cache(recipe, dtype, target_platform, parallel, layers=layers), compile=False)
         document = measure(steps, shapes, recipe.autotune)
     document["measured_on"] = {"machine": platform.machine(), "processor": platform.processor()}
+    document["model"] = {"layers": layers or steps.model.config.num_hidden_layers, "peak_rss_bytes": peak_rss()}
     (out / AUTOTUNE_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))
 
 
@@ -55,15 +60,18 @@ def build_graphs(
     target_platform: str = "cpu",
     tp: int = 1,
 ) -> None:
-    """The graphs tree of one target; a tp=N target's is compiled once, as rank 0 of a fake group of
-    N (runtime/parallel.one_rank_of): one package, its collectives inside, that every rank loads."""
+    """The graphs tree of one target, on placeholder weights when the variant's compile never runs the
+    model; a tp=N target's is compiled once, as rank 0 of a fake group of N (runtime/parallel.one_rank_of):
+    one package, its collectives inside, that every rank loads."""
     if why := variant_of(recipe).refuses(Target(recipe.model.name, target_platform, tp, dtype)):
         raise BuildError(f"{recipe.model.name} tp {tp}: {why}")
     shapes = _shapes(recipe, buckets_tree)
     tactics = load_winners(autotune_tree / AUTOTUNE_FILE)
+    placeholders = variant_of(recipe).compiles_without_weights(recipe.compile.fallback)
+    facts = {"weights": "placeholders" if placeholders else "loaded"}
     with _as_one_rank(tp) as parallel:
-        model, cache = model_and_cache(recipe, dtype, target_platform, parallel)
-        compile_graphs(model, cache, recipe, {s: tactics[s] for s in shapes}, out)
+        model, cache = model_and_cache(recipe, dtype, target_platform, parallel, placeholders=placeholders)
+        compile_graphs(model, cache, recipe, {s: tactics[s] for s in shapes}, out, facts=facts)
 
 
 @contextmanager
@@ -75,6 +83,11 @@ def _as_one_rank(tp: int) -> Iterator[Parallel | None]:
         yield parallel
 
 
+def peak_rss() -> int:
+    """This process's peak resident memory, in bytes (Linux's ru_maxrss is in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def compile_graphs(
     model: Llama,
     cache: KVCache,
@@ -82,6 +95,7 @@ def compile_graphs(
     tactics: dict[StepShape, Tactic],
     out: Path,
     log: Callable[[str], None] = print,
+    facts: dict[str, str] | None = None,
 ) -> CompiledSteps:
     """Compile every shape of `tactics` into the graphs tree `out`, in the recipe's variant; the warm steps.
 
@@ -105,6 +119,7 @@ def compile_graphs(
         **compiled.facts,
         "torch": torch.__version__,
         "total_compile_s": round(time.perf_counter() - started, 3),
+        "builder": {**(facts or {}), "peak_rss_bytes": peak_rss()},
         "shapes": [
             {"shape": asdict(s), "tactic": asdict(t), "compile_s": round(compiled.seconds[s], 3)}
             for s, t in tactics.items()
@@ -120,12 +135,26 @@ def _shapes(recipe: Recipe, buckets_tree: Path):
 
 
 def model_and_cache(
-    recipe: Recipe, dtype: str, target_platform: str = "cpu", parallel: Parallel | None = None
+    recipe: Recipe,
+    dtype: str,
+    target_platform: str = "cpu",
+    parallel: Parallel | None = None,
+    *,
+    placeholders: bool = False,
+    layers: int | None = None,
+    log: Callable[[str], None] = print,
 ) -> tuple[Llama, KVCache]:
-    """The recipe's model (one rank's shard with `parallel`) and a KV cache of its serving limits on the
-    target platform's device (a CUDA target: the GPU): the builder and the engine size and place them alike."""
+    """The recipe's model (one rank's shard with `parallel`) and a KV cache of its serving limits on
+    the target platform's device (a CUDA target: the GPU): the builder and the engine size and place
+    them alike. `placeholders`: the weights' storage reserved, never touched; `layers`: a copy cut to
+    that many layers."""
     device = device_of(target_platform)
-    model = load_model(recipe.model, dtype, device=device, parallel=parallel)
+    if placeholders:
+        model = placeholder_model(recipe.model, dtype, device=device, parallel=parallel)
+    elif layers is not None:
+        model = reduced_model(recipe.model, dtype, layers, device=device, parallel=parallel)
+    else:
+        model = load_model(recipe.model, dtype, device=device, parallel=parallel, log=log)
     cache = KVCache.allocate(
         model.config, recipe.serving.max_num_seqs, recipe.serving.max_model_len, dtype=torch_dtype(dtype), device=device
     )

@@ -291,7 +291,7 @@ def _warm(
     with log.step("load") as s:
         from prebake.engine.bundled.build import model_and_cache
 
-        model, cache = model_and_cache(recipe, plan.target.dtype, plan.target.platform, parallel)
+        model, cache = model_and_cache(recipe, plan.target.dtype, plan.target.platform, parallel, log=log.note)
         s.detail = (
             f"{recipe.model.name} {plan.target.dtype} ({sum(p.numel() for p in model.parameters()):,} parameters"
             + (f" on rank {parallel.rank} of {parallel.world})" if parallel is not None else ")")

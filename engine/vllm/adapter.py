@@ -68,7 +68,7 @@ _SOFTWARE = tuple(p.factor for p in PACKAGES)
 
 
 def _autotune_groups(context: KeyContext) -> Groups:
-    options = context.recipe.autotune.model_dump(mode="json")
+    options = context.recipe.autotune.key_options()
     return {**target_groups(context, software=_SOFTWARE), "options": options}
 
 

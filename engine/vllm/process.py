@@ -234,14 +234,14 @@ def engine_flags(recipe: Recipe, target: Target) -> list[str]:
     flags += ["--dtype", *_DTYPE_FLAGS[settings["dtype"]]]
     if recipe.compile.mode == "max-autotune-no-cudagraphs":
         flags += ["--compilation-config", json.dumps({"inductor_compile_config": {"max_autotune": True}})]
-    if recipe.model.weights == "random":
+    if recipe.model.random_weights:
         flags.append("--skip-tokenizer-init")  # a random-weight model has no tokenizer: clients send token ids
     return flags
 
 
 def model_location(recipe: Recipe, models_root: Path, python: str = sys.executable) -> ModelLocation:
     """Where vLLM finds the model; random weights are saved there with transformers if absent."""
-    if recipe.model.weights != "random":
+    if not recipe.model.random_weights:
         return ModelLocation(None, recipe.model.weights)
     identity = sha256_hex(
         canonical_json({"architecture": recipe.model.architecture(), "weights": weights_identity(recipe)})

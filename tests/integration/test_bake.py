@@ -131,6 +131,7 @@ def test_fp8_on_this_cpu_names_the_host_and_what_would_build_it(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert "this host (cpu" in out and "cuda:sm_90" in out and "gaudi3" in out
+    assert "cannot build cpu fp8: fp8 needs a CUDA GPU of sm_89 or newer" in out  # the probe's reason
 
 
 def test_bake_without_a_model_says_how_to_name_one(tmp_path):

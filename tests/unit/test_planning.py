@@ -48,15 +48,16 @@ def _plan(recipe, profiles, present=frozenset()):
     )
 
 
-def test_llama3_plan_has_24_targets_by_3_kinds_with_requirements(capsys, tmp_path):
+def test_llama3_plan_has_25_targets_by_3_kinds_with_requirements(capsys, tmp_path):
     assert main(["plan", "--model", "llama3-8b", "--format", "json", "--registry", str(tmp_path)]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["schema"] == "prebake.plan/1" and len(out["targets"]) == 24
+    assert out["schema"] == "prebake.plan/1" and len(out["targets"]) == 25  # 24 on accelerators, 1 on the CPU
     for t in out["targets"]:
+        on_cpu = t["platform"] == "cpu"
         assert set(t["kinds"]) == {"buckets", "autotune", "graphs"}
-        assert t["requires"]["accelerators"] == t["tp"]
+        assert t["requires"]["accelerators"] == (0 if on_cpu else t["tp"])
         assert t["requires"]["runner_labels"] and t["requires"]["ray_resources"]
-        assert t["buildable_here"] is False  # this machine is a CPU host
+        assert t["buildable_here"] is on_cpu  # this machine is a CPU host: bf16 on it builds here
 
 
 def test_without_a_profile_only_host_independent_kinds_are_keyed():
@@ -65,6 +66,9 @@ def test_without_a_profile_only_host_independent_kinds_are_keyed():
     fleet = _plan(recipe, [])
     for t in fleet.targets:
         states = {k.kind: k for k in t.kinds}
+        if t.target.platform == "cpu":  # this host is its profile: every kind keyed
+            assert all(k.status == MISSING and k.key_digest for k in t.kinds) and t.profile == "this host"
+            continue
         assert states["buckets"].status == MISSING and states["buckets"].key_digest
         assert states["autotune"].status == states["graphs"].status == UNKNOWN
         assert states["graphs"].key_digest is None and "no profile for" in t.reason
@@ -85,12 +89,12 @@ def test_a_profile_keys_targets_as_the_probe_on_that_runner_would(tmp_path):
 
 def test_present_only_when_the_exact_key_is_in_the_registry(tmp_path):
     recipe = load_recipe("llama3-8b")
-    target = targets(recipe, dtype="bf16", tp=1)[0]
+    target = next(t for t in targets(recipe, dtype="bf16", tp=1) if t.platform == "cuda:sm_90")
     keys = target_keys(recipe, target, H100, kinds_for(recipe, target)).keys
     present = {(k, key.digest) for k, key in keys.items()}
     fleet = _plan(recipe, [Profile("h100", H100)], present)
     assert fleet.find(target.name).status == PRESENT
-    assert len(fleet.missing()) == 23
+    assert len(fleet.missing()) == 24
     other_driver = Host(
         H100.platform, Software("3.11", "2.13.0+cu128", "3.6.0", None, "12.8", "580.1", packages=NO_ENGINE_PACKAGES)
     )

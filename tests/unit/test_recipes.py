@@ -4,8 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from prebake.artifacts.errors import RecipeError, UnknownModelError
+from prebake.artifacts.errors import HostCannotBuildError, RecipeError, UnknownModelError
+from prebake.artifacts.recipe.kinds import buildable_targets, target_keys
 from prebake.artifacts.recipe.schema import list_recipes, load_recipe, targets
+from prebake.engine.adapters import kinds_for
+from prebake.engine.common.probe import current_host
 
 SHIPPED = Path(__file__).resolve().parents[2] / "recipes"
 
@@ -31,11 +34,70 @@ def test_shipped_recipes_load():
     assert big.model.config["rope_scaling"]["rope_type"] == "llama3"
 
 
-def test_llama3_matrix_covers_cuda_and_gaudi_by_tp_by_dtype():
+def test_llama3_matrix_covers_cuda_and_gaudi_by_tp_by_dtype_and_the_cpu_in_bf16_alone():
     big = load_recipe("llama3-8b", SHIPPED)
     built = {(t.platform, t.tp, t.dtype) for t in targets(big)}
-    assert len(built) == 3 * 4 * 2
+    assert len(built) == 3 * 4 * 2 + 1
     assert ("gaudi3", 8, "fp8") in built and ("cuda:sm_90", 1, "bf16") in built
+    assert [t for t in built if t[0] == "cpu"] == [("cpu", 1, "bf16")]
+
+
+def test_fp8_of_llama3_8b_is_refused_on_this_cpu_naming_why_and_bf16_builds_here():
+    big = load_recipe("llama3-8b", SHIPPED)
+    host = current_host()  # this machine: a CPU
+    with pytest.raises(HostCannotBuildError, match=r"cannot build cpu fp8: fp8 needs a CUDA GPU of sm_89 or newer"):
+        buildable_targets(big, host, dtype="fp8")
+    assert [t.name for t in buildable_targets(big, host, dtype="bf16")] == ["llama3-8b/cpu/tp1/bf16"]
+
+
+def test_a_platform_profile_gives_that_platform_its_own_serving_limits_in_its_plan():
+    big = load_recipe("llama3-8b", SHIPPED)
+    cpu = big.for_platform("cpu").serving
+    assert (cpu.max_model_len, cpu.max_num_seqs) == (128, 1)
+    assert big.for_platform("gaudi3").serving == big.serving and big.serving.max_model_len == 8192
+    [target] = targets(big, dtype="bf16", tp=1)[:1]
+    assert target.platform == "cpu"
+    plan = target_keys(big, target, current_host(), kinds_for(big, target))
+    assert plan.recipe.serving == cpu  # what the bake's builders and the start read
+
+
+def test_a_platform_profile_can_only_narrow_the_matrix(tmp_path):
+    text = (SHIPPED / "tiny-llama.toml").read_text()
+    path = _write(tmp_path, text + '\n[platforms.cpu]\ndtype = ["fp16"]\n')
+    with pytest.raises(RecipeError, match=r"platforms.cpu.dtype lists \['fp16'\].*add them to matrix.dtype"):
+        load_recipe(path)
+    path = _write(tmp_path, text + "\n[platforms.gaudi3]\ntp = [1]\n")
+    with pytest.raises(RecipeError, match="platforms.gaudi3 describes a platform the matrix does not list"):
+        load_recipe(path)
+
+
+def test_the_1b_recipe_is_llama_3_2_1b_on_a_random_checkpoint_with_two_core_limits():
+    small = load_recipe("llama3.2-1b", SHIPPED)
+    config = small.model.config
+    assert (config["num_hidden_layers"], config["hidden_size"], config["intermediate_size"]) == (16, 2048, 8192)
+    assert (config["num_attention_heads"], config["num_key_value_heads"], config["vocab_size"]) == (32, 8, 128256)
+    assert config["tie_word_embeddings"] and config["rope_scaling"]["factor"] == 32
+    assert small.model.weights == "random-checkpoint" and small.autotune.layers == 2
+    assert [t.name for t in targets(small)] == ["llama3.2-1b/cpu/tp1/bf16"]
+
+
+def test_a_misspelt_weights_word_is_refused_naming_the_word(tmp_path):
+    path = _tiny_with('weights = "random"', 'weights = "random-chekpoint"', tmp_path)
+    with pytest.raises(RecipeError, match="did you mean 'random-checkpoint'"):
+        load_recipe(path)
+
+
+def test_autotune_layers_beyond_the_model_are_refused(tmp_path):
+    path = _tiny_with("iterations = 5", "iterations = 5\nlayers = 9", tmp_path)
+    with pytest.raises(RecipeError, match="autotune.layers 9 exceeds the model's num_hidden_layers 4"):
+        load_recipe(path)
+
+
+def test_autotune_layers_join_the_autotune_key_only_when_set():
+    tiny = load_recipe("tiny-llama", SHIPPED)
+    assert "layers" not in tiny.autotune.key_options()
+    cut = tiny.autotune.model_copy(update={"layers": 2})
+    assert cut.key_options()["layers"] == 2
 
 
 def test_targets_narrow_to_a_dtype_and_refuse_one_not_in_the_matrix():
@@ -46,7 +108,7 @@ def test_targets_narrow_to_a_dtype_and_refuse_one_not_in_the_matrix():
 
 
 def test_unknown_model_lists_the_recipes():
-    with pytest.raises(UnknownModelError, match="known: llama3-8b, tiny-llama"):
+    with pytest.raises(UnknownModelError, match="known: llama3-8b, llama3.2-1b, tiny-llama"):
         load_recipe("llama4-400b", SHIPPED)
 
 

@@ -52,7 +52,7 @@ class ChatTemplate:
 
 def chat_template_for(spec: ModelSpec) -> ChatTemplate | None:
     """The recipe model's chat template; None when its folder has none (chat is then refused)."""
-    if spec.weights == "random":
+    if spec.random_weights:
         return ChatTemplate(TINY_TEMPLATE)
     folder = Path(spec.weights).expanduser()
     config: dict = {}

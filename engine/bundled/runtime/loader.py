@@ -1,13 +1,20 @@
-"""Loading a recipe's model: seeded random weights for tiny recipes, or a Hugging Face folder."""
+"""Loading a recipe's model: seeded random weights, a random checkpoint written once, or a Hugging Face
+folder; and the two models a bake makes without them: placeholders (storage reserved, never touched: a
+compile that keeps weights out of its output) and a copy cut to a few layers (autotune's timings)."""
 
 from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
 
 import torch
 
 from prebake.artifacts.errors import BuildError
-from prebake.artifacts.recipe.schema import ModelSpec
-from prebake.engine.bundled.runtime.model import Llama, build_model
-from prebake.engine.bundled.runtime.parallel import Parallel
+from prebake.artifacts.recipe.schema import RANDOM_CHECKPOINT, RANDOM_WEIGHTS, ModelSpec
+from prebake.artifacts.store.settings import default_home
+from prebake.engine.bundled.runtime.checkpoint import random_checkpoint, seeded_tensors
+from prebake.engine.bundled.runtime.model import Llama, SkipInit, build_model, rope_inv_freq
+from prebake.engine.bundled.runtime.parallel import Parallel, local_config
 from prebake.engine.bundled.runtime.weights import LlamaConfig, load_hf_folder, tiny_random_weights
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -22,12 +29,50 @@ def torch_dtype(name: str) -> torch.dtype:
     return TORCH_DTYPES[name]
 
 
-def load_model(spec: ModelSpec, dtype: str, device: str = "cpu", parallel: Parallel | None = None) -> Llama:
-    """The runtime for a recipe's [model]: its inline config with seeded weights, or a folder, on `device`;
-    with `parallel`, one rank's shard of it."""
-    if spec.weights == "random":
+def load_model(
+    spec: ModelSpec,
+    dtype: str,
+    device: str = "cpu",
+    parallel: Parallel | None = None,
+    home: Path | None = None,
+    log=print,
+) -> Llama:
+    """The runtime for a recipe's [model] on `device` (with `parallel`, one rank's shard of it): its
+    inline config with seeded weights, its random checkpoint under `home` ($PREBAKE_HOME; written on
+    first need) or its folder, both read by mmap."""
+    if spec.weights == RANDOM_WEIGHTS:
         config = LlamaConfig.from_hf(spec.config)
         state = tiny_random_weights(config, seed=spec.seed)  # made on the CPU: the same bits on any machine
+        return build_model(config, state, torch_dtype(dtype), device=device, parallel=parallel)
+    if spec.weights == RANDOM_CHECKPOINT:
+        folder = random_checkpoint(spec, home or default_home(), log=log).folder
     else:
-        config, state = load_hf_folder(spec.weights, torch_dtype(dtype))
+        folder = Path(spec.weights).expanduser()
+    config, state = load_hf_folder(folder, torch_dtype(dtype))
+    return build_model(config, state, torch_dtype(dtype), device=device, parallel=parallel)
+
+
+def placeholder_model(spec: ModelSpec, dtype: str, device: str = "cpu", parallel: Parallel | None = None) -> Llama:
+    """The recipe's model (one rank's shard with `parallel`) whose tensors have storage that is
+    reserved and never written or read.
+
+    What a compile needs that keeps the weights out of what it writes (an AOTInductor package binds
+    them at load): their shapes, dtypes and distinct storages. The pages of an allocation nobody
+    touches are never made resident, so the bake's memory does not grow with the weights. (Fake
+    tensors would not do: Inductor dedupes constants by storage pointer, and every fake's is 0.)"""
+    config = LlamaConfig.from_hf(spec.config)
+    with torch.device("meta"), SkipInit():
+        model = Llama(local_config(config, parallel), torch_dtype(dtype), parallel)
+    model = model.to_empty(device=device)
+    model.inv_freq = rope_inv_freq(config).to(device)
+    return model.eval().requires_grad_(False)
+
+
+def reduced_model(
+    spec: ModelSpec, dtype: str, layers: int, device: str = "cpu", parallel: Parallel | None = None
+) -> Llama:
+    """The recipe's model cut to its first `layers` decoder layers, the same widths, seeded weights
+    made in `dtype` (never the whole model's): what autotune times a model too large to hold on."""
+    config = dataclasses.replace(LlamaConfig.from_hf(spec.config), num_hidden_layers=layers)
+    state = dict(seeded_tensors(config, spec.seed, torch_dtype(dtype)))
     return build_model(config, state, torch_dtype(dtype), device=device, parallel=parallel)

@@ -326,7 +326,7 @@ def build_model(
     Tensors already of that dtype and device are used as they are, not copied.
     """
     check_state_dict(config, state_dict)
-    with torch.device("meta"), _SkipInit():  # no throwaway random init of a multi-gigabyte model
+    with torch.device("meta"), SkipInit():  # no throwaway random init of a multi-gigabyte model
         model = Llama(local_config(config, parallel), dtype, parallel)
     shard = shard_state_dict(config, state_dict, parallel)
     model.load_state_dict(
@@ -336,7 +336,7 @@ def build_model(
     return model.eval().requires_grad_(False)
 
 
-class _SkipInit(TorchFunctionMode):
+class SkipInit(TorchFunctionMode):
     """torch.nn.init's functions left undone: every parameter is replaced by the state dict's.
 
     On the meta device they would run through torch's Python references, which import Dynamo

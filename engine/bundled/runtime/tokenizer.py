@@ -84,7 +84,7 @@ class HFTokenizer:
 
 def tokenizer_for(spec: ModelSpec, vocab_size: int) -> Tokenizer | None:
     """The tokenizer of a recipe's model: tokenizer.json of its folder, bytes for random weights, else None."""
-    if spec.weights == "random":
+    if spec.random_weights:
         return ByteTokenizer(vocab_size)
     path = Path(spec.weights).expanduser() / TOKENIZER_FILE
     return HFTokenizer(path) if path.is_file() else None

@@ -278,7 +278,10 @@ def check_state_dict(config: LlamaConfig, state_dict: Mapping[str, Tensor], sour
 
 
 def load_hf_folder(path: str | Path, dtype: torch.dtype = torch.float32) -> tuple[LlamaConfig, dict[str, Tensor]]:
-    """Read config.json and the safetensors weights (single file or sharded) of a model folder."""
+    """Read config.json and the safetensors weights (single file or sharded) of a model folder.
+
+    safetensors maps each file: a tensor already in `dtype` is a view of the file's pages (read
+    from the page cache as it is used, never copied); another dtype is converted, a copy."""
     folder = Path(path)
     config_path = folder / CONFIG_FILE
     if not config_path.is_file():
@@ -336,9 +339,14 @@ def _weight_files(folder: Path) -> list[Path]:
     return [folder / s for s in shards]
 
 
-def _runtime_name(config: LlamaConfig, hf_name: str) -> str | None:
-    if hf_name.endswith(_IGNORED_SUFFIXES):
+def _runtime_name(config: LlamaConfig, name: str) -> str | None:
+    if name.endswith(_IGNORED_SUFFIXES):
         return None
-    if hf_name == "lm_head.weight":
-        return None if config.tie_word_embeddings else hf_name
-    return hf_name.removeprefix("model.") if hf_name.startswith("model.") else hf_name
+    if name == "lm_head.weight":
+        return None if config.tie_word_embeddings else name
+    return name.removeprefix("model.") if name.startswith("model.") else name
+
+
+def hf_name(runtime_name: str) -> str:
+    """The Hugging Face name of a runtime tensor name (`model.` prefixed, lm_head as is)."""
+    return runtime_name if runtime_name == "lm_head.weight" else "model." + runtime_name

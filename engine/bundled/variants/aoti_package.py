@@ -38,6 +38,9 @@ class AotiPackage(GraphsVariant):
     def key_factors(self, options: CompileOptions) -> dict[str, object]:
         return {"fallback": options.fallback}  # a tree with a fallback is another tree
 
+    def compiles_without_weights(self, fallback: str) -> bool:
+        return fallback == NO_FALLBACK  # export and AOT compile only; the package takes the weights at load
+
     def compile(self, job: CompileJob) -> Compiled:
         """The fallback's tree first (when the recipe asks for one), then the package, loaded once
         as a start loads it; without a fallback, Inductor's leftovers (ISA probes, locks) go."""

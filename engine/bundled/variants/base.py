@@ -100,6 +100,11 @@ class GraphsVariant(ABC):
         """Why this variant cannot build or serve `target`, or None."""
         return None
 
+    def compiles_without_weights(self, fallback: str) -> bool:
+        """Whether `compile` (with this [compile] fallback) never runs the model nor keeps its weights:
+        the bake then compiles on placeholders (prebake.engine.bundled.runtime.loader.placeholder_model)."""
+        return False
+
     @abstractmethod
     def compile(self, job: CompileJob) -> Compiled: ...
 
