@@ -230,15 +230,42 @@ class _InProcess:
         )
         if self.settings.write_back and built:
             with log.step("write-back") as s:
-                if not started.resolved.answered:
+                if not started.resolved.answered and not _answers_now(started, built):
                     address = started.services.source.address
-                    s.detail = f"skipped: registry {address} did not answer at start-up; the next start compiles again"
+                    s.detail = (
+                        f"skipped: registry {address} did not answer at start-up, nor after the compile; "
+                        "the next start compiles again"
+                    )
                 else:
                     s.detail = _write_back(
                         plan, built, trees, resolution.installed, started.services, self.settings.fetch_timeout, log
                     )
         engine.leases = self.leases
         return engine
+
+
+def _answers_now(started: starter.Started, built: list[str]) -> bool:
+    """Whether the registry answers now, asked again within the start's registry time box.
+
+    A lookup that ran out of its time box at start-up need not mean the registry is down: it runs
+    beside the import thread (torch's and Inductor's imports, long stretches under the GIL), so on a
+    loaded host a local folder took 16.9 s to be asked (docs/serving.md). Asked again after the
+    compile, with nothing else running in the process, a registry that answers gets the write-back."""
+    from prebake.artifacts.fetch import pipeline
+
+    services, request = started.services, started.request
+    with ExitStack() as hold:
+        looked = pipeline.lookup(
+            started.plan,
+            built[:1],
+            store=services.store,
+            open_registry=services.source.open_registry,
+            address=services.source.address,
+            trust=services.source.trust,
+            timeout=request.registry_timeout,
+            hold=hold,
+        )
+    return looked.registry is not None and looked.answered
 
 
 def _count(metrics: Metrics, resolution: Resolution) -> None:
