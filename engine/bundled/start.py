@@ -331,8 +331,11 @@ def _warm(
         from prebake.engine.bundled.build import model_and_cache
 
         model, cache = model_and_cache(recipe, plan.target.dtype, plan.target.platform)
+        import torch
+
         s.detail = (
-            f"{recipe.model.name} {plan.target.dtype} ({sum(p.numel() for p in model.parameters()):,} parameters)"
+            f"{recipe.model.name} {plan.target.dtype} ({sum(p.numel() for p in model.parameters()):,} parameters); "
+            f"{torch.get_num_threads()} threads, this host's"  # kernels read it when they run, never the builder's
         )
     steps = None
     if settings.eager or "graphs" in installed:

@@ -125,6 +125,7 @@ def compile_package(
         **(torch._inductor.list_mode_options(mode) if mode != "default" else {}),
         "aot_inductor.package": True,
         "aot_inductor.package_constants_in_so": False,  # weights are bound at load, never packaged
+        "cpp.dynamic_threads": True,  # kernels take the serving host's thread count (steps.threads_at_run_time)
     }
     files: dict[str, list[str]] = {}
     sources: list[str] = []  # C++ sources: left out of the package, which loads from the shared objects alone
@@ -132,8 +133,6 @@ def compile_package(
     countdown = Countdown(len(tactics))
     for shape, tactic in tactics.items():
         started = time.perf_counter()
-        if tactic.threads:
-            torch.set_num_threads(tactic.threads)
         exported = torch.export.export(_Step(model, shape, tactic), example_inputs(shape, cache), strict=False)
         listed = torch._inductor.aot_compile(exported.module(), exported.example_inputs[0], options=dict(options))
         if not isinstance(listed, list):  # with aot_inductor.package, torch 2.13 returns the files to package
