@@ -98,9 +98,9 @@ def main() -> None:
         rates: dict[str, list[float]] = {k: [] for k in runs}
         for _ in range(args.repeat):  # interleaved: a burst of load falls on every configuration
             for label, (out, cores_) in runs.items():
-                rates[label].append(
-                    child(root, cores_, "serve", str(recipe), str(out), shape, str(args.steps))["tokens_per_s"]
-                )
+                served = child(root, cores_, "serve", str(recipe), str(out), shape, str(args.steps))
+                rates[label].append(served["tokens_per_s"])
+                print(f"{label}: {served['tokens_per_s']} tokens/s on {served['threads']} thread(s)", flush=True)
     median = {k: statistics.median(v) for k, v in rates.items()}
     for label, value in median.items():
         print(f"{label:>18}: {value:8.1f} decode tokens/s (runs {rates[label]})")

@@ -58,12 +58,16 @@ def compile_graphs(
     tactics: dict[StepShape, Tactic],
     out: Path,
     log: Callable[[str], None] = print,
+    *,
+    workers: int | None = None,
 ) -> CompiledSteps:
     """Compile every shape of `tactics` into the graphs tree `out`, in the recipe's variant; the warm steps.
 
     The graphs builder and the serving engine's compile-in-place both call this, so a bundle
     written back by an engine is the bundle `doit bake` would have built. Inductor writes its
-    cache into TORCHINDUCTOR_CACHE_DIR, which the caller set to out/inductor.
+    cache into TORCHINDUCTOR_CACHE_DIR, which the caller set to out/inductor. An aoti-package on
+    the CPU compiles its shapes in worker processes (`workers`: how many; None: as many as the
+    cores and the memory allow, runtime.aoti_workers); the other variants compile in this process.
     """
     import torch
 
@@ -74,7 +78,8 @@ def compile_graphs(
     if variant != AOTI_PACKAGE or fallback != NO_FALLBACK:  # the variant itself, or a package's opt-in fallback
         steps, seconds, precompiled = _inductor_tree(model, cache, recipe, tactics, out, log)
     if variant == AOTI_PACKAGE:
-        aoti_s = aoti.compile_package(model, cache, tactics, out, mode=recipe.compile.mode, log=log)
+        pool = _workers(model, cache, recipe, len(tactics), workers)
+        aoti_s = aoti.compile_package(model, cache, tactics, out, mode=recipe.compile.mode, log=log, workers=pool)
         seconds = {s: seconds[s] + aoti_s[s] for s in seconds}
         steps = aoti.load_package(model, cache, list(tactics), out)  # what a start loads, checked here
         if (
@@ -126,6 +131,19 @@ def _inductor_tree(
         log(f"  dynamo-precompile: {unsupported}; baking the Inductor cache alone (the engine warms up from it)")
     steps = CompiledSteps(model, cache, mode=recipe.compile.mode, expected_shapes=len(tactics))
     return steps, steps.warm_up(tactics, log=log), False
+
+
+def _workers(model: Llama, cache: KVCache, recipe: Recipe, shapes: int, asked: int | None):
+    """The worker processes an aoti-package compile may use here; None on a GPU (one at a time)."""
+    from prebake.engine.bundled.runtime.aoti_workers import ModelSource, plan_workers
+    from prebake.engine.bundled.runtime.loader import TORCH_DTYPES
+
+    if cache.keys[0].device.type != "cpu" or asked == 1:
+        return None
+    dtype = next(name for name, value in TORCH_DTYPES.items() if value == cache.keys[0].dtype)
+    source = ModelSource(recipe.model, dtype, recipe.serving.max_num_seqs, recipe.serving.max_model_len)
+    tensors = [*model.parameters(), *model.buffers(), *cache.keys, *cache.values]
+    return plan_workers(source, sum(t.numel() * t.element_size() for t in tensors), shapes, asked=asked)
 
 
 def _shapes(recipe: Recipe, buckets_tree: Path):
