@@ -88,9 +88,9 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_BIN)/pip install --quiet -e '.[dev]'
 	touch $(VLLM_STAMP)
 
-## vllm-check: bake vLLM's compile cache for tiny-llama-vllm, start real vLLM cold and prebaked (CPU)
+## vllm-check: bake vLLM's compile cache for tiny-llama-vllm, start real vLLM cold and prebaked (CPU), at tp=1 and tp=2
 vllm-check: $(VLLM_STAMP)
-	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_BIN)/pytest -q -s -m vllm tests/integration/test_vllm.py
+	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_BIN)/pytest -q -s -m vllm tests/integration/test_vllm.py tests/integration/test_vllm_tp2.py
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_BIN)/python benchmarks/startup_vllm.py --runs 1 --chart docs/images/startup_vllm.png
 
 # The GPU check (benchmarks/gpu_check.py) runs on an NVIDIA host with torch and CUDA preinstalled and

@@ -1,6 +1,6 @@
 """doit tasks of prebake: wiring only; the logic lives in artifacts/, engine/ and registry/.
 
-doit bake model=tiny-llama precision=bf16 [tp=1] [registry=PATH|file://|s3://|hf://]
+doit bake model=tiny-llama precision=bf16 [tp=1] [registry=<address>]
 doit help bake     the variables bake takes
 doit list
 """
@@ -20,6 +20,6 @@ def task_bake():
     """Bake a recipe for this host: buckets -> autotune -> graphs, each packed, published and installed.
 
     Variables (checked: a misspelt one is refused): model=<recipe> precision=<dtype> tp=<N>
-    registry=<address> (default: PREBAKE_REGISTRY, else the embedded registry in $PREBAKE_HOME/registry).
+    registry=<address> (any form `prebake bake --help` lists; default: PREBAKE_REGISTRY, else the embedded registry in $PREBAKE_HOME/registry).
     """
     yield from variable_tasks(doit_variables(), open_baker=Context.for_baking)

@@ -70,28 +70,3 @@ class StoreOverlapError(StoreError, ValueError):
 
 class BuildError(PrebakeError, RuntimeError):
     """Building an artifact (autotune, graph compilation) failed."""
-
-
-class RegistryError(PrebakeError):
-    """A registry could not be reached, read or written (backends in registry/ subclass this)."""
-
-
-class UnknownRegistryError(RegistryError, ValueError):
-    """A registry address whose scheme prebake does not know."""
-
-
-class UntrustedEntryError(RegistryError):
-    """The registry already holds an entry for a key, and the trust policy in force refuses it."""
-
-
-class RegistryNotFound(RegistryError, LookupError):
-    """The registry an address names does not exist (a folder, bucket or repo): a wrong address, not an
-    empty registry."""
-
-
-class PublishConflict(RegistryError):
-    """A different bundle already answers this key; the registry keeps the first one."""
-
-    def __init__(self, message: str, existing_blob: str):
-        super().__init__(message)
-        self.existing_blob = existing_blob

@@ -39,7 +39,8 @@ from prebake.artifacts.bundle.payload import pack, unpack
 from prebake.artifacts.keys import Key
 from prebake.artifacts.layout import blob_relpath
 from prebake.artifacts.store.local import Store, StoreLimits
-from prebake.registry.backends.s3 import S3Registry, S3Settings
+from prebake.registry.backends.s3 import S3Registry
+from prebake.registry.backends.s3_client import S3Settings
 from tests.support.moto_server import moto_server, s3_env
 
 _MiB = 1 << 20

@@ -48,7 +48,7 @@ def node(argv: list[str]) -> int:
     parser.add_argument("--ready", type=Path, required=True)
     args = parser.parse_args(argv)
     from prebake.artifacts.fetch.outcome import Miss
-    from prebake.artifacts.fetch.pipeline import fetch
+    from prebake.artifacts.fetch.pipeline import fetch_key
     from prebake.artifacts.store.local import Store, StoreLimits
     from prebake.registry import open_registry
 
@@ -56,7 +56,7 @@ def node(argv: list[str]) -> int:
     args.ready.touch()
     started = float(sys.stdin.readline() or time.time())  # blocks until the go signal: no polling
     manifest = registry.lookup("graphs", args.key)
-    got = None if manifest is None else fetch(store, registry, manifest.the_key())
+    got = None if manifest is None else fetch_key(store, registry, manifest.the_key())
     if got is None or isinstance(got, Miss):
         print(json.dumps({"error": "no index entry" if got is None else got.reason}))
         return 1

@@ -39,7 +39,8 @@ from prebake.artifacts.keys import Key
 from prebake.artifacts.layout import index_relpath
 from prebake.registry.backends.file import FileRegistry
 from prebake.registry.backends.hf import HubRegistry
-from prebake.registry.backends.s3 import S3Registry, S3Settings
+from prebake.registry.backends.s3 import S3Registry
+from prebake.registry.backends.s3_client import S3Settings
 from tests.support.hub_server import hub_server
 from tests.support.index_seed import entry_key, seed_folder, seed_oci, seed_s3, synthetic_manifests
 from tests.support.moto_server import moto_server, s3_env
@@ -177,7 +178,7 @@ def _miss(registry) -> tuple[float, int, int | None]:
     counting = _Counting(registry)
     sent: list[str] = []
     if isinstance(registry, S3Registry):
-        registry._client.meta.events.register("before-send.s3", lambda request, **_: sent.append(request.url))
+        registry.s3._client.meta.events.register("before-send.s3", lambda request, **_: sent.append(request.url))
     seconds = _timed(lambda: nearest_miss(counting, _missing_key(), "no bundle for this key"))
     return seconds, counting.listed, len(sent) if isinstance(registry, S3Registry) else None
 

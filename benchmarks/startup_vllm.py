@@ -61,7 +61,11 @@ def bake(env: dict[str, str], work: Path) -> float:
     started = time.monotonic()
     argv = [str(BIN / "doit"), "run", "-f", str(REPO / "dodo.py"), "--db-file", str(work / "doit.db")]
     done = subprocess.run(
-        [*argv, "bake", f"model={MODEL}", f"precision={PRECISION}"], env=env, cwd=REPO, capture_output=True, text=True
+        [*argv, "bake", f"model={MODEL}", f"precision={PRECISION}", "tp=1"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
     )
     if done.returncode != 0:
         sys.exit(f"bake failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")

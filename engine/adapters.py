@@ -39,7 +39,7 @@ def kind_names() -> tuple[str, ...]:
 
 
 def adapter_for(recipe: Recipe, target: Target | None = None) -> EngineAdapter:
-    """The adapter that serves `recipe`, its [engine] settings checked (RecipeError naming the fix)."""
+    """The adapter that serves `recipe`, its [engine] settings and graphs variant checked (RecipeError naming the fix)."""
     try:
         adapter = ADAPTERS[recipe.model.engine]
     except KeyError:
@@ -48,6 +48,7 @@ def adapter_for(recipe: Recipe, target: Target | None = None) -> EngineAdapter:
             f"write one of those in [model] engine, or register the engine's adapter (prebake.engine.adapters)"
         ) from None
     adapter.spec.read_settings(recipe)
+    adapter.spec.graphs_variant(recipe)
     return adapter
 
 

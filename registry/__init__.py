@@ -1,10 +1,8 @@
 """Where bundles live: `open_registry` turns an address into a registry (backends/, oci/, chain.py).
 
-    /some/folder, file:///some/folder        FileRegistry (the embedded default: $PREBAKE_HOME/registry)
-    s3://bucket/prefix, az://account/container/prefix      S3Registry, AzureRegistry
-    hf://[datasets/]ns/repo[@rev]            HubRegistry: a Hugging Face model or dataset repo
-    oci://host[:port]/namespace/repo, oci-layout:DIR|FILE.tar   OCIRegistry, LayoutRegistry
-    /local/folder,s3://team/prebake          ChainRegistry: nearest first (registry/address.py)
+    /some/folder                             FileRegistry (the embedded default: $PREBAKE_HOME/registry)
+    <scheme>...                              the backend of its row in registry/schemes.py's BACKENDS
+    /local/folder,<address>                  ChainRegistry: nearest first (registry/address.py)
 
 An address that names nothing is RegistryNotFound, unless `create` is set (only the commands
 that write). Backends import boto3, huggingface_hub, httpx or azure only when opened, so
@@ -18,17 +16,9 @@ from pathlib import Path
 
 from prebake.artifacts.extras import require
 from prebake.artifacts.ports.errors import RegistryNotFound, UnknownRegistryError
+from prebake.artifacts.ports.registry import Registry
 from prebake.registry.address import split_addresses
-from prebake.registry.shared.transfer import Published, Registry
-
-SCHEMES = ("file://", "s3://", "hf://", "oci://", "az://", "oci-layout:")
-EXTRA_OF_SCHEME = {
-    "s3://": "s3",
-    "hf://": "hf",
-    "oci://": "oci",
-    "az://": "azure",
-    "oci-layout:": "oci",  # registry/oci/ (the package the layout lives in) imports httpx
-}  # the wheel's extra each backend needs
+from prebake.registry.schemes import FOLDER, SCHEMES, Opening, backend_of
 
 
 def open_registry(address: str | Path, *, create: bool = True, home: Path | None = None) -> Registry:
@@ -58,41 +48,19 @@ def open_registry(address: str | Path, *, create: bool = True, home: Path | None
 
 
 def _open_one(text: str, *, create: bool, listed: list[str] | None = None, home: Path | None = None) -> Registry:
-    _require_extra(text)
-    if text.startswith("s3://"):
-        from prebake.registry.backends.s3 import S3Registry
-
-        return S3Registry(text)
-    if text.startswith("hf://"):
-        from prebake.registry.backends.hf import HubRegistry
-
-        return HubRegistry(text, must_exist=not create, listing_dir=None if home is None else home / "listing")
-    if text.startswith("oci://"):
-        from prebake.registry.oci import OCIRegistry
-
-        return OCIRegistry(text, must_exist=not create)
-    if text.startswith("az://"):
-        from prebake.registry.backends.azure import AzureRegistry
-
-        return AzureRegistry(text)
-    if text.startswith("oci-layout:"):
-        from prebake.registry.oci.layout import LayoutRegistry
-
-        return LayoutRegistry(text, create=create)
-    if text.startswith("file://"):
-        text = text[len("file://") :]
-    elif "://" in text:
+    backend = backend_of(text)
+    if backend is None:
         scheme = text.split("://", 1)[0]
         raise UnknownRegistryError(
             f"registry {text!r} uses scheme {scheme!r}, which prebake does not know; "
             f"use a folder path or one of {', '.join(SCHEMES)}"
         )
-    from prebake.registry.backends.file import FileRegistry
-
+    if backend.extra is not None:
+        require(backend.extra, f"an {backend.scheme} registry")
     try:
-        return FileRegistry(text, create=create)
+        return backend.open(text, Opening(create=create, home=home))
     except RegistryNotFound as exc:
-        if listed and len(listed) > 1:
+        if backend is FOLDER and listed and len(listed) > 1:
             exc.add_note(
                 f"the address was read as a chain of {len(listed)} registries ({' | '.join(listed)}); if a comma "
                 f"is part of a folder's name, write it as \\, or pass one --registry per address"
@@ -100,11 +68,4 @@ def _open_one(text: str, *, create: bool, listed: list[str] | None = None, home:
         raise
 
 
-def _require_extra(address: str) -> None:
-    """One line naming the extra to install when the backend of `address` needs one that is missing."""
-    for scheme, extra in EXTRA_OF_SCHEME.items():
-        if address.startswith(scheme):
-            require(extra, f"an {scheme} registry")
-
-
-__all__ = ["SCHEMES", "Published", "Registry", "open_registry"]
+__all__ = ["open_registry"]

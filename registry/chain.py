@@ -23,9 +23,10 @@ from typing import Literal
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.errors import BundleError
 from prebake.artifacts.ports.errors import RegistryError, RegistryUnavailable
-from prebake.artifacts.ports.registry import SideFiles
+from prebake.artifacts.ports.listing import Listed
+from prebake.artifacts.ports.registry import Published, Registry, SideFiles
 from prebake.artifacts.timebox import Done, Raised, within
-from prebake.registry.shared.transfer import Listed, Published, Registry, listed
+from prebake.registry.shared.transfer import listed
 
 log = logging.getLogger(__name__)
 

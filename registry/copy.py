@@ -18,7 +18,8 @@ from pathlib import Path
 
 from prebake.artifacts.bake.provenance import SIDE_NAME
 from prebake.artifacts.bundle.manifest import Manifest
-from prebake.artifacts.errors import PrebakeError, PublishConflict
+from prebake.artifacts.errors import PrebakeError
+from prebake.artifacts.ports.errors import PublishConflict
 from prebake.artifacts.ports.registry import Registry, SideFiles, TrustCheck
 from prebake.registry.trust.model_signatures import SIDE_NAME as MODEL_SIGNATURE
 

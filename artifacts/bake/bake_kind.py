@@ -26,9 +26,10 @@ from prebake import __version__
 from prebake.artifacts.bake.provenance import SIDE_NAME, Attest, statement
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.bundle.payload import pack
-from prebake.artifacts.errors import BuildError, PublishConflict, UntrustedEntryError
+from prebake.artifacts.errors import BuildError
 from prebake.artifacts.fetch.outcome import Miss
-from prebake.artifacts.fetch.pipeline import fetch
+from prebake.artifacts.fetch.pipeline import fetch_key
+from prebake.artifacts.ports.errors import PublishConflict, UntrustedEntryError
 from prebake.artifacts.ports.registry import Registry, SideFiles, TrustCheck
 from prebake.artifacts.recipe.kinds import Builder, BuildRequest, TargetKeys
 from prebake.artifacts.store.local import Installed, Store
@@ -142,7 +143,7 @@ def _check_adoptable(kept: Manifest, trust: TrustCheck | None, registry: Registr
 
 
 def _input(plan: TargetKeys, kind: str, store: Store, registry: Registry, trust: TrustCheck | None) -> Installed:
-    got = fetch(store, registry, plan.key(kind), trust=trust)
+    got = fetch_key(store, registry, plan.key(kind), trust=trust)
     if isinstance(got, Miss):
         raise BuildError(f"cannot build on {kind} of {plan.target.name}: {got.explain()}; bake {kind} first")
     return got

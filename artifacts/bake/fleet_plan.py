@@ -19,6 +19,7 @@ from prebake.artifacts.recipe.kinds import HostFacts, KindTable, target_keys
 from prebake.artifacts.recipe.schema import Recipe, Target, parse_platform
 
 PRESENT, MISSING, UNKNOWN, UNBUILDABLE = "present", "missing", "unknown", "unbuildable"
+PLAN_SCHEMA = "prebake.plan/1"  # the version of `prebake plan --json`'s shape
 STATUSES = (PRESENT, MISSING, UNKNOWN, UNBUILDABLE)
 _LOOKUP_THREADS = 8
 KindsFor = Callable[[Recipe, Target], KindTable]  # a target's kind table (prebake.engine.adapters.kinds_for)
@@ -90,6 +91,28 @@ class TargetPlan:
     def needs_bake(self) -> bool:
         return self.status in (MISSING, UNKNOWN)
 
+    def to_json(self) -> dict[str, object]:
+        """One target of `prebake plan --json`."""
+        need = self.requirement
+        return {
+            "id": self.id,
+            "platform": self.target.platform,
+            "tp": self.target.tp,
+            "dtype": self.target.dtype,
+            "status": self.status,
+            "profile": self.profile,
+            "reason": self.reason,
+            "buildable_here": self.buildable_here,
+            "requires": {
+                "device": need.device,
+                "arch": need.arch,
+                "accelerators": need.accelerators,
+                "runner_labels": list(need.runner_labels),
+                "ray_resources": need.ray_resources(),
+            },
+            "kinds": {k.kind: {"status": k.status, "key": k.key_digest} for k in self.kinds},
+        }
+
 
 @dataclass(frozen=True)
 class FleetPlan:
@@ -102,6 +125,35 @@ class FleetPlan:
 
     def find(self, target_id: str) -> TargetPlan | None:
         return next((t for t in self.targets if t.id == target_id), None)
+
+    def to_json(self, rows: Sequence[TargetPlan], *, here: str) -> dict[str, object]:
+        """`prebake plan --json` of `rows` (every target, or the missing ones), as seen from `here`."""
+        return {
+            "schema": PLAN_SCHEMA,
+            "recipe": self.recipe,
+            "registry": self.registry,
+            "here": here,
+            "targets": [t.to_json() for t in rows],
+        }
+
+
+def github_matrix(rows: Sequence[TargetPlan]) -> dict[str, object]:
+    """A GitHub Actions matrix: {"include": [{target, model, platform, tp, dtype, runner, accelerators}]}."""
+    return {
+        "include": [
+            {
+                "target": t.id,
+                "model": t.target.recipe,
+                "platform": t.target.platform,
+                "tp": t.target.tp,
+                "dtype": t.target.dtype,
+                "runner": ["self-hosted", *t.requirement.runner_labels],
+                "accelerators": t.requirement.accelerators,
+            }
+            for t in rows
+            if t.status != UNBUILDABLE
+        ]
+    }
 
 
 def plan_fleet(
@@ -160,6 +212,12 @@ def requirement(target: Target, profile: Profile | None) -> Requirement:
 def custom_resource(platform: str) -> str:
     """The Ray resource a node of this matrix platform advertises: "prebake-cuda-sm_90", "prebake-cpu"."""
     return "prebake-" + platform.replace(":", "-")
+
+
+def ray_resource(device: str, arch: str, device_count: int) -> dict[str, int]:
+    """What a node of this platform passes to `ray start --resources`: its resource and how many."""
+    platform = "cpu" if device == "cpu" else f"cuda:{arch}" if device == "cuda" else arch
+    return {custom_resource(platform): 1 if device == "cpu" else device_count}
 
 
 def matches(target: Target, host: HostFacts) -> bool:

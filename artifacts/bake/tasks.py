@@ -42,8 +42,8 @@ BAKE_VARIABLES: dict[str, str] = {
     "model": "recipe name (required): recipes/<name>.toml, found as `prebake recipes` lists",
     "precision": "only this dtype (default: every dtype of the matrix this host builds)",
     "tp": "only this tensor-parallel size, a whole number (default: every size of the matrix)",
-    "registry": "where to publish: a folder, file://, s3://, hf:// (default: PREBAKE_REGISTRY, "
-    "else $PREBAKE_HOME/registry)",
+    "registry": "where to publish: a registry address, any form `prebake bake --registry` takes "
+    "(default: PREBAKE_REGISTRY, else $PREBAKE_HOME/registry)",
 }
 BAKE_DOC = "Bake a recipe for this host (variables: model=<recipe> [precision=<dtype>] [tp=<N>] [registry=<address>])"
 

@@ -16,6 +16,7 @@ from prebake.artifacts.keys import Key
 from prebake.artifacts.ports.registry import Registry, TrustCheck
 from prebake.artifacts.recipe.kinds import TargetKeys
 from prebake.artifacts.store.local import Installed
+from prebake.artifacts.store.stats import classify
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,20 @@ class Miss:
     def unavailable(self) -> bool:
         """The registry could not be asked (exit 4), as opposed to nothing matching (exit 3)."""
         return self.unreachable is not None
+
+    def to_json(self) -> dict[str, object]:
+        """The miss in a command's --json: the key, why (and its short class), the nearest bundle and how
+        it differs."""
+        return {
+            "kind": self.key.kind,
+            "key": self.key.digest,
+            "reason": self.reason,
+            "reason_class": classify(self.reason),
+            "refused": self.refused,
+            "unavailable": self.unavailable,
+            "nearest": self.nearest.digest if self.nearest is not None else None,
+            "differing": {name: {"wanted": want, "nearest": have} for name, (want, have) in self.differing.items()},
+        }
 
     def explain(self) -> str:
         lines = [f"miss: {self.key.kind} {self.key.digest[:16]}: {self.reason}"]

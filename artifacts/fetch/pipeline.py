@@ -20,15 +20,7 @@ from contextlib import ExitStack
 from functools import partial
 
 from prebake.artifacts.bundle.manifest import Manifest
-from prebake.artifacts.errors import (
-    BundleError,
-    MissingExtraError,
-    PrebakeError,
-    RegistryNotFound,
-    StoreBoundError,
-    StoreError,
-    UnknownRegistryError,
-)
+from prebake.artifacts.errors import BundleError, MissingExtraError, PrebakeError, StoreBoundError, StoreError
 from prebake.artifacts.fetch.explain import nearest_miss
 from prebake.artifacts.fetch.gate import policy_refuses, verify_entry
 from prebake.artifacts.fetch.outcome import (
@@ -43,7 +35,7 @@ from prebake.artifacts.fetch.outcome import (
 )
 from prebake.artifacts.fsutil import mib
 from prebake.artifacts.keys import Key
-from prebake.artifacts.ports.errors import is_fault
+from prebake.artifacts.ports.errors import RegistryNotFound, UnknownRegistryError, is_fault
 from prebake.artifacts.ports.registry import Chained, Registry, TrustCheck
 from prebake.artifacts.recipe.kinds import TargetKeys
 from prebake.artifacts.store.health import Damaged
@@ -57,7 +49,7 @@ log = logging.getLogger(__name__)
 # -- one key ----------------------------------------------------------------------------------
 
 
-def fetch(
+def fetch_key(
     store: Store, registry: Registry, key: Key, *, trust: TrustCheck | None = None, hold: ExitStack | None = None
 ) -> Installed | Miss:
     """The installed bundle for `key`: from the store (whole, and accepted by the policy in force),

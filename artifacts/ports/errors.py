@@ -2,13 +2,13 @@
 
 A miss is `None`, never an error. RegistryUnavailable is a fault (down, refused, out of time):
 the core reports it and tries the next registry. BlobDigestMismatch and BlobSizeMismatch are a
-bad bundle: the core refuses it. RegistryError, RegistryNotFound, UnknownRegistryError and
-PublishConflict live in prebake.artifacts.errors and are named here too.
+bad bundle: the core refuses it. This is the one home of every registry error: backends, the
+core and the commands import them from here.
 """
 
 from __future__ import annotations
 
-from prebake.artifacts.errors import BundleError, PublishConflict, RegistryError, RegistryNotFound, UnknownRegistryError
+from prebake.artifacts.errors import BundleError, PrebakeError
 
 __all__ = [
     "BlobDigestMismatch",
@@ -19,8 +19,34 @@ __all__ = [
     "RegistryReadOnly",
     "RegistryUnavailable",
     "UnknownRegistryError",
+    "UntrustedEntryError",
     "is_fault",
 ]
+
+
+class RegistryError(PrebakeError):
+    """A registry could not be reached, read or written (backends in registry/ subclass this)."""
+
+
+class UnknownRegistryError(RegistryError, ValueError):
+    """A registry address whose scheme prebake does not know."""
+
+
+class UntrustedEntryError(RegistryError):
+    """The registry already holds an entry for a key, and the trust policy in force refuses it."""
+
+
+class RegistryNotFound(RegistryError, LookupError):
+    """The registry an address names does not exist (a folder, bucket or repo): a wrong address, not an
+    empty registry."""
+
+
+class PublishConflict(RegistryError):
+    """A different bundle already answers this key; the registry keeps the first one."""
+
+    def __init__(self, message: str, existing_blob: str):
+        super().__init__(message)
+        self.existing_blob = existing_blob
 
 
 class RegistryUnavailable(RegistryError, ConnectionError):

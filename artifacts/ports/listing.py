@@ -58,6 +58,32 @@ class Listed(Frozen):
             signers=tuple(s.signer for s in manifest.signatures),
         )
 
+    def to_json(self) -> dict[str, object]:
+        """One row of `prebake ls --json`."""
+        return {
+            "kind": self.kind,
+            "key": self.key_digest,
+            "model": self.labels.get("model"),
+            "labels": dict(self.labels),
+            "blob": self.blob.digest,
+            "bytes": self.blob.size,
+            "created": self.created,
+            "builder": self.builder,
+            "build_seconds": self.build_seconds,
+            "signers": list(self.signers),
+        }
+
+
+@dataclass(frozen=True)
+class RegistryListing:
+    """What `prebake ls` shows of one registry: its address and a row per bundle."""
+
+    registry: str
+    bundles: tuple[Listed, ...]
+
+    def to_json(self) -> dict[str, object]:
+        return {"registry": self.registry, "bundles": [b.to_json() for b in self.bundles]}
+
 
 class SummaryRow(Frozen):
     tag: str = Field(max_length=512)  # the version of the index entry `row` was read from

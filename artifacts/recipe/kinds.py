@@ -20,9 +20,9 @@ from typing import Protocol
 
 from prebake.artifacts.buckets.artifact import bucket_key_factors, build_bucket_set
 from prebake.artifacts.bundle.manifest import SCHEMA_VERSION
-from prebake.artifacts.errors import BuildError, HostCannotBuildError, PrebakeError, RecipeError
+from prebake.artifacts.errors import BuildError, HostCannotBuildError, PrebakeError
 from prebake.artifacts.keys import Key, policy_factors
-from prebake.artifacts.recipe.schema import AOTI_PACKAGE, Recipe, Target, parse_platform, targets
+from prebake.artifacts.recipe.schema import Recipe, Target, parse_platform, targets
 
 Factors = dict[str, str]
 Groups = dict[str, Mapping[str, object]]
@@ -227,15 +227,10 @@ def software_factors(host: HostFacts, *, keep: Sequence[str] = ()) -> Factors:
 
 
 def compile_factors(recipe: Recipe, default_variant: str) -> dict[str, object]:
-    """The recipe's [compile] options as key factors, the variant resolved to the engine's default
-    when the recipe names none; `fallback` only for an aoti-package tree (the one variant it shapes)."""
+    """The recipe's [compile] options every variant keys on, the variant resolved to the engine's
+    default when the recipe names none; what a variant adds (its fallback) is its engine's to join."""
     variant = recipe.compile.variant_or(default_variant)
-    try:
-        fallback = recipe.compile.fallback_for(variant)
-    except ValueError as exc:
-        raise RecipeError(f"recipe {recipe.model.name}: {exc}") from None
-    factors: dict[str, object] = {**recipe.compile.model_dump(mode="json", exclude={"fallback"}), "variant": variant}
-    return {**factors, "fallback": fallback} if variant == AOTI_PACKAGE else factors
+    return {**recipe.compile.model_dump(mode="json", exclude={"fallback"}), "variant": variant}
 
 
 def model_factors(recipe: Recipe) -> Factors:

@@ -100,30 +100,25 @@ def _normal(value: Any) -> Any:
     return value
 
 
-# The graphs variant of a recipe whose [compile] table names none is its engine's (the adapter's
-# `default_variant`, read through CompileOptions.variant_or).
-INDUCTOR_CACHE: Final = "inductor-cache"  # Inductor's cache folder: Dynamo traces every shape at start
-PRECOMPILE: Final = "dynamo-precompile"  # functions precompiled by Dynamo, over the Inductor cache they fall to
-# AOTInductor: every step shape a named model of one .pt2 package, loaded by torch's C++ loader.
-AOTI_PACKAGE: Final = "aoti-package"
-DEFAULT_VARIANT: Final = AOTI_PACKAGE  # the bundled engine's (docs/graphs-variants.md says why)
-# What an aoti-package tree carries besides its package ([compile] fallback): nothing by default, as
-# the key already names what decides whether a package loads; "dynamo-precompile" by opt-in.
-NO_FALLBACK: Final = "none"
+# [compile] variant and fallback name graphs variants, which are their engine's: its EngineSpec
+# declares the ones it serves and CompileOptions.served_variant checks a recipe against them.
+_VARIANT_NAME = r"^[a-z][a-z0-9-]*$"
+NO_FALLBACK: Final = "none"  # a graphs tree that carries no second variant (the default)
 # "aoti" was dynamo-precompile's first name (it is not AOTInductor); recipes that say it still work.
-_RENAMED_VARIANTS = {"aoti": PRECOMPILE}
+_RENAMED_VARIANTS = {"aoti": "dynamo-precompile"}
 
 
 class CompileOptions(Frozen):
     mode: Literal["default", "max-autotune-no-cudagraphs"] = "default"
     freezing: bool = Field(default=False, description="fold weights into graphs: the weights join the key")
-    variant: Literal["inductor-cache", "dynamo-precompile", "aoti-package"] | None = (
-        None  # None: the engine's default (variant_or)
+    variant: str | None = Field(
+        default=None, pattern=_VARIANT_NAME, description="the graphs variant; None: the engine's default"
     )
-    fallback: Literal["none", "dynamo-precompile"] = Field(
+    fallback: str = Field(
         default=NO_FALLBACK,
-        description="aoti-package only: the variant its graphs tree also carries for a host where the package "
-        "does not load ('none': that host compiles in place)",
+        pattern=_VARIANT_NAME,
+        description="the variant a graphs tree also carries for a host where its own does not load, where the "
+        "variant takes one ('none': that host compiles in place)",
     )
 
     @field_validator("variant", mode="before")
@@ -141,26 +136,29 @@ class CompileOptions(Frozen):
             return new
         return value
 
-    @model_validator(mode="after")
-    def _fallback_of_a_package(self) -> CompileOptions:
-        if self.variant is not None:
-            self.fallback_for(self.variant)
-        return self
-
     def variant_or(self, default: str) -> str:
         """The variant the recipe names, else the engine's `default`."""
         return self.variant or default
 
-    def fallback_for(self, variant: str) -> str:
-        """What a graphs tree of `variant` carries besides it: [compile] fallback, which only an
-        aoti-package tree takes (the other variants' trees are their own fallbacks)."""
-        if variant != AOTI_PACKAGE and self.fallback != NO_FALLBACK:
+    def served_variant(self, variants: Mapping[str, tuple[str, ...]]) -> str:
+        """The variant these options ask of an engine that serves `variants` (each with the fallbacks
+        its tree may carry; the default first); a ValueError names the problem and the fix."""
+        default = next(iter(variants))
+        asked = self.variant_or(default)
+        if asked not in variants:
             raise ValueError(
-                f"[compile] fallback = {self.fallback!r} is what an aoti-package graphs tree carries besides its "
-                f"package, and this recipe's variant is {variant!r}; remove fallback, or set variant = "
-                f"{AOTI_PACKAGE!r}"
+                f"[compile] variant = {asked!r} is not a graphs variant of this engine (it serves "
+                f"{', '.join(variants)}); write one of those, or remove variant for its default ({default})"
             )
-        return self.fallback
+        takes = variants[asked]
+        if self.fallback != NO_FALLBACK and self.fallback not in takes:
+            hosts = [name for name, fallbacks in variants.items() if self.fallback in fallbacks]
+            fix = f"remove fallback, or set variant = {hosts[0]!r}" if hosts else "remove fallback"
+            raise ValueError(
+                f"[compile] fallback = {self.fallback!r} is not a variant a graphs tree of {asked!r} carries besides "
+                f"its own ({', '.join(takes) or 'it carries none'}); {fix}"
+            )
+        return asked
 
 
 class AutotuneSpec(Frozen):

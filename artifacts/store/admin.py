@@ -5,8 +5,9 @@ index entries naming it, its size, its last use, whether a live engine holds it)
 `verify_store` re-hashes every tree file and blob against the manifest naming it and, with
 `fix`, removes each broken bundle (index entries, tree, blob) so the next fetch installs it
 again; a bundle held by a live engine is never removed, only reported. `select` and
-`remove` back `prebake store rm`. Every removal goes through `Store.evict`, which takes the
-same locks as gc, so none of this races installs, engines or a running gc.
+`remove` back `prebake store rm`, `collect` `prebake store gc`. Every removal goes through
+`Store.evict`, which takes the same locks as gc, so none of this races installs, engines or a
+running gc; each refuses first a folder registry that shares the store's folder (overlap.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from prebake.artifacts.bundle.unpack import tree_problems
 from prebake.artifacts.errors import BundleError, PrebakeError, StoreError
 from prebake.artifacts.layout import parse_index_relpath
 from prebake.artifacts.store.health import Damaged, check_hit, other_schema, quarantine
-from prebake.artifacts.store.local import Store, StoreEntry
+from prebake.artifacts.store.local import GcReport, Refuses, Store, StoreEntry
 
 _HEX_PREFIX = re.compile(r"^(?:sha256:)?([0-9a-f]{4,64})$")
 
@@ -165,6 +166,8 @@ class StoreVerifyReport:
 def verify_store(store: Store, *, fix: bool = False) -> StoreVerifyReport:
     """Re-hash every tree and blob against its manifest; with `fix`, remove the broken bundles.
     Only bundles the store installed are looked at (prebake.artifacts.store.mark)."""
+    if fix:
+        _apart_from_registries(store)
     store.claim() if fix else store.check_readable()
     bundles = list_bundles(store)
     findings, unindexed, treeless = [], 0, 0
@@ -320,6 +323,7 @@ def select(store: Store, selector: str, kind: str | None = None) -> tuple[Stored
 
 def remove(store: Store, bundles: Iterable[StoredBundle], *, dry_run: bool = False) -> RemoveReport:
     """Remove each bundle (index entries, tree, blob) unless a live engine holds it."""
+    _apart_from_registries(store)
     if not dry_run:
         store.claim()
     removed, kept = [], []
@@ -370,3 +374,17 @@ def _holders(lease: Path) -> tuple[int, ...]:
 
 def _iso_ns(ns: int) -> str | None:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ns / 1e9)) if ns else None
+
+
+def collect(store: Store, max_bytes: int, *, dry_run: bool = False, refuse: Refuses | None = None) -> GcReport:
+    """`prebake store gc`: evict down to `max_bytes` (Store.gc, waiting for a running gc)."""
+    _apart_from_registries(store)
+    report = store.gc(max_bytes, dry_run=dry_run, refuse=refuse)
+    assert report is not None  # gc waits for a running gc instead of returning None
+    return report
+
+
+def _apart_from_registries(store: Store) -> None:
+    """StoreOverlapError when the registry in force is a folder that shares the store's: removing
+    from the store would delete the registry's bundles."""
+    store.registry_address()

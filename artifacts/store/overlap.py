@@ -15,18 +15,16 @@ from pathlib import Path
 
 from prebake.artifacts.errors import StoreOverlapError
 
-_REMOTE = ("s3://", "hf://")
-
 
 def folder_parts(address: str) -> list[str]:
     """The folders a registry address names: every member of a chain that is not remote."""
     folders = []
     for part in (p.strip() for p in address.split(",")):
-        if not part or part.startswith(_REMOTE):
+        if not part:
             continue
         if part.startswith("file://"):
             part = part[len("file://") :]
-        elif "://" in part:  # an unknown scheme: open_registry refuses it with its own message
+        elif "://" in part:  # a remote backend's address, or an unknown scheme open_registry refuses
             continue
         folders.append(part)
     return folders

@@ -27,7 +27,6 @@ from prebake.artifacts.recipe.kinds import (
     compile_factors,
     target_groups,
 )
-from prebake.artifacts.recipe.schema import DEFAULT_VARIANT
 from prebake.artifacts.store.local import Installed
 from prebake.engine.bundled.cache_layout import (
     AUTOTUNE_ENV,
@@ -38,6 +37,7 @@ from prebake.engine.bundled.cache_layout import (
     engine_environment,
     private_graphs_tree,
 )
+from prebake.engine.bundled.variants import DEFAULT_VARIANT, served, variant
 from prebake.engine.common import starter
 from prebake.engine.common.adapter import (
     EngineSpec,
@@ -92,8 +92,12 @@ def _autotune_groups(context: KeyContext) -> Groups:
 
 
 def _graphs_groups(context: KeyContext) -> Groups:
-    options = {**compile_factors(context.recipe, DEFAULT_VARIANT), "kernel_threads": "run-time"}
-    return {**target_groups(context), "options": options}  # kernel_threads: runtime.steps.threads_at_run_time
+    """The target's groups and the [compile] options, with what the recipe's graphs variant adds;
+    kernel_threads: kernels read their thread count at run time (runtime.steps.threads_at_run_time)."""
+    options = compile_factors(context.recipe, DEFAULT_VARIANT)
+    graphs = variant(SPEC.graphs_variant(context.recipe))
+    factors = {**options, **graphs.key_factors(context.recipe.compile), "kernel_threads": "run-time"}
+    return {**target_groups(context), "options": factors}
 
 
 def autotune_labels(tree: Path) -> dict[str, str]:
@@ -145,7 +149,7 @@ SPEC = EngineSpec(
     name="prebake",
     kinds=(AUTOTUNE, GRAPHS),
     fallback_kind="graphs",  # compiled in its serving process on a miss
-    default_variant=DEFAULT_VARIANT,
+    variants=served(),  # prebake.engine.bundled.variants: one module and one registration line each
     packages=(),  # torch and its stack are every kind's factors already (prebake.engine.common.probe.Software)
     settings=None,  # it reads [compile] and [autotune]; it has no [engine] table
     options={"eager": "--eager", "api_key": "--api-key"},

@@ -3,20 +3,16 @@
 Run by prebake.engine.bundled.adapter in a fresh process whose environment (TORCHINDUCTOR_CACHE_DIR for
 graphs) was set by the parent, so nothing here touches os.environ.
 
-    graphs tree:  aoti/         variant "aoti-package" (the default): one AOTInductor package, a model per
-                                step shape (prebake.engine.bundled.runtime.aoti)
-                  aot/          variant "dynamo-precompile", or an aoti-package's opt-in [compile] fallback:
-                                one precompiled function per step shape (prebake.engine.bundled.runtime.precompile)
-                  inductor/     Inductor's cache (FX graphs, AOTAutograd entries, kernels) under aot/, or alone
-                                (variant "inductor-cache")
-                  graphs.json   the step shapes compiled, their tactics and compile seconds
+    graphs tree:  what the recipe's graphs variant compiles (prebake.engine.bundled.variants: each
+                  variant's module draws its tree)
+                  graphs.json   the variant, its fallback, the step shapes compiled, their tactics and
+                                compile seconds
 """
 
 from __future__ import annotations
 
 import json
 import platform
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -25,14 +21,15 @@ from pathlib import Path
 
 from prebake.artifacts.buckets.artifact import BucketSet
 from prebake.artifacts.recipe.kinds import BUCKETS_FILE
-from prebake.artifacts.recipe.schema import AOTI_PACKAGE, DEFAULT_VARIANT, NO_FALLBACK, PRECOMPILE, Recipe
-from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE, GRAPHS_FILE, INDUCTOR_DIR
-from prebake.engine.bundled.runtime import aoti, precompile
+from prebake.artifacts.recipe.schema import Recipe
+from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE, GRAPHS_FILE
 from prebake.engine.bundled.runtime.autotune import load_winners, measure
 from prebake.engine.bundled.runtime.loader import load_model, torch_dtype
 from prebake.engine.bundled.runtime.model import KVCache, Llama
 from prebake.engine.bundled.runtime.shapes import StepShape, step_shapes
 from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
+from prebake.engine.bundled.variants import variant_of
+from prebake.engine.bundled.variants.base import CompileJob
 
 
 def build_autotune(recipe: Recipe, dtype: str, buckets_tree: Path, out: Path, target_platform: str = "cpu") -> None:
@@ -72,65 +69,27 @@ def compile_graphs(
     import torch
 
     started = time.perf_counter()
-    variant = recipe.compile.variant_or(DEFAULT_VARIANT)
-    fallback = recipe.compile.fallback_for(variant)  # aoti-package: what its tree carries besides the package
-    seconds, precompiled = dict.fromkeys(tactics, 0.0), False
-    if variant != AOTI_PACKAGE or fallback != NO_FALLBACK:  # the variant itself, or a package's opt-in fallback
-        steps, seconds, precompiled = _inductor_tree(model, cache, recipe, tactics, out, log)
-    if variant == AOTI_PACKAGE:
-        pool = _workers(model, cache, recipe, len(tactics), workers)
-        aoti_s = aoti.compile_package(model, cache, tactics, out, mode=recipe.compile.mode, log=log, workers=pool)
-        seconds = {s: seconds[s] + aoti_s[s] for s in seconds}
-        steps = aoti.load_package(model, cache, list(tactics), out)  # what a start loads, checked here
-        if (
-            fallback == NO_FALLBACK
-        ):  # Inductor's leftovers of the AOT compile (ISA probes, locks): the package serves alone
-            shutil.rmtree(out / INDUCTOR_DIR, ignore_errors=True)
+    graphs = variant_of(recipe)
+    pool = _workers(model, cache, recipe, len(tactics), workers)
+    job = CompileJob(
+        model, cache, recipe.compile.mode, tactics, out, log, fallback=recipe.compile.fallback, workers=pool
+    )
+    compiled = graphs.compile(job)
     document = {
-        "variant": variant,
-        "fallback": fallback,
-        "precompiled": precompiled,
-        "aoti_package": variant == AOTI_PACKAGE,
+        "variant": graphs.name,
+        "fallback": recipe.compile.fallback,
+        "precompiled": False,
+        "aoti_package": False,
+        **compiled.facts,
         "torch": torch.__version__,
         "total_compile_s": round(time.perf_counter() - started, 3),
         "shapes": [
-            {"shape": asdict(s), "tactic": asdict(t), "compile_s": round(seconds[s], 3)} for s, t in tactics.items()
+            {"shape": asdict(s), "tactic": asdict(t), "compile_s": round(compiled.seconds[s], 3)}
+            for s, t in tactics.items()
         ],
     }
     (out / GRAPHS_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))
-    return steps
-
-
-def _inductor_tree(
-    model: Llama,
-    cache: KVCache,
-    recipe: Recipe,
-    tactics: dict[StepShape, Tactic],
-    out: Path,
-    log: Callable[[str], None],
-) -> tuple[CompiledSteps, dict[StepShape, float], bool]:
-    """Inductor's cache of every shape, and Dynamo's precompiled functions over it when the variant
-    (or an aoti-package's fallback) is dynamo-precompile and this torch has them; the warm steps,
-    seconds per shape, and whether the functions were precompiled."""
-    unsupported = (
-        precompile.supported()
-        if PRECOMPILE in (recipe.compile.variant_or(DEFAULT_VARIANT), recipe.compile.fallback)
-        else ""
-    )
-    if unsupported is None:
-        # torch.compile first: its FX-graph and AOTAutograd entries (which aot_compile's are not,
-        # in torch 2.13) are what a server falls back to when a precompiled function does not load.
-        compiled = CompiledSteps(model, cache, mode=recipe.compile.mode, expected_shapes=len(tactics))
-        seconds = compiled.warm_up(tactics, log=log)
-        functions, precompile_s = precompile.compile_shapes(
-            model, cache, tactics, out, mode=recipe.compile.mode, log=log
-        )
-        warm = functions.warm_up(tactics, log=log)
-        return functions, {s: seconds[s] + precompile_s[s] + warm[s] for s in tactics}, True
-    if unsupported:
-        log(f"  dynamo-precompile: {unsupported}; baking the Inductor cache alone (the engine warms up from it)")
-    steps = CompiledSteps(model, cache, mode=recipe.compile.mode, expected_shapes=len(tactics))
-    return steps, steps.warm_up(tactics, log=log), False
+    return compiled.steps
 
 
 def _workers(model: Llama, cache: KVCache, recipe: Recipe, shapes: int, asked: int | None):

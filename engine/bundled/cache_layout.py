@@ -24,12 +24,12 @@ from pathlib import Path
 from prebake.artifacts.errors import StoreError
 from prebake.artifacts.fsutil import copy_writable
 from prebake.artifacts.store.local import Installed
+from prebake.engine.bundled.variants.base import GRAPHS_FILE, INDUCTOR_DIR
 
 GRAPHS_ENV = "PREBAKE_GRAPHS_DIR"
-INDUCTOR_DIR = "inductor"
 AUTOTUNE_FILE = "autotune.json"
 AUTOTUNE_ENV = "PREBAKE_AUTOTUNE_FILE"
-GRAPHS_FILE = "graphs.json"
+__all__ = ["AUTOTUNE_ENV", "AUTOTUNE_FILE", "GRAPHS_ENV", "GRAPHS_FILE", "INDUCTOR_DIR"]
 
 
 def private_graphs_tree(installed: Installed | None, run_dir: Path) -> Path:

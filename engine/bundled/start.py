@@ -2,7 +2,8 @@
 lookup, verify, fetch, the miss policy) with a runner that builds, warms up and serves in this process:
 build (kinds that missed, by the bake's builders), torch (imported on a thread since keys), install
 (the graphs tree read in place, or a private writable copy), load (weights and KV cache, beside
-Inductor's init), warm-up (every step shape from the bundle, variant by variant: `_load_steps`) or
+Inductor's init), warm-up (every step shape from the bundle, the variants' chain walked by
+prebake.engine.bundled.warm_up) or
 compile (in place, on a graphs miss), write-back (engine/common/write_back.py's policy).
 
 Every step logs one line with its duration and sets prebake_startup_step_seconds. The store's
@@ -26,17 +27,19 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from prebake.artifacts.buckets.artifact import BucketSet
-from prebake.artifacts.errors import StoreError
 from prebake.artifacts.fetch.outcome import Resolution
 from prebake.artifacts.recipe.kinds import BUCKETS_FILE, Builder, BuildRequest, TargetKeys
-from prebake.artifacts.recipe.schema import AOTI_PACKAGE, DEFAULT_VARIANT, INDUCTOR_CACHE, PRECOMPILE, Recipe
+from prebake.artifacts.recipe.schema import Recipe
 from prebake.artifacts.store.local import Installed, Store
-from prebake.artifacts.store.stats import record_fallback, record_variant_fallback
+from prebake.artifacts.store.stats import record_fallback
 from prebake.engine.bundled import cache_layout
 from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE
 from prebake.engine.bundled.runtime.metrics import Metrics
 from prebake.engine.bundled.runtime.shapes import StepShape, step_shapes
 from prebake.engine.bundled.runtime.torch_import import Imports
+from prebake.engine.bundled.variants import variant_of
+from prebake.engine.bundled.variants.base import LoadJob
+from prebake.engine.bundled.warm_up import GraphsTree, WarmUp, aot_autograd_counts
 from prebake.engine.common import starter
 from prebake.engine.common.adapter import OpenServices, Services, StartRequest
 from prebake.engine.common.write_back import WrittenBack, write_back
@@ -176,16 +179,16 @@ def _start_all(
 
 
 def _begin_imports(settings: StartupSettings, recipe: Recipe, run_dir: Path) -> Imports:
-    """torch's imports on a thread; Inductor's too for a compiled start, under the cache folder the
-    install step will activate (set here, before any of Inductor is imported). An aoti-package start
-    imports torch alone: its package loads through torch's C++ loader, and only a fallback to the
-    next variant needs Inductor (imported then)."""
+    """torch's imports on a thread; Inductor's too for a compiled start whose variant needs it, under
+    the cache folder the install step will activate (set here, before any of Inductor is imported).
+    A variant that needs none (aoti-package: torch's C++ loader) imports torch alone; a fallback to
+    one that does imports Inductor then."""
     if settings.eager or "torch._inductor.codecache" in sys.modules:
         return Imports.begin()
     from prebake.engine.bundled.runtime.inductor_init import INDUCTOR_MODULES  # names only: torch is imported lazily
 
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_layout.inductor_cache_dir(run_dir))
-    return Imports.begin(() if recipe.compile.variant_or(DEFAULT_VARIANT) == AOTI_PACKAGE else INDUCTOR_MODULES)
+    return Imports.begin(INDUCTOR_MODULES if variant_of(recipe).needs_inductor else ())
 
 
 @dataclass
@@ -300,33 +303,24 @@ def _warm(
     from prebake.engine.bundled.runtime.steps import Tactic
 
     recipe = plan.recipe
-    variant = recipe.compile.variant_or(DEFAULT_VARIANT)
-    init = None
+    first = variant_of(recipe)
+    tree = GraphsTree(installed.get("graphs"), run_dir)
+    warm = WarmUp(log, tree, context.store, plan.target)
     with log.step("install") as s:
         buckets = BucketSet.from_json(json.loads((trees["buckets"] / BUCKETS_FILE).read_text()))
         winners = load_winners(trees["autotune"] / AUTOTUNE_FILE)
         shapes = step_shapes(buckets, recipe.serving.max_model_len)
         schedule = {shape: winners.get(shape, Tactic()) for shape in shapes}
-
-        def private_tree() -> Path:  # Inductor writes beside what it reads: a writable copy, activated
-            env = cache_layout.engine_environment(cache_layout.private_graphs_tree(installed.get("graphs"), run_dir))
-            cache_layout.activate(env)
-            trees["graphs"] = Path(env[cache_layout.GRAPHS_ENV])
-            return trees["graphs"]
-
         if settings.eager:
             s.detail = f"{len(shapes)} step shapes, compilation off"
-        elif variant == AOTI_PACKAGE and "graphs" in installed:
-            # the package is only read (torch's loader unpacks each model's files to a folder of its own):
-            # served from the store's tree, copied only for a fallback to the variants Inductor writes beside
-            trees["graphs"] = installed["graphs"].tree
-            s.detail = f"{len(shapes)} step shapes, graphs ({variant}) read in place from {trees['graphs']}"
+        elif first.reads_in_place and tree.installed is not None:  # copied only if it falls to a variant that writes
+            s.detail = f"{len(shapes)} step shapes, graphs ({first.name}) read in place from {tree.in_place()}"
         else:
-            s.detail = f"{len(shapes)} step shapes, graphs ({variant}) in {private_tree()}"
-            if variant != AOTI_PACKAGE:  # the package needs none of Inductor's init
-                from prebake.engine.bundled.runtime.inductor_init import InductorInit
+            s.detail = f"{len(shapes)} step shapes, graphs ({first.name}) in {tree.writable()}"
+        if not settings.eager and first.needs_inductor:
+            from prebake.engine.bundled.runtime.inductor_init import InductorInit
 
-                init = InductorInit.start(torch_import)  # on a thread, while the weights load
+            warm.init = InductorInit.start(torch_import)  # on a thread, while the weights load
     with log.step("load") as s:
         from prebake.engine.bundled.build import model_and_cache
 
@@ -338,145 +332,45 @@ def _warm(
             f"{torch.get_num_threads()} threads, this host's"  # kernels read it when they run, never the builder's
         )
     steps = None
-    if settings.eager or "graphs" in installed:
+    if settings.eager or tree.installed is not None:
         with log.step("warm-up") as s:
-            steps, s.detail = _load_steps(
-                settings, recipe, model, cache, schedule, trees.get("graphs"), log, init, context.store, private_tree
-            )
-    if steps is None:  # the graphs missed, or their package does not load here and the tree has no fallback
+            steps, s.detail = _warm_up(warm, first.name if not settings.eager else None, recipe, model, cache, schedule)
+    if tree.path is not None:
+        trees["graphs"] = tree.path
+    if steps is None:  # the graphs missed, or no variant of their tree loads here
         if "graphs" not in built and "graphs" not in installed:  # a hit compiled again here is not written back
             built.append("graphs")
         with log.step("compile") as s:
             from prebake.engine.bundled.build import compile_graphs
 
-            if init is not None:
-                init.join()
-
-            steps = compile_graphs(model, cache, recipe, schedule, trees["graphs"], log=log.note)
+            if warm.init is not None:
+                warm.init.join()
+            steps = compile_graphs(model, cache, recipe, schedule, tree.writable(), log=log.note)
             log.metrics.add("prebake_fallback_compiles_total", kind="graphs")
-            s.detail = f"{len(shapes)} step shapes compiled in place ({variant})"
+            s.detail = f"{len(shapes)} step shapes compiled in place ({first.name})"
+        trees["graphs"] = tree.writable()
         record_fallback(context.store, "graphs", log.seconds.get("compile"))
     return Engine(plan, steps, buckets, schedule, run_dir, context.store, tuple(built))
 
 
-def _load_steps(
-    settings,
-    recipe: Recipe,
-    model,
-    cache,
-    schedule,
-    graphs_tree: Path | None,
-    log: StartupPhaseLog,
-    init=None,
-    store: Store | None = None,
-    private_tree: Callable[[], Path] | None = None,
-):
-    """Warm steps from the installed graphs (or eager ones), and what the warm-up step reports.
-
-    One chain, each variant falling to the next one its graphs tree holds, the reason logged:
-    aoti-package (the AOTInductor package, prebake.engine.bundled.runtime.aoti) -> dynamo-precompile
-    (the precompiled functions) -> inductor-cache (torch.compile over the same tree's Inductor
-    cache: prebake.engine.bundled.runtime.precompile.load_or_fallback) -> compile in place (steps
-    None: the caller compiles, as on a miss; an aoti-package tree carries no next variant unless its
-    recipe's [compile] fallback asks). A fallback from the package is counted in the store's stats
-    (`prebake store stats`); the package is read where it lies, and `private_tree` makes the writable
-    copy the next steps need (Inductor writes beside its cache) only when it falls back.
-    Each part of the warm-up is logged and exported (prebake_startup_part_seconds): the package's
-    load and bind, or Inductor's once-per-process init (what of it the weights' load did not hide),
-    deserialising, kernels, binding; then the first runs."""
+def _warm_up(
+    warm: WarmUp, first: str | None, recipe: Recipe, model, cache, schedule: dict[StepShape, Tactic]
+) -> tuple[CompiledSteps | None, str]:
+    """Warm steps from the graphs tree's chain of variants from `first` (None: eager steps), and what
+    the warm-up step reports; no steps when no variant loads here (the caller compiles in place)."""
     from prebake.engine.bundled.runtime.steps import CompiledSteps
 
-    parts: dict[str, float] = {}
-    if init is not None:
-        init.join()
-        parts["inductor-init"] = init.waited_s
-        log.note(init.describe())
-    variant: str | None = recipe.compile.variant_or(DEFAULT_VARIANT)
-    steps: CompiledSteps | None = None
-    if not settings.eager and variant == AOTI_PACKAGE:
-        if graphs_tree is None:
-            raise StoreError(
-                "the aoti-package variant was asked to load without a graphs tree; this is a bug in start-up"
-            )
-        steps, reason = _load_package(model, cache, list(schedule), graphs_tree, parts)
-        if steps is None:
-            from prebake.engine.bundled.runtime.aoti import fallback_in
-
-            variant = fallback_in(graphs_tree / cache_layout.GRAPHS_FILE)
-            log.note(f"aoti-package: {reason}; {_TAKING[variant]}")
-            log.metrics.add("prebake_variant_fallbacks_total", variant=AOTI_PACKAGE)
-            if store is not None:
-                record_variant_fallback(store, "graphs", AOTI_PACKAGE, variant or "compile in place", reason)
-            if private_tree is not None:  # the next variants (and a compile) write beside what they read
-                graphs_tree = private_tree()
-            if variant is None:
-                return None, f"{len(schedule)} step shapes: the package does not load here and its tree has no fallback"
-            from prebake.engine.bundled.runtime.inductor_init import InductorInit
-
-            init = InductorInit.start().join()  # what the package did not need: Inductor's imports and probes
-            parts["inductor-init"] = init.waited_s
-            log.note(init.describe())
-    precompiled = steps is not None  # the package loaded
-    if steps is None and settings.eager:
+    if first is None:
         steps = CompiledSteps(model, cache, compile=False)
-    elif steps is None and variant == PRECOMPILE:
-        from prebake.engine.bundled.runtime import precompile
-
-        if graphs_tree is None:
-            raise StoreError(
-                "the dynamo-precompile variant was asked to load without a graphs tree; this is a bug in start-up"
-            )
-        loading = precompile.LoadParts()
-        steps, fallback = precompile.load_or_fallback(
-            model, cache, list(schedule), graphs_tree, mode=recipe.compile.mode, parts=loading
-        )
-        precompiled = fallback is None
-        if fallback is not None:  # verified bytes that do not load here: the same bundle's Inductor cache serves
-            log.note(
-                f"dynamo-precompile: precompiled functions do not load here ({fallback}); warming up from the bundle's Inductor cache"
-            )
-            log.metrics.add("prebake_variant_fallbacks_total", variant=PRECOMPILE)
-            if store is not None:
-                record_variant_fallback(store, "graphs", PRECOMPILE, INDUCTOR_CACHE, fallback)
-        else:
-            parts.update(loading.as_dict())
-    elif steps is None:
-        steps = CompiledSteps(model, cache, mode=recipe.compile.mode, expected_shapes=len(schedule))
-    first = steps.warm_up(schedule, log=log.note)
-    parts["first-runs" if precompiled or settings.eager else "trace-and-cache-load"] = sum(first.values())
-    for part, took in parts.items():
-        log.metrics.set("prebake_startup_part_seconds", round(took, 6), part=part)
-    log.note("warm-up by part: " + ", ".join(f"{p} {t:.2f} s" for p, t in parts.items()))
-    detail = f"{len(schedule)} step shapes " + (
-        "eager" if settings.eager else f"from the bundle ({recipe.compile.variant_or(DEFAULT_VARIANT)})"
-    )
-    if not settings.eager and not precompiled:
-        from torch._dynamo.utils import counters  # a compiled start that traced: Dynamo is in already
-
-        hits, missed = counters["aot_autograd"]["autograd_cache_hit"], counters["aot_autograd"]["autograd_cache_miss"]
-        detail += f"; AOTAutograd cache {hits} hit(s), {missed} miss(es)"
-    return steps, detail
-
-
-# What an aoti-package start takes when its package does not load here: the next variant its tree holds.
-_TAKING = {
-    PRECOMPILE: "taking dynamo-precompile from the same graphs tree",
-    INDUCTOR_CACHE: "warming up from the same graphs tree's Inductor cache",
-    None: 'the graphs tree carries no fallback ([compile] fallback = "none"): compiling in place',
-}
-
-
-def _load_package(model, cache, shapes: list[StepShape], tree: Path, parts: dict[str, float]):
-    """The aoti-package steps and None, or None and why the package does not load here."""
-    from prebake.engine.bundled.runtime import aoti
-
-    loading = aoti.PackageParts()
-    try:
-        steps = aoti.load_package(model, cache, shapes, tree, loading)
-    except aoti.PackageDoesNotLoad as exc:
-        return None, str(exc)
-    parts.update(loading.as_dict())
-    return steps, None
+        warm.finish(steps, schedule, traced=False)
+        return steps, f"{len(schedule)} step shapes eager"
+    shapes = tuple(schedule)
+    loaded = warm.graphs(first, lambda tree: LoadJob(model, cache, recipe.compile.mode, shapes, tree, warm.log.note))
+    if loaded is None:
+        return None, f"{len(schedule)} step shapes: no variant of the graphs tree loads here"
+    warm.finish(loaded.steps, schedule, loaded.traced)
+    detail = f"{len(schedule)} step shapes from the bundle ({first})"
+    return loaded.steps, detail + (f"; {aot_autograd_counts()}" if loaded.traced else "")
 
 
 def _write_back(

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 
-from prebake.artifacts.ports.listing import Listed
+from prebake.artifacts.ports.listing import Listed, RegistryListing
 from prebake.engine.adapters import kind_names
 from prebake.engine.cli.common import command, json_option, registry_option, size, table
 
@@ -77,9 +76,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     registry = open_address(open_store(), args.registry)
     bundles = list(listed(registry, args.kind))
     if args.json:
-        print(
-            json.dumps({"registry": registry.url, "bundles": [_ls_json(b) for b in bundles]}, indent=2, sort_keys=True)
-        )
+        print(json.dumps(RegistryListing(registry.url, tuple(bundles)).to_json(), indent=2, sort_keys=True))
         return 0
     rows = [_ls_row(b) for b in bundles]
     headers = ("MODEL", "KIND", "PLATFORM", "PRECISION", "TP", "SIZE", "CREATED", "KEY")
@@ -101,21 +98,6 @@ def _ls_row(m: Listed) -> tuple[str, ...]:
     )
 
 
-def _ls_json(m: Listed) -> dict:
-    return {
-        "kind": m.kind,
-        "key": m.key_digest,
-        "model": m.labels.get("model"),
-        "labels": dict(m.labels),
-        "blob": m.blob.digest,
-        "bytes": m.blob.size,
-        "created": m.created,
-        "builder": m.builder,
-        "build_seconds": m.build_seconds,
-        "signers": list(m.signers),
-    }
-
-
 def cmd_preheat(args: argparse.Namespace) -> int:
     from prebake.artifacts.errors import ExitCode
     from prebake.artifacts.extras import require
@@ -123,7 +105,7 @@ def cmd_preheat(args: argparse.Namespace) -> int:
     require("oci", "prebake preheat")  # an OCI-only command: its modules import httpx
     from prebake.engine.compose import open_address, open_store
     from prebake.registry.oci import OCIRegistry
-    from prebake.registry.oci.preheat import preheat
+    from prebake.registry.oci.preheat import PreheatReport, preheat
 
     mirror = open_address(open_store(), args.mirror)
     if not isinstance(mirror, OCIRegistry):
@@ -139,7 +121,7 @@ def cmd_preheat(args: argparse.Namespace) -> int:
             state = "pulled through" if got.pulled else "already held"
             print(f"{got.kind:9s} {got.key_digest[:16]}  {size(got.size):>9s}  {state}  ({got.seconds:.1f} s)")
     if args.json:
-        print(json.dumps({"mirror": mirror.url, "bundles": [dataclasses.asdict(g) for g in done]}, indent=2))
+        print(json.dumps(PreheatReport(mirror.url, tuple(done)).to_json(), indent=2))
     else:
         pulled = sum(g.pulled for g in done)
         print(f"{len(done)} bundles through {mirror.url}: {pulled} pulled, {len(done) - pulled} already held")
@@ -164,15 +146,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     trust = verify_trust(args.policy, store.registry_address(args.registry), registry)
     report = verify_registry(registry, trust=trust, quarantine=args.quarantine, deep=args.deep)
     if args.json:
-        payload = {
-            "registry": report.registry,
-            "entries": report.entries,
-            "ok": report.ok,
-            "bad": report.bad,
-            "findings": [dataclasses.asdict(f) for f in report.findings],
-            "notes": list(report.notes),
-        }
-        print(json.dumps(payload, indent=2, sort_keys=True))
+        print(json.dumps(report.to_json(), indent=2, sort_keys=True))
     else:
         print(report.render())
     return report.exit_code

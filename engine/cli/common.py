@@ -18,12 +18,13 @@ from pathlib import Path
 from prebake.artifacts.fsutil import human_size
 from prebake.engine import adapters
 from prebake.registry.address import join_addresses, split_addresses
+from prebake.registry.schemes import address_forms
 
 GROUPS = ("bake and plan", "registry", "store", "serve", "keys", "fleet")  # the order of `prebake --help`
 
 
 @dataclass(frozen=True)
-class Listed:
+class ListedCommand:
     """One command as `prebake --help` lists it."""
 
     group: str
@@ -31,7 +32,7 @@ class Listed:
     help: str
 
 
-LISTED: list[Listed] = []  # filled as the command modules add their commands
+LISTED: list[ListedCommand] = []  # filled as the command modules add their commands
 StoreUse = str | Callable[[argparse.Namespace], str | None] | None  # "read", "write", or None (no store)
 
 
@@ -88,7 +89,7 @@ def command(
     verbosity_options(parser, default=argparse.SUPPRESS)
     parser.set_defaults(store_use=store, deprecated=deprecated, spelled=f"{sub._prog_prefix} {name}")
     if deprecated is None:
-        LISTED.append(Listed(group, listed_as or name, help))
+        LISTED.append(ListedCommand(group, listed_as or name, help))
     return parser
 
 
@@ -146,8 +147,7 @@ def registry_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--registry",
         action=_AddressList,
-        help="registry address: a folder, file://, s3://bucket/prefix, hf://ns/repo, oci://host/repo, "
-        "az://account/container/prefix, oci-layout:DIR or oci-layout:FILE.tar; repeat the flag for a chain, "
+        help=f"registry address: {address_forms()}; repeat the flag for a chain, "
         "nearest first (a comma list works too; write a comma in a folder's name as \\,) "
         "(default: $PREBAKE_REGISTRY, else $PREBAKE_HOME/registry)",
     )

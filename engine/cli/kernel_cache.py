@@ -2,19 +2,17 @@
 
     prebake kernel-cache --model tiny-llama-vllm --precision bf16 --to oci://HOST/team/vllm-cache:TAG
 
-The graphs bundle is fetched through the pipeline (lookup, the trust policy in force, install),
-and the image built from the installed tree and its signed manifest (registry/oci/kernel_cache.py)
-is pushed with prebake's OCI client.
+The use case lives beside vLLM (engine/vllm/kernel_cache.py: checks, resolve, build, push); this
+module parses the flags and prints its report.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 
-from prebake.artifacts.errors import ExitCode, PrebakeError
+from prebake.artifacts.errors import ExitCode
 from prebake.engine.cli.common import command, json_option, registry_option
 from prebake.engine.common.advice import miss_exit_code
 
@@ -59,61 +57,23 @@ def add(sub) -> None:
 
 
 def cmd_kernel_cache(args: argparse.Namespace) -> int:
-    from prebake.artifacts.recipe.schema import load_recipe
     from prebake.engine.compose import Context
-    from prebake.registry.oci.kernel_cache import build_image, push_image
+    from prebake.engine.vllm.kernel_cache import KernelCacheRequest, NotBaked, push_kernel_cache
 
-    address, _, tag = args.to.rpartition(":")
-    if not address.startswith("oci://") or "/" in tag or not tag:
-        raise PrebakeError(f"--to {args.to!r}: write oci://HOST[:PORT]/NAMESPACE/REPO:TAG")
-    if bool(args.runtime_image) != bool(args.model_uri):
-        raise PrebakeError("--runtime-image and --model-uri go together: KServe's footprint needs both")
-    recipe = load_recipe(args.model)
-    if recipe.model.engine != "vllm":
-        raise PrebakeError(
-            f"recipe {args.model} is for the {recipe.model.engine} engine; kernel-cache images hold vLLM's compile "
-            f"cache: name a recipe with engine = 'vllm' (prebake recipes lists them)"
-        )
-    context = Context.open(args.registry)
-    plan = context.pick_plan(recipe, dtype=args.precision, tp=args.tp)
-    with context.holds:
-        resolution = context.resolve(plan, kinds=["graphs"])
-        if "graphs" not in resolution.installed:
-            from prebake.engine.cli.serving import miss_json
-
-            for miss in resolution.misses:
-                print(miss.explain(), file=sys.stderr)
-            print(f"prebake: bake it first: doit bake model={args.model}", file=sys.stderr)
-            if args.json:
-                print(json.dumps({"complete": False, "misses": [miss_json(m) for m in resolution.misses]}, indent=2))
-            return int(miss_exit_code(resolution.misses))
-        installed = resolution.installed["graphs"]
-        scratch = context.store.scratch(f"kernel-cache-{installed.manifest.key_digest[:16]}")
-        try:
-            image = build_image(
-                installed.tree,
-                installed.manifest,
-                scratch,
-                runtime_image=args.runtime_image,
-                model_uri=args.model_uri,
-                cache_path=args.cache_path,
-            )
-            digest = push_image(image, address, tag)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-    report = {
-        "image": f"{address.removeprefix('oci://')}@{digest}",
-        "tag": f"{address.removeprefix('oci://')}:{tag}",
-        "target": plan.target.name,
-        "key": installed.manifest.key_digest,
-        "labels": image.labels,
-        "factors": image.factors,
-        "compatibilityFootprint": image.compatibility_footprint,
-    }
-    if args.json:
-        print(json.dumps(report, indent=2, sort_keys=True))
-    else:
-        print(f"prebake: {plan.target.name} graphs -> {report['tag']} ({report['image']})")
-        for name, value in sorted(image.factors.items()):
-            print(f"  {name} = {value}")
+    request = KernelCacheRequest(
+        model=args.model,
+        to=args.to,
+        precision=args.precision,
+        tp=args.tp,
+        runtime_image=args.runtime_image,
+        model_uri=args.model_uri,
+        cache_path=args.cache_path,
+    )
+    report = push_kernel_cache(request, lambda: Context.open(args.registry))
+    if isinstance(report, NotBaked):
+        print(report.render(), file=sys.stderr)
+        if args.json:
+            print(json.dumps(report.to_json(), indent=2))
+        return int(miss_exit_code(list(report.misses)))
+    print(json.dumps(report.to_json(), indent=2, sort_keys=True) if args.json else report.render())
     return int(ExitCode.OK)

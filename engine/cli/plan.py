@@ -13,14 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from prebake.artifacts.bake.fleet_plan import FleetPlan, TargetPlan, custom_resource
+from prebake.artifacts.bake.fleet_plan import FleetPlan, TargetPlan, github_matrix, ray_resource
 from prebake.artifacts.errors import UsageError
 from prebake.engine.cli.common import command, json_option, positive_int, registry_option, table
 from prebake.engine.common.probe import current_host
-from prebake.engine.fleet.plan import make_plan as plan_for
+from prebake.engine.fleet.plan import make_plan
 from prebake.engine.fleet.profiles import host_profile, render_toml
-
-PLAN_SCHEMA = "prebake.plan/1"
 
 
 def add(sub) -> None:
@@ -70,74 +68,23 @@ def profiles_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def make_plan(args: argparse.Namespace) -> FleetPlan:
+def plan_from_args(args: argparse.Namespace) -> FleetPlan:
     """The plan of args.model (narrowed by args.precision / args.tp) against args.registry."""
-    return plan_for(args.model, precision=args.precision, tp=args.tp, registry=args.registry, profiles=args.profiles)
+    return make_plan(args.model, precision=args.precision, tp=args.tp, registry=args.registry, profiles=args.profiles)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    fleet = make_plan(args)
+    fleet = plan_from_args(args)
     rows = fleet.missing() if args.missing_only else fleet.targets
     if args.json and args.format == "github-matrix":
         raise UsageError("--json and --format github-matrix ask for two outputs; give one of them")
     if args.format == "json" or args.json:
-        print(json.dumps(plan_json(fleet, rows), indent=1))
+        print(json.dumps(fleet.to_json(rows, here=current_host().platform.describe()), indent=1))
     elif args.format == "github-matrix":
         print(json.dumps(github_matrix(rows), separators=(",", ":")))
     else:
         print(render_table(fleet, rows))
     return 0
-
-
-def plan_json(fleet: FleetPlan, rows: tuple[TargetPlan, ...]) -> dict:
-    return {
-        "schema": PLAN_SCHEMA,
-        "recipe": fleet.recipe,
-        "registry": fleet.registry,
-        "here": current_host().platform.describe(),
-        "targets": [_target_json(t) for t in rows],
-    }
-
-
-def _target_json(t: TargetPlan) -> dict:
-    need = t.requirement
-    return {
-        "id": t.id,
-        "platform": t.target.platform,
-        "tp": t.target.tp,
-        "dtype": t.target.dtype,
-        "status": t.status,
-        "profile": t.profile,
-        "reason": t.reason,
-        "buildable_here": t.buildable_here,
-        "requires": {
-            "device": need.device,
-            "arch": need.arch,
-            "accelerators": need.accelerators,
-            "runner_labels": list(need.runner_labels),
-            "ray_resources": need.ray_resources(),
-        },
-        "kinds": {k.kind: {"status": k.status, "key": k.key_digest} for k in t.kinds},
-    }
-
-
-def github_matrix(rows: tuple[TargetPlan, ...]) -> dict:
-    """A GitHub Actions matrix: {"include": [{target, model, platform, tp, dtype, runner, accelerators}]}."""
-    return {
-        "include": [
-            {
-                "target": t.id,
-                "model": t.target.recipe,
-                "platform": t.target.platform,
-                "tp": t.target.tp,
-                "dtype": t.target.dtype,
-                "runner": ["self-hosted", *t.requirement.runner_labels],
-                "accelerators": t.requirement.accelerators,
-            }
-            for t in rows
-            if t.status != "unbuildable"
-        ]
-    }
 
 
 def render_table(fleet: FleetPlan, rows: tuple[TargetPlan, ...]) -> str:
@@ -180,7 +127,5 @@ def cmd_profile(args: argparse.Namespace) -> int:
 def cmd_ray_resources(args: argparse.Namespace) -> int:
     """The custom resource naming this host's matrix platform: `ray start --resources '<this>'`."""
     p = current_host().platform
-    platform = "cpu" if p.device == "cpu" else f"cuda:{p.arch}" if p.device == "cuda" else p.arch
-    count = 1 if p.device == "cpu" else p.device_count
-    print(json.dumps({custom_resource(platform): count}))
+    print(json.dumps(ray_resource(p.device, p.arch, p.device_count)))
     return 0

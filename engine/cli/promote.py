@@ -49,24 +49,15 @@ def add(sub) -> None:
 
 def cmd_promote(args: argparse.Namespace) -> int:
     from prebake.engine.compose import Context
-    from prebake.registry.review.promote import promote
+    from prebake.registry.review.promote import Review, promote
     from prebake.registry.trust.signing import SIGNING_KEY_ENV
 
     context = Context.open(args.registry, creating=True, trusting=False)
     address = context.address
     incoming_address, incoming = context.quarantine()
     if args.list:
-        rows = [
-            {"kind": m.kind, "key": m.key_digest, "model": m.labels.get("model", ""), "created": m.created,
-             "builder": m.builder}
-            for m in incoming.list(args.kind)
-        ]  # fmt: skip
-        if args.json:
-            print(json.dumps({"quarantine": incoming_address, "waiting": rows}, indent=2))
-        else:
-            print(f"{len(rows)} write-back(s) awaiting review in {incoming_address}")
-            for row in rows:
-                print(f"  {row['kind']:9} {row['key'][:16]}  {row['model']:20} {row['created']}  {row['builder']}")
+        waiting = Review(incoming_address, address, waiting=tuple(incoming.list(args.kind)))
+        print(json.dumps(waiting.to_json(), indent=2) if args.json else waiting.render_waiting())
         return ExitCode.OK
     if args.prune:
         return _prune(args, incoming, incoming_address)
@@ -84,38 +75,15 @@ def cmd_promote(args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
         model_sign=context.model_sign,
     )
-    if args.json:
-        print(json.dumps({"quarantine": incoming_address, "index": address,
-                          "results": [r.__dict__ for r in results]}, indent=2))  # fmt: skip
-    else:
-        print(f"promote {incoming_address} -> {address}: {len(results)} write-back(s)")
-        for r in results:
-            print(f"  {r.kind:9} {r.key_digest[:16]}  {r.outcome}")
+    review = Review(incoming_address, address, results=tuple(results))
+    print(json.dumps(review.to_json(), indent=2) if args.json else review.render())
     return ExitCode.OK if all(r.ok for r in results) else ExitCode.FAILED
 
 
 def _prune(args: argparse.Namespace, incoming, incoming_address: str) -> int:
-    import datetime as dt
+    from prebake.registry.review.aging import Pruned, max_age_in_force, prune
 
-    from prebake.registry.review.aging import parse_age, prune, say_age
-    from prebake.registry.trust.policy import policy_file_in_force
-    from prebake.registry.trust.policy_file import DEFAULT_MAX_AGE_DAYS
-
-    if args.older_than:
-        max_age = parse_age(args.older_than)
-    else:
-        policy = policy_file_in_force()
-        max_age = dt.timedelta(days=policy.quarantine.max_age_days if policy else DEFAULT_MAX_AGE_DAYS)
-    results = prune(incoming, max_age, dry_run=args.dry_run)
-    gone = [r for r in results if r.expired]
-    if args.json:
-        print(json.dumps({"quarantine": incoming_address, "max_age_s": max_age.total_seconds(),
-                          "results": [r.__dict__ for r in results]}, indent=2))  # fmt: skip
-    else:
-        verb = "would remove" if args.dry_run else "removed"
-        print(
-            f"prune {incoming_address}: {len(gone)} of {len(results)} write-back(s) older than {say_age(max_age)} {verb}"
-        )
-        for r in gone:
-            print(f"  {r.kind:9} {r.key_digest[:16]}  created {r.created}  {r.outcome}: {r.why}")
+    oldest = max_age_in_force(args.older_than)
+    pruned = Pruned(incoming_address, oldest, tuple(prune(incoming, oldest, dry_run=args.dry_run)), args.dry_run)
+    print(json.dumps(pruned.to_json(), indent=2) if args.json else pruned.render())
     return ExitCode.OK

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from prebake.artifacts.recipe.schema import find_recipes, recipe_folders
+from prebake.artifacts.recipe.catalog import RecipeCatalog
 from prebake.engine.cli.common import command, json_option, table
 
 
@@ -26,23 +26,11 @@ def add(sub) -> None:
 
 
 def cmd_recipes(args: argparse.Namespace) -> int:
-    found = find_recipes()
-    folders = recipe_folders()
+    catalog = RecipeCatalog.here()
     if args.json:
-        payload = {
-            "search_order": [{"path": str(f.path), "source": f.source} for f in folders],
-            "recipes": [
-                {
-                    "name": r.name,
-                    "path": str(r.path),
-                    "source": r.source,
-                    "shadowed_by": str(r.shadowed_by) if r.shadowed_by else None,
-                }
-                for r in found
-            ],
-        }
-        print(json.dumps(payload, indent=2, sort_keys=True))
+        print(json.dumps(catalog.to_json(), indent=2, sort_keys=True))
         return 0
+    found, folders = catalog.recipes, catalog.folders
     rows = [(r.name, r.source, str(r.path), f"shadowed by {r.shadowed_by}" if r.shadowed_by else "") for r in found]
     print(table(("NAME", "FROM", "PATH", ""), rows) if rows else "no recipes found")
     print("searched, first match wins: " + "; ".join(f"{f.path} ({f.source})" for f in folders))

@@ -42,7 +42,7 @@ def add(sub) -> None:
 
 def cmd_revoke(args: argparse.Namespace) -> int:
     from prebake.engine.compose import Context
-    from prebake.registry.trust.revocation import revoke
+    from prebake.registry.trust.revocation import Revoked, revoke
     from prebake.registry.trust.signing import SIGNING_KEY_ENV
 
     context = Context.open(args.registry, creating=True, trusting=False, signing_key=args.signing_key)
@@ -55,14 +55,8 @@ def cmd_revoke(args: argparse.Namespace) -> int:
     entries = revoke(
         context.registry, context.address, context.sign, keys=args.key, bundles=bundles, reason=args.reason
     )
-    address, signer = context.address, context.sign
-    if args.json:
-        print(json.dumps({"registry": address, "signed_by": signer.name, **entries.model_dump(mode="json")}, indent=2))
-    else:
-        print(
-            f"revocation list serial {entries.serial} issued {entries.issued.isoformat()} signed by {signer.name} "
-            f"at {address}: {len(entries.keys)} key(s) {list(entries.keys)}, {len(entries.bundles)} bundle(s)"
-        )
+    revoked = Revoked(context.address, context.sign.name, entries)
+    print(json.dumps(revoked.to_json(), indent=2) if args.json else revoked.render())
     return ExitCode.OK
 
 

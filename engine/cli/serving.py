@@ -7,8 +7,6 @@ import json
 import shlex
 import sys
 
-from prebake.artifacts.fetch.outcome import Miss
-from prebake.artifacts.store.stats import classify
 from prebake.engine.adapters import adapter_named
 from prebake.engine.cli.common import command, engine_options, json_option, registry_option, target_options
 from prebake.engine.common.adapter import Fetched, StartRequest
@@ -189,7 +187,7 @@ def fetch_json(fetched: Fetched) -> dict:
     payload: dict = {
         "target": fetched.target,
         "complete": not fetched.misses,
-        "misses": [miss_json(m) for m in fetched.misses],
+        "misses": [m.to_json() for m in fetched.misses],
         "env": fetched.env,
         "bundles": {
             k: {"key": i.manifest.key_digest, "blob": i.manifest.blob.digest, "tree": str(i.tree)}
@@ -206,17 +204,3 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from prebake.engine.compose import Context
 
     return adapter_named(args.engine).serve(start_request(args), lambda: Context.open(args.registry))
-
-
-def miss_json(miss: Miss) -> dict:
-    """A miss in `fetch --json`: the key, why (and its short class), the nearest bundle and how it differs."""
-    return {
-        "kind": miss.key.kind,
-        "key": miss.key.digest,
-        "reason": miss.reason,
-        "reason_class": classify(miss.reason),
-        "refused": miss.refused,
-        "unavailable": miss.unavailable,
-        "nearest": miss.nearest.digest if miss.nearest is not None else None,
-        "differing": {name: {"wanted": want, "nearest": have} for name, (want, have) in miss.differing.items()},
-    }

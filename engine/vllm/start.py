@@ -8,6 +8,7 @@ serves, and what it compiled (captured from its cache root for write-back).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -23,9 +24,10 @@ from prebake.artifacts.fsutil import copy_writable
 from prebake.artifacts.recipe.kinds import Builder, BuildRequest, TargetKeys
 from prebake.artifacts.recipe.schema import parse_platform
 from prebake.artifacts.store.local import Installed
+from prebake.artifacts.store.stats import record_fallback
 from prebake.engine.common import starter
 from prebake.engine.common.adapter import EngineAdapter, OpenServices, Services, StartRequest
-from prebake.engine.vllm import gaudi
+from prebake.engine.vllm import gaudi, ranks
 from prebake.engine.vllm import portability as vllm_portability
 from prebake.engine.vllm.process import (
     CACHE_DIR,
@@ -67,7 +69,7 @@ Emit = Callable[[str], None]
 
 
 @dataclass(frozen=True)
-class Prepared:
+class VllmStart:
     """Everything needed to start vLLM: what the shared starter prepared, and vLLM's command."""
 
     shared: starter.Prepared
@@ -134,12 +136,13 @@ def _cache_root(request: StartRequest) -> Path | None:
     return Path(os.path.abspath(given.expanduser())) if given else None
 
 
-def prepare(request: StartRequest, context: Services) -> Prepared:
+def prepare(request: StartRequest, context: Services) -> VllmStart:
     """Resolve the recipe's bundles on this host and lay out a private cache root for one vLLM
     (the shared starter), then vLLM's command line from them."""
     # the trees are held for the command's life (Context.holds): until vLLM is exec'd or has exited
     shared = starter.prepare(serve_environment, request, context, run_dir=_cache_root(request))
-    return Prepared(shared, launch(shared, request, context.store.home))
+    started = launch(shared, request, context.store.home)
+    return VllmStart(_without_incomplete_graphs(shared), started)
 
 
 def launch(shared: starter.Prepared, request: StartRequest, home: Path) -> starter.Launch:
@@ -147,7 +150,13 @@ def launch(shared: starter.Prepared, request: StartRequest, home: Path) -> start
     that keep a baked cache root valid on this host, and what differs from the bake."""
     plan, options, cache_root = shared.plan, _Options.of(request), shared.run_dir
     recipe, variables = plan.recipe, dict(shared.variables)
-    added: dict[str, str] = {}
+    gap = rank_gap_miss(shared)
+    if gap is not None and request.on_miss == "fail":
+        raise starter.MissRefused(
+            f"{gap.explain()}\n--on-miss is fail; rebake it: doit bake model={recipe.model.name} "
+            f"precision={plan.target.dtype} tp={plan.target.tp}, or use --on-miss compile"
+        )
+    added: dict[str, str] = ranks.thread_binding(plan.target, {**os.environ, **variables})
     if options.force_aot_load:
         if not aot_compile_on(recipe, plan.target):
             raise RecipeError(
@@ -157,9 +166,11 @@ def launch(shared: starter.Prepared, request: StartRequest, home: Path) -> start
                 f"start without the baked bundle"
             )
         added |= per_start_variables(plan.target, force_aot_load=True)
-    portable = _portable(shared.installed.get("graphs"), cache_root, variables | added)
+    graphs = None if gap is not None else shared.installed.get("graphs")
+    portable = _portable(graphs, cache_root, variables | added)
     added |= portable.pins
-    notes = portable.notes + _notes(options, shared.installed.get("graphs"), variables | added, cache_root, plan)
+    notes: tuple[str, ...] = (f"{gap.explain()}; vLLM compiles every rank",) if gap is not None else ()
+    notes += portable.notes + _notes(options, graphs, variables | added, cache_root, plan)
     location = model_location(recipe, home / "models")
     argv = (
         *vllm_command(),
@@ -169,7 +180,7 @@ def launch(shared: starter.Prepared, request: StartRequest, home: Path) -> start
         *_listen_flags(request, options),
         *options.engine_args,
     )
-    where = "the baked graphs" if "graphs" in shared.installed else "an empty cache (vLLM compiles)"
+    where = "the baked graphs" if graphs is not None else "an empty cache (vLLM compiles)"
     banner = f"starting vLLM for {plan.target.name} from {where}: VLLM_CACHE_ROOT={cache_root / CACHE_DIR}"
     return starter.Launch(argv, added, location.cwd, notes, unset=REDIRECTS, banner=banner)
 
@@ -224,6 +235,8 @@ def serve_environment(plan: TargetKeys, installed: Mapping[str, Installed], run_
     """Variables that start vLLM from a private writable copy of the baked cache root under
     `run_dir` (empty on a miss: vLLM compiles into it); on Gaudi, of the HPU recipe cache too."""
     graphs = installed.get("graphs")
+    if graphs is not None and _rank_gaps(graphs, plan.target.tp):
+        graphs = None  # a bundle without every rank's cache: vLLM compiles into an empty root (rank_gap_miss)
     variables = serving_variables(plan.recipe, plan.target, _private(graphs, CACHE_DIR, run_dir))
     if parse_platform(plan.target.platform)[0] == "gaudi":
         recipes = _private(graphs, gaudi.RECIPES_DIR, run_dir)
@@ -239,11 +252,39 @@ def _private(graphs: Installed | None, name: str, run_dir: Path) -> Path:
     return run_dir / name
 
 
+def _rank_gaps(graphs: Installed, tp: int) -> tuple[ranks.RankGap, ...]:
+    return ranks.gaps(graphs.tree / CACHE_DIR, tp, read_report(graphs.tree).get("ranks"))
+
+
+def rank_gap_miss(shared: starter.Prepared) -> Miss | None:
+    """The installed graphs bundle as a miss when it lacks a rank's compile cache (ranks.gaps),
+    naming the rank; None when it holds every rank's, or when there is none."""
+    graphs = shared.installed.get("graphs")
+    if graphs is None:
+        return None
+    found = _rank_gaps(graphs, shared.plan.target.tp)
+    if not found:
+        return None
+    return Miss(shared.plan.key("graphs"), ranks.describe(found), refused=True)
+
+
+def _without_incomplete_graphs(shared: starter.Prepared) -> starter.Prepared:
+    """`shared` with a graphs bundle that lacks a rank moved from the installed to the misses."""
+    miss = rank_gap_miss(shared)
+    if miss is None:
+        return shared
+    installed = {k: v for k, v in shared.installed.items() if k != "graphs"}
+    return dataclasses.replace(shared, installed=installed, misses=(*shared.misses, miss))
+
+
 class _Process:
     """What the shared starter asks of vLLM as its own process (prebake.engine.common.starter.EngineProcess)."""
 
     def launch(self, prepared: starter.Prepared, request: StartRequest, services: Services) -> starter.Launch:
-        return launch(prepared, request, services.store.home)
+        started = launch(prepared, request, services.store.home)
+        if rank_gap_miss(prepared) is not None:
+            record_fallback(services.store, "graphs")  # vLLM compiles what the bundle lacks
+        return started
 
     def ready(self, proc: subprocess.Popen, log: Path, started: float, launch: starter.Launch) -> float:
         host = _flag_value(launch.argv, "--host", "127.0.0.1")
@@ -264,6 +305,7 @@ class _Process:
                 "ready_s": round(ready_s, 3),
                 "variables": recorded_variables(variables | dict(os.environ)),
                 "written_back": True,
+                "ranks": ranks.rank_keys(_read(root / "vllm.log")),  # the starter's log of the watched vLLM
                 "site": baked_site(dict(os.environ) | variables, root / CACHE_DIR),
             }
             (request.out / REPORT_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))
@@ -271,14 +313,16 @@ class _Process:
         return capture
 
 
-def write_back(prepared: Prepared, context: Services, ready_s: float, *, timeout: float = 600.0) -> list[str]:
+def write_back(prepared: VllmStart, context: Services, ready_s: float, *, timeout: float = 600.0) -> list[str]:
     """Publish every kind that missed, within `timeout` seconds in all (the shared starter's write-back)."""
     return starter.write_back(_Process(), "graphs", prepared.shared, prepared.launch, context, ready_s, timeout=timeout)
 
 
-def fetch_environment(request: StartRequest, context: Services) -> Prepared:
-    """`prebake fetch --engine vllm`: install and lay out the cache root; the caller prints it."""
-    return prepare(request, context)
+def _read(log: Path) -> str:
+    try:
+        return log.read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def _flag_value(argv: Sequence[str], flag: str, default: str) -> str:

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from prebake.artifacts.errors import BundleError
-from prebake.artifacts.ports.errors import RegistryError, RegistryNotFound, RegistryUnavailable
+from prebake.artifacts.ports.errors import RegistryError, RegistryUnavailable
 from prebake.artifacts.ports.objects import Stored
+from prebake.registry.shared.faults import Answer, Hints, translate
 from prebake.registry.shared.index import StoreRegistry
 from prebake.registry.shared.transfer import env_settings
 
@@ -141,25 +142,13 @@ class AzureStore:
         except RegistryError:
             raise
         except ClientAuthenticationError as exc:
-            raise self._refused(doing, exc) from exc
+            answer = Answer(0, str(getattr(exc, "error_code", None) or exc), refused=True)
+            raise translate(answer, doing, self._hints) from exc
         except HttpResponseError as exc:
             code, status = str(getattr(exc, "error_code", "") or ""), int(exc.status_code or 0)
-            if code == "ContainerNotFound" or (status == 404 and code != "BlobNotFound"):
-                raise RegistryNotFound(
-                    f"cannot {doing}: container {self.container} does not exist in account {self.account} "
-                    f"({self.endpoint}); create it (az storage container create --name {self.container} "
-                    f"--account-name {self.account}) or fix the registry address"
-                ) from exc
-            if status in (401, 403):
-                raise self._refused(doing, exc) from exc
-            if status >= 500 or status in (408, 429):
-                raise RegistryUnavailable(
-                    f"cannot {doing}: {self.endpoint} failed ({code or status}) after "
-                    f"{self.settings.max_attempts} attempts; retry later"
-                ) from exc
-            raise RegistryError(
-                f"cannot {doing}: {self.endpoint} answered {code} (HTTP {status}): {exc.message}"
-            ) from exc
+            missing = code == "ContainerNotFound" or (status == 404 and code != "BlobNotFound")
+            answer = Answer(status, code, detail=f"HTTP {status}, {exc.message}", missing=missing)
+            raise translate(answer, doing, self._hints) from exc
         except (AzureError, ConnectionError) as exc:
             raise RegistryUnavailable(
                 f"cannot {doing}: Azure Blob Storage at {self.endpoint} did not answer after "
@@ -167,10 +156,15 @@ class AzureStore:
                 f"the network, any proxy and the connection string's BlobEndpoint point at it"
             ) from exc
 
-    def _refused(self, doing: str, exc: Exception) -> RegistryUnavailable:
-        return RegistryUnavailable(
-            f"cannot {doing}: {self.endpoint} refused us ({getattr(exc, 'error_code', None) or exc}); "
-            f"check the credentials ({_CREDENTIALS}) and their rights on container {self.container}"
+    @property
+    def _hints(self) -> Hints:
+        return Hints(
+            who=self.endpoint,
+            refused=f"check the credentials ({_CREDENTIALS}) and their rights on container {self.container}",
+            missing=f"container {self.container} does not exist in account {self.account} ({self.endpoint}); "
+            f"create it (az storage container create --name {self.container} --account-name {self.account}) "
+            f"or fix the registry address",
+            attempts=self.settings.max_attempts,
         )
 
 

@@ -14,14 +14,11 @@ commit, Batching; quarantine: one commit, Movable). Listing summaries stay on th
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import os
 import re
-import sys
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,7 +27,6 @@ from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.layout import blob_relpath, index_relpath, side_folder_relpath
 from prebake.artifacts.ports.errors import (
     BlobDigestMismatch,
-    BlobSizeMismatch,
     RegistryError,
     RegistryNotFound,
     RegistryReadOnly,
@@ -39,7 +35,8 @@ from prebake.artifacts.ports.errors import (
 from prebake.artifacts.ports.objects import Stored
 from prebake.artifacts.ports.registry import Published
 from prebake.registry.backends.file import FolderStore
-from prebake.registry.shared.http import TRANSIENT, Bound, as_asked, ticking
+from prebake.registry.backends.hf_cache import HubRepo
+from prebake.registry.shared.http import ticking
 from prebake.registry.shared.index import StoreRegistry
 from prebake.registry.shared.memory import MemoryStore
 from prebake.registry.shared.transfer import copy_verified, missing
@@ -51,7 +48,6 @@ _DEFAULT_ENDPOINT = "https://huggingface.co"
 _COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 _ADDRESS = re.compile(r"^hf://(?:(datasets|models)/)?([\w.-]+/[\w.-]+)(?:@([^@\s]+))?/?$")
 _COMMIT_ATTEMPTS = 5  # heads moved by other keys' publishes before we give up
-_ASKED = 3  # a read the Hub answers 429 or 503 with Retry-After is asked this often in all
 _CHUNK = 1 << 20
 
 
@@ -80,7 +76,7 @@ class HubRegistry(StoreRegistry):
         to `dest` through `tee`: the consumer is only ever fed a copy that already matched."""
         hub, key, dest = self.hub, blob_relpath(digest), Path(dest)
         where = self._where(key)
-        cached = ticking(lambda: hub.download(key, hub.revision, limit=size), tee)
+        cached = ticking(lambda: hub.repo.download(key, hub.revision, limit=size), tee)
         if cached is None:
             if hub.offline:
                 raise RegistryUnavailable(
@@ -93,7 +89,7 @@ class HubRegistry(StoreRegistry):
             if hub.offline:
                 raise
             log.warning("cached copy of %s is corrupt; downloading it again", where)  # the Hub's copy decides
-            cached = hub.download(key, hub.revision, force=True, limit=size)
+            cached = hub.repo.download(key, hub.revision, force=True, limit=size)
             if cached is None:
                 raise RegistryError(f"blob {digest} vanished from {where} while being fetched; retry") from None
             copy_verified(cached[0], dest, digest, where=where, registry_url=self.url, size=size)
@@ -129,11 +125,14 @@ class HubStore:
         self.endpoint = (env.get("HF_ENDPOINT") or _DEFAULT_ENDPOINT).rstrip("/")
         self.offline = env.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
         self.writable = not self.offline and not _COMMIT_SHA.match(self.revision)
-        self._token = env.get("HF_TOKEN") or None  # None: huggingface_hub's saved login, if any
-        self._cache_dir = str(cache_dir) if cache_dir else (env.get("HF_HUB_CACHE") or None)
+        token = env.get("HF_TOKEN") or None  # None: huggingface_hub's saved login, if any
+        cache = str(cache_dir) if cache_dir else (env.get("HF_HUB_CACHE") or None)
+        self.repo = HubRepo(
+            self.repo_type, self.repo_id, self.revision, self.url, self.endpoint, self.offline, token, cache, must_exist
+        )
         from huggingface_hub import HfApi
 
-        self._api = HfApi(endpoint=self.endpoint, token=self._token)
+        self._api = HfApi(endpoint=self.endpoint, token=token)
 
     def read_only_why(self) -> str:
         return "HF_HUB_OFFLINE=1 is set; unset it" if self.offline else "it is pinned to a commit; name a branch"
@@ -142,19 +141,19 @@ class HubStore:
 
     def head(self, key: str) -> Stored | None:
         if self.offline:
-            got = self._cached_download(key, self.revision, local_only=True)
+            got = self.repo.cached_download(key, self.revision, local_only=True)
             return None if got is None else Stored(key, got.stat().st_size, "")
-        meta = self._present(key, self.revision)
+        meta = self.repo.present(key, self.revision)
         return None if meta is None else Stored(key, meta[0] if meta[0] is not None else -1, meta[1])
 
     def get(self, key: str, limit: int) -> tuple[bytes, str] | None:
-        got = self.download(key, self.revision, limit=limit, exact=False)
+        got = self.repo.download(key, self.revision, limit=limit, exact=False)
         return None if got is None else (fsutil.read_bounded(got[0].resolve(), limit), got[1])
 
     def read(self, key: str, first: int = 0, last: int | None = None) -> Iterator[bytes]:
-        got = self.download(key, self.revision)
+        got = self.repo.download(key, self.revision)
         if got is None:
-            raise RegistryError(f"{self._where(key)} is gone; run `prebake verify`")
+            raise RegistryError(f"{self.repo.where(key)} is gone; run `prebake verify`")
         with got[0].resolve().open("rb") as f:
             f.seek(first)
             left = None if last is None else last - first + 1
@@ -182,7 +181,7 @@ class HubStore:
         from huggingface_hub import CommitOperationDelete
 
         head = self.branch_head(create=False)
-        there = [k for k in keys if head is not None and self._present(k, head) is not None]
+        there = [k for k in keys if head is not None and self.repo.present(k, head) is not None]
         if there:
             deletes = [CommitOperationDelete(path_in_repo=k) for k in there]
             self._commit_on_head(deletes, f"prebake: remove {there[0]}", present=there[0])
@@ -191,7 +190,7 @@ class HubStore:
         """One commit adding the copy and deleting the original (the history keeps every byte)."""
         from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
-        got = self.download(key, self.revision, force=True)
+        got = self.repo.download(key, self.revision, force=True)
         if got is None:
             return False
         operations = [
@@ -207,12 +206,12 @@ class HubStore:
 
         folder = prefix.rstrip("/")
         if self.offline:
-            yield from self._list_cached(folder, prefix)
+            yield from self.repo.list_cached(folder, prefix)
             return
         head = self.branch_head(create=False)
         if head is None:
             return
-        with self._faults(f"list {self.url}/{folder}"):
+        with self.repo.faults(f"list {self.url}/{folder}"):
             try:
                 entries = list(
                     self._api.list_repo_tree(
@@ -224,138 +223,13 @@ class HubStore:
         files = [e for e in entries if isinstance(e, RepoFile) and e.path.startswith(prefix)]
         yield from sorted((Stored(e.path, e.size, e.blob_id) for e in files), key=lambda s: s.key)
 
-    # -- reading -----------------------------------------------------------------------------
-
-    def download(
-        self, key: str, revision: str, *, force: bool = False, limit: int | None = None, exact: bool = True
-    ) -> tuple[Path, str] | None:
-        """The cached file for `key` at `revision` and its tag; None if the repo, revision or file is absent.
-        One HEAD without retries first (hf_hub_download alone retries an unreachable Hub for about 20 s);
-        if the Hub is unreachable, an earlier cached copy serves (entries and blobs are never replaced)."""
-        if self.offline:
-            cached = self._cached_download(key, revision, local_only=True)
-            return None if cached is None else (cached, "")
-        try:
-            meta = self._present(key, revision)
-            if meta is None:
-                return None
-            announced, tag = meta
-            if limit is not None and announced is not None and (announced > limit or (exact and announced != limit)):
-                raise BlobDigestMismatch(
-                    f"{self._where(key)} is {announced} bytes by the Hub's account, but it may be "
-                    f"{'at most ' if not exact else ''}{limit}; refusing to download it: run "
-                    f"`prebake verify --quarantine --registry {self.url}`"
-                )
-        except RegistryUnavailable:
-            cached = None if force else self._cached_download(key, revision, local_only=True)
-            if cached is None:
-                raise
-            log.warning("the Hub at %s is unreachable; using the cached %s", self.endpoint, self._where(key))
-            return cached, ""
-        got = self._cached_download(key, revision, local_only=False, force=force, limit=limit)
-        return None if got is None else (got, tag)
-
-    def _present(self, key: str, revision: str) -> tuple[int | None, str] | None:
-        """(size at `revision`, None if the Hub does not say; ETag), None if absent: one HEAD, no retries."""
-        from huggingface_hub import get_hf_file_metadata, hf_hub_url
-        from huggingface_hub.errors import (
-            GatedRepoError,
-            RemoteEntryNotFoundError,
-            RepositoryNotFoundError,
-            RevisionNotFoundError,
-        )
-
-        url = hf_hub_url(self.repo_id, key, repo_type=self.repo_type, revision=revision, endpoint=self.endpoint)
-        with self._faults(f"read {self._where(key)}"):
-            try:
-                meta = as_asked(
-                    lambda: get_hf_file_metadata(url, token=self._token, endpoint=self.endpoint), attempts=_ASKED
-                )
-            except GatedRepoError:
-                raise  # access refused, not absent: _faults says what to do
-            except (RemoteEntryNotFoundError, RevisionNotFoundError):
-                return None
-            except RepositoryNotFoundError:
-                if self.must_exist:
-                    raise RegistryNotFound(self._not_found()) from None
-                log.info("%s does not exist at %s, or HF_TOKEN may not read it: a miss", self.url, self.endpoint)
-                return None
-        return (meta.size if isinstance(meta.size, int) else None), meta.etag or ""
-
-    def _cached_download(
-        self, key: str, revision: str, *, local_only: bool, force: bool = False, limit: int | None = None
-    ) -> Path | None:
-        """hf_hub_download into the cache; None if absent there (local_only) or on the Hub. A body that runs
-        past `limit` is refused while it comes (huggingface_hub itself compares sizes only at the end)."""
-        from huggingface_hub import hf_hub_download
-        from huggingface_hub.errors import (
-            GatedRepoError,
-            LocalEntryNotFoundError,
-            RemoteEntryNotFoundError,
-            RepositoryNotFoundError,
-            RevisionNotFoundError,
-        )
-
-        with self._faults(f"download {self._where(key)}"):
-            try:
-                local = as_asked(
-                    lambda: hf_hub_download(
-                        self.repo_id,
-                        key,
-                        repo_type=self.repo_type,
-                        revision=revision,
-                        endpoint=self.endpoint,
-                        token=self._token,
-                        cache_dir=self._cache_dir,
-                        local_files_only=local_only,
-                        force_download=force,
-                        tqdm_class=_terminal_tqdm() if limit is None else _bounded_tqdm(limit, self._where(key)),
-                    ),
-                    attempts=_ASKED,
-                )
-            except GatedRepoError:
-                raise  # access refused, not absent: _faults says what to do
-            except LocalEntryNotFoundError as exc:
-                if local_only:
-                    return None
-                raise RegistryUnavailable(
-                    f"cannot download {self._where(key)}: the Hub at {self.endpoint} stopped answering and "
-                    f"the file is not cached ({exc.__cause__ or exc}); check the network and HF_ENDPOINT, or set "
-                    f"HF_HUB_OFFLINE=1 to work from the cache"
-                ) from exc
-            except (RemoteEntryNotFoundError, RevisionNotFoundError, RepositoryNotFoundError):
-                return None  # deleted between our HEAD and the download
-        return Path(local)
-
-    def _list_cached(self, folder: str, prefix: str) -> Iterator[Stored]:
-        from huggingface_hub import snapshot_download
-        from huggingface_hub.errors import LocalEntryNotFoundError
-
-        try:
-            snapshot = Path(
-                snapshot_download(
-                    self.repo_id,
-                    repo_type=self.repo_type,
-                    revision=self.revision,
-                    cache_dir=self._cache_dir,
-                    local_files_only=True,
-                    allow_patterns=[f"{folder}/**"],
-                )
-            )
-        except LocalEntryNotFoundError:
-            return
-        for path in sorted(snapshot.glob(f"{folder}/**/*")):
-            key = path.relative_to(snapshot).as_posix()
-            if key.startswith(prefix) and path.is_file():  # cache entries are links into the cache's blobs/
-                yield Stored(key, path.stat().st_size, "")
-
     # -- writing ---------------------------------------------------------------------------
 
     def branch_head(self, *, create: bool) -> str | None:
         """The commit sha the revision points at; None if the repo is absent and not to be created."""
         from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 
-        with self._faults(f"read the head of {self.url}"):
+        with self.repo.faults(f"read the head of {self.url}"):
             try:
                 return self._api.repo_info(self.repo_id, repo_type=self.repo_type, revision=self.revision).sha
             except RevisionNotFoundError as exc:
@@ -367,7 +241,7 @@ class HubStore:
                 ) from exc
             except RepositoryNotFoundError:
                 if self.must_exist:
-                    raise RegistryNotFound(self._not_found()) from None
+                    raise RegistryNotFound(self.repo.not_found()) from None
                 if not create:
                     return None
             self._api.create_repo(self.repo_id, repo_type=self.repo_type, private=True, exist_ok=True)
@@ -385,9 +259,9 @@ class HubStore:
             head = self.branch_head(create=absent is not None or present is None)
             if head is None:
                 return False
-            if absent is not None and self._present(absent, head) is not None:
+            if absent is not None and self.repo.present(absent, head) is not None:
                 return False
-            if present is not None and self._present(present, head) is None:
+            if present is not None and self.repo.present(present, head) is None:
                 return False
             if self._commit(operations, head, message):
                 return True
@@ -400,7 +274,7 @@ class HubStore:
         """One commit of `operations` on top of `head`; False if the branch moved since (look again)."""
         from huggingface_hub.errors import HfHubHTTPError
 
-        with self._faults(f"commit to {self.url} ({message})"):
+        with self.repo.faults(f"commit to {self.url} ({message})"):
             try:
                 self._api.create_commit(
                     self.repo_id,
@@ -416,50 +290,6 @@ class HubStore:
                 raise
         return True
 
-    def _where(self, key: str) -> str:
-        return f"{self.url}/{key}"
-
-    @contextmanager
-    def _faults(self, doing: str) -> Iterator[None]:
-        """Turn huggingface_hub's and the HTTP client's errors into registry errors that say what to do."""
-        import httpx2
-        from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled, RepositoryNotFoundError
-
-        try:
-            yield
-        except (httpx2.TransportError, OfflineModeIsEnabled) as exc:
-            raise RegistryUnavailable(
-                f"cannot {doing}: the Hub at {self.endpoint} did not answer ({exc}); check the network and "
-                f"HF_ENDPOINT, or set HF_HUB_OFFLINE=1 to read from the cache"
-            ) from exc
-        except HfHubHTTPError as exc:
-            status = exc.response.status_code if exc.response is not None else 0
-            if isinstance(exc, RepositoryNotFoundError):
-                raise RegistryNotFound(self._not_found()) from exc
-            if isinstance(exc, GatedRepoError) or status in (401, 403):
-                raise RegistryUnavailable(
-                    f"cannot {doing}: the Hub refused us (HTTP {status}); set HF_TOKEN to a token that may "
-                    f"read {self.repo_id} (and write to it, to publish)"
-                ) from exc
-            if status in TRANSIENT or status >= 500:
-                raise RegistryUnavailable(
-                    f"cannot {doing}: the Hub at {self.endpoint} failed (HTTP {status}); retry later"
-                ) from exc
-            raise RegistryError(f"cannot {doing}: {exc}") from exc
-        except OSError as exc:
-            if "Consistency check failed" not in str(exc):  # huggingface_hub's own size check
-                raise
-            raise BlobSizeMismatch(
-                f"cannot {doing}: the Hub sent a body of another size than it announced ({exc}); the blob is "
-                f"refused; run `prebake verify --deep --registry {self.url}`"
-            ) from exc
-
-    def _not_found(self) -> str:
-        return (
-            f"registry {self.url} does not exist at {self.endpoint}, or HF_TOKEN may not read it; fix the "
-            f"registry address, or set HF_TOKEN to a token that may read {self.repo_id}"
-        )
-
 
 def _parse_address(address: str) -> tuple[str, str, str]:
     """(repo type, repo id, revision) of hf://[datasets/]<namespace>/<repo>[@revision]."""
@@ -470,30 +300,3 @@ def _parse_address(address: str) -> tuple[str, str, str]:
             f"or hf://datasets/<namespace>/<repo>[@revision]"
         )
     return ("dataset" if m.group(1) == "datasets" else "model"), m.group(2), m.group(3) or "main"
-
-
-def _bounded_tqdm(limit: int, where: str) -> type:
-    """_terminal_tqdm, refusing the download past `limit` bytes (huggingface_hub reports each piece to
-    its bar before writing it)."""
-
-    class _Bounded(_terminal_tqdm()):  # type: ignore[misc]
-        def update(self, n: float | None = 1) -> bool | None:
-            if not hasattr(self, "bound"):
-                self.bound = Bound(limit, where, error=BlobSizeMismatch)
-            self.bound.add(int(n or 0))
-            return super().update(n)  # type: ignore[no-any-return]
-
-    return _Bounded
-
-
-@functools.cache
-def _terminal_tqdm() -> type:
-    """huggingface_hub's tqdm bars, drawn only on a terminal (as the S3 backend's): in logs they are noise."""
-    from huggingface_hub.utils import tqdm
-
-    class _TerminalOnly(tqdm):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            kwargs["disable"] = kwargs.get("disable") or not sys.stderr.isatty()
-            super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
-
-    return _TerminalOnly

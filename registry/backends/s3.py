@@ -14,12 +14,10 @@ look, put, read back, which leaves a race between overlapping bakers (docs/regis
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +25,11 @@ from tqdm import tqdm
 
 from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES
 from prebake.artifacts.errors import BundleError
-from prebake.artifacts.ports.errors import BlobDigestMismatch, RegistryError, RegistryNotFound, RegistryUnavailable
+from prebake.artifacts.ports.errors import BlobDigestMismatch, RegistryError, RegistryUnavailable
 from prebake.artifacts.ports.objects import Stored
-from prebake.registry.shared.http import retry_after_s
+from prebake.registry.backends.s3_client import S3Settings, error_code, make_client, status_of, transfer_config
+from prebake.registry.shared.faults import Answer, Hints, translate
 from prebake.registry.shared.index import StoreRegistry
-from prebake.registry.shared.transfer import env_settings
 
 log = logging.getLogger(__name__)
 
@@ -39,33 +37,8 @@ _MiB = 1 << 20
 _CREATE_ATTEMPTS = 5  # rounds of "409 ConditionalRequestConflict: try again" before giving up
 _PROGRESS_MIN_BYTES = 16 * _MiB  # smaller transfers finish before a meter is worth drawing
 _INDEX_READ_S = 30.0  # an index entry is small: one that takes longer is stalled or hostile
-
-
-@dataclass(frozen=True)
-class S3Settings:
-    """How transfers run. Each field has a variable: PREBAKE_S3_<FIELD> (see `from_env`)."""
-
-    concurrency: int = 10  # parallel part requests per transfer
-    chunk_mb: int = 8  # multipart part size, and the size from which transfers split
-    max_attempts: int = 5  # per request, with exponential backoff and jitter
-    retry_mode: str = "standard"  # or "adaptive": also rate-limits the client on throttling
-    timeout_s: float = 30.0  # connect and read timeout of each request
-    conditional_put: bool = True  # False for servers that reject If-None-Match outright
-
-    def __post_init__(self) -> None:
-        if self.concurrency < 1 or self.max_attempts < 1 or self.timeout_s <= 0:
-            raise RegistryError(f"{self}: concurrency, max_attempts and timeout_s must be positive")
-        if self.chunk_mb < 5:
-            raise RegistryError(f"{self}: chunk_mb must be at least 5, S3's smallest multipart part")
-        if self.retry_mode not in ("standard", "adaptive", "legacy"):
-            raise RegistryError(f"{self}: retry_mode must be 'standard', 'adaptive' or 'legacy'")
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> S3Settings:
-        """Settings from PREBAKE_S3_CONCURRENCY, _CHUNK_MB, _MAX_ATTEMPTS, _RETRY_MODE,
-        _TIMEOUT_S and _CONDITIONAL_PUT (on/off); unset variables keep the defaults."""
-        parsers = {"concurrency": int, "chunk_mb": int, "max_attempts": int, "retry_mode": str, "timeout_s": float}
-        return cls(**env_settings("PREBAKE_S3_", {**parsers, "conditional_put": _parse_switch}, env))
+_REFUSED_CODES = frozenset({"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken"})
+_THROTTLED_CODES = frozenset({"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout"})
 
 
 class S3Store:
@@ -77,8 +50,8 @@ class S3Store:
         self.bucket, self.prefix = _parse_address(address)
         self.url = f"s3://{self.bucket}/{self.prefix}".rstrip("/")
         self.settings = settings or S3Settings.from_env()
-        self._client = _make_client(self.settings)
-        self._transfer = _transfer_config(self.settings)
+        self._client = make_client(self.settings)
+        self._transfer = transfer_config(self.settings)
         self._conditional = self.settings.conditional_put
         self.endpoint = self._client.meta.endpoint_url
 
@@ -89,7 +62,7 @@ class S3Store:
             try:
                 got = self._client.head_object(Bucket=self.bucket, Key=self._key(key))
             except ClientError as exc:
-                if _error_code(exc) in ("NoSuchKey", "404", "NotFound"):
+                if error_code(exc) in ("NoSuchKey", "404", "NotFound"):
                     return None
                 raise
         size = int(got["ContentLength"])
@@ -104,7 +77,7 @@ class S3Store:
             try:
                 response = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
             except ClientError as exc:
-                if _error_code(exc) in ("NoSuchKey", "404"):
+                if error_code(exc) in ("NoSuchKey", "404"):
                     return None
                 raise
             body = response["Body"]
@@ -180,7 +153,7 @@ class S3Store:
                 )
                 return True
             except ClientError as exc:
-                code, status = _error_code(exc), _status(exc)
+                code, status = error_code(exc), status_of(exc)
                 if code == "PreconditionFailed" or status == 412:
                     return False
                 if code == "ConditionalRequestConflict" or status == 409:
@@ -252,27 +225,26 @@ class S3Store:
             ) from exc
 
     def _client_fault(self, exc: Exception, doing: str) -> RegistryError:
-        code, status = _error_code(exc), _status(exc)
-        if code == "NoSuchBucket":
-            return RegistryNotFound(
-                f"cannot {doing}: bucket {self.bucket} does not exist at {self.endpoint}; "
-                f"create it (aws s3 mb s3://{self.bucket}) or fix the registry address"
-            )
-        if status in (401, 403) or code in (
-            "AccessDenied",
-            "InvalidAccessKeyId",
-            "SignatureDoesNotMatch",
-            "ExpiredToken",
-        ):
-            return RegistryUnavailable(
-                f"cannot {doing}: {self.endpoint} refused us ({code}); check the credentials "
-                f"(AWS_PROFILE, AWS_ACCESS_KEY_ID) and the policy of bucket {self.bucket}"
-            )
-        if status >= 500 or code in ("SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout"):
-            return RegistryUnavailable(
-                f"cannot {doing}: {self.endpoint} failed ({code}) after {self.settings.max_attempts} attempts; retry later"
-            )
-        return RegistryError(f"cannot {doing}: {self.endpoint} answered {code} (HTTP {status}): {exc}")
+        code, status = error_code(exc), status_of(exc)
+        answer = Answer(
+            status,
+            code,
+            detail=f"HTTP {status}, {exc}",
+            refused=code in _REFUSED_CODES,
+            throttled=code in _THROTTLED_CODES,
+            missing=code == "NoSuchBucket",
+        )
+        return translate(answer, doing, self._hints)
+
+    @property
+    def _hints(self) -> Hints:
+        return Hints(
+            who=self.endpoint,
+            refused=f"check the credentials (AWS_PROFILE, AWS_ACCESS_KEY_ID) and the policy of bucket {self.bucket}",
+            missing=f"bucket {self.bucket} does not exist at {self.endpoint}; "
+            f"create it (aws s3 mb s3://{self.bucket}) or fix the registry address",
+            attempts=self.settings.max_attempts,
+        )
 
 
 class S3Registry(StoreRegistry):
@@ -281,16 +253,9 @@ class S3Registry(StoreRegistry):
     def __init__(self, address: str, settings: S3Settings | None = None):
         self.s3 = S3Store(address, settings)
         super().__init__(self.s3, readers=self.s3.settings.concurrency, part_bytes=self.s3.settings.chunk_mb * _MiB)
-        self.bucket, self.prefix, self.endpoint, self.settings = (
-            self.s3.bucket,
-            self.s3.prefix,
-            self.s3.endpoint,
-            self.s3.settings,
-        )
-        self._client = self.s3._client
 
     def __repr__(self) -> str:
-        return f"S3Registry({self.url!r}, endpoint={self.endpoint!r})"
+        return f"S3Registry({self.url!r}, endpoint={self.s3.endpoint!r})"
 
 
 def _as_received(body: Any) -> Iterator[bytes]:
@@ -331,68 +296,3 @@ def _parse_address(address: str) -> tuple[str, str]:
     if not bucket:
         raise RegistryError(f"{address!r} names no bucket; write s3://<bucket>/<prefix>")
     return bucket, prefix.strip("/")
-
-
-def _parse_switch(raw: str) -> bool:
-    value = raw.lower()
-    if value in ("1", "on", "true", "yes"):
-        return True
-    if value in ("0", "off", "false", "no"):
-        return False
-    raise ValueError("write on or off")
-
-
-def _make_client(settings: S3Settings) -> Any:
-    import boto3
-    from botocore.config import Config
-    from botocore.exceptions import BotoCoreError
-
-    config = Config(
-        retries={"max_attempts": settings.max_attempts, "mode": settings.retry_mode},
-        connect_timeout=settings.timeout_s,
-        read_timeout=settings.timeout_s,
-        max_pool_connections=settings.concurrency + 2,
-    )
-    try:
-        client = boto3.session.Session().client("s3", config=config)
-    except BotoCoreError as exc:
-        raise RegistryUnavailable(f"cannot set up the S3 client: {exc}; check AWS_PROFILE and ~/.aws/config") from exc
-    client.meta.events.register_first("needs-retry.s3", _wait_as_asked(settings.max_attempts))
-    return client
-
-
-def _wait_as_asked(max_attempts: int) -> Callable[..., float | None]:
-    """A botocore needs-retry hook: a 429 or 503 with Retry-After is retried after as long as it asks
-    (at most MAX_RETRY_AFTER_S). botocore's own retries read only x-amz-retry-after, and wait at most 5 s
-    more than their backoff; S3-compatible servers (MinIO, Ceph, R2) and proxies send the standard header.
-    The first hook that names a delay decides, so this one runs before botocore's."""
-
-    def hook(response: Any = None, attempts: int = 0, **_: Any) -> float | None:
-        if response is None or attempts >= max_attempts:
-            return None
-        answer = response[0]
-        if answer.status_code not in (429, 503):
-            return None
-        return retry_after_s(answer.headers.get("Retry-After", "")) or None
-
-    return hook
-
-
-def _transfer_config(settings: S3Settings) -> Any:
-    from boto3.s3.transfer import TransferConfig
-
-    chunk = settings.chunk_mb * _MiB
-    return TransferConfig(
-        multipart_threshold=chunk,
-        multipart_chunksize=chunk,
-        max_concurrency=settings.concurrency,
-        preferred_transfer_client="classic",  # the CRT client ignores these settings
-    )
-
-
-def _error_code(exc: Exception) -> str:
-    return str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
-
-
-def _status(exc: Exception) -> int:
-    return int(getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)

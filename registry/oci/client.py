@@ -26,6 +26,7 @@ import httpx
 
 from prebake.artifacts.ports.errors import RegistryError, RegistryUnavailable
 from prebake.registry.oci.auth import Challenge, Login, config_locations, find_login, parse_challenge
+from prebake.registry.shared.faults import Verdict, verdict
 from prebake.registry.shared.http import TRANSIENT, causes, pause, retry_after_s
 from prebake.registry.shared.transfer import env_settings
 
@@ -330,6 +331,7 @@ class Distribution:
         """An HTTP answer that is neither success nor a miss."""
         status = response.status_code
         detail = _error_detail(response)
+        rule = verdict(status)
         if status == 401:
             login = self._auth.login if self._auth else None
             if login is None:
@@ -342,12 +344,12 @@ class Distribution:
                 f"cannot {doing} at {self.url}: the registry refused the login from {login.source} ({detail}); "
                 f"the password or token is wrong or expired: run `docker login {self.address.host}` again"
             )
-        if status == 403:
+        if rule is Verdict.REFUSED:
             return RegistryUnavailable(
                 f"cannot {doing} at {self.url}: {self._who()} may not do that ({detail}); "
                 f"ask for pull (and, to publish, push) access to {self.address.repository}"
             )
-        if status in TRANSIENT:
+        if rule is Verdict.RETRY_LATER:
             return RegistryUnavailable(
                 f"cannot {doing} at {self.url}: HTTP {status} ({detail}) after {self.settings.max_attempts} attempts; retry later"
             )

@@ -39,6 +39,7 @@ FACTOR = "org.prebake.kernelcache.factor."
 FOOTPRINT = "org.prebake.kernelcache.compatibility-footprint"
 CACHE_PATH = "org.prebake.kernelcache.cache-path"  # the VLLM_CACHE_ROOT the image's paths name
 RELOCATED = "org.prebake.kernelcache.relocated"  # files whose paths were rewritten for it (not as signed)
+RANKS = "org.prebake.kernelcache.ranks"  # the tensor-parallel ranks whose compile cache the image holds: "0,1"
 DEFAULT_CACHE_PATH = "/root/.cache/vllm"  # where KServe puts the cache when the container sets no VLLM_CACHE_ROOT
 REPORT_FILE = "vllm.json"  # the graphs tree's bake report (prebake.engine.vllm.process.REPORT_FILE)
 HANDLES_FILE = "vllm_compile_cache.py"  # prebake.engine.vllm.portability.HANDLES_FILE
@@ -75,9 +76,11 @@ def build_image(
     runtime_image: str | None = None,
     model_uri: str | None = None,
     cache_path: str = DEFAULT_CACHE_PATH,
+    ranks: tuple[int, ...] = (0,),
 ) -> KernelCacheImage:
     """The kernel-cache image of an installed vLLM graphs tree and its manifest (layer written under
-    `scratch`), its absolute paths rewritten for a container whose VLLM_CACHE_ROOT is `cache_path`."""
+    `scratch`), its absolute paths rewritten for a container whose VLLM_CACHE_ROOT is `cache_path`;
+    `ranks`: the ranks whose compile cache the caller checked the tree holds (a label)."""
     cache = tree / TREE_CACHE
     if manifest.kind != "graphs" or "vllm" not in manifest.key or not cache.is_dir():
         raise KernelCacheError(
@@ -109,6 +112,7 @@ def build_image(
         LABEL + "cache-size-bytes": str(size),  # the bytes of io.vllm.cache/'s files in the layer
         LABEL + "format": ",".join(sorted(formats)),
         LABEL + "summary": json.dumps({"targets": [summary_target(manifest, entries)]}, separators=(",", ":")),
+        RANKS: ",".join(str(r) for r in ranks),
         **{FACTOR + k: v for k, v in factors.items()},
     }
     if footprint:

@@ -12,6 +12,7 @@ Idempotent: a second preheat costs the origin only the manifest requests.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import tempfile
 import time
@@ -41,6 +42,17 @@ class Preheated:
     pulled: bool  # the mirror had to fetch the blob (False: it held it already)
     side_files: int
     seconds: float
+
+
+@dataclass(frozen=True)
+class PreheatReport:
+    """What `prebake preheat` did through one mirror: a row per bundle."""
+
+    mirror: str
+    bundles: tuple[Preheated, ...]
+
+    def to_json(self) -> dict[str, object]:
+        return {"mirror": self.mirror, "bundles": [dataclasses.asdict(b) for b in self.bundles]}
 
 
 def preheat(

@@ -29,6 +29,7 @@ from prebake.artifacts.errors import BundleError, PrebakeError
 from prebake.artifacts.layout import index_relpath
 from prebake.artifacts.ports.errors import RegistryError, RegistryNotFound, RegistryUnavailable
 from prebake.artifacts.ports.listing import Listed, ListingSummary, Read, summarised_listing
+from prebake.artifacts.ports.registry import Published
 from prebake.registry.oci.artifact import (
     MANIFEST_TYPE,
     MAX_OCI_MANIFEST_BYTES,
@@ -50,7 +51,7 @@ from prebake.registry.oci.client import Distribution, OCIAddress, OCISettings
 from prebake.registry.oci.files import OCIFiles
 from prebake.registry.shared.http import Bound, pause, read_bounded
 from prebake.registry.shared.parts import SharedParts, publishing, vanished
-from prebake.registry.shared.transfer import Published, SizedSink, check_publishable, corrupt, read_ahead, settle
+from prebake.registry.shared.transfer import SizedSink, check_publishable, corrupt, read_ahead, settle
 
 log = logging.getLogger(__name__)
 

@@ -10,6 +10,7 @@ cannot keep itself waiting. Only the quarantine is pruned, never the index pods 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import re
 from dataclasses import dataclass
@@ -36,6 +37,46 @@ class Aged:
     @property
     def expired(self) -> bool:
         return self.outcome != "kept"
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """What `prebake promote --prune` did to one quarantine: each write-back's outcome."""
+
+    quarantine: str  # the quarantine's address
+    max_age: dt.timedelta
+    results: tuple[Aged, ...]
+    dry_run: bool = False
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "quarantine": self.quarantine,
+            "max_age_s": self.max_age.total_seconds(),
+            "results": [dataclasses.asdict(r) for r in self.results],
+        }
+
+    def render(self) -> str:
+        gone = [r for r in self.results if r.expired]
+        verb = "would remove" if self.dry_run else "removed"
+        head = (
+            f"prune {self.quarantine}: {len(gone)} of {len(self.results)} write-back(s) older than "
+            f"{say_age(self.max_age)} {verb}"
+        )
+        return "\n".join(
+            [head, *(f"  {r.kind:9} {r.key_digest[:16]}  created {r.created}  {r.outcome}: {r.why}" for r in gone)]
+        )
+
+
+def max_age_in_force(older_than: str | None) -> dt.timedelta:
+    """The maximum age in force: `older_than` (--older-than), else the policy file's [quarantine]
+    max_age_days, else DEFAULT_MAX_AGE_DAYS."""
+    if older_than:
+        return parse_age(older_than)
+    from prebake.registry.trust.policy import policy_file_in_force
+    from prebake.registry.trust.policy_file import DEFAULT_MAX_AGE_DAYS
+
+    policy = policy_file_in_force()
+    return dt.timedelta(days=policy.quarantine.max_age_days if policy else DEFAULT_MAX_AGE_DAYS)
 
 
 def parse_age(text: str) -> dt.timedelta:

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from prebake.artifacts.bake.bake_kind import MODEL_SIGNATURE_SIDE_NAME, ModelSign
 from prebake.artifacts.bake.provenance import PROMOTE_TYPE, SIDE_NAME, Attest, BuildContext, statement
 from prebake.artifacts.bundle.manifest import Manifest
-from prebake.artifacts.errors import PrebakeError, PublishConflict
+from prebake.artifacts.errors import PrebakeError
 from prebake.artifacts.fetch.gate import WRITE_BACK_LABEL, unreviewed
+from prebake.artifacts.ports.errors import PublishConflict
 from prebake.artifacts.ports.registry import Maintainable, Registry, SideFiles
 from prebake.artifacts.recipe.schema import load_recipe, targets
 from prebake.artifacts.store.local import Store
@@ -35,6 +36,38 @@ class Promoted:
     @property
     def ok(self) -> bool:
         return not self.outcome.startswith("refused")
+
+
+@dataclass(frozen=True)
+class Review:
+    """What `prebake promote` did (or `--list` found waiting) between a quarantine and its index."""
+
+    quarantine: str
+    index: str
+    results: tuple[Promoted, ...] = ()
+    waiting: tuple[Manifest, ...] | None = None  # --list: the write-backs awaiting review
+
+    def to_json(self) -> dict[str, object]:
+        if self.waiting is not None:
+            rows = [
+                {"kind": m.kind, "key": m.key_digest, "model": m.labels.get("model", ""), "created": m.created,
+                 "builder": m.builder}
+                for m in self.waiting
+            ]  # fmt: skip
+            return {"quarantine": self.quarantine, "waiting": rows}
+        return {"quarantine": self.quarantine, "index": self.index, "results": [r.__dict__ for r in self.results]}
+
+    def render_waiting(self) -> str:
+        waiting = self.waiting or ()
+        lines = [f"{len(waiting)} write-back(s) awaiting review in {self.quarantine}"]
+        for m in waiting:
+            model = m.labels.get("model", "")
+            lines.append(f"  {m.kind:9} {m.key_digest[:16]}  {model:20} {m.created}  {m.builder}")
+        return "\n".join(lines)
+
+    def render(self) -> str:
+        lines = [f"promote {self.quarantine} -> {self.index}: {len(self.results)} write-back(s)"]
+        return "\n".join([*lines, *(f"  {r.kind:9} {r.key_digest[:16]}  {r.outcome}" for r in self.results)])
 
 
 def promote(

@@ -13,6 +13,7 @@ are wrong out of blobs/) so readers miss instead of installing them; see
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -50,6 +51,17 @@ class VerifyReport:
     @property
     def bad(self) -> int:
         return len(self.findings)
+
+    def to_json(self) -> dict[str, object]:
+        """`prebake verify --json`."""
+        return {
+            "registry": self.registry,
+            "entries": self.entries,
+            "ok": self.ok,
+            "bad": self.bad,
+            "findings": [dataclasses.asdict(f) for f in self.findings],
+            "notes": list(self.notes),
+        }
 
     @property
     def exit_code(self) -> int:

@@ -4,9 +4,9 @@
     sink.write_at(offset, data)                     # from any thread
     run_parts(part_ranges(total, part, start=s), fetch_part, workers=8, name="...", stop=stop)
 
-Both backends that download in parts use these: the S3 backend hands OrderedSink to s3transfer
-(which seeks and writes from its I/O thread), the OCI backend writes ranged GETs from its own
-threads (registry/oci/blob.py). Whatever order the parts arrive in, the bytes that became
+Every registry that downloads in parts uses these: the object stores' registry writes the
+port's ranged reads (registry/shared/index.py), the OCI backend its ranged GETs
+(registry/oci/blob.py), each from its own threads. Whatever order the parts arrive in, the bytes that became
 contiguous from the front are handed on exactly once, in order, to `sized` (the manifest's size
 bound, then the store's unpacker) and to the sha256: the digest is taken while downloading, a
 retried part never counts twice, and memory holds one chunk per part at most.
@@ -33,27 +33,9 @@ class OrderedSink:
 
     def __init__(self, f: BinaryIO, sized: SizedSink):
         self._fd, self._h, self._sized = f.fileno(), hashlib.sha256(), sized
-        self._pos = self._next = 0
+        self._next = 0
         self._ranges: dict[int, int] = {}  # written beyond the front: start -> end
         self._lock = threading.Lock()
-
-    # s3transfer's file interface: absolute seeks, then writes
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        if whence != 0:
-            raise OSError("the download sink only seeks to absolute offsets")
-        self._pos = offset
-        return offset
-
-    def tell(self) -> int:
-        return self._pos
-
-    def write(self, data: bytes) -> int:
-        self.write_at(self._pos, data)
-        self._pos += len(data)
-        return len(data)
 
     def write_at(self, offset: int, data: bytes) -> None:
         end = offset + len(data)

@@ -18,10 +18,15 @@ from typing import Any, TypeVar
 
 from prebake.artifacts import fsutil
 from prebake.artifacts.bundle.manifest import Manifest
-from prebake.artifacts.errors import PublishConflict
-from prebake.artifacts.ports.errors import BlobDigestMismatch, BlobSizeMismatch, RegistryError, RegistryUnavailable
+from prebake.artifacts.ports.errors import (
+    BlobDigestMismatch,
+    BlobSizeMismatch,
+    PublishConflict,
+    RegistryError,
+    RegistryUnavailable,
+)
 from prebake.artifacts.ports.listing import Listed
-from prebake.artifacts.ports.registry import Listable, Maintainable, Published, Registry
+from prebake.artifacts.ports.registry import Listable, Published, Registry
 
 T = TypeVar("T")
 
@@ -165,11 +170,6 @@ def listed(registry: Registry, kind: str | None = None) -> Iterator[Listed]:
 
 
 __all__ = [
-    "Listable",
-    "Listed",
-    "Maintainable",
-    "Published",
-    "Registry",
     "SizedSink",
     "copy_verified",
     "corrupt",

@@ -87,6 +87,25 @@ def unverified(raw: bytes) -> RevocationList | None:
         return None
 
 
+@dataclass(frozen=True)
+class Revoked:
+    """What `prebake revoke` wrote: the list now in force, where, and who signed it."""
+
+    registry: str
+    signed_by: str
+    entries: RevocationList
+
+    def to_json(self) -> dict[str, object]:
+        return {"registry": self.registry, "signed_by": self.signed_by, **self.entries.model_dump(mode="json")}
+
+    def render(self) -> str:
+        e = self.entries
+        return (
+            f"revocation list serial {e.serial} issued {e.issued.isoformat()} signed by {self.signed_by} "
+            f"at {self.registry}: {len(e.keys)} key(s) {list(e.keys)}, {len(e.bundles)} bundle(s)"
+        )
+
+
 def revoke(
     registry: Registry,
     address: str,

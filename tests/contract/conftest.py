@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from prebake.artifacts.layout import blob_relpath
+from prebake.artifacts.ports.registry import Registry
 from prebake.registry.backends.file import FileRegistry
 from prebake.registry.chain import ChainRegistry
-from prebake.registry.shared.transfer import Registry
 from tests.support.azurite_server import Azurite, azurite_available, azurite_server
 from tests.support.bundles import Bundle, make_bundle
 from tests.support.hub_server import HubStandIn, hub_server
@@ -162,7 +162,8 @@ def _file(request, tmp_path: Path) -> Backend:
 
 
 def _s3(request, tmp_path: Path, *, conditional: bool = True) -> Backend:
-    from prebake.registry.backends.s3 import S3Registry, S3Settings
+    from prebake.registry.backends.s3 import S3Registry
+    from prebake.registry.backends.s3_client import S3Settings
 
     bucket, client = request.getfixturevalue("s3_bucket"), request.getfixturevalue("s3_client")
     address, settings = f"s3://{bucket}/{S3_PREFIX}", S3Settings(conditional_put=conditional)
@@ -257,7 +258,8 @@ def backend(request, tmp_path) -> Backend:
 
 
 def _s3_down(request, tmp_path: Path, monkeypatch) -> Registry:
-    from prebake.registry.backends.s3 import S3Registry, S3Settings
+    from prebake.registry.backends.s3 import S3Registry
+    from prebake.registry.backends.s3_client import S3Settings
 
     request.getfixturevalue("s3_client")  # the dummy credentials and no profile files
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")

@@ -9,7 +9,8 @@ import pytest
 
 from prebake.artifacts.ports.errors import RegistryError
 from prebake.registry.backends.file import FileRegistry
-from prebake.registry.backends.s3 import S3Registry, S3Settings
+from prebake.registry.backends.s3 import S3Registry
+from prebake.registry.backends.s3_client import S3Settings
 from prebake.registry.chain import ChainRegistry
 from tests.support.moto_server import free_port
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from prebake.artifacts.fetch.pipeline import fetch
+from prebake.artifacts.fetch.pipeline import fetch_key
 from prebake.artifacts.store.local import Store, StoreLimits
 from prebake.registry.oci import OCIRegistry
 from prebake.registry.oci.artifact import ARTIFACT_TYPE, LAYER_TYPE, tag_for
@@ -113,7 +113,7 @@ def test_umoci_unpacks_exactly_the_tree_prebake_fetch_installs(oci, tmp_path):
     b = make_bundle(tmp_path, payload_bytes=64 << 10)
     registry = OCIRegistry(address)
     registry.publish(b.manifest, b.blob)
-    installed = fetch(Store(tmp_path / "home", StoreLimits()), registry, b.manifest.the_key())
+    installed = fetch_key(Store(tmp_path / "home", StoreLimits()), registry, b.manifest.the_key())
     ref = f"docker://{oci.host}/{name}:{tag_for('graphs', b.manifest.key_digest)}"
 
     # Debian's umoci 0.4.7 predates tar+zstd layers ("blob is not correct mediatype"): skopeo reads

@@ -28,7 +28,7 @@ def test_s3_addresses_open_the_s3_backend(s3_client):
     registry = open_registry("s3://team-bucket/prebake/v1/")
 
     assert isinstance(registry, S3Registry)
-    assert (registry.bucket, registry.prefix, registry.url) == (
+    assert (registry.s3.bucket, registry.s3.prefix, registry.url) == (
         "team-bucket",
         "prebake/v1",
         "s3://team-bucket/prebake/v1",

@@ -18,7 +18,8 @@ from prebake.artifacts.ports.listing import SUMMARY_MIN_ROWS, Listed, ListingSum
 from prebake.engine.cli import main
 from prebake.registry.backends.file import FileRegistry
 from prebake.registry.backends.hf import HubRegistry
-from prebake.registry.backends.s3 import S3Registry, S3Settings
+from prebake.registry.backends.s3 import S3Registry
+from prebake.registry.backends.s3_client import S3Settings
 from prebake.registry.shared.transfer import listed
 from tests.support.index_seed import entry_key, seed_folder, seed_s3, synthetic_manifests
 
@@ -59,7 +60,7 @@ def test_a_miss_in_a_large_s3_registry_sends_a_bounded_number_of_requests(s3_cli
     settings = S3Settings()
     registry = S3Registry(f"s3://{s3_bucket}/team", settings)
     sent: list[str] = []
-    registry._client.meta.events.register("before-send.s3", lambda request, **_: sent.append(request.url))
+    registry.s3._client.meta.events.register("before-send.s3", lambda request, **_: sent.append(request.url))
     miss = nearest_miss(registry, _wanted(), "no bundle for this key")
     assert isinstance(miss, Miss) and miss.nearest is not None
     # one short listing page, the sample, and at most one window of reads ahead of it
@@ -71,7 +72,7 @@ def test_a_hit_is_one_request_however_large_the_s3_registry(s3_client, s3_bucket
     seed_s3(s3_client, s3_bucket, "team", manifests)
     registry = S3Registry(f"s3://{s3_bucket}/team", S3Settings())
     sent: list[str] = []
-    registry._client.meta.events.register("before-send.s3", lambda request, **_: sent.append(request.url))
+    registry.s3._client.meta.events.register("before-send.s3", lambda request, **_: sent.append(request.url))
     got = registry.lookup("graphs", manifests[123].key_digest)
     assert isinstance(got, Manifest) and got.key_digest == manifests[123].key_digest
     assert len(sent) == 1
@@ -106,7 +107,7 @@ class CountingFolder(FileRegistry):
 def _requests(registry: S3Registry) -> list[tuple[str, str]]:
     """(method, url) of every HTTP request the registry's boto3 client sends from now on."""
     sent: list[tuple[str, str]] = []
-    registry._client.meta.events.register(
+    registry.s3._client.meta.events.register(
         "before-send.s3", lambda request, **_: sent.append((request.method, request.url))
     )
     return sent

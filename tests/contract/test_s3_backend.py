@@ -9,7 +9,8 @@ import pytest
 
 from prebake.artifacts.layout import blob_relpath, index_relpath
 from prebake.artifacts.ports.errors import PublishConflict, RegistryError, RegistryNotFound, RegistryUnavailable
-from prebake.registry.backends.s3 import S3Registry, S3Settings
+from prebake.registry.backends.s3 import S3Registry
+from prebake.registry.backends.s3_client import S3Settings
 from tests.faults.fault_proxy import Fault, fault_proxy
 from tests.support.moto_server import free_port
 

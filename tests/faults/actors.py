@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from prebake.artifacts.fetch.outcome import Miss
-from prebake.artifacts.fetch.pipeline import fetch
+from prebake.artifacts.fetch.pipeline import fetch_key
 from prebake.artifacts.store.local import Store
 from prebake.registry import open_registry
 from prebake.registry.trust.policy import trust_in_force
@@ -87,7 +87,7 @@ def _fetch(args, store: Store, registry, trust) -> dict:
     manifest = registry.lookup(args.kind, args.key)
     if manifest is None:
         return {"miss": "no index entry"}
-    got = fetch(store, registry, manifest.the_key(), trust=trust)
+    got = fetch_key(store, registry, manifest.the_key(), trust=trust)
     if isinstance(got, Miss):
         return {"miss": got.reason}
     return {"tree": str(got.tree), "blob": got.manifest.blob.digest, "problems": tree_problems(got.tree, got.manifest)}
@@ -130,7 +130,7 @@ def _churn(args, store: Store, registry, trust) -> dict:
     cycles, deadline = 0, time.monotonic() + args.seconds
     manifest = registry.lookup(args.kind, args.key)
     while time.monotonic() < deadline:
-        fetch(store, registry, manifest.the_key(), trust=trust)
+        fetch_key(store, registry, manifest.the_key(), trust=trust)
         store.gc(0)
         cycles += 1
     return {"cycles": cycles}

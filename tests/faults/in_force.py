@@ -23,7 +23,7 @@ from pathlib import Path
 
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.fetch.outcome import Miss
-from prebake.artifacts.fetch.pipeline import fetch
+from prebake.artifacts.fetch.pipeline import fetch_key
 from prebake.artifacts.keys import Key
 from prebake.artifacts.ports.registry import TrustCheck
 from prebake.artifacts.store.local import Installed, Store
@@ -92,4 +92,4 @@ class InForce:
         return check
 
     def fetch(self, store: Store, registry, key: Key, **kw) -> Installed | Miss:
-        return fetch(store, registry, key, trust=self.trust(registry, store.home), **kw)
+        return fetch_key(store, registry, key, trust=self.trust(registry, store.home), **kw)

@@ -18,7 +18,8 @@ import subprocess
 import sys
 import time
 
-from prebake.registry.backends.s3 import S3Registry, S3Settings
+from prebake.registry.backends.s3 import S3Registry
+from prebake.registry.backends.s3_client import S3Settings
 from tests.faults.fault_proxy import fault_proxy
 from tests.faults.procs import child_env
 from tests.operations.target import KINDS, MODEL, PRECISION, target_set

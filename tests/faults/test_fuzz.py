@@ -33,7 +33,7 @@ from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.bundle.unpack import tree_problems
 from prebake.artifacts.errors import PrebakeError
 from prebake.artifacts.fetch.outcome import Miss
-from prebake.artifacts.fetch.pipeline import fetch
+from prebake.artifacts.fetch.pipeline import fetch_key
 from prebake.artifacts.keys import Key
 from prebake.artifacts.store.admin import verify_store
 from prebake.artifacts.store.local import Store
@@ -99,7 +99,7 @@ def _exercise(root: Path, home: Path, key_digest: str, seed: int, case: int, in_
     try:
         manifest = registry.lookup("graphs", key_digest)
         if manifest is not None:
-            got = fetch(store, registry, manifest.the_key(), trust=trust)
+            got = fetch_key(store, registry, manifest.the_key(), trust=trust)
     except PrebakeError:
         pass
     except Exception as exc:  # the very thing this test exists to catch

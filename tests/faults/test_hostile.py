@@ -46,7 +46,8 @@ def s3_registry(bucket):
     """A fresh bucket on moto's server: (S3Registry, boto3 client, bucket)."""
     import boto3
 
-    from prebake.registry.backends.s3 import S3Registry, S3Settings
+    from prebake.registry.backends.s3 import S3Registry
+    from prebake.registry.backends.s3_client import S3Settings
 
     return S3Registry(f"s3://{bucket}/prebake", S3Settings()), boto3.client("s3"), bucket
 
@@ -178,7 +179,7 @@ def test_an_s3_blob_larger_than_its_manifest_says_is_refused_before_downloading(
     registry, client, bucket = s3_registry
     bundle = in_force.bundle(tmp_path / "bake", payload_bytes=64 << 10)
     registry.publish(bundle.manifest, bundle.blob)
-    key = f"{registry.prefix}/{blob_relpath(bundle.manifest.blob.digest)}"
+    key = f"{registry.s3.prefix}/{blob_relpath(bundle.manifest.blob.digest)}"
     client.put_object(Bucket=bucket, Key=key, Body=bundle.blob.read_bytes() + bytes(8 << 20))
     home = scenario.store(tmp_path / "home")
     with pytest.raises(BlobSizeMismatch, match="but its manifest says"):
@@ -192,7 +193,7 @@ def test_a_corrupt_s3_stream_leaves_nothing_behind(tmp_path, scenario, s3_regist
     registry.publish(bundle.manifest, bundle.blob)
     data = bytearray(bundle.blob.read_bytes())
     data[-100] ^= 0xFF  # late in the stream: most members are written before the damage shows
-    key = f"{registry.prefix}/{blob_relpath(bundle.manifest.blob.digest)}"
+    key = f"{registry.s3.prefix}/{blob_relpath(bundle.manifest.blob.digest)}"
     client.put_object(Bucket=bucket, Key=key, Body=bytes(data))
     home = scenario.store(tmp_path / "home")
     with pytest.raises(BundleError):

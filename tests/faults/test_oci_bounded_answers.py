@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from prebake.registry.errors import RegistryError, RegistryUnavailable
+from prebake.artifacts.ports.errors import RegistryError, RegistryUnavailable
 from prebake.registry.oci.client import MAX_ANSWER_BYTES, MAX_ERROR_BYTES
 from tests.faults.fault_proxy import Fault, fault_proxy
 

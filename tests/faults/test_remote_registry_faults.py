@@ -59,8 +59,8 @@ class Remote:
             return set(self.direct.tags())
         import boto3
 
-        client = boto3.client("s3", endpoint_url=self.direct.endpoint)
-        listed = client.list_objects_v2(Bucket=self.direct.bucket).get("Contents", ())
+        client = boto3.client("s3", endpoint_url=self.direct.s3.endpoint)
+        listed = client.list_objects_v2(Bucket=self.direct.s3.bucket).get("Contents", ())
         return {o["Key"] for o in listed if "/index/" in o["Key"]}
 
     def has_blob(self, bundle: Bundle) -> bool:
@@ -82,7 +82,8 @@ def remote(request, monkeypatch, tmp_path, scenario, in_force):
 
 def _s3(request, monkeypatch, scenario, bundle):
 
-    from prebake.registry.backends.s3 import S3Registry, S3Settings
+    from prebake.registry.backends.s3 import S3Registry
+    from prebake.registry.backends.s3_client import S3Settings
 
     moto, bucket = request.getfixturevalue("moto"), request.getfixturevalue("bucket")
     address = f"s3://{bucket}/prebake"

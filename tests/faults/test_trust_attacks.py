@@ -26,7 +26,7 @@ from prebake.artifacts.bake.provenance import SIDE_NAME
 from prebake.artifacts.bundle.manifest import FileEntry
 from prebake.artifacts.errors import BundleError
 from prebake.artifacts.fetch.outcome import Miss
-from prebake.artifacts.fetch.pipeline import fetch
+from prebake.artifacts.fetch.pipeline import fetch_key
 from prebake.artifacts.layout import side_relpath
 from prebake.artifacts.store.local import Installed, Store
 from prebake.registry.backends.file import FileRegistry
@@ -84,9 +84,9 @@ def test_a_bundle_stored_under_an_old_policy_is_not_used(tmp_path, keys, scenari
     registry.publish(bundle.manifest, bundle.blob)  # unsigned
     home = scenario.store(tmp_path / "home")
     store = unbounded(home)
-    assert isinstance(fetch(store, registry, bundle.manifest.the_key()), Installed)  # no policy then
+    assert isinstance(fetch_key(store, registry, bundle.manifest.the_key()), Installed)  # no policy then
     trust = _trust(_policy(tmp_path, keys), registry, home)
-    got = fetch(store, registry, bundle.manifest.the_key(), trust=trust)
+    got = fetch_key(store, registry, bundle.manifest.the_key(), trust=trust)
     _refused(got, "the store's graphs bundle", "refused by the trust policy in force", "unsigned", "prebake store rm")
 
 
@@ -98,9 +98,9 @@ def test_a_revoked_key_signs_nothing_even_for_what_the_store_holds(tmp_path, key
     now = dt.datetime.now(dt.UTC)
     registry.put_meta(LIST_NAME, sign_list(RevocationList(serial=1, issued=now), keys["revoker"][0]))
     env = _policy(tmp_path, keys, revocation=True)
-    assert isinstance(fetch(store, registry, manifest.the_key(), trust=_trust(env, registry, home)), Installed)
+    assert isinstance(fetch_key(store, registry, manifest.the_key(), trust=_trust(env, registry, home)), Installed)
     registry.put_meta(LIST_NAME, sign_list(RevocationList(serial=2, issued=now, keys=("ci",)), keys["revoker"][0]))
-    got = fetch(store, registry, manifest.the_key(), trust=_trust(env, registry, home))  # the next start
+    got = fetch_key(store, registry, manifest.the_key(), trust=_trust(env, registry, home))  # the next start
     _refused(got, "its signing key ci is revoked by the revocation list serial 2", "the store's graphs bundle")
 
 
@@ -109,7 +109,7 @@ def test_an_expired_key_signs_nothing(tmp_path, keys, scenario):
     manifest, _b = _signed(tmp_path, keys, registry)
     home = scenario.store(tmp_path / "home")
     env = _policy(tmp_path, keys, ci_key="not_after = 2026-01-01T00:00:00Z\n")
-    got = fetch(unbounded(home), registry, manifest.the_key(), trust=_trust(env, registry, home))
+    got = fetch_key(unbounded(home), registry, manifest.the_key(), trust=_trust(env, registry, home))
     _refused(got, "key ci signed it but is valid always .. 2026-01-01", "not now", "rotate to a valid key")
     assert Store(home).lookup(manifest.kind, manifest.key_digest) is None
 
@@ -130,7 +130,7 @@ def test_an_unusable_revocation_list_refuses_under_fail_closed(tmp_path, keys, s
         assert _trust(_policy(tmp_path, keys, revocation=True), registry, home)(manifest) is None
         registry.put_meta(LIST_NAME, sign_list(RevocationList(serial=4, issued=now), revoker))
     env = _policy(tmp_path, keys, revocation=True)
-    got = fetch(unbounded(tmp_path / "other-home"), registry, manifest.the_key(), trust=_trust(env, registry, home))
+    got = fetch_key(unbounded(tmp_path / "other-home"), registry, manifest.the_key(), trust=_trust(env, registry, home))
     expected = {"stale": "is stale", "forged": "(forged or corrupt)", "missing": "it is missing",
                 "rolled back": "it was rolled back"}[case]  # fmt: skip
     _refused(got, expected, "fail-closed")
@@ -158,8 +158,8 @@ def test_an_attestation_about_another_blob_is_refused(tmp_path, keys, scenario):
     home = scenario.store(tmp_path / "home")
     env = _policy(tmp_path, keys, rule='builders = ["https://ci.acme.example/*"]\n')
     trust = _trust(env, registry, home)
-    assert isinstance(fetch(unbounded(home), registry, honest.the_key(), trust=trust), Installed)
-    got = fetch(unbounded(home), registry, victim.the_key(), trust=trust)
+    assert isinstance(fetch_key(unbounded(home), registry, honest.the_key(), trust=trust), Installed)
+    got = fetch_key(unbounded(home), registry, victim.the_key(), trust=trust)
     _refused(got, "its provenance is refused: the attestation is about blob", "it belongs to another bundle")
 
 
@@ -171,7 +171,7 @@ def test_a_quarantined_write_back_offered_as_a_normal_entry_is_refused(tmp_path,
     registry.publish(labelled, bundle.blob)
     home = scenario.store(tmp_path / "home")
     for trust in (None, _trust(_policy(tmp_path, keys), registry, home)):
-        got = fetch(unbounded(home), registry, labelled.the_key(), trust=trust)
+        got = fetch_key(unbounded(home), registry, labelled.the_key(), trust=trust)
         _refused(got, "write-back awaiting review", "offered as a normal index entry", "prebake promote")
     assert Store(home).lookup(labelled.kind, labelled.key_digest) is None
 
@@ -188,7 +188,7 @@ def test_a_decompression_bomb_signed_by_a_trusted_key_is_still_refused(tmp_path,
     trust = _trust(_policy(tmp_path, keys), registry, home)
     assert trust(manifest) is None  # the policy accepts its signature ...
     with pytest.raises(BundleError, match="but its manifest says 1024 bytes"):  # ... the unpacker does not
-        fetch(unbounded(home), registry, manifest.the_key(), trust=trust)
+        fetch_key(unbounded(home), registry, manifest.the_key(), trust=trust)
     shutil.rmtree(home / "tmp", ignore_errors=True)
     assert Store(home).lookup(manifest.kind, manifest.key_digest) is None
 

@@ -290,8 +290,8 @@ def _damage(tree: Path, how: str, tmp_path: Path) -> Path:
     return copy
 
 
-# Runs the engine's warm-up (prebake.engine.bundled.start._load_steps) on a graphs tree, with the
-# store whose stats count the fallback; prints the log and what served.
+# Runs the engine's warm-up (prebake.engine.bundled.warm_up: the variants' chain) on a graphs tree,
+# writable where it lies, with the store whose stats count the fallback; prints the log and what served.
 _WARM_UP = """
 import json, sys
 from pathlib import Path
@@ -302,6 +302,7 @@ from prebake.engine.bundled.build import model_and_cache
 from prebake.engine.bundled.runtime.metrics import Metrics
 from prebake.engine.bundled.runtime.shapes import StepShape
 from prebake.engine.bundled.runtime.steps import Tactic
+from prebake.engine.bundled.warm_up import GraphsTree, WarmUp
 
 tree, store = Path(sys.argv[1]), Store(Path(sys.argv[2]))
 recipe = load_recipe(sys.argv[3])
@@ -309,8 +310,8 @@ shapes = [StepShape(**s["shape"]) for s in json.loads((tree / "graphs.json").rea
 model, cache = model_and_cache(recipe, "fp32")
 lines = []
 log = start.StartupPhaseLog(Metrics(), lines.append)
-settings = start.StartupSettings(model=sys.argv[3])
-steps, detail = start._load_steps(settings, recipe, model, cache, {s: Tactic() for s in shapes}, tree, log, store=store)
+warm = WarmUp(log, GraphsTree(None, tree, path=tree, private=True), store)
+steps, detail = start._warm_up(warm, "aoti-package", recipe, model, cache, {s: Tactic() for s in shapes})
 out = steps.run_dummy(shapes[-1], Tactic())
 print(json.dumps({"type": type(steps).__name__, "detail": detail, "log": lines, "sum": float(out.double().sum())}))
 """

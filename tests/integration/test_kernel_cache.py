@@ -23,7 +23,7 @@ from prebake.artifacts.recipe.schema import Recipe, load_recipe
 from prebake.artifacts.store.local import Store
 from prebake.engine.common.adapter import StartRequest
 from prebake.engine.compose import Context, plans_for
-from prebake.engine.vllm.process import CACHE_DIR, Launch, compile_report, free_port, start, stop, wait_ready
+from prebake.engine.vllm.process import CACHE_DIR, Spawn, compile_report, free_port, start, stop, wait_ready
 from prebake.engine.vllm.start import prepare
 from prebake.registry import open_registry
 from prebake.registry.oci.kernel_cache import (
@@ -36,7 +36,7 @@ from prebake.registry.oci.kernel_cache import (
 )
 from tests.support.oci_server import oci_available, oci_server, umoci_unpack
 from tests.support.recipe_files import write_recipe
-from tests.unit.test_adapters_vllm import STANDIN, bake_all, vllm_cpu_host
+from tests.support.vllm_hosts import STANDIN, bake_all, vllm_cpu_host
 
 pytestmark = pytest.mark.skipif(
     not oci_available() or shutil.which("skopeo") is None or shutil.which("umoci") is None,
@@ -186,7 +186,7 @@ def test_kserves_cp_sr_link_of_the_unpacked_cache_gives_the_engine_a_warm_start(
     )
     env = served.child_env(dict(os.environ)) | {"VLLM_CACHE_ROOT": str(cache_root)}
     port, log = free_port(), tmp_path / "engine.log"
-    running = start(Launch((*served.argv, "--host", "127.0.0.1", "--port", str(port)), env, served.cwd, log))
+    running = start(Spawn((*served.argv, "--host", "127.0.0.1", "--port", str(port)), env, served.cwd, log))
     try:
         wait_ready(running, f"http://127.0.0.1:{port}", timeout_s=60)
     finally:

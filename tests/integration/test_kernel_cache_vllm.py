@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from prebake.engine.vllm.process import Launch, compile_report, free_port, start, stop, wait_ready
+from prebake.engine.vllm.process import Spawn, compile_report, free_port, start, stop, wait_ready
 from tests.support.baking import Home
 from tests.support.oci_server import oci_available, oci_server, umoci_unpack
 
@@ -38,7 +38,7 @@ MODEL = "tiny-llama-vllm"
 
 def test_vllm_starts_from_the_kernel_cache_image_linked_as_kserve_links_it_with_cache_hits(tmp_path):
     home = Home(tmp_path / "baker")
-    baked = home.doit("run", "bake", f"model={MODEL}", "precision=bf16")
+    baked = home.doit("run", "bake", f"model={MODEL}", "precision=bf16", "tp=1")
     assert baked.returncode == 0, baked.stdout[-4000:] + baked.stderr[-4000:]
 
     cache_root = tmp_path / "pod" / ".cache" / "vllm"  # the pod's VLLM_CACHE_ROOT (the KernelCache's containerPath)
@@ -76,7 +76,7 @@ def test_vllm_starts_from_the_kernel_cache_image_linked_as_kserve_links_it_with_
     env["VLLM_CPU_KVCACHE_SPACE"] = "1"
     port, log = free_port(), tmp_path / "vllm.log"
     argv = (*given["argv"], "--host", "127.0.0.1", "--port", str(port))
-    running = start(Launch(tuple(argv), env, Path(given["cwd"]) if given.get("cwd") else None, log))
+    running = start(Spawn(tuple(argv), env, Path(given["cwd"]) if given.get("cwd") else None, log))
     try:
         seconds = wait_ready(running, f"http://127.0.0.1:{port}", timeout_s=900)
     finally:

@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from prebake.artifacts.fetch.outcome import Miss
-from prebake.artifacts.fetch.pipeline import fetch
+from prebake.artifacts.fetch.pipeline import fetch_key
 from prebake.artifacts.store.local import Store, StoreLimits
 from prebake.engine.cli import main
 from tests.faults.fault_proxy import fault_proxy
@@ -60,7 +60,7 @@ def test_after_a_preheat_a_node_through_the_mirror_costs_the_origin_no_blob_byte
     before = counted.bytes_sent("/blobs/")
     node = Store(tmp_path / "node", StoreLimits())
     through = OCIRegistry(mirror)
-    assert not isinstance(fetch(node, through, bundle.manifest.the_key()), Miss)
+    assert not isinstance(fetch_key(node, through, bundle.manifest.the_key()), Miss)
     assert through.get_side(bundle.manifest.blob.digest, "provenance.json") == b'{"signed": "elsewhere"}'
     assert counted.bytes_sent("/blobs/") == before, "the node's blob and side file came from the mirror alone"
 

@@ -18,10 +18,10 @@ import pytest
 
 from prebake.artifacts.bake.bake_kind import bake_kind
 from prebake.artifacts.bake.tasks import _published
-from prebake.artifacts.errors import UntrustedEntryError
 from prebake.artifacts.fetch.gate import policy_refuses
 from prebake.artifacts.fetch.outcome import Miss, StoreRefused
-from prebake.artifacts.fetch.pipeline import fetch, lookup, resolve
+from prebake.artifacts.fetch.pipeline import fetch_key, lookup, resolve
+from prebake.artifacts.ports.errors import UntrustedEntryError
 from prebake.artifacts.store.local import Installed, Store
 from prebake.registry import open_registry
 from prebake.registry.trust.signing import KeySigner, TrustPolicy, load_private_key, write_keypair
@@ -198,8 +198,8 @@ def test_fetch_of_one_key_names_the_refused_stored_bundle(tmp_path, registries, 
     plan, unsigned_registry, _s, _u, _signed = registries
     store = Store(tmp_path / "node")
     registry = open_registry(str(unsigned_registry))
-    assert isinstance(fetch(store, registry, plan.key("buckets")), Installed)
-    got = fetch(store, registry, plan.key("buckets"), trust=_policy(keys).check)
+    assert isinstance(fetch_key(store, registry, plan.key("buckets")), Installed)
+    got = fetch_key(store, registry, plan.key("buckets"), trust=_policy(keys).check)
     assert isinstance(got, Miss) and got.refused and "the store's buckets bundle" in got.reason
 
 

@@ -24,10 +24,13 @@ import json, sys
 from pathlib import Path
 from torch._dynamo.utils import counters
 from prebake.artifacts.recipe.schema import load_recipe
-from prebake.engine.bundled.runtime import precompile
 from prebake.engine.bundled.build import compile_graphs, model_and_cache
+from prebake.engine.bundled.runtime.metrics import Metrics
 from prebake.engine.bundled.runtime.shapes import StepShape
 from prebake.engine.bundled.runtime.steps import Tactic
+from prebake.engine.bundled.start import StartupPhaseLog
+from prebake.engine.bundled.variants.base import LoadJob
+from prebake.engine.bundled.warm_up import GraphsTree, WarmUp
 
 phase, tree = sys.argv[1], Path(sys.argv[2])
 recipe = load_recipe("tiny-llama")
@@ -36,8 +39,12 @@ model, cache = model_and_cache(recipe, "fp32")
 tactics = {StepShape("decode", 1, 1, 64): Tactic()}
 if phase == "build":
     steps, reason = compile_graphs(model, cache, recipe, tactics, tree, log=lambda line: None), None
-else:
-    steps, reason = precompile.load_or_fallback(model, cache, list(tactics), tree)
+else:  # the start's warm-up: the variants' chain from dynamo-precompile, the tree writable where it lies
+    lines = []
+    log = StartupPhaseLog(Metrics(), lines.append)
+    warm = WarmUp(log, GraphsTree(None, tree, path=tree, private=True))
+    loaded = warm.graphs("dynamo-precompile", lambda t: LoadJob(model, cache, "default", tuple(tactics), t, log.note))
+    steps, reason = loaded.steps, next((line for line in lines if "do not load here" in line), None)
 out = steps.run_dummy(*next(iter(tactics.items())))
 hits = {k: counters["aot_autograd"][k] for k in ("autograd_cache_hit", "autograd_cache_miss")}
 print(json.dumps({"kind": type(steps).__name__, "reason": reason, "sum": float(out.double().sum()), **hits}))

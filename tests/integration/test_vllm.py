@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from prebake.engine.vllm.process import Launch, compile_report, free_port, start, stop, wait_ready
+from prebake.engine.vllm.process import Spawn, compile_report, free_port, start, stop, wait_ready
 from tests.support.baking import BIN, REPO, Home
 from tests.support.relocation import relocated_venv
 
@@ -31,7 +31,7 @@ PROMPT = [1, 17, 230, 998, 45, 3, 512, 77]  # token ids: the model has no tokeni
 @pytest.fixture(scope="module")
 def baked(tmp_path_factory) -> Home:
     home = Home(tmp_path_factory.mktemp("vllm-bake"))
-    proc = home.doit("run", "bake", f"model={MODEL}", "precision=bf16")
+    proc = home.doit("run", "bake", f"model={MODEL}", "precision=bf16", "tp=1")  # tp=2: test_vllm_tp2.py
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return home
 
@@ -55,7 +55,7 @@ def served(home: Home, registry: str, run: Path) -> tuple[float, list[int], str]
         "--cache-root",
         str(run / "cache"),
     )
-    running = start(Launch(argv, home.env, None, run / "vllm.log"))
+    running = start(Spawn(argv, home.env, None, run / "vllm.log"))
     try:
         seconds = wait_ready(running, f"http://127.0.0.1:{port}", timeout_s=900)
         tokens = generate(port)
@@ -135,7 +135,7 @@ def test_a_bundle_baked_in_one_venv_and_home_serves_from_another_with_inductor_c
         "bf16",
     )
     argv += ("--registry", str(baked.root / "home" / "registry"), "--port", str(port), "--cache-root", str(run))
-    running = start(Launch(argv, env, REPO, tmp_path / "vllm.log"))
+    running = start(Spawn(argv, env, REPO, tmp_path / "vllm.log"))
     try:
         wait_ready(running, f"http://127.0.0.1:{port}", timeout_s=900)
         tokens = generate(port)

@@ -18,7 +18,7 @@ import pytest
 
 from prebake.artifacts.recipe.schema import load_recipe, targets
 from prebake.engine.vllm.process import (
-    Launch,
+    Spawn,
     engine_flags,
     free_port,
     model_location,
@@ -51,7 +51,7 @@ def _start(home: Home, root: Path, run: Path) -> str:
     )
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # AOT on: vLLM keeps Inductor's cache inside its own folders
     env |= {"VLLM_USE_AOT_COMPILE": "1", "VLLM_CPU_KVCACHE_SPACE": env.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    running = start(Launch(argv, env, location.cwd, run / "vllm.log"))
+    running = start(Spawn(argv, env, location.cwd, run / "vllm.log"))
     try:
         wait_ready(running, f"http://127.0.0.1:{port}", timeout_s=1800)
     finally:

@@ -10,7 +10,7 @@ import subprocess
 import threading
 import time
 
-from prebake.artifacts.fetch.pipeline import fetch
+from prebake.artifacts.fetch.pipeline import fetch_key
 from prebake.artifacts.store.local import Store, StoreLimits
 from prebake.registry.backends.file import FileRegistry
 from tests.faults.fault_proxy import Fault, fault_proxy
@@ -35,7 +35,7 @@ def _old_bundle(tmp_path, home, scenario):
     other.publish(bundle.manifest, bundle.blob)
     scenario.registry(other, bundle.manifest)
     got = prebake("store", "ls", env=prebake_env(home))
-    fetch(Store(home, StoreLimits()), other, bundle.manifest.the_key())
+    fetch_key(Store(home, StoreLimits()), other, bundle.manifest.the_key())
     assert got.returncode == 0 and "other-model" in prebake("store", "ls", env=prebake_env(home)).stdout
     return bundle
 
@@ -75,7 +75,8 @@ def test_serve_with_a_bound_below_the_set_says_so_instead_of_a_miss(tmp_path, sc
 
 
 def test_a_gc_every_moment_while_fetch_downloads_never_takes_the_kinds_it_installed_first(tmp_path, scenario, bucket):
-    from prebake.registry.backends.s3 import S3Registry, S3Settings
+    from prebake.registry.backends.s3 import S3Registry
+    from prebake.registry.backends.s3_client import S3Settings
 
     targets = target_set(tmp_path / "bake")
     address = f"s3://{bucket}/prebake"
@@ -126,7 +127,8 @@ def test_a_gc_every_moment_while_fetch_downloads_never_takes_the_kinds_it_instal
 
 
 def test_a_gc_every_moment_while_serve_starts_never_fails_the_start(baked, tmp_path, scenario, bucket):
-    from prebake.registry.backends.s3 import S3Registry, S3Settings
+    from prebake.registry.backends.s3 import S3Registry
+    from prebake.registry.backends.s3_client import S3Settings
 
     address = f"s3://{bucket}/prebake"
     direct = S3Registry(address, S3Settings())

@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 # policy and the signer.
 WIRING = re.compile(
     r"\bStore\(|\bopen_registry\(|\btrust_in_force\(|\btrust_for\(|\bsigner_from_env\(|\bKeySigner\(|"
-    r"\bFileRegistry\(|\bS3Registry\(|\bHubRegistry\(|\bOCIRegistry\("
+    r"\b[A-Z]\w*Registry\("  # any registry class: FileRegistry, S3Registry, ChainRegistry, LayoutRegistry...
 )
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from prebake.engine.common.environment import VARIABLES, variable
-from prebake.registry.backends.s3 import S3Settings
+from prebake.registry.backends.s3_client import S3Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("gen_reference", ROOT / "docs" / "gen_reference.py")

@@ -44,6 +44,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("prebake.engine.common",),  # host probe, environment table, logging, the adapter interface, the starter
     ("prebake.engine.bundled.runtime",),  # the bundled engine's model runtime on torch
     ("prebake.engine.bundled.api",),  # its HTTP API
+    ("prebake.engine.bundled.variants",),  # its graphs variants, over the runtime
     ("prebake.engine.bundled", "prebake.engine.vllm"),  # one folder per engine (peers)
     ("prebake.engine",),  # the composition root and the registry of adapters
     ("prebake.engine.fleet",),  # baking on a fleet: executors and builder profiles
@@ -224,7 +225,7 @@ def test_a_new_engine_is_one_adapter_registered_in_one_line(tmp_path, monkeypatc
     asked: list[tuple[str, str]] = []
 
     class ToyAdapter:
-        spec = EngineSpec(name="toy", kinds=(), fallback_kind="graphs", default_variant="inductor-cache")
+        spec = EngineSpec(name="toy", kinds=(), fallback_kind="graphs", variants={"inductor-cache": ()})
 
         def serve_environment(self, plan, installed, run_dir):
             return {}

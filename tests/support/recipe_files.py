@@ -1,4 +1,5 @@
-"""Writing a Recipe back to a TOML file, for tests that change a shipped recipe and load it by name."""
+"""Writing a Recipe back to a TOML file, for tests that change a shipped recipe and load it by name,
+and a shipped recipe whose weights are a folder."""
 
 from __future__ import annotations
 
@@ -14,6 +15,17 @@ def write_recipe(recipe: Recipe, folder: Path) -> Path:
     path = folder / f"{recipe.model.name}.toml"
     path.write_text(_toml(recipe.model_dump(mode="json", exclude_none=True)))
     return path
+
+
+def with_folder_weights(recipe: Recipe, folder: Path, **matrix: list) -> Recipe:
+    """`recipe` with its weights a folder holding only its config.json (engines that read the
+    folder, not the weights: no transformers run), and [matrix] entries replaced by `matrix`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(recipe.model.config))
+    data = recipe.model_dump(mode="json")
+    data["model"]["weights"] = str(folder)
+    data["matrix"].update(matrix)
+    return Recipe.model_validate(data)
 
 
 def _toml(data: dict, prefix: str = "") -> str:

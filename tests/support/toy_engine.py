@@ -83,7 +83,7 @@ class ToyEngine:
         name="toy",
         kinds=(CACHE,),
         fallback_kind="toycache",
-        default_variant="inductor-cache",
+        variants={"inductor-cache": ()},
         packages=(PACKAGE,),
         settings=ToySettings,
     )

@@ -4,9 +4,12 @@
 
 It behaves as vLLM does towards prebake, and nothing more: it needs the model folder (relative
 to its working folder, as vLLM resolves it), keys its compile cache on its flags and VLLM_*
-variables under $VLLM_CACHE_ROOT/torch_compile_cache/<hash10>/rank_0_0/backbone/, prints vLLM's
-own log lines for a compile ("Compiling a graph for compile range") or a load ("Directly load
-the compiled graph(s)"), then answers GET /health until SIGTERM. With PT_HPU_RECIPE_CACHE_CONFIG
+variables under $VLLM_CACHE_ROOT/torch_compile_cache/<hash10>/rank_<r>_0/backbone/ (one per rank
+of --tensor-parallel-size; at tp > 1 with AOT compile off, as on CPU, it needs one core list per
+rank in VLLM_CPU_OMP_THREADS_BIND, as vLLM does on a one-NUMA-node host), prints vLLM's own log
+lines for a compile ("Compiling a graph for compile range") or a load ("Directly load the
+compiled graph(s)"), each rank's as "(Worker_TP<r> pid=...)" at tp > 1, then answers GET /health
+until SIGTERM. STANDIN_LOSE_RANKS=1 makes rank 1 compile and keep nothing (a lost cache). With PT_HPU_RECIPE_CACHE_CONFIG
 set it acts as vLLM on Gaudi: it imports habana_frameworks (the stand-in in fake_habana/), honours
 <path>,<delete>,<size MB>, and keeps one recipe per bucket variable setting, as the bridge would.
 """
@@ -45,24 +48,46 @@ def parse(argv):
     return flags
 
 
-def log(line):
-    print(f"INFO [standin] {line}", flush=True)
+def log(line, rank=None):
+    if rank is None:
+        print(f"INFO [standin] {line}", flush=True)
+    else:  # vLLM's worker prefix at tp > 1 (vllm/logger.py, multiproc_executor.py)
+        print(f"(Worker_TP{rank} pid={os.getpid() * 10 + rank}) INFO [standin] {line}", flush=True)
+
+
+def thread_binding(tp):
+    """vLLM's CPU rule (ompmultiprocessing.py): "auto" binds a NUMA node per rank, and this host has one."""
+    bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
+    if bind != "auto" and len(bind.split("|")) == tp:
+        return None
+    return (
+        f"Not enough allowed NUMA nodes to bind threads of {tp} local CPUWorkers (VLLM_CPU_OMP_THREADS_BIND={bind!r})"
+    )
 
 
 def compile_cache(flags):
     keyed = {k: v for k, v in flags.items() if k not in _NOT_KEYED}
     env = {k: v for k, v in os.environ.items() if k.startswith("VLLM_") and k not in _PER_PROCESS}
     digest = hashlib.sha256(json.dumps([keyed, env], sort_keys=True).encode()).hexdigest()[:10]
-    folder = Path(os.environ["VLLM_CACHE_ROOT"], "torch_compile_cache", digest, "rank_0_0", "backbone")
+    tp = int(flags.get("--tensor-parallel-size", "1"))
+    for rank in range(tp):
+        _rank_cache(digest, rank, keyed, env, rank if tp > 1 else None)
+
+
+def _rank_cache(digest, rank, keyed, env, named):
+    folder = Path(os.environ["VLLM_CACHE_ROOT"], "torch_compile_cache", digest, f"rank_{rank}_0", "backbone")
     graph = folder / "graph.bin"
     if graph.is_file():
-        log("Directly load the compiled graph(s) for compile range (1, 128) from the cache, took 0.001 s")
+        log("Directly load the compiled graph(s) for compile range (1, 128) from the cache, took 0.001 s", named)
+        return
+    if str(rank) in os.environ.get("STANDIN_LOSE_RANKS", "").split(","):  # a rank that compiles, keeps nothing
+        log("Compiling a graph for compile range (1, 128) takes 0.20 s", named)
         return
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "cache_key_factors.json").write_text(json.dumps({"flags": keyed, "env": env}, sort_keys=True))
     time.sleep(float(os.environ.get("STANDIN_COMPILE_S", "0.2")))
-    graph.write_bytes(hashlib.sha256(digest.encode()).digest() * 64)
-    log("Compiling a graph for compile range (1, 128) takes 0.20 s")
+    graph.write_bytes(hashlib.sha256((f"{digest}/{rank}" if rank else digest).encode()).digest() * 64)
+    log("Compiling a graph for compile range (1, 128) takes 0.20 s", named)
 
 
 def hpu_recipes(config):
@@ -102,6 +127,11 @@ def main():
         print(f"ERROR [standin] no model folder {model} from {os.getcwd()}", flush=True)
         return 1
     log(f"model={flags['--model']} cache root={os.environ.get('VLLM_CACHE_ROOT')}")
+    tp = int(flags.get("--tensor-parallel-size", "1"))
+    unbound = thread_binding(tp) if tp > 1 and os.environ.get("VLLM_USE_AOT_COMPILE") == "0" else None
+    if unbound:
+        print(f"ERROR [standin] AssertionError: {unbound}", flush=True)
+        return 1
     compile_cache(flags)
     if "PT_HPU_RECIPE_CACHE_CONFIG" in os.environ:
         hpu_recipes(os.environ["PT_HPU_RECIPE_CACHE_CONFIG"])

@@ -19,7 +19,7 @@ from prebake.engine.common.probe import probe
 from prebake.engine.compose import Context, plans_for
 from prebake.engine.vllm import gaudi
 from prebake.engine.vllm.gaudi import vllm_gaudi_env
-from prebake.engine.vllm.process import Launch, free_port, start, stop, wait_ready
+from prebake.engine.vllm.process import Spawn, free_port, start, stop, wait_ready
 from prebake.engine.vllm.start import prepare
 from prebake.registry import open_registry
 from tests.support.baking import REPO
@@ -193,7 +193,7 @@ def test_gaudi_bake_packs_the_recipes_and_a_server_reuses_a_local_copy(tmp_path,
     )
     path, delete, _ = gaudi.parse_recipe_cache_config(served.variables["PT_HPU_RECIPE_CACHE_CONFIG"])
     log, port = tmp_path / "serve.log", free_port()
-    running = start(Launch((*served.argv, "--port", str(port)), served.child_env(dict(os.environ)), served.cwd, log))
+    running = start(Spawn((*served.argv, "--port", str(port)), served.child_env(dict(os.environ)), served.cwd, log))
     try:
         wait_ready(running, f"http://127.0.0.1:{port}", timeout_s=60)
     finally:

@@ -1,10 +1,8 @@
 """What decides whether an AOTInductor package loads on a host, checked before any shared object is
-opened (prebake.engine.bundled.runtime.aoti): torch, the device, and the vector ISA its kernels need;
-and what the start takes when it does not load."""
+opened (prebake.engine.bundled.runtime.aoti): torch, the device, and the vector ISA its kernels need.
+What the start takes when it does not load: tests/unit/test_graphs_variants.py."""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 import torch
@@ -67,18 +65,3 @@ def test_a_gpu_package_is_refused_on_another_compute_capability_and_needs_no_cpu
     assert aoti.platform_problem(recorded, device="cuda", flags=frozenset(), capability="90") is None
     problem = aoti.platform_problem(recorded, device="cuda", flags=frozenset(), capability="80")
     assert problem == "its kernels were built for compute capability 90 and this GPU's is 80"
-
-
-@pytest.mark.parametrize(
-    ("document", "next_variant"),
-    [
-        ({"fallback": "none", "precompiled": False}, None),  # the default: a start compiles in place
-        ({"fallback": "dynamo-precompile", "precompiled": True}, "dynamo-precompile"),
-        ({"fallback": "dynamo-precompile", "precompiled": False}, "inductor-cache"),  # a torch without precompile
-        ({"precompiled": True}, "dynamo-precompile"),  # baked before the setting: every tree carried it
-    ],
-)
-def test_the_variant_after_a_package_is_what_its_tree_was_baked_to_carry(tmp_path, document, next_variant):
-    (tmp_path / "graphs.json").write_text(json.dumps({"variant": "aoti-package", **document}))
-    assert aoti.fallback_in(tmp_path / "graphs.json") == next_variant
-    assert aoti.fallback_in(tmp_path / "absent.json") is None

@@ -6,8 +6,9 @@ import os
 
 import pytest
 
-from prebake.artifacts.errors import BundleError, RegistryError
+from prebake.artifacts.errors import BundleError
 from prebake.artifacts.layout import index_relpath
+from prebake.artifacts.ports.errors import RegistryError
 from prebake.artifacts.ports.objects import Movable, ObjectStore
 from prebake.registry.backends.file import FileRegistry, FolderStore
 from tests.support.index_seed import seed_folder, synthetic_manifests

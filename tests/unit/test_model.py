@@ -22,9 +22,9 @@ from prebake.engine.bundled.runtime.weights import (
     check_state_dict,
     load_hf_folder,
     parameter_shapes,
-    save_hf_folder,
     tiny_random_weights,
 )
+from tests.support.hf_folder import save_hf_folder
 
 ATOL = 1e-4
 COMPILE_ATOL = 1e-5

@@ -104,8 +104,8 @@ def test_architecture_digest_ignores_checkpoint_noise():
 
 
 def test_aoti_package_is_the_bundled_engines_default_variant_and_vllm_keeps_its_own_cache():
-    from prebake.artifacts.recipe.schema import DEFAULT_VARIANT
     from prebake.engine.adapters import adapter_for
+    from prebake.engine.bundled.variants import DEFAULT_VARIANT
 
     assert DEFAULT_VARIANT == "aoti-package"
     for name, variant in (("tiny-llama", "aoti-package"), ("tiny-llama-vllm", "inductor-cache")):
@@ -126,7 +126,7 @@ def test_an_aoti_package_trees_fallback_is_opt_in_and_part_of_its_graphs_key(tmp
     default = load_recipe("tiny-llama")
     assert default.compile.fallback == "none"
     opted = load_recipe(_tiny_with('mode = "default"', 'mode = "default"\nfallback = "dynamo-precompile"', tmp_path))
-    assert opted.compile.fallback_for("aoti-package") == "dynamo-precompile"
+    assert opted.compile.fallback == "dynamo-precompile"
     plain, with_fallback = _graphs_factors(default), _graphs_factors(opted)
     assert plain["options.variant"] == "aoti-package" and plain["options.fallback"] == "none"
     assert with_fallback["options.fallback"] == "dynamo-precompile"  # so the two trees have two keys
@@ -137,27 +137,30 @@ def test_an_aoti_package_trees_fallback_is_opt_in_and_part_of_its_graphs_key(tmp
 
 
 def test_a_fallback_asked_of_a_variant_other_than_aoti_package_names_the_fix(tmp_path):
-    from prebake.artifacts.recipe.kinds import compile_factors
     from prebake.engine.adapters import adapter_for
 
     both = 'mode = "default"\nvariant = "inductor-cache"\nfallback = "dynamo-precompile"'
-    with pytest.raises(RecipeError, match="fallback.*aoti-package graphs tree.*remove fallback, or set variant"):
-        load_recipe(_tiny_with('mode = "default"', both, tmp_path))
+    with pytest.raises(RecipeError, match="fallback.*graphs tree of 'inductor-cache'.*remove fallback, or set variant"):
+        adapter_for(load_recipe(_tiny_with('mode = "default"', both, tmp_path)))
     with pytest.raises(RecipeError, match="fallback"):
-        load_recipe(_tiny_with('mode = "default"', 'mode = "default"\nfallback = "inductor-cache"', tmp_path))
-    vllm = load_recipe("tiny-llama-vllm")  # its engine's default variant is not aoti-package: caught at its keys
+        adapter_for(
+            load_recipe(_tiny_with('mode = "default"', 'mode = "default"\nfallback = "inductor-cache"', tmp_path))
+        )
+    vllm = load_recipe("tiny-llama-vllm")  # its engine's default variant carries no fallback: caught with its engine
     opted = vllm.model_copy(update={"compile": vllm.compile.model_copy(update={"fallback": "dynamo-precompile"})})
-    with pytest.raises(RecipeError, match="tiny-llama-vllm: \\[compile\\] fallback"):
-        compile_factors(opted, adapter_for(opted).spec.default_variant)
+    with pytest.raises(RecipeError, match="tiny-llama-vllm: engine 'vllm': \\[compile\\] fallback"):
+        adapter_for(opted)
 
 
 def test_a_recipe_that_still_says_aoti_gets_dynamo_precompile_and_a_warning_naming_the_new_name(tmp_path, caplog):
+    from prebake.engine.adapters import adapter_for
+
     with caplog.at_level("WARNING"):
         recipe = load_recipe(_tiny_with('mode = "default"', 'mode = "default"\nvariant = "aoti"', tmp_path))
     assert recipe.compile.variant == "dynamo-precompile"
     assert "'aoti' is now called 'dynamo-precompile'" in caplog.text
-    with pytest.raises(RecipeError, match="variant"):
-        load_recipe(_tiny_with('mode = "default"', 'mode = "default"\nvariant = "aotinductor"', tmp_path))
+    with pytest.raises(RecipeError, match="variant"):  # a name its engine does not serve: refused with the engine
+        adapter_for(load_recipe(_tiny_with('mode = "default"', 'mode = "default"\nvariant = "aotinductor"', tmp_path)))
 
 
 def test_the_recipe_schema_names_every_graphs_variant_aoti_package_among_them(tmp_path):

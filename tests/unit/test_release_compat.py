@@ -17,7 +17,7 @@ import pytest
 from prebake.artifacts.bundle.manifest import SIGNATURE_VERSION, Manifest
 from prebake.artifacts.errors import BundleError
 from prebake.artifacts.fetch.outcome import Miss
-from prebake.artifacts.fetch.pipeline import fetch
+from prebake.artifacts.fetch.pipeline import fetch_key
 from prebake.artifacts.keys import Key
 from prebake.artifacts.store import admin as store_admin
 from prebake.artifacts.store.local import Installed, Store, StoreLimits
@@ -60,11 +60,11 @@ def test_an_older_releases_registry_is_read_and_its_signature_decided_as_documen
     root, made = _copy(release, tmp_path)
     registry, key = FileRegistry(root / "registry"), _key(made, root)
     store = Store(tmp_path / "new-home", StoreLimits())
-    strict = fetch(store, registry, key, trust=_trust(root, accept_v1=False))
+    strict = fetch_key(store, registry, key, trust=_trust(root, accept_v1=False))
     if made["signature_version"] == 1:  # refused with the reason and the switch, not misread
         assert isinstance(strict, Miss) and strict.refused
         assert "version 1 did not cover the labels" in strict.reason and ACCEPT_V1_ENV in strict.reason
-        got = fetch(store, registry, key, trust=_trust(root, accept_v1=True))
+        got = fetch_key(store, registry, key, trust=_trust(root, accept_v1=True))
     else:
         got = strict
     assert isinstance(got, Installed), got
@@ -79,7 +79,7 @@ def test_an_older_releases_store_is_read_adopted_on_first_write_and_its_bundles_
     hit = store.lookup(made["kind"], made["key_digest"])  # read as it is: no mark needed to read
     assert hit is not None and hit.tree == home / made["tree"]
     assert not (home / MARK).exists()
-    again = fetch(store, FileRegistry(root / "registry"), key, trust=_trust(root, accept_v1=True))
+    again = fetch_key(store, FileRegistry(root / "registry"), key, trust=_trust(root, accept_v1=True))
     assert isinstance(again, Installed) and again.tree == hit.tree
     assert store_admin.verify_store(store).findings == ()
     listed = store_admin.list_bundles(store)  # a reader lists its bundles before any writer adopted it
@@ -137,6 +137,6 @@ def test_a_renamed_key_factor_costs_one_explained_miss(release, tmp_path):
     groups = {group: dict(factors) for group, factors in old.groups}
     groups["software"] = {"torch_version": groups["software"].pop("torch")}  # the factor, renamed
     renamed = Key.of(old.kind, groups)
-    got = fetch(Store(tmp_path / "home", StoreLimits()), FileRegistry(root / "registry"), renamed)
+    got = fetch_key(Store(tmp_path / "home", StoreLimits()), FileRegistry(root / "registry"), renamed)
     assert isinstance(got, Miss) and not got.refused and got.nearest == old
     assert any("torch" in name for name in got.differing), got.explain()

@@ -15,7 +15,7 @@ from prebake.artifacts.bundle.manifest import BlobRef, FileEntry, Manifest, Sign
 from prebake.artifacts.bundle.payload import pack
 from prebake.artifacts.errors import PrebakeError
 from prebake.artifacts.fetch.outcome import Miss
-from prebake.artifacts.fetch.pipeline import fetch
+from prebake.artifacts.fetch.pipeline import fetch_key
 from prebake.artifacts.keys import Key
 from prebake.artifacts.store.local import Store
 from prebake.registry.backends.file import FileRegistry
@@ -191,7 +191,7 @@ def test_refused_manifest_is_a_miss_and_nothing_is_installed(tmp_path):
     registry.publish(_edit_file_digest(sign(manifest, key, "ci")), blob)
     store = Store(tmp_path / "store")
 
-    got = fetch(store, registry, manifest.the_key(), trust=TrustPolicy.from_lines([line]).check)
+    got = fetch_key(store, registry, manifest.the_key(), trust=TrustPolicy.from_lines([line]).check)
 
     assert isinstance(got, Miss) and "does not verify" in got.reason
     assert not (tmp_path / "store" / "trees").exists()

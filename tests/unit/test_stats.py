@@ -10,7 +10,7 @@ import pytest
 
 from prebake.artifacts.errors import StoreError
 from prebake.artifacts.fetch.outcome import Miss
-from prebake.artifacts.fetch.pipeline import fetch
+from prebake.artifacts.fetch.pipeline import fetch_key
 from prebake.artifacts.keys import Key
 from prebake.artifacts.store import stats
 from prebake.artifacts.store.local import Store, StoreLimits
@@ -55,7 +55,7 @@ def test_a_miss_records_its_reason_class_text_and_the_factors_that_differ(tmp_pa
     other = Key.of(
         "graphs", {"model": {"name": "tiny-llama", "config": "sha256-of-config"}, "software": {"torch": "9"}}
     )
-    miss = fetch(store, registry, other)
+    miss = fetch_key(store, registry, other)
     assert isinstance(miss, Miss)
     stats.record_miss(store, "graphs", miss.reason, miss.differing, key=other.digest)
     report = stats.read_stats(store).to_json()

@@ -10,7 +10,7 @@ from prebake.engine.common.adapter import StartRequest
 from prebake.engine.compose import Context
 from prebake.engine.vllm.start import prepare
 from tests.support.recipe_files import write_recipe
-from tests.unit.test_adapters_vllm import vllm_cpu_host
+from tests.support.vllm_hosts import vllm_cpu_host
 
 
 class _DownRegistry:

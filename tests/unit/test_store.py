@@ -9,7 +9,7 @@ from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.bundle.payload import pack
 from prebake.artifacts.errors import BundleError
 from prebake.artifacts.fetch.outcome import Miss
-from prebake.artifacts.fetch.pipeline import fetch
+from prebake.artifacts.fetch.pipeline import fetch_key
 from prebake.artifacts.keys import Key
 from prebake.artifacts.store.local import Store
 from prebake.registry.backends.file import FileRegistry
@@ -46,7 +46,7 @@ def published(tmp_path):
 def test_fetch_installs_a_verified_tree(tmp_path, published):
     registry, key, manifest = published
     store = Store(tmp_path / "home")
-    got = fetch(store, registry, key)
+    got = fetch_key(store, registry, key)
     assert not isinstance(got, Miss)
     assert (got.tree / "inductor" / "entry").read_bytes() == b"graphs"
     assert store.lookup("graphs", key.digest).tree == got.tree
@@ -55,22 +55,22 @@ def test_fetch_installs_a_verified_tree(tmp_path, published):
 def test_second_fetch_is_served_from_the_store_without_the_registry(tmp_path, published):
     registry, key, _ = published
     store = Store(tmp_path / "home")
-    first = fetch(store, registry, key)
+    first = fetch_key(store, registry, key)
     gone = FileRegistry(tmp_path / "nowhere")
-    assert fetch(store, gone, key).tree == first.tree
+    assert fetch_key(store, gone, key).tree == first.tree
 
 
 def test_a_miss_names_the_nearest_bundle_and_each_differing_factor(tmp_path, published):
     registry, _, _ = published
     wanted = Key.of("graphs", {**FACTORS, "software": {"torch": "2.14.1"}})
-    got = fetch(Store(tmp_path / "home"), registry, wanted)
+    got = fetch_key(Store(tmp_path / "home"), registry, wanted)
     assert isinstance(got, Miss)
     assert got.differing == {"software.torch": ("2.14.1", "2.13.0+cpu")}
     assert "software.torch: 2.14.1 here, 2.13.0+cpu there" in got.explain()
 
 
 def test_an_empty_registry_is_a_plain_miss(tmp_path):
-    got = fetch(Store(tmp_path / "home"), FileRegistry(tmp_path / "empty"), Key.of("graphs", FACTORS))
+    got = fetch_key(Store(tmp_path / "home"), FileRegistry(tmp_path / "empty"), Key.of("graphs", FACTORS))
     assert isinstance(got, Miss) and got.nearest is None
 
 
@@ -82,7 +82,7 @@ def test_a_corrupt_blob_is_refused_and_nothing_is_installed(tmp_path, published)
     blob.write_bytes(bytes(data))
     store = Store(tmp_path / "home")
     with pytest.raises(BundleError):  # BlobDigestMismatch, or the unpacker's refusal if it saw the damage first
-        fetch(store, registry, key)
+        fetch_key(store, registry, key)
     assert store.lookup("graphs", key.digest) is None
     assert not store.tree_path(manifest).exists()
     assert not list(store.home.rglob("*.tar.zst*")), "a rejected blob must not stay in the store"
@@ -93,12 +93,12 @@ def test_an_index_entry_edited_after_baking_is_refused(tmp_path, published):
     index = registry.root / "index" / "graphs" / f"{key.digest}.json"
     index.write_text(index.read_text().replace("2.13.0+cpu", "2.14.1"))
     with pytest.raises(BundleError, match="edited after baking"):
-        fetch(Store(tmp_path / "home"), registry, key)
+        fetch_key(Store(tmp_path / "home"), registry, key)
 
 
 def test_a_trust_check_refusal_is_a_miss_with_its_reason(tmp_path, published):
     registry, key, _ = published
-    got = fetch(Store(tmp_path / "home"), registry, key, trust=lambda m: "unsigned")
+    got = fetch_key(Store(tmp_path / "home"), registry, key, trust=lambda m: "unsigned")
     assert isinstance(got, Miss) and got.reason == "refused by the trust policy: unsigned"
 
 

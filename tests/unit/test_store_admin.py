@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from prebake.artifacts.fetch.outcome import Miss
-from prebake.artifacts.fetch.pipeline import fetch
+from prebake.artifacts.fetch.pipeline import fetch_key
 from prebake.artifacts.store import admin as store_admin
 from prebake.artifacts.store.local import Store, StoreLimits
 from prebake.artifacts.store.mark import record_install
@@ -53,7 +53,7 @@ def installed(tmp_path, home) -> dict[str, Bundle]:
     store = Store(home, StoreLimits())
     for b in bundles.values():
         registry.publish(b.manifest, b.blob)
-        assert not isinstance(fetch(store, registry, b.manifest.the_key()), Miss)
+        assert not isinstance(fetch_key(store, registry, b.manifest.the_key()), Miss)
     return bundles
 
 
@@ -150,7 +150,7 @@ def test_store_verify_finds_a_changed_file_and_fix_removes_it_so_fetch_installs_
     assert code == 1 and "removed; the next fetch installs it again" in out
     assert not _tree(home, bundle).exists()
     assert _run(capsys, "store", "verify")[0] == 0
-    got = fetch(Store(), FileRegistry(tmp_path / "registry"), bundle.manifest.the_key())
+    got = fetch_key(Store(), FileRegistry(tmp_path / "registry"), bundle.manifest.the_key())
     assert (got.tree / "fxgraph" / "entry.txt").read_text() == "graphs tiny-llama first\n"
 
 

@@ -10,7 +10,7 @@ import pytest
 from prebake.artifacts import fsutil
 from prebake.artifacts.errors import StoreBoundError, StoreError, UnsafeArchiveError
 from prebake.artifacts.fetch.outcome import Miss
-from prebake.artifacts.fetch.pipeline import fetch
+from prebake.artifacts.fetch.pipeline import fetch_key
 from prebake.artifacts.store.local import DEFAULT_MAX_BYTES, GcReport, Store, StoreLimits, parse_size
 from prebake.artifacts.store.mark import record_install
 from prebake.engine.cli import main
@@ -33,7 +33,7 @@ def _published(tmp_path: Path, registry: FileRegistry, *models: str, payload: in
 
 
 def _fetch(store: Store, registry: FileRegistry, bundle: Bundle):
-    got = fetch(store, registry, bundle.manifest.the_key())
+    got = fetch_key(store, registry, bundle.manifest.the_key())
     assert not isinstance(got, Miss), got
     return got
 
@@ -72,7 +72,7 @@ def test_the_unpack_cap_from_the_environment_refuses_a_bundle_that_unpacks_past_
     (bundle,) = _published(tmp_path, registry, "big")
     store = Store(tmp_path / "home", StoreLimits.from_env({"PREBAKE_UNPACK_MAX_BYTES": "10K"}))
     with pytest.raises(UnsafeArchiveError, match="over the cap of 10240"):
-        fetch(store, registry, bundle.manifest.the_key())
+        fetch_key(store, registry, bundle.manifest.the_key())
     assert store.lookup("graphs", bundle.manifest.key_digest) is None
 
 

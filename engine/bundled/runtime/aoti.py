@@ -8,7 +8,8 @@ package, compiled from torch.export and loaded by torch's C++ loader, without Dy
 
 Weights are not in the package: each model's constants are bound to the serving model's tensors at
 load (no copy), so a fine-tune of the architecture loads it. A package that does not load here raises
-`PackageDoesNotLoad` with the reason; the start takes what `fallback_in` names (engine/bundled/start).
+`PackageDoesNotLoad` with the reason; the start takes what the variant's `next_in` names
+(prebake.engine.bundled.variants.aoti_package).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from prebake.artifacts.frozen import Frozen
-from prebake.artifacts.recipe.schema import INDUCTOR_CACHE, NO_FALLBACK, PRECOMPILE
 from prebake.engine.bundled.runtime.model import KVCache, Llama
 from prebake.engine.bundled.runtime.shapes import StepShape
 from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
@@ -65,20 +65,6 @@ class PackageRecord(Frozen):
     models: tuple[str, ...] = ()  # the step shapes' names, one model each
     sha256: str = ""  # of steps.pt2
     constants: tuple[str, ...] = ()  # what each model takes from the serving model, by name
-
-
-def fallback_in(graphs_json: Path) -> str | None:
-    """The variant an aoti-package graphs tree holds after its package, from its graphs.json:
-    "dynamo-precompile" (Dynamo's functions over Inductor's cache), "inductor-cache" (the cache
-    alone: a torch without precompile), or None (no [compile] fallback: a start whose package does
-    not load compiles in place)."""
-    try:
-        document = json.loads(graphs_json.read_text())
-    except (OSError, ValueError):
-        return None
-    if document.get("fallback", PRECOMPILE) == NO_FALLBACK:  # trees baked before the setting carried one
-        return None
-    return PRECOMPILE if document.get("precompiled") else INDUCTOR_CACHE
 
 
 class PackageDoesNotLoad(RuntimeError):

@@ -1,17 +1,13 @@
 """Autotune: measure each step shape under every tactic on this host; keep a winner only when it wins.
 
 Tactics change speed, never results: the attention implementation (SDPA with a mask, or explicit
-matmul-softmax-matmul). The thread count is no tactic: kernels read it on the serving host when
-they run (runtime.steps.threads_at_run_time), so a recipe's "threads" is recorded as such. Each
-shape's tactics are timed interleaved (one run of each in turn, the order rotated every round, so
-a burst of load falls on all of them), eager, after warm-up; the figure is the median, the spread
-the interquartile range (the whole range under four runs). A winner whose spread overlaps the
-runner-up's is a tie: the default tactic (the first) is kept and the tie recorded, never claimed.
-autotune.json keeps every timing and the conditions it was measured under, so a choice can be audited:
-
-    {"tactics": {"attn_impl": [...]}, "threads": "serving host", "conditions": {"cpus": 2, ...},
-     "shapes": [{"shape": {...}, "timings_ms": {"attn_impl=sdpa": 1.9, ...}, "spread_ms": {...},
-                 "winner": {...}, "tie": false}, ...]}
+matmul-softmax-matmul). The thread count is no tactic: kernels read the serving host's when they run
+(runtime.steps.threads_at_run_time). A shape's tactics are timed interleaved (the order rotated each
+round, so a burst of load falls on all), eager, after warm-up: medians, and spreads (interquartile;
+the whole range under four runs). A fastest whose spread overlaps the runner-up's is a tie: the
+default (first) tactic is kept and the tie recorded, never claimed. autotune.json keeps every timing
+and the conditions (cores, affinity, load average): {"tactics", "threads": "serving host",
+"conditions", "shapes": [{"shape", "timings_ms", "spread_ms", "winner", "tie", "fastest"}, ...]}.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ It saves what Dynamo and Inductor produce together (torch.compile(...).aot_compi
 does): guards, bytecode and graph, so a start deserialises instead of tracing. Weights are not
 embedded (the model is external data, bound when loaded); the KV cache is an argument written in
 place. A torch without precompile (`supported()` says why) bakes the Inductor cache alone; a
-function that does not load here is no start failure: `load_or_fallback` warms up through
-torch.compile from the same tree's Inductor cache and returns the reason. docs/graphs-variants.md.
+function that does not load here is no start failure: the variant falls to the same tree's
+Inductor cache (prebake.engine.bundled.variants.dynamo_precompile). docs/graphs-variants.md.
 """
 
 from __future__ import annotations
@@ -99,24 +99,6 @@ def compile_shapes(
 
 def _no_guards(entries: list) -> list[bool]:
     return torch.compiler.skip_all_guards_unsafe(entries)
-
-
-def load_or_fallback(
-    model: Llama,
-    cache: KVCache,
-    shapes: list[StepShape],
-    tree: Path,
-    *,
-    mode: str = "default",
-    parts: LoadParts | None = None,
-) -> tuple[CompiledSteps, str | None]:
-    """The precompiled steps of a graphs tree; when they do not load, torch.compile'd steps over the
-    tree's Inductor cache (TORCHINDUCTOR_CACHE_DIR already points there) and the reason."""
-    try:
-        return load_shapes(model, cache, shapes, tree, parts), None
-    except Exception as exc:  # any load failure: the same tree's Inductor cache still serves
-        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    return CompiledSteps(model, cache, mode=mode, expected_shapes=len(shapes)), reason
 
 
 @dataclass

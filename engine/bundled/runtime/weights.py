@@ -18,10 +18,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import Tensor
-
-from prebake.artifacts.fsutil import atomic_target, write_bytes
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -301,18 +298,6 @@ def load_hf_folder(path: str | Path, dtype: torch.dtype = torch.float32) -> tupl
     return config, state_dict
 
 
-def save_hf_folder(config: LlamaConfig, state_dict: Mapping[str, Tensor], path: str | Path) -> Path:
-    """Write config.json and model.safetensors (HF names) into `path`, each file atomically."""
-    check_state_dict(config, state_dict)
-    folder = Path(path)
-    tensors = {_hf_name(k): v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
-    # Weights before the config that announces them: a crash never leaves a config without weights.
-    with atomic_target(folder / WEIGHTS_FILE) as tmp:
-        save_file(tensors, tmp, metadata={"format": "pt"})
-    write_bytes(folder / CONFIG_FILE, json.dumps(config.to_hf(), indent=2, sort_keys=True).encode() + b"\n")
-    return folder
-
-
 def tiny_random_weights(config: LlamaConfig, seed: int = 0) -> dict[str, Tensor]:
     """Seeded fp32 weights, bitwise identical for the same seed on any machine.
 
@@ -357,7 +342,3 @@ def _runtime_name(config: LlamaConfig, hf_name: str) -> str | None:
     if hf_name == "lm_head.weight":
         return None if config.tie_word_embeddings else hf_name
     return hf_name.removeprefix("model.") if hf_name.startswith("model.") else hf_name
-
-
-def _hf_name(runtime_name: str) -> str:
-    return runtime_name if runtime_name == "lm_head.weight" else "model." + runtime_name

@@ -1,0 +1,74 @@
+"""The "aoti-package" variant (the default): every step shape a model of one AOTInductor package,
+loaded by torch's C++ loader without Dynamo or Inductor's Python
+(prebake.engine.bundled.runtime.aoti draws its tree). Its tree carries a second variant only when
+the recipe asks ([compile] fallback = "dynamo-precompile"); that fallback joins its key.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from prebake.artifacts.recipe.schema import NO_FALLBACK, CompileOptions
+from prebake.engine.bundled.variants.base import (
+    GRAPHS_FILE,
+    INDUCTOR_DIR,
+    Compiled,
+    CompileJob,
+    GraphsVariant,
+    Loaded,
+    LoadJob,
+    NotLoaded,
+)
+from prebake.engine.bundled.variants.dynamo_precompile import DynamoPrecompile
+from prebake.engine.bundled.variants.inductor_cache import InductorCache
+
+
+class AotiPackage(GraphsVariant):
+    name = "aoti-package"
+    needs_inductor = False  # the package loads through torch's C++ loader
+    reads_in_place = True  # torch's loader unpacks each model to a folder of its own: the tree is only read
+    fallbacks = (DynamoPrecompile.name,)
+    taking = "taking aoti-package from the same graphs tree"
+
+    def key_factors(self, options: CompileOptions) -> dict[str, object]:
+        return {"fallback": options.fallback}  # a tree with a fallback is another tree
+
+    def compile(self, job: CompileJob) -> Compiled:
+        """The fallback's tree first (when the recipe asks for one), then the package, loaded once
+        as a start loads it; without a fallback, Inductor's leftovers (ISA probes, locks) go."""
+        from prebake.engine.bundled.runtime import aoti
+
+        inner = DynamoPrecompile().compile(job) if job.fallback != NO_FALLBACK else None
+        tactics = dict(job.tactics)
+        package_s = aoti.compile_package(
+            job.model, job.cache, tactics, job.out, mode=job.mode, log=job.log, workers=job.workers
+        )
+        seconds = {s: package_s[s] + (inner.seconds[s] if inner else 0.0) for s in tactics}
+        steps = aoti.load_package(job.model, job.cache, list(tactics), job.out)  # what a start loads, checked here
+        if inner is None:
+            shutil.rmtree(job.out / INDUCTOR_DIR, ignore_errors=True)
+        precompiled = bool(inner and inner.facts.get("precompiled"))
+        return Compiled(steps, seconds, {"precompiled": precompiled, "aoti_package": True})
+
+    def load(self, job: LoadJob) -> Loaded | NotLoaded:
+        from prebake.engine.bundled.runtime import aoti
+
+        parts = aoti.PackageParts()
+        try:
+            steps = aoti.load_package(job.model, job.cache, list(job.shapes), job.tree, parts)
+        except aoti.PackageDoesNotLoad as exc:
+            return NotLoaded(str(exc))
+        return Loaded(steps, parts.as_dict())
+
+    def next_in(self, tree: Path) -> str | None:
+        """What the tree's graphs.json says it carries after the package: dynamo-precompile's functions,
+        Inductor's cache alone (baked by a torch without precompile), or nothing."""
+        try:
+            document = json.loads((tree / GRAPHS_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        if document.get("fallback", DynamoPrecompile.name) == NO_FALLBACK:  # trees baked before the setting had one
+            return None
+        return DynamoPrecompile.name if document.get("precompiled") else InductorCache.name

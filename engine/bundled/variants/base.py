@@ -1,0 +1,119 @@
+"""The graphs-variant interface: one way of compiling the bundled engine's step shapes into a
+graphs tree at bake and of loading them back at start (as vLLM's CompilerInterface is one way of
+compiling its graphs). A variant is one module under engine/bundled/variants/ and one
+registration in its __init__; the mechanics stay in engine/bundled/runtime/.
+
+The build calls `compile`; the start walks the chain (`load`, and on NotLoaded the variant
+`next_in` names) and compiles in place at its end. torch is imported inside the methods only:
+the adapter reads these classes in a parent that never imports torch.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+from prebake.artifacts.recipe.schema import CompileOptions, Target
+from prebake.engine.bundled.runtime.shapes import StepShape
+
+if TYPE_CHECKING:  # torch's types, for the annotations only
+    from prebake.engine.bundled.runtime.aoti_workers import Workers
+    from prebake.engine.bundled.runtime.model import KVCache, Llama
+    from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
+
+Log = Callable[[str], None]
+GRAPHS_FILE = "graphs.json"  # in every variant's tree: the variant, its fallback, the shapes (build.py writes it)
+INDUCTOR_DIR = "inductor"  # Inductor's cache folder, in a tree whose variant has one
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """This process's place in a tensor-parallel group."""
+
+    rank: int
+    world: int
+
+
+@dataclass(frozen=True)
+class CompileJob:
+    """Compile every shape of `tactics` into the graphs tree `out` (Inductor's cache folder, when
+    the variant uses one, is out/inductor: the caller set TORCHINDUCTOR_CACHE_DIR there)."""
+
+    model: Llama
+    cache: KVCache
+    mode: str  # [compile] mode
+    tactics: Mapping[StepShape, Tactic]
+    out: Path
+    log: Log
+    fallback: str = "none"  # [compile] fallback: the variant this tree also carries, for a host where it does not load
+    workers: Workers | None = None  # shapes compiled side by side in processes (runtime.aoti_workers)
+    parallel: Parallel | None = None
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """The warm steps a compile leaves, its seconds per shape, and what graphs.json records of it."""
+
+    steps: CompiledSteps
+    seconds: dict[StepShape, float]
+    facts: dict[str, bool] = field(default_factory=dict)  # graphs.json's "precompiled", "aoti_package"
+
+
+@dataclass(frozen=True)
+class LoadJob:
+    """Load the steps of `shapes` from the graphs tree `tree` (Inductor's cache activated under it)."""
+
+    model: Llama
+    cache: KVCache
+    mode: str
+    shapes: tuple[StepShape, ...]
+    tree: Path
+    log: Log
+    parallel: Parallel | None = None
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """Steps that serve, with the seconds of each part of their load (the phase log shows them)."""
+
+    steps: CompiledSteps
+    parts: dict[str, float] = field(default_factory=dict)
+    traced: bool = False  # Dynamo traced the shapes at load (from Inductor's cache): the first runs did it
+
+
+@dataclass(frozen=True)
+class NotLoaded:
+    """This variant's graphs do not load here; why, in words the start logs."""
+
+    reason: str
+
+
+class GraphsVariant(ABC):
+    """One graphs variant: how its tree is compiled, keyed and loaded, and what it falls to."""
+
+    name: ClassVar[str]  # the recipe's [compile] variant
+    needs_inductor: ClassVar[bool]  # the start imports Inductor (and runs its init) before `load`
+    reads_in_place: ClassVar[bool]  # `load` only reads the tree: served from the store's; else a private copy
+    fallbacks: ClassVar[tuple[str, ...]] = ()  # the [compile] fallback variants its tree may carry
+    taking: ClassVar[str]  # how the start says it takes this variant after another's failed
+
+    def key_factors(self, options: CompileOptions) -> dict[str, object]:
+        """What this variant adds to the graphs key, beside the [compile] options every variant keys on."""
+        return {}
+
+    def refuses(self, target: Target) -> str | None:
+        """Why this variant cannot build or serve `target`, or None."""
+        return None
+
+    @abstractmethod
+    def compile(self, job: CompileJob) -> Compiled: ...
+
+    @abstractmethod
+    def load(self, job: LoadJob) -> Loaded | NotLoaded: ...
+
+    @abstractmethod
+    def next_in(self, tree: Path) -> str | None:
+        """The variant the graphs tree `tree` falls to when this one does not load; None: compile in place."""
