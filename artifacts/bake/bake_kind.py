@@ -79,7 +79,7 @@ def bake_kind(
             kind=kind,
             key=key.to_json()["groups"],  # type: ignore[arg-type]
             key_digest=key.digest,
-            labels=plan.labels,
+            labels={**plan.labels, **declared.labels(tree)},  # what the tree says of itself: listings
             blob=packed.blob,
             files=packed.files,
             inputs={k: i.manifest.blob.digest for k, i in inputs.items()},

@@ -88,6 +88,7 @@ class Kind:
     outputs: tuple[str, ...]
     build: Builder
     environment: Callable[[Path], dict[str, str]] = field(default=lambda tree: {})
+    labels: Callable[[Path], dict[str, str]] = field(default=lambda tree: {})  # a built tree's, for listings
 
     def check_outputs(self, tree: Path, target: str) -> None:
         """Refuse a built tree that lacks a declared output: nothing incomplete is ever published."""

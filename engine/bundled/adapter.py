@@ -88,14 +88,42 @@ def build_in_child(request: BuildRequest) -> None:
 
 
 def _autotune_groups(context: KeyContext) -> Groups:
-    return {**target_groups(context), "options": context.recipe.autotune.key_options()}
+    options = {**context.recipe.autotune.key_options(), "method": "interleaved-medians-ties"}
+    return {**target_groups(context), "options": options}  # method: how runtime.autotune measures
 
 
 def _graphs_groups(context: KeyContext) -> Groups:
-    """The target's groups and the [compile] options, with what the recipe's graphs variant adds."""
+    """The target's groups and the [compile] options, with what the recipe's graphs variant adds;
+    kernel_threads: kernels read their thread count at run time (runtime.steps.threads_at_run_time)."""
     options = compile_factors(context.recipe, DEFAULT_VARIANT)
     graphs = variant(SPEC.graphs_variant(context.recipe))
-    return {**target_groups(context), "options": {**options, **graphs.key_factors(context.recipe.compile)}}
+    factors = {**options, **graphs.key_factors(context.recipe.compile), "kernel_threads": "run-time"}
+    return {**target_groups(context), "options": factors}
+
+
+def autotune_labels(tree: Path) -> dict[str, str]:
+    """What `prebake ls` shows of an autotune tree: the conditions its timings were taken under
+    (runtime.autotune), read as JSON so listing and baking never import torch."""
+    try:
+        document = json.loads((tree / AUTOTUNE_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    conditions, rows = document.get("conditions"), document.get("shapes", [])
+    if not isinstance(conditions, dict):  # measured before conditions were recorded
+        return {}
+    widest = max((_relative_spread(row) for row in rows), default=0.0)
+    return {
+        "autotune.cpus": str(conditions.get("cpus", "")),
+        "autotune.affinity": ",".join(str(c) for c in conditions.get("affinity", [])),
+        "autotune.load_average": " ".join(f"{v:.2f}" for v in conditions.get("load_average", [])),
+        "autotune.ties": f"{sum(bool(row.get('tie')) for row in rows)}/{len(rows)}",
+        "autotune.widest_spread": f"{widest:.0%}",
+    }
+
+
+def _relative_spread(row: dict) -> float:
+    spreads, medians = row.get("spread_ms", {}), row.get("timings_ms", {})
+    return max(((hi - lo) / medians[k] for k, (lo, hi) in spreads.items() if medians.get(k)), default=0.0)
 
 
 AUTOTUNE = Kind(
@@ -105,6 +133,7 @@ AUTOTUNE = Kind(
     outputs=(AUTOTUNE_FILE,),
     build=build_in_child,
     environment=lambda tree: {AUTOTUNE_ENV: str(tree / AUTOTUNE_FILE)},
+    labels=autotune_labels,
 )
 
 GRAPHS = Kind(

@@ -96,19 +96,33 @@ def compile_graphs(
     out: Path,
     log: Callable[[str], None] = print,
     facts: dict[str, str] | None = None,
+    *,
+    workers: int | None = None,
 ) -> CompiledSteps:
     """Compile every shape of `tactics` into the graphs tree `out`, in the recipe's variant; the warm steps.
 
     The graphs builder and the serving engine's compile-in-place both call this, so a bundle
     written back by an engine is the bundle `doit bake` would have built. Inductor writes its
-    cache into TORCHINDUCTOR_CACHE_DIR, which the caller set to out/inductor.
+    cache into TORCHINDUCTOR_CACHE_DIR, which the caller set to out/inductor. An aoti-package on
+    the CPU compiles its shapes in worker processes (`workers`: how many; None: as many as the
+    cores and the memory allow, runtime.aoti_workers); the other variants compile in this process.
     """
     import torch
 
     started = time.perf_counter()
     graphs = variant_of(recipe)
+    # worker processes build the model from the recipe, whole and unsharded: a tp > 1 compile stays here
+    pool = None if model.parallel is not None else _workers(model, cache, recipe, len(tactics), workers)
     job = CompileJob(
-        model, cache, recipe.compile.mode, tactics, out, log, fallback=recipe.compile.fallback, parallel=model.parallel
+        model,
+        cache,
+        recipe.compile.mode,
+        tactics,
+        out,
+        log,
+        fallback=recipe.compile.fallback,
+        workers=pool,
+        parallel=model.parallel,
     )
     compiled = graphs.compile(job)
     document = {
@@ -127,6 +141,19 @@ def compile_graphs(
     }
     (out / GRAPHS_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))
     return compiled.steps
+
+
+def _workers(model: Llama, cache: KVCache, recipe: Recipe, shapes: int, asked: int | None):
+    """The worker processes an aoti-package compile may use here; None on a GPU (one at a time)."""
+    from prebake.engine.bundled.runtime.aoti_workers import ModelSource, plan_workers
+    from prebake.engine.bundled.runtime.loader import TORCH_DTYPES
+
+    if cache.keys[0].device.type != "cpu" or asked == 1:
+        return None
+    dtype = next(name for name, value in TORCH_DTYPES.items() if value == cache.keys[0].dtype)
+    source = ModelSource(recipe.model, dtype, recipe.serving.max_num_seqs, recipe.serving.max_model_len)
+    tensors = [*model.parameters(), *model.buffers(), *cache.keys, *cache.values]
+    return plan_workers(source, sum(t.numel() * t.element_size() for t in tensors), shapes, asked=asked)
 
 
 def _shapes(recipe: Recipe, buckets_tree: Path):

@@ -219,15 +219,42 @@ class _InProcess:
             self.request.write_back and built and (self.rank is None or self.rank.rank == 0)
         ):  # one rank's tree: all ranks'
             with log.step("write-back") as s:
-                if not started.resolved.answered:
+                if not started.resolved.answered and not _answers_now(started, built):
                     address = started.services.source.address
-                    s.detail = f"skipped: registry {address} did not answer at start-up; the next start compiles again"
+                    s.detail = (
+                        f"skipped: registry {address} did not answer at start-up, nor after the compile; "
+                        "the next start compiles again"
+                    )
                 else:
                     s.detail = _write_back(
                         plan, built, trees, resolution.installed, started.services, self.request.fetch_timeout, log
                     )
         engine.leases = self.leases
         return engine
+
+
+def _answers_now(started: starter.Started, built: list[str]) -> bool:
+    """Whether the registry answers now, asked again within the start's registry time box.
+
+    A lookup that ran out of its time box at start-up need not mean the registry is down: it runs
+    beside the import thread (torch's and Inductor's imports, long stretches under the GIL), so on a
+    loaded host a local folder took 16.9 s to be asked (docs/serving.md). Asked again after the
+    compile, with nothing else running in the process, a registry that answers gets the write-back."""
+    from prebake.artifacts.fetch import pipeline
+
+    services, request = started.services, started.request
+    with ExitStack() as hold:
+        looked = pipeline.lookup(
+            started.plan,
+            built[:1],
+            store=services.store,
+            open_registry=services.source.open_registry,
+            address=services.source.address,
+            trust=services.source.trust,
+            timeout=request.registry_timeout,
+            hold=hold,
+        )
+    return looked.registry is not None and looked.answered
 
 
 def _count(metrics: Metrics, resolution: Resolution) -> None:
@@ -292,9 +319,12 @@ def _warm(
         from prebake.engine.bundled.build import model_and_cache
 
         model, cache = model_and_cache(recipe, plan.target.dtype, plan.target.platform, parallel, log=log.note)
+        import torch
+
         s.detail = (
             f"{recipe.model.name} {plan.target.dtype} ({sum(p.numel() for p in model.parameters()):,} parameters"
-            + (f" on rank {parallel.rank} of {parallel.world})" if parallel is not None else ")")
+            + (f" on rank {parallel.rank} of {parallel.world}); " if parallel is not None else "); ")
+            + f"{torch.get_num_threads()} threads, this host's"  # kernels read it when they run, never the builder's
         )
         _agree_on_schedule(parallel, schedule, log)
     steps = None

@@ -21,6 +21,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,7 +29,9 @@ from prebake.artifacts.frozen import Frozen
 from prebake.engine.bundled.runtime.model import KVCache, Llama
 from prebake.engine.bundled.runtime.shapes import StepShape
 from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
-from prebake.engine.common.logs import Countdown
+
+if TYPE_CHECKING:
+    from prebake.engine.bundled.runtime.aoti_workers import Workers
 
 AOTI_DIR = "aoti"
 PACKAGE = "steps.pt2"
@@ -98,42 +101,60 @@ def example_inputs(shape: StepShape, cache: KVCache) -> tuple:
     return ids, per_row, slots, *cache.keys, *cache.values
 
 
-def compile_package(
-    model: Llama, cache: KVCache, tactics: dict[StepShape, Tactic], out: Path, *, mode: str = "default", log=print
-) -> dict[StepShape, float]:
-    """Export and AOT-compile every shape with its tactic into out/aoti/steps.pt2; seconds per shape."""
+def package_options(mode: str = "default", world: int = 1) -> dict:
+    """What every shape is AOT-compiled with (the same in the serial loop and in the workers)."""
     import torch._inductor
+
+    return {
+        **(torch._inductor.list_mode_options(mode) if mode != "default" else {}),
+        "aot_inductor.package": True,
+        "aot_inductor.package_constants_in_so": False,  # weights are bound at load, never packaged
+        "cpp.dynamic_threads": True,  # kernels take the serving host's thread count (steps.threads_at_run_time)
+        # at tp > 1 every rank binds its own shard: no tensor (Inductor inlines 1-D ones of up to 8
+        # values, graph.py's can_inline_constant) may be baked in as rank 0's literal values
+        **({"always_keep_tensor_constants": True} if world > 1 else {}),
+    }
+
+
+def compile_shape(model: Llama, cache: KVCache, shape: StepShape, tactic: Tactic, options: dict) -> list[str]:
+    """Export and AOT-compile one step shape; the files it built (shared objects stripped, C++ sources)."""
+    import torch._inductor
+
+    exported = torch.export.export(_Step(model, shape, tactic), example_inputs(shape, cache), strict=False)
+    listed = torch._inductor.aot_compile(exported.module(), exported.example_inputs[0], options=dict(options))
+    if not isinstance(listed, list):  # with aot_inductor.package, torch 2.13 returns the files to package
+        raise TypeError(f"torch {torch.__version__}'s aot_compile returned {type(listed).__name__}, not files")
+    built = [str(f) for f in listed if isinstance(f, str)]
+    _strip(built)
+    return built
+
+
+def compile_package(
+    model: Llama,
+    cache: KVCache,
+    tactics: dict[StepShape, Tactic],
+    out: Path,
+    *,
+    mode: str = "default",
+    log=print,
+    workers: Workers | None = None,
+) -> dict[StepShape, float]:
+    """Export and AOT-compile every shape with its tactic into out/aoti/steps.pt2; seconds per shape.
+    `workers`: compile the shapes in that many processes at once (runtime.aoti_workers); else one by one."""
     from torch._inductor.package import package_aoti
+
+    from prebake.engine.bundled.runtime import aoti_workers
 
     folder = out / AOTI_DIR
     folder.mkdir(parents=True, exist_ok=True)
     (folder / PACKAGE).unlink(missing_ok=True)  # a compile in place over a package that did not load
-    options = {
-        **(torch._inductor.list_mode_options(mode) if mode != "default" else {}),
-        "aot_inductor.package": True,
-        "aot_inductor.package_constants_in_so": False,  # weights are bound at load, never packaged
-        # at tp > 1 every rank binds its own shard: no tensor (Inductor inlines 1-D ones of up to 8
-        # values, graph.py's can_inline_constant) may be baked in as rank 0's literal values
-        **({"always_keep_tensor_constants": True} if _world(model) > 1 else {}),
-    }
-    files: dict[str, list[str]] = {}
-    sources: list[str] = []  # C++ sources: left out of the package, which loads from the shared objects alone
-    seconds: dict[StepShape, float] = {}
-    countdown = Countdown(len(tactics))
-    for shape, tactic in tactics.items():
-        started = time.perf_counter()
-        if tactic.threads:
-            torch.set_num_threads(tactic.threads)
-        exported = torch.export.export(_Step(model, shape, tactic), example_inputs(shape, cache), strict=False)
-        listed = torch._inductor.aot_compile(exported.module(), exported.example_inputs[0], options=dict(options))
-        if not isinstance(listed, list):  # with aot_inductor.package, torch 2.13 returns the files to package
-            raise TypeError(f"torch {torch.__version__}'s aot_compile returned {type(listed).__name__}, not files")
-        built = [str(f) for f in listed if isinstance(f, str)]
-        _strip(built)
-        files[shape.name] = [f for f in built if not f.endswith(".cpp")]  # the loader needs the shared object alone
-        sources += [f for f in built if f.endswith(".cpp")]
-        seconds[shape] = time.perf_counter() - started
-        log("  " + countdown.line(f"aoti {shape.name} [{tactic.label()}] {seconds[shape]:.2f} s"))
+    options = package_options(mode, _world(model))
+    if workers is not None and workers.count > 1 and len(tactics) > 1:
+        built, seconds = aoti_workers.compile_in_workers(workers, tactics, options, log, compile_shape)
+    else:
+        built, seconds = aoti_workers.compile_one_by_one(model, cache, tactics, options, log, compile_shape)
+    files = {s.name: [f for f in built[s] if not f.endswith(".cpp")] for s in tactics}  # the loader needs the .so
+    sources = [f for s in tactics for f in built[s] if f.endswith(".cpp")]  # left out of the package
     package_aoti(str(folder / PACKAGE), files)  # type: ignore[arg-type]  # a dict of model name to its files
     for name in (*sources, *(f for listed in files.values() for f in listed)):  # packed: no second copy
         Path(name).unlink(missing_ok=True)

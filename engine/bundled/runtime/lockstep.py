@@ -113,7 +113,7 @@ class Lockstep(CompiledSteps):
 
 def _send(op: int, tokens: int, ctx_len: int, tactic: Tactic, *rows: torch.Tensor) -> None:
     batch = rows[0].shape[0] if rows else 0
-    header = torch.tensor([op, batch, tokens, ctx_len, ATTN_IMPLS.index(tactic.attn_impl), tactic.threads])
+    header = torch.tensor([op, batch, tokens, ctx_len, ATTN_IMPLS.index(tactic.attn_impl)])
     dist.broadcast(header, src=0)
     for row in rows:
         dist.broadcast(row.contiguous(), src=0)
@@ -121,15 +121,15 @@ def _send(op: int, tokens: int, ctx_len: int, tactic: Tactic, *rows: torch.Tenso
 
 def follow(steps: CompiledSteps) -> None:
     """Run every step rank 0 broadcasts, until it broadcasts stop (or the group fails: raised)."""
-    header = torch.zeros(6, dtype=torch.long)
+    header = torch.zeros(5, dtype=torch.long)
     while True:
         dist.broadcast(header, src=0)
-        op, batch, tokens, ctx_len, attn, threads = header.tolist()
+        op, batch, tokens, ctx_len, attn = header.tolist()
         if op == _STOP:
             return
         if op == _IDLE:
             continue
-        tactic = Tactic(ATTN_IMPLS[attn], threads)
+        tactic = Tactic(ATTN_IMPLS[attn])
         ids = torch.zeros((batch, tokens) if op == _PREFILL else (batch,), dtype=torch.long)
         per_row, slots = torch.zeros(batch, dtype=torch.long), torch.zeros(batch, dtype=torch.long)
         for row in (ids, per_row, slots):

@@ -87,10 +87,8 @@ def compile_shapes(
         started = time.perf_counter()
         method = model.prefill if shape.phase == "prefill" else model.decode
         args = example_args(shape, cache, tactic)
-        if tactic.threads:
-            torch.set_num_threads(tactic.threads)
         # a fresh options dict per call: torch.compile pops guard_filter_fn out of the one it is given
-        options = {**inductor, "guard_filter_fn": _no_guards}
+        options = {**inductor, "guard_filter_fn": _no_guards, "cpp.dynamic_threads": True}
         compiled = torch.compile(method, dynamic=False, fullgraph=True, options=options).aot_compile((args, {}))  # type: ignore[attr-defined]  # experimental, unstubbed
         compiled.save_compiled_function(str(folder / f"{shape.name}{SUFFIX}"), external_data={_MODEL_REF: model})
         functions[shape] = compiled

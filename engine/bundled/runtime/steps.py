@@ -20,13 +20,29 @@ from prebake.engine.common.logs import Countdown
 
 @dataclass(frozen=True)
 class Tactic:
-    """How one step shape runs: the attention implementation and the intra-op thread count."""
+    """How one step shape runs: the attention implementation. The thread count is no tactic: it is
+    the serving host's (torch's default there), read by every kernel when it runs (`threads_at_run_time`)."""
 
     attn_impl: str = "sdpa"
-    threads: int = 0  # 0: leave torch's default
 
     def label(self) -> str:
-        return f"attn_impl={self.attn_impl},threads={self.threads}"
+        return f"attn_impl={self.attn_impl}"
+
+
+def threads_at_run_time() -> None:
+    """Compile kernels that take their OpenMP thread count when they run, not when they are built.
+
+    With Inductor's `cpp.dynamic_threads` off (its default) every C++ kernel is generated for
+    `torch.get_num_threads()` of the compiling process (`#pragma omp parallel num_threads(N)`,
+    reduction buffers of N, no parallel region at all for 1), and that count joins the FX-graph and
+    AOTAutograd cache keys: a graph baked on a 1-core builder (or under `taskset`) serves one thread
+    per kernel on a 32-core host, and a start whose thread count differs from the bake's misses the
+    cache. On, kernels open `#pragma omp parallel` and size their buffers by omp_get_max_threads()
+    at run time, and the count leaves the keys (torch 2.13: codegen/cpp.py, codecache.py). Every
+    graphs variant compiles under it; docs/graphs-variants.md has the measurement."""
+    import torch._inductor.config as inductor_config
+
+    inductor_config.cpp.dynamic_threads = True
 
 
 class CompiledSteps:
@@ -40,6 +56,7 @@ class CompiledSteps:
         # moved to the cache's device here, and the logits come back to the CPU for sampling.
         self.device = cache.keys[0].device
         if compile:
+            threads_at_run_time()  # the builder and the engine alike: the same cache keys
             # Every bucket is one static graph: allow one recompilation per shape, never fall back to eager.
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, expected_shapes + 8)
             torch._dynamo.config.accumulated_recompile_limit = max(
@@ -54,7 +71,6 @@ class CompiledSteps:
             self._prefill, self._decode = model.prefill, model.decode
 
     def prefill(self, ids: torch.Tensor, lengths: torch.Tensor, slots: torch.Tensor, tactic: Tactic) -> torch.Tensor:
-        _threads(tactic)
         if self.device.type != "cpu":
             ids, lengths, slots = ids.to(self.device), lengths.to(self.device), slots.to(self.device)
             return self._prefill(ids, lengths, slots, self.cache, tactic.attn_impl).cpu()
@@ -63,7 +79,6 @@ class CompiledSteps:
     def decode(
         self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, ctx_len: int, tactic: Tactic
     ) -> torch.Tensor:
-        _threads(tactic)
         if self.device.type != "cpu":
             ids, positions, slots = ids.to(self.device), positions.to(self.device), slots.to(self.device)
             return self._decode(ids, positions, slots, self.cache, ctx_len, tactic.attn_impl).cpu()
@@ -88,8 +103,3 @@ class CompiledSteps:
             seconds[shape] = time.perf_counter() - started
             log("  " + countdown.line(f"warm-up {shape.name} [{tactic.label()}] {seconds[shape]:.2f} s"))
         return seconds
-
-
-def _threads(tactic: Tactic) -> None:
-    if tactic.threads and torch.get_num_threads() != tactic.threads:
-        torch.set_num_threads(tactic.threads)

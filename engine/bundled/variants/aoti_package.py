@@ -52,7 +52,9 @@ class AotiPackage(GraphsVariant):
             )
         inner = DynamoPrecompile().compile(job) if job.fallback != NO_FALLBACK else None
         tactics = dict(job.tactics)
-        package_s = aoti.compile_package(job.model, job.cache, tactics, job.out, mode=job.mode, log=job.log)
+        package_s = aoti.compile_package(
+            job.model, job.cache, tactics, job.out, mode=job.mode, log=job.log, workers=job.workers
+        )
         seconds = {s: package_s[s] + (inner.seconds[s] if inner else 0.0) for s in tactics}
         steps = aoti.load_package(job.model, job.cache, list(tactics), job.out)  # what a start loads, checked here
         if inner is None:

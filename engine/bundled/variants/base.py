@@ -21,6 +21,7 @@ from prebake.engine.bundled.runtime.parallel import Parallel  # torch-free: this
 from prebake.engine.bundled.runtime.shapes import StepShape
 
 if TYPE_CHECKING:  # torch's types, for the annotations only
+    from prebake.engine.bundled.runtime.aoti_workers import Workers
     from prebake.engine.bundled.runtime.model import KVCache, Llama
     from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
 
@@ -41,7 +42,7 @@ class CompileJob:
     out: Path
     log: Log
     fallback: str = "none"  # [compile] fallback: the variant this tree also carries, for a host where it does not load
-    workers: int = 1  # shapes compiled side by side
+    workers: Workers | None = None  # shapes compiled side by side in processes (runtime.aoti_workers)
     parallel: Parallel | None = None
 
 
