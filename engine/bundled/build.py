@@ -151,7 +151,8 @@ def _workers(model: Llama, cache: KVCache, recipe: Recipe, shapes: int, asked: i
     if cache.keys[0].device.type != "cpu" or asked == 1:
         return None
     dtype = next(name for name, value in TORCH_DTYPES.items() if value == cache.keys[0].dtype)
-    source = ModelSource(recipe.model, dtype, recipe.serving.max_num_seqs, recipe.serving.max_model_len)
+    placeholders = variant_of(recipe).compiles_without_weights(recipe.compile.fallback)
+    source = ModelSource(recipe.model, dtype, recipe.serving.max_num_seqs, recipe.serving.max_model_len, placeholders)
     tensors = [*model.parameters(), *model.buffers(), *cache.keys, *cache.values]
     return plan_workers(source, sum(t.numel() * t.element_size() for t in tensors), shapes, asked=asked)
 

@@ -168,7 +168,7 @@ def test_a_manifest_declaring_more_than_the_disk_holds_is_refused_up_front_with_
     from prebake.artifacts.store.settings import StoreLimits
 
     roomy = type(store)(home, StoreLimits(unpack=UnpackLimits(max_bytes=1 << 60)))
-    with pytest.raises(StoreError, match=r"needs .* free; free space, run `prebake store gc"):
+    with pytest.raises(StoreError, match=r"is full: installing .* needed .* MiB .* was free.*`prebake store gc"):
         in_force.fetch(roomy, FileRegistry(tmp_path / "registry"), manifest.the_key())
     _nothing_left(home)
 

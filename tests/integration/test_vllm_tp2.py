@@ -21,7 +21,7 @@ import pytest
 
 from prebake.artifacts.store.local import Store
 from prebake.engine.vllm import ranks
-from prebake.engine.vllm.process import CACHE_DIR, REPORT_FILE, Launch, free_port, start, stop, wait_ready
+from prebake.engine.vllm.process import CACHE_DIR, REPORT_FILE, Spawn, free_port, start, stop, wait_ready
 from prebake.registry.oci.kernel_cache import RANKS, build_image
 from tests.integration.test_vllm import MODEL, generate
 from tests.support.baking import BIN, Home
@@ -74,7 +74,7 @@ def test_a_prebaked_tp2_start_compiles_nothing_on_either_rank(baked, tmp_path):
     argv = (str(BIN / "prebake"), "serve", "--engine", "vllm", "--model", MODEL, "--precision", "bf16", "--tp", "2")
     argv += ("--registry", str(baked.root / "home" / "registry"), "--port", str(port))
     argv += ("--cache-root", str(tmp_path / "cache"))
-    running = start(Launch(argv, {**baked.env, **KV_CACHE}, None, tmp_path / "vllm.log"))
+    running = start(Spawn(argv, {**baked.env, **KV_CACHE}, None, tmp_path / "vllm.log"))
     try:
         seconds = wait_ready(running, f"http://127.0.0.1:{port}", timeout_s=900)
         tokens = generate(port)

@@ -37,6 +37,8 @@ def release_python(cache: Path, commit: str) -> tuple[Path, Path]:
             [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
         ).strip()
     )
-    shared = [p for p in sys.path if p.endswith("site-packages") and not p.startswith(str(REPO))]  # not ours
+    # every site-packages of this interpreter (a venv inside the checkout too: CI's is); this
+    # checkout's own code is not among them, and the release's code comes first on PYTHONPATH
+    shared = [p for p in sys.path if p.endswith("site-packages")]
     (site / "zz-prebake-packages.pth").write_text("".join(f"{p}\n" for p in shared))
     return python, code

@@ -42,11 +42,15 @@ class ModelSource:
     dtype: str
     max_num_seqs: int
     max_model_len: int
+    placeholders: bool = False  # the parent compiles on placeholder weights: so does the worker (none read)
 
     def build(self) -> tuple[Llama, KVCache]:
-        from prebake.engine.bundled.runtime.loader import load_model, torch_dtype
+        from prebake.engine.bundled.runtime.loader import load_model, placeholder_model, torch_dtype
 
-        model = load_model(self.spec, self.dtype)
+        if self.placeholders:
+            model = placeholder_model(self.spec, self.dtype)
+        else:
+            model = load_model(self.spec, self.dtype)
         cache = KVCache.allocate(model.config, self.max_num_seqs, self.max_model_len, dtype=torch_dtype(self.dtype))
         return model, cache
 
