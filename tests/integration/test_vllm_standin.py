@@ -161,15 +161,7 @@ def test_a_miss_starts_from_an_empty_root_and_write_back_publishes_what_vllm_com
     assert {m.key.kind for m in cold.misses} == {"buckets", "autotune", "graphs"}
     assert not any((cold.cache_root / CACHE_DIR).iterdir())
 
-    port = free_port()
-    running = start(
-        Spawn((*cold.argv, "--port", str(port)), cold.child_env(dict(os.environ)), cold.cwd, tmp_path / "cold.log")
-    )
-    try:
-        seconds = wait_ready(running, f"http://127.0.0.1:{port}", timeout_s=60)
-        published = write_back(cold, Context(store, host, registry.url, given_registry=registry), seconds)
-    finally:
-        stop(running)
+    published = _serve_and_write_back(cold, store, host, registry, tmp_path)
     warm = _prepare(folder_model_recipe, Store(tmp_path / "home2"), registry, host, monkeypatch, tmp_path)
 
     assert [line.split(":")[0] for line in published] == ["buckets", "autotune", "graphs"]
@@ -265,15 +257,7 @@ def test_by_default_vllm_write_back_lands_in_quarantine_and_serves_others_only_o
     registry = open_registry(str(tmp_path / "registry"))
     store = Store(tmp_path / "home")
     cold = _prepare(folder_model_recipe, store, registry, host, monkeypatch, tmp_path)
-    port = free_port()
-    running = start(
-        Spawn((*cold.argv, "--port", str(port)), cold.child_env(dict(os.environ)), cold.cwd, tmp_path / "cold.log")
-    )
-    try:
-        seconds = wait_ready(running, f"http://127.0.0.1:{port}", timeout_s=60)
-        published = write_back(cold, Context(store, host, registry.url, given_registry=registry), seconds)
-    finally:
-        stop(running)
+    published = _serve_and_write_back(cold, store, host, registry, tmp_path)
     assert all("quarantine: awaiting `prebake promote`" in line for line in published), published
     assert list(registry.list()) == []  # nothing a pod compiled reached the index
     incoming = open_registry(quarantine_address(registry.url))
@@ -302,3 +286,17 @@ def test_by_default_vllm_write_back_lands_in_quarantine_and_serves_others_only_o
     assert list(incoming.list()) == []  # moved out of the quarantine's index
     warm = _prepare(folder_model_recipe, Store(tmp_path / "home3"), registry, host, monkeypatch, tmp_path)
     assert warm.misses == ()
+
+
+def _serve_and_write_back(cold, store, host, registry, tmp_path):
+    """Start the stand-in from a cold start's prepared command, write back what it compiled, stop it;
+    the write-back's lines."""
+    port = free_port()
+    running = start(
+        Spawn((*cold.argv, "--port", str(port)), cold.child_env(dict(os.environ)), cold.cwd, tmp_path / "cold.log")
+    )
+    try:
+        seconds = wait_ready(running, f"http://127.0.0.1:{port}", timeout_s=60)
+        return write_back(cold, Context(store, host, registry.url, given_registry=registry), seconds)
+    finally:
+        stop(running)
