@@ -5,6 +5,7 @@ The equality tests run real ranks: two processes over gloo on 127.0.0.1 (tests/s
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -112,3 +113,27 @@ def test_the_first_rank_that_says_no_decides_and_is_named():
     assert agree(None, "why") == ["why"]
     assert first_refusal([None, None]) is None
     assert first_refusal([None, "lacks AVX512", "damaged"]) == "rank 1: lacks AVX512"
+
+
+_AGREE = """
+import json, sys
+from prebake.engine.bundled.runtime.lockstep import agree, from_rank0, join, leave
+rank, port = int(sys.argv[1]), int(sys.argv[2])
+parallel = join(rank, 2, port)
+answers = agree(parallel, None if rank == 0 else "rank one's reason, longer than rank zero's" * rank)
+decided = from_rank0(parallel, {"shapes": [[1, 2, 3]], "from": rank})
+leave()
+print(json.dumps([answers, decided]))
+"""
+
+
+def test_two_real_ranks_gather_answers_of_different_sizes_and_rank0s_decision():
+    port = _free_port()
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _AGREE, str(r), str(port)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+        for r in range(2)
+    ]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    expected = [[None, "rank one's reason, longer than rank zero's"], {"shapes": [[1, 2, 3]], "from": 0}]
+    assert [json.loads(out) for out in outs] == [expected, expected]

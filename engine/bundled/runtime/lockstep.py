@@ -8,13 +8,16 @@
     follow(steps)             ranks 1..: run every step rank 0 broadcasts, until it says stop
 
 A step's collectives (the all-reduces inside the model) then line up on every rank. A rank
-waiting for the next step is kept inside the group's timeout by a heartbeat from rank 0.
+waiting for the next step is kept inside the group's timeout by a heartbeat from rank 0. Every
+collective issued from Python keeps its work alive here a while (`_Held`: why, there).
 """
 
 from __future__ import annotations
 
+import pickle
 import threading
 import time
+from collections import deque
 from datetime import timedelta
 from typing import TypeVar
 
@@ -42,22 +45,59 @@ def leave() -> None:
         dist.destroy_process_group()
 
 
+class _Held:
+    """The works of the last few rounds of collectives issued from Python, kept alive on purpose.
+
+    A gloo work holds its tensors; a tensor made in Python gives its Python object back (a decref,
+    under the GIL) when the last C++ reference goes. When gloo's worker thread drops that last
+    reference, it does so holding the group's queue mutex and waits for the GIL; an AOTInductor
+    package's all-reduce, called on a Python thread that keeps the GIL while the package runs, waits
+    for that mutex: both ranks hang (seen here with py-spy, torch 2.13 gloo: rank 1 in
+    `ProcessGroupGloo::enqueue`, gloo's thread in `~AsyncWork` -> `gil_scoped_acquire`). Kept here
+    until dozens of collectives later, a work's last reference goes on a Python thread instead,
+    long after gloo's worker let go of it."""
+
+    def __init__(self, works: int = 64) -> None:
+        self._works: deque[dist.Work] = deque(maxlen=works)
+
+    def run(self, work: dist.Work | None) -> None:
+        """Wait for `work` (the GIL released meanwhile), then keep it while the next ones run."""
+        assert work is not None  # async_op=True always returns one
+        work.wait()
+        self._works.append(work)
+
+
+_HELD = _Held()
+
+
+def _broadcast(*tensors: torch.Tensor) -> None:
+    for tensor in tensors:  # one at a time, in the same order on every rank
+        _HELD.run(dist.broadcast(tensor, src=0, async_op=True))
+
+
+def _gather(parallel: Parallel, value: object) -> list:
+    """Every rank's `value` (pickled), in rank order: torch's all_gather_object, with its works held."""
+    mine = torch.frombuffer(bytearray(pickle.dumps(value)), dtype=torch.uint8)
+    sizes = [torch.zeros(1, dtype=torch.long) for _ in range(parallel.world)]
+    _HELD.run(dist.all_gather(sizes, torch.tensor([mine.numel()]), async_op=True))
+    longest = max(int(size.item()) for size in sizes)
+    padded = torch.zeros(longest, dtype=torch.uint8)
+    padded[: mine.numel()] = mine
+    rows = [torch.zeros(longest, dtype=torch.uint8) for _ in range(parallel.world)]
+    _HELD.run(dist.all_gather(rows, padded, async_op=True))
+    return [pickle.loads(row[: int(size.item())].numpy().tobytes()) for row, size in zip(rows, sizes)]
+
+
 def agree(parallel: Parallel | None, answer: str | None) -> list[str | None]:
     """Every rank's `answer` (None: yes; else why not), in rank order; [answer] at tp=1."""
     if parallel is None or parallel.world == 1:
         return [answer]
-    answers: list[str | None] = [None] * parallel.world
-    dist.all_gather_object(answers, answer)
-    return answers
+    return _gather(parallel, answer)
 
 
 def from_rank0(parallel: Parallel, value: T) -> T:
     """Rank 0's `value` on every rank (what rank 0 decided: the schedule of step shapes and tactics)."""
-    # an all-gather, not broadcast_object_list: after that one, the package's first all-reduce on the
-    # scheduler's thread never completed here (torch 2.13, gloo; seen, not root-caused)
-    answers: list[T | None] = [None] * parallel.world
-    dist.all_gather_object(answers, value if parallel.rank == 0 else None)
-    return answers[0]  # type: ignore[return-value]  # rank 0's, of the same type
+    return _gather(parallel, value if parallel.rank == 0 else None)[0]
 
 
 def first_refusal(answers: list[str | None]) -> str | None:
@@ -113,17 +153,15 @@ class Lockstep(CompiledSteps):
 
 def _send(op: int, tokens: int, ctx_len: int, tactic: Tactic, *rows: torch.Tensor) -> None:
     batch = rows[0].shape[0] if rows else 0
-    header = torch.tensor([op, batch, tokens, ctx_len, ATTN_IMPLS.index(tactic.attn_impl)])
-    dist.broadcast(header, src=0)
-    for row in rows:
-        dist.broadcast(row.contiguous(), src=0)
+    _broadcast(torch.tensor([op, batch, tokens, ctx_len, ATTN_IMPLS.index(tactic.attn_impl)]))
+    _broadcast(*(row.contiguous() for row in rows))
 
 
 def follow(steps: CompiledSteps) -> None:
     """Run every step rank 0 broadcasts, until it broadcasts stop (or the group fails: raised)."""
-    header = torch.zeros(5, dtype=torch.long)
     while True:
-        dist.broadcast(header, src=0)
+        header = torch.zeros(5, dtype=torch.long)
+        _broadcast(header)
         op, batch, tokens, ctx_len, attn = header.tolist()
         if op == _STOP:
             return
@@ -132,8 +170,7 @@ def follow(steps: CompiledSteps) -> None:
         tactic = Tactic(ATTN_IMPLS[attn])
         ids = torch.zeros((batch, tokens) if op == _PREFILL else (batch,), dtype=torch.long)
         per_row, slots = torch.zeros(batch, dtype=torch.long), torch.zeros(batch, dtype=torch.long)
-        for row in (ids, per_row, slots):
-            dist.broadcast(row, src=0)
+        _broadcast(ids, per_row, slots)
         if op == _PREFILL:
             steps.prefill(ids, per_row, slots, tactic)
         else:
