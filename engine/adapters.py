@@ -78,6 +78,11 @@ def kinds_for(recipe: Recipe, target: Target) -> KindTable:
     return KindTable([BUCKETS, *adapter_for(recipe, target).spec.kinds])
 
 
+def refusal(recipe: Recipe, target: Target) -> str | None:
+    """Why the target's engine cannot build or serve it (EngineSpec.refuses), or None."""
+    return adapter_for(recipe, target).spec.refuses(recipe, target)
+
+
 __all__ = [
     "ADAPTERS",
     "EngineAdapter",
@@ -86,6 +91,7 @@ __all__ = [
     "adapter_named",
     "kind_names",
     "kinds_for",
+    "refusal",
     "register",
     "start_options",
 ]

@@ -166,8 +166,10 @@ def plan_fleet(
     kinds_for: KindsFor,
     registry: str = "",
     host_independent: Iterable[str] | None = None,
+    refuses: Callable[[Recipe, Target], str | None] = lambda recipe, target: None,
 ) -> FleetPlan:
-    """TargetKeys every wanted target: keys from its profile, one index lookup per known key.
+    """TargetKeys every wanted target: keys from its profile, one index lookup per known key; a
+    target its engine `refuses` (why, or None) is unbuildable everywhere, with that reason.
 
     `published(kind, key_digest)` answers from the registry's index; it is called from a few
     threads at once, so a remote registry's round trips overlap.
@@ -175,7 +177,7 @@ def plan_fleet(
     independent = set(
         host_independent if host_independent is not None else host_independent_kinds(recipe, here, kinds_for)
     )
-    drafts = [_draft(recipe, t, here, profiles, independent, kinds_for(recipe, t)) for t in wanted]
+    drafts = [_draft(recipe, t, here, profiles, independent, kinds_for(recipe, t), refuses(recipe, t)) for t in wanted]
     queries = sorted({(k.kind, k.key_digest) for d in drafts for k in d.kinds if k.key_digest})
     with ThreadPoolExecutor(max_workers=_LOOKUP_THREADS) as pool:
         answers = dict(zip(queries, pool.map(lambda q: published(*q), queries)))
@@ -235,12 +237,16 @@ def _draft(
     profiles: Sequence[Profile],
     independent: set[str],
     kinds: KindTable,
+    refused: str | None,
 ) -> TargetPlan:
     profile = next((p for p in profiles if matches(target, p.host)), None)
     if profile is None and matches(target, here):
         profile = Profile("this host", here)
-    buildable_here = matches(target, here) and here.can_build(parse_platform(target.platform)[0], target.dtype)[0]
     need = requirement(target, profile)
+    if refused is not None:  # the engine builds it nowhere
+        states = tuple(KindState(kind, UNBUILDABLE) for kind in kinds.names)
+        return TargetPlan(target, need, profile.name if profile else None, states, False, refused)
+    buildable_here = matches(target, here) and here.can_build(parse_platform(target.platform)[0], target.dtype)[0]
     if profile is not None:
         ok, why = profile.host.can_build(need.device, target.dtype)
         if not ok:

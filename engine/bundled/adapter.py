@@ -37,7 +37,7 @@ from prebake.engine.bundled.cache_layout import (
     engine_environment,
     private_graphs_tree,
 )
-from prebake.engine.bundled.variants import DEFAULT_VARIANT, served, variant
+from prebake.engine.bundled.variants import DEFAULT_VARIANT, served, variant, variant_of
 from prebake.engine.common import starter
 from prebake.engine.common.adapter import (
     EngineOption,
@@ -153,6 +153,7 @@ SPEC = EngineSpec(
     variants=served(),  # prebake.engine.bundled.variants: one module and one registration line each
     packages=(),  # torch and its stack are every kind's factors already (prebake.engine.common.probe.Software)
     settings=None,  # it reads [compile] and [autotune]; it has no [engine] table
+    refuses=lambda recipe, target: variant_of(recipe).refuses(target),  # e.g. a variant traced on one rank, at tp 2
     options=(
         EngineOption(
             "--eager", "compilation off: serve the eager model (the benchmark's floor)", type=bool, default=False

@@ -32,7 +32,7 @@ from prebake.artifacts.fetch.outcome import Miss
 from prebake.artifacts.frozen import Frozen
 from prebake.artifacts.ports.registry import Registry, TrustCheck
 from prebake.artifacts.recipe.kinds import Kind, TargetKeys
-from prebake.artifacts.recipe.schema import Recipe
+from prebake.artifacts.recipe.schema import Recipe, Target
 from prebake.artifacts.store.local import Installed, Store
 from prebake.engine.common.probe import Host, Package
 from prebake.registry.review.writeback import WriteBackTarget
@@ -121,6 +121,9 @@ class EngineSpec:
     packages: tuple[Package, ...] = ()  # its software factors (joined to its kinds' keys)
     settings: type[Frozen] | None = None  # its recipe's [engine] table (None: it takes none)
     options: tuple[EngineOption, ...] = ()  # its start options, each declared once (the CLI's flags)
+    # why it cannot build or serve a target of a recipe (its variant at that tp, say), or None: the
+    # fleet plan marks such a target unbuildable, with this reason, instead of "here: yes"
+    refuses: Callable[[Recipe, Target], str | None] = lambda recipe, target: None
 
     @property
     def default_variant(self) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from prebake.artifacts.bake.fleet_plan import FleetPlan, plan_fleet
 from prebake.artifacts.fetch.gate import accepted_entry
 from prebake.artifacts.recipe.schema import load_recipe, targets
-from prebake.engine.adapters import kinds_for
+from prebake.engine.adapters import kinds_for, refusal
 from prebake.engine.compose import Context
 from prebake.engine.fleet.profiles import load_profiles
 
@@ -27,5 +27,6 @@ def make_plan(
             accepted_entry(opened, kind, digest, context.trust) is not None
         ),  # refused: work to do
         kinds_for=kinds_for,
+        refuses=refusal,
         registry=opened.url,
     )

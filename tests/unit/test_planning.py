@@ -18,12 +18,13 @@ from prebake.artifacts.bake.fleet_plan import (
 from prebake.artifacts.errors import RecipeError
 from prebake.artifacts.recipe.kinds import target_keys
 from prebake.artifacts.recipe.schema import load_recipe, targets
-from prebake.engine.adapters import kinds_for
+from prebake.engine.adapters import kinds_for, refusal
 from prebake.engine.cli import main
 from prebake.engine.common.probe import Host, Platform, Software, current_host
 from prebake.engine.fleet.profiles import host_profile, load_profiles, render_toml, to_profile
 from prebake.registry.backends.file import FileRegistry
 from tests.support.fleet import fill_registry, write_entry
+from tests.support.serving import write_recipe
 
 NO_ENGINE_PACKAGES = (("vllm", None), ("vllm_gaudi", None))  # the vLLM adapter's, not installed
 
@@ -45,6 +46,7 @@ def _plan(recipe, profiles, present=frozenset()):
         profiles=profiles,
         published=lambda k, d: (k, d) in present,
         kinds_for=kinds_for,
+        refuses=refusal,
     )
 
 
@@ -189,3 +191,15 @@ def test_version(argv, capsys):
     with pytest.raises(SystemExit) as done:
         main(argv)
     assert done.value.code == 0 and capsys.readouterr().out.startswith("prebake ")
+
+
+@pytest.mark.parametrize("variant", ["dynamo-precompile", "inductor-cache"])
+def test_a_tp_target_its_variant_refuses_is_unbuildable_here_too_naming_why(tmp_path, variant):
+    write_recipe(tmp_path, "tp-plan", variant=variant, seqs=2)
+    path = tmp_path / "tp-plan.toml"
+    path.write_text(path.read_text().replace('platform = ["cpu"]', 'platform = ["cpu"]\ntp = [1, 2]'))
+    plan = {t.id: t for t in _plan(load_recipe(str(path)), []).targets}
+    one, two = plan["tp-plan/cpu/tp1/fp32"], plan["tp-plan/cpu/tp2/fp32"]
+    assert one.buildable_here and one.status == "missing"
+    assert not two.buildable_here and two.status == "unbuildable"
+    assert "does not serve at tp 2" in (two.reason or "") and "variant = 'aoti-package'" in (two.reason or "")
