@@ -5,7 +5,9 @@ in the fault tally's summary line (tests/support/scenarios.py)."""
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import shutil
 import subprocess
 import sys
@@ -281,3 +283,28 @@ def test_a_tree_held_from_another_mount_namespace_survives_a_gc_here(tmp_path, s
         again = json.loads(prebake("store", "gc", "--max-size", "0", "--json", env=prebake_env(home)).stdout)
         assert graphs.blob.digest in again["evicted"], again
         _assert_clean(home)
+
+
+def test_a_lease_the_full_disk_cannot_make_is_one_warning_and_taken_once_space_is_freed(tmp_path, scenario, caplog):
+    """A lease file is made when the tree is first held; on a disk out of room for one more file (a
+    tmpfs out of inodes: an empty file needs no blocks), serving goes on unleased, with one warning."""
+    from prebake.artifacts.store.leases import hold, lease_file
+    from prebake.artifacts.store.paths import StorePaths
+
+    scenario.volume("tmpfs (full)")
+    with mounts.tmpfs(tmp_path / "disk", 1 << 20, inodes=64) as disk:
+        paths, hexd = StorePaths(disk / "store"), "ab" * 32
+        lease_file(paths, hexd)  # its folder, as install leaves it
+        with pytest.raises(OSError) as full:
+            for n in range(100):
+                (disk / f"filler-{n}").touch()
+        assert full.value.errno == errno.ENOSPC
+        with caplog.at_level(logging.WARNING, logger="prebake.store"):
+            assert hold(paths, hexd) is None
+            assert hold(paths, hexd) is None
+        warned = [r.getMessage() for r in caplog.records if "cannot hold a lease" in r.getMessage()]
+        assert len(warned) == 1 and "(read-only or full)" in warned[0], caplog.text
+        (disk / "filler-0").unlink()
+        lease = hold(paths, hexd)
+        assert lease is not None and paths.lease(hexd).exists()
+        lease.release()

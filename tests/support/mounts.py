@@ -48,10 +48,12 @@ def _mount(*args: str) -> None:
 
 
 @contextmanager
-def tmpfs(path: Path, size: int) -> Iterator[Path]:
+def tmpfs(path: Path, size: int, *, inodes: int | None = None) -> Iterator[Path]:
+    """A tmpfs of `size` bytes (and at most `inodes` files and folders: a disk out of inodes) at `path`."""
     need_mount()
     path.mkdir(parents=True, exist_ok=True)
-    _mount("-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path))
+    options = f"size={size}" + (f",nr_inodes={inodes}" if inodes else "")
+    _mount("-t", "tmpfs", "-o", options, "tmpfs", str(path))
     try:
         yield path
     finally:
