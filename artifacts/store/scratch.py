@@ -1,5 +1,7 @@
 """Scratch folders: tmp/<name>, private to one process while it builds or downloads there, owned
-through locks/scratch-<name>.lock; recovery deletes the folder of an owner that died.
+through locks/scratch-<name>.lock; recovery deletes the folder of an owner that died. A store that
+cannot hold one (read-only, nearly full) gets one in the system's temporary folder instead, owned
+through a lock beside it; the next such folder made there removes those whose owner died.
 """
 
 from __future__ import annotations
@@ -35,8 +37,13 @@ class Scratches:
 
     def elsewhere(self, name: str, why: str) -> Path:
         """A fresh private folder in the system's temporary folder, for a store that is `why` (read-only,
-        nearly full); removed by its owner as a store scratch is, and by nobody if the owner dies."""
-        path = Path(tempfile.mkdtemp(prefix=f"prebake-{name}-"))
+        nearly full); removed by its owner as a store scratch is, or by a later one once the owner died."""
+        self._release_finished()
+        sweep_elsewhere(Path(tempfile.gettempdir()))
+        path = Path(tempfile.mkdtemp(prefix=f"{ELSEWHERE_PREFIX}{name}-"))
+        lock = fsutil.Flock.acquire(_owner_lock(path), wait=False)
+        assert lock is not None  # a fresh name: nobody else can hold its lock
+        self._owned[path] = lock
         warn_once(
             self.paths.home,
             "read-only" if why == "read-only" else "scratch",  # a read-only store said it once already
@@ -47,6 +54,27 @@ class Scratches:
     def _release_finished(self) -> None:
         for path in [p for p in self._owned if not p.exists()]:
             self._owned.pop(path).release(unlink=True)
+
+
+ELSEWHERE_PREFIX = "prebake-"
+
+
+def _owner_lock(folder: Path) -> Path:
+    return folder.with_name(folder.name + ".owner.lock")
+
+
+def sweep_elsewhere(temp: Path) -> int:
+    """Remove the scratch folders in `temp` whose owner died (their lock beside them is free); how many.
+    A folder without such a lock (another program's, or one being made) is left alone."""
+    removed = 0
+    for lock_path in temp.glob(f"{ELSEWHERE_PREFIX}*.owner.lock"):
+        lock = fsutil.Flock.acquire(lock_path, wait=False)
+        if lock is None:  # its owner is alive
+            continue
+        shutil.rmtree(lock_path.with_name(lock_path.name.removesuffix(".owner.lock")), ignore_errors=True)
+        lock.release(unlink=True)
+        removed += 1
+    return removed
 
 
 def remove_leftover(paths: StorePaths, path: Path) -> int:

@@ -39,3 +39,48 @@ def test_a_real_tmpfs_reads_as_local_and_writable_until_remounted_read_only(tmp_
         assert writable(disk / "store")
         with mounts.read_only(disk):
             assert not writable(disk / "store")
+
+
+_OWNER = """
+import sys, time
+from pathlib import Path
+from prebake.artifacts.store.paths import StorePaths
+from prebake.artifacts.store.scratch import Scratches
+print(Scratches(StorePaths(Path(sys.argv[1]))).elsewhere("graphs", "nearly full"), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_scratch_elsewhere_whose_owner_died_is_swept_by_the_next_and_a_live_ones_is_left(tmp_path, monkeypatch):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+
+    from prebake.artifacts.store.paths import StorePaths
+    from prebake.artifacts.store.scratch import Scratches
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp)}
+    owners = [
+        subprocess.Popen(
+            [sys.executable, "-c", _OWNER, str(tmp_path / "store")], env=env, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    dead, alive = (Path(p.stdout.readline().strip()) for p in owners)  # type: ignore[union-attr]
+    try:
+        (dead / "half-compiled.o").write_bytes(b"x" * 1000)
+        owners[0].send_signal(signal.SIGKILL)
+        owners[0].wait(30)
+        other = temp / "someone-elses"  # not a prebake scratch: never touched
+        other.mkdir()
+        monkeypatch.setattr(tempfile, "tempdir", str(temp))
+        mine = Scratches(StorePaths(tmp_path / "store")).elsewhere("graphs", "nearly full")
+        assert not dead.exists() and not (temp / (dead.name + ".owner.lock")).exists()
+        assert alive.is_dir() and mine.is_dir() and other.is_dir()
+    finally:
+        owners[1].kill()
+        owners[1].wait(30)
