@@ -117,16 +117,6 @@ def record_outcomes(
     _append(store, *(_hit(m, source) for m, source in hits), *(_miss(*miss) for miss in misses))
 
 
-def record_hit(store: Store, manifest: Manifest, source: Literal["store", "registry"]) -> None:
-    """A bundle answered its key, from the store or downloaded from the registry."""
-    _append(store, _hit(manifest, source))
-
-
-def record_miss(store: Store, kind: str, reason: str, differing: Iterable[str] = (), key: str = "") -> None:
-    """Nothing usable answered a `kind` key; `differing` names the factors the nearest bundle differs in."""
-    _append(store, _miss(kind, reason, differing, key))
-
-
 def record_fallback(store: Store, kind: str, seconds: float | None = None) -> None:
     """A `kind` artifact was compiled in place because its bundle missed."""
     _append(store, _event("fallback", kind, "", seconds=max(0.0, seconds or 0.0)))

@@ -42,8 +42,8 @@ def _publish(tmp_path, registry, model="tiny-llama", build_seconds=None):
 
 def test_a_registry_hit_then_a_store_hit_count_bytes_once_and_save_the_build_time_twice(tmp_path, store):
     manifest = make_bundle(tmp_path).manifest.model_copy(update={"build_seconds": 2.5})
-    stats.record_hit(store, manifest, "registry")
-    stats.record_hit(store, manifest, "store")
+    stats.record_outcomes(store, [(manifest, "registry")], [])
+    stats.record_outcomes(store, [(manifest, "store")], [])
     graphs = stats.read_stats(store).to_json()["kinds"]["graphs"]
     assert graphs["registry_hits"] == 1 and graphs["store_hits"] == 1 and graphs["misses"] == 0
     assert graphs["hit_rate"] == 1.0
@@ -58,7 +58,7 @@ def test_a_miss_records_its_reason_class_text_and_the_factors_that_differ(tmp_pa
     )
     miss = fetch_key(store, registry, other)
     assert isinstance(miss, Miss)
-    stats.record_miss(store, "graphs", miss.reason, miss.differing, key=other.digest)
+    stats.record_outcomes(store, [], [("graphs", miss.reason, miss.differing, other.digest)])
     report = stats.read_stats(store).to_json()
     assert report["kinds"]["graphs"]["misses"] == 1 and report["kinds"]["graphs"]["hit_rate"] == 0.0
     [reason] = report["miss_reasons"]
@@ -67,7 +67,7 @@ def test_a_miss_records_its_reason_class_text_and_the_factors_that_differ(tmp_pa
 
 
 def test_bundles_baked_before_build_times_were_recorded_count_as_untimed_hits(tmp_path, store):
-    stats.record_hit(store, make_bundle(tmp_path).manifest, "registry")
+    stats.record_outcomes(store, [(make_bundle(tmp_path).manifest, "registry")], [])
     total = stats.read_stats(store).to_json()["total"]
     assert total["hits"] == 1 and total["seconds_saved"] == 0 and total["untimed_hits"] == 1
 
@@ -115,7 +115,7 @@ def test_a_variant_that_did_not_load_is_counted_apart_from_misses_and_compiles(s
 
 
 def test_zero_prints_the_counts_then_starts_again(store):
-    stats.record_miss(store, "graphs", "no bundle for this key in x")
+    stats.record_outcomes(store, [], [("graphs", "no bundle for this key in x", (), "")])
     zeroed = stats.read_stats(store, zero=True)
     assert zeroed.zeroed and zeroed.to_json()["events"] == 1
     after = stats.read_stats(store).to_json()
@@ -150,7 +150,7 @@ def test_an_unwritable_stats_folder_loses_the_event_not_the_caller(store):
 
 def test_compaction_keeps_every_count(store):
     for i in range(5):
-        stats.record_miss(store, "graphs", f"no bundle for this key in r{i}", ["software.torch"])
+        stats.record_outcomes(store, [], [("graphs", f"no bundle for this key in r{i}", ["software.torch"], "")])
     stats.compact(store)
     stats.record_fallback(store, "graphs", 1.0)
     folder = store.home / "stats"
@@ -195,11 +195,11 @@ _WRITER = textwrap.dedent(
     n = int(sys.argv[2])
     for i in range(n):
         if i % 3 == 0:
-            stats.record_miss(store, "graphs", "no bundle for this key in r", ["software.torch"])
+            stats.record_outcomes(store, [], [("graphs", "no bundle for this key in r", ["software.torch"], "")])
         elif i % 3 == 1:
             stats.record_fallback(store, "autotune", 0.5)
         else:
-            stats.record_miss(store, "buckets", "registry r did not answer within 5 s")
+            stats.record_outcomes(store, [], [("buckets", "registry r did not answer within 5 s", (), "")])
     """
 )
 
@@ -226,7 +226,7 @@ def test_many_processes_recording_at_once_lose_and_double_no_event(store):
 
 def test_prebake_stats_prints_a_table_and_json(store, monkeypatch, capsys):
     monkeypatch.setenv("PREBAKE_HOME", str(store.home))
-    stats.record_miss(store, "graphs", "no bundle for this key in r", ["software.torch"])
+    stats.record_outcomes(store, [], [("graphs", "no bundle for this key in r", ["software.torch"], "")])
     stats.record_fallback(store, "graphs", 3.0)
     assert main(["stats"]) == 0
     out = capsys.readouterr().out
