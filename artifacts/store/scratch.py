@@ -56,22 +56,22 @@ class Scratches:
             self._owned.pop(path).release(unlink=True)
 
 
-ELSEWHERE_PREFIX = "prebake-"
+ELSEWHERE_PREFIX, _OWNER_LOCK = "prebake-", ".owner.lock"
 
 
 def _owner_lock(folder: Path) -> Path:
-    return folder.with_name(folder.name + ".owner.lock")
+    return folder.with_name(folder.name + _OWNER_LOCK)
 
 
 def sweep_elsewhere(temp: Path) -> int:
     """Remove the scratch folders in `temp` whose owner died (their lock beside them is free); how many.
     A folder without such a lock (another program's, or one being made) is left alone."""
     removed = 0
-    for lock_path in temp.glob(f"{ELSEWHERE_PREFIX}*.owner.lock"):
+    for lock_path in temp.glob(f"{ELSEWHERE_PREFIX}*{_OWNER_LOCK}"):
         lock = fsutil.Flock.acquire(lock_path, wait=False)
         if lock is None:  # its owner is alive
             continue
-        shutil.rmtree(lock_path.with_name(lock_path.name.removesuffix(".owner.lock")), ignore_errors=True)
+        shutil.rmtree(lock_path.with_name(lock_path.name.removesuffix(_OWNER_LOCK)), ignore_errors=True)
         lock.release(unlink=True)
         removed += 1
     return removed

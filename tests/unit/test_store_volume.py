@@ -3,8 +3,15 @@ is a network one whose locks may be local to each node, and the refusal a writer
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
+from prebake.artifacts.store.paths import StorePaths
+from prebake.artifacts.store.scratch import Scratches
 from prebake.artifacts.store.volume import filesystem, shared_kind, shared_refusal, writable
 from tests.support import mounts
 
@@ -52,15 +59,6 @@ time.sleep(600)
 
 
 def test_a_scratch_elsewhere_whose_owner_died_is_swept_by_the_next_and_a_live_ones_is_left(tmp_path, monkeypatch):
-    import os
-    import signal
-    import subprocess
-    import sys
-    import tempfile
-
-    from prebake.artifacts.store.paths import StorePaths
-    from prebake.artifacts.store.scratch import Scratches
-
     temp = tmp_path / "tmp"
     temp.mkdir()
     env = {**os.environ, "TMPDIR": str(temp)}
