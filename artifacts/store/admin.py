@@ -1,7 +1,5 @@
-"""The operator's view of a store: what is installed, whether it is whole, and removing bundles.
+"""The operator's view of a store: whether it is whole, and removing bundles (what it holds: inventory.py).
 
-`list_bundles` reads the store's inventory (one row per blob: its tree, its blob file, the
-index entries naming it, its size, its last use, whether a live engine holds it).
 `verify_store` re-hashes every tree file and blob against the manifest naming it and, with
 `fix`, removes each broken bundle (index entries, tree, blob) so the next fetch installs it
 again; a bundle held by a live engine is never removed, only reported. `select` and
@@ -12,95 +10,24 @@ running gc; each refuses first a folder registry that shares the store's folder 
 
 from __future__ import annotations
 
-import os
 import re
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from prebake.artifacts import fsutil
-from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
 from prebake.artifacts.bundle.payload import file_digest
 from prebake.artifacts.bundle.unpack import tree_problems
-from prebake.artifacts.errors import BundleError, PrebakeError, StoreError
+from prebake.artifacts.errors import PrebakeError, StoreError
 from prebake.artifacts.layout import parse_index_relpath
-from prebake.artifacts.store.eviction import GcReport, Refuses, StoreEntry
-from prebake.artifacts.store.health import Damaged, check_hit, other_schema, quarantine
+from prebake.artifacts.store.eviction import GcReport, Refuses
+from prebake.artifacts.store.health import Damaged, check_hit, quarantine
+from prebake.artifacts.store.inventory import StoredBundle, list_bundles
 from prebake.artifacts.store.local import Store
 from prebake.artifacts.store.overlap import check_apart
 
 _HEX_PREFIX = re.compile(r"^(?:sha256:)?([0-9a-f]{4,64})$")
-
-
-@dataclass(frozen=True)
-class StoredBundle:
-    """One bundle in the store: its blob (hex), the manifests naming it, and its state."""
-
-    entry: StoreEntry
-    manifests: tuple[Manifest, ...]
-    unreadable: tuple[str, ...]  # index entries naming it that do not parse: why
-    has_tree: bool
-    has_blob: bool
-    held: bool
-    holders: tuple[int, ...]  # pids holding it, where the kernel says (Linux /proc/locks)
-
-    @property
-    def hex(self) -> str:
-        return self.entry.hex
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "blob": "sha256:" + self.hex,
-            "bytes": self.entry.bytes,
-            "tree": self.has_tree,
-            "blob_file": self.has_blob,
-            "last_use": _iso_ns(self.entry.last_use_ns),
-            "held": self.held,
-            "holders": list(self.holders),
-            "entries": [
-                {
-                    "kind": m.kind,
-                    "key": m.key_digest,
-                    "model": m.labels.get("model"),
-                    "labels": dict(m.labels),
-                    "created": m.created,
-                    "build_seconds": m.build_seconds,
-                }
-                for m in self.manifests
-            ],
-            "unreadable_entries": list(self.unreadable),
-        }
-
-
-def list_bundles(store: Store) -> tuple[StoredBundle, ...]:
-    """Every bundle in the store, most recently used first."""
-    store.check_readable()
-    bundles = []
-    for entry in reversed(store.inventory()):
-        manifests, unreadable = [], []
-        for path in entry.index:
-            raw = b""
-            try:
-                raw = fsutil.read_bounded(path, MAX_MANIFEST_BYTES)
-                manifests.append(Manifest.parse(raw, str(path)))
-            except (OSError, PrebakeError) as exc:
-                if not (isinstance(exc, BundleError) and other_schema(raw)):  # another release's: not damage
-                    unreadable.append(f"{path.relative_to(store.home)}: {exc}")
-        held = store.held(entry.hex)
-        bundles.append(
-            StoredBundle(
-                entry,
-                tuple(manifests),
-                tuple(unreadable),
-                (store.home / "trees" / entry.hex).is_dir(),
-                store.blob_path("sha256:" + entry.hex).is_file(),
-                held,
-                _holders(store.home / "leases" / entry.hex) if held else (),
-            )
-        )
-    return tuple(bundles)
 
 
 # -- verify -----------------------------------------------------------------------------------
@@ -354,32 +281,6 @@ def _describe(b: StoredBundle) -> str:
 def _held_text(b: StoredBundle) -> str:
     pids = f" (pid {', '.join(map(str, b.holders))})" if b.holders else ""
     return f"held by a live engine{pids}"
-
-
-def _holders(lease: Path) -> tuple[int, ...]:
-    """Pids with a flock on `lease`, from /proc/locks (Linux); () where that cannot be read."""
-    try:
-        st = lease.stat()
-        lines = Path("/proc/locks").read_text().splitlines()
-    except OSError:
-        return ()
-    wanted = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    pids = set()
-    for line in lines:
-        fields = line.split()
-        if (
-            "->" not in fields
-            and len(fields) >= 6
-            and fields[1] == "FLOCK"
-            and fields[5] == wanted
-            and fields[4].isdigit()
-        ):
-            pids.add(int(fields[4]))
-    return tuple(sorted(pids))
-
-
-def _iso_ns(ns: int) -> str | None:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ns / 1e9)) if ns else None
 
 
 def collect(

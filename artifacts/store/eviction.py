@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from prebake.artifacts import fsutil
 from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
@@ -51,6 +52,20 @@ class GcReport:
     recovered: int  # leftovers of crashed runs removed
     dry_run: bool = False  # nothing was removed: `evicted` is what would have gone
     refused: tuple[str, ...] = ()  # blobs the trust policy in force refuses: evicted whatever the bound
+    home: Path | None = None  # the store it ran on
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "store": str(self.home) if self.home else None,
+            "dry_run": self.dry_run,
+            "max_bytes": self.max_bytes,
+            "before_bytes": self.before_bytes,
+            "after_bytes": self.after_bytes,
+            "evicted": ["sha256:" + h for h in self.evicted],
+            "in_use": ["sha256:" + h for h in self.in_use],
+            "recovered": self.recovered,
+            "refused": ["sha256:" + h for h in self.refused],
+        }
 
     def render(self) -> str:
         verb = "would be evicted (dry run)" if self.dry_run else "evicted"
@@ -90,7 +105,9 @@ def gc(paths: StorePaths, max_bytes: int, keep: Collection[str], refuse: Refuses
             total -= entry.bytes
         else:
             in_use.append(entry.hex)
-    return GcReport(max_bytes, before, total, tuple(evicted), tuple(in_use), recovered, refused=tuple(refused))
+    return GcReport(
+        max_bytes, before, total, tuple(evicted), tuple(in_use), recovered, refused=tuple(refused), home=paths.home
+    )
 
 
 def gc_plan(paths: StorePaths, max_bytes: int, keep: Collection[str], refuse: Refuses | None) -> GcReport:
@@ -108,7 +125,17 @@ def gc_plan(paths: StorePaths, max_bytes: int, keep: Collection[str], refuse: Re
         else:
             evicted.append(entry.hex)
             total -= entry.bytes
-    return GcReport(max_bytes, before, total, tuple(evicted), tuple(in_use), 0, dry_run=True, refused=tuple(refused))
+    return GcReport(
+        max_bytes,
+        before,
+        total,
+        tuple(evicted),
+        tuple(in_use),
+        0,
+        dry_run=True,
+        refused=tuple(refused),
+        home=paths.home,
+    )
 
 
 def inventory(paths: StorePaths) -> list[StoreEntry]:

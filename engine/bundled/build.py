@@ -67,11 +67,16 @@ def build_graphs(
         raise BuildError(f"{recipe.model.name} tp {tp}: {why}")
     shapes = _shapes(recipe, buckets_tree)
     tactics = load_winners(autotune_tree / AUTOTUNE_FILE)
-    placeholders = variant_of(recipe).compiles_without_weights(recipe.compile.fallback)
+    placeholders = _on_placeholders(recipe)
     facts = {"weights": "placeholders" if placeholders else "loaded"}
     with _as_one_rank(tp) as parallel:
         model, cache = model_and_cache(recipe, dtype, target_platform, parallel, placeholders=placeholders)
         compile_graphs(model, cache, recipe, {s: tactics[s] for s in shapes}, out, facts=facts)
+
+
+def _on_placeholders(recipe: Recipe) -> bool:
+    """Whether the recipe's graphs compile on placeholder weights (the variant never runs the model)."""
+    return variant_of(recipe).compiles_without_weights(recipe.compile.fallback)
 
 
 @contextmanager
@@ -151,8 +156,11 @@ def _workers(model: Llama, cache: KVCache, recipe: Recipe, shapes: int, asked: i
     if cache.keys[0].device.type != "cpu" or asked == 1:
         return None
     dtype = next(name for name, value in TORCH_DTYPES.items() if value == cache.keys[0].dtype)
-    placeholders = variant_of(recipe).compiles_without_weights(recipe.compile.fallback)
-    source = ModelSource(recipe.model, dtype, recipe.serving.max_num_seqs, recipe.serving.max_model_len, placeholders)
+    # the workers' model is their own: on placeholders whenever the variant allows, even where this
+    # process compiles in place on the loaded weights (a start's compile-in-place)
+    source = ModelSource(
+        recipe.model, dtype, recipe.serving.max_num_seqs, recipe.serving.max_model_len, _on_placeholders(recipe)
+    )
     tensors = [*model.parameters(), *model.buffers(), *cache.keys, *cache.values]
     return plan_workers(source, sum(t.numel() * t.element_size() for t in tensors), shapes, asked=asked)
 

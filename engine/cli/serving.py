@@ -149,31 +149,13 @@ def _print_fetched(args: argparse.Namespace, fetched: Fetched, address: str) -> 
         advice = miss_advice(fetched.misses, target=fetched.target, bake=bake, address=address)
         print(f"prebake: {advice}", file=sys.stderr)
     if args.json:
-        print(json.dumps(fetch_json(fetched) | ({"advice": advice} if advice else {}), indent=2, sort_keys=True))
+        print(json.dumps(fetched.to_json(advice), indent=2, sort_keys=True))
     elif fetched.env or fetched.argv:
         print(shell_exports(fetched.env))
         if fetched.argv:
             cd = f"cd {shlex.quote(str(fetched.cwd))} && " if fetched.cwd else ""
             print(f"# {args.engine}: {cd}{shlex.join(fetched.argv)}")
     sys.stdout.flush()  # out while the trees are still held
-
-
-def fetch_json(fetched: Fetched) -> dict:
-    """`fetch --json`: the target, whether every kind was installed, the misses, the environment,
-    the installed bundles, and an engine process's command line where there is one."""
-    payload: dict = {
-        "target": fetched.target,
-        "complete": not fetched.misses,
-        "misses": [m.to_json() for m in fetched.misses],
-        "env": fetched.env,
-        "bundles": {
-            k: {"key": i.manifest.key_digest, "blob": i.manifest.blob.digest, "tree": str(i.tree)}
-            for k, i in fetched.installed.items()
-        },
-    }
-    if fetched.argv:
-        payload |= {"argv": list(fetched.argv), "cwd": str(fetched.cwd) if fetched.cwd else None}
-    return payload
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

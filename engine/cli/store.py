@@ -11,6 +11,7 @@ import json
 
 from prebake.artifacts.errors import ExitCode
 from prebake.artifacts.store import admin as store_admin
+from prebake.artifacts.store.inventory import StoredBundle, inventory
 from prebake.artifacts.store.settings import DEFAULT_MAX_BYTES, parse_size
 from prebake.engine.adapters import kind_names
 from prebake.engine.cli.common import (
@@ -128,43 +129,28 @@ def cmd_gc(args: argparse.Namespace) -> int:
     report = store_admin.collect(
         store, bound, registry=address_in_force(store), dry_run=args.dry_run, refuse=gc_trust(store)
     )
-    if args.json:
-        _print_json(
-            {
-                "store": str(store.home),
-                "dry_run": report.dry_run,
-                "max_bytes": report.max_bytes,
-                "before_bytes": report.before_bytes,
-                "after_bytes": report.after_bytes,
-                "evicted": ["sha256:" + h for h in report.evicted],
-                "in_use": ["sha256:" + h for h in report.in_use],
-                "recovered": report.recovered,
-                "refused": ["sha256:" + h for h in report.refused],
-            }
-        )
-    else:
-        print(report.render())
+    _show(args, report)
     return ExitCode.OK
 
 
 def cmd_store_ls(args: argparse.Namespace) -> int:
     store = open_store()
-    bundles = store_admin.list_bundles(store)
+    listed = inventory(store)
     if args.json:
-        total = sum(b.entry.bytes for b in bundles)
-        _print_json({"store": str(store.home), "total_bytes": total, "bundles": [b.to_json() for b in bundles]})
+        _print_json(listed.to_json())
         return ExitCode.OK
+    bundles = listed.bundles
     if not bundles:
         print(f"no bundles installed in {store.home}")
         return ExitCode.OK
     headers = ("MODEL", "KIND", "KEY", "BLOB", "SIZE", "LAST USE", "HELD")
     rows = [_ls_row(b) for b in bundles]
     print(table(headers, rows))
-    print(f"{len(bundles)} bundle(s), {size(sum(b.entry.bytes for b in bundles))} in {store.home}")
+    print(f"{len(bundles)} bundle(s), {size(listed.total_bytes)} in {store.home}")
     return ExitCode.OK
 
 
-def _ls_row(b: store_admin.StoredBundle) -> tuple[str, ...]:
+def _ls_row(b: StoredBundle) -> tuple[str, ...]:
     first = b.manifests[0] if b.manifests else None
     more = f" +{len(b.manifests) - 1}" if len(b.manifests) > 1 else ""
     held = ("yes" + (f" (pid {','.join(map(str, b.holders))})" if b.holders else "")) if b.held else "no"

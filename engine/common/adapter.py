@@ -109,6 +109,24 @@ class Fetched:
     argv: tuple[str, ...] = ()
     cwd: Path | None = None
 
+    def to_json(self, advice: str | None = None) -> dict:
+        """`fetch --json`: the target, whether every kind was installed, the misses, the environment,
+        the installed bundles, an engine process's command line where there is one, and `advice`
+        (what to bake) where something missed."""
+        payload: dict = {
+            "target": self.target,
+            "complete": not self.misses,
+            "misses": [m.to_json() for m in self.misses],
+            "env": self.env,
+            "bundles": {
+                k: {"key": i.manifest.key_digest, "blob": i.manifest.blob.digest, "tree": str(i.tree)}
+                for k, i in self.installed.items()
+            },
+        }
+        if self.argv:
+            payload |= {"argv": list(self.argv), "cwd": str(self.cwd) if self.cwd else None}
+        return payload | ({"advice": advice} if advice else {})
+
 
 @dataclass(frozen=True)
 class EngineSpec:

@@ -21,6 +21,7 @@ from prebake.artifacts.fetch.pipeline import fetch_key
 from prebake.artifacts.keys import Key
 from prebake.artifacts.store import admin as store_admin
 from prebake.artifacts.store import mark
+from prebake.artifacts.store.inventory import list_bundles
 from prebake.artifacts.store.local import Installed, Store
 from prebake.artifacts.store.mark import INSTALLS, MARK, STORE_VERSION, StoreHomeError
 from prebake.artifacts.store.settings import StoreLimits
@@ -84,7 +85,7 @@ def test_an_older_releases_store_is_read_adopted_on_first_write_and_its_bundles_
     again = fetch_key(store, FileRegistry(root / "registry"), key, trust=_trust(root, accept_v1=True))
     assert isinstance(again, Installed) and again.tree == hit.tree
     assert store_admin.verify_store(store).findings == ()
-    listed = store_admin.list_bundles(store)  # a reader lists its bundles before any writer adopted it
+    listed = list_bundles(store)  # a reader lists its bundles before any writer adopted it
     assert [b.hex for b in listed] == [made["blob"].removeprefix("sha256:")] and not (home / MARK).exists()
     assert store.gc(1 << 40) is not None  # the first write: adopts it
     assert json.loads((home / MARK).read_text()) == {
@@ -128,7 +129,7 @@ def test_a_store_of_a_newer_format_is_refused_by_this_reader_and_left_as_it_was(
         lambda: store.gc(0),
         lambda: store.gc(0, dry_run=True),
         lambda: store_admin.verify_store(store, fix=True),
-        lambda: store_admin.list_bundles(store),
+        lambda: list_bundles(store),
         lambda: store.recover(),
     ):
         with pytest.raises(

@@ -11,6 +11,7 @@ import pytest
 from prebake.artifacts.fetch.outcome import Miss
 from prebake.artifacts.fetch.pipeline import fetch_key
 from prebake.artifacts.store import admin as store_admin
+from prebake.artifacts.store.inventory import list_bundles
 from prebake.artifacts.store.local import Store
 from prebake.artifacts.store.mark import record_install
 from prebake.artifacts.store.settings import StoreLimits
@@ -123,7 +124,7 @@ def test_store_ls_says_which_bundle_a_live_engine_holds_and_its_pid(installed, h
         assert row["held"] is True and held.proc.pid in row["holders"]
         assert rows[installed["other-graphs"].manifest.blob.digest]["held"] is False
         assert f"yes (pid {held.proc.pid})" in _run(capsys, "store", "ls")[1]
-    assert not store_admin.list_bundles(Store())[0].held
+    assert not list_bundles(Store())[0].held
 
 
 def test_an_empty_store_lists_nothing(home, capsys):
