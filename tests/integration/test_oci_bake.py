@@ -1,7 +1,11 @@
 """The OCI done-when, end to end: `doit bake ... registry=oci://127.0.0.1:PORT/team/prebake` bakes
-tiny-llama (real torch.compile) into Debian's docker-registry (htpasswd over TLS, a CA the test
+a test recipe (real torch.compile) into Debian's docker-registry (htpasswd over TLS, a CA the test
 makes, the login in a Docker config.json); `prebake fetch` from a fresh PREBAKE_HOME installs from
-it; skopeo shows the artifact with its annotations; umoci unpacks the graphs tree file for file."""
+it; skopeo shows the artifact with its annotations; umoci unpacks the graphs tree file for file.
+
+The recipe is the serving tests' two-layer model at one sequence (two step shapes, bf16): the
+subject is the registry, not the compile, and tiny-llama's seven shapes made this the suite's
+third-slowest setup (132 s under load)."""
 
 from __future__ import annotations
 
@@ -14,8 +18,11 @@ import pytest
 
 from tests.support.baking import Home
 from tests.support.oci_server import oci_available, oci_server, umoci_unpack
+from tests.support.serving import write_recipe
 
 pytestmark = pytest.mark.slow
+
+MODEL = "oci-test"
 
 
 @pytest.fixture(scope="module")
@@ -24,10 +31,11 @@ def oci_baked(tmp_path_factory):
         pytest.skip("docker-registry, skopeo and umoci are needed (apt-get install; .ci/run does)")
     root = tmp_path_factory.mktemp("oci-bake")
     with oci_server(root / "server", tls=True, users={"baker": "bake-password"}) as server:
-        env = server.env(docker_config=root / "docker")
+        write_recipe(root / "recipes", MODEL, variant="aoti-package", seqs=1, dtype="bf16")
+        env = {**server.env(docker_config=root / "docker"), "PREBAKE_RECIPES": str(root / "recipes")}
         address = server.address("team/prebake")
         home = Home(root / "baker")
-        proc = home.doit("run", "bake", "model=tiny-llama", "precision=bf16", f"registry={address}", extra_env=env)
+        proc = home.doit("run", "bake", f"model={MODEL}", "precision=bf16", f"registry={address}", extra_env=env)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         yield server, env, address, root
 
@@ -38,7 +46,7 @@ def test_a_bake_into_the_oci_registry_is_fetched_from_a_fresh_home(oci_baked):
 
     listing = fresh.prebake("ls", "--registry", address, extra_env=env)
     fetched = fresh.prebake(
-        "fetch", "--model", "tiny-llama", "--precision", "bf16", "--registry", address, "--json", extra_env=env
+        "fetch", "--model", MODEL, "--precision", "bf16", "--registry", address, "--json", extra_env=env
     )
 
     assert listing.returncode == 0, listing.stderr
@@ -77,7 +85,7 @@ def test_skopeo_shows_the_graphs_artifact_and_umoci_unpacks_the_installed_tree(o
     )
     assert raw.returncode == 0, raw.stderr
     notes = json.loads(raw.stdout)["annotations"]
-    assert notes["org.prebake.kind"] == "graphs" and notes["org.prebake.label.model"] == "tiny-llama"
+    assert notes["org.prebake.kind"] == "graphs" and notes["org.prebake.label.model"] == MODEL
     assert notes["org.prebake.label.precision"] == "bf16"
 
     copied = subprocess.run(
@@ -90,7 +98,7 @@ def test_skopeo_shows_the_graphs_artifact_and_umoci_unpacks_the_installed_tree(o
     umoci_unpack(f"{tmp_path / 'layout'}:graphs", tmp_path / "bundle")
     fresh = Home(root / "fresh")
     fetched = fresh.prebake(
-        "fetch", "--model", "tiny-llama", "--precision", "bf16", "--registry", address, "--json", extra_env=env
+        "fetch", "--model", MODEL, "--precision", "bf16", "--registry", address, "--json", extra_env=env
     )
     tree = Path(json.loads(fetched.stdout)["env"]["PREBAKE_GRAPHS_DIR"])
     assert _files(tmp_path / "bundle" / "rootfs") == _files(tree)
@@ -119,7 +127,7 @@ def test_prebake_fetch_uses_a_mounted_graphs_tree_that_matches_and_refuses_one_t
         for path in [tree, *tree.rglob("*")]:
             if not path.is_symlink():
                 path.chmod(path.stat().st_mode & ~0o222)
-    args = ("fetch", "--model", "tiny-llama", "--precision", "bf16", "--registry", address, "--json")
+    args = ("fetch", "--model", MODEL, "--precision", "bf16", "--registry", address, "--json")
     other = Home(root / "mounted")
 
     used = other.prebake(*args, "--mounted", f"graphs={good}", extra_env=env)
