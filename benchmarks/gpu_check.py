@@ -1,7 +1,7 @@
 """The GPU check: one command for an NVIDIA host (H100/H200 class) with torch and CUDA preinstalled
 and no network at all; it ends with the same JSON line as benchmarks/startup.py.
 
-    python benchmarks/gpu_check.py [--wheelhouse wheelhouse] [--work DIR] [--precision bf16] [--cpu]
+    python benchmarks/gpu_check.py [--wheelhouse wheelhouse] [--work DIR] [--precision bf16] [--cpu] [--recipe FILE]
     python benchmarks/gpu_check.py --build-wheelhouse wheelhouse [--python-version 3.12 ...]   (here)
 
 On the GPU host (`make gpu-check`): install (a venv over the host's torch, prebake and its other
@@ -10,7 +10,8 @@ tiny-llama with its [matrix] platform set to this GPU's, "cuda:sm_90" on an H100
 (benchmarks/startup.py for both variants, the default "aoti-package", cubins loaded by torch's C++
 loader, and "dynamo-precompile" beside it: each one's bake, a cold and a prebaked start, the eager
 floor; its JSON line, the bakes' compile ratio among it, and one more with the host's facts).
-Without a GPU (or with --cpu) the same steps run on the CPU: the fallback the tests run here.
+Without a GPU (or with --cpu) the same steps run on the CPU: the fallback the tests run here (on a
+two-layer recipe given with --recipe: the subject there is the check's steps, not tiny-llama's shapes).
 
 The wheelhouse is built on a machine with PyPI (`make gpu-wheelhouse`): prebake's wheel and binary
 wheels of what the check runs besides torch, for the GPU host's Python, manylinux x86_64; it must
@@ -35,7 +36,7 @@ WHEELHOUSE_LIMIT = 64 * 2**20
 DEFAULT_PYTHONS = (
     "3.12",
 )  # the Python of NVIDIA's and PyTorch's CUDA images; add the host's own with --python-version
-MODEL = "tiny-llama"
+RECIPE = REPO / "recipes" / "tiny-llama.toml"  # what the check bakes and starts unless --recipe names another
 
 
 def runtime_requirements(pyproject: Path = REPO / "pyproject.toml") -> list[str]:
@@ -115,15 +116,16 @@ def host_facts(python: Path) -> dict:
     return json.loads(_run([str(python), "-c", code], capture=True).strip().splitlines()[-1])
 
 
-def recipe_for(platform: str, folder: Path) -> Path:
-    """tiny-llama with its [matrix] platform set to this host's; the folder PREBAKE_RECIPES names."""
-    text = (REPO / "recipes" / f"{MODEL}.toml").read_text()
+def recipe_for(platform: str, folder: Path, source: Path = RECIPE) -> str:
+    """The recipe `source` with its [matrix] platform set to this host's, written into `folder` (the
+    folder PREBAKE_RECIPES names); its model's name."""
+    text = source.read_text()
     lines = [f'platform = ["{platform}"]' if line.startswith("platform = ") else line for line in text.splitlines()]
     if lines == text.splitlines() and platform != "cpu":
-        raise SystemExit(f"recipes/{MODEL}.toml has no [matrix] platform line to set to {platform}")
+        raise SystemExit(f"{source} has no [matrix] platform line to set to {platform}")
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{MODEL}.toml").write_text("\n".join(lines) + "\n")
-    return folder
+    (folder / source.name).write_text("\n".join(lines) + "\n")
+    return str(tomllib.loads(text)["model"]["name"])
 
 
 GPU_VARIANTS = ("dynamo-precompile", "aoti-package")  # the default (aoti-package) and the variant it replaced
@@ -137,14 +139,16 @@ def check(
     *,
     cold_from_bake: bool = False,
     variants: tuple[str, ...] = GPU_VARIANTS,
+    recipe: Path = RECIPE,
 ) -> dict:
     """benchmarks/startup.py on this host's recipe with the venv's prebake, for `variants`; its JSON line. With
     `cold_from_bake` the bake (a cold start with --write-back) is the cold figure, as in `make demo`:
     one compile instead of two (the tests' CPU fallback; the GPU check starts cold again)."""
-    recipes = recipe_for(facts["platform"], work / "recipes")
+    recipes = work / "recipes"
+    model = recipe_for(facts["platform"], recipes, recipe)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")} | {"PREBAKE_RECIPES": str(recipes)}
     env["PYTHONPATH"] = ""  # the installed prebake, not this checkout's modules
-    argv = [str(python), str(REPO / "benchmarks" / "startup.py"), "--model", MODEL, "--precision", precision]
+    argv = [str(python), str(REPO / "benchmarks" / "startup.py"), "--model", model, "--precision", precision]
     argv += ["--variant", ",".join(variants), "--iterations", "1", "--work", str(work / "startup")]
     argv += ["--cold-from-bake"] if cold_from_bake else []
     output = _run(argv, env=env, capture=True, echo=True)
@@ -171,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, help="working folder (default: a new temporary one)")
     parser.add_argument("--precision", default="bf16")
     parser.add_argument("--cpu", action="store_true", help="run on the CPU even where a GPU is present")
+    parser.add_argument("--recipe", type=Path, default=RECIPE, help="the recipe file to check (default: tiny-llama)")
     parser.add_argument("--build-wheelhouse", type=Path, metavar="DIR", help="build the wheelhouse here and exit")
     parser.add_argument("--python-version", action="append", help="with --build-wheelhouse (repeatable)")
     args = parser.parse_args(argv)
@@ -178,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         report = build_wheelhouse(args.build_wheelhouse, args.python_version or list(DEFAULT_PYTHONS))
         print(json.dumps({"benchmark": "gpu_wheelhouse", **report}))
         return 0 if report["within_limit"] else 1
+    if not args.recipe.is_file():
+        raise SystemExit(f"--recipe {args.recipe}: no such file; name a recipe .toml (default {RECIPE})")
     started = time.monotonic()
     work = (args.work or Path(tempfile.mkdtemp(prefix="prebake-gpu-check-"))).resolve()
     python = offline_venv(work / "venv", args.wheelhouse.resolve())
@@ -185,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpu:
         facts["platform"] = "cpu"
     print(f"host: {json.dumps(facts)}", flush=True)
-    figures = check(python, facts, work, args.precision)
+    figures = check(python, facts, work, args.precision, recipe=args.recipe.resolve())
     print(json.dumps({"benchmark": "gpu_check", **facts, "seconds": round(time.monotonic() - started, 1)}))
     print(json.dumps(figures))
     return 0

@@ -18,6 +18,7 @@ import pytest
 
 from benchmarks import gpu_check
 from tests.support.baking import wheel_build_lock
+from tests.support.serving import write_recipe
 
 HERE = f"{sys.version_info.major}.{sys.version_info.minor}"
 
@@ -62,9 +63,15 @@ def test_a_checkout_without_its_wheelhouse_is_told_how_to_build_one(tmp_path):
         gpu_check.offline_venv(tmp_path / "venv", tmp_path / "empty")
 
 
+def test_a_recipe_that_is_not_there_is_refused_before_anything_is_installed(tmp_path):
+    with pytest.raises(SystemExit, match="--recipe .*nope.toml: no such file; name a recipe .toml"):
+        gpu_check.main(["--recipe", str(tmp_path / "nope.toml"), "--work", str(tmp_path / "work")])
+    assert not (tmp_path / "work").exists()
+
+
 def test_the_recipe_is_set_to_this_hosts_gpu(tmp_path):
-    folder = gpu_check.recipe_for("cuda:sm_90", tmp_path)
-    text = (folder / "tiny-llama.toml").read_text()
+    assert gpu_check.recipe_for("cuda:sm_90", tmp_path) == "tiny-llama"
+    text = (tmp_path / "tiny-llama.toml").read_text()
     assert 'platform = ["cuda:sm_90"]' in text and 'platform = ["cpu"]' not in text
 
 
@@ -74,7 +81,10 @@ def test_the_cpu_fallback_bakes_and_starts_cold_prebaked_and_eager_offline(wheel
     seen through a .pth line as a host's system site would be (prebake's dependencies still come
     from the wheelhouse: the venv is made and filled before torch is linked in). The bake, a cold
     start with --write-back, is the cold figure (--cold-from-bake): one compile, not two. The GPU
-    check runs aoti-package (the default) and dynamo-precompile side by side; here the default alone."""
+    check runs aoti-package (the default) and dynamo-precompile side by side; here the default alone, on
+    the serving tests' two-layer recipe at one sequence (--recipe): tiny-llama's seven shapes made this the
+    suite's slowest call (173 s under load) for nothing the check's steps do differently."""
+    write_recipe(tmp_path / "source", "gpu-check-test", variant="aoti-package", seqs=1, dtype="bf16")
     work = tmp_path / "work"
     python = gpu_check.offline_venv(work / "venv", wheelhouse)
     site = Path(sysconfig.get_paths()["purelib"])
@@ -84,7 +94,13 @@ def test_the_cpu_fallback_bakes_and_starts_cold_prebaked_and_eager_offline(wheel
     assert facts["torch"].startswith("2.") and (facts["platform"] == "cpu" or facts["gpu"])
     assert gpu_check.GPU_VARIANTS == ("dynamo-precompile", "aoti-package")
     figures = gpu_check.check(
-        python, {**facts, "platform": "cpu"}, work, "bf16", cold_from_bake=True, variants=("aoti-package",)
+        python,
+        {**facts, "platform": "cpu"},
+        work,
+        "bf16",
+        cold_from_bake=True,
+        variants=("aoti-package",),
+        recipe=tmp_path / "source" / "gpu-check-test.toml",
     )
     assert figures["benchmark"] == "startup" and figures["precision"] == "bf16" and figures["cold_from_bake"]
     assert set(figures["ready_mean_s"]) == {"eager", "cold_aoti-package", "prebaked_aoti-package"}
