@@ -97,6 +97,7 @@ def served(tmp_path_factory, recipes, registries):
         one.stop()
     two = _server(tmp_path_factory, recipes, registries[2], "--tp", "2", "--on-miss", "fail")
     two.wait_ready()
+    two.wait_line("[rank 1] prebake serve: rank 1 ready")  # rank 1's lines come on its own clock
     yield tp1, two
     two.stop()
 
@@ -139,6 +140,7 @@ def test_a_rank_that_cannot_load_the_package_takes_every_rank_to_the_same_fallba
     server = _server(tmp_path_factory, recipes, registries[2], "--tp", "2", PREBAKE_TEST_RANK_CPUINFO=f"1:{no_avx}")
     try:
         server.wait_ready()
+        server.wait_line("[rank 1] prebake serve: rank 1 ready")  # rank 1's lines come on its own clock
         fell = [
             line for line in server.lines if "aoti-package: rank 1: the AOTInductor package does not load here" in line
         ]

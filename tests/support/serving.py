@@ -117,6 +117,11 @@ class ServeProcess:
         self.wait_listening()
         self._wait(lambda: self.get("/health")[0] == 200, timeout, "to be ready")
 
+    def wait_line(self, text: str, timeout: float = 60) -> None:
+        """Until a line holding `text` is in the log: what another rank says reaches the pipe on its own
+        clock, so it can come after rank 0's /health said ready."""
+        self._wait(lambda: text in self.log, timeout, f"to say {text!r}")
+
     def wait_exit(self, timeout: float = 300) -> int:
         code = self.proc.wait(timeout)
         self._reader.join(10)
