@@ -112,9 +112,7 @@ def test_the_installed_wheel_bakes_a_recipe_outside_a_checkout(installed, tmp_pa
     bf16 in its matrix): the subject is the wheel outside a checkout; tiny-llama's seven shapes made
     this one of the suite's slowest calls (147 s under load) for nothing the wheel does differently."""
     recipes = tmp_path / "recipes"
-    write_recipe(recipes, "wheel-test", variant="aoti-package", seqs=1)
-    text = (recipes / "wheel-test.toml").read_text()
-    (recipes / "wheel-test.toml").write_text(text.replace('dtype = ["fp32"]', 'dtype = ["bf16", "fp32"]'))
+    write_recipe(recipes, "wheel-test", variant="aoti-package", seqs=1, dtype=("bf16", "fp32"))
     env = {**_env(tmp_path), "PREBAKE_RECIPES": str(recipes)}
     target = "wheel-test/cpu/tp1/fp32"
     bake = [installed / "prebake", "bake", "--model", "wheel-test", "--target", target]

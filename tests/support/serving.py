@@ -61,12 +61,13 @@ def write_recipe(
     seqs: int,
     seed: int = 0,
     fallback: str | None = None,
-    dtype: str = "fp32",
+    dtype: str | tuple[str, ...] = "fp32",
 ) -> None:
-    """The test recipe `name` in `folder`; `fallback`: an aoti-package tree's [compile] fallback."""
+    """The test recipe `name` in `folder`; `dtype`: its [matrix] dtype (one, or several);
+    `fallback`: an aoti-package tree's [compile] fallback."""
     folder.mkdir(parents=True, exist_ok=True)
     text = SERVE_TEST_RECIPE.format(name=name, variant=variant, seqs=seqs, seed=seed)
-    text = text.replace('dtype = ["fp32"]', f'dtype = ["{dtype}"]')
+    text = text.replace('dtype = ["fp32"]', f"dtype = {json.dumps([dtype] if isinstance(dtype, str) else list(dtype))}")
     if fallback is not None:
         text = text.replace(f'variant = "{variant}"\n', f'variant = "{variant}"\nfallback = "{fallback}"\n')
     (folder / f"{name}.toml").write_text(text)
