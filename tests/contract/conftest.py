@@ -25,8 +25,9 @@ from prebake.registry.chain import ChainRegistry
 from tests.support.azurite_server import Azurite, azurite_available, azurite_server
 from tests.support.bundles import Bundle, make_bundle
 from tests.support.hub_server import HubStandIn, hub_server
-from tests.support.moto_server import free_port, moto_server, s3_env
+from tests.support.moto_server import moto_server, s3_env
 from tests.support.oci_server import OCIServer, oci_available, oci_server
+from tests.support.ports import free_port
 
 S3_PREFIX = "team/prebake"
 

@@ -12,7 +12,7 @@ from prebake.registry.backends.file import FileRegistry
 from prebake.registry.backends.s3 import S3Registry
 from prebake.registry.backends.s3_client import S3Settings
 from prebake.registry.chain import ChainRegistry
-from tests.support.moto_server import free_port
+from tests.support.ports import free_port
 
 
 @pytest.fixture

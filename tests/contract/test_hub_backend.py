@@ -17,7 +17,7 @@ from prebake.artifacts.ports.errors import (
     RegistryUnavailable,
 )
 from prebake.registry.backends.hf import HubRegistry
-from tests.support.moto_server import free_port
+from tests.support.ports import free_port
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ from prebake.artifacts.ports.errors import RegistryUnavailable
 from prebake.registry.oci import OCIRegistry
 from prebake.registry.oci.client import OCISettings
 from tests.support.bundles import make_bundle
-from tests.support.moto_server import free_port
 from tests.support.oci_server import write_docker_config
+from tests.support.ports import free_port
 
 KEY = "0" * 64
 

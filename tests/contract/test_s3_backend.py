@@ -12,7 +12,7 @@ from prebake.artifacts.ports.errors import PublishConflict, RegistryError, Regis
 from prebake.registry.backends.s3 import S3Registry
 from prebake.registry.backends.s3_client import S3Settings
 from tests.faults.fault_proxy import Fault, fault_proxy
-from tests.support.moto_server import free_port
+from tests.support.ports import free_port
 
 
 def test_bundle_lands_under_the_prefix_in_the_shared_layout(s3_bucket, s3_client, bundle):

@@ -20,7 +20,7 @@ from tests.faults.checks import store_problems
 from tests.faults.fault_proxy import Fault, fault_proxy
 from tests.faults.procs import unbounded
 from tests.support.hub_server import hub_server
-from tests.support.moto_server import free_port
+from tests.support.ports import free_port
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,8 @@ from tests.faults.checks import store_problems
 from tests.faults.fault_proxy import Fault, fault_proxy
 from tests.faults.procs import actor, killed, racing_bakers, result, unbounded
 from tests.support.bundles import Bundle
-from tests.support.moto_server import free_port, s3_env
+from tests.support.moto_server import s3_env
+from tests.support.ports import free_port
 
 FAST = {
     "s3": {"PREBAKE_S3_TIMEOUT_S": "1", "PREBAKE_S3_MAX_ATTEMPTS": "2"},  # give up in seconds, not minutes

@@ -18,7 +18,8 @@ import pytest
 
 from prebake.artifacts.errors import ExitCode
 from tests.support.azurite_server import Azurite
-from tests.support.moto_server import free_port, s3_env
+from tests.support.moto_server import s3_env
+from tests.support.ports import free_port
 
 PREBAKE = str(Path(sys.executable).parent / "prebake")
 

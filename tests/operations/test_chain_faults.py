@@ -11,7 +11,8 @@ import threading
 import pytest
 
 from tests.operations.target import KINDS, fetch_args, prebake, prebake_env, published_set
-from tests.support.moto_server import free_port, s3_env
+from tests.support.moto_server import s3_env
+from tests.support.ports import free_port
 
 EXIT_INVALID, EXIT_MISS = 2, 3
 

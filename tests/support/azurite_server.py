@@ -18,7 +18,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.moto_server import free_port, stop, wait_until_up
+from tests.support.moto_server import stop, wait_until_up
+from tests.support.ports import free_port
 
 ACCOUNT = "devstoreaccount1"  # Azurite's well-known development account and key (public, in its docs)
 KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="

@@ -11,7 +11,6 @@ that speaks the S3 REST API, so boto3's retries, multipart and ranged GETs all r
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,12 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-
-def free_port() -> int:
-    """A loopback port nothing listens on right now (also what a "registry down" test points at)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.support.ports import free_port
 
 
 def s3_env(endpoint: str) -> dict[str, str]:

@@ -29,8 +29,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.moto_server import free_port
 from tests.support.oci_token import ISSUER, SERVICE, TokenService
+from tests.support.ports import free_port
 
 BINARY = "docker-registry"
 _ACCESS = re.compile(

@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,17 +16,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support.ports import free_port, free_ports
+
 RAY = Path(sys.executable).parent / "ray"
 # Ray 2.60 rewrites 127.0.0.1 (and "localhost") into the machine's routable address before it
 # binds; 127.0.0.2 is loopback too on Linux and Ray leaves it alone, so every node stays on lo.
 LOOPBACK = "127.0.0.2"
 _MiB = 1 << 20
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -82,13 +77,15 @@ class Cluster:
 
 
 def _start(root: Path, args: list[str], env: dict[str, str], resources: dict[str, float], index: int) -> Node:
+    # six distinct ports (Ray refuses a port given to two of its components)
+    node_manager, object_manager, agent_listen, agent_grpc, runtime_env, metrics = free_ports(6)
     ports = [
-        f"--node-manager-port={free_port()}",
-        f"--object-manager-port={free_port()}",
-        f"--dashboard-agent-listen-port={free_port()}",
-        f"--dashboard-agent-grpc-port={free_port()}",
-        f"--runtime-env-agent-port={free_port()}",
-        f"--metrics-export-port={free_port()}",
+        f"--node-manager-port={node_manager}",
+        f"--object-manager-port={object_manager}",
+        f"--dashboard-agent-listen-port={agent_listen}",
+        f"--dashboard-agent-grpc-port={agent_grpc}",
+        f"--runtime-env-agent-port={runtime_env}",
+        f"--metrics-export-port={metrics}",
         f"--min-worker-port={20000 + 200 * index}",
         f"--max-worker-port={20000 + 200 * index + 199}",
     ]

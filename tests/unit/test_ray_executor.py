@@ -88,7 +88,7 @@ def test_credentials_travel_only_when_asked():
 
 def test_a_node_that_cannot_reach_the_registry_names_the_address_and_its_settings(monkeypatch):
     """A real S3 client against a loopback port nobody listens on: the failure says where it went."""
-    from tests.support.moto_server import free_port
+    from tests.support.ports import free_port
 
     endpoint = f"http://127.0.0.1:{free_port()}"
     for name, value in {

@@ -6,7 +6,6 @@ The equality tests run real ranks: two processes over gloo on 127.0.0.1 (tests/s
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 
@@ -16,6 +15,7 @@ import torch
 from prebake.engine.bundled.runtime.parallel import Parallel, local_config, shard_state_dict, split_problem
 from prebake.engine.bundled.runtime.weights import LlamaConfig, parameter_shapes, tiny_random_weights
 from tests.support.baking import REPO
+from tests.support.ports import free_port
 from tests.support.tp_model import CONFIG, DECODES, PREFILLS
 
 TINY = LlamaConfig.from_hf(CONFIG)
@@ -49,14 +49,8 @@ def test_a_size_that_does_not_split_the_heads_is_refused_naming_the_fix():
         local_config(TINY, Parallel(0, 3))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ranks(world: int, dtype: str, out) -> dict:
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "tests.support.tp_model"]
     procs = [
         subprocess.Popen([*command, str(r), str(world), str(port), dtype, str(out)], cwd=REPO) for r in range(world)
@@ -128,7 +122,7 @@ print(json.dumps([answers, decided]))
 
 
 def test_two_real_ranks_gather_answers_of_different_sizes_and_rank0s_decision():
-    port = _free_port()
+    port = free_port()
     procs = [
         subprocess.Popen([sys.executable, "-c", _AGREE, str(r), str(port)], cwd=REPO, stdout=subprocess.PIPE, text=True)
         for r in range(2)
