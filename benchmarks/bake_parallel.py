@@ -31,11 +31,14 @@ from pathlib import Path
 from prebake.artifacts.buckets.artifact import build_bucket_set
 from prebake.artifacts.recipe.schema import load_recipe
 from prebake.engine.bundled.build import compile_graphs, model_and_cache
+from prebake.engine.bundled.variants import variant_of
 from prebake.engine.bundled.runtime.shapes import step_shapes
 from prebake.engine.bundled.runtime.steps import Tactic
 recipe, dtype, out, workers = load_recipe(sys.argv[1]), sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
 shapes = step_shapes(build_bucket_set(recipe.serving, recipe.buckets), recipe.serving.max_model_len)
-model, cache = model_and_cache(recipe, dtype)
+# on placeholder weights where the variant allows, as `doit bake` compiles (build.build_graphs)
+placeholders = variant_of(recipe).compiles_without_weights(recipe.compile.fallback)
+model, cache = model_and_cache(recipe, dtype, placeholders=placeholders)
 started = time.perf_counter()
 compile_graphs(model, cache, recipe, {s: Tactic() for s in shapes}, out, log=lambda line: None, workers=workers)
 took = time.perf_counter() - started
