@@ -145,7 +145,7 @@ def scale(rows: dict, out: Path) -> Path:
     axes[1].set_title("seconds to ready (log scale)", fontsize=9)
     axes[1].legend(fontsize=7, frameon=False)
     for j, mode in enumerate(("eager", "prebaked")):
-        speed = [rows[m]["starts"].get(mode, {}).get("decode_tokens_per_s", 0.0) for m in models]
+        speed = [rows[m]["starts"].get(mode, {}).get("decode_tokens_per_s") or 0.0 for m in models]
         axes[2].bar([i + (j - 0.5) * 0.4 for i in x], speed, width=0.4, color=colours[mode], label=mode)
     axes[2].set_yscale("log")
     axes[2].set_title("decode tokens/s, one sequence (log scale)", fontsize=9)

@@ -86,9 +86,8 @@ def measure(model: str, work: Path, args) -> dict:
     ready = {mode: m["ready_s"] for mode, m in mean.items()}
     if "eager" in ready and "prebaked" in ready:
         row["prebaked_over_eager"] = round(ready["prebaked"] / ready["eager"], 3)
-        row["decode_prebaked_over_eager"] = round(
-            mean["prebaked"]["decode_tokens_per_s"] / mean["eager"]["decode_tokens_per_s"], 3
-        )
+        decode = (mean["prebaked"]["decode_tokens_per_s"], mean["eager"]["decode_tokens_per_s"])
+        row["decode_prebaked_over_eager"] = round(decode[0] / decode[1], 3) if None not in decode else None
     if "cold" in ready and "eager" in ready and "prebaked" in ready:
         row["overhead_removed"] = round((ready["cold"] - ready["prebaked"]) / (ready["cold"] - ready["eager"]), 4)
     return row
@@ -199,16 +198,21 @@ def _start(model: str, work: Path, mode: str, iteration: int, tokens: int) -> di
     steps, parts = _startup_steps(metrics), _warm_up_parts(metrics)
     if mode == "prebaked" and steps.get("compile", 0.0) > 0:
         sys.exit(f"the prebaked start of {model} compiled: no matching bundle in {registry}; see {log}")
-    print(f"  {model} {mode:<8} #{iteration}: ready {ready:7.2f} s, decode {decode:6.2f} tokens/s", flush=True)
+    print(f"  {model} {mode:<8} #{iteration}: ready {ready:7.2f} s, decode {_tokens_per_s(decode)}", flush=True)
     return {"ready_s": ready, "steps": steps, "parts": parts, "decode_tokens_per_s": decode}
 
 
-def _decode_tokens_per_s(port: int, tokens: int) -> float:
+def _decode_tokens_per_s(port: int, tokens: int) -> float | None:
     """Greedy decode speed of one sequence: (tokens - 1) over the time a request of `tokens` takes
-    beyond a request of one token (its prefill and first token), the faster of two tries each."""
+    beyond a request of one token (its prefill and first token), the faster of two tries each; None
+    when the longer request took no longer (a burst of load fell on the short one: not measured)."""
     one = min(_complete(port, 1)[0] for _ in range(2))
     many, made = min(_complete(port, tokens) for _ in range(2))
-    return (made - 1) / max(many - one, 1e-9)
+    return (made - 1) / (many - one) if many > one and made > 1 else None
+
+
+def _tokens_per_s(decode: float | None) -> str:
+    return "not measured (the longer request took no longer)" if decode is None else f"{decode:6.2f} tokens/s"
 
 
 def _complete(port: int, tokens: int) -> tuple[float, int]:
@@ -217,9 +221,9 @@ def _complete(port: int, tokens: int) -> tuple[float, int]:
 
 
 def _mean_start(runs: list[dict]) -> dict:
-    def mean(values) -> float:
-        values = list(values)
-        return round(sum(values) / len(values), 3)
+    def mean(values) -> float | None:
+        values = [v for v in values if v is not None]  # a decode speed not measured is left out
+        return round(sum(values) / len(values), 3) if values else None
 
     steps = sorted({s for r in runs for s in r["steps"]})
     parts = sorted({p for r in runs for p in r["parts"]})
@@ -259,7 +263,7 @@ def render(model: str, row: dict) -> str:
         parts = ", ".join(f"{p} {s:.2f}" for p, s in m["parts"].items())
         lines.append(
             f"  {mode:<8} ready {m['ready_s']:8.2f} s (weights {m['weights_s']:.2f} s; {parts}); "
-            f"decode {m['decode_tokens_per_s']:.2f} tokens/s"
+            f"decode {_tokens_per_s(m['decode_tokens_per_s'])}"
         )
     for name in ("prebaked_over_eager", "overhead_removed", "decode_prebaked_over_eager"):
         if name in row:
