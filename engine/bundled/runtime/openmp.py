@@ -1,18 +1,13 @@
 """How long the serving process's OpenMP threads spin before they sleep, set before torch loads libgomp.
 
 torch's CPU wheels run ATen's and every Inductor kernel's parallel loops on libgomp, whose threads
-wait at each region's closing barrier and between regions by spinning `GOMP_SPINCOUNT` times
-(default 300,000 `pause`s: milliseconds) before they sleep, shortened only when there are more
-threads than CPUs. That assumes a core per thread. When another task shares one of the cores (the
-HTTP server's thread, a tokenizer, a neighbour on a shared host) the thread that arrives first spins
-out its time slice waiting for the one that was descheduled, at every parallel region of every step,
-and the spinning counts against the process's own share of the CPU. A short spin keeps a waiting
-thread hot across back-to-back kernels and puts it to sleep before it costs its partner a slice;
-docs/graphs-variants.md has the measurements that chose the count.
-
-libgomp reads the variables once, when it is loaded (by `import torch`), so `brief_waits` runs
-before the engine imports torch; an operator's own OMP_WAIT_POLICY or GOMP_SPINCOUNT is kept.
-Other OpenMP runtimes ignore GOMP_SPINCOUNT.
+wait at each region's barrier and between regions by spinning GOMP_SPINCOUNT times (default 300,000
+`pause`s: milliseconds) before they sleep. That assumes a core per thread: when another task shares
+a core, the thread that arrives first spins out its time slice waiting for the descheduled one, at
+every parallel region of every step, out of the process's own share of the CPU. A short spin keeps
+threads hot across back-to-back kernels and sleeps before it costs a slice (docs/graphs-variants.md).
+libgomp reads the variables once, as `import torch` loads it; an operator's own OMP_WAIT_POLICY or
+GOMP_SPINCOUNT is kept, and other OpenMP runtimes ignore GOMP_SPINCOUNT.
 """
 
 from __future__ import annotations
