@@ -115,28 +115,37 @@ def main() -> None:
             runs["frozen-1/2 cores"] = (packages["frozen, baked on 1 core"][0], two, ENGINE_WAITS)
             runs["frozen-2/2 cores"] = (packages["frozen, baked on 2 cores"][0], two, ENGINE_WAITS)
         rates: dict[str, list[float]] = {k: [] for k in runs}
+        per_cpu: dict[str, list[float]] = {k: [] for k in runs}  # tokens per CPU-second: what a loaded host hides
         for _ in range(args.repeat):  # interleaved: a burst of load falls on every configuration
             for label, (out, cores_, waits) in runs.items():
                 served = child(root, cores_, "serve", str(recipe), str(out), shape, str(args.steps), waits=waits)
                 rates[label].append(served["tokens_per_s"])
+                per_cpu[label].append(served["tokens_per_cpu_s"])
                 print(
-                    f"{label}: {served['tokens_per_s']} tokens/s on {served['threads']} thread(s), "
+                    f"{label}: {served['tokens_per_s']} tokens/s, {served['tokens_per_cpu_s']} per CPU-second, "
+                    f"on {served['threads']} thread(s), "
                     f"{served['waits']}, load {os.getloadavg()[0]:.2f}",
                     flush=True,
                 )
     median = {k: statistics.median(v) for k, v in rates.items()}
+    cpu_median = {k: statistics.median(v) for k, v in per_cpu.items()}
     for label, value in median.items():
-        print(f"{label:>31}: {value:8.1f} decode tokens/s (runs {rates[label]})")
+        print(
+            f"{label:>31}: {value:8.2f} decode tokens/s, {cpu_median[label]:8.2f} per CPU-second (runs {rates[label]})"
+        )
     two_cores = median["run-time/2 cores"]
     figures = {
         "two_cores_over_one": round(two_cores / median["run-time/1 core"], 3),
         "libgomp_waits_over_engine_waits": round(median["run-time/2 cores, libgomp waits"] / two_cores, 3),
+        # 1.0: the second thread's CPU time all did work; below, it went to waiting (spinning)
+        "two_cores_over_one_per_cpu_s": round(cpu_median["run-time/2 cores"] / cpu_median["run-time/1 core"], 3),
     }
     if not args.no_frozen:
         figures["run_time_over_frozen_1"] = round(two_cores / median["frozen-1/2 cores"], 3)
         figures["run_time_over_frozen_2"] = round(two_cores / median["frozen-2/2 cores"], 3)
     load_end = os.getloadavg()
     print(f"a package baked on one core, served on two / on one: {figures['two_cores_over_one']:.2f}x (goal >= 1.5)")
+    print(f"the same per CPU-second of all threads: {figures['two_cores_over_one_per_cpu_s']:.2f}x")
     print(
         "on two cores, libgomp's default waits / the engine's short spin: "
         f"{figures['libgomp_waits_over_engine_waits']:.2f}x"
@@ -147,7 +156,7 @@ def main() -> None:
             f"run-time threads / frozen at 2 (baked on two cores), on two cores: {figures['run_time_over_frozen_2']:.2f}x"
         )
     print(f"load average {load_start[0]:.2f} at the start, {load_end[0]:.2f} at the end")
-    print(json.dumps({"benchmark": "threads", **vars(args), "tokens_per_s": median, **figures,
+    print(json.dumps({"benchmark": "threads", **vars(args), "tokens_per_s": median, "tokens_per_cpu_s": cpu_median, **figures,
                       "load_average": [round(load_start[0], 2), round(load_end[0], 2)]}))  # fmt: skip
 
 

@@ -4,8 +4,8 @@ decode steps, each in its own process so `taskset` decides the cores it sees.
 
     python -m tests.support.kernel_threads build RECIPE OUT SHAPE_JSON [static]
     python -m tests.support.kernel_threads serve RECIPE OUT SHAPE_JSON STEPS
-Each prints one JSON line: torch's thread count in that process, and (serve) decode tokens/s, the
-greedy tokens of the first step (so two runs can be compared), how OpenMP waits (set as the engine's
+Each prints one JSON line: torch's thread count in that process, and (serve) decode tokens per second
+and per CPU-second of all its threads, the greedy tokens of the first step (so two runs can be compared), how OpenMP waits (set as the engine's
 start sets it, before torch is imported) and the share of checks, 2 ms after a step, that found every
 thread but the main one asleep rather than spinning. The model's dtype is the recipe's first.
 """
@@ -85,10 +85,10 @@ def _serve(recipe_path: str, out: str, shape_json: str, steps: int) -> dict:
     first = package.decode(ids, positions, slots, shape.ctx_len, Tactic()).argmax(-1).tolist()
     for _ in range(3):  # warm
         package.decode(ids, positions, slots, shape.ctx_len, Tactic())
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     for _ in range(steps):
         package.decode(ids, positions, slots, shape.ctx_len, Tactic())
-    took = time.perf_counter() - started
+    took, cpu = time.perf_counter() - started, time.process_time() - cpu
     asleep = []
     for _ in range(10):  # libgomp's default spin lasts milliseconds; the engine's, tens of microseconds
         package.decode(ids, positions, slots, shape.ctx_len, Tactic())
@@ -97,6 +97,7 @@ def _serve(recipe_path: str, out: str, shape_json: str, steps: int) -> dict:
     return {
         "threads": torch.get_num_threads(),
         "tokens_per_s": round(steps * shape.batch / took, 2),
+        "tokens_per_cpu_s": round(steps * shape.batch / cpu, 2),  # every thread's CPU time: spinning counts
         "first": first,
         "waits": openmp.waits(),
         "asleep_after_a_step": sum(asleep) / len(asleep),
