@@ -34,6 +34,7 @@ from prebake.artifacts.store.stats import record_fallback
 from prebake.engine.bundled import cache_layout
 from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE
 from prebake.engine.bundled.ranks import RankContext
+from prebake.engine.bundled.runtime import openmp
 from prebake.engine.bundled.runtime.metrics import Metrics
 from prebake.engine.bundled.runtime.shapes import StepShape, step_shapes
 from prebake.engine.bundled.runtime.torch_import import Imports
@@ -154,7 +155,8 @@ def _begin_imports(eager: bool, recipe: Recipe, run_dir: Path) -> Imports:
     """torch's imports on a thread; Inductor's too for a compiled start whose variant needs it, under
     the cache folder the install step will activate (set here, before any of Inductor is imported).
     A variant that needs none (aoti-package: torch's C++ loader) imports torch alone; a fallback to
-    one that does imports Inductor then."""
+    one that does imports Inductor then. OpenMP's waits are set first: libgomp reads them as torch loads it."""
+    openmp.brief_waits()
     if eager or "torch._inductor.codecache" in sys.modules:
         return Imports.begin()
     from prebake.engine.bundled.runtime.inductor_init import INDUCTOR_MODULES  # names only: torch is imported lazily
@@ -324,7 +326,8 @@ def _warm(
         s.detail = (
             f"{recipe.model.name} {plan.target.dtype} ({sum(p.numel() for p in model.parameters()):,} parameters"
             + (f" on rank {parallel.rank} of {parallel.world}); " if parallel is not None else "); ")
-            + f"{torch.get_num_threads()} threads, this host's"  # kernels read it when they run, never the builder's
+            + f"{torch.get_num_threads()} threads, this host's; "  # kernels read it when they run, never the builder's
+            + openmp.waits()
         )
         _agree_on_schedule(parallel, schedule, log)
     steps = None

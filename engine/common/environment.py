@@ -238,6 +238,12 @@ VARIABLES: tuple[Variable, ...] = (
         "Set by `prebake fetch`/`serve` for the bundled engine: Inductor's cache inside the graphs tree (a private writable copy when serving).",
     ),
     Variable(
+        "GOMP_SPINCOUNT",
+        "set",
+        "1000",
+        "Set by `prebake serve` (bundled engine) before torch loads libgomp, unless it or OMP_WAIT_POLICY is set: OpenMP threads spin this many times at a barrier or between parallel regions, then sleep (libgomp's own default spins for milliseconds, which stalls two threads on a shared host; docs/graphs-variants.md).",
+    ),
+    Variable(
         "VLLM_CACHE_ROOT",
         "set",
         "-",

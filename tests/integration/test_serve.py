@@ -146,6 +146,11 @@ def test_every_startup_step_is_logged_with_its_duration_and_exported(warm):
     assert 0 < metric(metrics, "prebake_time_to_ready_seconds ") < 900
 
 
+def test_the_engine_sets_a_short_openmp_spin_before_torch_loads_libgomp(warm):
+    # set after `import torch` it would be logged as libgomp's default: libgomp reads it once, at load
+    assert "threads, this host's; OpenMP waits GOMP_SPINCOUNT=1000" in warm.log
+
+
 def test_completions_take_token_ids_and_text(warm):
     by_ids = warm.complete(model=AOT, prompt=PROMPT, max_tokens=6, temperature=0)
     assert by_ids["object"] == "text_completion" and by_ids["model"] == AOT

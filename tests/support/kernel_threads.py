@@ -4,18 +4,23 @@ decode steps, each in its own process so `taskset` decides the cores it sees.
 
     python -m tests.support.kernel_threads build RECIPE OUT SHAPE_JSON [static]
     python -m tests.support.kernel_threads serve RECIPE OUT SHAPE_JSON STEPS
-Each prints one JSON line: torch's thread count in that process, and (serve) decode tokens/s and
-the greedy tokens of the first step (so two runs can be compared).
+Each prints one JSON line: torch's thread count in that process, and (serve) decode tokens per second
+and per CPU-second of all its threads, the greedy tokens of the first step (so two runs can be compared), how OpenMP waits (set as the engine's
+start sets it, before torch is imported) and the share of checks, 2 ms after a step, that found every
+thread but the main one asleep rather than spinning. The model's dtype is the recipe's first.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
 import zipfile
 from pathlib import Path
+
+from prebake.engine.bundled.runtime import openmp
 
 
 def imported_symbols(package: Path) -> set[str]:
@@ -45,13 +50,24 @@ def _build(recipe_path: str, out: str, shape_json: str, static: bool) -> dict:
             return real(module, args, options={**(options or {}), "cpp.dynamic_threads": False})
 
         torch._inductor.aot_compile = frozen
-    model, cache = model_and_cache(load_recipe(recipe_path), "fp32")
+    recipe = load_recipe(recipe_path)
+    model, cache = model_and_cache(recipe, recipe.matrix.dtype[0])
     shape = StepShape(**json.loads(shape_json))
     seconds = aoti.compile_package(model, cache, {shape: Tactic()}, Path(out), log=lambda line: None)
     return {"threads": torch.get_num_threads(), "compile_s": round(seconds[shape], 2)}
 
 
+def _others_asleep() -> bool:
+    """Whether every thread of this process but the main one is asleep (not running or runnable)."""
+    for tid in (t for t in os.listdir("/proc/self/task") if int(t) != os.getpid()):
+        stat = Path(f"/proc/self/task/{tid}/stat").read_text()
+        if stat[stat.rindex(")") + 2] == "R":
+            return False
+    return True
+
+
 def _serve(recipe_path: str, out: str, shape_json: str, steps: int) -> dict:
+    openmp.brief_waits()  # as the engine's start does: before torch loads libgomp
     import torch
 
     from prebake.artifacts.recipe.schema import load_recipe
@@ -60,7 +76,8 @@ def _serve(recipe_path: str, out: str, shape_json: str, steps: int) -> dict:
     from prebake.engine.bundled.runtime.shapes import StepShape
     from prebake.engine.bundled.runtime.steps import Tactic
 
-    model, cache = model_and_cache(load_recipe(recipe_path), "fp32")
+    recipe = load_recipe(recipe_path)
+    model, cache = model_and_cache(recipe, recipe.matrix.dtype[0])
     shape = StepShape(**json.loads(shape_json))
     package = aoti.load_package(model, cache, [shape], Path(out))
     ids = torch.arange(shape.batch) % model.config.vocab_size
@@ -68,11 +85,23 @@ def _serve(recipe_path: str, out: str, shape_json: str, steps: int) -> dict:
     first = package.decode(ids, positions, slots, shape.ctx_len, Tactic()).argmax(-1).tolist()
     for _ in range(3):  # warm
         package.decode(ids, positions, slots, shape.ctx_len, Tactic())
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     for _ in range(steps):
         package.decode(ids, positions, slots, shape.ctx_len, Tactic())
-    took = time.perf_counter() - started
-    return {"threads": torch.get_num_threads(), "tokens_per_s": round(steps * shape.batch / took, 2), "first": first}
+    took, cpu = time.perf_counter() - started, time.process_time() - cpu
+    asleep = []
+    for _ in range(10):  # libgomp's default spin lasts milliseconds; the engine's, tens of microseconds
+        package.decode(ids, positions, slots, shape.ctx_len, Tactic())
+        time.sleep(0.002)
+        asleep.append(_others_asleep())
+    return {
+        "threads": torch.get_num_threads(),
+        "tokens_per_s": round(steps * shape.batch / took, 2),
+        "tokens_per_cpu_s": round(steps * shape.batch / cpu, 2),  # every thread's CPU time: spinning counts
+        "first": first,
+        "waits": openmp.waits(),
+        "asleep_after_a_step": sum(asleep) / len(asleep),
+    }
 
 
 def main(argv: list[str]) -> int:

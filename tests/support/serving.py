@@ -75,6 +75,8 @@ def write_recipe(
 
 def serve_env(home: Path, recipes: Path | None = None, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREBAKE_", "AWS_"))}
+    for name in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):  # how OpenMP waits: the engine's (runtime.openmp)
+        env.pop(name, None)
     env["PREBAKE_HOME"] = str(home)
     env["PREBAKE_TRUSTED_KEYS"] = ""  # unverified, on purpose: signing has its own tests
     if recipes is not None:
