@@ -1,8 +1,9 @@
 """The dynamo-precompile graphs variant (named: the default is aoti-package): a precompiled function that does
 not load falls back to the Inductor cache of the same graphs tree, says why, and computes the same thing.
 
-Real torch.compile in fresh processes (one per phase, as a baker and a server are), on the
-smallest step shape of tiny-llama, so each compile is as short as it gets.
+Real torch.compile in fresh processes (one per phase, as a baker and a server are), on one decode
+shape of the serving tests' two-layer recipe (tests/support/serving.py), so each compile is as
+short as it gets: the subject is the fallback, not the model.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.serving import write_recipe
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -32,11 +35,9 @@ from prebake.engine.bundled.start import StartupPhaseLog
 from prebake.engine.bundled.variants.base import LoadJob
 from prebake.engine.bundled.warm_up import GraphsTree, WarmUp
 
-phase, tree = sys.argv[1], Path(sys.argv[2])
-recipe = load_recipe("tiny-llama")
-recipe = recipe.model_copy(update={"compile": recipe.compile.model_copy(update={"variant": "dynamo-precompile"})})
+phase, tree, recipe = sys.argv[1], Path(sys.argv[2]), load_recipe(Path(sys.argv[3]))
 model, cache = model_and_cache(recipe, "fp32")
-tactics = {StepShape("decode", 1, 1, 64): Tactic()}
+tactics = {StepShape("decode", 1, 1, 32): Tactic()}
 if phase == "build":
     steps, reason = compile_graphs(model, cache, recipe, tactics, tree, log=lambda line: None), None
 else:  # the start's warm-up: the variants' chain from dynamo-precompile, the tree writable where it lies
@@ -51,18 +52,24 @@ print(json.dumps({"kind": type(steps).__name__, "reason": reason, "sum": float(o
 """
 
 
-def _run(phase: str, tree: Path) -> dict:
+def _run(phase: str, tree: Path, recipe: Path) -> dict:
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tree / "inductor"), "PYTHONPATH": str(REPO)}
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD, phase, str(tree)], env=env, capture_output=True, text=True, timeout=1800
+        [sys.executable, "-c", _CHILD, phase, str(tree), str(recipe)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def test_a_precompiled_function_that_does_not_load_falls_back_to_the_same_trees_inductor_cache(tmp_path):
+    write_recipe(tmp_path / "recipes", "fallback-test", variant="dynamo-precompile", seqs=1)
+    recipe = tmp_path / "recipes" / "fallback-test.toml"
     baked = tmp_path / "baked"
-    built = _run("build", baked)
+    built = _run("build", baked, recipe)
     intact, broken = tmp_path / "intact", tmp_path / "broken"
     shutil.copytree(baked, intact)
     shutil.copytree(baked, broken)
@@ -70,8 +77,8 @@ def test_a_precompiled_function_that_does_not_load_falls_back_to_the_same_trees_
     assert json.loads((baked / "graphs.json").read_text())["precompiled"] is True
     function.write_bytes(function.read_bytes()[:100])  # verified bytes that do not load: here, cut short
 
-    loaded = _run("load", intact)
-    fallback = _run("load", broken)
+    loaded = _run("load", intact, recipe)
+    fallback = _run("load", broken, recipe)
 
     assert loaded["kind"] == "AotSteps" and loaded["reason"] is None
     assert fallback["kind"] == "CompiledSteps" and fallback["reason"]  # the reason the engine logs

@@ -2,7 +2,9 @@
 
 A tiny recipe variant names `[buckets] strategy = "traffic"` with a trace beside it; a cold start
 with --write-back fits the set, compiles its steps and publishes; the buckets bundle in the
-registry holds the fitted set and its key names the trace by digest, never by path.
+registry holds the fitted set and its key names the trace by digest, never by path. The set is
+the smallest the fit allows at one sequence (budget 4: three prompt buckets and one decode), so the
+cold start compiles four step shapes, not the six that two sequences and a budget of 6 took.
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ def test_bundled_engine_serves_a_traffic_fitted_bucket_set(tmp_path):
     recipes = tmp_path / "recipes"
     recipes.mkdir()
     write_jsonl(synthetic_requests("chat", 200, seed=5, max_len=30), recipes / "chat.jsonl")
-    recipe = SERVE_TEST_RECIPE.format(name=NAME, variant="inductor-cache", seqs=2, seed=0)
+    recipe = SERVE_TEST_RECIPE.format(name=NAME, variant="inductor-cache", seqs=1, seed=0)
     recipe = recipe.replace(
-        "[compile]", '[buckets]\nstrategy = "traffic"\ntrace = "chat.jsonl"\nbudget = 6\n\n[compile]'
+        "[compile]", '[buckets]\nstrategy = "traffic"\ntrace = "chat.jsonl"\nbudget = 4\n\n[compile]'
     )
     (recipes / f"{NAME}.toml").write_text(recipe)
     registry = tmp_path / "registry"

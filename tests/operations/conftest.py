@@ -8,8 +8,11 @@ registry and store it registered is re-checked when it ends.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from tests.support.once import once_per_run
 from tests.support.s3_fixtures import bucket, moto
 from tests.support.scenarios import Scenario
 
@@ -24,11 +27,15 @@ def _checked(scenario: Scenario) -> Scenario:
 @pytest.fixture(scope="session")
 def baked(tmp_path_factory):
     """A registry holding a small eager recipe's buckets and autotune, written back by a first
-    `prebake serve --eager --write-back` (about a minute, once a session): later servers load them."""
+    `prebake serve --eager --write-back` (about a minute, once a run, whichever worker asks first:
+    tests/support/once.py): later servers load them, none writes to it."""
+    return Baked(once_per_run(tmp_path_factory, "operations-baked", _write_back))
+
+
+def _write_back(root: Path) -> None:
     from tests.support.api_server import write_api_recipe
     from tests.support.serving import ServeProcess, serve_env
 
-    root = tmp_path_factory.mktemp("baked")
     recipes = write_api_recipe(root / "recipes", OPS_MODEL)
     (root / "registry").mkdir()
     first = ServeProcess(
@@ -40,15 +47,14 @@ def baked(tmp_path_factory):
     finally:
         first.stop()
     assert "write-back" in first.log and "failed" not in first.log.split("write-back", 1)[1][:400], first.log
-    return Baked(root / "registry", recipes)
 
 
 OPS_MODEL = "ops-test"
 
 
 class Baked:
-    def __init__(self, registry, recipes):
-        self.registry, self.recipes = registry, recipes
+    def __init__(self, root: Path):
+        self.registry, self.recipes = root / "registry", root / "recipes"
 
     def serve(self, home, *args: str, **env: str):
         """A `prebake serve --eager` of the baked recipe from a fresh store `home`, started (not yet ready)."""

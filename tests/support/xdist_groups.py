@@ -3,11 +3,11 @@
 whole groups of tests.
 
 A group is one test module: its tests run together on one worker, in their order, as in a serial
-run, so its module- and session-scoped fixtures (servers, bakes) are set up once and no test
-waits on state another worker holds. A group may span modules (SHARED): modules that share one
-expensive session fixture, paid once on one worker. What tests write outside their tmp_path is
-guarded where it is written (tests/support/baking.wheel_build_lock: pip building prebake's wheel
-in the checkout's build/ folder).
+run, so its module-scoped fixtures (servers, bakes) are set up once and no test waits on state
+another worker holds. A session fixture several modules share and that costs minutes is made once
+a run whichever worker asks first (tests/support/once.py), so those modules need no worker of their
+own. What tests write outside their tmp_path is guarded where it is written
+(tests/support/baking.wheel_build_lock: pip building prebake's wheel in the checkout's build/ folder).
 
 The groups are computed from node ids by the scheduler itself rather than through
 `xdist_group` marks: pytest-xdist 3.8 writes a mark's group into `item._nodeid`, which pytest 9
@@ -23,24 +23,10 @@ import os
 
 import pytest
 
-# module -> the group it shares with other modules: the `baked` session fixture of
-# tests/operations/conftest.py (a first serve with write-back), paid once on one worker
-SHARED = dict.fromkeys(
-    (
-        "tests/operations/test_abandoned_requests.py",
-        "tests/operations/test_answers.py",
-        "tests/operations/test_request_bodies.py",
-        "tests/operations/test_store_bound.py",
-        "tests/operations/test_store_damage.py",
-    ),
-    "operations-baked",
-)
-
 
 def group_of(nodeid: str) -> str:
-    """The group of a test: its module's, or the one SHARED names."""
-    module = nodeid.split("::", 1)[0]
-    return SHARED.get(module, module)
+    """The group of a test: its module."""
+    return nodeid.split("::", 1)[0]
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook
