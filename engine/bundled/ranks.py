@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from prebake.engine.common.ports import loopback_port
+
 RANK_ENV = "PREBAKE_TP_RANK"
 RANK_DIED = 70  # the server's exit status when a rank ended it (sysexits' EX_SOFTWARE)
 _GRACE_S = 1.5  # after a rank dies: rank 0's /health says 503 this long before every rank is told to stop
@@ -58,7 +60,7 @@ class RankContext:
 
 def supervise(world: int, sock: socket.socket, emit: Callable[[str], None]) -> int:
     """Start `world` ranks of this command and watch them; the server's exit status."""
-    port = _free_port()
+    port = loopback_port()
     notice_read, notice_write = os.pipe()
     ranks: list[subprocess.Popen] = []
     for rank in range(world):
@@ -149,12 +151,6 @@ def _wait(proc: subprocess.Popen, timeout: float) -> int | None:
         return proc.wait(timeout)
     except subprocess.TimeoutExpired:
         return None
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def read_notices(fd: int, on_notice: Callable[[str], None]) -> None:

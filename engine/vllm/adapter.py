@@ -36,6 +36,7 @@ from prebake.engine.common.adapter import (
     Services,
     StartRequest,
 )
+from prebake.engine.common.ports import loopback_port
 from prebake.engine.common.probe import Package
 from prebake.engine.vllm import gaudi, ranks
 from prebake.engine.vllm.process import (
@@ -48,7 +49,6 @@ from prebake.engine.vllm.process import (
     build_environment,
     compile_report,
     engine_flags,
-    free_port,
     model_location,
     recorded_variables,
     start,
@@ -148,7 +148,7 @@ class VllmAdapter:
         plan, work = request.plan, request.out.parent
         location = model_location(plan.recipe, work / "models")
         env = self.build_environment(plan, request.out, os.environ, request.inputs)
-        port = free_port()
+        port = loopback_port()
         flags = (*engine_flags(plan.recipe, plan.target), "--host", "127.0.0.1", "--port", str(port))
         argv = (*vllm_command(), "--model", location.name, *flags)
         log = work / "vllm-bake.log"

@@ -26,7 +26,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -311,12 +310,6 @@ def variable_drift(baked: Mapping[str, str], here: Mapping[str, str]) -> list[st
 
 
 # --- running vLLM -----------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(launch: Spawn) -> Running:

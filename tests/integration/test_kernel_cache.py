@@ -23,7 +23,7 @@ from prebake.artifacts.recipe.schema import Recipe, load_recipe
 from prebake.artifacts.store.local import Store
 from prebake.engine.common.adapter import StartRequest
 from prebake.engine.compose import Context, plans_for
-from prebake.engine.vllm.process import CACHE_DIR, Spawn, compile_report, free_port, start, stop, wait_ready
+from prebake.engine.vllm.process import CACHE_DIR, Spawn, compile_report, start, stop, wait_ready
 from prebake.engine.vllm.start import prepare
 from prebake.registry import open_registry
 from prebake.registry.oci.kernel_cache import (
@@ -35,6 +35,7 @@ from prebake.registry.oci.kernel_cache import (
     push_image,
 )
 from tests.support.oci_server import oci_available, oci_server, umoci_unpack
+from tests.support.ports import free_port
 from tests.support.recipe_files import write_recipe
 from tests.support.vllm_hosts import STANDIN, bake_all, vllm_cpu_host
 

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from prebake.engine.vllm.process import Spawn, compile_report, free_port, start, stop, wait_ready
+from prebake.engine.vllm.process import Spawn, compile_report, start, stop, wait_ready
 from tests.support.baking import Home
 from tests.support.oci_server import oci_available, oci_server, umoci_unpack
+from tests.support.ports import free_port
 
 pytestmark = [
     pytest.mark.vllm,

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from prebake.engine.vllm.process import Spawn, compile_report, free_port, start, stop, wait_ready
+from prebake.engine.vllm.process import Spawn, compile_report, start, stop, wait_ready
 from tests.support.baking import BIN, REPO, Home
+from tests.support.ports import free_port
 from tests.support.relocation import relocated_venv
 
 pytestmark = [

@@ -20,7 +20,6 @@ from prebake.artifacts.recipe.schema import load_recipe, targets
 from prebake.engine.vllm.process import (
     Spawn,
     engine_flags,
-    free_port,
     model_location,
     serving_variables,
     start,
@@ -29,6 +28,7 @@ from prebake.engine.vllm.process import (
     wait_ready,
 )
 from tests.support.baking import Home
+from tests.support.ports import free_port
 
 pytestmark = [
     pytest.mark.vllm,

@@ -22,7 +22,6 @@ from prebake.engine.vllm.process import (
     REPORT_FILE,
     Spawn,
     compile_report,
-    free_port,
     model_location,
     start,
     stop,
@@ -31,6 +30,7 @@ from prebake.engine.vllm.process import (
 from prebake.engine.vllm.start import prepare, write_back
 from prebake.registry import open_registry
 from tests.support.baking import REPO
+from tests.support.ports import free_port
 from tests.support.recipe_files import write_recipe
 from tests.support.vllm_hosts import STANDIN, bake_all, vllm_cpu_host
 

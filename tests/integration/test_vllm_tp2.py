@@ -21,11 +21,12 @@ import pytest
 
 from prebake.artifacts.store.local import Store
 from prebake.engine.vllm import ranks
-from prebake.engine.vllm.process import CACHE_DIR, REPORT_FILE, Spawn, free_port, start, stop, wait_ready
+from prebake.engine.vllm.process import CACHE_DIR, REPORT_FILE, Spawn, start, stop, wait_ready
 from prebake.registry.oci.kernel_cache import RANKS, build_image
 from tests.integration.test_vllm import MODEL, generate
 from tests.support.baking import BIN, Home
 from tests.support.oci_server import oci_available, oci_server
+from tests.support.ports import free_port
 
 pytestmark = [
     pytest.mark.vllm,

@@ -19,10 +19,11 @@ from prebake.engine.common.probe import probe
 from prebake.engine.compose import Context, plans_for
 from prebake.engine.vllm import gaudi
 from prebake.engine.vllm.gaudi import vllm_gaudi_env
-from prebake.engine.vllm.process import Spawn, free_port, start, stop, wait_ready
+from prebake.engine.vllm.process import Spawn, start, stop, wait_ready
 from prebake.engine.vllm.start import prepare
 from prebake.registry import open_registry
 from tests.support.baking import REPO
+from tests.support.ports import free_port
 from tests.support.recipe_files import write_recipe
 
 FAKE = REPO / "tests" / "support" / "fake_habana"

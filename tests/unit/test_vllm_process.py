@@ -10,11 +10,11 @@ import pytest
 from prebake.engine.common.adapter import EngineStartError
 from prebake.engine.vllm.process import (
     Spawn,
-    free_port,
     start,
     stop,
     wait_ready,
 )
+from tests.support.ports import free_port
 from tests.support.vllm_hosts import STANDIN, standin_env
 from tests.unit.test_probe import ended
 
