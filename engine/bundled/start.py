@@ -155,8 +155,8 @@ def _begin_imports(eager: bool, recipe: Recipe, run_dir: Path) -> Imports:
     """torch's imports on a thread; Inductor's too for a compiled start whose variant needs it, under
     the cache folder the install step will activate (set here, before any of Inductor is imported).
     A variant that needs none (aoti-package: torch's C++ loader) imports torch alone; a fallback to
-    one that does imports Inductor then. OpenMP's waits are set first: libgomp reads them as torch loads it."""
-    openmp.brief_waits()
+    one that does imports Inductor then. OpenMP's waits are chosen first: libgomp reads them as torch loads it."""
+    openmp.choose_waits()
     if eager or "torch._inductor.codecache" in sys.modules:
         return Imports.begin()
     from prebake.engine.bundled.runtime.inductor_init import INDUCTOR_MODULES  # names only: torch is imported lazily

@@ -241,7 +241,7 @@ VARIABLES: tuple[Variable, ...] = (
         "GOMP_SPINCOUNT",
         "set",
         "1000",
-        "Set by `prebake serve` (bundled engine) before torch loads libgomp, unless it or OMP_WAIT_POLICY is set: OpenMP threads spin this many times at a barrier or between parallel regions, then sleep (libgomp's own default spins for milliseconds, which stalls two threads on a shared host; docs/graphs-variants.md).",
+        "Set by `prebake serve` (bundled engine) before torch loads libgomp, unless it or OMP_WAIT_POLICY is set, when its OpenMP threads measured less than three quarters of a core each at the start (they share cores): they spin this many times at a barrier or between parallel regions, then sleep. Threads with a core each keep libgomp's own long spin (milliseconds), which stalls threads that share cores and beats a sleep where they do not (docs/graphs-variants.md).",
     ),
     Variable(
         "VLLM_CACHE_ROOT",

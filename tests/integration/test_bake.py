@@ -11,10 +11,25 @@ import pytest
 from tests.support.baking import REPO, Home
 
 
+def serving_one_short_sequence(folder: Path) -> Path:
+    """tiny-llama's shipped recipe with its serving limits cut to one sequence of 64 tokens: the same
+    model, autotune and matrix, two step shapes (prefill and decode) instead of seven. What these
+    tests check is the pipeline (every kind published, fetched, served, copied), not the bucket set,
+    and each shape is about 20 s of compiling on two cores (tests/README.md)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    text = (REPO / "recipes" / "tiny-llama.toml").read_text()
+    cut = text.replace("max_model_len = 128\nmax_num_seqs = 2\nmax_num_batched_tokens = 128\n",
+                       "max_model_len = 64\nmax_num_seqs = 1\nmax_num_batched_tokens = 64\n")  # fmt: skip
+    assert cut != text, "recipes/tiny-llama.toml's [serving] changed: update this copy"
+    (folder / "tiny-llama.toml").write_text(cut)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def baked(tmp_path_factory) -> Home:
-    """tiny-llama baked once (bf16) into a private home's embedded registry."""
-    home = Home(tmp_path_factory.mktemp("bake"))
+    """tiny-llama (one short sequence: two step shapes) baked once (bf16) into a private home's embedded registry."""
+    root = tmp_path_factory.mktemp("bake")
+    home = Home(root, recipes=serving_one_short_sequence(root / "recipes"))
     proc = home.doit("run", "bake", "model=tiny-llama", "precision=bf16")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return home
@@ -157,7 +172,8 @@ def test_fetch_on_an_empty_registry_exits_3(tmp_path):
 
 @pytest.mark.slow
 def test_prebake_copy_to_oci_and_back_leaves_bundles_the_engine_starts_from(baked, tmp_path):
-    """issue 31's done-when: the default recipe's bundles, `prebake copy` folder -> OCI -> folder, then
+    """issue 31's done-when: the default recipe's bundles (its model, variant and autotune; one short
+    sequence), `prebake copy` folder -> OCI -> folder, then
     `prebake serve --on-miss fail` from the copy: every tree verifies, and the engine starts on them."""
     from tests.support.oci_server import oci_available, oci_server
     from tests.support.serving import ServeProcess, serve_env
@@ -173,7 +189,7 @@ def test_prebake_copy_to_oci_and_back_leaves_bundles_the_engine_starts_from(bake
         assert again.returncode == 0 and json.loads(again.stdout)["copied"] == 3, again.stderr
     server_process = ServeProcess(
         ["--model", "tiny-llama", "--precision", "bf16", "--registry", str(back), "--on-miss", "fail"],
-        serve_env(tmp_path / "node"),
+        serve_env(tmp_path / "node", baked.recipes),
     )
     try:
         server_process.wait_ready()

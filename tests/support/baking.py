@@ -32,12 +32,15 @@ class Home:
     """A private PREBAKE_HOME (store + embedded registry) with its own doit dependency file."""
 
     root: Path
+    recipes: Path | None = None  # a folder of recipes found before the shipped ones (PREBAKE_RECIPES)
 
     @property
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")}
         env["PREBAKE_HOME"] = str(self.root / "home")
         env["PREBAKE_TRUSTED_KEYS"] = ""  # unverified, on purpose: signing has its own tests
+        if self.recipes is not None:
+            env["PREBAKE_RECIPES"] = str(self.recipes)
         return env
 
     def doit(

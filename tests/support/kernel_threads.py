@@ -67,7 +67,7 @@ def _others_asleep() -> bool:
 
 
 def _serve(recipe_path: str, out: str, shape_json: str, steps: int) -> dict:
-    openmp.brief_waits()  # as the engine's start does: before torch loads libgomp
+    openmp.choose_waits()  # as the engine's start does: before torch loads libgomp
     import torch
 
     from prebake.artifacts.recipe.schema import load_recipe

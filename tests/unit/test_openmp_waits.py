@@ -1,35 +1,86 @@
-"""The serving process's OpenMP waits (runtime.openmp): a short spin set before torch loads libgomp,
-an operator's own choice kept, nothing claimed once libgomp has read its variables."""
+"""The serving process's OpenMP waits (runtime.openmp): chosen on the serving host before torch loads
+libgomp, from how much CPU its threads measured (libgomp's long spin where each has a core, a short
+spin where they share), an operator's own choice kept, nothing claimed once libgomp has read its
+variables."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 
+import pytest
+
 from prebake.engine.bundled.runtime import openmp
+
+
+def test_threads_with_a_core_each_keep_libgomps_long_spin_and_sharing_threads_get_a_short_one():
+    assert openmp.decide(2, 1.9).chosen == {}
+    assert openmp.decide(4, 3.0).chosen == {}  # three quarters of a core each
+    assert openmp.decide(2, 0.98).chosen == {openmp.SPIN_ENV: openmp.SHORT_SPIN_COUNT}
+    assert openmp.decide(8, 5.9).chosen == {openmp.SPIN_ENV: openmp.SHORT_SPIN_COUNT}
+    assert openmp.decide(2, 0.98).line() == (
+        "OpenMP waits GOMP_SPINCOUNT=1000: 2 threads got 0.98 cores, sharing them (a short spin, then sleep)"
+    )
+    assert (
+        openmp.decide(2, 1.9).line()
+        == "OpenMP waits as libgomp's default (a long spin): 2 threads got 1.90 cores, a core each"
+    )
+
+
+def test_the_threads_it_probes_are_the_ones_openmp_will_run():
+    assert openmp.threads_wanted({"OMP_NUM_THREADS": "3,2"}) == 3  # nested levels: the outer one
+    assert openmp.threads_wanted({}) == len(os.sched_getaffinity(0))
+    assert openmp.threads_wanted({"OMP_NUM_THREADS": "many"}) == len(os.sched_getaffinity(0))
+
+
+def test_the_probe_measures_cpu_time_over_wall_time():
+    assert 0.0 < openmp.cores_got(1, seconds=0.05) <= 1.2  # one thread cannot get more than a core
+
+
+def test_one_thread_has_no_peer_to_wait_for_and_is_not_probed():
+    environ = {"OMP_NUM_THREADS": "1"}
+    waits = openmp.choose_waits(environ, probe=lambda threads: pytest.fail("probed one thread"))
+    assert environ == {"OMP_NUM_THREADS": "1"} and waits.reason == "one thread, nothing waits for a peer"
 
 
 def test_the_operators_wait_policy_or_spin_count_is_kept():
     for chosen in ({"OMP_WAIT_POLICY": "active"}, {"GOMP_SPINCOUNT": "0"}):
         environ = dict(chosen)
-        openmp.brief_waits(environ)
+        waits = openmp.choose_waits(environ, probe=lambda threads: pytest.fail("probed an operator's choice"))
         assert environ == chosen
-        assert openmp.waits(environ) == "OpenMP waits " + ", ".join(f"{k}={v}" for k, v in chosen.items())
+        assert waits.line() == "OpenMP waits " + ", ".join(f"{k}={v}" for k, v in chosen.items()) + ": the operator's"
+
+
+def _in_a_fresh_process(code: str, *pinned: str, **env: str) -> str:
+    done = subprocess.run(
+        [*pinned, sys.executable, "-c", code], capture_output=True, text=True, check=True, env={"PATH": "/usr/bin:/bin", **env}
+    )  # fmt: skip
+    return done.stdout.strip()
 
 
 def test_nothing_is_set_once_torch_has_loaded_libgomp_and_the_log_says_so():
     code = (
         "import os, torch\n"
         "from prebake.engine.bundled.runtime import openmp\n"
-        "openmp.brief_waits()\n"
+        "openmp.choose_waits()\n"
         "print(openmp.SPIN_ENV in os.environ, openmp.waits())\n"
     )
-    env = {"PATH": "/usr/bin:/bin"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    assert done.stdout.strip() == "False OpenMP waits as libgomp's default (a long spin)"
+    assert _in_a_fresh_process(code) == (
+        "False OpenMP waits as libgomp's default (a long spin): torch was imported before the start could choose"
+    )
 
 
-def test_a_fresh_process_sets_it_before_torch_is_imported():
-    code = "from prebake.engine.bundled.runtime import openmp\nopenmp.brief_waits()\nprint(openmp.waits())\n"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={}, check=True)
-    assert done.stdout.strip() == f"OpenMP waits {openmp.SPIN_ENV}={openmp.SERVING_SPIN_COUNT}"
+@pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset (util-linux) to pin two threads to one core")
+def test_two_threads_pinned_to_one_core_share_it_and_get_the_short_spin_before_torch_is_imported():
+    code = (
+        "import os\n"
+        "from prebake.engine.bundled.runtime import openmp\n"
+        "openmp.choose_waits()\n"
+        "print(os.environ.get(openmp.SPIN_ENV), openmp.waits())\n"
+    )
+    first = str(min(os.sched_getaffinity(0)))
+    out = _in_a_fresh_process(code, "taskset", "-c", first, OMP_NUM_THREADS="2")
+    assert out.startswith("1000 OpenMP waits GOMP_SPINCOUNT=1000: 2 threads got "), out
+    assert out.endswith("cores, sharing them (a short spin, then sleep)"), out
