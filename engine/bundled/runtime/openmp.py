@@ -91,11 +91,11 @@ def _choose(environ: MutableMapping[str, str], probe: Callable[[int], float]) ->
     operators = {name: environ[name] for name in (POLICY_ENV, SPIN_ENV) if name in environ}
     if operators:
         return Waits(operators, "the operator's")
-    if "torch" in sys.modules:
-        return Waits({}, "torch was imported before the start could choose")
     threads = threads_wanted(environ)
     if threads == 1:
         return Waits({}, "one thread, nothing waits for a peer")
+    if "torch" in sys.modules:
+        return Waits({}, "torch was imported before the start could choose")
     waits = decide(threads, probe(threads))
     environ.update(waits.chosen)
     return waits
