@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import uvicorn
 from pydantic import BaseModel, ConfigDict, Field
@@ -36,6 +37,9 @@ from prebake.engine.bundled.runtime.tokenizer import TokenizerError, tokenizer_f
 from prebake.engine.bundled.start import Engine, start
 from prebake.engine.common.adapter import OpenServices, StartRequest
 from prebake.engine.common.starter import MissRefused
+
+if TYPE_CHECKING:  # torch: loaded by start(), once the environment is set
+    from prebake.engine.bundled.runtime.scheduler import Scheduler
 
 API_KEY_VARIABLE = "PREBAKE_API_KEY"
 
@@ -106,8 +110,7 @@ def serve(settings: ServeSettings, open_services: OpenServices, emit: Callable[[
             from prebake.engine.bundled.runtime.lockstep import Lockstep
 
             engine.steps = Lockstep(engine.steps)
-        scheduler_thread = _ready(engine, state, stop, emit)
-        state.alive = scheduler_thread.is_alive
+        scheduler = _ready(engine, state, emit)
         ready_s = _seconds_since_process_start()
         metrics.set("prebake_time_to_ready_seconds", round(ready_s, 3))
         metrics.set("prebake_ready", 1)
@@ -115,7 +118,7 @@ def serve(settings: ServeSettings, open_services: OpenServices, emit: Callable[[
             f"prebake serve: ready: {engine.plan.target.name} on http://{host}:{port} "
             f"({ready_s:.2f} s after the process started)"
         )
-        stop.wait()
+        _serve_steps(scheduler, state, stop, emit)
         return 0
     except MissRefused as exc:
         emit(f"prebake serve: {exc}")
@@ -190,7 +193,22 @@ def _listen_fix(exc: OSError, host: str, port: int) -> str:
     )
 
 
-def _ready(engine: Engine, state: AppState, stop: threading.Event, emit: Callable[[str], None]) -> threading.Thread:
+def _serve_steps(scheduler: Scheduler, state: AppState, stop: threading.Event, emit: Callable[[str], None]) -> None:
+    """The serving loop, on this thread: the one whose start warmed the steps up. libgomp keeps a
+    thread pool per thread that opens parallel regions, and once two pools hold more threads than
+    there are cores it shortens every wait to a sleep (tiny-llama's package: a decode step 1.6 ms on
+    the thread that warmed it, 9.4 ms on another, two threads on two cores; docs/performance.md).
+    A signal ends it after the step in progress (SystemExit, as before); a loop that dies of a bug
+    leaves the server up with /health/live at 503, for the orchestrator to restart it."""
+    try:
+        scheduler.serve_forever(stop)
+    except Exception as exc:
+        state.alive = lambda: False
+        emit(f"prebake serve: the serving loop stopped: {exc!r}")
+        stop.wait()
+
+
+def _ready(engine: Engine, state: AppState, emit: Callable[[str], None]) -> Scheduler:
     from prebake.engine.bundled.runtime.scheduler import (
         Scheduler,  # torch: loaded by start(), once the environment is set
     )
@@ -203,8 +221,6 @@ def _ready(engine: Engine, state: AppState, stop: threading.Event, emit: Callabl
 
     recipe = engine.recipe
     scheduler = Scheduler(engine.steps, engine.buckets, engine.tactics, recipe.serving.max_model_len, observe)
-    thread = threading.Thread(target=scheduler.serve_forever, args=(stop,), name="prebake-scheduler", daemon=True)
-    thread.start()
     config = engine.steps.model.config
     try:
         tokenizer = tokenizer_for(recipe.model, config.vocab_size)
@@ -225,7 +241,7 @@ def _ready(engine: Engine, state: AppState, stop: threading.Event, emit: Callabl
         max_model_len=recipe.serving.max_model_len,
         created=int(time.time()),
     )
-    return thread
+    return scheduler
 
 
 def _exit_on_signal(signum, frame) -> None:

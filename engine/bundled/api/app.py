@@ -57,7 +57,7 @@ def _probe_routes(app: FastAPI, state: AppState) -> None:
 
     def live() -> JSONResponse:
         if not state.alive():
-            return JSONResponse({"status": "dead", "reason": "the scheduler thread stopped"}, status_code=503)
+            return JSONResponse({"status": "dead", "reason": "the serving loop stopped"}, status_code=503)
         return JSONResponse({"status": "alive", "step": "ready" if state.serving else state.step})
 
     for path in READY_PATHS:  # HEAD too: load balancers and curl -I probe with it

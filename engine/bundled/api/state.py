@@ -34,7 +34,7 @@ class AppState:
     metrics: Metrics
     step: str = "starting"
     serving: Serving | None = None
-    alive: Callable[[], bool] = field(default=lambda: True)  # False once the scheduler thread has died
+    alive: Callable[[], bool] = field(default=lambda: True)  # False once the serving loop has died
     stopping: str | None = None  # why the server is going (at --tp N: a rank died); /health says 503
 
     def stop_because(self, reason: str) -> None:
