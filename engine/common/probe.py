@@ -249,6 +249,11 @@ def current_host() -> Host:
 # --- CPU ---------------------------------------------------------------------------------
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity mask (taskset, a cgroup's cpuset), else the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def _cpu(proc_root: Path, notes: list[str]) -> tuple[tuple[str, ...], str]:
     """(ISA levels sorted, arch: the machine and its highest level, "x86_64+avx512")."""
     try:

@@ -14,7 +14,6 @@ installed) counts the shapes done; the log gets a line per shape.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from prebake.engine.bundled.runtime.model import KVCache, Llama
 from prebake.engine.bundled.runtime.shapes import StepShape
 from prebake.engine.bundled.runtime.steps import Tactic
 from prebake.engine.common.logs import Countdown
+from prebake.engine.common.probe import usable_cores
 
 # One worker's peak beyond its model: torch, Inductor and export in a fresh process, and the
 # compile of one shape (measured: docs/graphs-variants.md#bakes-that-use-every-core).
@@ -69,7 +69,7 @@ def plan_workers(
 ) -> Workers:
     """The worker count for `shapes` shapes: `asked` (or every core this process may use), at most
     one per shape and as many as the available memory holds at `per_worker_bytes` each."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     free = available if available is not None else available_bytes()
     each = per_worker_bytes(model_bytes)
     limits = [

@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 
+from prebake.engine.common.probe import usable_cores
+
 SPIN_ENV = "GOMP_SPINCOUNT"
 POLICY_ENV = "OMP_WAIT_POLICY"
 THREADS_ENV = "OMP_NUM_THREADS"
@@ -49,7 +51,7 @@ def threads_wanted(environ: Mapping[str, str]) -> int:
     given = environ.get(THREADS_ENV, "").split(",")[0].strip()
     if given.isdigit() and int(given) > 0:
         return int(given)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return usable_cores()
 
 
 def cores_got(threads: int, seconds: float = PROBE_SECONDS) -> float:
