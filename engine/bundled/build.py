@@ -26,6 +26,7 @@ from prebake.artifacts.errors import BuildError
 from prebake.artifacts.recipe.kinds import BUCKETS_FILE
 from prebake.artifacts.recipe.schema import Recipe, Target
 from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE, GRAPHS_FILE
+from prebake.engine.bundled.runtime import isa_probes
 from prebake.engine.bundled.runtime.autotune import load_winners, measure
 from prebake.engine.bundled.runtime.loader import load_model, placeholder_model, reduced_model, torch_dtype
 from prebake.engine.bundled.runtime.model import KVCache, Llama
@@ -67,6 +68,8 @@ def build_graphs(
         raise BuildError(f"{recipe.model.name} tp {tp}: {why}")
     shapes = _shapes(recipe, buckets_tree)
     tactics = load_winners(autotune_tree / AUTOTUNE_FILE)
+    if device_of(target_platform) == "cpu":  # before the first kernel, and before any worker starts
+        print(isa_probes.settle().line())
     placeholders = _on_placeholders(recipe)
     facts = {"weights": "placeholders" if placeholders else "loaded"}
     with _as_one_rank(tp) as parallel:

@@ -254,6 +254,11 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def cpu_flags(proc_root: Path = Path("/proc")) -> frozenset[str]:
+    """The CPU's flags as /proc/cpuinfo lists them for its first processor; empty where it lists none."""
+    return _cpu_flags(proc_root / "cpuinfo", [])
+
+
 def _cpu(proc_root: Path, notes: list[str]) -> tuple[tuple[str, ...], str]:
     """(ISA levels sorted, arch: the machine and its highest level, "x86_64+avx512")."""
     try:

@@ -2,9 +2,9 @@
 
 Loading the first precompiled function, or the first Inductor-cache hit, pays for what no bundle
 holds because it belongs to the process: Inductor's and Dynamo's imports (INDUCTOR_MODULES), the
-CPU vector-ISA probe (a probe library dlopened per candidate in fresh Python children), the
-compiler's version, and the precompiled header of the C++ kernels (its flag keys every kernel, so
-it cannot be turned off for a load). The imports run on the start-up's import thread
+CPU vector-ISA probe (a probe library per candidate, compiled once a machine: runtime.isa_probes;
+each dlopened in a fresh Python child), the compiler's version, and the precompiled header of the
+C++ kernels (its flag keys every kernel, so it cannot be turned off for a load). The imports run on the start-up's import thread
 (runtime.torch_import); the probes and the header run on a thread of their own (`InductorInit.start`)
 once that thread has PROBE_MODULES, beside the rest of the imports and the weights' load, their
 children on the other core. The warm-up joins it before the first function loads: `waited_s` is
@@ -45,16 +45,19 @@ INDUCTOR_MODULES = (
 
 
 def _probe_isa_and_compiler() -> str:
-    """What the first kernel load would ask, asked now: the vector ISA, the compiler's version and
-    the precompiled header."""
+    """What the first kernel load would ask, asked now: the vector ISA (its probes' libraries seeded
+    from the machine's set, runtime.isa_probes), the compiler's version and the precompiled header."""
     from torch._inductor import cpu_vec_isa
     from torch._inductor.cpp_builder import CppBuilder, CppTorchDeviceOptions
 
+    from prebake.engine.bundled.runtime import isa_probes
+
+    settled = isa_probes.settle()
     isa = cpu_vec_isa.pick_vec_isa()
     CppBuilder(
         name="o", sources="i", BuildOption=CppTorchDeviceOptions(vec_isa=isa, device_type="cpu")
     ).get_command_line()
-    return f"vector ISA {isa or 'none'}, {_warm_header(isa)}"
+    return f"{settled.line()}, {_warm_header(isa)}"
 
 
 def _warm_header(isa) -> str:
