@@ -1,31 +1,14 @@
-"""Inductor's CPU vector-ISA probes: compiled once a machine, copied into each private cache folder.
+"""Inductor's CPU vector-ISA probe libraries: compiled once a machine, copied into each private cache folder.
 
-Before Inductor compiles or loads its first CPU kernel in a process, it asks which vector ISAs
-(AMX, AVX-512 VNNI, AVX-512, AVX2 on x86) the host's compiler and torch build can use: for each one
-the CPU reports, `VecISA.check_build` (torch/_inductor/cpu_vec_isa.py) compiles a small probe
-library into the Inductor cache folder, unless one is there already, and dlopens it in a Python
-child. The files are named by torch's hash of the probe's source, the compiler's version, the ISA's
-flags and torch's version. In torch's default cache folder, shared by a user's processes, that
-costs a machine once. prebake gives every bake and every compiled start a cache folder of its own
-(nothing a bundle holds may come from another build), so each paid the compiles again: five g++
-runs, about 10 s of a core here (2026-12-05), a third of a small bake.
-
-`settle(cache)` asks torch's own question (`pick_vec_isa`) with the probes' files already in the
-private folder:
-
-- seed: the machine's set (`machine_root()`/<key>) is copied in, each file checked against the
-  set's manifest of sha256 digests first; a set that does not verify is not used (torch then
-  compiles, as it would have) and the new probes replace it;
-- probe: torch finds the libraries, skips the compiles, and still dlopens each one in a child, so
-  what it decides is decided as before;
-- publish: where the probe compiled, the files it added to the folder are written to a temporary
-  folder beside the set's and renamed into place, so a set is whole or absent and a lost race
-  leaves the winner's. A set is made by a probe that finished, never by one killed half-way.
-
-The key is what decides the probes' answer: torch's version, the C++ compiler's own version text
-(torch's reading of it, which its file names use too), the machine and the CPU's flags. The sets
-live where torch keeps its precompiled headers, its default cache folder ($TMPDIR/torchinductor_$USER).
-Nothing else of Inductor's is shared: kernels, graphs and locks stay in the private folder.
+Before its first CPU kernel, Inductor compiles a small probe library per candidate ISA into its cache
+folder (unless one is there) and dlopens each in a child. A bake or a compiled start has a private
+folder, so each compiled them again. `settle` seeds the folder from the machine's set (every file
+checked against the set's sha256 manifest; a set that does not verify is not used, and replaced),
+lets torch pick the ISA (it still dlopens each library), and publishes what the probe compiled as the
+set (a temporary folder renamed into place: whole or absent). The set is keyed by torch's version,
+the compiler's version text, the machine and the CPU's flags, and lives beside torch's precompiled
+headers (`machine_root()`). Nothing else of Inductor's is shared. Why and what it saves:
+docs/graphs-variants.md; operating it: docs/operations.md.
 """
 
 from __future__ import annotations
