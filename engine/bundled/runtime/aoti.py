@@ -152,6 +152,8 @@ def compile_package(
     if workers is not None and workers.count > 1 and len(tactics) > 1:
         built, seconds = aoti_workers.compile_in_workers(workers, tactics, options, log, compile_shape)
     else:
+        if workers is not None:
+            log(f"  aoti: {len(tactics)} shapes one at a time in this process ({workers.why})")
         built, seconds = aoti_workers.compile_one_by_one(model, cache, tactics, options, log, compile_shape)
     files = {s.name: [f for f in built[s] if not f.endswith(".cpp")] for s in tactics}  # the loader needs the .so
     sources = [f for s in tactics for f in built[s] if f.endswith(".cpp")]  # left out of the package

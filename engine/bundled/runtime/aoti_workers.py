@@ -6,9 +6,10 @@ so none inherits a half-initialised torch) each build the model once from its so
 [model], seeded random weights or the checkpoint) and compile the shapes handed to them; every .so
 lands in the Inductor cache folder the parent set, and the parent packages them in the shapes'
 order, so the package holds what the serial loop's holds (tests/integration/test_aoti_workers.py).
-How many: the cores this process may run on, the shapes, and the memory available over one
-worker's estimated peak (`per_worker_bytes`), the least of the three. A bar on stderr (tqdm, when
-installed) counts the shapes done; the log gets a line per shape.
+How many: the cores this process may run on, the cores of those it measures free (a worker's
+start costs seconds a shape on a core that another process keeps busy does not repay), the shapes,
+and the memory available over one worker's estimated peak (`per_worker_bytes`), the least of them.
+A bar on stderr (tqdm, when installed) counts the shapes done; the log gets a line per shape.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from prebake.artifacts.recipe.schema import ModelSpec
 from prebake.engine.bundled.runtime.model import KVCache, Llama
+from prebake.engine.bundled.runtime.openmp import FREE_SHARE, cores_got
 from prebake.engine.bundled.runtime.shapes import StepShape
 from prebake.engine.bundled.runtime.steps import Tactic
 from prebake.engine.common.logs import Countdown
@@ -65,10 +67,17 @@ class Workers:
 
 
 def plan_workers(
-    source: ModelSource, model_bytes: int, shapes: int, *, asked: int | None = None, available: int | None = None
+    source: ModelSource,
+    model_bytes: int,
+    shapes: int,
+    *,
+    asked: int | None = None,
+    available: int | None = None,
+    measure: Callable[[int], float] = cores_got,
 ) -> Workers:
-    """The worker count for `shapes` shapes: `asked` (or every core this process may use), at most
-    one per shape and as many as the available memory holds at `per_worker_bytes` each."""
+    """The worker count for `shapes` shapes: `asked`, or every core this process may use that it
+    measures free (`free_cores`); at most one per shape and as many as the available memory holds
+    at `per_worker_bytes` each."""
     cores = usable_cores()
     free = available if available is not None else available_bytes()
     each = per_worker_bytes(model_bytes)
@@ -77,8 +86,17 @@ def plan_workers(
         (shapes, f"{shapes} shapes"),
         (free // each, f"{free / 2**30:.1f} GiB available at {each / 2**30:.1f} GiB a worker"),
     ]
+    if asked is None and min(cores, shapes) > 1:
+        limits.append(free_cores(cores, measure))
     count, why = min(limits, key=lambda limit: limit[0])
     return Workers(max(1, count), source, why)
+
+
+def free_cores(cores: int, measure: Callable[[int], float] = cores_got) -> tuple[int, str]:
+    """How many of `cores` are free, measured: `cores` busy threads of this process get `got` cores
+    between them (runtime.openmp.cores_got), and a core counts where they got FREE_SHARE of one."""
+    got = measure(cores)
+    return max(1, min(cores, int(got / FREE_SHARE + 1e-9))), f"{got:.2f} of {cores} cores free, measured"
 
 
 def per_worker_bytes(model_bytes: int) -> int:
