@@ -18,6 +18,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any, Literal
 
 from prebake.artifacts.errors import BucketError
@@ -82,8 +83,8 @@ class BucketSet:
         if self.strategy not in STRATEGIES:
             raise BucketError(f"unknown bucket strategy {self.strategy!r}; use one of {STRATEGIES}")
         for phase in ("prompt", "decode"):
-            buckets = getattr(self, phase)
-            if list(buckets) != sorted(set(buckets)):
+            rows = [(b.batch, b.query, b.ctx_blocks) for b in getattr(self, phase)]  # tuples: compared in C
+            if any(later <= earlier for earlier, later in pairwise(rows)):  # strictly rising: sorted, unique
                 raise BucketError(
                     f"{phase} buckets are not sorted and unique; build them with "
                     f"build_bucket_set or load them with BucketSet.from_json"

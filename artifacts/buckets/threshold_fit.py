@@ -196,15 +196,17 @@ def _knapsack(curves: list[Curve], top: int) -> Curve:
     acc = np.full(top + 1, np.inf)
     acc[0] = 0.0
     choices = []
+    totals = np.arange(top + 1)
     for curve in curves:
-        merged, taken = np.full(top + 1, np.inf), np.zeros(top + 1, dtype=np.int64)
-        for k in range(1, top + 1):
-            if not np.isfinite(curve.costs[k]):
-                continue
-            candidate = acc[: top + 1 - k] + curve.costs[k]
-            better = candidate < merged[k:]
-            merged[k:] = np.where(better, candidate, merged[k:])
-            taken[k:] = np.where(better, k, taken[k:])
+        given = np.flatnonzero(np.isfinite(curve.costs[1:])) + 1  # the counts this level can take, k >= 1
+        if given.size == 0:
+            merged, taken = np.full(top + 1, np.inf), np.zeros(top + 1, dtype=np.int64)
+        else:
+            rest = totals[None, :] - given[:, None]  # what the levels before take: m - k
+            table = np.where(rest >= 0, curve.costs[given][:, None] + acc[np.maximum(rest, 0)], np.inf)
+            row = table.argmin(axis=0)  # the least k on ties
+            merged = table[row, totals]
+            taken = np.where(np.isfinite(merged), given[row], 0)  # 0 where no k gives a finite total
         choices.append(taken)
         acc = merged
 

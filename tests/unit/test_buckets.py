@@ -336,3 +336,16 @@ def test_bucket_module_imports_neither_torch_nor_boto3():
     code = "import sys, prebake.artifacts.buckets.artifact; print(sorted({'torch', 'boto3'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    "decode",
+    [
+        (Bucket(2, 1, 4), Bucket(1, 1, 4)),  # out of order
+        (Bucket(1, 1, 4), Bucket(1, 1, 4)),  # twice
+        (Bucket(1, 1, 8), Bucket(1, 1, 4)),  # out of order in the last field only
+    ],
+)
+def test_a_set_whose_buckets_are_not_sorted_and_unique_is_refused_naming_the_phase(decode):
+    with pytest.raises(BucketError, match="decode buckets are not sorted and unique"):
+        BucketSet("exponential", 128, (Bucket(1, 128, 0),), decode)
