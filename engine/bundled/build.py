@@ -68,8 +68,6 @@ def build_graphs(
         raise BuildError(f"{recipe.model.name} tp {tp}: {why}")
     shapes = _shapes(recipe, buckets_tree)
     tactics = load_winners(autotune_tree / AUTOTUNE_FILE)
-    if device_of(target_platform) == "cpu":  # before the first kernel, and before any worker starts
-        print(isa_probes.settle().line())
     placeholders = _on_placeholders(recipe)
     facts = {"weights": "placeholders" if placeholders else "loaded"}
     with _as_one_rank(tp) as parallel:
@@ -111,13 +109,16 @@ def compile_graphs(
 
     The graphs builder and the serving engine's compile-in-place both call this, so a bundle
     written back by an engine is the bundle `doit bake` would have built. Inductor writes its
-    cache into TORCHINDUCTOR_CACHE_DIR, which the caller set to out/inductor. An aoti-package on
+    cache into TORCHINDUCTOR_CACHE_DIR, which the caller set to out/inductor (its vector-ISA probes
+    copied from the machine's set first: runtime.isa_probes). An aoti-package on
     the CPU compiles its shapes in worker processes (`workers`: how many; None: as many as the
     cores and the memory allow, runtime.aoti_workers); the other variants compile in this process.
     """
     import torch
 
     started = time.perf_counter()
+    if cache.keys[0].device.type == "cpu":  # before the first kernel, and before any worker starts
+        log(f"  {isa_probes.settle().line()}")
     graphs = variant_of(recipe)
     # worker processes build the model from the recipe, whole and unsharded: a tp > 1 compile stays here
     pool = None if model.parallel is not None else _workers(model, cache, recipe, len(tactics), workers)
