@@ -83,3 +83,11 @@ def test_an_unwritable_machine_folder_is_said_and_the_probe_stands(tmp_path):
     blocker.write_text("a file where the sets' folder should be")
     said = isa_probes._publish(blocker / "key", _cache(tmp_path / "cache"), sorted(FILES))
     assert said.startswith("compiled, not published:") and str(blocker) in said
+
+
+def test_a_cache_folder_that_cannot_take_the_set_is_left_to_torch(tmp_path):
+    target = tmp_path / "sets" / "key"
+    isa_probes._publish(target, _cache(tmp_path / "cache"), sorted(FILES))
+    blocked = tmp_path / "private"
+    blocked.write_text("a file where the cache folder should be")
+    assert not isa_probes._seed(target, blocked)

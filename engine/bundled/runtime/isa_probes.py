@@ -102,11 +102,14 @@ def _seed(target: Path, cache: Path) -> bool:
     contents = _verified(target)
     if contents is None:
         return False
-    for name, data in contents.items():
-        path = cache / name
-        if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            _write_new(path, data)
+    try:
+        for name, data in contents.items():
+            path = cache / name
+            if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                _write_new(path, data)
+    except OSError:  # a cache folder that cannot take them: torch compiles its probes as it would have
+        return False
     return True
 
 
