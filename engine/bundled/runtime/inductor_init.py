@@ -4,11 +4,11 @@ Loading the first precompiled function, or the first Inductor-cache hit, pays fo
 holds because it belongs to the process: Inductor's and Dynamo's imports (INDUCTOR_MODULES), the
 CPU vector-ISA probe (a probe library per candidate, compiled once a machine: runtime.isa_probes;
 each dlopened in a fresh Python child), the compiler's version, and the precompiled header of the
-C++ kernels (its flag keys every kernel, so it cannot be turned off for a load). The imports run on the start-up's import thread
-(runtime.torch_import); the probes and the header run on a thread of their own (`InductorInit.start`)
-once that thread has PROBE_MODULES, beside the rest of the imports and the weights' load, their
-children on the other core. The warm-up joins it before the first function loads: `waited_s` is
-what did not overlap. What each part costs: docs/graphs-variants.md.
+C++ kernels (its flag keys every kernel, so it cannot be turned off for a load). The imports run on
+the start-up's import thread (runtime.torch_import); the probes and the header run on a thread of
+their own (`InductorInit.start`) once that thread has PROBE_MODULES, beside the rest of the imports
+and the weights' load, their children on the other core. The warm-up joins it before the first
+function loads: `waited_s` is what did not overlap. What each part costs: docs/graphs-variants.md.
 """
 
 from __future__ import annotations

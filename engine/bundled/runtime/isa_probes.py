@@ -105,9 +105,9 @@ def _seed(target: Path, cache: Path) -> bool:
     try:
         for name, data in contents.items():
             path = cache / name
-            if not path.exists():
+            if not path.exists():  # the folder is this process's own: no reader sees a half-written file
                 path.parent.mkdir(parents=True, exist_ok=True)
-                _write_new(path, data)
+                path.write_bytes(data)
     except OSError:  # a cache folder that cannot take them: torch compiles its probes as it would have
         return False
     return True
@@ -129,15 +129,6 @@ def _verified(target: Path) -> dict[Path, bytes] | None:
     if any(hashlib.sha256(data).hexdigest() != files[name] for name, data in contents.items()):
         return None
     return contents
-
-
-def _write_new(path: Path, data: bytes) -> None:
-    """Write a file whole: a temporary name beside it, then renamed (a reader never sees half of it)."""
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(handle, "wb") as out:
-        out.write(data)
-    os.replace(temporary, path)
-    path.chmod(0o644 if path.suffix != ".so" else 0o755)
 
 
 def _publish(target: Path, cache: Path, made: list[Path]) -> str:
