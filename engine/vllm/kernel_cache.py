@@ -4,7 +4,8 @@
         checks the address, the pairing of runtime image and model URI, and that the recipe is vLLM's
         resolves the target's graphs bundle (lookup, the trust policy in force, install), checked to
         hold every tensor-parallel rank's compile cache (prebake.engine.vllm.ranks)
-        builds the image from the installed tree in the store's scratch (registry/oci/kernel_cache.py)
+        describes the installed cache tree (cache_tree.py) and builds the image in the store's scratch
+            (registry/oci/kernel_cache.py)
         pushes it with prebake's OCI client: Pushed, or NotBaked with the misses
 
 The command only parses its flags and prints the report (engine/cli/kernel_cache.py).
@@ -23,6 +24,7 @@ from prebake.artifacts.fetch.outcome import Miss, Resolution
 from prebake.artifacts.recipe.kinds import TargetKeys
 from prebake.artifacts.recipe.schema import Recipe, load_recipe
 from prebake.artifacts.store.local import Installed, Store
+from prebake.engine.vllm.cache_tree import DEFAULT_CACHE_PATH, describe
 
 
 class KernelCacheContext(Protocol):
@@ -49,7 +51,7 @@ class KernelCacheRequest:
     tp: int | None = None
     runtime_image: str | None = None
     model_uri: str | None = None
-    cache_path: str = "/root/.cache/vllm"
+    cache_path: str = DEFAULT_CACHE_PATH
 
     def address_and_tag(self) -> tuple[str, str]:
         """(oci://HOST/REPO, TAG); PrebakeError naming the form when --to is not one."""
@@ -128,12 +130,11 @@ def push_kernel_cache(request: KernelCacheRequest, open_context: Callable[[], Ke
         scratch = context.store.scratch(f"kernel-cache-{installed.manifest.key_digest[:16]}")
         try:
             image = build_image(
-                installed.tree,
+                describe(installed.tree, installed.manifest, request.cache_path),
                 installed.manifest,
                 scratch,
                 runtime_image=request.runtime_image,
                 model_uri=request.model_uri,
-                cache_path=request.cache_path,
                 ranks=ranks,
             )
             digest = push_image(image, address, tag)

@@ -81,6 +81,7 @@ _PER_PROCESS = frozenset(
     }
 )
 INDUCTOR_DIR = "inductor_cache"
+AUTOTUNE_CONFIG = json.dumps({"inductor_compile_config": {"max_autotune": True}})  # max-autotune's flag value
 # torch's own cache lines (INFO, off by default), so that the engine's log says what it loaded.
 TORCH_LOGS = "torch._inductor.codecache,torch._functorch._aot_autograd.autograd_cache"
 # The engine's log lines, as vllm/compilation/{decorators,backends}.py, torch/_inductor/codecache.py
@@ -232,7 +233,7 @@ def engine_flags(recipe: Recipe, target: Target) -> list[str]:
     )
     flags += ["--dtype", *_DTYPE_FLAGS[settings["dtype"]]]
     if recipe.compile.mode == "max-autotune-no-cudagraphs":
-        flags += ["--compilation-config", json.dumps({"inductor_compile_config": {"max_autotune": True}})]
+        flags += ["--compilation-config", AUTOTUNE_CONFIG]
     if recipe.model.random_weights:
         flags.append("--skip-tokenizer-init")  # a random-weight model has no tokenizer: clients send token ids
     return flags

@@ -1,7 +1,9 @@
 """The core (artifacts/) names no engine in its code: an engine's packages, settings, kinds and
 variables are its adapter's (engine/<engine>/). Docstrings, comments and sentences (messages,
 the citation of the upstream whose bucket rules artifacts/buckets/rules.py reimplements) may name
-one; identifiers and word-like strings (a factor, a variable, a package) may not."""
+one; identifiers and word-like strings (a factor, a variable, a package) may not. The registry layer
+knows images, layers and annotations: no file or folder name an engine's module declares (a foreign
+engine's cache tree is said once, in engine/<engine>/) appears in registry/'s code."""
 
 from __future__ import annotations
 
@@ -55,3 +57,33 @@ def test_the_check_sees_an_engine_name_in_code_and_not_in_prose(monkeypatch):
     module = REPO / "artifacts" / "_probe_for_the_check.py"
     monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: '"""vllm prose."""\nX = {"vllm_gaudi": 1}  # vllm\n')
     assert _code_names(module) == [(2, "vllm_gaudi")]
+
+
+def _declared_names(path: Path) -> set[str]:
+    """The module-level string constants of an engine module that read as a name (no space)."""
+    found = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            text = node.value.value
+            if len(text) >= 6 and not any(c.isspace() for c in text):
+                found.add(text)
+    return found
+
+
+def test_the_registry_repeats_no_name_of_an_engines_tree():
+    declared = {
+        name: path
+        for engine in ENGINES
+        for path in sorted((REPO / "engine" / engine).glob("*.py"))
+        for name in _declared_names(path)
+    }
+    found = [
+        f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r} (declared in {declared[node.value].relative_to(REPO)})"
+        for path in sorted((REPO / "registry").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in declared
+    ]
+    assert declared, "no engine module declares a name: the check reads the wrong folder"
+    assert not found, "an engine's tree described in the registry layer; let the engine describe it:\n" + "\n".join(
+        found
+    )
