@@ -295,7 +295,7 @@ class _Execd(Exception):
 def test_a_tp2_serve_of_a_bundle_missing_one_ranks_cache_counts_a_fallback_and_starts_vllm_on_an_empty_root(
     missing_rank_1, tmp_path, monkeypatch
 ):
-    from prebake.artifacts.store.stats import read_stats
+    from prebake.artifacts.store.stats.ledger import read_stats
     from prebake.engine.vllm.adapter import VllmAdapter
     from prebake.engine.vllm.start import serve
 
