@@ -310,7 +310,7 @@ def _all(t: TargetPlan, outcome: str, reason: str) -> list[KindOutcome]:
 
 
 def _recipe_text(model: str, recipe: Recipe) -> str:
-    from prebake.artifacts.recipe.schema import recipe_dirs
+    from prebake.artifacts.recipe.catalog import recipe_dirs
 
     path = (
         Path(model)

@@ -83,7 +83,7 @@ def test_the_wheel_imports_its_own_modules_and_ships_the_recipes(installed, tmp_
         [
             installed / "python",
             "-c",
-            "import prebake.artifacts, prebake.engine.cli, prebake.artifacts.recipe.schema as r; "
+            "import prebake.artifacts, prebake.engine.cli, prebake.artifacts.recipe.catalog as r; "
             "print(prebake.artifacts.__file__); print(r.list_recipes())",
         ],
         cwd=tmp_path,

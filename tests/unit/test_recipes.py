@@ -5,8 +5,9 @@ from pathlib import Path
 import pytest
 
 from prebake.artifacts.errors import HostCannotBuildError, RecipeError, UnknownModelError
+from prebake.artifacts.recipe.catalog import list_recipes
 from prebake.artifacts.recipe.kinds import buildable_targets, target_keys
-from prebake.artifacts.recipe.schema import list_recipes, load_recipe, targets
+from prebake.artifacts.recipe.schema import load_recipe, targets
 from prebake.engine.adapters import kinds_for
 from prebake.engine.common.probe import current_host
 
