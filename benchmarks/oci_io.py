@@ -44,8 +44,8 @@ def available() -> bool:
 def measure(tmp: Path, size_mb: int, repeat: int) -> dict[str, list[float]]:
     from prebake.artifacts.bundle.payload import file_digest
     from prebake.registry.oci import OCIRegistry
+    from prebake.registry.oci.address import OCISettings
     from prebake.registry.oci.artifact import tag_for
-    from prebake.registry.oci.client import OCISettings
     from tests.support.bundles import make_bundle
     from tests.support.oci_server import oci_server
 
