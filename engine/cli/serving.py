@@ -10,7 +10,7 @@ import sys
 from prebake.engine.adapters import adapter_named, start_options
 from prebake.engine.cli.common import command, engine_options, json_option, registry_option, target_options
 from prebake.engine.common.adapter import Fetched, StartRequest
-from prebake.engine.common.advice import miss_advice, miss_exit_code
+from prebake.engine.common.advice import bake_command, miss_advice, miss_exit_code
 from prebake.engine.common.exports import shell_exports
 
 
@@ -145,7 +145,7 @@ def _print_fetched(args: argparse.Namespace, fetched: Fetched, address: str) -> 
         print(f"prebake: {note}", file=sys.stderr)
     advice = None
     if fetched.misses:
-        bake = f"doit bake model={args.model}" + (f" precision={args.precision}" if args.precision else "")
+        bake = bake_command(args.model, args.precision or None)
         advice = miss_advice(fetched.misses, target=fetched.target, bake=bake, address=address)
         print(f"prebake: {advice}", file=sys.stderr)
     if args.json:

@@ -7,7 +7,7 @@ baked graphs tree for an image (prebake.engine.vllm.process draws the tree):
         inductor_cache/                                  Inductor's own cache (CPU: AOT compile off)
     vllm.json                                            the bake's report: the cache root vLLM ran with
 
-    describe(tree, manifest, cache_path)  ->  CacheTree   MCV's entries, the formats, the summary's
+    read_cache_tree(tree, manifest, cache_path)  ->  CacheTree   MCV's entries, the formats, the summary's
                                                          target, KServe's factors, and the files'
                                                          relocation to the container's cache root
 
@@ -35,7 +35,7 @@ _WARP = {"cuda": 32, "rocm": 64}
 _SWITCHES = ("VLLM_USE_AOT_COMPILE", "VLLM_USE_MEGA_AOT_ARTIFACT", "VLLM_USE_STANDALONE_COMPILE")
 
 
-def describe(tree: Path, manifest: Manifest, cache_path: str = DEFAULT_CACHE_PATH) -> CacheTree:
+def read_cache_tree(tree: Path, manifest: Manifest, cache_path: str = DEFAULT_CACHE_PATH) -> CacheTree:
     """The cache root of an installed vLLM graphs tree as its image's layer and labels take it, its
     absolute paths to be rewritten for a container whose VLLM_CACHE_ROOT is `cache_path`."""
     cache = tree / CACHE_DIR

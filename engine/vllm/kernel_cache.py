@@ -24,7 +24,8 @@ from prebake.artifacts.fetch.outcome import Miss, Resolution
 from prebake.artifacts.recipe.kinds import TargetKeys
 from prebake.artifacts.recipe.schema import Recipe, load_recipe
 from prebake.artifacts.store.local import Installed, Store
-from prebake.engine.vllm.cache_tree import DEFAULT_CACHE_PATH, describe
+from prebake.engine.common.advice import bake_command
+from prebake.engine.vllm.cache_tree import DEFAULT_CACHE_PATH, read_cache_tree
 
 
 class KernelCacheContext(Protocol):
@@ -102,7 +103,7 @@ class NotBaked:
         return {"complete": False, "misses": [m.to_json() for m in self.misses]}
 
     def render(self) -> str:
-        return "\n".join([*(m.explain() for m in self.misses), f"prebake: bake it first: doit bake model={self.model}"])
+        return "\n".join([*(m.explain() for m in self.misses), f"prebake: bake it first: {bake_command(self.model)}"])
 
 
 def push_kernel_cache(request: KernelCacheRequest, open_context: Callable[[], KernelCacheContext]) -> Pushed | NotBaked:
@@ -130,7 +131,7 @@ def push_kernel_cache(request: KernelCacheRequest, open_context: Callable[[], Ke
         scratch = context.store.scratch(f"kernel-cache-{installed.manifest.key_digest[:16]}")
         try:
             image = build_image(
-                describe(installed.tree, installed.manifest, request.cache_path),
+                read_cache_tree(installed.tree, installed.manifest, request.cache_path),
                 installed.manifest,
                 scratch,
                 runtime_image=request.runtime_image,
@@ -161,8 +162,9 @@ def checked_ranks(installed: Installed, tp: int) -> tuple[int, ...]:
 
     found = gaps(installed.tree / CACHE_DIR, tp, read_report(installed.tree).get("ranks"))
     if found:
+        bake = bake_command(installed.manifest.labels.get("model") or "...", tp=tp)
         raise PrebakeError(
             f"graphs {installed.manifest.key_digest[:16]} is baked for tp={tp}, but {describe(found)}; "
-            f"no kernel-cache image is made from it: rebake it (doit bake model=... tp={tp}) and push again"
+            f"no kernel-cache image is made from it: rebake it ({bake}) and push again"
         )
     return tuple(range(tp))

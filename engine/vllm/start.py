@@ -34,6 +34,7 @@ from prebake.engine.common.adapter import (
     StartRequest,
     options_from,
 )
+from prebake.engine.common.advice import bake_command
 from prebake.engine.vllm import gaudi, ranks
 from prebake.engine.vllm import portability as vllm_portability
 from prebake.engine.vllm.process import (
@@ -180,8 +181,8 @@ def launch(shared: starter.Prepared, request: StartRequest, home: Path) -> start
     gap = rank_gap_miss(shared)
     if gap is not None and request.on_miss == "fail":
         raise starter.MissRefused(
-            f"{gap.explain()}\n--on-miss is fail; rebake it: doit bake model={recipe.model.name} "
-            f"precision={plan.target.dtype} tp={plan.target.tp}, or use --on-miss compile"
+            f"{gap.explain()}\n--on-miss is fail; rebake it: "
+            f"{bake_command(recipe.model.name, plan.target.dtype, plan.target.tp)}, or use --on-miss compile"
         )
     added: dict[str, str] = ranks.thread_binding(plan.target, {**os.environ, **variables})
     if options.force_aot_load:

@@ -23,7 +23,7 @@ from prebake.artifacts.recipe.schema import Recipe, load_recipe
 from prebake.artifacts.store.local import Store
 from prebake.engine.common.adapter import StartRequest
 from prebake.engine.compose import Context, plans_for
-from prebake.engine.vllm.cache_tree import describe
+from prebake.engine.vllm.cache_tree import read_cache_tree
 from prebake.engine.vllm.process import CACHE_DIR, Spawn, compile_report, start, stop, wait_ready
 from prebake.engine.vllm.start import prepare
 from prebake.registry import open_registry
@@ -77,7 +77,7 @@ def pushed(baked, tmp_path_factory):
     root, recipe, host, registry, graphs = baked
     scratch = tmp_path_factory.mktemp("kc-image")
     image = build_image(
-        describe(graphs.installed.tree, graphs.manifest),
+        read_cache_tree(graphs.installed.tree, graphs.manifest),
         graphs.manifest,
         scratch,
         runtime_image="quay.io/acme/vllm-cpu:v0.32.0",
@@ -201,7 +201,7 @@ def test_the_same_bundle_gives_the_same_image_digest_and_a_bundle_of_another_eng
     _, _, _, _, graphs = baked
     _, image, _, _ = pushed
     again = build_image(
-        describe(graphs.installed.tree, graphs.manifest),
+        read_cache_tree(graphs.installed.tree, graphs.manifest),
         graphs.manifest,
         tmp_path / "again",
         runtime_image="quay.io/acme/vllm-cpu:v0.32.0",
@@ -209,7 +209,7 @@ def test_the_same_bundle_gives_the_same_image_digest_and_a_bundle_of_another_eng
     )
     assert (again.digest, again.layer_ref.digest) == (image.digest, image.layer_ref.digest)
     with pytest.raises(KernelCacheError, match="not a vLLM graphs bundle"):
-        describe(graphs.installed.tree, graphs.manifest.model_copy(update={"kind": "autotune"}))
+        read_cache_tree(graphs.installed.tree, graphs.manifest.model_copy(update={"kind": "autotune"}))
 
 
 def test_kserves_footprint_inputs_are_normalized_its_way():
@@ -302,7 +302,7 @@ def test_paths_vllm_wrote_into_the_cache_are_rewritten_for_the_containers_cache_
     locks.mkdir(parents=True)
     (locks / "c73e.lock").touch()  # Inductor's: a symbolic link to it cannot be opened (ELOOP)
 
-    image = build_image(describe(tree, graphs.manifest, "/srv/vllm/"), graphs.manifest, tmp_path / "image")
+    image = build_image(read_cache_tree(tree, graphs.manifest, "/srv/vllm/"), graphs.manifest, tmp_path / "image")
 
     with tarfile.open(image.layer) as tar:
         handles = tar.extractfile(

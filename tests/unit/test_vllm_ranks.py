@@ -263,12 +263,12 @@ def test_under_on_miss_fail_a_bundle_missing_one_ranks_cache_is_refused_naming_t
 
 
 def test_the_kernel_cache_image_of_a_tp2_bundle_carries_both_ranks_folders(baked_tp2, tmp_path):
-    from prebake.engine.vllm.cache_tree import describe
+    from prebake.engine.vllm.cache_tree import read_cache_tree
     from prebake.engine.vllm.kernel_cache import checked_ranks
     from prebake.registry.oci.kernel_cache import MANIFEST_DIR, RANKS, build_image
 
     installed = baked_tp2[0].installed
-    tree = describe(installed.tree, installed.manifest)
+    tree = read_cache_tree(installed.tree, installed.manifest)
     image = build_image(tree, installed.manifest, tmp_path / "scratch", ranks=checked_ranks(installed, 2))
     with tarfile.open(image.layer) as layer:
         names = layer.getnames()
