@@ -30,7 +30,8 @@ from prebake.artifacts.errors import HostCannotBuildError
 from prebake.artifacts.extras import require
 from prebake.artifacts.recipe.kinds import target_keys
 from prebake.artifacts.recipe.schema import Recipe, load_recipe, targets
-from prebake.engine.adapters import kinds_for
+from prebake.artifacts.tables import table
+from prebake.engine.adapters import kind_names, kinds_for
 from prebake.engine.common.probe import probe
 from prebake.engine.fleet.node_env import describe, forwarded
 from prebake.engine.fleet.plan import make_plan
@@ -58,7 +59,7 @@ class RayBake:
 
 @dataclass(frozen=True)
 class RayReport:
-    """Every (target, kind) of the matrix with its outcome; the CLI renders it."""
+    """Every (target, kind) of the matrix with its outcome; it renders itself for `prebake bake`."""
 
     rows: tuple[KindOutcome, ...]
     submitted: int
@@ -66,6 +67,20 @@ class RayReport:
     @property
     def failed(self) -> bool:
         return any(r.outcome in (FAILED, NO_NODE) for r in self.rows)
+
+    def render(self) -> str:
+        """A table, one row per target x kind (kinds in build order), then the counts."""
+        order = kind_names()
+        rank = {kind: i for i, kind in enumerate(order)}
+        body = [
+            (r.target, r.kind, r.outcome, r.node or "-", r.reason[:160])
+            for r in sorted(self.rows, key=lambda r: (r.target, rank.get(r.kind, len(order)), r.kind))
+        ]
+        counts = {
+            o: sum(1 for r in self.rows if r.outcome == o) for o in (BUILT, ALREADY, FAILED, NO_NODE, NOT_BUILDABLE)
+        }
+        summary = f"{self.submitted} Ray tasks submitted; " + ", ".join(f"{n} {o}" for o, n in counts.items() if n)
+        return table(("TARGET", "KIND", "OUTCOME", "NODE", "REASON"), body) + "\n" + summary
 
 
 @dataclass(frozen=True)
