@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from prebake.artifacts.tables import table
+
 RECIPES_ENV = "PREBAKE_RECIPES"
 
 
@@ -101,3 +103,12 @@ class RecipeCatalog:
                 for r in self.recipes
             ],
         }
+
+    def render(self) -> str:
+        """`prebake recipes`: a row per recipe file (shadowed ones say by which), then the search order."""
+        rows = [
+            (r.name, r.source, str(r.path), f"shadowed by {r.shadowed_by}" if r.shadowed_by else "")
+            for r in self.recipes
+        ]
+        found = table(("NAME", "FROM", "PATH", ""), rows) if rows else "no recipes found"
+        return found + "\nsearched, first match wins: " + "; ".join(f"{f.path} ({f.source})" for f in self.folders)

@@ -193,9 +193,3 @@ def json_option(parser: argparse.ArgumentParser, what: str = "the report") -> No
 
 
 size = human_size  # the one formatter (prebake.artifacts.fsutil.human_size)
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows)]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    return "\n".join(fmt.format(*r).rstrip() for r in [headers, *rows])
