@@ -10,6 +10,7 @@ import argparse
 import json
 
 from prebake.artifacts.errors import ExitCode
+from prebake.artifacts.fsutil import human_size
 from prebake.artifacts.store import admin as store_admin
 from prebake.artifacts.store.inventory import inventory
 from prebake.artifacts.store.settings import DEFAULT_MAX_BYTES, parse_size
@@ -20,7 +21,6 @@ from prebake.engine.cli.common import (
     command,
     json_option,
     reads_with,
-    size,
     writes_with,
 )
 from prebake.engine.compose import address_in_force, gc_trust, open_store
@@ -113,7 +113,7 @@ def gc_options(gc: argparse.ArgumentParser) -> None:
     gc.add_argument(
         "--max-size",
         help="how large the store may be, e.g. 10G or 500M "
-        f"(default: $PREBAKE_STORE_MAX_BYTES, else {size(DEFAULT_MAX_BYTES)})",
+        f"(default: $PREBAKE_STORE_MAX_BYTES, else {human_size(DEFAULT_MAX_BYTES)})",
     )
     gc.add_argument("--dry-run", action="store_true", help="remove nothing; show what would be evicted")
     json_option(gc)
