@@ -1,7 +1,7 @@
 """Installing one bundle: its blob fetched and verified, unpacked into trees/<hex> whole (renamed in
 once complete), then its lease and index entry; once per blob across processes (its install lock).
 
-    install(paths, manifest, source, ...)   under locks/<hex>.lock: record, clean, unpack, index
+    install_bundle(paths, manifest, source, ...)   under locks/<hex>.lock: record, clean, unpack, index
 
 A tree already here counts only if it was verified against the same file list (trees/<hex>.files);
 a damaged one is fetched again. Room is checked before the download, from the manifest's sizes; a
@@ -28,7 +28,7 @@ from prebake.artifacts.store.paths import StorePaths
 from prebake.artifacts.store.settings import HOME_ENV
 
 
-def install(
+def install_bundle(
     paths: StorePaths,
     manifest: Manifest,
     source: Registry,
@@ -160,7 +160,7 @@ def _need(manifest: Manifest, blob_needed: bool) -> int:
 def _full(paths: StorePaths, manifest: Manifest, *, blob_needed: bool) -> str:
     """The line a full disk prints: what the install needed, what was free, the gc bound that makes room."""
     need, free = _need(manifest, blob_needed), shutil.disk_usage(paths.home).free
-    held = sum(e.bytes for e in eviction.inventory(paths))
+    held = sum(e.bytes for e in eviction.entries(paths))
     bound = max(0, held - (need - free)) >> 20
     return (
         f"the disk of the store {paths.home} is full: installing {manifest.kind} {manifest.key_digest[:16]} needed "

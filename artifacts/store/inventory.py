@@ -78,7 +78,7 @@ def list_bundles(store: Store) -> tuple[StoredBundle, ...]:
     """Every bundle in the store, most recently used first."""
     store.check_readable()
     bundles = []
-    for entry in reversed(store.inventory()):
+    for entry in reversed(store.entries()):
         manifests, unreadable = [], []
         for path in entry.index:
             raw = b""

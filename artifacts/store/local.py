@@ -35,7 +35,7 @@ from prebake.artifacts.ports.registry import Registry
 from prebake.artifacts.store import eviction, leases, mark, recovery, volume
 from prebake.artifacts.store.eviction import GcReport, Refuses, StoreEntry
 from prebake.artifacts.store.health import Damaged, check_hit, quarantine
-from prebake.artifacts.store.install import install
+from prebake.artifacts.store.install import install_bundle
 from prebake.artifacts.store.paths import StorePaths
 from prebake.artifacts.store.scratch import Scratches
 from prebake.artifacts.store.settings import HOME_ENV, MAX_BYTES_ENV, StoreLimits, absolute, default_home
@@ -161,7 +161,7 @@ class Store:
         installed = Installed(manifest, self.tree_path(manifest))
         self.claim()
         take_hold = None if hold is None else (lambda: hold.enter_context(self.use(installed)))
-        install(self.paths, manifest, source, limits, deadline, while_locked=take_hold)
+        install_bundle(self.paths, manifest, source, limits, deadline, while_locked=take_hold)
         if self.limits.max_bytes is not None:
             self.gc(self.limits.max_bytes, keep=(manifest.blob.hex,), wait=False)  # a gc already running does it
         return installed
@@ -221,9 +221,9 @@ class Store:
         with lock:
             return eviction.gc(self.paths, max_bytes, keep, refuse)
 
-    def inventory(self) -> list[StoreEntry]:
+    def entries(self) -> list[StoreEntry]:
         """Every bundle in blobs/ or trees/, least recently used first."""
-        return eviction.inventory(self.paths)
+        return eviction.entries(self.paths)
 
     def evict(self, entry: StoreEntry) -> bool:
         """Remove one bundle (index entries, tree, blob) unless it is being installed or is held; True if it went."""

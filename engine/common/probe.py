@@ -254,9 +254,10 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def cpu_flags(proc_root: Path = Path("/proc")) -> frozenset[str]:
-    """The CPU's flags as /proc/cpuinfo lists them for its first processor; empty where it lists none."""
-    return _cpu_flags(proc_root / "cpuinfo", [])
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The CPU's flags as /proc/cpuinfo lists them for its first processor (x86 `flags`, Arm
+    `Features`); empty where it lists none or cannot be read."""
+    return _cpu_flags(cpuinfo, [])
 
 
 def _cpu(proc_root: Path, notes: list[str]) -> tuple[tuple[str, ...], str]:

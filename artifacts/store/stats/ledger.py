@@ -89,7 +89,7 @@ def _zero(folder: Path, summary: StatsSummary) -> None:
 
 def _sized(report: StatsReport, store: Store) -> StatsReport:
     """The report with the store's size and bound beside its counts."""
-    used = sum(e.bytes for e in store.inventory())
+    used = sum(e.bytes for e in store.entries())
     return replace(report, store_bytes=used, max_bytes=store.limits.max_bytes)
 
 
