@@ -37,7 +37,7 @@ from prebake.engine.bundled.cache_layout import (
     engine_environment,
     private_graphs_tree,
 )
-from prebake.engine.bundled.variants import DEFAULT_VARIANT, served, variant, variant_of
+from prebake.engine.bundled.variants import DEFAULT_VARIANT, served, variant_of
 from prebake.engine.common import starter
 from prebake.engine.common.adapter import (
     EngineOption,
@@ -96,7 +96,7 @@ def _graphs_groups(context: KeyContext) -> Groups:
     """The target's groups and the [compile] options, with what the recipe's graphs variant adds;
     kernel_threads: kernels read their thread count at run time (runtime.steps.threads_at_run_time)."""
     options = compile_factors(context.recipe, DEFAULT_VARIANT)
-    graphs = variant(SPEC.graphs_variant(context.recipe))
+    graphs = variant_of(context.recipe)  # checked when the adapter was picked (EngineSpec.graphs_variant)
     factors = {**options, **graphs.key_factors(context.recipe.compile), "kernel_threads": "run-time"}
     return {**target_groups(context), "options": factors}
 

@@ -33,8 +33,8 @@ from prebake.engine.bundled.runtime.model import KVCache, Llama
 from prebake.engine.bundled.runtime.parallel import Parallel, one_rank_of
 from prebake.engine.bundled.runtime.shapes import StepShape, step_shapes
 from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
-from prebake.engine.bundled.variants import variant_of
-from prebake.engine.bundled.variants.base import CompileJob
+from prebake.engine.bundled.variants import fallback_of, variant_of
+from prebake.engine.bundled.variants.base import CompileJob, TreeFacts
 
 
 def build_autotune(
@@ -129,17 +129,14 @@ def compile_graphs(
         tactics,
         out,
         log,
-        fallback=recipe.compile.fallback,
+        fallback=fallback_of(recipe),
         workers=pool,
         parallel=model.parallel,
     )
     compiled = graphs.compile(job)
+    carried = TreeFacts.of(graphs.name, recipe.compile.fallback, compiled.facts)
     document = {
-        "variant": graphs.name,
-        "fallback": recipe.compile.fallback,
-        "precompiled": False,
-        "aoti_package": False,
-        **compiled.facts,
+        **carried.to_json(),
         "torch": torch.__version__,
         "total_compile_s": round(time.perf_counter() - started, 3),
         "builder": {**(facts or {}), "peak_rss_bytes": peak_rss()},
