@@ -33,7 +33,7 @@ from prebake.artifacts.recipe.schema import Recipe, load_recipe, targets
 from prebake.artifacts.tables import table
 from prebake.engine.adapters import kind_names, kinds_for
 from prebake.engine.common.probe import probe
-from prebake.engine.fleet.node_env import describe, forwarded
+from prebake.engine.fleet.node_env import forwarded, registry_used
 from prebake.engine.fleet.plan import make_plan
 
 BUILT, ALREADY, FAILED, NO_NODE, NOT_BUILDABLE = "built", "already present", "failed", "no matching node", "unbuildable"
@@ -121,7 +121,7 @@ def bake_target(job: BakeJob) -> tuple[KindOutcome, ...]:
         try:
             before = _present(recipe, target, host, job.registry)
         except Exception as exc:  # the registry as this node sees it: say which, and with what settings
-            why = f"{type(exc).__name__}: {exc}; {describe(os.environ, job.registry)}"
+            why = f"{type(exc).__name__}: {exc}; {registry_used(os.environ, job.registry)}"
             return tuple(KindOutcome(target.name, kind, FAILED, why, node) for kind in kinds_for(recipe, target).names)
         proc = _run_bake(job, folder)
     said = {m["kind"]: m["note"] for m in _NOTE.finditer(proc.stdout) if m["target"] == job.target_id}
@@ -138,7 +138,7 @@ def bake_target(job: BakeJob) -> tuple[KindOutcome, ...]:
         elif proc.returncode == 0:
             outcomes.append(KindOutcome(target.name, kind, ALREADY, "up to date", node))
         else:
-            why = f"bake exited {proc.returncode}: {tail}; {describe(os.environ, job.registry)}"
+            why = f"bake exited {proc.returncode}: {tail}; {registry_used(os.environ, job.registry)}"
             outcomes.append(KindOutcome(target.name, kind, FAILED, why, node))
     return tuple(outcomes)
 

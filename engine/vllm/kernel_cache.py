@@ -158,13 +158,13 @@ def checked_ranks(installed: Installed, tp: int) -> tuple[int, ...]:
     """The ranks 0..tp-1, once the installed tree is checked to hold each one's compile cache
     (prebake.engine.vllm.ranks); an image a rank could not start from is refused, the rank named."""
     from prebake.engine.vllm.process import CACHE_DIR, read_report
-    from prebake.engine.vllm.ranks import describe, gaps
+    from prebake.engine.vllm.ranks import describe_gaps, gaps
 
     found = gaps(installed.tree / CACHE_DIR, tp, read_report(installed.tree).get("ranks"))
     if found:
         bake = bake_command(installed.manifest.labels.get("model") or "...", tp=tp)
         raise PrebakeError(
-            f"graphs {installed.manifest.key_digest[:16]} is baked for tp={tp}, but {describe(found)}; "
+            f"graphs {installed.manifest.key_digest[:16]} is baked for tp={tp}, but {describe_gaps(found)}; "
             f"no kernel-cache image is made from it: rebake it ({bake}) and push again"
         )
     return tuple(range(tp))

@@ -293,7 +293,7 @@ def rank_gap_miss(shared: starter.Prepared) -> Miss | None:
     found = _rank_gaps(graphs, shared.plan.target.tp)
     if not found:
         return None
-    return Miss(shared.plan.key("graphs"), ranks.describe(found), refused=True)
+    return Miss(shared.plan.key("graphs"), ranks.describe_gaps(found), refused=True)
 
 
 def _without_incomplete_graphs(shared: starter.Prepared) -> starter.Prepared:

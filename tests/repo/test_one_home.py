@@ -36,10 +36,6 @@ LEFT_FOR_THEIR_OWNERS = {
         {"artifacts/fetch/pipeline.py", "engine/bundled/api/errors.py"},
         "api/errors.py's install adds the app's error handlers: rename it when api/ is free",
     ),
-    "describe": (
-        {"artifacts/store/mark.py", "engine/fleet/node_env.py", "engine/vllm/phases.py", "engine/vllm/ranks.py"},
-        "four small describers (a mark, a node's settings, a start's phases, the ranks' gaps): not yet renamed",
-    ),
 }
 # Text the CLI lays out itself on purpose: (module, function) -> why.
 OWN_TEXT = {

@@ -114,7 +114,7 @@ def test_a_root_missing_one_ranks_folder_names_that_rank(tmp_path):
     found = ranks.gaps(_piecewise_root(tmp_path, ranks_present=(0,)), 2, None)
 
     assert found == (ranks.RankGap(1, "torch_compile_cache/0123456789/rank_1_0/"),)
-    assert "rank 1's compile cache is not in the bundle" in ranks.describe(found)
+    assert "rank 1's compile cache is not in the bundle" in ranks.describe_gaps(found)
 
 
 def test_a_cpu_root_missing_one_ranks_inductor_entry_names_that_rank(tmp_path):
