@@ -30,9 +30,6 @@ from prebake.registry import open_registry
 from prebake.registry.oci.kernel_cache import (
     KernelCacheError,
     build_image,
-    compatibility_footprint,
-    hash_strings,
-    model_uri_hash,
     push_image,
 )
 from tests.support.oci_server import oci_available, oci_server, umoci_unpack
@@ -210,17 +207,6 @@ def test_the_same_bundle_gives_the_same_image_digest_and_a_bundle_of_another_eng
     assert (again.digest, again.layer_ref.digest) == (image.digest, image.layer_ref.digest)
     with pytest.raises(KernelCacheError, match="not a vLLM graphs bundle"):
         read_cache_tree(graphs.installed.tree, graphs.manifest.model_copy(update={"kind": "autotune"}))
-
-
-def test_kserves_footprint_inputs_are_normalized_its_way():
-    # identity.ModelURIHash drops user info, query and fragment; HashStrings hashes Go's JSON of a list.
-    assert model_uri_hash("hf://user:pw@acme/tiny-llama?revision=main#x") == hash_strings(["hf://acme/tiny-llama"])
-    assert hash_strings(["a<b"]) != hash_strings(["a\\u003cb"])  # Go escapes '<' as \u003c: so does this encoding
-    # A floating runtime image (no tag, or :latest) gets no compatibility footprint, as in KServe.
-    assert compatibility_footprint("quay.io/acme/vllm", "hf://a/b", {}) is None
-    assert compatibility_footprint("quay.io/acme/vllm:latest", "hf://a/b", {}) is None
-    tagged = compatibility_footprint("quay.io/acme/vllm:v1", "hf://a/b", {"option.dtype": "bfloat16"})
-    assert tagged is not None and tagged != compatibility_footprint("quay.io/acme/vllm:v1", "hf://a/b", {})
 
 
 def _files(root: Path) -> dict[str, bytes]:
