@@ -261,7 +261,7 @@ def _damage(tree: Path, how: str, tmp_path: Path) -> Path:
     document = json.loads(recorded.read_text())
     if how in ("isa", "isa-and-aot"):
         from prebake.engine.bundled.runtime.aoti import ISA_FLAGS
-        from prebake.engine.common.probe import cpu_flags
+        from prebake.engine.common.cpu import cpu_flags
 
         flags = cpu_flags()
         document["cpu_isa"] = next(isa for isa, needs in ISA_FLAGS.items() if not needs <= flags)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from prebake.engine.bundled.runtime import aoti
-from prebake.engine.common.probe import cpu_flags
+from prebake.engine.common.cpu import cpu_flags
 
 AVX512_HOST = "processor\t: 0\nflags\t\t: fpu sse avx2 fma avx512f avx512bw avx512vl avx512dq avx512_vnni\n"
 

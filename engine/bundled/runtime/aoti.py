@@ -29,7 +29,7 @@ from prebake.artifacts.frozen import Frozen
 from prebake.engine.bundled.runtime.model import KVCache, Llama
 from prebake.engine.bundled.runtime.shapes import StepShape
 from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
-from prebake.engine.common.probe import cpu_flags
+from prebake.engine.common.cpu import cpu_flags
 
 if TYPE_CHECKING:
     from prebake.engine.bundled.runtime.aoti_workers import Workers
