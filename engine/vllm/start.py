@@ -269,7 +269,7 @@ def serve_environment(plan: TargetKeys, installed: Mapping[str, Installed], run_
     if parse_platform(plan.target.platform)[0] == "gaudi":
         recipes = _private(graphs, gaudi.RECIPES_DIR, run_dir)
         buckets = installed["buckets"].tree if "buckets" in installed else None
-        variables |= gaudi.serving_variables(plan.recipe, recipes, buckets)
+        variables |= gaudi.hpu_variables(plan.recipe, recipes, buckets)
     return variables
 
 
