@@ -26,6 +26,7 @@ from prebake.engine.bundled.runtime.tokenizer import Tokenizer
 MAX_CHOICES = 64  # prompts x n in one request: more is a 400, not a queue that starves everyone else
 
 if TYPE_CHECKING:  # torch: the server answers probes while it loads, so the scheduler comes later
+    from prebake.engine.bundled.runtime.sampling import SamplingOptions
     from prebake.engine.bundled.runtime.scheduler import Request, Scheduler, TokenLogprob
 
 
@@ -41,6 +42,12 @@ class Params:
     stop: tuple[str, ...]
     ignore_eos: bool
     top_logprobs: int | None = None  # None: no log-probabilities; k: each token's and the k likeliest
+    options: SamplingOptions | None = None  # vLLM's top_k, min_p, penalties, logit_bias, min_tokens
+    stop_token_ids: frozenset[int] = frozenset()  # more stop tokens (they stop even with ignore_eos, as vLLM's)
+    skip_special: bool = True  # skip_special_tokens
+
+    def min_tokens(self) -> int:
+        return self.options.min_tokens if self.options is not None else 0
 
 
 @dataclass(frozen=True)
@@ -67,15 +74,15 @@ class GenerationFailed(RuntimeError):
 
 
 class _Choice:
-    def __init__(self, generation: Generation, index: int, text: TextStream):
-        self.generation, self.index, self.text = generation, index, text
+    def __init__(self, generation: Generation, index: int, text: TextStream, stop_ids: frozenset[int]):
+        self.generation, self.index, self.text, self.stop_ids = generation, index, text, stop_ids
         self.future: Future | None = None
 
     def __call__(self, token: int) -> bool:  # the scheduler's thread
         if self.generation.cancelled:
             return False
         consumed = not self.text.stopped  # a token after a stop string is not part of the answer
-        delta = self.text.feed(token)
+        delta = self.text.feed(token, stop_token=token in self.stop_ids)
         self.generation.post(Piece(self.index, delta, token if consumed else None))
         return not self.text.stopped
 
@@ -99,6 +106,7 @@ class Generation:
         self.cancelled = False
         self.prompt_tokens = sum(len(p) for p in prompts)
         self.completion_tokens = 0
+        self.sampled = 0  # tokens sampled so far, every choice (the usage of a chunk with continuous_usage_stats)
         self._started = time.perf_counter()
         self._first = True
         if len(prompts) * params.n > MAX_CHOICES:
@@ -111,7 +119,11 @@ class Generation:
         ]
         for request in requests:  # all or nothing: nothing is queued when one choice is refused
             scheduler.limits.check(request)
-        self._choices = [_Choice(self, i, TextStream(tokenizer, params.stop)) for i in range(len(requests))]
+        self.prompts = [p for p in prompts for _ in range(params.n)]  # each choice's prompt
+        self._choices = [
+            _Choice(self, i, TextStream(tokenizer, params.stop, params.min_tokens(), params.skip_special), r.stop_ids)
+            for i, r in enumerate(requests)
+        ]
         for choice, request in zip(self._choices, requests, strict=True):
             choice.future = scheduler.submit(request, choice)
             choice.future.add_done_callback(choice.done)
@@ -147,6 +159,7 @@ class Generation:
                 ids = held.setdefault(item.index, [])
                 if item.token is not None:
                     ids.append(item.token)
+                    self.sampled += 1
                 if item.text:
                     yield Piece(item.index, item.text, item.token, tuple(ids))
                     ids.clear()
@@ -183,6 +196,7 @@ def _request(prompt: list[int], params: Params, i: int, eos: frozenset[int], max
         temperature=params.temperature,
         top_p=params.top_p,
         seed=seed,
-        stop_ids=frozenset() if params.ignore_eos else eos,
+        stop_ids=(frozenset() if params.ignore_eos else eos) | params.stop_token_ids,
         top_logprobs=params.top_logprobs,
+        **({} if params.options is None else {"options": params.options}),
     )
