@@ -77,7 +77,7 @@ def serve(settings: ServeSettings, open_services: OpenServices, emit: Callable[[
         return supervise(settings.request.tp or 1, sock, emit)
     if rank is not None and rank.rank > 0:
         return _follow(settings, open_services, emit, rank)
-    metrics = Metrics()
+    metrics = Metrics(settings.request.model)
     metrics.set("prebake_ready", 0)
     state = AppState(settings.request.model, metrics, unknown_fields=UnknownFields(settings.reject_unknown_fields))
     sock = _bind(settings.host, settings.port) if rank is None else socket.socket(fileno=rank.listen_fd)

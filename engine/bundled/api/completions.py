@@ -57,9 +57,9 @@ def add_routes(app: FastAPI, state: AppState) -> None:
     async def completions(
         body: CompletionRequest, request: Request, response: Response
     ) -> Completion | StreamingResponse:
+        response.headers.update(state.unknown_fields.header(state.unknown_fields.check(body)))
         serving = state.ready()
         state.check_model(body.model)
-        response.headers.update(state.unknown_fields.header(state.unknown_fields.check(body)))
         prompts = await run_in_threadpool(_prompts, serving, body.prompt)
         shape = _CompletionShape(state.model_id, prompts if body.return_token_ids else None, body.n)
         return await _answer(state, serving, prompts, body, shape, request, response.headers)
@@ -68,9 +68,9 @@ def add_routes(app: FastAPI, state: AppState) -> None:
     async def chat(
         body: ChatCompletionRequest, request: Request, response: Response
     ) -> ChatCompletion | StreamingResponse:
+        response.headers.update(state.unknown_fields.header(state.unknown_fields.check(body)))
         serving = state.ready()
         state.check_model(body.model)
-        response.headers.update(state.unknown_fields.header(state.unknown_fields.check(body)))
         prompt = await run_in_threadpool(chat_prompt, serving, body.messages, body.add_generation_prompt, body)
         shape = _ChatShape(state.model_id, prompt if body.return_token_ids else None)
         return await _answer(state, serving, [prompt], body, shape, request, response.headers)

@@ -69,6 +69,45 @@ class Finished:
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token, when asked for
 
 
+class _Timing:
+    """One request's figures for vLLM's series, per choice (vLLM runs each of n as a request of its own)."""
+
+    def __init__(self, metrics: Metrics, prompts: list[list[int]]):
+        self.metrics, self.started = metrics, time.perf_counter()
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+        tokens = sum(len(p) for p in prompts)
+        for name in (
+            "vllm:prompt_tokens_total",
+            "vllm:prefix_cache_queries_total",
+            "vllm:gpu_prefix_cache_queries_total",
+        ):
+            metrics.add(name, tokens)  # no prefix cache: every prompt token is a query and none a hit
+        for prompt in prompts:
+            metrics.observe("vllm:request_prompt_tokens", len(prompt))
+
+    def token(self, index: int) -> None:
+        now = time.perf_counter()
+        if index in self.first:
+            self.metrics.observe("vllm:inter_token_latency_seconds", now - self.last[index])
+        else:
+            self.first[index] = now
+            self.metrics.observe("vllm:time_to_first_token_seconds", now - self.started)
+        self.last[index] = now
+        self.metrics.add("vllm:generation_tokens_total")
+
+    def finished(self, index: int, reason: str, tokens: int) -> None:
+        self.metrics.add("vllm:request_success_total", finished_reason=reason)
+        if reason == "abort":
+            return
+        self.metrics.observe("vllm:e2e_request_latency_seconds", time.perf_counter() - self.started)
+        self.metrics.observe("vllm:request_generation_tokens", tokens)
+        if tokens > 1 and index in self.first:
+            self.metrics.observe(
+                "vllm:request_time_per_output_token_seconds", (self.last[index] - self.first[index]) / (tokens - 1)
+            )
+
+
 class GenerationFailed(RuntimeError):
     """A model step failed under this request (the server goes on serving)."""
 
@@ -127,6 +166,7 @@ class Generation:
         for choice, request in zip(self._choices, requests, strict=True):
             choice.future = scheduler.submit(request, choice)
             choice.future.add_done_callback(choice.done)
+        self._timing = _Timing(metrics, self.prompts)
 
     @property
     def size(self) -> int:
@@ -160,6 +200,7 @@ class Generation:
                 if item.token is not None:
                     ids.append(item.token)
                     self.sampled += 1
+                    self._timing.token(item.index)
                 if item.text:
                     yield Piece(item.index, item.text, item.token, tuple(ids))
                     ids.clear()
@@ -172,8 +213,10 @@ class Generation:
         future = choice.future
         assert future is not None  # set when the choice was submitted
         if future.cancelled():
+            self._timing.finished(choice.index, "abort", 0)
             raise GenerationFailed("the request was cancelled")
         if (exc := future.exception()) is not None:
+            self._timing.finished(choice.index, "abort", 0)
             raise GenerationFailed(f"generation failed: {type(exc).__name__}: {exc}") from exc
         completion = future.result()
         tail = choice.text.finish()
@@ -181,6 +224,7 @@ class Generation:
         self.completion_tokens += len(tokens)
         self._metrics.add("prebake_generated_tokens_total", len(tokens))
         reason: FinishReason = "stop" if choice.text.stopped or completion.finish_reason == "stop" else "length"
+        self._timing.finished(choice.index, reason or "length", len(tokens))
         logprobs = completion.logprobs[: len(tokens)]  # a stop string may end the text before the last token
         return Finished(choice.index, reason, tokens, tail, choice.text.text, logprobs=logprobs)
 
