@@ -1,9 +1,8 @@
 """The bundled engine's HTTP API on FastAPI: probes, metrics, models, tokenizer routes, completions.
 
     GET  /health, /health/live   ready (503 with the start-up step before), alive; NIM's /v1/health/*
-    GET|POST /ping               ready, as /health (vLLM's, SageMaker's probe)
+    GET|POST /ping, GET /load    ready, as /health; {"server_load": requests being answered} (vLLM's)
     GET  /metrics, /version      Prometheus text (runtime.metrics, prebake's names and vLLM's); prebake's version
-    GET  /load                   {"server_load": completion requests being answered} (vLLM's)
     GET  /v1/models              the one model served
     POST /v1/completions, /v1/chat/completions   OpenAI's, streamed with stream=true
     POST /tokenize, /detokenize  text or chat messages to token ids and back

@@ -7,9 +7,8 @@
     vllm:*                                                               vLLM's own names (runtime.vllm_metrics)
     process_*, python_gc_*, python_info                                  prometheus_client's collectors
 
-Callers name a metric and its labels (`metrics.add("prebake_steps_total", shape=...)`); a name not
-declared in `_DECLARED` (or vllm_metrics.DECLARED) is refused, so a typo fails loudly instead of
-exporting a new series. The vllm: series get their model_name and engine labels here.
+Callers name a metric and its labels (`metrics.add("prebake_steps_total", shape=...)`); an undeclared
+name is refused, so a typo fails loudly; the vllm: series get model_name and engine labels here.
 Every series with its labels and meaning: docs/http-api.md ("Metrics").
 """
 

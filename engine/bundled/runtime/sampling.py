@@ -1,21 +1,10 @@
 """vLLM's sampling options on one row of logits, on the host, after the compiled step.
 
-The compiled prefill and decode steps end at the logits; everything here runs on the [vocab]
-row they return, so no option changes a step shape or adds a compile at serving time. The
-order is vLLM v1's sampler (vllm/v1/sample/sampler.py):
-
-    logit_bias              added to the raw logits (clamped to +-100, as vLLM does)
-    min_tokens              the stop token ids (EOS, stop_token_ids) masked until that many were generated
-    repetition_penalty      tokens of the prompt or the output: a positive logit divided, a negative one multiplied
-    frequency_penalty       minus penalty x the token's count in the output
-    presence_penalty        minus penalty for every token present in the output
-    temperature 0           argmax of the logits so far (top_k, top_p and min_p leave the argmax alone)
-    temperature             logits / temperature, softmax
-    min_p                   tokens below min_p x the likeliest token's probability dropped
-    top_k, top_p            the k likeliest, then the smallest prefix of them whose mass reaches top_p
-    draw                    an exponential race (argmax of p / Exp(1)), exact and shape-free
-
-Neutral options cost nothing: the row is passed through untouched.
+The compiled steps end at the logits, so no option changes a step shape or adds a compile at
+serving time. The order is vLLM v1's sampler: logit_bias, min_tokens (stop ids masked),
+repetition, frequency and presence penalties; then argmax at temperature 0, else temperature,
+min_p, top_k, top_p and an exponential race (argmax of p / Exp(1): exact, shape-free). Neutral
+options pass the row through untouched. Each option's rule: docs/http-api.md ("Sampling").
 """
 
 from __future__ import annotations
