@@ -129,3 +129,15 @@ def test_fields_that_would_change_the_answer_and_cannot_be_honoured_are_a_400_na
     refused = _answer({"prompt": "x", field: value}, reject=False)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == field
     assert "not supported by this engine" in refused.json()["error"]["message"]
+
+
+def test_the_unknown_names_logged_are_bounded_and_each_is_logged_once(caplog):
+    from prebake.engine.bundled.api import fields
+    from prebake.engine.bundled.api.schema import DetokenizeRequest
+
+    policy = UnknownFields()
+    for i in range(fields.MAX_LOGGED + 50):
+        assert policy.check(DetokenizeRequest.model_validate({"tokens": [1], f"f{i}": 1})) == (f"f{i}",)
+    policy.check(DetokenizeRequest.model_validate({"tokens": [1], "f0": 1}))
+    assert caplog.text.count("f0 are not part") == 1 and "f1049" not in caplog.text
+    assert len(policy._logged) == fields.MAX_LOGGED

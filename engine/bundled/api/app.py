@@ -95,7 +95,8 @@ def _info_routes(app: FastAPI, state: AppState) -> None:
         return ModelList(data=[card])
 
     @app.post("/tokenize")
-    def tokenize(body: TokenizeRequest) -> Tokens:
+    def tokenize(body: TokenizeRequest, response: Response) -> Tokens:
+        response.headers.update(state.unknown_fields.header(state.unknown_fields.check(body)))
         serving = state.ready()
         state.check_model(body.model)
         if body.messages is not None:
@@ -106,7 +107,8 @@ def _info_routes(app: FastAPI, state: AppState) -> None:
         return Tokens(count=len(ids), max_model_len=serving.max_model_len, tokens=ids)
 
     @app.post("/detokenize")
-    def detokenize(body: DetokenizeRequest) -> Text:
+    def detokenize(body: DetokenizeRequest, response: Response) -> Text:
+        response.headers.update(state.unknown_fields.header(state.unknown_fields.check(body)))
         serving = state.ready()
         state.check_model(body.model)
         return Text(prompt=completions.tokenizer_of(serving).decode(body.tokens))

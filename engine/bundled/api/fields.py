@@ -21,6 +21,7 @@ from prebake.engine.bundled.api.errors import ApiError
 
 IGNORED_HEADER = "X-Ignored-Fields"
 MAX_HEADER = 1024
+MAX_LOGGED = 1024  # names remembered as logged; past that, new names are no longer logged (a bounded set)
 log = logging.getLogger("prebake.serve")
 
 
@@ -69,7 +70,8 @@ class UnknownFields:
                 found[0][0],
             )
         with self._lock:
-            new = [(path, close) for path, close in found if path not in self._logged]
+            room = MAX_LOGGED - len(self._logged)
+            new = [(path, close) for path, close in found if path not in self._logged][: max(0, room)]
             self._logged.update(path for path, _ in new)
         if new:
             log.warning(
