@@ -60,7 +60,8 @@ _NEUTRAL: dict[str, tuple[object, ...]] = {
 
 
 class _Sampling(_Request):
-    """What completions and chat share: sampling, stopping, streaming and the neutral unsupported options."""
+    """What completions and chat share: sampling (vLLM's extras too), stopping, streaming, and the options
+    refused unless neutral."""
 
     model: str | None = None
     max_tokens: StrictInt | None = Field(default=None, ge=1, le=MAX_TOKENS_BOUND)
