@@ -223,3 +223,36 @@ def test_load_and_ping_answer_as_vllms(server):
     assert httpx.post(server.url("/ping")).status_code == 200
     status, body = server.get("/load")
     assert status == 200 and json.loads(body) == {"server_load": 0}
+
+
+VLLM_BENCH_BODIES = {  # what `vllm bench serve` sends (its openai and openai-chat backends)
+    "/v1/completions": {
+        "model": MODEL,
+        "prompt": "hello there",
+        "temperature": 0.0,
+        "repetition_penalty": 1.0,
+        "max_tokens": 4,
+        "logprobs": None,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    },
+    "/v1/chat/completions": {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hello there"}]}],
+        "temperature": 0.0,
+        "max_completion_tokens": 4,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    },
+}
+
+
+@pytest.mark.parametrize("path", list(VLLM_BENCH_BODIES))
+def test_what_vllm_bench_serve_sends_is_known_and_answered(server, path):
+    with httpx.stream("POST", server.url(path), json=VLLM_BENCH_BODIES[path], timeout=60) as response:
+        events = [line for line in response.iter_lines() if line.startswith("data: ")]
+        assert response.status_code == 200 and "x-ignored-fields" not in response.headers
+    assert events[-1] == "data: [DONE]"
+    assert json.loads(events[-2][6:])["usage"]["completion_tokens"] == 4
