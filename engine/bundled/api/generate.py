@@ -230,7 +230,9 @@ class Generation:
 
 
 def _request(prompt: list[int], params: Params, i: int, eos: frozenset[int], max_model_len: int) -> Request:
-    from prebake.engine.bundled.runtime.scheduler import Request  # torch; loaded by the time a request can arrive
+    # torch: loaded by the time a request can arrive
+    from prebake.engine.bundled.runtime.sampling import SamplingOptions
+    from prebake.engine.bundled.runtime.scheduler import Request
 
     seed = None if params.seed is None else (params.seed + i) % (SEED_BOUND + 1)
     budget = params.max_tokens if params.max_tokens is not None else max(1, max_model_len - len(prompt))
@@ -242,5 +244,5 @@ def _request(prompt: list[int], params: Params, i: int, eos: frozenset[int], max
         seed=seed,
         stop_ids=(frozenset() if params.ignore_eos else eos) | params.stop_token_ids,
         top_logprobs=params.top_logprobs,
-        **({} if params.options is None else {"options": params.options}),
+        options=params.options or SamplingOptions(),
     )
