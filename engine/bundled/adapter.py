@@ -159,6 +159,13 @@ SPEC = EngineSpec(
             "--eager", "compilation off: serve the eager model (the benchmark's floor)", type=bool, default=False
         ),
         EngineOption(
+            "--reject-unknown-fields",
+            "answer a request field this API does not know with a 400, as OpenAI does (default: "
+            "$PREBAKE_REJECT_UNKNOWN_FIELDS=1; otherwise ignored, logged once and named in X-Ignored-Fields, as vLLM)",
+            type=bool,
+            default=False,
+        ),
+        EngineOption(
             "--api-key",
             "require `Authorization: Bearer KEY` on every route but the health probes "
             "(default: $PREBAKE_API_KEY; none: no authentication)",
@@ -195,7 +202,7 @@ class BundledAdapter:
 
         require("serve", "prebake serve")
         require("torch", "prebake serve")
-        from prebake.engine.bundled.serve import ServeSettings, api_key_from, serve
+        from prebake.engine.bundled.serve import ServeSettings, api_key_from, reject_unknown_fields_from, serve
 
         options = SPEC.options_of(request)
         settings = ServeSettings(
@@ -204,5 +211,6 @@ class BundledAdapter:
             host=request.host or "127.0.0.1",
             port=8000 if request.port is None else request.port,
             api_key=api_key_from(cast(str | None, options["api_key"])),
+            reject_unknown_fields=reject_unknown_fields_from(bool(options["reject_unknown_fields"])),
         )
         return serve(settings, open_services, emit=logging.getLogger("prebake.serve").info)

@@ -273,6 +273,12 @@ VARIABLES: tuple[Variable, ...] = (
         "`prebake serve`: every route but /health and /health/live needs `Authorization: Bearer <key>` (as --api-key, which wins); compared in constant time.",
     ),
     Variable(
+        "PREBAKE_REJECT_UNKNOWN_FIELDS",
+        "read",
+        "0 (unknown request fields ignored, logged once, named in X-Ignored-Fields)",
+        "`prebake serve`: 1 answers a request field the API does not know with a 400, as OpenAI does (as --reject-unknown-fields).",
+    ),
+    Variable(
         "PREBAKE_LOG_LEVEL",
         "read",
         "INFO",
