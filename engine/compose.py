@@ -25,14 +25,14 @@ from prebake.artifacts.bake.bake_kind import Baked, ModelSign, bake_kind
 from prebake.artifacts.bake.provenance import SIDE_NAME, Attest
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.fetch.outcome import Resolution
-from prebake.artifacts.fetch.pipeline import record_resolution, resolve
+from prebake.artifacts.fetch.pipeline import FETCH_TIMEOUT_S, REGISTRY_TIMEOUT_S, Source, resolve
 from prebake.artifacts.ports.registry import Registry, SideFiles, TrustCheck
 from prebake.artifacts.recipe.kinds import HostFacts, TargetKeys, buildable_targets, target_keys
 from prebake.artifacts.recipe.schema import Recipe
 from prebake.artifacts.store.local import Store
 from prebake.artifacts.store.overlap import check_apart
 from prebake.engine.adapters import kinds_for
-from prebake.engine.common.adapter import Publishing, Source
+from prebake.engine.common.adapter import Publishing
 from prebake.engine.common.builder import attester, host_versions
 from prebake.engine.common.probe import Host, current_host
 from prebake.registry import open_registry
@@ -137,27 +137,23 @@ class Context:
         self,
         plan: TargetKeys,
         *,
-        lookup_timeout: float = 30.0,
-        fetch_timeout: float = 600.0,
+        lookup_timeout: float = REGISTRY_TIMEOUT_S["fetch"],
+        fetch_timeout: float = FETCH_TIMEOUT_S,
         hold: ExitStack | None = None,
         kinds: Sequence[str] | None = None,
     ) -> Resolution:
-        """The fetch pipeline for every kind of `plan` (or the given kinds); its hits and misses go
-        into the store's stats. Every tree is held from the moment it is found or installed: on
+        """The fetch pipeline (pipeline.resolve) for every kind of `plan` (or the given kinds) from
+        this command's source. Every tree is held from the moment it is found or installed: on
         `hold`, else on `holds`, which lives as long as this command (`with context.holds:`)."""
-        resolution = resolve(
+        return resolve(
             plan,
             store=self.store,
-            open_registry=lambda: self.registry,
-            address=self.address,
-            trust=self.trust,
+            source=self.source,
+            kinds=kinds,
             lookup_timeout=lookup_timeout,
             fetch_timeout=fetch_timeout,
             hold=self.holds if hold is None else hold,
-            kinds=kinds,
         )
-        record_resolution(self.store, resolution)
-        return resolution
 
     def bake(self, plan: TargetKeys, kind: str) -> Baked:
         """Build, publish and install one kind of one target, and say what happened."""

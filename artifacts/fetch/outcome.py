@@ -113,6 +113,7 @@ class Resolution:
     misses: tuple[Miss, ...]
     sources: dict[str, Source] = field(default_factory=dict)
     notes: tuple[str, ...] = ()  # stored bundles the policy refused and the registry replaced
+    answered: bool = True  # the registry was opened and answered in time (a write-back to one that did not is skipped)
 
     @property
     def complete(self) -> bool:
@@ -134,6 +135,8 @@ def resolution(
     found: dict[str, Found],
     got: dict[str, Installed | Miss],
     store_refused: dict[str, StoreRefused] | None = None,
+    *,
+    answered: bool = True,
 ) -> Resolution:
     """What was installed and what missed; a kind whose stored bundle the policy refused is a
     refused miss (naming that bundle, the reason and the fix) unless the registry replaced it."""
@@ -146,7 +149,7 @@ def resolution(
         for k, r in refused.items()
         if k in installed
     )
-    return Resolution(plan, installed, misses, sources, notes)
+    return Resolution(plan, installed, misses, sources, notes, answered)
 
 
 def with_refusal(miss: Miss, refused: StoreRefused | None) -> Miss:

@@ -1,23 +1,27 @@
-"""The fetch pipeline: keys to installed trees or explained misses, what every consumer runs.
+"""The fetch pipeline: keys to installed trees or explained misses, written once (`resolve`):
 
-    lookup   each kind in the store, else the registry's index       (time-boxed, one deadline)
-    verify   a registry entry carries the wanted key and passes the trust policy (gate.py)
+    lookup   each kind in the store, else the registry's index; the registry is opened here,
+             inside the lookup's time box (Source.open_registry), one deadline for it all
+    verify   a registry entry carries the wanted key and passes the trust policy (gate.py); a
+             mounted tree is checked file by file against it and used in place (mounted.py)
     bound    the store's bound can hold every kind at once, or StoreBoundError before anything goes
     install  download, check digests, unpack into the store          (time-boxed)
 
 It touches the store (find, use, install, stats) and the registry (lookup, download). With
 `hold`, each tree is held from the moment it is found or installed, so no gc evicts early kinds
-while later ones download. A damaged store entry is fetched again; a stored bundle the policy
-refuses is not used. A registry that is down, slow or corrupt is a miss with its reason.
+while later ones download. A registry that is down, slow or corrupt is a miss with its reason.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
-from contextlib import ExitStack
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
+from typing import Protocol
 
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.errors import (
@@ -30,6 +34,7 @@ from prebake.artifacts.errors import (
 )
 from prebake.artifacts.fetch.explain import nearest_miss
 from prebake.artifacts.fetch.gate import policy_refuses, verify_entry
+from prebake.artifacts.fetch.mounted import check_mounted
 from prebake.artifacts.fetch.outcome import (
     Found,
     Lookup,
@@ -52,6 +57,44 @@ from prebake.artifacts.store.stats import record_outcomes
 from prebake.artifacts.timebox import Done, Raised, TimedOut, bounded, within
 
 log = logging.getLogger(__name__)
+
+# How long the registry lookup may take, by command: `serve` compiles when the registry is slow, so
+# it waits less; `fetch` has nothing else to do. Then the registry counts as unavailable.
+REGISTRY_TIMEOUT_S = {"fetch": 30.0, "serve": 5.0}
+FETCH_TIMEOUT_S = 600.0  # how long the downloads (and write-back) may take
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where bundles come from: the registry's address, how to open it (called once, inside the
+    lookup's time box) and the trust policy in force for it (None: no policy)."""
+
+    address: str
+    open_registry: Callable[[], Registry]
+    trust: TrustCheck | None
+
+
+class Detail(Protocol):
+    detail: str
+
+
+class Steps(Protocol):
+    """The steps of a run, each with a detail (a start times and logs them)."""
+
+    def step(self, name: str) -> AbstractContextManager[Detail]: ...
+
+
+@dataclass
+class _Detail:
+    detail: str = ""
+
+
+class Quiet:
+    """Steps that say nothing: a fetch that is not a start."""
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[_Detail]:
+        yield _Detail()
 
 
 # -- one key ----------------------------------------------------------------------------------
@@ -145,9 +188,7 @@ def lookup(
     kinds: Iterable[str],
     *,
     store: Store,
-    open_registry: Callable[[], Registry],
-    address: str,
-    trust: TrustCheck | None,
+    source: Source,
     timeout: float,
     hold: ExitStack | None = None,
 ) -> Lookup:
@@ -160,11 +201,12 @@ def lookup(
     An address prebake does not understand, or cannot open without an extra, is bad input and raises.
     """
     deadline = time.monotonic() + timeout
-    trust = bounded(trust, deadline)
+    trust = bounded(source.trust, deadline)
+    address = source.address
     wanted = list(kinds)
     stored = {k: _from_store(store, plan.key(k), trust, hold) for k in wanted}
     refused = {k: v for k, v in stored.items() if isinstance(v, StoreRefused)}
-    opened = within(timeout, open_registry, name="prebake-open-registry")
+    opened = within(timeout, source.open_registry, name="prebake-open-registry")  # the registry, opened here
     if isinstance(opened, Raised) and isinstance(opened.error, _BAD_ADDRESS):
         raise opened.error
     if not isinstance(opened, Done):
@@ -267,30 +309,57 @@ def resolve(
     plan: TargetKeys,
     *,
     store: Store,
-    open_registry: Callable[[], Registry],
-    address: str,
-    trust: TrustCheck | None,
-    lookup_timeout: float = 30.0,
-    fetch_timeout: float = 600.0,
+    source: Source,
     kinds: Iterable[str] | None = None,
+    lookup_timeout: float = REGISTRY_TIMEOUT_S["fetch"],
+    fetch_timeout: float = FETCH_TIMEOUT_S,
     hold: ExitStack | None = None,
+    mounted: Mapping[str, Path] | None = None,
+    steps: Steps | None = None,
 ) -> Resolution:
-    """lookup -> verify -> bound -> install for every kind of `plan` (or the given kinds), each tree
-    held on `hold` (when given) from the moment it is found or installed."""
-    looked = lookup(
-        plan,
-        plan.kinds.names if kinds is None else kinds,
-        store=store,
-        open_registry=open_registry,
-        address=address,
-        trust=trust,
-        timeout=lookup_timeout,
-        hold=hold,
-    )
-    checked = verify(plan, looked.found, looked.trust)
-    check_bound(store, checked, plan.target.name)
-    got = install(checked, store=store, registry=looked.registry, timeout=fetch_timeout, hold=hold)
-    return resolution(plan, looked.found, got, looked.store_refused)
+    """lookup -> verify -> bound -> install for every kind of `plan` (or the given kinds), each a step
+    of `steps`; every tree held on `hold` (when given) from the moment it is found or installed; a
+    `mounted` tree (kind -> path) is verified in place; the hits and misses go into the store's stats."""
+    steps, mounted = steps or Quiet(), mounted or {}
+    with steps.step("lookup") as s:
+        wanted = plan.kinds.names if kinds is None else kinds
+        looked = lookup(plan, wanted, store=store, source=source, timeout=lookup_timeout, hold=hold)
+        s.detail = _looked_up(looked, source.address)
+    with steps.step("verify") as s:
+        verified = verify(plan, looked.found, looked.trust)
+        passed = sum(isinstance(v, Manifest) for v in verified.values())
+        found, in_place = _in_place(verified, mounted)
+        s.detail = f"{passed} registry bundle(s) carry their keys and pass the trust policy{in_place}"
+    check_bound(store, {k: v for k, v in found.items() if k not in mounted}, plan.target.name)
+    with steps.step("fetch") as s:
+        got = install(found, store=store, registry=looked.registry, timeout=fetch_timeout, hold=hold)
+        s.detail = ", ".join(f"{k} {i.manifest.blob.hex[:12]}" for k, i in got.items() if isinstance(i, Installed))
+        s.detail = s.detail or "nothing to fetch"
+    answered = looked.registry is not None and looked.answered
+    resolved = resolution(plan, looked.found, got, looked.store_refused, answered=answered)
+    record_resolution(store, resolved)
+    return resolved
+
+
+def _looked_up(looked: Lookup, address: str) -> str:
+    where = {Installed: "in the store", Manifest: "in the registry", Miss: "missed"}
+    detail = ", ".join(f"{kind} {where[type(value)]}" for kind, value in looked.found.items())
+    detail += f" (registry {address})"
+    if looked.store_refused:
+        detail += f"; {len(looked.store_refused)} stored bundle(s) refused by the trust policy in force"
+    return detail
+
+
+def _in_place(found: dict[str, Found], mounted: Mapping[str, Path]) -> tuple[dict[str, Found], str]:
+    """`found` with each mounted tree checked file by file against its kind's verified manifest and
+    used in place (BundleError if it differs), and what was checked, for the verify step's detail."""
+    checked, detail = dict(found), ""
+    for kind, tree in mounted.items():
+        value = found.get(kind)
+        if value is not None and not isinstance(value, Miss):
+            checked[kind] = check_mounted(tree, value.manifest if isinstance(value, Installed) else value)
+            detail += f"; {kind} mounted at {tree} matches it"
+    return checked, detail
 
 
 _BAD_ADDRESS = (UnknownRegistryError, RegistryNotFound, MissingExtraError)  # bad input, not a registry's fault

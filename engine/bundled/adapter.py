@@ -186,7 +186,7 @@ class BundledAdapter:
         """The bundled engine (and plain torch.compile users): every installed kind's variables."""
         SPEC.options_of(request)
         plan = plan_to_start(request, services)
-        resolution = starter.resolve(plan, request, services).resolution
+        resolution = starter.fetch_bundles(plan, request, services)
         if not resolution.complete:
             note = f"no complete bundle set for {plan.target.name} in {services.source.address}"
             return Fetched(

@@ -192,7 +192,7 @@ class _InProcess:
     def run(self, started: starter.Started) -> Engine:
         log, plan, store, run_dir = self.log, started.plan, started.services.store, started.run_dir
         _check_ranks(plan, self.eager, self.rank)
-        resolution = started.resolved.resolution
+        resolution = started.resolution
         _count(log.metrics, resolution)
         trees = {k: i.tree for k, i in resolution.installed.items()}
         built = [m.key.kind for m in resolution.misses]
@@ -221,7 +221,7 @@ class _InProcess:
             self.request.write_back and built and (self.rank is None or self.rank.rank == 0)
         ):  # one rank's tree: all ranks'
             with log.step("write-back") as s:
-                if not started.resolved.answered and not _answers_now(started, built):
+                if not resolution.answered and not _answers_now(started, built):
                     address = started.services.source.address
                     s.detail = (
                         f"skipped: registry {address} did not answer at start-up, nor after the compile; "
@@ -250,9 +250,7 @@ def _answers_now(started: starter.Started, built: list[str]) -> bool:
             started.plan,
             built[:1],
             store=services.store,
-            open_registry=services.source.open_registry,
-            address=services.source.address,
-            trust=services.source.trust,
+            source=services.source,
             timeout=request.registry_timeout,
             hold=hold,
         )

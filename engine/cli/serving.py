@@ -7,9 +7,10 @@ import json
 import shlex
 import sys
 
+from prebake.artifacts.fetch.pipeline import FETCH_TIMEOUT_S, REGISTRY_TIMEOUT_S
 from prebake.engine.adapters import adapter_named, start_options
 from prebake.engine.cli.common import command, engine_options, json_option, registry_option, target_options
-from prebake.engine.common.adapter import FETCH_TIMEOUT_S, REGISTRY_TIMEOUT_S, Fetched, StartRequest
+from prebake.engine.common.adapter import Fetched, StartRequest
 from prebake.engine.common.advice import bake_command, miss_advice, miss_exit_code
 from prebake.engine.common.exports import shell_exports
 

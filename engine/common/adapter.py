@@ -29,6 +29,7 @@ from prebake.artifacts.bake.provenance import Attest
 from prebake.artifacts.errors import PrebakeError, RecipeError
 from prebake.artifacts.fetch.gate import WRITE_BACK_LABEL
 from prebake.artifacts.fetch.outcome import Miss
+from prebake.artifacts.fetch.pipeline import FETCH_TIMEOUT_S, REGISTRY_TIMEOUT_S, Source
 from prebake.artifacts.frozen import Frozen
 from prebake.artifacts.ports.registry import Registry, TrustCheck
 from prebake.artifacts.recipe.kinds import Kind, TargetKeys
@@ -36,11 +37,6 @@ from prebake.artifacts.recipe.schema import Recipe, Target
 from prebake.artifacts.store.local import Installed, Store
 from prebake.engine.common.probe import Host, Package
 from prebake.registry.review.writeback import WriteBackTarget
-
-# How long the registry lookup may take, by command: `serve` compiles when the registry is slow, so
-# it waits less; `fetch` has nothing else to do. Then the registry counts as unavailable.
-REGISTRY_TIMEOUT_S = {"fetch": 30.0, "serve": 5.0}
-FETCH_TIMEOUT_S = 600.0  # how long the downloads (and write-back) may take
 
 
 class EngineStartError(PrebakeError, RuntimeError):
@@ -60,7 +56,7 @@ class StartRequest:
     write_back: bool = False
     host: str | None = None
     port: int | None = None
-    mounted: tuple[str, ...] = ()  # KIND=PATH: bundle trees already mounted read-only (engine/common/mounted.py)
+    mounted: tuple[str, ...] = ()  # KIND=PATH: bundle trees already mounted read-only (artifacts/fetch/mounted.py)
     engine: str = "prebake"  # --engine: the engine asked for; the recipe's must be the same (`plan_to_start`)
     options: Mapping[str, object] = field(default_factory=dict)  # engine-only options, given ones only
 
@@ -245,16 +241,6 @@ class Publishing:
         if not self.target.quarantined:
             return plan
         return dataclasses.replace(plan, labels={**plan.labels, WRITE_BACK_LABEL: "quarantine"})
-
-
-@dataclass(frozen=True)
-class Source:
-    """Where a start's bundles come from: the registry's address, the registry (opened on first
-    use) and the trust policy in force for it (None: no policy)."""
-
-    address: str
-    open_registry: Callable[[], Registry]
-    trust: TrustCheck | None
 
 
 class Services(Protocol):

@@ -1,8 +1,9 @@
 """The one start of every engine (the anchor is vLLM's CompilerInterface: the framework owns the
 cache, the backend the compile). The starter does what engines share:
 
-    start(runner, ...)   probe, keys, resolve (lookup, verify, mounted trees checked in place,
-                         fetch: one step each), the miss policy (MissRefused), then runner.run
+    start(runner, ...)   probe, keys, the fetch pipeline (prebake.artifacts.fetch.pipeline.resolve:
+                         lookup, verify, fetch, one step each), the miss policy (MissRefused), runner.run
+    prepare(...)         the fetch of an engine that is its own process: its bundles and run folder
     Process              the runner of an engine that is its own process: its run folder and
                          environment, the fallback record, then exec, or (--write-back on a miss)
                          watch it until ready and publish what it compiled (write_back.py's policy)
@@ -17,16 +18,16 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.errors import ExitCode, PrebakeError
-from prebake.artifacts.fetch import outcome, pipeline
-from prebake.artifacts.fetch.outcome import Found, Miss, Resolution
+from prebake.artifacts.fetch.mounted import parse_mounts
+from prebake.artifacts.fetch.outcome import Miss, Resolution
+from prebake.artifacts.fetch.pipeline import Quiet, Steps, resolve
 from prebake.artifacts.recipe.kinds import Builder, TargetKeys
 from prebake.artifacts.store.local import Installed
 from prebake.artifacts.store.stats import record_fallback
@@ -40,8 +41,7 @@ from prebake.engine.common.adapter import (
     StartRequest,
     plan_to_start,
 )
-from prebake.engine.common.advice import miss_advice, miss_exit_code
-from prebake.engine.common.mounted import check_mounted, parse_mounts
+from prebake.engine.common.advice import bake_command, miss_advice, miss_exit_code
 
 Emit = Callable[[str], None]
 T = TypeVar("T", covariant=True)
@@ -56,47 +56,24 @@ class MissRefused(PrebakeError, LookupError):
         self.code = code
 
 
-class Detail(Protocol):
-    detail: str
-
-
-class StepLog(Protocol):
+class StepLog(Steps, Protocol):
     """The start's steps (each timed, with a detail) and its notes."""
 
-    def step(self, name: str) -> AbstractContextManager[Detail]: ...
     def note(self, text: str) -> None: ...
 
 
-@dataclass
-class _Detail:
-    detail: str = ""
-
-
 @dataclass(frozen=True)
-class Lines:
+class Lines(Quiet):
     """The log of an engine started as its own process: steps are quiet, notes are `prebake:` lines."""
 
     emit: Emit
-
-    @contextmanager
-    def step(self, name: str) -> Iterator[_Detail]:
-        yield _Detail()
 
     def note(self, text: str) -> None:
         for line in text.splitlines():
             self.emit(f"prebake: {line}")
 
 
-@dataclass(frozen=True)
-class Resolved:
-    """A target's bundles on this host: the fetch pipeline's resolution, mounted trees included,
-    and whether the registry answered (a write-back to one that did not is skipped)."""
-
-    resolution: Resolution
-    answered: bool
-
-
-def resolve(
+def fetch_bundles(
     plan: TargetKeys,
     request: StartRequest,
     services: Services,
@@ -104,58 +81,27 @@ def resolve(
     kinds: Sequence[str] | None = None,
     log: StepLog | None = None,
     hold: ExitStack | None = None,
-) -> Resolved:
-    """lookup -> verify (each mounted tree checked file by file against its verified manifest and
-    used in place) -> bound -> fetch, one step each; every tree held on `hold` (default: the
-    command's `services.holds`); the hits and misses go into the store's stats."""
-    log = log or Lines(lambda line: None)
-    hold = services.holds if hold is None else hold
-    store, source = services.store, services.source
-    mounts = parse_mounts(request.mounted, plan.kinds.names)
-    with log.step("lookup") as s:
-        looked = pipeline.lookup(
-            plan,
-            plan.kinds.names if kinds is None else kinds,
-            store=store,
-            open_registry=source.open_registry,
-            address=source.address,
-            trust=source.trust,
-            timeout=request.registry_timeout,
-            hold=hold,  # a store hit is held from here on: no gc evicts it while the rest downloads
-        )
-        s.detail = _summary(looked.found, source.address)
-        if looked.store_refused:
-            s.detail += f"; {len(looked.store_refused)} stored bundle(s) refused by the trust policy in force"
-    with log.step("verify") as s:
-        found = pipeline.verify(plan, looked.found, looked.trust)
-        passed = sum(isinstance(v, Manifest) for v in found.values())
-        s.detail = f"{passed} registry bundle(s) carry their keys and pass the trust policy"
-        for kind, tree in mounts.items():
-            value = found.get(kind)
-            if value is not None and not isinstance(value, Miss):
-                found[kind] = check_mounted(tree, value.manifest if isinstance(value, Installed) else value)
-                s.detail += f"; {kind} mounted at {tree} matches it"
-    pipeline.check_bound(store, {k: v for k, v in found.items() if k not in mounts}, plan.target.name)
-    with log.step("fetch") as s:
-        got = pipeline.install(found, store=store, registry=looked.registry, timeout=request.fetch_timeout, hold=hold)
-        fetched = [f"{k} {i.manifest.blob.hex[:12]}" for k, i in got.items() if isinstance(i, Installed)]
-        s.detail = ", ".join(fetched) or "nothing to fetch"
-    resolution = outcome.resolution(plan, looked.found, got, looked.store_refused)
-    pipeline.record_resolution(store, resolution)
-    return Resolved(resolution, looked.registry is not None and looked.answered)
-
-
-def _summary(found: Mapping[str, Found], address: str) -> str:
-    where = {Installed: "in the store", Manifest: "in the registry", Miss: "missed"}
-    parts = [f"{kind} {where[type(value)]}" for kind, value in found.items()]
-    return f"{', '.join(parts)} (registry {address})"
+) -> Resolution:
+    """The fetch pipeline (prebake.artifacts.fetch.pipeline.resolve) as `request` asks it: its time
+    boxes, its mounted trees; every tree held on `hold` (default: the command's `services.holds`)."""
+    return resolve(
+        plan,
+        store=services.store,
+        source=services.source,
+        kinds=kinds,
+        lookup_timeout=request.registry_timeout,
+        fetch_timeout=request.fetch_timeout,
+        hold=services.holds if hold is None else hold,
+        mounted=parse_mounts(request.mounted, plan.kinds.names),
+        steps=log,
+    )
 
 
 def refuse_misses(plan: TargetKeys, resolution: Resolution, request: StartRequest, address: str) -> None:
     """The miss policy: under --on-miss fail, MissRefused saying what to do (its code: why)."""
     if not resolution.misses or request.on_miss != "fail":
         return
-    bake = f"doit bake model={plan.target.recipe} precision={plan.target.dtype}"
+    bake = bake_command(plan.target.recipe, plan.target.dtype)
     raise MissRefused(
         f"{len(resolution.misses)} of {plan.target.name}'s bundles missed (above) and --on-miss is fail; "
         f"{miss_advice(resolution.misses, target=plan.target.name, bake=bake, address=address)}; "
@@ -180,7 +126,7 @@ class Started:
     """A start whose bundles are resolved and whose misses the policy accepted."""
 
     plan: TargetKeys
-    resolved: Resolved
+    resolution: Resolution
     run_dir: Path
     request: StartRequest
     services: Services
@@ -188,11 +134,11 @@ class Started:
 
     @property
     def installed(self) -> dict[str, Installed]:
-        return self.resolved.resolution.installed
+        return self.resolution.installed
 
     @property
     def misses(self) -> tuple[Miss, ...]:
-        return tuple(self.resolved.resolution.misses)
+        return tuple(self.resolution.misses)
 
 
 class Runner(Protocol[T]):
@@ -213,13 +159,13 @@ def start(runner: Runner[T], request: StartRequest, open_services: OpenServices,
         begun = runner.begin(plan, services)
         s.detail = f"{plan.target.name} " + ", ".join(f"{k} {plan.key(k).digest[:12]}" for k in begun.kinds)
     try:
-        resolved = resolve(plan, request, services, kinds=begun.kinds, log=log, hold=begun.hold)
-        for line in resolved.resolution.notes:
+        resolution = fetch_bundles(plan, request, services, kinds=begun.kinds, log=log, hold=begun.hold)
+        for line in resolution.notes:
             log.note(line)
-        for miss in resolved.resolution.misses:
+        for miss in resolution.misses:
             log.note(miss.explain())
-        refuse_misses(plan, resolved.resolution, request, services.source.address)
-        return runner.run(Started(plan, resolved, begun.run_dir, request, services, log))
+        refuse_misses(plan, resolution, request, services.source.address)
+        return runner.run(Started(plan, resolution, begun.run_dir, request, services, log))
     except BaseException:
         begun.abandon()
         raise
@@ -289,17 +235,12 @@ def prepare(
     """The target, its bundles (held for the command's life: `services.holds`) and a run folder
     (`run_folder`) laid out by the engine's serve_environment, without starting anything (fetch)."""
     plan = plan_to_start(request, services)
-    resolved = resolve(plan, request, services)
-    return _prepared(environment, plan, resolved.resolution, run_folder(services, request.engine, run_dir))
-
-
-def fetch(adapter: EngineAdapter, engine: EngineProcess, request: StartRequest, services: Services) -> Fetched:
-    """`prebake fetch --engine NAME`: the variables and the command line that start the engine."""
-    prepared = prepare(adapter.serve_environment, request, services)
-    return fetched(prepared, engine.launch(prepared, request, services))
+    resolution = fetch_bundles(plan, request, services)
+    return _prepared(environment, plan, resolution, run_folder(services, request.engine, run_dir))
 
 
 def fetched(prepared: Prepared, launch: Launch) -> Fetched:
+    """`prebake fetch --engine NAME`'s answer: the variables and the command line that start the engine."""
     return Fetched(
         prepared.plan.target.name,
         prepared.variables | launch.variables,
@@ -330,7 +271,7 @@ class Process:
         return Begun(plan.kinds.names, run_folder(services, self.adapter.spec.name, self.run_dir), services.holds)
 
     def run(self, started: Started) -> int:
-        prepared = _prepared(self.adapter.serve_environment, started.plan, started.resolved.resolution, started.run_dir)
+        prepared = _prepared(self.adapter.serve_environment, started.plan, started.resolution, started.run_dir)
         launch = self.engine.launch(prepared, started.request, started.services)
         for line in launch.notes:
             started.log.note(line)
@@ -442,14 +383,12 @@ __all__ = [
     "MissRefused",
     "Prepared",
     "Process",
-    "Resolved",
     "Runner",
     "Started",
-    "fetch",
+    "fetch_bundles",
     "fetched",
     "prepare",
     "refuse_misses",
-    "resolve",
     "serve",
     "start",
     "write_back",

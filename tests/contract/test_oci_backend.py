@@ -249,7 +249,7 @@ def test_a_mounted_tree_unpacked_by_umoci_checks_out_against_its_signed_manifest
     from cryptography.hazmat.primitives import serialization
 
     from prebake.artifacts.fetch.gate import verify_entry
-    from prebake.engine.common.mounted import check_mounted
+    from prebake.artifacts.fetch.mounted import check_mounted
 
     name, address = _repo(oci)
     pem, line = generate_keypair("ci")
@@ -273,7 +273,7 @@ def test_a_mounted_tree_unpacked_by_umoci_checks_out_against_its_signed_manifest
 @pytest.mark.parametrize("damage", ["edited", "extra", "missing", "mode"])
 def test_a_mounted_tree_that_differs_from_its_manifest_is_refused_naming_the_difference(oci, tmp_path, damage):
     from prebake.artifacts.errors import BundleError
-    from prebake.engine.common.mounted import check_mounted
+    from prebake.artifacts.fetch.mounted import check_mounted
 
     name, address = _repo(oci)
     b = make_bundle(tmp_path, payload_bytes=16 << 10)

@@ -20,7 +20,7 @@ from prebake.artifacts.bake.bake_kind import bake_kind
 from prebake.artifacts.bake.tasks import _published
 from prebake.artifacts.fetch.gate import policy_refuses
 from prebake.artifacts.fetch.outcome import Miss, StoreRefused
-from prebake.artifacts.fetch.pipeline import fetch_key, lookup, resolve
+from prebake.artifacts.fetch.pipeline import Source, fetch_key, lookup, resolve
 from prebake.artifacts.ports.errors import UntrustedEntryError
 from prebake.artifacts.store.local import Installed, Store
 from prebake.registry import open_registry
@@ -161,15 +161,14 @@ def _policy(keys) -> TrustPolicy:
 def test_lookup_never_asks_the_store_twice_a_refused_hit_goes_to_the_registry(tmp_path, registries, keys):
     plan, unsigned_registry, signed_registry, _u, signed = registries
     store = Store(tmp_path / "node")
-    assert resolve(plan, store=store, open_registry=lambda: open_registry(str(unsigned_registry)),
-                   address="u", trust=None).complete  # fmt: skip
+    assert resolve(plan, store=store, source=Source("u", lambda: open_registry(str(unsigned_registry)),
+                   None)).complete  # fmt: skip
     trust = _policy(keys).check
-    looked = lookup(plan, plan.kinds.names, store=store, open_registry=lambda: open_registry(str(unsigned_registry)),
-                    address="u", trust=trust, timeout=10)  # fmt: skip
+    looked = lookup(plan, plan.kinds.names, store=store,
+                    source=Source("u", lambda: open_registry(str(unsigned_registry)), trust), timeout=10)  # fmt: skip
     assert set(looked.store_refused) == set(plan.kinds.names)
     assert not any(isinstance(v, Installed) for v in looked.found.values())  # the bug: the old code used these
-    got = resolve(plan, store=store, open_registry=lambda: open_registry(str(signed_registry)), address="s",
-                  trust=trust)  # fmt: skip
+    got = resolve(plan, store=store, source=Source("s", lambda: open_registry(str(signed_registry)), trust))
     assert got.complete and {k: i.manifest.blob for k, i in got.installed.items()} == {
         k: m.blob for k, m in signed.items()
     }
@@ -179,7 +178,7 @@ def test_lookup_never_asks_the_store_twice_a_refused_hit_goes_to_the_registry(tm
 def test_policy_refuses_is_a_signature_check_not_a_rehash(tmp_path, registries, keys):
     plan, unsigned_registry, _s, _u, _signed = registries
     store = Store(tmp_path / "node")
-    resolve(plan, store=store, open_registry=lambda: open_registry(str(unsigned_registry)), address="u", trust=None)
+    resolve(plan, store=store, source=Source("u", lambda: open_registry(str(unsigned_registry)), None))
     hit = store.lookup("buckets", plan.key("buckets").digest)
     assert hit is not None
     for path in hit.tree.rglob("*"):  # the tree's own check is at install; the policy reads the manifest only

@@ -10,7 +10,7 @@ from doit.cmd_base import ModuleTaskLoader
 from doit.doit_cmd import DoitMain
 
 from prebake.artifacts.bake.tasks import BakeRequest, bake_tasks
-from prebake.artifacts.fetch.pipeline import resolve
+from prebake.artifacts.fetch.pipeline import Source, resolve
 from prebake.artifacts.recipe.kinds import (
     BUCKETS,
     BUCKETS_FILE,
@@ -84,7 +84,7 @@ def test_a_kind_declared_in_a_test_bakes_publishes_fetches_and_installs(tmp_path
 
     consumer = Store(tmp_path / "consumer-home")
     target_plan = baker.plans(load_recipe("tiny-llama"), dtype="fp32")[0]
-    got = resolve(target_plan, store=consumer, open_registry=lambda: registry, address=str(registry_dir), trust=None)
+    got = resolve(target_plan, store=consumer, source=Source(str(registry_dir), lambda: registry, None))
     assert got.complete and set(got.installed) == {"buckets", "toy"}
     env = prebake_environment(target_plan.kinds, got.installed)
     summary = json.loads(Path(env["TOY_SUMMARY_FILE"]).read_text())

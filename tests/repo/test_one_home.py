@@ -7,7 +7,8 @@ port's types come from prebake.artifacts.ports); no two production classes share
 CLI module builds a JSON payload itself (a report's `to_json()` does), nor lays out text itself (a
 report's `render()` does: no table, no column widths in engine/cli). Every error class is imported
 from the module that defines it, and the function names a review found with several meanings
-(REVIEWED_NAMES) have one definition each, but for the ones stated in LEFT_FOR_THEIR_OWNERS.
+(REVIEWED_NAMES) have one definition each, but for the ones stated in LEFT_FOR_THEIR_OWNERS. The
+fetch sequence has one home too: only artifacts/fetch/pipeline.py calls its steps in order.
 """
 
 from __future__ import annotations
@@ -28,10 +29,6 @@ REGISTRY_ERRORS = set(_errors.__all__)  # every name the one home defines
 REVIEWED_NAMES = ("resolve", "install", "inventory", "cpu_flags", "describe")
 # Those still defined twice, in modules others were editing when the review ran: name -> (modules, why).
 LEFT_FOR_THEIR_OWNERS = {
-    "resolve": (
-        {"artifacts/fetch/pipeline.py", "engine/common/starter.py"},
-        "the fetch sequence written twice: issue 49 item 1 writes it once",
-    ),
     "install": (
         {"artifacts/fetch/pipeline.py", "engine/bundled/api/errors.py"},
         "api/errors.py's install adds the app's error handlers: rename it when api/ is free",
@@ -41,6 +38,10 @@ LEFT_FOR_THEIR_OWNERS = {
 OWN_TEXT = {
     ("engine/cli/__init__.py", "_grouped"): "`prebake --help`'s list of commands is the parser's own text",
 }
+# The fetch pipeline's steps (issue 49, item 1): a function elsewhere that calls two of them is a
+# second copy of the sequence, where the next step would have to be added too.
+SEQUENCE_HOME = "artifacts/fetch/pipeline.py"
+FETCH_STEPS = ("lookup", "verify", "install")
 SHARED_CLASS_NAMES = {
     "Request": "the bucket fit's traced request (artifacts/buckets) and the runtime scheduler's",
     "Completion": "the HTTP API's wire model and the runtime scheduler's result it is filled from",
@@ -205,3 +206,46 @@ def test_the_reviewed_names_have_one_definition_each():
         if len(paths) > 1 and paths != LEFT_FOR_THEIR_OWNERS.get(name, (set(), ""))[0]
     }
     assert not several, f"one meaning per name: rename all but one of each {several}"
+
+
+def _steps_sequenced(path: Path, source: str | None = None) -> list[str]:
+    """Each function of `path` that calls two or more of the pipeline's steps, as `pipeline.lookup(...)`
+    or by a name imported from prebake.artifacts.fetch.pipeline."""
+    tree = ast.parse(source if source is not None else path.read_text(), str(path))
+    imported = {
+        a.asname or a.name
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and n.module == "prebake.artifacts.fetch.pipeline"
+        for a in n.names
+        if a.name in FETCH_STEPS
+    }
+    found = []
+    for func in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+        called = set()
+        for call in (n for n in ast.walk(func) if isinstance(n, ast.Call)):
+            f = call.func
+            if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "pipeline":
+                called |= {f.attr} & set(FETCH_STEPS)
+            elif isinstance(f, ast.Name) and f.id in imported:
+                called.add(f.id)
+        if len(called) > 1:
+            found.append(f"{path.relative_to(REPO)}:{func.lineno} {func.name} calls {sorted(called)}")
+    return found
+
+
+def test_the_fetch_steps_are_sequenced_in_one_module():
+    found = [hit for path in _python_files(*FOLDERS) if str(path.relative_to(REPO)) != SEQUENCE_HOME
+             for hit in _steps_sequenced(path)]  # fmt: skip
+    assert not found, f"call {SEQUENCE_HOME}'s resolve, not its steps one by one:\n" + "\n".join(found)
+
+
+def test_the_sequence_check_sees_the_steps_called_in_order():
+    module = REPO / "engine" / "common" / "probe_for_the_check.py"
+    source = (
+        "from prebake.artifacts.fetch import pipeline\nfrom prebake.artifacts.fetch.pipeline import install\n"
+        "def mine(p):\n    pipeline.verify(pipeline.lookup(p))\n    return install(p)\n"
+        "def fine(p):\n    return pipeline.resolve(p), store.install(p), registry.lookup(p)\n"
+    )
+    assert [hit.split(" ", 1)[1] for hit in _steps_sequenced(module, source)] == [
+        "mine calls ['install', 'lookup', 'verify']"
+    ]

@@ -102,7 +102,8 @@ class ToyEngine:
 
     def fetch(self, request: StartRequest, services: Services) -> Fetched:
         self.spec.options_of(request)
-        return starter.fetch(self, self, request, services)
+        prepared = starter.prepare(self.serve_environment, request, services)
+        return starter.fetched(prepared, self.launch(prepared, request, services))
 
     def serve(self, request: StartRequest, open_services: OpenServices) -> int:
         self.spec.options_of(request)

@@ -2,8 +2,8 @@
 export), given as `--mounted KIND=PATH` to fetch and serve, for every engine.
 
 An image volume mounts a bundle's one OCI layer: the tree, not its manifest, so nothing about it
-proves it is the bundle this host's key wants. The shared starter (prebake.engine.common.starter)
-looks the key's manifest up and verifies it like any fetched entry, then `check_mounted` re-hashes
+proves it is the bundle this host's key wants. The fetch pipeline (pipeline.resolve) looks the
+key's manifest up and verifies it like any fetched entry, then `check_mounted` re-hashes
 every file of the tree against it (missing, unexpected, wrong bytes, the executable bit); a tree
 that differs is refused with the differences named, one that matches is used in place.
 """
