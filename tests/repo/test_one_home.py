@@ -7,8 +7,8 @@ port's types come from prebake.artifacts.ports); no two production classes share
 CLI module builds a JSON payload itself (a report's `to_json()` does), nor lays out text itself (a
 report's `render()` does: no table, no column widths in engine/cli). Every error class is imported
 from the module that defines it, and the function names a review found with several meanings
-(REVIEWED_NAMES) have one definition each, but for the ones stated in LEFT_FOR_THEIR_OWNERS. The
-fetch sequence has one home too: only artifacts/fetch/pipeline.py calls its steps in order.
+(REVIEWED_NAMES) have one definition each. The fetch sequence has one home too: only
+artifacts/fetch/pipeline.py calls its steps in order.
 """
 
 from __future__ import annotations
@@ -27,13 +27,6 @@ REGISTRY_ERRORS = set(_errors.__all__)  # every name the one home defines
 # Two classes of one name on purpose, each in a layer that never meets the other's.
 # Module-level function names a review found meaning several things (issue 49, item 6): one definition each.
 REVIEWED_NAMES = ("resolve", "install", "inventory", "cpu_flags", "describe")
-# Those still defined twice, in modules others were editing when the review ran: name -> (modules, why).
-LEFT_FOR_THEIR_OWNERS = {
-    "install": (
-        {"artifacts/fetch/pipeline.py", "engine/bundled/api/errors.py"},
-        "api/errors.py's install adds the app's error handlers: rename it when api/ is free",
-    ),
-}
 # Text the CLI lays out itself on purpose: (module, function) -> why.
 OWN_TEXT = {
     ("engine/cli/__init__.py", "_grouped"): "`prebake --help`'s list of commands is the parser's own text",
@@ -200,11 +193,7 @@ def test_the_reviewed_names_have_one_definition_each():
         for node in ast.parse(path.read_text(), str(path)).body:
             if isinstance(node, ast.FunctionDef) and node.name in REVIEWED_NAMES:
                 homes[node.name].add(str(path.relative_to(REPO)))
-    several = {
-        name: sorted(paths)
-        for name, paths in homes.items()
-        if len(paths) > 1 and paths != LEFT_FOR_THEIR_OWNERS.get(name, (set(), ""))[0]
-    }
+    several = {name: sorted(paths) for name, paths in homes.items() if len(paths) > 1}
     assert not several, f"one meaning per name: rename all but one of each {several}"
 
 

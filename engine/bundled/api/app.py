@@ -37,7 +37,7 @@ from prebake.engine.bundled.runtime.metrics import CONTENT_TYPE
 def create_app(state: AppState, guard: GuardSettings) -> FastAPI:
     app = FastAPI(title="prebake bundled engine", version=_version(), openapi_url="/openapi.json")
     app.state.engine = state
-    errors.install(app)
+    errors.add_error_handlers(app)
     app.add_middleware(_LoadTracker, state=state)  # added first, so inside the guard: a refused request is no load
     app.add_middleware(Guard, settings=guard)
     _probe_routes(app, state)

@@ -44,7 +44,7 @@ def error_response(status: int, message: str, param: str | None = None, headers:
     return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
 
-def install(app: FastAPI) -> None:
+def add_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(HTTPException, _http_error)
