@@ -6,7 +6,8 @@
     start       prebake.engine.bundled.start.start(request, metrics, emit, open_services): the warm engine
     ready       the scheduler's thread, the tokenizer and chat template; /health turns 200
     stop        SIGTERM/SIGINT: uvicorn finishes, the scheduler stops, the engine's folder goes
-    --tp N      this process supervises N ranks (ranks.py): rank 0 does the above, the others follow
+    --tp N      one function per role: _supervise runs N ranks (ranks.py), rank 0 is _lead (the
+                above, as the one process is), the others _follow
 
 The default address is 127.0.0.1; in a container listen on 0.0.0.0 (--host), with --api-key.
 """
@@ -71,27 +72,31 @@ def serve(settings: ServeSettings, open_services: OpenServices, emit: Callable[[
     SIGTERM/SIGINT; the exit status. At --tp N: supervise N ranks, or be one of them."""
     rank = RankContext.from_environ()
     if rank is None and (settings.request.tp or 1) > 1:
-        sock = _bind(settings.host, settings.port, listen=False)  # rank 0's uvicorn listens: until then, refused
-        host, port = sock.getsockname()[:2]
-        emit(f"prebake serve: listening on http://{host}:{port} (/health is 503 until ready)")
-        return supervise(settings.request.tp or 1, sock, emit)
+        return _supervise(settings, emit)
     if rank is not None and rank.rank > 0:
         return _follow(settings, open_services, emit, rank)
+    return _lead(settings, open_services, emit, rank)
+
+
+def _supervise(settings: ServeSettings, emit: Callable[[str], None]) -> int:
+    """--tp N's supervisor: bind the address, then run N ranks (ranks.py) until they stop."""
+    sock = _bind(settings.host, settings.port, listen=False)  # rank 0's uvicorn listens: until then, refused
+    host, port = sock.getsockname()[:2]
+    emit(f"prebake serve: listening on http://{host}:{port} (/health is 503 until ready)")
+    return supervise(settings.request.tp or 1, sock, emit)
+
+
+def _lead(
+    settings: ServeSettings, open_services: OpenServices, emit: Callable[[str], None], rank: RankContext | None
+) -> int:
+    """The one process (or rank 0): listen, start the engine, serve until a signal."""
     metrics = Metrics(settings.request.model)
     metrics.set("prebake_ready", 0)
     state = AppState(settings.request.model, metrics, unknown_fields=UnknownFields(settings.reject_unknown_fields))
     sock = _bind(settings.host, settings.port) if rank is None else socket.socket(fileno=rank.listen_fd)
     if rank is not None:
         threading.Thread(target=read_notices, args=(rank.notice_fd, state.stop_because), daemon=True).start()
-    guard = GuardSettings(
-        settings.api_key, settings.max_body_bytes, settings.body_timeout_s, max_bodies_bytes=settings.max_bodies_bytes
-    )
-    config = uvicorn.Config(
-        create_app(state, guard), log_config=None, access_log=False, timeout_graceful_shutdown=5, lifespan="off"
-    )
-    server = uvicorn.Server(config)
-    http = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="prebake-http", daemon=True)
-    http.start()
+    server, http = _listen(settings, state, sock)
     host, port = sock.getsockname()[:2]
     if rank is None:  # a rank's supervisor said it
         emit(f"prebake serve: listening on http://{host}:{port} (/health is 503 until ready)")
@@ -138,6 +143,20 @@ def serve(settings: ServeSettings, open_services: OpenServices, emit: Callable[[
             if state.stopping is not None and hasattr(engine.steps, "abandon"):  # a rank is gone
                 engine.steps.abandon()
             engine.close()
+
+
+def _listen(settings: ServeSettings, state: AppState, sock: socket.socket) -> tuple[uvicorn.Server, threading.Thread]:
+    """uvicorn serving the API on `sock`, on its own thread, from now on (/health: 503 until ready)."""
+    guard = GuardSettings(
+        settings.api_key, settings.max_body_bytes, settings.body_timeout_s, max_bodies_bytes=settings.max_bodies_bytes
+    )
+    config = uvicorn.Config(
+        create_app(state, guard), log_config=None, access_log=False, timeout_graceful_shutdown=5, lifespan="off"
+    )
+    server = uvicorn.Server(config)
+    http = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="prebake-http", daemon=True)
+    http.start()
+    return server, http
 
 
 def _follow(
