@@ -31,6 +31,7 @@ from prebake.artifacts.store.local import Installed
 from prebake.engine.bundled.cache_layout import (
     AUTOTUNE_ENV,
     AUTOTUNE_FILE,
+    FALLBACK_KIND,
     GRAPHS_ENV,
     GRAPHS_FILE,
     INDUCTOR_DIR,
@@ -149,7 +150,7 @@ GRAPHS = Kind(
 SPEC = EngineSpec(
     name="prebake",
     kinds=(AUTOTUNE, GRAPHS),
-    fallback_kind="graphs",  # compiled in its serving process on a miss
+    fallback_kind=FALLBACK_KIND,  # compiled in its serving process on a miss (start.py reads it there)
     variants=served(),  # prebake.engine.bundled.variants: one module and one registration line each
     packages=(),  # torch and its stack are every kind's factors already (prebake.engine.common.probe.Software)
     settings=None,  # it reads [compile] and [autotune]; it has no [engine] table

@@ -26,10 +26,11 @@ from prebake.artifacts.fsutil import copy_writable
 from prebake.artifacts.store.local import Installed
 from prebake.engine.bundled.variants.base import GRAPHS_FILE, INDUCTOR_DIR
 
+FALLBACK_KIND = "graphs"  # the kind the engine compiles in its serving process on a miss (EngineSpec's)
 GRAPHS_ENV = "PREBAKE_GRAPHS_DIR"
 AUTOTUNE_FILE = "autotune.json"
 AUTOTUNE_ENV = "PREBAKE_AUTOTUNE_FILE"
-__all__ = ["AUTOTUNE_ENV", "AUTOTUNE_FILE", "GRAPHS_ENV", "GRAPHS_FILE", "INDUCTOR_DIR"]
+__all__ = ["AUTOTUNE_ENV", "AUTOTUNE_FILE", "FALLBACK_KIND", "GRAPHS_ENV", "GRAPHS_FILE", "INDUCTOR_DIR"]
 
 
 def private_graphs_tree(installed: Installed | None, run_dir: Path) -> Path:

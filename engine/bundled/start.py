@@ -1,10 +1,10 @@
 """The bundled engine's start: the shared starter (prebake.engine.common.starter: probe, keys,
-lookup, verify, fetch, the miss policy) with a runner that builds, warms up and serves in this process:
-build (kinds that missed, by the bake's builders), torch (imported on a thread since keys), install
-(the graphs tree read in place, or a private writable copy), load (weights and KV cache, beside
-Inductor's init), warm-up (every step shape from the bundle, the variants' chain walked by
-prebake.engine.bundled.warm_up) or
-compile (in place, on a graphs miss), write-back (engine/common/write_back.py's policy).
+lookup, verify, fetch, the miss policy) with a runner that builds, warms up and serves in this process,
+its steps one call each in `_InProcess.run`: build (kinds that missed, by the bake's builders), torch
+(imported on a thread since keys), install (warm_up.read_schedule; the graphs tree read in place, or
+a private writable copy), load (build.model_and_cache, beside Inductor's init), warm-up (WarmUp.steps:
+the variants' chain) or compile (build.compile_graphs, on a graphs miss), write-back
+(engine/common/write_back.py's policy).
 
 Every step logs one line with its duration and sets prebake_startup_step_seconds. The store's
 trees are only read; the private run folder under $PREBAKE_HOME/tmp/ goes with Engine.close().
@@ -13,7 +13,6 @@ trees are only read; the private run folder under $PREBAKE_HOME/tmp/ goes with E
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import shutil
 import sys
@@ -25,22 +24,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prebake.artifacts.buckets.artifact import BucketSet
-from prebake.artifacts.errors import StoreError, UsageError
+from prebake.artifacts.errors import UsageError
+from prebake.artifacts.fetch import pipeline
 from prebake.artifacts.fetch.outcome import Resolution
-from prebake.artifacts.recipe.kinds import BUCKETS_FILE, Builder, BuildRequest, TargetKeys
+from prebake.artifacts.recipe.kinds import Builder, BuildRequest, TargetKeys
 from prebake.artifacts.recipe.schema import Recipe
-from prebake.artifacts.store.local import Installed, Store
+from prebake.artifacts.store.local import Store
 from prebake.artifacts.store.stats import record_fallback
 from prebake.engine.bundled import cache_layout
-from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE
+from prebake.engine.bundled.cache_layout import FALLBACK_KIND
 from prebake.engine.bundled.ranks import RankContext
 from prebake.engine.bundled.runtime import openmp
 from prebake.engine.bundled.runtime.metrics import Metrics
-from prebake.engine.bundled.runtime.shapes import StepShape, step_shapes
+from prebake.engine.bundled.runtime.shapes import StepShape
 from prebake.engine.bundled.runtime.torch_import import Imports
 from prebake.engine.bundled.variants import variant_of
-from prebake.engine.bundled.variants.base import LoadJob
-from prebake.engine.bundled.warm_up import GraphsTree, WarmUp, aot_autograd_counts
+from prebake.engine.bundled.warm_up import GraphsTree, WarmUp, read_schedule
 from prebake.engine.common import starter
 from prebake.engine.common.adapter import OpenServices, Services, StartRequest
 from prebake.engine.common.write_back import WrittenBack, write_back
@@ -51,7 +50,6 @@ if TYPE_CHECKING:  # torch is imported once the environment is set (install step
 
 Emit = Callable[[str], None]
 _runs = itertools.count()
-_COMPILED = "graphs"  # the kind this engine compiles by itself when it misses (its EngineSpec's fallback_kind)
 
 
 @dataclass
@@ -179,7 +177,7 @@ class _InProcess:
 
     def begin(self, plan: TargetKeys, services: Services) -> starter.Begun:
         """The kinds to resolve (eager: no graphs), a scratch run folder, torch's imports begun."""
-        kinds = tuple(k for k in plan.kinds.names if not (self.eager and k == _COMPILED))
+        kinds = tuple(k for k in plan.kinds.names if not (self.eager and k == FALLBACK_KIND))
         run_dir = services.store.scratch(f"serve-{os.getpid()}-{next(_runs)}")
         self.torch_import = _begin_imports(self.eager, plan.recipe, run_dir)  # beside the lookup, fetch and load
 
@@ -190,49 +188,135 @@ class _InProcess:
         return starter.Begun(kinds, run_dir, self.leases, abandon)
 
     def run(self, started: starter.Started) -> Engine:
-        log, plan, store, run_dir = self.log, started.plan, started.services.store, started.run_dir
+        """build -> torch -> install -> load -> warm-up, else compile -> write-back: one call each."""
+        plan, log, resolution = started.plan, self.log, started.resolution
         _check_ranks(plan, self.eager, self.rank)
-        resolution = started.resolution
         _count(log.metrics, resolution)
-        trees = {k: i.tree for k, i in resolution.installed.items()}
+        trees = _build(started, log)  # the kinds that missed, by the bake's builders (not the graphs)
         built = [m.key.kind for m in resolution.misses]
-        if missing := [k for k in plan.kinds.names if k not in trees and k != _COMPILED]:
-            with log.step("build") as s:
-                for kind in missing:
-                    began = time.perf_counter()
-                    trees[kind] = _build_in_place(plan, kind, trees, run_dir)
-                    log.metrics.add("prebake_fallback_compiles_total", kind=kind)
-                    record_fallback(store, kind, time.perf_counter() - began)
-                s.detail = f"built {', '.join(missing)} in place with the bake's builders"
-        assert self.torch_import is not None  # begun by `begin`
-        engine = _warm(
-            self.eager,
-            started.services,
-            plan,
-            trees,
-            resolution.installed,
-            run_dir,
-            log,
-            built,
-            self.torch_import,
-            self.rank,
-        )
-        if (
-            self.request.write_back and built and (self.rank is None or self.rank.rank == 0)
-        ):  # one rank's tree: all ranks'
-            with log.step("write-back") as s:
-                if not resolution.answered and not _answers_now(started, built):
-                    address = started.services.source.address
-                    s.detail = (
-                        f"skipped: registry {address} did not answer at start-up, nor after the compile; "
-                        "the next start compiles again"
-                    )
-                else:
-                    s.detail = _write_back(
-                        plan, built, trees, resolution.installed, started.services, self.request.fetch_timeout, log
-                    )
+        parallel = self._torch()
+        warm = _warm_up_of(started, parallel, log)
+        buckets, schedule = self._install(plan, trees, warm)
+        model, cache = _load(plan, parallel, schedule, log)
+        steps = self._warm_up(warm, plan.recipe, model, cache, schedule, parallel)
+        if warm.tree.path is not None:
+            trees[FALLBACK_KIND] = warm.tree.path
+        if steps is None:  # the graphs missed, or no variant of their tree loads here
+            if FALLBACK_KIND not in built and FALLBACK_KIND not in resolution.installed:  # a hit compiled
+                built.append(FALLBACK_KIND)  # again here is not written back
+            steps = _compile(warm, plan.recipe, model, cache, schedule, log)
+            trees[FALLBACK_KIND] = warm.tree.writable()
+        store, run_dir = started.services.store, started.run_dir
+        engine = Engine(plan, steps, buckets, schedule, run_dir, store, tuple(built), parallel=parallel)
+        if self.request.write_back and built and (self.rank is None or self.rank.rank == 0):  # one rank's: all's
+            _write_back(started, built, trees, log)
         engine.leases = self.leases
         return engine
+
+    def _torch(self) -> Parallel | None:
+        """torch's imports joined (begun on a thread as start-up began), and this rank's group joined."""
+        assert self.torch_import is not None  # begun by `begin`
+        with self.log.step("torch") as s:  # once per process
+            s.detail = self.torch_import.join_torch()
+            if self.rank is None:
+                return None
+            from prebake.engine.bundled.runtime.lockstep import join
+
+            rank = self.rank
+            s.detail += f"; rank {rank.rank} of a tp {rank.world} group (gloo, 127.0.0.1:{rank.port})"
+            return join(rank.rank, rank.world, rank.port)
+
+    def _install(
+        self, plan: TargetKeys, trees: dict[str, Path], warm: WarmUp
+    ) -> tuple[BucketSet, dict[StepShape, Tactic]]:
+        """The step shapes and their tactics, the graphs tree placed; Inductor's init begun (on a
+        thread, beside the weights' load) when the first variant needs it."""
+        first = variant_of(plan.recipe)
+        with self.log.step("install") as s:
+            buckets, schedule = read_schedule(trees, plan.recipe.serving.max_model_len)
+            if self.eager:
+                s.detail = f"{len(schedule)} step shapes, compilation off"
+            elif first.reads_in_place and warm.tree.installed is not None:  # copied only if it falls to one that writes
+                s.detail = (
+                    f"{len(schedule)} step shapes, graphs ({first.name}) read in place from {warm.tree.in_place()}"
+                )
+            else:
+                s.detail = f"{len(schedule)} step shapes, graphs ({first.name}) in {warm.tree.writable()}"
+            if not self.eager and first.needs_inductor:
+                from prebake.engine.bundled.runtime.inductor_init import InductorInit
+
+                assert self.torch_import is not None
+                warm.init = InductorInit.start(self.torch_import)
+        return buckets, schedule
+
+    def _warm_up(self, warm: WarmUp, recipe: Recipe, model, cache, schedule, parallel) -> CompiledSteps | None:
+        """The warm steps from the bundle (eager: without one); None when its tree loads nowhere here."""
+        if not self.eager and warm.tree.installed is None:
+            return None
+        with self.log.step("warm-up") as s:
+            first = None if self.eager else variant_of(recipe).name
+            steps, s.detail = warm.steps(first, recipe, model, cache, schedule, parallel)
+        return steps
+
+
+def _build(started: starter.Started, log: StartupPhaseLog) -> dict[str, Path]:
+    """Every kind's tree: installed, else (but the graphs, compiled later) built in place now."""
+    plan, store, run_dir = started.plan, started.services.store, started.run_dir
+    trees = {k: i.tree for k, i in started.installed.items()}
+    if missing := [k for k in plan.kinds.names if k not in trees and k != FALLBACK_KIND]:
+        with log.step("build") as s:
+            for kind in missing:
+                began = time.perf_counter()
+                trees[kind] = _build_in_place(plan, kind, trees, run_dir)
+                log.metrics.add("prebake_fallback_compiles_total", kind=kind)
+                record_fallback(store, kind, time.perf_counter() - began)
+            s.detail = f"built {', '.join(missing)} in place with the bake's builders"
+    return trees
+
+
+def _warm_up_of(started: starter.Started, parallel: Parallel | None, log: StartupPhaseLog) -> WarmUp:
+    """The warm-up over the graphs tree (the store's, or a private copy); at tp > 1 the ranks agree
+    after each variant's load, and one rank counts in the store's stats."""
+    from prebake.engine.bundled.runtime.lockstep import agreement
+
+    store = started.services.store if parallel is None or parallel.rank == 0 else None
+    tree = GraphsTree(started.installed.get(FALLBACK_KIND), started.run_dir)
+    return WarmUp(log, tree, store, started.plan.target, agree=agreement(parallel, log.note))
+
+
+def _load(plan: TargetKeys, parallel: Parallel | None, schedule: dict, log: StartupPhaseLog):
+    """The weights and the KV cache (this rank's shard); the ranks agree on rank 0's schedule."""
+    from prebake.engine.bundled.build import model_and_cache
+    from prebake.engine.bundled.runtime.lockstep import agree_on_schedule
+
+    recipe = plan.recipe
+    with log.step("load") as s:
+        model, cache = model_and_cache(recipe, plan.target.dtype, plan.target.platform, parallel, log=log.note)
+        import torch
+
+        s.detail = (
+            f"{recipe.model.name} {plan.target.dtype} ({sum(p.numel() for p in model.parameters()):,} parameters"
+            + (f" on rank {parallel.rank} of {parallel.world}); " if parallel is not None else "); ")
+            + f"{torch.get_num_threads()} threads, this host's; "  # kernels read it when they run, never the builder's
+            + openmp.waits()
+        )
+        agree_on_schedule(parallel, schedule, log.note)
+    return model, cache
+
+
+def _compile(warm: WarmUp, recipe: Recipe, model, cache, schedule: dict, log: StartupPhaseLog) -> CompiledSteps:
+    """Every step shape compiled in place into the private graphs tree (a graphs miss, or no variant loads)."""
+    from prebake.engine.bundled.build import compile_graphs
+
+    with log.step("compile") as s:
+        if warm.init is not None:
+            warm.init.join()
+        steps = compile_graphs(model, cache, recipe, schedule, warm.tree.writable(), log=log.note)
+        log.metrics.add("prebake_fallback_compiles_total", kind=FALLBACK_KIND)
+        s.detail = f"{len(schedule)} step shapes compiled in place ({variant_of(recipe).name})"
+    if warm.store is not None:
+        record_fallback(warm.store, FALLBACK_KIND, log.seconds.get("compile"))
+    return steps
 
 
 def _answers_now(started: starter.Started, built: list[str]) -> bool:
@@ -242,17 +326,11 @@ def _answers_now(started: starter.Started, built: list[str]) -> bool:
     beside the import thread (torch's and Inductor's imports, long stretches under the GIL), so on a
     loaded host a local folder took 16.9 s to be asked (docs/serving.md). Asked again after the
     compile, with nothing else running in the process, a registry that answers gets the write-back."""
-    from prebake.artifacts.fetch import pipeline
-
     services, request = started.services, started.request
     with ExitStack() as hold:
+        box = request.registry_timeout
         looked = pipeline.lookup(
-            started.plan,
-            built[:1],
-            store=services.store,
-            source=services.source,
-            timeout=request.registry_timeout,
-            hold=hold,
+            started.plan, built[:1], store=services.store, source=services.source, timeout=box, hold=hold
         )
     return looked.registry is not None and looked.answered
 
@@ -272,113 +350,6 @@ def _build_in_place(plan: TargetKeys, kind: str, trees: dict[str, Path], run_dir
     return out
 
 
-def _warm(
-    eager: bool,
-    context: Services,
-    plan: TargetKeys,
-    trees: dict[str, Path],
-    installed: dict[str, Installed],
-    run_dir: Path,
-    log: StartupPhaseLog,
-    built: list[str],
-    torch_import: Imports,
-    rank: RankContext | None = None,
-) -> Engine:
-    parallel = None
-    with log.step("torch") as s:  # once per process, begun on a thread as start-up began
-        s.detail = torch_import.join_torch()
-        if rank is not None:
-            from prebake.engine.bundled.runtime.lockstep import join
-
-            parallel = join(rank.rank, rank.world, rank.port)
-            s.detail += f"; rank {rank.rank} of a tp {rank.world} group (gloo, 127.0.0.1:{rank.port})"
-    store = context.store if parallel is None or parallel.rank == 0 else None  # the store's stats: one rank counts
-    from prebake.engine.bundled.runtime.autotune import load_winners
-    from prebake.engine.bundled.runtime.steps import Tactic
-
-    recipe = plan.recipe
-    first = variant_of(recipe)
-    tree = GraphsTree(installed.get("graphs"), run_dir)
-    warm = WarmUp(log, tree, store, plan.target, agree=_rank_agreement(parallel, log))
-    with log.step("install") as s:
-        buckets = BucketSet.from_json(json.loads((trees["buckets"] / BUCKETS_FILE).read_text()))
-        winners = load_winners(trees["autotune"] / AUTOTUNE_FILE)
-        shapes = step_shapes(buckets, recipe.serving.max_model_len)
-        schedule = {shape: winners.get(shape, Tactic()) for shape in shapes}
-        if eager:
-            s.detail = f"{len(shapes)} step shapes, compilation off"
-        elif first.reads_in_place and tree.installed is not None:  # copied only if it falls to a variant that writes
-            s.detail = f"{len(shapes)} step shapes, graphs ({first.name}) read in place from {tree.in_place()}"
-        else:
-            s.detail = f"{len(shapes)} step shapes, graphs ({first.name}) in {tree.writable()}"
-        if not eager and first.needs_inductor:
-            from prebake.engine.bundled.runtime.inductor_init import InductorInit
-
-            warm.init = InductorInit.start(torch_import)  # on a thread, while the weights load
-    with log.step("load") as s:
-        from prebake.engine.bundled.build import model_and_cache
-
-        model, cache = model_and_cache(recipe, plan.target.dtype, plan.target.platform, parallel, log=log.note)
-        import torch
-
-        s.detail = (
-            f"{recipe.model.name} {plan.target.dtype} ({sum(p.numel() for p in model.parameters()):,} parameters"
-            + (f" on rank {parallel.rank} of {parallel.world}); " if parallel is not None else "); ")
-            + f"{torch.get_num_threads()} threads, this host's; "  # kernels read it when they run, never the builder's
-            + openmp.waits()
-        )
-        _agree_on_schedule(parallel, schedule, log)
-    steps = None
-    if eager or tree.installed is not None:
-        with log.step("warm-up") as s:
-            steps, s.detail = _warm_up(warm, None if eager else first.name, recipe, model, cache, schedule, parallel)
-    if tree.path is not None:
-        trees["graphs"] = tree.path
-    if steps is None:  # the graphs missed, or no variant of their tree loads here
-        if "graphs" not in built and "graphs" not in installed:  # a hit compiled again here is not written back
-            built.append("graphs")
-        with log.step("compile") as s:
-            from prebake.engine.bundled.build import compile_graphs
-
-            if warm.init is not None:
-                warm.init.join()
-            steps = compile_graphs(model, cache, recipe, schedule, tree.writable(), log=log.note)
-            log.metrics.add("prebake_fallback_compiles_total", kind="graphs")
-            s.detail = f"{len(shapes)} step shapes compiled in place ({first.name})"
-        trees["graphs"] = tree.writable()
-        if store is not None:
-            record_fallback(store, "graphs", log.seconds.get("compile"))
-    return Engine(plan, steps, buckets, schedule, run_dir, context.store, tuple(built), parallel=parallel)
-
-
-def _warm_up(
-    warm: WarmUp,
-    first: str | None,
-    recipe: Recipe,
-    model,
-    cache,
-    schedule: dict[StepShape, Tactic],
-    parallel: Parallel | None = None,
-) -> tuple[CompiledSteps | None, str]:
-    """Warm steps from the graphs tree's chain of variants from `first` (None: eager steps), and what
-    the warm-up step reports; no steps when no variant loads here (the caller compiles in place)."""
-    from prebake.engine.bundled.runtime.steps import CompiledSteps
-
-    if first is None:
-        steps = CompiledSteps(model, cache, compile=False)
-        warm.finish(steps, schedule, traced=False)
-        return steps, f"{len(schedule)} step shapes eager"
-    shapes = tuple(schedule)
-    loaded = warm.graphs(
-        first, lambda tree: LoadJob(model, cache, recipe.compile.mode, shapes, tree, warm.log.note, parallel)
-    )
-    if loaded is None:
-        return None, f"{len(schedule)} step shapes: no variant of the graphs tree loads here"
-    warm.finish(loaded.steps, schedule, loaded.traced)
-    detail = f"{len(schedule)} step shapes from the bundle ({first})"
-    return loaded.steps, detail + (f"; {aot_autograd_counts()}" if loaded.traced else "")
-
-
 def _check_ranks(plan: TargetKeys, eager: bool, rank: RankContext | None) -> None:
     """A tp=N target runs on N ranks (`prebake serve --tp N`), in a variant that serves at tp N."""
     world = 1 if rank is None else rank.world
@@ -391,52 +362,9 @@ def _check_ranks(plan: TargetKeys, eager: bool, rank: RankContext | None) -> Non
         raise UsageError(f"{plan.target.name}: {why}")
 
 
-def _agree_on_schedule(parallel: Parallel | None, schedule: dict, log: StartupPhaseLog) -> None:
-    """Every rank runs rank 0's step shapes with rank 0's tactics: only then do their steps'
-    collectives line up. The shapes follow from the buckets; the tactics differ where each rank
-    autotuned in place (a cold start), and rank 0's win (its autotune is the one written back)."""
-    from prebake.engine.bundled.runtime.lockstep import from_rank0
-
-    if parallel is None or parallel.world == 1:
-        return
-    first = from_rank0(parallel, list(schedule.items()))
-    if [shape for shape, _ in first] != list(schedule):
-        raise StoreError(
-            f"rank {parallel.rank} would run other step shapes than rank 0 ({', '.join(s.name for s, _ in first)}): "
-            f"the ranks started from different buckets bundles; clear the store and start again"
-        )
-    if any(schedule[shape] != tactic for shape, tactic in first):
-        log.note(f"rank {parallel.rank} runs rank 0's tactics (each rank autotuned in place)")
-    schedule.update(first)
-
-
-def _rank_agreement(parallel: Parallel | None, log: StartupPhaseLog) -> Callable[[str | None], str | None] | None:
-    """At tp > 1, the warm-up's agreement after each variant's load: every rank's answer (None: it
-    loaded), the first rank's reason when any could not (the same road for all: a package that loads on
-    rank 0 but not rank 1 is a fallback on both); each rank logs the package file it loaded."""
-    if parallel is None or parallel.world == 1:
-        return None
-    from prebake.engine.bundled.runtime.lockstep import agree, first_refusal
-
-    def agreed(reason: str | None) -> str | None:
-        refusal = first_refusal(agree(parallel, reason))
-        if refusal is None:
-            log.note(f"rank {parallel.rank} of {parallel.world}: loaded; every rank did")
-        return refusal
-
-    return agreed
-
-
-def _write_back(
-    plan: TargetKeys,
-    built: list[str],
-    trees: dict[str, Path],
-    installed: dict[str, Installed],
-    context: Services,
-    timeout: float,
-    log: StartupPhaseLog,
-) -> str:
-    """Pack and publish what was built in place (prebake.engine.common.write_back's one policy)."""
+def _write_back(started: starter.Started, built: list[str], trees: dict[str, Path], log: StartupPhaseLog) -> None:
+    """The write-back step: pack and publish what was built in place (prebake.engine.common.write_back's
+    one policy), unless the registry answered neither at start-up nor now."""
 
     def report(result: WrittenBack) -> None:
         log.metrics.add("prebake_write_backs_total", kind=result.kind, outcome=result.outcome)
@@ -446,9 +374,20 @@ def _write_back(
                 f"prebake serve: WARNING: write-back of {result.kind} failed; the next start will compile it again"
             )
 
-    builds: dict[str, Builder | None] = {kind: _copy_of(trees[kind]) for kind in built}
-    results = write_back(plan, builds, context, installed=installed, timeout=timeout, report=report)
-    return ", ".join(f"{r.kind}: {r.outcome}" for r in results) or "nothing finished"
+    with log.step("write-back") as s:
+        if not started.resolution.answered and not _answers_now(started, built):
+            address = started.services.source.address
+            s.detail = (
+                f"skipped: registry {address} did not answer at start-up, nor after the compile; "
+                "the next start compiles again"
+            )
+            return
+        builds: dict[str, Builder | None] = {kind: _copy_of(trees[kind]) for kind in built}
+        box = started.request.fetch_timeout
+        results = write_back(
+            started.plan, builds, started.services, installed=started.installed, timeout=box, report=report
+        )
+        s.detail = ", ".join(f"{r.kind}: {r.outcome}" for r in results) or "nothing finished"
 
 
 def _copy_of(tree: Path):

@@ -10,21 +10,26 @@ Each part of the warm-up is logged and exported (prebake_startup_part_seconds).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from prebake.artifacts.recipe.schema import Target
+from prebake.artifacts.buckets.artifact import BucketSet
+from prebake.artifacts.recipe.kinds import BUCKETS_FILE
+from prebake.artifacts.recipe.schema import Recipe, Target
 from prebake.artifacts.store.local import Installed, Store
 from prebake.artifacts.store.stats import record_variant_fallback
 from prebake.engine.bundled import cache_layout
 from prebake.engine.bundled.runtime.metrics import Metrics
+from prebake.engine.bundled.runtime.shapes import step_shapes
 from prebake.engine.bundled.variants import chain, variant
 from prebake.engine.bundled.variants.base import GraphsVariant, Loaded, LoadJob, NotLoaded
 
 if TYPE_CHECKING:  # torch is imported once the environment is set
     from prebake.engine.bundled.runtime.inductor_init import InductorInit
+    from prebake.engine.bundled.runtime.parallel import Parallel
     from prebake.engine.bundled.runtime.shapes import StepShape
     from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
 
@@ -78,6 +83,33 @@ class WarmUp:
     parts: dict[str, float] = field(default_factory=dict)
     _inductor_ready: bool = False
 
+    def steps(
+        self,
+        first: str | None,
+        recipe: Recipe,
+        model,
+        cache,
+        schedule: dict[StepShape, Tactic],
+        parallel: Parallel | None = None,
+    ) -> tuple[CompiledSteps | None, str]:
+        """Warm steps from the graphs tree's chain of variants from `first` (None: eager steps), and what
+        the warm-up step reports; no steps when no variant loads here (the caller compiles in place)."""
+        from prebake.engine.bundled.runtime.steps import CompiledSteps
+
+        if first is None:
+            steps = CompiledSteps(model, cache, compile=False)
+            self.finish(steps, schedule, traced=False)
+            return steps, f"{len(schedule)} step shapes eager"
+        shapes = tuple(schedule)
+        loaded = self.graphs(
+            first, lambda tree: LoadJob(model, cache, recipe.compile.mode, shapes, tree, self.log.note, parallel)
+        )
+        if loaded is None:
+            return None, f"{len(schedule)} step shapes: no variant of the graphs tree loads here"
+        self.finish(loaded.steps, schedule, loaded.traced)
+        detail = f"{len(schedule)} step shapes from the bundle ({first})"
+        return loaded.steps, detail + (f"; {aot_autograd_counts()}" if loaded.traced else "")
+
     def graphs(self, first: str, job_of: Callable[[Path], LoadJob]) -> Loaded | None:
         """The first variant of `first`'s chain that loads; None: the start compiles in place (its tree writable)."""
         assert self.tree.path is not None  # the install step placed it
@@ -125,6 +157,17 @@ class WarmUp:
         self.log.metrics.add("prebake_variant_fallbacks_total", variant=current.name)
         if self.store is not None:
             record_variant_fallback(self.store, "graphs", current.name, after or "compile in place", reason)
+
+
+def read_schedule(trees: dict[str, Path], max_model_len: int) -> tuple[BucketSet, dict[StepShape, Tactic]]:
+    """The buckets tree's bucket set, and each of its step shapes with the autotune tree's winning
+    tactic (the default one where none was measured). torch is imported by now."""
+    from prebake.engine.bundled.runtime.autotune import load_winners
+    from prebake.engine.bundled.runtime.steps import Tactic
+
+    buckets = BucketSet.from_json(json.loads((trees["buckets"] / BUCKETS_FILE).read_text()))
+    winners = load_winners(trees["autotune"] / cache_layout.AUTOTUNE_FILE)
+    return buckets, {shape: winners.get(shape, Tactic()) for shape in step_shapes(buckets, max_model_len)}
 
 
 def aot_autograd_counts() -> str:

@@ -312,7 +312,7 @@ model, cache = model_and_cache(recipe, "fp32")
 lines = []
 log = start.StartupPhaseLog(Metrics(), lines.append)
 warm = WarmUp(log, GraphsTree(None, tree, path=tree, private=True), store)
-steps, detail = start._warm_up(warm, "aoti-package", recipe, model, cache, {s: Tactic() for s in shapes})
+steps, detail = warm.steps("aoti-package", recipe, model, cache, {s: Tactic() for s in shapes})
 out = steps.run_dummy(shapes[-1], Tactic())
 print(json.dumps({"type": type(steps).__name__, "detail": detail, "log": lines, "sum": float(out.double().sum())}))
 """

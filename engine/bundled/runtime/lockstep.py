@@ -18,12 +18,14 @@ import pickle
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 
+from prebake.artifacts.errors import StoreError
 from prebake.engine.bundled.runtime.model import ATTN_IMPLS
 from prebake.engine.bundled.runtime.parallel import Parallel, world_group_name
 from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
@@ -103,6 +105,39 @@ def from_rank0(parallel: Parallel, value: T) -> T:
 def first_refusal(answers: list[str | None]) -> str | None:
     """The first rank's reason, naming the rank ("rank 1: ..."), or None when every rank said yes."""
     return next((f"rank {r}: {a}" for r, a in enumerate(answers) if a is not None), None)
+
+
+def agree_on_schedule(parallel: Parallel | None, schedule: dict, note: Callable[[str], None]) -> None:
+    """Every rank runs rank 0's step shapes with rank 0's tactics: only then do their steps'
+    collectives line up. The shapes follow from the buckets; the tactics differ where each rank
+    autotuned in place (a cold start), and rank 0's win (its autotune is the one written back)."""
+    if parallel is None or parallel.world == 1:
+        return
+    first = from_rank0(parallel, list(schedule.items()))
+    if [shape for shape, _ in first] != list(schedule):
+        raise StoreError(
+            f"rank {parallel.rank} would run other step shapes than rank 0 ({', '.join(s.name for s, _ in first)}): "
+            f"the ranks started from different buckets bundles; clear the store and start again"
+        )
+    if any(schedule[shape] != tactic for shape, tactic in first):
+        note(f"rank {parallel.rank} runs rank 0's tactics (each rank autotuned in place)")
+    schedule.update(first)
+
+
+def agreement(parallel: Parallel | None, note: Callable[[str], None]) -> Callable[[str | None], str | None] | None:
+    """At tp > 1, the warm-up's agreement after each variant's load: every rank's answer (None: it
+    loaded), the first rank's reason when any could not (the same road for all: a package that loads on
+    rank 0 but not rank 1 is a fallback on both); each rank logs the package file it loaded."""
+    if parallel is None or parallel.world == 1:
+        return None
+
+    def agreed(reason: str | None) -> str | None:
+        refusal = first_refusal(agree(parallel, reason))
+        if refusal is None:
+            note(f"rank {parallel.rank} of {parallel.world}: loaded; every rank did")
+        return refusal
+
+    return agreed
 
 
 class Lockstep(CompiledSteps):
