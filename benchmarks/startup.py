@@ -7,9 +7,8 @@ Figure of merit, on the mean time to ready, per graphs variant ([compile] varian
 
     (cold - prebaked) / (cold - eager)          target >= 0.97 on tiny-llama, default variant
 
-Each variant's bundles are made first by one cold start with --write-back (its bake); the bake's
-compile step and graphs bundle's size are reported per variant and against dynamo-precompile's.
-Modes are interleaved per iteration, so machine noise hits them alike.
+Each variant's bundles are made first by one cold start with --write-back (its bake), its compile
+step and graphs bundle reported per variant. Modes are interleaved per iteration.
 
     python benchmarks/startup.py [--model tiny-llama] [--precision fp32] [--variant both|all|V[,V...]]
                                  [--iterations 3] [--warm-iterations N] [--cold-from-bake]

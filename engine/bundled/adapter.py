@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import cast
 
-from prebake.artifacts.errors import BuildError
+from prebake.artifacts.errors import BuildError, CheckpointError, RecipeError
 from prebake.artifacts.extras import require
 from prebake.artifacts.recipe.kinds import (
     BuildRequest,
@@ -66,12 +66,16 @@ def build_in_child(request: BuildRequest) -> None:
     """Build autotune or graphs with torch in `python -m prebake.engine.bundled.build`."""
     require("torch", f"baking {request.kind}")
     target = request.plan.target
+    refused = request.out.parent / f"{request.kind}-refused.json"
     spec = {
         "kind": request.kind,
         "recipe": request.plan.recipe.model_dump(mode="json"),
         "target": {"platform": target.platform, "tp": target.tp, "dtype": target.dtype},
         "inputs": {k: str(v) for k, v in request.inputs.items()},
         "out": str(request.out),
+        # where the child leaves a refusal of the user's files (a checkpoint, a recipe's config the
+        # runtime cannot run), raised here as it is, not as a failed build
+        "refusal": str(refused),
     }
     spec_path = request.out.parent / f"{request.kind}-request.json"
     spec_path.write_text(json.dumps(spec))
@@ -80,6 +84,9 @@ def build_in_child(request: BuildRequest) -> None:
         env=child_env(request.kind, request.out),
         cwd=request.out.parent,
     )
+    if proc.returncode != 0 and refused.is_file():
+        told = json.loads(refused.read_text())
+        raise (RecipeError if told["type"] == "RecipeError" else CheckpointError)(told["message"])
     if proc.returncode != 0:
         raise BuildError(
             f"building {request.kind} of {target.name} failed (exit {proc.returncode}); "

@@ -22,7 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from prebake.artifacts.buckets.artifact import BucketSet
-from prebake.artifacts.errors import BuildError
+from prebake.artifacts.errors import BuildError, CheckpointError, ExitCode, RecipeError
 from prebake.artifacts.recipe.kinds import BUCKETS_FILE
 from prebake.artifacts.recipe.schema import Recipe, Target
 from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE, GRAPHS_FILE
@@ -212,14 +212,25 @@ def main(argv: list[str]) -> int:
     dtype, out, inputs = spec["target"]["dtype"], Path(spec["out"]), {k: Path(v) for k, v in spec["inputs"].items()}
     where = spec["target"].get("platform", "cpu")
     tp = int(spec["target"].get("tp", 1))
-    if spec["kind"] == "autotune":
-        build_autotune(recipe, dtype, inputs["buckets"], out, where, tp)
-    elif spec["kind"] == "graphs":
-        build_graphs(recipe, dtype, inputs["buckets"], inputs["autotune"], out, where, tp)
-    else:
-        print(f"prebake.engine.bundled.build: unknown kind {spec['kind']!r}", file=sys.stderr)
-        return 2
+    try:
+        if spec["kind"] == "autotune":
+            build_autotune(recipe, dtype, inputs["buckets"], out, where, tp)
+        elif spec["kind"] == "graphs":
+            build_graphs(recipe, dtype, inputs["buckets"], inputs["autotune"], out, where, tp)
+        else:
+            print(f"prebake.engine.bundled.build: unknown kind {spec['kind']!r}", file=sys.stderr)
+            return 2
+    except (CheckpointError, RecipeError) as exc:  # the user's files: the parent raises it as it is
+        if "refusal" not in spec:  # a request written by hand (a benchmark): the error as it came
+            raise
+        told = {"type": type(exc).__name__, "message": _told(exc)}
+        Path(spec["refusal"]).write_text(json.dumps(told))
+        return ExitCode.INVALID
     return 0
+
+
+def _told(exc: BaseException) -> str:
+    return "\n".join([str(exc), *getattr(exc, "__notes__", ())])
 
 
 if __name__ == "__main__":
