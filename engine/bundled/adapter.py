@@ -35,7 +35,9 @@ from prebake.engine.bundled.cache_layout import (
     GRAPHS_FILE,
     INDUCTOR_DIR,
     engine_environment,
+    fetched_cache,
     private_graphs_tree,
+    temp_dir,
 )
 from prebake.engine.bundled.variants import DEFAULT_VARIANT, served, variant, variant_of
 from prebake.engine.common import starter
@@ -58,6 +60,7 @@ def child_env(kind: str, out: Path, base: Mapping[str, str] | None = None) -> di
         env["TORCHINDUCTOR_CACHE_DIR"] = str(out / INDUCTOR_DIR)
     else:  # autotune compiles nothing it keeps: keep its scratch out of any shared cache
         env["TORCHINDUCTOR_CACHE_DIR"] = str(out.parent / "inductor-scratch")
+    env["TMPDIR"] = str(temp_dir(out.parent))  # the build's scratch folder: gone with it, killed or not
     env.setdefault("PYTHONHASHSEED", "0")
     return env
 
@@ -149,7 +152,7 @@ GRAPHS = Kind(
     groups=_graphs_groups,
     outputs=(GRAPHS_FILE,),
     build=build_in_child,
-    environment=lambda tree: {GRAPHS_ENV: str(tree), "TORCHINDUCTOR_CACHE_DIR": str(tree / INDUCTOR_DIR)},
+    environment=lambda tree: {GRAPHS_ENV: str(tree)},  # read-only; fetch adds a writable Inductor cache
 )
 
 
@@ -193,6 +196,9 @@ class BundledAdapter:
                 plan.target.name, {}, resolution.installed, tuple(resolution.misses), (*resolution.notes, note)
             )
         env = prebake_environment(plan.kinds, resolution.installed)
+        if (graphs := resolution.installed.get("graphs")) is not None and not services.store.read_only:
+            cache = fetched_cache(graphs, services.store.cache_path(graphs.manifest))
+            env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
         return Fetched(plan.target.name, env, resolution.installed, notes=resolution.notes)
 
     def serve(self, request: StartRequest, open_services: OpenServices) -> int:

@@ -35,6 +35,7 @@ from prebake.engine.bundled.runtime.shapes import StepShape, step_shapes
 from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
 from prebake.engine.bundled.variants import variant_of
 from prebake.engine.bundled.variants.base import CompileJob
+from prebake.engine.common import logs
 
 
 def build_autotune(
@@ -207,6 +208,7 @@ def device_of(target_platform: str) -> str:
 
 
 def main(argv: list[str]) -> int:
+    logs.configure()  # the parent's PREBAKE_LOG_LEVEL; a dependency's deprecations to its debug log
     spec = json.loads(Path(argv[0]).read_text())
     recipe = Recipe.model_validate(spec["recipe"])
     dtype, out, inputs = spec["target"]["dtype"], Path(spec["out"]), {k: Path(v) for k, v in spec["inputs"].items()}
