@@ -16,9 +16,8 @@
     ├── listing/                                   `prebake ls` summaries of Hub registries (registry/backends/hf.py)
     └── tmp/                                       scratch folders and evicted trees; nothing here is ever read
 
-Store is the one door; each job has its module: settings (home, bounds), paths, install,
-leases, eviction (gc), recovery, scratch; the hit path and healing are here. Locks are flock(2):
-docs/operations.md says which filesystems. What a crash leaves: docs/trust-and-failure.md.
+Store is the one door; each job has its module (settings, paths, install, leases, eviction, recovery,
+scratch, sealing); the hit path and healing are here. Locks: flock(2), docs/operations.md.
 """
 
 from __future__ import annotations
