@@ -40,6 +40,10 @@ def recover(paths: StorePaths) -> int:
         removed += _drop_stray_record(paths, record.name)
     for lease in paths.glob("leases/*"):
         removed += _drop_stray_lease(paths, lease.name)
+    for cache in paths.glob("caches/*"):  # a gc killed between a tree and its cache, or a mounted tree's
+        if not paths.tree(cache.name).is_dir():
+            sealing.remove(cache)
+            removed += 1
     removed += fsutil.sweep_temporaries(paths.home / "index", older_than_s=_INDEX_TMP_GRACE_S)
     return removed
 

@@ -74,3 +74,12 @@ def test_a_sealed_tree_left_in_tmp_by_a_dead_gc_is_removed(tmp_path):
     assert _writable(folder) == []
     sealing.remove(folder)
     assert not folder.exists()
+
+
+def test_gc_removes_a_cache_whose_tree_is_gone(tmp_path):
+    store, got = _installed(tmp_path)
+    orphan = store.home / "caches" / ("ab" * 32) / "inductor"
+    orphan.mkdir(parents=True)
+    kept = fetched_cache(got, store.cache_path(got.manifest))
+    store.gc(1 << 40)  # evicts nothing
+    assert not orphan.parent.exists() and kept.is_dir()
