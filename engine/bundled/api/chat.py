@@ -50,11 +50,12 @@ class ChatTemplate:
             raise ChatTemplateError(f"the model's chat template refused these messages: {exc}") from exc
 
 
-def chat_template_for(spec: ModelSpec) -> ChatTemplate | None:
-    """The recipe model's chat template; None when its folder has none (chat is then refused)."""
+def chat_template_for(spec: ModelSpec, folder: Path | None = None) -> ChatTemplate | None:
+    """The recipe model's chat template, from `folder` (else the one its weights name); None when the
+    folder has none (chat is then refused)."""
     if spec.random_weights:
         return ChatTemplate(TINY_TEMPLATE)
-    folder = Path(spec.weights).expanduser()
+    folder = folder or Path(spec.weights).expanduser()
     config: dict = {}
     config_path = folder / "tokenizer_config.json"
     if config_path.is_file():
