@@ -195,3 +195,34 @@ def test_the_eager_start_answers_the_same_and_bf16s_first_divergence_is_recorded
         print(
             f"bf16 against fp32, {name}: " + ("no divergence" if first is None else f"first differs at token {first}")
         )
+
+
+def test_a_runtime_with_another_rope_base_or_kv_head_mapping_answers_other_tokens(baked, reference):
+    """The check can fail: the runtime's reference loop on the same folder answers transformers' tokens,
+    and does not once RoPE's base or the query heads' KV head is changed."""
+    import dataclasses
+
+    import torch
+
+    from prebake.engine.bundled.runtime.loader import model_folder
+    from prebake.engine.bundled.runtime.model import KVCache, build_model, generate
+    from prebake.engine.bundled.runtime.weights import load_hf_folder
+
+    spec = load_recipe(baked / "recipes" / f"{MODEL}.toml").model
+    config, state = load_hf_folder(model_folder(spec, "fp32", baked / "home"))
+    prompt, expected = reference[2]["question"]
+
+    def greedy(config, state) -> list[int]:
+        model = build_model(config, state, torch.float32)
+        cache = KVCache.allocate(config, 1, len(prompt) + TOKENS, dtype=torch.float32)
+        with torch.no_grad():
+            return generate(model, cache, [prompt], TOKENS)[0]
+
+    def next_kv_head(name: str, tensor: torch.Tensor) -> torch.Tensor:  # group g reads KV head g + 1
+        if not name.endswith(("k_proj.weight", "v_proj.weight")):
+            return tensor
+        return tensor.view(config.num_key_value_heads, -1, tensor.shape[-1]).roll(1, 0).reshape(tensor.shape)
+
+    assert greedy(config, state) == expected
+    assert greedy(dataclasses.replace(config, rope_theta=10000.0), state) != expected
+    assert greedy(config, {name: next_kv_head(name, t) for name, t in state.items()}) != expected
