@@ -22,7 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from prebake.artifacts.buckets.artifact import BucketSet
-from prebake.artifacts.errors import BuildError, CheckpointError, ExitCode, RecipeError
+from prebake.artifacts.errors import BuildError, CheckpointError, ExitCode, PrebakeError, RecipeError
 from prebake.artifacts.recipe.kinds import BUCKETS_FILE
 from prebake.artifacts.recipe.schema import Recipe, Target
 from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE, GRAPHS_FILE
@@ -225,6 +225,9 @@ def main(argv: list[str]) -> int:
         told = {"type": type(exc).__name__, "message": _told(exc)}
         Path(spec["refusal"]).write_text(json.dumps(told))
         return ExitCode.INVALID
+    except PrebakeError as exc:  # any other input prebake refused: the message says the fix, no traceback
+        print(f"prebake: error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
