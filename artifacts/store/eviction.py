@@ -22,7 +22,7 @@ from prebake.artifacts import fsutil
 from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
 from prebake.artifacts.errors import BundleError
 from prebake.artifacts.fsutil import mib
-from prebake.artifacts.store import leases, mark, recovery
+from prebake.artifacts.store import leases, mark, recovery, sealing
 from prebake.artifacts.store.paths import StorePaths, is_hex, named_blob
 
 # The trust policy in force (prebake.artifacts.ports.registry.TrustCheck): why a manifest is refused, or None.
@@ -162,7 +162,7 @@ def evict(paths: StorePaths, entry: StoreEntry) -> bool:
     finally:
         install.release(unlink=True)
     if trash is not None:
-        shutil.rmtree(trash, ignore_errors=True)
+        sealing.remove(trash)
     return True
 
 
@@ -175,11 +175,13 @@ def _remove_locked(paths: StorePaths, entry: StoreEntry) -> Path | None:
     if paths.tree(entry.hex).is_dir():
         trash = paths.trash(entry.hex, time.time_ns())
         trash.parent.mkdir(parents=True, exist_ok=True)
+        sealing.open_top(paths.tree(entry.hex))
         os.replace(paths.tree(entry.hex), trash)  # one rename: the tree is whole or gone, never half deleted
     fsutil.crash_point("evict")
     paths.files_record(entry.hex).unlink(missing_ok=True)
     paths.blob("sha256:" + entry.hex).unlink(missing_ok=True)
     shutil.rmtree(paths.side(entry.hex), ignore_errors=True)
+    sealing.remove(paths.cache(entry.hex))  # what engines wrote beside the tree goes with it
     (paths.home / mark.INSTALLS / entry.hex).unlink(missing_ok=True)  # last: a crash before it retries
     return trash
 

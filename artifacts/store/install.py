@@ -22,7 +22,7 @@ from prebake.artifacts.bundle.unpack import tree_problems, unpack_streamed
 from prebake.artifacts.errors import BundleError, StoreError, StoreFullError
 from prebake.artifacts.fsutil import mib
 from prebake.artifacts.ports.registry import Registry
-from prebake.artifacts.store import eviction, leases, mark, recovery
+from prebake.artifacts.store import eviction, leases, mark, recovery, sealing
 from prebake.artifacts.store.health import tree_damage
 from prebake.artifacts.store.paths import StorePaths
 from prebake.artifacts.store.settings import HOME_ENV
@@ -120,6 +120,7 @@ def _unpack(
     except Exception:
         blob.unlink(missing_ok=True)  # a bad blob must not be trusted on the next try
         raise
+    sealing.seal(tree)  # read-only to every engine from here on; verified bytes stay verified
     fsutil.write_bytes(paths.files_record(manifest.blob.hex), manifest.files_digest().encode())
 
 

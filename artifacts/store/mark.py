@@ -38,6 +38,7 @@ STORE_NAMES = frozenset(
         "blobs",
         "side",
         "trees",
+        "caches",  # a tree's writable cache, beside the read-only tree (`prebake fetch`'s Inductor cache)
         "leases",
         "locks",
         "stats",

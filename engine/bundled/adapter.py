@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import cast
 
-from prebake.artifacts.errors import BuildError
+from prebake.artifacts.errors import BuildError, CheckpointError, RecipeError
 from prebake.artifacts.extras import require
 from prebake.artifacts.recipe.kinds import (
     BuildRequest,
@@ -36,7 +36,9 @@ from prebake.engine.bundled.cache_layout import (
     GRAPHS_FILE,
     INDUCTOR_DIR,
     engine_environment,
+    fetched_cache,
     private_graphs_tree,
+    temp_dir,
 )
 from prebake.engine.bundled.variants import DEFAULT_VARIANT, served, variant_of
 from prebake.engine.common import starter
@@ -59,6 +61,7 @@ def child_env(kind: str, out: Path, base: Mapping[str, str] | None = None) -> di
         env["TORCHINDUCTOR_CACHE_DIR"] = str(out / INDUCTOR_DIR)
     else:  # autotune compiles nothing it keeps: keep its scratch out of any shared cache
         env["TORCHINDUCTOR_CACHE_DIR"] = str(out.parent / "inductor-scratch")
+    env["TMPDIR"] = str(temp_dir(out.parent))  # the build's scratch folder: gone with it, killed or not
     env.setdefault("PYTHONHASHSEED", "0")
     return env
 
@@ -67,12 +70,16 @@ def build_in_child(request: BuildRequest) -> None:
     """Build autotune or graphs with torch in `python -m prebake.engine.bundled.build`."""
     require("torch", f"baking {request.kind}")
     target = request.plan.target
+    refused = request.out.parent / f"{request.kind}-refused.json"
     spec = {
         "kind": request.kind,
         "recipe": request.plan.recipe.model_dump(mode="json"),
         "target": {"platform": target.platform, "tp": target.tp, "dtype": target.dtype},
         "inputs": {k: str(v) for k, v in request.inputs.items()},
         "out": str(request.out),
+        # where the child leaves a refusal of the user's files (a checkpoint, a recipe's config the
+        # runtime cannot run), raised here as it is, not as a failed build
+        "refusal": str(refused),
     }
     spec_path = request.out.parent / f"{request.kind}-request.json"
     spec_path.write_text(json.dumps(spec))
@@ -81,6 +88,9 @@ def build_in_child(request: BuildRequest) -> None:
         env=child_env(request.kind, request.out),
         cwd=request.out.parent,
     )
+    if proc.returncode != 0 and refused.is_file():
+        told = json.loads(refused.read_text())
+        raise (RecipeError if told["type"] == "RecipeError" else CheckpointError)(told["message"])
     if proc.returncode != 0:
         raise BuildError(
             f"building {request.kind} of {target.name} failed (exit {proc.returncode}); "
@@ -143,7 +153,7 @@ GRAPHS = Kind(
     groups=_graphs_groups,
     outputs=(GRAPHS_FILE,),
     build=build_in_child,
-    environment=lambda tree: {GRAPHS_ENV: str(tree), "TORCHINDUCTOR_CACHE_DIR": str(tree / INDUCTOR_DIR)},
+    environment=lambda tree: {GRAPHS_ENV: str(tree)},  # read-only; fetch adds a writable Inductor cache
 )
 
 
@@ -194,6 +204,9 @@ class BundledAdapter:
                 plan.target.name, {}, resolution.installed, tuple(resolution.misses), (*resolution.notes, note)
             )
         env = prebake_environment(plan.kinds, resolution.installed)
+        if (graphs := resolution.installed.get("graphs")) is not None and not services.store.read_only:
+            cache = fetched_cache(graphs, services.store.cache_path(graphs.manifest))
+            env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
         return Fetched(plan.target.name, env, resolution.installed, notes=resolution.notes)
 
     def serve(self, request: StartRequest, open_services: OpenServices) -> int:
