@@ -245,6 +245,11 @@ class Store:
     def blob_path(self, digest: str) -> Path:
         return self.paths.blob(digest)
 
+    def release_scratches(self) -> None:
+        """Let go of the locks of this process's scratch folders that are gone (a process about to
+        be snapshotted holds no lock file: prebake.engine.bundled.snapshot)."""
+        self._scratches.release_finished()
+
     def scratch(self, name: str) -> Path:
         """A fresh private folder under tmp/ for a build or download in progress, owned by this
         process until the folder is removed; folders of owners that died go on the way. On a read-only

@@ -1,0 +1,75 @@
+"""A snapshot's tree, as the bake writes it and a restore reads it.
+
+snapshot/
+  snapshot.json     SnapshotInfo: CRIU's version, the key factors, the pipes to reconnect,
+                    every file the process mapped or held open (path, size, sha256)
+  images/           CRIU's image files (the process's anonymous memory, threads, registers)
+  carried/<sha256>  files the process mapped from the temporary folder (AOTInductor extracts
+                    its packages' .so files there): put back at their paths before a restore
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from prebake.artifacts.errors import BundleError
+from prebake.engine.bundled.snapshot.files import FileRecord
+
+INFO_FILE = "snapshot.json"
+IMAGES_DIR = "images"
+CARRIED_DIR = "carried"
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    format: int
+    criu: str
+    factors: dict[str, str]
+    output_pipe: str  # "pipe:[inode]" of the parked process's stdout and stderr
+    control_pipe: str  # "pipe:[inode]" of the pipe it reads its settings from
+    files: tuple[FileRecord, ...]  # must match on the restoring host
+    carried: tuple[FileRecord, ...]  # put back from carried/ at their paths
+
+    def write(self, tree: Path) -> None:
+        (tree / INFO_FILE).write_text(json.dumps(asdict(self), indent=1, sort_keys=True))
+
+    @classmethod
+    def read(cls, tree: Path) -> SnapshotInfo:
+        path = tree / INFO_FILE
+        try:
+            raw = json.loads(path.read_text())
+            if raw.get("format") != FORMAT:
+                raise ValueError(f"format {raw.get('format')!r}, this prebake reads {FORMAT}")
+            files = tuple(FileRecord(**f) for f in raw.pop("files"))
+            carried = tuple(FileRecord(**f) for f in raw.pop("carried"))
+            return cls(**raw, files=files, carried=carried)
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise BundleError(f"{path} is not a snapshot description ({exc}); bake the snapshot again") from exc
+
+
+def carried_path(path: str) -> bool:
+    """Whether a mapped file lives in the temporary folder (a per-process extraction): carried."""
+    temp = os.path.realpath(tempfile.gettempdir())
+    return os.path.realpath(path).startswith(temp + os.sep)
+
+
+def put_back(tree: Path, carried: tuple[FileRecord, ...]) -> None:
+    """Each carried file at its path, written atomically; one already there with its size is kept
+    (identical by construction: the same image's files, named by their content in carried/)."""
+    for record in carried:
+        if not carried_path(record.path):
+            raise BundleError(f"{tree}: carried file {record.path} is outside the temporary folder; refused")
+        target = Path(record.path)
+        if target.is_file() and target.stat().st_size == record.size:
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        shutil.copyfile(tree / CARRIED_DIR / record.sha256, temp)
+        os.chmod(temp, 0o755)
+        os.replace(temp, target)
