@@ -237,12 +237,19 @@ class PlatformProfile(Frozen):
     serving: ServingLimits | None = None
 
 
+class SnapshotSpec(Frozen):
+    """[snapshot]: bake a process snapshot of the warm engine, restored before serving (docs/snapshots.md)."""
+
+    bake: bool = False
+
+
 class Recipe(Frozen):
     model: ModelSpec
     serving: ServingLimits
     buckets: BucketSettings = BucketSettings()
     compile: CompileOptions = CompileOptions()
     autotune: AutotuneSpec = AutotuneSpec()
+    snapshot: SnapshotSpec = SnapshotSpec()
     matrix: Matrix
     platforms: dict[str, PlatformProfile] = Field(
         default_factory=dict, description="per platform of the matrix: fewer tp/dtype, its own serving limits"

@@ -37,6 +37,8 @@ from prebake.engine.bundled.cache_layout import (
     engine_environment,
     private_graphs_tree,
 )
+from prebake.engine.bundled.snapshot import kind as snapshot_kind
+from prebake.engine.bundled.snapshot.serving import snapshot_mode
 from prebake.engine.bundled.variants import DEFAULT_VARIANT, served, variant, variant_of
 from prebake.engine.common import starter
 from prebake.engine.common.adapter import (
@@ -163,7 +165,15 @@ SPEC = EngineSpec(
             "require `Authorization: Bearer KEY` on every route but the health probes "
             "(default: $PREBAKE_API_KEY; none: no authentication)",
         ),
+        EngineOption(
+            "--snapshot",
+            "auto (default): restore the target's process snapshot when its recipe bakes one and this host "
+            "can, else start from the bundles, one line saying why; require: exit 3 instead; never: do not try",
+            type=snapshot_mode,
+            default="auto",
+        ),
     ),
+    optional_kinds=snapshot_kind.wanted,  # [snapshot] bake = true: the snapshot kind after graphs
 )
 
 
@@ -196,6 +206,7 @@ class BundledAdapter:
         require("serve", "prebake serve")
         require("torch", "prebake serve")
         from prebake.engine.bundled.serve import ServeSettings, api_key_from, serve
+        from prebake.engine.bundled.snapshot.serving import serve_or_say
 
         options = SPEC.options_of(request)
         settings = ServeSettings(
@@ -205,4 +216,7 @@ class BundledAdapter:
             port=8000 if request.port is None else request.port,
             api_key=api_key_from(cast(str | None, options["api_key"])),
         )
-        return serve(settings, open_services, emit=logging.getLogger("prebake.serve").info)
+        emit = logging.getLogger("prebake.serve").info
+        if (code := serve_or_say(str(options["snapshot"]), settings, open_services, emit)) is not None:
+            return code
+        return serve(settings, open_services, emit=emit)

@@ -52,6 +52,7 @@ if TYPE_CHECKING:  # torch is imported once the environment is set (install step
 Emit = Callable[[str], None]
 _runs = itertools.count()
 _COMPILED = "graphs"  # the kind this engine compiles by itself when it misses (its EngineSpec's fallback_kind)
+_RESTORED = ("snapshot",)  # restored before a start (prebake.engine.bundled.snapshot.serving), never started from
 
 
 @dataclass
@@ -179,7 +180,7 @@ class _InProcess:
 
     def begin(self, plan: TargetKeys, services: Services) -> starter.Begun:
         """The kinds to resolve (eager: no graphs), a scratch run folder, torch's imports begun."""
-        kinds = tuple(k for k in plan.kinds.names if not (self.eager and k == _COMPILED))
+        kinds = tuple(k for k in plan.kinds.names if not (self.eager and k == _COMPILED) and k not in _RESTORED)
         run_dir = services.store.scratch(f"serve-{os.getpid()}-{next(_runs)}")
         self.torch_import = _begin_imports(self.eager, plan.recipe, run_dir)  # beside the lookup, fetch and load
 
@@ -196,7 +197,7 @@ class _InProcess:
         _count(log.metrics, resolution)
         trees = {k: i.tree for k, i in resolution.installed.items()}
         built = [m.key.kind for m in resolution.misses]
-        if missing := [k for k in plan.kinds.names if k not in trees and k != _COMPILED]:
+        if missing := [k for k in plan.kinds.names if k not in trees and k != _COMPILED and k not in _RESTORED]:
             with log.step("build") as s:
                 for kind in missing:
                     began = time.perf_counter()

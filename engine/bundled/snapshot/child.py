@@ -41,7 +41,7 @@ def main(spec_path: str) -> int:
 
     request = StartRequest(model=spec["model"], precision=spec["precision"], on_miss="fail", registry_timeout=60.0)
     metrics = Metrics()
-    engine = start(request, metrics, emit, lambda: Context.open(spec["registry"]))
+    engine = start(request, metrics, emit, lambda: Context.open(None))
     state = AppState(request.model, metrics)
     scheduler = _ready(engine, state, emit)
     _hold_no_files(engine)
@@ -94,6 +94,7 @@ def _serve(engine, scheduler, state, settings: dict) -> int:
         signal.signal(sig, _exit_on_signal)
     threading.Thread(target=_stop_when_control_closes, name="prebake-control", daemon=True).start()
     host, port = sock.getsockname()[:2]
+    print(f"prebake serve: listening on http://{host}:{port} (/health is 503 until ready)", flush=True)
     ready_s = time.time() - settings["began"]
     state.metrics.set("prebake_time_to_ready_seconds", round(ready_s, 3))
     state.metrics.set("prebake_ready", 1)

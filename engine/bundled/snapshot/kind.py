@@ -1,0 +1,67 @@
+"""The `snapshot` artifact kind: a warm bundled engine, parked before it binds its port, dumped
+with CRIU (dump.py) at the bake, from the bake's own buckets, autotune and graphs bundles.
+
+A recipe asks for it with `[snapshot] bake = true`; its table then lists it after graphs. Its key
+holds the target's groups (model, software, platform, tp, dtype), the upstream digests, and what a
+restore needs of the host beside the files (host.key_factors: CRIU's version, the kernel, the CPU's
+flags); the files the process maps are recorded in the tree with their digests and checked before
+a restore (files.py), so a host whose libraries or weights differ is refused with the file named.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from prebake.artifacts.errors import BuildError
+from prebake.artifacts.recipe.kinds import BuildRequest, Groups, KeyContext, Kind, target_groups
+from prebake.artifacts.recipe.schema import Recipe
+from prebake.artifacts.store.settings import default_home
+from prebake.engine.bundled.snapshot.host import Able, can_snapshot, key_factors
+from prebake.engine.bundled.snapshot.image import FORMAT, IMAGES_DIR, INFO_FILE
+
+NAME = "snapshot"
+VARIANT = "aoti-package"  # reads its graphs tree in place: nothing the process maps is in a scratch folder
+DIGESTS_FILE = "snapshot-digests.json"  # under $PREBAKE_HOME: the stat cache of files.DigestCache
+
+
+def _groups(context: KeyContext) -> Groups:
+    able = can_snapshot()
+    host = key_factors(able) if isinstance(able, Able) else {"criu": "unavailable"}
+    return {**target_groups(context), "snapshot": {**host, "format": str(FORMAT)}}
+
+
+def _build(request: BuildRequest) -> None:
+    from prebake.engine.bundled.snapshot.dump import dump
+
+    plan = request.plan
+    able = can_snapshot()
+    if not isinstance(able, Able):
+        raise BuildError(f"cannot bake a snapshot of {plan.target.name} on this host: {able.reason}")
+    if (variant := plan.recipe.compile.variant_or(VARIANT)) != VARIANT:
+        raise BuildError(
+            f"recipe {plan.recipe.model.name}: snapshots are baked of the {VARIANT} graphs variant (read in "
+            f"place), not {variant}; set [compile] variant = {VARIANT!r} or remove [snapshot]"
+        )
+    spec = {"model": plan.recipe.model.name, "precision": plan.target.dtype}  # the bake's store holds its inputs
+    env = {**os.environ, "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")}
+    info = dump(spec, request.out, able, env, lambda line: print(line, flush=True), digest_cache())
+    info.write(request.out)
+
+
+def digest_cache() -> Path:
+    return default_home() / DIGESTS_FILE
+
+
+def wanted(recipe: Recipe) -> tuple[Kind, ...]:
+    """The snapshot kind when the recipe asks for it, else none."""
+    return (SNAPSHOT,) if recipe.snapshot.bake else ()
+
+
+SNAPSHOT = Kind(
+    name=NAME,
+    upstream=("buckets", "autotune", "graphs"),
+    groups=_groups,
+    outputs=(INFO_FILE, IMAGES_DIR),
+    build=_build,
+)

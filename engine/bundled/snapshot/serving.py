@@ -1,0 +1,137 @@
+"""`prebake serve --snapshot auto|require` for the bundled engine: restore the target's snapshot, or
+say in one line why not, for the usual start to run in the same call.
+
+    able       this host can restore (host.py)                   else: not restored, why
+    lookup     the target's recipe bakes a snapshot; its bundle is fetched like any other: digest,
+               signature, the trust policy (an image is code, as a pickle is)   else: the miss
+    files      every file it maps is this host's (files.py)       else: the first that differs
+    restore    in a new PID namespace, the port and settings handed over (restore.py)  else: CRIU's error
+    serve      supervised until SIGTERM/SIGINT; its exit status is the command's
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from prebake.artifacts.errors import ExitCode, PrebakeError
+from prebake.artifacts.fetch.outcome import Miss
+from prebake.engine.bundled.snapshot.files import DigestCache, first_difference
+from prebake.engine.bundled.snapshot.host import Able, can_snapshot
+from prebake.engine.bundled.snapshot.image import SnapshotInfo, put_back
+from prebake.engine.bundled.snapshot.kind import NAME, digest_cache
+from prebake.engine.bundled.snapshot.restore import Failed, restore
+from prebake.engine.common import starter
+from prebake.engine.common.adapter import OpenServices, plan_to_start
+
+if TYPE_CHECKING:
+    from prebake.engine.bundled.serve import ServeSettings
+
+MODES = ("never", "auto", "require")
+PREFIX = "prebake serve: snapshot:"
+
+
+@dataclass(frozen=True)
+class Served:
+    code: int
+
+
+@dataclass(frozen=True)
+class NotRestored:
+    reason: str
+
+
+def snapshot_mode(text: str) -> str:
+    """--snapshot's value, checked (argparse's type)."""
+    if text not in MODES:
+        import argparse
+
+        raise argparse.ArgumentTypeError(f"--snapshot {text!r}: give one of {', '.join(MODES)}")
+    return text
+
+
+def serve_restored(
+    settings: ServeSettings, open_services: OpenServices, emit: Callable[[str], None]
+) -> Served | NotRestored:
+    """Serve from the snapshot until a signal, or why it could not be restored (nothing served)."""
+    able = can_snapshot()
+    if not isinstance(able, Able):
+        return NotRestored(able.reason)
+    began = time.time() - _seconds_since_process_start()
+    services = open_services()
+    with services.holds:
+        plan = plan_to_start(settings.request, services)
+        resolved = starter.resolve(plan, settings.request, services, kinds=[NAME]).resolution
+        installed = resolved.installed.get(NAME)
+        if installed is None:
+            misses = [m.explain() for m in resolved.misses if isinstance(m, Miss)]
+            return NotRestored(" ".join(misses).replace("\n", ";") or "no snapshot bundle for this target")
+        try:
+            info = SnapshotInfo.read(installed.tree)
+        except PrebakeError as exc:
+            return NotRestored(str(exc))
+        if (differs := first_difference(info.files, DigestCache(digest_cache()))) is not None:
+            return NotRestored(f"this host's files differ from the bake's: {differs.explain()}")
+        put_back(installed.tree, info.carried)
+        work = services.store.scratch(f"restore-{os.getpid()}")  # CRIU's log: kept when the restore fails
+        emit(f"{PREFIX} restoring {NAME} {installed.manifest.blob.hex[:12]} (CRIU {able.version})")
+        outcome = restore(installed.tree, info, able, _handed_over(settings, began), work, emit)
+        if isinstance(outcome, Failed):
+            return NotRestored(outcome.reason)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, frame: outcome.stop())
+        code = outcome.wait()
+        shutil.rmtree(work, ignore_errors=True)
+        return Served(code)
+
+
+def serve_or_say(
+    mode: str, settings: ServeSettings, open_services: OpenServices, emit: Callable[[str], None]
+) -> int | None:
+    """--snapshot `mode`: the exit status of a restored server, or None (one line said why) for the
+    usual start; under `require` a snapshot that cannot be restored is exit 3 (a miss) instead."""
+    if mode == "never" or not _recipe_bakes_one(settings):
+        return None  # the usual start, as before snapshots: nothing to say
+    outcome = serve_restored(settings, open_services, emit)
+    if isinstance(outcome, Served):
+        return outcome.code
+    if mode == "require":
+        emit(f"{PREFIX} not restored: {outcome.reason}; --snapshot require: not starting otherwise")
+        return int(ExitCode.MISS)
+    emit(f"{PREFIX} not restored: {outcome.reason}; starting from the bundles")
+    return None
+
+
+def _recipe_bakes_one(settings: ServeSettings) -> bool:
+    """Whether the recipe asks for a snapshot ([snapshot] bake = true); a recipe that does not load
+    is the usual start's to report."""
+    from prebake.artifacts.recipe.schema import load_recipe
+
+    try:
+        return load_recipe(settings.request.model).snapshot.bake
+    except PrebakeError:
+        return False
+
+
+def _handed_over(settings: ServeSettings, began: float) -> dict[str, object]:
+    """What differs per start, read by the restored process right after the restore (child.py)."""
+    return {
+        "host": settings.host,
+        "port": settings.port,
+        "api_key": settings.api_key,
+        "max_body_bytes": settings.max_body_bytes,
+        "max_bodies_bytes": settings.max_bodies_bytes,
+        "body_timeout_s": settings.body_timeout_s,
+        "began": began,
+    }
+
+
+def _seconds_since_process_start() -> float:
+    from prebake.engine.bundled.serve import _seconds_since_process_start as since
+
+    return since()
