@@ -172,6 +172,12 @@ SPEC = EngineSpec(
             type=snapshot_mode,
             default="auto",
         ),
+        EngineOption(
+            "--park",
+            "start, then wait to be dumped (the bake's snapshot step runs it; not for a server)",
+            type=bool,
+            default=False,
+        ),
     ),
     optional_kinds=snapshot_kind.wanted,  # [snapshot] bake = true: the snapshot kind after graphs
 )
@@ -190,13 +196,17 @@ class BundledAdapter:
         SPEC.options_of(request)
         plan = plan_to_start(request, services)
         resolution = starter.resolve(plan, request, services).resolution
-        if not resolution.complete:
+        optional = {kind.name for kind in SPEC.optional_kinds(plan.recipe)}  # a snapshot that misses: noted only
+        misses = tuple(m for m in resolution.misses if m.key.kind not in optional)
+        notes = (
+            *resolution.notes,
+            *(f"{m.key.kind} not fetched: {m.reason}" for m in resolution.misses if m.key.kind in optional),
+        )
+        if misses:
             note = f"no complete bundle set for {plan.target.name} in {services.source.address}"
-            return Fetched(
-                plan.target.name, {}, resolution.installed, tuple(resolution.misses), (*resolution.notes, note)
-            )
+            return Fetched(plan.target.name, {}, resolution.installed, misses, (*notes, note))
         env = prebake_environment(plan.kinds, resolution.installed)
-        return Fetched(plan.target.name, env, resolution.installed, notes=resolution.notes)
+        return Fetched(plan.target.name, env, resolution.installed, notes=notes)
 
     def serve(self, request: StartRequest, open_services: OpenServices) -> int:
         """`prebake serve`: listen, then the shared starter with this engine's in-process runner
@@ -205,6 +215,7 @@ class BundledAdapter:
 
         require("serve", "prebake serve")
         require("torch", "prebake serve")
+        from prebake.engine.bundled.parked import handed_over, serve_parked
         from prebake.engine.bundled.serve import ServeSettings, api_key_from, serve
         from prebake.engine.bundled.snapshot.serving import serve_or_say
 
@@ -216,7 +227,8 @@ class BundledAdapter:
             port=8000 if request.port is None else request.port,
             api_key=api_key_from(cast(str | None, options["api_key"])),
         )
+        if options["park"]:  # the bake's snapshot step started this process (prebake.engine.bundled.snapshot.dump)
+            return serve_parked(request, open_services)
         emit = logging.getLogger("prebake.serve").info
-        if (code := serve_or_say(str(options["snapshot"]), settings, open_services, emit)) is not None:
-            return code
-        return serve(settings, open_services, emit=emit)
+        restored = serve_or_say(str(options["snapshot"]), request, handed_over(settings), open_services, emit)
+        return serve(settings, open_services, emit=emit) if restored is None else restored

@@ -1,6 +1,6 @@
-"""The bake's snapshot step: start the parked process (child.py), record what it maps, dump it.
+"""The bake's snapshot step: start the parked process (prebake.engine.bundled.parked), record what it maps, dump it.
 
-spawn      python -m prebake.engine.bundled.snapshot.child, in its own session, stdin /dev/null,
+spawn      `prebake serve --park` (prebake.engine.bundled.parked), in its own session, stdin /dev/null,
            stdout+stderr one pipe (relayed to the bake's log), CONTROL_FD the read end of another
 parked     on READY_LINE: its mapped and open files recorded (image.py), the temporary ones copied
 dump       `criu dump -t PID -D images`: the process is stopped and its memory written; it exits
@@ -8,7 +8,6 @@ dump       `criu dump -t PID -D images`: the process is stopped and its memory w
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -19,9 +18,16 @@ from pathlib import Path
 
 from prebake.artifacts.errors import BuildError
 from prebake.engine.bundled.snapshot import files
-from prebake.engine.bundled.snapshot.child import CONTROL_FD, READY_LINE
 from prebake.engine.bundled.snapshot.host import Able, key_factors
-from prebake.engine.bundled.snapshot.image import CARRIED_DIR, FORMAT, IMAGES_DIR, SnapshotInfo, carried_path
+from prebake.engine.bundled.snapshot.image import (
+    CARRIED_DIR,
+    CONTROL_FD,
+    FORMAT,
+    IMAGES_DIR,
+    READY_LINE,
+    SnapshotInfo,
+    carried_path,
+)
 
 PARK_TIMEOUT_S = 900.0
 
@@ -30,12 +36,11 @@ def dump(
     spec: Mapping[str, str], out: Path, able: Able, env: Mapping[str, str], emit: Callable[[str], None], cache: Path
 ) -> SnapshotInfo:
     """Start the engine from `spec` (model, precision, registry), park it, and dump it into `out`."""
-    spec_path = out.parent / "snapshot-request.json"
-    spec_path.write_text(json.dumps(dict(spec)))
     control_r, control_w = os.pipe()
-    os.set_inheritable(control_r, True)
+    command = [sys.executable, "-m", "prebake.engine.cli", "serve", "--park", "--on-miss", "fail"]
+    command += ["--model", spec["model"], "--precision", spec["precision"], "--registry-timeout", "60"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "prebake.engine.bundled.snapshot.child", str(spec_path)],
+        command,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

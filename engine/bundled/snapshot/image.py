@@ -20,10 +20,12 @@ from pathlib import Path
 from prebake.artifacts.errors import BundleError
 from prebake.engine.bundled.snapshot.files import FileRecord
 
+CONTROL_FD = 3  # the parked process reads its per-start settings here (prebake.engine.bundled.parked)
+READY_LINE = "prebake-snapshot: parked"  # it prints this once warm, before it blocks on CONTROL_FD
 INFO_FILE = "snapshot.json"
 IMAGES_DIR = "images"
 CARRIED_DIR = "carried"
-FORMAT = 1
+FORMAT = 2  # 2: parked by `prebake serve --park`
 
 
 @dataclass(frozen=True)

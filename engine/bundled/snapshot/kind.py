@@ -64,4 +64,5 @@ SNAPSHOT = Kind(
     groups=_groups,
     outputs=(INFO_FILE, IMAGES_DIR),
     build=_build,
+    environment=lambda tree: {"PREBAKE_SNAPSHOT_TREE": str(tree)},  # for an operator's own `criu restore`
 )

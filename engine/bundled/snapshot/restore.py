@@ -1,4 +1,4 @@
-"""Restoring a parked process (child.py) from a snapshot's tree, and supervising it while it serves.
+"""Restoring a parked process (prebake.engine.bundled.parked) from a snapshot's tree, and supervising it while it serves.
 
     check      the files it maps are this host's (files.py); the temporary ones put back (image.py)
     restore    `unshare -pf --mount-proc --kill-child criu restore -D images --inherit-fd ...`:
@@ -6,9 +6,8 @@
                output and control pipes replaced by two this process made, no terminal
     hand over  one JSON line on the control pipe: host, port, API key, limits, when the start began
     ready      its output relayed line by line; its ready line ends the restore
-    serve      relayed until it exits; this process's SIGTERM or exit closes the control pipe,
-               which stops it (child.py), so a restored server never outlives its supervisor
-
+    serve      relayed until it exits; this process's SIGTERM or exit closes the control pipe, which
+               stops it (prebake.engine.bundled.parked): it never outlives its supervisor
 A failure before ready is a value (`Failed` with CRIU's own error lines): the caller starts the
 engine the usual way in the same call.
 """
@@ -53,7 +52,7 @@ class Restored:
 
     def stop(self) -> None:
         try:
-            os.close(self.control)  # the restored process stops on EOF (child.py)
+            os.close(self.control)  # the restored process stops on EOF (prebake.engine.bundled.parked)
         except OSError:
             pass
 

@@ -14,10 +14,9 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import time
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from prebake.artifacts.errors import ExitCode, PrebakeError
 from prebake.artifacts.fetch.outcome import Miss
@@ -27,10 +26,7 @@ from prebake.engine.bundled.snapshot.image import SnapshotInfo, put_back
 from prebake.engine.bundled.snapshot.kind import NAME, digest_cache
 from prebake.engine.bundled.snapshot.restore import Failed, restore
 from prebake.engine.common import starter
-from prebake.engine.common.adapter import OpenServices, plan_to_start
-
-if TYPE_CHECKING:
-    from prebake.engine.bundled.serve import ServeSettings
+from prebake.engine.common.adapter import OpenServices, StartRequest, plan_to_start
 
 MODES = ("never", "auto", "require")
 PREFIX = "prebake serve: snapshot:"
@@ -56,17 +52,20 @@ def snapshot_mode(text: str) -> str:
 
 
 def serve_restored(
-    settings: ServeSettings, open_services: OpenServices, emit: Callable[[str], None]
+    request: StartRequest, handed_over: Mapping[str, object], open_services: OpenServices, emit: Callable[[str], None]
 ) -> Served | NotRestored:
-    """Serve from the snapshot until a signal, or why it could not be restored (nothing served)."""
+    """Serve from the snapshot until a signal, or why it could not be restored (nothing served).
+    `handed_over`: what differs per start (host, port, API key, body limits, `began`: the epoch
+    second this start began), read by the restored process right after the restore."""
     able = can_snapshot()
     if not isinstance(able, Able):
         return NotRestored(able.reason)
-    began = time.time() - _seconds_since_process_start()
     services = open_services()
     with services.holds:
-        plan = plan_to_start(settings.request, services)
-        resolved = starter.resolve(plan, settings.request, services, kinds=[NAME]).resolution
+        plan = plan_to_start(request, services)
+        if NAME not in plan.kinds:
+            return NotRestored(f"{plan.target.name} has no {NAME} kind ([snapshot] bake = true in its recipe)")
+        resolved = starter.resolve(plan, request, services, kinds=[NAME]).resolution
         installed = resolved.installed.get(NAME)
         if installed is None:
             misses = [m.explain() for m in resolved.misses if isinstance(m, Miss)]
@@ -80,7 +79,7 @@ def serve_restored(
         put_back(installed.tree, info.carried)
         work = services.store.scratch(f"restore-{os.getpid()}")  # CRIU's log: kept when the restore fails
         emit(f"{PREFIX} restoring {NAME} {installed.manifest.blob.hex[:12]} (CRIU {able.version})")
-        outcome = restore(installed.tree, info, able, _handed_over(settings, began), work, emit)
+        outcome = restore(installed.tree, info, able, handed_over, work, _relayed)
         if isinstance(outcome, Failed):
             return NotRestored(outcome.reason)
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -91,13 +90,17 @@ def serve_restored(
 
 
 def serve_or_say(
-    mode: str, settings: ServeSettings, open_services: OpenServices, emit: Callable[[str], None]
+    mode: str,
+    request: StartRequest,
+    handed_over: Mapping[str, object],
+    open_services: OpenServices,
+    emit: Callable[[str], None],
 ) -> int | None:
     """--snapshot `mode`: the exit status of a restored server, or None (one line said why) for the
     usual start; under `require` a snapshot that cannot be restored is exit 3 (a miss) instead."""
-    if mode == "never" or not _recipe_bakes_one(settings):
+    if mode == "never" or not _recipe_bakes_one(request):
         return None  # the usual start, as before snapshots: nothing to say
-    outcome = serve_restored(settings, open_services, emit)
+    outcome = serve_restored(request, handed_over, open_services, emit)
     if isinstance(outcome, Served):
         return outcome.code
     if mode == "require":
@@ -107,31 +110,17 @@ def serve_or_say(
     return None
 
 
-def _recipe_bakes_one(settings: ServeSettings) -> bool:
+def _recipe_bakes_one(request: StartRequest) -> bool:
     """Whether the recipe asks for a snapshot ([snapshot] bake = true); a recipe that does not load
     is the usual start's to report."""
     from prebake.artifacts.recipe.schema import load_recipe
 
     try:
-        return load_recipe(settings.request.model).snapshot.bake
+        return load_recipe(request.model).snapshot.bake
     except PrebakeError:
         return False
 
 
-def _handed_over(settings: ServeSettings, began: float) -> dict[str, object]:
-    """What differs per start, read by the restored process right after the restore (child.py)."""
-    return {
-        "host": settings.host,
-        "port": settings.port,
-        "api_key": settings.api_key,
-        "max_body_bytes": settings.max_body_bytes,
-        "max_bodies_bytes": settings.max_bodies_bytes,
-        "body_timeout_s": settings.body_timeout_s,
-        "began": began,
-    }
-
-
-def _seconds_since_process_start() -> float:
-    from prebake.engine.bundled.serve import _seconds_since_process_start as since
-
-    return since()
+def _relayed(line: str) -> None:
+    """The restored process's own lines (it formats its log already), passed through as they are."""
+    print(line, file=sys.stderr, flush=True)

@@ -18,30 +18,36 @@ import json
 import os
 import shutil
 import signal
-import sys
 import threading
 import time
-from pathlib import Path
 
-CONTROL_FD = 3
-READY_LINE = "prebake-snapshot: parked"
+import uvicorn
+
+from prebake.engine.bundled.api.app import create_app
+from prebake.engine.bundled.api.guard import GuardSettings
+from prebake.engine.bundled.api.state import AppState
+from prebake.engine.bundled.runtime.metrics import Metrics
+from prebake.engine.bundled.serve import (
+    ServeSettings,
+    _bind,
+    _exit_on_signal,
+    _ready,
+    _seconds_since_process_start,
+    _serve_steps,
+)
+from prebake.engine.bundled.snapshot.image import CONTROL_FD, READY_LINE
+from prebake.engine.bundled.start import start
+from prebake.engine.common.adapter import OpenServices, StartRequest
 
 
-def main(spec_path: str) -> int:
-    spec = json.loads(Path(spec_path).read_text())
-    from prebake.engine.bundled.api.state import AppState
-    from prebake.engine.bundled.runtime.metrics import Metrics
-    from prebake.engine.bundled.serve import _ready
-    from prebake.engine.bundled.start import start
-    from prebake.engine.common.adapter import StartRequest
-    from prebake.engine.compose import Context
+def serve_parked(request: StartRequest, open_services: OpenServices) -> int:
+    """Start, park until restored (the dump is taken while parked), then serve what was handed over."""
 
     def emit(line: str) -> None:
         print(line, flush=True)
 
-    request = StartRequest(model=spec["model"], precision=spec["precision"], on_miss="fail", registry_timeout=60.0)
     metrics = Metrics()
-    engine = start(request, metrics, emit, lambda: Context.open(None))
+    engine = start(request, metrics, emit, open_services)
     state = AppState(request.model, metrics)
     scheduler = _ready(engine, state, emit)
     _hold_no_files(engine)
@@ -71,12 +77,6 @@ def _park() -> dict:
 
 def _serve(engine, scheduler, state, settings: dict) -> int:
     """Bind the port handed over, serve until SIGTERM or until the supervisor's pipe closes."""
-    import uvicorn
-
-    from prebake.engine.bundled.api.app import create_app
-    from prebake.engine.bundled.api.guard import GuardSettings
-    from prebake.engine.bundled.serve import _bind, _exit_on_signal, _serve_steps
-
     sock = _bind(settings["host"], settings["port"])
     guard = GuardSettings(
         settings["api_key"],
@@ -124,5 +124,14 @@ def _stop_when_control_closes() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+def handed_over(settings: ServeSettings) -> dict[str, object]:
+    """What differs per start, handed to a restored process (one JSON line on CONTROL_FD)."""
+    return {
+        "host": settings.host,
+        "port": settings.port,
+        "api_key": settings.api_key,
+        "max_body_bytes": settings.max_body_bytes,
+        "max_bodies_bytes": settings.max_bodies_bytes,
+        "body_timeout_s": settings.body_timeout_s,
+        "began": time.time() - _seconds_since_process_start(),
+    }
