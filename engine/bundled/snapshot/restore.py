@@ -14,6 +14,7 @@ engine the usual way in the same call.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -91,6 +92,13 @@ def restore(
     relay = threading.Thread(target=_relay, args=(reader, emit), name="prebake-snapshot-relay", daemon=True)
     relay.start()
     return Restored(proc, control_w, relay, ready)
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 def _until_ready(reader, proc: subprocess.Popen, emit: Callable[[str], None]) -> str | Failed:
