@@ -16,13 +16,12 @@ from pathlib import Path
 from prebake.artifacts.errors import BuildError
 from prebake.artifacts.recipe.kinds import BuildRequest, Groups, KeyContext, Kind, target_groups
 from prebake.artifacts.recipe.schema import Recipe
-from prebake.artifacts.store.settings import default_home
 from prebake.engine.bundled.snapshot.host import Able, can_snapshot, key_factors
 from prebake.engine.bundled.snapshot.image import FORMAT, IMAGES_DIR, INFO_FILE
 
 NAME = "snapshot"
 VARIANT = "aoti-package"  # reads its graphs tree in place: nothing the process maps is in a scratch folder
-DIGESTS_FILE = "snapshot-digests.json"  # under $PREBAKE_HOME: the stat cache of files.DigestCache
+DIGESTS_FILE = "snapshot-digests.json"  # the stat cache of files.DigestCache: once a machine, not a store
 
 
 def _groups(context: KeyContext) -> Groups:
@@ -50,7 +49,10 @@ def _build(request: BuildRequest) -> None:
 
 
 def digest_cache() -> Path:
-    return default_home() / DIGESTS_FILE
+    """The machine's digest cache (~/.cache/prebake, or $XDG_CACHE_HOME/prebake): every store on
+    it, a fresh one included, checks the files it shares with the others without hashing them again."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "prebake" / DIGESTS_FILE
 
 
 def wanted(recipe: Recipe) -> tuple[Kind, ...]:
