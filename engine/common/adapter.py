@@ -144,9 +144,9 @@ class EngineSpec:
     # why it cannot build or serve a target of a recipe (its variant at that tp, say), or None: the
     # fleet plan marks such a target unbuildable, with this reason, instead of "here: yes"
     refuses: Callable[[Recipe, Target], str | None] = lambda recipe, target: None
-    # kinds a recipe asks for beyond `kinds` (the bundled engine's snapshot under [snapshot] bake = true);
-    # a start resolves them itself, before or instead of the others
-    optional_kinds: Callable[[Recipe], tuple[Kind, ...]] = lambda recipe: ()
+    # kinds a recipe asks for beyond `kinds` for a target (the bundled engine's snapshot under [snapshot]
+    # bake = true, at tp 1); a start resolves them itself, before or instead of the others
+    optional_kinds: Callable[[Recipe, Target], tuple[Kind, ...]] = lambda recipe, target: ()
 
     @property
     def default_variant(self) -> str:

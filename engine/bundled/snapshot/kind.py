@@ -15,7 +15,7 @@ from pathlib import Path
 
 from prebake.artifacts.errors import BuildError
 from prebake.artifacts.recipe.kinds import BuildRequest, Groups, KeyContext, Kind, target_groups
-from prebake.artifacts.recipe.schema import Recipe
+from prebake.artifacts.recipe.schema import Recipe, Target
 from prebake.engine.bundled.snapshot.host import Able, can_snapshot, key_factors
 from prebake.engine.bundled.snapshot.image import FORMAT, IMAGES_DIR, INFO_FILE
 
@@ -37,6 +37,11 @@ def _build(request: BuildRequest) -> None:
     able = can_snapshot()
     if not isinstance(able, Able):
         raise BuildError(f"cannot bake a snapshot of {plan.target.name} on this host: {able.reason}")
+    if plan.target.tp != 1:
+        raise BuildError(
+            f"{plan.target.name}: snapshots are baked of one process; a tp {plan.target.tp} target runs "
+            f"{plan.target.tp} ranks: bake its snapshot at tp 1 (doit bake tp=1) or remove [snapshot]"
+        )
     if (variant := plan.recipe.compile.variant_or(VARIANT)) != VARIANT:
         raise BuildError(
             f"recipe {plan.recipe.model.name}: snapshots are baked of the {VARIANT} graphs variant (read in "
@@ -55,9 +60,9 @@ def digest_cache() -> Path:
     return Path(base) / "prebake" / DIGESTS_FILE
 
 
-def wanted(recipe: Recipe) -> tuple[Kind, ...]:
-    """The snapshot kind when the recipe asks for it, else none."""
-    return (SNAPSHOT,) if recipe.snapshot.bake else ()
+def wanted(recipe: Recipe, target: Target) -> tuple[Kind, ...]:
+    """The snapshot kind when the recipe asks for it, for its tp 1 targets (one process), else none."""
+    return (SNAPSHOT,) if recipe.snapshot.bake and target.tp == 1 else ()
 
 
 SNAPSHOT = Kind(
