@@ -50,7 +50,7 @@ def test_a_tampered_image_is_refused_and_the_usual_start_serves(home, usual_toke
     data = bytearray(blob.read_bytes())
     data[len(data) // 2] ^= 0xFF
     blob.write_bytes(bytes(data))
-    _falls_back(home, registry, tmp_path / "store", usual_tokens, "digest")
+    _falls_back(home, registry, tmp_path / "store", usual_tokens, "it is corrupt")
 
 
 def test_a_truncated_image_is_refused_and_the_usual_start_serves(home, usual_tokens, tmp_path):
@@ -58,7 +58,7 @@ def test_a_truncated_image_is_refused_and_the_usual_start_serves(home, usual_tok
     blob = snapshot_blob(registry)
     with blob.open("r+b") as f:
         f.truncate(blob.stat().st_size // 2)
-    _falls_back(home, registry, tmp_path / "store", usual_tokens, "snapshot")
+    _falls_back(home, registry, tmp_path / "store", usual_tokens, "fetching blob")
 
 
 def test_a_snapshot_of_another_build_is_refused(home, usual_tokens, tmp_path):
