@@ -196,7 +196,9 @@ class BundledAdapter:
         SPEC.options_of(request)
         plan = plan_to_start(request, services)
         resolution = starter.resolve(plan, request, services).resolution
-        optional = {kind.name for kind in SPEC.optional_kinds(plan.recipe, plan.target)}  # a snapshot that misses: noted only
+        optional = {
+            kind.name for kind in SPEC.optional_kinds(plan.recipe, plan.target)
+        }  # a snapshot that misses: noted only
         misses = tuple(m for m in resolution.misses if m.key.kind not in optional)
         notes = (
             *resolution.notes,

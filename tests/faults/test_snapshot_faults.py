@@ -67,7 +67,7 @@ def test_a_snapshot_of_another_build_is_refused(home, usual_tokens, tmp_path):
     manifest = json.loads(entry.read_text())
     manifest["key"]["snapshot"]["kernel"] = "5.10.0-another-host"  # its image, filed under this host's key
     entry.write_text(json.dumps(manifest))
-    _falls_back(home, registry, tmp_path / "store", usual_tokens, "carries another key")
+    _falls_back(home, registry, tmp_path / "store", usual_tokens, "its entry was refused")
 
 
 def test_a_restore_killed_half_way_leaves_nothing_running_and_the_next_one_restores(home, usual_tokens):

@@ -93,3 +93,12 @@ def test_an_old_criu_is_refused_naming_its_version(tmp_path, monkeypatch):
     monkeypatch.setenv(host.CRIU_ENV, str(old))
     answer = host.can_snapshot()
     assert isinstance(answer, host.Unable) and "CRIU 3.17.1" in answer.reason and "4.0 or newer" in answer.reason
+
+
+def test_doctor_says_why_this_host_cannot_restore(tmp_path):
+    env = {**os.environ, host.CRIU_ENV: str(tmp_path / "criu")}
+    done = subprocess.run(
+        [sys.executable, "-m", "prebake.engine.cli", "doctor"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1
+    assert "snapshots: no: no CRIU" in done.stdout and ".ci/criu.sh" in done.stdout

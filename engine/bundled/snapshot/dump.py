@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from prebake.artifacts.errors import BuildError
@@ -33,9 +33,16 @@ PARK_TIMEOUT_S = 900.0
 
 
 def dump(
-    spec: Mapping[str, str], out: Path, able: Able, env: Mapping[str, str], emit: Callable[[str], None], cache: Path
+    spec: Mapping[str, str],
+    out: Path,
+    able: Able,
+    env: Mapping[str, str],
+    emit: Callable[[str], None],
+    cache: Path,
+    weights: Sequence[str] = (),
 ) -> SnapshotInfo:
-    """Start the engine from `spec` (model, precision, registry), park it, and dump it into `out`."""
+    """Start the engine from `spec` (model, precision), park it, and dump it into `out`; `weights`:
+    files recorded beside the ones it maps (the model's, mapped or copied into its memory)."""
     control_r, control_w = os.pipe()
     command = [sys.executable, "-m", "prebake.engine.cli", "serve", "--park", "--on-miss", "fail"]
     command += ["--model", spec["model"], "--precision", spec["precision"], "--registry-timeout", "60"]
@@ -53,7 +60,7 @@ def dump(
     os.close(control_r)
     try:
         _wait_parked(proc, emit)
-        info = _record(proc.pid, out, able, files.DigestCache(cache))
+        info = _record(proc.pid, out, able, files.DigestCache(cache), weights)
         _criu_dump(able, proc, out)
         return info
     finally:
@@ -84,12 +91,12 @@ def _wait_parked(proc: subprocess.Popen, emit: Callable[[str], None]) -> None:
     )
 
 
-def _record(pid: int, out: Path, able: Able, cache: files.DigestCache) -> SnapshotInfo:
+def _record(pid: int, out: Path, able: Able, cache: files.DigestCache, weights: Sequence[str]) -> SnapshotInfo:
     if deleted := files.deleted_mappings(pid):
         raise BuildError(
             f"the snapshot's process maps deleted files ({', '.join(deleted[:3])}); nothing to restore from"
         )
-    paths = files.mapped_files(pid)
+    paths = sorted(set(files.mapped_files(pid)) | set(weights))
     records = files.record(paths, cache)
     carried = tuple(r for r in records if carried_path(r.path))
     (out / CARRIED_DIR).mkdir()

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from prebake.artifacts.errors import BuildError
 from prebake.artifacts.recipe.kinds import BuildRequest, Groups, KeyContext, Kind, target_groups
-from prebake.artifacts.recipe.schema import Recipe, Target
+from prebake.artifacts.recipe.schema import RANDOM_CHECKPOINT, RANDOM_WEIGHTS, Recipe, Target
+from prebake.artifacts.store.settings import default_home
 from prebake.engine.bundled.snapshot.host import Able, can_snapshot, key_factors
 from prebake.engine.bundled.snapshot.image import FORMAT, IMAGES_DIR, INFO_FILE
 
@@ -49,8 +50,24 @@ def _build(request: BuildRequest) -> None:
         )
     spec = {"model": plan.recipe.model.name, "precision": plan.target.dtype}  # the bake's store holds its inputs
     env = {**os.environ, "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")}
-    info = dump(spec, request.out, able, env, lambda line: print(line, flush=True), digest_cache())
+    weights = weights_files(plan.recipe)
+    info = dump(spec, request.out, able, env, lambda line: print(line, flush=True), digest_cache(), weights)
     info.write(request.out)
+
+
+def weights_files(recipe: Recipe) -> list[str]:
+    """Every file of the model's weights folder: recorded whether the process still maps them or
+    copied them into its memory, so an image whose weights changed since the bake is never restored."""
+    spec = recipe.model
+    if spec.weights == RANDOM_WEIGHTS:
+        return []  # made in memory from the seed: in the image, and in the key through the recipe
+    if spec.weights == RANDOM_CHECKPOINT:
+        from prebake.engine.bundled.runtime.checkpoint import checkpoint_folder
+
+        folder = checkpoint_folder(spec, default_home())
+    else:
+        folder = Path(spec.weights).expanduser()
+    return sorted(str(p) for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
 
 
 def digest_cache() -> Path:
