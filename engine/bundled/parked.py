@@ -50,9 +50,17 @@ def serve_parked(request: StartRequest, open_services: OpenServices) -> int:
     engine = start(request, metrics, emit, open_services)
     state = AppState(request.model, metrics)
     scheduler = _ready(engine, state, emit)
+    _load_http(state)
     _hold_no_files(engine)
     settings = _park()
     return _serve(engine, scheduler, state, settings)
+
+
+def _load_http(state: AppState) -> None:
+    """Import what the HTTP server imports as it starts (its protocols, the app's routes) before the
+    dump, so neither the restore nor its first request pays for it."""
+    guard = GuardSettings(None, 1 << 22, 30.0, max_bodies_bytes=1 << 26)
+    uvicorn.Config(create_app(state, guard), log_config=None, access_log=False, lifespan="off").load()
 
 
 def _hold_no_files(engine) -> None:
@@ -90,6 +98,9 @@ def _serve(engine, scheduler, state, settings: dict) -> int:
     server = uvicorn.Server(config)
     http = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="prebake-http", daemon=True)
     http.start()
+    deadline = time.monotonic() + 10.0
+    while not server.started and http.is_alive() and time.monotonic() < deadline:  # accepting before ready
+        time.sleep(0.002)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, _exit_on_signal)
     threading.Thread(target=_stop_when_control_closes, name="prebake-control", daemon=True).start()

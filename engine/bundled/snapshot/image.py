@@ -25,7 +25,7 @@ READY_LINE = "prebake-snapshot: parked"  # it prints this once warm, before it b
 INFO_FILE = "snapshot.json"
 IMAGES_DIR = "images"
 CARRIED_DIR = "carried"
-FORMAT = 2  # 2: parked by `prebake serve --park`
+FORMAT = 3  # 2: parked by `prebake serve --park`; 3: its HTTP server loaded before the dump
 
 
 @dataclass(frozen=True)

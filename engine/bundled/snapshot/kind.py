@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from prebake import __version__
 from prebake.artifacts.errors import BuildError
 from prebake.artifacts.recipe.kinds import BuildRequest, Groups, KeyContext, Kind, target_groups
 from prebake.artifacts.recipe.schema import RANDOM_CHECKPOINT, RANDOM_WEIGHTS, Recipe, Target
@@ -28,7 +29,8 @@ DIGESTS_FILE = "snapshot-digests.json"  # the stat cache of files.DigestCache: o
 def _groups(context: KeyContext) -> Groups:
     able = can_snapshot()
     host = key_factors(able) if isinstance(able, Able) else {"criu": "unavailable"}
-    return {**target_groups(context), "snapshot": {**host, "format": str(FORMAT)}}
+    # prebake's version: the image holds prebake's code as the bake loaded it, and speaks its protocol
+    return {**target_groups(context), "snapshot": {**host, "format": str(FORMAT), "prebake": __version__}}
 
 
 def _build(request: BuildRequest) -> None:
