@@ -26,17 +26,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from prebake.engine.bundled.snapshot.host import Able, can_snapshot, key_factors
 
     answer = can_snapshot()
-    if isinstance(answer, Able):
-        factors = key_factors(answer)
-        if args.json:
-            print(json.dumps({"snapshots": True, "criu": str(answer.criu), "factors": factors}, sort_keys=True))
-        else:
-            print(
-                f"snapshots: yes: CRIU {answer.version} ({answer.criu}), kernel {factors['kernel']}; `criu check` passes"
-            )
-        return ExitCode.OK
     if args.json:
-        print(json.dumps({"snapshots": False, "error": answer.reason}))
+        print(json.dumps(answer.to_json(), sort_keys=True))
+    elif isinstance(answer, Able):
+        kernel = key_factors(answer)["kernel"]
+        print(f"snapshots: yes: CRIU {answer.version} ({answer.criu}), kernel {kernel}; `criu check` passes")
     else:
         print(f"snapshots: no: {answer.reason}; `prebake serve` starts from the bundles (docs/snapshots.md)")
-    return ExitCode.FAILED
+    return ExitCode.OK if isinstance(answer, Able) else ExitCode.FAILED

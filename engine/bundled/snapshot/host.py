@@ -35,10 +35,17 @@ class Able:
     version: str
     unshare: Path
 
+    def to_json(self) -> dict[str, object]:
+        """`prebake doctor --json`'s answer."""
+        return {"snapshots": True, "criu": str(self.criu), "factors": key_factors(self)}
+
 
 @dataclass(frozen=True)
 class Unable:
     reason: str  # what is missing and how to get it, one line
+
+    def to_json(self) -> dict[str, object]:
+        return {"snapshots": False, "error": self.reason}
 
 
 def can_snapshot() -> Able | Unable:
