@@ -39,10 +39,11 @@ def dump(
     env: Mapping[str, str],
     emit: Callable[[str], None],
     cache: Path,
-    weights: Sequence[str] = (),
+    weights: Callable[[], Sequence[str]] = tuple,
 ) -> SnapshotInfo:
     """Start the engine from `spec` (model, precision), park it, and dump it into `out`; `weights`:
-    files recorded beside the ones it maps (the model's, mapped or copied into its memory)."""
+    the files recorded beside the ones it maps (the model's, mapped or copied into its memory), asked
+    once it is parked (its start may have written them)."""
     control_r, control_w = os.pipe()
     command = [sys.executable, "-m", "prebake.engine.cli", "serve", "--park", "--on-miss", "fail"]
     command += ["--model", spec["model"], "--precision", spec["precision"], "--registry-timeout", "60"]
@@ -60,7 +61,7 @@ def dump(
     os.close(control_r)
     try:
         _wait_parked(proc, emit)
-        info = _record(proc.pid, out, able, files.DigestCache(cache), weights)
+        info = _record(proc.pid, out, able, files.DigestCache(cache), weights())
         _criu_dump(able, proc, out)
         return info
     finally:
