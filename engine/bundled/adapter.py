@@ -217,20 +217,24 @@ class BundledAdapter:
 
         require("serve", "prebake serve")
         require("torch", "prebake serve")
-        from prebake.engine.bundled.parked import handed_over, serve_parked
-        from prebake.engine.bundled.serve import ServeSettings, api_key_from, serve
-        from prebake.engine.bundled.snapshot.serving import serve_or_say
+        from prebake.engine.bundled.snapshot.serving import handed_over, serve_or_say
 
         options = SPEC.options_of(request)
-        settings = ServeSettings(
-            request=request,
-            eager=bool(options["eager"]),
-            host=request.host or "127.0.0.1",
-            port=8000 if request.port is None else request.port,
-            api_key=api_key_from(cast(str | None, options["api_key"])),
-        )
         if options["park"]:  # the bake's snapshot step started this process (prebake.engine.bundled.snapshot.dump)
+            from prebake.engine.bundled.parked import serve_parked
+
             return serve_parked(request, open_services)
         emit = logging.getLogger("prebake.serve").info
-        restored = serve_or_say(str(options["snapshot"]), request, handed_over(settings), open_services, emit)
-        return serve(settings, open_services, emit=emit) if restored is None else restored
+        host, port = request.host or "127.0.0.1", 8000 if request.port is None else request.port
+        api_key = cast(str | None, options["api_key"])
+        restored = serve_or_say(  # before the HTTP server's imports: a restore needs none of them
+            str(options["snapshot"]), request, handed_over(host, port, api_key), open_services, emit
+        )
+        if restored is not None:
+            return restored
+        from prebake.engine.bundled.serve import ServeSettings, api_key_from, serve
+
+        settings = ServeSettings(
+            request=request, eager=bool(options["eager"]), host=host, port=port, api_key=api_key_from(api_key)
+        )
+        return serve(settings, open_services, emit=emit)

@@ -32,7 +32,6 @@ from prebake.engine.bundled.serve import (
     _bind,
     _exit_on_signal,
     _ready,
-    _seconds_since_process_start,
     _serve_steps,
 )
 from prebake.engine.bundled.snapshot.image import CONTROL_FD, READY_LINE
@@ -86,11 +85,12 @@ def _park() -> dict:
 def _serve(engine, scheduler, state, settings: dict) -> int:
     """Bind the port handed over, serve until SIGTERM or until the supervisor's pipe closes."""
     sock = _bind(settings["host"], settings["port"])
+    limits = ServeSettings.model_fields  # the body limits: the usual start's defaults (no flag sets them)
     guard = GuardSettings(
         settings["api_key"],
-        settings["max_body_bytes"],
-        settings["body_timeout_s"],
-        max_bodies_bytes=settings["max_bodies_bytes"],
+        limits["max_body_bytes"].default,
+        limits["body_timeout_s"].default,
+        max_bodies_bytes=limits["max_bodies_bytes"].default,
     )
     config = uvicorn.Config(
         create_app(state, guard), log_config=None, access_log=False, timeout_graceful_shutdown=5, lifespan="off"
@@ -133,16 +133,3 @@ def _stop_when_control_closes() -> None:
     while os.read(CONTROL_FD, 1 << 12):
         pass
     os.kill(os.getpid(), signal.SIGTERM)
-
-
-def handed_over(settings: ServeSettings) -> dict[str, object]:
-    """What differs per start, handed to a restored process (one JSON line on CONTROL_FD)."""
-    return {
-        "host": settings.host,
-        "port": settings.port,
-        "api_key": settings.api_key,
-        "max_body_bytes": settings.max_body_bytes,
-        "max_bodies_bytes": settings.max_bodies_bytes,
-        "body_timeout_s": settings.body_timeout_s,
-        "began": time.time() - _seconds_since_process_start(),
-    }

@@ -25,7 +25,7 @@ READY_LINE = "prebake-snapshot: parked"  # it prints this once warm, before it b
 INFO_FILE = "snapshot.json"
 IMAGES_DIR = "images"
 CARRIED_DIR = "carried"
-FORMAT = 3  # 2: parked by `prebake serve --park`; 3: its HTTP server loaded before the dump
+FORMAT = 4  # 2: parked by `prebake serve --park`; 3: its HTTP server loaded before the dump; 4: handed host, port, key, began
 
 
 @dataclass(frozen=True)

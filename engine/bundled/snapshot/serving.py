@@ -15,8 +15,10 @@ import os
 import shutil
 import signal
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from prebake.artifacts.errors import ExitCode, PrebakeError
 from prebake.artifacts.fetch.outcome import Miss
@@ -29,6 +31,7 @@ from prebake.engine.common import starter
 from prebake.engine.common.adapter import OpenServices, StartRequest, plan_to_start
 
 MODES = ("never", "auto", "require")
+API_KEY_VARIABLE = "PREBAKE_API_KEY"  # prebake.engine.bundled.serve's: the HTTP server is not imported here
 PREFIX = "prebake serve: snapshot:"
 
 
@@ -108,6 +111,23 @@ def serve_or_say(
         return int(ExitCode.MISS)
     emit(f"{PREFIX} not restored: {outcome.reason}; starting from the bundles")
     return None
+
+
+def handed_over(host: str, port: int, api_key: str | None) -> dict[str, object]:
+    """What differs per start, read by the restored process right after the restore
+    (prebake.engine.bundled.parked): the address, the API key (--api-key, else PREBAKE_API_KEY, as
+    the usual start reads it) and when this start began (this process's start, as the kernel has it)."""
+    return {
+        "host": host,
+        "port": port,
+        "api_key": api_key or os.environ.get(API_KEY_VARIABLE) or None,
+        "began": time.time() - _process_age_s(),
+    }
+
+
+def _process_age_s() -> float:
+    ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+    return float(Path("/proc/uptime").read_text().split()[0]) - ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _recipe_bakes_one(request: StartRequest) -> bool:
