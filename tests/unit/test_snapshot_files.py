@@ -3,6 +3,7 @@ carried files put back only inside the temporary folder, and a host without CRIU
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -64,16 +65,20 @@ def test_a_process_maps_its_interpreter_and_libraries(tmp_path):
 def test_a_carried_file_outside_the_temporary_folder_is_refused(tmp_path):
     (tmp_path / CARRIED_DIR).mkdir()
     with pytest.raises(BundleError, match="outside the temporary folder"):
-        put_back(tmp_path, (FileRecord("/usr/lib/evil.so", 1, "0" * 64),))
+        put_back(tmp_path, (FileRecord("/usr/lib/evil.so", 1, "0" * 64),), DigestCache(tmp_path / "d.json"))
 
 
 def test_a_carried_file_is_put_back_at_its_path(tmp_path):
     content = b"\x7fELF package"
+    digest = hashlib.sha256(content).hexdigest()
     (tmp_path / CARRIED_DIR).mkdir()
-    (tmp_path / CARRIED_DIR / ("a" * 64)).write_bytes(content)
+    (tmp_path / CARRIED_DIR / digest).write_bytes(content)
     target = Path(tempfile.mkdtemp(prefix="prebake-test-carried-")) / "x" / "model.so"
     try:
-        put_back(tmp_path, (FileRecord(str(target), len(content), "a" * 64),))
+        put_back(tmp_path, (FileRecord(str(target), len(content), digest),), DigestCache(tmp_path / "d.json"))
+        assert target.read_bytes() == content
+        target.write_bytes(b"\x7fELF pockage")  # same size, other bytes: written again from the image
+        put_back(tmp_path, (FileRecord(str(target), len(content), digest),), DigestCache(tmp_path / "d.json"))
         assert target.read_bytes() == content
     finally:
         target.unlink()

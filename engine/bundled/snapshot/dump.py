@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from prebake.artifacts.errors import BuildError
+from prebake.artifacts.store.settings import default_home
 from prebake.engine.bundled.snapshot import files
 from prebake.engine.bundled.snapshot.host import Able, key_factors
 from prebake.engine.bundled.snapshot.image import (
@@ -99,7 +100,8 @@ def _record(pid: int, out: Path, able: Able, cache: files.DigestCache, weights: 
         )
     paths = sorted(set(files.mapped_files(pid)) | set(weights))
     records = files.record(paths, cache)
-    carried = tuple(r for r in records if carried_path(r.path))
+    kept = (str(default_home()), *(os.path.dirname(w) for w in weights))  # checked where they are, never carried
+    carried = tuple(r for r in records if carried_path(r.path, kept))
     (out / CARRIED_DIR).mkdir()
     for r in carried:
         shutil.copyfile(r.path, out / CARRIED_DIR / r.sha256)
@@ -109,7 +111,7 @@ def _record(pid: int, out: Path, able: Able, cache: files.DigestCache, weights: 
         factors=key_factors(able),
         output_pipe=os.readlink(f"/proc/{pid}/fd/1"),
         control_pipe=os.readlink(f"/proc/{pid}/fd/{CONTROL_FD}"),
-        files=tuple(r for r in records if not carried_path(r.path)),
+        files=tuple(r for r in records if r not in carried),
         carried=carried,
     )
 

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from prebake.artifacts.errors import BundleError
-from prebake.engine.bundled.snapshot.files import FileRecord
+from prebake.engine.bundled.snapshot.files import DigestCache, FileRecord
 
 CONTROL_FD = 3  # the parked process reads its per-start settings here (prebake.engine.bundled.parked)
 READY_LINE = "prebake-snapshot: parked"  # it prints this once warm, before it blocks on CONTROL_FD
@@ -55,20 +55,23 @@ class SnapshotInfo:
             raise BundleError(f"{path} is not a snapshot description ({exc}); bake the snapshot again") from exc
 
 
-def carried_path(path: str) -> bool:
-    """Whether a mapped file lives in the temporary folder (a per-process extraction): carried."""
-    temp = os.path.realpath(tempfile.gettempdir())
-    return os.path.realpath(path).startswith(temp + os.sep)
+def carried_path(path: str, kept: tuple[str, ...] = ()) -> bool:
+    """Whether a mapped file lives in the temporary folder (a per-process extraction) and under none
+    of the `kept` folders (the store, the weights: checked, never carried): carried."""
+    real = os.path.realpath(path)
+    if any(real.startswith(os.path.realpath(folder) + os.sep) for folder in kept):
+        return False
+    return real.startswith(os.path.realpath(tempfile.gettempdir()) + os.sep)
 
 
-def put_back(tree: Path, carried: tuple[FileRecord, ...]) -> None:
-    """Each carried file at its path, written atomically; one already there with its size is kept
-    (identical by construction: the same image's files, named by their content in carried/)."""
+def put_back(tree: Path, carried: tuple[FileRecord, ...], cache: DigestCache) -> None:
+    """Each carried file at its path, written atomically from carried/ unless the file there already
+    has the recorded digest (another restore of the same image put it there)."""
     for record in carried:
         if not carried_path(record.path):
             raise BundleError(f"{tree}: carried file {record.path} is outside the temporary folder; refused")
         target = Path(record.path)
-        if target.is_file() and target.stat().st_size == record.size:
+        if target.is_file() and cache.digest(str(target)) == record.sha256:
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         temp = target.with_name(f".{target.name}.{os.getpid()}.tmp")

@@ -77,9 +77,11 @@ def serve_restored(
             info = SnapshotInfo.read(installed.tree)
         except PrebakeError as exc:
             return NotRestored(str(exc))
-        if (differs := first_difference(info.files, DigestCache(digest_cache()))) is not None:
+        cache = DigestCache(digest_cache())
+        if (differs := first_difference(info.files, cache)) is not None:
             return NotRestored(f"this host's files differ from the bake's: {differs.explain()}")
-        put_back(installed.tree, info.carried)
+        put_back(installed.tree, info.carried, cache)
+        cache.save()
         work = services.store.scratch(f"restore-{os.getpid()}")  # CRIU's log: kept when the restore fails
         emit(f"{PREFIX} restoring {NAME} {installed.manifest.blob.hex[:12]} (CRIU {able.version})")
         outcome = restore(installed.tree, info, able, handed_over, work, _relayed)
