@@ -51,6 +51,12 @@ class Scratches:
         )
         return path
 
+    def release(self, path: Path) -> None:
+        """Let go of `path`'s lock and leave the folder: ownerless, a later sweep removes it."""
+        lock = self._owned.pop(path, None)
+        if lock is not None:
+            lock.release(unlink=True)
+
     def release_finished(self) -> None:
         for path in [p for p in self._owned if not p.exists()]:
             self._owned.pop(path).release(unlink=True)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import threading
 import time
@@ -63,11 +62,11 @@ def _load_http(state: AppState) -> None:
 
 
 def _hold_no_files(engine) -> None:
-    """The trees stay in the store, the run folder goes: no lock file is held across the dump
-    (a restore on another host would find none to take)."""
+    """The trees stay in the store and the run folder stays (AOTInductor's .so files it maps may lie
+    in it: the dump carries them); no lock file is held across the dump (a restore on another host
+    would find none to take)."""
     engine.leases.close()
-    shutil.rmtree(engine.run_dir, ignore_errors=True)
-    engine.store.release_scratches()
+    engine.store.release_scratch(engine.run_dir)
 
 
 def _park() -> dict:

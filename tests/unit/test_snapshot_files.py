@@ -64,7 +64,7 @@ def test_a_process_maps_its_interpreter_and_libraries(tmp_path):
 
 def test_a_carried_file_outside_the_temporary_folder_is_refused(tmp_path):
     (tmp_path / CARRIED_DIR).mkdir()
-    with pytest.raises(BundleError, match="outside the temporary folder"):
+    with pytest.raises(BundleError, match="outside the temporary folders"):
         put_back(tmp_path, (FileRecord("/usr/lib/evil.so", 1, "0" * 64),), DigestCache(tmp_path / "d.json"))
 
 

@@ -17,7 +17,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from prebake.artifacts.errors import BuildError
-from prebake.artifacts.store.settings import default_home
 from prebake.engine.bundled.snapshot import files
 from prebake.engine.bundled.snapshot.host import Able, key_factors
 from prebake.engine.bundled.snapshot.image import (
@@ -100,7 +99,7 @@ def _record(pid: int, out: Path, able: Able, cache: files.DigestCache, weights: 
         )
     paths = sorted(set(files.mapped_files(pid)) | set(weights))
     records = files.record(paths, cache)
-    kept = (str(default_home()), *(os.path.dirname(w) for w in weights))  # checked where they are, never carried
+    kept = tuple(os.path.dirname(w) for w in weights)  # checked where they are, never carried
     carried = tuple(r for r in records if carried_path(r.path, kept))
     (out / CARRIED_DIR).mkdir()
     for r in carried:

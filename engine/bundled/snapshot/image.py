@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from prebake.artifacts.errors import BundleError
+from prebake.artifacts.store.settings import default_home
 from prebake.engine.bundled.snapshot.files import DigestCache, FileRecord
 
 CONTROL_FD = 3  # the parked process reads its per-start settings here (prebake.engine.bundled.parked)
@@ -56,12 +57,14 @@ class SnapshotInfo:
 
 
 def carried_path(path: str, kept: tuple[str, ...] = ()) -> bool:
-    """Whether a mapped file lives in the temporary folder (a per-process extraction) and under none
-    of the `kept` folders (the store, the weights: checked, never carried): carried."""
+    """Whether a mapped file lives in a temporary folder (a per-process extraction: the system's, or
+    the store's tmp/, where a start's run folder lies) and under none of the `kept` folders (the
+    weights: checked, never carried): carried."""
     real = os.path.realpath(path)
     if any(real.startswith(os.path.realpath(folder) + os.sep) for folder in kept):
         return False
-    return real.startswith(os.path.realpath(tempfile.gettempdir()) + os.sep)
+    temporary = (tempfile.gettempdir(), str(default_home() / "tmp"))
+    return any(real.startswith(os.path.realpath(folder) + os.sep) for folder in temporary)
 
 
 def put_back(tree: Path, carried: tuple[FileRecord, ...], cache: DigestCache) -> None:
@@ -69,7 +72,7 @@ def put_back(tree: Path, carried: tuple[FileRecord, ...], cache: DigestCache) ->
     has the recorded digest (another restore of the same image put it there)."""
     for record in carried:
         if not carried_path(record.path):
-            raise BundleError(f"{tree}: carried file {record.path} is outside the temporary folder; refused")
+            raise BundleError(f"{tree}: carried file {record.path} is outside the temporary folders; refused")
         target = Path(record.path)
         if target.is_file() and cache.digest(str(target)) == record.sha256:
             continue

@@ -80,7 +80,10 @@ def serve_restored(
         cache = DigestCache(digest_cache())
         if (differs := first_difference(info.files, cache)) is not None:
             return NotRestored(f"this host's files differ from the bake's: {differs.explain()}")
-        put_back(installed.tree, info.carried, cache)
+        try:
+            put_back(installed.tree, info.carried, cache)
+        except PrebakeError as exc:  # e.g. a run folder under another $PREBAKE_HOME than this host's
+            return NotRestored(str(exc))
         cache.save()
         work = services.store.scratch(f"restore-{os.getpid()}")  # CRIU's log: kept when the restore fails
         emit(f"{PREFIX} restoring {NAME} {installed.manifest.blob.hex[:12]} (CRIU {able.version})")
