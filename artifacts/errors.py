@@ -41,6 +41,12 @@ class UnknownModelError(RecipeError, LookupError):
     """No recipe of that name exists."""
 
 
+class CheckpointError(PrebakeError, ValueError):
+    """A model's files cannot serve its recipe: a config.json or safetensors file missing, cut short,
+    unreadable, or not the model the recipe describes. The user's file, never a bug in prebake: the
+    message names the file or field, what was expected and what was found, and the fix."""
+
+
 class HostCannotBuildError(PrebakeError, RuntimeError):
     """The recipe's targets need hardware or a precision this host does not have."""
 

@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -53,8 +54,9 @@ def main() -> None:
         )
     _chart(results, args.chart)
     third, same = results[f"traffic@{exp.total // 3}"], results[f"traffic@{exp.total}"]
-    summary = {
-        name: {"buckets": f.total, **f.to_json()["waste"], "unfitted": f.unfitted} for name, f in results.items()
+    summary: dict[str, dict] = {
+        name: {"buckets": f.total, **cast(dict, f.to_json()["waste"]), "unfitted": f.unfitted}
+        for name, f in results.items()
     }
     summary["ratios"] = {
         "third_count_over_exp": round(third.total / exp.total, 3),

@@ -165,6 +165,9 @@ def _save(fig, out: Path, *, layout: bool = True) -> Path:
 
 
 def main(argv: list[str]) -> int:
+    if argv in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
     if len(argv) != 3 or argv[0] not in ("startup", "startup-vllm", "soak", "scale"):
         print(__doc__, file=sys.stderr)
         return 2

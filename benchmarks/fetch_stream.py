@@ -41,7 +41,7 @@ from prebake.artifacts.layout import blob_relpath
 from prebake.artifacts.store.local import Store
 from prebake.artifacts.store.settings import StoreLimits
 from prebake.registry.backends.s3 import S3Registry
-from prebake.registry.backends.s3_client import S3Settings
+from prebake.registry.backends.s3_client import S3Settings, transfer_config
 from tests.support.moto_server import moto_server, s3_env
 
 _MiB = 1 << 20
@@ -109,7 +109,9 @@ def _run(work: Path, manifest: Manifest, blob: Path, repeat: int) -> dict[str, l
     registry = S3Registry("s3://bench/prebake")  # the defaults (8 MiB parts, 10 at once), as `aws s3 cp`
     key = f"prebake/{blob_relpath(manifest.blob.digest)}"
     steps: dict[str, Callable[[Path], None]] = {
-        "download": lambda out: client.download_file("bench", key, str(out / "blob"), Config=registry._transfer),
+        "download": lambda out: client.download_file(
+            "bench", key, str(out / "blob"), Config=transfer_config(S3Settings())
+        ),
         "unpack": lambda out: _zstd_tar(blob, out),
         "prebake": lambda out: _install(out, manifest, registry),
         "sequential": lambda out: _sequential(out, manifest, registry),

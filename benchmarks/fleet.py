@@ -69,7 +69,7 @@ def seed_plan_keys(root: Path) -> int:
     profiles = {p.platform_string(): p for p in load_profiles(REPO / "examples" / "profiles" / "fleet.toml")}
     written = 0
     for target in [t for t in targets(recipe) if t.platform in profiles][::2]:
-        for key in target_keys(recipe, target, profiles[target.platform].host).keys.values():
+        for key in target_keys(recipe, target, profiles[target.platform].host, kinds_for(recipe, target)).keys.values():
             write_entry(root, key)
             written += 1
     return written
@@ -91,7 +91,7 @@ def noop_figures(tmp: Path, repeat: int) -> dict[str, float]:
     root = home / "registry"
     recipe = load_recipe("tiny-llama")
     for target in targets(recipe):
-        for key in target_keys(recipe, target, current_host()).keys.values():
+        for key in target_keys(recipe, target, current_host(), kinds_for(recipe, target)).keys.values():
             write_entry(root, key)
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")}, "PREBAKE_HOME": str(home)}
     env["PREBAKE_TRUSTED_KEYS"] = ""

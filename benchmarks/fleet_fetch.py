@@ -126,7 +126,7 @@ def run(
     nodes: list[int], scale: int, tmp: Path, sources: tuple[str, ...] = SOURCES
 ) -> dict[str, dict[int, dict[str, float]]]:
     from prebake.registry.oci import OCIRegistry
-    from prebake.registry.oci.client import OCISettings
+    from prebake.registry.oci.address import OCISettings
     from tests.support.oci_server import oci_server
 
     out: dict[str, dict[int, dict[str, float]]] = {s: {} for s in sources}
@@ -194,7 +194,7 @@ def _s3(nodes: list[int], scale: int, tmp: Path) -> dict[int, dict[str, float]]:
 def _preheated(n: int, direct, origin, host: str, scale: int, tmp: Path) -> dict[str, float]:
     """A new bundle, preheated through the mirror (what that cost the origin: measured), then N nodes."""
     from prebake.registry.oci import OCIRegistry
-    from prebake.registry.oci.client import OCISettings
+    from prebake.registry.oci.address import OCISettings
     from prebake.registry.oci.preheat import preheat
 
     b = _bundle(tmp, scale, f"preheated-{n}")

@@ -44,8 +44,8 @@ def available() -> bool:
 def measure(tmp: Path, size_mb: int, repeat: int) -> dict[str, list[float]]:
     from prebake.artifacts.bundle.payload import file_digest
     from prebake.registry.oci import OCIRegistry
+    from prebake.registry.oci.address import OCISettings
     from prebake.registry.oci.artifact import tag_for
-    from prebake.registry.oci.client import OCISettings
     from tests.support.bundles import make_bundle
     from tests.support.oci_server import oci_server
 
@@ -73,24 +73,33 @@ def measure(tmp: Path, size_mb: int, repeat: int) -> dict[str, list[float]]:
             shutil.rmtree(tmp / "dl-skopeo", ignore_errors=True)
             subprocess.run([*skopeo, src, f"dir:{tmp / 'dl-skopeo'}"], check=True)
 
-        def prebake_publish(r: int) -> Callable[[], None]:
+        def prebake_publish(r: int) -> Callable[[], object]:
             registry = OCIRegistry(
                 fresh[r].address(f"bench/pub-{uuid.uuid4().hex[:6]}"), OCISettings(plain_http=(fresh[r].host,))
             )
             return lambda: registry.publish(bundle.manifest, bundle.blob)
 
-        def skopeo_publish(r: int) -> Callable[[], None]:
+        def skopeo_publish(r: int) -> Callable[[], object]:
             # a registry skopeo has never seen: its blob-info cache knows the layer on the seed registry
             # and would mount it from there instead of uploading it
             dest = f"docker://{fresh[r].host}/bench/sk-{uuid.uuid4().hex[:6]}:{tag}"
             return lambda: subprocess.run([*skopeo, f"dir:{layout}", dest], check=True)
 
         fresh = [servers.enter_context(oci_server(tmp / f"publish-{r}")) for r in range(repeat)]
-        names = ("prebake fetch", "skopeo fetch", "prebake publish", "skopeo publish", "skopeo start-up")
+        names: tuple[str, ...] = (
+            "prebake fetch",
+            "skopeo fetch",
+            "prebake publish",
+            "skopeo publish",
+            "skopeo start-up",
+        )
         names += ("prebake fetch 1-stream",)
         results: dict[str, list[float]] = {n: [] for n in names}
         for r in range(repeat):
-            pairs = [("prebake fetch", prebake_fetch), ("skopeo fetch", skopeo_fetch)]
+            pairs: list[tuple[str, Callable[[], object]]] = [
+                ("prebake fetch", prebake_fetch),
+                ("skopeo fetch", skopeo_fetch),
+            ]
             pairs += [("prebake publish", prebake_publish(r)), ("skopeo publish", skopeo_publish(r))]
             if r % 2:
                 pairs = [pairs[1], pairs[0], pairs[3], pairs[2]]

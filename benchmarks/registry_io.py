@@ -92,18 +92,21 @@ def _run(tmp: Path, endpoint: str, size_mb: int, repeat: int) -> dict[str, list[
     def aws_download() -> None:
         subprocess.run([*aws, "s3", "cp", "--only-show-errors", seed_url, str(tmp / "dl-aws")], check=True)
 
-    def prebake_publish(r: int) -> Callable[[], None]:
+    def prebake_publish(r: int) -> Callable[[], object]:
         registry = S3Registry(f"s3://{bucket}/pub-{r}")  # a fresh prefix: nothing to skip
         return lambda: registry.publish(manifest, blob)
 
-    def aws_publish(r: int) -> Callable[[], None]:
+    def aws_publish(r: int) -> Callable[[], object]:
         target = f"s3://{bucket}/aws-{r}/blob"
         return lambda: subprocess.run([*aws, "s3", "cp", "--only-show-errors", str(blob), target], check=True)
 
     names = ("prebake download", "aws download", "prebake publish", "aws publish", "aws start-up", "sha256 of the blob")
     results: dict[str, list[float]] = {name: [] for name in names}
     for r in range(repeat):
-        pairs = [("prebake download", prebake_download), ("aws download", aws_download)]
+        pairs: list[tuple[str, Callable[[], object]]] = [
+            ("prebake download", prebake_download),
+            ("aws download", aws_download),
+        ]
         pairs += [("prebake publish", prebake_publish(r)), ("aws publish", aws_publish(r))]
         if r % 2:  # alternate who goes first, so neither always meets a warmer server or page cache
             pairs = [pairs[1], pairs[0], pairs[3], pairs[2]]

@@ -19,6 +19,7 @@ process start-up taken out. The last line is a JSON object of the figures (docs/
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -32,11 +33,13 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.fetch.explain import MISS_SAMPLE, nearest_miss
 from prebake.artifacts.keys import Key
 from prebake.artifacts.layout import index_relpath
+from prebake.artifacts.ports.registry import Registry
 from prebake.registry.backends.file import FileRegistry
 from prebake.registry.backends.hf import HubRegistry
 from prebake.registry.backends.s3 import S3Registry
@@ -154,16 +157,16 @@ def _measure(registries: dict, manifests: list[Manifest], lookups: int) -> list[
     for i in range(lookups):
         for (backend, size), registry in opened.items():
             m = manifests[(i * 7919) % size]
-            hits[backend, size].append(_timed(lambda r=registry, m=m: r.lookup(m.kind, m.key_digest)))
+            hits[backend, size].append(_timed(functools.partial(registry.lookup, m.kind, m.key_digest)))
     misses: dict = {where: [] for where in registries}
     for _ in range(3):
         for where, (make, _) in registries.items():
             misses[where].append(_miss(make()))
-    first = {where: _timed(lambda a=address: _prebake_ls(a)) for where, (_, address) in registries.items()}
+    first = {where: _timed(functools.partial(_prebake_ls, address)) for where, (_, address) in registries.items()}
     again: dict = {where: [] for where in registries}
     for _ in range(3):
         for where, (_, address) in registries.items():
-            again[where].append(_timed(lambda a=address: _prebake_ls(a)))
+            again[where].append(_timed(functools.partial(_prebake_ls, address)))
     points = []
     for backend, size in registries:
         miss_s, reads, requests = sorted(misses[backend, size])[1]  # the median of three
@@ -179,7 +182,7 @@ def _miss(registry) -> tuple[float, int, int | None]:
     sent: list[str] = []
     if isinstance(registry, S3Registry):
         registry.s3._client.meta.events.register("before-send.s3", lambda request, **_: sent.append(request.url))
-    seconds = _timed(lambda: nearest_miss(counting, _missing_key(), "no bundle for this key"))
+    seconds = _timed(lambda: nearest_miss(cast(Registry, counting), _missing_key(), "no bundle for this key"))
     return seconds, counting.listed, len(sent) if isinstance(registry, S3Registry) else None
 
 

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,7 +83,7 @@ def measure(model: str, work: Path, args) -> dict:
                 starts[mode].append(_start(model, work, mode, i, args.tokens))
                 (work / "starts.json").write_text(json.dumps(starts, indent=1))  # kept as they come
     mean = {mode: _mean_start(runs) for mode, runs in starts.items() if runs}
-    row = {"bake": bake, "checkpoint": checkpoint, "starts": mean, "load_average": _load()}
+    row: dict[str, object] = {"bake": bake, "checkpoint": checkpoint, "starts": mean, "load_average": _load()}
     ready = {mode: m["ready_s"] for mode, m in mean.items()}
     if "eager" in ready and "prebaked" in ready:
         row["prebaked_over_eager"] = round(ready["prebaked"] / ready["eager"], 3)
@@ -221,9 +222,9 @@ def _complete(port: int, tokens: int) -> tuple[float, int]:
 
 
 def _mean_start(runs: list[dict]) -> dict:
-    def mean(values) -> float | None:
-        values = [v for v in values if v is not None]  # a decode speed not measured is left out
-        return round(sum(values) / len(values), 3) if values else None
+    def mean(values: Iterable[float | None]) -> float | None:
+        measured = [v for v in values if v is not None]  # a decode speed not measured is left out
+        return round(sum(measured) / len(measured), 3) if measured else None
 
     steps = sorted({s for r in runs for s in r["steps"]})
     parts = sorted({p for r in runs for p in r["parts"]})

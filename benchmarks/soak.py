@@ -215,7 +215,8 @@ class Sampler(threading.Thread):
 
     def __init__(self, pid: int):
         super().__init__(daemon=True)
-        self.pid, self.done, self.samples = pid, threading.Event(), []
+        self.pid, self.done = pid, threading.Event()
+        self.samples: list[dict] = []
         self.started = time.monotonic()
 
     def run(self) -> None:

@@ -36,10 +36,9 @@ sys.path.insert(0, str(REPO))
 from prebake.artifacts.recipe.schema import load_recipe, targets  # noqa: E402
 from prebake.engine.vllm import phases as vllm_phases  # noqa: E402
 from prebake.engine.vllm.process import (  # noqa: E402
-    Launch,
+    Spawn,
     compile_report,
     engine_flags,
-    free_port,
     model_location,
     serving_variables,
     start,
@@ -47,6 +46,7 @@ from prebake.engine.vllm.process import (  # noqa: E402
     vllm_command,
     wait_ready,
 )
+from tests.support.ports import free_port  # noqa: E402
 from tests.support.relocation import relocated_venv  # noqa: E402
 
 MODEL = "tiny-llama-vllm"
@@ -75,7 +75,7 @@ def bake(env: dict[str, str], work: Path) -> float:
 def through_prebake(env: dict[str, str], registry: str, run: Path, python: Path = BIN / "python") -> dict:
     """One `prebake serve --engine vllm` start (prebake execs vLLM), timed to ready."""
     port = free_port()
-    argv = (
+    argv: tuple[str, ...] = (
         str(python),
         "-m",
         "prebake.engine.cli",
@@ -88,7 +88,7 @@ def through_prebake(env: dict[str, str], registry: str, run: Path, python: Path 
         PRECISION,
     )
     argv += ("--registry", registry, "--port", str(port), "--cache-root", str(run / "cache"))
-    return _timed(Launch(argv, env, REPO, run / "vllm.log"), port)
+    return _timed(Spawn(argv, env, REPO, run / "vllm.log"), port)
 
 
 def vllm_itself(env: dict[str, str], root: Path, models: Path, run: Path, extra: tuple[str, ...] = ()) -> dict:
@@ -101,10 +101,10 @@ def vllm_itself(env: dict[str, str], root: Path, models: Path, run: Path, extra:
     argv += ("--host", "127.0.0.1", "--port", str(port))
     variables = serving_variables(recipe, target, root)
     env = {k: v for k, v in env.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")} | variables
-    return _timed(Launch(argv, env, location.cwd, run / "vllm.log"), port)
+    return _timed(Spawn(argv, env, location.cwd, run / "vllm.log"), port)
 
 
-def _timed(launch: Launch, port: int) -> dict:
+def _timed(launch: Spawn, port: int) -> dict:
     print(f"  starting {launch.log.parent.name} ...", flush=True)
     running = start(launch)
     try:

@@ -13,7 +13,7 @@ from prebake.artifacts.errors import RecipeError
 from prebake.artifacts.recipe.kinds import BUCKETS, KindTable
 from prebake.artifacts.recipe.schema import Recipe, Target
 from prebake.engine.bundled.adapter import BundledAdapter
-from prebake.engine.common.adapter import EngineAdapter, EngineOption, EngineStartError
+from prebake.engine.common.adapter import EngineAdapter, EngineOption
 from prebake.engine.common.probe import declare_packages
 from prebake.engine.vllm.adapter import VllmAdapter
 
@@ -86,8 +86,6 @@ def refusal(recipe: Recipe, target: Target) -> str | None:
 
 __all__ = [
     "ADAPTERS",
-    "EngineAdapter",
-    "EngineStartError",
     "adapter_for",
     "adapter_named",
     "kind_names",

@@ -95,6 +95,15 @@ class CopyReport:
             head += f", {bad} refused"
         return f"copy {self.source} -> {self.destination}: {head}; revocation list: {self.revocation_list}"
 
+    def render(self) -> str:
+        """`prebake copy`'s text: the summary, then a line per bundle not already there."""
+        done = [
+            f"  {c.kind:9} {c.key_digest[:16]}  {c.model:20} {c.outcome}"
+            for c in self.bundles
+            if c.outcome != "already there"
+        ]
+        return "\n".join([self.summary(), *done])
+
     def to_json(self) -> dict[str, object]:
         return {
             "source": self.source,

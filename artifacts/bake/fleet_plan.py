@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from prebake.artifacts.recipe.kinds import HostFacts, KindTable, target_keys
 from prebake.artifacts.recipe.schema import Recipe, Target, parse_platform
+from prebake.artifacts.tables import table
 
 PRESENT, MISSING, UNKNOWN, UNBUILDABLE = "present", "missing", "unknown", "unbuildable"
 PLAN_SCHEMA = "prebake.plan/1"  # the version of `prebake plan --json`'s shape
@@ -54,6 +55,11 @@ class Requirement:
         """The Ray custom resource a matching node advertises (see `prebake ray-resources`): one
         unit per accelerator the bake uses (TP), one per bake on a CPU node."""
         return {self.custom_resource: float(max(1, self.accelerators))}
+
+    def describe(self) -> str:
+        """The NEEDS column of `prebake plan`: device and arch, times the accelerators when any."""
+        where = f"{self.device} {self.arch}".strip()
+        return f"{where} x{self.accelerators}" if self.accelerators else where
 
 
 @dataclass(frozen=True)
@@ -135,6 +141,30 @@ class FleetPlan:
             "here": here,
             "targets": [t.to_json() for t in rows],
         }
+
+    def render(self, rows: Sequence[TargetPlan]) -> str:
+        """`prebake plan`'s table of `rows`: a line per target, its kinds' states, then the counts and
+        why the unknown and unbuildable ones are so (the first eight)."""
+        kinds = [k.kind for k in rows[0].kinds] if rows else []
+        headers = ("TARGET", "STATUS", *(k.upper() for k in kinds), "NEEDS", "RUNNER LABELS", "PROFILE", "HERE")
+        body = [
+            (
+                t.id,
+                t.status,
+                *(k.status for k in t.kinds),
+                t.requirement.describe(),
+                ",".join(t.requirement.runner_labels),
+                t.profile or "-",
+                "yes" if t.buildable_here else "no",
+            )
+            for t in rows
+        ]
+        counts = {s: sum(1 for t in rows if t.status == s) for s in STATUSES}
+        summary = f"{self.recipe} against {self.registry}: {len(rows)} targets x {len(kinds)} kinds; " + ", ".join(
+            f"{n} {s}" for s, n in counts.items() if n
+        )
+        notes = sorted({f"  {t.id}: {t.reason}" for t in rows if t.reason and t.status in (UNKNOWN, UNBUILDABLE)})
+        return "\n".join([table(headers, body) if body else "no targets", summary, *notes[:8]])
 
 
 def github_matrix(rows: Sequence[TargetPlan]) -> dict[str, object]:

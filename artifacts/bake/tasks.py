@@ -21,8 +21,9 @@ from doit.exceptions import TaskFailed
 from prebake.artifacts.errors import MissingExtraError, PrebakeError, RecipeError, StoreError, UsageError
 from prebake.artifacts.fetch.gate import accepted_entry
 from prebake.artifacts.ports.registry import Registry, TrustCheck
+from prebake.artifacts.recipe.catalog import list_recipes
 from prebake.artifacts.recipe.kinds import TargetKeys
-from prebake.artifacts.recipe.schema import Recipe, list_recipes, load_recipe
+from prebake.artifacts.recipe.schema import Recipe, load_recipe
 from prebake.artifacts.store.home import check_home
 from prebake.artifacts.store.settings import default_home
 

@@ -16,7 +16,7 @@ from prebake.artifacts.keys import Key
 from prebake.artifacts.ports.registry import Registry, TrustCheck
 from prebake.artifacts.recipe.kinds import TargetKeys
 from prebake.artifacts.store.local import Installed
-from prebake.artifacts.store.stats import classify
+from prebake.artifacts.store.stats.events import classify
 
 
 @dataclass(frozen=True)

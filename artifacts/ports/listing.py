@@ -26,6 +26,7 @@ from prebake.artifacts import fsutil
 from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, BlobRef, Manifest
 from prebake.artifacts.errors import BundleError
 from prebake.artifacts.frozen import Frozen
+from prebake.artifacts.tables import table
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,20 @@ class Listed(Frozen):
             "signers": list(self.signers),
         }
 
+    def row(self) -> tuple[str, ...]:
+        """Its row of `prebake ls`."""
+        labels = self.labels
+        return (
+            labels.get("model", "?"),
+            self.kind,
+            labels.get("platform", "?"),
+            labels.get("precision", "-"),
+            labels.get("tp", "-"),
+            fsutil.human_size(self.blob.size),
+            self.created,
+            self.key_digest[:16],
+        )
+
 
 @dataclass(frozen=True)
 class RegistryListing:
@@ -83,6 +98,14 @@ class RegistryListing:
 
     def to_json(self) -> dict[str, object]:
         return {"registry": self.registry, "bundles": [b.to_json() for b in self.bundles]}
+
+    def render(self) -> str:
+        """`prebake ls`: a row per bundle."""
+        if not self.bundles:
+            return f"no bundles in {self.registry}"
+        return table(
+            ("MODEL", "KIND", "PLATFORM", "PRECISION", "TP", "SIZE", "CREATED", "KEY"), [b.row() for b in self.bundles]
+        )
 
 
 class SummaryRow(Frozen):

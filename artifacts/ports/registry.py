@@ -6,10 +6,10 @@
     Listable      the optional ability to list what `prebake ls` shows without reading every entry
     Chained       the optional ability to share a caller's time box among members (prebake.registry.chain)
     SideFiles     the optional ability to keep small files beside a blob and about the registry itself
+    Buffered      a registry written out whole when finished (oci-layout:FILE.tar)
 
-A new object store implements none of these but ObjectStore's six methods (ports/objects.py);
-prebake.registry.shared.index.StoreRegistry gives it the rest. The core owns the ports so that it
-never imports a backend: registry/ depends on artifacts/, never the reverse.
+A new object store implements ObjectStore's six methods (ports/objects.py); StoreRegistry gives it
+the rest. The core owns the ports: registry/ depends on artifacts/, never the reverse.
 """
 
 from __future__ import annotations
@@ -129,3 +129,13 @@ class SideFiles(Protocol):
 
     def get_meta(self, name: str) -> bytes | None:
         """meta/<name>'s bytes, or None when there is none."""
+
+
+@runtime_checkable
+class Buffered(Protocol):
+    """A registry that buffers what is published and writes it out whole when told: `finish()` after
+    the last publish (an oci-layout tar is one file, written atomically; a reader sees the old one
+    until then). A registry that does not buffer writes as it goes and has no `finish`."""
+
+    def finish(self) -> None:
+        """Write out what was buffered; nothing to do when nothing was written."""

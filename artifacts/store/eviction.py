@@ -1,7 +1,7 @@
 """Eviction: the bundles this store installed, least recently used first, removed until the store
 fits its bound; held trees, bundles being installed and other owners' files are never touched.
 
-    inventory(paths)           every evictable bundle (StoreEntry), and index entries naming no tree
+    entries(paths)             every evictable bundle (StoreEntry), and index entries naming no tree
     gc(paths, max_bytes, ...)  recover, drop dangling entries, evict past the bound (GcReport)
     evict(paths, entry)        one bundle: index entries, then its tree in one rename, then the rest
 
@@ -22,7 +22,7 @@ from prebake.artifacts import fsutil
 from prebake.artifacts.bundle.manifest import MAX_MANIFEST_BYTES, Manifest
 from prebake.artifacts.errors import BundleError
 from prebake.artifacts.fsutil import mib
-from prebake.artifacts.store import leases, mark, recovery
+from prebake.artifacts.store import leases, mark, recovery, sealing
 from prebake.artifacts.store.paths import StorePaths, is_hex, named_blob
 
 # The trust policy in force (prebake.artifacts.ports.registry.TrustCheck): why a manifest is refused, or None.
@@ -89,7 +89,7 @@ class GcReport:
 def gc(paths: StorePaths, max_bytes: int, keep: Collection[str], refuse: Refuses | None) -> GcReport:
     """Evict past `max_bytes`; the caller has claimed the home and holds the gc lock."""
     recovered = recovery.recover(paths)
-    entries, dangling = _inventory(paths)
+    entries, dangling = _scan(paths)
     recovered += sum(recovery.drop_dangling(paths, path, hexd) for path, hexd in dangling)
     refused = _refused(entries, refuse)
     entries.sort(key=lambda e: e.hex not in refused)  # stable: refused first, then least recently used
@@ -112,12 +112,12 @@ def gc(paths: StorePaths, max_bytes: int, keep: Collection[str], refuse: Refuses
 
 def gc_plan(paths: StorePaths, max_bytes: int, keep: Collection[str], refuse: Refuses | None) -> GcReport:
     """What `gc` would evict, removing nothing."""
-    entries = inventory(paths)
-    refused = _refused(entries, refuse)
-    entries.sort(key=lambda e: e.hex not in refused)
-    before = total = sum(e.bytes for e in entries)
+    found = entries(paths)
+    refused = _refused(found, refuse)
+    found.sort(key=lambda e: e.hex not in refused)
+    before = total = sum(e.bytes for e in found)
     evicted, in_use = [], []
-    for entry in (e for e in entries if e.hex not in keep):
+    for entry in (e for e in found if e.hex not in keep):
         if total <= max_bytes and entry.hex not in refused:
             break
         if leases.held(paths, entry.hex):
@@ -138,9 +138,9 @@ def gc_plan(paths: StorePaths, max_bytes: int, keep: Collection[str], refuse: Re
     )
 
 
-def inventory(paths: StorePaths) -> list[StoreEntry]:
+def entries(paths: StorePaths) -> list[StoreEntry]:
     """Every bundle in blobs/ or trees/, least recently used first."""
-    return _inventory(paths)[0]
+    return _scan(paths)[0]
 
 
 def evict(paths: StorePaths, entry: StoreEntry) -> bool:
@@ -162,7 +162,7 @@ def evict(paths: StorePaths, entry: StoreEntry) -> bool:
     finally:
         install.release(unlink=True)
     if trash is not None:
-        shutil.rmtree(trash, ignore_errors=True)
+        sealing.remove(trash)
     return True
 
 
@@ -175,16 +175,18 @@ def _remove_locked(paths: StorePaths, entry: StoreEntry) -> Path | None:
     if paths.tree(entry.hex).is_dir():
         trash = paths.trash(entry.hex, time.time_ns())
         trash.parent.mkdir(parents=True, exist_ok=True)
+        sealing.open_top(paths.tree(entry.hex))
         os.replace(paths.tree(entry.hex), trash)  # one rename: the tree is whole or gone, never half deleted
     fsutil.crash_point("evict")
     paths.files_record(entry.hex).unlink(missing_ok=True)
     paths.blob("sha256:" + entry.hex).unlink(missing_ok=True)
     shutil.rmtree(paths.side(entry.hex), ignore_errors=True)
+    sealing.remove(paths.cache(entry.hex))  # what engines wrote beside the tree goes with it
     (paths.home / mark.INSTALLS / entry.hex).unlink(missing_ok=True)  # last: a crash before it retries
     return trash
 
 
-def _inventory(paths: StorePaths) -> tuple[list[StoreEntry], list[tuple[Path, str | None]]]:
+def _scan(paths: StorePaths) -> tuple[list[StoreEntry], list[tuple[Path, str | None]]]:
     """Every bundle in blobs/ or trees/, least recently used first; and the index entries
     that name no tree (or are unreadable), with the blob they name."""
     owned = {p.name for p in paths.glob(f"{mark.INSTALLS}/*") if is_hex(p.name)}

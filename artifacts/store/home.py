@@ -24,7 +24,7 @@ from prebake.artifacts.store.mark import STORE_NAMES, StoreHomeError, check_read
 from prebake.artifacts.store.settings import HOME_ENV
 from prebake.artifacts.store.volume import warn_once
 
-__all__ = ["STORE_FOLDERS", "StoreHomeError", "check_home"]
+__all__ = ["STORE_FOLDERS", "check_home"]
 
 # The folders the store keeps under its home (artifacts/store/local.py draws the tree).
 STORE_FOLDERS = tuple(sorted(STORE_NAMES - {"prebake-store.json"}))

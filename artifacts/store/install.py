@@ -1,7 +1,7 @@
 """Installing one bundle: its blob fetched and verified, unpacked into trees/<hex> whole (renamed in
 once complete), then its lease and index entry; once per blob across processes (its install lock).
 
-    install(paths, manifest, source, ...)   under locks/<hex>.lock: record, clean, unpack, index
+    install_bundle(paths, manifest, source, ...)   under locks/<hex>.lock: record, clean, unpack, index
 
 A tree already here counts only if it was verified against the same file list (trees/<hex>.files);
 a damaged one is fetched again. Room is checked before the download, from the manifest's sizes; a
@@ -22,13 +22,13 @@ from prebake.artifacts.bundle.unpack import tree_problems, unpack_streamed
 from prebake.artifacts.errors import BundleError, StoreError, StoreFullError
 from prebake.artifacts.fsutil import mib
 from prebake.artifacts.ports.registry import Registry
-from prebake.artifacts.store import eviction, leases, mark, recovery
+from prebake.artifacts.store import eviction, leases, mark, recovery, sealing
 from prebake.artifacts.store.health import tree_damage
 from prebake.artifacts.store.paths import StorePaths
 from prebake.artifacts.store.settings import HOME_ENV
 
 
-def install(
+def install_bundle(
     paths: StorePaths,
     manifest: Manifest,
     source: Registry,
@@ -120,6 +120,7 @@ def _unpack(
     except Exception:
         blob.unlink(missing_ok=True)  # a bad blob must not be trusted on the next try
         raise
+    sealing.seal(tree)  # read-only to every engine from here on; verified bytes stay verified
     fsutil.write_bytes(paths.files_record(manifest.blob.hex), manifest.files_digest().encode())
 
 
@@ -160,7 +161,7 @@ def _need(manifest: Manifest, blob_needed: bool) -> int:
 def _full(paths: StorePaths, manifest: Manifest, *, blob_needed: bool) -> str:
     """The line a full disk prints: what the install needed, what was free, the gc bound that makes room."""
     need, free = _need(manifest, blob_needed), shutil.disk_usage(paths.home).free
-    held = sum(e.bytes for e in eviction.inventory(paths))
+    held = sum(e.bytes for e in eviction.entries(paths))
     bound = max(0, held - (need - free)) >> 20
     return (
         f"the disk of the store {paths.home} is full: installing {manifest.kind} {manifest.key_digest[:16]} needed "

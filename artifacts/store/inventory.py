@@ -15,6 +15,7 @@ from prebake.artifacts.errors import BundleError, PrebakeError
 from prebake.artifacts.store.eviction import StoreEntry
 from prebake.artifacts.store.health import other_schema
 from prebake.artifacts.store.local import Store
+from prebake.artifacts.tables import table
 
 
 @dataclass(frozen=True)
@@ -56,12 +57,28 @@ class StoredBundle:
             "unreadable_entries": list(self.unreadable),
         }
 
+    def row(self) -> tuple[str, ...]:
+        """Its row of `prebake store ls`: the first manifest naming it (+N more), its state."""
+        first = self.manifests[0] if self.manifests else None
+        more = f" +{len(self.manifests) - 1}" if len(self.manifests) > 1 else ""
+        held = ("yes" + (f" (pid {','.join(map(str, self.holders))})" if self.holders else "")) if self.held else "no"
+        last_use = _iso_ns(self.entry.last_use_ns) or "-"
+        return (
+            (first.labels.get("model") if first else None) or "?",
+            (first.kind if first else "-") + more,
+            (first.key_digest[:16] if first else "(no index entry)") + ("" if self.has_tree else " (no tree)"),
+            self.hex[:12],
+            fsutil.human_size(self.entry.bytes),
+            last_use.replace("T", " ").removesuffix("Z"),
+            held,
+        )
+
 
 def list_bundles(store: Store) -> tuple[StoredBundle, ...]:
     """Every bundle in the store, most recently used first."""
     store.check_readable()
     bundles = []
-    for entry in reversed(store.inventory()):
+    for entry in reversed(store.entries()):
         manifests, unreadable = [], []
         for path in entry.index:
             raw = b""
@@ -103,6 +120,15 @@ class Inventory:
             "total_bytes": self.total_bytes,
             "bundles": [b.to_json() for b in self.bundles],
         }
+
+    def render(self) -> str:
+        """`prebake store ls`: a row per bundle, then the count and the bytes."""
+        if not self.bundles:
+            return f"no bundles installed in {self.home}"
+        headers = ("MODEL", "KIND", "KEY", "BLOB", "SIZE", "LAST USE", "HELD")
+        rows = [b.row() for b in self.bundles]
+        total = f"{len(self.bundles)} bundle(s), {fsutil.human_size(self.total_bytes)} in {self.home}"
+        return table(headers, rows) + "\n" + total
 
 
 def inventory(store: Store) -> Inventory:

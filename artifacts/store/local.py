@@ -7,7 +7,8 @@
     ├── index/<kind>/<key-digest>.json             manifests of bundles installed here, written after their tree
     ├── blobs/sha256/<aa>/<digest>.tar.zst         their payloads, as downloaded and verified
     ├── side/sha256/<aa>/<digest>/<name>           their attestations, as read for the trust policy
-    ├── trees/<blob-hex>/ (+ <blob-hex>.files)     the unpacked payloads engines point at, renamed in once whole
+    ├── trees/<blob-hex>/ (+ <blob-hex>.files)     the unpacked payloads engines point at, renamed in once whole, read-only
+    ├── caches/<blob-hex>/                         a tree's writable cache, for engines started from `prebake fetch`
     ├── leases/<blob-hex>                          engines hold it shared while they use the tree; mtime = last use
     ├── locks/<blob-hex>.lock, gc.lock, scratch-<name>.lock   one install, eviction or gc at a time; tmp/ owners
     ├── stats/                                     hit, miss and fallback counts (store/stats.py); never evicted
@@ -15,9 +16,8 @@
     ├── listing/                                   `prebake ls` summaries of Hub registries (registry/backends/hf.py)
     └── tmp/                                       scratch folders and evicted trees; nothing here is ever read
 
-Store is the one door; each job has its module: settings (home, bounds), paths, install,
-leases, eviction (gc), recovery, scratch; the hit path and healing are here. Locks are flock(2):
-docs/operations.md says which filesystems. What a crash leaves: docs/trust-and-failure.md.
+Store is the one door; each job has its module (settings, paths, install, leases, eviction, recovery,
+scratch, sealing); the hit path and healing are here. Locks: flock(2), docs/operations.md.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from prebake.artifacts.ports.registry import Registry
 from prebake.artifacts.store import eviction, leases, mark, recovery, volume
 from prebake.artifacts.store.eviction import GcReport, Refuses, StoreEntry
 from prebake.artifacts.store.health import Damaged, check_hit, quarantine
-from prebake.artifacts.store.install import install
+from prebake.artifacts.store.install import install_bundle
 from prebake.artifacts.store.paths import StorePaths
 from prebake.artifacts.store.scratch import Scratches
 from prebake.artifacts.store.settings import HOME_ENV, MAX_BYTES_ENV, StoreLimits, absolute, default_home
@@ -161,7 +161,7 @@ class Store:
         installed = Installed(manifest, self.tree_path(manifest))
         self.claim()
         take_hold = None if hold is None else (lambda: hold.enter_context(self.use(installed)))
-        install(self.paths, manifest, source, limits, deadline, while_locked=take_hold)
+        install_bundle(self.paths, manifest, source, limits, deadline, while_locked=take_hold)
         if self.limits.max_bytes is not None:
             self.gc(self.limits.max_bytes, keep=(manifest.blob.hex,), wait=False)  # a gc already running does it
         return installed
@@ -221,9 +221,9 @@ class Store:
         with lock:
             return eviction.gc(self.paths, max_bytes, keep, refuse)
 
-    def inventory(self) -> list[StoreEntry]:
+    def entries(self) -> list[StoreEntry]:
         """Every bundle in blobs/ or trees/, least recently used first."""
-        return eviction.inventory(self.paths)
+        return eviction.entries(self.paths)
 
     def evict(self, entry: StoreEntry) -> bool:
         """Remove one bundle (index entries, tree, blob) unless it is being installed or is held; True if it went."""
@@ -241,6 +241,10 @@ class Store:
 
     def tree_path(self, manifest: Manifest) -> Path:
         return self.paths.tree(manifest.blob.hex)
+
+    def cache_path(self, manifest: Manifest) -> Path:
+        """The writable cache beside `manifest`'s tree (StorePaths.cache); made by the engine that seeds it."""
+        return self.paths.cache(manifest.blob.hex)
 
     def blob_path(self, digest: str) -> Path:
         return self.paths.blob(digest)

@@ -38,6 +38,7 @@ STORE_NAMES = frozenset(
         "blobs",
         "side",
         "trees",
+        "caches",  # a tree's writable cache, beside the read-only tree (`prebake fetch`'s Inductor cache)
         "leases",
         "locks",
         "stats",
@@ -118,7 +119,7 @@ def _marked(raw: bytes) -> Look:
     return Look("store", version=version)
 
 
-def describe(home: Path, seen: Look) -> str:
+def not_ours(home: Path, seen: Look) -> str:
     """The refusal for a folder that is not ours to write in, naming it, what it looks like and the fix."""
     if seen.what == "newer":
         return (
@@ -140,7 +141,7 @@ def claim(home: Path) -> None:
     if seen.what == "store":
         return
     if seen.what not in ("new", "legacy"):
-        raise StoreHomeError(describe(home, seen))
+        raise StoreHomeError(not_ours(home, seen))
     home.mkdir(parents=True, exist_ok=True)
     if seen.what == "legacy":
         adopt_installed(home)
@@ -162,7 +163,7 @@ def check_readable(home: Path) -> None:
     """Raise StoreHomeError for a store this prebake could misread (a newer format); anything else reads."""
     seen = look(home)
     if seen.what == "newer":
-        raise StoreHomeError(describe(home, seen))
+        raise StoreHomeError(not_ours(home, seen))
 
 
 def adoptable(home: Path) -> set[str]:

@@ -33,6 +33,11 @@ class StorePaths:
     def blob(self, digest: str) -> Path:
         return self.home / blob_relpath(digest)
 
+    def cache(self, hexd: str) -> Path:
+        """A tree's writable cache: what an engine started from `prebake fetch`'s exports writes
+        (the tree itself is read-only), seeded from the tree; deleted with the tree."""
+        return self.home / "caches" / hexd
+
     def side(self, hexd: str) -> Path:
         return self.home / "side" / "sha256" / hexd[:2] / hexd
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from prebake.artifacts import fsutil
 from prebake.artifacts.layout import parse_index_relpath
-from prebake.artifacts.store import mark
+from prebake.artifacts.store import mark, sealing
 from prebake.artifacts.store.health import quarantine
 from prebake.artifacts.store.paths import EVICTED, HEX, StorePaths, is_hex, named_blob
 from prebake.artifacts.store.scratch import remove_leftover
@@ -40,6 +40,10 @@ def recover(paths: StorePaths) -> int:
         removed += _drop_stray_record(paths, record.name)
     for lease in paths.glob("leases/*"):
         removed += _drop_stray_lease(paths, lease.name)
+    for cache in paths.glob("caches/*"):  # a gc killed between a tree and its cache, or a mounted tree's
+        if not paths.tree(cache.name).is_dir():
+            sealing.remove(cache)
+            removed += 1
     removed += fsutil.sweep_temporaries(paths.home / "index", older_than_s=_INDEX_TMP_GRACE_S)
     return removed
 
@@ -59,12 +63,13 @@ def discard_damaged_locked(paths: StorePaths, hexd: str) -> None:
     trash = paths.trash(hexd, time.time_ns())
     trash.parent.mkdir(parents=True, exist_ok=True)
     try:
+        sealing.open_top(paths.tree(hexd))
         os.replace(paths.tree(hexd), trash)
     except FileNotFoundError:
         return
     paths.files_record(hexd).unlink(missing_ok=True)
     paths.blob("sha256:" + hexd).unlink(missing_ok=True)
-    shutil.rmtree(trash, ignore_errors=True)
+    sealing.remove(trash)
 
 
 def forget_if_nothing_landed_locked(paths: StorePaths, hexd: str) -> None:
@@ -97,7 +102,7 @@ def sweep_tmp(paths: StorePaths) -> int:
 
 def _remove_tmp_leftover(paths: StorePaths, path: Path) -> int:
     if path.name.startswith(EVICTED):  # a gc died before deleting it
-        shutil.rmtree(path, ignore_errors=True)
+        sealing.remove(path)
         return 1
     return remove_leftover(paths, path)
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import cast
 
-from prebake.artifacts.errors import BuildError
+from prebake.artifacts.errors import BuildError, CheckpointError, RecipeError
 from prebake.artifacts.extras import require
 from prebake.artifacts.recipe.kinds import (
     BuildRequest,
@@ -35,11 +35,13 @@ from prebake.engine.bundled.cache_layout import (
     GRAPHS_FILE,
     INDUCTOR_DIR,
     engine_environment,
+    fetched_cache,
     private_graphs_tree,
+    temp_dir,
 )
 from prebake.engine.bundled.snapshot import kind as snapshot_kind
 from prebake.engine.bundled.snapshot.serving import snapshot_mode
-from prebake.engine.bundled.variants import DEFAULT_VARIANT, served, variant, variant_of
+from prebake.engine.bundled.variants import DEFAULT_VARIANT, served, variant_of
 from prebake.engine.common import starter
 from prebake.engine.common.adapter import (
     EngineOption,
@@ -60,6 +62,7 @@ def child_env(kind: str, out: Path, base: Mapping[str, str] | None = None) -> di
         env["TORCHINDUCTOR_CACHE_DIR"] = str(out / INDUCTOR_DIR)
     else:  # autotune compiles nothing it keeps: keep its scratch out of any shared cache
         env["TORCHINDUCTOR_CACHE_DIR"] = str(out.parent / "inductor-scratch")
+    env["TMPDIR"] = str(temp_dir(out.parent))  # the build's scratch folder: gone with it, killed or not
     env.setdefault("PYTHONHASHSEED", "0")
     return env
 
@@ -68,12 +71,16 @@ def build_in_child(request: BuildRequest) -> None:
     """Build autotune or graphs with torch in `python -m prebake.engine.bundled.build`."""
     require("torch", f"baking {request.kind}")
     target = request.plan.target
+    refused = request.out.parent / f"{request.kind}-refused.json"
     spec = {
         "kind": request.kind,
         "recipe": request.plan.recipe.model_dump(mode="json"),
         "target": {"platform": target.platform, "tp": target.tp, "dtype": target.dtype},
         "inputs": {k: str(v) for k, v in request.inputs.items()},
         "out": str(request.out),
+        # where the child leaves a refusal of the user's files (a checkpoint, a recipe's config the
+        # runtime cannot run), raised here as it is, not as a failed build
+        "refusal": str(refused),
     }
     spec_path = request.out.parent / f"{request.kind}-request.json"
     spec_path.write_text(json.dumps(spec))
@@ -82,6 +89,9 @@ def build_in_child(request: BuildRequest) -> None:
         env=child_env(request.kind, request.out),
         cwd=request.out.parent,
     )
+    if proc.returncode != 0 and refused.is_file():
+        told = json.loads(refused.read_text())
+        raise (RecipeError if told["type"] == "RecipeError" else CheckpointError)(told["message"])
     if proc.returncode != 0:
         raise BuildError(
             f"building {request.kind} of {target.name} failed (exit {proc.returncode}); "
@@ -98,7 +108,7 @@ def _graphs_groups(context: KeyContext) -> Groups:
     """The target's groups and the [compile] options, with what the recipe's graphs variant adds;
     kernel_threads: kernels read their thread count at run time (runtime.steps.threads_at_run_time)."""
     options = compile_factors(context.recipe, DEFAULT_VARIANT)
-    graphs = variant(SPEC.graphs_variant(context.recipe))
+    graphs = variant_of(context.recipe)  # checked when the adapter was picked (EngineSpec.graphs_variant)
     factors = {**options, **graphs.key_factors(context.recipe.compile), "kernel_threads": "run-time"}
     return {**target_groups(context), "options": factors}
 
@@ -144,7 +154,7 @@ GRAPHS = Kind(
     groups=_graphs_groups,
     outputs=(GRAPHS_FILE,),
     build=build_in_child,
-    environment=lambda tree: {GRAPHS_ENV: str(tree), "TORCHINDUCTOR_CACHE_DIR": str(tree / INDUCTOR_DIR)},
+    environment=lambda tree: {GRAPHS_ENV: str(tree)},  # read-only; fetch adds a writable Inductor cache
 )
 
 
@@ -159,6 +169,13 @@ SPEC = EngineSpec(
     options=(
         EngineOption(
             "--eager", "compilation off: serve the eager model (the benchmark's floor)", type=bool, default=False
+        ),
+        EngineOption(
+            "--reject-unknown-fields",
+            "answer a request field this API does not know with a 400, as OpenAI does (default: "
+            "$PREBAKE_REJECT_UNKNOWN_FIELDS=1; otherwise ignored, logged once and named in X-Ignored-Fields, as vLLM)",
+            type=bool,
+            default=False,
         ),
         EngineOption(
             "--api-key",
@@ -208,6 +225,9 @@ class BundledAdapter:
             note = f"no complete bundle set for {plan.target.name} in {services.source.address}"
             return Fetched(plan.target.name, {}, resolution.installed, misses, (*notes, note))
         env = prebake_environment(plan.kinds, resolution.installed)
+        if (graphs := resolution.installed.get("graphs")) is not None and not services.store.read_only:
+            cache = fetched_cache(graphs, services.store.cache_path(graphs.manifest))
+            env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
         return Fetched(plan.target.name, env, resolution.installed, notes=notes)
 
     def serve(self, request: StartRequest, open_services: OpenServices) -> int:
@@ -228,13 +248,22 @@ class BundledAdapter:
         host, port = request.host or "127.0.0.1", 8000 if request.port is None else request.port
         api_key = cast(str | None, options["api_key"])
         restored = serve_or_say(  # before the HTTP server's imports: a restore needs none of them
-            str(options["snapshot"]), request, handed_over(host, port, api_key), open_services, emit
+            str(options["snapshot"]),
+            request,
+            handed_over(host, port, api_key, bool(options["reject_unknown_fields"])),
+            open_services,
+            emit,
         )
         if restored is not None:
             return restored
-        from prebake.engine.bundled.serve import ServeSettings, api_key_from, serve
+        from prebake.engine.bundled.serve import ServeSettings, api_key_from, reject_unknown_fields_from, serve
 
         settings = ServeSettings(
-            request=request, eager=bool(options["eager"]), host=host, port=port, api_key=api_key_from(api_key)
+            request=request,
+            eager=bool(options["eager"]),
+            host=host,
+            port=port,
+            api_key=api_key_from(api_key),
+            reject_unknown_fields=reject_unknown_fields_from(bool(options["reject_unknown_fields"])),
         )
         return serve(settings, open_services, emit=emit)

@@ -22,7 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from prebake.artifacts.buckets.artifact import BucketSet
-from prebake.artifacts.errors import BuildError
+from prebake.artifacts.errors import BuildError, CheckpointError, ExitCode, PrebakeError, RecipeError
 from prebake.artifacts.recipe.kinds import BUCKETS_FILE
 from prebake.artifacts.recipe.schema import Recipe, Target
 from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE, GRAPHS_FILE
@@ -33,8 +33,9 @@ from prebake.engine.bundled.runtime.model import KVCache, Llama
 from prebake.engine.bundled.runtime.parallel import Parallel, one_rank_of
 from prebake.engine.bundled.runtime.shapes import StepShape, step_shapes
 from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
-from prebake.engine.bundled.variants import variant_of
-from prebake.engine.bundled.variants.base import CompileJob
+from prebake.engine.bundled.variants import fallback_of, variant_of
+from prebake.engine.bundled.variants.base import CompileJob, TreeFacts
+from prebake.engine.common import logs
 
 
 def build_autotune(
@@ -129,17 +130,14 @@ def compile_graphs(
         tactics,
         out,
         log,
-        fallback=recipe.compile.fallback,
+        fallback=fallback_of(recipe),
         workers=pool,
         parallel=model.parallel,
     )
     compiled = graphs.compile(job)
+    carried = TreeFacts.of(graphs.name, recipe.compile.fallback, compiled.facts)
     document = {
-        "variant": graphs.name,
-        "fallback": recipe.compile.fallback,
-        "precompiled": False,
-        "aoti_package": False,
-        **compiled.facts,
+        **carried.to_json(),
         "torch": torch.__version__,
         "total_compile_s": round(time.perf_counter() - started, 3),
         "builder": {**(facts or {}), "peak_rss_bytes": peak_rss()},
@@ -207,19 +205,34 @@ def device_of(target_platform: str) -> str:
 
 
 def main(argv: list[str]) -> int:
+    logs.configure()  # the parent's PREBAKE_LOG_LEVEL; a dependency's deprecations to its debug log
     spec = json.loads(Path(argv[0]).read_text())
     recipe = Recipe.model_validate(spec["recipe"])
     dtype, out, inputs = spec["target"]["dtype"], Path(spec["out"]), {k: Path(v) for k, v in spec["inputs"].items()}
     where = spec["target"].get("platform", "cpu")
     tp = int(spec["target"].get("tp", 1))
-    if spec["kind"] == "autotune":
-        build_autotune(recipe, dtype, inputs["buckets"], out, where, tp)
-    elif spec["kind"] == "graphs":
-        build_graphs(recipe, dtype, inputs["buckets"], inputs["autotune"], out, where, tp)
-    else:
-        print(f"prebake.engine.bundled.build: unknown kind {spec['kind']!r}", file=sys.stderr)
-        return 2
+    try:
+        if spec["kind"] == "autotune":
+            build_autotune(recipe, dtype, inputs["buckets"], out, where, tp)
+        elif spec["kind"] == "graphs":
+            build_graphs(recipe, dtype, inputs["buckets"], inputs["autotune"], out, where, tp)
+        else:
+            print(f"prebake.engine.bundled.build: unknown kind {spec['kind']!r}", file=sys.stderr)
+            return 2
+    except (CheckpointError, RecipeError) as exc:  # the user's files: the parent raises it as it is
+        if "refusal" not in spec:  # a request written by hand (a benchmark): the error as it came
+            raise
+        told = {"type": type(exc).__name__, "message": _told(exc)}
+        Path(spec["refusal"]).write_text(json.dumps(told))
+        return ExitCode.INVALID
+    except PrebakeError as exc:  # any other input prebake refused: the message says the fix, no traceback
+        print(f"prebake: error: {exc}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _told(exc: BaseException) -> str:
+    return "\n".join([str(exc), *getattr(exc, "__notes__", ())])
 
 
 if __name__ == "__main__":

@@ -11,18 +11,24 @@ The environment is returned as a mapping: callers hand it to a child process or 
 in itself: `activate` applies its environment once, before torch compiles anything.
 
 Inductor writes into its cache folder (locks, new entries), so the serving engine never
-points it at a store tree: it gets a private, writable copy (`private_graphs_tree`).
+points it at a store tree: it gets a private, writable copy (`private_graphs_tree`). Its temporary
+files go to its run folder too (`private_temp`): torch's AOTInductor loader extracts every package's
+library into a folder under TMPDIR and removes it only when the loader is destroyed, never when
+the process is killed; a run folder is a store scratch folder, which recovery (gc) removes once its
+owner died.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from prebake.artifacts.errors import StoreError
 from prebake.artifacts.fsutil import copy_writable
+from prebake.artifacts.store import sealing
 from prebake.artifacts.store.local import Installed
 from prebake.engine.bundled.variants.base import GRAPHS_FILE, INDUCTOR_DIR
 
@@ -44,6 +50,25 @@ def private_graphs_tree(installed: Installed | None, run_dir: Path) -> Path:
     return dest
 
 
+def fetched_cache(installed: Installed, cache: Path) -> Path:
+    """The Inductor cache folder `prebake fetch` exports for a graphs tree: `cache` (the store's
+    writable folder beside the tree, deleted with it), seeded once from the tree's own inductor/
+    (an aoti-package tree has none: an empty cache). The tree is read-only; a torch process started
+    with the exports writes here, never into the verified tree."""
+    inductor = cache / INDUCTOR_DIR
+    if not inductor.is_dir():
+        seeding = cache / f".seeding-{os.getpid()}"
+        sealing.remove(seeding)
+        if (installed.tree / INDUCTOR_DIR).is_dir():
+            copy_writable(installed.tree / INDUCTOR_DIR, seeding)
+        seeding.mkdir(parents=True, exist_ok=True)
+        try:
+            seeding.rename(inductor)  # whole or not there; a racing fetch seeded it first: its copy stays
+        except OSError:
+            sealing.remove(seeding)
+    return inductor
+
+
 def private_graphs_path(run_dir: Path) -> Path:
     """Where a serving process's private graphs tree goes (made by `private_graphs_tree`)."""
     return run_dir / "graphs"
@@ -53,6 +78,30 @@ def inductor_cache_dir(run_dir: Path) -> Path:
     """The Inductor cache folder a serving process in `run_dir` activates (known before the fetch, so
     Inductor's modules can be imported under it while the bundles download)."""
     return private_graphs_path(run_dir) / INDUCTOR_DIR
+
+
+def temp_dir(run_dir: Path) -> Path:
+    """The temporary folder (TMPDIR) of the processes of one run folder (a start's, a bake's build)."""
+    folder = run_dir / "tmp"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def private_temp(run_dir: Path) -> Callable[[], None]:
+    """Send this process's temporary files, and its children's, into `run_dir`'s temporary folder
+    until the returned call puts the previous ones back (an engine's close). Only the serving
+    process calls this, as its start begins, before torch is imported."""
+    before = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"] = tempfile.tempdir = str(temp_dir(run_dir))
+
+    def restore() -> None:
+        if before[0] is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before[0]
+        tempfile.tempdir = before[1]
+
+    return restore
 
 
 def engine_environment(graphs_tree: Path) -> dict[str, str]:

@@ -23,15 +23,18 @@ import time
 import uvicorn
 
 from prebake.engine.bundled.api.app import create_app
+from prebake.engine.bundled.api.fields import UnknownFields
 from prebake.engine.bundled.api.guard import GuardSettings
 from prebake.engine.bundled.api.state import AppState
 from prebake.engine.bundled.runtime.metrics import Metrics
 from prebake.engine.bundled.serve import (
+    REJECT_UNKNOWN_FIELDS_VARIABLE,
     ServeSettings,
     _bind,
     _exit_on_signal,
     _ready,
     _serve_steps,
+    reject_unknown_fields_from,
 )
 from prebake.engine.bundled.snapshot.image import CONTROL_FD, READY_LINE
 from prebake.engine.bundled.start import start
@@ -83,6 +86,8 @@ def _park() -> dict:
 
 def _serve(engine, scheduler, state, settings: dict) -> int:
     """Bind the port handed over, serve until SIGTERM or until the supervisor's pipe closes."""
+    variable = {REJECT_UNKNOWN_FIELDS_VARIABLE: str(settings["reject_unknown_fields_variable"])}
+    state.unknown_fields = UnknownFields(reject_unknown_fields_from(bool(settings["reject_unknown_fields"]), variable))
     sock = _bind(settings["host"], settings["port"])
     limits = ServeSettings.model_fields  # the body limits: the usual start's defaults (no flag sets them)
     guard = GuardSettings(

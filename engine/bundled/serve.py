@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from prebake.artifacts.errors import PrebakeError
 from prebake.engine.bundled.api.app import create_app
 from prebake.engine.bundled.api.chat import ChatTemplateError, chat_template_for
+from prebake.engine.bundled.api.fields import UnknownFields
 from prebake.engine.bundled.api.guard import GuardSettings
 from prebake.engine.bundled.api.state import AppState, Serving
 from prebake.engine.bundled.ranks import RankContext, read_notices, supervise
@@ -42,6 +43,7 @@ if TYPE_CHECKING:  # torch: loaded by start(), once the environment is set
     from prebake.engine.bundled.runtime.scheduler import Scheduler
 
 API_KEY_VARIABLE = "PREBAKE_API_KEY"
+REJECT_UNKNOWN_FIELDS_VARIABLE = "PREBAKE_REJECT_UNKNOWN_FIELDS"
 
 
 class ServeSettings(BaseModel):
@@ -57,6 +59,7 @@ class ServeSettings(BaseModel):
     max_body_bytes: int = Field(default=4 << 20, gt=0)
     max_bodies_bytes: int = Field(default=64 << 20, gt=0, description="every body in flight, together")
     body_timeout_s: float = Field(default=30.0, gt=0)
+    reject_unknown_fields: bool = False  # --reject-unknown-fields: a 400, not ignored and said (api.fields)
 
 
 class ListenError(PrebakeError, OSError):
@@ -74,9 +77,9 @@ def serve(settings: ServeSettings, open_services: OpenServices, emit: Callable[[
         return supervise(settings.request.tp or 1, sock, emit)
     if rank is not None and rank.rank > 0:
         return _follow(settings, open_services, emit, rank)
-    metrics = Metrics()
+    metrics = Metrics(settings.request.model)
     metrics.set("prebake_ready", 0)
-    state = AppState(settings.request.model, metrics)
+    state = AppState(settings.request.model, metrics, unknown_fields=UnknownFields(settings.reject_unknown_fields))
     sock = _bind(settings.host, settings.port) if rank is None else socket.socket(fileno=rank.listen_fd)
     if rank is not None:
         threading.Thread(target=read_notices, args=(rank.notice_fd, state.stop_because), daemon=True).start()
@@ -209,6 +212,7 @@ def _serve_steps(scheduler: Scheduler, state: AppState, stop: threading.Event, e
 
 
 def _ready(engine: Engine, state: AppState, emit: Callable[[str], None]) -> Scheduler:
+    from prebake.engine.bundled.runtime.loader import model_folder  # torch, as the scheduler
     from prebake.engine.bundled.runtime.scheduler import (
         Scheduler,  # torch: loaded by start(), once the environment is set
     )
@@ -222,13 +226,14 @@ def _ready(engine: Engine, state: AppState, emit: Callable[[str], None]) -> Sche
     recipe = engine.recipe
     scheduler = Scheduler(engine.steps, engine.buckets, engine.tactics, recipe.serving.max_model_len, observe)
     config = engine.steps.model.config
+    folder = model_folder(recipe.model, engine.plan.target.dtype)
     try:
-        tokenizer = tokenizer_for(recipe.model, config.vocab_size)
+        tokenizer = tokenizer_for(recipe.model, config.vocab_size, folder)
     except TokenizerError as exc:  # token-id prompts still work: say so and serve
         emit(f"prebake serve: no tokenizer, text prompts will be refused: {exc}")
         tokenizer = None
     try:
-        chat = chat_template_for(recipe.model)
+        chat = chat_template_for(recipe.model, folder)
     except ChatTemplateError as exc:
         emit(f"prebake serve: no chat template, chat requests will be refused: {exc}")
         chat = None
@@ -266,3 +271,14 @@ def api_key_from(flag: str | None, environ: Mapping[str, str] | None = None) -> 
     """--api-key, else PREBAKE_API_KEY, else none (no authentication)."""
     env: Mapping[str, str] = os.environ if environ is None else environ
     return flag or env.get(API_KEY_VARIABLE) or None
+
+
+def reject_unknown_fields_from(flag: bool, environ: Mapping[str, str] | None = None) -> bool:
+    """--reject-unknown-fields, else PREBAKE_REJECT_UNKNOWN_FIELDS (1, true, yes), else off."""
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    value = env.get(REJECT_UNKNOWN_FIELDS_VARIABLE, "").strip().lower()
+    if value not in ("", "0", "false", "no", "1", "true", "yes"):
+        raise PrebakeError(
+            f"{REJECT_UNKNOWN_FIELDS_VARIABLE}={env[REJECT_UNKNOWN_FIELDS_VARIABLE]!r} is not a switch; set it to 1 or 0"
+        )
+    return flag or value in ("1", "true", "yes")

@@ -182,6 +182,7 @@ class _InProcess:
         """The kinds to resolve (eager: no graphs), a scratch run folder, torch's imports begun."""
         kinds = tuple(k for k in plan.kinds.names if not (self.eager and k == _COMPILED) and k not in _RESTORED)
         run_dir = services.store.scratch(f"serve-{os.getpid()}-{next(_runs)}")
+        self.leases.callback(cache_layout.private_temp(run_dir))  # undone as the engine closes
         self.torch_import = _begin_imports(self.eager, plan.recipe, run_dir)  # beside the lookup, fetch and load
 
         def abandon() -> None:

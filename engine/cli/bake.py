@@ -8,17 +8,11 @@ prebake bake --model M --executor ray [--ray-address ADDR]         every missing
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
 from prebake.artifacts.bake.tasks import BakeRequest
-from prebake.artifacts.recipe.kinds import BUCKETS
 from prebake.artifacts.recipe.schema import load_recipe
-from prebake.engine.bundled.adapter import BundledAdapter
-from prebake.engine.cli.common import command, positive_int, registry_option, table
+from prebake.engine.cli.common import command, positive_int, registry_option
 from prebake.engine.cli.plan import profiles_option
-
-if TYPE_CHECKING:
-    from prebake.engine.fleet.ray_executor import RayReport
 
 
 def add(sub) -> None:
@@ -93,7 +87,7 @@ def cmd_bake(args: argparse.Namespace) -> int:
                 forward_credentials=args.forward_credentials,
             )
         )
-        print(render(report))
+        print(report.render())
         return 1 if report.failed else 0
     from prebake.engine.fleet.local import bake_locally, parse_target, request_for_target
 
@@ -103,23 +97,3 @@ def cmd_bake(args: argparse.Namespace) -> int:
     else:
         request = BakeRequest(model=args.model, precision=args.precision, tp=args.tp, registry=args.registry)
     return bake_locally(request, doit_args=["-a"] if args.always else ())
-
-
-def render(report: RayReport) -> str:
-    """The Ray bake's outcomes as a table, one row per target x kind, then the counts."""
-    from prebake.engine.fleet.ray_executor import ALREADY, BUILT, FAILED, NO_NODE, NOT_BUILDABLE
-
-    rows = report.rows
-    body = [
-        (r.target, r.kind, r.outcome, r.node or "-", r.reason[:160])
-        for r in sorted(rows, key=lambda r: (r.target, _kind_rank(r.kind)))
-    ]
-    counts = {o: sum(1 for r in rows if r.outcome == o) for o in (BUILT, ALREADY, FAILED, NO_NODE, NOT_BUILDABLE)}
-    summary = f"{report.submitted} Ray tasks submitted; " + ", ".join(f"{n} {o}" for o, n in counts.items() if n)
-    return table(("TARGET", "KIND", "OUTCOME", "NODE", "REASON"), body) + "\n" + summary
-
-
-def _kind_rank(kind: str) -> tuple[int, str]:
-    """Build order of the shipped kinds (buckets, autotune, graphs), then any other kind by name."""
-    order = (BUCKETS.name, *(k.name for k in BundledAdapter.spec.kinds))
-    return (order.index(kind), "") if kind in order else (len(order), kind)

@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from prebake.artifacts.ports.listing import Listed, RegistryListing
+from prebake.artifacts.ports.listing import RegistryListing
 from prebake.engine.adapters import kind_names
-from prebake.engine.cli.common import command, json_option, registry_option, size, table
+from prebake.engine.cli.common import command, json_option, registry_option
 
 
 def add(sub) -> None:
@@ -74,28 +74,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
     from prebake.registry.shared.transfer import listed
 
     registry = open_address(open_store(), args.registry)
-    bundles = list(listed(registry, args.kind))
-    if args.json:
-        print(json.dumps(RegistryListing(registry.url, tuple(bundles)).to_json(), indent=2, sort_keys=True))
-        return 0
-    rows = [_ls_row(b) for b in bundles]
-    headers = ("MODEL", "KIND", "PLATFORM", "PRECISION", "TP", "SIZE", "CREATED", "KEY")
-    print(table(headers, rows) if rows else f"no bundles in {registry.url}")
+    listing = RegistryListing(registry.url, tuple(listed(registry, args.kind)))
+    print(json.dumps(listing.to_json(), indent=2, sort_keys=True) if args.json else listing.render())
     return 0
-
-
-def _ls_row(m: Listed) -> tuple[str, ...]:
-    labels = m.labels
-    return (
-        labels.get("model", "?"),
-        m.kind,
-        labels.get("platform", "?"),
-        labels.get("precision", "-"),
-        labels.get("tp", "-"),
-        size(m.blob.size),
-        m.created,
-        m.key_digest[:16],
-    )
 
 
 def cmd_preheat(args: argparse.Namespace) -> int:
@@ -118,13 +99,9 @@ def cmd_preheat(args: argparse.Namespace) -> int:
     for got in preheat(mirror, kind=args.kind, keys=tuple(args.key), wait_s=args.wait_s):
         done.append(got)
         if not args.json:
-            state = "pulled through" if got.pulled else "already held"
-            print(f"{got.kind:9s} {got.key_digest[:16]}  {size(got.size):>9s}  {state}  ({got.seconds:.1f} s)")
-    if args.json:
-        print(json.dumps(PreheatReport(mirror.url, tuple(done)).to_json(), indent=2))
-    else:
-        pulled = sum(g.pulled for g in done)
-        print(f"{len(done)} bundles through {mirror.url}: {pulled} pulled, {len(done) - pulled} already held")
+            print(got.render())  # as each is done: a preheat of many bundles takes a while
+    report = PreheatReport(mirror.url, tuple(done))
+    print(json.dumps(report.to_json(), indent=2) if args.json else report.render())
     return 0
 
 

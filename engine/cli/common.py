@@ -14,7 +14,6 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from prebake.artifacts.fsutil import human_size
 from prebake.engine import adapters
 from prebake.engine.common.adapter import EngineOption
 from prebake.registry.address import join_addresses, split_addresses
@@ -190,12 +189,3 @@ def json_option(parser: argparse.ArgumentParser, what: str = "the report") -> No
         action="store_true",
         help=f"print {what} as JSON (a stable shape, see docs/operations.md); on failure, a JSON error object",
     )
-
-
-size = human_size  # the one formatter (prebake.artifacts.fsutil.human_size)
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows)]
-    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    return "\n".join(fmt.format(*r).rstrip() for r in [headers, *rows])

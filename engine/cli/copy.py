@@ -10,6 +10,7 @@ import os
 import sys
 
 from prebake.artifacts.errors import ExitCode
+from prebake.artifacts.ports.registry import Buffered
 from prebake.engine.adapters import kind_names
 from prebake.engine.cli.common import command, json_option
 
@@ -67,14 +68,7 @@ def cmd_copy(args: argparse.Namespace) -> int:
             scratch=context.store.scratch(f"copy-{os.getpid()}"),  # a killed run's is swept
             progress=progress,
         )
-    close = getattr(destination, "close", None)  # an oci-layout tar is written out once, whole
-    if callable(close) and not args.dry_run:
-        close()
-    if args.json:
-        print(json.dumps(report.to_json(), indent=2))
-    else:
-        print(report.summary())
-        for c in report.bundles:
-            if c.outcome != "already there":
-                print(f"  {c.kind:9} {c.key_digest[:16]}  {c.model:20} {c.outcome}")
+    if isinstance(destination, Buffered) and not args.dry_run:
+        destination.finish()  # an oci-layout tar is written out once, whole
+    print(json.dumps(report.to_json(), indent=2) if args.json else report.render())
     return ExitCode.OK if report.ok else ExitCode.FAILED

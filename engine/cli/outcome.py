@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from prebake.artifacts.errors import ExitCode, PrebakeError, UsageError
 from prebake.artifacts.ports.errors import is_fault
-from prebake.artifacts.store.home import StoreHomeError
+from prebake.artifacts.store.mark import StoreHomeError
 from prebake.artifacts.store.settings import HOME_ENV, default_home
 from prebake.engine.common.logs import LogSettingError
 

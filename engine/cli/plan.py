@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from prebake.artifacts.bake.fleet_plan import FleetPlan, TargetPlan, github_matrix, ray_resource
+from prebake.artifacts.bake.fleet_plan import FleetPlan, github_matrix, ray_resource
 from prebake.artifacts.errors import UsageError
-from prebake.engine.cli.common import command, json_option, positive_int, registry_option, table
+from prebake.engine.cli.common import command, json_option, positive_int, registry_option
 from prebake.engine.common.probe import current_host
 from prebake.engine.fleet.plan import make_plan
 from prebake.engine.fleet.profiles import host_profile, render_toml
@@ -83,37 +83,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     elif args.format == "github-matrix":
         print(json.dumps(github_matrix(rows), separators=(",", ":")))
     else:
-        print(render_table(fleet, rows))
+        print(fleet.render(rows))
     return 0
-
-
-def render_table(fleet: FleetPlan, rows: tuple[TargetPlan, ...]) -> str:
-    kinds = [k.kind for k in rows[0].kinds] if rows else []
-    headers = ("TARGET", "STATUS", *(k.upper() for k in kinds), "NEEDS", "RUNNER LABELS", "PROFILE", "HERE")
-    body = [
-        (
-            t.id,
-            t.status,
-            *(k.status for k in t.kinds),
-            _needs(t),
-            ",".join(t.requirement.runner_labels),
-            t.profile or "-",
-            "yes" if t.buildable_here else "no",
-        )
-        for t in rows
-    ]
-    counts = {s: sum(1 for t in rows if t.status == s) for s in ("present", "missing", "unknown", "unbuildable")}
-    summary = f"{fleet.recipe} against {fleet.registry}: {len(rows)} targets x {len(kinds)} kinds; " + ", ".join(
-        f"{n} {s}" for s, n in counts.items() if n
-    )
-    notes = sorted({f"  {t.id}: {t.reason}" for t in rows if t.reason and t.status in ("unknown", "unbuildable")})
-    return "\n".join([table(headers, body) if body else "no targets", summary, *notes[:8]])
-
-
-def _needs(t: TargetPlan) -> str:
-    need = t.requirement
-    where = f"{need.device} {need.arch}".strip()
-    return f"{where} x{need.accelerators}" if need.accelerators else where
 
 
 def cmd_profile(args: argparse.Namespace) -> int:

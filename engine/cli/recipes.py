@@ -1,4 +1,4 @@
-"""`prebake recipes`: every recipe the search order finds, and from where (artifacts/recipe/schema.py).
+"""`prebake recipes`: every recipe the search order finds, and from where (artifacts/recipe/catalog.py).
 
 The order is the same for `doit bake` and `prebake`: $PREBAKE_RECIPES's folders, then ./recipes
 in the working folder, then the shipped recipes; the first file of a name wins.
@@ -10,7 +10,7 @@ import argparse
 import json
 
 from prebake.artifacts.recipe.catalog import RecipeCatalog
-from prebake.engine.cli.common import command, json_option, table
+from prebake.engine.cli.common import command, json_option
 
 
 def add(sub) -> None:
@@ -30,8 +30,5 @@ def cmd_recipes(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(catalog.to_json(), indent=2, sort_keys=True))
         return 0
-    found, folders = catalog.recipes, catalog.folders
-    rows = [(r.name, r.source, str(r.path), f"shadowed by {r.shadowed_by}" if r.shadowed_by else "") for r in found]
-    print(table(("NAME", "FROM", "PATH", ""), rows) if rows else "no recipes found")
-    print("searched, first match wins: " + "; ".join(f"{f.path} ({f.source})" for f in folders))
+    print(catalog.render())
     return 0

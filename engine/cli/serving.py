@@ -9,8 +9,8 @@ import sys
 
 from prebake.engine.adapters import adapter_named, start_options
 from prebake.engine.cli.common import command, engine_options, json_option, registry_option, target_options
-from prebake.engine.common.adapter import Fetched, StartRequest
-from prebake.engine.common.advice import miss_advice, miss_exit_code
+from prebake.engine.common.adapter import FETCH_TIMEOUT_S, REGISTRY_TIMEOUT_S, Fetched, StartRequest
+from prebake.engine.common.advice import bake_command, miss_advice, miss_exit_code
 from prebake.engine.common.exports import shell_exports
 
 
@@ -30,7 +30,7 @@ def add(sub) -> None:
     target_options(fetch)
     json_option(fetch, "the environment and the bundles (or the misses)")
     registry_option(fetch)
-    timeout_options(fetch, registry_timeout=StartRequest(model="-").registry_timeout)
+    timeout_options(fetch, registry_timeout=REGISTRY_TIMEOUT_S["fetch"])
     engine_options(fetch, "fetch")
     fetch.set_defaults(run=cmd_fetch, start_command="fetch")
 
@@ -64,7 +64,7 @@ def add(sub) -> None:
         help="when a bundle misses: compile in place (default) or exit (3 nothing matches, 4 registry unavailable)",
     )
     serve.add_argument("--write-back", action="store_true", help="publish what was compiled in place to the registry")
-    timeout_options(serve, registry_timeout=5.0)
+    timeout_options(serve, registry_timeout=REGISTRY_TIMEOUT_S["serve"])
     engine_options(serve, "serve")  # --engine, --mounted, and each engine's own (its EngineSpec's options)
     serve.set_defaults(run=cmd_serve, start_command="serve")
 
@@ -100,7 +100,10 @@ def timeout_options(parser: argparse.ArgumentParser, *, registry_timeout: float)
         f"(default {registry_timeout:g})",
     )
     parser.add_argument(
-        "--fetch-timeout", type=_seconds, default=600.0, help="seconds the downloads may take (default 600)"
+        "--fetch-timeout",
+        type=_seconds,
+        default=FETCH_TIMEOUT_S,
+        help=f"seconds the downloads may take (default {FETCH_TIMEOUT_S:g})",
     )
 
 
@@ -145,7 +148,7 @@ def _print_fetched(args: argparse.Namespace, fetched: Fetched, address: str) -> 
         print(f"prebake: {note}", file=sys.stderr)
     advice = None
     if fetched.misses:
-        bake = f"doit bake model={args.model}" + (f" precision={args.precision}" if args.precision else "")
+        bake = bake_command(args.model, args.precision or None)
         advice = miss_advice(fetched.misses, target=fetched.target, bake=bake, address=address)
         print(f"prebake: {advice}", file=sys.stderr)
     if args.json:

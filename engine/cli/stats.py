@@ -6,7 +6,7 @@ import argparse
 import json
 
 from prebake.artifacts.errors import ExitCode
-from prebake.artifacts.store.stats import read_stats
+from prebake.artifacts.store.stats.ledger import read_stats
 from prebake.engine.cli.common import command, json_option, writes_with
 from prebake.engine.compose import open_store
 

@@ -10,8 +10,9 @@ import argparse
 import json
 
 from prebake.artifacts.errors import ExitCode
+from prebake.artifacts.fsutil import human_size
 from prebake.artifacts.store import admin as store_admin
-from prebake.artifacts.store.inventory import StoredBundle, inventory
+from prebake.artifacts.store.inventory import inventory
 from prebake.artifacts.store.settings import DEFAULT_MAX_BYTES, parse_size
 from prebake.engine.adapters import kind_names
 from prebake.engine.cli.common import (
@@ -20,8 +21,6 @@ from prebake.engine.cli.common import (
     command,
     json_option,
     reads_with,
-    size,
-    table,
     writes_with,
 )
 from prebake.engine.compose import address_in_force, gc_trust, open_store
@@ -114,7 +113,7 @@ def gc_options(gc: argparse.ArgumentParser) -> None:
     gc.add_argument(
         "--max-size",
         help="how large the store may be, e.g. 10G or 500M "
-        f"(default: $PREBAKE_STORE_MAX_BYTES, else {size(DEFAULT_MAX_BYTES)})",
+        f"(default: $PREBAKE_STORE_MAX_BYTES, else {human_size(DEFAULT_MAX_BYTES)})",
     )
     gc.add_argument("--dry-run", action="store_true", help="remove nothing; show what would be evicted")
     json_option(gc)
@@ -134,37 +133,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 def cmd_store_ls(args: argparse.Namespace) -> int:
-    store = open_store()
-    listed = inventory(store)
-    if args.json:
-        _print_json(listed.to_json())
-        return ExitCode.OK
-    bundles = listed.bundles
-    if not bundles:
-        print(f"no bundles installed in {store.home}")
-        return ExitCode.OK
-    headers = ("MODEL", "KIND", "KEY", "BLOB", "SIZE", "LAST USE", "HELD")
-    rows = [_ls_row(b) for b in bundles]
-    print(table(headers, rows))
-    print(f"{len(bundles)} bundle(s), {size(listed.total_bytes)} in {store.home}")
+    _show(args, inventory(open_store()))
     return ExitCode.OK
-
-
-def _ls_row(b: StoredBundle) -> tuple[str, ...]:
-    first = b.manifests[0] if b.manifests else None
-    more = f" +{len(b.manifests) - 1}" if len(b.manifests) > 1 else ""
-    held = ("yes" + (f" (pid {','.join(map(str, b.holders))})" if b.holders else "")) if b.held else "no"
-    state = "" if b.has_tree else " (no tree)"
-    last_use = b.to_json()["last_use"] or "-"
-    return (
-        (first.labels.get("model") if first else None) or "?",
-        (first.kind if first else "-") + more,
-        (first.key_digest[:16] if first else "(no index entry)") + state,
-        b.hex[:12],
-        size(b.entry.bytes),
-        last_use.replace("T", " ").removesuffix("Z"),
-        held,
-    )
 
 
 def cmd_store_verify(args: argparse.Namespace) -> int:

@@ -37,6 +37,11 @@ from prebake.artifacts.store.local import Installed, Store
 from prebake.engine.common.probe import Host, Package
 from prebake.registry.review.writeback import WriteBackTarget
 
+# How long the registry lookup may take, by command: `serve` compiles when the registry is slow, so
+# it waits less; `fetch` has nothing else to do. Then the registry counts as unavailable.
+REGISTRY_TIMEOUT_S = {"fetch": 30.0, "serve": 5.0}
+FETCH_TIMEOUT_S = 600.0  # how long the downloads (and write-back) may take
+
 
 class EngineStartError(PrebakeError, RuntimeError):
     """An engine started by an adapter exited, or did not become ready in time."""
@@ -49,8 +54,8 @@ class StartRequest:
     model: str
     precision: str | None = None
     tp: int | None = None
-    registry_timeout: float = 30.0  # seconds the lookup may take (serve: 5); then the engine starts without bundles
-    fetch_timeout: float = 600.0  # seconds downloads (and write-back) may take
+    registry_timeout: float = REGISTRY_TIMEOUT_S["fetch"]  # then the engine starts without bundles
+    fetch_timeout: float = FETCH_TIMEOUT_S
     on_miss: Literal["compile", "fail"] = "compile"
     write_back: bool = False
     host: str | None = None

@@ -25,9 +25,16 @@ def miss_exit_code(misses: Iterable[Miss]) -> ExitCode:
     return ExitCode.MISS
 
 
+def bake_command(model: str, precision: str | None = None, tp: int | None = None) -> str:
+    """The `doit bake` command line that bakes `model` (narrowed to a precision, a tp size): the
+    one spelling of the advice to bake, for every miss and refusal that gives it."""
+    given = {"model": model, "precision": precision, "tp": tp}
+    return " ".join(["doit bake", *(f"{name}={value}" for name, value in given.items() if value is not None)])
+
+
 def miss_advice(misses: Iterable[Miss], *, target: str, bake: str, address: str) -> str:
     """The one next step for a set of misses: fix the registry's access, or bake what is missing
-    (`bake` is the command that bakes the target, e.g. "doit bake model=tiny-llama precision=bf16")."""
+    (`bake` is the command that bakes the target: `bake_command`'s)."""
     misses = list(misses)
     code = miss_exit_code(misses)
     if code == ExitCode.FULL:

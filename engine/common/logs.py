@@ -7,6 +7,8 @@
 One handler on the root logger, writing to stderr, reached by every module's logger (uvicorn's
 too). Library code only logs; only `configure` (called by the `prebake` command) sets handlers.
 `Countdown` writes the "[i/N] ... (~12 s left)" prefix of long loops over every step shape.
+`quiet_dependency_deprecations` sends a dependency's deprecation warnings (torch's, at every step
+shape a bake compiles) to the debug log once each: a build tool's output shows its own lines.
 """
 
 from __future__ import annotations
@@ -16,12 +18,17 @@ import logging
 import os
 import sys
 import time
+import warnings
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TextIO
 
 LEVEL_VARIABLE, FORMAT_VARIABLE = "PREBAKE_LOG_LEVEL", "PREBAKE_LOG_FORMAT"
 _HANDLER_NAME = "prebake"
+_DEPRECATIONS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
+# prebake's own folders, checkout or wheel alike: a warning raised from code under them is ours
+_OURS = tuple(str(Path(__file__).resolve().parents[2] / name) + os.sep for name in ("artifacts", "engine", "registry"))
 
 
 class LogSettingError(ValueError):
@@ -71,7 +78,30 @@ def configure(environ: Mapping[str, str] | None = None, stream: TextIO | None = 
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
+    quiet_dependency_deprecations()
     return handler
+
+
+def quiet_dependency_deprecations() -> None:
+    """From now on in this process, a deprecation warning raised in a dependency's code goes to the
+    `py.warnings` logger at DEBUG, once per message (torch's own `catch_warnings` blocks reset
+    Python's once-per-place memory, so its warnings repeat at every compile); prebake's own warnings
+    and every other category show as before. Installed once; a second call changes nothing."""
+    shown = warnings.showwarning
+    if getattr(shown, "quiets_dependencies", False):
+        return
+    logged: set[tuple[type[Warning], str]] = set()
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if not issubclass(category, _DEPRECATIONS) or os.path.realpath(filename).startswith(_OURS):
+            return shown(message, category, filename, lineno, file, line)
+        if (category, str(message)) not in logged:
+            logged.add((category, str(message)))
+            logging.getLogger("py.warnings").debug("%s:%s: %s: %s", filename, lineno, category.__name__, message)
+        return None
+
+    show.quiets_dependencies = True  # type: ignore[attr-defined]
+    warnings.showwarning = show
 
 
 class Countdown:

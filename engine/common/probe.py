@@ -4,7 +4,7 @@ Sources, none of which imports torch (a no-op bake stays fast): package metadata
 the habana plugin, the CUDA runtime torch was built against, and every package an engine declares:
 `declare_packages`), /proc (CPU architecture and ISA flags), nvidia-smi and hl-smi (when on PATH,
 time-boxed). An absent tool means no such device; one that fails, prints nonsense or hangs past
-TOOL_TIMEOUT_S means the same plus a note on the Host: the probe never raises for what it finds.
+TOOL_TIMEOUT_S (host_tools.py) means the same plus a note on the Host: the probe never raises for what it finds.
 It describes the machine, not one process's slice (CUDA_VISIBLE_DEVICES and HABANA_VISIBLE_MODULES
 are not applied), so every process on a host computes the same keys; a host with mixed
 accelerators is described by its first device (with a note).
@@ -12,52 +12,29 @@ accelerators is described by its first device (with a note).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.metadata
 import os
-import platform as _platform
 import re
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from prebake.artifacts.bundle.manifest import SCHEMA_VERSION
 from prebake.artifacts.errors import PrebakeError
 from prebake.artifacts.recipe.schema import DTYPES
+from prebake.engine.common.cpu import isa_levels
+from prebake.engine.common.host_tools import Runner, run_time_boxed, tool_rows
 
 DEVICES = ("cpu", "cuda", "gaudi")
-TOOL_TIMEOUT_S = 5.0
 
 NVIDIA_SMI_ARGS = ("--query-gpu=name,compute_cap,driver_version", "--format=csv,noheader")
 HL_SMI_ARGS = ("-Q", "name,driver_version", "-f", "csv,noheader")
 
-# ISA levels, lowest first; a level is present when the CPU reports every flag it needs.
-# These are the vector ISAs Inductor's CPU code generation picks between.
-_ISA_LADDERS: dict[str, tuple[tuple[str, frozenset[str]], ...]] = {
-    "x86_64": (
-        ("avx2", frozenset({"avx2", "fma"})),
-        ("avx512", frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"})),
-        ("amx", frozenset({"amx_tile"})),
-    ),
-    "aarch64": (
-        ("neon", frozenset({"asimd"})),
-        ("sve", frozenset({"sve"})),
-        ("sve2", frozenset({"sve2"})),
-    ),
-}
-_MACHINE_ALIASES = {"amd64": "x86_64", "arm64": "aarch64"}
 # hl-smi product name prefix -> Gaudi generation (HL-205; HL-225, HL-225B; HL-325, HL-325L, HL-338).
 _GAUDI_PRODUCTS = (("HL-20", "gaudi"), ("HL-22", "gaudi2"), ("HL-3", "gaudi3"))
 _FP8_BUILDERS = "a CUDA GPU of sm_89 or newer (Ada, Hopper, Blackwell) or a Gaudi2/Gaudi3"
-
-Runner = Callable[..., subprocess.CompletedProcess]
 
 
 @dataclass(frozen=True)
@@ -227,10 +204,10 @@ def probe(
     engine packages to read (default: every declared one).
     """
     notes: list[str] = []
-    run = run or _run_time_boxed
-    isa, cpu_arch = _cpu(Path(proc_root), notes)
-    cuda = _cuda(_tool_rows("nvidia-smi", NVIDIA_SMI_ARGS, run, env, notes), isa, notes)
-    gaudi = _gaudi(_tool_rows("hl-smi", HL_SMI_ARGS, run, env, notes), isa, notes)
+    run = run or run_time_boxed
+    isa, cpu_arch = isa_levels(Path(proc_root), notes)
+    cuda = _cuda(tool_rows("nvidia-smi", NVIDIA_SMI_ARGS, run, env, notes), isa, notes)
+    gaudi = _gaudi(tool_rows("hl-smi", HL_SMI_ARGS, run, env, notes), isa, notes)
     if cuda and gaudi:
         notes.append("both nvidia-smi and hl-smi report devices; describing the NVIDIA GPUs")
     platform, driver = cuda or gaudi or (Platform("cpu", cpu_arch, "", 1, isa), None)
@@ -244,47 +221,6 @@ def probe(
 def current_host() -> Host:
     """This process's host, probed once: doit asks for it per task and the answer is fixed."""
     return probe()
-
-
-# --- CPU ---------------------------------------------------------------------------------
-
-
-def usable_cores() -> int:
-    """The cores this process may run on: its affinity mask (taskset, a cgroup's cpuset), else the machine's."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def cpu_flags(proc_root: Path = Path("/proc")) -> frozenset[str]:
-    """The CPU's flags as /proc/cpuinfo lists them for its first processor; empty where it lists none."""
-    return _cpu_flags(proc_root / "cpuinfo", [])
-
-
-def _cpu(proc_root: Path, notes: list[str]) -> tuple[tuple[str, ...], str]:
-    """(ISA levels sorted, arch: the machine and its highest level, "x86_64+avx512")."""
-    try:
-        machine = (proc_root / "sys" / "kernel" / "arch").read_text().strip()
-    except OSError:
-        machine = _platform.machine()
-    machine = _MACHINE_ALIASES.get(machine.lower(), machine.lower())
-    flags = _cpu_flags(proc_root / "cpuinfo", notes)
-    present = [level for level, needs in _ISA_LADDERS.get(machine, ()) if needs <= flags]
-    arch = f"{machine}+{present[-1]}" if present else machine
-    return tuple(sorted(present)), arch
-
-
-def _cpu_flags(cpuinfo: Path, notes: list[str]) -> frozenset[str]:
-    """The first processor's flags ("flags" on x86, "Features" on aarch64)."""
-    try:
-        with cpuinfo.open(encoding="utf-8", errors="replace") as lines:
-            for line in lines:
-                name, sep, value = line.partition(":")
-                if sep and name.strip() in ("flags", "Features"):
-                    return frozenset(value.split())
-    except OSError as exc:
-        notes.append(f"could not read {cpuinfo} ({exc.strerror}); no CPU ISA levels assumed")
-        return frozenset()
-    notes.append(f"{cpuinfo} lists no CPU flags; no CPU ISA levels assumed")
-    return frozenset()
 
 
 # --- accelerators --------------------------------------------------------------------------
@@ -323,59 +259,6 @@ def _gaudi(rows: list[list[str]] | None, isa: tuple[str, ...], notes: list[str])
         generation = name.lower()
         notes.append(f"unknown Gaudi product {name!r}; keyed by its own name, {generation!r}")
     return Platform("gaudi", generation, name, alike, isa), driver
-
-
-def _tool_rows(
-    tool: str, args: Sequence[str], run: Runner, env: Mapping[str, str], notes: list[str]
-) -> list[list[str]] | None:
-    """The tool's CSV rows, or None when it is absent, fails, or hangs (with a note for the last two)."""
-    exe = shutil.which(tool, path=env.get("PATH", os.defpath))
-    if exe is None:
-        return None
-    try:
-        done = run([exe, *args], capture_output=True, text=True, timeout=TOOL_TIMEOUT_S, env=dict(env))
-    except subprocess.TimeoutExpired:
-        notes.append(f"{tool} did not answer within {TOOL_TIMEOUT_S:g} s; assuming no such device")
-        return None
-    except (OSError, subprocess.SubprocessError) as exc:
-        notes.append(f"{tool} could not run ({exc}); assuming no such device")
-        return None
-    if done.returncode != 0:
-        said = (done.stderr or done.stdout or "").strip().splitlines()
-        notes.append(f"{tool} exited {done.returncode} ({said[0] if said else 'no output'}); assuming no such device")
-        return None
-    return [[field.strip() for field in line.split(",")] for line in done.stdout.splitlines() if line.strip()]
-
-
-def _run_time_boxed(
-    argv: Sequence[str], *, capture_output: bool, text: bool, timeout: float, env: Mapping[str, str]
-) -> subprocess.CompletedProcess:
-    """subprocess.run for the probe's tools, except that a timeout never waits on the tool.
-
-    On timeout subprocess.run kills only the tool, not what it started, and then waits for it
-    to exit, which a tool stuck in the kernel behind a GPU that fell off the bus may never do.
-    Here the tool gets its own session, output goes to temporary files (nothing left running
-    can hold a pipe open), and on timeout the whole session is killed and reaped in the
-    background.
-    """
-    if not (capture_output and text):
-        raise ValueError("the probe's runner only captures text output")
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        child = subprocess.Popen(
-            list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=dict(env), start_new_session=True
-        )
-        try:
-            returncode = child.wait(timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, signal.SIGKILL)
-            threading.Thread(target=child.wait, name=f"reap {argv[0]}", daemon=True).start()
-            raise
-        out.seek(0)
-        err.seek(0)
-        return subprocess.CompletedProcess(
-            list(argv), returncode, out.read().decode(errors="replace"), err.read().decode(errors="replace")
-        )
 
 
 # --- software ------------------------------------------------------------------------------

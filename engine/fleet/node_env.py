@@ -2,7 +2,7 @@
 secrets always, the credentials only when asked (`prebake bake --executor ray --forward-credentials`).
 
     forwarded(env, credentials=False)   the variables for Ray's runtime_env {"env_vars": ...}
-    describe(env, address)              one line naming the registry and the settings a node used
+    registry_used(env, address)         one line naming the registry and the settings a node used
 
 A Ray task sees the node's environment, not the driver's: without forwarding, a bake driven with
 AWS_ENDPOINT_URL pointing at a MinIO server fails on every node with a bare RegistryUnavailable.
@@ -61,7 +61,7 @@ def forwarded(env: Mapping[str, str], *, credentials: bool = False) -> dict[str,
     return {n: env[n] for n in sorted(names) if n in env}
 
 
-def describe(env: Mapping[str, str], address: str | None) -> str:
+def registry_used(env: Mapping[str, str], address: str | None) -> str:
     """The registry a node used and the settings that decide where it went, credentials by presence only."""
     where = address or env.get("PREBAKE_REGISTRY") or "this node's embedded registry ($PREBAKE_HOME/registry)"
     shown = [f"{n}={env[n]}" for n in SHOWN if env.get(n)]

@@ -30,9 +30,10 @@ from prebake.artifacts.errors import HostCannotBuildError
 from prebake.artifacts.extras import require
 from prebake.artifacts.recipe.kinds import target_keys
 from prebake.artifacts.recipe.schema import Recipe, load_recipe, targets
-from prebake.engine.adapters import kinds_for
+from prebake.artifacts.tables import table
+from prebake.engine.adapters import kind_names, kinds_for
 from prebake.engine.common.probe import probe
-from prebake.engine.fleet.node_env import describe, forwarded
+from prebake.engine.fleet.node_env import forwarded, registry_used
 from prebake.engine.fleet.plan import make_plan
 
 BUILT, ALREADY, FAILED, NO_NODE, NOT_BUILDABLE = "built", "already present", "failed", "no matching node", "unbuildable"
@@ -58,7 +59,7 @@ class RayBake:
 
 @dataclass(frozen=True)
 class RayReport:
-    """Every (target, kind) of the matrix with its outcome; the CLI renders it."""
+    """Every (target, kind) of the matrix with its outcome; it renders itself for `prebake bake`."""
 
     rows: tuple[KindOutcome, ...]
     submitted: int
@@ -66,6 +67,20 @@ class RayReport:
     @property
     def failed(self) -> bool:
         return any(r.outcome in (FAILED, NO_NODE) for r in self.rows)
+
+    def render(self) -> str:
+        """A table, one row per target x kind (kinds in build order), then the counts."""
+        order = kind_names()
+        rank = {kind: i for i, kind in enumerate(order)}
+        body = [
+            (r.target, r.kind, r.outcome, r.node or "-", r.reason[:160])
+            for r in sorted(self.rows, key=lambda r: (r.target, rank.get(r.kind, len(order)), r.kind))
+        ]
+        counts = {
+            o: sum(1 for r in self.rows if r.outcome == o) for o in (BUILT, ALREADY, FAILED, NO_NODE, NOT_BUILDABLE)
+        }
+        summary = f"{self.submitted} Ray tasks submitted; " + ", ".join(f"{n} {o}" for o, n in counts.items() if n)
+        return table(("TARGET", "KIND", "OUTCOME", "NODE", "REASON"), body) + "\n" + summary
 
 
 @dataclass(frozen=True)
@@ -106,7 +121,7 @@ def bake_target(job: BakeJob) -> tuple[KindOutcome, ...]:
         try:
             before = _present(recipe, target, host, job.registry)
         except Exception as exc:  # the registry as this node sees it: say which, and with what settings
-            why = f"{type(exc).__name__}: {exc}; {describe(os.environ, job.registry)}"
+            why = f"{type(exc).__name__}: {exc}; {registry_used(os.environ, job.registry)}"
             return tuple(KindOutcome(target.name, kind, FAILED, why, node) for kind in kinds_for(recipe, target).names)
         proc = _run_bake(job, folder)
     said = {m["kind"]: m["note"] for m in _NOTE.finditer(proc.stdout) if m["target"] == job.target_id}
@@ -123,7 +138,7 @@ def bake_target(job: BakeJob) -> tuple[KindOutcome, ...]:
         elif proc.returncode == 0:
             outcomes.append(KindOutcome(target.name, kind, ALREADY, "up to date", node))
         else:
-            why = f"bake exited {proc.returncode}: {tail}; {describe(os.environ, job.registry)}"
+            why = f"bake exited {proc.returncode}: {tail}; {registry_used(os.environ, job.registry)}"
             outcomes.append(KindOutcome(target.name, kind, FAILED, why, node))
     return tuple(outcomes)
 
@@ -310,7 +325,7 @@ def _all(t: TargetPlan, outcome: str, reason: str) -> list[KindOutcome]:
 
 
 def _recipe_text(model: str, recipe: Recipe) -> str:
-    from prebake.artifacts.recipe.schema import recipe_dirs
+    from prebake.artifacts.recipe.catalog import recipe_dirs
 
     path = (
         Path(model)

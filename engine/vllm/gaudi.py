@@ -83,7 +83,7 @@ def build_variables(recipe: Recipe, out: Path, buckets_tree: Path | None = None)
     return buckets | {RECIPE_CACHE_ENV: recipe_cache_config(folder, True, DEFAULT_CACHE_MB)}
 
 
-def serving_variables(recipe: Recipe, local_recipes: Path, buckets_tree: Path | None = None) -> dict[str, str]:
+def hpu_variables(recipe: Recipe, local_recipes: Path, buckets_tree: Path | None = None) -> dict[str, str]:
     """A Gaudi server's variables: the same buckets, and its local copy of the recipes, reused."""
     size = max(DEFAULT_CACHE_MB, 2 * folder_mb(local_recipes))  # never below what is there: it would evict
     buckets = bucket_variables(recipe, buckets_tree, local_recipes.parent)

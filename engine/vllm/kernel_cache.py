@@ -4,7 +4,8 @@
         checks the address, the pairing of runtime image and model URI, and that the recipe is vLLM's
         resolves the target's graphs bundle (lookup, the trust policy in force, install), checked to
         hold every tensor-parallel rank's compile cache (prebake.engine.vllm.ranks)
-        builds the image from the installed tree in the store's scratch (registry/oci/kernel_cache.py)
+        describes the installed cache tree (cache_tree.py) and builds the image in the store's scratch
+            (registry/oci/kernel_cache.py)
         pushes it with prebake's OCI client: Pushed, or NotBaked with the misses
 
 The command only parses its flags and prints the report (engine/cli/kernel_cache.py).
@@ -23,6 +24,8 @@ from prebake.artifacts.fetch.outcome import Miss, Resolution
 from prebake.artifacts.recipe.kinds import TargetKeys
 from prebake.artifacts.recipe.schema import Recipe, load_recipe
 from prebake.artifacts.store.local import Installed, Store
+from prebake.engine.common.advice import bake_command
+from prebake.engine.vllm.cache_tree import DEFAULT_CACHE_PATH, read_cache_tree
 
 
 class KernelCacheContext(Protocol):
@@ -49,7 +52,7 @@ class KernelCacheRequest:
     tp: int | None = None
     runtime_image: str | None = None
     model_uri: str | None = None
-    cache_path: str = "/root/.cache/vllm"
+    cache_path: str = DEFAULT_CACHE_PATH
 
     def address_and_tag(self) -> tuple[str, str]:
         """(oci://HOST/REPO, TAG); PrebakeError naming the form when --to is not one."""
@@ -100,7 +103,7 @@ class NotBaked:
         return {"complete": False, "misses": [m.to_json() for m in self.misses]}
 
     def render(self) -> str:
-        return "\n".join([*(m.explain() for m in self.misses), f"prebake: bake it first: doit bake model={self.model}"])
+        return "\n".join([*(m.explain() for m in self.misses), f"prebake: bake it first: {bake_command(self.model)}"])
 
 
 def push_kernel_cache(request: KernelCacheRequest, open_context: Callable[[], KernelCacheContext]) -> Pushed | NotBaked:
@@ -128,12 +131,11 @@ def push_kernel_cache(request: KernelCacheRequest, open_context: Callable[[], Ke
         scratch = context.store.scratch(f"kernel-cache-{installed.manifest.key_digest[:16]}")
         try:
             image = build_image(
-                installed.tree,
+                read_cache_tree(installed.tree, installed.manifest, request.cache_path),
                 installed.manifest,
                 scratch,
                 runtime_image=request.runtime_image,
                 model_uri=request.model_uri,
-                cache_path=request.cache_path,
                 ranks=ranks,
             )
             digest = push_image(image, address, tag)
@@ -156,12 +158,13 @@ def checked_ranks(installed: Installed, tp: int) -> tuple[int, ...]:
     """The ranks 0..tp-1, once the installed tree is checked to hold each one's compile cache
     (prebake.engine.vllm.ranks); an image a rank could not start from is refused, the rank named."""
     from prebake.engine.vllm.process import CACHE_DIR, read_report
-    from prebake.engine.vllm.ranks import describe, gaps
+    from prebake.engine.vllm.ranks import describe_gaps, gaps
 
     found = gaps(installed.tree / CACHE_DIR, tp, read_report(installed.tree).get("ranks"))
     if found:
+        bake = bake_command(installed.manifest.labels.get("model") or "...", tp=tp)
         raise PrebakeError(
-            f"graphs {installed.manifest.key_digest[:16]} is baked for tp={tp}, but {describe(found)}; "
-            f"no kernel-cache image is made from it: rebake it (doit bake model=... tp={tp}) and push again"
+            f"graphs {installed.manifest.key_digest[:16]} is baked for tp={tp}, but {describe_gaps(found)}; "
+            f"no kernel-cache image is made from it: rebake it ({bake}) and push again"
         )
     return tuple(range(tp))

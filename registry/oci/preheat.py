@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from prebake.artifacts.bundle.manifest import Manifest
+from prebake.artifacts.fsutil import human_size
 from prebake.artifacts.layout import side_folder_relpath
 from prebake.artifacts.ports.errors import BlobDigestMismatch, RegistryUnavailable
 from prebake.artifacts.ports.objects import Stored
@@ -43,6 +44,11 @@ class Preheated:
     side_files: int
     seconds: float
 
+    def render(self) -> str:
+        """Its progress line of `prebake preheat`."""
+        state = "pulled through" if self.pulled else "already held"
+        return f"{self.kind:9s} {self.key_digest[:16]}  {human_size(self.size):>9s}  {state}  ({self.seconds:.1f} s)"
+
 
 @dataclass(frozen=True)
 class PreheatReport:
@@ -53,6 +59,11 @@ class PreheatReport:
 
     def to_json(self) -> dict[str, object]:
         return {"mirror": self.mirror, "bundles": [dataclasses.asdict(b) for b in self.bundles]}
+
+    def render(self) -> str:
+        """The closing line of `prebake preheat` (each bundle's line went out as it was done)."""
+        pulled = sum(b.pulled for b in self.bundles)
+        return f"{len(self.bundles)} bundles through {self.mirror}: {pulled} pulled, {len(self.bundles) - pulled} already held"
 
 
 def preheat(

@@ -30,6 +30,7 @@ from prebake.artifacts.layout import index_relpath
 from prebake.artifacts.ports.errors import RegistryError, RegistryNotFound, RegistryUnavailable
 from prebake.artifacts.ports.listing import Listed, ListingSummary, Read, summarised_listing
 from prebake.artifacts.ports.registry import Published
+from prebake.registry.oci.address import OCIAddress, OCISettings
 from prebake.registry.oci.artifact import (
     MANIFEST_TYPE,
     MAX_OCI_MANIFEST_BYTES,
@@ -47,7 +48,7 @@ from prebake.registry.oci.artifact import (
 )
 from prebake.registry.oci.artifact import read as read_entry
 from prebake.registry.oci.blob import download
-from prebake.registry.oci.client import Distribution, OCIAddress, OCISettings
+from prebake.registry.oci.client import Distribution
 from prebake.registry.oci.files import OCIFiles
 from prebake.registry.shared.http import Bound, pause, read_bounded
 from prebake.registry.shared.parts import SharedParts, publishing, vanished

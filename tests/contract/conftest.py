@@ -281,7 +281,7 @@ def _chain_down(request, tmp_path: Path, monkeypatch) -> Registry:
 
 def _oci_down(request, tmp_path: Path, monkeypatch) -> Registry:
     from prebake.registry.oci import OCIRegistry
-    from prebake.registry.oci.client import OCISettings
+    from prebake.registry.oci.address import OCISettings
 
     host = f"127.0.0.1:{free_port()}"
     return OCIRegistry(f"oci://{host}/team/down", OCISettings(max_attempts=2, timeout_s=2, plain_http=(host,)))

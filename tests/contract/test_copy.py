@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from prebake.artifacts.bake.provenance import SIDE_NAME
+from prebake.artifacts.ports.registry import Buffered
 from prebake.artifacts.store.local import Store
 from prebake.registry.backends.file import FileRegistry
 from prebake.registry.copy import Selection, copy_bundles, revocation_check_in_force
@@ -66,8 +67,8 @@ def target(request, tmp_path) -> Backend:
 
 
 def _closed(registry) -> None:
-    if callable(close := getattr(registry, "close", None)):
-        close()
+    if isinstance(registry, Buffered):
+        registry.finish()
 
 
 def test_copy_to_and_from_every_backend_carries_bundles_attestations_and_the_revocation_list(staged, target, tmp_path):

@@ -15,7 +15,7 @@ import pytest
 
 from prebake.artifacts.ports.errors import RegistryUnavailable
 from prebake.registry.oci import OCIRegistry
-from prebake.registry.oci.client import OCISettings
+from prebake.registry.oci.address import OCISettings
 from tests.support.bundles import make_bundle
 from tests.support.oci_server import write_docker_config
 from tests.support.ports import free_port

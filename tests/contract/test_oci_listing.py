@@ -28,7 +28,7 @@ def plain(tmp_path_factory):
 
 def _registry(plain):
     from prebake.registry.oci import OCIRegistry
-    from prebake.registry.oci.client import OCISettings
+    from prebake.registry.oci.address import OCISettings
 
     server, proxy = plain
     host = proxy.url.removeprefix("http://")

@@ -20,7 +20,7 @@ SOCKET_SLACK = 32 << 20  # what loopback's buffers may hold beyond what the clie
 def through_proxy(origin, scenario, in_force, monkeypatch, tmp_path):
     """A repository holding one signed bundle, and the fault proxy in front of the registry."""
     from prebake.registry.oci import OCIRegistry
-    from prebake.registry.oci.client import OCISettings
+    from prebake.registry.oci.address import OCISettings
 
     for name in ("PREBAKE_OCI_TIMEOUT_S", "PREBAKE_OCI_CA_BUNDLE", "PREBAKE_OCI_USERNAME", "DOCKER_CONFIG"):
         monkeypatch.delenv(name, raising=False)

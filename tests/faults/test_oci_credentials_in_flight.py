@@ -36,7 +36,7 @@ def test_a_blob_redirected_to_another_host_reaches_it_without_the_registrys_logi
     tmp_path, origin, scenario, in_force, login
 ):
     from prebake.registry.oci import OCIRegistry
-    from prebake.registry.oci.client import OCISettings
+    from prebake.registry.oci.address import OCISettings
 
     bundle = in_force.bundle(tmp_path / "bake", payload_bytes=64 << 10)
     repo = f"faults/redirect{uuid.uuid4().hex[:10]}"
@@ -79,7 +79,7 @@ def test_a_token_refused_as_expired_in_the_middle_of_a_ranged_fetch_is_renewed_a
     tmp_path, token_origin, scenario, in_force, login
 ):
     from prebake.registry.oci import OCIRegistry
-    from prebake.registry.oci.client import OCISettings
+    from prebake.registry.oci.address import OCISettings
 
     server, tokens = token_origin
     bundle = in_force.bundle(tmp_path / "bake", payload_bytes=3 << 20)  # 3 MiB: ranged parts of 1 MiB

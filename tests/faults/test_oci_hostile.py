@@ -22,7 +22,7 @@ from tests.faults.procs import unbounded
 @pytest.fixture
 def registry(origin):
     from prebake.registry.oci import OCIRegistry
-    from prebake.registry.oci.client import OCISettings
+    from prebake.registry.oci.address import OCISettings
 
     return OCIRegistry(
         origin.address(f"hostile/r{uuid.uuid4().hex[:10]}"), OCISettings(plain_http=(origin.host,), settle_s=0)

@@ -32,7 +32,7 @@ PAYLOAD = (4 << 20) + (512 << 10)
 def parts(origin: OCIServer, monkeypatch, tmp_path, scenario, in_force):
     """A signed bundle of five parts in a fresh repository, and a fault proxy in front of the server."""
     from prebake.registry.oci import OCIRegistry
-    from prebake.registry.oci.client import OCISettings
+    from prebake.registry.oci.address import OCISettings
 
     for name in ("PREBAKE_OCI_CA_BUNDLE", "PREBAKE_OCI_USERNAME", "DOCKER_CONFIG", "PREBAKE_OCI_PARTS"):
         monkeypatch.delenv(name, raising=False)
@@ -160,7 +160,7 @@ def test_a_cold_mirror_streams_the_blob_whole_and_a_warm_one_serves_parts(
 ):
     """distribution 2.8's pull-through mirror ignores Range for a blob it does not hold yet."""
     from prebake.registry.oci import OCIRegistry
-    from prebake.registry.oci.client import OCISettings
+    from prebake.registry.oci.address import OCISettings
 
     repo = f"ranged/m{uuid.uuid4().hex[:10]}"
     bundle = in_force.bundle(tmp_path / "bake", model="mirrored", payload_bytes=PAYLOAD)

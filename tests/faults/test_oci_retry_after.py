@@ -21,7 +21,7 @@ def test_a_registry_asking_to_retry_after_two_seconds_is_waited_for_then_read(
     tmp_path, origin, scenario, in_force, monkeypatch, status
 ):
     from prebake.registry.oci import OCIRegistry
-    from prebake.registry.oci.client import OCISettings
+    from prebake.registry.oci.address import OCISettings
 
     for name in ("PREBAKE_OCI_MAX_ATTEMPTS", "PREBAKE_OCI_TIMEOUT_S", "PREBAKE_OCI_CA_BUNDLE", "DOCKER_CONFIG"):
         monkeypatch.delenv(name, raising=False)

@@ -25,7 +25,7 @@ from tests.faults.procs import REPO, child_env, unbounded
 def fleet(tmp_path, origin, scenario, in_force):
     """A signed bundle at the origin, the fault proxy in front of it, and a mirror pulling through the proxy."""
     from prebake.registry.oci import OCIRegistry
-    from prebake.registry.oci.client import OCISettings
+    from prebake.registry.oci.address import OCISettings
     from tests.support.oci_server import oci_server
 
     repo = f"faults/preheat{uuid.uuid4().hex[:10]}"
@@ -51,7 +51,7 @@ def _preheat(tmp_path, mirror, address: str) -> subprocess.Popen:
 
 def _node_fetches_whole(tmp_path, scenario, in_force, mirror, address, bundle) -> None:
     from prebake.registry.oci import OCIRegistry
-    from prebake.registry.oci.client import OCISettings
+    from prebake.registry.oci.address import OCISettings
 
     node = unbounded(scenario.store(tmp_path / "node"))
     through = OCIRegistry(address, OCISettings(plain_http=(mirror.host,)))

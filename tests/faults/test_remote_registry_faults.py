@@ -117,7 +117,7 @@ def _s3(request, monkeypatch, scenario, bundle):
 
 def _oci(request, monkeypatch, scenario, bundle):
     from prebake.registry.oci import OCIRegistry
-    from prebake.registry.oci.client import OCISettings
+    from prebake.registry.oci.address import OCISettings
 
     origin = request.getfixturevalue("origin")
     for name in [*FAST["oci"], "PREBAKE_OCI_CA_BUNDLE", "PREBAKE_OCI_USERNAME", "DOCKER_CONFIG"]:

@@ -37,7 +37,7 @@ print(json.dumps({"reason": getattr(got["graphs"], "reason", None)}))
 
 def _oci(request, tmp_path, bundle, scenario):
     from prebake.registry.oci import OCIRegistry
-    from prebake.registry.oci.client import OCISettings
+    from prebake.registry.oci.address import OCISettings
 
     origin = request.getfixturevalue("origin")
     repo = f"faults/slow{uuid.uuid4().hex[:10]}"

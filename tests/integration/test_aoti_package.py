@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.bundles import tampered
 from tests.support.serving import ServeProcess, serve_env, write_recipe
 
 pytestmark = pytest.mark.slow
@@ -260,7 +261,8 @@ def _damage(tree: Path, how: str, tmp_path: Path) -> Path:
     package = copy / "aoti" / "steps.pt2"
     document = json.loads(recorded.read_text())
     if how in ("isa", "isa-and-aot"):
-        from prebake.engine.bundled.runtime.aoti import ISA_FLAGS, cpu_flags
+        from prebake.engine.bundled.runtime.aoti import ISA_FLAGS
+        from prebake.engine.common.cpu import cpu_flags
 
         flags = cpu_flags()
         document["cpu_isa"] = next(isa for isa, needs in ISA_FLAGS.items() if not needs <= flags)
@@ -402,6 +404,7 @@ def test_the_package_holds_no_weights(graphs_tree):
 def test_a_package_that_does_not_load_in_a_tree_without_fallback_compiles_in_place_says_why_and_serves(bare):
     registry, home, recipes, want = bare
     (tree,) = {p.parents[1] for p in (home / "trees").rglob("aoti/package.json")}  # the store's graphs tree
+    tampered(tree)  # a hand with write rights: the store installs trees read-only
     assert json.loads((tree / "graphs.json").read_text())["fallback"] == "none"
     assert sorted(p.name for p in tree.iterdir()) == ["aoti", "graphs.json"]  # the package alone: no aot/, inductor/
     package = tree / "aoti" / "steps.pt2"

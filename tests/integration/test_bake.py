@@ -2,13 +2,14 @@
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.baking import REPO, Home
+from tests.support.baking import BIN, REPO, Home
 
 
 def serving_one_short_sequence(folder: Path) -> Path:
@@ -27,10 +28,13 @@ def serving_one_short_sequence(folder: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def baked(tmp_path_factory) -> Home:
-    """tiny-llama (one short sequence: two step shapes) baked once (bf16) into a private home's embedded registry."""
+    """tiny-llama (one short sequence: two step shapes) baked once (bf16) into a private home's embedded
+    registry; its output in bake.log, its temporary folder (TMPDIR) systemp/, both beside the home."""
     root = tmp_path_factory.mktemp("bake")
     home = Home(root, recipes=serving_one_short_sequence(root / "recipes"))
-    proc = home.doit("run", "bake", "model=tiny-llama", "precision=bf16")
+    (root / "systemp").mkdir()
+    proc = home.doit("run", "bake", "model=tiny-llama", "precision=bf16", extra_env={"TMPDIR": str(root / "systemp")})
+    (root / "bake.log").write_text(proc.stdout + proc.stderr)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return home
 
@@ -197,3 +201,75 @@ def test_prebake_copy_to_oci_and_back_leaves_bundles_the_engine_starts_from(bake
     finally:
         server_process.stop()
     assert completion, server_process.log
+
+
+@pytest.mark.slow
+def test_the_bake_leaves_nothing_in_the_temporary_folder_and_shows_no_dependency_deprecation(baked):
+    """issue 49 item 8: what the build children write goes to their scratch folders in the store, and
+    torch's FutureWarning at every step shape (`isinstance(treespec, LeafSpec)`) goes to the debug log."""
+    assert sorted(p.name for p in (baked.root / "systemp").iterdir()) == []
+    log = (baked.root / "bake.log").read_text()
+    assert "FutureWarning" not in log and "DeprecationWarning" not in log, log[-3000:]
+
+
+@pytest.mark.slow
+def test_a_killed_prebaked_start_leaves_nothing_outside_the_store_and_gc_takes_the_rest(baked, tmp_path):
+    """issue 49 item 8: every prebaked start left an aotinductor_XXXXXX folder (torch's package loader
+    extracts the library there) in the temporary folder; killed, it stays. Now it is under the start's
+    scratch folder in the store, which gc removes once its owner is dead."""
+    from tests.support.serving import ServeProcess
+
+    systemp, home = tmp_path / "systemp", tmp_path / "home"
+    systemp.mkdir()
+    env = {**baked.env, "PREBAKE_HOME": str(home), "TMPDIR": str(systemp)}
+    registry = str(baked.root / "home" / "registry")
+    server = ServeProcess(
+        ["--model", "tiny-llama", "--precision", "bf16", "--registry", registry, "--on-miss", "fail"], env
+    )
+    try:
+        server.wait_ready(timeout=600)
+        extracted = list((home / "tmp").glob("serve-*/tmp/aotinductor_*"))
+        assert extracted, f"the package was not extracted under the start's scratch folder: {server.log[-2000:]}"
+    finally:
+        server.proc.send_signal(signal.SIGKILL)
+        server.wait_exit(timeout=60)
+    assert sorted(p.name for p in systemp.iterdir()) == []
+    assert list((home / "tmp").glob("serve-*"))  # the dead start's folder, until gc
+    gc = subprocess.run([str(BIN / "prebake"), "store", "gc"], env=env, cwd=REPO, capture_output=True, text=True)
+    assert gc.returncode == 0, gc.stderr
+    assert not list((home / "tmp").glob("serve-*")), gc.stdout
+
+
+@pytest.mark.slow
+def test_torch_compile_started_with_fetchs_environment_leaves_the_tree_verified(baked, tmp_path):
+    """issue 49 item 9: every exported path exists and is what its name says; the installed trees are
+    read-only; TORCHINDUCTOR_CACHE_DIR is a writable cache beside the tree, and a torch process
+    started with the exports compiles there while the tree still verifies."""
+    env = {**baked.env, "PREBAKE_HOME": str(tmp_path / "home")}
+    registry = str(baked.root / "home" / "registry")
+    fetched = subprocess.run(
+        [str(BIN / "prebake"), "fetch", "--model", "tiny-llama", "--precision", "bf16", "--registry", registry, "--json"],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert fetched.returncode == 0, fetched.stderr
+    exported = json.loads(fetched.stdout)["env"]
+    for name, value in exported.items():
+        path = Path(value)
+        assert path.exists(), f"{name}={value} does not exist"
+        assert path.is_dir() == name.endswith("_DIR"), f"{name}={value} is not what its name says"
+    trees = tmp_path / "home" / "trees"
+    cache = Path(exported["TORCHINDUCTOR_CACHE_DIR"])
+    assert not cache.is_relative_to(trees) and Path(exported["PREBAKE_GRAPHS_DIR"]).is_relative_to(trees)
+    installed = [p for tree in trees.iterdir() if tree.is_dir() for p in (tree, *tree.rglob("*")) if not p.is_symlink()]
+    assert installed and not any(p.stat().st_mode & 0o222 for p in installed), "an installed tree is writable"
+    user = "import torch; f = torch.compile(lambda x: torch.sin(x) * 2 + 1); print(float(f(torch.ones(8)).sum()))"
+    ran = subprocess.run(
+        [sys.executable, "-c", user], env={**env, **exported}, cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert any(cache.rglob("*")), "torch.compile wrote nothing into the exported cache"
+    assert not (Path(exported["PREBAKE_GRAPHS_DIR"]) / "inductor").exists()
+    verified = subprocess.run(
+        [str(BIN / "prebake"), "store", "verify", "--json"], env=env, cwd=REPO, capture_output=True, text=True
+    )
+    assert verified.returncode == 0 and json.loads(verified.stdout)["findings"] == [], verified.stdout

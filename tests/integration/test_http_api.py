@@ -155,8 +155,8 @@ def test_concurrent_requests_streamed_or_not_equal_the_same_requests_one_by_one(
 def test_bad_requests_raise_the_clients_errors_with_a_message_that_says_why(client):
     with pytest.raises(openai.BadRequestError, match="max_model_len = 128"):
         client.completions.create(model=MODEL, prompt="hi", max_tokens=1000)
-    with pytest.raises(openai.BadRequestError, match="unknown field"):
-        client.completions.create(model=MODEL, prompt="hi", extra_body={"max_tokns": 3})
+    with pytest.raises(openai.BadRequestError, match="top_k: Input should be greater than or equal to -1"):
+        client.completions.create(model=MODEL, prompt="hi", extra_body={"top_k": -3})
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         client.completions.create(model=MODEL, prompt="hi", max_tokens=-4)
     with pytest.raises(openai.BadRequestError, match="prompt"):

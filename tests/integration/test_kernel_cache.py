@@ -23,15 +23,13 @@ from prebake.artifacts.recipe.schema import Recipe, load_recipe
 from prebake.artifacts.store.local import Store
 from prebake.engine.common.adapter import StartRequest
 from prebake.engine.compose import Context, plans_for
+from prebake.engine.vllm.cache_tree import read_cache_tree
 from prebake.engine.vllm.process import CACHE_DIR, Spawn, compile_report, start, stop, wait_ready
 from prebake.engine.vllm.start import prepare
 from prebake.registry import open_registry
 from prebake.registry.oci.kernel_cache import (
     KernelCacheError,
     build_image,
-    compatibility_footprint,
-    hash_strings,
-    model_uri_hash,
     push_image,
 )
 from tests.support.oci_server import oci_available, oci_server, umoci_unpack
@@ -76,7 +74,7 @@ def pushed(baked, tmp_path_factory):
     root, recipe, host, registry, graphs = baked
     scratch = tmp_path_factory.mktemp("kc-image")
     image = build_image(
-        graphs.installed.tree,
+        read_cache_tree(graphs.installed.tree, graphs.manifest),
         graphs.manifest,
         scratch,
         runtime_image="quay.io/acme/vllm-cpu:v0.32.0",
@@ -200,7 +198,7 @@ def test_the_same_bundle_gives_the_same_image_digest_and_a_bundle_of_another_eng
     _, _, _, _, graphs = baked
     _, image, _, _ = pushed
     again = build_image(
-        graphs.installed.tree,
+        read_cache_tree(graphs.installed.tree, graphs.manifest),
         graphs.manifest,
         tmp_path / "again",
         runtime_image="quay.io/acme/vllm-cpu:v0.32.0",
@@ -208,18 +206,7 @@ def test_the_same_bundle_gives_the_same_image_digest_and_a_bundle_of_another_eng
     )
     assert (again.digest, again.layer_ref.digest) == (image.digest, image.layer_ref.digest)
     with pytest.raises(KernelCacheError, match="not a vLLM graphs bundle"):
-        build_image(graphs.installed.tree, graphs.manifest.model_copy(update={"kind": "autotune"}), tmp_path / "x")
-
-
-def test_kserves_footprint_inputs_are_normalized_its_way():
-    # identity.ModelURIHash drops user info, query and fragment; HashStrings hashes Go's JSON of a list.
-    assert model_uri_hash("hf://user:pw@acme/tiny-llama?revision=main#x") == hash_strings(["hf://acme/tiny-llama"])
-    assert hash_strings(["a<b"]) != hash_strings(["a\\u003cb"])  # Go escapes '<' as \u003c: so does this encoding
-    # A floating runtime image (no tag, or :latest) gets no compatibility footprint, as in KServe.
-    assert compatibility_footprint("quay.io/acme/vllm", "hf://a/b", {}) is None
-    assert compatibility_footprint("quay.io/acme/vllm:latest", "hf://a/b", {}) is None
-    tagged = compatibility_footprint("quay.io/acme/vllm:v1", "hf://a/b", {"option.dtype": "bfloat16"})
-    assert tagged is not None and tagged != compatibility_footprint("quay.io/acme/vllm:v1", "hf://a/b", {})
+        read_cache_tree(graphs.installed.tree, graphs.manifest.model_copy(update={"kind": "autotune"}))
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -301,7 +288,7 @@ def test_paths_vllm_wrote_into_the_cache_are_rewritten_for_the_containers_cache_
     locks.mkdir(parents=True)
     (locks / "c73e.lock").touch()  # Inductor's: a symbolic link to it cannot be opened (ELOOP)
 
-    image = build_image(tree, graphs.manifest, tmp_path / "image", cache_path="/srv/vllm/")
+    image = build_image(read_cache_tree(tree, graphs.manifest, "/srv/vllm/"), graphs.manifest, tmp_path / "image")
 
     with tarfile.open(image.layer) as tar:
         handles = tar.extractfile(

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(not oci_available(), reason="docker-registry is 
 def fleet(tmp_path, monkeypatch):
     """(origin registry, the origin's byte counter, the mirror's address), the environment set."""
     from prebake.registry.oci import OCIRegistry
-    from prebake.registry.oci.client import OCISettings
+    from prebake.registry.oci.address import OCISettings
 
     for name in ("PREBAKE_OCI_CA_BUNDLE", "PREBAKE_OCI_USERNAME", "DOCKER_CONFIG", "PREBAKE_OCI_CHUNK_MB"):
         monkeypatch.delenv(name, raising=False)

@@ -305,7 +305,7 @@ def test_the_inductor_cache_variant_warms_up_from_cache_hits_and_serves_the_same
 
 def test_start_ups_record_hits_misses_and_fallback_compiles_in_the_stores_stats(cold, warm):
     from prebake.artifacts.store.local import Store
-    from prebake.artifacts.store.stats import read_stats
+    from prebake.artifacts.store.stats.ledger import read_stats
 
     cold_total = read_stats(Store(cold.registry.parent / "home")).to_json()["total"]
     assert cold_total["misses"] == 3 and cold_total["hits"] == 0

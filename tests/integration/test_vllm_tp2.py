@@ -21,6 +21,7 @@ import pytest
 
 from prebake.artifacts.store.local import Store
 from prebake.engine.vllm import ranks
+from prebake.engine.vllm.cache_tree import read_cache_tree
 from prebake.engine.vllm.process import CACHE_DIR, REPORT_FILE, Spawn, start, stop, wait_ready
 from prebake.registry.oci.kernel_cache import RANKS, build_image
 from tests.integration.test_vllm import MODEL, generate
@@ -114,7 +115,9 @@ def test_the_kernel_cache_image_of_the_tp2_bundle_carries_both_ranks(baked, tmp_
         assert pushed.returncode == 0, pushed.stderr
         report = json.loads(pushed.stdout)
         assert report["ranks"] == [0, 1] and report["labels"][RANKS] == "0,1", report
-    image = build_image(installed.tree, installed.manifest, tmp_path / "scratch", ranks=(0, 1))
+    image = build_image(
+        read_cache_tree(installed.tree, installed.manifest), installed.manifest, tmp_path / "scratch", ranks=(0, 1)
+    )
     with tarfile.open(image.layer) as layer:
         names = set(layer.getnames())
 

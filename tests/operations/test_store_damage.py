@@ -9,6 +9,7 @@ import pytest
 
 from prebake.artifacts.layout import index_relpath
 from tests.operations.target import KINDS, fetch_args, prebake, prebake_env, published_set
+from tests.support.bundles import tampered
 
 
 @pytest.fixture
@@ -88,7 +89,7 @@ def _replace_a_file_by_a_folder(tree) -> None:
 def test_a_tree_a_cleaner_damaged_is_fetched_again_not_handed_out(installed, damage):
     registry, targets, home = installed
     for kind in ("buckets", "graphs"):
-        damage(_tree(home, targets, kind))
+        damage(tampered(_tree(home, targets, kind)))  # a cleaner with write rights: the store seals trees
 
     code, report = _verify(home)
     assert code == 1 and report["bad"] == 2, report
@@ -123,7 +124,7 @@ def test_a_serve_start_heals_a_damaged_entry_and_a_damaged_tree_and_serves(baked
     assert len(entries) == 2, entries  # buckets and autotune
     _cut_in_half(entries[0])
     other = json.loads(entries[1].read_bytes())
-    tree = home / "trees" / other["blob"]["digest"].removeprefix("sha256:")
+    tree = tampered(home / "trees" / other["blob"]["digest"].removeprefix("sha256:"))
     victim = next(p for p in tree.rglob("*") if p.is_file())
     victim.unlink()  # an age-based cleaner's work
 

@@ -17,6 +17,7 @@ LONGER = {
     "artifacts/store/local.py": "draws the store's on-disk tree",
     "engine/bundled/cache_layout.py": "draws the bundle's installed trees",
     "engine/vllm/process.py": "draws the run folder vLLM starts from",
+    "engine/vllm/cache_tree.py": "draws the vLLM cache root a kernel-cache image takes",
 }
 SCRIPTS = "benchmarks/"  # a benchmark's docstring is its --help: it keeps its usage block
 DATE = re.compile(r"\b(19|20)\d\d-[01]\d-[0-3]\d\b")

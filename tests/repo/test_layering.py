@@ -29,7 +29,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("prebake.artifacts.buckets",),  # bucket sets: rules, traffic fit, reports
     ("prebake.artifacts.bundle",),  # the bundle format: manifest, pack, unpack
     ("prebake.artifacts.ports",),  # what the core needs from a registry, and listing rows
-    ("prebake.artifacts.store",),  # the local store, its admin view and its stats
+    ("prebake.artifacts.store",),  # the local store and its admin view
+    ("prebake.artifacts.store.stats",),  # hit and miss counts: events, the ledger on disk, the report
     ("prebake.artifacts.recipe",),  # recipes, kinds and the keys of a target
     ("prebake.artifacts.fetch",),  # the fetch pipeline, its outcomes, trust gating, the nearest miss
     ("prebake.artifacts.bake",),  # the bake of one kind, doit tasks, the fleet plan, provenance

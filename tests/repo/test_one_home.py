@@ -4,12 +4,16 @@ Registry errors are defined in prebake.artifacts.ports.errors and imported from 
 second path re-exporting them); registry/shared/transfer.py exports only what it defines (the
 port's types come from prebake.artifacts.ports); no two production classes share a name, so
 `Launch` or `Prepared` means one thing wherever it is read; the commands only print reports: no
-CLI module builds a JSON payload itself (a report's `to_json()` does).
+CLI module builds a JSON payload itself (a report's `to_json()` does), nor lays out text itself (a
+report's `render()` does: no table, no column widths in engine/cli). Every error class is imported
+from the module that defines it, and the function names a review found with several meanings
+(REVIEWED_NAMES) have one definition each, but for the ones stated in LEFT_FOR_THEIR_OWNERS.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 from collections import defaultdict
 from pathlib import Path
 
@@ -20,6 +24,23 @@ FOLDERS = ("artifacts", "registry", "engine")
 ERRORS_HOME = "prebake.artifacts.ports.errors"
 REGISTRY_ERRORS = set(_errors.__all__)  # every name the one home defines
 # Two classes of one name on purpose, each in a layer that never meets the other's.
+# Module-level function names a review found meaning several things (issue 49, item 6): one definition each.
+REVIEWED_NAMES = ("resolve", "install", "inventory", "cpu_flags", "describe")
+# Those still defined twice, in modules others were editing when the review ran: name -> (modules, why).
+LEFT_FOR_THEIR_OWNERS = {
+    "resolve": (
+        {"artifacts/fetch/pipeline.py", "engine/common/starter.py"},
+        "the fetch sequence written twice: issue 49 item 1 writes it once",
+    ),
+    "install": (
+        {"artifacts/fetch/pipeline.py", "engine/bundled/api/errors.py"},
+        "api/errors.py's install adds the app's error handlers: rename it when api/ is free",
+    ),
+}
+# Text the CLI lays out itself on purpose: (module, function) -> why.
+OWN_TEXT = {
+    ("engine/cli/__init__.py", "_grouped"): "`prebake --help`'s list of commands is the parser's own text",
+}
 SHARED_CLASS_NAMES = {
     "Request": "the bucket fit's traced request (artifacts/buckets) and the runtime scheduler's",
     "Completion": "the HTTP API's wire model and the runtime scheduler's result it is filled from",
@@ -87,3 +108,100 @@ def _hand_built_json(path: Path) -> list[str]:
 def test_commands_print_reports_and_build_no_json_themselves():
     found = [hit for path in _python_files("engine/cli") for hit in _hand_built_json(path)]
     assert not found, "give the report a to_json() and print it:\n" + "\n".join(found)
+
+
+class _TextLayout(ast.NodeVisitor):
+    """Each place a module lays out text for people: a call of `table(...)`, or an f-string field
+    with a width or an alignment (`{name:<10}`, `{size:>9s}`), with its enclosing function."""
+
+    def __init__(self) -> None:
+        self.functions: list[str] = []
+        self.found: list[tuple[int, str, str]] = []
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        self.functions.append(node.name)
+        self.generic_visit(node)
+        self.functions.pop()
+
+    def visit_Call(self, node: ast.Call) -> None:
+        if isinstance(node.func, ast.Name) and node.func.id == "table":
+            self.found.append((node.lineno, self._where(), "table(...)"))
+        self.generic_visit(node)
+
+    def visit_FormattedValue(self, node: ast.FormattedValue) -> None:
+        parts = node.format_spec.values if isinstance(node.format_spec, ast.JoinedStr) else []
+        spec = "".join(str(v.value) if isinstance(v, ast.Constant) else "{}" for v in parts)
+        if any(c in spec for c in "<>^") or any(c.isdigit() for c in spec.split(".")[0]):
+            self.found.append((node.lineno, self._where(), f"a field laid out as {spec}"))
+        self.generic_visit(node)
+
+    def _where(self) -> str:
+        return self.functions[0] if self.functions else "<module>"
+
+
+def _hand_laid_text(path: Path, source: str | None = None) -> list[str]:
+    rel = str(path.relative_to(REPO))
+    layout = _TextLayout()
+    layout.visit(ast.parse(source if source is not None else path.read_text(), str(path)))
+    return [f"{rel}:{line} {where}: {what}" for line, where, what in layout.found if (rel, where) not in OWN_TEXT]
+
+
+def test_commands_print_reports_and_lay_out_no_text_themselves():
+    found = [hit for path in _python_files("engine/cli") for hit in _hand_laid_text(path)]
+    assert not found, "give the report a render() and print it:\n" + "\n".join(found)
+
+
+def test_the_text_check_sees_a_table_and_aligned_columns_but_not_plain_text():
+    module = REPO / "engine" / "cli" / "probe_for_the_check.py"
+    source = 'def cmd(r):\n    print(table(("A",), []))\n    print(f"{r.kind:9} {r.n:>6}")\n    print(f"{r.seconds:.1f} s {r}")\n'
+    assert [hit.split(": ", 1)[1] for hit in _hand_laid_text(module, source)] == [
+        "table(...)",
+        "a field laid out as 9",
+        "a field laid out as >6",
+    ]
+
+
+def _module_path(module: str) -> Path | None:
+    """The file of a prebake module (prebake.X.Y -> X/Y.py or X/Y/__init__.py), or None."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return None
+    base = REPO.joinpath(*parts)
+    return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
+
+
+@functools.cache
+def _classes_of(path: Path) -> frozenset[str]:
+    return frozenset(n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef))
+
+
+def test_every_error_class_is_imported_from_the_module_that_defines_it():
+    found = []
+    for path in _python_files(*FOLDERS, "tests", "benchmarks"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("prebake.")):
+                continue
+            home = _module_path(node.module)
+            if home is None:
+                continue
+            classes = _classes_of(home)
+            found += [
+                f"{path.relative_to(REPO)}:{node.lineno} imports {a.name} through {node.module}"
+                for a in node.names
+                if a.name.endswith("Error") and a.name not in classes
+            ]
+    assert not found, "import each error from its home, not through a module that imports it:\n" + "\n".join(found)
+
+
+def test_the_reviewed_names_have_one_definition_each():
+    homes: dict[str, set[str]] = defaultdict(set)
+    for path in _python_files(*FOLDERS):
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if isinstance(node, ast.FunctionDef) and node.name in REVIEWED_NAMES:
+                homes[node.name].add(str(path.relative_to(REPO)))
+    several = {
+        name: sorted(paths)
+        for name, paths in homes.items()
+        if len(paths) > 1 and paths != LEFT_FOR_THEIR_OWNERS.get(name, (set(), ""))[0]
+    }
+    assert not several, f"one meaning per name: rename all but one of each {several}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,3 +54,14 @@ def _bytes(seed: bytes, size: int) -> bytes:
     """Incompressible bytes, the same for the same seed, so a blob is about `size` bytes on the wire."""
     rng, chunk = random.Random(seed), 16 << 20  # randbytes takes at most 2**31 bits at a time
     return b"".join(rng.randbytes(min(chunk, size - i)) for i in range(0, size, chunk))
+
+
+def tampered(tree: Path) -> Path:
+    """`tree` with write bits back on every folder and file: what a hand (or a bad disk) that edits an
+    installed tree has; the store installs trees read-only (artifacts/store/sealing.py)."""
+    for folder, _, files in os.walk(tree):
+        os.chmod(folder, 0o755)
+        for name in files:
+            if not os.path.islink(os.path.join(folder, name)):
+                os.chmod(os.path.join(folder, name), 0o644)
+    return tree

@@ -144,7 +144,7 @@ def test_serving_size_never_evicts_what_was_baked(tmp_path):
     (folder / "big.recipe").write_bytes(b"\0" * (5 << 20))
 
     _, delete, size = gaudi.parse_recipe_cache_config(
-        gaudi.serving_variables(recipe_with(), folder)["PT_HPU_RECIPE_CACHE_CONFIG"]
+        gaudi.hpu_variables(recipe_with(), folder)["PT_HPU_RECIPE_CACHE_CONFIG"]
     )
 
     assert delete is False and size == 8192
@@ -219,7 +219,7 @@ def test_a_traffic_fitted_set_reaches_vllm_gaudi_as_its_bucket_file_and_reads_ba
     (buckets_tree / BUCKETS_FILE).write_text(json.dumps(baked.to_json()))
 
     bake_env = gaudi.build_variables(recipe, tmp_path / "tree", buckets_tree)
-    serve_env = gaudi.serving_variables(recipe, tmp_path / "run" / gaudi.RECIPES_DIR, buckets_tree)
+    serve_env = gaudi.hpu_variables(recipe, tmp_path / "run" / gaudi.RECIPES_DIR, buckets_tree)
 
     for env in (bake_env, serve_env):
         text = open(env["VLLM_BUCKETING_FROM_FILE"]).read()

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from prebake.engine.bundled.runtime import aoti
+from prebake.engine.common.cpu import cpu_flags
 
 AVX512_HOST = "processor\t: 0\nflags\t\t: fpu sse avx2 fma avx512f avx512bw avx512vl avx512dq avx512_vnni\n"
 
@@ -20,20 +21,17 @@ def _recorded(**changes) -> aoti.PackageRecord:
 
 def test_the_cpu_flags_are_read_from_cpuinfo(tmp_path):
     (tmp_path / "cpuinfo").write_text(AVX512_HOST + "\nprocessor\t: 1\nflags\t\t: other\n")
-    assert aoti.cpu_flags(tmp_path / "cpuinfo") >= {"avx2", "avx512f", "avx512_vnni"}
-    assert "other" not in aoti.cpu_flags(tmp_path / "cpuinfo")  # the first processor's line
+    assert cpu_flags(tmp_path / "cpuinfo") >= {"avx2", "avx512f", "avx512_vnni"}
+    assert "other" not in cpu_flags(tmp_path / "cpuinfo")  # the first processor's line
     (tmp_path / "arm").write_text("processor\t: 0\nFeatures\t: fp asimd sve\n")
-    assert aoti.cpu_flags(tmp_path / "arm") == {"fp", "asimd", "sve"}
-    assert aoti.cpu_flags(tmp_path / "absent") == frozenset()
+    assert cpu_flags(tmp_path / "arm") == {"fp", "asimd", "sve"}
+    assert cpu_flags(tmp_path / "absent") == frozenset()
 
 
 def test_a_package_built_for_this_hosts_isa_and_torch_loads(tmp_path):
     (tmp_path / "cpuinfo").write_text(AVX512_HOST)
-    assert aoti.platform_problem(_recorded(), device="cpu", flags=aoti.cpu_flags(tmp_path / "cpuinfo")) is None
-    assert (
-        aoti.platform_problem(_recorded(cpu_isa="AVX2"), device="cpu", flags=aoti.cpu_flags(tmp_path / "cpuinfo"))
-        is None
-    )
+    assert aoti.platform_problem(_recorded(), device="cpu", flags=cpu_flags(tmp_path / "cpuinfo")) is None
+    assert aoti.platform_problem(_recorded(cpu_isa="AVX2"), device="cpu", flags=cpu_flags(tmp_path / "cpuinfo")) is None
 
 
 @pytest.mark.parametrize(
@@ -57,7 +55,7 @@ def test_the_isa_names_inductor_records_are_all_mapped_to_cpu_flags():
 
     picked = str(cpu_vec_isa.pick_vec_isa()).upper().split()
     assert all(isa in aoti.ISA_FLAGS for isa in picked), picked  # this host's, as Inductor names it
-    assert aoti.platform_problem(_recorded(cpu_isa=" ".join(picked)), device="cpu", flags=aoti.cpu_flags()) is None
+    assert aoti.platform_problem(_recorded(cpu_isa=" ".join(picked)), device="cpu", flags=cpu_flags()) is None
 
 
 def test_a_gpu_package_is_refused_on_another_compute_capability_and_needs_no_cpu_isa():

@@ -48,3 +48,35 @@ def test_raise_exception_in_a_template_is_a_clear_error():
 
 def test_a_folder_without_a_template_has_none(tmp_path):
     assert chat_template_for(_spec(str(tmp_path))) is None
+
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% if not enable_thinking | default(true) %}"
+    "<think></think>{% endif %}{% endif %}"
+)
+
+
+@pytest.mark.parametrize("final", ["The capital is", "Paris, and  ", "  spaced"])
+def test_continue_final_message_leaves_the_last_message_open_as_transformers_does(final):
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    messages = [*MESSAGES, {"role": "assistant", "content": final}]
+    ours = ChatTemplate(CHATML).render(messages, add_generation_prompt=False, continue_final_message=True)
+    theirs = render_jinja_template([messages], chat_template=CHATML, continue_final_message=True)[0][0]
+    assert ours == theirs and not ours.endswith("<|im_end|>\n")
+
+
+def test_chat_template_kwargs_reach_the_template_as_transformers_passes_them():
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    ours = ChatTemplate(CHATML).render(MESSAGES, variables={"enable_thinking": False})
+    theirs = render_jinja_template([MESSAGES], chat_template=CHATML, add_generation_prompt=True, enable_thinking=False)
+    assert ours == theirs[0][0] and ours.endswith("<think></think>")
+    assert not ChatTemplate(CHATML).render(MESSAGES).endswith("<think></think>")
+
+
+def test_continue_final_message_with_text_the_template_rewrote_is_a_clear_error():
+    template = ChatTemplate("{% for m in messages %}{{ m['content'] | upper }}{% endfor %}")
+    with pytest.raises(ChatTemplateError, match="continue_final_message: the last message's text does not appear"):
+        template.render([{"role": "assistant", "content": "lower"}], False, continue_final_message=True)

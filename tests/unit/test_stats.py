@@ -15,6 +15,7 @@ from prebake.artifacts.keys import Key
 from prebake.artifacts.store import stats
 from prebake.artifacts.store.local import Store
 from prebake.artifacts.store.settings import StoreLimits
+from prebake.artifacts.store.stats import events, ledger
 from prebake.engine.cli import main
 from prebake.registry.backends.file import FileRegistry
 from tests.support.bundles import make_bundle
@@ -44,7 +45,7 @@ def test_a_registry_hit_then_a_store_hit_count_bytes_once_and_save_the_build_tim
     manifest = make_bundle(tmp_path).manifest.model_copy(update={"build_seconds": 2.5})
     stats.record_outcomes(store, [(manifest, "registry")], [])
     stats.record_outcomes(store, [(manifest, "store")], [])
-    graphs = stats.read_stats(store).to_json()["kinds"]["graphs"]
+    graphs = ledger.read_stats(store).to_json()["kinds"]["graphs"]
     assert graphs["registry_hits"] == 1 and graphs["store_hits"] == 1 and graphs["misses"] == 0
     assert graphs["hit_rate"] == 1.0
     assert graphs["bytes_fetched"] == manifest.blob.size
@@ -59,7 +60,7 @@ def test_a_miss_records_its_reason_class_text_and_the_factors_that_differ(tmp_pa
     miss = fetch_key(store, registry, other)
     assert isinstance(miss, Miss)
     stats.record_outcomes(store, [], [("graphs", miss.reason, miss.differing, other.digest)])
-    report = stats.read_stats(store).to_json()
+    report = ledger.read_stats(store).to_json()
     assert report["kinds"]["graphs"]["misses"] == 1 and report["kinds"]["graphs"]["hit_rate"] == 0.0
     [reason] = report["miss_reasons"]
     assert reason["reason"] == "no-bundle" and reason["count"] == 1 and "no bundle for this key" in reason["example"]
@@ -68,7 +69,7 @@ def test_a_miss_records_its_reason_class_text_and_the_factors_that_differ(tmp_pa
 
 def test_bundles_baked_before_build_times_were_recorded_count_as_untimed_hits(tmp_path, store):
     stats.record_outcomes(store, [(make_bundle(tmp_path).manifest, "registry")], [])
-    total = stats.read_stats(store).to_json()["total"]
+    total = ledger.read_stats(store).to_json()["total"]
     assert total["hits"] == 1 and total["seconds_saved"] == 0 and total["untimed_hits"] == 1
 
 
@@ -95,20 +96,20 @@ def test_a_manifest_without_a_build_time_keeps_its_old_bytes(tmp_path):
     ],
 )
 def test_miss_reasons_fall_into_short_classes(reason, cls):
-    assert stats.classify(reason) == cls
+    assert events.classify(reason) == cls
 
 
 def test_fallback_compiles_and_their_seconds_are_counted(store):
     stats.record_fallback(store, "graphs", 12.5)
     stats.record_fallback(store, "autotune")
-    kinds = stats.read_stats(store).to_json()["kinds"]
+    kinds = ledger.read_stats(store).to_json()["kinds"]
     assert kinds["graphs"]["fallback_compiles"] == 1 and kinds["graphs"]["fallback_seconds"] == 12.5
     assert kinds["autotune"]["fallback_compiles"] == 1 and kinds["autotune"]["hit_rate"] is None
 
 
 def test_a_variant_that_did_not_load_is_counted_apart_from_misses_and_compiles(store):
     stats.record_variant_fallback(store, "graphs", "aoti-package", "dynamo-precompile", "another torch")
-    report = stats.read_stats(store)
+    report = ledger.read_stats(store)
     graphs = report.to_json()["kinds"]["graphs"]
     assert graphs["variant_fallbacks"] == 1 and graphs["misses"] == 0 and graphs["fallback_compiles"] == 0
     assert "1 start(s) whose bundle's variant did not load here took the next variant" in report.render()
@@ -116,9 +117,9 @@ def test_a_variant_that_did_not_load_is_counted_apart_from_misses_and_compiles(s
 
 def test_zero_prints_the_counts_then_starts_again(store):
     stats.record_outcomes(store, [], [("graphs", "no bundle for this key in x", (), "")])
-    zeroed = stats.read_stats(store, zero=True)
+    zeroed = ledger.read_stats(store, zero=True)
     assert zeroed.zeroed and zeroed.to_json()["events"] == 1
-    after = stats.read_stats(store).to_json()
+    after = ledger.read_stats(store).to_json()
     assert after["events"] == 0 and after["kinds"] == {} and after["since"] is not None
 
 
@@ -127,14 +128,14 @@ def test_a_torn_line_is_skipped_and_counted_never_fatal(store):
     with (store.home / "stats" / "events.jsonl").open("ab") as f:
         f.write(b'{"at": 1, "event": "hi')  # a write cut short by a full disk
     stats.record_fallback(store, "graphs")
-    report = stats.read_stats(store).to_json()
+    report = ledger.read_stats(store).to_json()
     assert report["events"] == 2 and report["skipped_lines"] == 1
 
 
 def test_recording_off_records_nothing(store, monkeypatch):
     monkeypatch.setenv(stats.STATS_ENV, "off")
     stats.record_fallback(store, "graphs")
-    assert stats.read_stats(store).to_json()["events"] == 0
+    assert ledger.read_stats(store).to_json()["events"] == 0
 
 
 def test_an_unwritable_stats_folder_loses_the_event_not_the_caller(store):
@@ -142,20 +143,20 @@ def test_an_unwritable_stats_folder_loses_the_event_not_the_caller(store):
     (store.home / "stats" / "events.jsonl").mkdir()  # not a file: every append fails
     stats.record_fallback(store, "graphs")  # returns: the start-up that called it goes on
     with pytest.raises(StoreError, match=r"cannot read the stats file .*events\.jsonl.*remove it"):
-        stats.read_stats(store)  # `prebake stats` names the file and the fix, not a bare IsADirectoryError
+        ledger.read_stats(store)  # `prebake stats` names the file and the fix, not a bare IsADirectoryError
     (store.home / "stats" / "events.jsonl").rmdir()  # the operator fixes the folder
     stats.record_fallback(store, "autotune")
-    assert stats.read_stats(store).to_json()["events"] == 1  # the lost event stays lost; recording resumes
+    assert ledger.read_stats(store).to_json()["events"] == 1  # the lost event stays lost; recording resumes
 
 
 def test_compaction_keeps_every_count(store):
     for i in range(5):
         stats.record_outcomes(store, [], [("graphs", f"no bundle for this key in r{i}", ["software.torch"], "")])
-    stats.compact(store)
+    ledger.compact(store)
     stats.record_fallback(store, "graphs", 1.0)
     folder = store.home / "stats"
     assert json.loads((folder / "summary.json").read_text())["events"] == 5
-    report = stats.read_stats(store).to_json()
+    report = ledger.read_stats(store).to_json()
     assert report["events"] == 6 and report["kinds"]["graphs"]["misses"] == 5
     assert report["miss_reasons"][0]["example"] == "no bundle for this key in r4"
     assert report["differing_factors"] == [{"factor": "software.torch", "count": 5}]
@@ -167,9 +168,9 @@ def test_a_compaction_killed_after_renaming_loses_nothing(store):
     folder = store.home / "stats"
     (folder / "events.jsonl").rename(folder / "events-1.jsonl")  # killed here: the summary was not written
     stats.record_fallback(store, "graphs")
-    assert stats.read_stats(store).to_json()["events"] == 4
-    assert stats.compact(store).events == 4
-    assert stats.read_stats(store).to_json()["events"] == 4
+    assert ledger.read_stats(store).to_json()["events"] == 4
+    assert ledger.compact(store).events == 4
+    assert ledger.read_stats(store).to_json()["events"] == 4
 
 
 def test_a_compaction_killed_before_deleting_its_segment_counts_it_once(store):
@@ -177,11 +178,11 @@ def test_a_compaction_killed_before_deleting_its_segment_counts_it_once(store):
         stats.record_fallback(store, "graphs")
     folder = store.home / "stats"
     saved = (folder / "events.jsonl").read_bytes()
-    stats.compact(store)  # generation 1 holds those 3
+    ledger.compact(store)  # generation 1 holds those 3
     (folder / "events-1.jsonl").write_bytes(saved)  # as if the compaction died before deleting it
-    assert stats.read_stats(store).to_json()["events"] == 3
+    assert ledger.read_stats(store).to_json()["events"] == 3
     stats.record_fallback(store, "graphs")
-    assert stats.compact(store).events == 4
+    assert ledger.compact(store).events == 4
 
 
 _WRITER = textwrap.dedent(
@@ -210,7 +211,7 @@ def test_many_processes_recording_at_once_lose_and_double_no_event(store):
         subprocess.Popen([sys.executable, "-c", _WRITER, str(store.home), str(each)], cwd=ROOT) for _ in range(writers)
     ]
     assert [p.wait(timeout=120) for p in procs] == [0] * writers
-    report = stats.read_stats(store).to_json()
+    report = ledger.read_stats(store).to_json()
     assert report["events"] == writers * each and report["skipped_lines"] == 0
     kinds = report["kinds"]
     assert kinds["graphs"]["misses"] == writers * each // 3

@@ -5,7 +5,7 @@ import json
 from prebake.artifacts.ports.errors import RegistryUnavailable
 from prebake.artifacts.recipe.schema import Recipe, load_recipe
 from prebake.artifacts.store.local import Store
-from prebake.artifacts.store.stats import read_stats
+from prebake.artifacts.store.stats.ledger import read_stats
 from prebake.engine.common.adapter import StartRequest
 from prebake.engine.compose import Context
 from prebake.engine.vllm.start import prepare

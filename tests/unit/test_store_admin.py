@@ -17,7 +17,7 @@ from prebake.artifacts.store.mark import record_install
 from prebake.artifacts.store.settings import StoreLimits
 from prebake.engine.cli import main
 from prebake.registry.backends.file import FileRegistry
-from tests.support.bundles import Bundle, make_bundle
+from tests.support.bundles import Bundle, make_bundle, tampered
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -141,7 +141,7 @@ def test_store_verify_finds_a_changed_file_and_fix_removes_it_so_fetch_installs_
     tmp_path, installed, home, capsys
 ):
     bundle = installed["tiny-graphs"]
-    (_tree(home, bundle) / "fxgraph" / "entry.txt").write_text("edited by hand\n")
+    (tampered(_tree(home, bundle)) / "fxgraph" / "entry.txt").write_text("edited by hand\n")
     code, out = _run(capsys, "store", "verify", "--json")
     data = json.loads(out)
     assert code == 1 and data["bad"] == 1 and data["ok"] == 2
@@ -158,7 +158,7 @@ def test_store_verify_finds_a_changed_file_and_fix_removes_it_so_fetch_installs_
 
 
 def test_store_verify_finds_extra_and_missing_files_and_a_damaged_blob(installed, home, capsys):
-    tree = _tree(home, installed["tiny-graphs"])
+    tree = tampered(_tree(home, installed["tiny-graphs"]))
     (tree / "kernels.bin").unlink()
     (tree / "planted.so").write_bytes(b"x")
     blob = Store().blob_path(installed["other-graphs"].manifest.blob.digest)
@@ -174,7 +174,7 @@ def test_store_verify_finds_extra_and_missing_files_and_a_damaged_blob(installed
 def test_store_verify_fix_never_removes_a_tree_a_live_engine_holds(installed, home, capsys):
     bundle = installed["tiny-graphs"]
     with _Held(home, bundle) as held:  # held first: a lookup of a damaged tree moves it aside
-        (_tree(home, bundle) / "kernels.bin").write_bytes(b"damaged")
+        (tampered(_tree(home, bundle)) / "kernels.bin").write_bytes(b"damaged")
         code, out = _run(capsys, "store", "verify", "--fix", "--json")
         [finding] = json.loads(out)["findings"]
         assert code == 1 and finding["action"].startswith(f"kept: held by a live engine (pid {held.proc.pid})")

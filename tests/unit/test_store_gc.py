@@ -17,7 +17,7 @@ from prebake.artifacts.store.mark import record_install
 from prebake.artifacts.store.settings import DEFAULT_MAX_BYTES, StoreLimits, parse_size
 from prebake.engine.cli import main
 from prebake.registry.backends.file import FileRegistry
-from tests.support.bundles import Bundle, make_bundle
+from tests.support.bundles import Bundle, make_bundle, tampered
 
 PAYLOAD = 64 * 1024  # incompressible: each bundle is about 2 x 64 KiB in the store (blob + tree)
 
@@ -251,7 +251,7 @@ def test_index_entries_naming_a_missing_tree_are_misses_and_gc_drops_them(tmp_pa
     a, b = _published(tmp_path, registry, "a", "b")
     store = _unbounded(tmp_path / "home")
     gone, kept = _fetch(store, registry, a), _fetch(store, registry, b)
-    gone.tree.rename(store.home / "elsewhere")  # deleted by hand, say
+    tampered(gone.tree).rename(store.home / "elsewhere")  # deleted by hand, say
     unreadable = store.home / "index" / "graphs" / f"{'cd' * 32}.json"
     unreadable.write_text("{not json")
     assert store.lookup("graphs", a.manifest.key_digest) is None

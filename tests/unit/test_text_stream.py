@@ -49,3 +49,16 @@ def test_the_earliest_of_several_stop_strings_wins_and_ids_past_bytes_stay_visib
 def test_without_a_tokenizer_only_tokens_are_collected():
     stream = TextStream(None, ("a",))
     assert stream.feed(97) == "" and stream.tokens == [97] and not stream.stopped
+
+
+def test_stop_strings_are_looked_for_only_past_min_tokens():
+    stream = TextStream(TOK, ("b",), min_tokens=3)
+    assert [stream.feed(t) for t in b"abc"] == ["a", "b", "c"] and not stream.stopped
+    assert stream.feed(ord("b")) == "" and stream.stopped and stream.text == "abc"
+
+
+def test_the_stop_token_that_ends_an_answer_adds_no_text():
+    stream = TextStream(TOK)
+    assert stream.feed(ord("a")) == "a"
+    assert stream.feed(300, stop_token=True) == "" and stream.tokens == [97, 300]
+    assert stream.finish() == "" and stream.text == "a"

@@ -67,3 +67,18 @@ def test_a_malformed_tokenizer_json_names_the_file(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(TokenizerError, match="cannot read the tokenizer .*tokenizer.json"):
         HFTokenizer(tmp_path / "tokenizer.json")
+
+
+def test_special_tokens_are_written_only_when_not_skipped(tokenizer_json):
+    from prebake.engine.bundled.api.text import TextStream
+
+    ours = HFTokenizer(tokenizer_json / "tokenizer.json")
+    ids = ours.encode("the dog") + [ours._tok.token_to_id("</s>")] + ours.encode("the fox", special=False)
+    assert ours.decode(ids) == "the dogthe fox"
+    assert "</s>" in ours.decode(ids, skip_special=False) and "<s>" in ours.decode(ids, skip_special=False)
+    skipped, kept = TextStream(ours), TextStream(ours, skip_special=False)
+    for token in ids:
+        skipped.feed(token), kept.feed(token)
+    assert skipped.finish() is not None and skipped.text == "the dogthe fox"
+    kept.finish()
+    assert kept.text == ours.decode(ids, skip_special=False)

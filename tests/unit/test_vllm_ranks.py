@@ -114,7 +114,7 @@ def test_a_root_missing_one_ranks_folder_names_that_rank(tmp_path):
     found = ranks.gaps(_piecewise_root(tmp_path, ranks_present=(0,)), 2, None)
 
     assert found == (ranks.RankGap(1, "torch_compile_cache/0123456789/rank_1_0/"),)
-    assert "rank 1's compile cache is not in the bundle" in ranks.describe(found)
+    assert "rank 1's compile cache is not in the bundle" in ranks.describe_gaps(found)
 
 
 def test_a_cpu_root_missing_one_ranks_inductor_entry_names_that_rank(tmp_path):
@@ -263,11 +263,13 @@ def test_under_on_miss_fail_a_bundle_missing_one_ranks_cache_is_refused_naming_t
 
 
 def test_the_kernel_cache_image_of_a_tp2_bundle_carries_both_ranks_folders(baked_tp2, tmp_path):
+    from prebake.engine.vllm.cache_tree import read_cache_tree
     from prebake.engine.vllm.kernel_cache import checked_ranks
     from prebake.registry.oci.kernel_cache import MANIFEST_DIR, RANKS, build_image
 
     installed = baked_tp2[0].installed
-    image = build_image(installed.tree, installed.manifest, tmp_path / "scratch", ranks=checked_ranks(installed, 2))
+    tree = read_cache_tree(installed.tree, installed.manifest)
+    image = build_image(tree, installed.manifest, tmp_path / "scratch", ranks=checked_ranks(installed, 2))
     with tarfile.open(image.layer) as layer:
         names = layer.getnames()
         mcv = json.loads(layer.extractfile(f"{MANIFEST_DIR}/manifest.json").read())
@@ -293,7 +295,7 @@ class _Execd(Exception):
 def test_a_tp2_serve_of_a_bundle_missing_one_ranks_cache_counts_a_fallback_and_starts_vllm_on_an_empty_root(
     missing_rank_1, tmp_path, monkeypatch
 ):
-    from prebake.artifacts.store.stats import read_stats
+    from prebake.artifacts.store.stats.ledger import read_stats
     from prebake.engine.vllm.adapter import VllmAdapter
     from prebake.engine.vllm.start import serve
 

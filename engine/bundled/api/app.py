@@ -1,7 +1,8 @@
 """The bundled engine's HTTP API on FastAPI: probes, metrics, models, tokenizer routes, completions.
 
     GET  /health, /health/live   ready (503 with the start-up step before), alive; NIM's /v1/health/*
-    GET  /metrics, /version      Prometheus text (runtime.metrics); prebake's version
+    GET|POST /ping, GET /load    ready, as /health; {"server_load": requests being answered} (vLLM's)
+    GET  /metrics, /version      Prometheus text (runtime.metrics, prebake's names and vLLM's); prebake's version
     GET  /v1/models              the one model served
     POST /v1/completions, /v1/chat/completions   OpenAI's, streamed with stream=true
     POST /tokenize, /detokenize  text or chat messages to token ids and back
@@ -17,6 +18,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from prebake.engine.bundled.api import completions, errors
 from prebake.engine.bundled.api.guard import Guard, GuardSettings
@@ -36,6 +38,7 @@ def create_app(state: AppState, guard: GuardSettings) -> FastAPI:
     app = FastAPI(title="prebake bundled engine", version=_version(), openapi_url="/openapi.json")
     app.state.engine = state
     errors.install(app)
+    app.add_middleware(_LoadTracker, state=state)  # added first, so inside the guard: a refused request is no load
     app.add_middleware(Guard, settings=guard)
     _probe_routes(app, state)
     _info_routes(app, state)
@@ -62,16 +65,19 @@ def _probe_routes(app: FastAPI, state: AppState) -> None:
 
     for path in READY_PATHS:  # HEAD too: load balancers and curl -I probe with it
         app.add_api_route(path, health, methods=["GET", "HEAD"])
+    app.add_api_route("/ping", health, methods=["GET", "HEAD", "POST"])
+
+    @app.get("/load")
+    def load() -> dict[str, int]:
+        return {"server_load": state.in_flight}
+
     for path in LIVE_PATHS:
         app.add_api_route(path, live, methods=["GET", "HEAD"])
 
     @app.get("/metrics")
     def metrics() -> Response:
         if state.serving is not None:  # the load as of this scrape
-            load = state.serving.scheduler.load()
-            state.metrics.set("prebake_num_requests_running", load.running)
-            state.metrics.set("prebake_num_requests_waiting", load.waiting)
-            state.metrics.set("prebake_kv_cache_usage_perc", round(load.kv_cache_usage, 6))
+            state.metrics.set_load(state.serving.scheduler.load())
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
 
@@ -89,7 +95,8 @@ def _info_routes(app: FastAPI, state: AppState) -> None:
         return ModelList(data=[card])
 
     @app.post("/tokenize")
-    def tokenize(body: TokenizeRequest) -> Tokens:
+    def tokenize(body: TokenizeRequest, response: Response) -> Tokens:
+        response.headers.update(state.unknown_fields.header(state.unknown_fields.check(body)))
         serving = state.ready()
         state.check_model(body.model)
         if body.messages is not None:
@@ -100,10 +107,32 @@ def _info_routes(app: FastAPI, state: AppState) -> None:
         return Tokens(count=len(ids), max_model_len=serving.max_model_len, tokens=ids)
 
     @app.post("/detokenize")
-    def detokenize(body: DetokenizeRequest) -> Text:
+    def detokenize(body: DetokenizeRequest, response: Response) -> Text:
+        response.headers.update(state.unknown_fields.header(state.unknown_fields.check(body)))
         serving = state.ready()
         state.check_model(body.model)
         return Text(prompt=completions.tokenizer_of(serving).decode(body.tokens))
+
+
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+
+
+class _LoadTracker:
+    """Counts the completion requests being answered, from their arrival to their last byte (a
+    stream's too): /load's server_load, as vLLM's --enable-server-load-tracking counts it."""
+
+    def __init__(self, app: ASGIApp, state: AppState):
+        self.app, self.state = app, state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] not in GENERATION_PATHS:
+            await self.app(scope, receive, send)
+            return
+        self.state.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.state.in_flight -= 1
 
 
 def _version() -> str:

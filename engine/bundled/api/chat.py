@@ -6,7 +6,8 @@ Models with random weights (tiny-llama) have no folder and get `TINY_TEMPLATE`, 
 each message as <|role|>, a newline, its text and a newline. Rendering follows transformers'
 `apply_chat_template`: a sandboxed jinja2 environment with trim_blocks and lstrip_blocks, the
 `raise_exception` global and a `tojson` filter, variables messages, add_generation_prompt,
-bos_token and eos_token; the rendered text is tokenized without adding special tokens again.
+bos_token and eos_token (and a request's chat_template_kwargs); the rendered text is tokenized
+without adding special tokens again.
 """
 
 from __future__ import annotations
@@ -38,9 +39,19 @@ class ChatTemplate:
     bos_token: str = ""
     eos_token: str = ""
 
-    def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    def render(
+        self,
+        messages: list[dict[str, str]],
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        variables: dict | None = None,
+    ) -> str:
+        """The prompt text; `variables` are more template variables (vLLM's chat_template_kwargs);
+        `continue_final_message` cuts the text right after the last message's content, so the
+        model continues that message instead of closing it (transformers' rule)."""
         try:
-            return _compiled(self.source).render(
+            text = _compiled(self.source).render(
+                **(variables or {}),
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
@@ -48,13 +59,27 @@ class ChatTemplate:
             )
         except jinja2.TemplateError as exc:  # raise_exception() in the template lands here too
             raise ChatTemplateError(f"the model's chat template refused these messages: {exc}") from exc
+        return _open_final(text, messages[-1]["content"]) if continue_final_message else text
 
 
-def chat_template_for(spec: ModelSpec) -> ChatTemplate | None:
-    """The recipe model's chat template; None when its folder has none (chat is then refused)."""
+def _open_final(text: str, final: str) -> str:
+    """`text` cut after the final message's content (its trailing spaces kept only where the template kept them)."""
+    if not final.strip() or final.strip() not in text:
+        raise ChatTemplateError(
+            "continue_final_message: the last message's text does not appear in the rendered prompt "
+            "(the template rewrote it, or it is empty); send it as the template writes it, or leave the option out"
+        )
+    at = text.rindex(final.strip())
+    kept = final.lstrip()
+    return text[: at + len(kept)] if text[at : at + len(kept)] == kept else text[: at + len(final.strip())]
+
+
+def chat_template_for(spec: ModelSpec, folder: Path | None = None) -> ChatTemplate | None:
+    """The recipe model's chat template, from `folder` (else the one its weights name); None when the
+    folder has none (chat is then refused)."""
     if spec.random_weights:
         return ChatTemplate(TINY_TEMPLATE)
-    folder = Path(spec.weights).expanduser()
+    folder = folder or Path(spec.weights).expanduser()
     config: dict = {}
     config_path = folder / "tokenizer_config.json"
     if config_path.is_file():

@@ -17,7 +17,7 @@ import time
 import uuid
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
@@ -54,18 +54,26 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 def add_routes(app: FastAPI, state: AppState) -> None:
     @app.post("/v1/completions", response_model=None)
-    async def completions(body: CompletionRequest, request: Request) -> Completion | StreamingResponse:
+    async def completions(
+        body: CompletionRequest, request: Request, response: Response
+    ) -> Completion | StreamingResponse:
+        response.headers.update(state.unknown_fields.header(state.unknown_fields.check(body)))
         serving = state.ready()
         state.check_model(body.model)
         prompts = await run_in_threadpool(_prompts, serving, body.prompt)
-        return await _answer(state, serving, prompts, body, _CompletionShape(state.model_id), request)
+        shape = _CompletionShape(state.model_id, prompts if body.return_token_ids else None, body.n)
+        return await _answer(state, serving, prompts, body, shape, request, response.headers)
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat(body: ChatCompletionRequest, request: Request) -> ChatCompletion | StreamingResponse:
+    async def chat(
+        body: ChatCompletionRequest, request: Request, response: Response
+    ) -> ChatCompletion | StreamingResponse:
+        response.headers.update(state.unknown_fields.header(state.unknown_fields.check(body)))
         serving = state.ready()
         state.check_model(body.model)
-        prompt = await run_in_threadpool(chat_prompt, serving, body.messages, body.add_generation_prompt)
-        return await _answer(state, serving, [prompt], body, _ChatShape(state.model_id), request)
+        prompt = await run_in_threadpool(chat_prompt, serving, body.messages, body.add_generation_prompt, body)
+        shape = _ChatShape(state.model_id, prompt if body.return_token_ids else None)
+        return await _answer(state, serving, [prompt], body, shape, request, response.headers)
 
 
 # -- prompts ---------------------------------------------------------------------------------------
@@ -90,7 +98,12 @@ def encode(serving: Serving, text: str, special: bool = True, param: str = "prom
         raise ApiError(400, f"{param} cannot be encoded as UTF-8 text: {exc}; send valid Unicode", param) from exc
 
 
-def chat_prompt(serving: Serving, messages: list[ChatMessage], add_generation_prompt: bool) -> list[int]:
+def chat_prompt(
+    serving: Serving,
+    messages: list[ChatMessage],
+    add_generation_prompt: bool,
+    request: ChatCompletionRequest | None = None,
+) -> list[int]:
     if serving.chat is None:
         raise ApiError(
             400,
@@ -98,8 +111,11 @@ def chat_prompt(serving: Serving, messages: list[ChatMessage], add_generation_pr
             "use /v1/completions with a prompt",
             "messages",
         )
+    continue_final = request is not None and request.continue_final_message
+    variables = request.chat_template_kwargs if request is not None else None
     try:
-        text = serving.chat.render([{"role": m.role, "content": m.text()} for m in messages], add_generation_prompt)
+        rendered = [{"role": m.role, "content": m.text()} for m in messages]
+        text = serving.chat.render(rendered, add_generation_prompt, continue_final, variables)
     except ChatTemplateError as exc:
         raise ApiError(400, str(exc), "messages") from exc
     return encode(serving, text, special=False, param="messages")
@@ -119,9 +135,19 @@ def _prompts(serving: Serving, prompt) -> list[list[int]]:
 # -- answers ---------------------------------------------------------------------------------------
 
 
-async def _answer(state: AppState, serving: Serving, prompts, body, shape, request: Request):
-    started = time.perf_counter()
-    params = Params(
+def _params(body: CompletionRequest | ChatCompletionRequest) -> Params:
+    from prebake.engine.bundled.runtime.sampling import SamplingOptions  # torch: loaded once the engine is ready
+
+    options = SamplingOptions(
+        top_k=body.top_k or 0,
+        min_p=body.min_p,
+        repetition_penalty=body.repetition_penalty,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        logit_bias=body.bias(),
+        min_tokens=body.min_tokens,
+    )
+    return Params(
         max_tokens=body.token_budget() if isinstance(body, ChatCompletionRequest) else body.max_tokens,
         temperature=body.temperature,
         top_p=body.top_p,
@@ -130,15 +156,33 @@ async def _answer(state: AppState, serving: Serving, prompts, body, shape, reque
         stop=body.stop_strings(),
         ignore_eos=body.ignore_eos,
         top_logprobs=body.top_logprobs_asked(),
+        options=options,
+        stop_token_ids=frozenset(body.stop_token_ids or ()),
+        skip_special=body.skip_special_tokens,
     )
+
+
+_PARAMS = ("prompt", "max_tokens", "min_tokens", "logit_bias", "top_k", "min_p", "repetition_penalty")
+
+
+def _param_of(message: str) -> str:
+    """The request field a scheduler's refusal is about (it names it first)."""
+    return next((p for p in _PARAMS if message.startswith(p) or f" {p} " in message), "max_tokens")
+
+
+async def _answer(state: AppState, serving: Serving, prompts, body, shape, request: Request, headers=None):
+    started = time.perf_counter()
     try:
-        generation = Generation(serving.scheduler, serving.tokenizer, serving.eos, prompts, params, state.metrics)
+        generation = Generation(
+            serving.scheduler, serving.tokenizer, serving.eos, prompts, _params(body), state.metrics
+        )
     except ValueError as exc:  # RequestRejected: past the limits, named with the fix
         state.metrics.add("prebake_requests_total", outcome="rejected")
-        raise ApiError(400, str(exc), "prompt" if "prompt" in str(exc) else "max_tokens") from exc
+        raise ApiError(400, str(exc), _param_of(str(exc))) from exc
     if body.stream:
-        events = _stream(state, generation, shape, body.include_usage(), started)
-        return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+        usage_kind = "continuous" if body.continuous_usage() else "last" if body.include_usage() else None
+        events = _stream(state, generation, shape, usage_kind, started)
+        return StreamingResponse(events, media_type="text/event-stream", headers={**SSE_HEADERS, **dict(headers or {})})
     try:
         async with _cancel_on_disconnect(request, generation):
             finished = {f.index: f async for f in generation.events() if isinstance(f, Finished)}
@@ -149,11 +193,7 @@ async def _answer(state: AppState, serving: Serving, prompts, body, shape, reque
         generation.cancel()  # no-op once all finished; ends the rows if this handler was cancelled
         state.metrics.observe_latency(time.perf_counter() - started)
     state.metrics.add("prebake_requests_total", outcome="ok")
-    usage = Usage(
-        prompt_tokens=generation.prompt_tokens,
-        completion_tokens=generation.completion_tokens,
-        total_tokens=generation.prompt_tokens + generation.completion_tokens,
-    )
+    usage = _usage(generation, generation.completion_tokens)
     return shape.whole([finished[i] for i in sorted(finished)], usage, serving.tokenizer)
 
 
@@ -174,23 +214,29 @@ async def _cancel_on_disconnect(request: Request, generation: Generation):
         watcher.cancel()
 
 
-async def _stream(state: AppState, generation: Generation, shape, include_usage: bool, started: float):
+def _usage(generation: Generation, completion_tokens: int) -> Usage:
+    total = generation.prompt_tokens + completion_tokens
+    return Usage(prompt_tokens=generation.prompt_tokens, completion_tokens=completion_tokens, total_tokens=total)
+
+
+async def _stream(state: AppState, generation: Generation, shape, usage: str | None, started: float):
+    """Chunks; `usage` "last": one usage chunk at the end, "continuous": also the usage so far on every chunk."""
     outcome = "error"
+
+    def sse(chunk) -> str:
+        so_far = _usage(generation, generation.sampled) if usage == "continuous" else None
+        return _sse(chunk.model_copy(update={"usage": so_far}) if so_far is not None else chunk)
+
     try:
         for chunk in shape.opening(generation.size):
-            yield _sse(chunk)
+            yield sse(chunk)
         async for event in generation.events():
             if isinstance(event, Finished):
-                yield _sse(shape.piece(event.index, event.tail, event.reason, event.tail_tokens))
+                yield sse(shape.piece(event.index, event.tail, event.reason, event.tail_tokens))
             else:
-                yield _sse(shape.piece(event.index, event.text, None, event.tokens))
-        if include_usage:
-            usage = Usage(
-                prompt_tokens=generation.prompt_tokens,
-                completion_tokens=generation.completion_tokens,
-                total_tokens=generation.prompt_tokens + generation.completion_tokens,
-            )
-            yield _sse(shape.usage(usage))
+                yield sse(shape.piece(event.index, event.text, None, event.tokens))
+        if usage is not None:
+            yield _sse(shape.usage(_usage(generation, generation.completion_tokens)))
         outcome = "ok"
     except GenerationFailed as exc:
         error = ErrorBody(message=f"{exc}; retry the request", type="server_error", code=500)
@@ -243,8 +289,16 @@ def _chat_logprobs(f: Finished, tokenizer: Tokenizer | None) -> ChatLogprobs | N
 
 
 class _CompletionShape:
-    def __init__(self, model: str):
+    """Completions' answer; with `prompts` (return_token_ids) each choice carries its prompt's ids,
+    streamed on its first chunk (as vLLM's)."""
+
+    def __init__(self, model: str, prompts: list[list[int]] | None = None, n: int = 1):
         self.model, self.id, self.created = model, f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        self.prompts, self.n = prompts, n
+        self._started: set[int] = set()
+
+    def _prompt_ids(self, index: int) -> list[int] | None:
+        return None if self.prompts is None else self.prompts[index // self.n]
 
     def whole(self, finished: list[Finished], usage: Usage, tokenizer: Tokenizer | None) -> Completion:
         choices = [
@@ -254,6 +308,7 @@ class _CompletionShape:
                 logprobs=_completion_logprobs(f, tokenizer),
                 finish_reason=f.reason,
                 token_ids=list(f.tokens),
+                prompt_token_ids=self._prompt_ids(f.index),
             )
             for f in finished
         ]
@@ -263,7 +318,15 @@ class _CompletionShape:
         return []
 
     def piece(self, index: int, text: str, reason: FinishReason, tokens: tuple[int, ...]) -> Completion:
-        choice = CompletionChoice(index=index, text=text, finish_reason=reason, token_ids=list(tokens))
+        first = index not in self._started
+        self._started.add(index)
+        choice = CompletionChoice(
+            index=index,
+            text=text,
+            finish_reason=reason,
+            token_ids=list(tokens),
+            prompt_token_ids=self._prompt_ids(index) if first else None,
+        )
         return Completion(id=self.id, created=self.created, model=self.model, choices=[choice])
 
     def usage(self, usage: Usage) -> Completion:
@@ -271,8 +334,11 @@ class _CompletionShape:
 
 
 class _ChatShape:
-    def __init__(self, model: str):
+    """Chat's answer; with `prompt` (return_token_ids) the prompt's ids on the answer and the opening chunk."""
+
+    def __init__(self, model: str, prompt: list[int] | None = None):
         self.model, self.id, self.created = model, f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        self.prompt = prompt
 
     def whole(self, finished: list[Finished], usage: Usage, tokenizer: Tokenizer | None) -> ChatCompletion:
         choices = [
@@ -285,13 +351,28 @@ class _ChatShape:
             )
             for f in finished
         ]
-        return ChatCompletion(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage)
+        return ChatCompletion(
+            id=self.id,
+            created=self.created,
+            model=self.model,
+            choices=choices,
+            usage=usage,
+            prompt_token_ids=self.prompt,
+        )
 
-    def _chunk(self, choices: list[ChatChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
-        return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage)
+    def _chunk(self, choices: list[ChatChunkChoice], usage: Usage | None = None, **more) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=self.id, created=self.created, model=self.model, choices=choices, usage=usage, **more
+        )
 
     def opening(self, n: int) -> list[ChatCompletionChunk]:
-        return [self._chunk([ChatChunkChoice(index=i, delta=Delta(role="assistant", content=""))]) for i in range(n)]
+        return [
+            self._chunk(
+                [ChatChunkChoice(index=i, delta=Delta(role="assistant", content=""))],
+                prompt_token_ids=self.prompt if i == 0 else None,
+            )
+            for i in range(n)
+        ]
 
     def piece(self, index: int, text: str, reason: FinishReason, tokens: tuple[int, ...]) -> ChatCompletionChunk:
         delta = Delta(content=text) if text or reason is None else Delta()

@@ -62,6 +62,8 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     for error in exc.errors():
         loc = [str(p) for p in error.get("loc", ()) if p != "body"]
         field = "body" if error.get("type") == "json_invalid" or not loc else loc[0]
+        if field == "body" and error.get("type") == "not_supported":  # raised by a model validator: its field
+            field = str(error.get("ctx", {}).get("field", field))
         by_field.setdefault(field, []).append(error)
     parts = []
     for field, errors in list(by_field.items())[:_MAX_LISTED]:

@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from prebake.engine.bundled.api.errors import error_response
 
-PROBES = frozenset({"/health", "/health/live", "/v1/health/ready", "/v1/health/live"})  # app.READY_PATHS, LIVE_PATHS
+PROBES = frozenset({"/health", "/health/live", "/v1/health/ready", "/v1/health/live", "/ping"})  # app's probe routes
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,13 @@
-"""The OpenAI wire schema the bundled engine speaks, as pydantic models.
+"""The OpenAI wire schema the bundled engine speaks, with vLLM's extra sampling fields, as pydantic models.
 
-Requests forbid unknown fields (a typo is a 400, not a silently ignored option) and bound every
-number, so a bad value is refused by validation before it reaches the scheduler. Options of the
-OpenAI schema the engine does not implement (echo, best_of, penalties, response_format, tools) are
-accepted at their neutral value and otherwise refused as "not supported by this engine", naming
-the option. logprobs (and chat's top_logprobs) are supported on whole answers. Responses are
-frozen models; the engine adds `token_ids` to every choice and every streamed chunk (as vLLM's
-`return_token_ids` does).
+Requests accept fields they do not know, as vLLM's do (`extra="allow"`): `extra_fields` names
+them, the route logs each name once and says them in the `X-Ignored-Fields` header, and an
+operator's `--reject-unknown-fields` turns them into a 400 (api.fields). Every number is bounded,
+so a bad value is refused by validation before it reaches the scheduler. Options that would
+change the answer and that the engine cannot honour (tools, structured output, beam search, ...)
+are accepted at their neutral value and otherwise refused as "not supported by this engine",
+naming the option. Responses are frozen models; the engine adds `token_ids` to every choice and
+every streamed chunk (as vLLM's `return_token_ids` does), and `prompt_token_ids` when asked.
 """
 
 from __future__ import annotations
@@ -22,20 +23,45 @@ MAX_TOKENS_BOUND = 1 << 20  # above any model length: a clear 400 from the limit
 SEED_BOUND = (1 << 63) - 1
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound (prebake.engine.bundled.runtime.scheduler keeps the same)
+RENDER_VARIABLES = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token"})  # api.chat sets these
 TokenId = Annotated[StrictInt, Field(ge=0, lt=1 << 31)]
 StopString = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 
 
+MAX_LOGIT_BIAS = 1024  # entries of logit_bias
+MAX_STOP_TOKEN_IDS = 64
+
+
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True)
 
 
 class StreamOptions(_Request):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # every chunk carries the usage so far (with include_usage, as vLLM)
+
+
+# vLLM request fields that change the answer and that this engine does not implement: their neutral values.
+_NEUTRAL: dict[str, tuple[object, ...]] = {
+    "use_beam_search": (None, False),
+    "length_penalty": (None, 1.0),
+    "allowed_token_ids": (None,),
+    "bad_words": (None, []),
+    "prompt_logprobs": (None,),
+    "include_stop_str_in_output": (None, False),
+    "truncate_prompt_tokens": (None,),
+    "structured_outputs": (None,),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "guided_grammar": (None,),
+    "guided_decoding_backend": (None,),
+}
 
 
 class _Sampling(_Request):
-    """What completions and chat share: sampling, stopping, streaming and the neutral unsupported options."""
+    """What completions and chat share: sampling (vLLM's extras too), stopping, streaming, and the options
+    refused unless neutral."""
 
     model: str | None = None
     max_tokens: StrictInt | None = Field(default=None, ge=1, le=MAX_TOKENS_BOUND)
@@ -48,10 +74,28 @@ class _Sampling(_Request):
     seed: StrictInt | None = Field(default=None, ge=0, le=SEED_BOUND)
     ignore_eos: bool = False
     user: str | None = None
-    presence_penalty: float = Field(default=0.0, ge=0.0, le=0.0, description="not supported: 0 only")
-    frequency_penalty: float = Field(default=0.0, ge=0.0, le=0.0, description="not supported: 0 only")
-    logit_bias: dict[str, float] | None = Field(default=None, max_length=0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
+    logit_bias: dict[str, float] | None = Field(default=None, max_length=MAX_LOGIT_BIAS)
     response_format: Any = None  # OpenAI's structured output: only {"type": "text"}, the neutral value
+    # vLLM's sampling parameters (runtime.sampling applies them)
+    top_k: StrictInt | None = Field(default=None, ge=-1)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0, allow_inf_nan=False)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=100.0, allow_inf_nan=False)
+    min_tokens: StrictInt = Field(default=0, ge=0, le=MAX_TOKENS_BOUND)
+    stop_token_ids: list[TokenId] | None = Field(default=None, max_length=MAX_STOP_TOKEN_IDS)
+    skip_special_tokens: bool = True
+    return_token_ids: bool | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_id_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (value or {}).items():
+            if not key.isdigit():
+                raise ValueError(f'logit_bias keys are token ids ("50256"), got {key!r}')
+            if bias != bias or bias in (float("inf"), float("-inf")):
+                raise ValueError(f"logit_bias[{key}] must be a finite number, got {bias}")
+        return value
 
     @field_validator("response_format")
     @classmethod
@@ -62,6 +106,9 @@ class _Sampling(_Request):
 
     @model_validator(mode="after")
     def _checks(self):
+        for name, neutral in _NEUTRAL.items():
+            if (self.model_extra or {}).get(name) not in neutral:
+                raise not_supported(name, f"leave {name} out (or at {neutral[-1]!r})")
         if isinstance(self.stop, list) and len(self.stop) > MAX_STOP:
             raise ValueError(f"stop: at most {MAX_STOP} stop strings, got {len(self.stop)}")
         if self.stream_options is not None and not self.stream:
@@ -81,6 +128,12 @@ class _Sampling(_Request):
 
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    def continuous_usage(self) -> bool:
+        return self.include_usage() and bool(self.stream_options and self.stream_options.continuous_usage_stats)
+
+    def bias(self) -> tuple[tuple[int, float], ...]:
+        return tuple((int(k), v) for k, v in (self.logit_bias or {}).items())
 
 
 Prompt = (
@@ -130,6 +183,9 @@ class ChatCompletionRequest(_Sampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1, le=MAX_TOKENS_BOUND)
     add_generation_prompt: bool = True
+    continue_final_message: bool = False  # the last message is left open and continued (vLLM's)
+    chat_template_kwargs: dict[str, Any] | None = None  # more variables for the chat template (vLLM's)
+    echo: Literal[False] = False
     logprobs: bool | None = None
     top_logprobs: StrictInt | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: Any = None  # function calling: only none or [] (the neutral values)
@@ -156,6 +212,13 @@ class ChatCompletionRequest(_Sampling):
     def _top_needs_logprobs(self):
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs: only with logprobs=true")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError(
+                "continue_final_message: cannot be true with add_generation_prompt (the default); "
+                "send add_generation_prompt=false"
+            )
+        if self.chat_template_kwargs and (taken := sorted(set(self.chat_template_kwargs) & RENDER_VARIABLES)):
+            raise ValueError(f"chat_template_kwargs: {taken} are set by the request itself; leave them out")
         return self
 
     def top_logprobs_asked(self) -> int | None:
@@ -219,6 +282,7 @@ class CompletionChoice(_Response):
     logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReason
     token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None  # with return_token_ids
 
 
 class Completion(_Response):
@@ -267,6 +331,7 @@ class ChatCompletion(_Response):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_token_ids: list[int] | None = None  # with return_token_ids
 
 
 class Delta(_Response):
@@ -289,6 +354,7 @@ class ChatCompletionChunk(_Response):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+    prompt_token_ids: list[int] | None = None  # with return_token_ids, on the opening chunk
 
 
 class ModelCard(_Response):

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from prebake.engine.bundled.api.chat import ChatTemplate
 from prebake.engine.bundled.api.errors import ApiError
+from prebake.engine.bundled.api.fields import UnknownFields
 from prebake.engine.bundled.runtime.metrics import Metrics
 from prebake.engine.bundled.runtime.tokenizer import Tokenizer
 
@@ -36,6 +37,8 @@ class AppState:
     serving: Serving | None = None
     alive: Callable[[], bool] = field(default=lambda: True)  # False once the serving loop has died
     stopping: str | None = None  # why the server is going (at --tp N: a rank died); /health says 503
+    unknown_fields: UnknownFields = field(default_factory=UnknownFields)  # ignored and said, or refused
+    in_flight: int = 0  # completion requests being answered (/load's server_load; the event loop's only)
 
     def stop_because(self, reason: str) -> None:
         self.stopping = reason

@@ -29,6 +29,7 @@ from prebake.artifacts.frozen import Frozen
 from prebake.engine.bundled.runtime.model import KVCache, Llama
 from prebake.engine.bundled.runtime.shapes import StepShape
 from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
+from prebake.engine.common.cpu import cpu_flags
 
 if TYPE_CHECKING:
     from prebake.engine.bundled.runtime.aoti_workers import Workers
@@ -195,19 +196,6 @@ def _sha256(path: Path) -> str:
         while chunk := f.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    """This CPU's flags (x86 `flags`, Arm `Features`), from the first processor's lines."""
-    try:
-        text = cpuinfo.read_text(errors="replace")
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        name, _, value = line.partition(":")
-        if name.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return frozenset()
 
 
 def platform_problem(

@@ -27,8 +27,8 @@ from prebake.engine.bundled.runtime.model import KVCache, Llama
 from prebake.engine.bundled.runtime.openmp import FREE_SHARE, cores_got
 from prebake.engine.bundled.runtime.shapes import StepShape
 from prebake.engine.bundled.runtime.steps import Tactic
-from prebake.engine.common.logs import Countdown
-from prebake.engine.common.probe import usable_cores
+from prebake.engine.common.cpu import usable_cores
+from prebake.engine.common.logs import Countdown, quiet_dependency_deprecations
 
 # One worker's peak beyond its model: torch, Inductor and export in a fresh process, and the
 # compile of one shape (measured: docs/graphs-variants.md#bakes-that-use-every-core).
@@ -157,6 +157,7 @@ _WORKER: dict[str, tuple[Llama, KVCache]] = {}  # the worker process's model, bu
 
 
 def _start_worker(source: ModelSource) -> None:
+    quiet_dependency_deprecations()  # torch's, at every shape: the bake's output shows its own lines
     _WORKER["model"] = source.build()
 
 

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from prebake.engine.common.probe import cpu_flags
+from prebake.engine.common.cpu import cpu_flags
 
 MANIFEST = "manifest.json"
 SETS_DIR = "prebake-isa-probes"

@@ -1,6 +1,7 @@
-"""Loading a recipe's model: seeded random weights, a random checkpoint written once, or a Hugging Face
-folder; and the two models a bake makes without them: placeholders (storage reserved, never touched: a
-compile that keeps weights out of its output) and a copy cut to a few layers (autotune's timings)."""
+"""Loading a recipe's model: seeded random weights, a random checkpoint written once, a GGUF file
+dequantized once into a folder (gguf_folder), or a Hugging Face folder; and the two models a bake
+makes without them: placeholders (storage reserved, never touched: a compile that keeps weights out
+of its output) and a copy cut to a few layers (autotune's timings)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,26 @@ from pathlib import Path
 
 import torch
 
-from prebake.artifacts.errors import BuildError
+from prebake.artifacts.errors import BuildError, CheckpointError, RecipeError
+from prebake.artifacts.extras import require
 from prebake.artifacts.recipe.schema import RANDOM_CHECKPOINT, RANDOM_WEIGHTS, ModelSpec
 from prebake.artifacts.store.settings import default_home
 from prebake.engine.bundled.runtime.checkpoint import random_checkpoint, seeded_tensors
+from prebake.engine.bundled.runtime.gguf_folder import gguf_folder, gguf_folder_path
 from prebake.engine.bundled.runtime.model import Llama, SkipInit, build_model, rope_inv_freq
 from prebake.engine.bundled.runtime.parallel import Parallel, local_config
-from prebake.engine.bundled.runtime.weights import LlamaConfig, load_hf_folder, tiny_random_weights
+from prebake.engine.bundled.runtime.weights import (
+    CONFIG_FILE,
+    LlamaConfig,
+    load_hf_folder,
+    read_config,
+    tiny_random_weights,
+)
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# What a config.json may hold beside the recipe's without changing the computation: the tokens
+# that start and end a sequence (left out of the key for the same reason).
+_NOT_COMPARED = ("bos_token_id", "eos_token_ids")
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -38,18 +50,68 @@ def load_model(
     log=print,
 ) -> Llama:
     """The runtime for a recipe's [model] on `device` (with `parallel`, one rank's shard of it): its
-    inline config with seeded weights, its random checkpoint under `home` ($PREBAKE_HOME; written on
-    first need) or its folder, both read by mmap."""
+    inline config with seeded weights, its random checkpoint or its GGUF's dequantized folder under
+    `home` ($PREBAKE_HOME; written on first need) or its folder, all read by mmap."""
     if spec.weights == RANDOM_WEIGHTS:
-        config = LlamaConfig.from_hf(spec.config)
+        config = recipe_config(spec)
         state = tiny_random_weights(config, seed=spec.seed)  # made on the CPU: the same bits on any machine
         return build_model(config, state, torch_dtype(dtype), device=device, parallel=parallel)
     if spec.weights == RANDOM_CHECKPOINT:
         folder = random_checkpoint(spec, home or default_home(), log=log).folder
+    elif spec.gguf is not None:
+        require("gguf", f"weights {spec.weights!r}")
+        folder = gguf_folder(spec, torch_dtype(dtype), home or default_home(), log=log)
     else:
         folder = Path(spec.weights).expanduser()
-    config, state = load_hf_folder(folder, torch_dtype(dtype))
+        check_folder_config(spec, folder)  # before a byte of the weights is read
+    try:
+        config, state = load_hf_folder(folder, torch_dtype(dtype))
+    except CheckpointError as exc:
+        if spec.weights == RANDOM_CHECKPOINT:
+            exc.add_note(
+                f"{folder} is prebake's random checkpoint: delete the folder and the next start writes it again"
+            )
+        raise
     return build_model(config, state, torch_dtype(dtype), device=device, parallel=parallel)
+
+
+def recipe_config(spec: ModelSpec) -> LlamaConfig:
+    """The recipe's [model.config] as the runtime's config; one it cannot run is the recipe's error."""
+    try:
+        return LlamaConfig.from_hf(spec.config)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise RecipeError(f"recipe {spec.name!r} [model.config]: {exc!s}; fix the recipe's config") from None
+
+
+def check_folder_config(spec: ModelSpec, folder: Path) -> None:
+    """Refuse a model folder whose config.json describes another model than the recipe's [model.config].
+
+    The recipe's config is authoritative: the bake compiled the graphs for it, and every bundle's key
+    holds its digest; the folder's config.json must describe the same computation, field by field
+    (the tokens that start and end a sequence aside), and the weights must then match config.json."""
+    ours, theirs = recipe_config(spec), read_config(folder)
+    differ = [
+        f"{f.name}: the recipe says {getattr(ours, f.name)!r}, {CONFIG_FILE} says {getattr(theirs, f.name)!r}"
+        for f in dataclasses.fields(LlamaConfig)
+        if f.name not in _NOT_COMPARED and getattr(ours, f.name) != getattr(theirs, f.name)
+    ]
+    if differ:
+        raise CheckpointError(
+            f"{folder / CONFIG_FILE} describes another model than recipe {spec.name!r}'s [model.config] "
+            f"({'; '.join(differ)}). The recipe's config is the one its graphs were compiled and keyed for: point "
+            f"weights at the folder of that model, or, if this folder is the model you meant, copy its config.json's "
+            f"fields into the recipe's [model.config] and bake again (the key changes)"
+        )
+
+
+def model_folder(spec: ModelSpec, dtype: str, home: Path | None = None) -> Path | None:
+    """The Hugging Face folder a start of `spec` in `dtype` reads (its tokenizer and chat template
+    too): the user's folder, the GGUF's dequantized one; None for seeded random weights."""
+    if spec.random_weights:
+        return None
+    if spec.gguf is not None:
+        return gguf_folder_path(spec, torch_dtype(dtype), home or default_home())
+    return Path(spec.weights).expanduser()
 
 
 def placeholder_model(spec: ModelSpec, dtype: str, device: str = "cpu", parallel: Parallel | None = None) -> Llama:
@@ -60,7 +122,7 @@ def placeholder_model(spec: ModelSpec, dtype: str, device: str = "cpu", parallel
     them at load): their shapes, dtypes and distinct storages. The pages of an allocation nobody
     touches are never made resident, so the bake's memory does not grow with the weights. (Fake
     tensors would not do: Inductor dedupes constants by storage pointer, and every fake's is 0.)"""
-    config = LlamaConfig.from_hf(spec.config)
+    config = recipe_config(spec)
     with torch.device("meta"), SkipInit():
         model = Llama(local_config(config, parallel), torch_dtype(dtype), parallel)
     model = model.to_empty(device=device)
@@ -73,6 +135,6 @@ def reduced_model(
 ) -> Llama:
     """The recipe's model cut to its first `layers` decoder layers, the same widths, seeded weights
     made in `dtype` (never the whole model's): what autotune times a model too large to hold on."""
-    config = dataclasses.replace(LlamaConfig.from_hf(spec.config), num_hidden_layers=layers)
+    config = dataclasses.replace(recipe_config(spec), num_hidden_layers=layers)
     state = dict(seeded_tensors(config, spec.seed, torch_dtype(dtype)))
     return build_model(config, state, torch_dtype(dtype), device=device, parallel=parallel)

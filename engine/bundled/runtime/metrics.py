@@ -4,14 +4,17 @@
     prebake_bundle_*, prebake_*fallback*, prebake_write_backs_total      bundles, and compiles in place
     prebake_requests_total, prebake_*_seconds histograms, prebake_*tokens*, prebake_step*   serving
     prebake_num_requests_running, _waiting, prebake_kv_cache_usage_perc  vLLM's gauges, by vLLM's names
+    vllm:*                                                               vLLM's own names (runtime.vllm_metrics)
     process_*, python_gc_*, python_info                                  prometheus_client's collectors
 
-Callers name a metric and its labels (`metrics.add("prebake_steps_total", shape=...)`); a name not
-declared in `_DECLARED` is refused, so a typo fails loudly instead of exporting a new series.
+Callers name a metric and its labels (`metrics.add("prebake_steps_total", shape=...)`); an undeclared
+name is refused, so a typo fails loudly; the vllm: series get model_name and engine labels here.
 Every series with its labels and meaning: docs/http-api.md ("Metrics").
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -24,6 +27,11 @@ from prometheus_client import (
     platform_collector,
     process_collector,
 )
+
+from prebake.engine.bundled.runtime import vllm_metrics
+
+if TYPE_CHECKING:  # torch: the scheduler comes once the engine has started
+    from prebake.engine.bundled.runtime.scheduler import Load
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -65,17 +73,36 @@ _DECLARED: dict[str, tuple[type, str, tuple[str, ...]]] = {
     "prebake_request_latency_seconds": (Histogram, "Seconds from a completion request to its response.", ()),
     "prebake_time_to_first_token_seconds": (Histogram, "Seconds from a request to its first token.", ()),
 }
+_DECLARED.update(
+    {
+        name: (kind, text, (*vllm_metrics.LABELS, *labels))
+        for name, (kind, text, labels, _) in vllm_metrics.DECLARED.items()
+    }
+)
+_BUCKETS = {name: buckets for name, (_, _, _, buckets) in vllm_metrics.DECLARED.items() if buckets}
 
 
 class Metrics:
     """The engine's metrics (thread-safe, as prometheus_client's are) and the process collectors."""
 
-    def __init__(self) -> None:
+    def __init__(self, model_name: str = "") -> None:
+        """`model_name`: the served model, the vllm: series' model_name label."""
         self.registry = CollectorRegistry(auto_describe=True)
+        self._vllm_labels = {"model_name": model_name, "engine": "0"}
         self._metrics = {}
         for name, (kind, text, labels) in _DECLARED.items():
-            extra = {"buckets": LATENCY_BUCKETS} if kind is Histogram else {}
+            extra = {"buckets": _BUCKETS.get(name, LATENCY_BUCKETS)} if kind is Histogram else {}
             self._metrics[name] = kind(name, text, labels, registry=self.registry, **extra)
+        for name, (
+            _,
+            _,
+            extra_labels,
+            _,
+        ) in vllm_metrics.DECLARED.items():  # every series there from the start, as vLLM's
+            if not extra_labels:
+                self._metrics[name].labels(**self._vllm_labels)
+        for reason in vllm_metrics.FINISHED_REASONS:
+            self._metrics["vllm:request_success_total"].labels(**self._vllm_labels, finished_reason=reason)
         process_collector.ProcessCollector(registry=self.registry)
         platform_collector.PlatformCollector(registry=self.registry)
         gc_collector.GCCollector(registry=self.registry)
@@ -92,9 +119,19 @@ class Metrics:
     def observe_latency(self, seconds: float) -> None:
         self.observe("prebake_request_latency_seconds", seconds)
 
+    def set_load(self, load: Load) -> None:
+        """The scheduler's load as of a scrape, by prebake's names and vLLM's."""
+        usage = round(load.kv_cache_usage, 6)
+        for prefix in ("prebake_", "vllm:"):
+            self.set(f"{prefix}num_requests_running", load.running)
+            self.set(f"{prefix}num_requests_waiting", load.waiting)
+            self.set(f"{prefix}kv_cache_usage_perc", usage)
+        self.set("vllm:gpu_cache_usage_perc", usage)
+
     def get(self, name: str, **labels: str) -> float:
         """A counter's or gauge's current value (0 for a series never touched)."""
         self._check(name)
+        labels = {**self._vllm_labels, **labels} if name.startswith("vllm:") else labels
         value = self.registry.get_sample_value(name, {k: str(v) for k, v in labels.items()})
         return 0 if value is None else value
 
@@ -107,6 +144,8 @@ class Metrics:
         metric = self._metrics[name]
         if _DECLARED[name][0] is not kind:
             raise TypeError(f"metric {name!r} is a {_DECLARED[name][0].__name__}, not a {kind.__name__}")
+        if name.startswith("vllm:"):
+            labels = {**self._vllm_labels, **labels}
         return metric.labels(**{k: str(v) for k, v in labels.items()}) if labels else metric
 
     @staticmethod

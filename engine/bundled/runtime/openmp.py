@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 
-from prebake.engine.common.probe import usable_cores
+from prebake.engine.common.cpu import usable_cores
 
 SPIN_ENV = "GOMP_SPINCOUNT"
 POLICY_ENV = "OMP_WAIT_POLICY"

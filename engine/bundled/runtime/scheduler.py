@@ -25,7 +25,8 @@ import torch
 
 from prebake.artifacts.buckets.artifact import BucketSet
 from prebake.artifacts.errors import PrebakeError
-from prebake.engine.bundled.runtime.model import is_greedy, sample
+from prebake.engine.bundled.runtime.model import is_greedy
+from prebake.engine.bundled.runtime.sampling import SamplingOptions, adjusted_logits, draw
 from prebake.engine.bundled.runtime.shapes import StepShape, decode_for, prefill_for, step_shapes
 from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
 
@@ -45,6 +46,7 @@ class Request:
     seed: int | None = None
     stop_ids: frozenset[int] = frozenset()
     top_logprobs: int | None = None  # None: no log-probabilities; k: each token's, and the k likeliest
+    options: SamplingOptions = SamplingOptions()  # top_k, min_p, penalties, logit_bias, min_tokens (runtime.sampling)
 
 
 Sink = Callable[[int], bool]  # told each sampled token; False ends the request ("stop")
@@ -99,6 +101,13 @@ class Limits:
         if not (math.isfinite(request.temperature) and request.temperature >= 0 and 0 < request.top_p <= 1):
             raise RequestRejected(
                 f"temperature must be >= 0 and top_p in (0, 1]; got {request.temperature} and {request.top_p}"
+            )
+        if problems := request.options.problems(self.vocab_size):
+            raise RequestRejected("; ".join(problems))
+        if request.options.min_tokens > request.max_tokens:
+            raise RequestRejected(
+                f"min_tokens ({request.options.min_tokens}) is more than max_tokens ({request.max_tokens}); "
+                f"lower min_tokens or raise max_tokens"
             )
 
 
@@ -287,7 +296,8 @@ class Scheduler:
     def _sample(self, runs: list[_Running], logits: torch.Tensor) -> None:
         for i, run in enumerate(runs):
             r = run.request
-            token = int(sample(logits[i : i + 1], r.temperature, r.top_p, run.generator)[0])
+            row = adjusted_logits(logits[i], r.options, r.prompt, run.tokens, r.stop_ids)
+            token = draw(row, r.temperature, r.top_p, r.options, run.generator)
             run.tokens.append(token)
             if r.top_logprobs is not None:
                 run.logprobs.append(_logprob(logits[i], token, r.top_logprobs))

@@ -29,7 +29,7 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str, special: bool = True) -> list[int]: ...
 
-    def decode(self, ids: list[int]) -> str: ...
+    def decode(self, ids: list[int], skip_special: bool = True) -> str: ...
 
 
 class ByteTokenizer:
@@ -47,7 +47,8 @@ class ByteTokenizer:
     def encode(self, text: str, special: bool = True) -> list[int]:
         return list(text.encode("utf-8"))
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int], skip_special: bool = True) -> str:
+        """Bytes as text; every other id as <|id|> (it has no special tokens to skip)."""
         out, run = [], bytearray()
         for i in ids:
             if 0 <= i < 256:
@@ -78,13 +79,15 @@ class HFTokenizer:
         """Token ids; `special=False` leaves out BOS and the like (a chat template writes its own)."""
         return self._tok.encode(text, add_special_tokens=special).ids
 
-    def decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=True)
+    def decode(self, ids: list[int], skip_special: bool = True) -> str:
+        """Text; `skip_special=False` writes special tokens (EOS, chat markers) too, as vLLM's skip_special_tokens."""
+        return self._tok.decode(ids, skip_special_tokens=skip_special)
 
 
-def tokenizer_for(spec: ModelSpec, vocab_size: int) -> Tokenizer | None:
-    """The tokenizer of a recipe's model: tokenizer.json of its folder, bytes for random weights, else None."""
+def tokenizer_for(spec: ModelSpec, vocab_size: int, folder: Path | None = None) -> Tokenizer | None:
+    """The tokenizer of a recipe's model: tokenizer.json of its folder (`folder`, else the one its
+    weights name), bytes for random weights, else None."""
     if spec.random_weights:
         return ByteTokenizer(vocab_size)
-    path = Path(spec.weights).expanduser() / TOKENIZER_FILE
+    path = (folder or Path(spec.weights).expanduser()) / TOKENIZER_FILE
     return HFTokenizer(path) if path.is_file() else None

@@ -11,21 +11,36 @@ prebake.engine.bundled.runtime.model builds the runtime from what it returns.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import Tensor
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
+from prebake.artifacts.errors import CheckpointError
+from prebake.engine.bundled.runtime.safetensors_files import (
+    CONFIG_FILE,
+    INDEX_FILE,
+    WEIGHTS_FILE,
+    read_json,
+    read_tensors,
+    weight_files,
+)
+
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 # Older Llama checkpoints store the rotary table; the runtime recomputes it from the config.
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+_COUNTS = (  # a config's whole numbers
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+)
 
 
 @dataclass(frozen=True)
@@ -89,17 +104,7 @@ class LlamaConfig:
 def _check_config(c: LlamaConfig) -> None:
     if c.model_type not in _ARCHITECTURES:
         raise ValueError(f"model_type {c.model_type!r} is not supported; use one of {sorted(_ARCHITECTURES)}")
-    sizes = (
-        "vocab_size",
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "head_dim",
-        "max_position_embeddings",
-    )
-    for name in sizes:
+    for name in _COUNTS:
         if getattr(c, name) <= 0:
             raise ValueError(f"config {name} must be positive, got {getattr(c, name)}")
     if c.num_attention_heads % c.num_key_value_heads:
@@ -144,6 +149,9 @@ def _config_from_hf(cls: type[LlamaConfig], hf: dict) -> LlamaConfig:
     ]
     if missing:
         raise ValueError(f"config.json lacks {missing}; it is not a complete {model_type} config")
+    wrong = [f"{k} = {hf[k]!r}" for k in _COUNTS if hf.get(k) is not None and type(hf[k]) is not int]
+    if wrong:
+        raise ValueError(f"config.json's {', '.join(wrong)}: expected whole numbers")
     theta, scaling = _rope_from_hf(hf)
     heads = hf["num_attention_heads"]
     eos = hf.get("eos_token_id")
@@ -256,10 +264,10 @@ def parameter_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
 
 
 def check_state_dict(config: LlamaConfig, state_dict: Mapping[str, Tensor], source: str = "state dict") -> None:
-    """Raise ValueError naming the missing, unexpected or mis-shaped tensors, if any."""
+    """Raise ValueError naming the missing, extra or mis-shaped tensors, if any."""
     expected = parameter_shapes(config)
     missing = sorted(expected.keys() - state_dict.keys())
-    unexpected = sorted(state_dict.keys() - expected.keys())
+    extra = sorted(state_dict.keys() - expected.keys())
     wrong = sorted(
         f"{k} {tuple(state_dict[k].shape)} != {expected[k]}"
         for k in expected.keys() & state_dict.keys()
@@ -267,7 +275,7 @@ def check_state_dict(config: LlamaConfig, state_dict: Mapping[str, Tensor], sour
     )
     problems = [
         f"{label} ({len(names)}): {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}"
-        for label, names in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong))
+        for label, names in (("missing", missing), ("extra", extra), ("wrong shape", wrong))
         if names
     ]
     if problems:
@@ -281,24 +289,39 @@ def load_hf_folder(path: str | Path, dtype: torch.dtype = torch.float32) -> tupl
     """Read config.json and the safetensors weights (single file or sharded) of a model folder.
 
     safetensors maps each file: a tensor already in `dtype` is a view of the file's pages (read
-    from the page cache as it is used, never copied); another dtype is converted, a copy."""
+    from the page cache as it is used, never copied); another dtype is converted, a copy. Every
+    fault of the folder's files (missing, cut short, unreadable, not these weights' config) is a
+    CheckpointError naming the file, what was expected and found, and the fix."""
     folder = Path(path)
-    config_path = folder / CONFIG_FILE
-    if not config_path.is_file():
-        raise FileNotFoundError(
-            f"{config_path} not found: point at a Hugging Face model folder "
+    config = read_config(folder)
+    state_dict: dict[str, Tensor] = {}
+    for file, mapped in weight_files(folder):
+        state_dict.update(read_tensors(file, mapped, dtype, rename=lambda name: _runtime_name(config, name)))
+    try:
+        check_state_dict(config, state_dict, source=f"the weights in {folder}")
+    except ValueError as exc:
+        raise CheckpointError(f"{exc} ({folder / CONFIG_FILE}{_layers_found(config, state_dict)})") from None
+    return config, state_dict
+
+
+def read_config(folder: Path) -> LlamaConfig:
+    """A model folder's config.json as a LlamaConfig; a file missing, unreadable or not a config
+    prebake runs is refused naming it."""
+    path = folder / CONFIG_FILE
+    if not path.is_file():
+        raise CheckpointError(
+            f"{path} not found: point at a Hugging Face model folder "
             f"holding {CONFIG_FILE} and {WEIGHTS_FILE} (or {INDEX_FILE} and its shards)"
         )
-    config = LlamaConfig.from_hf(json.loads(config_path.read_text()))
-    state_dict: dict[str, Tensor] = {}
-    for file in _weight_files(folder):
-        with safe_open(file, framework="pt") as st:
-            for name in st.keys():  # noqa: SIM118 (safe_open is not iterable)
-                runtime_name = _runtime_name(config, name)
-                if runtime_name is not None:
-                    state_dict[runtime_name] = st.get_tensor(name).to(dtype)
-    check_state_dict(config, state_dict, source=str(folder))
-    return config, state_dict
+    hf = read_json(path, "a JSON object, as transformers' save_pretrained writes")
+    try:
+        return LlamaConfig.from_hf(hf)
+    except (ValueError, TypeError) as exc:
+        raise CheckpointError(f"{path}: {exc}; use the config.json that came with these weights") from None
+    except KeyError as exc:
+        raise CheckpointError(
+            f"{path} lacks the field {exc}; use the config.json that came with these weights"
+        ) from None
 
 
 def tiny_random_weights(config: LlamaConfig, seed: int = 0) -> dict[str, Tensor]:
@@ -323,20 +346,12 @@ def tiny_random_weights(config: LlamaConfig, seed: int = 0) -> dict[str, Tensor]
     return weights
 
 
-def _weight_files(folder: Path) -> list[Path]:
-    single, index = folder / WEIGHTS_FILE, folder / INDEX_FILE
-    if single.is_file():
-        return [single]
-    if not index.is_file():
-        raise FileNotFoundError(
-            f"no {WEIGHTS_FILE} or {INDEX_FILE} in {folder}; prebake reads safetensors "
-            f"only (convert .bin weights with transformers' save_pretrained)"
-        )
-    shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    absent = [s for s in shards if not (folder / s).is_file()]
-    if absent:
-        raise FileNotFoundError(f"{index} names shards missing from {folder}: {absent}; download them again")
-    return [folder / s for s in shards]
+def _layers_found(config: LlamaConfig, state_dict: Mapping[str, Tensor]) -> str:
+    layers = {int(k.split(".")[1]) for k in state_dict if k.startswith("layers.") and k.split(".")[1].isdigit()}
+    found = max(layers, default=-1) + 1
+    if found == config.num_hidden_layers:
+        return ""
+    return f" says num_hidden_layers = {config.num_hidden_layers}; the weights hold {found} layers"
 
 
 def _runtime_name(config: LlamaConfig, name: str) -> str | None:

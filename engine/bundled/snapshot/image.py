@@ -26,7 +26,7 @@ READY_LINE = "prebake-snapshot: parked"  # it prints this once warm, before it b
 INFO_FILE = "snapshot.json"
 IMAGES_DIR = "images"
 CARRIED_DIR = "carried"
-FORMAT = 4  # 2: parked by `prebake serve --park`; 3: its HTTP server loaded before the dump; 4: handed host, port, key, began
+FORMAT = 5  # 2: parked by `prebake serve --park`; 3: HTTP loaded before the dump; 4, 5: what is handed over
 
 
 @dataclass(frozen=True)

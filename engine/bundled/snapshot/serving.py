@@ -32,6 +32,7 @@ from prebake.engine.common.adapter import OpenServices, StartRequest, plan_to_st
 
 MODES = ("never", "auto", "require")
 API_KEY_VARIABLE = "PREBAKE_API_KEY"  # prebake.engine.bundled.serve's: the HTTP server is not imported here
+REJECT_UNKNOWN_FIELDS_VARIABLE = "PREBAKE_REJECT_UNKNOWN_FIELDS"  # the same
 PREFIX = "prebake serve: snapshot:"
 
 
@@ -118,14 +119,17 @@ def serve_or_say(
     return None
 
 
-def handed_over(host: str, port: int, api_key: str | None) -> dict[str, object]:
+def handed_over(host: str, port: int, api_key: str | None, reject_unknown_fields: bool) -> dict[str, object]:
     """What differs per start, read by the restored process right after the restore
     (prebake.engine.bundled.parked): the address, the API key (--api-key, else PREBAKE_API_KEY, as
-    the usual start reads it) and when this start began (this process's start, as the kernel has it)."""
+    the usual start reads it), --reject-unknown-fields and its variable (the restored process reads
+    it as the usual start does), and when this start began (this process's start, as the kernel has it)."""
     return {
         "host": host,
         "port": port,
         "api_key": api_key or os.environ.get(API_KEY_VARIABLE) or None,
+        "reject_unknown_fields": reject_unknown_fields,
+        "reject_unknown_fields_variable": os.environ.get(REJECT_UNKNOWN_FIELDS_VARIABLE, ""),
         "began": time.time() - _process_age_s(),
     }
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from prebake.artifacts.errors import RecipeError
-from prebake.artifacts.recipe.schema import Recipe
+from prebake.artifacts.recipe.schema import NO_FALLBACK, Recipe
 from prebake.engine.bundled.variants.aoti_package import AotiPackage
 from prebake.engine.bundled.variants.base import GraphsVariant
 from prebake.engine.bundled.variants.dynamo_precompile import DynamoPrecompile
@@ -45,6 +45,11 @@ def variant_of(recipe: Recipe) -> GraphsVariant:
     """The variant `recipe` asks for, else the default (the recipe was checked with its engine:
     EngineSpec.graphs_variant)."""
     return variant(recipe.compile.variant_or(DEFAULT_VARIANT))
+
+
+def fallback_of(recipe: Recipe) -> GraphsVariant | None:
+    """The variant the recipe's tree also carries ([compile] fallback), or None."""
+    return None if recipe.compile.fallback == NO_FALLBACK else variant(recipe.compile.fallback)
 
 
 def chain(first: str, tree: Path | None) -> tuple[GraphsVariant, ...]:

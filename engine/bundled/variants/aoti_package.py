@@ -6,7 +6,6 @@ the recipe asks ([compile] fallback = "dynamo-precompile"); that fallback joins 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -14,7 +13,6 @@ from pathlib import Path
 from prebake.artifacts.errors import BuildError
 from prebake.artifacts.recipe.schema import NO_FALLBACK, CompileOptions
 from prebake.engine.bundled.variants.base import (
-    GRAPHS_FILE,
     INDUCTOR_DIR,
     Compiled,
     CompileJob,
@@ -22,17 +20,18 @@ from prebake.engine.bundled.variants.base import (
     Loaded,
     LoadJob,
     NotLoaded,
+    TreeFacts,
     traced_on_one_rank,
 )
-from prebake.engine.bundled.variants.dynamo_precompile import DynamoPrecompile
-from prebake.engine.bundled.variants.inductor_cache import InductorCache
+
+_PRECOMPILED, _INDUCTOR = "dynamo-precompile", "inductor-cache"  # what a tree may carry after the package
 
 
 class AotiPackage(GraphsVariant):
     name = "aoti-package"
     needs_inductor = False  # the package loads through torch's C++ loader
     reads_in_place = True  # torch's loader unpacks each model to a folder of its own: the tree is only read
-    fallbacks = (DynamoPrecompile.name,)
+    fallbacks = (_PRECOMPILED,)
     taking = "taking aoti-package from the same graphs tree"
 
     def key_factors(self, options: CompileOptions) -> dict[str, object]:
@@ -46,11 +45,12 @@ class AotiPackage(GraphsVariant):
         as a start loads it; without a fallback, Inductor's leftovers (ISA probes, locks) go."""
         from prebake.engine.bundled.runtime import aoti
 
-        if job.parallel is not None and job.parallel.world > 1 and job.fallback != NO_FALLBACK:
+        fallback = job.fallback
+        if job.parallel is not None and job.parallel.world > 1 and fallback is not None:
             raise BuildError(
-                f"[compile] fallback = {job.fallback!r}: {traced_on_one_rank(job.fallback, job.parallel.world)}"
+                f"[compile] fallback = {fallback.name!r}: {traced_on_one_rank(fallback.name, job.parallel.world)}"
             )
-        inner = DynamoPrecompile().compile(job) if job.fallback != NO_FALLBACK else None
+        inner = fallback.compile(job) if fallback is not None else None
         tactics = dict(job.tactics)
         package_s = aoti.compile_package(
             job.model, job.cache, tactics, job.out, mode=job.mode, log=job.log, workers=job.workers
@@ -78,13 +78,10 @@ class AotiPackage(GraphsVariant):
     def next_in(self, tree: Path) -> str | None:
         """What the tree's graphs.json says it carries after the package: dynamo-precompile's functions,
         Inductor's cache alone (baked by a torch without precompile), or nothing."""
-        try:
-            document = json.loads((tree / GRAPHS_FILE).read_text())
-        except (OSError, ValueError):
+        facts = TreeFacts.read(tree)
+        if facts is None or facts.fallback == NO_FALLBACK:
             return None
-        if document.get("fallback", DynamoPrecompile.name) == NO_FALLBACK:  # trees baked before the setting had one
-            return None
-        return DynamoPrecompile.name if document.get("precompiled") else InductorCache.name
+        return _PRECOMPILED if facts.precompiled else _INDUCTOR
 
 
 _RANK_CPUINFO_ENV = "PREBAKE_TEST_RANK_CPUINFO"  # RANK:PATH, a test hook: that rank of `serve --tp N` lacks an ISA

@@ -10,11 +10,12 @@ the adapter reads these classes in a parent that never imports torch.
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from prebake.artifacts.recipe.schema import CompileOptions, Target
 from prebake.engine.bundled.runtime.parallel import Parallel  # torch-free: this process's place in a tp group
@@ -31,6 +32,39 @@ INDUCTOR_DIR = "inductor"  # Inductor's cache folder, in a tree whose variant ha
 
 
 @dataclass(frozen=True)
+class TreeFacts:
+    """What graphs.json says a tree carries: its variant, the [compile] fallback it was baked with,
+    whether dynamo-precompile's functions and an AOTInductor package are in it. The build writes it
+    (the variant's Compiled.facts over these defaults); a variant's `next_in` reads it back."""
+
+    variant: str = ""
+    fallback: str = "dynamo-precompile"  # a tree baked before [compile] fallback existed carried it
+    precompiled: bool = False
+    aoti_package: bool = False
+
+    @classmethod
+    def read(cls, tree: Path) -> TreeFacts | None:
+        """The facts of the tree's graphs.json; None when it is missing or not JSON."""
+        try:
+            document = json.loads((tree / GRAPHS_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(document, dict):
+            return None
+        known = {name: document[name] for name in asdict(cls()) if name in document}
+        return cls(**known)
+
+    @classmethod
+    def of(cls, variant: str, fallback: str, compiled: Mapping[str, bool]) -> TreeFacts:
+        """The facts of a tree just compiled: the variant's Compiled.facts over the defaults."""
+        given: dict[str, Any] = {**asdict(cls(variant, fallback)), **compiled}
+        return cls(**given)
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class CompileJob:
     """Compile every shape of `tactics` into the graphs tree `out` (Inductor's cache folder, when
     the variant uses one, is out/inductor: the caller set TORCHINDUCTOR_CACHE_DIR there)."""
@@ -41,7 +75,9 @@ class CompileJob:
     tactics: Mapping[StepShape, Tactic]
     out: Path
     log: Log
-    fallback: str = "none"  # [compile] fallback: the variant this tree also carries, for a host where it does not load
+    fallback: GraphsVariant | None = (
+        None  # [compile] fallback: the variant this tree also carries, for a host where it does not load
+    )
     workers: Workers | None = None  # shapes compiled side by side in processes (runtime.aoti_workers)
     parallel: Parallel | None = None
 

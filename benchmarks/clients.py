@@ -1,0 +1,219 @@
+"""Load clients built for vLLM, from PyPI, against `prebake serve` on loopback: zero failed requests.
+
+    python benchmarks/clients.py [--model tiny-llama] [--serve-args "--eager"] [--requests 16]
+                                 [--concurrency 1,2] [--tokenizer DIR] [--aiperf PATH] [--work DIR]
+
+One `prebake serve` (its recipe from recipes/; --serve-args are passed on), then each client at
+each concurrency, one after another, with what it always sends plus a vendor field this API does
+not know and vLLM's `repetition_penalty`:
+
+    guidellm    0.8.1, the dev extra's: /v1/completions streamed, continuous usage stats
+    aiperf      0.13.0, from its own venv (--aiperf; it pins huggingface-hub<2): /v1/chat/completions
+                streamed, server token counts; it scrapes /metrics by itself
+
+Both read a local tokenizer (--tokenizer, or a small byte-level one made here for a random-weights
+model). Printed: each run's requests, failures, output tokens/s, TTFT and inter-token latency p50,
+the clients' tokens/s ratio, vLLM's metric names found, and as the last line one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PREBAKE = Path(sys.executable).parent / "prebake"
+PROMPT_TOKENS, OUTPUT_TOKENS = 32, 16
+VENDOR_BODY = {"repetition_penalty": 1.0, "vendor_priority": 3}
+VLLM_NAMES = (
+    "vllm:num_requests_waiting",
+    "vllm:num_requests_running",
+    "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc",
+    "vllm:prefix_cache_queries_total",
+    "vllm:gpu_prefix_cache_hits_total",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:request_success_total",
+    "vllm:time_to_first_token_seconds_count",
+    "vllm:inter_token_latency_seconds_count",
+    "vllm:e2e_request_latency_seconds_count",
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny-llama")
+    parser.add_argument("--serve-args", default="--eager", help='passed to prebake serve (default "--eager")')
+    parser.add_argument("--requests", type=int, default=16, help="requests per client and concurrency")
+    parser.add_argument("--concurrency", default="1,2")
+    parser.add_argument("--tokenizer", type=Path, help="a folder transformers loads (default: one made here)")
+    parser.add_argument("--aiperf", default=shutil.which("aiperf"), help="aiperf's executable (its own venv)")
+    parser.add_argument("--work", type=Path, help="where the server's home and the reports go (default: a temp dir)")
+    args = parser.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="prebake-clients-"))
+    work.mkdir(parents=True, exist_ok=True)
+    tokenizer = args.tokenizer or make_tokenizer(work / "tokenizer")
+    server = start_server(args.model, args.serve_args.split(), work)
+    try:
+        runs = []
+        for concurrency in [int(c) for c in args.concurrency.split(",")]:
+            runs.append(guidellm(server.url, args.model, tokenizer, concurrency, args.requests, work))
+            if args.aiperf:
+                runs.append(aiperf(args.aiperf, server.url, args.model, tokenizer, concurrency, args.requests, work))
+        names = metric_names(server.url)
+    finally:
+        server.stop()
+    report(runs, names, args)
+
+
+class Server:
+    def __init__(self, proc: subprocess.Popen, url: str):
+        self.proc, self.url = proc, url
+
+    def stop(self) -> None:
+        """SIGTERM to the server's own pid, then wait for it."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+        self.proc.wait(60)
+
+
+def start_server(model: str, serve_args: list[str], work: Path) -> Server:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")}
+    env |= {"PREBAKE_HOME": str(work / "home"), "PREBAKE_RECIPES": str(REPO / "recipes"), "PREBAKE_TRUSTED_KEYS": ""}
+    log = (work / "serve.log").open("w")
+    command = [str(PREBAKE), "serve", "--model", model, "--host", "127.0.0.1", "--port", "0", *serve_args]
+    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=work)
+    deadline = time.monotonic() + 1800
+    while time.monotonic() < deadline:
+        text = (work / "serve.log").read_text()
+        if proc.poll() is not None:
+            raise SystemExit(f"prebake serve exited {proc.returncode}:\n{text[-3000:]}")
+        if "listening on http://" in text:
+            url = "http://" + text.split("listening on http://", 1)[1].split()[0]
+            if _status(url + "/health") == 200:
+                return Server(proc, url)
+        time.sleep(0.5)
+    os.kill(proc.pid, signal.SIGTERM)
+    raise SystemExit(f"prebake serve was not ready within 30 minutes; see {work / 'serve.log'}")
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status
+    except Exception:
+        return 0
+
+
+def make_tokenizer(folder: Path) -> Path:
+    """A small byte-level BPE tokenizer, saved as transformers saves one (for random-weights models)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"], initial_alphabet=alphabet)
+    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 10, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast.save_pretrained(folder)
+    return folder
+
+
+def guidellm(url: str, model: str, tokenizer: Path, concurrency: int, requests: int, work: Path) -> dict:
+    out = work / f"guidellm-c{concurrency}.json"
+    extras = ",".join(f"extras.body.{k}={v}" for k, v in VENDOR_BODY.items())
+    backend = f"kind=openai_http,target={url},model={model},request_format=/v1/completions,{extras}"
+    command = [sys.executable, "-m", "guidellm", "run", "--backend", backend]
+    command += ["--profile", f"kind=concurrent,streams={concurrency}"]
+    command += ["--constraint", f"kind=max_requests,count={requests}"]
+    command += ["--data", f"kind=synthetic_text,prompt_tokens={PROMPT_TOKENS},output_tokens={OUTPUT_TOKENS}"]
+    command += ["--tokenizer", f"kind=huggingface_auto,model={tokenizer}", "--output", f"kind=json,path={out}"]
+    _run(command + ["--disable-console"], work / f"guidellm-c{concurrency}.log")
+    metrics = json.loads(out.read_text())["benchmarks"][0]["metrics"]
+    totals = metrics["request_totals"]
+    return {
+        "client": "guidellm",
+        "concurrency": concurrency,
+        "requests": totals["total"],
+        "failed": totals["errored"] + totals["incomplete"],
+        "output_tokens_per_s": metrics["output_tokens_per_second"]["successful"]["mean"],
+        "ttft_ms_p50": metrics["time_to_first_token_ms"]["successful"]["median"],
+        "itl_ms_p50": metrics["inter_token_latency_ms"]["successful"]["median"],
+    }
+
+
+def aiperf(binary: str, url: str, model: str, tokenizer: Path, concurrency: int, requests: int, work: Path) -> dict:
+    out = work / f"aiperf-c{concurrency}"
+    command = [binary, "profile", "--model", model, "--url", url, "--endpoint-type", "chat", "--streaming"]
+    command += ["--tokenizer", str(tokenizer), "--request-count", str(requests), "--concurrency", str(concurrency)]
+    command += ["--prompt-input-tokens-mean", str(PROMPT_TOKENS), "--prompt-output-tokens-mean", str(OUTPUT_TOKENS)]
+    command += ["--extra-inputs", "ignore_eos:true", "--use-server-token-count", "--ui-type", "none"]
+    for key, value in VENDOR_BODY.items():
+        command += ["--extra-inputs", f"{key}:{value}"]
+    _run(command + ["--output-artifact-dir", str(out)], work / f"aiperf-c{concurrency}.log")
+    figures = json.loads((out / "profile_export_aiperf.json").read_text())
+    done = int(figures["request_count"]["avg"])
+    return {
+        "client": "aiperf",
+        "concurrency": concurrency,
+        "requests": done + len(figures.get("error_summary") or []),
+        "failed": sum(e.get("count", 1) for e in figures.get("error_summary") or []) + max(0, requests - done),
+        "output_tokens_per_s": figures["output_token_throughput"]["avg"],
+        "ttft_ms_p50": figures["time_to_first_token"]["p50"],
+        "itl_ms_p50": figures["inter_token_latency"]["p50"],
+    }
+
+
+def _run(command: list[str], log: Path) -> None:
+    with log.open("w") as out:
+        code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, timeout=1200).returncode
+    if code != 0:
+        raise SystemExit(f"{command[0]} exited {code}; its output: {log}\n{log.read_text()[-3000:]}")
+
+
+def metric_names(url: str) -> list[str]:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return [name for name in VLLM_NAMES if any(line.startswith(name + "{") for line in text.splitlines())]
+
+
+def report(runs: list[dict], names: list[str], args) -> None:
+    print(
+        f"{'client':<9} {'conc':>4} {'reqs':>5} {'failed':>6} {'out tok/s':>10} {'TTFT p50 ms':>12} {'ITL p50 ms':>11}"
+    )
+    for r in runs:
+        print(
+            f"{r['client']:<9} {r['concurrency']:>4} {r['requests']:>5} {r['failed']:>6} "
+            f"{r['output_tokens_per_s']:>10.1f} {r['ttft_ms_p50']:>12.1f} {r['itl_ms_p50']:>11.2f}"
+        )
+    ratios = {}
+    for c in sorted({r["concurrency"] for r in runs}):
+        by = {r["client"]: r for r in runs if r["concurrency"] == c}
+        if {"guidellm", "aiperf"} <= set(by):
+            ratios[f"aiperf_over_guidellm_tokens_per_s_c{c}"] = round(
+                by["aiperf"]["output_tokens_per_s"] / by["guidellm"]["output_tokens_per_s"], 3
+            )
+    for key, value in ratios.items():
+        print(f"{key}: {value}x")
+    print(f"vLLM metric names exported: {len(names)}/{len(VLLM_NAMES)}")
+    failed = sum(r["failed"] for r in runs)
+    summary = {"model": args.model, "serve_args": args.serve_args, "failed_requests": failed, "runs": runs}
+    print(json.dumps({**summary, **ratios, "vllm_metric_names": len(names)}, sort_keys=True))
+    if failed or len(names) < len(VLLM_NAMES):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
