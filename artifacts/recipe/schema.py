@@ -27,6 +27,7 @@ from prebake.artifacts.errors import RecipeError, UnknownModelError
 from prebake.artifacts.frozen import Frozen
 from prebake.artifacts.keys import canonical_json, sha256_hex
 from prebake.artifacts.recipe.catalog import list_recipes, recipe_dirs
+from prebake.artifacts.recipe.snapshot import SnapshotSpec
 from prebake.artifacts.recipe.weights import GgufSource, gguf_source
 from prebake.artifacts.tomlfile import load_toml
 
@@ -243,12 +244,6 @@ class PlatformProfile(Frozen):
     tp: tuple[int, ...] | None = Field(default=None, min_length=1)
     dtype: tuple[DType, ...] | None = Field(default=None, min_length=1)
     serving: ServingLimits | None = None
-
-
-class SnapshotSpec(Frozen):
-    """[snapshot]: bake a process snapshot of the warm engine, restored before serving (docs/snapshots.md)."""
-
-    bake: bool = False
 
 
 class Recipe(Frozen):
