@@ -17,12 +17,15 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 from prebake.artifacts.errors import ExitCode, PrebakeError
 from prebake.artifacts.fetch.outcome import Miss
-from prebake.engine.bundled.snapshot.files import DigestCache, first_difference
+from prebake.artifacts.fsutil import Flock
+from prebake.artifacts.store.local import Store
+from prebake.engine.bundled.snapshot.files import DigestCache, FileRecord, first_difference
 from prebake.engine.bundled.snapshot.host import Able, can_snapshot
 from prebake.engine.bundled.snapshot.image import SnapshotInfo, put_back
 from prebake.engine.bundled.snapshot.kind import NAME, digest_cache
@@ -81,6 +84,7 @@ def serve_restored(
         cache = DigestCache(digest_cache())
         if (differs := first_difference(info.files, cache)) is not None:
             return NotRestored(f"this host's files differ from the bake's: {differs.explain()}")
+        _hold_run_folders(services.store, info.carried, services.holds)
         try:
             put_back(installed.tree, info.carried, cache)
         except PrebakeError as exc:  # e.g. a run folder under another $PREBAKE_HOME than this host's
@@ -96,6 +100,22 @@ def serve_restored(
         code = outcome.wait()
         shutil.rmtree(work, ignore_errors=True)
         return Served(code)
+
+
+def _hold_run_folders(store: Store, carried: tuple[FileRecord, ...], hold: ExitStack) -> None:
+    """A shared lock on each run folder under the store's tmp/ that carried files go back into, held
+    for as long as this command runs: no other process's sweep of tmp/ takes them away between their
+    writing and CRIU's opening them; restores of one image share them."""
+    tmp = os.path.realpath(store.paths.tmp)
+    names = {
+        Path(os.path.realpath(r.path)).relative_to(tmp).parts[0]
+        for r in carried
+        if os.path.realpath(r.path).startswith(tmp + os.sep)
+    }
+    for name in sorted(names):
+        lock = Flock.acquire(store.paths.scratch_lock(name), shared=True)  # waits: never None
+        assert lock is not None
+        hold.enter_context(lock)
 
 
 def serve_or_say(
