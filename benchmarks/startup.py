@@ -39,7 +39,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from a checkout: benchmarks/ is no package
-from benchmarks import tp_bakes  # noqa: E402
+from benchmarks import snapshot_mode, tp_bakes  # noqa: E402
 from prebake.artifacts.store.settings import default_home  # noqa: E402
 from prebake.engine.bundled.runtime.gguf_fetch import downloads_dir  # noqa: E402
 
@@ -57,6 +57,7 @@ class Run:
     first_request_s: float
     steps: dict[str, float] = field(default_factory=dict)
     parts: dict[str, float] = field(default_factory=dict)  # the warm-up step's parts
+    tokens: list[int] = field(default_factory=list)  # the first completion's greedy tokens
 
 
 def main() -> None:
@@ -103,10 +104,16 @@ def main() -> None:
         help="count each variant's bake (a cold start with --write-back, whose time to ready also holds "
         "the few seconds of packing and publishing) as its first cold start, instead of starting cold again",
     )
+    parser.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="also bake the recipe's process snapshot ([snapshot] bake = true; needs CRIU, docs/snapshots.md) and "
+        "time its restore (`serve --snapshot require`) beside the other modes (snapshot_mode.py)",
+    )
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="prebake-startup-"))
     work.mkdir(parents=True, exist_ok=True)
-    bench = Bench(work, args.model, args.precision, show=args.show_completion, tp=args.tp)
+    bench = Bench(work, args.model, args.precision, show=args.show_completion, tp=args.tp, snapshot=args.snapshot)
     variants = args.variant or default_variants(args.model)
     bench.chat, bench.max_model_len = args.chat, args.max_model_len
     bench.prepare_weights()
@@ -120,14 +127,28 @@ def main() -> None:
             bench.bakes[variant] = baked
         if args.cold_from_bake and baked is not None:
             runs.append(Run("cold", variant, baked.ready_s, baked.first_request_s, baked.steps, baked.parts))
+    if args.snapshot:
+        bench.snapshot_s = snapshot_mode.bake(
+            PREBAKE.parent,
+            REPO,
+            bench.recipes(variants[0]),
+            bench.registry(variants[0]),
+            args.model,
+            args.precision,
+            work,
+        )
     for i in range(args.iterations):
         runs.append(bench.start("eager", variants[0], i))  # the floor compiles nothing: one per iteration
+        if args.snapshot:
+            runs.append(bench.start("snapshot", variants[0], i))
         for variant in variants:
             if not (args.cold_from_bake and i == 0 and any(r.mode == "cold" and r.variant == variant for r in runs)):
                 runs.append(bench.start("cold", variant, i))
             runs.append(bench.start("prebaked", variant, i))
     for i in range(args.iterations, args.iterations + args.warm_iterations):  # more of the fast modes, interleaved
         runs.append(bench.start("eager", variants[0], i))
+        if args.snapshot:
+            runs.append(bench.start("snapshot", variants[0], i))
         for variant in variants:
             runs.append(bench.start("prebaked", variant, i))
     summary = summarise(runs, variants)
@@ -135,6 +156,15 @@ def main() -> None:
     print(render(summary, args, bakes))
     for question, answer in dict(bench.answers).items():
         print(f"\n{args.model} ({args.precision}, prebaked) asked {question!r}:\n  {answer}")
+    restored = {}
+    if args.snapshot:
+        tokens = {
+            mode: [r.tokens for r in runs if r.mode == mode and r.variant == variants[0]]
+            for mode in ("snapshot", "prebaked")
+        }
+        restored = snapshot_mode.figures(summary, variants[0], tokens, bench.registry(variants[0]))
+        restored["snapshot_bake_s"] = round(bench.snapshot_s, 3)
+        print(snapshot_mode.render(restored))
     if args.json:
         args.json.write_text(json.dumps({"runs": [asdict(r) for r in runs], "summary": summary}, indent=1))
     if args.chart:
@@ -142,7 +172,7 @@ def main() -> None:
         from benchmarks import charts
 
         charts.startup(summary, args.chart, title=f"{args.model} {args.precision} start-up by step")
-    print(json.dumps(figures(summary, variants, args, bakes)))
+    print(json.dumps(figures(summary, variants, args, bakes) | restored))
 
 
 def figures(summary: dict, variants, args, bakes: dict) -> dict:
@@ -194,8 +224,10 @@ def _rounded(values: dict[str, float]) -> dict[str, float]:
 class Bench:
     """Recipes per variant, their registries, and one fresh serving process per measurement."""
 
-    def __init__(self, work: Path, model: str, precision: str, show: bool = False, tp: int = 1):
+    def __init__(self, work: Path, model: str, precision: str, show: bool = False, tp: int = 1, snapshot: bool = False):
         self.work, self.model, self.precision, self.show, self.tp = work, model, precision, show, tp
+        self.snapshot = snapshot  # the recipe bakes a process snapshot; only the snapshot mode restores it
+        self.snapshot_s = 0.0
         self.tp_bakes: dict = {}  # at --tp N: {1: ..., N: ...} from benchmarks/tp_bakes.py
         self.registries: dict[str, Path] = {}  # variant -> a registry given by the caller
         self.bakes: dict[str, Run] = {}  # variant -> the cold start with --write-back that baked it here
@@ -231,6 +263,7 @@ class Bench:
         if not folder.is_dir():
             folder.mkdir(parents=True)
             source = _with_variant(_recipe_path(self.model).read_text(), variant)
+            source = snapshot_mode.with_snapshot(source) if self.snapshot else source
             if self.max_model_len:
                 source = _with_one_sequence(source, self.max_model_len)
             (folder / f"{self.model}.toml").write_text(source if self.tp == 1 else tp_bakes.with_tp(source, self.tp))
@@ -276,7 +309,9 @@ class Bench:
             extra = ["--registry", str(empty)]
         else:
             extra = ["--registry", str(self.registry(variant))] + (["--eager"] if mode == "eager" else [])
-        run = self._serve(variant, mode, extra, tag=str(iteration))
+        if self.snapshot:  # the restore in its own mode only; it fails loudly there rather than fall back
+            extra += ["--snapshot", "require" if mode == "snapshot" else "never"]
+        run = self._serve(variant, mode, extra, tag=str(iteration), env=snapshot_mode.criu_env())
         if mode == "prebaked" and run.steps.get("compile", 0.0) > 0:
             sys.exit(
                 f"the prebaked start of {variant} #{iteration} compiled ({run.steps['compile']:.1f} s): the registry "
@@ -316,11 +351,13 @@ class Bench:
                 self.answers.append((self.chat, _chat(port, self.chat)))
             metrics = _get(port, "/metrics")[1]
             steps, parts = _startup_steps(metrics), _warm_up_parts(metrics)
+            if mode == "snapshot":  # a restored process's metrics are its bake's start's
+                steps, parts = {}, {}
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(120)
             log.close()
-        return Run(mode, variant, round(ready, 3), round(first, 4), steps, parts)
+        return Run(mode, variant, round(ready, 3), round(first, 4), steps, parts, _tokens(completion))
 
 
 def summarise(runs: list[Run], variants) -> dict:
@@ -334,6 +371,8 @@ def summarise(runs: list[Run], variants) -> dict:
 
     eager = [r for r in runs if r.mode == "eager"]
     out: dict = {"eager": _mode_summary(eager, stats)}
+    if restored := [r for r in runs if r.mode == "snapshot"]:
+        out["snapshot"] = _mode_summary(restored, stats)
     for variant in variants:
         cold = _mode_summary([r for r in runs if r.mode == "cold" and r.variant == variant], stats)
         prebaked = _mode_summary([r for r in runs if r.mode == "prebaked" and r.variant == variant], stats)
@@ -392,6 +431,8 @@ def render(summary: dict, args, bakes: dict | None = None) -> str:
         )
 
     lines.append(row("eager (floor)", summary["eager"]))
+    if "snapshot" in summary:
+        lines.append(row("snapshot restore", summary["snapshot"]))
     cold_label = "cold*" if args.cold_from_bake else "cold "
     for variant in (v for v in VARIANTS if v in summary):
         lines.append(row(f"{cold_label}    {variant}", summary[variant]["cold"]))
@@ -582,6 +623,13 @@ def _get(port: int, path: str) -> tuple[int, str]:
         TimeoutError,
     ):  # too busy to answer yet; --tp N: rank 0 not listening yet
         return 0, ""
+
+
+def _tokens(completion: str) -> list[int]:
+    try:
+        return list(json.loads(completion)["choices"][0]["token_ids"])
+    except (ValueError, KeyError, IndexError):
+        return []
 
 
 def _startup_steps(metrics: str) -> dict[str, float]:

@@ -75,7 +75,8 @@ def start_options(command: str) -> list[tuple[str, EngineOption]]:
 
 def kinds_for(recipe: Recipe, target: Target) -> KindTable:
     """The target's kinds in build order: buckets, then the kinds its engine compiles."""
-    return KindTable([BUCKETS, *adapter_for(recipe, target).spec.kinds])
+    spec = adapter_for(recipe, target).spec
+    return KindTable([BUCKETS, *spec.kinds, *spec.optional_kinds(recipe, target)])
 
 
 def refusal(recipe: Recipe, target: Target) -> str | None:

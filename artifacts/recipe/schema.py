@@ -27,6 +27,7 @@ from prebake.artifacts.errors import RecipeError, UnknownModelError
 from prebake.artifacts.frozen import Frozen
 from prebake.artifacts.keys import canonical_json, sha256_hex
 from prebake.artifacts.recipe.catalog import list_recipes, recipe_dirs
+from prebake.artifacts.recipe.snapshot import SnapshotSpec
 from prebake.artifacts.recipe.weights import GgufSource, gguf_source
 from prebake.artifacts.tomlfile import load_toml
 
@@ -251,6 +252,7 @@ class Recipe(Frozen):
     buckets: BucketSettings = BucketSettings()
     compile: CompileOptions = CompileOptions()
     autotune: AutotuneSpec = AutotuneSpec()
+    snapshot: SnapshotSpec = SnapshotSpec()
     matrix: Matrix
     platforms: dict[str, PlatformProfile] = Field(
         default_factory=dict, description="per platform of the matrix: fewer tp/dtype, its own serving limits"

@@ -249,6 +249,12 @@ class Store:
     def blob_path(self, digest: str) -> Path:
         return self.paths.blob(digest)
 
+    def release_scratch(self, path: Path) -> None:
+        """Let go of the lock of this process's scratch folder `path`, leaving its files (a process
+        about to be snapshotted holds no lock file, and keeps what it mapped from there:
+        prebake.engine.bundled.snapshot); ownerless, a later sweep removes it."""
+        self._scratches.release(path)
+
     def scratch(self, name: str) -> Path:
         """A fresh private folder under tmp/ for a build or download in progress, owned by this
         process until the folder is removed; folders of owners that died go on the way. On a read-only

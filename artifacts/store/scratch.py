@@ -25,7 +25,7 @@ class Scratches:
 
     def take(self, name: str) -> Path:
         """A fresh tmp/<name>, owned by this process until the folder is removed."""
-        self._release_finished()
+        self.release_finished()
         lock = fsutil.Flock.acquire(self.paths.scratch_lock(name), wait=False)
         path = self.paths.tmp / name
         if lock is None:
@@ -38,7 +38,7 @@ class Scratches:
     def elsewhere(self, name: str, why: str) -> Path:
         """A fresh private folder in the system's temporary folder, for a store that is `why` (read-only,
         nearly full); removed by its owner as a store scratch is, or by a later one once the owner died."""
-        self._release_finished()
+        self.release_finished()
         sweep_elsewhere(Path(tempfile.gettempdir()))
         path = Path(tempfile.mkdtemp(prefix=f"{ELSEWHERE_PREFIX}{name}-"))
         lock = fsutil.Flock.acquire(_owner_lock(path), wait=False)
@@ -51,7 +51,13 @@ class Scratches:
         )
         return path
 
-    def _release_finished(self) -> None:
+    def release(self, path: Path) -> None:
+        """Let go of `path`'s lock and leave the folder: ownerless, a later sweep removes it."""
+        lock = self._owned.pop(path, None)
+        if lock is not None:
+            lock.release(unlink=True)
+
+    def release_finished(self) -> None:
         for path in [p for p in self._owned if not p.exists()]:
             self._owned.pop(path).release(unlink=True)
 

@@ -40,6 +40,8 @@ from prebake.engine.bundled.cache_layout import (
     private_graphs_tree,
     temp_dir,
 )
+from prebake.engine.bundled.snapshot import kind as snapshot_kind
+from prebake.engine.bundled.snapshot.serving import snapshot_mode
 from prebake.engine.bundled.variants import DEFAULT_VARIANT, served, variant_of
 from prebake.engine.common import starter
 from prebake.engine.common.adapter import (
@@ -181,7 +183,21 @@ SPEC = EngineSpec(
             "require `Authorization: Bearer KEY` on every route but the health probes "
             "(default: $PREBAKE_API_KEY; none: no authentication)",
         ),
+        EngineOption(
+            "--snapshot",
+            "auto (default): restore the target's process snapshot when its recipe bakes one and this host "
+            "can, else start from the bundles, one line saying why; require: exit 3 instead; never: do not try",
+            type=snapshot_mode,
+            default="auto",
+        ),
+        EngineOption(
+            "--park",
+            "start, then wait to be dumped (the bake's snapshot step runs it; not for a server)",
+            type=bool,
+            default=False,
+        ),
     ),
+    optional_kinds=snapshot_kind.wanted,  # [snapshot] bake = true: the snapshot kind after graphs
 )
 
 
@@ -198,16 +214,20 @@ class BundledAdapter:
         SPEC.options_of(request)
         plan = plan_to_start(request, services)
         resolution = starter.fetch_bundles(plan, request, services)
-        if not resolution.complete:
+        optional = {kind.name for kind in SPEC.optional_kinds(plan.recipe, plan.target)}  # a snapshot: noted only
+        misses = tuple(m for m in resolution.misses if m.key.kind not in optional)
+        notes = (
+            *resolution.notes,
+            *(f"{m.key.kind} not fetched: {m.reason}" for m in resolution.misses if m.key.kind in optional),
+        )
+        if misses:
             note = f"no complete bundle set for {plan.target.name} in {services.source.address}"
-            return Fetched(
-                plan.target.name, {}, resolution.installed, tuple(resolution.misses), (*resolution.notes, note)
-            )
+            return Fetched(plan.target.name, {}, resolution.installed, misses, (*notes, note))
         env = prebake_environment(plan.kinds, resolution.installed)
         if (graphs := resolution.installed.get("graphs")) is not None and not services.store.read_only:
             cache = fetched_cache(graphs, services.store.cache_path(graphs.manifest))
             env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
-        return Fetched(plan.target.name, env, resolution.installed, notes=resolution.notes)
+        return Fetched(plan.target.name, env, resolution.installed, notes=notes)
 
     def serve(self, request: StartRequest, open_services: OpenServices) -> int:
         """`prebake serve`: listen, then the shared starter with this engine's in-process runner
@@ -216,15 +236,33 @@ class BundledAdapter:
 
         require("serve", "prebake serve")
         require("torch", "prebake serve")
-        from prebake.engine.bundled.serve import ServeSettings, api_key_from, reject_unknown_fields_from, serve
+        from prebake.engine.bundled.snapshot.serving import handed_over, serve_or_say
 
         options = SPEC.options_of(request)
+        if options["park"]:  # the bake's snapshot step started this process (prebake.engine.bundled.snapshot.dump)
+            from prebake.engine.bundled.parked import serve_parked
+
+            return serve_parked(request, open_services)
+        emit = logging.getLogger("prebake.serve").info
+        host, port = request.host or "127.0.0.1", 8000 if request.port is None else request.port
+        api_key = cast(str | None, options["api_key"])
+        restored = serve_or_say(  # before the HTTP server's imports: a restore needs none of them
+            str(options["snapshot"]),
+            request,
+            handed_over(host, port, api_key, bool(options["reject_unknown_fields"])),
+            open_services,
+            emit,
+        )
+        if restored is not None:
+            return restored
+        from prebake.engine.bundled.serve import ServeSettings, api_key_from, reject_unknown_fields_from, serve
+
         settings = ServeSettings(
             request=request,
             eager=bool(options["eager"]),
-            host=request.host or "127.0.0.1",
-            port=8000 if request.port is None else request.port,
-            api_key=api_key_from(cast(str | None, options["api_key"])),
+            host=host,
+            port=port,
+            api_key=api_key_from(api_key),
             reject_unknown_fields=reject_unknown_fields_from(bool(options["reject_unknown_fields"])),
         )
-        return serve(settings, open_services, emit=logging.getLogger("prebake.serve").info)
+        return serve(settings, open_services, emit=emit)

@@ -50,6 +50,7 @@ if TYPE_CHECKING:  # torch is imported once the environment is set (install step
 
 Emit = Callable[[str], None]
 _runs = itertools.count()
+_RESTORED = ("snapshot",)  # restored before a start (prebake.engine.bundled.snapshot.serving), never started from
 
 
 @dataclass
@@ -177,7 +178,7 @@ class _InProcess:
 
     def begin(self, plan: TargetKeys, services: Services) -> starter.Begun:
         """The kinds to resolve (eager: no graphs), a scratch run folder, torch's imports begun."""
-        kinds = tuple(k for k in plan.kinds.names if not (self.eager and k == FALLBACK_KIND))
+        kinds = tuple(k for k in plan.kinds.names if not (self.eager and k == FALLBACK_KIND) and k not in _RESTORED)
         run_dir = services.store.scratch(f"serve-{os.getpid()}-{next(_runs)}")
         self.leases.callback(cache_layout.private_temp(run_dir))  # undone as the engine closes
         self.torch_import = _begin_imports(self.eager, plan.recipe, run_dir)  # beside the lookup, fetch and load
@@ -264,7 +265,7 @@ def _build(started: starter.Started, log: StartupPhaseLog) -> dict[str, Path]:
     """Every kind's tree: installed, else (but the graphs, compiled later) built in place now."""
     plan, store, run_dir = started.plan, started.services.store, started.run_dir
     trees = {k: i.tree for k, i in started.installed.items()}
-    if missing := [k for k in plan.kinds.names if k not in trees and k != FALLBACK_KIND]:
+    if missing := [k for k in plan.kinds.names if k not in trees and k != FALLBACK_KIND and k not in _RESTORED]:
         with log.step("build") as s:
             for kind in missing:
                 began = time.perf_counter()

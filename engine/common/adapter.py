@@ -71,7 +71,9 @@ class EngineOption:
 
     flag: str  # "--eager"; "--" for the arguments after -- (REST)
     help: str
-    type: type = str  # bool: a switch; tuple: the arguments after --; else argparse's type (str, Path, float)
+    type: Callable[[str], object] = (
+        str  # bool: a switch; tuple: the arguments after --; else argparse's type (str, Path, float, a checking function)
+    )
     default: object = None  # when not given
     commands: tuple[str, ...] = ("serve",)  # the `prebake` commands that take it
 
@@ -143,6 +145,9 @@ class EngineSpec:
     # why it cannot build or serve a target of a recipe (its variant at that tp, say), or None: the
     # fleet plan marks such a target unbuildable, with this reason, instead of "here: yes"
     refuses: Callable[[Recipe, Target], str | None] = lambda recipe, target: None
+    # kinds a recipe asks for beyond `kinds` for a target (the bundled engine's snapshot under [snapshot]
+    # bake = true, at tp 1); a start resolves them itself, before or instead of the others
+    optional_kinds: Callable[[Recipe, Target], tuple[Kind, ...]] = lambda recipe, target: ()
 
     @property
     def default_variant(self) -> str:

@@ -161,6 +161,12 @@ VARIABLES: tuple[Variable, ...] = (
         "unset (nothing verified, said once on stderr)",
         "Trusted public key lines (`name:base64`, separated by commas, spaces or newlines) or a file of them; bundles not signed by one are misses.",
     ),
+    Variable(
+        "PREBAKE_CRIU",
+        "read",
+        "criu >= 4.0 on PATH, else ~/.cache/prebake/criu/<version>/criu (.ci/criu.sh)",
+        "The CRIU binary the snapshot kind dumps and restores with (docs/snapshots.md).",
+    ),
     # -- S3
     Variable("PREBAKE_S3_CONCURRENCY", "read", "10", f"{_S3} parallel part requests per transfer."),
     Variable(
@@ -237,6 +243,12 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("PREBAKE_BUCKETS_FILE", "set", "-", "Set by `prebake fetch`/`serve`: the installed buckets.json."),
     Variable("PREBAKE_AUTOTUNE_FILE", "set", "-", "Set by `prebake fetch`/`serve`: the installed autotune results."),
     Variable("PREBAKE_GRAPHS_DIR", "set", "-", "Set by `prebake fetch`/`serve`: the installed graphs tree."),
+    Variable(
+        "PREBAKE_SNAPSHOT_TREE",
+        "set",
+        "-",
+        "Set by `prebake fetch` when the recipe bakes a snapshot: the installed snapshot tree (docs/snapshots.md).",
+    ),
     Variable(
         "TORCHINDUCTOR_CACHE_DIR",
         "set",

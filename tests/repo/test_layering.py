@@ -46,6 +46,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("prebake.engine.bundled.runtime",),  # the bundled engine's model runtime on torch
     ("prebake.engine.bundled.api",),  # its HTTP API
     ("prebake.engine.bundled.variants",),  # its graphs variants, over the runtime
+    ("prebake.engine.bundled.snapshot",),  # its process snapshots: CRIU's dump and restore, the snapshot kind
     ("prebake.engine.bundled", "prebake.engine.vllm"),  # one folder per engine (peers)
     ("prebake.engine",),  # the composition root and the registry of adapters
     ("prebake.engine.fleet",),  # baking on a fleet: executors and builder profiles

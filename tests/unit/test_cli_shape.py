@@ -89,6 +89,7 @@ REPORTS = {
     "promote": ["promote", "--list"],
     "kernel-cache": ["kernel-cache", "--model", "tiny-llama", "--to", "oci://127.0.0.1:9/team/kc:t"],  # a JSON error
     "copy": ["copy", "/no/such/prebake/staging", "/no/such/prebake/production"],  # not there: a JSON error
+    "doctor": ["doctor"],  # no CRIU here: a JSON error
 }
 
 

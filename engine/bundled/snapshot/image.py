@@ -1,0 +1,83 @@
+"""A snapshot's tree, as the bake writes it and a restore reads it.
+
+snapshot/
+  snapshot.json     SnapshotInfo: CRIU's version, the key factors, the pipes to reconnect,
+                    every file the process mapped or held open (path, size, sha256)
+  images/           CRIU's image files (the process's anonymous memory, threads, registers)
+  carried/<sha256>  files the process mapped from the temporary folder (AOTInductor extracts
+                    its packages' .so files there): put back at their paths before a restore
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from prebake.artifacts.errors import BundleError
+from prebake.artifacts.store.settings import default_home
+from prebake.engine.bundled.snapshot.files import DigestCache, FileRecord
+
+CONTROL_FD = 3  # the parked process reads its per-start settings here (prebake.engine.bundled.parked)
+READY_LINE = "prebake-snapshot: parked"  # it prints this once warm, before it blocks on CONTROL_FD
+INFO_FILE = "snapshot.json"
+IMAGES_DIR = "images"
+CARRIED_DIR = "carried"
+FORMAT = 5  # 2: parked by `prebake serve --park`; 3: HTTP loaded before the dump; 4, 5: what is handed over
+
+
+@dataclass(frozen=True)
+class SnapshotInfo:
+    format: int
+    criu: str
+    factors: dict[str, str]
+    output_pipe: str  # "pipe:[inode]" of the parked process's stdout and stderr
+    control_pipe: str  # "pipe:[inode]" of the pipe it reads its settings from
+    files: tuple[FileRecord, ...]  # must match on the restoring host
+    carried: tuple[FileRecord, ...]  # put back from carried/ at their paths
+
+    def write(self, tree: Path) -> None:
+        (tree / INFO_FILE).write_text(json.dumps(asdict(self), indent=1, sort_keys=True))
+
+    @classmethod
+    def read(cls, tree: Path) -> SnapshotInfo:
+        path = tree / INFO_FILE
+        try:
+            raw = json.loads(path.read_text())
+            if raw.get("format") != FORMAT:
+                raise ValueError(f"format {raw.get('format')!r}, this prebake reads {FORMAT}")
+            files = tuple(FileRecord(**f) for f in raw.pop("files"))
+            carried = tuple(FileRecord(**f) for f in raw.pop("carried"))
+            return cls(**raw, files=files, carried=carried)
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            raise BundleError(f"{path} is not a snapshot description ({exc}); bake the snapshot again") from exc
+
+
+def carried_path(path: str, kept: tuple[str, ...] = ()) -> bool:
+    """Whether a mapped file lives in a temporary folder (a per-process extraction: the system's, or
+    the store's tmp/, where a start's run folder lies) and under none of the `kept` folders (the
+    weights: checked, never carried): carried."""
+    real = os.path.realpath(path)
+    if any(real.startswith(os.path.realpath(folder) + os.sep) for folder in kept):
+        return False
+    temporary = (tempfile.gettempdir(), str(default_home() / "tmp"))
+    return any(real.startswith(os.path.realpath(folder) + os.sep) for folder in temporary)
+
+
+def put_back(tree: Path, carried: tuple[FileRecord, ...], cache: DigestCache) -> None:
+    """Each carried file at its path, written atomically from carried/ unless the file there already
+    has the recorded digest (another restore of the same image put it there)."""
+    for record in carried:
+        if not carried_path(record.path):
+            raise BundleError(f"{tree}: carried file {record.path} is outside the temporary folders; refused")
+        target = Path(record.path)
+        if target.is_file() and cache.digest(str(target)) == record.sha256:
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        shutil.copyfile(tree / CARRIED_DIR / record.sha256, temp)
+        os.chmod(temp, 0o755)
+        os.replace(temp, target)

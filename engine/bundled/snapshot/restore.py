@@ -1,0 +1,146 @@
+"""Restoring a parked process (prebake.engine.bundled.parked) from a snapshot's tree, and supervising it while it serves.
+
+    check      the files it maps are this host's (files.py); the temporary ones put back (image.py)
+    restore    `unshare -pf --mount-proc --kill-child criu restore -D images --inherit-fd ...`:
+               a new PID namespace (the process keeps the PID it had at the bake, free there), its
+               output and control pipes replaced by two this process made, no terminal
+    hand over  one JSON line on the control pipe: host, port, API key, limits, when the start began
+    ready      its output relayed line by line; its ready line ends the restore
+    serve      relayed until it exits; this process's SIGTERM or exit closes the control pipe, which
+               stops it (prebake.engine.bundled.parked): it never outlives its supervisor
+A failure before ready is a value (`Failed` with CRIU's own error lines): the caller starts the
+engine the usual way in the same call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from prebake.engine.bundled.snapshot.host import Able
+from prebake.engine.bundled.snapshot.image import IMAGES_DIR, SnapshotInfo
+
+READY_PREFIX = "prebake serve: ready:"
+RESTORE_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Failed:
+    reason: str
+
+
+@dataclass
+class Restored:
+    """A restored server: its supervisor's handle (stop it with `stop`, wait with `wait`)."""
+
+    proc: subprocess.Popen
+    control: int
+    relay: threading.Thread
+    ready_line: str
+
+    def wait(self) -> int:
+        code = self.proc.wait()
+        self.relay.join(5)
+        return code
+
+    def stop(self) -> None:
+        try:
+            os.close(self.control)  # the restored process stops on EOF (prebake.engine.bundled.parked)
+        except OSError:
+            pass
+
+
+def restore(
+    tree: Path, info: SnapshotInfo, able: Able, settings: Mapping[str, object], work: Path, emit: Callable[[str], None]
+) -> Restored | Failed:
+    """Restore the snapshot in `tree` into a new PID namespace and hand it `settings`; `work` keeps
+    CRIU's log. Restored once its ready line came, else Failed with why."""
+    out_r, out_w = os.pipe()
+    control_r, control_w = os.pipe()
+    command = [
+        str(able.unshare), "--pid", "--fork", "--mount-proc", "--kill-child",
+        str(able.criu), "restore", "-D", str(tree / IMAGES_DIR), "-W", str(work), "-o", "restore.log", "-v2",
+        "--inherit-fd", f"fd[{out_w}]:{info.output_pipe}",
+        "--inherit-fd", f"fd[{control_r}]:{info.control_pipe}",
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=out_w,
+        stderr=out_w,
+        pass_fds=(out_w, control_r),
+        start_new_session=True,
+    )
+    os.close(out_w)
+    os.close(control_r)
+    os.write(control_w, (json.dumps(dict(settings)) + "\n").encode())
+    reader = os.fdopen(out_r, "rb", buffering=0)
+    ready = _until_ready(reader, proc, emit)
+    if isinstance(ready, Failed):
+        os.close(control_w)
+        _end(proc)
+        reader.close()
+        return Failed(f"{ready.reason}{_criu_errors(work / 'restore.log')}")
+    relay = threading.Thread(target=_relay, args=(reader, emit), name="prebake-snapshot-relay", daemon=True)
+    relay.start()
+    return Restored(proc, control_w, relay, ready)
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _until_ready(reader, proc: subprocess.Popen, emit: Callable[[str], None]) -> str | Failed:
+    deadline = time.monotonic() + RESTORE_TIMEOUT_S
+    timer = threading.Timer(RESTORE_TIMEOUT_S, lambda: _end(proc))
+    timer.start()
+    try:
+        for raw in iter(reader.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")
+            emit(line)
+            if line.startswith(READY_PREFIX):
+                return line
+        code = proc.wait()
+        late = time.monotonic() > deadline
+        return Failed(
+            f"the restore {'ran past ' + str(RESTORE_TIMEOUT_S) + ' s' if late else f'exited {code}'} before it was ready"
+        )
+    finally:
+        timer.cancel()
+
+
+def _relay(reader, emit: Callable[[str], None]) -> None:
+    for raw in iter(reader.readline, b""):
+        emit(raw.decode(errors="replace").rstrip("\n"))
+    reader.close()
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """Kill the restore: unshare's --kill-child takes CRIU, the PID namespace's init, and with it
+    every process restored in it."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
+def _criu_errors(log: Path) -> str:
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    errors = [line.strip() for line in lines if "Error" in line][-3:]
+    return f": {' | '.join(errors)} (the full log: {log})" if errors else f" (CRIU's log: {log})"

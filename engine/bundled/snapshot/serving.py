@@ -1,0 +1,175 @@
+"""`prebake serve --snapshot auto|require` for the bundled engine: restore the target's snapshot, or
+say in one line why not, for the usual start to run in the same call.
+
+    able       this host can restore (host.py)                   else: not restored, why
+    lookup     the target's recipe bakes a snapshot; its bundle is fetched like any other: digest,
+               signature, the trust policy (an image is code, as a pickle is)   else: the miss
+    files      every file it maps is this host's (files.py)       else: the first that differs
+    restore    in a new PID namespace, the port and settings handed over (restore.py)  else: CRIU's error
+    serve      supervised until SIGTERM/SIGINT; its exit status is the command's
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+from prebake.artifacts.errors import ExitCode, PrebakeError
+from prebake.artifacts.fetch.outcome import Miss
+from prebake.artifacts.fsutil import Flock
+from prebake.artifacts.store.local import Store
+from prebake.engine.bundled.snapshot.files import DigestCache, FileRecord, first_difference
+from prebake.engine.bundled.snapshot.host import Able, can_snapshot
+from prebake.engine.bundled.snapshot.image import SnapshotInfo, put_back
+from prebake.engine.bundled.snapshot.kind import NAME, digest_cache
+from prebake.engine.bundled.snapshot.restore import Failed, restore
+from prebake.engine.common import starter
+from prebake.engine.common.adapter import OpenServices, StartRequest, plan_to_start
+
+MODES = ("never", "auto", "require")
+API_KEY_VARIABLE = "PREBAKE_API_KEY"  # prebake.engine.bundled.serve's: the HTTP server is not imported here
+REJECT_UNKNOWN_FIELDS_VARIABLE = "PREBAKE_REJECT_UNKNOWN_FIELDS"  # the same
+PREFIX = "prebake serve: snapshot:"
+
+
+@dataclass(frozen=True)
+class Served:
+    code: int
+
+
+@dataclass(frozen=True)
+class NotRestored:
+    reason: str
+
+
+def snapshot_mode(text: str) -> str:
+    """--snapshot's value, checked (argparse's type)."""
+    if text not in MODES:
+        import argparse
+
+        raise argparse.ArgumentTypeError(f"--snapshot {text!r}: give one of {', '.join(MODES)}")
+    return text
+
+
+def serve_restored(
+    request: StartRequest, handed_over: Mapping[str, object], open_services: OpenServices, emit: Callable[[str], None]
+) -> Served | NotRestored:
+    """Serve from the snapshot until a signal, or why it could not be restored (nothing served).
+    `handed_over`: what differs per start (host, port, API key, body limits, `began`: the epoch
+    second this start began), read by the restored process right after the restore."""
+    able = can_snapshot()
+    if not isinstance(able, Able):
+        return NotRestored(able.reason)
+    services = open_services()
+    with services.holds:
+        plan = plan_to_start(request, services)
+        if NAME not in plan.kinds:
+            return NotRestored(f"{plan.target.name} has no {NAME} kind ([snapshot] bake = true in its recipe)")
+        resolved = starter.fetch_bundles(plan, request, services, kinds=[NAME])
+        installed = resolved.installed.get(NAME)
+        if installed is None:
+            misses = [m.explain() for m in resolved.misses if isinstance(m, Miss)]
+            return NotRestored(" ".join(misses).replace("\n", ";") or "no snapshot bundle for this target")
+        try:
+            info = SnapshotInfo.read(installed.tree)
+        except PrebakeError as exc:
+            return NotRestored(str(exc))
+        cache = DigestCache(digest_cache())
+        if (differs := first_difference(info.files, cache)) is not None:
+            return NotRestored(f"this host's files differ from the bake's: {differs.explain()}")
+        _hold_run_folders(services.store, info.carried, services.holds)
+        try:
+            put_back(installed.tree, info.carried, cache)
+        except PrebakeError as exc:  # e.g. a run folder under another $PREBAKE_HOME than this host's
+            return NotRestored(str(exc))
+        cache.save()
+        work = services.store.scratch(f"restore-{os.getpid()}")  # CRIU's log: kept when the restore fails
+        emit(f"{PREFIX} restoring {NAME} {installed.manifest.blob.hex[:12]} (CRIU {able.version})")
+        outcome = restore(installed.tree, info, able, handed_over, work, _relayed)
+        if isinstance(outcome, Failed):
+            return NotRestored(outcome.reason)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, frame: outcome.stop())
+        code = outcome.wait()
+        shutil.rmtree(work, ignore_errors=True)
+        return Served(code)
+
+
+def _hold_run_folders(store: Store, carried: tuple[FileRecord, ...], hold: ExitStack) -> None:
+    """A shared lock on each run folder under the store's tmp/ that carried files go back into, held
+    for as long as this command runs: no other process's sweep of tmp/ takes them away between their
+    writing and CRIU's opening them; restores of one image share them."""
+    tmp = os.path.realpath(store.paths.tmp)
+    names = {
+        Path(os.path.realpath(r.path)).relative_to(tmp).parts[0]
+        for r in carried
+        if os.path.realpath(r.path).startswith(tmp + os.sep)
+    }
+    for name in sorted(names):
+        lock = Flock.acquire(store.paths.scratch_lock(name), shared=True)  # waits: never None
+        assert lock is not None
+        hold.enter_context(lock)
+
+
+def serve_or_say(
+    mode: str,
+    request: StartRequest,
+    handed_over: Mapping[str, object],
+    open_services: OpenServices,
+    emit: Callable[[str], None],
+) -> int | None:
+    """--snapshot `mode`: the exit status of a restored server, or None (one line said why) for the
+    usual start; under `require` a snapshot that cannot be restored is exit 3 (a miss) instead."""
+    if mode == "never" or not _recipe_bakes_one(request):
+        return None  # the usual start, as before snapshots: nothing to say
+    outcome = serve_restored(request, handed_over, open_services, emit)
+    if isinstance(outcome, Served):
+        return outcome.code
+    if mode == "require":
+        emit(f"{PREFIX} not restored: {outcome.reason}; --snapshot require: not starting otherwise")
+        return int(ExitCode.MISS)
+    emit(f"{PREFIX} not restored: {outcome.reason}; starting from the bundles")
+    return None
+
+
+def handed_over(host: str, port: int, api_key: str | None, reject_unknown_fields: bool) -> dict[str, object]:
+    """What differs per start, read by the restored process right after the restore
+    (prebake.engine.bundled.parked): the address, the API key (--api-key, else PREBAKE_API_KEY, as
+    the usual start reads it), --reject-unknown-fields and its variable (the restored process reads
+    it as the usual start does), and when this start began (this process's start, as the kernel has it)."""
+    return {
+        "host": host,
+        "port": port,
+        "api_key": api_key or os.environ.get(API_KEY_VARIABLE) or None,
+        "reject_unknown_fields": reject_unknown_fields,
+        "reject_unknown_fields_variable": os.environ.get(REJECT_UNKNOWN_FIELDS_VARIABLE, ""),
+        "began": time.time() - _process_age_s(),
+    }
+
+
+def _process_age_s() -> float:
+    ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+    return float(Path("/proc/uptime").read_text().split()[0]) - ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _recipe_bakes_one(request: StartRequest) -> bool:
+    """Whether the recipe asks for a snapshot ([snapshot] bake = true); a recipe that does not load
+    is the usual start's to report."""
+    from prebake.artifacts.recipe.schema import load_recipe
+
+    try:
+        return load_recipe(request.model).snapshot.bake
+    except PrebakeError:
+        return False
+
+
+def _relayed(line: str) -> None:
+    """The restored process's own lines (it formats its log already), passed through as they are."""
+    print(line, file=sys.stderr, flush=True)

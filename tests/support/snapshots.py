@@ -1,0 +1,78 @@
+"""A baked snapshot of tiny-llama for the snapshot tests: its recipe (tiny-llama's architecture,
+one sequence, weights written once as a checkpoint and mapped by the process), its bake, and
+`prebake serve` over it. CRIU comes from PREBAKE_CRIU (set by .ci/run) or where host.py looks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.support.baking import REPO, Home
+from tests.support.serving import ServeProcess, serve_env
+
+MODEL = "tiny-llama-snapshot"
+PROMPT = list(range(1, 17))
+
+
+def recipe_text() -> str:
+    text = (REPO / "recipes" / "tiny-llama.toml").read_text()
+    text = text.replace('name = "tiny-llama"', f'name = "{MODEL}"')
+    text = text.replace('weights = "random"', 'weights = "random-checkpoint"')  # mapped from its file
+    text = text.replace("max_num_seqs = 2", "max_num_seqs = 1")  # four step shapes, not seven
+    text = text.replace("[compile]\n", '[compile]\nvariant = "aoti-package"\n', 1)
+    return text + "\n[snapshot]\nbake = true\n"
+
+
+def criu_env() -> dict[str, str]:
+    """PREBAKE_CRIU as the test process has it (serve_env drops every PREBAKE_ variable)."""
+    return {"PREBAKE_CRIU": os.environ["PREBAKE_CRIU"]} if os.environ.get("PREBAKE_CRIU") else {}
+
+
+def bake(root: Path) -> Home:
+    """`doit bake` of the snapshot recipe into a private home under `root`; fails the test if it fails."""
+    from prebake.engine.bundled.snapshot.host import Able, can_snapshot
+
+    able = can_snapshot()
+    if not isinstance(able, Able):  # in CI a missing CRIU fails the run (.ci/run builds it)
+        pytest.skip(f"no CRIU here: {able.reason}")
+    recipes = root / "recipes"
+    recipes.mkdir(parents=True)
+    (recipes / f"{MODEL}.toml").write_text(recipe_text())
+    home = Home(root, recipes)
+    proc = home.doit("run", "bake", f"model={MODEL}", "precision=fp32", extra_env=criu_env())
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "snapshot: published" in proc.stdout + proc.stderr
+    return home
+
+
+def serve(home: Home, *args: str, store: Path | None = None, **env: str) -> ServeProcess:
+    """`prebake serve` of the snapshot recipe over `home`'s store, or over `store` (an empty one: the
+    bundles come from --registry)."""
+    environment = serve_env(store or home.root / "home", home.recipes, **{**criu_env(), **env})
+    return ServeProcess(["--model", MODEL, "--precision", "fp32", *args], environment)
+
+
+def greedy(server: ServeProcess, tokens: int = 8) -> list[int]:
+    answer = server.complete(model=MODEL, prompt=PROMPT, max_tokens=tokens, temperature=0)
+    return answer["choices"][0]["token_ids"]
+
+
+def registry_copy(home: Home, dest: Path) -> Path:
+    """A copy of the bake's registry (a test that damages it damages its own)."""
+    shutil.copytree(home.root / "home" / "registry", dest)
+    return dest
+
+
+def snapshot_entry(registry: Path) -> Path:
+    (entry,) = (registry / "index" / "snapshot").glob("*.json")
+    return entry
+
+
+def snapshot_blob(registry: Path) -> Path:
+    digest = json.loads(snapshot_entry(registry).read_text())["blob"]["digest"].split(":", 1)[1]
+    (blob,) = (registry / "blobs" / "sha256").rglob(f"*{digest}*")
+    return blob

@@ -1,0 +1,109 @@
+"""What a snapshot depends on: the files its process maps (checked by digest, cached by stat), the
+carried files put back only inside the temporary folder, and a host without CRIU said plainly."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from prebake.artifacts.errors import BundleError
+from prebake.engine.bundled.snapshot import host
+from prebake.engine.bundled.snapshot.files import DigestCache, FileRecord, first_difference, mapped_files, record
+from prebake.engine.bundled.snapshot.image import CARRIED_DIR, put_back
+
+
+def test_a_file_with_other_bytes_of_the_same_size_is_named(tmp_path):
+    lib = tmp_path / "libweights.bin"
+    lib.write_bytes(b"a" * 4096)
+    cache = DigestCache(tmp_path / "digests.json")
+    records = record([str(lib)], cache)
+    assert first_difference(records, DigestCache(tmp_path / "digests.json")) is None
+    lib.write_bytes(b"b" + b"a" * 4095)
+    differs = first_difference(records, DigestCache(tmp_path / "digests.json"))
+    assert differs is not None and differs.path == str(lib) and "other bytes" in differs.why
+
+
+def test_a_missing_or_resized_file_is_named(tmp_path):
+    lib = tmp_path / "lib.so"
+    lib.write_bytes(b"x" * 10)
+    records = record([str(lib)], DigestCache(tmp_path / "d.json"))
+    lib.write_bytes(b"x" * 11)
+    assert "11 bytes here, 10 at the bake" in first_difference(records, DigestCache(tmp_path / "d.json")).explain()
+    lib.unlink()
+    assert "missing on this host" in first_difference(records, DigestCache(tmp_path / "d.json")).explain()
+
+
+def test_the_digest_cache_is_keyed_by_stat_not_trusted_blindly(tmp_path):
+    lib = tmp_path / "lib.so"
+    lib.write_bytes(b"one")
+    cache = DigestCache(tmp_path / "d.json")
+    first = cache.digest(str(lib))
+    cache.save()
+    lib.write_bytes(b"two")  # same size, new mtime and ctime: hashed again
+    assert DigestCache(tmp_path / "d.json").digest(str(lib)) != first
+
+
+def test_a_process_maps_its_interpreter_and_libraries(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        for _ in range(50):  # until its own maps show the interpreter (it has exec-ed)
+            found = mapped_files(child.pid)
+            if any("python" in p for p in found):
+                break
+        assert any(Path(p).name.startswith("libc") for p in found) or any("python" in p for p in found)
+        assert all(os.path.isfile(p) for p in found)
+    finally:
+        child.communicate(b"")
+
+
+def test_a_carried_file_outside_the_temporary_folder_is_refused(tmp_path):
+    (tmp_path / CARRIED_DIR).mkdir()
+    with pytest.raises(BundleError, match="outside the temporary folders"):
+        put_back(tmp_path, (FileRecord("/usr/lib/evil.so", 1, "0" * 64),), DigestCache(tmp_path / "d.json"))
+
+
+def test_a_carried_file_is_put_back_at_its_path(tmp_path):
+    content = b"\x7fELF package"
+    digest = hashlib.sha256(content).hexdigest()
+    (tmp_path / CARRIED_DIR).mkdir()
+    (tmp_path / CARRIED_DIR / digest).write_bytes(content)
+    target = Path(tempfile.mkdtemp(prefix="prebake-test-carried-")) / "x" / "model.so"
+    try:
+        put_back(tmp_path, (FileRecord(str(target), len(content), digest),), DigestCache(tmp_path / "d.json"))
+        assert target.read_bytes() == content
+        target.write_bytes(b"\x7fELF pockage")  # same size, other bytes: written again from the image
+        put_back(tmp_path, (FileRecord(str(target), len(content), digest),), DigestCache(tmp_path / "d.json"))
+        assert target.read_bytes() == content
+    finally:
+        target.unlink()
+
+
+def test_no_criu_is_said_with_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv(host.CRIU_ENV, str(tmp_path / "criu"))
+    answer = host.can_snapshot()
+    assert isinstance(answer, host.Unable)
+    assert "no CRIU" in answer.reason and ".ci/criu.sh" in answer.reason
+
+
+def test_an_old_criu_is_refused_naming_its_version(tmp_path, monkeypatch):
+    old = tmp_path / "criu"
+    old.write_text("#!/bin/sh\necho 'Version: 3.17.1'\n")
+    old.chmod(0o755)
+    monkeypatch.setenv(host.CRIU_ENV, str(old))
+    answer = host.can_snapshot()
+    assert isinstance(answer, host.Unable) and "CRIU 3.17.1" in answer.reason and "4.0 or newer" in answer.reason
+
+
+def test_doctor_says_why_this_host_cannot_restore(tmp_path):
+    env = {**os.environ, host.CRIU_ENV: str(tmp_path / "criu")}
+    done = subprocess.run(
+        [sys.executable, "-m", "prebake.engine.cli", "doctor"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1
+    assert "snapshots: no: no CRIU" in done.stdout and ".ci/criu.sh" in done.stdout
