@@ -291,7 +291,7 @@ def load_hf_folder(path: str | Path, dtype: torch.dtype = torch.float32) -> tupl
         )
     config = LlamaConfig.from_hf(json.loads(config_path.read_text()))
     state_dict: dict[str, Tensor] = {}
-    for file in _weight_files(folder):
+    for file in weight_files(folder):
         with safe_open(file, framework="pt") as st:
             for name in st.keys():  # noqa: SIM118 (safe_open is not iterable)
                 runtime_name = _runtime_name(config, name)
@@ -323,7 +323,7 @@ def tiny_random_weights(config: LlamaConfig, seed: int = 0) -> dict[str, Tensor]
     return weights
 
 
-def _weight_files(folder: Path) -> list[Path]:
+def weight_files(folder: Path) -> list[Path]:
     single, index = folder / WEIGHTS_FILE, folder / INDEX_FILE
     if single.is_file():
         return [single]
