@@ -28,11 +28,13 @@ from prebake.artifacts.recipe.schema import Recipe, Target
 from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE, GRAPHS_FILE
 from prebake.engine.bundled.runtime import isa_probes
 from prebake.engine.bundled.runtime.autotune import load_winners, measure
+from prebake.engine.bundled.runtime.fp8.speed import is_fp8, warn_if_emulated
 from prebake.engine.bundled.runtime.loader import load_model, placeholder_model, reduced_model, torch_dtype
 from prebake.engine.bundled.runtime.model import KVCache, Llama
 from prebake.engine.bundled.runtime.parallel import Parallel, one_rank_of
 from prebake.engine.bundled.runtime.shapes import StepShape, step_shapes
 from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
+from prebake.engine.bundled.runtime.weights import LlamaConfig
 from prebake.engine.bundled.variants import variant_of
 from prebake.engine.bundled.variants.base import CompileJob
 
@@ -70,6 +72,8 @@ def build_graphs(
     tactics = load_winners(autotune_tree / AUTOTUNE_FILE)
     placeholders = _on_placeholders(recipe)
     facts = {"weights": "placeholders" if placeholders else "loaded"}
+    if dtype == "fp8" and device_of(target_platform) == "cpu":
+        warn_if_emulated(LlamaConfig.from_hf(recipe.model.config))
     with _as_one_rank(tp) as parallel:
         model, cache = model_and_cache(recipe, dtype, target_platform, parallel, placeholders=placeholders)
         compile_graphs(model, cache, recipe, {s: tactics[s] for s in shapes}, out, facts=facts)
@@ -159,7 +163,9 @@ def _workers(model: Llama, cache: KVCache, recipe: Recipe, shapes: int, asked: i
 
     if cache.keys[0].device.type != "cpu" or asked == 1:
         return None
-    dtype = next(name for name, value in TORCH_DTYPES.items() if value == cache.keys[0].dtype)
+    dtype = (
+        "fp8" if is_fp8(model) else next(name for name, value in TORCH_DTYPES.items() if value == cache.keys[0].dtype)
+    )
     # the workers' model is their own: on placeholders whenever the variant allows, even where this
     # process compiles in place on the loaded weights (a start's compile-in-place)
     source = ModelSource(

@@ -117,10 +117,19 @@ def build_fp8_model(
     return model.eval().requires_grad_(False)
 
 
-def quantize_on_load(config: LlamaConfig, state: Mapping[str, Tensor], scheme: Fp8Scheme) -> Fp8Weights:
+def quantize_on_load(
+    config: LlamaConfig, state: Mapping[str, Tensor], scheme: Fp8Scheme, *, static_input_scale: float | None = None
+) -> Fp8Weights:
     """A plain checkpoint's state dict (runtime names) as FP8: every linear `scheme` does not exclude
-    quantized per channel (vLLM's --quantization fp8 with per-channel scales), then fused."""
+    quantized per channel (vLLM's --quantization fp8 with per-channel scales), then fused. A scheme of
+    static activation scales needs them calibrated: only a timing model passes `static_input_scale`."""
     check_state_dict(config, state)
+    if scheme.activations == "tensor" and static_input_scale is None:
+        raise QuantizationError(
+            f"a {scheme.format} scheme has static activation scales, which quantizing on load cannot calibrate; "
+            f"serve an FP8 checkpoint that holds its input_scale tensors, or a plain one (dynamic scales)"
+        )
+    input_scale = torch.tensor([float(static_input_scale or 1.0)]) if scheme.activations == "tensor" else None
     quantized = set(fp8_modules(config, scheme))
     dense = {k: v for k, v in state.items() if _fused_name(k) not in quantized}
     linears = {}
@@ -130,7 +139,7 @@ def quantize_on_load(config: LlamaConfig, state: Mapping[str, Tensor], scheme: F
         for shard in FUSED[fused]:
             weight, scale = quantize_rows(state[f"layers.{layer}.{shard}.weight"])
             bias = state.get(f"layers.{layer}.{shard}.bias")
-            shards.append(QuantLinear(weight, scale, None, bias))
+            shards.append(QuantLinear(weight, scale, input_scale, bias))
         linears[name] = fuse(shards)
     return Fp8Weights(dense, linears)
 
