@@ -28,7 +28,7 @@ from prebake.artifacts.recipe.schema import Recipe, Target
 from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE, GRAPHS_FILE
 from prebake.engine.bundled.runtime import isa_probes
 from prebake.engine.bundled.runtime.autotune import load_winners, measure
-from prebake.engine.bundled.runtime.fp8.speed import is_fp8, warn_if_emulated
+from prebake.engine.bundled.runtime.fp8.speed import emulated, is_fp8, warn_if_emulated
 from prebake.engine.bundled.runtime.loader import load_model, placeholder_model, reduced_model, torch_dtype
 from prebake.engine.bundled.runtime.model import KVCache, Llama
 from prebake.engine.bundled.runtime.parallel import Parallel, one_rank_of
@@ -45,13 +45,23 @@ def build_autotune(
     """Time every tactic on every shape: the whole model, or [autotune] layers of it (real compute);
     a tp=N target's tactics on one rank's shard."""
     shapes = _shapes(recipe, buckets_tree)
-    layers = recipe.autotune.layers
+    layers = _autotune_layers(recipe, dtype, target_platform)
     with _as_one_rank(tp) as parallel:
         steps = CompiledSteps(*model_and_cache(recipe, dtype, target_platform, parallel, layers=layers), compile=False)
         document = measure(steps, shapes, recipe.autotune)
     document["measured_on"] = {"machine": platform.machine(), "processor": platform.processor()}
     document["model"] = {"layers": layers or steps.model.config.num_hidden_layers, "peak_rss_bytes": peak_rss()}
     (out / AUTOTUNE_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))
+
+
+def _autotune_layers(recipe: Recipe, dtype: str, target_platform: str) -> int | None:
+    """[autotune] layers, or one layer at fp8 on a CPU that emulates FP8: there each step is the emulated
+    matmuls' (about 20x bf16's) and the tactics differ only in attention, the same in every layer, so a
+    second layer adds minutes of emulated matmuls and no information to the ranking."""
+    if dtype == "fp8" and device_of(target_platform) == "cpu" and emulated():
+        print("  autotune at fp8 on a CPU that emulates FP8 matmuls: one decoder layer timed")
+        return 1
+    return recipe.autotune.layers
 
 
 def build_graphs(
