@@ -11,10 +11,8 @@ tiny-llama with its [matrix] platform set to this GPU's, "cuda:sm_90" on an H100
 (benchmarks/startup.py for both variants, the default "aoti-package", cubins loaded by torch's C++
 loader, and "dynamo-precompile" beside it: each one's bake, a cold and a prebaked start, the eager
 floor; its JSON line, the bakes' compile ratio among it, and one more with the host's facts).
-With --fp8 (a GPU of sm_89+: Ada, Hopper, Blackwell), the FP8 modes after it: tiny-llama and the 1B
-baked and started at fp8 and at bf16 (aoti-package; prebaked / eager, overhead removed), and eager
-decode tokens/s of fp8 against bf16 on the GPU, the speed this project's CPU (no AMX: FP8 emulated)
-cannot show. Without a GPU (or with --cpu) the same steps run on the CPU: the fallback the tests run here (on a
+--fp8 (sm_89+) adds tiny-llama and the 1B baked and started at fp8 and bf16 (aoti-package), and eager
+fp8 / bf16 decode tokens/s: the speed this CPU (FP8 emulated) cannot show. Without a GPU (or with --cpu) the same steps run on the CPU: the fallback the tests run here (on a
 two-layer recipe given with --recipe: the subject there is the check's steps, not tiny-llama's shapes).
 
 The wheelhouse is built on a machine with PyPI (`make gpu-wheelhouse`): prebake's wheel and binary

@@ -9,7 +9,7 @@ A scheme is what the compiled graphs depend on: the checkpoint's format, its wei
 a static `input_scale`) and the modules it leaves unquantized. A folder without any of these is a
 plain checkpoint: at precision fp8 it is quantized on load (`QUANTIZE_ON_LOAD`, vLLM's
 `--quantization fp8` with per-channel weights). The tensors are read by the engine's loaders
-(prebake.engine.bundled.runtime.fp8: one module per format); docs/fp8.md lists them.
+(prebake.engine.bundled.runtime.fp8_*: one module per format); docs/fp8.md lists them.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from prebake.artifacts.recipe.schema import RANDOM_CHECKPOINT, RANDOM_WEIGHTS, M
 
 CONFIG_FILE = "config.json"
 MODELOPT_FILE = "hf_quant_config.json"
-FORMATS = ("vllm-fp8", "compressed-tensors", "block-fp8", "modelopt", "quantize-on-load")
+FORMATS = ("autofp8", "compressed-tensors", "block-fp8", "modelopt", "quantize-on-load")
 GRANULARITIES = ("tensor", "channel", "block")
 ACTIVATIONS = ("token", "tensor")
 DEFAULT_EXCLUDED = ("lm_head",)  # what every format leaves in the model dtype unless told otherwise
@@ -94,7 +94,7 @@ def scheme_from_config(quant: Mapping[str, Any], where: str) -> Fp8Scheme:
     """A config.json's quantization_config as a scheme, or QuantizationError naming what is not read."""
     method = quant.get("quant_method")
     if method == "fp8":
-        return _vllm_fp8(quant, where)
+        return _autofp8(quant, where)
     if method == "compressed-tensors":
         return _compressed_tensors(quant, where)
     raise QuantizationError(
@@ -103,14 +103,14 @@ def scheme_from_config(quant: Mapping[str, Any], where: str) -> Fp8Scheme:
     )
 
 
-def _vllm_fp8(quant: Mapping[str, Any], where: str) -> Fp8Scheme:
+def _autofp8(quant: Mapping[str, Any], where: str) -> Fp8Scheme:
     activations = {"dynamic": "token", "static": "tensor"}.get(quant.get("activation_scheme", "dynamic"))
     if activations is None:
         raise QuantizationError(f"{where}: activation_scheme {quant['activation_scheme']!r} is not dynamic or static")
     excluded = tuple(quant.get("ignored_layers") or quant.get("modules_to_not_convert") or DEFAULT_EXCLUDED)
     block = quant.get("weight_block_size")
     if block is None:
-        return Fp8Scheme("vllm-fp8", "tensor", activations, excluded)
+        return Fp8Scheme("autofp8", "tensor", activations, excluded)
     if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
         raise QuantizationError(f"{where}: weight_block_size {block!r} is not two positive integers like [128, 128]")
     return Fp8Scheme("block-fp8", "block", "token", excluded, (block[0], block[1]))
@@ -133,8 +133,11 @@ def _compressed_tensors(quant: Mapping[str, Any], where: str) -> Fp8Scheme:
         raise QuantizationError(f"{where}: weight strategy {strategy!r} is not tensor, channel or block")
     activations = "token" if acts is None or acts.get("dynamic", False) else "tensor"
     excluded = tuple(quant.get("ignore") or ())
-    block = tuple(weights["block_structure"]) if strategy == "block" else None
-    return Fp8Scheme("compressed-tensors", strategy, activations, excluded, block)  # type: ignore[arg-type]
+    shape = weights.get("block_structure") or []
+    if strategy == "block" and len(shape) != 2:
+        raise QuantizationError(f"{where}: block strategy without a block_structure of two sizes ({shape!r})")
+    block = (int(shape[0]), int(shape[1])) if strategy == "block" else None
+    return Fp8Scheme("compressed-tensors", strategy, activations, excluded, block)
 
 
 def _modelopt(document: Mapping[str, Any]) -> Fp8Scheme:

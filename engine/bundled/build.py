@@ -28,7 +28,8 @@ from prebake.artifacts.recipe.schema import Recipe, Target
 from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE, GRAPHS_FILE
 from prebake.engine.bundled.runtime import isa_probes
 from prebake.engine.bundled.runtime.autotune import load_winners, measure
-from prebake.engine.bundled.runtime.fp8.speed import emulated, is_fp8, warn_if_emulated
+from prebake.engine.bundled.runtime.fp8_linear import is_fp8
+from prebake.engine.bundled.runtime.fp8_speed import emulated, warn_if_emulated
 from prebake.engine.bundled.runtime.loader import load_model, placeholder_model, reduced_model, torch_dtype
 from prebake.engine.bundled.runtime.model import KVCache, Llama
 from prebake.engine.bundled.runtime.parallel import Parallel, one_rank_of

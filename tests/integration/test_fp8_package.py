@@ -38,7 +38,7 @@ import torch
 from prebake.artifacts.recipe.schema import load_recipe
 from prebake.engine.bundled.build import model_and_cache
 from prebake.engine.bundled.runtime import aoti
-from prebake.engine.bundled.runtime.fp8.speed import is_fp8
+from prebake.engine.bundled.runtime.fp8_linear import is_fp8
 from prebake.engine.bundled.runtime.shapes import StepShape
 from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
 recipe, tree = load_recipe(sys.argv[1]), Path(sys.argv[2])

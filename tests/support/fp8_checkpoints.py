@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
-from prebake.engine.bundled.runtime.fp8.linear import FP8, FP8_MAX, quantize_rows
+from prebake.engine.bundled.runtime.fp8_linear import FP8, FP8_MAX, quantize_rows
 from prebake.engine.bundled.runtime.weights import LlamaConfig, hf_name, tiny_random_weights
 
 HF_CONFIG = {

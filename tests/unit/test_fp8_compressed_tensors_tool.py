@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from prebake.artifacts.recipe.quantization import read_scheme
-from prebake.engine.bundled.runtime.fp8.linear import Fp8Linear
-from prebake.engine.bundled.runtime.fp8.load import build_fp8_model, read_fp8_folder
+from prebake.engine.bundled.runtime.fp8_linear import Fp8Linear
+from prebake.engine.bundled.runtime.fp8_load import build_fp8_model, read_fp8_folder
 from prebake.engine.bundled.runtime.model import KVCache
 from prebake.engine.bundled.runtime.weights import hf_name
 from tests.support.fp8_checkpoints import CONFIG, HF_CONFIG, plain_weights

@@ -14,8 +14,8 @@ from torch import nn
 
 from prebake.artifacts.recipe.quantization import QUANTIZE_ON_LOAD, QuantizationError, read_scheme
 from prebake.artifacts.recipe.schema import ModelSpec
-from prebake.engine.bundled.runtime.fp8.linear import Fp8Linear, QuantLinear, fuse, quantize_rows
-from prebake.engine.bundled.runtime.fp8.load import build_fp8_model, quantize_on_load, read_fp8_folder
+from prebake.engine.bundled.runtime.fp8_linear import Fp8Linear, QuantLinear, fuse, quantize_rows
+from prebake.engine.bundled.runtime.fp8_load import build_fp8_model, quantize_on_load, read_fp8_folder
 from prebake.engine.bundled.runtime.loader import load_model
 from prebake.engine.bundled.runtime.model import KVCache, build_model
 from tests.support.fp8_checkpoints import CONFIG, FORMATS, HF_CONFIG, plain_weights, write_checkpoint, write_plain
@@ -49,8 +49,8 @@ def test_each_format_is_read_as_the_scheme_its_config_names(tmp_path):
         s = read_scheme(tmp_path / fmt)
         schemes[fmt] = (s.format, s.weights, s.activations)
     assert schemes == {
-        "vllm-fp8-dynamic": ("vllm-fp8", "tensor", "token"),
-        "vllm-fp8-static": ("vllm-fp8", "tensor", "tensor"),
+        "vllm-fp8-dynamic": ("autofp8", "tensor", "token"),
+        "vllm-fp8-static": ("autofp8", "tensor", "tensor"),
         "ct-channel": ("compressed-tensors", "channel", "token"),
         "ct-tensor-static": ("compressed-tensors", "tensor", "tensor"),
         "block-fp8": ("block-fp8", "block", "token"),

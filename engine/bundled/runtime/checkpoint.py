@@ -28,7 +28,7 @@ from prebake.artifacts.fsutil import Flock, fsync_dir, write_bytes
 from prebake.artifacts.keys import canonical_json, sha256_hex
 from prebake.artifacts.recipe.quantization import RANDOM_FP8
 from prebake.artifacts.recipe.schema import ModelSpec
-from prebake.engine.bundled.runtime.fp8.linear import quantize_rows
+from prebake.engine.bundled.runtime.fp8_linear import quantize_rows
 from prebake.engine.bundled.runtime.weights import CONFIG_FILE, INDEX_FILE, LlamaConfig, hf_name, parameter_shapes
 
 MODELS_DIR = "models"

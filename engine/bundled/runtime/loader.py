@@ -14,7 +14,7 @@ from prebake.artifacts.recipe.quantization import read_scheme, scheme_of
 from prebake.artifacts.recipe.schema import RANDOM_CHECKPOINT, RANDOM_WEIGHTS, ModelSpec
 from prebake.artifacts.store.settings import default_home
 from prebake.engine.bundled.runtime.checkpoint import random_checkpoint, seeded_tensors
-from prebake.engine.bundled.runtime.fp8.load import (
+from prebake.engine.bundled.runtime.fp8_load import (
     build_fp8_model,
     dequantized,
     fp8_skeleton,
@@ -45,7 +45,7 @@ def load_model(
 ) -> Llama:
     """The runtime for a recipe's [model] on `device` (with `parallel`, one rank's shard of it): its
     inline config with seeded weights, its random checkpoint under `home` ($PREBAKE_HOME; written on
-    first need) or its folder, both read by mmap. At dtype fp8 an FP8 model (runtime/fp8)."""
+    first need) or its folder, both read by mmap. At dtype fp8 an FP8 model (runtime/fp8_load)."""
     if dtype == "fp8":
         return fp8_model(spec, device, home, log)
     if spec.weights == RANDOM_WEIGHTS:

@@ -154,7 +154,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(c.hidden_size, kv_size, bias=c.attention_bias, dtype=dtype)
         self.v_proj = nn.Linear(c.hidden_size, kv_size, bias=c.attention_bias, dtype=dtype)
         self.o_proj = nn.Linear(q_size, c.hidden_size, bias=c.o_proj_bias, dtype=dtype)
-        self.qkv_proj: nn.Module | None = None  # q, k and v as one linear (an FP8 model's: runtime/fp8)
+        self.qkv_proj: nn.Module | None = None  # q, k and v as one linear (an FP8 model's: runtime/fp8_load)
 
     def forward(
         self,
@@ -190,7 +190,7 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias, dtype=dtype)
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias, dtype=dtype)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias, dtype=dtype)
-        self.gate_up_proj: nn.Module | None = None  # gate and up as one linear (an FP8 model's: runtime/fp8)
+        self.gate_up_proj: nn.Module | None = None  # gate and up as one linear (an FP8 model's: runtime/fp8_load)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.gate_up_proj is None:

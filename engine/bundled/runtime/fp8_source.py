@@ -15,7 +15,7 @@ from safetensors import safe_open
 from torch import Tensor
 
 from prebake.artifacts.recipe.quantization import QuantizationError
-from prebake.engine.bundled.runtime.fp8.linear import FP8
+from prebake.engine.bundled.runtime.fp8_linear import FP8
 
 
 class CheckpointTensors:

@@ -15,8 +15,8 @@ Strategy "block" (FP8_BLOCK) is read by block_fp8, which dequantizes it.
 from __future__ import annotations
 
 from prebake.artifacts.recipe.quantization import Fp8Scheme
-from prebake.engine.bundled.runtime.fp8.linear import QuantLinear
-from prebake.engine.bundled.runtime.fp8.source import CheckpointTensors
+from prebake.engine.bundled.runtime.fp8_linear import QuantLinear
+from prebake.engine.bundled.runtime.fp8_source import CheckpointTensors
 
 SCALAR = ((), (1,))
 

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from prebake.artifacts.recipe.quantization import Fp8Scheme
-from prebake.engine.bundled.runtime.fp8.source import CheckpointTensors
+from prebake.engine.bundled.runtime.fp8_source import CheckpointTensors
 
 
 def read_linear(tensors: CheckpointTensors, module: str, scheme: Fp8Scheme, dtype: torch.dtype) -> Tensor:

@@ -72,6 +72,8 @@ class Fp8Linear(nn.Module):
     """A W8A8 linear. Buffers: weight [N, K] FP8, weight_scale [N] fp32, input_scale [1] fp32 when
     the scheme's activations are static; a bias parameter in the model dtype when it has one."""
 
+    weight: Tensor
+    weight_scale: Tensor
     input_scale: Tensor | None
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool, static: bool, dtype: torch.dtype) -> None:
@@ -109,3 +111,8 @@ class Fp8Linear(nn.Module):
         if linear.bias is not None:
             state["bias"] = linear.bias.to(dtype)
         return state
+
+
+def is_fp8(model: nn.Module) -> bool:
+    """Whether `model` holds any FP8 linear."""
+    return any(isinstance(m, Fp8Linear) for m in model.modules())

@@ -11,12 +11,8 @@ import torch
 from torch import nn
 
 from prebake.engine.bundled.runtime.aoti import cpu_flags
-from prebake.engine.bundled.runtime.fp8.linear import Fp8Linear, QuantLinear, quantize_rows
+from prebake.engine.bundled.runtime.fp8_linear import Fp8Linear, QuantLinear, quantize_rows
 from prebake.engine.bundled.runtime.weights import LlamaConfig
-
-
-def is_fp8(model: nn.Module) -> bool:
-    return any(isinstance(m, Fp8Linear) for m in model.modules())
 
 
 def emulated() -> bool:

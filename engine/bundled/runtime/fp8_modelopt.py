@@ -12,8 +12,8 @@ Per quantized linear (HF module name M; the modules matching `exclude_modules` g
 from __future__ import annotations
 
 from prebake.artifacts.recipe.quantization import Fp8Scheme
-from prebake.engine.bundled.runtime.fp8.linear import QuantLinear
-from prebake.engine.bundled.runtime.fp8.source import CheckpointTensors
+from prebake.engine.bundled.runtime.fp8_linear import QuantLinear
+from prebake.engine.bundled.runtime.fp8_source import CheckpointTensors
 
 SCALAR = ((), (1,))
 

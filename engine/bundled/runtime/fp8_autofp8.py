@@ -11,8 +11,8 @@ Unquantized modules (lm_head, embeddings, norms, `ignored_layers`) are plain ten
 from __future__ import annotations
 
 from prebake.artifacts.recipe.quantization import Fp8Scheme
-from prebake.engine.bundled.runtime.fp8.linear import QuantLinear
-from prebake.engine.bundled.runtime.fp8.source import CheckpointTensors
+from prebake.engine.bundled.runtime.fp8_linear import QuantLinear
+from prebake.engine.bundled.runtime.fp8_source import CheckpointTensors
 
 SCALAR = ((), (1,))
 

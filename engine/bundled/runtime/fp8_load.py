@@ -8,9 +8,8 @@ dequantized for a bf16 serve; and the runtime built from them.
         layers.i.mlp.down_proj                 Fp8Linear
     excluded modules, embeddings, norms, lm_head: plain tensors in the model dtype
 
-A checkpoint's format is read by its own module (vllm_fp8, compressed_tensors, block_fp8, modelopt);
-this one only dispatches, fuses and places. A checkpoint that quantized an embedding or lm_head gets
-it dequantized into the model dtype here.
+Each format is read by its own module (fp8_autofp8, fp8_compressed_tensors, fp8_block, fp8_modelopt);
+this one dispatches, fuses and places, and dequantizes a quantized embedding or lm_head.
 """
 
 from __future__ import annotations
@@ -19,14 +18,15 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from prebake.artifacts.recipe.quantization import Fp8Scheme, QuantizationError
-from prebake.engine.bundled.runtime.fp8 import block_fp8, compressed_tensors, modelopt, vllm_fp8
-from prebake.engine.bundled.runtime.fp8.linear import FP8, Fp8Linear, QuantLinear, fuse, quantize_rows
-from prebake.engine.bundled.runtime.fp8.source import CheckpointTensors
+from prebake.engine.bundled.runtime import fp8_autofp8, fp8_block, fp8_compressed_tensors, fp8_modelopt
+from prebake.engine.bundled.runtime.fp8_linear import FP8, Fp8Linear, QuantLinear, fuse, quantize_rows
+from prebake.engine.bundled.runtime.fp8_source import CheckpointTensors
 from prebake.engine.bundled.runtime.model import Llama, SkipInit, rope_inv_freq
 from prebake.engine.bundled.runtime.weights import (
     CONFIG_FILE,
@@ -43,9 +43,9 @@ FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_at
          "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
          "mlp.down_proj": ("mlp.down_proj",)}  # fmt: skip
 _READERS: dict[str, Callable[[CheckpointTensors, str, Fp8Scheme], QuantLinear]] = {
-    "vllm-fp8": vllm_fp8.read_linear,
-    "compressed-tensors": compressed_tensors.read_linear,
-    "modelopt": modelopt.read_linear,
+    "autofp8": fp8_autofp8.read_linear,
+    "compressed-tensors": fp8_compressed_tensors.read_linear,
+    "modelopt": fp8_modelopt.read_linear,
 }
 
 
@@ -91,7 +91,7 @@ def _place(model: Llama, name: str, scheme: Fp8Scheme, dtype: torch.dtype) -> No
     parent_name, _, fused = name.rpartition(".")
     parent = model.get_submodule(parent_name)
     shard_names = [s.rpartition(".")[2] for s in FUSED[name.split(".", 2)[2]]]
-    shards = [parent.get_submodule(s) for s in shard_names]
+    shards = [cast(nn.Linear, parent.get_submodule(s)) for s in shard_names]
     linear = Fp8Linear(
         shards[0].in_features,
         sum(s.out_features for s in shards),
@@ -192,7 +192,7 @@ def _dense(
 
 def _dequantize_plain(tensors: CheckpointTensors, module: str, scheme: Fp8Scheme, dtype: torch.dtype) -> Tensor:
     if scheme.weights == "block":
-        return block_fp8.read_linear(tensors, module, scheme, dtype)
+        return fp8_block.read_linear(tensors, module, scheme, dtype)
     return _READERS[scheme.format](tensors, module, scheme).dequantize(dtype)
 
 
