@@ -12,8 +12,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from prebake.artifacts.recipe.quantization import QUANTIZE_ON_LOAD, QuantizationError, read_scheme
+from prebake.artifacts.recipe.quantization import QUANTIZE_ON_LOAD, RANDOM_FP8, QuantizationError, read_scheme
 from prebake.artifacts.recipe.schema import ModelSpec
+from prebake.engine.bundled.runtime.checkpoint import checkpoint_folder, seeded_tensors
 from prebake.engine.bundled.runtime.fp8_linear import Fp8Linear, QuantLinear, fuse, quantize_rows
 from prebake.engine.bundled.runtime.fp8_load import build_fp8_model, quantize_on_load, read_fp8_folder
 from prebake.engine.bundled.runtime.loader import load_model
@@ -179,3 +180,17 @@ def test_an_unread_quant_method_names_the_ones_read(tmp_path):
     write_plain(tmp_path, {}, {"quant_method": "awq", "bits": 4})
     with pytest.raises(QuantizationError, match="quant_method 'awq' is not an FP8 format.*compressed-tensors"):
         read_scheme(tmp_path)
+
+
+def test_a_random_checkpoints_fp8_twin_is_written_once_and_equals_quantizing_its_values_on_load(tmp_path):
+    spec = ModelSpec(name="t", weights="random-checkpoint", config=HF_CONFIG, seed=1)
+    lines: list[str] = []
+    model = load_model(spec, "fp8", home=tmp_path, log=lines.append)
+    assert len(lines) == 1 and "random FP8 checkpoint once" in lines[0]
+    folder = checkpoint_folder(spec, tmp_path, fp8=True)
+    assert read_scheme(folder) == RANDOM_FP8 and folder != checkpoint_folder(spec, tmp_path)
+    seeded = dict(seeded_tensors(CONFIG, 1, torch.bfloat16))
+    on_load = build_fp8_model(CONFIG, quantize_on_load(CONFIG, seeded, RANDOM_FP8), RANDOM_FP8, torch.bfloat16)
+    a, b = model.state_dict(), on_load.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k].float(), b[k].float()) for k in a)
+    load_model(spec, "fp8", home=tmp_path, log=lambda line: pytest.fail(f"a second load wrote: {line}"))

@@ -165,7 +165,7 @@ def _stored(runtime_name: str, value: Tensor, fp8: bool) -> list[tuple[str, Tens
     if not _quantized(runtime_name, fp8):
         return [(name, value)]
     weight, scale = quantize_rows(value)
-    return [(name, weight), (name.removesuffix("weight") + "weight_scale", scale[:, None].to(CHECKPOINT_DTYPE))]
+    return [(name, weight), (name.removesuffix("weight") + "weight_scale", scale[:, None])]  # fp32, as made
 
 
 def _entries(config: LlamaConfig, fp8: bool) -> list[tuple[str, int]]:
@@ -176,7 +176,7 @@ def _entries(config: LlamaConfig, fp8: bool) -> list[tuple[str, int]]:
         if _quantized(name, fp8):
             entries += [
                 (hf_name(name), _numel(shape)),
-                (hf_name(name).removesuffix("weight") + "weight_scale", itemsize * shape[0]),
+                (hf_name(name).removesuffix("weight") + "weight_scale", 4 * shape[0]),
             ]
         else:
             entries.append((hf_name(name), itemsize * _numel(shape)))
