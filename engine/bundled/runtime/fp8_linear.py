@@ -69,8 +69,8 @@ def fuse(shards: Sequence[QuantLinear]) -> QuantLinear:
 
 
 class Fp8Linear(nn.Module):
-    """A W8A8 linear. Buffers: weight [N, K] FP8, weight_scale [N] fp32, input_scale [1] fp32 when
-    the scheme's activations are static; a bias parameter in the model dtype when it has one."""
+    """A W8A8 linear. Parameters (no gradients): weight [N, K] FP8, weight_scale [N] fp32, input_scale
+    [1] fp32 when the scheme's activations are static, a bias in the model dtype when it has one."""
 
     weight: Tensor
     weight_scale: Tensor
@@ -79,9 +79,11 @@ class Fp8Linear(nn.Module):
     def __init__(self, in_features: int, out_features: int, *, bias: bool, static: bool, dtype: torch.dtype) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.register_buffer("weight", torch.empty(out_features, in_features, dtype=FP8))
-        self.register_buffer("weight_scale", torch.empty(out_features, dtype=torch.float32))
-        self.register_buffer("input_scale", torch.empty(1, dtype=torch.float32) if static else None)
+        # parameters, not buffers: AOTInductor clones every buffer at compile time (a buffer may be
+        # mutated), which would read an 8B model's placeholder weights into memory
+        self.weight = _frozen(torch.empty(out_features, in_features, dtype=FP8))
+        self.weight_scale = _frozen(torch.empty(out_features, dtype=torch.float32))
+        self.input_scale = _frozen(torch.empty(1, dtype=torch.float32)) if static else None
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype)) if bias else None
 
     def forward(self, x: Tensor) -> Tensor:
@@ -111,6 +113,10 @@ class Fp8Linear(nn.Module):
         if linear.bias is not None:
             state["bias"] = linear.bias.to(dtype)
         return state
+
+
+def _frozen(tensor: Tensor) -> nn.Parameter:
+    return nn.Parameter(tensor, requires_grad=False)
 
 
 def is_fp8(model: nn.Module) -> bool:
