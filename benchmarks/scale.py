@@ -57,6 +57,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=16, help="tokens decoded to time decode tokens/s")
     parser.add_argument("--json", type=Path, help="also write every figure here")
     parser.add_argument("--chart", type=Path, help="draw the scale curve into this PNG")
+    parser.add_argument("--precision", default=PRECISION, help="bf16, or fp8 (the FP8 twin of the checkpoint)")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="prebake-scale-"))
     rows = {}
@@ -74,16 +75,22 @@ def main() -> None:
 
 def measure(model: str, work: Path, args) -> dict:
     work.mkdir(parents=True, exist_ok=True)
-    bake = _bake(model, work)
-    checkpoint = _checkpoint(model, work)
+    bake = _bake(model, work, args.precision)
+    checkpoint = _checkpoint(model, work, args.precision)
     starts: dict[str, list[dict]] = {"eager": [], "prebaked": [], "cold": []}
     for i in range(max(args.iterations, args.cold)):
         for mode in ("eager", "prebaked", "cold"):
             if i < (args.cold if mode == "cold" else args.iterations):
-                starts[mode].append(_start(model, work, mode, i, args.tokens))
+                starts[mode].append(_start(model, work, mode, i, args.tokens, args.precision))
                 (work / "starts.json").write_text(json.dumps(starts, indent=1))  # kept as they come
     mean = {mode: _mean_start(runs) for mode, runs in starts.items() if runs}
-    row: dict[str, object] = {"bake": bake, "checkpoint": checkpoint, "starts": mean, "load_average": _load()}
+    row: dict[str, object] = {
+        "bake": bake,
+        "checkpoint": checkpoint,
+        "starts": mean,
+        "load_average": _load(),
+        "precision": args.precision,
+    }
     ready = {mode: m["ready_s"] for mode, m in mean.items()}
     if "eager" in ready and "prebaked" in ready:
         row["prebaked_over_eager"] = round(ready["prebaked"] / ready["eager"], 3)
@@ -99,14 +106,14 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
     return {**env, "PREBAKE_HOME": str(home), "PREBAKE_TRUSTED_KEYS": "", **extra}
 
 
-def _bake(model: str, work: Path) -> dict:
-    """`doit bake model=M precision=bf16` into work/registry, once; its figures (kept in bake.json)."""
+def _bake(model: str, work: Path, precision: str = PRECISION) -> dict:
+    """`doit bake model=M precision=P` into work/registry, once; its figures (kept in bake.json)."""
     done = work / "bake.json"
     if done.is_file():
         return json.loads(done.read_text())
     registry, home = work / "registry", work / "bake-home"
-    print(f"baking {model} {PRECISION} ...", flush=True)
-    command = [str(DOIT), "bake", f"model={model}", f"precision={PRECISION}", f"registry={registry}"]
+    print(f"baking {model} {precision} ...", flush=True)
+    command = [str(DOIT), "bake", f"model={model}", f"precision={precision}", f"registry={registry}"]
     started = time.perf_counter()
     peak = _peak_rss_of(command, _env(home), work / "bake.log")
     seconds = time.perf_counter() - started
@@ -144,24 +151,26 @@ def _peak_rss_of(command: list[str], env: dict[str, str], log: Path) -> int:
     return int(done.stdout.strip().splitlines()[-1]) * 1024
 
 
-def _checkpoint(model: str, work: Path) -> dict:
-    """The recipe's random checkpoint written once into work/models (a no-op when it is there)."""
+def _checkpoint(model: str, work: Path, precision: str = PRECISION) -> dict:
+    """The recipe's random checkpoint (at fp8 its FP8 twin) written once into work/models (a no-op when
+    it is there)."""
     code = (
         "import json, sys, time; from pathlib import Path; "
         "from prebake.artifacts.recipe.schema import load_recipe; "
         "from prebake.engine.bundled.runtime.checkpoint import random_checkpoint; "
         "spec = load_recipe(sys.argv[1]).model; t = time.perf_counter(); "
-        "c = random_checkpoint(spec, Path(sys.argv[2])) if spec.weights == 'random-checkpoint' else None; "
+        "c = random_checkpoint(spec, Path(sys.argv[2]), fp8=sys.argv[3] == 'fp8') "
+        "if spec.weights == 'random-checkpoint' else None; "
         "print(json.dumps({'written': bool(c and c.written), 'seconds': round(time.perf_counter() - t, 1), "
         "'bytes': sum(f.stat().st_size for f in c.folder.glob('*.safetensors')) if c else None}))"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code, model, str(work)], cwd=REPO, capture_output=True, text=True, check=True
+        [sys.executable, "-c", code, model, str(work), precision], cwd=REPO, capture_output=True, text=True, check=True
     )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _start(model: str, work: Path, mode: str, iteration: int, tokens: int) -> dict:
+def _start(model: str, work: Path, mode: str, iteration: int, tokens: int, precision: str = PRECISION) -> dict:
     run = Path(tempfile.mkdtemp(prefix=f"{mode}-{iteration}-", dir=work))
     home = run / "home"
     home.mkdir()
@@ -176,7 +185,7 @@ def _start(model: str, work: Path, mode: str, iteration: int, tokens: int) -> di
         "--model",
         model,
         "--precision",
-        PRECISION,
+        precision,
         "--port",
         "0",
         "--registry",
@@ -255,7 +264,7 @@ def _load() -> list[float]:
 def render(model: str, row: dict) -> str:
     bake, starts = row["bake"], row["starts"]
     lines = [
-        f"{model} {PRECISION}: bake {bake['seconds']:.1f} s (compile {bake['compile_s']:.1f} s over "
+        f"{model} {row.get('precision', PRECISION)}: bake {bake['seconds']:.1f} s (compile {bake['compile_s']:.1f} s over "
         f"{len(bake['per_shape_s'])} shapes), peak RSS {bake['peak_rss_bytes'] / 2**30:.2f} GiB "
         f"(graphs {(bake['graphs_peak_rss_bytes'] or 0) / 2**30:.2f}, autotune "
         f"{(bake['autotune_peak_rss_bytes'] or 0) / 2**30:.2f}), graphs bundle {(bake['graphs_bundle_bytes'] or 0) / 1e6:.2f} MB",

@@ -27,6 +27,7 @@ from prebake.artifacts.recipe.kinds import (
     compile_factors,
     target_groups,
 )
+from prebake.artifacts.recipe.quantization import scheme_of
 from prebake.artifacts.store.local import Installed
 from prebake.engine.bundled.cache_layout import (
     AUTOTUNE_ENV,
@@ -107,11 +108,15 @@ def _autotune_groups(context: KeyContext) -> Groups:
 
 def _graphs_groups(context: KeyContext) -> Groups:
     """The target's groups and the [compile] options, with what the recipe's graphs variant adds;
-    kernel_threads: kernels read their thread count at run time (runtime.steps.threads_at_run_time)."""
+    kernel_threads: kernels read their thread count at run time (runtime.steps.threads_at_run_time);
+    at fp8 the weights' FP8 scheme (format, granularity, activation scheme, excluded modules)."""
     options = compile_factors(context.recipe, DEFAULT_VARIANT)
     graphs = variant_of(context.recipe)  # checked when the adapter was picked (EngineSpec.graphs_variant)
     factors = {**options, **graphs.key_factors(context.recipe.compile), "kernel_threads": "run-time"}
-    return {**target_groups(context), "options": factors}
+    groups = {**target_groups(context), "options": factors}
+    if context.target.dtype == "fp8":  # absent at every other precision: their keys never moved
+        groups["quantization"] = scheme_of(context.recipe.model).factors()
+    return groups
 
 
 def autotune_labels(tree: Path) -> dict[str, str]:

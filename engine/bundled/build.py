@@ -28,11 +28,14 @@ from prebake.artifacts.recipe.schema import Recipe, Target
 from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE, GRAPHS_FILE
 from prebake.engine.bundled.runtime import isa_probes
 from prebake.engine.bundled.runtime.autotune import load_winners, measure
+from prebake.engine.bundled.runtime.fp8_linear import is_fp8
+from prebake.engine.bundled.runtime.fp8_speed import emulated, warn_if_emulated
 from prebake.engine.bundled.runtime.loader import load_model, placeholder_model, reduced_model, torch_dtype
 from prebake.engine.bundled.runtime.model import KVCache, Llama
 from prebake.engine.bundled.runtime.parallel import Parallel, one_rank_of
 from prebake.engine.bundled.runtime.shapes import StepShape, step_shapes
 from prebake.engine.bundled.runtime.steps import CompiledSteps, Tactic
+from prebake.engine.bundled.runtime.weights import LlamaConfig
 from prebake.engine.bundled.variants import fallback_of, variant_of
 from prebake.engine.bundled.variants.base import CompileJob, TreeFacts
 from prebake.engine.common import logs
@@ -44,13 +47,23 @@ def build_autotune(
     """Time every tactic on every shape: the whole model, or [autotune] layers of it (real compute);
     a tp=N target's tactics on one rank's shard."""
     shapes = _shapes(recipe, buckets_tree)
-    layers = recipe.autotune.layers
+    layers = _autotune_layers(recipe, dtype, target_platform)
     with _as_one_rank(tp) as parallel:
         steps = CompiledSteps(*model_and_cache(recipe, dtype, target_platform, parallel, layers=layers), compile=False)
         document = measure(steps, shapes, recipe.autotune)
     document["measured_on"] = {"machine": platform.machine(), "processor": platform.processor()}
     document["model"] = {"layers": layers or steps.model.config.num_hidden_layers, "peak_rss_bytes": peak_rss()}
     (out / AUTOTUNE_FILE).write_text(json.dumps(document, indent=1, sort_keys=True))
+
+
+def _autotune_layers(recipe: Recipe, dtype: str, target_platform: str) -> int | None:
+    """[autotune] layers, or one layer at fp8 on a CPU that emulates FP8: there each step is the emulated
+    matmuls' (about 20x bf16's) and the tactics differ only in attention, the same in every layer, so a
+    second layer adds minutes of emulated matmuls and no information to the ranking."""
+    if dtype == "fp8" and device_of(target_platform) == "cpu" and emulated():
+        print("  autotune at fp8 on a CPU that emulates FP8 matmuls: one decoder layer timed")
+        return 1
+    return recipe.autotune.layers
 
 
 def build_graphs(
@@ -71,6 +84,8 @@ def build_graphs(
     tactics = load_winners(autotune_tree / AUTOTUNE_FILE)
     placeholders = _on_placeholders(recipe)
     facts = {"weights": "placeholders" if placeholders else "loaded"}
+    if dtype == "fp8" and device_of(target_platform) == "cpu":
+        warn_if_emulated(LlamaConfig.from_hf(recipe.model.config))
     with _as_one_rank(tp) as parallel:
         model, cache = model_and_cache(recipe, dtype, target_platform, parallel, placeholders=placeholders)
         compile_graphs(model, cache, recipe, {s: tactics[s] for s in shapes}, out, facts=facts)
@@ -157,7 +172,9 @@ def _workers(model: Llama, cache: KVCache, recipe: Recipe, shapes: int, asked: i
 
     if cache.keys[0].device.type != "cpu" or asked == 1:
         return None
-    dtype = next(name for name, value in TORCH_DTYPES.items() if value == cache.keys[0].dtype)
+    dtype = (
+        "fp8" if is_fp8(model) else next(name for name, value in TORCH_DTYPES.items() if value == cache.keys[0].dtype)
+    )
     # the workers' model is their own: on placeholders whenever the variant allows, even where this
     # process compiles in place on the loaded weights (a start's compile-in-place)
     source = ModelSource(

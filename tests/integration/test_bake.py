@@ -149,14 +149,6 @@ def test_unknown_model_lists_the_recipes(tmp_path):
     assert "no recipe named 'gpt-17'" in proc.stdout + proc.stderr and "tiny-llama" in proc.stdout + proc.stderr
 
 
-def test_fp8_on_this_cpu_names_the_host_and_what_would_build_it(tmp_path):
-    proc = Home(tmp_path).doit("run", "bake", "model=llama3-8b", "precision=fp8")
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0
-    assert "this host (cpu" in out and "cuda:sm_90" in out and "gaudi3" in out
-    assert "cannot build cpu fp8: fp8 needs a CUDA GPU of sm_89 or newer" in out  # the probe's reason
-
-
 def test_bake_without_a_model_says_how_to_name_one(tmp_path):
     proc = Home(tmp_path).doit("run", "bake")
     assert proc.returncode != 0 and "doit bake model=<name>" in proc.stdout + proc.stderr

@@ -50,16 +50,18 @@ def _plan(recipe, profiles, present=frozenset()):
     )
 
 
-def test_llama3_plan_has_25_targets_by_3_kinds_with_requirements(capsys, tmp_path):
+def test_llama3_plan_has_26_targets_by_3_kinds_with_requirements(capsys, tmp_path):
     assert main(["plan", "--model", "llama3-8b", "--format", "json", "--registry", str(tmp_path)]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["schema"] == "prebake.plan/1" and len(out["targets"]) == 25  # 24 on accelerators, 1 on the CPU
+    assert (
+        out["schema"] == "prebake.plan/1" and len(out["targets"]) == 26
+    )  # 24 on accelerators, 2 on the CPU (bf16, fp8)
     for t in out["targets"]:
         on_cpu = t["platform"] == "cpu"
         assert set(t["kinds"]) == {"buckets", "autotune", "graphs"}
         assert t["requires"]["accelerators"] == (0 if on_cpu else t["tp"])
         assert t["requires"]["runner_labels"] and t["requires"]["ray_resources"]
-        assert t["buildable_here"] is on_cpu  # this machine is a CPU host: bf16 on it builds here
+        assert t["buildable_here"] is on_cpu  # this machine is a CPU host: bf16 and fp8 on it build here
 
 
 def test_without_a_profile_only_host_independent_kinds_are_keyed():
@@ -96,7 +98,7 @@ def test_present_only_when_the_exact_key_is_in_the_registry(tmp_path):
     present = {(k, key.digest) for k, key in keys.items()}
     fleet = _plan(recipe, [Profile("h100", H100)], present)
     assert fleet.find(target.name).status == PRESENT
-    assert len(fleet.missing()) == 24
+    assert len(fleet.missing()) == 25
     other_driver = Host(
         H100.platform, Software("3.11", "2.13.0+cu128", "3.6.0", None, "12.8", "580.1", packages=NO_ENGINE_PACKAGES)
     )

@@ -26,7 +26,9 @@ from torch import Tensor
 
 from prebake.artifacts.fsutil import Flock, fsync_dir, write_bytes
 from prebake.artifacts.keys import canonical_json, sha256_hex
+from prebake.artifacts.recipe.quantization import RANDOM_FP8
 from prebake.artifacts.recipe.schema import ModelSpec
+from prebake.engine.bundled.runtime.fp8_linear import quantize_rows
 from prebake.engine.bundled.runtime.weights import CONFIG_FILE, INDEX_FILE, LlamaConfig, hf_name, parameter_shapes
 
 MODELS_DIR = "models"
@@ -45,31 +47,34 @@ class Checkpoint:
     written: bool
 
 
-def checkpoint_folder(spec: ModelSpec, home: Path) -> Path:
-    """Where `spec`'s random checkpoint lives under `home` (written or not)."""
+def checkpoint_folder(spec: ModelSpec, home: Path, fp8: bool = False) -> Path:
+    """Where `spec`'s random checkpoint lives under `home` (written or not); `fp8`: its FP8 twin (the
+    same seeded values, linears quantized per channel in compressed-tensors' FP8_DYNAMIC format)."""
     identity = {
         "architecture": spec.architecture(),
         "seed": spec.seed,
         "dtype": str(CHECKPOINT_DTYPE),
         "format": FORMAT,
+        **({"quantization": RANDOM_FP8.factors()} if fp8 else {}),
     }
     return home / MODELS_DIR / spec.name / sha256_hex(canonical_json(identity))[:16]
 
 
-def random_checkpoint(spec: ModelSpec, home: Path, log=print) -> Checkpoint:
-    """`spec`'s random checkpoint, written first if no complete one is there."""
-    folder = checkpoint_folder(spec, home)
+def random_checkpoint(spec: ModelSpec, home: Path, log=print, fp8: bool = False) -> Checkpoint:
+    """`spec`'s random checkpoint (`fp8`: its FP8 twin), written first if no complete one is there."""
+    folder = checkpoint_folder(spec, home, fp8)
     if (folder / CONFIG_FILE).is_file():
         return Checkpoint(folder, written=False)
     with Flock.hold(folder.with_name(folder.name + ".lock")):
         if (folder / CONFIG_FILE).is_file():  # written by whoever held the lock before us
             return Checkpoint(folder, written=False)
         config = LlamaConfig.from_hf(spec.config)
-        log(f"writing {spec.name}'s random checkpoint once ({_size(config) / 2**30:.1f} GiB) into {folder}")
+        size = _size(config, fp8) / 2**30
+        log(f"writing {spec.name}'s random {'FP8 ' if fp8 else ''}checkpoint once ({size:.1f} GiB) into {folder}")
         partial = folder.with_name(_PARTIAL + folder.name)
         shutil.rmtree(partial, ignore_errors=True)  # a writer that died: the lock is ours, nobody writes it
         partial.mkdir(parents=True)
-        _write(spec, config, partial)
+        _write(spec, config, partial, fp8)
         partial.rename(folder)
         fsync_dir(folder.parent)
     return Checkpoint(folder, written=True)
@@ -109,33 +114,79 @@ def _window(pool: Tensor, offset: int, shape: tuple[int, ...]) -> Tensor:
     return out.view(shape)
 
 
-def _write(spec: ModelSpec, config: LlamaConfig, folder: Path) -> None:
+def _write(spec: ModelSpec, config: LlamaConfig, folder: Path, fp8: bool = False) -> None:
     """The shards, then the index, then config.json: the config is what marks the folder complete."""
-    plan = _shard_plan(config)
+    plan = _shard_plan(config, fp8)
     total = max(plan.values())
     shard: dict[str, Tensor] = {}
     number = 1
-    for name, tensor in seeded_tensors(config, spec.seed, CHECKPOINT_DTYPE):
-        if plan[name] != number:
-            _save(shard, folder / _shard_name(number, total))
-            shard, number = {}, plan[name]
-        shard[hf_name(name)] = tensor
+    for runtime_name, value in seeded_tensors(config, spec.seed, CHECKPOINT_DTYPE):
+        for name, tensor in _stored(runtime_name, value, fp8):
+            if plan[name] != number:
+                _save(shard, folder / _shard_name(number, total))
+                shard, number = {}, plan[name]
+            shard[name] = tensor
     _save(shard, folder / _shard_name(number, total))
     index = {
-        "metadata": {"total_size": _size(config)},
-        "weight_map": {hf_name(k): _shard_name(v, total) for k, v in sorted(plan.items())},
+        "metadata": {"total_size": _size(config, fp8)},
+        "weight_map": {k: _shard_name(v, total) for k, v in sorted(plan.items())},
     }
     write_bytes(folder / INDEX_FILE, json.dumps(index, indent=2).encode() + b"\n")
     hf = {**spec.config, "torch_dtype": str(CHECKPOINT_DTYPE).removeprefix("torch.")}
+    if fp8:
+        hf["quantization_config"] = _FP8_CONFIG
     write_bytes(folder / CONFIG_FILE, json.dumps(hf, indent=2, sort_keys=True).encode() + b"\n")
 
 
-def _shard_plan(config: LlamaConfig) -> dict[str, int]:
-    """Each tensor's shard number (from 1), in the order seeded_tensors yields them."""
-    plan, shard, held = {}, 1, 0
+# compressed-tensors' FP8_DYNAMIC, as llm-compressor writes it (RANDOM_FP8 is its scheme)
+_FP8_CONFIG = {
+    "quant_method": "compressed-tensors",
+    "format": "float-quantized",
+    "quantization_status": "compressed",
+    "ignore": list(RANDOM_FP8.excluded),
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True, "dynamic": False},
+            "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True},
+        }
+    },
+}
+
+
+def _quantized(runtime_name: str, fp8: bool) -> bool:
+    """Whether the FP8 twin stores this tensor as FP8 + scale: every decoder linear's weight."""
+    return fp8 and runtime_name.startswith("layers.") and runtime_name.endswith("_proj.weight")
+
+
+def _stored(runtime_name: str, value: Tensor, fp8: bool) -> list[tuple[str, Tensor]]:
+    """What the checkpoint stores for one runtime tensor, by HF name."""
+    name = hf_name(runtime_name)
+    if not _quantized(runtime_name, fp8):
+        return [(name, value)]
+    weight, scale = quantize_rows(value)
+    return [(name, weight), (name.removesuffix("weight") + "weight_scale", scale[:, None])]  # fp32, as made
+
+
+def _entries(config: LlamaConfig, fp8: bool) -> list[tuple[str, int]]:
+    """Every stored tensor's HF name and size in bytes, in the order _write stores them."""
     itemsize = torch.tensor([], dtype=CHECKPOINT_DTYPE).element_size()
+    entries = []
     for name, shape in sorted(parameter_shapes(config).items()):
-        size = itemsize * _numel(shape)
+        if _quantized(name, fp8):
+            entries += [
+                (hf_name(name), _numel(shape)),
+                (hf_name(name).removesuffix("weight") + "weight_scale", 4 * shape[0]),
+            ]
+        else:
+            entries.append((hf_name(name), itemsize * _numel(shape)))
+    return entries
+
+
+def _shard_plan(config: LlamaConfig, fp8: bool = False) -> dict[str, int]:
+    """Each stored tensor's shard number (from 1), by HF name."""
+    plan, shard, held = {}, 1, 0
+    for name, size in _entries(config, fp8):
         if held and held + size > SHARD_BYTES:
             shard, held = shard + 1, 0
         plan[name], held = shard, held + size
@@ -159,6 +210,5 @@ def _numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def _size(config: LlamaConfig) -> int:
-    itemsize = torch.tensor([], dtype=CHECKPOINT_DTYPE).element_size()
-    return itemsize * sum(_numel(s) for s in parameter_shapes(config).values())
+def _size(config: LlamaConfig, fp8: bool = False) -> int:
+    return sum(size for _, size in _entries(config, fp8))

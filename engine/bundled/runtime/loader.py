@@ -12,9 +12,17 @@ import torch
 
 from prebake.artifacts.errors import BuildError, CheckpointError, RecipeError
 from prebake.artifacts.extras import require
+from prebake.artifacts.recipe.quantization import read_scheme, scheme_of
 from prebake.artifacts.recipe.schema import RANDOM_CHECKPOINT, RANDOM_WEIGHTS, ModelSpec
 from prebake.artifacts.store.settings import default_home
 from prebake.engine.bundled.runtime.checkpoint import random_checkpoint, seeded_tensors
+from prebake.engine.bundled.runtime.fp8_load import (
+    build_fp8_model,
+    dequantized,
+    fp8_skeleton,
+    quantize_on_load,
+    read_fp8_folder,
+)
 from prebake.engine.bundled.runtime.gguf_folder import gguf_folder, gguf_folder_path
 from prebake.engine.bundled.runtime.model import Llama, SkipInit, build_model, rope_inv_freq
 from prebake.engine.bundled.runtime.parallel import Parallel, local_config
@@ -26,7 +34,8 @@ from prebake.engine.bundled.runtime.weights import (
     tiny_random_weights,
 )
 
-TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# fp8: the model dtype of an FP8 model (its activations, norms, embeddings, KV cache); its linears are FP8
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
 # What a config.json may hold beside the recipe's without changing the computation: the tokens
 # that start and end a sequence (left out of the key for the same reason).
 _NOT_COMPARED = ("bos_token_id", "eos_token_ids")
@@ -34,10 +43,7 @@ _NOT_COMPARED = ("bos_token_id", "eos_token_ids")
 
 def torch_dtype(name: str) -> torch.dtype:
     if name not in TORCH_DTYPES:
-        raise BuildError(
-            f"dtype {name!r} has no CPU runtime in the bundled engine (it runs {sorted(TORCH_DTYPES)}); "
-            f"fp8 builds need a CUDA sm_89+ or Gaudi runner and an engine adapter"
-        )
+        raise BuildError(f"dtype {name!r} has no runtime in the bundled engine (it runs {sorted(TORCH_DTYPES)})")
     return TORCH_DTYPES[name]
 
 
@@ -51,7 +57,10 @@ def load_model(
 ) -> Llama:
     """The runtime for a recipe's [model] on `device` (with `parallel`, one rank's shard of it): its
     inline config with seeded weights, its random checkpoint or its GGUF's dequantized folder under
-    `home` ($PREBAKE_HOME; written on first need) or its folder, all read by mmap."""
+    `home` ($PREBAKE_HOME; written on first need) or its folder, all read by mmap. At dtype fp8 an
+    FP8 model (runtime/fp8_load)."""
+    if dtype == "fp8":
+        return fp8_model(spec, device, home, log)
     if spec.weights == RANDOM_WEIGHTS:
         config = recipe_config(spec)
         state = tiny_random_weights(config, seed=spec.seed)  # made on the CPU: the same bits on any machine
@@ -65,7 +74,7 @@ def load_model(
         folder = Path(spec.weights).expanduser()
         check_folder_config(spec, folder)  # before a byte of the weights is read
     try:
-        config, state = load_hf_folder(folder, torch_dtype(dtype))
+        config, state = _plain_weights(folder, dtype, log)
     except CheckpointError as exc:
         if spec.weights == RANDOM_CHECKPOINT:
             exc.add_note(
@@ -114,6 +123,45 @@ def model_folder(spec: ModelSpec, dtype: str, home: Path | None = None) -> Path 
     return Path(spec.weights).expanduser()
 
 
+def _plain_weights(folder: Path, dtype: str, log) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
+    """A folder's weights in `dtype`: an FP8 checkpoint served at a plain precision dequantized."""
+    scheme = read_scheme(folder)
+    if scheme is None:
+        return load_hf_folder(folder, torch_dtype(dtype))
+    log(
+        f"{folder} is an FP8 checkpoint ({scheme.format}, {scheme.weights} scales) served at {dtype}: "
+        f"dequantized at load, it serves at {dtype} speed"
+    )
+    config, weights = read_fp8_folder(folder, scheme, torch_dtype(dtype))
+    return config, dequantized(config, weights, torch_dtype(dtype))
+
+
+def fp8_model(spec: ModelSpec, device: str = "cpu", home: Path | None = None, log=print) -> Llama:
+    """The recipe's model with FP8 linears: its FP8 checkpoint read in its format, a plain one (a
+    folder, a GGUF's dequantized folder, or seeded weights) quantized on load, a random checkpoint
+    written once in FP8."""
+    scheme, dtype = scheme_of(spec), torch_dtype("fp8")
+    if spec.weights == RANDOM_WEIGHTS:
+        config = recipe_config(spec)
+        weights = quantize_on_load(config, tiny_random_weights(config, seed=spec.seed), scheme)
+        return build_fp8_model(config, weights, scheme, dtype, device)
+    if spec.weights == RANDOM_CHECKPOINT:
+        folder = random_checkpoint(spec, home or default_home(), log=log, fp8=True).folder
+    elif spec.gguf is not None:
+        require("gguf", f"weights {spec.weights!r}")
+        folder = gguf_folder(spec, dtype, home or default_home(), log=log)
+    else:
+        folder = Path(spec.weights).expanduser()
+        check_folder_config(spec, folder)
+    if read_scheme(folder) is None:
+        log(f"{folder} holds no FP8 weights: quantized on load (per-channel weight scales, per-token activations)")
+        config, state = load_hf_folder(folder, dtype)
+        weights = quantize_on_load(config, state, scheme)
+    else:
+        config, weights = read_fp8_folder(folder, scheme, dtype)
+    return build_fp8_model(config, weights, scheme, dtype, device)
+
+
 def placeholder_model(spec: ModelSpec, dtype: str, device: str = "cpu", parallel: Parallel | None = None) -> Llama:
     """The recipe's model (one rank's shard with `parallel`) whose tensors have storage that is
     reserved and never written or read.
@@ -123,8 +171,12 @@ def placeholder_model(spec: ModelSpec, dtype: str, device: str = "cpu", parallel
     touches are never made resident, so the bake's memory does not grow with the weights. (Fake
     tensors would not do: Inductor dedupes constants by storage pointer, and every fake's is 0.)"""
     config = recipe_config(spec)
-    with torch.device("meta"), SkipInit():
-        model = Llama(local_config(config, parallel), torch_dtype(dtype), parallel)
+    if dtype == "fp8":
+        _one_process_fp8(parallel)
+        model = fp8_skeleton(config, scheme_of(spec), torch_dtype(dtype))
+    else:
+        with torch.device("meta"), SkipInit():
+            model = Llama(local_config(config, parallel), torch_dtype(dtype), parallel)
     model = model.to_empty(device=device)
     model.inv_freq = rope_inv_freq(config).to(device)
     return model.eval().requires_grad_(False)
@@ -137,4 +189,14 @@ def reduced_model(
     made in `dtype` (never the whole model's): what autotune times a model too large to hold on."""
     config = dataclasses.replace(recipe_config(spec), num_hidden_layers=layers)
     state = dict(seeded_tensors(config, spec.seed, torch_dtype(dtype)))
+    if dtype == "fp8":  # the scheme's kernels on seeded weights quantized here (a static scheme: unit input scales)
+        _one_process_fp8(parallel)
+        scheme = scheme_of(spec)
+        weights = quantize_on_load(config, state, scheme, static_input_scale=1.0)
+        return build_fp8_model(config, weights, scheme, torch_dtype(dtype), device)
     return build_model(config, state, torch_dtype(dtype), device=device, parallel=parallel)
+
+
+def _one_process_fp8(parallel: Parallel | None) -> None:
+    if parallel is not None:
+        raise BuildError("the bundled engine serves fp8 in one process (tp 1); bake fp8 at tp 1")

@@ -154,6 +154,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(c.hidden_size, kv_size, bias=c.attention_bias, dtype=dtype)
         self.v_proj = nn.Linear(c.hidden_size, kv_size, bias=c.attention_bias, dtype=dtype)
         self.o_proj = nn.Linear(q_size, c.hidden_size, bias=c.o_proj_bias, dtype=dtype)
+        self.qkv_proj: nn.Module | None = None  # q, k and v as one linear (an FP8 model's: runtime/fp8_load)
 
     def forward(
         self,
@@ -165,13 +166,21 @@ class Attention(nn.Module):
     ) -> Tensor:
         """`exchange` writes this step's K/V into the cache and returns the K/V to attend over."""
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self._project(x)
+        q = q.view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = _apply_rope(q, *rope), _apply_rope(k, *rope)
         k, v = exchange(k, v)
         out = attend(q, k, v, mask, impl)
         return all_reduce(self.o_proj(out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim)), self.parallel)
+
+    def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        if self.qkv_proj is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        q, k, v = self.qkv_proj(x).split((q_size, kv_size, kv_size), dim=-1)
+        return q, k, v
 
 
 class MLP(nn.Module):
@@ -181,9 +190,14 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias, dtype=dtype)
         self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=c.mlp_bias, dtype=dtype)
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=c.mlp_bias, dtype=dtype)
+        self.gate_up_proj: nn.Module | None = None  # gate and up as one linear (an FP8 model's: runtime/fp8_load)
 
     def forward(self, x: Tensor) -> Tensor:
-        return all_reduce(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)), self.parallel)
+        if self.gate_up_proj is None:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        else:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return all_reduce(self.down_proj(F.silu(gate) * up), self.parallel)
 
 
 class DecoderLayer(nn.Module):
