@@ -28,7 +28,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from prebake.artifacts.recipe.schema import ModelSpec, load_recipe
 
@@ -114,27 +114,13 @@ def compressed_tensors_checkpoint(folder: Path, work: Path) -> Path:
     if (out / "config.json").is_file():
         return out
     import torch
-    from compressed_tensors.compressors import ModelCompressor
-    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config, preset_name_to_scheme
-    from compressed_tensors.quantization.utils import calculate_qparams
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.bfloat16)
-    scheme = preset_name_to_scheme("FP8_DYNAMIC", ["Linear"])
-    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"]))
-    for module in model.modules():
-        module = cast(Any, module)  # a quantized Linear: weight, weight_scale, weight_zero_point
-        args = getattr(module, "quantization_scheme", None)
-        if args is None or args.weights is None:
-            continue
-        w = module.weight.detach().float()
-        scale, zero = calculate_qparams(w.amin(dim=1, keepdim=True), w.amax(dim=1, keepdim=True), args.weights)
-        module.weight_scale.data.copy_(scale.to(module.weight_scale.dtype))
-        module.weight_zero_point.data.copy_(zero.to(module.weight_zero_point.dtype))
-    compressor = ModelCompressor.from_pretrained_model(model)
-    compressor.compress_model(model)
-    model.save_pretrained(out)
-    compressor.update_config(out)
+    from tests.support.fp8_checkpoints import save_fp8_dynamic_by_compressed_tensors
+
+    save_fp8_dynamic_by_compressed_tensors(
+        AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.bfloat16), out
+    )
     return out
 
 

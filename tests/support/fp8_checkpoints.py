@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -118,3 +119,26 @@ def _config(fmt: str) -> dict | None:
             "ignore": ["lm_head"],
         }
     return None  # modelopt: hf_quant_config.json
+
+
+def save_fp8_dynamic_by_compressed_tensors(model: Any, folder: Path) -> None:
+    """`model` (a transformers Llama) quantized to FP8_DYNAMIC and saved by compressed-tensors itself:
+    its preset scheme, its scale maths (calculate_qparams), its compressor and config writer."""
+    from compressed_tensors.compressors import ModelCompressor
+    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config, preset_name_to_scheme
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    scheme = preset_name_to_scheme("FP8_DYNAMIC", ["Linear"])
+    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"]))
+    for module in model.modules():
+        args = getattr(module, "quantization_scheme", None)
+        if args is None or args.weights is None:
+            continue
+        w = module.weight.detach().float()
+        scale, zero = calculate_qparams(w.amin(dim=1, keepdim=True), w.amax(dim=1, keepdim=True), args.weights)
+        module.weight_scale.data.copy_(scale.to(module.weight_scale.dtype))
+        module.weight_zero_point.data.copy_(zero.to(module.weight_zero_point.dtype))
+    compressor = ModelCompressor.from_pretrained_model(model)
+    compressor.compress_model(model)
+    model.save_pretrained(folder)
+    compressor.update_config(folder)

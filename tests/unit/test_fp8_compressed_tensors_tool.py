@@ -14,7 +14,7 @@ from prebake.engine.bundled.runtime.fp8_linear import Fp8Linear
 from prebake.engine.bundled.runtime.fp8_load import build_fp8_model, read_fp8_folder
 from prebake.engine.bundled.runtime.model import KVCache
 from prebake.engine.bundled.runtime.weights import hf_name
-from tests.support.fp8_checkpoints import CONFIG, HF_CONFIG, plain_weights
+from tests.support.fp8_checkpoints import CONFIG, HF_CONFIG, plain_weights, save_fp8_dynamic_by_compressed_tensors
 
 PROMPT = [5, 17, 200, 42, 7, 99, 3, 64]
 
@@ -26,25 +26,7 @@ def _hf_model():
 
 
 def _fp8_dynamic_by_compressed_tensors(folder) -> None:
-    from compressed_tensors.compressors import ModelCompressor
-    from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config, preset_name_to_scheme
-    from compressed_tensors.quantization.utils import calculate_qparams
-
-    model = _hf_model()
-    scheme = preset_name_to_scheme("FP8_DYNAMIC", ["Linear"])
-    apply_quantization_config(model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"]))
-    for module in model.modules():
-        args = getattr(module, "quantization_scheme", None)
-        if args is None or args.weights is None:
-            continue
-        w = module.weight.detach().float()
-        scale, zero = calculate_qparams(w.amin(dim=1, keepdim=True), w.amax(dim=1, keepdim=True), args.weights)
-        module.weight_scale.data.copy_(scale.to(module.weight_scale.dtype))
-        module.weight_zero_point.data.copy_(zero.to(module.weight_zero_point.dtype))
-    compressor = ModelCompressor.from_pretrained_model(model)
-    compressor.compress_model(model)
-    model.save_pretrained(folder)
-    compressor.update_config(folder)
+    save_fp8_dynamic_by_compressed_tensors(_hf_model(), folder)
 
 
 def test_prebake_serves_a_compressed_tensors_fp8_dynamic_checkpoint(tmp_path):
