@@ -16,6 +16,7 @@ from prebake.artifacts.errors import MissingExtraError
 EXTRAS: dict[str, tuple[str, ...]] = {
     "torch": ("torch", "safetensors"),
     "serve": ("fastapi", "uvicorn", "jinja2", "prometheus_client", "tokenizers"),
+    "gguf": ("gguf",),
     "s3": ("boto3", "tqdm"),
     "hf": ("huggingface_hub",),
     "oci": ("httpx",),

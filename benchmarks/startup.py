@@ -40,6 +40,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from a checkout: benchmarks/ is no package
 from benchmarks import tp_bakes  # noqa: E402
+from prebake.artifacts.store.settings import default_home  # noqa: E402
+from prebake.engine.bundled.runtime.gguf_fetch import downloads_dir  # noqa: E402
 
 PREBAKE = Path(sys.executable).parent / "prebake"
 VARIANTS = ("inductor-cache", "dynamo-precompile", "aoti-package")
@@ -87,6 +89,14 @@ def main() -> None:
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size of every start (default 1)")
     parser.add_argument("--show-completion", action="store_true", help="print each prebaked start's first completion")
     parser.add_argument(
+        "--chat", help="ask each prebaked start this chat question; print its answer beside the figures"
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        help="cut the recipe's serving limits to one sequence of this many tokens: fewer step shapes to bake",
+    )
+    parser.add_argument(
         "--cold-from-bake",
         action="store_true",
         help="count each variant's bake (a cold start with --write-back, whose time to ready also holds "
@@ -96,6 +106,8 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="prebake-startup-"))
     work.mkdir(parents=True, exist_ok=True)
     bench = Bench(work, args.model, args.precision, show=args.show_completion, tp=args.tp)
+    bench.chat, bench.max_model_len = args.chat, args.max_model_len
+    bench.prepare_weights()
     if args.registry:
         variants = (_recipe_variant(_recipe_path(args.model).read_text()),)
         bench.registries[variants[0]] = args.registry
@@ -121,6 +133,8 @@ def main() -> None:
     summary = summarise(runs, variants)
     bakes = bake_summary(bench, variants)
     print(render(summary, args, bakes))
+    for question, answer in dict(bench.answers).items():
+        print(f"\n{args.model} ({args.precision}, prebaked) asked {question!r}:\n  {answer}")
     if args.json:
         args.json.write_text(json.dumps({"runs": [asdict(r) for r in runs], "summary": summary}, indent=1))
     if args.chart:
@@ -185,6 +199,26 @@ class Bench:
         self.tp_bakes: dict = {}  # at --tp N: {1: ..., N: ...} from benchmarks/tp_bakes.py
         self.registries: dict[str, Path] = {}  # variant -> a registry given by the caller
         self.bakes: dict[str, Run] = {}  # variant -> the cold start with --write-back that baked it here
+        self.chat: str | None = None  # a chat question for each prebaked start
+        self.max_model_len: int | None = None  # the recipe's serving limits cut to one sequence this long
+        self.answers: list[tuple[str, str]] = []  # (question, a prebaked start's answer)
+        self.models_home = default_home()  # whose models/ every start maps
+
+    def prepare_weights(self) -> None:
+        """Weights a start reads from a folder made once (a GGUF dequantized): made here, before any
+        start is timed, in $PREBAKE_HOME/models, which every start's fresh store shares (once a machine)."""
+        from prebake.artifacts.recipe.schema import load_recipe
+        from prebake.engine.bundled.runtime.loader import model_folder
+
+        spec = load_recipe(self.recipes(_recipe_variant(_recipe_path(self.model).read_text())) / f"{self.model}.toml")
+        if spec.model.gguf is None:
+            return
+        from prebake.engine.bundled.runtime.gguf_folder import gguf_folder
+        from prebake.engine.bundled.runtime.loader import torch_dtype
+
+        folder = model_folder(spec.model, self.precision, self.models_home)
+        if folder is None or not (folder / "config.json").is_file():
+            gguf_folder(spec.model, torch_dtype(self.precision), self.models_home)
 
     def graphs_bundle_bytes(self, variant: str) -> int | None:
         """The size of the graphs bundle (its compressed blob) in the variant's registry."""
@@ -197,6 +231,8 @@ class Bench:
         if not folder.is_dir():
             folder.mkdir(parents=True)
             source = _with_variant(_recipe_path(self.model).read_text(), variant)
+            if self.max_model_len:
+                source = _with_one_sequence(source, self.max_model_len)
             (folder / f"{self.model}.toml").write_text(source if self.tp == 1 else tp_bakes.with_tp(source, self.tp))
         return folder
 
@@ -259,6 +295,10 @@ class Bench:
         given = env or {}
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")}
         env.update(PREBAKE_HOME=str(home), PREBAKE_RECIPES=str(self.recipes(variant)), PREBAKE_TRUSTED_KEYS="")
+        env.update(PREBAKE_DOWNLOADS=str(downloads_dir()))  # the machine's: a wheel is downloaded once
+        (self.models_home / "models").mkdir(parents=True, exist_ok=True)
+        home.mkdir()
+        (home / "models").symlink_to(self.models_home / "models")  # weights made once (prepare_weights)
         env.update(given)
         log = serve_log.open("w+")
         cmd = [str(PREBAKE), "serve", "--model", self.model, "--precision", self.precision, "--port", "0", *extra]
@@ -272,6 +312,8 @@ class Bench:
             first, completion = _time_completion(port)
             if self.show and mode == "prebaked":
                 print(f"  completion from the prebaked engine: {completion}", flush=True)
+            if self.chat and mode == "prebaked":
+                self.answers.append((self.chat, _chat(port, self.chat)))
             metrics = _get(port, "/metrics")[1]
             steps, parts = _startup_steps(metrics), _warm_up_parts(metrics)
         finally:
@@ -453,6 +495,13 @@ def _recipe_variant(toml: str) -> str:
     )
 
 
+def _with_one_sequence(toml: str, tokens: int) -> str:
+    """The recipe text with its serving limits (every [serving] table) cut to one sequence of `tokens`."""
+    for name, value in (("max_model_len", tokens), ("max_num_batched_tokens", tokens), ("max_num_seqs", 1)):
+        toml = re.sub(rf"^{name}\s*=.*$", f"{name} = {value}", toml, flags=re.M)
+    return toml
+
+
 def _with_variant(toml: str, variant: str) -> str:
     """The recipe text with [compile] variant set (the table is added when absent)."""
     line = f'variant = "{variant}"'
@@ -500,6 +549,19 @@ def _time_completion(port: int, tokens: int = 16) -> tuple[float, str]:
     with urllib.request.urlopen(request, timeout=600) as response:
         body = response.read().decode()
     return time.perf_counter() - started, body
+
+
+def _chat(port: int, question: str, tokens: int = 32) -> str:
+    """The answer to one chat question (greedy), as text."""
+    body = {"messages": [{"role": "user", "content": question}], "max_tokens": tokens, "temperature": 0}
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=600) as response:
+        return json.load(response)["choices"][0]["message"]["content"]
 
 
 def _get(port: int, path: str) -> tuple[int, str]:

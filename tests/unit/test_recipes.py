@@ -108,7 +108,7 @@ def test_targets_narrow_to_a_dtype_and_refuse_one_not_in_the_matrix():
 
 
 def test_unknown_model_lists_the_recipes():
-    with pytest.raises(UnknownModelError, match="known: llama3-8b, llama3.2-1b, tiny-llama"):
+    with pytest.raises(UnknownModelError, match="known: llama3-8b, llama3.2-1b, smollm2-135m, tiny-llama"):
         load_recipe("llama4-400b", SHIPPED)
 
 

@@ -74,11 +74,12 @@ def _open_final(text: str, final: str) -> str:
     return text[: at + len(kept)] if text[at : at + len(kept)] == kept else text[: at + len(final.strip())]
 
 
-def chat_template_for(spec: ModelSpec) -> ChatTemplate | None:
-    """The recipe model's chat template; None when its folder has none (chat is then refused)."""
+def chat_template_for(spec: ModelSpec, folder: Path | None = None) -> ChatTemplate | None:
+    """The recipe model's chat template, from `folder` (else the one its weights name); None when the
+    folder has none (chat is then refused)."""
     if spec.random_weights:
         return ChatTemplate(TINY_TEMPLATE)
-    folder = Path(spec.weights).expanduser()
+    folder = folder or Path(spec.weights).expanduser()
     config: dict = {}
     config_path = folder / "tokenizer_config.json"
     if config_path.is_file():

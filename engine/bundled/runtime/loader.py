@@ -1,6 +1,7 @@
-"""Loading a recipe's model: seeded random weights, a random checkpoint written once, or a Hugging Face
-folder; and the two models a bake makes without them: placeholders (storage reserved, never touched: a
-compile that keeps weights out of its output) and a copy cut to a few layers (autotune's timings)."""
+"""Loading a recipe's model: seeded random weights, a random checkpoint written once, a GGUF file
+dequantized once into a folder (gguf_folder), or a Hugging Face folder; and the two models a bake
+makes without them: placeholders (storage reserved, never touched: a compile that keeps weights out
+of its output) and a copy cut to a few layers (autotune's timings)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from pathlib import Path
 import torch
 
 from prebake.artifacts.errors import BuildError
+from prebake.artifacts.extras import require
 from prebake.artifacts.recipe.schema import RANDOM_CHECKPOINT, RANDOM_WEIGHTS, ModelSpec
 from prebake.artifacts.store.settings import default_home
 from prebake.engine.bundled.runtime.checkpoint import random_checkpoint, seeded_tensors
+from prebake.engine.bundled.runtime.gguf_folder import gguf_folder, gguf_folder_path
 from prebake.engine.bundled.runtime.model import Llama, SkipInit, build_model, rope_inv_freq
 from prebake.engine.bundled.runtime.parallel import Parallel, local_config
 from prebake.engine.bundled.runtime.weights import LlamaConfig, load_hf_folder, tiny_random_weights
@@ -38,18 +41,31 @@ def load_model(
     log=print,
 ) -> Llama:
     """The runtime for a recipe's [model] on `device` (with `parallel`, one rank's shard of it): its
-    inline config with seeded weights, its random checkpoint under `home` ($PREBAKE_HOME; written on
-    first need) or its folder, both read by mmap."""
+    inline config with seeded weights, its random checkpoint or its GGUF's dequantized folder under
+    `home` ($PREBAKE_HOME; written on first need) or its folder, all read by mmap."""
     if spec.weights == RANDOM_WEIGHTS:
         config = LlamaConfig.from_hf(spec.config)
         state = tiny_random_weights(config, seed=spec.seed)  # made on the CPU: the same bits on any machine
         return build_model(config, state, torch_dtype(dtype), device=device, parallel=parallel)
     if spec.weights == RANDOM_CHECKPOINT:
         folder = random_checkpoint(spec, home or default_home(), log=log).folder
+    elif spec.gguf is not None:
+        require("gguf", f"weights {spec.weights!r}")
+        folder = gguf_folder(spec, torch_dtype(dtype), home or default_home(), log=log)
     else:
         folder = Path(spec.weights).expanduser()
     config, state = load_hf_folder(folder, torch_dtype(dtype))
     return build_model(config, state, torch_dtype(dtype), device=device, parallel=parallel)
+
+
+def model_folder(spec: ModelSpec, dtype: str, home: Path | None = None) -> Path | None:
+    """The Hugging Face folder a start of `spec` in `dtype` reads (its tokenizer and chat template
+    too): the user's folder, the GGUF's dequantized one; None for seeded random weights."""
+    if spec.random_weights:
+        return None
+    if spec.gguf is not None:
+        return gguf_folder_path(spec, torch_dtype(dtype), home or default_home())
+    return Path(spec.weights).expanduser()
 
 
 def placeholder_model(spec: ModelSpec, dtype: str, device: str = "cpu", parallel: Parallel | None = None) -> Llama:

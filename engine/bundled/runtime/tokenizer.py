@@ -84,9 +84,10 @@ class HFTokenizer:
         return self._tok.decode(ids, skip_special_tokens=skip_special)
 
 
-def tokenizer_for(spec: ModelSpec, vocab_size: int) -> Tokenizer | None:
-    """The tokenizer of a recipe's model: tokenizer.json of its folder, bytes for random weights, else None."""
+def tokenizer_for(spec: ModelSpec, vocab_size: int, folder: Path | None = None) -> Tokenizer | None:
+    """The tokenizer of a recipe's model: tokenizer.json of its folder (`folder`, else the one its
+    weights name), bytes for random weights, else None."""
     if spec.random_weights:
         return ByteTokenizer(vocab_size)
-    path = Path(spec.weights).expanduser() / TOKENIZER_FILE
+    path = (folder or Path(spec.weights).expanduser()) / TOKENIZER_FILE
     return HFTokenizer(path) if path.is_file() else None
