@@ -21,6 +21,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -80,7 +81,11 @@ def main() -> None:
     parser.add_argument("--vllm-python", help="vLLM's interpreter (default .venv-vllm/bin/python)")
     parser.add_argument("--vllm-dtypes", default="bf16", help="bf16, fp32 or both; empty: no vLLM")
     parser.add_argument("--llama-types", default="q4_1,bf16", help="q4_1 (the wheel's GGUF), bf16, f32")
-    parser.add_argument("--no-vllm-cold", action="store_true", help="skip vLLM's cold start (minutes)")
+    parser.add_argument(
+        "--no-vllm-cold",
+        action="store_true",
+        help="reuse the recorded cold start of vLLM (the one that filled its caches)",
+    )
     parser.add_argument("--no-build", action="store_true", help="leave llama.cpp out unless it is already built")
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "prebake" / "peers")
     parser.add_argument("--work", type=Path, help="logs and homes (default: a temp dir)")
@@ -166,18 +171,21 @@ def _vllm(args: argparse.Namespace, dtype: str, work: Path) -> Peer | setup.NotM
         return python
     folder = setup.hf_folder(args.cache, dtype)
     peer = Peer(f"vllm-{dtype}", dtype, folder)
-    caches = work / f"vllm-{dtype}" / "caches"  # empty now: the first start is cold, the second warm
-    if not args.no_vllm_cold:
-        cold = _start(
-            peer,
-            setup.vllm_command(python, folder, dtype, _free_port()),
-            setup.vllm_env(caches),
-            work / f"vllm-{dtype}-cold",
-        )
+    caches = args.cache / f"vllm-{dtype}" / "caches"  # kept between runs: a warm start's compile caches
+    record = caches.parent / "cold.json"
+    if not record.is_file() or not args.no_vllm_cold:  # a cold start: it fills empty caches the first time
+        fill = not record.is_file()
+        empty = caches if fill else work / f"vllm-{dtype}-cold" / "caches"
+        shutil.rmtree(empty, ignore_errors=True)
+        command = setup.vllm_command(python, folder, dtype, _free_port())
+        cold = _start(peer, command, setup.vllm_env(empty), work / f"vllm-{dtype}-cold")
         peer.stop()
         if isinstance(cold, setup.NotMeasured):
             return cold
-        peer.cold_s, peer.cold_note = cold, "empty compile caches"
+        record.write_text(json.dumps({"ready_s": cold, "date": _now(), "load": _load(os.getloadavg())}))
+    cold_record = json.loads(record.read_text())
+    peer.cold_s = cold_record["ready_s"]
+    peer.cold_note = f"empty compile caches, {cold_record['date']}, load {cold_record['load']}"
     ready = _start(
         peer, setup.vllm_command(python, folder, dtype, _free_port()), setup.vllm_env(caches), work / f"vllm-{dtype}"
     )

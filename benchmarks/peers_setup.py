@@ -8,6 +8,7 @@
         prebake/recipes/smollm2-135m.toml   the recipe, serving two sequences of 128 tokens
         prebake/{bf16,fp32}/registry/       its bundles, baked by one cold start with --write-back
         prebake/{bf16,fp32}/bake.json       that cold start's time to ready (prebake's "cold")
+        vllm-bf16/caches/, cold.json        vLLM's compile caches, filled by its cold start, and that start
 
 Every step is skipped when its output exists; a step that fails returns a reason (the peer is then
 reported "not measured: why"), never an exception. Nothing here is imported by `--help`.
