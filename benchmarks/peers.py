@@ -86,7 +86,9 @@ def main() -> None:
         action="store_true",
         help="reuse the recorded cold start of vLLM (the one that filled its caches)",
     )
-    parser.add_argument("--no-build", action="store_true", help="leave llama.cpp out unless it is already built")
+    parser.add_argument(
+        "--no-build", action="store_true", help="leave out llama.cpp unless built, a precision unless baked"
+    )
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "prebake" / "peers")
     parser.add_argument("--work", type=Path, help="logs and homes (default: a temp dir)")
     parser.add_argument("--chart", type=Path, help="draw time to ready and TPOT into this PNG")
@@ -134,18 +136,20 @@ def _makers(args: argparse.Namespace, work: Path) -> list:
     llama_types = [t for t in args.llama_types.split(",") if t]
     return [
         lambda: _llama(args.cache, llama_types, work, build=not args.no_build),
-        lambda: {f"prebake-{p}": _prebake(args.cache, p, work) for p in precisions},
+        lambda: {f"prebake-{p}": _prebake(args.cache, p, work, bake=not args.no_build) for p in precisions},
         lambda: {f"vllm-{d}": _vllm(args, d, work) for d in vllm_dtypes},
     ]
 
 
-def _prebake(cache: Path, precision: str, work: Path) -> Peer | setup.NotMeasured:
+def _prebake(cache: Path, precision: str, work: Path, bake: bool) -> Peer | setup.NotMeasured:
     try:
         folder = setup.hf_folder(cache, precision)
     except Exception as error:
         return setup.NotMeasured(f"the GGUF's Hugging Face folder was not made: {error}")
     registry = cache / "prebake" / precision / "registry"
     peer = Peer(f"prebake-{precision}", precision, folder)
+    if not any(registry.glob("index/graphs/*.json")) and not bake:
+        return setup.NotMeasured(f"not baked yet into {registry} (without --no-build: a cold start, minutes, once)")
     if not any(registry.glob("index/graphs/*.json")):  # the bake: one cold start that writes its bundles back
         print(f"  baking prebake {precision} through a cold start with --write-back (minutes, once) ...", flush=True)
         env = setup.prebake_env(cache, work / f"bake-{precision}" / "home") | {"PREBAKE_WRITE_BACK": "index"}
