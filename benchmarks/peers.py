@@ -153,11 +153,11 @@ def _prebake(cache: Path, precision: str, work: Path, bake: bool) -> Peer | setu
     if not any(registry.glob("index/graphs/*.json")):  # the bake: one cold start that writes its bundles back
         print(f"  baking prebake {precision} through a cold start with --write-back (minutes, once) ...", flush=True)
         env = setup.prebake_env(cache, work / f"bake-{precision}" / "home") | {"PREBAKE_WRITE_BACK": "index"}
-        bake = _start(peer, setup.prebake_command(precision, registry, "--write-back"), env, work / f"bake-{precision}")
+        cold = _start(peer, setup.prebake_command(precision, registry, "--write-back"), env, work / f"bake-{precision}")
         peer.stop()
-        if isinstance(bake, setup.NotMeasured):
-            return bake
-        baked = {"ready_s": round(bake, 2), "date": _now(), "load": _load(os.getloadavg())}
+        if isinstance(cold, setup.NotMeasured):
+            return cold
+        baked = {"ready_s": round(cold, 2), "date": _now(), "load": _load(os.getloadavg())}
         (registry.parent / "bake.json").write_text(json.dumps(baked))
     if (record := setup.prebake_cold_record(cache, precision)) is not None:
         peer.cold_s, peer.cold_note = record["ready_s"], f"the bake, {record['date']}, load {record['load']}"
