@@ -135,9 +135,9 @@ def _makers(args: argparse.Namespace, work: Path) -> list:
     vllm_dtypes = [d for d in args.vllm_dtypes.split(",") if d]
     llama_types = [t for t in args.llama_types.split(",") if t]
     return [
-        lambda: _llama(args.cache, llama_types, work, build=not args.no_build),
-        lambda: {f"prebake-{p}": _prebake(args.cache, p, work, bake=not args.no_build) for p in precisions},
         lambda: {f"vllm-{d}": _vllm(args, d, work) for d in vllm_dtypes},
+        lambda: {f"prebake-{p}": _prebake(args.cache, p, work, bake=not args.no_build) for p in precisions},
+        lambda: _llama(args.cache, llama_types, work, build=not args.no_build),
     ]
 
 
