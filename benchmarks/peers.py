@@ -2,7 +2,7 @@
 
     python benchmarks/peers.py [--rounds 3] [--requests 2] [--max-tokens 64] [--concurrency 1,2]
                                [--precisions bf16,fp32] [--vllm-python PATH] [--vllm-dtypes bf16]
-                               [--llama-types q4_1,bf16] [--no-vllm-cold] [--no-build] [--cache DIR] [--work DIR]
+                               [--llama-types q4_1,bf16] [--no-vllm-cold] [--no-build [--build-wait S]] [--cache DIR] [--work DIR]
                                [--chart docs/images/peers.png]
 
 SmolLM2-135M-Instruct (recipes/smollm2-135m.toml, two sequences of 128 tokens) served by `prebake
@@ -137,7 +137,7 @@ def _makers(args: argparse.Namespace, work: Path) -> list:
     return [
         lambda: {f"vllm-{d}": _vllm(args, d, work) for d in vllm_dtypes},
         lambda: {f"prebake-{p}": _prebake(args.cache, p, work, bake=not args.no_build) for p in precisions},
-        lambda: _llama(args.cache, llama_types, work, build=not args.no_build),
+        lambda: _llama(args.cache, llama_types, work, build=not args.no_build, wait_s=args.build_wait),
     ]
 
 
@@ -199,10 +199,14 @@ def _vllm(args: argparse.Namespace, dtype: str, work: Path) -> Peer | setup.NotM
     return peer
 
 
-def _llama(cache: Path, types: list[str], work: Path, build: bool) -> dict[str, Peer | setup.NotMeasured]:
+def _llama(
+    cache: Path, types: list[str], work: Path, build: bool, wait_s: float
+) -> dict[str, Peer | setup.NotMeasured]:
     if not types:
         return {}
-    bin_dir = setup.llama_build(cache, build)
+    deadline = time.monotonic() + wait_s
+    while isinstance(bin_dir := setup.llama_build(cache, build), setup.NotMeasured) and time.monotonic() < deadline:
+        time.sleep(5)
     out: dict[str, Peer | setup.NotMeasured] = {}
     for kind in types:
         name = f"llama-{kind}"
