@@ -89,6 +89,9 @@ def main() -> None:
     parser.add_argument(
         "--no-build", action="store_true", help="leave out llama.cpp unless built, a precision unless baked"
     )
+    parser.add_argument(
+        "--build-wait", type=float, default=0, help="with --no-build: seconds to wait for a build beside"
+    )
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "prebake" / "peers")
     parser.add_argument("--work", type=Path, help="logs and homes (default: a temp dir)")
     parser.add_argument("--chart", type=Path, help="draw time to ready and TPOT into this PNG")
