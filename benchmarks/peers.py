@@ -251,7 +251,10 @@ def _start(peer: Peer, command: list[str], env: dict[str, str], run: Path) -> fl
     log_path = run / "server.log"
     with log_path.open("w") as log:
         started = time.perf_counter()
-        peer.proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=run)
+        try:
+            peer.proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=run)
+        except OSError as error:
+            return setup.NotMeasured(f"{peer.name} did not start: {error}")
     deadline = time.monotonic() + 1800
     while time.monotonic() < deadline:
         if peer.proc.poll() is not None:

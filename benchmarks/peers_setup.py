@@ -192,7 +192,7 @@ def prebake_cold_record(cache: Path, precision: str) -> dict | None:
 
 
 def vllm_python(given: str | None) -> Path | NotMeasured:
-    python = Path(given) if given else REPO / ".venv-vllm" / "bin" / "python"
+    python = (Path(given) if given else REPO / ".venv-vllm" / "bin" / "python").absolute()
     if not python.is_file():
         return NotMeasured(f"no vLLM venv at {python} (make .venv-vllm/.installed makes it)")
     probe = subprocess.run([str(python), "-c", "import vllm"], capture_output=True, text=True)
