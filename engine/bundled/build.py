@@ -22,7 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from prebake.artifacts.buckets.artifact import BucketSet
-from prebake.artifacts.errors import BuildError
+from prebake.artifacts.errors import BuildError, PrebakeError
 from prebake.artifacts.recipe.kinds import BUCKETS_FILE
 from prebake.artifacts.recipe.schema import Recipe, Target
 from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE, GRAPHS_FILE
@@ -212,13 +212,17 @@ def main(argv: list[str]) -> int:
     dtype, out, inputs = spec["target"]["dtype"], Path(spec["out"]), {k: Path(v) for k, v in spec["inputs"].items()}
     where = spec["target"].get("platform", "cpu")
     tp = int(spec["target"].get("tp", 1))
-    if spec["kind"] == "autotune":
-        build_autotune(recipe, dtype, inputs["buckets"], out, where, tp)
-    elif spec["kind"] == "graphs":
-        build_graphs(recipe, dtype, inputs["buckets"], inputs["autotune"], out, where, tp)
-    else:
-        print(f"prebake.engine.bundled.build: unknown kind {spec['kind']!r}", file=sys.stderr)
-        return 2
+    try:
+        if spec["kind"] == "autotune":
+            build_autotune(recipe, dtype, inputs["buckets"], out, where, tp)
+        elif spec["kind"] == "graphs":
+            build_graphs(recipe, dtype, inputs["buckets"], inputs["autotune"], out, where, tp)
+        else:
+            print(f"prebake.engine.bundled.build: unknown kind {spec['kind']!r}", file=sys.stderr)
+            return 2
+    except PrebakeError as exc:  # the user's input (a recipe, its weights): the message says the fix, no traceback
+        print(f"prebake: error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

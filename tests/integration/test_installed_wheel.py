@@ -147,9 +147,10 @@ def bare(tmp_path_factory, wheel) -> Path:
 
 
 def test_the_demos_extras_bring_what_the_bundled_engine_bakes_and_serves_with(tmp_path_factory, wheel, tmp_path):
-    """make demo installs prebake[torch,serve]: its build child, start-up, server and the demo script import."""
-    demo = _venv_of(tmp_path_factory.mktemp("demo"), wheel, ("torch", "serve"))
-    modules = "prebake.engine.bundled.build, prebake.engine.bundled.serve, prebake.engine.bundled.start"
+    """make demo installs prebake[torch,serve,gguf]: its build child, start-up, server, GGUF reader and the
+    demo script import."""
+    demo = _venv_of(tmp_path_factory.mktemp("demo"), wheel, ("torch", "serve", "gguf"))
+    modules = "prebake.engine.bundled.build, prebake.engine.bundled.serve, prebake.engine.bundled.start, gguf"
     _run([demo / "python", "-c", f"import {modules}"], cwd=tmp_path, env=_env(tmp_path))
     _run([demo / "python", REPO / "benchmarks" / "startup.py", "--help"], cwd=tmp_path, env=_env(tmp_path))
 

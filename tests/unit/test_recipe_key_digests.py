@@ -52,7 +52,7 @@ def _with_compile(recipe: Recipe, **update: object) -> Recipe:
 
 def _recipes() -> dict[str, Recipe]:
     """The shipped recipes, and tiny-llama in every graphs variant (and the package's opt-in fallback)."""
-    shipped = {name: load_recipe(name) for name in ("tiny-llama", "tiny-llama-vllm", "llama3-8b")}
+    shipped = {name: load_recipe(name) for name in ("tiny-llama", "tiny-llama-vllm", "llama3-8b", "smollm2-135m")}
     tiny = shipped["tiny-llama"]
     return {
         **shipped,

