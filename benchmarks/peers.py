@@ -155,6 +155,7 @@ def _prebake(cache: Path, precision: str, work: Path, bake: bool) -> Peer | setu
         return setup.NotMeasured(f"not baked yet into {registry} (without --no-build: a cold start, minutes, once)")
     if not any(registry.glob("index/graphs/*.json")):  # the bake: one cold start that writes its bundles back
         print(f"  baking prebake {precision} through a cold start with --write-back (minutes, once) ...", flush=True)
+        registry.mkdir(parents=True, exist_ok=True)  # serve opens only a registry folder that exists
         env = setup.prebake_env(cache, work / f"bake-{precision}" / "home") | {"PREBAKE_WRITE_BACK": "index"}
         cold = _start(peer, setup.prebake_command(precision, registry, "--write-back"), env, work / f"bake-{precision}")
         peer.stop()
