@@ -250,6 +250,7 @@ def _start(peer: Peer, command: list[str], env: dict[str, str], run: Path) -> fl
     """Spawn the server and time it until /health answers 200 (the port is known or read from its log)."""
     run.mkdir(parents=True, exist_ok=True)
     log_path = run / "server.log"
+    peer.url = ""  # a peer started twice (cold, then warm) listens elsewhere the second time
     with log_path.open("w") as log:
         started = time.perf_counter()
         try:
