@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ class FileRecord:
     path: str
     size: int
     sha256: str
+    mode: int  # its permission bits: CRIU refuses a mapped file whose mode is not the dumped one
 
 
 @dataclass(frozen=True)
@@ -104,8 +106,8 @@ class DigestCache:
 
 
 def record(paths: Iterable[str], cache: DigestCache) -> list[FileRecord]:
-    """Each file's path, size and digest, as the bake writes them into the snapshot's tree."""
-    records = [FileRecord(p, os.path.getsize(p), cache.digest(p)) for p in paths]
+    """Each file's path, size, digest and permission bits, as the bake writes them into the snapshot's tree."""
+    records = [FileRecord(p, os.path.getsize(p), cache.digest(p), stat.S_IMODE(os.stat(p).st_mode)) for p in paths]
     cache.save()
     return records
 
