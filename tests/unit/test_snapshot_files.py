@@ -113,3 +113,23 @@ def test_doctor_says_why_this_host_cannot_restore(tmp_path):
     )
     assert done.returncode == 1
     assert "snapshots: no: no CRIU" in done.stdout and ".ci/criu.sh" in done.stdout
+
+
+def test_a_passing_criu_check_is_remembered_and_a_failing_one_is_not(tmp_path, monkeypatch):
+    criu = tmp_path / "criu"
+    criu.write_text("#!/bin/sh\n")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    answers = ["Error: no", None, None]
+    ran = []
+
+    def check(binary: str, kernel: str) -> str | None:
+        ran.append(binary)
+        return answers[len(ran) - 1]
+
+    monkeypatch.setattr(host, "_criu_check", check)
+    assert host._checked(criu, "6.18") == "Error: no"  # a failure: run again next time
+    assert host._checked(criu, "6.18") is None
+    assert host._checked(criu, "6.18") is None  # remembered: not run a third time
+    assert len(ran) == 2
+    assert host._checked(criu, "6.19") is None  # another kernel: checked again
+    assert len(ran) == 3
