@@ -72,15 +72,13 @@ class Engine:
         return self.plan.recipe
 
     def close(self, *, keep_run_dir: bool = False) -> None:
-        """Stop the followers, let go of the trees, remove the run folder (unless `keep_run_dir`: a
-        restored snapshot's, shared by every restore of its image and swept once none holds it)."""
         if self.parallel is not None and self.parallel.rank == 0 and hasattr(self.steps, "close"):
             try:  # the followers stop with rank 0 (those still there)
                 self.steps.close()
             except RuntimeError:
                 pass
         self.leases.close()
-        if not keep_run_dir:
+        if not keep_run_dir:  # a restored snapshot's: shared by its image's restores, swept once none holds it
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
