@@ -3,7 +3,7 @@
 CRIU's image holds the process's anonymous memory; what the process mapped from files (the
 interpreter, shared libraries, the venv's extension modules, AOTInductor packages, weights read by
 mmap) and the files it holds open are opened again at their paths on restore. So a restore is only
-as right as those files: the bake records each one's path, size and sha256 (`FileSet`), and a host
+as right as those files: the bake records each one's path, size, sha256 and mode (`FileSet`), and a host
 whose file differs (or lacks it) is refused with the file named, before CRIU runs.
 
 Hashing libtorch on every start would cost a second, so digests are cached by (path, size, mtime,

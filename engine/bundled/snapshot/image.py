@@ -2,10 +2,11 @@
 
 snapshot/
   snapshot.json     SnapshotInfo: CRIU's version, the key factors, the pipes to reconnect,
-                    every file the process mapped or held open (path, size, sha256)
+                    every file the process mapped or held open (path, size, sha256, mode)
   images/           CRIU's image files (the process's anonymous memory, threads, registers)
   carried/<sha256>  files the process mapped from the temporary folder (AOTInductor extracts
-                    its packages' .so files there): put back at their paths before a restore
+                    its packages' .so files there): put back at their paths, with their modes,
+                    before a restore
 """
 
 from __future__ import annotations
