@@ -130,7 +130,7 @@ def _serve(engine, scheduler, state, settings: dict) -> int:
         server.should_exit = True
         http.join(10)
         sock.close()
-        engine.close()
+        engine.close(keep_run_dir=True)  # other restores of this image map files from it: swept once none holds it
 
 
 def _stop_when_control_closes() -> None:

@@ -71,14 +71,15 @@ class Engine:
     def recipe(self) -> Recipe:
         return self.plan.recipe
 
-    def close(self) -> None:
+    def close(self, *, keep_run_dir: bool = False) -> None:
         if self.parallel is not None and self.parallel.rank == 0 and hasattr(self.steps, "close"):
             try:  # the followers stop with rank 0 (those still there)
                 self.steps.close()
             except RuntimeError:
                 pass
         self.leases.close()
-        shutil.rmtree(self.run_dir, ignore_errors=True)
+        if not keep_run_dir:  # a restored snapshot's: shared by its image's restores, swept once none holds it
+            shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
 @dataclass

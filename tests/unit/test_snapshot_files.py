@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import subprocess
 import sys
 import tempfile
@@ -65,7 +66,7 @@ def test_a_process_maps_its_interpreter_and_libraries(tmp_path):
 def test_a_carried_file_outside_the_temporary_folder_is_refused(tmp_path):
     (tmp_path / CARRIED_DIR).mkdir()
     with pytest.raises(BundleError, match="outside the temporary folders"):
-        put_back(tmp_path, (FileRecord("/usr/lib/evil.so", 1, "0" * 64),), DigestCache(tmp_path / "d.json"))
+        put_back(tmp_path, (FileRecord("/usr/lib/evil.so", 1, "0" * 64, 0o755),), DigestCache(tmp_path / "d.json"))
 
 
 def test_a_carried_file_is_put_back_at_its_path(tmp_path):
@@ -75,11 +76,16 @@ def test_a_carried_file_is_put_back_at_its_path(tmp_path):
     (tmp_path / CARRIED_DIR / digest).write_bytes(content)
     target = Path(tempfile.mkdtemp(prefix="prebake-test-carried-")) / "x" / "model.so"
     try:
-        put_back(tmp_path, (FileRecord(str(target), len(content), digest),), DigestCache(tmp_path / "d.json"))
+        record = FileRecord(str(target), len(content), digest, 0o644)
+        put_back(tmp_path, (record,), DigestCache(tmp_path / "d.json"))
         assert target.read_bytes() == content
+        assert stat.S_IMODE(target.stat().st_mode) == 0o644  # as recorded: CRIU refuses another mode
         target.write_bytes(b"\x7fELF pockage")  # same size, other bytes: written again from the image
-        put_back(tmp_path, (FileRecord(str(target), len(content), digest),), DigestCache(tmp_path / "d.json"))
+        put_back(tmp_path, (record,), DigestCache(tmp_path / "d.json"))
         assert target.read_bytes() == content
+        target.chmod(0o755)  # the same bytes, another mode: written again with the recorded one
+        put_back(tmp_path, (record,), DigestCache(tmp_path / "d.json"))
+        assert stat.S_IMODE(target.stat().st_mode) == 0o644
     finally:
         target.unlink()
 
@@ -107,3 +113,23 @@ def test_doctor_says_why_this_host_cannot_restore(tmp_path):
     )
     assert done.returncode == 1
     assert "snapshots: no: no CRIU" in done.stdout and ".ci/criu.sh" in done.stdout
+
+
+def test_a_passing_criu_check_is_remembered_and_a_failing_one_is_not(tmp_path, monkeypatch):
+    criu = tmp_path / "criu"
+    criu.write_text("#!/bin/sh\n")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    answers = ["Error: no", None, None]
+    ran = []
+
+    def check(binary: str, kernel: str) -> str | None:
+        ran.append(binary)
+        return answers[len(ran) - 1]
+
+    monkeypatch.setattr(host, "_criu_check", check)
+    assert host._checked(criu, "6.18") == "Error: no"  # a failure: run again next time
+    assert host._checked(criu, "6.18") is None
+    assert host._checked(criu, "6.18") is None  # remembered: not run a third time
+    assert len(ran) == 2
+    assert host._checked(criu, "6.19") is None  # another kernel: checked again
+    assert len(ran) == 3

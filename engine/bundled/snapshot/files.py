@@ -3,7 +3,7 @@
 CRIU's image holds the process's anonymous memory; what the process mapped from files (the
 interpreter, shared libraries, the venv's extension modules, AOTInductor packages, weights read by
 mmap) and the files it holds open are opened again at their paths on restore. So a restore is only
-as right as those files: the bake records each one's path, size and sha256 (`FileSet`), and a host
+as right as those files: the bake records each one's path, size, sha256 and mode (`FileSet`), and a host
 whose file differs (or lacks it) is refused with the file named, before CRIU runs.
 
 Hashing libtorch on every start would cost a second, so digests are cached by (path, size, mtime,
@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ class FileRecord:
     path: str
     size: int
     sha256: str
+    mode: int  # its permission bits: CRIU refuses a mapped file whose mode is not the dumped one
 
 
 @dataclass(frozen=True)
@@ -104,8 +106,8 @@ class DigestCache:
 
 
 def record(paths: Iterable[str], cache: DigestCache) -> list[FileRecord]:
-    """Each file's path, size and digest, as the bake writes them into the snapshot's tree."""
-    records = [FileRecord(p, os.path.getsize(p), cache.digest(p)) for p in paths]
+    """Each file's path, size, digest and permission bits, as the bake writes them into the snapshot's tree."""
+    records = [FileRecord(p, os.path.getsize(p), cache.digest(p), stat.S_IMODE(os.stat(p).st_mode)) for p in paths]
     cache.save()
     return records
 

@@ -3,7 +3,8 @@
     criu        $PREBAKE_CRIU, else `criu` on PATH, else the one .ci/criu.sh builds
                 (~/.cache/prebake/criu/<version>/criu); version 4.0 or newer (3.x fails on recent kernels)
     privilege   CAP_SYS_ADMIN and CAP_CHECKPOINT_RESTORE (root has both)
-    kernel      `criu check` passes (its answer is cached per criu binary and kernel for this boot)
+    kernel      `criu check` passes (a pass is remembered in ~/.cache/prebake/criu-check.json per criu binary,
+                kernel, boot and capabilities; a failure is checked again)
     unshare     util-linux's, for the new PID namespace a restore runs in
 
 An answer is a value: `Able` with the binary and its version, or `Unable` with the reason and the fix.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import platform
 import re
@@ -24,6 +26,7 @@ from pathlib import Path
 CRIU_ENV = "PREBAKE_CRIU"
 MIN_VERSION = (4, 0)
 CHECK_TIMEOUT_S = 30.0
+CHECK_CACHE = "criu-check.json"  # under ~/.cache/prebake: `criu check` passed, by binary, kernel, boot, capabilities
 _CAP_SYS_ADMIN = 21
 _CAP_CHECKPOINT_RESTORE = 40
 _BUILT_BY_CI = Path.home() / ".cache" / "prebake" / "criu"
@@ -71,7 +74,7 @@ def can_snapshot() -> Able | Unable:
     unshare = shutil.which("unshare")
     if unshare is None:
         return Unable("no unshare (util-linux) on PATH: a restore runs in a new PID namespace; install util-linux")
-    if (failed := _criu_check(str(criu), platform.release())) is not None:
+    if (failed := _checked(criu, platform.release())) is not None:
         return Unable(f"`{criu} check` fails on this kernel ({platform.release()}): {failed}")
     return Able(criu, version, Path(unshare))
 
@@ -132,6 +135,46 @@ def _missing_capabilities() -> list[str]:
     wanted = {"CAP_SYS_ADMIN": _CAP_SYS_ADMIN, "CAP_CHECKPOINT_RESTORE": _CAP_CHECKPOINT_RESTORE}
     missing = [name for name, bit in wanted.items() if not effective >> bit & 1]
     return [] if "CAP_SYS_ADMIN" not in missing else missing  # CAP_SYS_ADMIN alone suffices for CRIU
+
+
+def _checked(criu: Path, kernel: str) -> str | None:
+    """`criu check`'s answer, its pass remembered on this machine (CHECK_CACHE) for the same CRIU
+    binary (path, size, mtime, inode), kernel, boot and capabilities: a restore's start spends no
+    0.1 s running it again. A failure is never remembered: a fixed host is seen at once."""
+    stamp = _check_stamp(criu, kernel)
+    cache = _check_cache()
+    try:
+        if stamp is not None and json.loads(cache.read_text()).get(stamp) == "passed":
+            return None
+    except (OSError, ValueError, AttributeError):
+        pass
+    failed = _criu_check(str(criu), kernel)
+    if failed is None and stamp is not None:
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            temp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
+            temp.write_text(json.dumps({stamp: "passed"}))
+            os.replace(temp, cache)
+        except OSError:  # a read-only home: checked again next time
+            pass
+    return failed
+
+
+def _check_cache() -> Path:
+    """Beside the snapshot digest cache (prebake.engine.bundled.snapshot.kind.digest_cache)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "prebake" / CHECK_CACHE
+
+
+def _check_stamp(criu: Path, kernel: str) -> str | None:
+    try:
+        st = os.stat(criu)
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        caps = re.search(r"^CapEff:\s*([0-9a-f]+)", Path("/proc/self/status").read_text(), re.M)
+    except OSError:
+        return None
+    parts = [os.path.realpath(criu), st.st_size, st.st_mtime_ns, st.st_ino, kernel, boot, caps.group(1) if caps else ""]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
 @functools.cache

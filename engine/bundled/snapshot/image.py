@@ -2,10 +2,11 @@
 
 snapshot/
   snapshot.json     SnapshotInfo: CRIU's version, the key factors, the pipes to reconnect,
-                    every file the process mapped or held open (path, size, sha256)
+                    every file the process mapped or held open (path, size, sha256, mode)
   images/           CRIU's image files (the process's anonymous memory, threads, registers)
   carried/<sha256>  files the process mapped from the temporary folder (AOTInductor extracts
-                    its packages' .so files there): put back at their paths before a restore
+                    its packages' .so files there): put back at their paths, with their modes,
+                    before a restore
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,7 +28,7 @@ READY_LINE = "prebake-snapshot: parked"  # it prints this once warm, before it b
 INFO_FILE = "snapshot.json"
 IMAGES_DIR = "images"
 CARRIED_DIR = "carried"
-FORMAT = 5  # 2: parked by `prebake serve --park`; 3: HTTP loaded before the dump; 4, 5: what is handed over
+FORMAT = 6  # 2: parked by `prebake serve --park`; 3: HTTP loaded before the dump; 4, 5: what is handed over; 6: modes
 
 
 @dataclass(frozen=True)
@@ -68,16 +70,26 @@ def carried_path(path: str, kept: tuple[str, ...] = ()) -> bool:
 
 
 def put_back(tree: Path, carried: tuple[FileRecord, ...], cache: DigestCache) -> None:
-    """Each carried file at its path, written atomically from carried/ unless the file there already
-    has the recorded digest (another restore of the same image put it there)."""
+    """Each carried file at its path with its recorded permission bits (CRIU refuses a mapped file
+    whose mode is not the dumped one: AOTInductor's wrapper .so is 0644, its kernels' 0755), written
+    atomically from carried/ unless the file there already has the recorded digest and mode (another
+    restore of the same image put it there)."""
     for record in carried:
         if not carried_path(record.path):
             raise BundleError(f"{tree}: carried file {record.path} is outside the temporary folders; refused")
         target = Path(record.path)
-        if target.is_file() and cache.digest(str(target)) == record.sha256:
+        if _is_put_back(target, record, cache):
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         temp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         shutil.copyfile(tree / CARRIED_DIR / record.sha256, temp)
-        os.chmod(temp, 0o755)
+        os.chmod(temp, record.mode)
         os.replace(temp, target)
+
+
+def _is_put_back(target: Path, record: FileRecord, cache: DigestCache) -> bool:
+    try:
+        mode = stat.S_IMODE(os.stat(target).st_mode)
+    except OSError:
+        return False
+    return target.is_file() and mode == record.mode and cache.digest(str(target)) == record.sha256
