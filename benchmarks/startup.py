@@ -178,7 +178,7 @@ def main() -> None:
 def figures(summary: dict, variants, args, bakes: dict) -> dict:
     """The run's figures under stable names: the last line of the output."""
     default = _recipe_variant(_recipe_path(args.model).read_text())
-    removed = {v: round(summary[v]["compile_overhead_removed"]["mean"], 4) for v in variants}
+    removed = {v: round(r["mean"], 4) for v in variants if (r := summary[v].get("compile_overhead_removed"))}
     return {
         "benchmark": "startup",
         "model": args.model,
@@ -189,10 +189,12 @@ def figures(summary: dict, variants, args, bakes: dict) -> dict:
         "default_variant": default,
         "overhead_removed_default": removed.get(default),
         "overhead_removed": removed,
-        "overhead_removed_p50": {v: round(summary[v]["compile_overhead_removed"]["p50"], 4) for v in variants},
+        "overhead_removed_p50": {
+            v: round(r["p50"], 4) for v in variants if (r := summary[v].get("compile_overhead_removed"))
+        },
         "ready_mean_s": {
             "eager": round(summary["eager"]["ready_s"]["mean"], 3),
-            **{f"{m}_{v}": round(summary[v][m]["ready_s"]["mean"], 3) for v in variants for m in ("cold", "prebaked")},
+            **{f"{m}_{v}": round(summary[v][m]["ready_s"]["mean"], 3) for v, m in _modes_of(summary, variants)},
         },
         "prebaked_over_eager": {
             v: round(summary[v]["prebaked"]["ready_s"]["mean"] / summary["eager"]["ready_s"]["mean"], 3)
@@ -201,11 +203,11 @@ def figures(summary: dict, variants, args, bakes: dict) -> dict:
         # every mode's mean seconds per start-up step, and per part of its warm-up step
         "steps_mean_s": {
             "eager": _rounded(summary["eager"]["steps_mean_s"]),
-            **{f"{m}_{v}": _rounded(summary[v][m]["steps_mean_s"]) for v in variants for m in ("cold", "prebaked")},
+            **{f"{m}_{v}": _rounded(summary[v][m]["steps_mean_s"]) for v, m in _modes_of(summary, variants)},
         },
         "parts_mean_s": {
             "eager": _rounded(summary["eager"]["parts_mean_s"]),
-            **{f"{m}_{v}": _rounded(summary[v][m]["parts_mean_s"]) for v in variants for m in ("cold", "prebaked")},
+            **{f"{m}_{v}": _rounded(summary[v][m]["parts_mean_s"]) for v, m in _modes_of(summary, variants)},
         },
         "prebaked_beyond_eager_s": {v: beyond_eager(summary[v]["prebaked"], summary["eager"]) for v in variants},
         # each bake's compile step (compile_graphs of every shape), seconds, and its graphs bundle's bytes;
@@ -374,8 +376,12 @@ def summarise(runs: list[Run], variants) -> dict:
     if restored := [r for r in runs if r.mode == "snapshot"]:
         out["snapshot"] = _mode_summary(restored, stats)
     for variant in variants:
-        cold = _mode_summary([r for r in runs if r.mode == "cold" and r.variant == variant], stats)
+        cold_runs = [r for r in runs if r.mode == "cold" and r.variant == variant]
         prebaked = _mode_summary([r for r in runs if r.mode == "prebaked" and r.variant == variant], stats)
+        if not cold_runs:  # --iterations 0 (warm starts only): no cold start, so no overhead removed
+            out[variant] = {"prebaked": prebaked}
+            continue
+        cold = _mode_summary(cold_runs, stats)
         ratios = {
             stat: (cold["ready_s"][stat] - prebaked["ready_s"][stat])
             / (cold["ready_s"][stat] - out["eager"]["ready_s"][stat])
@@ -383,6 +389,11 @@ def summarise(runs: list[Run], variants) -> dict:
         }
         out[variant] = {"cold": cold, "prebaked": prebaked, "compile_overhead_removed": ratios}
     return out
+
+
+def _modes_of(summary: dict, variants) -> list[tuple[str, str]]:
+    """(variant, mode) of every cold and prebaked summary the run has (no cold one at --iterations 0)."""
+    return [(v, m) for v in variants for m in ("cold", "prebaked") if m in summary[v]]
 
 
 def bake_summary(bench: Bench, variants) -> dict:
@@ -435,7 +446,8 @@ def render(summary: dict, args, bakes: dict | None = None) -> str:
         lines.append(row("snapshot restore", summary["snapshot"]))
     cold_label = "cold*" if args.cold_from_bake else "cold "
     for variant in (v for v in VARIANTS if v in summary):
-        lines.append(row(f"{cold_label}    {variant}", summary[variant]["cold"]))
+        if "cold" in summary[variant]:
+            lines.append(row(f"{cold_label}    {variant}", summary[variant]["cold"]))
         lines.append(row(f"prebaked {variant}", summary[variant]["prebaked"]))
     if args.cold_from_bake:
         lines.append(
@@ -464,7 +476,7 @@ def render(summary: dict, args, bakes: dict | None = None) -> str:
             f"bake at tp {tp} / tp 1: compile step {figures['compile_over_tp1']:.3f}x, graphs bundle "
             f"{figures['bundle_over_tp1']:.3f}x ({figures['by_tp']})"
         )
-    for variant in (v for v in VARIANTS if v in summary):
+    for variant in (v for v in VARIANTS if v in summary and "compile_overhead_removed" in summary[v]):
         ratio = summary[variant]["compile_overhead_removed"]
         lines.append(
             f"compile overhead removed, {variant:<15} (cold - prebaked) / (cold - eager): "
@@ -472,7 +484,7 @@ def render(summary: dict, args, bakes: dict | None = None) -> str:
         )
     lines.append("\nmean seconds per start-up step:")
     modes = [("eager", summary["eager"])] + [
-        (f"{m} {v}", summary[v][m]) for v in VARIANTS if v in summary for m in ("cold", "prebaked")
+        (f"{m} {v}", summary[v][m]) for v, m in _modes_of(summary, [v for v in VARIANTS if v in summary])
     ]
     for name, m in modes:
         steps = ", ".join(f"{k} {s:.2f}" for k, s in m["steps_mean_s"].items())
