@@ -281,7 +281,8 @@ def test_prebake_serve_takes_force_aot_load_for_vllm_only(tmp_path):
     done = subprocess.run(cli, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert (
         done.returncode != 0
-        and "--force-aot-load: not an option of engine 'prebake' (its options: --api-key, --eager)" in done.stderr
+        and "--force-aot-load: not an option of engine 'prebake' (its options: --api-key, --eager, --park, --reject-unknown-fields, --snapshot)"
+        in done.stderr
     )
     cpu = [*cli[:5], "tiny-llama-vllm", "--engine", "vllm", "--precision", "bf16", "--force-aot-load"]
     done = subprocess.run(cpu, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -297,4 +298,5 @@ def test_an_api_key_is_an_option_of_the_bundled_engine_and_vllm_refuses_it_namin
     with pytest.raises(PrebakeError, match=r"--api-key: not an option of engine 'vllm' \(its options: --cache-root, "):
         adapter_named("vllm").spec.options_of(request)
     parsed = adapter_named("prebake").spec.options_of(StartRequest(model="tiny-llama", options={"api_key": "k"}))
-    assert parsed == {"eager": False, "api_key": "k"}  # every option it declares, its default where not given
+    # every option it declares, its default where not given
+    assert parsed == {"eager": False, "reject_unknown_fields": False, "api_key": "k", "snapshot": "auto", "park": False}
