@@ -100,14 +100,15 @@ def start_server(model: str, serve_args: list[str], work: Path) -> Server:
             raise SystemExit(f"prebake serve exited {proc.returncode}:\n{text[-3000:]}")
         if "listening on http://" in text:
             url = "http://" + text.split("listening on http://", 1)[1].split()[0]
-            if _status(url + "/health") == 200:
+            if http_status(url + "/health") == 200:
                 return Server(proc, url)
         time.sleep(0.5)
     os.kill(proc.pid, signal.SIGTERM)
     raise SystemExit(f"prebake serve was not ready within 30 minutes; see {work / 'serve.log'}")
 
 
-def _status(url: str) -> int:
+def http_status(url: str) -> int:
+    """The status a GET of `url` answers, 0 when nothing answers (a server still starting)."""
     try:
         with urllib.request.urlopen(url, timeout=5) as response:
             return response.status

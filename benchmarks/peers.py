@@ -37,6 +37,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from a checkout: benchmarks/ is no package
 from benchmarks import peers_setup as setup  # noqa: E402  (light: no torch at import)
+from benchmarks.clients import http_status  # noqa: E402  (light: no torch at import)
 
 PROMPT = (
     "The history of bread begins in the Neolithic era, when people first ground wild grains into flour, "
@@ -264,7 +265,7 @@ def _start(peer: Peer, command: list[str], env: dict[str, str], run: Path) -> fl
             return setup.NotMeasured(f"{peer.name} exited {peer.proc.returncode} while starting: {tail} ({log_path})")
         if not peer.url:
             peer.url = _url(command, log_path.read_text(errors="replace"))
-        if peer.url and _status(peer.url + "/health") == 200:
+        if peer.url and http_status(peer.url + "/health") == 200:
             ready = time.perf_counter() - started
             print(f"  {peer.name}: ready in {ready:.1f} s", flush=True)
             return round(ready, 2)
@@ -285,14 +286,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _status(url: str) -> int:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status
-    except Exception:
-        return 0
 
 
 # --- the client -----------------------------------------------------------------------------------------
