@@ -30,24 +30,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+from tests.support.serving import VLLM_ROUTER_SERIES
+
 REPO = Path(__file__).resolve().parents[1]
 PREBAKE = Path(sys.executable).parent / "prebake"
 PROMPT_TOKENS, OUTPUT_TOKENS = 32, 16
 VENDOR_BODY = {"repetition_penalty": 1.0, "vendor_priority": 3}
-VLLM_NAMES = (
-    "vllm:num_requests_waiting",
-    "vllm:num_requests_running",
-    "vllm:kv_cache_usage_perc",
-    "vllm:gpu_cache_usage_perc",
-    "vllm:prefix_cache_queries_total",
-    "vllm:gpu_prefix_cache_hits_total",
-    "vllm:prompt_tokens_total",
-    "vllm:generation_tokens_total",
-    "vllm:request_success_total",
-    "vllm:time_to_first_token_seconds_count",
-    "vllm:inter_token_latency_seconds_count",
-    "vllm:e2e_request_latency_seconds_count",
-)
 
 
 def main() -> None:
@@ -187,7 +175,7 @@ def _run(command: list[str], log: Path) -> None:
 def metric_names(url: str) -> list[str]:
     with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
         text = response.read().decode()
-    return [name for name in VLLM_NAMES if any(line.startswith(name + "{") for line in text.splitlines())]
+    return [name for name in VLLM_ROUTER_SERIES if any(line.startswith(name + "{") for line in text.splitlines())]
 
 
 def report(runs: list[dict], names: list[str], args) -> None:
@@ -208,11 +196,11 @@ def report(runs: list[dict], names: list[str], args) -> None:
             )
     for key, value in ratios.items():
         print(f"{key}: {value}x")
-    print(f"vLLM metric names exported: {len(names)}/{len(VLLM_NAMES)}")
+    print(f"vLLM metric names exported: {len(names)}/{len(VLLM_ROUTER_SERIES)}")
     failed = sum(r["failed"] for r in runs)
     summary = {"model": args.model, "serve_args": args.serve_args, "failed_requests": failed, "runs": runs}
     print(json.dumps({**summary, **ratios, "vllm_metric_names": len(names)}, sort_keys=True))
-    if failed or len(names) < len(VLLM_NAMES):
+    if failed or len(names) < len(VLLM_ROUTER_SERIES):
         sys.exit(1)
 
 

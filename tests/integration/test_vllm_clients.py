@@ -18,25 +18,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.baking import REPO
-from tests.support.serving import ServeProcess, serve_env
+from tests.support.serving import VLLM_ROUTER_SERIES, ServeProcess, serve_env
 
 MODEL = "tiny-llama"
 REQUESTS = 8
-ROUTER_SERIES = (  # llm-d's endpoint picker, vLLM's production-stack router, inference-perf
-    "vllm:num_requests_waiting",
-    "vllm:num_requests_running",
-    "vllm:kv_cache_usage_perc",
-    "vllm:gpu_cache_usage_perc",
-    "vllm:gpu_prefix_cache_hits_total",
-    "vllm:gpu_prefix_cache_queries_total",
-    "vllm:prompt_tokens_total",
-    "vllm:generation_tokens_total",
-    "vllm:request_success_total",
-    "vllm:time_to_first_token_seconds_count",
-    "vllm:inter_token_latency_seconds_count",
-    "vllm:e2e_request_latency_seconds_count",
-    "vllm:request_time_per_output_token_seconds_count",
-)
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +93,7 @@ def test_guidellm_completes_every_request_and_vllms_metric_names_count_them(serv
     assert totals == {"successful": REQUESTS, "errored": 0, "incomplete": 0, "total": REQUESTS}, server.log[-3000:]
     assert "vendor_priority are not part of this API and were ignored" in server.log
     after = _series(server)
-    for name in ROUTER_SERIES:
+    for name in VLLM_ROUTER_SERIES:
         assert any(n == name and ("model_name", MODEL) in labels for n, labels in after), f"{name} is gone"
     assert _total(after, "vllm:request_success_total") - _total(before, "vllm:request_success_total") == REQUESTS
     generated = _total(after, "vllm:generation_tokens_total") - _total(before, "vllm:generation_tokens_total")

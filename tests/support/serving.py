@@ -14,6 +14,26 @@ from pathlib import Path
 
 from tests.support.baking import BIN, REPO
 
+# vLLM's metric names that routers and load clients read (llm-d's endpoint picker, vLLM's
+# production-stack router, inference-perf): a test and benchmarks/clients.py check them on /metrics
+VLLM_ROUTER_SERIES = (  # each labelled model_name (request_success_total also finished_reason)
+    "vllm:num_requests_waiting",
+    "vllm:num_requests_running",
+    "vllm:kv_cache_usage_perc",
+    "vllm:gpu_cache_usage_perc",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:gpu_prefix_cache_queries_total",
+    "vllm:gpu_prefix_cache_hits_total",
+    "vllm:gpu_prefix_cache_hit_rate",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:time_to_first_token_seconds_count",
+    "vllm:inter_token_latency_seconds_count",
+    "vllm:e2e_request_latency_seconds_count",
+    "vllm:request_time_per_output_token_seconds_count",
+)
+
 # A 2-layer Llama with three step shapes (prefill b1x32, decode b1 and b2 over 32 positions):
 # small enough that compiling it in place takes a minute or two on two cores.
 SERVE_TEST_RECIPE = """

@@ -6,6 +6,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from prebake.engine.bundled.runtime.metrics import Metrics
+from tests.support.serving import VLLM_ROUTER_SERIES
 
 
 def _samples(metrics: Metrics) -> dict[tuple[str, tuple], float]:
@@ -62,29 +63,10 @@ def test_two_engines_in_one_process_keep_separate_figures():
     assert a.get("prebake_generated_tokens_total") == 5 and b.get("prebake_generated_tokens_total") == 0
 
 
-ROUTER_SERIES = (  # what llm-d's endpoint picker, vLLM's production-stack router and inference-perf read
-    "vllm:num_requests_waiting",
-    "vllm:num_requests_running",
-    "vllm:kv_cache_usage_perc",
-    "vllm:gpu_cache_usage_perc",
-    "vllm:prefix_cache_queries_total",
-    "vllm:prefix_cache_hits_total",
-    "vllm:gpu_prefix_cache_queries_total",
-    "vllm:gpu_prefix_cache_hits_total",
-    "vllm:gpu_prefix_cache_hit_rate",
-    "vllm:prompt_tokens_total",
-    "vllm:generation_tokens_total",
-    "vllm:time_to_first_token_seconds_count",
-    "vllm:inter_token_latency_seconds_count",
-    "vllm:e2e_request_latency_seconds_count",
-    "vllm:request_time_per_output_token_seconds_count",
-)
-
-
 def test_vllms_series_are_there_from_the_start_with_the_model_name_label():
     samples = _samples(Metrics("org/model-7b"))
     labels = (("engine", "0"), ("model_name", "org/model-7b"))
-    for name in ROUTER_SERIES:
+    for name in VLLM_ROUTER_SERIES:
         assert samples[(name, labels)] == 0, name
     for reason in ("stop", "length", "abort"):
         assert samples[("vllm:request_success_total", (labels[0], ("finished_reason", reason), labels[1]))] == 0
