@@ -16,17 +16,18 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-
-from google.protobuf import json_format
-from in_toto_attestation.predicates.provenance.v1 import provenance_pb2
-from in_toto_attestation.v1 import statement_pb2
-from in_toto_attestation.v1.resource_descriptor import ResourceDescriptor
-from in_toto_attestation.v1.statement import Statement
+from typing import TYPE_CHECKING
 
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.errors import BundleError
 from prebake.artifacts.keys import canonical_json
 from prebake.artifacts.recipe.schema import Recipe, Target
+
+if TYPE_CHECKING:
+    from in_toto_attestation.v1.resource_descriptor import ResourceDescriptor
+
+# The in-toto and protobuf bindings (0.1 s) are imported by the functions that write or read a
+# Statement: a start that checks no provenance (a restore, docs/snapshots.md) imports neither.
 
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
 BUILD_TYPE = "https://github.com/prebake/prebake/blob/main/docs/trust.md#bake-v1"
@@ -107,6 +108,11 @@ def statement(
 ) -> bytes:
     """The in-toto Statement (SLSA provenance v1) for `manifest`'s blob, as JSON bytes. A promotion
     (PROMOTE_TYPE) records what it reviewed in internalParameters.review."""
+    from google.protobuf import json_format
+    from in_toto_attestation.predicates.provenance.v1 import provenance_pb2
+    from in_toto_attestation.v1.resource_descriptor import ResourceDescriptor
+    from in_toto_attestation.v1.statement import Statement
+
     predicate = provenance_pb2.Provenance()
     build = predicate.build_definition
     build.build_type = build_type
@@ -130,6 +136,11 @@ def statement(
 
 def read_statement(payload: bytes) -> Provenance:
     """The policy's facts from a Statement's JSON; BundleError naming what is wrong with it."""
+    from google.protobuf import json_format
+    from in_toto_attestation.predicates.provenance.v1 import provenance_pb2
+    from in_toto_attestation.v1 import statement_pb2
+    from in_toto_attestation.v1.statement import Statement
+
     try:
         parsed = json_format.Parse(payload, statement_pb2.Statement())
         document = Statement.copy_from_pb(parsed)
@@ -161,6 +172,8 @@ def read_statement(payload: bytes) -> Provenance:
 
 
 def _dependencies(manifest: Manifest, recipe: Recipe, context: BuildContext) -> list[ResourceDescriptor]:
+    from in_toto_attestation.v1.resource_descriptor import ResourceDescriptor
+
     deps = [
         ResourceDescriptor(
             name=f"recipe:{recipe.model.name}",

@@ -14,56 +14,43 @@ COMMAND_MODULES.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 from collections.abc import Sequence
 
-from prebake import __version__
 from prebake.artifacts.errors import ExitCode
-from prebake.artifacts.store.home import check_home
-from prebake.artifacts.store.settings import default_home
-from prebake.engine.cli import (
-    bake,
-    buckets,
-    bundles,
-    copy,
-    doctor,
-    kernel_cache,
-    keys,
-    plan,
-    promote,
-    recipes,
-    revoke,
-    serving,
-    stats,
-    store,
-)
-from prebake.engine.cli.common import GROUPS, LISTED, Formatter, verbosity_options, warn_deprecated
-from prebake.engine.cli.outcome import Failure, failure
 from prebake.engine.common import logs
 
+# Each command group's module (engine/cli/NAME.py), imported when the parser is built: `prebake
+# serve` and `prebake fetch` build theirs alone (FAST_COMMANDS), so a start imports none of the bake's,
+# the registry admin's or the fleet's modules (docs/snapshots.md: a restore's floor is its imports).
 COMMAND_MODULES = (
-    bake,
-    plan,
-    buckets,
-    recipes,
-    bundles,
-    copy,
-    kernel_cache,
-    store,
-    stats,
-    serving,
-    doctor,
-    keys,
-    revoke,
-    promote,
+    "bake",
+    "plan",
+    "buckets",
+    "recipes",
+    "bundles",
+    "copy",
+    "kernel_cache",
+    "store",
+    "stats",
+    "serving",
+    "doctor",
+    "keys",
+    "revoke",
+    "promote",
 )
+FAST_COMMANDS = {"serve": "serving", "fetch": "serving"}  # a command -> the one module its parser needs
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(json_errors="--json" in words or "json" in words)
+    parser = build_parser(json_errors="--json" in words or "json" in words, only=_fast_module(words))
     args = parser.parse_args(words)
+    from prebake.engine.cli.common import warn_deprecated
+    from prebake.engine.cli.outcome import failure
+
     try:
         logs.configure(_log_environment(args.verbosity))
         warn_deprecated(args)
@@ -87,12 +74,18 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):  # type: ignore[override]
         if self.json_errors:
+            from prebake.engine.cli.outcome import Failure
+
             print(Failure(ExitCode.INVALID, "UsageError", f"{self.prog}: {message}").to_json())
         super().error(message)
 
 
-def build_parser(*, json_errors: bool = False) -> argparse.ArgumentParser:
-    """The whole `prebake` command line (docs/gen_reference.py walks it for docs/reference/cli.md)."""
+def build_parser(*, json_errors: bool = False, only: str | None = None) -> argparse.ArgumentParser:
+    """The whole `prebake` command line (docs/gen_reference.py walks it for docs/reference/cli.md);
+    `only`: the commands of that one module (a start's parser: its flags are the same)."""
+    from prebake import __version__
+    from prebake.engine.cli.common import LISTED, Formatter, verbosity_options
+
     LISTED.clear()
     Parser.json_errors = json_errors
     parser = Parser(
@@ -105,13 +98,21 @@ def build_parser(*, json_errors: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"prebake {__version__}")
     verbosity_options(parser)
     sub = parser.add_subparsers(required=True, metavar="COMMAND", prog="prebake", help=argparse.SUPPRESS)
-    for module in COMMAND_MODULES:
-        module.add(sub)
+    for name in (only,) if only else COMMAND_MODULES:
+        importlib.import_module(f"{__name__}.{name}").add(sub)
     parser.epilog = _grouped()
     return parser
 
 
+def _fast_module(words: Sequence[str]) -> str | None:
+    """The one command module a start's parser needs (the command is the first word that is no option)."""
+    command = next((w for w in words if not w.startswith("-")), None)
+    return FAST_COMMANDS.get(command) if command is not None else None
+
+
 def _grouped() -> str:
+    from prebake.engine.cli.common import GROUPS, LISTED
+
     width = max(len(c.name) for c in LISTED)
     lines = []
     for group in [*GROUPS, *sorted({c.group for c in LISTED} - set(GROUPS))]:
@@ -130,6 +131,9 @@ def _log_environment(verbosity: int) -> dict[str, str] | None:
 
 
 def _check_store(args: argparse.Namespace) -> None:
+    from prebake.artifacts.store.home import check_home
+    from prebake.artifacts.store.settings import default_home
+
     use = args.store_use(args) if callable(args.store_use) else args.store_use
     if use is not None:  # "serve": writes where it can, reads a read-only store (serve, fetch)
         check_home(default_home(), write=use in ("write", "serve"), read_only_ok=use == "serve")
