@@ -140,7 +140,7 @@ def main() -> None:
     for i in range(args.iterations):
         runs.append(bench.start("eager", variants[0], i))  # the floor compiles nothing: one per iteration
         if args.snapshot:
-            runs.append(bench.start("snapshot", variants[0], i))
+            runs += [bench.start(mode, variants[0], i) for mode in snapshot_mode.MODES]
         for variant in variants:
             if not (args.cold_from_bake and i == 0 and any(r.mode == "cold" and r.variant == variant for r in runs)):
                 runs.append(bench.start("cold", variant, i))
@@ -148,7 +148,7 @@ def main() -> None:
     for i in range(args.iterations, args.iterations + args.warm_iterations):  # more of the fast modes, interleaved
         runs.append(bench.start("eager", variants[0], i))
         if args.snapshot:
-            runs.append(bench.start("snapshot", variants[0], i))
+            runs += [bench.start(mode, variants[0], i) for mode in snapshot_mode.MODES]
         for variant in variants:
             runs.append(bench.start("prebaked", variant, i))
     summary = summarise(runs, variants)
@@ -311,9 +311,14 @@ class Bench:
             extra = ["--registry", str(empty)]
         else:
             extra = ["--registry", str(self.registry(variant))] + (["--eager"] if mode == "eager" else [])
-        if self.snapshot:  # the restore in its own mode only; it fails loudly there rather than fall back
-            extra += ["--snapshot", "require" if mode == "snapshot" else "never"]
-        run = self._serve(variant, mode, extra, tag=str(iteration), env=snapshot_mode.criu_env())
+        if self.snapshot:  # the restore in its own modes only; it fails loudly there rather than fall back
+            extra += ["--snapshot", "require" if mode in snapshot_mode.MODES else "never"]
+        home = None
+        if mode == snapshot_mode.STORED:  # one store kept across its starts, filled by an untimed first one
+            home = self.work / "snapshot-store"
+            if not home.exists():
+                self._serve(variant, mode, extra, tag="filling", env=snapshot_mode.criu_env(), home=home)
+        run = self._serve(variant, mode, extra, tag=str(iteration), env=snapshot_mode.criu_env(), home=home)
         if mode == "prebaked" and run.steps.get("compile", 0.0) > 0:
             sys.exit(
                 f"the prebaked start of {variant} #{iteration} compiled ({run.steps['compile']:.1f} s): the registry "
@@ -326,16 +331,28 @@ class Bench:
         )
         return run
 
-    def _serve(self, variant: str, mode: str, extra: list[str], tag: str = "", env: dict | None = None) -> Run:
+    def _serve(
+        self,
+        variant: str,
+        mode: str,
+        extra: list[str],
+        tag: str = "",
+        env: dict | None = None,
+        home: Path | None = None,
+    ) -> Run:
+        """One start, timed; `home`: its store (default: a new, empty one)."""
         run_dir = Path(tempfile.mkdtemp(prefix=f"{mode}-{tag}-", dir=self.work))
-        home, serve_log = run_dir / "home", run_dir / "serve.log"  # an empty store every time; its log beside it
+        serve_log = run_dir / "serve.log"  # its log beside its store
+        fresh = home is None
+        home = run_dir / "home" if home is None else home  # an empty store every time, unless given
         given = env or {}
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")}
         env.update(PREBAKE_HOME=str(home), PREBAKE_RECIPES=str(self.recipes(variant)), PREBAKE_TRUSTED_KEYS="")
         env.update(PREBAKE_DOWNLOADS=str(downloads_dir()))  # the machine's: a wheel is downloaded once
         (self.models_home / "models").mkdir(parents=True, exist_ok=True)
-        home.mkdir()
-        (home / "models").symlink_to(self.models_home / "models")  # weights made once (prepare_weights)
+        if fresh or not home.exists():
+            home.mkdir()
+            (home / "models").symlink_to(self.models_home / "models")  # weights made once (prepare_weights)
         env.update(given)
         log = serve_log.open("w+")
         cmd = [str(PREBAKE), "serve", "--model", self.model, "--precision", self.precision, "--port", "0", *extra]
@@ -353,7 +370,7 @@ class Bench:
                 self.answers.append((self.chat, _chat(port, self.chat)))
             metrics = _get(port, "/metrics")[1]
             steps, parts = _startup_steps(metrics), _warm_up_parts(metrics)
-            if mode == "snapshot":  # a restored process's metrics are its bake's start's
+            if mode in snapshot_mode.MODES:  # a restored process's metrics are its bake's start's
                 steps, parts = {}, {}
         finally:
             proc.send_signal(signal.SIGTERM)
@@ -373,8 +390,9 @@ def summarise(runs: list[Run], variants) -> dict:
 
     eager = [r for r in runs if r.mode == "eager"]
     out: dict = {"eager": _mode_summary(eager, stats)}
-    if restored := [r for r in runs if r.mode == "snapshot"]:
-        out["snapshot"] = _mode_summary(restored, stats)
+    for mode in snapshot_mode.MODES:
+        if restored := [r for r in runs if r.mode == mode]:
+            out[mode] = _mode_summary(restored, stats)
     for variant in variants:
         cold_runs = [r for r in runs if r.mode == "cold" and r.variant == variant]
         prebaked = _mode_summary([r for r in runs if r.mode == "prebaked" and r.variant == variant], stats)
@@ -442,8 +460,9 @@ def render(summary: dict, args, bakes: dict | None = None) -> str:
         )
 
     lines.append(row("eager (floor)", summary["eager"]))
-    if "snapshot" in summary:
-        lines.append(row("snapshot restore", summary["snapshot"]))
+    for mode, name in zip(snapshot_mode.MODES, ("snapshot restore", "snapshot, stored"), strict=True):
+        if mode in summary:
+            lines.append(row(name, summary[mode]))
     cold_label = "cold*" if args.cold_from_bake else "cold "
     for variant in (v for v in VARIANTS if v in summary):
         if "cold" in summary[variant]:
