@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from prebake.artifacts.store.settings import default_home
+
 SNAPSHOT_TABLE = "\n[snapshot]\nbake = true\n"
 STORED = "snapshot-stored"
 MODES = ("snapshot", STORED)
@@ -41,7 +43,9 @@ def bake(bin_dir: Path, repo: Path, recipes: Path, registry: Path, model: str, p
     env.update(PREBAKE_HOME=str(home / "home"), PREBAKE_RECIPES=str(recipes), PREBAKE_TRUSTED_KEYS="", **criu_env())
     print(f"baking {model} {precision}'s snapshot into {registry} ...", flush=True)
     started = time.perf_counter()
-    home.mkdir(parents=True, exist_ok=True)
+    (home / "home").mkdir(parents=True, exist_ok=True)
+    if not (home / "home" / "models").exists():  # the weights every start maps (a GGUF dequantized once)
+        (home / "home" / "models").symlink_to(default_home() / "models")
     done = subprocess.run(
         [str(bin_dir / "doit"), "run", "-f", str(repo / "dodo.py"), "--db-file", str(home / "doit.db"), "bake"]
         + [f"model={model}", f"precision={precision}", f"registry={registry}"],

@@ -133,3 +133,24 @@ def test_a_passing_criu_check_is_remembered_and_a_failing_one_is_not(tmp_path, m
     assert len(ran) == 2
     assert host._checked(criu, "6.19") is None  # another kernel: checked again
     assert len(ran) == 3
+
+
+def test_a_gguf_recipes_weights_are_its_dequantized_folder_recorded_never_carried(tmp_path, monkeypatch):
+    """SmolLM2's GGUF is served from its folder dequantized to the target's dtype: those files are
+    checked at a restore like any weights, and stay out of the bundle even under a temporary folder."""
+    from prebake.artifacts.recipe.schema import load_recipe
+    from prebake.engine.bundled.runtime.gguf_folder import gguf_folder_path
+    from prebake.engine.bundled.runtime.loader import torch_dtype
+    from prebake.engine.bundled.snapshot.image import carried_path
+    from prebake.engine.bundled.snapshot.kind import weights_files
+
+    monkeypatch.setenv("PREBAKE_HOME", str(tmp_path))
+    recipe = load_recipe("smollm2-135m")
+    folder = gguf_folder_path(recipe.model, torch_dtype("bf16"), tmp_path)
+    folder.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors"):
+        (folder / name).write_bytes(b"{}")
+    found = weights_files(recipe, "bf16")
+    assert found == [str(folder / "config.json"), str(folder / "model.safetensors")]
+    assert not carried_path(found[1], (str(folder),))
+    assert weights_files(recipe, "fp32") == []  # another dtype's folder, not written here

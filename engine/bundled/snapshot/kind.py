@@ -52,14 +52,15 @@ def _build(request: BuildRequest) -> None:
         )
     spec = {"model": plan.recipe.model.name, "precision": plan.target.dtype}  # the bake's store holds its inputs
     env = {**os.environ, "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")}
-    weights = lambda: weights_files(plan.recipe)  # noqa: E731 (asked once parked: its start may write a checkpoint)
+    weights = lambda: weights_files(plan.recipe, plan.target.dtype)  # noqa: E731 (asked once parked: its start may write one)
     info = dump(spec, request.out, able, env, lambda line: print(line, flush=True), digest_cache(), weights)
     info.write(request.out)
 
 
-def weights_files(recipe: Recipe) -> list[str]:
-    """Every file of the model's weights folder: recorded whether the process still maps them or
-    copied them into its memory, so an image whose weights changed since the bake is never restored."""
+def weights_files(recipe: Recipe, dtype: str) -> list[str]:
+    """Every file of the model's weights folder (a GGUF's: its folder dequantized to `dtype`):
+    recorded whether the process still maps them or copied them into its memory, so an image whose
+    weights changed since the bake is never restored; never carried, wherever they lie."""
     spec = recipe.model
     if spec.weights == RANDOM_WEIGHTS:
         return []  # made in memory from the seed: in the image, and in the key through the recipe
@@ -67,6 +68,11 @@ def weights_files(recipe: Recipe) -> list[str]:
         from prebake.engine.bundled.runtime.checkpoint import checkpoint_folder
 
         folder = checkpoint_folder(spec, default_home())
+    elif spec.gguf is not None:
+        from prebake.engine.bundled.runtime.gguf_folder import gguf_folder_path
+        from prebake.engine.bundled.runtime.loader import torch_dtype
+
+        folder = gguf_folder_path(spec, torch_dtype(dtype), default_home())
     else:
         folder = Path(spec.weights).expanduser()
     return sorted(str(p) for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
