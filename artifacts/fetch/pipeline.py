@@ -66,10 +66,9 @@ FETCH_TIMEOUT_S = 600.0  # how long the downloads (and write-back) may take
 
 @dataclass
 class Source:
-    """Where bundles come from: the registry's address, the trust policy in force for it (None: no
-    policy), and how the registry is opened: `open_registry(address, create=..., home=...)`, which is
-    prebake.registry.open_registry, handed in by the composition root (the core imports no backend).
-    The lookup opens it, inside its time box; later users (a second lookup, a write-back) get the same."""
+    """Where bundles come from: the registry's address, the trust policy in force for it (None: none),
+    and how the registry is opened: prebake.registry.open_registry, handed in by the composition root
+    (the core imports no backend). The lookup opens it in its time box; later users get the same one."""
 
     address: str
     trust: TrustCheck | None
@@ -83,6 +82,9 @@ class Source:
         if self.registry is None:
             self.registry = self.open_registry(self.address, create=self.create, home=self.home)
         return self.registry
+
+
+Stored = Mapping[str, "Installed | StoreRefused | None"]  # each kind's answer from the store
 
 
 class Detail(Protocol):
@@ -223,7 +225,9 @@ def lookup(
     if not isinstance(opened, Done):
         why = _fault(opened, f"registry {source.address}", "--registry-timeout", timeout)
         down = _unreachable(opened, source.address, why)
-        missed = {k: _hit_or(stored[k], Miss(plan.key(k), why, unreachable=down)) for k in wanted}
+        missed = {
+            k: v if isinstance(v := stored[k], Installed) else Miss(plan.key(k), why, unreachable=down) for k in wanted
+        }
         return Lookup(missed, None, False, refused, trust)
     found = _ask_for_the_rest(opened.value, plan, stored, deadline, source.address, timeout)
     answered = not any(isinstance(v, Miss) and v.unreachable for v in found.values())
@@ -231,12 +235,7 @@ def lookup(
 
 
 def _ask_for_the_rest(
-    registry: Registry,
-    plan: TargetKeys,
-    stored: Mapping[str, Installed | StoreRefused | None],
-    deadline: float,
-    address: str,
-    timeout: float,
+    registry: Registry, plan: TargetKeys, stored: Stored, deadline: float, address: str, timeout: float
 ) -> dict[str, Found]:
     """Each kind the store lacks, asked of `registry` by `deadline`. A registry that faults or runs out
     of time for one kind is not asked again: the remaining kinds miss with the same reason."""
@@ -265,10 +264,6 @@ def _ask_for_the_rest(
             fault, gone = why, _unreachable(asked, address, why)
         found[kind] = Miss(key, fault, unreachable=gone)
     return found
-
-
-def _hit_or(stored: Installed | StoreRefused | None, miss: Miss) -> Found:
-    return stored if isinstance(stored, Installed) else miss
 
 
 def verify(plan: TargetKeys, found: dict[str, Found], trust: TrustCheck | None) -> dict[str, Found]:
