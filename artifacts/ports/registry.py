@@ -9,8 +9,7 @@
     Buffered      a registry written out whole when finished (oci-layout:FILE.tar)
     OpenRegistry  how an address becomes a Registry (prebake.registry.open_registry, handed in)
 
-A new object store implements ObjectStore's six methods (ports/objects.py); StoreRegistry gives it
-the rest. The core owns the ports: registry/ depends on artifacts/, never the reverse.
+A new object store: ObjectStore's six methods (ports/objects.py), StoreRegistry the rest. registry/ imports artifacts/.
 """
 
 from __future__ import annotations
