@@ -119,8 +119,8 @@ class Context:
         """Where this command's bundles come from: its address, its trust policy, and its registry,
         opened by prebake.registry.open_registry on first use (the fetch pipeline's lookup, in its
         time box, or `registry`)."""
-        create = _creates(self.store, self.address, self.creating)
-        return Source(self.address, self.trust, open_registry, create, self.store.home, self.given_registry)
+        create, home = _creates(self.store, self.address, self.creating), self.store.home
+        return Source(self.address, self.trust, open_registry, create=create, home=home, registry=self.given_registry)
 
     @property
     def registry(self) -> Registry:
