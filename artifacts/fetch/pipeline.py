@@ -225,7 +225,7 @@ def lookup(
     if not isinstance(opened, Done):
         why = _fault(opened, f"registry {source.address}", "--registry-timeout", timeout)
         down = _unreachable(opened, source.address, why)
-        missed = {
+        missed: dict[str, Found] = {
             k: v if isinstance(v := stored[k], Installed) else Miss(plan.key(k), why, unreachable=down) for k in wanted
         }
         return Lookup(missed, None, False, refused, trust)
