@@ -116,14 +116,17 @@ class Context:
 
     @cached_property
     def source(self) -> Source:
-        """Where an engine's start looks its bundles up: this address, its registry, its trust policy."""
-        return Source(self.address, lambda: self.registry, self.trust)
+        """Where this command's bundles come from: its address, its trust policy, and its registry,
+        opened by prebake.registry.open_registry on first use (the fetch pipeline's lookup, in its
+        time box, or `registry`)."""
+        create, home = _creates(self.store, self.address, self.creating), self.store.home
+        return Source(self.address, self.trust, open_registry, create=create, home=home, registry=self.given_registry)
 
-    @cached_property
+    @property
     def registry(self) -> Registry:
         """The registry, opened on first use (UnknownRegistryError for an address prebake does not know,
         RegistryNotFound for a folder that is not there when this command only reads)."""
-        return self.given_registry or open_address(self.store, self.address, creating=self.creating)
+        return self.source.open()
 
     def plans(self, recipe: Recipe, *, dtype: str | None = None, tp: int | None = None) -> list[TargetKeys]:
         """Every target of `recipe` (narrowed to dtype/tp) this host can build, with its keys."""
@@ -254,7 +257,13 @@ def open_address(store: Store, registry: str | None = None, *, creating: bool = 
     registry is prebake's own folder and is created on first use; any other folder must exist
     unless the command writes (`creating`)."""
     address = registry_address(store, registry)
-    return open_registry(address, create=creating or address == str(store.default_registry), home=store.home)
+    return open_registry(address, create=_creates(store, address, creating), home=store.home)
+
+
+def _creates(store: Store, address: str, creating: bool) -> bool:
+    """Whether opening `address` creates a folder that is not there: the embedded registry (prebake's
+    own folder), or any folder a command that writes names."""
+    return creating or address == str(store.default_registry)
 
 
 def plans_for(recipe: Recipe, host: HostFacts, *, dtype: str | None = None, tp: int | None = None) -> list[TargetKeys]:

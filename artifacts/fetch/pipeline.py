@@ -1,7 +1,7 @@
 """The fetch pipeline: keys to installed trees or explained misses, written once (`resolve`):
 
-    lookup   each kind in the store, else the registry's index; the registry is opened here,
-             inside the lookup's time box (Source.open_registry), one deadline for it all
+    lookup   each kind in the store; the registry opened (Source.open: prebake.registry's
+             open_registry), then asked for the rest; one deadline, the lookup's time box, for it all
     verify   a registry entry carries the wanted key and passes the trust policy (gate.py); a
              mounted tree is checked file by file against it and used in place (mounted.py)
     bound    the store's bound can hold every kind at once, or StoreBoundError before anything goes
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -48,7 +48,7 @@ from prebake.artifacts.fetch.outcome import (
 from prebake.artifacts.fsutil import mib
 from prebake.artifacts.keys import Key
 from prebake.artifacts.ports.errors import RegistryNotFound, UnknownRegistryError, is_fault
-from prebake.artifacts.ports.registry import Chained, Registry, TrustCheck
+from prebake.artifacts.ports.registry import Chained, OpenRegistry, Registry, TrustCheck
 from prebake.artifacts.recipe.kinds import TargetKeys
 from prebake.artifacts.store.health import Damaged
 from prebake.artifacts.store.local import Installed, Store
@@ -64,14 +64,27 @@ REGISTRY_TIMEOUT_S = {"fetch": 30.0, "serve": 5.0}
 FETCH_TIMEOUT_S = 600.0  # how long the downloads (and write-back) may take
 
 
-@dataclass(frozen=True)
+@dataclass
 class Source:
-    """Where bundles come from: the registry's address, how to open it (called once, inside the
-    lookup's time box) and the trust policy in force for it (None: no policy)."""
+    """Where bundles come from: the registry's address, the trust policy in force for it (None: none),
+    and how the registry is opened: prebake.registry.open_registry, handed in by the composition root
+    (the core imports no backend). The lookup opens it in its time box; later users get the same one."""
 
     address: str
-    open_registry: Callable[[], Registry]
     trust: TrustCheck | None
+    open_registry: OpenRegistry
+    create: bool = False  # a folder that is not there is created (the embedded registry; a command that writes)
+    home: Path | None = None  # the store's folder, where a Hub registry keeps its listing summaries
+    registry: Registry | None = None  # once opened (or given: a test's double)
+
+    def open(self) -> Registry:
+        """The registry at `address`, opened by the first call and kept."""
+        if self.registry is None:
+            self.registry = self.open_registry(self.address, create=self.create, home=self.home)
+        return self.registry
+
+
+Stored = Mapping[str, "Installed | StoreRefused | None"]  # each kind's answer from the store
 
 
 class Detail(Protocol):
@@ -192,40 +205,46 @@ def lookup(
     timeout: float,
     hold: ExitStack | None = None,
 ) -> Lookup:
-    """Each kind: Installed (store hit, held on `hold`), Manifest (registry entry, unverified) or Miss.
+    """Each kind: Installed (store hit, held on `hold`), Manifest (registry entry, unverified) or Miss:
+    the store asked first, then the registry opened (`source.open`), then asked for the rest.
 
     One deadline covers opening the registry and every lookup, and the trust policy's own reads
     (its revocation list, attestations): `Lookup.trust` is the policy bound to that deadline, for
-    the verify step, so no read of it extends the box. A registry that faults or runs
-    out of time for one key is not asked again: the remaining kinds miss with the same reason.
-    An address prebake does not understand, or cannot open without an extra, is bad input and raises.
+    the verify step, so no read of it extends the box. A registry that cannot be opened in time
+    misses every kind the store lacks. An address prebake does not understand, or cannot open
+    without an extra, is bad input and raises.
     """
     deadline = time.monotonic() + timeout
     trust = bounded(source.trust, deadline)
-    address = source.address
     wanted = list(kinds)
     stored = {k: _from_store(store, plan.key(k), trust, hold) for k in wanted}
     refused = {k: v for k, v in stored.items() if isinstance(v, StoreRefused)}
-    opened = within(timeout, source.open_registry, name="prebake-open-registry")  # the registry, opened here
+    opened = within(timeout, source.open, name="prebake-open-registry")  # the registry, opened here
     if isinstance(opened, Raised) and isinstance(opened.error, _BAD_ADDRESS):
         raise opened.error
     if not isinstance(opened, Done):
-        why = _fault(opened, f"registry {address}", "--registry-timeout", timeout)
-        down = _unreachable(opened, address, why)
-        return Lookup(
-            {k: _hit_or(stored[k], Miss(plan.key(k), why, unreachable=down)) for k in wanted},
-            None,
-            False,
-            refused,
-            trust,
-        )
-    registry = opened.value
+        why = _fault(opened, f"registry {source.address}", "--registry-timeout", timeout)
+        down = _unreachable(opened, source.address, why)
+        missed: dict[str, Found] = {
+            k: v if isinstance(v := stored[k], Installed) else Miss(plan.key(k), why, unreachable=down) for k in wanted
+        }
+        return Lookup(missed, None, False, refused, trust)
+    found = _ask_for_the_rest(opened.value, plan, stored, deadline, source.address, timeout)
+    answered = not any(isinstance(v, Miss) and v.unreachable for v in found.values())
+    return Lookup(found, opened.value, answered, refused, trust)
+
+
+def _ask_for_the_rest(
+    registry: Registry, plan: TargetKeys, stored: Stored, deadline: float, address: str, timeout: float
+) -> dict[str, Found]:
+    """Each kind the store lacks, asked of `registry` by `deadline`. A registry that faults or runs out
+    of time for one kind is not asked again: the remaining kinds miss with the same reason."""
     found: dict[str, Found] = {}
     fault: str | None = None
     gone: Unreachable | None = None
-    for kind in wanted:
+    for kind, hit in stored.items():
         key = plan.key(kind)
-        if isinstance(hit := stored[kind], Installed):
+        if isinstance(hit, Installed):
             found[kind] = hit
             continue
         if fault is None:  # nothing usable in the store: ask the registry, never the store again
@@ -244,12 +263,7 @@ def lookup(
                 continue  # have the next kind, and the chain skips the down ones at no cost
             fault, gone = why, _unreachable(asked, address, why)
         found[kind] = Miss(key, fault, unreachable=gone)
-    answered = fault is None and not any(isinstance(v, Miss) and v.unreachable for v in found.values())
-    return Lookup(found, registry, answered, refused, trust)
-
-
-def _hit_or(stored: Installed | StoreRefused | None, miss: Miss) -> Found:
-    return stored if isinstance(stored, Installed) else miss
+    return found
 
 
 def verify(plan: TargetKeys, found: dict[str, Found], trust: TrustCheck | None) -> dict[str, Found]:

@@ -7,9 +7,9 @@
     Chained       the optional ability to share a caller's time box among members (prebake.registry.chain)
     SideFiles     the optional ability to keep small files beside a blob and about the registry itself
     Buffered      a registry written out whole when finished (oci-layout:FILE.tar)
+    OpenRegistry  how an address becomes a Registry (prebake.registry.open_registry, handed in)
 
-A new object store implements ObjectStore's six methods (ports/objects.py); StoreRegistry gives it
-the rest. The core owns the ports: registry/ depends on artifacts/, never the reverse.
+A new object store: ObjectStore's six methods (ports/objects.py), StoreRegistry the rest. registry/ imports artifacts/.
 """
 
 from __future__ import annotations
@@ -108,6 +108,14 @@ class Chained(Protocol):
 
 # Checks a manifest before anything of it is installed; returns why it is refused, or None.
 TrustCheck = Callable[[Manifest], "str | None"]
+
+
+class OpenRegistry(Protocol):
+    """How an address becomes a Registry: prebake.registry.open_registry, which the composition root
+    (engine/compose.py) hands to the fetch pipeline's Source, since the core imports no backend."""
+
+    def __call__(self, address: str, *, create: bool, home: Path | None) -> Registry: ...
+
 
 MAX_SIDE_FILE_BYTES = 1 << 20  # an attestation is a few KiB; anything past this is not one
 

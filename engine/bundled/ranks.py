@@ -21,8 +21,12 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prebake.engine.common.ports import loopback_port
+
+if TYPE_CHECKING:
+    from prebake.artifacts.recipe.kinds import TargetKeys
 
 RANK_ENV = "PREBAKE_TP_RANK"
 RANK_DIED = 70  # the server's exit status when a rank ended it (sysexits' EX_SOFTWARE)
@@ -56,6 +60,22 @@ class RankContext:
                 f"{RANK_ENV}={text!r} is not rank,world,port,listen_fd,notice_fd; it is set by "
                 f"`prebake serve --tp N` for its ranks, never by hand: unset it"
             ) from None
+
+
+def check_ranks(plan: TargetKeys, eager: bool, rank: RankContext | None) -> None:
+    """A tp=N target runs on N ranks (`prebake serve --tp N`), in a variant that serves at tp N;
+    else UsageError saying how to serve it."""
+    from prebake.artifacts.errors import UsageError
+    from prebake.engine.bundled.variants import variant_of
+
+    world = 1 if rank is None else rank.world
+    if plan.target.tp != world:
+        raise UsageError(
+            f"{plan.target.name} is a tp {plan.target.tp} target and this process is {world} rank(s); "
+            f"serve it with `prebake serve --tp {plan.target.tp}`"
+        )
+    if not eager and (why := variant_of(plan.recipe).refuses(plan.target)):
+        raise UsageError(f"{plan.target.name}: {why}")
 
 
 def supervise(world: int, sock: socket.socket, emit: Callable[[str], None]) -> int:

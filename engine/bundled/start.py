@@ -24,25 +24,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prebake.artifacts.buckets.artifact import BucketSet
-from prebake.artifacts.errors import UsageError
-from prebake.artifacts.fetch import pipeline
-from prebake.artifacts.fetch.outcome import Resolution
 from prebake.artifacts.recipe.kinds import Builder, BuildRequest, TargetKeys
 from prebake.artifacts.recipe.schema import Recipe
 from prebake.artifacts.store.local import Store
 from prebake.artifacts.store.stats import record_fallback
 from prebake.engine.bundled import cache_layout
 from prebake.engine.bundled.cache_layout import FALLBACK_KIND
-from prebake.engine.bundled.ranks import RankContext
+from prebake.engine.bundled.ranks import RankContext, check_ranks
 from prebake.engine.bundled.runtime import openmp
 from prebake.engine.bundled.runtime.metrics import Metrics
 from prebake.engine.bundled.runtime.shapes import StepShape
 from prebake.engine.bundled.runtime.torch_import import Imports
 from prebake.engine.bundled.variants import variant_of
-from prebake.engine.bundled.warm_up import GraphsTree, WarmUp, read_schedule
+from prebake.engine.bundled.warm_up import GraphsTree, WarmUp, begin_imports, read_schedule
 from prebake.engine.common import starter
 from prebake.engine.common.adapter import OpenServices, Services, StartRequest
-from prebake.engine.common.write_back import WrittenBack, write_back
+from prebake.engine.common.write_back import WrittenBack, answers_now, write_back
 
 if TYPE_CHECKING:  # torch is imported once the environment is set (install step), not before
     from prebake.engine.bundled.runtime.parallel import Parallel
@@ -151,20 +148,6 @@ def _short_switch_interval():
         sys.setswitchinterval(previous)
 
 
-def _begin_imports(eager: bool, recipe: Recipe, run_dir: Path) -> Imports:
-    """torch's imports on a thread; Inductor's too for a compiled start whose variant needs it, under
-    the cache folder the install step will activate (set here, before any of Inductor is imported).
-    A variant that needs none (aoti-package: torch's C++ loader) imports torch alone; a fallback to
-    one that does imports Inductor then. OpenMP's waits are chosen first: libgomp reads them as torch loads it."""
-    openmp.choose_waits()
-    if eager or "torch._inductor.codecache" in sys.modules:
-        return Imports.begin()
-    from prebake.engine.bundled.runtime.inductor_init import INDUCTOR_MODULES  # names only: torch is imported lazily
-
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_layout.inductor_cache_dir(run_dir))
-    return Imports.begin(INDUCTOR_MODULES if variant_of(recipe).needs_inductor else ())
-
-
 @dataclass
 class _InProcess:
     """The bundled engine's runner (prebake.engine.common.starter.Runner): once the shared starter
@@ -182,7 +165,7 @@ class _InProcess:
         kinds = tuple(k for k in plan.kinds.names if not (self.eager and k == FALLBACK_KIND) and k not in _RESTORED)
         run_dir = services.store.scratch(f"serve-{os.getpid()}-{next(_runs)}")
         self.leases.callback(cache_layout.private_temp(run_dir))  # undone as the engine closes
-        self.torch_import = _begin_imports(self.eager, plan.recipe, run_dir)  # beside the lookup, fetch and load
+        self.torch_import = begin_imports(self.eager, plan.recipe, run_dir)  # beside the lookup, fetch and load
 
         def abandon() -> None:
             self.leases.close()
@@ -193,8 +176,8 @@ class _InProcess:
     def run(self, started: starter.Started) -> Engine:
         """build -> torch -> install -> load -> warm-up, else compile -> write-back: one call each."""
         plan, log, resolution = started.plan, self.log, started.resolution
-        _check_ranks(plan, self.eager, self.rank)
-        _count(log.metrics, resolution)
+        check_ranks(plan, self.eager, self.rank)
+        _count(log.metrics, started)
         trees = _build(started, log)  # the kinds that missed, by the bake's builders (not the graphs)
         built = [m.key.kind for m in resolution.misses]
         parallel = self._torch()
@@ -246,10 +229,8 @@ class _InProcess:
             else:
                 s.detail = f"{len(schedule)} step shapes, graphs ({first.name}) in {warm.tree.writable()}"
             if not self.eager and first.needs_inductor:
-                from prebake.engine.bundled.runtime.inductor_init import InductorInit
-
                 assert self.torch_import is not None
-                warm.init = InductorInit.start(self.torch_import)
+                warm.begin_inductor(self.torch_import)
         return buckets, schedule
 
     def _warm_up(self, warm: WarmUp, recipe: Recipe, model, cache, schedule, parallel) -> CompiledSteps | None:
@@ -322,26 +303,10 @@ def _compile(warm: WarmUp, recipe: Recipe, model, cache, schedule: dict, log: St
     return steps
 
 
-def _answers_now(started: starter.Started, built: list[str]) -> bool:
-    """Whether the registry answers now, asked again within the start's registry time box.
-
-    A lookup that ran out of its time box at start-up need not mean the registry is down: it runs
-    beside the import thread (torch's and Inductor's imports, long stretches under the GIL), so on a
-    loaded host a local folder took 16.9 s to be asked (docs/serving.md). Asked again after the
-    compile, with nothing else running in the process, a registry that answers gets the write-back."""
-    services, request = started.services, started.request
-    with ExitStack() as hold:
-        box = request.registry_timeout
-        looked = pipeline.lookup(
-            started.plan, built[:1], store=services.store, source=services.source, timeout=box, hold=hold
-        )
-    return looked.registry is not None and looked.answered
-
-
-def _count(metrics: Metrics, resolution: Resolution) -> None:
-    for kind, source in resolution.sources.items():
+def _count(metrics: Metrics, started: starter.Started) -> None:
+    for kind, source in started.resolution.sources.items():
         metrics.add("prebake_bundle_hits_total", kind=kind, source=source)
-    for miss in resolution.misses:
+    for miss in started.misses:
         metrics.add("prebake_bundle_misses_total", kind=miss.key.kind)
 
 
@@ -351,18 +316,6 @@ def _build_in_place(plan: TargetKeys, kind: str, trees: dict[str, Path], run_dir
     declared = plan.kinds[kind]
     declared.build(BuildRequest(plan, kind, out, {k: trees[k] for k in declared.upstream}))
     return out
-
-
-def _check_ranks(plan: TargetKeys, eager: bool, rank: RankContext | None) -> None:
-    """A tp=N target runs on N ranks (`prebake serve --tp N`), in a variant that serves at tp N."""
-    world = 1 if rank is None else rank.world
-    if plan.target.tp != world:
-        raise UsageError(
-            f"{plan.target.name} is a tp {plan.target.tp} target and this process is {world} rank(s); "
-            f"serve it with `prebake serve --tp {plan.target.tp}`"
-        )
-    if not eager and (why := variant_of(plan.recipe).refuses(plan.target)):
-        raise UsageError(f"{plan.target.name}: {why}")
 
 
 def _write_back(started: starter.Started, built: list[str], trees: dict[str, Path], log: StartupPhaseLog) -> None:
@@ -378,7 +331,8 @@ def _write_back(started: starter.Started, built: list[str], trees: dict[str, Pat
             )
 
     with log.step("write-back") as s:
-        if not started.resolution.answered and not _answers_now(started, built):
+        box = started.request.registry_timeout
+        if not started.resolution.answered and not answers_now(started.plan, built[:1], started.services, box):
             address = started.services.source.address
             s.detail = (
                 f"skipped: registry {address} did not answer at start-up, nor after the compile; "

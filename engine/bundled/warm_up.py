@@ -11,6 +11,8 @@ Each part of the warm-up is logged and exported (prebake_startup_part_seconds).
 from __future__ import annotations
 
 import json
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,9 +24,11 @@ from prebake.artifacts.recipe.schema import Recipe, Target
 from prebake.artifacts.store.local import Installed, Store
 from prebake.artifacts.store.stats import record_variant_fallback
 from prebake.engine.bundled import cache_layout
+from prebake.engine.bundled.runtime import openmp
 from prebake.engine.bundled.runtime.metrics import Metrics
 from prebake.engine.bundled.runtime.shapes import step_shapes
-from prebake.engine.bundled.variants import chain, variant
+from prebake.engine.bundled.runtime.torch_import import Imports
+from prebake.engine.bundled.variants import chain, variant, variant_of
 from prebake.engine.bundled.variants.base import GraphsVariant, Loaded, LoadJob, NotLoaded
 
 if TYPE_CHECKING:  # torch is imported once the environment is set
@@ -141,6 +145,12 @@ class WarmUp:
             self.log.metrics.set("prebake_startup_part_seconds", round(took, 6), part=part)
         self.log.note("warm-up by part: " + ", ".join(f"{p} {t:.2f} s" for p, t in self.parts.items()))
 
+    def begin_inductor(self, torch_import: Imports) -> None:
+        """Inductor's init begun on a thread (at install, beside the weights' load): the first variant needs it."""
+        from prebake.engine.bundled.runtime.inductor_init import InductorInit
+
+        self.init = InductorInit.start(torch_import)
+
     def _inductor(self) -> None:
         """Inductor's once-per-process init: joined where begun at install, else run now."""
         if self._inductor_ready:
@@ -157,6 +167,20 @@ class WarmUp:
         self.log.metrics.add("prebake_variant_fallbacks_total", variant=current.name)
         if self.store is not None:
             record_variant_fallback(self.store, "graphs", current.name, after or "compile in place", reason)
+
+
+def begin_imports(eager: bool, recipe: Recipe, run_dir: Path) -> Imports:
+    """torch's imports on a thread; Inductor's too for a compiled start whose variant needs it, under
+    the cache folder the install step will activate (set here, before any of Inductor is imported).
+    A variant that needs none (aoti-package: torch's C++ loader) imports torch alone; a fallback to
+    one that does imports Inductor then. OpenMP's waits are chosen first: libgomp reads them as torch loads it."""
+    openmp.choose_waits()
+    if eager or "torch._inductor.codecache" in sys.modules:
+        return Imports.begin()
+    from prebake.engine.bundled.runtime.inductor_init import INDUCTOR_MODULES  # names only: torch is imported lazily
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_layout.inductor_cache_dir(run_dir))
+    return Imports.begin(INDUCTOR_MODULES if variant_of(recipe).needs_inductor else ())
 
 
 def read_schedule(trees: dict[str, Path], max_model_len: int) -> tuple[BucketSet, dict[StepShape, Tactic]]:

@@ -13,11 +13,13 @@ kind's tree is captured (`builds`); the bake itself is prebake.artifacts.bake.ba
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 from prebake.artifacts.bake.bake_kind import Baked, bake_kind
 from prebake.artifacts.errors import BuildError
+from prebake.artifacts.fetch import pipeline
 from prebake.artifacts.recipe.kinds import Builder, TargetKeys
 from prebake.artifacts.store.local import Installed
 from prebake.artifacts.timebox import Done, Raised, within
@@ -82,3 +84,14 @@ def write_back(
         report(result)
         results.append(result)
     return results
+
+
+def answers_now(plan: TargetKeys, kinds: Sequence[str], services: Services, timeout: float) -> bool:
+    """Whether the registry answers now, asked again for `kinds` within `timeout` (the start's
+    registry time box): a lookup that ran out of its time box at start-up need not mean the registry
+    is down (it ran beside torch's imports, long stretches under the GIL: on a loaded host a local
+    folder took 16.9 s to be asked, docs/serving.md); asked again once the engine compiled, with
+    nothing else running, a registry that answers gets the write-back."""
+    with ExitStack() as hold:
+        looked = pipeline.lookup(plan, kinds, store=services.store, source=services.source, timeout=timeout, hold=hold)
+    return looked.registry is not None and looked.answered

@@ -161,14 +161,14 @@ def _policy(keys) -> TrustPolicy:
 def test_lookup_never_asks_the_store_twice_a_refused_hit_goes_to_the_registry(tmp_path, registries, keys):
     plan, unsigned_registry, signed_registry, _u, signed = registries
     store = Store(tmp_path / "node")
-    assert resolve(plan, store=store, source=Source("u", lambda: open_registry(str(unsigned_registry)),
-                   None)).complete  # fmt: skip
+    assert resolve(plan, store=store, source=Source(str(unsigned_registry), None, open_registry)).complete
     trust = _policy(keys).check
-    looked = lookup(plan, plan.kinds.names, store=store,
-                    source=Source("u", lambda: open_registry(str(unsigned_registry)), trust), timeout=10)  # fmt: skip
+    looked = lookup(
+        plan, plan.kinds.names, store=store, source=Source(str(unsigned_registry), trust, open_registry), timeout=10
+    )
     assert set(looked.store_refused) == set(plan.kinds.names)
     assert not any(isinstance(v, Installed) for v in looked.found.values())  # the bug: the old code used these
-    got = resolve(plan, store=store, source=Source("s", lambda: open_registry(str(signed_registry)), trust))
+    got = resolve(plan, store=store, source=Source(str(signed_registry), trust, open_registry))
     assert got.complete and {k: i.manifest.blob for k, i in got.installed.items()} == {
         k: m.blob for k, m in signed.items()
     }
@@ -178,7 +178,7 @@ def test_lookup_never_asks_the_store_twice_a_refused_hit_goes_to_the_registry(tm
 def test_policy_refuses_is_a_signature_check_not_a_rehash(tmp_path, registries, keys):
     plan, unsigned_registry, _s, _u, _signed = registries
     store = Store(tmp_path / "node")
-    resolve(plan, store=store, source=Source("u", lambda: open_registry(str(unsigned_registry)), None))
+    resolve(plan, store=store, source=Source(str(unsigned_registry), None, open_registry))
     hit = store.lookup("buckets", plan.key("buckets").digest)
     assert hit is not None
     for path in hit.tree.rglob("*"):  # the tree's own check is at install; the policy reads the manifest only

@@ -84,7 +84,7 @@ def test_a_kind_declared_in_a_test_bakes_publishes_fetches_and_installs(tmp_path
 
     consumer = Store(tmp_path / "consumer-home")
     target_plan = baker.plans(load_recipe("tiny-llama"), dtype="fp32")[0]
-    got = resolve(target_plan, store=consumer, source=Source(str(registry_dir), lambda: registry, None))
+    got = resolve(target_plan, store=consumer, source=Source(str(registry_dir), None, open_registry))
     assert got.complete and set(got.installed) == {"buckets", "toy"}
     env = prebake_environment(target_plan.kinds, got.installed)
     summary = json.loads(Path(env["TOY_SUMMARY_FILE"]).read_text())

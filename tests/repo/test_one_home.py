@@ -238,3 +238,25 @@ def test_the_sequence_check_sees_the_steps_called_in_order():
     assert [hit.split(" ", 1)[1] for hit in _steps_sequenced(module, source)] == [
         "mine calls ['install', 'lookup', 'verify']"
     ]
+
+
+def test_the_registry_a_fetch_opens_is_opened_by_open_registry_itself():
+    """issue 49, item 1: the lookup opens its registry with Source.open, which calls the opener the
+    Source was given; in the package that opener is prebake.registry.open_registry itself, never a
+    closure over another (the four-closure chain Context.source -> Context.registry -> open_address
+    -> open_registry is what a reader could not follow)."""
+    sources, found = [], []
+    for path in _python_files(*FOLDERS):
+        for call in (n for n in ast.walk(ast.parse(path.read_text(), str(path))) if isinstance(n, ast.Call)):
+            if not (isinstance(call.func, ast.Name) and call.func.id == "Source"):
+                continue
+            given = {k.arg: k.value for k in call.keywords} | dict(
+                zip(("address", "trust", "open_registry"), call.args)
+            )
+            opener = given.get("open_registry")
+            where = f"{path.relative_to(REPO)}:{call.lineno}"
+            sources.append(where)
+            if not (isinstance(opener, ast.Name) and opener.id == "open_registry"):
+                found.append(f"{where} opens its registry with {ast.unparse(opener) if opener else 'nothing'}")
+    assert sources, "no Source is made in the package: the check reads the wrong name"
+    assert not found, "hand Source prebake.registry.open_registry itself:\n" + "\n".join(found)

@@ -63,3 +63,31 @@ def test_a_gpu_package_is_refused_on_another_compute_capability_and_needs_no_cpu
     assert aoti.platform_problem(recorded, device="cuda", flags=frozenset(), capability="90") is None
     problem = aoti.platform_problem(recorded, device="cuda", flags=frozenset(), capability="80")
     assert problem == "its kernels were built for compute capability 90 and this GPU's is 80"
+
+
+def test_a_model_the_archive_lacks_is_refused_before_torchs_loader_leaves_a_folder(tmp_path, monkeypatch):
+    """issue 49 item 8: torch's loader makes TMPDIR/aotinductor_XXXXXX first and removes it only in its
+    destructor, which a model it refuses never reaches; the archive is read first, so none is made."""
+    import hashlib
+    import json
+    import zipfile
+
+    from prebake.artifacts.recipe.schema import load_recipe
+    from prebake.engine.bundled.build import model_and_cache
+    from prebake.engine.bundled.runtime.shapes import StepShape
+
+    folder = tmp_path / "tree" / aoti.AOTI_DIR
+    folder.mkdir(parents=True)
+    with zipfile.ZipFile(folder / aoti.PACKAGE, "w") as archive:  # another model's files only
+        archive.writestr("steps/data/aotinductor/prefill-b1-t16-c16/x.wrapper.so", b"\x7fELF")
+        archive.writestr("steps/archive_format", "pt2")
+    shape = StepShape("decode", 1, 1, 16)
+    digest = hashlib.sha256((folder / aoti.PACKAGE).read_bytes()).hexdigest()
+    recorded = _recorded(cpu_isa="", models=(shape.name,), sha256=digest)
+    (folder / aoti.PACKAGE_FILE).write_text(json.dumps(recorded.model_dump(mode="json")))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "systemp"))
+    (tmp_path / "systemp").mkdir()
+    model, cache = model_and_cache(load_recipe("tiny-llama"), "fp32")
+    with pytest.raises(aoti.PackageDoesNotLoad, match=f"its archive holds no model for {shape.name}"):
+        aoti.load_package(model, cache, [shape], tmp_path / "tree")
+    assert list((tmp_path / "systemp").iterdir()) == []

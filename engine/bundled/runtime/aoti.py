@@ -19,6 +19,7 @@ import json
 import shutil
 import subprocess
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -312,6 +313,13 @@ def load_package(
             f"the AOTInductor package does not load here: {AOTI_DIR}/{PACKAGE} is damaged (sha256 {found[:12]}, "
             f"baked as {recorded.sha256[:12]}); rebake graphs"
         )
+    # torch's loader makes its extraction folder (TMPDIR/aotinductor_XXXXXX) first and removes it only
+    # in its destructor, which a refused model never reaches: a model the archive lacks is named here.
+    if absent := sorted({s.name for s in shapes} - _models_in(folder / PACKAGE)):
+        raise PackageDoesNotLoad(
+            f"the AOTInductor package does not load here: its archive holds no model for {', '.join(absent)} "
+            f"though {PACKAGE_FILE} lists it; rebake graphs"
+        )
     tensors = {_PREFIX + name: t for name, t in (*model.named_parameters(), *model.named_buffers())}
     runners = {}
     for shape in shapes:
@@ -337,6 +345,18 @@ def load_package(
     steps = PackageSteps(model, cache, runners)
     steps.source = (folder / PACKAGE, found)
     return steps
+
+
+def _models_in(package: Path) -> frozenset[str]:
+    """The models whose shared object the package's archive holds (<name>/data/aotinductor/<model>/*.so)."""
+    try:
+        with zipfile.ZipFile(package) as archive:
+            names = archive.namelist()
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise PackageDoesNotLoad(f"the AOTInductor package does not load here: {_first_line(exc)}") from exc
+    return frozenset(
+        p[-2] for p in (n.split("/") for n in names) if len(p) > 2 and p[-3] == "aotinductor" and p[-1].endswith(".so")
+    )
 
 
 def _first_line(exc: BaseException) -> str:
