@@ -1,22 +1,14 @@
-"""Decode's matrix products as Inductor reductions: a decode step's linears multiply one row (a
-sequence's one new token) by a weight, a matrix-vector product that reads every weight once and
-does almost no arithmetic; Inductor hands each to torch's mm (an extern kernel: MKL), a parallel
-region of its own beside the generated kernels around it. This post-grad pass rewrites every CPU
-`mm`/`addmm` whose left side has at most MAX_ROWS rows as `sum(x[:, :, None] * w[None], -2)`, which
-Inductor generates as a vectorized reduction fused with the kernels around it: the RMSNorm before,
-the SiLU-and-multiply and the residual add after (torch's own `decompose_mm_pass` does the same, but
-reads its size limits once, at import, and skips the output projection's 49,152 columns).
+"""Decode's one-row matrix products compiled as Inductor reductions, not torch's mm: a post-grad pass
+(Inductor's `post_grad_custom_post_pass`) rewrites every CPU `mm`/`addmm` whose left side has at most
+MAX_ROWS rows as `sum(x[:, :, None] * w[None], -2)`, which Inductor generates as a vectorized
+reduction fused with the kernels around it (RMSNorm before, SiLU-multiply and residual after), where
+torch's mm was an extern MKL call and a parallel region of its own (in bf16 on AMD CPUs, MKL's
+generic path). Prefill's and batched decode's products keep torch's mm. Why and measured:
+docs/performance.md, "Decode: where a token's time goes".
 
-Measured on SmolLM2-135M's widths (benchmarks/decode.py; docs/performance.md): in bf16, MKL's
-matrix-vector product took its generic code path on this AMD CPU (`mkl_blas_def_xgemv_bf16bf16f32`)
-at a fifth of fp32's bytes a second; and each of a layer's seven products was a parallel region of
-its own whose fork and join outweighed its work. Prefill's products (16 rows and up) and batched
-decode's keep torch's mm, as before.
-
-The pass joins Inductor's cache key through its uuid and the graphs key as KEY
-(`adapter._graphs_groups`, "decode_matmuls"); an FP8 model's graphs never take it (runtime/fp8_linear
-owns their products). This module imports torch only when a bake asks for the pass: the adapter,
-which keys targets without torch, reads KEY.
+Its version joins Inductor's cache key (the pass's uuid) and the graphs key (KEY, read by the
+adapter without torch: this module imports torch only where a bake asks for the pass). An FP8
+model's graphs never take it (runtime/fp8_linear owns their products).
 """
 
 from __future__ import annotations
