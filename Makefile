@@ -4,7 +4,7 @@ VENV    ?= .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test test-fast check bench docs vllm-check peers gpu-wheelhouse gpu-check clean
+.PHONY: demo test test-fast check bench docs vllm-check peers decode gpu-wheelhouse gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -99,6 +99,13 @@ vllm-check: $(VLLM_STAMP)
 ## interleaved, at one and two sequences; the table, ratios and docs/images/peers.png (niced: a long run)
 peers: $(STAMP) $(VLLM_STAMP)
 	nice -n 19 $(BIN)/python benchmarks/peers.py --vllm-python $(VLLM_BIN)/python --chart docs/images/peers.png
+
+## decode: time per decoded token of SmolLM2-135M's widths, the decode products as Inductor reductions
+## against torch's mm, fp32 and bf16 (four packages of one shape: minutes), beside llama.cpp's llama-bench
+## at the same bytes per weight where `make peers` built it (niced)
+LLAMA_BENCH ?= $(firstword $(wildcard $(HOME)/.cache/prebake/peers/build-*/bin/llama-bench))
+decode: $(STAMP)
+	nice -n 19 $(BIN)/python benchmarks/decode.py $(if $(LLAMA_BENCH),--llama-bench $(LLAMA_BENCH))
 
 # The GPU check (benchmarks/gpu_check.py) runs on an NVIDIA host with torch and CUDA preinstalled and
 # no network: the wheels of prebake and its runtime dependencies travel with the checkout.

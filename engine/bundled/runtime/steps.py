@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from prebake.engine.bundled.runtime.fp8_linear import is_fp8
+from prebake.engine.bundled.runtime.gemv import decode_matmuls
 from prebake.engine.bundled.runtime.model import KVCache, Llama
 from prebake.engine.bundled.runtime.shapes import StepShape
 from prebake.engine.common.logs import Countdown
@@ -45,6 +47,14 @@ def threads_at_run_time() -> None:
     inductor_config.cpp.dynamic_threads = True
 
 
+def decode_products_as_reductions(model: Llama) -> None:
+    """Compile one-row matrix products as Inductor reductions (runtime.gemv), as the aoti-package
+    variant's bake does (aoti.package_options); an FP8 model's products stay as they are."""
+    import torch._inductor.config as inductor_config
+
+    inductor_config.post_grad_custom_post_pass = None if is_fp8(model) else decode_matmuls()
+
+
 class CompiledSteps:
     """torch.compile'd prefill/decode of one model, dispatching per step shape."""
 
@@ -57,6 +67,7 @@ class CompiledSteps:
         self.device = cache.keys[0].device
         if compile:
             threads_at_run_time()  # the builder and the engine alike: the same cache keys
+            decode_products_as_reductions(model)
             # Every bucket is one static graph: allow one recompilation per shape, never fall back to eager.
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, expected_shapes + 8)
             torch._dynamo.config.accumulated_recompile_limit = max(
