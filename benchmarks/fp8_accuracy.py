@@ -109,8 +109,9 @@ def hf_folder(work: Path) -> Path:
 
 
 def compressed_tensors_checkpoint(folder: Path, work: Path) -> Path:
-    """An FP8_DYNAMIC checkpoint of `folder` by compressed-tensors (its scale maths, its compressor), once."""
-    out = work / "smollm2-135m-fp8-dynamic"
+    """An FP8_DYNAMIC checkpoint of `folder` by compressed-tensors (its scale maths, its compressor), once;
+    named after `folder` (its digest), so a new bf16 folder never meets an FP8 checkpoint of an old one."""
+    out = work / f"{folder.name}-fp8-dynamic"
     if (out / "config.json").is_file():
         return out
     import torch
