@@ -266,6 +266,7 @@ class Bench:
             folder.mkdir(parents=True)
             source = _with_variant(_recipe_path(self.model).read_text(), variant)
             source = snapshot_mode.with_snapshot(source) if self.snapshot else source
+            source = _with_dtype(source, self.precision)
             if self.max_model_len:
                 source = _with_one_sequence(source, self.max_model_len)
             (folder / f"{self.model}.toml").write_text(source if self.tp == 1 else tp_bakes.with_tp(source, self.tp))
@@ -559,6 +560,18 @@ def _with_one_sequence(toml: str, tokens: int) -> str:
     for name, value in (("max_model_len", tokens), ("max_num_batched_tokens", tokens), ("max_num_seqs", 1)):
         toml = re.sub(rf"^{name}\s*=.*$", f"{name} = {value}", toml, flags=re.M)
     return toml
+
+
+def _with_dtype(toml: str, dtype: str) -> str:
+    """The recipe text with `dtype` in every `dtype = [...]` list ([matrix], [platforms.*]) that lacks it:
+    --precision fp8 on a recipe that ships bf16 only (smollm2-135m, llama3.2-1b) measures its fp8 target
+    without changing the shipped recipe (whose bf16 and fp32 keys stay as they are)."""
+
+    def add(match: re.Match) -> str:
+        names = re.findall(r'"([^"]+)"', match[1])
+        return match[0] if dtype in names else f"dtype = {json.dumps([*names, dtype])}"  # a TOML array too
+
+    return re.sub(r"^dtype\s*=\s*\[([^\]]*)\]", add, toml, flags=re.M)
 
 
 def _with_variant(toml: str, variant: str) -> str:
