@@ -53,10 +53,17 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=512)
     parser.add_argument("--work", type=Path, default=Path("/tmp/prebake-fp8-accuracy"))
     parser.add_argument("--only", choices=("accuracy", "decode"), help="one half (default: both)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads for the decode timings (default: torch's). On a loaded machine 1 keeps OpenMP's "
+        "barriers from waiting on descheduled threads, which moves single linears by 10x or more",
+    )
     args = parser.parse_args()
     folder = hf_folder(args.work)
     text_path = args.text or next(TEXT.glob("matplotlib-*.dist-info/LICENSE"))
     ids = tokens(folder, text_path.read_text(), args.tokens)
+    import torch
 
     spec = ModelSpec(name="smollm2-135m", weights=str(folder), config=load_recipe("smollm2-135m").model.config)
     ct_folder = compressed_tensors_checkpoint(folder, args.work)
@@ -64,7 +71,9 @@ def main() -> None:
     if args.only != "decode":
         figures |= accuracy(spec, folder, ct_folder, ids, args.window)
     if args.only != "accuracy":
-        figures["decode"] = decode_speeds(spec, ct_folder)
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        figures["decode"] = {"threads": torch.get_num_threads(), **decode_speeds(spec, ct_folder)}
     for name, row in figures.items():
         print(f"{name:10s} " + "  ".join(f"{k} {v:.4f}" for k, v in row.items()))
     print(json.dumps({"model": "SmolLM2-135M-Instruct (the GGUF Q4_1, dequantized by prebake's GGUF source)", "text": str(text_path),

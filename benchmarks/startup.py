@@ -239,12 +239,18 @@ class Bench:
         self.models_home = default_home()  # whose models/ every start maps
 
     def prepare_weights(self) -> None:
-        """Weights a start reads from a folder made once (a GGUF dequantized): made here, before any
-        start is timed, in $PREBAKE_HOME/models, which every start's fresh store shares (once a machine)."""
-        from prebake.artifacts.recipe.schema import load_recipe
+        """Weights a start reads from a folder made once (a GGUF dequantized, a random checkpoint or its
+        FP8 twin): made here, before any start is timed, in $PREBAKE_HOME/models, which every start's
+        fresh store shares (once a machine)."""
+        from prebake.artifacts.recipe.schema import RANDOM_CHECKPOINT, load_recipe
         from prebake.engine.bundled.runtime.loader import model_folder
 
         spec = load_recipe(self.recipes(_recipe_variant(_recipe_path(self.model).read_text())) / f"{self.model}.toml")
+        if spec.model.weights == RANDOM_CHECKPOINT:
+            from prebake.engine.bundled.runtime.checkpoint import random_checkpoint
+
+            random_checkpoint(spec.model, self.models_home, fp8=self.precision == "fp8")
+            return
         if spec.model.gguf is None:
             return
         from prebake.engine.bundled.runtime.gguf_folder import gguf_folder
