@@ -239,12 +239,18 @@ class Bench:
         self.models_home = default_home()  # whose models/ every start maps
 
     def prepare_weights(self) -> None:
-        """Weights a start reads from a folder made once (a GGUF dequantized): made here, before any
-        start is timed, in $PREBAKE_HOME/models, which every start's fresh store shares (once a machine)."""
-        from prebake.artifacts.recipe.schema import load_recipe
+        """Weights a start reads from a folder made once (a GGUF dequantized, a random checkpoint or its
+        FP8 twin): made here, before any start is timed, in $PREBAKE_HOME/models, which every start's
+        fresh store shares (once a machine)."""
+        from prebake.artifacts.recipe.schema import RANDOM_CHECKPOINT, load_recipe
         from prebake.engine.bundled.runtime.loader import model_folder
 
         spec = load_recipe(self.recipes(_recipe_variant(_recipe_path(self.model).read_text())) / f"{self.model}.toml")
+        if spec.model.weights == RANDOM_CHECKPOINT:
+            from prebake.engine.bundled.runtime.checkpoint import random_checkpoint
+
+            random_checkpoint(spec.model, self.models_home, fp8=self.precision == "fp8")
+            return
         if spec.model.gguf is None:
             return
         from prebake.engine.bundled.runtime.gguf_folder import gguf_folder
@@ -266,6 +272,7 @@ class Bench:
             folder.mkdir(parents=True)
             source = _with_variant(_recipe_path(self.model).read_text(), variant)
             source = snapshot_mode.with_snapshot(source) if self.snapshot else source
+            source = _with_dtype(source, self.precision)
             if self.max_model_len:
                 source = _with_one_sequence(source, self.max_model_len)
             (folder / f"{self.model}.toml").write_text(source if self.tp == 1 else tp_bakes.with_tp(source, self.tp))
@@ -578,6 +585,18 @@ def _with_one_sequence(toml: str, tokens: int) -> str:
     for name, value in (("max_model_len", tokens), ("max_num_batched_tokens", tokens), ("max_num_seqs", 1)):
         toml = re.sub(rf"^{name}\s*=.*$", f"{name} = {value}", toml, flags=re.M)
     return toml
+
+
+def _with_dtype(toml: str, dtype: str) -> str:
+    """The recipe text with `dtype` in every `dtype = [...]` list ([matrix], [platforms.*]) that lacks it:
+    --precision fp8 on a recipe that ships bf16 only (smollm2-135m, llama3.2-1b) measures its fp8 target
+    without changing the shipped recipe (whose bf16 and fp32 keys stay as they are)."""
+
+    def add(match: re.Match) -> str:
+        names = re.findall(r'"([^"]+)"', match[1])
+        return match[0] if dtype in names else f"dtype = {json.dumps([*names, dtype])}"  # a TOML array too
+
+    return re.sub(r"^dtype\s*=\s*\[([^\]]*)\]", add, toml, flags=re.M)
 
 
 def _with_variant(toml: str, variant: str) -> str:

@@ -39,6 +39,7 @@ from prebake.engine.common.adapter import (
 from prebake.engine.common.ports import loopback_port
 from prebake.engine.common.probe import Package
 from prebake.engine.vllm import gaudi, ranks
+from prebake.engine.vllm.fp8_host import refuse_emulated_fp8
 from prebake.engine.vllm.process import (
     AUTOTUNE_FILE,
     CACHE_DIR,
@@ -146,6 +147,7 @@ class VllmAdapter:
 
     def build_graphs(self, request: BuildRequest) -> None:
         plan, work = request.plan, request.out.parent
+        refuse_emulated_fp8(plan)
         location = model_location(plan.recipe, work / "models")
         env = self.build_environment(plan, request.out, os.environ, request.inputs)
         port = loopback_port()

@@ -37,6 +37,7 @@ from prebake.engine.common.adapter import (
 from prebake.engine.common.advice import bake_command
 from prebake.engine.vllm import gaudi, ranks
 from prebake.engine.vllm import portability as vllm_portability
+from prebake.engine.vllm.fp8_host import refuse_emulated_fp8
 from prebake.engine.vllm.process import (
     CACHE_DIR,
     REDIRECTS,
@@ -178,6 +179,7 @@ def launch(shared: starter.Prepared, request: StartRequest, home: Path) -> start
     that keep a baked cache root valid on this host, and what differs from the bake."""
     plan, options, cache_root = shared.plan, _Options.of(request), shared.run_dir
     recipe, variables = plan.recipe, dict(shared.variables)
+    refuse_emulated_fp8(plan)
     gap = rank_gap_miss(shared)
     if gap is not None and request.on_miss == "fail":
         raise starter.MissRefused(

