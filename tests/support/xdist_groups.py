@@ -34,31 +34,32 @@ import pytest
 # other module's restores.
 TOGETHER = {"tests/faults/test_snapshot_faults.py": "tests/integration/test_snapshot.py"}
 
-# Seconds each of the longest groups takes (its tests' setup, call and teardown summed, on two quiet
-# cores): 2026-12-04's full run (`--durations`) for the modules it had, a first figure for wave 6's
-# (docs/development.md, "Wave 6's suite").
+# Seconds each of the longest groups took (its tests' setup, call and teardown summed, `--durations=0`)
+# in the full run of 2026-12-05 (docs/development.md, "Wave 6's suite"; load 4-12 beside other work,
+# so the figures are long: what counts is their order).
 COST = {
-    "tests/integration/test_aoti_package.py": 300,
-    "tests/integration/test_real_model.py": 290,
-    "tests/integration/test_tensor_parallel_serve.py": 250,
-    "tests/integration/test_snapshot.py": 220,  # with tests/faults/test_snapshot_faults.py (TOGETHER)
-    "tests/integration/test_bake.py": 200,
-    "tests/integration/test_serve.py": 190,
-    "tests/integration/test_installed_wheel.py": 180,
-    "tests/integration/test_remote_bake.py": 140,
-    "tests/integration/test_ray_fleet.py": 130,
-    "tests/integration/test_ci_workflow.py": 110,
-    "tests/integration/test_aoti_workers.py": 105,
-    "tests/integration/test_gpu_check.py": 100,
-    "tests/integration/test_model_sizes.py": 90,
-    "tests/integration/test_vllm_standin.py": 90,
-    "tests/operations/test_volumes.py": 90,
-    "tests/integration/test_kernel_threads.py": 80,
-    "tests/integration/test_fp8_package.py": 80,
-    "tests/integration/test_oci_bake.py": 80,
-    "tests/integration/test_traffic_serve.py": 80,
-    "tests/integration/test_vllm_clients.py": 60,
-    "tests/integration/test_precompile_fallback.py": 60,
+    "tests/integration/test_real_model.py": 1058,
+    "tests/integration/test_aoti_package.py": 1009,
+    "tests/integration/test_tensor_parallel_serve.py": 622,
+    "tests/integration/test_serve.py": 339,
+    "tests/integration/test_bake.py": 290,
+    "tests/integration/test_model_sizes.py": 267,
+    "tests/integration/test_remote_bake.py": 230,
+    "tests/integration/test_snapshot.py": 212,  # with tests/faults/test_snapshot_faults.py (TOGETHER)
+    "tests/integration/test_ray_fleet.py": 185,
+    "tests/integration/test_ci_workflow.py": 172,
+    "tests/integration/test_aoti_workers.py": 141,
+    "tests/integration/test_traffic_serve.py": 129,
+    "tests/operations/test_volumes.py": 117,
+    "tests/integration/test_oci_bake.py": 114,
+    "tests/integration/test_gpu_check.py": 72,
+    "tests/contract/test_copy.py": 71,
+    "tests/integration/test_precompile_fallback.py": 70,
+    "tests/integration/test_fp8_package.py": 69,
+    "tests/faults/test_crashes.py": 68,
+    "tests/unit/test_bucket_conformance.py": 63,
+    "tests/faults/test_fleet_node.py": 62,
+    "tests/integration/test_kernel_threads.py": 61,
 }
 
 
