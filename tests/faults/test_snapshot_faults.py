@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.snapshots import bake, greedy, registry_copy, serve, snapshot_blob, snapshot_entry
+from tests.support.snapshots import baked, greedy, registry_copy, serve, snapshot_blob, snapshot_entry
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory):
-    return bake(tmp_path_factory.mktemp("snapshot-faults"))
+    return baked(tmp_path_factory)  # shared with tests/integration/test_snapshot.py
 
 
 @pytest.fixture(scope="module")
@@ -86,19 +86,24 @@ def test_a_restore_killed_half_way_leaves_nothing_running_and_the_next_one_resto
 
 
 def test_weights_changed_since_the_bake_fall_back_naming_the_file(home, tmp_path):
-    """Last in the module: it changes the bake's checkpoint."""
+    """Last in the module: it changes the bake's checkpoint, and puts its bytes back at the end (the
+    bake is shared with tests/integration/test_snapshot.py, and a restore maps the file at its path)."""
     (weights,) = (home.root / "home").rglob("*.safetensors")
-    data = bytearray(weights.read_bytes())
+    original = weights.read_bytes()
+    data = bytearray(original)
     data[-8] ^= 0x01  # the last tensor's last bytes: the file keeps its size, its digest changes
     weights.write_bytes(bytes(data))
-    server = serve(home)
     try:
-        server.wait_ready(300)
-        assert f"this host's files differ from the bake's: {weights} has other bytes here" in server.log
-        assert "restored from its snapshot" not in server.log
-        assert len(greedy(server)) == 8
+        server = serve(home)
+        try:
+            server.wait_ready(300)
+            assert f"this host's files differ from the bake's: {weights} has other bytes here" in server.log
+            assert "restored from its snapshot" not in server.log
+            assert len(greedy(server)) == 8
+        finally:
+            server.stop()
     finally:
-        server.stop()
+        weights.write_bytes(original)
 
 
 def _wait_until_no_restore_runs(home, bound: float = 60) -> None:

@@ -9,14 +9,14 @@ import sys
 
 import pytest
 
-from tests.support.snapshots import MODEL, bake, greedy, serve
+from tests.support.snapshots import MODEL, baked, greedy, serve
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory):
-    return bake(tmp_path_factory.mktemp("snapshot"))
+    return baked(tmp_path_factory)  # shared with tests/faults/test_snapshot_faults.py
 
 
 def test_serve_restores_the_snapshot_and_answers_as_the_usual_start(home):

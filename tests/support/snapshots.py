@@ -1,17 +1,25 @@
 """A baked snapshot of tiny-llama for the snapshot tests: its recipe (tiny-llama's architecture,
-one sequence, weights written once as a checkpoint and mapped by the process), its bake, and
-`prebake serve` over it. CRIU comes from PREBAKE_CRIU (set by .ci/run) or where host.py looks."""
+one short sequence, weights written once as a checkpoint and mapped by the process), its bake, made
+once a run for both snapshot modules, and `prebake serve` over it. CRIU comes from PREBAKE_CRIU (set
+by .ci/run) or where host.py looks.
+
+A snapshot's image names the files its process mapped by their paths (snapshot/files.py), so the
+bake cannot be copied to another folder and still restore: both modules serve from the one store,
+and tests/support/xdist_groups.py keeps them on one worker, one after the other, so no test sees
+the other module's restores."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
 from tests.support.baking import REPO, Home
+from tests.support.once import once_per_run
 from tests.support.serving import ServeProcess, serve_env
 
 MODEL = "tiny-llama-snapshot"
@@ -22,7 +30,12 @@ def recipe_text() -> str:
     text = (REPO / "recipes" / "tiny-llama.toml").read_text()
     text = text.replace('name = "tiny-llama"', f'name = "{MODEL}"')
     text = text.replace('weights = "random"', 'weights = "random-checkpoint"')  # mapped from its file
-    text = text.replace("max_num_seqs = 2", "max_num_seqs = 1")  # four step shapes, not seven
+    cut = text.replace("max_model_len = 128\nmax_num_seqs = 2\nmax_num_batched_tokens = 128\n",
+                       "max_model_len = 64\nmax_num_seqs = 1\nmax_num_batched_tokens = 64\n")  # fmt: skip
+    assert cut != text, "recipes/tiny-llama.toml's [serving] changed: update this copy"
+    # two step shapes, not seven (PROMPT and its 8 tokens fit in 64); no autotune tactics: the
+    # snapshot's subject is the dump and the restore, not the bucket set or the tactics
+    text = re.sub(r"^tactics = .*$", "tactics = []", cut, flags=re.M)
     text = text.replace("[compile]\n", '[compile]\nvariant = "aoti-package"\n', 1)
     return text + "\n[snapshot]\nbake = true\n"
 
@@ -30,6 +43,13 @@ def recipe_text() -> str:
 def criu_env() -> dict[str, str]:
     """PREBAKE_CRIU as the test process has it (serve_env drops every PREBAKE_ variable)."""
     return {"PREBAKE_CRIU": os.environ["PREBAKE_CRIU"]} if os.environ.get("PREBAKE_CRIU") else {}
+
+
+def baked(tmp_path_factory: pytest.TempPathFactory) -> Home:
+    """The snapshot recipe's bake, made once a run (support/once.py) by the first module that asks.
+    A test that changes a file of it puts the bytes back before it ends."""
+    root = once_per_run(tmp_path_factory, "snapshot-baked", bake)
+    return Home(root, root / "recipes")
 
 
 def bake(root: Path) -> Home:

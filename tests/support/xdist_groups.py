@@ -13,8 +13,13 @@ The groups are computed from node ids by the scheduler itself rather than throug
 `xdist_group` marks: pytest-xdist 3.8 writes a mark's group into `item._nodeid`, which pytest 9
 no longer reads, so marks do not group anything there.
 
-Modules that hold slow tests (the ones that compile) are handed out first, so the longest groups
-do not start last and leave one worker idle at the end; a serial run keeps pytest's own order.
+Two modules that share one bake a test of either would disturb form one group (TOGETHER).
+
+The groups are handed out longest first (the longest-processing-time rule), so the longest do not
+start last and leave the other worker idle at the end: the groups COST names, by the seconds each
+took in a full run; then the other groups that hold slow tests (the ones that compile); then the
+rest. COST only orders: a stale figure costs balance at the end of a run, never a result. A serial
+run keeps pytest's own order.
 """
 
 from __future__ import annotations
@@ -23,10 +28,51 @@ import os
 
 import pytest
 
+# A snapshot restores only from the store it was dumped from (its image names the mapped files by
+# path), so the two snapshot modules share one bake in place (support/snapshots.py) and run one after
+# the other on one worker: the faults module's killed restore and changed weights never meet the
+# other module's restores.
+TOGETHER = {"tests/faults/test_snapshot_faults.py": "tests/integration/test_snapshot.py"}
+
+# Seconds each of the longest groups took (its tests' setup, call and teardown summed, `--durations=0`)
+# in the full run of 2026-12-05 (docs/development.md, "Wave 6's suite"; load 4-12 beside other work,
+# so the figures are long: what counts is their order).
+COST = {
+    "tests/integration/test_real_model.py": 1058,
+    "tests/integration/test_aoti_package.py": 1009,
+    "tests/integration/test_tensor_parallel_serve.py": 622,
+    "tests/integration/test_serve.py": 339,
+    "tests/integration/test_bake.py": 290,
+    "tests/integration/test_model_sizes.py": 267,
+    "tests/integration/test_remote_bake.py": 230,
+    "tests/integration/test_snapshot.py": 212,  # with tests/faults/test_snapshot_faults.py (TOGETHER)
+    "tests/integration/test_ray_fleet.py": 185,
+    "tests/integration/test_ci_workflow.py": 172,
+    "tests/integration/test_aoti_workers.py": 141,
+    "tests/integration/test_traffic_serve.py": 129,
+    "tests/operations/test_volumes.py": 117,
+    "tests/integration/test_oci_bake.py": 114,
+    "tests/integration/test_gpu_check.py": 72,
+    "tests/contract/test_copy.py": 71,
+    "tests/integration/test_precompile_fallback.py": 70,
+    "tests/integration/test_fp8_package.py": 69,
+    "tests/faults/test_crashes.py": 68,
+    "tests/unit/test_bucket_conformance.py": 63,
+    "tests/faults/test_fleet_node.py": 62,
+    "tests/integration/test_kernel_threads.py": 61,
+}
+
 
 def group_of(nodeid: str) -> str:
-    """The group of a test: its module."""
-    return nodeid.split("::", 1)[0]
+    """The group of a test: its module, or the module it runs beside (TOGETHER)."""
+    module = nodeid.split("::", 1)[0]
+    return TOGETHER.get(module, module)
+
+
+def handout_order(groups: list[str], slow: set[str]) -> list[str]:
+    """`groups` longest first: those COST names by its figure, then the other slow ones, then the rest,
+    each kind in the order given."""
+    return sorted(groups, key=lambda group: (-COST.get(group, 0), group not in slow))
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook
@@ -45,11 +91,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On the workers (whose collection order the scheduler follows): groups holding slow tests first."""
+    """On the workers (whose collection order the scheduler follows): the groups in handout_order."""
     if not hasattr(config, "workerinput"):
         return
     slow = {group_of(item.nodeid) for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: group_of(item.nodeid) not in slow)  # stable: each group keeps its order
+    groups = list(dict.fromkeys(group_of(item.nodeid) for item in items))  # in collection order
+    rank = {group: i for i, group in enumerate(handout_order(groups, slow))}
+    items.sort(key=lambda item: rank[group_of(item.nodeid)])  # stable: each group keeps its order
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook
