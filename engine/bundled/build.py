@@ -106,7 +106,17 @@ def _as_one_rank(tp: int) -> Iterator[Parallel | None]:
 
 
 def peak_rss() -> int:
-    """This process's peak resident memory, in bytes (Linux's ru_maxrss is in KiB)."""
+    """This process's peak resident memory, in bytes: Linux's VmHWM, the high-water mark of this
+    process's own memory since its exec. Not ru_maxrss: across fork/vfork and exec Linux carries the
+    parent's peak into it, so a build child started by a large process (a test worker that had
+    loaded a model) reported its parent's gigabytes as its own. ru_maxrss (KiB) where /proc is absent."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
