@@ -1,27 +1,21 @@
-"""Which tests share a pytest-xdist worker: `make test` runs
-`pytest -n auto --dist loadscope --no-loadscope-reorder`, and this module's scheduler hands out
-whole groups of tests.
+"""Which tests share a pytest-xdist worker: `make test` runs `pytest -n auto --dist loadscope
+--no-loadscope-reorder`, and this module's scheduler hands out whole groups of tests.
 
-A group is one test module: its tests run together on one worker, in their order, as in a serial
-run, so its module-scoped fixtures (servers, bakes) are set up once and no test waits on state
-another worker holds. A session fixture several modules share and that costs minutes is made once
-a run whichever worker asks first (tests/support/once.py), so those modules need no worker of their
-own. What tests write outside their tmp_path is guarded where it is written
-(tests/support/baking.wheel_build_lock: pip building prebake's wheel in the checkout's build/ folder).
+A group is one test module: its tests run together on one worker, in their order, so its
+module-scoped fixtures (servers, bakes) are set up once and no test waits on state another worker
+holds. A session fixture several modules share and that costs minutes is made once a run by
+whichever worker asks first (tests/support/once.py). Writes outside tmp_path are guarded where they
+happen (tests/support/baking.wheel_build_lock).
 
-The groups are computed from node ids by the scheduler itself rather than through
-`xdist_group` marks: pytest-xdist 3.8 writes a mark's group into `item._nodeid`, which pytest 9
-no longer reads, so marks do not group anything there.
+Groups come from node ids, not `xdist_group` marks: pytest-xdist 3.8 writes a mark's group into
+`item._nodeid`, which pytest 9 no longer reads. Two modules that share one bake a test of either
+would disturb form one group (TOGETHER).
 
-Two modules that share one bake a test of either would disturb form one group (TOGETHER).
-
-The groups are handed out longest first (the longest-processing-time rule), so the longest do not
-start last and leave the other worker idle at the end: the groups COST names, by the seconds each
-took in a full run; then the other groups that hold slow tests (the ones that compile); then the
-rest. COST only orders: a stale figure costs balance at the end of a run, never a result. A serial
-run keeps pytest's own order.
+Groups are handed out longest first (the longest-processing-time rule): those COST names, by the
+seconds each took in a full run; then the other groups holding slow tests; then the rest. COST only
+orders: a stale figure costs balance at the end of a run, never a result. A serial run keeps
+pytest's own order.
 """
-
 from __future__ import annotations
 
 import os
