@@ -16,6 +16,7 @@ seconds each took in a full run; then the other groups holding slow tests; then 
 orders: a stale figure costs balance at the end of a run, never a result. A serial run keeps
 pytest's own order.
 """
+
 from __future__ import annotations
 
 import os
