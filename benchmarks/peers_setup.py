@@ -133,12 +133,15 @@ def converted_gguf(cache: Path, folder: Path, outtype: str) -> Path | NotMeasure
 # --- prebake: the recipe's bundles, baked once by a cold start --------------------------------------
 
 
-def prebake_recipes(cache: Path) -> Path:
-    """A folder with the recipe, its serving limits set to SERVING (two sequences: concurrency 2 runs)."""
+def prebake_recipes(cache: Path, snapshot: bool = False) -> Path:
+    """A folder with the recipe, its serving limits set to SERVING (two sequences: concurrency 2 runs);
+    with `snapshot`, another folder whose recipe also bakes the process snapshot ([snapshot] bake)."""
     text = (REPO / "recipes" / f"{MODEL}.toml").read_text()
     for name, value in SERVING.items():
         text = re.sub(rf"^{name}\s*=.*$", f"{name} = {value}", text, flags=re.M)
-    folder = cache / "prebake" / "recipes"
+    if snapshot:
+        text = text.rstrip() + "\n\n[snapshot]\nbake = true\n"
+    folder = cache / "prebake" / ("recipes-snapshot" if snapshot else "recipes")
     folder.mkdir(parents=True, exist_ok=True)
     recipe = folder / f"{MODEL}.toml"
     if not recipe.is_file() or recipe.read_text() != text:
@@ -157,8 +160,9 @@ def hf_folder(cache: Path, precision: str) -> Path:
     return gguf_folder(spec.model, torch_dtype(precision), default_home())
 
 
-def prebake_env(cache: Path, home: Path) -> dict[str, str]:
-    """A serving process's variables: a fresh home sharing the machine's models/ and downloads/."""
+def prebake_env(cache: Path, home: Path, snapshot: bool = False) -> dict[str, str]:
+    """A serving process's variables: a fresh home sharing the machine's models/ and downloads/ (with
+    `snapshot`, the recipe that bakes the snapshot, and PREBAKE_CRIU passed on)."""
     from prebake.artifacts.store.settings import default_home
     from prebake.engine.bundled.runtime.gguf_fetch import downloads_dir
 
@@ -167,13 +171,17 @@ def prebake_env(cache: Path, home: Path) -> dict[str, str]:
         (home / "models").symlink_to(default_home() / "models")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")}
     path = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    return env | {
-        "PYTHONPATH": path,
-        "PREBAKE_HOME": str(home),
-        "PREBAKE_RECIPES": str(prebake_recipes(cache)),
-        "PREBAKE_TRUSTED_KEYS": "",
-        "PREBAKE_DOWNLOADS": str(downloads_dir()),
-    }
+    return (
+        env
+        | {
+            "PYTHONPATH": path,
+            "PREBAKE_HOME": str(home),
+            "PREBAKE_RECIPES": str(prebake_recipes(cache, snapshot)),
+            "PREBAKE_TRUSTED_KEYS": "",
+            "PREBAKE_DOWNLOADS": str(downloads_dir()),
+        }
+        | ({"PREBAKE_CRIU": os.environ["PREBAKE_CRIU"]} if snapshot and os.environ.get("PREBAKE_CRIU") else {})
+    )
 
 
 def prebake_command(precision: str, registry: Path, *extra: str) -> list[str]:
