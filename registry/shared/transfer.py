@@ -107,10 +107,12 @@ def copy_verified(
             raise BlobDigestMismatch(f"blob {where} is not a regular file; run `prebake verify --quarantine`")
         sink.announce(st.st_size)
         with fsutil.atomic_target(dest) as tmp, tmp.open("wb") as fout:
+            uncaching = fsutil.Uncaching(fout.fileno())
             while chunk := fin.read(1 << 20):
                 sink(chunk)
                 h.update(chunk)
                 fout.write(chunk)
+                uncaching.written(sink.seen)
             sink.finish()
             if "sha256:" + h.hexdigest() != digest:
                 raise corrupt(where, "sha256:" + h.hexdigest(), digest, registry_url)
