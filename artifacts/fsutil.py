@@ -152,32 +152,6 @@ def fsync_dir(path: Path) -> None:
     _fsync_dir(path)
 
 
-UNCACHE_STEP = 8 << 20  # a download's written front leaves the page cache in steps of this many bytes
-
-
-class Uncaching:
-    """A file written once and not read again soon (a downloaded blob: engines read its unpacked tree)
-    leaves the page cache as its front grows: every UNCACHE_STEP bytes, the kernel is asked to start
-    writing [0, front) back and to drop what of it is clean (what it started at the step before).
-    The tree unpacked beside it then reuses those pages instead of new ones: on a VM that hands freed
-    memory back to its host (free page reporting, as on Firecracker), a new page costs a fault on the
-    host, serialized, about 2.5 ms a MB here (docs/snapshots.md). Bytes, durability and the final
-    fsync are unchanged; a file system without the advice keeps its cache."""
-
-    def __init__(self, fd: int):
-        self.fd, self.done = fd, 0
-
-    def written(self, front: int) -> None:
-        """Bytes [0, front) are written and will not be read back by this writer."""
-        if front - self.done < UNCACHE_STEP:
-            return
-        self.done = front
-        try:
-            os.posix_fadvise(self.fd, 0, front, os.POSIX_FADV_DONTNEED)
-        except OSError:
-            pass
-
-
 def copy_writable(tree: Path, dest: Path) -> Path:
     """A private, writable copy of a store tree (which is only ever read): engines such as
     Inductor and vLLM add files beside what they read, with no lock between processes.

@@ -21,9 +21,8 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import BinaryIO
 
-from prebake.artifacts import fsutil
 from prebake.artifacts.ports.errors import BlobDigestMismatch
-from prebake.registry.shared.transfer import SizedSink
+from prebake.registry.shared.transfer import SizedSink, Uncaching
 
 _MiB = 1 << 20
 
@@ -35,7 +34,7 @@ class OrderedSink:
     def __init__(self, f: BinaryIO, sized: SizedSink):
         self._fd, self._h, self._sized = f.fileno(), hashlib.sha256(), sized
         self._next = 0
-        self._uncaching = fsutil.Uncaching(self._fd)  # the front, hashed and handed on, is never read again
+        self._uncaching = Uncaching(self._fd)  # the front, hashed and handed on, is never read again
         self._ranges: dict[int, int] = {}  # written beyond the front: start -> end
         self._lock = threading.Lock()
 

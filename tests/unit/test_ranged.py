@@ -68,15 +68,15 @@ def test_the_first_failing_part_stops_the_others_and_is_raised():
 
 def test_the_hashed_front_of_a_download_leaves_the_page_cache_in_steps_and_nothing_beyond_it(tmp_path, monkeypatch):
     """The blob's front, once hashed and handed on, is never read again: the kernel is asked to drop it
-    (fsutil.Uncaching) every UNCACHE_STEP bytes, never past the front, and the bytes are intact."""
-    from prebake.artifacts import fsutil
+    (transfer.Uncaching) every UNCACHE_STEP bytes, never past the front, and the bytes are intact."""
+    from prebake.registry.shared import transfer
 
     advised: list[tuple[int, int, int]] = []
     real = os.posix_fadvise
     monkeypatch.setattr(
-        fsutil.os, "posix_fadvise", lambda fd, at, n, how: (advised.append((at, n, how)), real(fd, at, n, how))
+        transfer.os, "posix_fadvise", lambda fd, at, n, how: (advised.append((at, n, how)), real(fd, at, n, how))
     )
-    monkeypatch.setattr(fsutil, "UNCACHE_STEP", _MiB)
+    monkeypatch.setattr(transfer, "UNCACHE_STEP", _MiB)
     data = os.urandom(5 * _MiB + 777)
     fronts: list[int] = []
     sized = SizedSink(
@@ -94,15 +94,14 @@ def test_the_hashed_front_of_a_download_leaves_the_page_cache_in_steps_and_nothi
 
 
 def test_a_copied_local_blob_leaves_the_page_cache_as_it_is_copied(tmp_path, monkeypatch):
-    from prebake.artifacts import fsutil
-    from prebake.registry.shared.transfer import copy_verified
+    from prebake.registry.shared import transfer
 
     advised: list[int] = []
-    monkeypatch.setattr(fsutil.os, "posix_fadvise", lambda fd, at, n, how: advised.append(n))
-    monkeypatch.setattr(fsutil, "UNCACHE_STEP", _MiB)
+    monkeypatch.setattr(transfer.os, "posix_fadvise", lambda fd, at, n, how: advised.append(n))
+    monkeypatch.setattr(transfer, "UNCACHE_STEP", _MiB)
     data = os.urandom(3 * _MiB + 5)
     (tmp_path / "src").write_bytes(data)
     digest = "sha256:" + hashlib.sha256(data).hexdigest()
-    copy_verified(tmp_path / "src", tmp_path / "dest", digest, where="w", registry_url="r", size=len(data))
+    transfer.copy_verified(tmp_path / "src", tmp_path / "dest", digest, where="w", registry_url="r", size=len(data))
     assert (tmp_path / "dest").read_bytes() == data
     assert advised == [_MiB, 2 * _MiB, 3 * _MiB]
