@@ -22,7 +22,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import BinaryIO
 
 from prebake.artifacts.ports.errors import BlobDigestMismatch
-from prebake.registry.shared.transfer import SizedSink
+from prebake.registry.shared.transfer import SizedSink, Uncaching
 
 _MiB = 1 << 20
 
@@ -34,6 +34,7 @@ class OrderedSink:
     def __init__(self, f: BinaryIO, sized: SizedSink):
         self._fd, self._h, self._sized = f.fileno(), hashlib.sha256(), sized
         self._next = 0
+        self._uncaching = Uncaching(self._fd)  # the front, hashed and handed on, is never read again
         self._ranges: dict[int, int] = {}  # written beyond the front: start -> end
         self._lock = threading.Lock()
 
@@ -59,6 +60,7 @@ class OrderedSink:
         self._sized(bytes(data))
         self._h.update(data)
         self._next += len(data)
+        self._uncaching.written(self._next)
 
     def _advance(self) -> None:
         """Hand on parts written earlier out of order, now that the front has reached them."""
