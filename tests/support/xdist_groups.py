@@ -39,11 +39,11 @@ COST = {
     "tests/integration/test_aoti_package.py": 558,
     "tests/integration/test_tensor_parallel_serve.py": 450,
     "tests/integration/test_bake.py": 286,
-    "tests/integration/test_snapshot.py": 212,  # with tests/faults/test_snapshot_faults.py (TOGETHER)
     "tests/integration/test_serve.py": 205,
-    "tests/integration/test_ray_fleet.py": 185,
     "tests/integration/test_remote_bake.py": 164,
+    "tests/integration/test_snapshot.py": 163,  # with tests/faults/test_snapshot_faults.py (TOGETHER)
     "tests/integration/test_model_sizes.py": 155,
+    "tests/integration/test_ray_fleet.py": 144,
     "tests/integration/test_aoti_workers.py": 141,
     "tests/integration/test_traffic_serve.py": 129,
     "tests/operations/test_volumes.py": 117,
