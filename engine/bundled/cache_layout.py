@@ -20,7 +20,9 @@ owner died.
 
 from __future__ import annotations
 
+import getpass
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Callable, Mapping
@@ -82,10 +84,41 @@ def inductor_cache_dir(run_dir: Path) -> Path:
 
 
 def temp_dir(run_dir: Path) -> Path:
-    """The temporary folder (TMPDIR) of the processes of one run folder (a start's, a bake's build)."""
+    """The temporary folder (TMPDIR) of the processes of one run folder (a start's, a bake's build),
+    with torch's machine folder linked into it (`_link_machine_folder`)."""
     folder = run_dir / "tmp"
     folder.mkdir(parents=True, exist_ok=True)
+    _link_machine_folder(folder)
     return folder
+
+
+def _link_machine_folder(folder: Path) -> None:
+    """`folder`/torchinductor_<user> as a link to the machine's own (under the temporary folder this
+    process has now): what torch keeps there outlives a process on purpose, and must not go with the
+    run folder. Inductor's precompiled headers and prebake's vector-ISA probe sets (runtime.isa_probes)
+    are found there by TMPDIR; without the link, every bake and every compiling start under its own
+    TMPDIR compiled both again (about 15 s of a core each; docs/operations.md). Deleting the run
+    folder removes the link, never what it points at (rmtree and sealing.remove do not follow links).
+    A machine folder that cannot be made leaves no link: torch compiles into the run folder, as it would."""
+    link = folder / _torch_machine_folder_name()
+    if link.is_symlink() or link.exists():
+        return
+    machine = Path(os.path.realpath(Path(tempfile.gettempdir()) / link.name))
+    try:
+        machine.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(machine, target_is_directory=True)
+    except OSError:  # a read-only system temporary folder, or another process linked it first
+        pass
+
+
+def _torch_machine_folder_name() -> str:
+    """The name of torch's machine folder under the temporary folder (torch 2.13's
+    `torch._inductor.runtime.cache_dir_utils.default_cache_dir`, without importing torch)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
+    return "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user)
 
 
 def private_temp(run_dir: Path) -> Callable[[], None]:

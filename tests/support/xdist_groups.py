@@ -31,22 +31,24 @@ TOGETHER = {"tests/faults/test_snapshot_faults.py": "tests/integration/test_snap
 
 # Seconds each of the longest groups took (its tests' setup, call and teardown summed, `--durations=0`)
 # in the full run of 2026-12-05 (docs/development.md, "Wave 6's suite"; load 4-12 beside other work,
-# so the figures are long: what counts is their order).
+# so the figures are long: what counts is their order). The modules measured alone before and after
+# torch's machine folder was linked back into each run's TMPDIR ("The machine folder") carry that
+# run's figure times their after/before ratio.
 COST = {
-    "tests/integration/test_real_model.py": 1058,
-    "tests/integration/test_aoti_package.py": 1009,
-    "tests/integration/test_tensor_parallel_serve.py": 622,
-    "tests/integration/test_serve.py": 339,
-    "tests/integration/test_bake.py": 290,
-    "tests/integration/test_model_sizes.py": 267,
-    "tests/integration/test_remote_bake.py": 230,
-    "tests/integration/test_snapshot.py": 212,  # with tests/faults/test_snapshot_faults.py (TOGETHER)
-    "tests/integration/test_ray_fleet.py": 185,
-    "tests/integration/test_ci_workflow.py": 172,
+    "tests/integration/test_real_model.py": 929,
+    "tests/integration/test_aoti_package.py": 558,
+    "tests/integration/test_tensor_parallel_serve.py": 450,
+    "tests/integration/test_bake.py": 286,
+    "tests/integration/test_serve.py": 205,
+    "tests/integration/test_remote_bake.py": 164,
+    "tests/integration/test_snapshot.py": 163,  # with tests/faults/test_snapshot_faults.py (TOGETHER)
+    "tests/integration/test_model_sizes.py": 155,
+    "tests/integration/test_ray_fleet.py": 144,
     "tests/integration/test_aoti_workers.py": 141,
-    "tests/integration/test_traffic_serve.py": 129,
     "tests/operations/test_volumes.py": 117,
     "tests/integration/test_oci_bake.py": 114,
+    "tests/integration/test_ci_workflow.py": 102,
+    "tests/integration/test_traffic_serve.py": 92,
     "tests/integration/test_gpu_check.py": 72,
     "tests/contract/test_copy.py": 71,
     "tests/integration/test_precompile_fallback.py": 70,
