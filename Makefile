@@ -35,7 +35,7 @@ demo: $(DEMO_STAMP)
 		--precision fp32 --iterations 1 --cold-from-bake --max-model-len 128 --chat "What is the capital of France?"
 	$(BIN)/prebake ls
 
-# The suite runs on every core with pytest-xdist: one worker per CPU (at most 8; set
+# The suite runs on every core with pytest-xdist: one worker per CPU and one more (at most 8; set
 # PYTEST_XDIST_AUTO_NUM_WORKERS to choose), each module's tests together on one worker and the
 # modules that compile handed out first (tests/support/xdist_groups.py). `make test PYTEST_FLAGS=`
 # runs the suite in one process.

@@ -99,8 +99,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
-    """`-n auto`: one worker per CPU this process may run on, at most 8 (each worker starts its own
-    servers and, for the slow tests, its own compiles); PYTEST_XDIST_AUTO_NUM_WORKERS wins."""
+    """`-n auto`: one worker more than the CPUs this process may run on, at most 8 (each worker starts
+    its own servers and, for the slow tests, its own compiles; the extra one runs while the others
+    wait on a server's start, a deadline or a child's exit: on two cores 20 min 38 s -> 19 min 13 s
+    quiet, docs/development.md); PYTEST_XDIST_AUTO_NUM_WORKERS wins."""
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None  # xdist's own hook reads it
-    return max(1, min(len(os.sched_getaffinity(0)), 8))
+    return max(1, min(len(os.sched_getaffinity(0)) + 1, 8))
