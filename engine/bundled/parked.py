@@ -14,8 +14,6 @@ restored   the read returns the per-start settings (one JSON line from restore.p
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import gc
 import json
 import os
@@ -27,7 +25,7 @@ import uvicorn
 
 from prebake.engine.bundled.api.app import create_app
 from prebake.engine.bundled.api.fields import UnknownFields
-from prebake.engine.bundled.api.guard import GuardSettings
+from prebake.engine.bundled.api.guard import GuardSettings, trim_heap
 from prebake.engine.bundled.api.state import AppState
 from prebake.engine.bundled.runtime.metrics import Metrics
 from prebake.engine.bundled.serve import (
@@ -82,11 +80,7 @@ def _release_freed_memory() -> None:
     of SmolLM2's 0.5 GB in fp32). The weights stay views of their file's private mapping, which
     CRIU maps again from the file instead of writing it (docs/snapshots.md)."""
     gc.collect()
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.malloc_trim(0)  # glibc's; another C library's absence of it only leaves the pages in the image
-    except (OSError, AttributeError):
-        pass
+    trim_heap()  # glibc's malloc_trim; without it (another C library) the pages stay in the image
 
 
 def _park() -> dict:

@@ -322,7 +322,7 @@ print(json.dumps({"type": type(steps).__name__, "detail": detail, "log": lines, 
 def _warm_up(tree: Path, home: Path, recipes: Path) -> tuple[dict, str]:
     """The engine's warm-up on `tree` in a fresh process, with the store at `home`: what served, and its log.
     Its temporary folder is counted after it exits (issue 49 item 8): torch's package loader leaves its
-    aotinductor_XXXXXX folder there when it refuses a model, so a package that does not load makes none.
+    aotinductor_<random suffix> folder there when it refuses a model, so a package that does not load makes none.
     The folder is made as a start's is (torch's machine folder linked in: its precompiled headers and
     ISA probes are the machine's, not compiled again per test)."""
     from prebake.engine.bundled.cache_layout import temp_dir

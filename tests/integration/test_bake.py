@@ -223,7 +223,7 @@ def test_the_bake_leaves_nothing_in_the_temporary_folder_and_shows_no_dependency
 
 @pytest.mark.slow
 def test_a_killed_prebaked_start_leaves_nothing_outside_the_store_and_gc_takes_the_rest(baked, tmp_path):
-    """issue 49 item 8: every prebaked start left an aotinductor_XXXXXX folder (torch's package loader
+    """issue 49 item 8: every prebaked start left an aotinductor_<random suffix> folder (torch's package loader
     extracts the library there) in the temporary folder; killed, it stays. Now it is under the start's
     scratch folder in the store, which gc removes once its owner is dead."""
     from tests.support.serving import ServeProcess

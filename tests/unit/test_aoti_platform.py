@@ -66,7 +66,7 @@ def test_a_gpu_package_is_refused_on_another_compute_capability_and_needs_no_cpu
 
 
 def test_a_model_the_archive_lacks_is_refused_before_torchs_loader_leaves_a_folder(tmp_path, monkeypatch):
-    """issue 49 item 8: torch's loader makes TMPDIR/aotinductor_XXXXXX first and removes it only in its
+    """issue 49 item 8: torch's loader makes TMPDIR/aotinductor_<random suffix> first and removes it only in its
     destructor, which a model it refuses never reaches; the archive is read first, so none is made."""
     import hashlib
     import json

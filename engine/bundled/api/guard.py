@@ -158,7 +158,7 @@ class Guard:
         self._in_flight -= n
         if self._in_flight == 0 and self._peak >= _TRIM_AFTER:
             self._peak = 0
-            _trim_heap()
+            trim_heap()
 
 
 class _Reservation:
@@ -179,7 +179,7 @@ class _Reservation:
             self.bytes = 0
 
 
-def _trim_heap() -> None:
+def trim_heap() -> None:
     """Hand freed heap pages back to the kernel (glibc); elsewhere a no-op."""
     if _LIBC is not None:
         _LIBC.malloc_trim(0)

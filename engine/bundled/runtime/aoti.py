@@ -316,7 +316,7 @@ def load_package(
             f"the AOTInductor package does not load here: {AOTI_DIR}/{PACKAGE} is damaged (sha256 {found[:12]}, "
             f"baked as {recorded.sha256[:12]}); rebake graphs"
         )
-    # torch's loader makes its extraction folder (TMPDIR/aotinductor_XXXXXX) first and removes it only
+    # torch's loader makes its extraction folder (TMPDIR/aotinductor_<random suffix>) first and removes it only
     # in its destructor, which a refused model never reaches: a model the archive lacks is named here.
     if absent := sorted({s.name for s in shapes} - _models_in(folder / PACKAGE)):
         raise PackageDoesNotLoad(
