@@ -100,7 +100,7 @@ def _link_machine_folder(folder: Path) -> None:
     TMPDIR compiled both again (about 15 s of a core each; docs/operations.md). Deleting the run
     folder removes the link, never what it points at (rmtree and sealing.remove do not follow links).
     A machine folder that cannot be made leaves no link: torch compiles into the run folder, as it would."""
-    link = folder / _torch_machine_folder_name()
+    link = folder / torch_machine_folder_name()
     if link.is_symlink() or link.exists():
         return
     machine = Path(os.path.realpath(Path(tempfile.gettempdir()) / link.name))
@@ -111,7 +111,7 @@ def _link_machine_folder(folder: Path) -> None:
         pass
 
 
-def _torch_machine_folder_name() -> str:
+def torch_machine_folder_name() -> str:
     """The name of torch's machine folder under the temporary folder (torch 2.13's
     `torch._inductor.runtime.cache_dir_utils.default_cache_dir`, without importing torch)."""
     try:

@@ -5,10 +5,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
+from prebake.engine.bundled.cache_layout import torch_machine_folder_name
+from prebake.engine.bundled.runtime.isa_probes import SETS_DIR
 from tests.support.baking import BIN, REPO, Home
 
 
@@ -32,7 +35,7 @@ def baked(tmp_path_factory) -> Home:
     registry; its output in bake.log, its temporary folder (TMPDIR) systemp/, both beside the home."""
     root = tmp_path_factory.mktemp("bake")
     home = Home(root, recipes=serving_one_short_sequence(root / "recipes"))
-    (root / "systemp").mkdir()
+    seeded_temp(root / "systemp")
     proc = home.doit("run", "bake", "model=tiny-llama", "precision=bf16", extra_env={"TMPDIR": str(root / "systemp")})
     (root / "bake.log").write_text(proc.stdout + proc.stderr)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -198,7 +201,23 @@ def test_prebake_copy_to_oci_and_back_leaves_bundles_the_engine_starts_from(bake
 # What a process may keep in torch's machine folder ($TMPDIR/torchinductor_$USER) for the next one, the
 # one folder written outside the store on purpose (docs/operations.md): Inductor's precompiled headers
 # and the vector-ISA probe sets (runtime.isa_probes). A start's or a bake's own TMPDIR links it.
-MACHINE_SETS = {"precompiled_headers", "prebake-isa-probes"}
+MACHINE_SETS = {"precompiled_headers", SETS_DIR}
+
+
+def seeded_temp(temp: Path) -> Path:
+    """A new temporary folder holding torch's machine folder with only its two sets, each a link to the
+    machine's own (made if absent): the bake under it reuses the precompiled headers and the probe set
+    that the rest of the suite makes (under torch's lock), where an empty folder compiled both again
+    (about 25 s of a core), and anything else it writes into the machine folder lands in this one,
+    where `_left_in` sees it."""
+    name = torch_machine_folder_name()
+    folder = temp / name
+    folder.mkdir(parents=True)
+    for kept in MACHINE_SETS:
+        machine = Path(tempfile.gettempdir()) / name / kept
+        machine.mkdir(parents=True, exist_ok=True)
+        (folder / kept).symlink_to(machine, target_is_directory=True)
+    return temp
 
 
 def _left_in(temp: Path) -> list[str]:
