@@ -80,14 +80,15 @@ def attends(query: torch.fx.Node, key: torch.fx.Node, value: torch.fx.Node, drop
 
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float):
-    # q [B, H, 1, D], k/v [B, H, T, D], mask broadcast to [B, H, 1, T] (bool: True sees; else added), as
-    # the flash kernel: scores, mask and softmax in fp32; the weighted sum of v in fp32, rounded once
+    # q [B, H, 1, D], k/v [B, H, T, D], mask added, broadcast to [B, H, 1, T] (the flash kernel takes no bool
+    # mask: the model's is converted to 0 / -inf before it); as that kernel, scores, mask and softmax in
+    # fp32; the weighted sum of v in fp32 too (it rounds the probabilities to q's dtype first), rounded once
     import torch
 
     q = _stored(q)  # else its RoPE is computed again for every cached position
     scores = torch.sum(q.float() * k.float(), dim=-1, keepdim=True).transpose(-1, -2) * scale
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.float()
+        scores = scores + mask.float()
     probs = torch.softmax(scores, dim=-1)
     return torch.sum(probs.transpose(-1, -2) * v.float(), dim=-2, keepdim=True).to(q.dtype)
 
