@@ -71,8 +71,10 @@ def attends(query: torch.fx.Node, key: torch.fx.Node, value: torch.fx.Node, drop
     causal flag (decode's mask is explicit)."""
     import torch
 
-    q, k, v = (n.meta.get("val") for n in (query, key, value))
-    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 and t.device.type == "cpu" for t in (q, k, v)):
+    q, k, v = (n.meta.get("val") if isinstance(n, torch.fx.Node) else None for n in (query, key, value))
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        return False
+    if q.dim() != 4 or not q.device.type == k.device.type == v.device.type == "cpu":
         return False
     if q.dtype not in (torch.float32, torch.bfloat16, torch.float16) or not q.dtype == k.dtype == v.dtype:
         return False
@@ -106,7 +108,7 @@ def _stored(x: torch.Tensor) -> torch.Tensor:
     # that reads it, loading and recomputing it once per output: Inductor's prim that fixes a layout,
     # whose lowering realizes a copy (ExternKernel.require_stride_order)
     import torch
-    import torch._inductor.inductor_prims  # noqa: F401  # registers torch.ops.prims.inductor_force_stride_order
+    import torch._inductor.inductor_prims  # registers torch.ops.prims.inductor_force_stride_order
 
     return torch.ops.prims.inductor_force_stride_order(x, x.stride())
 
@@ -145,8 +147,9 @@ def _patterns():
     @register_graph_pattern(CallFunction(operator.getitem, CallFunctionVarArgs(flash), 0), pass_dict=patterns)
     def sdpa(match: Match, *args, **kwargs) -> None:
         node = match.output_node().args[0]
-        bound = flash._schema  # (query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None)
-        named = dict(zip([a.name for a in bound.arguments], node.args)) | dict(node.kwargs)
+        assert isinstance(node, torch.fx.Node)  # the pattern's inner call
+        # (query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None)
+        named: dict = dict(zip([a.name for a in flash._schema.arguments], node.args)) | dict(node.kwargs)
         query, key, value = named["query"], named["key"], named["value"]
         if not attends(query, key, value, named.get("dropout_p", 0.0), named.get("is_causal", False)):
             return
