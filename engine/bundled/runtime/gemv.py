@@ -1,20 +1,15 @@
-"""Decode's one-row matrix products and one-query attention compiled as Inductor reductions, not
-extern calls: a post-grad pass (Inductor's `post_grad_custom_post_pass`) rewrites
-- every CPU `mm`/`addmm` whose left side has at most MAX_ROWS rows as `sum(x[:, :, None] * w[None], -2)`,
-  which Inductor generates as a vectorized reduction fused with the kernels around it (RMSNorm before,
-  SiLU-multiply and residual after), where torch's mm was an extern MKL call and a parallel region of
-  its own (in bf16 on AMD CPUs, MKL's generic path);
-- every CPU SDPA (`_scaled_dot_product_flash_attention_for_cpu`) of one query row, decode's attention,
-  as scores `sum(q * k, -1)` over the cache, the mask, a softmax and `sum(p * v, -2)`, all in fp32:
-  torch's flash kernel ran its two products through MKL's bf16 gemm (the generic path again, a quarter
-  of a bf16 token), and the model's GQA expansion of the cache (a copy of K and V per query head, for
-  the extern call) becomes indexing Inductor folds into the reduction's loads.
-Prefill's and batched decode's products, and prefill's attention, keep torch's kernels. Why and
-measured: docs/performance.md, "Decode: where a token's time goes".
+"""Decode's one-row products and one-query attention compiled as Inductor reductions, not extern calls:
+a post-grad pass (Inductor's `post_grad_custom_post_pass`) rewrites every CPU `mm`/`addmm` of at most
+MAX_ROWS rows as `sum(x[:, :, None] * w[None], -2)` and every CPU SDPA of one query row as `sum(q * k)`
+over the cache, the mask, a softmax and `sum(p * v)` in fp32; Inductor fuses them with the kernels
+around them, where torch's mm and flash kernel were extern calls (in bf16 on AMD CPUs, MKL's generic
+path) and the cache was copied per query head for SDPA. Prefill's and batched decode's products and
+prefill's attention keep torch's kernels. Why and measured: docs/performance.md, "Decode: where a
+token's time goes".
 
-Its version joins Inductor's cache key (the pass's uuid) and the graphs key (KEY, read by the
-adapter without torch: this module imports torch only where a bake asks for the pass). An FP8
-model's graphs never take it (runtime/fp8_linear owns their products).
+Its version joins Inductor's cache key (the pass's uuid) and the graphs key (KEY, read by the adapter
+without torch: this module imports torch only where a bake asks for the pass). An FP8 model's graphs
+never take it (runtime/fp8_linear owns their products).
 """
 
 from __future__ import annotations
