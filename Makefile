@@ -114,8 +114,9 @@ vllm-check: $(VLLM_STAMP)
 peers: $(STAMP) $(VLLM_STAMP)
 	nice -n 19 $(BIN)/python benchmarks/peers.py --vllm-python $(VLLM_BIN)/python --snapshot --chart docs/images/peers.png
 
-## decode: time per decoded token of SmolLM2-135M's widths, the decode products as Inductor reductions
-## against torch's mm, fp32 and bf16 (four packages of one shape: minutes), beside llama.cpp's llama-bench
+## decode: time per decoded token of SmolLM2-135M's widths, the decode products and attention as Inductor
+## reductions against torch's mm and SDPA and against the products alone, fp32 and bf16 (six packages of
+## one shape: minutes), beside llama.cpp's llama-bench
 ## at the same bytes per weight where `make peers` built it (niced)
 LLAMA_BENCH ?= $(firstword $(wildcard $(HOME)/.cache/prebake/peers/build-*/bin/llama-bench))
 decode: $(STAMP)

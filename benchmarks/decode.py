@@ -1,9 +1,12 @@
-"""Time per decoded token of SmolLM2-135M's widths in an AOTInductor package, the decode products as
-Inductor reductions (runtime.gemv, the bake's default) against torch's mm (before it), fp32 and bf16.
+"""Time per decoded token of SmolLM2-135M's widths in an AOTInductor package, the decode products and
+one-query attention as Inductor reductions (runtime.gemv, the bake's default) against torch's mm and
+SDPA (before the pass) and against the pass's first version (the products alone), fp32 and bf16.
 
-For each dtype two packages of one decode shape (one sequence over --ctx positions) are baked from
+For each dtype three packages of one decode shape (one sequence over --ctx positions) are baked from
 recipes/smollm2-135m.toml cut to --layers layers (seeded weights of the real widths: the speed of a
-step does not depend on the values), one with the pass and one without, each in a child process;
+step does not depend on the values): without the pass ("mm"), with its products alone ("products",
+runtime.gemv v1: torch's SDPA, the products' left side inlined) and with the pass ("reductions"), each
+in a child process;
 then each is served in a fresh child, interleaved over --repeat rounds (a burst of load falls on
 every configuration), --steps timed steps each, the engine's OpenMP waits chosen as its start
 chooses them. With --llama-bench and the peers' GGUFs (benchmarks/peers_setup: F32 and BF16
@@ -29,7 +32,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "smollm2-135m.toml"
-VERSIONS = ("mm", "reductions")  # before the pass, with it
+VERSIONS = ("mm", "products", "reductions")  # before the pass, its first version, the pass
 GGUF_TYPES = {"fp32": "f32", "bf16": "bf16"}  # llama.cpp's name of each dtype's conversion (peers_setup)
 
 
@@ -49,9 +52,13 @@ def _shape(ctx: int):
 
 
 def child_build(version: str, out: str, layers: int, dtype: str, ctx: int) -> dict:
-    from prebake.engine.bundled.runtime import aoti
+    from prebake.engine.bundled.runtime import aoti, gemv
     from prebake.engine.bundled.runtime.steps import Tactic
 
+    if version == "products":  # runtime.gemv v1: one-row products only, their left side inlined, SDPA kept
+        gemv.attends = lambda *a, **k: False  # type: ignore[assignment]
+        gemv._stored = lambda x: x  # type: ignore[assignment]
+        gemv.KEY = f"{gemv.KEY}, products only"  # Inductor's cache key (the pass's uuid) apart from the pass's
     if version == "mm":  # the package as it was baked before runtime.gemv
         with_pass = aoti.package_options
         aoti.package_options = lambda *a, **k: {  # type: ignore[assignment]
@@ -168,9 +175,12 @@ def main() -> None:
     cpu_median = {k: round(statistics.median(v), 3) for k, v in cpu_ms.items()}
     ratios: dict[str, float] = {}
     for dtype in dtypes:
-        after, before = f"{dtype} reductions", f"{dtype} mm"
-        ratios[f"{dtype}_reductions_over_mm"] = round(median[after] / median[before], 3)
-        ratios[f"{dtype}_reductions_over_mm_cpu"] = round(cpu_median[after] / cpu_median[before], 3)
+        after = f"{dtype} reductions"
+        for before in ("mm", "products"):
+            ratios[f"{dtype}_reductions_over_{before}"] = round(median[after] / median[f"{dtype} {before}"], 3)
+            ratios[f"{dtype}_reductions_over_{before}_cpu"] = round(
+                cpu_median[after] / cpu_median[f"{dtype} {before}"], 3
+            )
         if f"{dtype} llama.cpp" in median:
             ratios[f"{dtype}_reductions_over_llama_cpp"] = round(median[after] / median[f"{dtype} llama.cpp"], 3)
     load_end = os.getloadavg()

@@ -110,9 +110,9 @@ def _autotune_groups(context: KeyContext) -> Groups:
 def _graphs_groups(context: KeyContext) -> Groups:
     """The target's groups and the [compile] options, with what the recipe's graphs variant adds;
     kernel_threads: kernels read their thread count at run time (runtime.steps.threads_at_run_time);
-    decode_matmuls: one-row products compiled as Inductor reductions (runtime.gemv), at every precision
-    but fp8, whose products stay as they were (so its keys did not move); at fp8 the weights' FP8
-    scheme (format, granularity, activation scheme, excluded modules)."""
+    decode_matmuls: one-row products and one-query attention compiled as Inductor reductions
+    (runtime.gemv), at every precision but fp8, whose steps stay as they were (so its keys did not
+    move); at fp8 the weights' FP8 scheme (format, granularity, activation scheme, excluded modules)."""
     options = compile_factors(context.recipe, DEFAULT_VARIANT)
     graphs = variant_of(context.recipe)  # checked when the adapter was picked (EngineSpec.graphs_variant)
     factors = {**options, **graphs.key_factors(context.recipe.compile), "kernel_threads": "run-time"}

@@ -409,9 +409,10 @@ def test_the_package_holds_no_weights(graphs_tree):
     assert os.path.getsize(graphs_tree / "aoti" / "steps.pt2") > 0
 
 
-def test_decode_multiplies_in_inductor_reductions_and_prefill_keeps_torchs_mm(graphs_tree, tmp_path):
-    """runtime.gemv: the decode model's one-row products are generated kernels (no extern mm left to
-    call), prefill's are torch's mm as before; the equality with eager is checked above."""
+def test_decode_multiplies_and_attends_in_inductor_reductions_and_prefill_keeps_torchs_kernels(graphs_tree, tmp_path):
+    """runtime.gemv: the decode model's one-row products and one-query attention are generated kernels
+    (no extern mm or SDPA left to call), prefill's are torch's mm and SDPA as before; the equality with
+    eager is checked above."""
     imports = {}
     with zipfile.ZipFile(graphs_tree / "aoti" / "steps.pt2") as archive:
         for member in (m for m in archive.namelist() if m.endswith(".so")):
@@ -422,6 +423,9 @@ def test_decode_multiplies_in_inductor_reductions_and_prefill_keeps_torchs_mm(gr
             imports[model] = {line.split()[-1].split("@")[0] for line in listed.stdout.splitlines() if line.strip()}
     assert "aoti_torch_cpu_mm_out" not in imports["decode-b1-t1-c32"], sorted(imports["decode-b1-t1-c32"])
     assert "aoti_torch_cpu_mm_out" in imports["prefill-b1-t32-c32"], sorted(imports["prefill-b1-t32-c32"])
+    sdpa = "aoti_torch_cpu__scaled_dot_product_flash_attention_for_cpu"
+    assert sdpa not in imports["decode-b1-t1-c32"], sorted(imports["decode-b1-t1-c32"])
+    assert sdpa in imports["prefill-b1-t32-c32"], sorted(imports["prefill-b1-t32-c32"])
 
 
 def test_a_package_that_does_not_load_in_a_tree_without_fallback_compiles_in_place_says_why_and_serves(bare):

@@ -1,6 +1,7 @@
-"""Decode's one-row products as Inductor reductions (runtime.gemv): which products the pass takes, that
-every graphs variant's compile carries it except an FP8 model's, and that its version is in the graphs
-key. That the package's decode calls no mm and answers as eager: tests/integration/test_aoti_package.py."""
+"""Decode's one-row products and one-query attention as Inductor reductions (runtime.gemv): which products
+and attention calls the pass takes, that the attention it writes answers as torch's kernel, that every
+graphs variant's compile carries it except an FP8 model's, and that its version is in the graphs key.
+That the package's decode calls no mm and no SDPA and answers as eager: tests/integration/test_aoti_package.py."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pickle
 
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from prebake.artifacts.recipe.kinds import target_keys
 from prebake.artifacts.recipe.schema import load_recipe, targets
@@ -37,6 +39,48 @@ def test_the_pass_takes_cpu_float_products_of_at_most_max_rows(rows, dtype, devi
     a = _node(graph, "a", torch.empty(rows, 8, dtype=dtype, device=device))
     b = _node(graph, "b", torch.empty(8, 4, dtype=dtype, device=device))
     assert gemv.rewrites(a, b) is taken
+
+
+def _flash(q, k, v, mask):
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=mask)[0]
+
+
+def _passed(q, k, v, mask) -> torch.fx.GraphModule:
+    """One SDPA call as the pass sees it in Inductor's post-grad graph (fake values, the unread logsumexp
+    gone), after the pass."""
+    from torch._guards import detect_fake_mode
+    from torch._inductor.virtualized import V
+
+    module = make_fx(_flash, tracing_mode="fake")(q, k, v, mask)
+    module.graph.eliminate_dead_code()
+    with V.set_fake_mode(detect_fake_mode([n.meta["val"] for n in module.graph.nodes if "val" in n.meta])):
+        gemv.decode_matmuls()(module.graph)
+    module.recompile()
+    return module
+
+
+def _calls(module: torch.fx.GraphModule) -> set[str]:
+    return {str(n.target) for n in module.graph.nodes if n.op == "call_function"}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_query_attention_becomes_reductions_that_answer_as_torchs_kernel(dtype):
+    # decode's: one query row, the cache's KV heads expanded to the query heads, masked to 10 of 16 positions
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(shape, generator=gen).to(dtype) for shape in ((2, 4, 1, 8), (2, 4, 16, 8), (2, 4, 16, 8)))
+    sees = (torch.arange(16) <= torch.tensor([9, 3])[:, None]).view(2, 1, 1, 16)
+    mask = torch.zeros((), dtype=dtype).where(sees, float("-inf"))  # as the model's graph passes it
+    module = _passed(q, k, v, mask)
+    assert str(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default) not in _calls(module)
+    assert "aten.sum.dim_IntList" in _calls(module)
+    tolerance = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    torch.testing.assert_close(module(q, k, v, mask), _flash(q, k, v, mask), **tolerance)
+
+
+def test_prefills_attention_keeps_torchs_kernel():
+    q, k, v = torch.randn(1, 4, 3, 8), torch.randn(1, 4, 16, 8), torch.randn(1, 4, 16, 8)
+    module = _passed(q, k, v, torch.zeros(1, 1, 3, 16))
+    assert str(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default) in _calls(module)
 
 
 def test_the_pass_is_one_instance_that_pickles_as_itself_and_keys_inductors_cache_by_its_version():

@@ -109,7 +109,7 @@ def package_options(mode: str = "default", world: int = 1, fp8: bool = False) ->
     model's casts are kept as written (emulate_precision_casts): its activations are quantized from
     bf16 values, and skipping the bf16 rounding before them moves FP8 roundings, so logits 3% apart
     from eager's (measured on the tests' 2-layer recipe); kept, the package's equal eager's. Every
-    other model's decode products are Inductor reductions (runtime.gemv)."""
+    other model's decode products and attention are Inductor reductions (runtime.gemv)."""
     import torch._inductor
 
     from prebake.engine.bundled.runtime.gemv import decode_matmuls

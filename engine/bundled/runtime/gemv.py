@@ -1,14 +1,15 @@
-"""Decode's one-row matrix products compiled as Inductor reductions, not torch's mm: a post-grad pass
-(Inductor's `post_grad_custom_post_pass`) rewrites every CPU `mm`/`addmm` whose left side has at most
-MAX_ROWS rows as `sum(x[:, :, None] * w[None], -2)`, which Inductor generates as a vectorized
-reduction fused with the kernels around it (RMSNorm before, SiLU-multiply and residual after), where
-torch's mm was an extern MKL call and a parallel region of its own (in bf16 on AMD CPUs, MKL's
-generic path). Prefill's and batched decode's products keep torch's mm. Why and measured:
-docs/performance.md, "Decode: where a token's time goes".
+"""Decode's one-row products and one-query attention compiled as Inductor reductions, not extern calls:
+a post-grad pass (Inductor's `post_grad_custom_post_pass`) rewrites every CPU `mm`/`addmm` of at most
+MAX_ROWS rows as `sum(x[:, :, None] * w[None], -2)` and every CPU SDPA of one query row as `sum(q * k)`
+over the cache, the mask, a softmax and `sum(p * v)` in fp32; Inductor fuses them with the kernels
+around them, where torch's mm and flash kernel were extern calls (in bf16 on AMD CPUs, MKL's generic
+path) and the cache was copied per query head for SDPA. Prefill's and batched decode's products and
+prefill's attention keep torch's kernels. Why and measured: docs/performance.md, "Decode: where a
+token's time goes".
 
-Its version joins Inductor's cache key (the pass's uuid) and the graphs key (KEY, read by the
-adapter without torch: this module imports torch only where a bake asks for the pass). An FP8
-model's graphs never take it (runtime/fp8_linear owns their products).
+Its version joins Inductor's cache key (the pass's uuid) and the graphs key (KEY, read by the adapter
+without torch: this module imports torch only where a bake asks for the pass). An FP8 model's graphs
+never take it (runtime/fp8_linear owns their products).
 """
 
 from __future__ import annotations
@@ -20,14 +21,15 @@ if TYPE_CHECKING:
     import torch
 
 MAX_ROWS = 1  # decode of one sequence; more rows keep torch's mm (a reduction would read each weight once a row)
-VERSION = 1  # bumped when the rewrite changes: Inductor's cache key and the graphs key carry it
-KEY = f"reductions of at most {MAX_ROWS} row(s), v{VERSION}"
+VERSION = 2  # bumped when the rewrite changes: Inductor's cache key and the graphs key carry it
+KEY = f"reductions of at most {MAX_ROWS} row(s) and one-query attention, v{VERSION}"
 
 
 @functools.cache
 def decode_matmuls():
-    """The pass, for Inductor's `post_grad_custom_post_pass`: small-row CPU mm/addmm rewritten as
-    reductions. One instance a process; it pickles as this function (the compile workers')."""
+    """The pass, for Inductor's `post_grad_custom_post_pass`: small-row CPU mm/addmm and one-query CPU
+    SDPA rewritten as reductions. One instance a process; it pickles as this function (the compile
+    workers')."""
     from torch._inductor.custom_graph_pass import CustomGraphPass
 
     class DecodeMatmuls(CustomGraphPass):
@@ -58,17 +60,67 @@ def rewrites(mat1: torch.fx.Node, mat2: torch.fx.Node) -> bool:
     return isinstance(rows, int) and rows <= MAX_ROWS
 
 
+def attends(query: torch.fx.Node, key: torch.fx.Node, value: torch.fx.Node, dropout: float, causal: bool) -> bool:
+    """Whether an SDPA of `query` over `key`/`value` is one this pass takes: on the CPU, a float dtype,
+    one query row, as many key as query heads (the model expands GQA's before it), no dropout, no
+    causal flag (decode's mask is explicit)."""
+    import torch
+
+    q, k, v = (n.meta.get("val") if isinstance(n, torch.fx.Node) else None for n in (query, key, value))
+    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        return False
+    if q.dim() != 4 or not q.device.type == k.device.type == v.device.type == "cpu":
+        return False
+    if q.dtype not in (torch.float32, torch.bfloat16, torch.float16) or not q.dtype == k.dtype == v.dtype:
+        return False
+    return q.shape[2] == 1 and q.shape[:2] == k.shape[:2] == v.shape[:2] and dropout == 0.0 and not causal
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float):
+    # q [B, H, 1, D], k/v [B, H, T, D], mask added, broadcast to [B, H, 1, T] (the flash kernel takes no bool
+    # mask: the model's is converted to 0 / -inf before it); as that kernel, scores, mask and softmax in
+    # fp32; the weighted sum of v in fp32 too (it rounds the probabilities to q's dtype first), rounded once
+    import torch
+
+    q = _stored(q)  # else its RoPE is computed again for every cached position
+    scores = torch.sum(q.float() * k.float(), dim=-1, keepdim=True).transpose(-1, -2) * scale
+    if mask is not None:
+        scores = scores + mask.float()
+    probs = torch.softmax(scores, dim=-1)
+    return torch.sum(probs.transpose(-1, -2) * v.float(), dim=-2, keepdim=True).to(q.dtype)
+
+
 def _product(mat1: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
     # accumulated in float32 by Inductor's reduction (its bf16/fp16 loads widen), rounded once, as mm does
     import torch
 
+    mat1 = _stored(mat1)  # else its RMSNorm is computed again for every output (49,152 times for the logits)
     return torch.sum(mat1[:, :, None] * mat2[None, :, :], dim=-2).to(mat1.dtype)
+
+
+def _stored(x: torch.Tensor) -> torch.Tensor:
+    # x written to a buffer once, where Inductor would inline its pointwise producer into the reduction
+    # that reads it, loading and recomputing it once per output: Inductor's prim that fixes a layout,
+    # whose lowering realizes a copy (ExternKernel.require_stride_order)
+    import torch
+    import torch._inductor.inductor_prims  # registers torch.ops.prims.inductor_force_stride_order
+
+    return torch.ops.prims.inductor_force_stride_order(x, x.stride())
 
 
 @functools.cache
 def _patterns():
+    import operator
+
     import torch
-    from torch._inductor.pattern_matcher import Arg, CallFunction, Match, PatternMatcherPass, register_graph_pattern
+    from torch._inductor.pattern_matcher import (
+        Arg,
+        CallFunction,
+        CallFunctionVarArgs,
+        Match,
+        PatternMatcherPass,
+        register_graph_pattern,
+    )
 
     aten = torch.ops.aten
     patterns = PatternMatcherPass(pass_name="prebake_decode_matmuls")
@@ -82,5 +134,26 @@ def _patterns():
     def addmm(match: Match, bias: torch.fx.Node, mat1: torch.fx.Node, mat2: torch.fx.Node) -> None:
         if rewrites(mat1, mat2):
             match.replace_by_example(lambda c, a, b: _product(a, b) + c, [bias, mat1, mat2])
+
+    flash = aten._scaled_dot_product_flash_attention_for_cpu.default
+
+    # its output, not its logsumexp: a graph that reads the logsumexp keeps the kernel (the pattern's
+    # inner node has no other user)
+    @register_graph_pattern(CallFunction(operator.getitem, CallFunctionVarArgs(flash), 0), pass_dict=patterns)
+    def sdpa(match: Match, *args, **kwargs) -> None:
+        node = match.output_node().args[0]
+        assert isinstance(node, torch.fx.Node)  # the pattern's inner call
+        # (query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None)
+        named: dict = dict(zip([a.name for a in flash._schema.arguments], node.args)) | dict(node.kwargs)
+        query, key, value = named["query"], named["key"], named["value"]
+        if not attends(query, key, value, named.get("dropout_p", 0.0), named.get("is_causal", False)):
+            return
+        mask, scale = named.get("attn_mask"), named.get("scale")
+        if scale is None:
+            scale = query.meta["val"].shape[-1] ** -0.5
+        if mask is None:
+            match.replace_by_example(lambda q, k, v: _attention(q, k, v, None, scale), [query, key, value])
+        else:
+            match.replace_by_example(lambda q, k, v, m: _attention(q, k, v, m, scale), [query, key, value, mask])
 
     return patterns

@@ -48,8 +48,8 @@ def threads_at_run_time() -> None:
 
 
 def decode_products_as_reductions(model: Llama) -> None:
-    """Compile one-row matrix products as Inductor reductions (runtime.gemv), as the aoti-package
-    variant's bake does (aoti.package_options); an FP8 model's products stay as they are."""
+    """Compile one-row matrix products and one-query attention as Inductor reductions (runtime.gemv),
+    as the aoti-package variant's bake does (aoti.package_options); an FP8 model's stay as they are."""
     import torch._inductor.config as inductor_config
 
     inductor_config.post_grad_custom_post_pass = None if is_fp8(model) else decode_matmuls()
