@@ -9,9 +9,10 @@ park       stdin, stdout and stderr are the only open descriptors besides CONTRO
            pages of its file mappings recorded (snapshot/resident.py); it prints READY_LINE and
            blocks reading CONTROL_FD: the dump is taken here
 restored   the read returns the per-start settings (one JSON line from restore.py: host, port,
-           API key, body limits, when the start began); the recorded pages mapped again (CRIU
-           maps the files, not their pages); it binds, serves, and stops when SIGTERM comes or
-           CONTROL_FD closes (its supervisor is gone)
+           API key, body limits, when the start began, the host operator's OpenMP waits); the
+           recorded pages mapped again (CRIU maps the files, not their pages); OpenMP's waits
+           chosen on this host (runtime/openmp.py: the bake's were libgomp's long spin); it binds,
+           serves, and stops when SIGTERM comes or CONTROL_FD closes (its supervisor is gone)
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from prebake.engine.bundled.api.app import create_app
 from prebake.engine.bundled.api.fields import UnknownFields
 from prebake.engine.bundled.api.guard import GuardSettings, trim_heap
 from prebake.engine.bundled.api.state import AppState
+from prebake.engine.bundled.runtime import openmp
 from prebake.engine.bundled.runtime.metrics import Metrics
 from prebake.engine.bundled.serve import (
     REJECT_UNKNOWN_FIELDS_VARIABLE,
@@ -61,6 +63,7 @@ def serve_parked(request: StartRequest, open_services: OpenServices) -> int:
     pages = resident.record()
     settings = _park()
     print(resident.populate(pages).line(), flush=True)  # as ready as the start it was taken of
+    print(f"prebake serve: snapshot: {openmp.restored_waits(settings.get('openmp', {})).line()}", flush=True)
     return _serve(engine, scheduler, state, settings)
 
 

@@ -68,8 +68,7 @@ def _present_runs(pagemap, start: int, end: int) -> list[tuple[int, int]]:
     entries = os.pread(pagemap.fileno(), (end - start) // PAGE * 8, start // PAGE * 8)
     present = entries[7::8].translate(_PRESENT)
     return [
-        (start + found.start() * PAGE, (found.end() - found.start()) * PAGE)
-        for found in re.finditer(b"\x01+", present)
+        (start + found.start() * PAGE, (found.end() - found.start()) * PAGE) for found in re.finditer(b"\x01+", present)
     ]
 
 
