@@ -29,6 +29,7 @@ def test_serve_restores_the_snapshot_as_ready_as_the_usual_start_and_answers_ali
         restored.wait_ready(120)
         assert "restored from its snapshot" in restored.log
         assert "MB of mapped file pages made present again" in restored.log
+        assert "prebake serve: snapshot: OpenMP waits " in restored.log  # chosen on this host, not the bake's
         restored_faults = first_request_faults(restored)
         tokens = greedy(restored)
     finally:
