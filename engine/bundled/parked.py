@@ -1,17 +1,12 @@
-"""The process a snapshot is taken of, and what it does once restored.
+"""The process a snapshot is taken of, and what it does once restored (docs/snapshots.md).
 
-python -m prebake.engine.bundled.snapshot.child SPEC.json     (started by dump.py, never by hand)
-
-start      the bundled engine's start (prebake.engine.bundled.start) from the bake's own bundles:
-           lookup, load, warm-up of every step shape; then the scheduler, tokenizer and chat
-           template (serve.py's ready step). No port is bound, no request state exists.
-park       stdin, stdout and stderr are the only open descriptors besides CONTROL_FD; the present
-           pages of its file mappings recorded (snapshot/resident.py); it prints READY_LINE and
-           blocks reading CONTROL_FD: the dump is taken here
-restored   the read returns the per-start settings (one JSON line from restore.py: host, port,
-           API key, body limits, when the start began, the host operator's OpenMP waits); the
-           recorded pages mapped again (CRIU maps the files, not their pages); OpenMP's waits
-           chosen on this host (runtime/openmp.py: the bake's were libgomp's long spin); it binds,
+start      the bundled engine's start from the bake's own bundles: lookup, load, warm-up of every
+           step shape; the scheduler, tokenizer and chat template. No port bound, no request state.
+park       the heap trimmed and the steps run again; stdin, stdout and stderr are its only
+           descriptors besides CONTROL_FD; its file mappings' present pages recorded
+           (snapshot/resident.py); it prints READY_LINE and blocks reading CONTROL_FD: the dump
+restored   the read returns the per-start settings (one JSON line from restore.py); the recorded
+           pages mapped again, OpenMP's waits chosen on this host (runtime/openmp.py); it binds,
            serves, and stops when SIGTERM comes or CONTROL_FD closes (its supervisor is gone)
 """
 

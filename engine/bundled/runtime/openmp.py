@@ -8,13 +8,8 @@ measures, before torch is imported, the cores its threads get when they all want
 threads hash a buffer, the GIL released, for PROBE_SECONDS: CPU time over wall time): at least
 FREE_SHARE of a core each keeps libgomp's default, less sets GOMP_SPINCOUNT=SHORT_SPIN_COUNT.
 libgomp reads the variables once, as `import torch` loads it; an operator's own OMP_WAIT_POLICY or
-GOMP_SPINCOUNT is kept.
-
-A snapshot's process (engine/bundled/parked.py) loads libgomp at the bake with the long spin
-(for_snapshot), and chooses again once restored, on the serving host (restored_waits): where its
-threads share cores it shortens every wait by holding a second OpenMP pool idle, since libgomp spins
-its throttled count (100) while it manages more threads than there are CPUs. A long spin can be
-shortened that way after the fact, a short one never lengthened: so the bake keeps the long one.
+GOMP_SPINCOUNT is kept. A snapshot's process loads libgomp with the long spin at the bake
+(for_snapshot) and chooses once restored (restored_waits: docs/snapshots.md).
 """
 
 from __future__ import annotations

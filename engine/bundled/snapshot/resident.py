@@ -1,17 +1,14 @@
-"""The file pages a parked process had mapped, mapped again once it is restored, before it says ready.
+"""The file pages a parked process had mapped, mapped again once restored, before it says ready.
 
-CRIU restores a private file mapping (a library's code, AOTInductor's .so files, a weights file read
-by mmap) by mapping the file again: only the pages the process wrote come from the image, so none of
-the pages it had only read are in its page tables after a restore. The restored server's first
-request then faults them back in, one fault-around block at a time: tiny-llama's 280 faults, 14.6 MB
-of libtorch's and the packages' code, that a prebaked start paid in its warm-up (docs/snapshots.md).
-So the parked process records which pages of its file mappings are present just before the dump,
-and the restored one has the kernel map those again before its ready line, inside its time to ready.
+CRIU restores a private file mapping (a library's code, AOTInductor's .so files, weights read by
+mmap) by mapping the file again: only the pages the process wrote come from the image, so the pages
+it had only read would fault back in at the first request, where a prebaked start paid them in its
+warm-up (docs/snapshots.md). So the parked process records them, and the restored one maps them.
 
     record()         runs of present pages in readable file mappings: /proc/self/maps, and
                      /proc/self/pagemap's present bit (bit 63; no privilege needed)
-    populate(pages)  madvise(MADV_POPULATE_READ) on each run (Linux 5.14): mapped from the page
-                     cache, read from the file where it holds them no longer; what it did, as a value
+    populate(pages)  madvise(MADV_POPULATE_READ) on each run (Linux 5.14), inside the time to
+                     ready; what it did, as a value
 """
 
 from __future__ import annotations
