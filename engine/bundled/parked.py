@@ -1,15 +1,13 @@
-"""The process a snapshot is taken of, and what it does once restored.
+"""The process a snapshot is taken of, and what it does once restored (docs/snapshots.md).
 
-python -m prebake.engine.bundled.snapshot.child SPEC.json     (started by dump.py, never by hand)
-
-start      the bundled engine's start (prebake.engine.bundled.start) from the bake's own bundles:
-           lookup, load, warm-up of every step shape; then the scheduler, tokenizer and chat
-           template (serve.py's ready step). No port is bound, no request state exists.
-park       stdin, stdout and stderr are the only open descriptors besides CONTROL_FD; it prints
-           READY_LINE and blocks reading CONTROL_FD: the dump is taken here
-restored   the read returns the per-start settings (one JSON line from restore.py: host, port,
-           API key, body limits, when the start began); it binds, serves, and stops when
-           SIGTERM comes or CONTROL_FD closes (its supervisor is gone)
+start      the bundled engine's start from the bake's own bundles: lookup, load, warm-up of every
+           step shape; the scheduler, tokenizer and chat template. No port bound, no request state.
+park       the heap trimmed and the steps run again; stdin, stdout and stderr are its only
+           descriptors besides CONTROL_FD; its file mappings' present pages recorded
+           (snapshot/resident.py); it prints READY_LINE and blocks reading CONTROL_FD: the dump
+restored   the read returns the per-start settings (one JSON line from restore.py); the recorded
+           pages mapped again, OpenMP's waits chosen on this host (runtime/openmp.py); it binds,
+           serves, and stops when SIGTERM comes or CONTROL_FD closes (its supervisor is gone)
 """
 
 from __future__ import annotations
@@ -27,6 +25,7 @@ from prebake.engine.bundled.api.app import create_app
 from prebake.engine.bundled.api.fields import UnknownFields
 from prebake.engine.bundled.api.guard import GuardSettings, trim_heap
 from prebake.engine.bundled.api.state import AppState
+from prebake.engine.bundled.runtime import openmp
 from prebake.engine.bundled.runtime.metrics import Metrics
 from prebake.engine.bundled.serve import (
     REJECT_UNKNOWN_FIELDS_VARIABLE,
@@ -37,6 +36,7 @@ from prebake.engine.bundled.serve import (
     _serve_steps,
     reject_unknown_fields_from,
 )
+from prebake.engine.bundled.snapshot import resident
 from prebake.engine.bundled.snapshot.image import CONTROL_FD, READY_LINE
 from prebake.engine.bundled.start import start
 from prebake.engine.common.adapter import OpenServices, StartRequest
@@ -54,8 +54,11 @@ def serve_parked(request: StartRequest, open_services: OpenServices) -> int:
     scheduler = _ready(engine, state, emit)
     _load_http(state)
     _hold_no_files(engine)
-    _release_freed_memory()
+    _release_freed_memory(engine)
+    pages = resident.record()
     settings = _park()
+    print(resident.populate(pages).line(), flush=True)  # as ready as the start it was taken of
+    print(f"prebake serve: snapshot: {openmp.restored_waits(settings.get('openmp', {})).line()}", flush=True)
     return _serve(engine, scheduler, state, settings)
 
 
@@ -74,13 +77,17 @@ def _hold_no_files(engine) -> None:
     engine.store.release_scratch(engine.run_dir)
 
 
-def _release_freed_memory() -> None:
+def _release_freed_memory(engine) -> None:
     """Give the heap's freed pages back to the kernel before the dump: CRIU writes every resident
     anonymous page, and malloc keeps what the start freed (a GGUF dequantized on this start: 0.3 GB
     of SmolLM2's 0.5 GB in fp32). The weights stay views of their file's private mapping, which
-    CRIU maps again from the file instead of writing it (docs/snapshots.md)."""
+    CRIU maps again from the file instead of writing it (docs/snapshots.md). Then every step shape
+    runs once more: the trim gave back the free chunks the steps' buffers come from, and without
+    their pages in the image the first request after a restore would fault them in (tiny-llama:
+    1-1.5 MB, 250-370 faults), where a prebaked start has them from its warm-up."""
     gc.collect()
     trim_heap()  # glibc's malloc_trim; without it (another C library) the pages stay in the image
+    engine.steps.warm_up(engine.tactics, log=lambda line: None)
 
 
 def _park() -> dict:

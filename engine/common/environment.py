@@ -259,7 +259,7 @@ VARIABLES: tuple[Variable, ...] = (
         "GOMP_SPINCOUNT",
         "set",
         "1000",
-        "Set by `prebake serve` (bundled engine) before torch loads libgomp, unless it or OMP_WAIT_POLICY is set, when its OpenMP threads measured less than three quarters of a core each at the start (they share cores): they spin this many times at a barrier or between parallel regions, then sleep. Threads with a core each keep libgomp's own long spin (milliseconds), which stalls threads that share cores and beats a sleep where they do not (docs/graphs-variants.md).",
+        "Set by `prebake serve` (bundled engine) before torch loads libgomp, unless it or OMP_WAIT_POLICY is set, when its OpenMP threads measured less than three quarters of a core each at the start (they share cores): they spin this many times at a barrier or between parallel regions, then sleep. Threads with a core each keep libgomp's own long spin (milliseconds), which stalls threads that share cores and beats a sleep where they do not (docs/graphs-variants.md). A snapshot's bake sets 300000 (libgomp's default) unless it or OMP_WAIT_POLICY is set; the restored process chooses again on the serving host and, where its threads share cores, shortens every wait by holding a second OpenMP pool idle (docs/snapshots.md).",
     ),
     Variable(
         "VLLM_CACHE_ROOT",

@@ -81,6 +81,38 @@ def greedy(server: ServeProcess, tokens: int = 8) -> list[int]:
     return answer["choices"][0]["token_ids"]
 
 
+def first_request_faults(server: ServeProcess) -> int:
+    """The page faults (minor and major) of the process that serves, over its first request: its
+    engine, the biggest process under `prebake serve` (a restored one runs under unshare and CRIU)."""
+    pid = max(_descendants(server.proc.pid), key=lambda p: _stat(p)[21])  # rss, in pages
+    before = _stat(pid)
+    greedy(server)
+    after = _stat(pid)
+    return (after[7] - before[7]) + (after[9] - before[9])  # minflt, majflt
+
+
+def _stat(pid: int) -> list[int]:
+    """/proc/PID/stat's fields after the command's name, as numbers (index 0 is field 3, the state)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return [0, *map(int, fields[1:])]
+
+
+def _descendants(pid: int) -> list[int]:
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = _stat(int(entry.name))[1]
+            except (OSError, IndexError):  # gone meanwhile
+                continue
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo += [child for child, parent in parents.items() if parent == current]
+    return found
+
+
 def registry_copy(home: Home, dest: Path) -> Path:
     """A copy of the bake's registry (a test that damages it damages its own)."""
     shutil.copytree(home.root / "home" / "registry", dest)

@@ -9,6 +9,8 @@ import os
 import shutil
 import subprocess
 import sys
+from functools import partial
+from pathlib import Path
 
 import pytest
 
@@ -84,3 +86,57 @@ def test_two_threads_pinned_to_one_core_share_it_and_get_the_short_spin_before_t
     out = _in_a_fresh_process(code, "taskset", "-c", first, OMP_NUM_THREADS="2")
     assert out.startswith("1000 OpenMP waits GOMP_SPINCOUNT=1000: 2 threads got "), out
     assert out.endswith("cores, sharing them (a short spin, then sleep)"), out
+
+
+def test_a_snapshots_process_loads_libgomp_with_the_long_spin_unless_the_operator_chose():
+    assert openmp.for_snapshot({}) == {openmp.SPIN_ENV: openmp.LONG_SPIN_COUNT}
+    assert openmp.for_snapshot({"OMP_WAIT_POLICY": "passive", "HOME": "/"}) == {"OMP_WAIT_POLICY": "passive"}
+
+
+def test_a_restored_process_chooses_on_the_serving_host_and_shortens_the_long_spin_where_threads_share(monkeypatch):
+    monkeypatch.setattr(openmp, "_chosen", None)  # put back after: this process's start line says its own
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    shortened: list[str] = []
+    free = openmp.restored_waits({}, probe=lambda threads, seconds: 1.9, shorten=lambda: shortened.append("free"))
+    assert shortened == [] and free.chosen == {}
+    shared = openmp.restored_waits({}, probe=lambda threads, seconds: 0.9, shorten=lambda: shortened.append("shared"))
+    assert shortened == ["shared"]
+    assert shared.line() == (
+        "OpenMP waits GOMP_SPINCOUNT=100, libgomp's throttled count (an idle second pool): "
+        "2 threads got 0.90 cores, sharing them (a short spin, then sleep)"
+    )
+    assert openmp.waits() == shared.line()
+
+
+def test_a_restored_process_follows_the_serving_hosts_operator_as_near_as_it_can(monkeypatch):
+    monkeypatch.setattr(openmp, "_chosen", None)
+    for given, shortens in (
+        ({"OMP_WAIT_POLICY": "passive"}, True),
+        ({"GOMP_SPINCOUNT": "1000"}, True),
+        ({"OMP_WAIT_POLICY": "active"}, False),
+        ({"GOMP_SPINCOUNT": "300000"}, False),
+    ):
+        shortened: list[bool] = []
+        waits = openmp.restored_waits(
+            given, probe=lambda threads, seconds: pytest.fail("probed an operator's choice"), shorten=partial(shortened.append, True)
+        )  # fmt: skip
+        assert shortened == ([True] if shortens else []), given
+        assert waits.reason.startswith("the operator's"), waits.reason
+
+
+def test_the_idle_second_pool_is_a_thread_and_its_openmp_worker_that_sleep():
+    """Real torch and libgomp, in a fresh process: the serving thread's pool first (a warm engine's),
+    then the held one beside it: two threads more, neither running."""
+    code = (
+        "import os, time, torch\n"
+        "from prebake.engine.bundled.runtime import openmp\n"
+        "torch.ones(1 << 20).add_(1)\n"
+        "tasks = lambda: {t: open(f'/proc/self/task/{t}/stat').read().rsplit(')', 1)[1].split()[0] for t in os.listdir('/proc/self/task')}\n"
+        "before = tasks()\n"
+        "openmp.hold_second_pool()\n"
+        "time.sleep(0.2)\n"
+        "added = {t: state for t, state in tasks().items() if t not in before}\n"
+        "print(len(added), sorted(set(added.values())))\n"
+    )  # fmt: skip
+    repo = str(Path(openmp.__file__).resolve().parents[3])
+    assert _in_a_fresh_process(code, OMP_NUM_THREADS="2", PYTHONPATH=repo) == "2 ['S']"

@@ -8,7 +8,8 @@ measures, before torch is imported, the cores its threads get when they all want
 threads hash a buffer, the GIL released, for PROBE_SECONDS: CPU time over wall time): at least
 FREE_SHARE of a core each keeps libgomp's default, less sets GOMP_SPINCOUNT=SHORT_SPIN_COUNT.
 libgomp reads the variables once, as `import torch` loads it; an operator's own OMP_WAIT_POLICY or
-GOMP_SPINCOUNT is kept.
+GOMP_SPINCOUNT is kept. A snapshot's process loads libgomp with the long spin at the bake
+(for_snapshot) and chooses once restored (restored_waits: docs/snapshots.md).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ THREADS_ENV = "OMP_NUM_THREADS"
 SHORT_SPIN_COUNT = "1000"  # tens of microseconds of `pause` on x86: back-to-back kernels, not a time slice
 FREE_SHARE = 0.75  # of a core per thread, measured, for the threads to count as having cores of their own
 PROBE_SECONDS = 0.15  # tens of scheduler slices: enough to see a share, little beside a start
+RESTORE_PROBE_SECONDS = 0.05  # a restore's: a dozen slices, inside a time to ready of about 0.5 s
+LONG_SPIN_COUNT = "300000"  # libgomp's own default: what a snapshot's process loads it with
+THROTTLED = "100, libgomp's throttled count (an idle second pool)"
 
 
 @dataclass(frozen=True)
@@ -89,10 +93,69 @@ def choose_waits(environ: MutableMapping[str, str] | None = None, probe: Callabl
     return _chosen
 
 
+def operators(environ: Mapping[str, str]) -> dict[str, str]:
+    """The waits the operator set, if any: kept wherever prebake would choose."""
+    return {name: environ[name] for name in (POLICY_ENV, SPIN_ENV) if name in environ}
+
+
+def for_snapshot(environ: Mapping[str, str]) -> dict[str, str]:
+    """What a process to be snapshotted loads libgomp with: the operator's waits, else libgomp's long
+    spin whatever the bake's host measured (restored_waits shortens it on a host that shares cores)."""
+    return operators(environ) or {SPIN_ENV: LONG_SPIN_COUNT}
+
+
+def restored_waits(
+    given: Mapping[str, str],
+    probe: Callable[[int, float], float] = cores_got,
+    shorten: Callable[[], None] | None = None,
+) -> Waits:
+    """How a process restored from a snapshot waits from now on, chosen on the serving host as a start
+    chooses: `given`, the serving host operator's variables (handed over by the restoring process),
+    else what its threads get now; where they share cores, `shorten` (an idle second pool)."""
+    global _chosen
+    _chosen = _restored(given, probe, shorten or hold_second_pool)
+    return _chosen
+
+
+def _restored(given: Mapping[str, str], probe: Callable[[int, float], float], shorten: Callable[[], None]) -> Waits:
+    if given:
+        spins = given.get(SPIN_ENV, LONG_SPIN_COUNT)
+        short = spins.isdigit() and int(spins) < int(LONG_SPIN_COUNT)
+        if given.get(POLICY_ENV, "").lower() != "passive" and not short:
+            return Waits(dict(given), "the operator's")
+        shorten()
+        return Waits({**given, SPIN_ENV: THROTTLED}, "the operator's, as near as a restored libgomp allows")
+    threads = threads_wanted(os.environ)
+    if threads == 1:
+        return Waits({}, "one thread, nothing waits for a peer")
+    waits = decide(threads, probe(threads, RESTORE_PROBE_SECONDS))
+    if not waits.chosen:
+        return waits
+    shorten()
+    return Waits({SPIN_ENV: THROTTLED}, waits.reason)
+
+
+def hold_second_pool() -> None:
+    """Keep a second OpenMP pool alive and idle: a thread opens one parallel region (at::parallel_for
+    over a million elements) and blocks. Its threads sleep; libgomp counts them, and shortens every
+    wait of the process while it manages more threads than there are CPUs."""
+    opened = threading.Event()
+
+    def hold() -> None:
+        import torch
+
+        torch.ones(1 << 20).add_(1)
+        opened.set()
+        threading.Event().wait()
+
+    threading.Thread(target=hold, name="prebake-openmp-pool", daemon=True).start()
+    opened.wait(10)
+
+
 def _choose(environ: MutableMapping[str, str], probe: Callable[[int], float]) -> Waits:
-    operators = {name: environ[name] for name in (POLICY_ENV, SPIN_ENV) if name in environ}
-    if operators:
-        return Waits(operators, "the operator's")
+    operators_set = operators(environ)
+    if operators_set:
+        return Waits(operators_set, "the operator's")
     threads = threads_wanted(environ)
     if threads == 1:
         return Waits({}, "one thread, nothing waits for a peer")

@@ -28,7 +28,8 @@ READY_LINE = "prebake-snapshot: parked"  # it prints this once warm, before it b
 INFO_FILE = "snapshot.json"
 IMAGES_DIR = "images"
 CARRIED_DIR = "carried"
-FORMAT = 6  # 2: parked by `prebake serve --park`; 3: HTTP loaded before the dump; 4, 5: what is handed over; 6: modes
+FORMAT = 7  # 2: parked by `prebake serve --park`; 3: HTTP loaded before the dump; 4, 5: what is handed over;
+# 6: modes; 7: the file pages it had mapped made present again after the restore (resident.py)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from prebake.artifacts.errors import BuildError
 from prebake.artifacts.recipe.kinds import BuildRequest, Groups, KeyContext, Kind, target_groups
 from prebake.artifacts.recipe.schema import RANDOM_CHECKPOINT, RANDOM_WEIGHTS, Recipe, Target
 from prebake.artifacts.store.settings import default_home
+from prebake.engine.bundled.runtime import openmp
 from prebake.engine.bundled.snapshot.host import Able, can_snapshot, key_factors
 from prebake.engine.bundled.snapshot.image import FORMAT, IMAGES_DIR, INFO_FILE
 
@@ -51,7 +52,7 @@ def _build(request: BuildRequest) -> None:
             f"place), not {variant}; set [compile] variant = {VARIANT!r} or remove [snapshot]"
         )
     spec = {"model": plan.recipe.model.name, "precision": plan.target.dtype}  # the bake's store holds its inputs
-    env = {**os.environ, "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")}
+    env = {**os.environ, **openmp.for_snapshot(os.environ), "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")}
     weights = lambda: weights_files(plan.recipe, plan.target.dtype)  # noqa: E731 (asked once parked: its start may write one)
     info = dump(spec, request.out, able, env, lambda line: print(line, flush=True), digest_cache(), weights)
     info.write(request.out)

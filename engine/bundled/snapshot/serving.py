@@ -25,6 +25,7 @@ from prebake.artifacts.errors import ExitCode, PrebakeError
 from prebake.artifacts.fetch.outcome import Miss
 from prebake.artifacts.fsutil import Flock
 from prebake.artifacts.store.local import Store
+from prebake.engine.bundled.runtime import openmp
 from prebake.engine.bundled.snapshot.files import DigestCache, FileRecord, first_difference
 from prebake.engine.bundled.snapshot.host import Able, can_snapshot
 from prebake.engine.bundled.snapshot.image import SnapshotInfo, put_back
@@ -143,7 +144,8 @@ def handed_over(host: str, port: int, api_key: str | None, reject_unknown_fields
     """What differs per start, read by the restored process right after the restore
     (prebake.engine.bundled.parked): the address, the API key (--api-key, else PREBAKE_API_KEY, as
     the usual start reads it), --reject-unknown-fields and its variable (the restored process reads
-    it as the usual start does), and when this start began (this process's start, as the kernel has it)."""
+    it as the usual start does), when this start began (this process's start, as the kernel has it),
+    and the OpenMP waits this host's operator set (the restored process chooses its own otherwise)."""
     return {
         "host": host,
         "port": port,
@@ -151,6 +153,7 @@ def handed_over(host: str, port: int, api_key: str | None, reject_unknown_fields
         "reject_unknown_fields": reject_unknown_fields,
         "reject_unknown_fields_variable": os.environ.get(REJECT_UNKNOWN_FIELDS_VARIABLE, ""),
         "began": time.time() - _process_age_s(),
+        "openmp": openmp.operators(os.environ),  # this host's waits, if its operator set them
     }
 
 
