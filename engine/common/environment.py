@@ -250,6 +250,12 @@ VARIABLES: tuple[Variable, ...] = (
         "Set by `prebake fetch` when the recipe bakes a snapshot: the installed snapshot tree (docs/snapshots.md).",
     ),
     Variable(
+        "PREBAKE_OPENMP_FOR_SNAPSHOT",
+        "set",
+        "-",
+        "Set by a snapshot's bake beside GOMP_SPINCOUNT=300000 in the process it snapshots, so that its log says the spin is the snapshot's, not an operator's (docs/snapshots.md).",
+    ),
+    Variable(
         "TORCHINDUCTOR_CACHE_DIR",
         "set",
         "-",

@@ -88,8 +88,11 @@ def test_two_threads_pinned_to_one_core_share_it_and_get_the_short_spin_before_t
     assert out.endswith("cores, sharing them (a short spin, then sleep)"), out
 
 
-def test_a_snapshots_process_loads_libgomp_with_the_long_spin_unless_the_operator_chose():
-    assert openmp.for_snapshot({}) == {openmp.SPIN_ENV: openmp.LONG_SPIN_COUNT}
+def test_a_snapshots_process_loads_libgomp_with_the_long_spin_unless_the_operator_chose(monkeypatch):
+    monkeypatch.setattr(openmp, "_chosen", None)  # put back after: this process's start line says its own
+    assert openmp.for_snapshot({}) == {openmp.SPIN_ENV: openmp.LONG_SPIN_COUNT, openmp.SNAPSHOT_ENV: "1"}
+    said = openmp.choose_waits(dict(openmp.for_snapshot({})), probe=lambda threads: 0.0)
+    assert said.chosen == {openmp.SPIN_ENV: openmp.LONG_SPIN_COUNT} and "snapshot" in said.reason
     assert openmp.for_snapshot({"OMP_WAIT_POLICY": "passive", "HOME": "/"}) == {"OMP_WAIT_POLICY": "passive"}
 
 

@@ -32,6 +32,7 @@ FREE_SHARE = 0.75  # of a core per thread, measured, for the threads to count as
 PROBE_SECONDS = 0.15  # tens of scheduler slices: enough to see a share, little beside a start
 RESTORE_PROBE_SECONDS = 0.05  # a restore's: a dozen slices, inside a time to ready of about 0.5 s
 LONG_SPIN_COUNT = "300000"  # libgomp's own default: what a snapshot's process loads it with
+SNAPSHOT_ENV = "PREBAKE_OPENMP_FOR_SNAPSHOT"  # set beside LONG_SPIN_COUNT by for_snapshot, not by an operator
 THROTTLED = "100, libgomp's throttled count (an idle second pool)"
 
 
@@ -101,7 +102,7 @@ def operators(environ: Mapping[str, str]) -> dict[str, str]:
 def for_snapshot(environ: Mapping[str, str]) -> dict[str, str]:
     """What a process to be snapshotted loads libgomp with: the operator's waits, else libgomp's long
     spin whatever the bake's host measured (restored_waits shortens it on a host that shares cores)."""
-    return operators(environ) or {SPIN_ENV: LONG_SPIN_COUNT}
+    return operators(environ) or {SPIN_ENV: LONG_SPIN_COUNT, SNAPSHOT_ENV: "1"}
 
 
 def restored_waits(
@@ -154,6 +155,8 @@ def hold_second_pool() -> None:
 
 def _choose(environ: MutableMapping[str, str], probe: Callable[[int], float]) -> Waits:
     operators_set = operators(environ)
+    if operators_set and environ.get(SNAPSHOT_ENV):
+        return Waits(operators_set, "libgomp's long spin for the snapshot, chosen again once restored")
     if operators_set:
         return Waits(operators_set, "the operator's")
     threads = threads_wanted(environ)
