@@ -8,10 +8,11 @@ STAMP   := $(VENV)/.installed
 
 # torch first, with pip, pinned: on the project's machines pip takes the CPU build that lies on disk (uv
 # does not look there). The rest with uv, from PyPI: the same versions pip resolves (checked with
-# `pip freeze`: equal but for uv itself), about 5 s against pip's 90-116 s on two cores (docs/development.md).
+# `pip freeze`: equal but for uv itself), about 22 s against pip's 90-116 s on two cores (docs/development.md).
 # torch==2.13.0 is named again so that no extra can move it (a conflict fails, it never downloads a build).
-# No bytecode is compiled ahead: each module is compiled at its first import.
-UV_INSTALL = $(BIN)/pip install --quiet uv==0.13.9 && $(BIN)/uv pip install --quiet --python $(BIN)/python torch==2.13.0
+# Bytecode compiled at install, as pip does: where PYTHONDONTWRITEBYTECODE is set (these machines), a
+# module without it is compiled again by every process that imports it.
+UV_INSTALL = $(BIN)/pip install --quiet uv==0.13.9 && $(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python torch==2.13.0
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
