@@ -154,11 +154,12 @@ def hold_second_pool() -> None:
 
 
 def _choose(environ: MutableMapping[str, str], probe: Callable[[int], float]) -> Waits:
-    operators_set = operators(environ)
-    if operators_set and environ.get(SNAPSHOT_ENV):
-        return Waits(operators_set, "libgomp's long spin for the snapshot, chosen again once restored")
-    if operators_set:
-        return Waits(operators_set, "the operator's")
+    if operators_set := operators(environ):
+        snapshot = environ.get(SNAPSHOT_ENV)  # set by for_snapshot beside its spin, never by an operator
+        return Waits(
+            operators_set,
+            "libgomp's long spin for the snapshot, chosen again once restored" if snapshot else "the operator's",
+        )
     threads = threads_wanted(environ)
     if threads == 1:
         return Waits({}, "one thread, nothing waits for a peer")
