@@ -133,9 +133,11 @@ gpu-wheelhouse: $(DEMO_STAMP)
 	$(BIN)/python benchmarks/gpu_check.py --build-wheelhouse wheelhouse $(foreach v,$(GPU_PYTHONS),--python-version $(v))
 
 ## gpu-check: on the GPU host, offline: install from wheelhouse/, bake tiny-llama on the GPU, start it
-## cold, prebaked and eager, print benchmarks/startup.py's JSON line
+## cold, prebaked and eager, print benchmarks/startup.py's JSON line (GPU_CHECK_FLAGS: more of its options;
+## a lent GPU's few minutes: --variant aoti-package --cold-from-bake --fp8 --budget 420 --step-budget 200)
+GPU_CHECK_FLAGS ?=
 gpu-check:
-	$(PY) benchmarks/gpu_check.py --wheelhouse wheelhouse
+	$(PY) benchmarks/gpu_check.py --wheelhouse wheelhouse $(GPU_CHECK_FLAGS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .prebake .doit.db* build *.egg-info wheelhouse

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
@@ -78,8 +77,8 @@ def test_the_recipe_is_set_to_this_hosts_gpu(tmp_path):
 @pytest.mark.slow
 def test_the_cpu_fallback_bakes_and_starts_cold_prebaked_and_eager_offline(wheelhouse, tmp_path):
     """The whole check on the CPU, from the wheels, with torch 'preinstalled': the project's torch,
-    seen through a .pth line as a host's system site would be (prebake's dependencies still come
-    from the wheelhouse: the venv is made and filled before torch is linked in). The bake, a cold
+    in a venv of its own as the CUDA images' is, seen through the .pth line offline_venv writes
+    (prebake's dependencies still come from the wheelhouse: the venv is filled before it is linked). The bake, a cold
     start with --write-back, is the cold figure (--cold-from-bake): one compile, not two. The GPU
     check runs aoti-package (the default) and dynamo-precompile side by side; here the default alone, on
     the serving tests' two-layer recipe at one sequence (--recipe): tiny-llama's seven shapes made this the
@@ -87,9 +86,6 @@ def test_the_cpu_fallback_bakes_and_starts_cold_prebaked_and_eager_offline(wheel
     write_recipe(tmp_path / "source", "gpu-check-test", variant="aoti-package", seqs=1, dtype="bf16")
     work = tmp_path / "work"
     python = gpu_check.offline_venv(work / "venv", wheelhouse)
-    site = Path(sysconfig.get_paths()["purelib"])
-    site_of_venv = next((work / "venv" / "lib").glob("python*/site-packages"))
-    (site_of_venv / "zz-host-torch.pth").write_text(str(site) + "\n")
     facts = gpu_check.host_facts(python)
     assert facts["torch"].startswith("2.") and (facts["platform"] == "cpu" or facts["gpu"])
     assert gpu_check.GPU_VARIANTS == ("dynamo-precompile", "aoti-package")
