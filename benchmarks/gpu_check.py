@@ -2,7 +2,8 @@
 and no network at all; it ends with the same JSON line as benchmarks/startup.py.
 
     python benchmarks/gpu_check.py [--wheelhouse wheelhouse] [--work DIR] [--precision bf16] [--cpu] [--recipe FILE]
-                                   [--fp8]
+                                   [--fp8] [--variant V[,V]] [--cold-from-bake]
+                                   [--budget S] [--step-budget S] [--results FILE]
     python benchmarks/gpu_check.py --build-wheelhouse wheelhouse [--python-version 3.12 ...]   (here)
 
 On the GPU host (`make gpu-check`): install (a venv over the host's torch, prebake and its other
@@ -12,7 +13,10 @@ tiny-llama with its [matrix] platform set to this GPU's, "cuda:sm_90" on an H100
 loader, and "dynamo-precompile" beside it: each one's bake, a cold and a prebaked start, the eager
 floor; its JSON line, the bakes' compile ratio among it, and one more with the host's facts).
 --fp8 (sm_89+) adds tiny-llama and the 1B baked and started at fp8 and bf16 (aoti-package), and eager
-fp8 / bf16 decode tokens/s: the speed this CPU (FP8 emulated) cannot show. Without a GPU (or with --cpu) the same steps run on the CPU: the fallback the tests run here (on a
+fp8 / bf16 decode tokens/s: the speed this CPU (FP8 emulated) cannot show. Each of these is one step; on a
+lent GPU's few minutes --budget and --step-budget bound them (a step that would not fit is skipped, one
+that fails or overruns is recorded with its output's end and the next one runs) and --results receives
+each step's figures as it ends. Without a GPU (or with --cpu) the same steps run on the CPU: the fallback the tests run here (on a
 two-layer recipe given with --recipe: the subject there is the check's steps, not tiny-llama's shapes).
 
 The wheelhouse is built on a machine with PyPI (`make gpu-wheelhouse`): prebake's wheel and binary
