@@ -56,3 +56,16 @@ def test_an_fp8_model_with_fused_linears_serves_the_reference_schemes_logits():
     got, want = logits(fp8), logits(reference)
     assert int(got.argmax()) == int(want.argmax())
     torch.testing.assert_close(got, want, rtol=0, atol=0.02)
+
+
+def test_the_e4m3_cast_both_use_rounds_to_the_nearest_value_ties_to_even():
+    # prebake and the reference round with torch's float32 -> float8_e4m3fn cast; checked here against
+    # the 253 finite e4m3 values themselves, at every midpoint between two of them and at random points
+    values = torch.arange(256, dtype=torch.uint8).view(FP8).float()
+    values = values[torch.isfinite(values)].unique()
+    x = torch.cat([(values[1:] + values[:-1]) / 2, torch.empty(20000).uniform_(-448, 448), torch.randn(20000) / 64])
+    distance = (x[:, None] - values[None, :]).abs()
+    nearest = distance == distance.min(dim=1, keepdim=True).values
+    even = (values.to(FP8).view(torch.uint8) & 1) == 0
+    nearest = torch.where(nearest.sum(dim=1, keepdim=True) > 1, nearest & even, nearest)
+    assert torch.equal(x.to(FP8).float(), values[nearest.float().argmax(dim=1)])
