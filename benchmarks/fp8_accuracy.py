@@ -3,10 +3,9 @@
     python benchmarks/fp8_accuracy.py [--text FILE | --python-docs] [--tokens N] [--work DIR]
                                       [--only accuracy|decode]
 
-The model: recipes/smollm2-135m.toml's GGUF, dequantized to a bf16 folder once by prebake's GGUF
-source. The text: matplotlib's LICENSE in the installed wheel's dist-info (no hub; the issue's
-figure: its first 2048 tokens); `--python-docs`, a second and longer one, CPython's pydoc topics.
-Compared over N tokens in windows, each against bf16 (the reference):
+The model: recipes/smollm2-135m.toml's GGUF, dequantized to bf16 once by prebake's GGUF source. The
+text: matplotlib's LICENSE in its wheel's dist-info (no hub; the issue's figure: 2048 tokens), or
+`--python-docs`, CPython's pydoc topics (longer). N tokens in windows, each against bf16:
 
     fp32        the same folder at fp32: how far bf16's own rounding moves the top-1 token
     fp8         quantized on load (per-channel weights, per-token activations; lm_head, embeddings

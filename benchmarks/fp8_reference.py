@@ -2,25 +2,20 @@
 
     python benchmarks/fp8_reference.py [--tokens N] [--window W] [--work DIR]
 
-The scheme (issue 47): W8A8, weights per output channel (scale = amax(row) / 448), activations per
-token (scale = amax(row) / 448 at run time), float8_e4m3fn round to nearest, fp32 products, output
-in bf16; embeddings, norms and lm_head in bf16. The reference is written here in plain torch,
-fake-quant (quantize, dequantize to fp32, an fp32 matmul), from the bf16 weights, unfused (q, k, v,
-gate and up each their own linear), and importing nothing of prebake's FP8 code. It measures:
+The scheme (issue 47): W8A8, weight scales per output row and activation scales per token of
+amax / 448, float8_e4m3fn round to nearest, fp32 products, bf16 out; embeddings, norms and lm_head
+in bf16. The reference: the scheme in plain torch, fake-quant (quantize, dequantize to fp32, an fp32
+matmul), from the bf16 weights, unfused, importing nothing of prebake's FP8 code. Measured:
 
-1. **linear by linear**: every FP8 linear of prebake's fp8 model (runtime/fp8_linear, fp8_load),
-   given the very input it saw in prebake's forward, against the reference on that input: its FP8
-   weight bytes and scales, and its bf16 output (bitwise equal share, largest difference in bf16
-   steps);
-2. **model by model**, over the benchmark's text (benchmarks/fp8_accuracy.py's: 2048 tokens of
-   matplotlib's LICENSE in windows of 512): the reference's linears in prebake's runtime, and in
-   transformers' LlamaForCausalLM (a second implementation of the bf16 model too), each pair's
-   top-1 agreement, with a Wilson 95% interval;
-3. the figure's sensitivity to last-bit choices no scheme fixes: the activation divided by its
-   scale or multiplied by its reciprocal (vLLM's kernels), the weight scale kept in fp32 or stored
-   in bf16 (compressed-tensors' checkpoints), checked with compressed-tensors' own quantize too.
+1. linear by linear: each FP8 linear of prebake's fp8 model on the very input it saw, against the
+   reference on that input (weight bytes, scales, bitwise equal outputs); compressed-tensors' own
+   quantize of the weights against prebake's bytes;
+2. model by model over benchmarks/fp8_accuracy.py's text (the reference's linears in prebake's
+   runtime and in transformers' Llama, itself a second bf16 implementation): top-1 agreement of
+   each pair with a Wilson 95% interval;
+3. last-bit variants no scheme fixes: x / scale or x * (1 / scale), weight scales in fp32 or bf16.
 
-The last line is one JSON object. Figures: docs/fp8.md ("checked against an independent reference").
+The last line is one JSON object. Figures: docs/fp8.md ("Checked against an independent reference").
 """
 
 from __future__ import annotations
