@@ -87,7 +87,6 @@ def main() -> None:
     pairs = [
         ("prebake fp8", "reference fp8 in prebake's runtime (div, fp32 scale)"),
         ("prebake fp8", "reference fp8 in transformers (div, fp32 scale)"),
-        ("transformers bf16", "prebake bf16"),
         *((name, "prebake bf16") for name in logits if name != "prebake bf16"),
         ("reference fp8 in transformers (div, fp32 scale)", "transformers bf16"),
         ("prebake fp8", "prebake fp32"),
