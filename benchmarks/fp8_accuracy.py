@@ -1,10 +1,11 @@
 """FP8 accuracy on a real model: SmolLM2-135M-Instruct in prebake's runtime, fp8 against bf16.
 
-    python benchmarks/fp8_accuracy.py [--text FILE] [--tokens N] [--work DIR] [--only accuracy|decode]
+    python benchmarks/fp8_accuracy.py [--text FILE | --python-docs] [--tokens N] [--work DIR]
+                                      [--only accuracy|decode]
 
-The model: recipes/smollm2-135m.toml's GGUF, dequantized to a bf16 folder once by prebake's GGUF
-source. The text: matplotlib's LICENSE in the installed wheel's dist-info (no hub). Compared over N
-tokens in windows, each against bf16 (the reference):
+The model: recipes/smollm2-135m.toml's GGUF, dequantized to bf16 once by prebake's GGUF source. The
+text: matplotlib's LICENSE in its wheel's dist-info (no hub; the issue's figure: 2048 tokens), or
+`--python-docs`, CPython's pydoc topics (longer). N tokens in windows, each against bf16:
 
     fp32        the same folder at fp32: how far bf16's own rounding moves the top-1 token
     fp8         quantized on load (per-channel weights, per-token activations; lm_head, embeddings
@@ -13,7 +14,8 @@ tokens in windows, each against bf16 (the reference):
                 checkpoint on load (Fp8LinearMethod: scaled_fp8_quant(weight, scale=None))
     ct-fp8      an FP8_DYNAMIC checkpoint of the folder written by compressed-tensors (PyPI)
 
-Printed: perplexity and its ratio to bf16, top-1 agreement, the disagreements that were bf16
+Printed: perplexity and its ratio to bf16, top-1 agreement with its Wilson 95% interval over the
+positions (the binomial uncertainty of a share of N tokens), the disagreements that were bf16
 near-ties; eager decode tokens/s of fp8 and of the FP8 checkpoint served at bf16 against bf16's
 (best and median of interleaved rounds). The last line is one JSON object. Figures: docs/fp8.md.
 """
@@ -42,6 +44,12 @@ TEXT = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--text", type=Path, default=None, help="default: matplotlib's LICENSE in its dist-info")
+    parser.add_argument(
+        "--python-docs",
+        action="store_true",
+        help="the text: CPython's own reference pages (the stdlib's pydoc_data.topics, prose), a second, longer "
+        "text for a tighter interval (--tokens 8192); the issue's figure stays the LICENSE's 2048 tokens",
+    )
     parser.add_argument("--tokens", type=int, default=2048)
     parser.add_argument("--window", type=int, default=512)
     parser.add_argument("--work", type=Path, default=Path("/tmp/prebake-fp8-accuracy"))
@@ -54,8 +62,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     folder = hf_folder(args.work)
-    text_path = args.text or next(TEXT.glob("matplotlib-*.dist-info/LICENSE"))
-    ids = tokens(folder, text_path.read_text(), args.tokens)
+    text_path, text = read_text(args.text, args.python_docs)
+    ids = tokens(folder, text, args.tokens)
     import torch
 
     spec = ModelSpec(name="smollm2-135m", weights=str(folder), config=load_recipe("smollm2-135m").model.config)
@@ -69,6 +77,11 @@ def main() -> None:
         figures["decode"] = {"threads": torch.get_num_threads(), **decode_speeds(spec, ct_folder)}
     for name, row in figures.items():
         print(f"{name:10s} " + "  ".join(f"{k} {v:.4f}" for k, v in row.items()))
+    for name, row in figures.items():
+        if "top1_agreement" in row:
+            print(f"{name:10s} top-1 agreement with bf16 {row['top1_agreement']:.1%} ({len(ids) - row['disagreements']} of "
+                  f"{len(ids)}), Wilson 95% interval [{row['top1_agreement_wilson95_low']:.1%}, "
+                  f"{row['top1_agreement_wilson95_high']:.1%}]")  # fmt: skip
     print(json.dumps({"model": "SmolLM2-135M-Instruct (the GGUF Q4_1, dequantized by prebake's GGUF source)", "text": str(text_path),
                       "tokens": len(ids), "window": args.window, **figures}))  # fmt: skip
 
@@ -110,7 +123,14 @@ def disagreements(logits: torch.Tensor, reference: torch.Tensor) -> dict[str, fl
     margin_all = top2[:, 0] - top2[:, 1]
     rows = torch.arange(len(reference))
     margin = (reference[rows, theirs] - reference[rows, ours])[differ]
-    row: dict[str, float] = {"top1_agreement": float((~differ).float().mean()), "disagreements": int(differ.sum())}
+    agree = int((~differ).sum())
+    low, high = wilson(agree, len(differ))
+    row: dict[str, float] = {
+        "top1_agreement": agree / len(differ),
+        "top1_agreement_wilson95_low": low,
+        "top1_agreement_wilson95_high": high,
+        "disagreements": int(differ.sum()),
+    }
     for cut in (0.5, 1.0):
         row[f"disagreements_within_{cut}"] = int((margin < cut).sum())
         row[f"positions_within_{cut}"] = float((margin_all < cut).float().mean())
@@ -118,6 +138,18 @@ def disagreements(logits: torch.Tensor, reference: torch.Tensor) -> dict[str, fl
         row[f"top1_agreement_where_bf16_margin_{cut}_or_more"] = float((~differ[decisive]).float().mean())
     row["disagreement_margin_p50"] = float(margin.median()) if len(margin) else 0.0
     return row
+
+
+def wilson(successes: int, trials: int, z: float = 1.959964) -> tuple[float, float]:
+    """The Wilson score interval (95% at the default z) of a proportion `successes / trials`: the
+    binomial uncertainty of an agreement measured over `trials` positions, taken as independent
+    (neighbouring tokens of one text are not quite, so it is if anything narrow)."""
+    if trials <= 0:
+        raise ValueError(f"a proportion needs trials > 0, got {trials}")
+    p = successes / trials
+    centre = (p + z * z / (2 * trials)) / (1 + z * z / trials)
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / (1 + z * z / trials)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def per_tensor_model(spec: ModelSpec, folder: Path) -> Llama:
@@ -204,6 +236,18 @@ def compressed_tensors_checkpoint(folder: Path, work: Path) -> Path:
         AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.bfloat16), out
     )
     return out
+
+
+def read_text(path: Path | None, python_docs: bool) -> tuple[Path, str]:
+    """The text to score and where it came from: a file, CPython's pydoc topics (every topic's page in
+    the order of their names, joined by blank lines) or, by default, matplotlib's LICENSE."""
+    if python_docs:
+        import pydoc_data.topics
+
+        topics = pydoc_data.topics.topics
+        return Path(pydoc_data.topics.__file__), "\n\n".join(topics[name] for name in sorted(topics))
+    path = path or next(TEXT.glob("matplotlib-*.dist-info/LICENSE"))
+    return path, path.read_text()
 
 
 def tokens(folder: Path, text: str, count: int) -> list[int]:
