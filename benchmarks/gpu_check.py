@@ -6,18 +6,14 @@ and no network at all; it ends with the same JSON line as benchmarks/startup.py.
                                    [--budget S] [--step-budget S] [--results FILE]
     python benchmarks/gpu_check.py --build-wheelhouse wheelhouse [--python-version 3.12 ...]   (here)
 
-On the GPU host (`make gpu-check`): install (a venv over the host's torch, prebake and its other
-dependencies from the wheels beside this checkout: nothing downloaded); probe (torch, CUDA, the GPU;
-tiny-llama with its [matrix] platform set to this GPU's, "cuda:sm_90" on an H100 or H200); start
-(benchmarks/startup.py for both variants, the default "aoti-package", cubins loaded by torch's C++
-loader, and "dynamo-precompile" beside it: each one's bake, a cold and a prebaked start, the eager
-floor; its JSON line, the bakes' compile ratio among it, and one more with the host's facts).
---fp8 (sm_89+) adds tiny-llama and the 1B baked and started at fp8 and bf16 (aoti-package), and eager
-fp8 / bf16 decode tokens/s: the speed this CPU (FP8 emulated) cannot show. Each of these is one step; on a
-lent GPU's few minutes --budget and --step-budget bound them (a step that would not fit is skipped, one
-that fails or overruns is recorded with its output's end and the next one runs) and --results receives
-each step's figures as it ends. Without a GPU (or with --cpu) the same steps run on the CPU: the fallback the tests run here (on a
-two-layer recipe given with --recipe: the subject there is the check's steps, not tiny-llama's shapes).
+On the GPU host (`make gpu-check`): install (a venv over the host's torch, prebake's other dependencies
+from the wheels beside this checkout); probe (torch, CUDA, the GPU; tiny-llama's [matrix] platform set to
+this GPU's, "cuda:sm_90" on an H100 or H200); start (benchmarks/startup.py for "aoti-package" and
+"dynamo-precompile": each one's bake, a cold and a prebaked start, the eager floor). --fp8 (sm_89+) adds
+eager fp8 / bf16 decode tokens/s and tiny-llama and the 1B started at fp8 and bf16. Each is one step,
+bounded by --budget and --step-budget on a lent GPU (skipped when it would not fit; a failure or
+overrun recorded and the next step run), its figures appended to --results as it ends. Without a GPU
+(or with --cpu) the same steps run on the CPU: the fallback the tests run (on a two-layer --recipe).
 
 The wheelhouse is built on a machine with PyPI (`make gpu-wheelhouse`): prebake's wheel and binary
 wheels of what the check runs besides torch, for the GPU host's Python, manylinux x86_64; it must
