@@ -1,0 +1,450 @@
+"""A restore into an empty store, streamed: the snapshot's bundle goes from the registry into CRIU
+without its image landing in the store first; the store's entry is written once the server is ready.
+
+    download   registry.fetch_blob into a scratch file, its sha256 checked as it comes; every chunk
+               handed on (bundle/download_pipe.py's Feed) to
+    extract    zstd, then tar: every member held to the signed manifest before a byte of it is used
+               (bundle/unpack.py's CheckedMembers); the small ones (snapshot.json, CRIU's small images,
+               carried/) kept in memory, each one's sha256 checked before anything reads it
+    serve      CRIU's image streamer protocol (`criu restore --stream`, criu/img-streamer.c) on
+               <scratch>/images/streamer-serve.sock: for each file CRIU asks for, whether it exists,
+               then the pipe CRIU sends gets its bytes; names resolve through the tree's links
+    pages      streamed/pages-N.img (image.py: last in the tar) written into CRIU's pipe as it is
+               decompressed, hashed on the way; its last chunk held back until its sha256 and the
+               blob's matched: CRIU cannot finish, so the restored process never runs, on bytes that
+               were not verified (a mismatch closes the pipe short: CRIU fails, the start falls back)
+    commit     once the server is ready: the usual install (store/install.py: under the blob's install
+               lock, its tree unpacked beside and renamed in whole, then indexed) from the verified
+               scratch blob, on an idle-priority thread; the command waits for it before it exits
+
+Why: the image's pages written into the store's page cache before CRIU copies them into the process
+cost as much again as the copy (new pages, faulted in by the host: docs/snapshots.md); streamed, they
+go through a pipe's few reused pages.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import io
+import os
+import posixpath
+import queue
+import shutil
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import cast
+
+from prebake.artifacts.bundle.download_pipe import Aborted, Feed
+from prebake.artifacts.bundle.manifest import FileEntry, Manifest
+from prebake.artifacts.bundle.tarheader import BLOCK
+from prebake.artifacts.bundle.unpack import CheckedMembers, UnpackLimits, read_checked
+from prebake.artifacts.errors import BundleError, PrebakeError, StoreError
+from prebake.artifacts.ports.registry import Registry
+from prebake.artifacts.store.local import Store
+from prebake.engine.bundled.snapshot.image import IMAGES_DIR, STREAMED_DIR
+
+SOCKET = "streamer-serve.sock"  # criu/img-streamer.c: the restore's socket in the images folder
+CHUNK = 1 << 20  # what goes into CRIU's pipe at a time
+_LANE_BUFFERS = 4  # reused: decompressed and not yet written, at most this many chunks
+_F_SETPIPE_SZ = 1031  # fcntl.h: a pipe of CHUNK bytes, so CRIU reads a chunk per wake-up
+_FIELD_1_STRING, _FIELD_1_VARINT = 0x0A, 0x08  # protobuf tags of img_streamer_{request,reply}_entry's field 1
+
+
+class Streamer:
+    """One snapshot bundle streamed from `registry` into a CRIU restore; `start`, then `in_hand` (the
+    small members, verified), then CRIU with `--stream -D images`; `wait_verified` says whether every
+    byte matched; `close` stops what still runs."""
+
+    def __init__(self, manifest: Manifest, registry: Registry, scratch: Path, limits: UnpackLimits):
+        self.manifest, self.registry, self.scratch, self.limits = manifest, registry, scratch, limits
+        self.images = scratch / IMAGES_DIR
+        self.blob = scratch / "blob"
+        self.what = f"blob {manifest.blob.digest[:23]} ({manifest.kind} {manifest.key_digest[:16]})"
+        self.small: dict[str, bytes] = {}
+        self.links: dict[str, str] = {}
+        self._cond = threading.Condition()
+        self._in_hand = self._blob_verified = self._members_verified = False
+        self._error: BaseException | None = None
+        self._pipes: dict[str, int] = {}  # a streamed member's CRIU pipe (write end), once asked for
+        self._held: list[tuple[int, bytes]] = []  # last chunks, written once everything matched
+        self._feed = Feed()
+        self._threads: list[threading.Thread] = []
+        self.times: dict[str, float] = {}  # time.monotonic() of: start, in_hand, pages (the first asked for), streamed
+
+    # -- the caller's side --------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.times["start"] = time.monotonic()
+        self.images.mkdir(parents=True)
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(str(self.images / SOCKET))
+        self._listener.listen(1)
+        for name, target in (("download", self._download), ("extract", self._extract), ("serve", self._serve)):
+            thread = threading.Thread(target=target, name=f"prebake-stream-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def in_hand(self) -> dict[str, bytes]:
+        """Every member before streamed/, verified (path -> bytes); raises why not."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._in_hand or self._error is not None)
+            if self._error is not None:
+                raise _refusal(self._error)
+            return self.small
+
+    def wait_verified(self) -> BaseException | None:
+        """Once the stream ended: None if the blob and every member matched, else why not."""
+        with self._cond:
+            self._cond.wait_for(lambda: (self._blob_verified and self._members_verified) or self._error is not None)
+            return self._error
+
+    def close(self) -> None:
+        """Stop every thread (CRIU's pipes closed: a restore still reading fails) and the socket."""
+        self._fail(StoreError(f"{self.what}: the streamed restore was stopped"))
+        self._listener.close()
+        for thread in self._threads:
+            thread.join(5)
+
+    # -- the threads --------------------------------------------------------------------------
+
+    def _download(self) -> None:
+        blob = self.manifest.blob
+        try:
+            self.registry.fetch_blob(blob.digest, self.blob, size=blob.size, tee=self._feed.put)
+        except BaseException as exc:
+            self._feed.abort()
+            self._fail(exc)
+            return
+        self._feed.close()
+        with self._cond:
+            self._blob_verified = True
+            self._cond.notify_all()
+        self._release_held()
+
+    def _extract(self) -> None:
+        try:
+            read_checked(
+                cast(io.BufferedReader, self._feed),
+                lambda reader: _Members(reader, self),
+                self.manifest.files,
+                self.limits,
+                self.what,
+            )
+        except Aborted:
+            self._feed.finished(None)
+            return
+        except BaseException as exc:
+            self._feed.finished(exc)
+            self._fail(exc)
+            return
+        self._feed.finished(None)  # what is left of the blob is only hashed
+        with self._cond:
+            self._members_verified = True
+            self._cond.notify_all()
+        self._release_held()
+
+    def _serve(self) -> None:
+        """CRIU's requests, one connection: a length-prefixed img_streamer_request_entry (its file
+        name); the reply whether it exists; if it does, a pipe's write end (SCM_RIGHTS) for its bytes."""
+        try:
+            conn, _ = self._listener.accept()
+        except OSError:
+            return  # closed before CRIU came
+        with conn:
+            while (name := _request(conn)) is not None:
+                member = self._resolve(f"{IMAGES_DIR}/{name}")
+                streamed = member.startswith(STREAMED_DIR + "/")
+                exists = streamed or member in self.small
+                conn.sendall(_reply(exists))
+                if not exists:
+                    continue
+                fd = _receive_pipe(conn)
+                if streamed:
+                    with self._cond:
+                        self._pipes[member] = fd
+                        self._cond.notify_all()
+                else:
+                    threading.Thread(target=_write_all, args=(fd, self.small[member]), daemon=True).start()
+
+    # -- shared state -------------------------------------------------------------------------
+
+    def _resolve(self, member: str) -> str:
+        """`member` through the tree's links (images/pages-N.img -> streamed/pages-N.img)."""
+        for _ in range(8):
+            target = self.links.get(member)
+            if target is None:
+                return member
+            member = posixpath.normpath(posixpath.join(posixpath.dirname(member), target))
+        return member
+
+    def _pipe(self, member: str) -> int:
+        """CRIU's pipe for a streamed member, once CRIU asked for it."""
+        self._mark_in_hand()
+        with self._cond:
+            self._cond.wait_for(lambda: member in self._pipes or self._error is not None)
+            if self._error is not None:
+                raise Aborted()
+            self.times.setdefault("pages", time.monotonic())
+            return self._pipes[member]
+
+    def _mark_in_hand(self) -> None:
+        with self._cond:
+            self.times.setdefault("in_hand", time.monotonic())
+            self._in_hand = True
+            self._cond.notify_all()
+
+    def _hold(self, fd: int, last: bytes) -> None:
+        with self._cond:
+            self._held.append((fd, last))
+
+    def _release_held(self) -> None:
+        """The held last chunks into their pipes, once the blob and every member matched."""
+        with self._cond:
+            if not (self._blob_verified and self._members_verified) or self._error is not None:
+                return
+            held, self._held = self._held, []
+        for fd, last in held:
+            _write_all(fd, last)
+        self.times["streamed"] = time.monotonic()
+
+    def timings(self) -> str:
+        """Where the stream's time went, for the start's log."""
+        t = self.times
+        if not {"start", "in_hand", "pages", "streamed"} <= t.keys():
+            return "not streamed whole"
+        size = sum(f.size for f in self.manifest.files if f.path.startswith(STREAMED_DIR + "/"))
+        return (
+            f"{self.manifest.blob.size / 1e6:.1f} MB fetched and verified, its small files in hand "
+            f"{t['in_hand'] - t['start']:.3f} s after the start; {size / 1e6:.1f} MB of pages streamed into "
+            f"CRIU in {t['streamed'] - t['pages']:.3f} s ({t['pages'] - t['start']:.3f} s after the start it asked)"
+        )
+
+    def _fail(self, exc: BaseException) -> None:
+        with self._cond:
+            if self._error is None:
+                self._error = exc
+            held, self._held = self._held, []
+            pipes, self._pipes = dict(self._pipes), {}
+            self._cond.notify_all()
+        self._feed.abort()
+        for fd in [fd for fd, _ in held] + list(pipes.values()):
+            _close(fd)
+
+
+class _Members(CheckedMembers):
+    """The bundle's members, each held to the manifest: small ones kept (their sha256 checked), the
+    streamed ones written into CRIU's pipe as they come, their last chunk held back."""
+
+    def __init__(self, reader: io.BufferedReader, streamer: Streamer):
+        super().__init__(reader, streamer.manifest.files, streamer.what)
+        self.streamer = streamer
+
+    def _link(self, name: str, folder: str, target: str) -> None:
+        self.streamer.links[name] = target
+
+    def _finish(self) -> None:
+        self.streamer._mark_in_hand()
+
+    def _write(self, name: str, folder: str, entry: FileEntry) -> None:
+        if name.startswith(STREAMED_DIR + "/"):
+            self._stream(name, entry)
+            return
+        data = bytearray(entry.size)
+        self._fill(memoryview(data), entry.size, entry)
+        self._skip(-entry.size % BLOCK)
+        _check(hashlib.sha256(data), entry, self.what)
+        self.streamer.small[name] = bytes(data)
+
+    def _stream(self, name: str, entry: FileEntry) -> None:
+        """The member into CRIU's pipe as it is decompressed: this thread decompresses, a lane hashes
+        and writes (both at once, on two cores: each alone costs about what the other does)."""
+        lane = _Lane(self.streamer._pipe(name))
+        remaining = entry.size
+        try:
+            while remaining:
+                buffer = lane.free()
+                n = self._fill(buffer[: min(CHUNK, remaining)], remaining, entry)
+                remaining -= n
+                lane.put(buffer, n, last=not remaining)
+        finally:
+            digest, last = lane.finish()
+        self._skip(-entry.size % BLOCK)
+        if digest != entry.sha256:
+            raise BundleError(
+                f"{self.what}: {entry.path!r} does not match its manifest's sha256; the bundle is corrupt"
+            )
+        self.streamer._hold(lane.fd, last)
+
+
+class _Lane:
+    """A streamed member's second thread: each chunk hashed and written into CRIU's pipe, but the
+    last, kept for the caller to write once everything matched; buffers handed back to be filled."""
+
+    def __init__(self, fd: int):
+        self.fd, self.hasher, self.last = fd, hashlib.sha256(), b""
+        _widen(fd)
+        self._free: queue.Queue[memoryview] = queue.Queue()
+        for _ in range(_LANE_BUFFERS):
+            self._free.put(memoryview(bytearray(CHUNK)))
+        self._filled: queue.Queue[tuple[memoryview, int, bool] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="prebake-stream-lane", daemon=True)
+        self._thread.start()
+
+    def free(self) -> memoryview:
+        return self._free.get()
+
+    def put(self, buffer: memoryview, n: int, *, last: bool) -> None:
+        self._filled.put((buffer, n, last))
+
+    def finish(self) -> tuple[str, bytes]:
+        """The member's sha256 and its held last chunk, once every chunk before it was written."""
+        self._filled.put(None)
+        self._thread.join()
+        return "sha256:" + self.hasher.hexdigest(), self.last
+
+    def _run(self) -> None:
+        broken = False  # CRIU went away (its restore failed): only hashed from here, the caller ends it
+        while (item := self._filled.get()) is not None:
+            buffer, n, last = item
+            self.hasher.update(buffer[:n])
+            if last:
+                self.last = bytes(buffer[:n])
+            elif not broken:
+                try:
+                    _write(self.fd, buffer[:n])
+                except OSError:
+                    broken = True
+            self._free.put(buffer)
+
+
+def commit(store: Store, manifest: Manifest, registry: Registry, streamer: Streamer) -> None:
+    """The store's entry for the streamed bundle: the usual install, its blob copied (and verified
+    again) from the scratch file, on an idle-priority thread (the restored server comes first)."""
+    _idle_priority()
+    kept = cast(Registry, _Kept(registry, streamer.blob))
+    store.install(manifest, kept)
+
+
+class _Kept:
+    """`registry`, whose blob is the scratch file the stream downloaded (only fetch_blob is asked)."""
+
+    def __init__(self, registry: Registry, blob: Path):
+        self.registry, self.blob, self.url = registry, blob, registry.url
+
+    def fetch_blob(
+        self, digest: str, dest: Path, *, size: int | None = None, tee: Callable[[bytes], None] | None = None
+    ) -> Path:
+        from prebake.registry.shared.transfer import copy_verified
+
+        where = f"{self.blob} (streamed from {self.url})"
+        return copy_verified(self.blob, dest, digest, where=where, registry_url=self.url, size=size, tee=tee)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.registry, name)
+
+
+def remove(streamer: Streamer) -> None:
+    shutil.rmtree(streamer.scratch, ignore_errors=True)
+
+
+# -- the protocol -----------------------------------------------------------------------------
+
+
+def _request(conn: socket.socket) -> str | None:
+    """One request's file name, or None once CRIU closed the socket (it asks for nothing more)."""
+    head = _exactly(conn, 4)
+    if head is None:
+        return None
+    (size,) = struct.unpack("<I", head)
+    body = _exactly(conn, size)
+    if body is None or len(body) < 2 or body[0] != _FIELD_1_STRING:
+        raise BundleError(f"CRIU's image streamer request is not one it sends ({body!r}); is CRIU >= 3.15?")
+    length, at = _varint(body, 1)
+    return body[at : at + length].decode()
+
+
+def _reply(exists: bool) -> bytes:
+    body = bytes([_FIELD_1_VARINT, int(exists)])
+    return struct.pack("<I", len(body)) + body
+
+
+def _receive_pipe(conn: socket.socket) -> int:
+    _, fds, _, _ = socket.recv_fds(conn, 1, 1)
+    if len(fds) != 1:
+        raise BundleError("CRIU sent no pipe for an image file; is CRIU >= 3.15?")
+    return fds[0]
+
+
+def _exactly(conn: socket.socket, n: int) -> bytes | None:
+    data = b""
+    while len(data) < n:
+        got = conn.recv(n - len(data))
+        if not got:
+            return None
+        data += got
+    return data
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[at]
+        value |= (byte & 0x7F) << shift
+        at, shift = at + 1, shift + 7
+        if not byte & 0x80:
+            return value, at
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """`data` into CRIU's pipe, then closed; a CRIU that went away (EPIPE) is the restore's failure."""
+    try:
+        _write(fd, data)
+    except OSError:
+        pass
+    finally:
+        _close(fd)
+
+
+def _widen(fd: int) -> None:
+    try:
+        fcntl.fcntl(fd, _F_SETPIPE_SZ, CHUNK)
+    except OSError:
+        pass  # over /proc/sys/fs/pipe-max-size: the default 64 KiB works, with more wake-ups
+
+
+def _write(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _check(hasher: hashlib._Hash, entry: FileEntry, what: str) -> None:
+    if "sha256:" + hasher.hexdigest() != entry.sha256:
+        raise BundleError(f"{what}: {entry.path!r} does not match its manifest's sha256; the bundle is corrupt")
+
+
+def _refusal(exc: BaseException) -> PrebakeError:
+    return exc if isinstance(exc, PrebakeError) else StoreError(f"{type(exc).__name__}: {exc}")
+
+
+def _idle_priority() -> None:
+    """This thread (and the threads it starts) runs only when a core is idle: SCHED_IDLE, else nice 19."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except OSError:
+            pass
