@@ -95,7 +95,7 @@ def serve_restored(
         if isinstance(streamable, NotRestored):
             return streamable
         if streamable is not None:
-            return _serve_streamed(*streamable, plan, able, handed_over, services, emit)
+            return _serve_streamed(*streamable, plan, able, handed_over, services, request.fetch_timeout, emit)
         resolved = starter.fetch_bundles(plan, request, services, kinds=[NAME])
         installed = resolved.installed.get(NAME)
         if installed is None:
@@ -152,19 +152,24 @@ def _serve_streamed(
     able: Able,
     handed_over: Mapping[str, object],
     services: Services,
+    fetch_timeout: float,
     emit: Callable[[str], None],
 ) -> Served | NotRestored:
     """Restore straight from the registry's blob (stream.py), then install it while the server runs."""
     store = services.store
     scratch = store.scratch(f"stream-{os.getpid()}")  # CRIU's log too: kept when the restore fails
-    streamer = stream.Streamer(manifest, registry, scratch, store.limits.unpack)
+    deadline = time.monotonic() + fetch_timeout
+    streamer = stream.Streamer(manifest, registry, scratch, store.limits.unpack, deadline)
     streamer.start()
+    small = streamer.in_hand()
+    if isinstance(small, str):
+        streamer.close()
+        return NotRestored(small)
     try:
-        small = streamer.in_hand()
         info = SnapshotInfo.parse(small[INFO_FILE].decode(), f"{streamer.what}: {INFO_FILE}")
     except (PrebakeError, KeyError, UnicodeDecodeError) as exc:
         streamer.close()
-        return NotRestored(str(exc))
+        return NotRestored(f"{streamer.what} holds no snapshot description this prebake reads ({exc})")
     cache = DigestCache(digest_cache())
     write = lambda r, temp: Path(temp).write_bytes(small[f"{CARRIED_DIR}/{r.sha256}"])  # noqa: E731
     put = lambda carried: put_back_from(write, carried, cache)  # noqa: E731
@@ -174,14 +179,14 @@ def _serve_streamed(
     emit(f"{PREFIX} restoring {NAME} {manifest.blob.hex[:12]} streamed from {registry.url} (CRIU {able.version})")
     outcome = restore(streamer.images, info, able, handed_over, scratch, _relayed, streamed=True)
     if isinstance(outcome, Failed):
-        error = streamer.wait_verified() if outcome.reason else None
+        error = streamer.settle()  # a refused bundle is the cause: CRIU only saw its pipe close short
         streamer.close()
-        return NotRestored(f"{outcome.reason}{f' ({error})' if error is not None else ''}")
+        return NotRestored(stream.refusal(streamer, error) if error is not None else outcome.reason)
     if (error := streamer.wait_verified()) is not None:  # cannot be: CRIU finished only on verified bytes
         outcome.stop()
         outcome.wait()
         streamer.close()
-        return NotRestored(str(error))
+        return NotRestored(stream.refusal(streamer, error))
     emit(f"{PREFIX} {streamer.timings()}")
     committing = threading.Thread(
         target=_commit, args=(store, manifest, registry, streamer, plan, emit), name="prebake-snapshot-commit"

@@ -43,7 +43,7 @@ from prebake.artifacts.bundle.download_pipe import Aborted, Feed
 from prebake.artifacts.bundle.manifest import FileEntry, Manifest
 from prebake.artifacts.bundle.tarheader import BLOCK
 from prebake.artifacts.bundle.unpack import CheckedMembers, UnpackLimits, read_checked
-from prebake.artifacts.errors import BundleError, PrebakeError, StoreError
+from prebake.artifacts.errors import BundleError, StoreError
 from prebake.artifacts.ports.registry import Registry
 from prebake.artifacts.store.local import Store
 from prebake.engine.bundled.snapshot.image import IMAGES_DIR, STREAMED_DIR
@@ -60,15 +60,17 @@ class Streamer:
     small members, verified), then CRIU with `--stream -D images`; `wait_verified` says whether every
     byte matched; `close` stops what still runs."""
 
-    def __init__(self, manifest: Manifest, registry: Registry, scratch: Path, limits: UnpackLimits):
+    def __init__(self, manifest: Manifest, registry: Registry, scratch: Path, limits: UnpackLimits, deadline: float):
         self.manifest, self.registry, self.scratch, self.limits = manifest, registry, scratch, limits
+        self.deadline = deadline  # time.monotonic(): the download stops at its next chunk after it (--fetch-timeout)
         self.images = scratch / IMAGES_DIR
         self.blob = scratch / "blob"
         self.what = f"blob {manifest.blob.digest[:23]} ({manifest.kind} {manifest.key_digest[:16]})"
         self.small: dict[str, bytes] = {}
+        self.streamed = {f.path for f in manifest.files if f.path.startswith(STREAMED_DIR + "/") and f.link is None}
         self.links: dict[str, str] = {}
         self._cond = threading.Condition()
-        self._in_hand = self._blob_verified = self._members_verified = False
+        self._in_hand = self._blob_verified = self._members_verified = self._criu_gone = False
         self._error: BaseException | None = None
         self._pipes: dict[str, int] = {}  # a streamed member's CRIU pipe (write end), once asked for
         self._held: list[tuple[int, bytes]] = []  # last chunks, written once everything matched
@@ -89,13 +91,23 @@ class Streamer:
             thread.start()
             self._threads.append(thread)
 
-    def in_hand(self) -> dict[str, bytes]:
-        """Every member before streamed/, verified (path -> bytes); raises why not."""
+    def in_hand(self) -> dict[str, bytes] | str:
+        """Every member before streamed/, verified (path -> bytes), or why not."""
         with self._cond:
             self._cond.wait_for(lambda: self._in_hand or self._error is not None)
             if self._error is not None:
-                raise _refusal(self._error)
+                return refusal(self, self._error)
             return self.small
+
+    def settle(self) -> BaseException | None:
+        """After CRIU failed: the stream run out (nothing more is written), and why the bundle was
+        refused, if it was (a refused bundle is what made CRIU fail: its pipe closed short)."""
+        with self._cond:
+            self._criu_gone = True
+            self._cond.notify_all()
+        for thread in self._threads[:2]:  # the download and the extraction
+            thread.join(max(0.0, self.deadline - time.monotonic()))
+        return self._error
 
     def wait_verified(self) -> BaseException | None:
         """Once the stream ended: None if the blob and every member matched, else why not."""
@@ -106,6 +118,10 @@ class Streamer:
     def close(self) -> None:
         """Stop every thread (CRIU's pipes closed: a restore still reading fails) and the socket."""
         self._fail(StoreError(f"{self.what}: the streamed restore was stopped"))
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes an accept() still waiting for CRIU
+        except OSError:
+            pass
         self._listener.close()
         for thread in self._threads:
             thread.join(5)
@@ -115,7 +131,7 @@ class Streamer:
     def _download(self) -> None:
         blob = self.manifest.blob
         try:
-            self.registry.fetch_blob(blob.digest, self.blob, size=blob.size, tee=self._feed.put)
+            self.registry.fetch_blob(blob.digest, self.blob, size=blob.size, tee=self._until_deadline)
         except BaseException as exc:
             self._feed.abort()
             self._fail(exc)
@@ -125,6 +141,11 @@ class Streamer:
             self._blob_verified = True
             self._cond.notify_all()
         self._release_held()
+
+    def _until_deadline(self, chunk: bytes) -> None:
+        if time.monotonic() > self.deadline:
+            raise StoreError(f"{self.what}: still downloading when the fetch's time box ran out (--fetch-timeout)")
+        self._feed.put(chunk)
 
     def _extract(self) -> None:
         try:
@@ -140,6 +161,8 @@ class Streamer:
             return
         except BaseException as exc:
             self._feed.finished(exc)
+            self._close_pipes()  # CRIU stops at once
+            self._threads[0].join()  # the download's verdict first: a wrong blob is the cause (unpack_streamed's rule)
             self._fail(exc)
             return
         self._feed.finished(None)  # what is left of the blob is only hashed
@@ -158,7 +181,7 @@ class Streamer:
         with conn:
             while (name := _request(conn)) is not None:
                 member = self._resolve(f"{IMAGES_DIR}/{name}")
-                streamed = member.startswith(STREAMED_DIR + "/")
+                streamed = member in self.streamed
                 exists = streamed or member in self.small
                 conn.sendall(_reply(exists))
                 if not exists:
@@ -186,8 +209,8 @@ class Streamer:
         """CRIU's pipe for a streamed member, once CRIU asked for it."""
         self._mark_in_hand()
         with self._cond:
-            self._cond.wait_for(lambda: member in self._pipes or self._error is not None)
-            if self._error is not None:
+            self._cond.wait_for(lambda: member in self._pipes or self._error is not None or self._criu_gone)
+            if member not in self._pipes:
                 raise Aborted()
             self.times.setdefault("pages", time.monotonic())
             return self._pipes[member]
@@ -228,10 +251,14 @@ class Streamer:
         with self._cond:
             if self._error is None:
                 self._error = exc
-            held, self._held = self._held, []
-            pipes, self._pipes = dict(self._pipes), {}
             self._cond.notify_all()
         self._feed.abort()
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        with self._cond:
+            held, self._held = self._held, []
+            pipes, self._pipes = dict(self._pipes), {}
         for fd in [fd for fd, _ in held] + list(pipes.values()):
             _close(fd)
 
@@ -251,7 +278,7 @@ class _Members(CheckedMembers):
         self.streamer._mark_in_hand()
 
     def _write(self, name: str, folder: str, entry: FileEntry) -> None:
-        if name.startswith(STREAMED_DIR + "/"):
+        if name in self.streamer.streamed:
             self._stream(name, entry)
             return
         data = bytearray(entry.size)
@@ -435,8 +462,9 @@ def _check(hasher: hashlib._Hash, entry: FileEntry, what: str) -> None:
         raise BundleError(f"{what}: {entry.path!r} does not match its manifest's sha256; the bundle is corrupt")
 
 
-def _refusal(exc: BaseException) -> PrebakeError:
-    return exc if isinstance(exc, PrebakeError) else StoreError(f"{type(exc).__name__}: {exc}")
+def refusal(streamer: Streamer, exc: BaseException) -> str:
+    """Why a streamed bundle was refused, as the fetch pipeline says it of an install."""
+    return f"fetching {streamer.what} failed: {type(exc).__name__}: {exc}"
 
 
 def _idle_priority() -> None:
