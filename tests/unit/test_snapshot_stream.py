@@ -59,8 +59,8 @@ def _published(tmp_path: Path, tamper_pages_digest: bool = False) -> tuple[FileR
     return registry, manifest
 
 
-def _streamer(tmp_path: Path, registry: FileRegistry, manifest: Manifest) -> stream.Streamer:
-    streamer = stream.Streamer(manifest, registry, tmp_path / "scratch", UnpackLimits(), time.monotonic() + 60)
+def _streamer(tmp_path: Path, registry: FileRegistry, manifest: Manifest, scratch: str = "scratch") -> stream.Streamer:
+    streamer = stream.Streamer(manifest, registry, tmp_path / scratch, UnpackLimits(), time.monotonic() + 60)
     streamer.start()
     return streamer
 
@@ -185,6 +185,21 @@ def test_a_commit_killed_half_way_leaves_no_entry_and_the_next_start_installs_it
     installed = store.install(manifest, registry)  # the usual install after it: the partial goes
     assert tree_problems(installed.tree, manifest.files) == []
     assert not [p for p in installed.tree.parent.iterdir() if p.name.endswith(".partial")]
+
+
+def test_a_scratch_folder_too_deep_for_a_socket_address_serves_from_a_short_one(tmp_path):
+    """A UNIX socket's path fits 108 bytes (a store under a long $PREBAKE_HOME does not): CRIU gets a
+    private folder of the system's, removed with the streamer."""
+    registry, manifest = _published(tmp_path)
+    streamer = _streamer(tmp_path, registry, manifest, scratch="s" * 120)
+    assert not streamer.images.is_relative_to(streamer.scratch)
+    assert isinstance(streamer.in_hand(), dict)
+    criu = _Criu(streamer.images)
+    assert criu.read("pages-1.img") == PAGES
+    criu.close()
+    assert streamer.wait_verified() is None
+    streamer.close()
+    assert not streamer.images.exists()
 
 
 @pytest.mark.parametrize("name", ["../snapshot.json", "/etc/passwd", "pages-1.img/../../carried"])

@@ -160,7 +160,11 @@ def _serve_streamed(
     scratch = store.scratch(f"stream-{os.getpid()}")  # CRIU's log too: kept when the restore fails
     deadline = time.monotonic() + fetch_timeout
     streamer = stream.Streamer(manifest, registry, scratch, store.limits.unpack, deadline)
-    streamer.start()
+    try:
+        streamer.start()
+    except OSError as exc:  # its socket could not be made
+        streamer.close()
+        return NotRestored(f"the streamed restore could not start: {exc}")
     small = streamer.in_hand()
     if isinstance(small, str):
         streamer.close()

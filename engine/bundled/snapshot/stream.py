@@ -33,6 +33,7 @@ import queue
 import shutil
 import socket
 import struct
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -51,6 +52,7 @@ from prebake.engine.bundled.snapshot.image import IMAGES_DIR, STREAMED_DIR
 SOCKET = "streamer-serve.sock"  # criu/img-streamer.c: the restore's socket in the images folder
 CHUNK = 1 << 20  # what goes into CRIU's pipe at a time
 _LANE_BUFFERS = 4  # reused: decompressed and not yet written, at most this many chunks
+_SUN_PATH = 108  # sockaddr_un's sun_path, its terminating NUL included
 _F_SETPIPE_SZ = 1031  # fcntl.h: a pipe of CHUNK bytes, so CRIU reads a chunk per wake-up
 _FIELD_1_STRING, _FIELD_1_VARINT = 0x0A, 0x08  # protobuf tags of img_streamer_{request,reply}_entry's field 1
 
@@ -63,7 +65,7 @@ class Streamer:
     def __init__(self, manifest: Manifest, registry: Registry, scratch: Path, limits: UnpackLimits, deadline: float):
         self.manifest, self.registry, self.scratch, self.limits = manifest, registry, scratch, limits
         self.deadline = deadline  # time.monotonic(): the download stops at its next chunk after it (--fetch-timeout)
-        self.images = scratch / IMAGES_DIR
+        self.images = _short(scratch / IMAGES_DIR)  # only CRIU's socket is in it
         self.blob = scratch / "blob"
         self.what = f"blob {manifest.blob.digest[:23]} ({manifest.kind} {manifest.key_digest[:16]})"
         self.small: dict[str, bytes] = {}
@@ -76,14 +78,14 @@ class Streamer:
         self._held: list[tuple[int, bytes]] = []  # last chunks, written once everything matched
         self._feed = Feed()
         self._threads: list[threading.Thread] = []
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # bound by start, closed by close
         self.times: dict[str, float] = {}  # time.monotonic() of: start, in_hand, pages (the first asked for), streamed
 
     # -- the caller's side --------------------------------------------------------------------
 
     def start(self) -> None:
         self.times["start"] = time.monotonic()
-        self.images.mkdir(parents=True)
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.images.mkdir(parents=True, exist_ok=True)
         self._listener.bind(str(self.images / SOCKET))
         self._listener.listen(1)
         for name, target in (("download", self._download), ("extract", self._extract), ("serve", self._serve)):
@@ -125,6 +127,8 @@ class Streamer:
         self._listener.close()
         for thread in self._threads:
             thread.join(5)
+        if not self.images.is_relative_to(self.scratch):  # a private folder of its own (_short)
+            shutil.rmtree(self.images, ignore_errors=True)
 
     # -- the threads --------------------------------------------------------------------------
 
@@ -377,6 +381,14 @@ class _Kept:
 
 def remove(streamer: Streamer) -> None:
     shutil.rmtree(streamer.scratch, ignore_errors=True)
+
+
+def _short(images: Path) -> Path:
+    """`images`, or a private folder under the system's temporary one when the socket's path in it
+    would not fit a UNIX socket address (108 bytes; CRIU cuts a longer one short and misses it)."""
+    if len(os.fsencode(images / SOCKET)) < _SUN_PATH:
+        return images
+    return Path(tempfile.mkdtemp(prefix="prebake-criu-stream-"))
 
 
 # -- the protocol -----------------------------------------------------------------------------
