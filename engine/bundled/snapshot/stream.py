@@ -51,7 +51,7 @@ from prebake.engine.bundled.snapshot.image import IMAGES_DIR, STREAMED_DIR
 
 SOCKET = "streamer-serve.sock"  # criu/img-streamer.c: the restore's socket in the images folder
 CHUNK = 1 << 20  # what goes into CRIU's pipe at a time
-_LANE_BUFFERS = 4  # reused: decompressed and not yet written, at most this many chunks
+_LANE_BUFFERS = 8  # reused: decompressed and not yet written, at most this many chunks
 _SUN_PATH = 108  # sockaddr_un's sun_path, its terminating NUL included
 _F_SETPIPE_SZ = 1031  # fcntl.h: a pipe of CHUNK bytes, so CRIU reads a chunk per wake-up
 _FIELD_1_STRING, _FIELD_1_VARINT = 0x0A, 0x08  # protobuf tags of img_streamer_{request,reply}_entry's field 1
@@ -293,8 +293,11 @@ class _Members(CheckedMembers):
 
     def _stream(self, name: str, entry: FileEntry) -> None:
         """The member into CRIU's pipe as it is decompressed: this thread decompresses, a lane hashes
-        and writes (both at once, on two cores: each alone costs about what the other does)."""
-        lane = _Lane(self.streamer._pipe(name))
+        and writes (at once, on two cores: each costs about what the other does). Both start before
+        CRIU asks for it (CRIU starts once the small members are in hand, and asks a few hundredths
+        of a second later): up to _LANE_BUFFERS chunks are ready by then."""
+        self.streamer._mark_in_hand()
+        lane = _Lane(lambda: self.streamer._pipe(name))
         remaining = entry.size
         try:
             while remaining:
@@ -304,6 +307,8 @@ class _Members(CheckedMembers):
                 lane.put(buffer, n, last=not remaining)
         finally:
             digest, last = lane.finish()
+        if lane.fd is None:
+            raise Aborted()  # CRIU failed before it asked for the pages: nothing to verify them for
         self._skip(-entry.size % BLOCK)
         if digest != entry.sha256:
             raise BundleError(
@@ -313,12 +318,13 @@ class _Members(CheckedMembers):
 
 
 class _Lane:
-    """A streamed member's second thread: each chunk hashed and written into CRIU's pipe, but the
-    last, kept for the caller to write once everything matched; buffers handed back to be filled."""
+    """A streamed member's second thread: each chunk hashed and written into CRIU's pipe (`pipe()`
+    waits until CRIU asked for it), but the last, kept for the caller to write once everything
+    matched; buffers handed back to be filled."""
 
-    def __init__(self, fd: int):
-        self.fd, self.hasher, self.last = fd, hashlib.sha256(), b""
-        _widen(fd)
+    def __init__(self, pipe: Callable[[], int]):
+        self.pipe, self.hasher, self.last = pipe, hashlib.sha256(), b""
+        self.fd: int | None = None  # CRIU's, once it asked; None after finish: it never did
         self._free: queue.Queue[memoryview] = queue.Queue()
         for _ in range(_LANE_BUFFERS):
             self._free.put(memoryview(bytearray(CHUNK)))
@@ -339,13 +345,19 @@ class _Lane:
         return "sha256:" + self.hasher.hexdigest(), self.last
 
     def _run(self) -> None:
-        broken = False  # CRIU went away (its restore failed): only hashed from here, the caller ends it
+        broken = False  # no CRIU to write to (it failed): only hashed from here, the caller ends it
         while (item := self._filled.get()) is not None:
             buffer, n, last = item
             self.hasher.update(buffer[:n])
+            if not broken and self.fd is None:
+                try:
+                    self.fd = self.pipe()
+                    _widen(self.fd)
+                except Aborted:
+                    broken = True
             if last:
                 self.last = bytes(buffer[:n])
-            elif not broken:
+            elif not broken and self.fd is not None:
                 try:
                     _write(self.fd, buffer[:n])
                 except OSError:
