@@ -24,6 +24,7 @@ from prebake.artifacts.keys import Key
 from prebake.artifacts.store.local import Store
 from prebake.engine.bundled.snapshot import stream
 from prebake.engine.bundled.snapshot.image import IMAGES_DIR, STREAMED_DIR, move_streamed
+from prebake.engine.bundled.snapshot.stream_wire import SOCKET
 from prebake.registry.backends.file import FileRegistry
 
 PAGES = bytes(range(256)) * (3 * 4096 + 7)  # three chunks and a little: the last one is held back
@@ -71,7 +72,7 @@ class _Criu:
 
     def __init__(self, images: Path):
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(str(images / stream.SOCKET))
+        self.sock.connect(str(images / SOCKET))
 
     def open(self, name: str) -> int | None:
         body = bytes([0x0A, len(name)]) + name.encode()

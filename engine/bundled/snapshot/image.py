@@ -5,9 +5,7 @@ snapshot/
                     every file the process mapped or held open (path, size, sha256, mode)
   images/           CRIU's image files (the process's anonymous memory, threads, registers);
                     pages-N.img a link to ../streamed/pages-N.img
-  streamed/         CRIU's pages images, the bulk of the bytes: last in the bundle's tar (it is
-                    sorted by path), so a restore into an empty store streams them to CRIU as they
-                    are decompressed, every other file already in hand (stream.py)
+  streamed/         CRIU's pages images: last in the (path-sorted) tar, streamed into CRIU (stream.py)
   carried/<sha256>  files the process mapped from the temporary folder (AOTInductor extracts
                     its packages' .so files there): put back at their paths, with their modes,
                     before a restore

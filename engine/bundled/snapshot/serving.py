@@ -27,7 +27,7 @@ from pathlib import Path
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.errors import ExitCode, PrebakeError
 from prebake.artifacts.fetch.outcome import Miss, resolution
-from prebake.artifacts.fetch.pipeline import check_bound, lookup, record_resolution, verify
+from prebake.artifacts.fetch.pipeline import record_resolution, verified_entries
 from prebake.artifacts.fsutil import Flock
 from prebake.artifacts.ports.registry import Registry
 from prebake.artifacts.recipe.kinds import TargetKeys
@@ -91,15 +91,11 @@ def serve_restored(
         plan = plan_to_start(request, services)
         if NAME not in plan.kinds:
             return NotRestored(f"{plan.target.name} has no {NAME} kind ([snapshot] bake = true in its recipe)")
-        streamable = _streamable(plan, request, services)
-        if isinstance(streamable, NotRestored):
-            return streamable
-        if streamable is not None:
-            return _serve_streamed(*streamable, plan, able, handed_over, services, request.fetch_timeout, emit)
-        resolved = starter.fetch_bundles(plan, request, services, kinds=[NAME])
-        installed = resolved.installed.get(NAME)
-        if installed is None:
-            return NotRestored(_misses(resolved.misses))
+        installed = _resolved(plan, request, services)
+        if isinstance(installed, NotRestored):
+            return installed
+        if isinstance(installed, tuple):
+            return _serve_streamed(*installed, plan, able, handed_over, services, request.fetch_timeout, emit)
         try:
             info = SnapshotInfo.read(installed.tree)
         except PrebakeError as exc:
@@ -118,31 +114,26 @@ def serve_restored(
         return Served(code)
 
 
-def _streamable(
+def _resolved(
     plan: TargetKeys, request: StartRequest, services: Services
-) -> tuple[Manifest, Registry] | NotRestored | None:
-    """The snapshot's verified registry entry when the store lacks it (a streamed restore), None for the
-    usual fetch (the store holds it, a tree is mounted for it, or PREBAKE_SNAPSHOT_STREAM=0), or the miss."""
+) -> Installed | tuple[Manifest, Registry] | NotRestored:
+    """The snapshot's tree in the store; or its verified registry entry, to stream (the store lacks
+    it); or the miss. A mounted tree, or PREBAKE_SNAPSHOT_STREAM=0: the usual fetch, installed first."""
     if request.mounted or os.environ.get(STREAM_VARIABLE, "1") == "0":
-        return None
-    looked = lookup(
-        plan,
-        [NAME],
-        store=services.store,
-        source=services.source,
-        timeout=request.registry_timeout,
-        hold=services.holds,
+        resolved = starter.fetch_bundles(plan, request, services, kinds=[NAME])
+        installed = resolved.installed.get(NAME)
+        return installed if installed is not None else NotRestored(_misses(resolved.misses))
+    store = services.store
+    looked, found = verified_entries(
+        plan, [NAME], store=store, source=services.source, timeout=request.registry_timeout, hold=services.holds
     )
-    value = verify(plan, looked.found, looked.trust)[NAME]
-    if isinstance(value, Installed):
-        record_resolution(services.store, resolution(plan, looked.found, {NAME: value}, looked.store_refused))
-        return None  # the usual path finds it in the store again (its hold taken twice: harmless)
-    if isinstance(value, Miss) or looked.registry is None:
-        missed = value if isinstance(value, Miss) else Miss(plan.key(NAME), "no registry to fetch it from")
-        record_resolution(services.store, resolution(plan, looked.found, {NAME: missed}, looked.store_refused))
-        return NotRestored(_misses([missed]))
-    check_bound(services.store, {NAME: value}, plan.target.name)
-    return value, looked.registry
+    value = found[NAME]
+    if isinstance(value, Manifest) and looked.registry is not None:
+        return value, looked.registry  # recorded once installed (_commit)
+    if isinstance(value, Manifest):  # cannot be: a registry entry comes from an opened registry
+        value = Miss(plan.key(NAME), "no registry to fetch it from")
+    record_resolution(store, resolution(plan, looked.found, {NAME: value}, looked.store_refused))
+    return value if isinstance(value, Installed) else NotRestored(_misses([value]))
 
 
 def _serve_streamed(

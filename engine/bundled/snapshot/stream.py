@@ -1,38 +1,24 @@
 """A restore into an empty store, streamed: the snapshot's bundle goes from the registry into CRIU
-without its image landing in the store first; the store's entry is written once the server is ready.
+without landing in the store first; the store's entry is installed once the server is ready.
 
-    download   registry.fetch_blob into a scratch file, its sha256 checked as it comes; every chunk
-               handed on (bundle/download_pipe.py's Feed) to
-    extract    zstd, then tar: every member held to the signed manifest before a byte of it is used
-               (bundle/unpack.py's CheckedMembers); the small ones (snapshot.json, CRIU's small images,
-               carried/) kept in memory, each one's sha256 checked before anything reads it
-    serve      CRIU's image streamer protocol (`criu restore --stream`, criu/img-streamer.c) on
-               <scratch>/images/streamer-serve.sock: for each file CRIU asks for, whether it exists,
-               then the pipe CRIU sends gets its bytes; names resolve through the tree's links
-    pages      streamed/pages-N.img (image.py: last in the tar) written into CRIU's pipe as it is
-               decompressed, hashed on the way; its last chunk held back until its sha256 and the
-               blob's matched: CRIU cannot finish, so the restored process never runs, on bytes that
-               were not verified (a mismatch closes the pipe short: CRIU fails, the start falls back)
-    commit     once the server is ready: the usual install (store/install.py: under the blob's install
-               lock, its tree unpacked beside and renamed in whole, then indexed) from the verified
-               scratch blob, on an idle-priority thread; the command waits for it before it exits
-
-Why: the image's pages written into the store's page cache before CRIU copies them into the process
-cost as much again as the copy (new pages, faulted in by the host: docs/snapshots.md); streamed, they
-go through a pipe's few reused pages.
+    download   fetch_blob into a scratch file, its sha256 checked as it comes, every chunk fed to
+    extract    zstd, then tar: each member held to the signed manifest (CheckedMembers); the small
+               ones kept in memory, each sha256 checked before anything reads it
+    serve      CRIU's image streamer protocol (stream_wire.py) answered from those members
+    pages      streamed/pages-N.img into CRIU's pipe as decompressed, hashed on the way, its last
+               chunk held back until its sha256 and the blob's matched (CRIU cannot finish before)
+    commit     after ready: the usual install from the verified scratch blob, at idle priority
+Why and what it costs: docs/snapshots.md, "Into an empty store".
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import io
 import os
 import posixpath
-import queue
 import shutil
 import socket
-import struct
 import tempfile
 import threading
 import time
@@ -47,14 +33,8 @@ from prebake.artifacts.bundle.unpack import CheckedMembers, UnpackLimits, read_c
 from prebake.artifacts.errors import BundleError, StoreError
 from prebake.artifacts.ports.registry import Registry
 from prebake.artifacts.store.local import Store
+from prebake.engine.bundled.snapshot import stream_wire as wire
 from prebake.engine.bundled.snapshot.image import IMAGES_DIR, STREAMED_DIR
-
-SOCKET = "streamer-serve.sock"  # criu/img-streamer.c: the restore's socket in the images folder
-CHUNK = 1 << 20  # what goes into CRIU's pipe at a time
-_LANE_BUFFERS = 8  # reused: decompressed and not yet written, at most this many chunks
-_SUN_PATH = 108  # sockaddr_un's sun_path, its terminating NUL included
-_F_SETPIPE_SZ = 1031  # fcntl.h: a pipe of CHUNK bytes, so CRIU reads a chunk per wake-up
-_FIELD_1_STRING, _FIELD_1_VARINT = 0x0A, 0x08  # protobuf tags of img_streamer_{request,reply}_entry's field 1
 
 
 class Streamer:
@@ -86,7 +66,7 @@ class Streamer:
     def start(self) -> None:
         self.times["start"] = time.monotonic()
         self.images.mkdir(parents=True, exist_ok=True)
-        self._listener.bind(str(self.images / SOCKET))
+        self._listener.bind(str(self.images / wire.SOCKET))
         self._listener.listen(1)
         for name, target in (("download", self._download), ("extract", self._extract), ("serve", self._serve)):
             thread = threading.Thread(target=target, name=f"prebake-stream-{name}", daemon=True)
@@ -183,20 +163,20 @@ class Streamer:
         except OSError:
             return  # closed before CRIU came
         with conn:
-            while (name := _request(conn)) is not None:
+            while (name := wire.request(conn)) is not None:
                 member = self._resolve(f"{IMAGES_DIR}/{name}")
                 streamed = member in self.streamed
                 exists = streamed or member in self.small
-                conn.sendall(_reply(exists))
+                conn.sendall(wire.reply(exists))
                 if not exists:
                     continue
-                fd = _receive_pipe(conn)
+                fd = wire.receive_pipe(conn)
                 if streamed:
                     with self._cond:
                         self._pipes[member] = fd
                         self._cond.notify_all()
                 else:
-                    threading.Thread(target=_write_all, args=(fd, self.small[member]), daemon=True).start()
+                    threading.Thread(target=wire.write_all, args=(fd, self.small[member]), daemon=True).start()
 
     # -- shared state -------------------------------------------------------------------------
 
@@ -236,7 +216,7 @@ class Streamer:
                 return
             held, self._held = self._held, []
         for fd, last in held:
-            _write_all(fd, last)
+            wire.write_all(fd, last)
         self.times["streamed"] = time.monotonic()
 
     def timings(self) -> str:
@@ -264,7 +244,7 @@ class Streamer:
             held, self._held = self._held, []
             pipes, self._pipes = dict(self._pipes), {}
         for fd in [fd for fd, _ in held] + list(pipes.values()):
-            _close(fd)
+            wire.close(fd)
 
 
 class _Members(CheckedMembers):
@@ -297,12 +277,12 @@ class _Members(CheckedMembers):
         CRIU asks for it (CRIU starts once the small members are in hand, and asks a few hundredths
         of a second later): up to _LANE_BUFFERS chunks are ready by then."""
         self.streamer._mark_in_hand()
-        lane = _Lane(lambda: self.streamer._pipe(name))
+        lane = wire.Lane(lambda: self.streamer._pipe(name))
         remaining = entry.size
         try:
             while remaining:
                 buffer = lane.free()
-                n = self._fill(buffer[: min(CHUNK, remaining)], remaining, entry)
+                n = self._fill(buffer[: min(wire.CHUNK, remaining)], remaining, entry)
                 remaining -= n
                 lane.put(buffer, n, last=not remaining)
         finally:
@@ -315,54 +295,6 @@ class _Members(CheckedMembers):
                 f"{self.what}: {entry.path!r} does not match its manifest's sha256; the bundle is corrupt"
             )
         self.streamer._hold(lane.fd, last)
-
-
-class _Lane:
-    """A streamed member's second thread: each chunk hashed and written into CRIU's pipe (`pipe()`
-    waits until CRIU asked for it), but the last, kept for the caller to write once everything
-    matched; buffers handed back to be filled."""
-
-    def __init__(self, pipe: Callable[[], int]):
-        self.pipe, self.hasher, self.last = pipe, hashlib.sha256(), b""
-        self.fd: int | None = None  # CRIU's, once it asked; None after finish: it never did
-        self._free: queue.Queue[memoryview] = queue.Queue()
-        for _ in range(_LANE_BUFFERS):
-            self._free.put(memoryview(bytearray(CHUNK)))
-        self._filled: queue.Queue[tuple[memoryview, int, bool] | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="prebake-stream-lane", daemon=True)
-        self._thread.start()
-
-    def free(self) -> memoryview:
-        return self._free.get()
-
-    def put(self, buffer: memoryview, n: int, *, last: bool) -> None:
-        self._filled.put((buffer, n, last))
-
-    def finish(self) -> tuple[str, bytes]:
-        """The member's sha256 and its held last chunk, once every chunk before it was written."""
-        self._filled.put(None)
-        self._thread.join()
-        return "sha256:" + self.hasher.hexdigest(), self.last
-
-    def _run(self) -> None:
-        broken = False  # no CRIU to write to (it failed): only hashed from here, the caller ends it
-        while (item := self._filled.get()) is not None:
-            buffer, n, last = item
-            self.hasher.update(buffer[:n])
-            if not broken and self.fd is None:
-                try:
-                    self.fd = self.pipe()
-                    _widen(self.fd)
-                except Aborted:
-                    broken = True
-            if last:
-                self.last = bytes(buffer[:n])
-            elif not broken and self.fd is not None:
-                try:
-                    _write(self.fd, buffer[:n])
-                except OSError:
-                    broken = True
-            self._free.put(buffer)
 
 
 def commit(store: Store, manifest: Manifest, registry: Registry, streamer: Streamer) -> None:
@@ -398,87 +330,9 @@ def remove(streamer: Streamer) -> None:
 def _short(images: Path) -> Path:
     """`images`, or a private folder under the system's temporary one when the socket's path in it
     would not fit a UNIX socket address (108 bytes; CRIU cuts a longer one short and misses it)."""
-    if len(os.fsencode(images / SOCKET)) < _SUN_PATH:
+    if len(os.fsencode(images / wire.SOCKET)) < wire.SUN_PATH:
         return images
     return Path(tempfile.mkdtemp(prefix="prebake-criu-stream-"))
-
-
-# -- the protocol -----------------------------------------------------------------------------
-
-
-def _request(conn: socket.socket) -> str | None:
-    """One request's file name, or None once CRIU closed the socket (it asks for nothing more)."""
-    head = _exactly(conn, 4)
-    if head is None:
-        return None
-    (size,) = struct.unpack("<I", head)
-    body = _exactly(conn, size)
-    if body is None or len(body) < 2 or body[0] != _FIELD_1_STRING:
-        raise BundleError(f"CRIU's image streamer request is not one it sends ({body!r}); is CRIU >= 3.15?")
-    length, at = _varint(body, 1)
-    return body[at : at + length].decode()
-
-
-def _reply(exists: bool) -> bytes:
-    body = bytes([_FIELD_1_VARINT, int(exists)])
-    return struct.pack("<I", len(body)) + body
-
-
-def _receive_pipe(conn: socket.socket) -> int:
-    _, fds, _, _ = socket.recv_fds(conn, 1, 1)
-    if len(fds) != 1:
-        raise BundleError("CRIU sent no pipe for an image file; is CRIU >= 3.15?")
-    return fds[0]
-
-
-def _exactly(conn: socket.socket, n: int) -> bytes | None:
-    data = b""
-    while len(data) < n:
-        got = conn.recv(n - len(data))
-        if not got:
-            return None
-        data += got
-    return data
-
-
-def _varint(data: bytes, at: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[at]
-        value |= (byte & 0x7F) << shift
-        at, shift = at + 1, shift + 7
-        if not byte & 0x80:
-            return value, at
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    """`data` into CRIU's pipe, then closed; a CRIU that went away (EPIPE) is the restore's failure."""
-    try:
-        _write(fd, data)
-    except OSError:
-        pass
-    finally:
-        _close(fd)
-
-
-def _widen(fd: int) -> None:
-    try:
-        fcntl.fcntl(fd, _F_SETPIPE_SZ, CHUNK)
-    except OSError:
-        pass  # over /proc/sys/fs/pipe-max-size: the default 64 KiB works, with more wake-ups
-
-
-def _write(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-def _close(fd: int) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass
 
 
 def _check(hasher: hashlib._Hash, entry: FileEntry, what: str) -> None:
