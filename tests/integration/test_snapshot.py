@@ -66,22 +66,30 @@ def test_two_restores_of_one_image_serve_side_by_side(home):
 
 
 def test_into_an_empty_store_the_image_is_streamed_and_the_store_holds_it_after(home, tmp_path):
-    """From the registry into CRIU (stream.py), answering as the stored restore does; the store's
-    entry installed while it serves, whole (every file as its manifest says) once the command ended."""
+    """From the registry into CRIU (stream.py), two starts at once into one empty store: both
+    restored, answering alike; each installs the store's entry while it serves (the second finds
+    the first's), one whole tree once both ended; a third start restores from it."""
     registry, store = home.root / "home" / "registry", tmp_path / "store"  # the image maps the bake's checkpoint
-    server = serve(home, "--registry", str(registry), store=store)
+    first, second = (
+        serve(home, "--registry", str(registry), store=store),
+        serve(home, "--registry", str(registry), store=store),
+    )
     try:
-        server.wait_ready(300)
-        assert "streamed from" in server.log and "restored from its snapshot" in server.log, server.log[-3000:]
-        tokens = greedy(server)
+        for server in (first, second):
+            server.wait_ready(300)
+            assert "streamed from" in server.log and "restored from its snapshot" in server.log, server.log[-3000:]
+        tokens = greedy(first)
+        assert greedy(second) == tokens
     finally:
-        assert server.stop() == 0
-    assert "installed into the store while serving" in server.log, server.log[-3000:]
+        assert first.stop() == 0 and second.stop() == 0
+    for server in (first, second):
+        assert "installed into the store while serving" in server.log, server.log[-3000:]
     entry = json.loads(snapshot_entry(registry).read_text())
     tree = store / "trees" / entry["blob"]["digest"].split(":", 1)[1]
     files = tuple(FileEntry(**f) for f in entry["files"])
     assert tree_problems(tree, files) == []
-    again = serve(home, "--registry", str(registry), store=store)  # from the tree it installed
+    assert not [p for p in tree.parent.iterdir() if p.name.endswith(".partial")]
+    again = serve(home, "--registry", str(registry), store=store)  # from the tree they installed
     try:
         again.wait_ready(300)
         assert "streamed from" not in again.log and "restored from its snapshot" in again.log
