@@ -59,11 +59,23 @@ class UnpackLimits:
 def extract(compressed: BinaryIO, into: Path, files: tuple[FileEntry, ...], limits: UnpackLimits, what: str) -> None:
     """Decompress and unpack `compressed` into the existing empty folder `into`, checking every
     member against `files` before writing it; raise BundleError (or a subclass) on any deviation."""
+    read_checked(compressed, lambda reader: _Extraction(reader, into, files, what), files, limits, what)
+
+
+def read_checked(
+    compressed: BinaryIO,
+    members: Callable[[io.BufferedReader], CheckedMembers],
+    files: tuple[FileEntry, ...],
+    limits: UnpackLimits,
+    what: str,
+) -> None:
+    """Decompress `compressed` and hand it to `members(reader)` (a CheckedMembers: what becomes of
+    each member once it passed the manifest), with extract's bounds and errors."""
     limits.check(files, what)
     dctx = zstandard.ZstdDecompressor(max_window_size=1 << limits.max_window_log)
     try:
         with dctx.stream_reader(compressed, read_size=_READ_SIZE, closefd=False) as zr:
-            _Extraction(io.BufferedReader(zr, _READ_SIZE), into, files, what).run()
+            members(io.BufferedReader(zr, _READ_SIZE)).run()
     except zstandard.ZstdError as exc:
         if "window" in str(exc).lower() or "memory" in str(exc).lower():
             raise UnsafeArchiveError(
@@ -153,17 +165,17 @@ def tree_problems(tree: Path, files: tuple[FileEntry, ...]) -> list[str]:
 # -- the extraction ---------------------------------------------------------------------------
 
 
-class _Extraction:
-    """One pass over a tar stream, writing what the manifest allows and nothing else."""
+class CheckedMembers:
+    """One pass over a tar stream, each member held to the manifest before a byte of it is handed
+    on; what becomes of the bytes is a subclass's: `_write` (a file, exactly its manifest's size, read
+    with `_fill`), `_link`, and `_finish` / `_close` (after the end marker / always)."""
 
-    def __init__(self, reader: io.BufferedReader, into: Path, files: tuple[FileEntry, ...], what: str):
-        self.reader, self.into, self.what = reader, into, what
+    def __init__(self, reader: io.BufferedReader, files: tuple[FileEntry, ...], what: str):
+        self.reader, self.what = reader, what
         self.expected = {f.path: f for f in files}
         self.folders = {p for f in files for p in _parents(f.path)}
         self.seen: set[str] = set()
         self.members_left = len(files) + len(self.folders)
-        self.made = Folders(into, self.folders)
-        self.writers = Writers(max(2, os.cpu_count() or 1), self.made)
 
     def run(self) -> None:
         try:
@@ -172,11 +184,9 @@ class _Extraction:
                 if self.members_left < 0:
                     raise UnsafeArchiveError(f"{self.what} holds more entries than its manifest names; refusing it")
                 self._one(member)
-            self.writers.finish()
-            self.made.finish()
+            self._finish()
         finally:
-            self.made.close()
-            self.writers.close()  # every writer stopped and every file closed, even after a refusal
+            self._close()
         missing = sorted(self.expected.keys() - self.seen)
         if missing:
             raise BundleError(f"{self.what} lacks {len(missing)} file(s) its manifest names ({missing[:3]}); corrupt")
@@ -194,12 +204,11 @@ class _Extraction:
             why = "twice" if m.name in self.seen else "which its manifest does not name"
             raise UnsafeArchiveError(f"{self.what} holds an entry {m.name[:80]!r} {why}; refusing it")
         self.seen.add(m.name)
-        target, folder = self.into / m.name, m.name.rpartition("/")[0]
+        folder = m.name.rpartition("/")[0]
         if m.type == b"2":
             if entry.link != m.linkname:
                 raise UnsafeArchiveError(f"{self.what}: {m.name[:80]!r} is a link its manifest does not declare")
-            self.made.wait(folder)
-            os.symlink(m.linkname, target)
+            self._link(m.name, folder, m.linkname)
             return
         if m.type not in (b"0", b"\0"):
             kind = {b"1": "hard link", b"3": "device", b"4": "device", b"6": "FIFO"}.get(m.type, f"type {m.type!r}")
@@ -211,22 +220,20 @@ class _Extraction:
                 f"{self.what}: {m.name[:80]!r} is {m.size} bytes in the archive, but its manifest says "
                 f"{'a link' if entry.link is not None else f'{entry.size} bytes'}; refusing it before writing"
             )
-        self._write(target, folder, entry)
-
-    def _write(self, target: Path, folder: str, entry: FileEntry) -> None:
-        """Hand the member's bytes (exactly its manifest's size) to the writer threads, which create,
-        write and hash it while this thread decompresses on (artifacts/bundle/unpack_write.py)."""
-        size, pad = entry.size, -entry.size % _BLOCK
-        if size + pad <= _LARGE:
-            self.writers.small(str(target), folder, size, size + pad, entry, lambda view: self._fill(view, size, entry))
-        else:
-            job = self.writers.open_large(str(target), folder, entry)
-            remaining = size
-            while remaining:
-                remaining -= self.writers.chunk(job, partial(self._fill_upto, remaining, entry))
-            self._skip(pad)
-            self.writers.end_large(job)
+        self._write(m.name, folder, entry)
         fsutil.crash_point("stream", entry.path)
+
+    def _write(self, name: str, folder: str, entry: FileEntry) -> None:
+        raise NotImplementedError
+
+    def _link(self, name: str, folder: str, target: str) -> None:
+        raise NotImplementedError
+
+    def _finish(self) -> None:
+        """The end marker was read and every member handed on."""
+
+    def _close(self) -> None:
+        """Always, after `run`'s pass: whatever the subclass holds open is let go."""
 
     def _fill_upto(self, remaining: int, entry: FileEntry, view: memoryview) -> int:
         return self._fill(view[:remaining], remaining, entry)
@@ -268,6 +275,43 @@ class _Extraction:
 
     def _skip(self, n: int) -> None:
         self._exact(n)
+
+
+class _Extraction(CheckedMembers):
+    """The checked members written into the folder `into`, and nothing else."""
+
+    def __init__(self, reader: io.BufferedReader, into: Path, files: tuple[FileEntry, ...], what: str):
+        super().__init__(reader, files, what)
+        self.into = into
+        self.made = Folders(into, self.folders)
+        self.writers = Writers(max(2, os.cpu_count() or 1), self.made)
+
+    def _finish(self) -> None:
+        self.writers.finish()
+        self.made.finish()
+
+    def _close(self) -> None:
+        self.made.close()
+        self.writers.close()  # every writer stopped and every file closed, even after a refusal
+
+    def _link(self, name: str, folder: str, target: str) -> None:
+        self.made.wait(folder)
+        os.symlink(target, self.into / name)
+
+    def _write(self, name: str, folder: str, entry: FileEntry) -> None:
+        """Hand the member's bytes (exactly its manifest's size) to the writer threads, which create,
+        write and hash it while this thread decompresses on (artifacts/bundle/unpack_write.py)."""
+        target = str(self.into / name)
+        size, pad = entry.size, -entry.size % _BLOCK
+        if size + pad <= _LARGE:
+            self.writers.small(target, folder, size, size + pad, entry, lambda view: self._fill(view, size, entry))
+        else:
+            job = self.writers.open_large(target, folder, entry)
+            remaining = size
+            while remaining:
+                remaining -= self.writers.chunk(job, partial(self._fill_upto, remaining, entry))
+            self._skip(pad)
+            self.writers.end_large(job)
 
 
 def _parents(path: str) -> list[str]:

@@ -11,12 +11,13 @@ that differs is refused with the differences named, one that matches is used in 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.bundle.unpack import tree_problems
 from prebake.artifacts.errors import BundleError, RecipeError
+from prebake.artifacts.fetch.outcome import Found, Miss
 from prebake.artifacts.store.local import Installed
 
 _SHOWN = 8  # differences named in a refusal
@@ -52,3 +53,15 @@ def check_mounted(tree: Path, manifest: Manifest) -> Installed:
             f"mount the image of that bundle (tag {manifest.kind}-{manifest.key_digest}), or drop --mounted to fetch it"
         )
     return Installed(manifest, tree)
+
+
+def in_place(found: dict[str, Found], mounted: Mapping[str, Path]) -> tuple[dict[str, Found], str]:
+    """`found` with each mounted tree checked file by file against its kind's verified manifest and
+    used in place (BundleError if it differs), and what was checked, for the verify step's detail."""
+    checked, detail = dict(found), ""
+    for kind, tree in mounted.items():
+        value = found.get(kind)
+        if value is not None and not isinstance(value, Miss):
+            checked[kind] = check_mounted(tree, value.manifest if isinstance(value, Installed) else value)
+            detail += f"; {kind} mounted at {tree} matches it"
+    return checked, detail

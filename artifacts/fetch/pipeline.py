@@ -34,7 +34,7 @@ from prebake.artifacts.errors import (
 )
 from prebake.artifacts.fetch.explain import nearest_miss
 from prebake.artifacts.fetch.gate import policy_refuses, verify_entry
-from prebake.artifacts.fetch.mounted import check_mounted
+from prebake.artifacts.fetch.mounted import in_place as mounted_in_place
 from prebake.artifacts.fetch.outcome import (
     Found,
     Lookup,
@@ -334,17 +334,10 @@ def resolve(
     """lookup -> verify -> bound -> install for every kind of `plan` (or the given kinds), each a step
     of `steps`; every tree held on `hold` (when given) from the moment it is found or installed; a
     `mounted` tree (kind -> path) is verified in place; the hits and misses go into the store's stats."""
-    steps, mounted = steps or Quiet(), mounted or {}
-    with steps.step("lookup") as s:
-        wanted = plan.kinds.names if kinds is None else kinds
-        looked = lookup(plan, wanted, store=store, source=source, timeout=lookup_timeout, hold=hold)
-        s.detail = _looked_up(looked, source.address)
-    with steps.step("verify") as s:
-        verified = verify(plan, looked.found, looked.trust)
-        passed = sum(isinstance(v, Manifest) for v in verified.values())
-        found, in_place = _in_place(verified, mounted)
-        s.detail = f"{passed} registry bundle(s) carry their keys and pass the trust policy{in_place}"
-    check_bound(store, {k: v for k, v in found.items() if k not in mounted}, plan.target.name)
+    steps = steps or Quiet()
+    wanted = plan.kinds.names if kinds is None else kinds
+    looked, found = verified_entries(plan, wanted, store=store, source=source, timeout=lookup_timeout, hold=hold,
+                                     mounted=mounted, steps=steps)  # fmt: skip
     with steps.step("fetch") as s:
         got = install(found, store=store, registry=looked.registry, timeout=fetch_timeout, hold=hold)
         s.detail = ", ".join(f"{k} {i.manifest.blob.hex[:12]}" for k, i in got.items() if isinstance(i, Installed))
@@ -355,6 +348,25 @@ def resolve(
     return resolved
 
 
+def verified_entries(plan: TargetKeys, kinds: Iterable[str], *, store: Store, source: Source, timeout: float,
+                     hold: ExitStack | None = None, mounted: Mapping[str, Path] | None = None,
+                     steps: Steps | None = None) -> tuple[Lookup, dict[str, Found]]:  # fmt: skip
+    """resolve's lookup -> verify -> bound, without its install: each kind Installed, a verified
+    registry Manifest, or a Miss; for a caller that installs its own way (a snapshot streamed into
+    its restore, engine/bundled/snapshot/stream.py) and records the outcome (record_resolution)."""
+    steps, mounted = steps or Quiet(), mounted or {}
+    with steps.step("lookup") as s:
+        looked = lookup(plan, kinds, store=store, source=source, timeout=timeout, hold=hold)
+        s.detail = _looked_up(looked, source.address)
+    with steps.step("verify") as s:
+        verified = verify(plan, looked.found, looked.trust)
+        passed = sum(isinstance(v, Manifest) for v in verified.values())
+        found, in_place = mounted_in_place(verified, mounted)
+        s.detail = f"{passed} registry bundle(s) carry their keys and pass the trust policy{in_place}"
+    check_bound(store, {k: v for k, v in found.items() if k not in mounted}, plan.target.name)
+    return looked, found
+
+
 def _looked_up(looked: Lookup, address: str) -> str:
     where = {Installed: "in the store", Manifest: "in the registry", Miss: "missed"}
     detail = ", ".join(f"{kind} {where[type(value)]}" for kind, value in looked.found.items())
@@ -362,18 +374,6 @@ def _looked_up(looked: Lookup, address: str) -> str:
     if looked.store_refused:
         detail += f"; {len(looked.store_refused)} stored bundle(s) refused by the trust policy in force"
     return detail
-
-
-def _in_place(found: dict[str, Found], mounted: Mapping[str, Path]) -> tuple[dict[str, Found], str]:
-    """`found` with each mounted tree checked file by file against its kind's verified manifest and
-    used in place (BundleError if it differs), and what was checked, for the verify step's detail."""
-    checked, detail = dict(found), ""
-    for kind, tree in mounted.items():
-        value = found.get(kind)
-        if value is not None and not isinstance(value, Miss):
-            checked[kind] = check_mounted(tree, value.manifest if isinstance(value, Installed) else value)
-            detail += f"; {kind} mounted at {tree} matches it"
-    return checked, detail
 
 
 _BAD_ADDRESS = (UnknownRegistryError, RegistryNotFound, MissingExtraError)  # bad input, not a registry's fault

@@ -167,6 +167,14 @@ VARIABLES: tuple[Variable, ...] = (
         "criu >= 4.0 on PATH, else ~/.cache/prebake/criu/<version>/criu (.ci/criu.sh)",
         "The CRIU binary the snapshot kind dumps and restores with (docs/snapshots.md).",
     ),
+    Variable(
+        "PREBAKE_SNAPSHOT_STREAM",
+        "read",
+        "1",
+        "0: a snapshot the store lacks is installed into the store, then restored from its tree; otherwise "
+        "it is streamed from the registry's blob into CRIU and installed once the server is ready "
+        "(docs/snapshots.md).",
+    ),
     # -- S3
     Variable("PREBAKE_S3_CONCURRENCY", "read", "10", f"{_S3} parallel part requests per transfer."),
     Variable(

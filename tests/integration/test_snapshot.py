@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
-from tests.support.snapshots import MODEL, baked, first_request_faults, greedy, serve
+from prebake.artifacts.bundle.manifest import FileEntry
+from prebake.artifacts.bundle.unpack import tree_problems
+from tests.support.snapshots import MODEL, baked, first_request_faults, greedy, serve, snapshot_entry
 
 pytestmark = pytest.mark.slow
 
@@ -61,6 +63,39 @@ def test_two_restores_of_one_image_serve_side_by_side(home):
         finally:
             first.stop()
             second.stop()
+
+
+def test_into_an_empty_store_the_image_is_streamed_and_the_store_holds_it_after(home, tmp_path):
+    """From the registry into CRIU (stream.py), two starts at once into one empty store: both
+    restored, answering alike; each installs the store's entry while it serves (the second finds
+    the first's), one whole tree once both ended; a third start restores from it."""
+    registry, store = home.root / "home" / "registry", tmp_path / "store"  # the image maps the bake's checkpoint
+    first, second = (
+        serve(home, "--registry", str(registry), store=store),
+        serve(home, "--registry", str(registry), store=store),
+    )
+    try:
+        for server in (first, second):
+            server.wait_ready(300)
+            assert "streamed from" in server.log and "restored from its snapshot" in server.log, server.log[-3000:]
+        tokens = greedy(first)
+        assert greedy(second) == tokens
+    finally:
+        assert first.stop() == 0 and second.stop() == 0
+    for server in (first, second):
+        assert "installed into the store while serving" in server.log, server.log[-3000:]
+    entry = json.loads(snapshot_entry(registry).read_text())
+    tree = store / "trees" / entry["blob"]["digest"].split(":", 1)[1]
+    files = tuple(FileEntry(**f) for f in entry["files"])
+    assert tree_problems(tree, files) == []
+    assert not [p for p in tree.parent.iterdir() if p.name.endswith(".partial")]
+    again = serve(home, "--registry", str(registry), store=store)  # from the tree they installed
+    try:
+        again.wait_ready(300)
+        assert "streamed from" not in again.log and "restored from its snapshot" in again.log
+        assert greedy(again) == tokens
+    finally:
+        again.stop()
 
 
 def test_without_criu_the_start_falls_back_in_the_same_call_saying_why(home, tmp_path):

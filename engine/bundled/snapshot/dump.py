@@ -3,7 +3,8 @@
 spawn      `prebake serve --park` (prebake.engine.bundled.parked), in its own session, stdin /dev/null,
            stdout+stderr one pipe (relayed to the bake's log), CONTROL_FD the read end of another
 parked     on READY_LINE: its mapped and open files recorded (image.py), the temporary ones copied
-dump       `criu dump -t PID -D images`: the process is stopped and its memory written; it exits
+dump       `criu dump -t PID -D images`: the process is stopped and its memory written; it exits;
+           its pages images moved to streamed/ (image.py: last in the bundle, for a streamed restore)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from prebake.engine.bundled.snapshot.image import (
     READY_LINE,
     SnapshotInfo,
     carried_path,
+    move_streamed,
 )
 
 PARK_TIMEOUT_S = 900.0
@@ -63,6 +65,7 @@ def dump(
         _wait_parked(proc, emit)
         info = _record(proc.pid, out, able, files.DigestCache(cache), weights())
         _criu_dump(able, proc, out)
+        move_streamed(out)
         return info
     finally:
         os.close(control_w)

@@ -3,7 +3,9 @@
 snapshot/
   snapshot.json     SnapshotInfo: CRIU's version, the key factors, the pipes to reconnect,
                     every file the process mapped or held open (path, size, sha256, mode)
-  images/           CRIU's image files (the process's anonymous memory, threads, registers)
+  images/           CRIU's image files (the process's anonymous memory, threads, registers);
+                    pages-N.img a link to ../streamed/pages-N.img
+  streamed/         CRIU's pages images: last in the (path-sorted) tar, streamed into CRIU (stream.py)
   carried/<sha256>  files the process mapped from the temporary folder (AOTInductor extracts
                     its packages' .so files there): put back at their paths, with their modes,
                     before a restore
@@ -16,6 +18,7 @@ import os
 import shutil
 import stat
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,8 +31,10 @@ READY_LINE = "prebake-snapshot: parked"  # it prints this once warm, before it b
 INFO_FILE = "snapshot.json"
 IMAGES_DIR = "images"
 CARRIED_DIR = "carried"
-FORMAT = 7  # 2: parked by `prebake serve --park`; 3: HTTP loaded before the dump; 4, 5: what is handed over;
-# 6: modes; 7: the file pages it had mapped made present again after the restore (resident.py)
+STREAMED_DIR = "streamed"
+FORMAT = 8  # 2: parked by `prebake serve --park`; 3: HTTP loaded before the dump; 4, 5: what is handed over;
+# 6: modes; 7: the file pages it had mapped made present again after the restore (resident.py);
+# 8: the pages images in streamed/, last in the tar
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,16 @@ class SnapshotInfo:
     def read(cls, tree: Path) -> SnapshotInfo:
         path = tree / INFO_FILE
         try:
-            raw = json.loads(path.read_text())
+            text = path.read_text()
+        except OSError as exc:
+            raise BundleError(f"{path} is not a snapshot description ({exc}); bake the snapshot again") from exc
+        return cls.parse(text, str(path))
+
+    @classmethod
+    def parse(cls, text: str, path: str) -> SnapshotInfo:
+        """The description in `text` (read from `path`, for the error)."""
+        try:
+            raw = json.loads(text)
             if raw.get("format") != FORMAT:
                 raise ValueError(f"format {raw.get('format')!r}, this prebake reads {FORMAT}")
             files = tuple(FileRecord(**f) for f in raw.pop("files"))
@@ -57,6 +71,15 @@ class SnapshotInfo:
             return cls(**raw, files=files, carried=carried)
         except (OSError, ValueError, TypeError, KeyError) as exc:
             raise BundleError(f"{path} is not a snapshot description ({exc}); bake the snapshot again") from exc
+
+
+def move_streamed(tree: Path) -> None:
+    """CRIU's pages images of a fresh dump moved to streamed/, each left a relative link in images/
+    (a restore from the store's tree reads them through it)."""
+    for pages in sorted((tree / IMAGES_DIR).glob("pages-*.img")):
+        (tree / STREAMED_DIR).mkdir(exist_ok=True)
+        os.replace(pages, tree / STREAMED_DIR / pages.name)
+        os.symlink(f"../{STREAMED_DIR}/{pages.name}", pages)
 
 
 def carried_path(path: str, kept: tuple[str, ...] = ()) -> bool:
@@ -71,19 +94,27 @@ def carried_path(path: str, kept: tuple[str, ...] = ()) -> bool:
 
 
 def put_back(tree: Path, carried: tuple[FileRecord, ...], cache: DigestCache) -> None:
+    """put_back_from with the tree's carried/ files."""
+    put_back_from(lambda record, temp: shutil.copyfile(tree / CARRIED_DIR / record.sha256, temp), carried, cache)
+
+
+def put_back_from(
+    write: Callable[[FileRecord, Path], object], carried: tuple[FileRecord, ...], cache: DigestCache
+) -> None:
     """Each carried file at its path with its recorded permission bits (CRIU refuses a mapped file
     whose mode is not the dumped one: AOTInductor's wrapper .so is 0644, its kernels' 0755), written
-    atomically from carried/ unless the file there already has the recorded digest and mode (another
-    restore of the same image put it there)."""
+    atomically by `write(record, temporary path)` (from carried/, or the bundle's verified bytes in a
+    streamed restore) unless the file there already has the recorded digest and mode (another restore
+    of the same image put it there)."""
     for record in carried:
         if not carried_path(record.path):
-            raise BundleError(f"{tree}: carried file {record.path} is outside the temporary folders; refused")
+            raise BundleError(f"carried file {record.path} is outside the temporary folders; refused")
         target = Path(record.path)
         if _is_put_back(target, record, cache):
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         temp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        shutil.copyfile(tree / CARRIED_DIR / record.sha256, temp)
+        write(record, temp)
         os.chmod(temp, record.mode)
         os.replace(temp, target)
 

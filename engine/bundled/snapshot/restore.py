@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prebake.engine.bundled.snapshot.host import Able
-from prebake.engine.bundled.snapshot.image import IMAGES_DIR, SnapshotInfo
+from prebake.engine.bundled.snapshot.image import SnapshotInfo
 
 READY_PREFIX = "prebake serve: ready:"
 RESTORE_TIMEOUT_S = 120.0
@@ -59,15 +59,24 @@ class Restored:
 
 
 def restore(
-    tree: Path, info: SnapshotInfo, able: Able, settings: Mapping[str, object], work: Path, emit: Callable[[str], None]
+    images: Path,
+    info: SnapshotInfo,
+    able: Able,
+    settings: Mapping[str, object],
+    work: Path,
+    emit: Callable[[str], None],
+    *,
+    streamed: bool = False,
 ) -> Restored | Failed:
-    """Restore the snapshot in `tree` into a new PID namespace and hand it `settings`; `work` keeps
-    CRIU's log. Restored once its ready line came, else Failed with why."""
+    """Restore the snapshot whose CRIU images are in `images` (`streamed`: served on its socket by
+    stream.py) into a new PID namespace and hand it `settings`; `work` keeps CRIU's log. Restored
+    once its ready line came, else Failed with why."""
     out_r, out_w = os.pipe()
     control_r, control_w = os.pipe()
     command = [
         str(able.unshare), "--pid", "--fork", "--mount-proc", "--kill-child",
-        str(able.criu), "restore", "-D", str(tree / IMAGES_DIR), "-W", str(work), "-o", "restore.log", "-v2",
+        str(able.criu), "restore", "-D", str(images), "-W", str(work), "-o", "restore.log", "-v2",
+        *(["--stream"] if streamed else []),
         "--inherit-fd", f"fd[{out_w}]:{info.output_pipe}",
         "--inherit-fd", f"fd[{control_r}]:{info.control_pipe}",
     ]  # fmt: skip

@@ -2,8 +2,10 @@
 say in one line why not, for the usual start to run in the same call.
 
     able       this host can restore (host.py)                   else: not restored, why
-    lookup     the target's recipe bakes a snapshot; its bundle is fetched like any other: digest,
-               signature, the trust policy (an image is code, as a pickle is)   else: the miss
+    lookup     the target's recipe bakes a snapshot; its bundle is verified like any other: digest,
+               signature, the trust policy (an image is code, as a pickle is)   else: the miss;
+               one the store lacks is streamed from the registry into CRIU (stream.py) and
+               installed once the server is ready
     files      every file it maps is this host's (files.py)       else: the first that differs
     restore    in a new PID namespace, the port and settings handed over (restore.py)  else: CRIU's error
     serve      supervised until SIGTERM/SIGINT; its exit status is the command's
@@ -15,29 +17,43 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
+from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.errors import ExitCode, PrebakeError
-from prebake.artifacts.fetch.outcome import Miss
+from prebake.artifacts.fetch.outcome import Miss, resolution
+from prebake.artifacts.fetch.pipeline import record_resolution, verified_entries
 from prebake.artifacts.fsutil import Flock
-from prebake.artifacts.store.local import Store
+from prebake.artifacts.ports.registry import Registry
+from prebake.artifacts.recipe.kinds import TargetKeys
+from prebake.artifacts.store.local import Installed, Store
 from prebake.engine.bundled.runtime import openmp
+from prebake.engine.bundled.snapshot import stream
 from prebake.engine.bundled.snapshot.files import DigestCache, FileRecord, first_difference
 from prebake.engine.bundled.snapshot.host import Able, can_snapshot
-from prebake.engine.bundled.snapshot.image import SnapshotInfo, put_back
+from prebake.engine.bundled.snapshot.image import (
+    CARRIED_DIR,
+    IMAGES_DIR,
+    INFO_FILE,
+    SnapshotInfo,
+    put_back,
+    put_back_from,
+)
 from prebake.engine.bundled.snapshot.kind import NAME, digest_cache
-from prebake.engine.bundled.snapshot.restore import Failed, restore
+from prebake.engine.bundled.snapshot.restore import Failed, Restored, restore
 from prebake.engine.common import starter
-from prebake.engine.common.adapter import OpenServices, StartRequest, plan_to_start
+from prebake.engine.common.adapter import OpenServices, Services, StartRequest, plan_to_start
 
 MODES = ("never", "auto", "require")
 API_KEY_VARIABLE = "PREBAKE_API_KEY"  # prebake.engine.bundled.serve's: the HTTP server is not imported here
 REJECT_UNKNOWN_FIELDS_VARIABLE = "PREBAKE_REJECT_UNKNOWN_FIELDS"  # the same
 PREFIX = "prebake serve: snapshot:"
+STREAM_VARIABLE = "PREBAKE_SNAPSHOT_STREAM"  # 0: a snapshot the store lacks is installed first, then restored
 
 
 @dataclass(frozen=True)
@@ -64,7 +80,9 @@ def serve_restored(
 ) -> Served | NotRestored:
     """Serve from the snapshot until a signal, or why it could not be restored (nothing served).
     `handed_over`: what differs per start (host, port, API key, body limits, `began`: the epoch
-    second this start began), read by the restored process right after the restore."""
+    second this start began), read by the restored process right after the restore. A snapshot the
+    store holds is restored from its tree; one only the registry holds is streamed from it into CRIU
+    (stream.py) and installed once the server is ready."""
     able = can_snapshot()
     if not isinstance(able, Able):
         return NotRestored(able.reason)
@@ -73,34 +91,152 @@ def serve_restored(
         plan = plan_to_start(request, services)
         if NAME not in plan.kinds:
             return NotRestored(f"{plan.target.name} has no {NAME} kind ([snapshot] bake = true in its recipe)")
-        resolved = starter.fetch_bundles(plan, request, services, kinds=[NAME])
-        installed = resolved.installed.get(NAME)
-        if installed is None:
-            misses = [m.explain() for m in resolved.misses if isinstance(m, Miss)]
-            return NotRestored(" ".join(misses).replace("\n", ";") or "no snapshot bundle for this target")
+        installed = _resolved(plan, request, services)
+        if isinstance(installed, NotRestored):
+            return installed
+        if isinstance(installed, tuple):
+            return _serve_streamed(*installed, plan, able, handed_over, services, request.fetch_timeout, emit)
         try:
             info = SnapshotInfo.read(installed.tree)
         except PrebakeError as exc:
             return NotRestored(str(exc))
         cache = DigestCache(digest_cache())
-        if (differs := first_difference(info.files, cache)) is not None:
-            return NotRestored(f"this host's files differ from the bake's: {differs.explain()}")
-        _hold_run_folders(services.store, info.carried, services.holds)
-        try:
-            put_back(installed.tree, info.carried, cache)
-        except PrebakeError as exc:  # e.g. a run folder under another $PREBAKE_HOME than this host's
-            return NotRestored(str(exc))
-        cache.save()
+        put = lambda carried: put_back(installed.tree, carried, cache)  # noqa: E731
+        if (differs := _ready_files(info, services, cache, put)) is not None:
+            return differs
         work = services.store.scratch(f"restore-{os.getpid()}")  # CRIU's log: kept when the restore fails
         emit(f"{PREFIX} restoring {NAME} {installed.manifest.blob.hex[:12]} (CRIU {able.version})")
-        outcome = restore(installed.tree, info, able, handed_over, work, _relayed)
+        outcome = restore(installed.tree / IMAGES_DIR, info, able, handed_over, work, _relayed)
         if isinstance(outcome, Failed):
             return NotRestored(outcome.reason)
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda signum, frame: outcome.stop())
-        code = outcome.wait()
+        code = _supervise(outcome)
         shutil.rmtree(work, ignore_errors=True)
         return Served(code)
+
+
+def _resolved(
+    plan: TargetKeys, request: StartRequest, services: Services
+) -> Installed | tuple[Manifest, Registry] | NotRestored:
+    """The snapshot's tree in the store; or its verified registry entry, to stream (the store lacks
+    it); or the miss. A mounted tree, or PREBAKE_SNAPSHOT_STREAM=0: the usual fetch, installed first."""
+    if request.mounted or os.environ.get(STREAM_VARIABLE, "1") == "0":
+        resolved = starter.fetch_bundles(plan, request, services, kinds=[NAME])
+        installed = resolved.installed.get(NAME)
+        return installed if installed is not None else NotRestored(_misses(resolved.misses))
+    store = services.store
+    looked, found = verified_entries(
+        plan, [NAME], store=store, source=services.source, timeout=request.registry_timeout, hold=services.holds
+    )
+    value = found[NAME]
+    if isinstance(value, Manifest) and looked.registry is not None:
+        return value, looked.registry  # recorded once installed (_commit)
+    if isinstance(value, Manifest):  # cannot be: a registry entry comes from an opened registry
+        value = Miss(plan.key(NAME), "no registry to fetch it from")
+    record_resolution(store, resolution(plan, looked.found, {NAME: value}, looked.store_refused))
+    return value if isinstance(value, Installed) else NotRestored(_misses([value]))
+
+
+def _serve_streamed(
+    manifest: Manifest,
+    registry: Registry,
+    plan: TargetKeys,
+    able: Able,
+    handed_over: Mapping[str, object],
+    services: Services,
+    fetch_timeout: float,
+    emit: Callable[[str], None],
+) -> Served | NotRestored:
+    """Restore straight from the registry's blob (stream.py), then install it while the server runs."""
+    store = services.store
+    scratch = store.scratch(f"stream-{os.getpid()}")  # CRIU's log too: kept when the restore fails
+    deadline = time.monotonic() + fetch_timeout
+    streamer = stream.Streamer(manifest, registry, scratch, store.limits.unpack, deadline)
+    try:
+        streamer.start()
+    except OSError as exc:  # its socket could not be made
+        streamer.close()
+        return NotRestored(f"the streamed restore could not start: {exc}")
+    small = streamer.in_hand()
+    if isinstance(small, str):
+        streamer.close()
+        return NotRestored(small)
+    try:
+        info = SnapshotInfo.parse(small[INFO_FILE].decode(), f"{streamer.what}: {INFO_FILE}")
+    except (PrebakeError, KeyError, UnicodeDecodeError) as exc:
+        streamer.close()
+        return NotRestored(f"{streamer.what} holds no snapshot description this prebake reads ({exc})")
+    cache = DigestCache(digest_cache())
+    write = lambda r, temp: Path(temp).write_bytes(small[f"{CARRIED_DIR}/{r.sha256}"])  # noqa: E731
+    put = lambda carried: put_back_from(write, carried, cache)  # noqa: E731
+    if (differs := _ready_files(info, services, cache, put)) is not None:
+        streamer.close()
+        return differs
+    emit(f"{PREFIX} restoring {NAME} {manifest.blob.hex[:12]} streamed from {registry.url} (CRIU {able.version})")
+    outcome = restore(streamer.images, info, able, handed_over, scratch, _relayed, streamed=True)
+    if isinstance(outcome, Failed):
+        error = streamer.settle()  # a refused bundle is the cause: CRIU only saw its pipe close short
+        streamer.close()
+        return NotRestored(stream.refusal(streamer, error) if error is not None else outcome.reason)
+    if (error := streamer.wait_verified()) is not None:  # cannot be: CRIU finished only on verified bytes
+        outcome.stop()
+        outcome.wait()
+        streamer.close()
+        return NotRestored(stream.refusal(streamer, error))
+    emit(f"{PREFIX} {streamer.timings()}")
+    committing = threading.Thread(
+        target=_commit, args=(store, manifest, registry, streamer, plan, emit), name="prebake-snapshot-commit"
+    )
+    committing.start()
+    code = _supervise(outcome)
+    committing.join()  # the store's entry whole before the command exits (a kill leaves only a partial)
+    streamer.close()
+    stream.remove(streamer)
+    return Served(code)
+
+
+def _commit(
+    store: Store,
+    manifest: Manifest,
+    registry: Registry,
+    streamer: stream.Streamer,
+    plan: TargetKeys,
+    emit: Callable[[str], None],
+) -> None:
+    try:
+        stream.commit(store, manifest, registry, streamer)
+    except PrebakeError as exc:
+        emit(f"{PREFIX} the streamed {NAME} was not installed into the store ({exc}); the next start fetches it")
+        return
+    installed = Installed(manifest, store.tree_path(manifest))
+    record_resolution(store, resolution(plan, {NAME: manifest}, {NAME: installed}))
+    emit(f"{PREFIX} {NAME} {manifest.blob.hex[:12]} installed into the store while serving")
+
+
+def _ready_files(
+    info: SnapshotInfo, services: Services, cache: DigestCache, put: Callable[[tuple[FileRecord, ...]], None]
+) -> NotRestored | None:
+    """Every mapped file this host's, the carried ones put back (`put`) under their run folders'
+    shared locks; else why not."""
+    if (differs := first_difference(info.files, cache)) is not None:
+        return NotRestored(f"this host's files differ from the bake's: {differs.explain()}")
+    _hold_run_folders(services.store, info.carried, services.holds)
+    try:
+        put(info.carried)
+    except PrebakeError as exc:  # e.g. a run folder under another $PREBAKE_HOME than this host's
+        return NotRestored(str(exc))
+    cache.save()
+    return None
+
+
+def _supervise(outcome: Restored) -> int:
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: outcome.stop())
+    return outcome.wait()
+
+
+def _misses(misses: Sequence[object]) -> str:
+    explained = [m.explain() for m in misses if isinstance(m, Miss)]
+    return " ".join(explained).replace("\n", ";") or "no snapshot bundle for this target"
 
 
 def _hold_run_folders(store: Store, carried: tuple[FileRecord, ...], hold: ExitStack) -> None:

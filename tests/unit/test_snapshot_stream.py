@@ -1,0 +1,214 @@
+"""A snapshot streamed from the registry into a restore (engine/bundled/snapshot/stream.py), without
+CRIU: this test speaks CRIU's side of the image streamer protocol (criu/img-streamer.c) to a real
+Streamer over a real file registry and store. Every image is served only once it matched the
+manifest; the pages' last chunk only once the pages and the blob matched (a bundle that does not
+match never lets a restore finish); the store's entry, installed after, is whole or absent."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from prebake.artifacts.bundle.manifest import FileEntry, Manifest
+from prebake.artifacts.bundle.payload import pack
+from prebake.artifacts.bundle.unpack import UnpackLimits, tree_problems
+from prebake.artifacts.errors import BundleError
+from prebake.artifacts.keys import Key
+from prebake.artifacts.store.local import Store
+from prebake.engine.bundled.snapshot import stream
+from prebake.engine.bundled.snapshot.image import IMAGES_DIR, STREAMED_DIR, move_streamed
+from prebake.engine.bundled.snapshot.stream_wire import SOCKET
+from prebake.registry.backends.file import FileRegistry
+
+PAGES = bytes(range(256)) * (3 * 4096 + 7)  # three chunks and a little: the last one is held back
+CORE = b"core image " * 100
+
+
+def _published(tmp_path: Path, tamper_pages_digest: bool = False) -> tuple[FileRegistry, Manifest]:
+    tree = tmp_path / "tree"
+    (tree / IMAGES_DIR).mkdir(parents=True)
+    (tree / "snapshot.json").write_text("{}")
+    (tree / IMAGES_DIR / "core-1.img").write_bytes(CORE)
+    (tree / IMAGES_DIR / "pages-1.img").write_bytes(PAGES)
+    move_streamed(tree)  # as the bake leaves it: images/pages-1.img -> ../streamed/pages-1.img
+    packed = pack(tree, tmp_path / "blob.tar.zst")
+    files = packed.files
+    if tamper_pages_digest:  # a signed manifest that disagrees with its own blob's member
+        files = tuple(
+            FileEntry(path=f.path, size=f.size, sha256="sha256:" + "0" * 64) if f.path.startswith(STREAMED_DIR) else f
+            for f in files
+        )
+    key = Key.of("snapshot", {"software": {"torch": "2.13.0+cpu"}})
+    manifest = Manifest(
+        kind=key.kind,
+        key=key.to_json()["groups"],
+        key_digest=key.digest,
+        blob=packed.blob,
+        files=files,
+        created="2026-12-05T00:00:00+00:00",
+        builder="test",
+    )
+    registry = FileRegistry(tmp_path / "registry")
+    registry.publish(manifest, tmp_path / "blob.tar.zst")
+    return registry, manifest
+
+
+def _streamer(tmp_path: Path, registry: FileRegistry, manifest: Manifest, scratch: str = "scratch") -> stream.Streamer:
+    streamer = stream.Streamer(manifest, registry, tmp_path / scratch, UnpackLimits(), time.monotonic() + 60)
+    streamer.start()
+    return streamer
+
+
+class _Criu:
+    """CRIU's side: a request (its length, then img_streamer_request_entry), the reply, then a pipe's
+    write end sent over the socket for a file that exists; the file read from the pipe's other end."""
+
+    def __init__(self, images: Path):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(str(images / SOCKET))
+
+    def open(self, name: str) -> int | None:
+        body = bytes([0x0A, len(name)]) + name.encode()
+        self.sock.sendall(struct.pack("<I", len(body)) + body)
+        size = struct.unpack("<I", self._exactly(4))[0]
+        reply = self._exactly(size)
+        if reply != bytes([0x08, 1]):
+            return None
+        read, write = os.pipe()
+        socket.send_fds(self.sock, [b"\0"], [write])
+        os.close(write)
+        return read
+
+    def read(self, name: str) -> bytes:
+        fd = self.open(name)
+        assert fd is not None, name
+        with os.fdopen(fd, "rb") as f:
+            return f.read()
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def _exactly(self, n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            data += self.sock.recv(n - len(data))
+        return data
+
+
+def test_criu_gets_each_image_verified_and_the_store_its_whole_entry_after(tmp_path):
+    registry, manifest = _published(tmp_path)
+    streamer = _streamer(tmp_path, registry, manifest)
+    small = streamer.in_hand()
+    assert isinstance(small, dict) and small["snapshot.json"] == b"{}"  # the description, before CRIU runs
+    criu = _Criu(streamer.images)
+    assert criu.read("core-1.img") == CORE
+    assert criu.open("timens-0.img") is None  # an image the dump did not write: "no such file"
+    assert criu.read("pages-1.img") == PAGES  # through the link, streamed
+    criu.close()
+    assert streamer.wait_verified() is None
+    store = Store(tmp_path / "home")
+    stream.commit(store, manifest, registry, streamer)
+    installed = store.lookup("snapshot", manifest.key_digest)
+    assert installed is not None and tree_problems(installed.tree, manifest.files) == []
+    streamer.close()
+    stream.remove(streamer)
+    assert not streamer.scratch.exists()
+
+
+def test_pages_unlike_their_manifest_never_reach_their_end(tmp_path):
+    """CRIU reads all but the last chunk, then the pipe closes: it fails before the restored process
+    could run; the refusal names the member."""
+    registry, manifest = _published(tmp_path, tamper_pages_digest=True)
+    streamer = _streamer(tmp_path, registry, manifest)
+    assert isinstance(streamer.in_hand(), dict)
+    criu = _Criu(streamer.images)
+    got = criu.read("pages-1.img")
+    assert len(got) < len(PAGES) and PAGES.startswith(got)
+    error = streamer.settle()
+    assert isinstance(error, BundleError) and "does not match its manifest's sha256" in str(error)
+    criu.close()
+    streamer.close()
+
+
+def test_a_blob_unlike_its_digest_is_refused_as_the_fetch_refuses_it(tmp_path):
+    registry, manifest = _published(tmp_path)
+    (blob,) = (tmp_path / "registry").rglob("*.tar.zst")
+    data = bytearray(blob.read_bytes())
+    data[-40] ^= 0xFF  # near the end: in the pages, after the small images
+    blob.write_bytes(bytes(data))
+    streamer = _streamer(tmp_path, registry, manifest)
+    small = streamer.in_hand()
+    if isinstance(small, dict):  # the small images came through whole: the pages are cut short
+        criu = _Criu(streamer.images)
+        assert len(criu.read("pages-1.img")) < len(PAGES)
+        criu.close()
+    why = stream.refusal(streamer, streamer.settle() or AssertionError("not refused"))
+    assert "it is corrupt" in why and "fetching blob" in why
+    streamer.close()
+
+
+_COMMIT_KILLED = """
+import sys, time
+from pathlib import Path
+from prebake.artifacts.bundle.unpack import UnpackLimits
+from prebake.artifacts.store.local import Store
+from prebake.engine.bundled.snapshot import stream
+from tests.unit.test_snapshot_stream import _Criu, _published
+tmp = Path(sys.argv[1])
+registry, manifest = _published(tmp)
+streamer = stream.Streamer(manifest, registry, tmp / "home" / "tmp" / "stream", UnpackLimits(), time.monotonic() + 60)
+streamer.start()
+streamer.in_hand()
+criu = _Criu(streamer.images)
+criu.read("core-1.img"), criu.read("pages-1.img")
+criu.close()
+assert streamer.wait_verified() is None
+stream.commit(Store(tmp / "home"), manifest, registry, streamer)  # killed before its tree is renamed in
+"""
+
+
+def test_a_commit_killed_half_way_leaves_no_entry_and_the_next_start_installs_it_whole(tmp_path):
+    env = {**os.environ, "PREBAKE_TEST_CRASH_AT": "unpack", "PYTHONPATH": str(Path(__file__).parents[2])}
+    killed = subprocess.run([sys.executable, "-c", _COMMIT_KILLED, str(tmp_path)], env=env, capture_output=True)
+    assert killed.returncode == -9, killed.stderr.decode()[-2000:]
+    store = Store(tmp_path / "home")
+    registry = FileRegistry(tmp_path / "registry")
+    (manifest,) = registry.list("snapshot")
+    assert store.lookup("snapshot", manifest.key_digest) is None  # no half entry: no index, no tree
+    assert not store.tree_path(manifest).exists()
+    installed = store.install(manifest, registry)  # the usual install after it: the partial goes
+    assert tree_problems(installed.tree, manifest.files) == []
+    assert not [p for p in installed.tree.parent.iterdir() if p.name.endswith(".partial")]
+
+
+def test_a_scratch_folder_too_deep_for_a_socket_address_serves_from_a_short_one(tmp_path):
+    """A UNIX socket's path fits 108 bytes (a store under a long $PREBAKE_HOME does not): CRIU gets a
+    private folder of the system's, removed with the streamer."""
+    registry, manifest = _published(tmp_path)
+    streamer = _streamer(tmp_path, registry, manifest, scratch="s" * 120)
+    assert not streamer.images.is_relative_to(streamer.scratch)
+    assert isinstance(streamer.in_hand(), dict)
+    criu = _Criu(streamer.images)
+    assert criu.read("pages-1.img") == PAGES
+    criu.close()
+    assert streamer.wait_verified() is None
+    streamer.close()
+    assert not streamer.images.exists()
+
+
+@pytest.mark.parametrize("name", ["../snapshot.json", "/etc/passwd", "pages-1.img/../../carried"])
+def test_criu_gets_no_file_outside_the_images(tmp_path, name):
+    registry, manifest = _published(tmp_path)
+    streamer = _streamer(tmp_path, registry, manifest)
+    assert isinstance(streamer.in_hand(), dict)
+    criu = _Criu(streamer.images)
+    assert criu.open(name) is None
+    criu.close()
+    streamer.close()
