@@ -3,7 +3,9 @@ and the pipes it hands out: one connection on SOCKET in the images folder; per i
 sends a length-prefixed img_streamer_request_entry naming it, the reply says whether it exists,
 and if it does CRIU sends a pipe's write end (SCM_RIGHTS) that gets the file's bytes. `Lane`
 writes a large file into its pipe from a second thread, hashing it, its last chunk held back.
-stream.py serves the protocol from a bundle's verified members.
+stream.py serves the protocol from a bundle's verified members. Written here because nothing else
+speaks it: CRIU ships only its own side, and criu-image-streamer (checkpoint-restore) is a Rust program
+that reads its own stream format from stdin, packaged neither on PyPI nor in Debian.
 """
 
 from __future__ import annotations
