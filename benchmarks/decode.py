@@ -15,7 +15,7 @@ chooses them. With --llama-bench and the peers' GGUFs (benchmarks/peers_setup: F
 conversions of the same model), llama.cpp's `llama-bench -p 0 -n STEPS -t THREADS` joins each round:
 the same bytes per weight. Prints medians, ratios, the load average and one JSON line.
 
-    python benchmarks/decode.py [--layers 30] [--dtypes fp32,bf16] [--versions mm,products,v2]
+    python benchmarks/decode.py [--layers 30] [--dtypes fp32,bf16] [--versions mm,v2]
                                 [--ctx 256] [--steps 64]
                                 [--repeat 3] [--llama-bench ~/.cache/prebake/peers/build-*/bin/llama-bench]
                                 [--gguf-dir ~/.cache/prebake/peers/gguf]
@@ -133,7 +133,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--dtypes", default="fp32,bf16")
-    parser.add_argument("--versions", default="mm,products,v2", help="what the pass is compared with")
+    parser.add_argument("--versions", default="mm,v2", help="what the pass is compared with (mm,products,v2)")
     parser.add_argument("--ctx", type=int, default=256)
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=3)
