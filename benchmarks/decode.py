@@ -15,8 +15,7 @@ chooses them. With --llama-bench and the peers' GGUFs (benchmarks/peers_setup: F
 conversions of the same model), llama.cpp's `llama-bench -p 0 -n STEPS -t THREADS` joins each round:
 the same bytes per weight. Prints medians, ratios, the load average and one JSON line.
 
-    python benchmarks/decode.py [--layers 30] [--dtypes fp32,bf16] [--versions mm,v2]
-                                [--ctx 256] [--steps 64]
+    python benchmarks/decode.py [--layers 30] [--dtypes fp32,bf16] [--versions mm,v2] [--ctx 256] [--steps 64]
                                 [--repeat 3] [--llama-bench ~/.cache/prebake/peers/build-*/bin/llama-bench]
                                 [--gguf-dir ~/.cache/prebake/peers/gguf]
 """

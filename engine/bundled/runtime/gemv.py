@@ -1,12 +1,11 @@
 """Decode's one-row products and one-query attention compiled as Inductor reductions, not extern calls:
 a post-grad pass (Inductor's `post_grad_custom_post_pass`) rewrites every CPU `mm`/`addmm` of at most
 MAX_ROWS rows as `sum(x[:, :, None] * w[None], -2)` and every CPU SDPA of one query row as `sum(q * k)`
-over the cache, the mask, a softmax and `sum(p * v)` in fp32 (x and q stored once, a bf16 one widened to
-fp32, so the reductions widen only the weights and the cache); Inductor fuses them with the kernels
-around them, where torch's mm and flash kernel were extern calls (in bf16 on AMD CPUs, MKL's generic
-path) and the cache was copied per query head for SDPA. Prefill's and batched decode's products and
-prefill's attention keep torch's kernels. Why and measured: docs/performance.md, "Decode: where a
-token's time goes".
+over the cache, the mask, a softmax and `sum(p * v)` in fp32 (x and q stored once, a bf16 one in fp32);
+Inductor fuses them with the kernels around them, where torch's mm and flash kernel were extern calls
+(in bf16 on AMD CPUs, MKL's generic path) and the cache was copied per query head for SDPA. Prefill's
+and batched decode's products and prefill's attention keep torch's kernels. Why and measured:
+docs/performance.md, "Decode: where a token's time goes".
 
 Its version joins Inductor's cache key (the pass's uuid) and the graphs key (KEY, read by the adapter
 without torch: this module imports torch only where a bake asks for the pass). An FP8 model's graphs
