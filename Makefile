@@ -116,8 +116,8 @@ peers: $(STAMP) $(VLLM_STAMP)
 	nice -n 19 $(BIN)/python benchmarks/peers.py --vllm-python $(VLLM_BIN)/python --snapshot --chart docs/images/peers.png
 
 ## decode: time per decoded token of SmolLM2-135M's widths, the decode products and attention as Inductor
-## reductions against torch's mm and SDPA and against the products alone, fp32 and bf16 (six packages of
-## one shape: minutes), beside llama.cpp's llama-bench
+## reductions against torch's mm and SDPA and against the pass's second version (bf16 rows widened beside
+## every weight), fp32 and bf16 (six packages of one shape: minutes), beside llama.cpp's llama-bench
 ## at the same bytes per weight where `make peers` built it (niced)
 LLAMA_BENCH ?= $(firstword $(wildcard $(HOME)/.cache/prebake/peers/build-*/bin/llama-bench))
 decode: $(STAMP)

@@ -1,19 +1,21 @@
 """Time per decoded token of SmolLM2-135M's widths in an AOTInductor package, the decode products and
 one-query attention as Inductor reductions (runtime.gemv, the bake's default) against torch's mm and
-SDPA (before the pass) and against the pass's first version (the products alone), fp32 and bf16.
+SDPA (before the pass), against the pass's first version (the products alone) and against its second
+(bf16 rows stored in bf16), fp32 and bf16.
 
-For each dtype three packages of one decode shape (one sequence over --ctx positions) are baked from
-recipes/smollm2-135m.toml cut to --layers layers (seeded weights of the real widths: the speed of a
-step does not depend on the values): without the pass ("mm"), with its products alone ("products",
-runtime.gemv v1: torch's SDPA, the products' left side inlined) and with the pass ("reductions"), each
-in a child process;
+For each dtype up to four packages of one decode shape (one sequence over --ctx positions) are baked
+from recipes/smollm2-135m.toml cut to --layers layers (seeded weights of the real widths: the speed of
+a step does not depend on the values): without the pass ("mm"), with its products alone ("products",
+runtime.gemv v1: torch's SDPA, the products' left side inlined), with the pass's second version ("v2":
+the products' left side and the query stored in their dtype, a bf16 one widened again beside every
+weight) and with the pass ("reductions"), each in a child process (--versions picks which);
 then each is served in a fresh child, interleaved over --repeat rounds (a burst of load falls on
 every configuration), --steps timed steps each, the engine's OpenMP waits chosen as its start
 chooses them. With --llama-bench and the peers' GGUFs (benchmarks/peers_setup: F32 and BF16
 conversions of the same model), llama.cpp's `llama-bench -p 0 -n STEPS -t THREADS` joins each round:
 the same bytes per weight. Prints medians, ratios, the load average and one JSON line.
 
-    python benchmarks/decode.py [--layers 30] [--dtypes fp32,bf16] [--ctx 256] [--steps 64]
+    python benchmarks/decode.py [--layers 30] [--dtypes fp32,bf16] [--versions mm,v2] [--ctx 256] [--steps 64]
                                 [--repeat 3] [--llama-bench ~/.cache/prebake/peers/build-*/bin/llama-bench]
                                 [--gguf-dir ~/.cache/prebake/peers/gguf]
 """
@@ -32,7 +34,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "smollm2-135m.toml"
-VERSIONS = ("mm", "products", "reductions")  # before the pass, its first version, the pass
+VERSIONS = ("mm", "products", "v2", "reductions")  # before the pass, its first and second versions, the pass
 GGUF_TYPES = {"fp32": "f32", "bf16": "bf16"}  # llama.cpp's name of each dtype's conversion (peers_setup)
 
 
@@ -55,6 +57,9 @@ def child_build(version: str, out: str, layers: int, dtype: str, ctx: int) -> di
     from prebake.engine.bundled.runtime import aoti, gemv
     from prebake.engine.bundled.runtime.steps import Tactic
 
+    if version in ("products", "v2"):  # runtime.gemv v1 and v2: a bf16 row stored (or inlined) as bf16
+        gemv._widened = lambda x: x  # type: ignore[assignment]
+        gemv.KEY = f"{gemv.KEY}, rows in their dtype"  # Inductor's cache key (the pass's uuid) apart from the pass's
     if version == "products":  # runtime.gemv v1: one-row products only, their left side inlined, SDPA kept
         gemv.attends = lambda *a, **k: False  # type: ignore[assignment]
         gemv._stored = lambda x: x  # type: ignore[assignment]
@@ -127,6 +132,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--dtypes", default="fp32,bf16")
+    parser.add_argument("--versions", default="mm,v2", help="what the pass is compared with (mm,products,v2)")
     parser.add_argument("--ctx", type=int, default=256)
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=3)
@@ -135,6 +141,9 @@ def main() -> None:
     parser.add_argument("--work", type=Path, help="keep the packages here (default: a temporary folder)")
     args = parser.parse_args()
     dtypes = [d for d in args.dtypes.split(",") if d]
+    if unknown := set(args.versions.split(",")) - set(VERSIONS) - {""}:
+        sys.exit(f"--versions {args.versions}: no version {', '.join(sorted(unknown))} (known: {', '.join(VERSIONS)})")
+    versions = [v for v in VERSIONS if v in args.versions.split(",") or v == "reductions"]
     threads = len(os.sched_getaffinity(0))
     llama = {}
     if args.llama_bench is not None:
@@ -147,7 +156,7 @@ def main() -> None:
     started_at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     with tempfile.TemporaryDirectory(prefix="prebake-decode-") as tmp:
         root = args.work or Path(tmp)
-        packages = {(d, v): root / f"{d}-{v}" for d in dtypes for v in VERSIONS}
+        packages = {(d, v): root / f"{d}-{v}" for d in dtypes for v in versions}
         for (dtype, version), out in packages.items():
             if not (out / "aoti" / "package.json").is_file():
                 built = _child("build", version, str(out), str(args.layers), dtype, str(args.ctx))
@@ -176,7 +185,7 @@ def main() -> None:
     ratios: dict[str, float] = {}
     for dtype in dtypes:
         after = f"{dtype} reductions"
-        for before in ("mm", "products"):
+        for before in versions[:-1]:
             ratios[f"{dtype}_reductions_over_{before}"] = round(median[after] / median[f"{dtype} {before}"], 3)
             ratios[f"{dtype}_reductions_over_{before}_cpu"] = round(
                 cpu_median[after] / cpu_median[f"{dtype} {before}"], 3

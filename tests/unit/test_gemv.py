@@ -48,15 +48,20 @@ def _flash(q, k, v, mask):
 def _passed(q, k, v, mask) -> torch.fx.GraphModule:
     """One SDPA call as the pass sees it in Inductor's post-grad graph (fake values, the unread logsumexp
     gone), after the pass."""
-    from torch._guards import detect_fake_mode
-    from torch._inductor.virtualized import V
-
     module = make_fx(_flash, tracing_mode="fake")(q, k, v, mask)
     module.graph.eliminate_dead_code()
-    with V.set_fake_mode(detect_fake_mode([n.meta["val"] for n in module.graph.nodes if "val" in n.meta])):
+    with _fake_mode(module):
         gemv.decode_matmuls()(module.graph)
     module.recompile()
     return module
+
+
+def _fake_mode(module: torch.fx.GraphModule):
+    """Inductor's fake mode set to the one `module` was traced in, as the pass runs inside Inductor."""
+    from torch._guards import detect_fake_mode
+    from torch._inductor.virtualized import V
+
+    return V.set_fake_mode(detect_fake_mode([n.meta["val"] for n in module.graph.nodes if "val" in n.meta]))
 
 
 def _calls(module: torch.fx.GraphModule) -> set[str]:
@@ -75,6 +80,20 @@ def test_one_query_attention_becomes_reductions_that_answer_as_torchs_kernel(dty
     assert "aten.sum.dim_IntList" in _calls(module)
     tolerance = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
     torch.testing.assert_close(module(q, k, v, mask), _flash(q, k, v, mask), **tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_products_left_side_is_stored_once_a_bf16_one_widened_exactly(dtype):
+    # stored in float32, a bf16 row is not widened again beside every weight (docs/performance.md); its
+    # values are the bf16 row's own (Inductor would skip the rounding of x.float(): the pass widens by bits)
+    x, w = torch.randn(1, 8).to(dtype), torch.randn(8, 4).to(dtype)
+    module = make_fx(torch.mm, tracing_mode="fake")(x, w)
+    with _fake_mode(module):
+        gemv.decode_matmuls()(module.graph)
+    module.recompile()
+    stored = [n for n in module.graph.nodes if n.target == torch.ops.prims.inductor_force_stride_order.default]
+    assert [n.meta["val"].dtype for n in stored] == [torch.float32]
+    assert torch.equal(torch.fx.Interpreter(module).run(x, w), torch.sum(x.float()[:, :, None] * w[None], -2).to(dtype))
 
 
 def test_prefills_attention_keeps_torchs_kernel():

@@ -1,11 +1,11 @@
 """Decode's one-row products and one-query attention compiled as Inductor reductions, not extern calls:
 a post-grad pass (Inductor's `post_grad_custom_post_pass`) rewrites every CPU `mm`/`addmm` of at most
 MAX_ROWS rows as `sum(x[:, :, None] * w[None], -2)` and every CPU SDPA of one query row as `sum(q * k)`
-over the cache, the mask, a softmax and `sum(p * v)` in fp32; Inductor fuses them with the kernels
-around them, where torch's mm and flash kernel were extern calls (in bf16 on AMD CPUs, MKL's generic
-path) and the cache was copied per query head for SDPA. Prefill's and batched decode's products and
-prefill's attention keep torch's kernels. Why and measured: docs/performance.md, "Decode: where a
-token's time goes".
+over the cache, the mask, a softmax and `sum(p * v)` in fp32 (x and q stored once, a bf16 one in fp32);
+Inductor fuses them with the kernels around them, where torch's mm and flash kernel were extern calls
+(in bf16 on AMD CPUs, MKL's generic path) and the cache was copied per query head for SDPA. Prefill's
+and batched decode's products and prefill's attention keep torch's kernels. Why and measured:
+docs/performance.md, "Decode: where a token's time goes".
 
 Its version joins Inductor's cache key (the pass's uuid) and the graphs key (KEY, read by the adapter
 without torch: this module imports torch only where a bake asks for the pass). An FP8 model's graphs
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import torch
 
 MAX_ROWS = 1  # decode of one sequence; more rows keep torch's mm (a reduction would read each weight once a row)
-VERSION = 2  # bumped when the rewrite changes: Inductor's cache key and the graphs key carry it
+VERSION = 3  # bumped when the rewrite changes: Inductor's cache key and the graphs key carry it
 KEY = f"reductions of at most {MAX_ROWS} row(s) and one-query attention, v{VERSION}"
 
 
@@ -82,20 +82,34 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
     # fp32; the weighted sum of v in fp32 too (it rounds the probabilities to q's dtype first), rounded once
     import torch
 
-    q = _stored(q)  # else its RoPE is computed again for every cached position
+    dtype = q.dtype
+    q = _stored(_widened(q))  # else its RoPE is computed (and widened) again for every cached position
     scores = torch.sum(q.float() * k.float(), dim=-1, keepdim=True).transpose(-1, -2) * scale
     if mask is not None:
         scores = scores + mask.float()
     probs = torch.softmax(scores, dim=-1)
-    return torch.sum(probs.transpose(-1, -2) * v.float(), dim=-2, keepdim=True).to(q.dtype)
+    return torch.sum(probs.transpose(-1, -2) * v.float(), dim=-2, keepdim=True).to(dtype)
 
 
 def _product(mat1: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
     # accumulated in float32 by Inductor's reduction (its bf16/fp16 loads widen), rounded once, as mm does
     import torch
 
-    mat1 = _stored(mat1)  # else its RMSNorm is computed again for every output (49,152 times for the logits)
-    return torch.sum(mat1[:, :, None] * mat2[None, :, :], dim=-2).to(mat1.dtype)
+    left = _stored(_widened(mat1))  # else its RMSNorm is computed again for every output (49,152 for the logits)
+    return torch.sum(left[:, :, None] * mat2[None, :, :], dim=-2).to(mat1.dtype)
+
+
+def _widened(x: torch.Tensor) -> torch.Tensor:
+    # a bf16 row (a product's left side, the query) as float32, to be stored once: stored in bf16, the
+    # reduction widens it again beside every weight it multiplies (docs/performance.md: the bf16 products
+    # 0.67x-0.80x the time). Widened through its bits (a 16-bit shift), not x.float(): Inductor elides a
+    # bf16 rounding followed by a widening, which would hand the product the unrounded value where mm is
+    # handed the bf16 one. fp16 and fp32 rows stay as they are
+    import torch
+
+    if x.dtype != torch.bfloat16:
+        return x
+    return torch.bitwise_left_shift(x.view(torch.int16).to(torch.int32), 16).view(torch.float32)
 
 
 def _stored(x: torch.Tensor) -> torch.Tensor:
