@@ -11,6 +11,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -212,3 +213,41 @@ def test_criu_gets_no_file_outside_the_images(tmp_path, name):
     assert criu.open(name) is None
     criu.close()
     streamer.close()
+
+
+def _spinner(flag: Path) -> subprocess.Popen:
+    """A process whose child spins on a core until `flag` exists, then sleeps."""
+    child = f"import os, time\nwhile not os.path.exists({str(flag)!r}): pass\ntime.sleep(60)\n"
+    parent = f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {child!r}])\n"
+    return subprocess.Popen([sys.executable, "-c", parent])
+
+
+def test_the_commit_waits_while_the_restored_servers_tree_is_busy_and_goes_once_it_is_quiet(tmp_path):
+    flag = tmp_path / "quiet"
+    server = _spinner(flag)
+    try:
+        waited: list[float] = []
+        waiter = threading.Thread(
+            target=lambda: waited.append(stream.wait_for_quiet(server.pid, threading.Event(), 0.5))
+        )
+        waiter.start()
+        waiter.join(2.0)
+        assert waiter.is_alive() and not waited  # its grandchild spins: the tree is busy
+        flag.touch()
+        waiter.join(30)
+        assert waited and waited[0] >= 2.0
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_the_commit_waits_for_no_tree_that_stopped_or_is_gone(tmp_path):
+    server = _spinner(tmp_path / "never")
+    try:
+        stopped = threading.Event()
+        stopped.set()
+        assert stream.wait_for_quiet(server.pid, stopped) < 1.0  # the server stopped: the entry is made now
+    finally:
+        server.kill()
+        server.wait()
+    assert stream.wait_for_quiet(server.pid, threading.Event()) == 0.0  # gone

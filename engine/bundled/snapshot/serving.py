@@ -183,11 +183,15 @@ def _serve_streamed(
         streamer.close()
         return NotRestored(stream.refusal(streamer, error))
     emit(f"{PREFIX} {streamer.timings()}")
+    stopped = threading.Event()
     committing = threading.Thread(
-        target=_commit, args=(store, manifest, registry, streamer, plan, emit), name="prebake-snapshot-commit"
+        target=_commit,
+        args=(store, manifest, registry, streamer, plan, emit, outcome.proc.pid, stopped),
+        name="prebake-snapshot-commit",
     )
     committing.start()
     code = _supervise(outcome)
+    stopped.set()
     committing.join()  # the store's entry whole before the command exits (a kill leaves only a partial)
     streamer.close()
     stream.remove(streamer)
@@ -201,9 +205,11 @@ def _commit(
     streamer: stream.Streamer,
     plan: TargetKeys,
     emit: Callable[[str], None],
+    server: int,
+    stopped: threading.Event,
 ) -> None:
     try:
-        stream.commit(store, manifest, registry, streamer)
+        stream.commit(store, manifest, registry, streamer, server, stopped)
     except PrebakeError as exc:
         emit(f"{PREFIX} the streamed {NAME} was not installed into the store ({exc}); the next start fetches it")
         return
