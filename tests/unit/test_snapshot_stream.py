@@ -23,7 +23,7 @@ from prebake.artifacts.bundle.unpack import UnpackLimits, tree_problems
 from prebake.artifacts.errors import BundleError
 from prebake.artifacts.keys import Key
 from prebake.artifacts.store.local import Store
-from prebake.engine.bundled.snapshot import stream
+from prebake.engine.bundled.snapshot import quiet, stream
 from prebake.engine.bundled.snapshot.image import IMAGES_DIR, STREAMED_DIR, move_streamed
 from prebake.engine.bundled.snapshot.stream_wire import SOCKET
 from prebake.registry.backends.file import FileRegistry
@@ -160,7 +160,7 @@ import sys, time
 from pathlib import Path
 from prebake.artifacts.bundle.unpack import UnpackLimits
 from prebake.artifacts.store.local import Store
-from prebake.engine.bundled.snapshot import stream
+from prebake.engine.bundled.snapshot import quiet, stream
 from tests.unit.test_snapshot_stream import _Criu, _published
 tmp = Path(sys.argv[1])
 registry, manifest = _published(tmp)
@@ -228,7 +228,7 @@ def test_the_commit_waits_while_the_restored_servers_tree_is_busy_and_goes_once_
     try:
         waited: list[float] = []
         waiter = threading.Thread(
-            target=lambda: waited.append(stream.wait_for_quiet(server.pid, threading.Event(), 0.5))
+            target=lambda: waited.append(quiet.wait_for_quiet(server.pid, threading.Event(), 0.5))
         )
         waiter.start()
         waiter.join(2.0)
@@ -246,8 +246,8 @@ def test_the_commit_waits_for_no_tree_that_stopped_or_is_gone(tmp_path):
     try:
         stopped = threading.Event()
         stopped.set()
-        assert stream.wait_for_quiet(server.pid, stopped) < 1.0  # the server stopped: the entry is made now
+        assert quiet.wait_for_quiet(server.pid, stopped) < 1.0  # the server stopped: the entry is made now
     finally:
         server.kill()
         server.wait()
-    assert stream.wait_for_quiet(server.pid, threading.Event()) == 0.0  # gone
+    assert quiet.wait_for_quiet(server.pid, threading.Event()) == 0.0  # gone

@@ -33,6 +33,7 @@ from prebake.artifacts.bundle.unpack import CheckedMembers, UnpackLimits, read_c
 from prebake.artifacts.errors import BundleError, StoreError
 from prebake.artifacts.ports.registry import Registry
 from prebake.artifacts.store.local import Store
+from prebake.engine.bundled.snapshot import quiet
 from prebake.engine.bundled.snapshot import stream_wire as wire
 from prebake.engine.bundled.snapshot.image import IMAGES_DIR, STREAMED_DIR
 
@@ -297,11 +298,6 @@ class _Members(CheckedMembers):
         self.streamer._hold(lane.fd, last)
 
 
-QUIET_S = 1.0  # the commit waits until the restored server has used no more than
-QUIET_SHARE = 0.1  # this share of one core for this many seconds (its first requests answered),
-QUIET_MOST_S = 30.0  # or this long at most: under steady traffic the store's entry still gets made
-
-
 def commit(
     store: Store,
     manifest: Manifest,
@@ -315,54 +311,9 @@ def commit(
     tree under `server`) is quiet or has `stopped`: the restored server comes first."""
     _idle_priority()
     if server is not None:
-        wait_for_quiet(server, stopped or threading.Event())
+        quiet.wait_for_quiet(server, stopped or threading.Event())
     kept = cast(Registry, _Kept(registry, streamer.blob))
     store.install(manifest, kept)
-
-
-def wait_for_quiet(
-    root: int, stopped: threading.Event, quiet_s: float = QUIET_S, most_s: float = QUIET_MOST_S, tick: float = 0.1
-) -> float:
-    """Until the process tree under `root` has been quiet for `quiet_s` seconds, `most_s` have passed
-    or `stopped` is set; the seconds waited. Idle priority alone was not enough on two cores: the
-    install's unpack beside the first requests' threads made them 2-4x slower than after a prebaked
-    start, once 50x (docs/snapshots.md, "Into an empty store"). Where /proc cannot tell, no wait."""
-    started = time.monotonic()
-    ticks_per_s = os.sysconf("SC_CLK_TCK")
-    last, quiet_since = _tree_cpu_ticks(root), started
-    if last is None:
-        return 0.0
-    while not stopped.wait(tick):
-        now = time.monotonic()
-        used = _tree_cpu_ticks(root)
-        if used is None or now - started >= most_s:
-            break
-        if (used - last) / ticks_per_s > QUIET_SHARE * tick:
-            quiet_since = now
-        elif now - quiet_since >= quiet_s:
-            break
-        last = used
-    return time.monotonic() - started
-
-
-def _tree_cpu_ticks(root: int) -> int | None:
-    """User and system CPU ticks of `root` and its descendants, read from /proc; None if `root` is gone."""
-    total, pending, seen = 0, [root], set()
-    while pending:
-        pid = pending.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        except OSError:
-            if pid == root:
-                return None
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
-        pending += [int(c) for c in children]
-    return total
 
 
 class _Kept:

@@ -1,0 +1,67 @@
+"""When a streamed restore's store entry may be made: once the restored server is quiet. The install
+runs at idle priority, and that alone was not enough on two cores (docs/snapshots.md, "Measured"):
+its page-cache writes beside the first request's threads made that request 2-4x, once 50x, a
+prebaked start's. Reads /proc only (CRIU is Linux's); where /proc cannot tell, it does not wait.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+QUIET_S = 1.0  # the commit waits until the restored server has used no more than
+QUIET_SHARE = 0.1  # this share of one core for this many seconds (its first requests answered),
+QUIET_MOST_S = 30.0  # or this long at most: under steady traffic the store's entry still gets made
+
+
+def wait_for_quiet(
+    root: int, stopped: threading.Event, quiet_s: float = QUIET_S, most_s: float = QUIET_MOST_S, tick: float = 0.1
+) -> float:
+    """Until the process tree under `root` has been quiet for `quiet_s` seconds (under QUIET_SHARE of
+    a core each `tick`), `most_s` have passed or `stopped` is set; the seconds waited."""
+    started = time.monotonic()
+    ticks_per_s = os.sysconf("SC_CLK_TCK")
+    last, quiet_since = _tree_cpu_ticks(root), started
+    if last is None:
+        return 0.0
+    while not stopped.wait(tick):
+        now = time.monotonic()
+        used = _tree_cpu_ticks(root)
+        if used is None or now - started >= most_s:
+            break
+        if (used - last) / ticks_per_s > QUIET_SHARE * tick:
+            quiet_since = now
+        elif now - quiet_since >= quiet_s:
+            break
+        last = used
+    return time.monotonic() - started
+
+
+def _tree_cpu_ticks(root: int) -> int | None:
+    """User and system CPU ticks of `root` and its descendants, read from /proc; None if `root` is gone."""
+    total, pending, seen = 0, [root], set()
+    while pending:
+        pid = pending.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            children = [c for task in Path(f"/proc/{pid}/task").iterdir() for c in _children(task)]
+        except OSError:
+            if pid == root:
+                return None
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+        pending += [int(c) for c in children]
+    return total
+
+
+def _children(task: Path) -> list[str]:
+    """The children one thread of a process forked (proc(5): each thread lists its own)."""
+    try:
+        return (task / "children").read_text().split()
+    except OSError:  # the thread ended meanwhile
+        return []
