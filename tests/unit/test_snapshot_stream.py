@@ -123,18 +123,22 @@ def test_criu_gets_each_image_verified_and_the_store_its_whole_entry_after(tmp_p
     assert not streamer.scratch.exists()
 
 
-def test_pages_unlike_their_manifest_never_reach_their_end(tmp_path):
-    """CRIU reads all but the last chunk, then the pipe closes: it fails before the restored process
-    could run; the refusal names the member."""
+def test_pages_are_held_to_the_blob_and_a_file_list_unlike_its_blob_is_never_installed(tmp_path):
+    """The pages' bytes are fixed by the blob's digest (checked before their last chunk goes), not
+    hashed again on the restore's path: a signed manifest whose pages' sha256 disagrees with its own
+    blob serves the blob's bytes, and the commit's install, which checks every member, refuses it:
+    no entry in the store, the refusal naming the member."""
     registry, manifest = _published(tmp_path, tamper_pages_digest=True)
     streamer = _streamer(tmp_path, registry, manifest)
     assert isinstance(streamer.in_hand(), dict)
     criu = _Criu(streamer.images)
-    got = criu.read("pages-1.img")
-    assert len(got) < len(PAGES) and PAGES.startswith(got)
-    error = streamer.settle()
-    assert isinstance(error, BundleError) and "does not match its manifest's sha256" in str(error)
+    assert criu.read("pages-1.img") == PAGES
     criu.close()
+    assert streamer.wait_verified() is None
+    store = Store(tmp_path / "home")
+    with pytest.raises(BundleError, match="pages-1.img"):
+        stream.commit(store, manifest, registry, streamer)
+    assert store.lookup("snapshot", manifest.key_digest) is None
     streamer.close()
 
 

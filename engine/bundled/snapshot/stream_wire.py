@@ -2,7 +2,7 @@
 and the pipes it hands out: one connection on SOCKET in the images folder; per image file CRIU
 sends a length-prefixed img_streamer_request_entry naming it, the reply says whether it exists,
 and if it does CRIU sends a pipe's write end (SCM_RIGHTS) that gets the file's bytes. `Lane`
-writes a large file into its pipe from a second thread, hashing it, its last chunk held back.
+writes a large file into its pipe from a second thread, its last chunk held back.
 stream.py serves the protocol from a bundle's verified members. Written here because nothing else
 speaks it: CRIU ships only its own side, and criu-image-streamer (checkpoint-restore) is a Rust program
 that reads its own stream format from stdin, packaged neither on PyPI nor in Debian.
@@ -11,7 +11,6 @@ that reads its own stream format from stdin, packaged neither on PyPI nor in Deb
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import os
 import queue
 import socket
@@ -31,12 +30,12 @@ _FIELD_1_STRING, _FIELD_1_VARINT = 0x0A, 0x08  # protobuf tags of img_streamer_{
 
 
 class Lane:
-    """A streamed member's second thread: each chunk hashed and written into CRIU's pipe (`pipe()`
-    waits until CRIU asked for it), but the last, kept for the caller to write once everything
-    matched; buffers handed back to be filled."""
+    """A streamed member's second thread: each chunk written into CRIU's pipe (`pipe()` waits until
+    CRIU asked for it), but the last, kept for the caller to write once everything matched; buffers
+    handed back to be filled."""
 
     def __init__(self, pipe: Callable[[], int]):
-        self.pipe, self.hasher, self.last = pipe, hashlib.sha256(), b""
+        self.pipe, self.last = pipe, b""
         self.fd: int | None = None  # CRIU's, once it asked; None after finish: it never did
         self._free: queue.Queue[memoryview] = queue.Queue()
         for _ in range(LANE_BUFFERS):
@@ -51,17 +50,16 @@ class Lane:
     def put(self, buffer: memoryview, n: int, *, last: bool) -> None:
         self._filled.put((buffer, n, last))
 
-    def finish(self) -> tuple[str, bytes]:
-        """The member's sha256 and its held last chunk, once every chunk before it was written."""
+    def finish(self) -> bytes:
+        """The member's held last chunk, once every chunk before it was written."""
         self._filled.put(None)
         self._thread.join()
-        return "sha256:" + self.hasher.hexdigest(), self.last
+        return self.last
 
     def _run(self) -> None:
-        broken = False  # no CRIU to write to (it failed): only hashed from here, the caller ends it
+        broken = False  # no CRIU to write to (it failed): only drained from here, the caller ends it
         while (item := self._filled.get()) is not None:
             buffer, n, last = item
-            self.hasher.update(buffer[:n])
             if not broken and self.fd is None:
                 try:
                     self.fd = self.pipe()
@@ -76,9 +74,6 @@ class Lane:
                 except OSError:
                     broken = True
             self._free.put(buffer)
-
-
-# -- the protocol --------------------------------------------------------------------------------
 
 
 # -- the protocol -----------------------------------------------------------------------------
