@@ -1,5 +1,5 @@
 """When a streamed restore's store entry may be made: once the restored server is quiet. The install
-runs at idle priority, and that alone was not enough on two cores (docs/snapshots.md, "Measured"):
+runs at idle priority, and that alone was not enough on two cores (docs/snapshots.md, "Into an empty store"):
 its page-cache writes beside the first request's threads made that request 2-4x, once 50x, a
 prebaked start's. Reads /proc only (CRIU is Linux's); where /proc cannot tell, it does not wait.
 """
