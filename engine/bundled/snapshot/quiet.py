@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 QUIET_S = 1.0  # the commit waits until the restored server has used no more than
@@ -17,18 +18,25 @@ QUIET_MOST_S = 30.0  # or this long at most: under steady traffic the store's en
 
 
 def wait_for_quiet(
-    root: int, stopped: threading.Event, quiet_s: float = QUIET_S, most_s: float = QUIET_MOST_S, tick: float = 0.1
+    root: int,
+    stopped: threading.Event,
+    quiet_s: float = QUIET_S,
+    most_s: float = QUIET_MOST_S,
+    tick: float = 0.1,
+    cpu_ticks: Callable[[int], int | None] | None = None,
 ) -> float:
     """Until the process tree under `root` has been quiet for `quiet_s` seconds (under QUIET_SHARE of
-    a core each `tick`), `most_s` have passed or `stopped` is set; the seconds waited."""
+    a core each `tick`), `most_s` have passed or `stopped` is set; the seconds waited. `cpu_ticks`:
+    the tree's CPU clock ticks so far, None once `root` is gone (default: read from /proc)."""
+    read = cpu_ticks or tree_cpu_ticks
     started = time.monotonic()
     ticks_per_s = os.sysconf("SC_CLK_TCK")
-    last, quiet_since = _tree_cpu_ticks(root), started
+    last, quiet_since = read(root), started
     if last is None:
         return 0.0
     while not stopped.wait(tick):
         now = time.monotonic()
-        used = _tree_cpu_ticks(root)
+        used = read(root)
         if used is None or now - started >= most_s:
             break
         if (used - last) / ticks_per_s > QUIET_SHARE * tick:
@@ -39,7 +47,7 @@ def wait_for_quiet(
     return time.monotonic() - started
 
 
-def _tree_cpu_ticks(root: int) -> int | None:
+def tree_cpu_ticks(root: int) -> int | None:
     """User and system CPU ticks of `root` and its descendants, read from /proc; None if `root` is gone."""
     total, pending, seen = 0, [root], set()
     while pending:

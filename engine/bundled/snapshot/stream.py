@@ -5,9 +5,8 @@ without landing in the store first; the store's entry is installed once the serv
     extract    zstd, then tar: each member held to the signed manifest (CheckedMembers); the small
                ones kept in memory, each sha256 checked before anything reads it
     serve      CRIU's image streamer protocol (stream_wire.py) answered from those members
-    pages      streamed/pages-N.img into CRIU's pipe as decompressed (its size held to the
-               manifest), its last chunk held back until the blob's sha256 matched (CRIU cannot
-               finish before): the signed blob digest fixes every byte of it
+    pages      streamed/pages-N.img into CRIU's pipe as decompressed, its last chunk held back
+               until the blob's sha256 (which fixes every byte of it) matched: CRIU cannot finish
     commit     after ready: the usual install from the verified scratch blob, at idle priority,
                every member's sha256 checked (a file list that disagrees with its blob: no entry)
 Why and what it costs: docs/snapshots.md, "Into an empty store".
