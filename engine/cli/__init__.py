@@ -18,9 +18,13 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from prebake.artifacts.errors import ExitCode
 from prebake.engine.common import logs
+
+if TYPE_CHECKING:  # the command modules (and the adapters they import) are imported when the parser is built
+    from prebake.engine.cli.common import ListedCommand
 
 # Each command group's module (engine/cli/NAME.py), imported when the parser is built: `prebake
 # serve` and `prebake fetch` build theirs alone (FAST_COMMANDS), so a start imports none of the bake's,
@@ -68,9 +72,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse's parser; a usage error of a command asked for --json also prints a JSON error object."""
+    """argparse's parser; a usage error of a command asked for --json also prints a JSON error object.
+    `listed`: the commands its help lists, in order (what build_parser added: a later build, a
+    start's included, makes its own list and leaves this one as it was)."""
 
     json_errors = False
+    listed: tuple[ListedCommand, ...] = ()
 
     def error(self, message: str):  # type: ignore[override]
         if self.json_errors:
@@ -80,7 +87,7 @@ class Parser(argparse.ArgumentParser):
         super().error(message)
 
 
-def build_parser(*, json_errors: bool = False, only: str | None = None) -> argparse.ArgumentParser:
+def build_parser(*, json_errors: bool = False, only: str | None = None) -> Parser:
     """The whole `prebake` command line (docs/gen_reference.py walks it for docs/reference/cli.md);
     `only`: the commands of that one module (a start's parser: its flags are the same)."""
     from prebake import __version__
@@ -100,7 +107,8 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> argpa
     sub = parser.add_subparsers(required=True, metavar="COMMAND", prog="prebake", help=argparse.SUPPRESS)
     for name in (only,) if only else COMMAND_MODULES:
         importlib.import_module(f"{__name__}.{name}").add(sub)
-    parser.epilog = _grouped()
+    parser.listed = tuple(LISTED)
+    parser.epilog = _grouped(parser.listed)
     return parser
 
 
@@ -110,13 +118,13 @@ def _fast_module(words: Sequence[str]) -> str | None:
     return FAST_COMMANDS.get(command) if command is not None else None
 
 
-def _grouped() -> str:
-    from prebake.engine.cli.common import GROUPS, LISTED
+def _grouped(listed: Sequence[ListedCommand]) -> str:
+    from prebake.engine.cli.common import GROUPS
 
-    width = max(len(c.name) for c in LISTED)
+    width = max(len(c.name) for c in listed)
     lines = []
-    for group in [*GROUPS, *sorted({c.group for c in LISTED} - set(GROUPS))]:
-        members = [c for c in LISTED if c.group == group]
+    for group in [*GROUPS, *sorted({c.group for c in listed} - set(GROUPS))]:
+        members = [c for c in listed if c.group == group]
         if members:
             lines.append(f"{group}:")
             lines += [f"  {c.name:<{width}}  {c.help}" for c in members]
