@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -165,7 +166,7 @@ def tree_problems(tree: Path, files: tuple[FileEntry, ...]) -> list[str]:
 # -- the extraction ---------------------------------------------------------------------------
 
 
-class CheckedMembers:
+class CheckedMembers(ABC):
     """One pass over a tar stream, each member held to the manifest before a byte of it is handed
     on; what becomes of the bytes is a subclass's: `_write` (a file, exactly its manifest's size, read
     with `_fill`), `_link`, and `_finish` / `_close` (after the end marker / always)."""
@@ -223,16 +224,18 @@ class CheckedMembers:
         self._write(m.name, folder, entry)
         fsutil.crash_point("stream", entry.path)
 
+    @abstractmethod
     def _write(self, name: str, folder: str, entry: FileEntry) -> None:
-        raise NotImplementedError
+        """The member's bytes, exactly its manifest's size, read with `_fill` (and its padding skipped)."""
 
+    @abstractmethod
     def _link(self, name: str, folder: str, target: str) -> None:
-        raise NotImplementedError
+        """A symbolic link the manifest declares."""
 
-    def _finish(self) -> None:
+    def _finish(self) -> None:  # noqa: B027 (a hook: nothing to do unless a subclass holds something)
         """The end marker was read and every member handed on."""
 
-    def _close(self) -> None:
+    def _close(self) -> None:  # noqa: B027 (a hook, as _finish)
         """Always, after `run`'s pass: whatever the subclass holds open is let go."""
 
     def _fill_upto(self, remaining: int, entry: FileEntry, view: memoryview) -> int:

@@ -201,7 +201,7 @@ class Writers:
                         os.fchmod(fd, 0o755)
                 finally:
                     os.close(fd)
-                _check(item.entry, hashlib.sha256(data))
+                check_member(item.entry, hashlib.sha256(data))
         finally:
             self._free.put(buf)
 
@@ -217,7 +217,7 @@ class Writers:
 
 def _finish_large(job: _Large) -> None:
     job.close()
-    _check(job.entry, job.hasher)
+    check_member(job.entry, job.hasher)
 
 
 def _write_all(fd: int, view: memoryview) -> None:
@@ -225,6 +225,8 @@ def _write_all(fd: int, view: memoryview) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _check(entry: FileEntry, hasher: hashlib._Hash) -> None:
+def check_member(entry: FileEntry, hasher: hashlib._Hash, what: str = "") -> None:
+    """A member's bytes (hashed into `hasher`) against its manifest entry; `what`: the bundle, named first."""
     if "sha256:" + hasher.hexdigest() != entry.sha256:
-        raise BundleError(f"{entry.path!r} does not match its manifest's digest: the bundle is corrupt")
+        where = f"{what}: " if what else ""
+        raise BundleError(f"{where}{entry.path!r} does not match its manifest's digest: the bundle is corrupt")

@@ -31,7 +31,8 @@ from prebake.artifacts.bundle.download_pipe import Aborted, Feed
 from prebake.artifacts.bundle.manifest import FileEntry, Manifest
 from prebake.artifacts.bundle.tarheader import BLOCK
 from prebake.artifacts.bundle.unpack import CheckedMembers, UnpackLimits, read_checked
-from prebake.artifacts.errors import BundleError, StoreError
+from prebake.artifacts.bundle.unpack_write import check_member
+from prebake.artifacts.errors import StoreError
 from prebake.artifacts.ports.registry import Registry
 from prebake.artifacts.store.local import Store
 from prebake.engine.bundled.snapshot import quiet
@@ -278,7 +279,7 @@ class _Members(CheckedMembers):
         data = bytearray(entry.size)
         self._fill(memoryview(data), entry.size, entry)
         self._skip(-entry.size % BLOCK)
-        _check(hashlib.sha256(data), entry, self.what)
+        check_member(entry, hashlib.sha256(data), self.what)
         self.streamer.small[name] = bytes(data)
 
     def _stream(self, name: str, entry: FileEntry) -> None:
@@ -349,11 +350,6 @@ def _short(images: Path) -> Path:
     if len(os.fsencode(images / wire.SOCKET)) < wire.SUN_PATH:
         return images
     return Path(tempfile.mkdtemp(prefix="prebake-criu-stream-"))
-
-
-def _check(hasher: hashlib._Hash, entry: FileEntry, what: str) -> None:
-    if "sha256:" + hasher.hexdigest() != entry.sha256:
-        raise BundleError(f"{what}: {entry.path!r} does not match its manifest's sha256; the bundle is corrupt")
 
 
 def refusal(streamer: Streamer, exc: BaseException) -> str:
