@@ -6,17 +6,32 @@ The call runs in a daemon thread; one that outlives its box is abandoned, never 
 registry that hangs must not hold a start-up), and its late result is dropped. A box can be
 handed down as a deadline (a time.monotonic() value): `bounded(check, deadline)` is a
 `Boundable` check (the trust policy's own reads) ending its reads by the caller's deadline.
+
+A process must not finalize while such a thread runs: CPython (3.11-3.13) then aborts with
+SIGABRT when the thread holds stderr's lock ("could not acquire lock for <stderr> at interpreter
+shutdown, possibly due to daemon threads", cpython#86883, #129536: botocore logging a retry) or
+ends it inside C++ code (torch's import) by pthread_exit, or hangs when its write never returns.
+`leave(code)`, the `prebake` command's exit, therefore leaves by os._exit while an abandoned
+thread, or one marked `unstoppable` (torch's import), is still alive: the atexit handlers and the
+flush of stdout and stderr run first, each in a box of its own.
 """
 
 from __future__ import annotations
 
+import atexit
+import os
+import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar, runtime_checkable
+from typing import Generic, NoReturn, Protocol, TypeVar, runtime_checkable
 
 T = TypeVar("T")
+
+EXIT_GRACE_S = 5.0  # for the atexit handlers when a thread nobody can stop is alive; each flush gets 1 s
+_unstoppable: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 
 
 @dataclass(frozen=True)
@@ -52,7 +67,31 @@ def within(seconds: float, work: Callable[[], T], *, name: str = "prebake-timebo
     worker = threading.Thread(target=run, name=name, daemon=True)
     worker.start()
     worker.join(seconds)
-    return slot[0] if slot else TimedOut(seconds)
+    if slot:
+        return slot[0]
+    unstoppable(worker)
+    return TimedOut(seconds)
+
+
+def unstoppable(thread: threading.Thread) -> threading.Thread:
+    """Mark a daemon thread whose work cannot be stopped: while it is alive, `leave` skips finalization."""
+    _unstoppable.add(thread)
+    return thread
+
+
+def leave(code: int) -> NoReturn:
+    """End the process with `code`: the interpreter's own exit, or os._exit while an unstoppable thread runs."""
+    if not any(thread.is_alive() for thread in list(_unstoppable)):
+        sys.exit(code)
+    main = threading.main_thread()
+    for thread in threading.enumerate():  # what the interpreter's exit waits for, it waits for here
+        if not thread.daemon and thread is not main and thread is not threading.current_thread():
+            thread.join()
+    within(EXIT_GRACE_S, atexit._run_exitfuncs, name="prebake-exit")
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            within(1.0, stream.flush, name="prebake-exit-flush")
+    os._exit(code)
 
 
 @runtime_checkable

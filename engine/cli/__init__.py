@@ -48,6 +48,14 @@ COMMAND_MODULES = (
 FAST_COMMANDS = {"serve": "serving", "fetch": "serving"}  # a command -> the one module its parser needs
 
 
+def entry() -> None:
+    """The `prebake` console script: `main`, then the exit (timebox.leave: a registry's abandoned read
+    or torch's import still running does not turn the exit code into SIGABRT)."""
+    from prebake.artifacts.timebox import leave
+
+    leave(main())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(json_errors="--json" in words or "json" in words, only=_fast_module(words))

@@ -52,7 +52,7 @@ def test_the_wheel_installs_one_import_package_prebake_and_its_console_script(wh
     tops = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
     assert tops == {"prebake"}, tops
     assert "prebake/artifacts/fetch/pipeline.py" in names and "prebake/recipes/tiny-llama.toml" in names
-    assert "prebake = prebake.engine.cli:main" in scripts
+    assert "prebake = prebake.engine.cli:entry" in scripts
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or not Path("/proc/self/pagemap").exists(), reason="Linux's pagemap"
 )
 
-PAGES = 256
+PAGES = 2048  # 8 MiB: a page-cache folio (up to 2 MiB, mapped whole on a fault by newer kernels) is
+# far from the whole file. CI's run of 12-06 at 1 MiB saw every page present after five reads.
 
 
 @pytest.fixture
@@ -50,12 +51,13 @@ def _present_in(pages: resident.ResidentPages, start: int, length: int) -> set[i
 
 def test_the_pages_read_before_are_recorded_and_mapped_again_after_the_page_tables_lost_them(mapped):
     start, length = _base(mapped), len(mapped)
-    for page in (0, 1, 2, 100, 200):  # read: present, with the kernel's fault-around beside them
+    touched = (0, 1, 2, 100, 200)  # within the first 2 MiB
+    for page in touched:  # read: present, with the kernel's fault-around (or the folio) beside them
         assert mapped[page * resident.PAGE] == 0
     recorded = resident.record()  # the parked process, before the dump
     read = _present_in(recorded, start, length)
-    assert {0, 1, 2, 100, 200} <= read
-    assert len(read) < PAGES  # what was read, not the whole file
+    assert set(touched) <= read
+    assert len(read) <= PAGES // 2  # what was read, not the whole file
 
     mapped.madvise(mmap.MADV_DONTNEED)  # what a restore leaves: the file mapped, none of its pages
     assert _present_in(resident.record(), start, length) == set()

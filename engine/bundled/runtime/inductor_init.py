@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from prebake.artifacts.timebox import unstoppable
+
 if TYPE_CHECKING:
     from prebake.engine.bundled.runtime.torch_import import Imports
 
@@ -112,7 +114,7 @@ class InductorInit:
     @classmethod
     def start(cls, imports: Imports | None = None) -> InductorInit:
         init = cls(imports)
-        init._thread = threading.Thread(target=init._run, name="prebake-inductor-init", daemon=True)
+        init._thread = unstoppable(threading.Thread(target=init._run, name="prebake-inductor-init", daemon=True))
         init._thread.start()
         return init
 

@@ -7,7 +7,8 @@ load) spend their time outside the GIL. So one thread imports torch, then Induct
 step waits for the first, the warm-up for the second, each saying how long it waited, and
 `wait_for` lets Inductor's probes begin once their own modules are in. Inductor may be imported
 this early only because the engine sets its cache folder (TORCHINDUCTOR_CACHE_DIR) first, to the
-folder the install step will activate.
+folder the install step will activate. The thread is `unstoppable`: a start that fails before
+the import ends leaves by timebox.leave, never finalizing beside a half-imported torch.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from prebake.artifacts.timebox import unstoppable
 
 
 @dataclass
@@ -35,7 +38,7 @@ class Imports:
     @classmethod
     def begin(cls, inductor_modules: Sequence[str] = ()) -> Imports:
         job = cls(inductor_modules=tuple(inductor_modules))
-        job._thread = threading.Thread(target=job._run, name="prebake-imports", daemon=True)
+        job._thread = unstoppable(threading.Thread(target=job._run, name="prebake-imports", daemon=True))
         job._thread.start()
         return job
 
