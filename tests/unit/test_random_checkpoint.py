@@ -13,7 +13,7 @@ import torch
 from prebake.artifacts.recipe.schema import ModelSpec
 from prebake.engine.bundled.runtime import checkpoint
 from prebake.engine.bundled.runtime.checkpoint import checkpoint_folder, random_checkpoint, seeded_tensors
-from prebake.engine.bundled.runtime.loader import reduced_model
+from prebake.engine.bundled.runtime.loader import recipe_config, reduced_model
 from prebake.engine.bundled.runtime.weights import INDEX_FILE, LlamaConfig, load_hf_folder
 
 # About 134 MB in bf16, most of it the embeddings: enough that a copy of the weights shows in RSS.
@@ -66,9 +66,17 @@ def test_the_same_seed_writes_the_same_bits_and_another_seed_another_folder(tmp_
 
 
 def test_a_reduced_model_keeps_the_widths_and_cuts_the_layers():
-    model = reduced_model(SPEC, "bf16", layers=1)
+    untied = SPEC.model_copy(update={"config": {**CONFIG, "tie_word_embeddings": False}})
+    assert not recipe_config(untied).tie_word_embeddings  # as llama3-8b's
+    model = reduced_model(untied, "bf16", layers=1)
     assert len(model.layers) == 1 and model.embed_tokens.weight.shape == (32000, 1024)
     assert model.embed_tokens.weight.dtype == torch.bfloat16
+    # one vocab-sized matrix, the embeddings', serves as the head: the logits' matmul keeps its shape
+    assert model.lm_head is None
+    vocab_sized = [p for p in model.parameters() if p.shape[0] == 32000]
+    assert len(vocab_sized) == 1
+    hidden = torch.zeros(2, 1024, dtype=torch.bfloat16)
+    assert model._logits(hidden).shape == (2, 32000)
 
 
 _LOAD_AND_TOUCH = """

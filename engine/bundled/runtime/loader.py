@@ -186,8 +186,10 @@ def reduced_model(
     spec: ModelSpec, dtype: str, layers: int, device: str = "cpu", parallel: Parallel | None = None
 ) -> Llama:
     """The recipe's model cut to its first `layers` decoder layers, the same widths, seeded weights
-    made in `dtype` (never the whole model's): what autotune times a model too large to hold on."""
-    config = dataclasses.replace(recipe_config(spec), num_hidden_layers=layers)
+    made in `dtype` (never the whole model's): what autotune times a model too large to hold on.
+    Its head is tied to its embeddings: the logits' matmul has the same shape and cost, and one
+    [vocab, hidden] matrix is held, not two (llama3-8b: 1.05 GB less, the fp8 bake's peak under 4 GB)."""
+    config = dataclasses.replace(recipe_config(spec), num_hidden_layers=layers, tie_word_embeddings=True)
     state = dict(seeded_tensors(config, spec.seed, torch_dtype(dtype)))
     if dtype == "fp8":  # the scheme's kernels on seeded weights quantized here (a static scheme: unit input scales)
         _one_process_fp8(parallel)
