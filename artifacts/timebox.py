@@ -2,18 +2,12 @@
 
     within(5.0, lambda: registry.lookup(kind, digest))  ->  Done(value) | Raised(error) | TimedOut(5.0)
 
-The call runs in a daemon thread; one that outlives its box is abandoned, never waited on (a
-registry that hangs must not hold a start-up), and its late result is dropped. A box can be
-handed down as a deadline (a time.monotonic() value): `bounded(check, deadline)` is a
-`Boundable` check (the trust policy's own reads) ending its reads by the caller's deadline.
-
-A process must not finalize while such a thread runs: CPython (3.11-3.13) then aborts with
-SIGABRT when the thread holds stderr's lock ("could not acquire lock for <stderr> at interpreter
-shutdown, possibly due to daemon threads", cpython#86883, #129536: botocore logging a retry) or
-ends it inside C++ code (torch's import) by pthread_exit, or hangs when its write never returns.
-`leave(code)`, the `prebake` command's exit, therefore leaves by os._exit while an abandoned
-thread, or one marked `unstoppable` (torch's import), is still alive: the atexit handlers and the
-flush of stdout and stderr run first, each in a box of its own.
+The call runs in a daemon thread; one that outlives its box is abandoned, never waited on, and its
+late result dropped. `bounded(check, deadline)` hands a box down as a time.monotonic() deadline.
+A process must not finalize while such a thread runs: CPython aborts (SIGABRT) when it holds stderr's
+lock at shutdown (cpython#86883: botocore logging a retry) or pthread_exit ends it inside C++ (torch's
+import). `leave(code)`, the `prebake` command's exit, leaves by os._exit while an abandoned or
+`unstoppable` thread is alive, after the atexit handlers and a flush of stdout and stderr, each boxed.
 """
 
 from __future__ import annotations

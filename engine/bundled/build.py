@@ -29,7 +29,7 @@ from prebake.engine.bundled.cache_layout import AUTOTUNE_FILE, GRAPHS_FILE
 from prebake.engine.bundled.runtime import isa_probes
 from prebake.engine.bundled.runtime.autotune import load_winners, measure
 from prebake.engine.bundled.runtime.fp8_linear import is_fp8
-from prebake.engine.bundled.runtime.fp8_speed import emulated, warn_if_emulated
+from prebake.engine.bundled.runtime.fp8_speed import warn_if_emulated
 from prebake.engine.bundled.runtime.loader import load_model, placeholder_model, reduced_model, torch_dtype
 from prebake.engine.bundled.runtime.model import KVCache, Llama
 from prebake.engine.bundled.runtime.parallel import Parallel, one_rank_of
@@ -39,6 +39,7 @@ from prebake.engine.bundled.runtime.weights import LlamaConfig
 from prebake.engine.bundled.variants import fallback_of, variant_of
 from prebake.engine.bundled.variants.base import CompileJob, TreeFacts
 from prebake.engine.common import logs
+from prebake.engine.common.fp8_units import fp8_emulated
 
 
 def build_autotune(
@@ -57,10 +58,10 @@ def build_autotune(
 
 
 def _autotune_layers(recipe: Recipe, dtype: str, target_platform: str) -> int | None:
-    """[autotune] layers, or one layer at fp8 on a CPU that emulates FP8: there each step is the emulated
-    matmuls' (about 20x bf16's) and the tactics differ only in attention, the same in every layer, so a
-    second layer adds minutes of emulated matmuls and no information to the ranking."""
-    if dtype == "fp8" and device_of(target_platform) == "cpu" and emulated():
+    """[autotune] layers, or one layer at fp8 on a CPU that emulates FP8 (measured: fp8_units): there
+    each step is the emulated matmuls' (20-330x bf16's) and the tactics differ only in attention, the
+    same in every layer, so a second layer adds minutes of emulated matmuls and no information."""
+    if dtype == "fp8" and device_of(target_platform) == "cpu" and fp8_emulated():
         print("  autotune at fp8 on a CPU that emulates FP8 matmuls: one decoder layer timed")
         return 1
     return recipe.autotune.layers

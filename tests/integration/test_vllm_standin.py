@@ -179,7 +179,7 @@ def test_a_start_of_vllm_fp8_on_a_cpu_without_amx_is_refused_before_vllm_runs(
     host = vllm_cpu_host(tmp_path / "host")
     registry = open_registry(str(tmp_path / "registry"))
 
-    with pytest.raises(HostCannotBuildError, match=r"(?s)this CPU has none .*at bf16 \(precision=bf16\)"):
+    with pytest.raises(HostCannotBuildError, match=r"(?s)this CPU has no AMX .*at bf16 \(precision=bf16\)"):
         _prepare(Recipe.model_validate(data), Store(tmp_path / "home"), registry, host, monkeypatch, tmp_path)
 
 
