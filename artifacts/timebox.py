@@ -17,7 +17,6 @@ import os
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, NoReturn, Protocol, TypeVar, runtime_checkable
@@ -25,7 +24,8 @@ from typing import Generic, NoReturn, Protocol, TypeVar, runtime_checkable
 T = TypeVar("T")
 
 EXIT_GRACE_S = 5.0  # for the atexit handlers when a thread nobody can stop is alive; each flush gets 1 s
-_unstoppable: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+_unstoppable: list[threading.Thread] = []  # not yet started or alive; pruned as threads are added
+_unstoppable_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -69,13 +69,17 @@ def within(seconds: float, work: Callable[[], T], *, name: str = "prebake-timebo
 
 def unstoppable(thread: threading.Thread) -> threading.Thread:
     """Mark a daemon thread whose work cannot be stopped: while it is alive, `leave` skips finalization."""
-    _unstoppable.add(thread)
+    with _unstoppable_lock:
+        _unstoppable[:] = [t for t in _unstoppable if t.ident is None or t.is_alive()]
+        _unstoppable.append(thread)
     return thread
 
 
 def leave(code: int) -> NoReturn:
     """End the process with `code`: the interpreter's own exit, or os._exit while an unstoppable thread runs."""
-    if not any(thread.is_alive() for thread in list(_unstoppable)):
+    with _unstoppable_lock:
+        running = any(thread.is_alive() for thread in _unstoppable)
+    if not running:
         sys.exit(code)
     main = threading.main_thread()
     for thread in threading.enumerate():  # what the interpreter's exit waits for, it waits for here
