@@ -5,9 +5,10 @@ start      the bundled engine's start from the bake's own bundles: lookup, load,
 park       the heap trimmed and the steps run again; stdin, stdout and stderr are its only
            descriptors besides CONTROL_FD; its file mappings' present pages recorded
            (snapshot/resident.py); it prints READY_LINE and blocks reading CONTROL_FD: the dump
-restored   the read returns the per-start settings (one JSON line from restore.py); the recorded
-           pages mapped again, OpenMP's waits chosen on this host (runtime/openmp.py); it binds,
-           serves, and stops when SIGTERM comes or CONTROL_FD closes (its supervisor is gone)
+restored   the read returns the per-start settings (one JSON line from restore.py); AMX's permission
+           asked again (snapshot/xstate.py), the recorded pages mapped again, OpenMP's waits chosen
+           on this host (runtime/openmp.py); it binds, serves, and stops when SIGTERM comes or
+           CONTROL_FD closes (its supervisor is gone)
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ from prebake.engine.bundled.serve import (
     _serve_steps,
     reject_unknown_fields_from,
 )
-from prebake.engine.bundled.snapshot import resident
-from prebake.engine.bundled.snapshot.image import CONTROL_FD, READY_LINE
+from prebake.engine.bundled.snapshot import resident, xstate
+from prebake.engine.bundled.snapshot.image import CONTROL_FD, EXIT_PREFIX, READY_LINE
 from prebake.engine.bundled.start import start
 from prebake.engine.common.adapter import OpenServices, StartRequest
 
@@ -56,7 +57,11 @@ def serve_parked(request: StartRequest, open_services: OpenServices) -> int:
     _hold_no_files(engine)
     _release_freed_memory(engine)
     pages = resident.record()
+    amx = xstate.permitted()
     settings = _park()
+    if (refused := xstate.ask_again(amx)) is not None:  # before any kernel runs: CRIU dropped it
+        print(f"prebake serve: snapshot: {refused}", flush=True)
+        raise SystemExit(1)  # before ready: the supervisor starts the usual way
     print(resident.populate(pages).line(), flush=True)  # as ready as the start it was taken of
     print(f"prebake serve: snapshot: {openmp.restored_waits(settings.get('openmp', {})).line()}", flush=True)
     return _serve(engine, scheduler, state, settings)
@@ -137,18 +142,20 @@ def _serve(engine, scheduler, state, settings: dict) -> int:
         flush=True,
     )
     stop = threading.Event()
+    code = 0
     try:
         _serve_steps(scheduler, state, stop, lambda line: print(line, flush=True))
-        return 0
     except SystemExit as exc:
         print("prebake serve: stopping", flush=True)
-        return int(exc.code or 0)
+        code = int(exc.code or 0)
     finally:
         stop.set()
         server.should_exit = True
         http.join(10)
         sock.close()
         engine.close(keep_run_dir=True)  # other restores of this image map files from it: swept once none holds it
+    print(f"{EXIT_PREFIX}{code}", flush=True)  # CRIU does not pass on how it ended: the supervisor reads it here
+    return code
 
 
 def _stop_when_control_closes() -> None:

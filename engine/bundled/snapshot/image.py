@@ -28,6 +28,7 @@ from prebake.engine.bundled.snapshot.files import DigestCache, FileRecord
 
 CONTROL_FD = 3  # the parked process reads its per-start settings here (prebake.engine.bundled.parked)
 READY_LINE = "prebake-snapshot: parked"  # it prints this once warm, before it blocks on CONTROL_FD
+EXIT_PREFIX = "prebake-snapshot: exits "  # its last line once restored: the code it exits with (restore.py)
 INFO_FILE = "snapshot.json"
 IMAGES_DIR = "images"
 CARRIED_DIR = "carried"

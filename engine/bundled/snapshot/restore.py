@@ -22,11 +22,12 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from prebake.artifacts.errors import ExitCode
 from prebake.engine.bundled.snapshot.host import Able
-from prebake.engine.bundled.snapshot.image import SnapshotInfo
+from prebake.engine.bundled.snapshot.image import EXIT_PREFIX, SnapshotInfo
 
 READY_PREFIX = "prebake serve: ready:"
 RESTORE_TIMEOUT_S = 120.0
@@ -45,11 +46,22 @@ class Restored:
     control: int
     relay: threading.Thread
     ready_line: str
+    exits: list[int] = field(default_factory=list)  # the code its EXIT_PREFIX line said, once it said it
+    emit: Callable[[str], None] = print
 
     def wait(self) -> int:
-        code = self.proc.wait()
+        """Its exit code, as its last line says it: `criu restore` exits 0 however the restored
+        process ended (a SIGILL or SIGSEGV included), so a server that ended without that line is
+        reported, with ExitCode.FAILED."""
+        criu = self.proc.wait()
         self.relay.join(5)
-        return code
+        if self.exits:
+            return self.exits[-1]
+        self.emit(
+            f"prebake serve: snapshot: the restored server ended without saying how (criu restore exited {criu}): "
+            f"a signal killed it (SIGILL, SIGSEGV, SIGKILL from the OOM killer?); its last lines are above"
+        )
+        return ExitCode.FAILED
 
     def stop(self) -> None:
         try:
@@ -98,9 +110,10 @@ def restore(
         _end(proc)
         reader.close()
         return Failed(f"{ready.reason}{_criu_errors(work / 'restore.log')}")
-    relay = threading.Thread(target=_relay, args=(reader, emit), name="prebake-snapshot-relay", daemon=True)
+    exits: list[int] = []
+    relay = threading.Thread(target=_relay, args=(reader, emit, exits), name="prebake-snapshot-relay", daemon=True)
     relay.start()
-    return Restored(proc, control_w, relay, ready)
+    return Restored(proc, control_w, relay, ready, exits, emit)
 
 
 def _die_with_parent() -> None:
@@ -129,9 +142,13 @@ def _until_ready(reader, proc: subprocess.Popen, emit: Callable[[str], None]) ->
         timer.cancel()
 
 
-def _relay(reader, emit: Callable[[str], None]) -> None:
+def _relay(reader, emit: Callable[[str], None], exits: list[int]) -> None:
     for raw in iter(reader.readline, b""):
-        emit(raw.decode(errors="replace").rstrip("\n"))
+        line = raw.decode(errors="replace").rstrip("\n")
+        if line.startswith(EXIT_PREFIX) and line[len(EXIT_PREFIX) :].lstrip("-").isdigit():
+            exits.append(int(line[len(EXIT_PREFIX) :]))
+            continue
+        emit(line)
     reader.close()
 
 
