@@ -59,7 +59,7 @@ class Restored:
             return self.exits[-1]
         self.emit(
             f"prebake serve: snapshot: the restored server ended without saying how (criu restore exited {criu}): "
-            f"a signal killed it (SIGILL, SIGSEGV, SIGKILL from the OOM killer?); its last lines are above"
+            f"a signal killed it (SIGILL, SIGSEGV, the OOM killer's SIGKILL) or an error its last lines above name"
         )
         return ExitCode.FAILED
 
