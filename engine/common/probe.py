@@ -323,7 +323,7 @@ def _toolchain_problem(device: str, software: Software) -> str | None:
 def _dtype_problem(platform: Platform, dtype: str) -> str | None:
     if dtype == "fp32":
         return None
-    if platform.device == "cpu":  # fp8 too: torch._scaled_mm runs FP8 on every CPU (oneDNN's kernel with AMX)
+    if platform.device == "cpu":  # fp8 too: every CPU runs _scaled_mm (emulated without FP8 units: fp8_units)
         return None
     if platform.device == "cuda":
         capability = int(platform.arch.removeprefix("sm_"))

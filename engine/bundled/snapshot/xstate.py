@@ -25,13 +25,18 @@ def _x86_linux() -> bool:
     return sys.platform.startswith("linux") and platform.machine() == "x86_64"
 
 
+def _arch_prctl(code: int, argument: object) -> int:
+    """The syscall's errno, 0 when it succeeded."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    return 0 if libc.syscall(_SYS_ARCH_PRCTL, code, argument) == 0 else ctypes.get_errno()
+
+
 def permitted() -> int:
     """The xstate components this process may use (a bit mask; 0 where the kernel cannot say)."""
     if not _x86_linux():
         return 0
     mask = ctypes.c_ulong(0)
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.syscall(_SYS_ARCH_PRCTL, _ARCH_GET_XCOMP_PERM, ctypes.byref(mask)) != 0:
+    if _arch_prctl(_ARCH_GET_XCOMP_PERM, ctypes.byref(mask)):
         return 0  # a kernel before 5.16 has no such permission: nothing to ask for again
     return mask.value
 
@@ -41,9 +46,7 @@ def ask_again(before: int) -> str | None:
     process no longer does; None when done or not needed, else why not."""
     if not before & (1 << XTILEDATA) or permitted() & (1 << XTILEDATA):
         return None
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, XTILEDATA) != 0:
-        error = ctypes.get_errno()
+    if error := _arch_prctl(_ARCH_REQ_XCOMP_PERM, XTILEDATA):
         return (
             f"the snapshot's process used AMX, and this host refused it AMX's tile data "
             f"(arch_prctl ARCH_REQ_XCOMP_PERM: {os.strerror(error)}): its next bf16 matmul would die by SIGILL"
