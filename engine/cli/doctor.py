@@ -1,4 +1,5 @@
-"""`prebake doctor`: what this host can do beyond baking and serving, and why not (process snapshots)."""
+"""`prebake doctor`: what this host can do beyond baking and serving, and why not (process snapshots),
+and what would make its restores slower than they need be."""
 
 from __future__ import annotations
 
@@ -23,14 +24,17 @@ def add(sub) -> None:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Exit 0 when this host can dump and restore snapshots, 1 when it cannot (the reason printed)."""
-    from prebake.engine.bundled.snapshot.host import Able, can_snapshot, key_factors
+    from prebake.engine.bundled.snapshot.host import Able, can_snapshot, kdat_note, key_factors
 
     answer = can_snapshot()
+    note = kdat_note() if isinstance(answer, Able) else None  # what makes every restore here slower
     if args.json:
-        print(json.dumps(answer.to_json(), sort_keys=True))
+        print(json.dumps(answer.to_json() | ({"note": note} if note else {}), sort_keys=True))
     elif isinstance(answer, Able):
         kernel = key_factors(answer)["kernel"]
         print(f"snapshots: yes: CRIU {answer.version} ({answer.criu}), kernel {kernel}; `criu check` passes")
+        if note:
+            print(f"snapshots: note: {note}")
     else:
         print(f"snapshots: no: {answer.reason}; `prebake serve` starts from the bundles (docs/snapshots.md)")
     return ExitCode.OK if isinstance(answer, Able) else ExitCode.FAILED

@@ -157,3 +157,56 @@ def test_a_gguf_recipes_weights_are_its_dequantized_folder_recorded_never_carrie
     assert found == [str(folder / "config.json"), str(folder / "model.safetensors")]
     assert not carried_path(found[1], (str(folder),))
     assert weights_files(recipe, "fp32") == []  # another dtype's folder, not written here
+
+
+def test_criu_s_version_is_remembered_per_binary_and_asked_again_when_it_changes(tmp_path, monkeypatch):
+    criu, ran = tmp_path / "criu", tmp_path / "ran"
+    criu.write_text(f"#!/bin/sh\necho x >> {ran}\necho 'Version: 4.1.1'\n")
+    criu.chmod(0o755)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for _ in range(2):  # a start each: the in-process cache forgotten between them
+        host.criu_version.cache_clear()
+        assert host.criu_version(criu) == "4.1.1"
+    assert ran.read_text().count("x") == 1  # the second start read it from the cache
+    criu.write_text(f"#!/bin/sh\necho x >> {ran}\necho 'Version: 4.2'\n")  # another binary at the same path
+    host.criu_version.cache_clear()
+    assert host.criu_version(criu) == "4.2"
+    assert ran.read_text().count("x") == 2
+    host.criu_version.cache_clear()
+
+
+def _mounts(tmp_path, *lines: str):
+    table = tmp_path / "mounts"
+    table.write_text("".join(f"{line}\n" for line in lines))
+    return table
+
+
+def test_the_mount_holding_a_path_is_the_last_of_its_longest_mount_point(tmp_path):
+    table = _mounts(
+        tmp_path,
+        "/dev/vda / ext4 rw 0 0",
+        "tmpfs /run tmpfs rw 0 0",
+        "overlay /run overlay rw 0 0",  # mounted over it later: this one is seen
+        "tmpfs /my\\040dir tmpfs rw 0 0",  # a space, as the kernel escapes it
+    )
+    assert host.mounted_type(Path("/run/lock"), table) == "overlay"
+    assert host.mounted_type(Path("/runner"), table) == "ext4"  # not under /run
+    assert host.mounted_type(Path("/my dir/x"), table) == "tmpfs"
+    assert host.mounted_type(Path("/run"), tmp_path / "absent") is None
+
+
+def test_criu_s_kernel_feature_cache_is_said_kept_or_not(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    run.mkdir()
+    monkeypatch.setattr(host, "KDAT_DIR", run)
+    on_disk = _mounts(tmp_path, f"/dev/vda {run} ext4 rw 0 0")
+    note = host.kdat_note(on_disk)
+    assert note is not None and "ext4, not a tmpfs" in note and "a tmpfs at" in note
+    tmpfs = _mounts(tmp_path, f"tmpfs {run} tmpfs rw 0 0")
+    assert host.kdat_note(tmpfs) is None
+    (run / "criu.kdat.tmp").write_bytes(b"")  # a CRIU stopped while writing it: no later CRIU writes the cache
+    note = host.kdat_note(tmpfs)
+    assert note is not None and "criu.kdat.tmp" in note and "remove it" in note
+    assert host.kdat_note(tmp_path / "no-mount-table") is None  # nothing known: nothing said
+    (run / "criu.kdat").write_bytes(b"k")  # the cache is there: CRIU reads it
+    assert host.kdat_note(on_disk) is None

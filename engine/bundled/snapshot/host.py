@@ -1,13 +1,15 @@
 """Whether this host can dump and restore a process with CRIU, and the key factors a restore must match.
 
     criu        $PREBAKE_CRIU, else `criu` on PATH, else the one .ci/criu.sh builds
-                (~/.cache/prebake/criu/<version>/criu); version 4.0 or newer (3.x fails on recent kernels)
+                (~/.cache/prebake/criu/<version>/criu); version 4.0 or newer (3.x fails on recent kernels),
+                remembered per binary in ~/.cache/prebake/criu-check.json
     privilege   CAP_SYS_ADMIN and CAP_CHECKPOINT_RESTORE (root has both)
     kernel      `criu check` passes (a pass is remembered in ~/.cache/prebake/criu-check.json per criu binary,
                 kernel, boot and capabilities; a failure is checked again)
     unshare     util-linux's, for the new PID namespace a restore runs in
 
 An answer is a value: `Able` with the binary and its version, or `Unable` with the reason and the fix.
+`kdat_note` says what makes restores here slower than they need be (`prebake doctor`).
 """
 
 from __future__ import annotations
@@ -26,10 +28,13 @@ from pathlib import Path
 CRIU_ENV = "PREBAKE_CRIU"
 MIN_VERSION = (4, 0)
 CHECK_TIMEOUT_S = 30.0
-CHECK_CACHE = "criu-check.json"  # under ~/.cache/prebake: `criu check` passed, by binary, kernel, boot, capabilities
+CHECK_CACHE = "criu-check.json"  # under ~/.cache/prebake: `criu check` passed (binary, kernel, boot,
+# capabilities); each binary's version
 _CAP_SYS_ADMIN = 21
 _CAP_CHECKPOINT_RESTORE = 40
 _BUILT_BY_CI = Path.home() / ".cache" / "prebake" / "criu"
+KDAT_DIR = Path("/run")  # CRIU keeps its kernel-feature cache here (criu.kdat; its build's RUNDIR, /run by default)
+KDAT_PROBE_S = 0.015  # what a restore spent probing again without it (docs/snapshots.md, the kernel-feature cache)
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,49 @@ def can_snapshot() -> Able | Unable:
     return Able(criu, version, Path(unshare))
 
 
+def kdat_note(mounts: Path = Path("/proc/self/mounts")) -> str | None:
+    """Why CRIU cannot keep its kernel-feature cache on this host (then every restore probes the
+    kernel again, runs `iptables -L` included), or None when it can. CRIU writes KDAT_DIR/criu.kdat
+    only on a tmpfs, and on any other file system leaves its criu.kdat.tmp behind, which stops later
+    writes even once the folder is a tmpfs."""
+    kdat = KDAT_DIR / "criu.kdat"
+    if kdat.exists():
+        return None
+    fstype = mounted_type(KDAT_DIR, mounts)
+    if fstype is None:  # no mount table to read: nothing to say
+        return None
+    if fstype == "tmpfs":
+        stale = kdat.with_name("criu.kdat.tmp")
+        if stale.exists():
+            return f"{stale} is left from a CRIU that stopped while writing it, and stops CRIU keeping its kernel-feature cache: remove it"
+        return None
+    return (
+        f"CRIU cannot keep its kernel-feature cache ({kdat}): {KDAT_DIR} is on {fstype}, "
+        f"not a tmpfs, so every restore probes the kernel again (about {KDAT_PROBE_S * 1000:.0f} ms where measured); "
+        f"a tmpfs at {KDAT_DIR} keeps it (docs/snapshots.md)"
+    )
+
+
+def mounted_type(path: Path, mounts: Path = Path("/proc/self/mounts")) -> str | None:
+    """The file system type of the mount that holds `path` (the last mount of the longest mount point
+    above it), or None when the mount table is unreadable."""
+    target = os.path.realpath(path)
+    best: tuple[int, str] | None = None
+    try:
+        lines = mounts.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])
+        holds = target == point or target.startswith(point.rstrip("/") + "/")
+        if holds and (best is None or len(point) >= best[0]):
+            best = (len(point), fields[2])
+    return best[1] if best else None
+
+
 def find_criu() -> Path | None:
     given = os.environ.get(CRIU_ENV)
     if given:
@@ -92,12 +140,22 @@ def find_criu() -> Path | None:
 
 @functools.cache
 def criu_version(criu: Path) -> str | None:
+    """`criu --version`'s number, remembered on this machine (CHECK_CACHE) per binary: its path, size,
+    mtime and inode (a start that restores spends no process on it: about 5 ms)."""
+    identity = _binary_identity(criu)
+    remembered = _read_check_cache().get("versions", {})
+    if identity is not None and isinstance(remembered, dict) and isinstance(remembered.get(identity), str):
+        return remembered[identity]
     try:
         out = subprocess.run([str(criu), "--version"], capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired):
         return None
     found = re.search(r"Version:\s*([0-9][0-9.]*)", out.stdout)
-    return found.group(1) if found else None
+    if found is None:
+        return None
+    if identity is not None:
+        _remember("versions", identity, found.group(1))
+    return found.group(1)
 
 
 def key_factors(able: Able) -> dict[str, str]:
@@ -142,21 +200,11 @@ def _checked(criu: Path, kernel: str) -> str | None:
     binary (path, size, mtime, inode), kernel, boot and capabilities: a restore's start spends no
     0.1 s running it again. A failure is never remembered: a fixed host is seen at once."""
     stamp = _check_stamp(criu, kernel)
-    cache = _check_cache()
-    try:
-        if stamp is not None and json.loads(cache.read_text()).get(stamp) == "passed":
-            return None
-    except (OSError, ValueError, AttributeError):
-        pass
+    if stamp is not None and _read_check_cache().get("passed") == stamp:
+        return None
     failed = _criu_check(str(criu), kernel)
     if failed is None and stamp is not None:
-        try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            temp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
-            temp.write_text(json.dumps({stamp: "passed"}))
-            os.replace(temp, cache)
-        except OSError:  # a read-only home: checked again next time
-            pass
+        _remember("passed", None, stamp)
     return failed
 
 
@@ -166,14 +214,53 @@ def _check_cache() -> Path:
     return Path(base) / "prebake" / CHECK_CACHE
 
 
-def _check_stamp(criu: Path, kernel: str) -> str | None:
+def _read_check_cache() -> dict:
+    """{"passed": the stamp of the last `criu check` that passed, "versions": {binary identity: version}};
+    empty when absent or unreadable (a cache written by an older prebake: checked again)."""
+    try:
+        data = json.loads(_check_cache().read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _remember(field: str, key: str | None, value: str) -> None:
+    """`value` into the cache's `field` (under `key` when the field is a table); a read-only home: not
+    remembered, worked out again next time."""
+    data = {name: value for name, value in _read_check_cache().items() if name in ("passed", "versions")}
+    if key is None:
+        data[field] = value
+    else:
+        table = data.get(field)
+        data[field] = {**(table if isinstance(table, dict) else {}), key: value}
+    cache = _check_cache()
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        temp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
+        temp.write_text(json.dumps(data, sort_keys=True))
+        os.replace(temp, cache)
+    except OSError:
+        pass
+
+
+def _binary_identity(criu: Path) -> str | None:
     try:
         st = os.stat(criu)
+    except OSError:
+        return None
+    return json.dumps([os.path.realpath(criu), st.st_size, st.st_mtime_ns, st.st_ino])
+
+
+def _check_stamp(criu: Path, kernel: str) -> str | None:
+    identity = _binary_identity(criu)
+    try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         caps = re.search(r"^CapEff:\s*([0-9a-f]+)", Path("/proc/self/status").read_text(), re.M)
     except OSError:
         return None
-    parts = [os.path.realpath(criu), st.st_size, st.st_mtime_ns, st.st_ino, kernel, boot, caps.group(1) if caps else ""]
+    if identity is None:
+        return None
+    parts = [identity, kernel, boot, caps.group(1) if caps else ""]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
