@@ -210,3 +210,15 @@ def test_criu_s_kernel_feature_cache_is_said_kept_or_not(tmp_path, monkeypatch):
     assert host.kdat_note(tmp_path / "no-mount-table") is None  # nothing known: nothing said
     (run / "criu.kdat").write_bytes(b"k")  # the cache is there: CRIU reads it
     assert host.kdat_note(on_disk) is None
+
+
+def test_the_check_cache_keeps_the_newest_binaries_versions_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for n in range(host.REMEMBERED + 3):
+        host._remember("versions", f"criu-{n}", f"4.{n}")
+    host._remember("passed", None, "stamp")
+    kept = host._read_check_cache()
+    assert list(kept["versions"]) == [f"criu-{n}" for n in range(3, host.REMEMBERED + 3)]
+    assert kept["passed"] == "stamp"
+    host._remember("versions", "criu-3", "4.3")  # written again: now the newest
+    assert list(host._read_check_cache()["versions"])[-1] == "criu-3"

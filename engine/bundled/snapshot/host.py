@@ -30,6 +30,7 @@ MIN_VERSION = (4, 0)
 CHECK_TIMEOUT_S = 30.0
 CHECK_CACHE = "criu-check.json"  # under ~/.cache/prebake: `criu check` passed (binary, kernel, boot,
 # capabilities); each binary's version
+REMEMBERED = 8  # binaries whose version the cache keeps (a rebuilt CRIU is another binary)
 _CAP_SYS_ADMIN = 21
 _CAP_CHECKPOINT_RESTORE = 40
 _BUILT_BY_CI = Path.home() / ".cache" / "prebake" / "criu"
@@ -225,19 +226,20 @@ def _read_check_cache() -> dict:
 
 
 def _remember(field: str, key: str | None, value: str) -> None:
-    """`value` into the cache's `field` (under `key` when the field is a table); a read-only home: not
-    remembered, worked out again next time."""
-    data = {name: value for name, value in _read_check_cache().items() if name in ("passed", "versions")}
+    """`value` into the cache's `field`, or into its table under `key` (a table keeps its REMEMBERED
+    newest entries); a read-only home: not remembered, worked out again next time."""
+    data = {name: kept for name, kept in _read_check_cache().items() if name in ("passed", "versions")}
     if key is None:
         data[field] = value
     else:
         table = data.get(field)
-        data[field] = {**(table if isinstance(table, dict) else {}), key: value}
+        older = [(k, v) for k, v in table.items() if k != key] if isinstance(table, dict) else []
+        data[field] = dict(older[-(REMEMBERED - 1) :]) | {key: value}  # in the order written: oldest first
     cache = _check_cache()
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         temp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
-        temp.write_text(json.dumps(data, sort_keys=True))
+        temp.write_text(json.dumps(data))
         os.replace(temp, cache)
     except OSError:
         pass
