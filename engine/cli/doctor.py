@@ -27,13 +27,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from prebake.engine.bundled.snapshot.host import Able, can_snapshot, kdat_note, key_factors
 
     answer = can_snapshot()
-    note = kdat_note() if isinstance(answer, Able) else None  # what makes every restore here slower
     if args.json:
-        print(json.dumps(answer.to_json() | ({"note": note} if note else {}), sort_keys=True))
+        print(json.dumps(answer.to_json(), sort_keys=True))
     elif isinstance(answer, Able):
         kernel = key_factors(answer)["kernel"]
         print(f"snapshots: yes: CRIU {answer.version} ({answer.criu}), kernel {kernel}; `criu check` passes")
-        if note:
+        if note := kdat_note():  # what makes every restore here slower
             print(f"snapshots: note: {note}")
     else:
         print(f"snapshots: no: {answer.reason}; `prebake serve` starts from the bundles (docs/snapshots.md)")

@@ -45,8 +45,11 @@ class Able:
     unshare: Path
 
     def to_json(self) -> dict[str, object]:
-        """`prebake doctor --json`'s answer."""
-        return {"snapshots": True, "criu": str(self.criu), "factors": key_factors(self)}
+        """`prebake doctor --json`'s answer, with `note` when restores here are slower than they need be."""
+        note = kdat_note()
+        return {"snapshots": True, "criu": str(self.criu), "factors": key_factors(self)} | (
+            {"note": note} if note else {}
+        )
 
 
 @dataclass(frozen=True)
