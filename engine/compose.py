@@ -20,9 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
-from prebake.artifacts.bake.bake_kind import Baked, ModelSign, bake_kind
-from prebake.artifacts.bake.provenance import SIDE_NAME, Attest
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.fetch.outcome import Resolution
 from prebake.artifacts.fetch.pipeline import FETCH_TIMEOUT_S, REGISTRY_TIMEOUT_S, Source, resolve
@@ -36,9 +35,12 @@ from prebake.engine.common.adapter import Publishing
 from prebake.engine.common.builder import attester, host_versions
 from prebake.engine.common.probe import Host, current_host
 from prebake.registry import open_registry
-from prebake.registry.review.writeback import quarantine_address, write_back_target
 from prebake.registry.trust.policy import POLICY_ENV, trust_in_force
 from prebake.registry.trust.signing import SIGNING_KEY_ENV, KeySigner, signer_from_env
+
+if TYPE_CHECKING:  # the bake's modules and write-back's: imported where a command bakes or writes back
+    from prebake.artifacts.bake.bake_kind import Baked, ModelSign
+    from prebake.artifacts.bake.provenance import Attest
 
 REGISTRY_ENV = "PREBAKE_REGISTRY"
 
@@ -98,6 +100,8 @@ class Context:
         """Where and how a serving pod writes back what it compiled: the registry's quarantine
         namespace by default (PREBAKE_WRITE_BACK, registry/review/writeback.py), signed and attested as
         a bake, judged by the trust policy only when it goes to the index."""
+        from prebake.registry.review.writeback import write_back_target
+
         target = write_back_target(self.address, self.store.default_registry)
         return Publishing(
             target=target,
@@ -111,6 +115,8 @@ class Context:
 
     def quarantine(self) -> tuple[str, Registry]:
         """The address and registry of this registry's quarantine namespace (registry/review/writeback.py)."""
+        from prebake.registry.review.writeback import quarantine_address
+
         address = quarantine_address(self.address)
         return address, open_registry(address)
 
@@ -160,6 +166,8 @@ class Context:
 
     def bake(self, plan: TargetKeys, kind: str) -> Baked:
         """Build, publish and install one kind of one target, and say what happened."""
+        from prebake.artifacts.bake.bake_kind import bake_kind
+
         started = time.monotonic()
         baked = bake_kind(
             plan,
@@ -242,6 +250,8 @@ def verify_trust(policy: str | None, address: str, registry: Registry) -> TrustC
     """The trust check `prebake verify` applies to every entry of `registry` (at `address`): the
     policy file `policy` (else $PREBAKE_POLICY) reading each bundle's attestation from that registry;
     else the keys of PREBAKE_TRUSTED_KEYS; else none."""
+    from prebake.artifacts.bake.provenance import SIDE_NAME
+
     env = {**os.environ, POLICY_ENV: policy} if policy else dict(os.environ)
 
     def attestation(manifest: Manifest) -> bytes | None:  # from the registry being verified, not a store's copy

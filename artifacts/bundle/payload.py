@@ -11,13 +11,24 @@ This module is the one door to both: pack, unpack and file_digest.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prebake.artifacts.bundle.manifest import FileEntry
-from prebake.artifacts.bundle.pack import Packed, pack
 from prebake.artifacts.bundle.unpack import UnpackLimits, unpack_file
 from prebake.artifacts.fsutil import file_digest
 
-__all__ = ["Packed", "UnpackLimits", "file_digest", "pack", "unpack"]
+if TYPE_CHECKING:
+    from prebake.artifacts.bundle.pack import Packed
+
+__all__ = ["UnpackLimits", "file_digest", "pack", "unpack"]
+
+
+def pack(tree: Path, dest: Path, *, level: int = 3, threads: int | None = None) -> Packed:
+    """Pack `tree` into `dest` (.tar.zst) deterministically (artifacts/bundle/pack.py). The packer is
+    imported here, on first use: a command that only installs and serves bundles loads none of it."""
+    from prebake.artifacts.bundle import pack as packer
+
+    return packer.pack(tree, dest, level=level, threads=threads)
 
 
 def unpack(

@@ -20,12 +20,10 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from pydantic import ValidationError
 
-from prebake.artifacts.bake.bake_kind import Signer
-from prebake.artifacts.bake.provenance import Attest
 from prebake.artifacts.errors import PrebakeError, RecipeError
 from prebake.artifacts.fetch.gate import WRITE_BACK_LABEL
 from prebake.artifacts.fetch.outcome import Miss
@@ -36,7 +34,11 @@ from prebake.artifacts.recipe.kinds import Kind, TargetKeys
 from prebake.artifacts.recipe.schema import Recipe, Target
 from prebake.artifacts.store.local import Installed, Store
 from prebake.engine.common.probe import Host, Package
-from prebake.registry.review.writeback import WriteBackTarget
+
+if TYPE_CHECKING:  # the bake's and write-back's modules: loaded by what bakes or writes back, not by a start
+    from prebake.artifacts.bake.bake_kind import Signer
+    from prebake.artifacts.bake.provenance import Attest
+    from prebake.registry.review.writeback import WriteBackTarget
 
 
 class EngineStartError(PrebakeError, RuntimeError):

@@ -24,7 +24,6 @@ from pathlib import Path
 from prebake import __version__ as PREBAKE_VERSION
 from prebake.artifacts.bake.provenance import Attest, BuildContext, SourceRevision, dependency_versions
 from prebake.engine.common.probe import Host, declared_packages
-from prebake.registry.trust.attestation import seal
 from prebake.registry.trust.signing import KeySigner
 
 BUILDER_ID_ENV = "PREBAKE_BUILDER_ID"
@@ -38,6 +37,8 @@ def attester(signer: KeySigner | None, host: Host, env: Mapping[str, str] = os.e
     """How this process attests its bakes: with the signing key, or not at all when there is none."""
     if signer is None:
         return None
+    from prebake.registry.trust.attestation import seal  # only where a key signs: a start without one needs none
+
     context = BuildContext(
         builder_id=builder_id(env),
         platform=host.platform.factors(),

@@ -31,7 +31,6 @@ from prebake.artifacts.fetch.pipeline import Quiet, Steps, resolve
 from prebake.artifacts.recipe.kinds import Builder, TargetKeys
 from prebake.artifacts.store.local import Installed
 from prebake.artifacts.store.stats import record_fallback
-from prebake.engine.common import write_back as publishing
 from prebake.engine.common.adapter import (
     EngineAdapter,
     EngineStartError,
@@ -354,7 +353,10 @@ def write_back(
     timeout: float,
 ) -> list[str]:
     """Publish every kind that missed (the one write-back policy, prebake.engine.common.write_back):
-    the `compiled` kind captured from the engine's run folder, the others with the bake's builders."""
+    the `compiled` kind captured from the engine's run folder, the others with the bake's builders.
+    Imported here, as the bake's modules are: a start that writes nothing back loads none of them."""
+    from prebake.engine.common import write_back as publishing
+
     capture = engine.capture(prepared, launch, ready_s)
     builds: dict[str, Builder | None] = {
         kind: capture if kind == compiled else None
