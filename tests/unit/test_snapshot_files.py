@@ -101,6 +101,7 @@ def test_no_criu_is_said_with_the_fix(tmp_path, monkeypatch):
 
 
 def test_an_old_criu_is_refused_naming_its_version(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # its version is remembered there
     old = tmp_path / "criu"
     old.write_text("#!/bin/sh\necho 'Version: 3.17.1'\n")
     old.chmod(0o755)
@@ -110,7 +111,7 @@ def test_an_old_criu_is_refused_naming_its_version(tmp_path, monkeypatch):
 
 
 def test_doctor_says_why_this_host_cannot_restore(tmp_path):
-    env = {**os.environ, host.CRIU_ENV: str(tmp_path / "criu")}
+    env = {**os.environ, host.CRIU_ENV: str(tmp_path / "criu"), "XDG_CACHE_HOME": str(tmp_path / "cache")}
     done = subprocess.run(
         [sys.executable, "-m", "prebake.engine.cli", "doctor"], env=env, capture_output=True, text=True, timeout=120
     )
@@ -215,10 +216,13 @@ def test_criu_s_kernel_feature_cache_is_said_kept_or_not(tmp_path, monkeypatch):
 def test_the_check_cache_keeps_the_newest_binaries_versions_only(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     for n in range(host.REMEMBERED + 3):
-        host._remember("versions", f"criu-{n}", f"4.{n}")
-    host._remember("passed", None, "stamp")
+        host._remember(version=(f"criu-{n}", f"4.{n}"))
+    host._remember(passed="stamp")
     kept = host._read_check_cache()
     assert list(kept["versions"]) == [f"criu-{n}" for n in range(3, host.REMEMBERED + 3)]
-    assert kept["passed"] == "stamp"
-    host._remember("versions", "criu-3", "4.3")  # written again: now the newest
-    assert list(host._read_check_cache()["versions"])[-1] == "criu-3"
+    assert kept["stamp"] == "passed"  # the form older prebakes read and write: {stamp: "passed"}
+    host._remember(version=("criu-3", "4.3"))  # written again: now the newest
+    kept = host._read_check_cache()
+    assert list(kept["versions"])[-1] == "criu-3" and kept["stamp"] == "passed"
+    host._remember(passed="another")  # one stamp is kept
+    assert "stamp" not in host._read_check_cache() and host._read_check_cache()["another"] == "passed"

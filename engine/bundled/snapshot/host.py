@@ -31,6 +31,7 @@ CHECK_TIMEOUT_S = 30.0
 CHECK_CACHE = "criu-check.json"  # under ~/.cache/prebake: `criu check` passed (binary, kernel, boot,
 # capabilities); each binary's version
 REMEMBERED = 8  # binaries whose version the cache keeps (a rebuilt CRIU is another binary)
+PASSED, VERSIONS = "passed", "versions"  # the cache's value of a passing stamp; its table of versions
 _CAP_SYS_ADMIN = 21
 _CAP_CHECKPOINT_RESTORE = 40
 _BUILT_BY_CI = Path.home() / ".cache" / "prebake" / "criu"
@@ -147,7 +148,7 @@ def criu_version(criu: Path) -> str | None:
     """`criu --version`'s number, remembered on this machine (CHECK_CACHE) per binary: its path, size,
     mtime and inode (a start that restores spends no process on it: about 5 ms)."""
     identity = _binary_identity(criu)
-    remembered = _read_check_cache().get("versions", {})
+    remembered = _read_check_cache().get(VERSIONS)
     if identity is not None and isinstance(remembered, dict) and isinstance(remembered.get(identity), str):
         return remembered[identity]
     try:
@@ -158,7 +159,7 @@ def criu_version(criu: Path) -> str | None:
     if found is None:
         return None
     if identity is not None:
-        _remember("versions", identity, found.group(1))
+        _remember(version=(identity, found.group(1)))
     return found.group(1)
 
 
@@ -204,11 +205,11 @@ def _checked(criu: Path, kernel: str) -> str | None:
     binary (path, size, mtime, inode), kernel, boot and capabilities: a restore's start spends no
     0.1 s running it again. A failure is never remembered: a fixed host is seen at once."""
     stamp = _check_stamp(criu, kernel)
-    if stamp is not None and _read_check_cache().get("passed") == stamp:
+    if stamp is not None and _read_check_cache().get(stamp) == PASSED:
         return None
     failed = _criu_check(str(criu), kernel)
     if failed is None and stamp is not None:
-        _remember("passed", None, stamp)
+        _remember(passed=stamp)
     return failed
 
 
@@ -219,8 +220,8 @@ def _check_cache() -> Path:
 
 
 def _read_check_cache() -> dict:
-    """{"passed": the stamp of the last `criu check` that passed, "versions": {binary identity: version}};
-    empty when absent or unreadable (a cache written by an older prebake: checked again)."""
+    """{stamp: "passed"} for the last `criu check` that passed (the form every prebake has written),
+    and "versions": {binary identity: version}; empty when absent or unreadable."""
     try:
         data = json.loads(_check_cache().read_text())
     except (OSError, ValueError):
@@ -228,21 +229,23 @@ def _read_check_cache() -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _remember(field: str, key: str | None, value: str) -> None:
-    """`value` into the cache's `field`, or into its table under `key` (a table keeps its REMEMBERED
-    newest entries); a read-only home: not remembered, worked out again next time."""
-    data = {name: kept for name, kept in _read_check_cache().items() if name in ("passed", "versions")}
-    if key is None:
-        data[field] = value
-    else:
-        table = data.get(field)
-        older = [(k, v) for k, v in table.items() if k != key] if isinstance(table, dict) else []
-        data[field] = dict(older[-(REMEMBERED - 1) :]) | {key: value}  # in the order written: oldest first
+def _remember(*, passed: str | None = None, version: tuple[str, str] | None = None) -> None:
+    """Into the cache: the stamp of a `criu check` that passed (it alone is kept), or a binary's
+    (identity, version) (the REMEMBERED newest are kept); a read-only home: not remembered, worked
+    out again next time. A prebake that knows no versions keeps the stamp and drops them."""
+    data = _read_check_cache()
+    stamps = {k: v for k, v in data.items() if v == PASSED} if passed is None else {passed: PASSED}
+    table = data.get(VERSIONS)
+    versions: dict[str, str] = table if isinstance(table, dict) else {}
+    if version is not None:
+        identity, number = version
+        older = [(k, v) for k, v in versions.items() if k != identity]
+        versions = dict(older[-(REMEMBERED - 1) :]) | {identity: number}  # in the order written: oldest first
     cache = _check_cache()
     try:
         cache.parent.mkdir(parents=True, exist_ok=True)
         temp = cache.with_name(f".{cache.name}.{os.getpid()}.tmp")
-        temp.write_text(json.dumps(data))
+        temp.write_text(json.dumps({**stamps, **({VERSIONS: versions} if versions else {})}))
         os.replace(temp, cache)
     except OSError:
         pass
@@ -257,15 +260,13 @@ def _binary_identity(criu: Path) -> str | None:
 
 
 def _check_stamp(criu: Path, kernel: str) -> str | None:
-    identity = _binary_identity(criu)
     try:
+        st = os.stat(criu)
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         caps = re.search(r"^CapEff:\s*([0-9a-f]+)", Path("/proc/self/status").read_text(), re.M)
     except OSError:
         return None
-    if identity is None:
-        return None
-    parts = [identity, kernel, boot, caps.group(1) if caps else ""]
+    parts = [os.path.realpath(criu), st.st_size, st.st_mtime_ns, st.st_ino, kernel, boot, caps.group(1) if caps else ""]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
