@@ -38,6 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from a checkout: benchmarks/ is no package
 from benchmarks import peers_setup as setup  # noqa: E402  (light: no torch at import)
+from benchmarks.bytecode import compile_prebake  # noqa: E402
 from benchmarks.clients import http_status  # noqa: E402  (light: no torch at import)
 
 PROMPT = (
@@ -105,6 +106,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, help="logs and homes (default: a temp dir)")
     parser.add_argument("--chart", type=Path, help="draw time to ready and TPOT into this PNG")
     args = parser.parse_args()
+    print(f"prebake's bytecode brought up to date in {compile_prebake():.1f} s (benchmarks/bytecode.py)", flush=True)
     work = (args.work or Path(tempfile.mkdtemp(prefix="prebake-peers-"))).resolve()
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     started: dict = {"date": _now(), "load": os.getloadavg()}

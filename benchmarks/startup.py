@@ -40,6 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run as a script from a checkout: benchmarks/ is no package
 from benchmarks import snapshot_mode, tp_bakes  # noqa: E402
+from benchmarks.bytecode import compile_prebake  # noqa: E402
 from prebake.artifacts.store.settings import default_home  # noqa: E402
 from prebake.engine.bundled.runtime.gguf_fetch import downloads_dir  # noqa: E402
 
@@ -111,6 +112,7 @@ def main() -> None:
         "time its restore (`serve --snapshot require`) beside the other modes (snapshot_mode.py)",
     )
     args = parser.parse_args()
+    print(f"prebake's bytecode brought up to date in {compile_prebake():.1f} s (benchmarks/bytecode.py)", flush=True)
     work = args.work or Path(tempfile.mkdtemp(prefix="prebake-startup-"))
     work.mkdir(parents=True, exist_ok=True)
     bench = Bench(work, args.model, args.precision, show=args.show_completion, tp=args.tp, snapshot=args.snapshot)
