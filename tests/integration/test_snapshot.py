@@ -47,7 +47,11 @@ def test_serve_restores_the_snapshot_as_ready_as_the_usual_start_and_answers_ali
         assert greedy(usual) == tokens  # fp32, greedy: the same tokens
     finally:
         usual.stop()
-    assert restored_faults <= usual_faults + 100, (restored_faults, usual_faults)
+    # The fault that mattered was hundreds of pages (523 against 30). A restored first request also
+    # faults pages the kernel took back after the restore or its allocator asks anew: 145 against 43
+    # in one fresh-clone CI run of six (2026-12-06, a VM running DAMON's proactive reclaim), 39 against
+    # 14 when measured. The margin sits between the two.
+    assert restored_faults <= usual_faults + 250, (restored_faults, usual_faults)
 
 
 def test_two_restores_of_one_image_serve_side_by_side(home):
