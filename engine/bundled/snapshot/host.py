@@ -252,22 +252,30 @@ def _remember(*, passed: str | None = None, version: tuple[str, str] | None = No
 
 
 def _binary_identity(criu: Path) -> str | None:
+    """The binary as the cache keys its version: path, size, mtime and inode (JSON)."""
+    parts = _binary_parts(criu)
+    return None if parts is None else json.dumps(parts)
+
+
+def _binary_parts(criu: Path) -> list[object] | None:
     try:
         st = os.stat(criu)
     except OSError:
         return None
-    return json.dumps([os.path.realpath(criu), st.st_size, st.st_mtime_ns, st.st_ino])
+    return [os.path.realpath(criu), st.st_size, st.st_mtime_ns, st.st_ino]
 
 
 def _check_stamp(criu: Path, kernel: str) -> str | None:
+    """The binary, the kernel, this boot and this process's capabilities, hashed: what a pass holds for."""
+    parts = _binary_parts(criu)
     try:
-        st = os.stat(criu)
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
         caps = re.search(r"^CapEff:\s*([0-9a-f]+)", Path("/proc/self/status").read_text(), re.M)
     except OSError:
         return None
-    parts = [os.path.realpath(criu), st.st_size, st.st_mtime_ns, st.st_ino, kernel, boot, caps.group(1) if caps else ""]
-    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+    if parts is None:
+        return None
+    return hashlib.sha256(json.dumps([*parts, kernel, boot, caps.group(1) if caps else ""]).encode()).hexdigest()
 
 
 @functools.cache

@@ -145,8 +145,9 @@ def _until_ready(reader, proc: subprocess.Popen, emit: Callable[[str], None]) ->
 def _relay(reader, emit: Callable[[str], None], exits: list[int]) -> None:
     for raw in iter(reader.readline, b""):
         line = raw.decode(errors="replace").rstrip("\n")
-        if line.startswith(EXIT_PREFIX) and line[len(EXIT_PREFIX) :].lstrip("-").isdigit():
-            exits.append(int(line[len(EXIT_PREFIX) :]))
+        code = line.removeprefix(EXIT_PREFIX)
+        if code != line and code.lstrip("-").isdigit():
+            exits.append(int(code))
             continue
         emit(line)
     reader.close()
