@@ -60,6 +60,7 @@ class Peer:
     cold_s: float | None = None  # time to ready with nothing made ahead (compile caches empty)
     cold_note: str = ""
     empty_store_s: float | None = None  # a snapshot restore into an empty store (its bundle fetched)
+    note: str = ""  # how it was started where that differs from the others' way (llama-server's --no-repack)
     samples: dict[int, list[dict]] = field(default_factory=dict)  # concurrency -> requests
     walls: dict[int, list[tuple[int, float]]] = field(default_factory=dict)  # concurrency -> (tokens, s)
 
@@ -289,6 +290,17 @@ def _llama(
         command += ["-t", str(os.cpu_count() or 1), "-np", str(setup.SERVING["max_num_seqs"]), "--alias", setup.MODEL]
         command += ["-c", str(setup.SERVING["max_model_len"] * setup.SERVING["max_num_seqs"])]
         ready = _start(peer, command, dict(os.environ), work / name)
+        if isinstance(ready, setup.NotMeasured) and peer.proc is not None and peer.proc.returncode < 0:
+            # killed by a signal as it started: on an AMX Xeon (2026-12-06) ggml's AMX kernel for the
+            # Q4_1 GGUF (amx/mmq.cpp, tinygemm_kernel_amx, reached through its extra buffer type) dies
+            # by SIGILL in its worker threads; --no-repack keeps the weights in the plain CPU buffer
+            # and its AVX-512 dot products. Said in the row, never silently
+            why = f"{signal.Signals(-peer.proc.returncode).name} at start with its defaults"
+            print(f"  {name}: {why}; started again with --no-repack", flush=True)
+            ready = _start(peer, [*command, "--no-repack"], dict(os.environ), work / f"{name}-no-repack")
+            if isinstance(ready, setup.NotMeasured):
+                ready = setup.NotMeasured(f"{why}; again with --no-repack: {ready.why}")
+            peer.note = f"--no-repack ({why})"
         if isinstance(ready, setup.NotMeasured):
             out[name] = ready
             continue
@@ -409,6 +421,7 @@ def _summarise(peers, skipped, bandwidth, concurrencies, started, ended, args) -
     for peer in peers:
         row: dict = {"bytes_per_weight": peer.bytes_per_weight, "ready_s": peer.ready_s, "cold_s": peer.cold_s}
         row |= {"cold_note": peer.cold_note} if peer.cold_note else {}
+        row |= {"note": peer.note} if peer.note else {}
         row |= {"empty_store_s": peer.empty_store_s} if peer.empty_store_s is not None else {}
         weights = setup.weight_bytes(peer.weights)
         row |= {"weight_mb": round(weights / 1e6, 1), "bound_tpot_ms": round(weights / bandwidth * 1e3, 2)}
@@ -492,6 +505,8 @@ def _print_table(rows, skipped, ratios, bandwidth, concurrencies, started, ended
     for name, row in rows.items():
         if row.get("cold_note"):
             print(f"  {name} cold: {row['cold_note']}")
+        if row.get("note"):
+            print(f"  {name}: started with {row['note']}")
         if row.get("empty_store_s") is not None:
             print(f"  {name}: ready in {row['empty_store_s']:.2f} s restored into an empty store (bundle fetched)")
     for key, value in ratios.items():
