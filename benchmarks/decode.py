@@ -8,7 +8,9 @@ from recipes/smollm2-135m.toml cut to --layers layers (seeded weights of the rea
 a step does not depend on the values): without the pass ("mm"), with its products alone ("products",
 runtime.gemv v1: torch's SDPA, the products' left side inlined), with the pass's second version ("v2":
 the products' left side and the query stored in their dtype, a bf16 one widened again beside every
-weight) and with the pass ("reductions"), each in a child process (--versions picks which);
+weight), with its third ("v3": bf16 products widened, what a CPU without AMX compiles) and with the
+pass ("reductions": on a CPU with AMX, bf16 products by runtime.bf16_dot's vdpbf16ps kernel), each in
+a child process (--versions picks which);
 then each is served in a fresh child, interleaved over --repeat rounds (a burst of load falls on
 every configuration), --steps timed steps each, the engine's OpenMP waits chosen as its start
 chooses them. With --llama-bench and the peers' GGUFs (benchmarks/peers_setup: F32 and BF16
@@ -34,7 +36,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "recipes" / "smollm2-135m.toml"
-VERSIONS = ("mm", "products", "v2", "reductions")  # before the pass, its first and second versions, the pass
+VERSIONS = ("mm", "products", "v2", "v3", "reductions")  # before the pass, its first three versions, the pass
 GGUF_TYPES = {"fp32": "f32", "bf16": "bf16"}  # llama.cpp's name of each dtype's conversion (peers_setup)
 
 
@@ -64,6 +66,8 @@ def child_build(version: str, out: str, layers: int, dtype: str, ctx: int) -> di
         gemv.attends = lambda *a, **k: False  # type: ignore[assignment]
         gemv._stored = lambda x: x  # type: ignore[assignment]
         gemv.KEY = f"{gemv.KEY}, products only"  # Inductor's cache key (the pass's uuid) apart from the pass's
+    if version == "v3":  # the pass's third version: bf16 products widened, as on a CPU without AMX (bf16_dot)
+        aoti.bf16_products = lambda model: False  # type: ignore[assignment]
     if version == "mm":  # the package as it was baked before runtime.gemv
         with_pass = aoti.package_options
         aoti.package_options = lambda *a, **k: {  # type: ignore[assignment]
@@ -132,7 +136,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--dtypes", default="fp32,bf16")
-    parser.add_argument("--versions", default="mm,v2", help="what the pass is compared with (mm,products,v2)")
+    parser.add_argument("--versions", default="mm,v2", help="what the pass is compared with (mm,products,v2,v3)")
     parser.add_argument("--ctx", type=int, default=256)
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=3)

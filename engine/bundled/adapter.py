@@ -28,6 +28,7 @@ from prebake.artifacts.recipe.kinds import (
     target_groups,
 )
 from prebake.artifacts.recipe.quantization import scheme_of
+from prebake.artifacts.recipe.schema import parse_platform
 from prebake.artifacts.store.local import Installed
 from prebake.engine.bundled.cache_layout import (
     AUTOTUNE_ENV,
@@ -112,16 +113,24 @@ def _graphs_groups(context: KeyContext) -> Groups:
     kernel_threads: kernels read their thread count at run time (runtime.steps.threads_at_run_time);
     decode_matmuls: one-row products and one-query attention compiled as Inductor reductions
     (runtime.gemv), at every precision but fp8, whose steps stay as they were (so its keys did not
-    move); at fp8 the weights' FP8 scheme (format, granularity, activation scheme, excluded modules)."""
+    move), and an AOTInductor package's bf16 products on a CPU with AMX by runtime.bf16_dot's kernel;
+    at fp8 the weights' FP8 scheme (format, granularity, activation scheme, excluded modules)."""
     options = compile_factors(context.recipe, DEFAULT_VARIANT)
     graphs = variant_of(context.recipe)  # checked when the adapter was picked (EngineSpec.graphs_variant)
     factors = {**options, **graphs.key_factors(context.recipe.compile), "kernel_threads": "run-time"}
     if context.target.dtype != "fp8":
-        factors["decode_matmuls"] = gemv.KEY
+        factors["decode_matmuls"] = _decode_matmuls(context, graphs.name)
     groups = {**target_groups(context), "options": factors}
     if context.target.dtype == "fp8":  # absent at every other precision: their keys never moved
         groups["quantization"] = scheme_of(context.recipe.model).factors()
     return groups
+
+
+def _decode_matmuls(context: KeyContext, variant: str) -> str:
+    # the kernel only in the AOTInductor package (runtime.aoti links it), of a CPU target
+    isa = str(context.host.platform.factors().get("isa", "")).split(",")
+    cpu_package = variant == "aoti-package" and parse_platform(context.target.platform)[0] == "cpu"
+    return gemv.key(context.target.dtype, isa if cpu_package else ())
 
 
 def autotune_labels(tree: Path) -> dict[str, str]:

@@ -7,15 +7,20 @@ Inductor fuses them with the kernels around them, where torch's mm and flash ker
 and batched decode's products and prefill's attention keep torch's kernels. Why and measured:
 docs/performance.md, "Decode: where a token's time goes".
 
-Its version joins Inductor's cache key (the pass's uuid) and the graphs key (KEY, read by the adapter
+Its version joins Inductor's cache key (the pass's uuid) and the graphs key (`key`, read by the adapter
 without torch: this module imports torch only where a bake asks for the pass). An FP8 model's graphs
-never take it (runtime/fp8_linear owns their products).
+never take it (runtime/fp8_linear owns their products). In an AOTInductor package of bf16 graphs for
+a CPU with AMX, the bf16 products are runtime.bf16_dot's kernel (AVX512-BF16's vdpbf16ps) in place
+of the reduction; attention stays a reduction.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
+
+from prebake.engine.bundled.runtime import bf16_dot
 
 if TYPE_CHECKING:
     import torch
@@ -25,22 +30,38 @@ VERSION = 3  # bumped when the rewrite changes: Inductor's cache key and the gra
 KEY = f"reductions of at most {MAX_ROWS} row(s) and one-query attention, v{VERSION}"
 
 
-@functools.cache
-def decode_matmuls():
+def key(dtype: str, isa_levels: Iterable[str]) -> str:
+    """What the pass does to graphs of `dtype` for a CPU platform with `isa_levels`, as the graphs key
+    says it: KEY, and the bf16 kernel where runtime.bf16_dot applies (its source's digest)."""
+    if bf16_dot.applies(dtype, isa_levels):
+        return f"{KEY}; bf16 products by vdpbf16ps (runtime.bf16_dot {bf16_dot.digest()})"
+    return KEY
+
+
+def decode_matmuls(bf16_products: bool = False):
     """The pass, for Inductor's `post_grad_custom_post_pass`: small-row CPU mm/addmm and one-query CPU
-    SDPA rewritten as reductions. One instance a process; it pickles as this function (the compile
-    workers')."""
+    SDPA rewritten as reductions; with `bf16_products`, a bf16 product as runtime.bf16_dot's op (an
+    AOTInductor compile links its kernel: runtime.aoti). One instance a process per flag; it pickles
+    as this function (the compile workers')."""
+    return _decode_matmuls(bool(bf16_products))
+
+
+@functools.cache
+def _decode_matmuls(bf16_products: bool):
     from torch._inductor.custom_graph_pass import CustomGraphPass
 
     class DecodeMatmuls(CustomGraphPass):
+        bf16_dot = bf16_products  # read by runtime.aoti's compile: the kernel's archive is linked
+
         def __call__(self, graph: torch.fx.Graph) -> None:
-            _patterns().apply(graph)
+            _patterns(bf16_products).apply(graph)
 
         def uuid(self) -> str:
-            return f"prebake decode matmuls: {KEY}"
+            kernel = f"; bf16 products by vdpbf16ps ({bf16_dot.digest()})" if bf16_products else ""
+            return f"prebake decode matmuls: {KEY}{kernel}"
 
         def __reduce__(self):
-            return (decode_matmuls, ())
+            return (decode_matmuls, (bf16_products,))
 
     return DecodeMatmuls()
 
@@ -99,6 +120,14 @@ def _product(mat1: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
     return torch.sum(left[:, :, None] * mat2[None, :, :], dim=-2).to(mat1.dtype)
 
 
+def _dot_product(mat1: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
+    # mat2 is the linear's weight transposed ([k, n] over an [n, k] tensor): the kernel reads it as
+    # stored, and sums in float32, rounded once to bf16 here as mm rounds
+    import torch
+
+    return bf16_dot.op()(mat1, mat2.t()).to(torch.bfloat16)
+
+
 def _widened(x: torch.Tensor) -> torch.Tensor:
     # a bf16 row (a product's left side, the query) as float32, to be stored once: stored in bf16, the
     # reduction widens it again beside every weight it multiplies (docs/performance.md: the bf16 products
@@ -123,8 +152,9 @@ def _stored(x: torch.Tensor) -> torch.Tensor:
 
 
 @functools.cache
-def _patterns():
+def _patterns(bf16_products: bool):
     import operator
+    from collections.abc import Callable
 
     import torch
     from torch._inductor.pattern_matcher import (
@@ -139,15 +169,20 @@ def _patterns():
     aten = torch.ops.aten
     patterns = PatternMatcherPass(pass_name="prebake_decode_matmuls")
 
+    def product(mat1: torch.fx.Node) -> Callable:
+        bf16 = bf16_products and mat1.meta["val"].dtype == torch.bfloat16
+        return _dot_product if bf16 else _product
+
     @register_graph_pattern(CallFunction(aten.mm, Arg(), Arg()), pass_dict=patterns)
     def mm(match: Match, mat1: torch.fx.Node, mat2: torch.fx.Node) -> None:
         if rewrites(mat1, mat2):
-            match.replace_by_example(_product, [mat1, mat2])
+            match.replace_by_example(product(mat1), [mat1, mat2])
 
     @register_graph_pattern(CallFunction(aten.addmm, Arg(), Arg(), Arg()), pass_dict=patterns)
     def addmm(match: Match, bias: torch.fx.Node, mat1: torch.fx.Node, mat2: torch.fx.Node) -> None:
         if rewrites(mat1, mat2):
-            match.replace_by_example(lambda c, a, b: _product(a, b) + c, [bias, mat1, mat2])
+            multiply = product(mat1)
+            match.replace_by_example(lambda c, a, b: multiply(a, b) + c, [bias, mat1, mat2])
 
     flash = aten._scaled_dot_product_flash_attention_for_cpu.default
 

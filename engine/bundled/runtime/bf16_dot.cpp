@@ -1,0 +1,95 @@
+// prebake's bf16 decode product, linked into an AOTInductor package (runtime/bf16_dot.py says why):
+//   out[m, n] = sum over k of x[m, k] * w[n, k], x and w bf16, out float32,
+// the products by AVX512-BF16's vdpbf16ps (bf16 pairs multiplied and summed into float32 lanes), the
+// weight read once, row by row, as stored (a linear's [out, in] weight, in contiguous). Called by the
+// package's wrapper through AOTInductor's C shim ABI (custom_ops_to_c_shims): it sees only
+// AtenTensorHandles and the shim's C functions, so it builds against torch's headers alone.
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+
+namespace {
+
+constexpr int64_t kRows = 8;  // weight rows a thread walks at once, sharing each load of x's 32 values
+
+#define PREBAKE_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
+
+// `Rows` outputs from rows of w that lie `ldw` apart: the count a constant, so the accumulators stay in
+// registers; k's last partial 32 lanes loaded under a mask (zeros beyond k)
+template <int64_t Rows>
+PREBAKE_BF16 void block(const uint16_t* x, const uint16_t* w, int64_t ldw, int64_t k, float* out) {
+  __m512 acc[Rows];
+  for (int64_t r = 0; r < Rows; ++r) acc[r] = _mm512_setzero_ps();
+  const int64_t whole = k / 32 * 32;
+  for (int64_t i = 0; i < whole; i += 32) {
+    const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + i);
+    for (int64_t r = 0; r < Rows; ++r)
+      acc[r] = _mm512_dpbf16_ps(acc[r], xv, (__m512bh)_mm512_loadu_si512(w + r * ldw + i));
+  }
+  if (whole < k) {
+    const __mmask32 tail = (__mmask32)((1ull << (k - whole)) - 1);
+    const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(tail, x + whole);
+    for (int64_t r = 0; r < Rows; ++r)
+      acc[r] = _mm512_dpbf16_ps(acc[r], xv, (__m512bh)_mm512_maskz_loadu_epi16(tail, w + r * ldw + whole));
+  }
+  for (int64_t r = 0; r < Rows; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+float widened(uint16_t bits) {
+  const uint32_t wide = uint32_t(bits) << 16;
+  float value;
+  memcpy(&value, &wide, sizeof value);
+  return value;
+}
+
+}  // namespace
+
+extern "C" AOTITorchError aoti_torch_cpu_prebake_bf16_dot(AtenTensorHandle x, AtenTensorHandle w,
+                                                          AtenTensorHandle* ret0) {
+  int64_t *x_sizes, *x_strides, *w_sizes, *w_strides, x_dim, w_dim;
+  int32_t x_dtype, w_dtype;
+  void *x_data, *w_data, *out_data;
+  if (aoti_torch_get_dim(x, &x_dim) || aoti_torch_get_dim(w, &w_dim) || x_dim != 2 || w_dim != 2 ||
+      aoti_torch_get_sizes(x, &x_sizes) || aoti_torch_get_strides(x, &x_strides) ||
+      aoti_torch_get_sizes(w, &w_sizes) || aoti_torch_get_strides(w, &w_strides) ||
+      aoti_torch_get_dtype(x, &x_dtype) || aoti_torch_get_dtype(w, &w_dtype) ||
+      x_dtype != aoti_torch_dtype_bfloat16() || w_dtype != aoti_torch_dtype_bfloat16() || x_sizes[1] != w_sizes[1] ||
+      aoti_torch_get_data_ptr(x, &x_data) || aoti_torch_get_data_ptr(w, &w_data))
+    return AOTI_TORCH_FAILURE;  // the graph passes 2-D bf16 x [m, k] and w [n, k]: anything else is a bug
+  const int64_t m = x_sizes[0], n = w_sizes[0], k = x_sizes[1];
+  const int64_t sizes[2] = {m, n}, strides[2] = {n, 1};
+  if (aoti_torch_empty_strided(2, sizes, strides, aoti_torch_dtype_float32(), aoti_torch_device_type_cpu(), 0, ret0) ||
+      aoti_torch_get_data_ptr(*ret0, &out_data))
+    return AOTI_TORCH_FAILURE;
+  const uint16_t* xs = static_cast<const uint16_t*>(x_data);
+  const uint16_t* ws = static_cast<const uint16_t*>(w_data);
+  float* out = static_cast<float*>(out_data);
+  if (x_strides[1] != 1 || w_strides[1] != 1) {  // k not contiguous (no graph of prebake's passes one): plainly
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t c = 0; c < n; ++c) {
+        float sum = 0.0f;
+        for (int64_t i = 0; i < k; ++i)
+          sum += widened(xs[r * x_strides[0] + i * x_strides[1]]) * widened(ws[c * w_strides[0] + i * w_strides[1]]);
+        out[r * n + c] = sum;
+      }
+    return AOTI_TORCH_SUCCESS;
+  }
+  const int64_t blocks = (n + kRows - 1) / kRows;
+  for (int64_t r = 0; r < m; ++r) {
+    // as Inductor's own kernels under cpp.dynamic_threads: the serving process's OpenMP thread count
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t first = b * kRows;
+      const uint16_t* row = ws + first * w_strides[0];
+      if (n - first >= kRows) {
+        block<kRows>(xs + r * x_strides[0], row, w_strides[0], k, out + r * n + first);
+      } else {
+        for (int64_t one = 0; first + one < n; ++one)  // n's last rows, one at a time
+          block<1>(xs + r * x_strides[0], row + one * w_strides[0], w_strides[0], k, out + r * n + first + one);
+      }
+    }
+  }
+  return AOTI_TORCH_SUCCESS;
+}

@@ -1,0 +1,120 @@
+"""Decode's bf16 products by AVX512-BF16's `vdpbf16ps`, linked into the AOTInductor package.
+
+runtime.gemv compiles a one-row product as an Inductor reduction, and Inductor's CPU code widens each
+bf16 weight to float32 (a 16-bit shift) before its multiply-add: on a 2-vCPU Xeon with AMX that
+widening is what decode waits on (docs/performance.md, "bf16 products by vdpbf16ps"). `vdpbf16ps`
+multiplies 32 bf16 pairs and sums them into 16 float32 lanes in one instruction, the weight as
+stored, as llama.cpp's `ggml_vec_dot_bf16` does. Inductor has no such code generation and no hook
+for one, so the kernel is written here, in C++ (bf16_dot.cpp, about 90 lines against the C shim
+ABI): the pass puts the custom op `prebake::prebake_bf16_dot` where a bf16 product was, and the
+package's wrapper calls the kernel's C function directly (AOTInductor's `custom_ops_to_c_shims`),
+linked from a static archive into the package's own shared object (`custom_op_libs`). Nothing beside
+the package is loaded at serving time, and no Python runs between a step's kernels.
+
+Where: bf16 graphs of a CPU platform whose ISA levels include amx (runtime.gemv's key says so, and
+the package records AVX512_BF16 among its ISAs, so a host without it refuses it as any package built
+for another ISA). Every CPU with AMX has AVX512-BF16; CPUs with AVX512-BF16 and no AMX (AMD Zen 4
+and 5) keep the reductions, since their platform key does not tell them from AVX-512 CPUs without
+BF16. Imports torch only where a bake builds, links or traces it: the adapter reads `applies` and
+`digest` when it keys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import subprocess
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("bf16_dot.cpp")
+OP_NAME = "prebake::prebake_bf16_dot"
+SHIM = "AOTITorchError aoti_torch_cpu_prebake_bf16_dot(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle* ret0)"
+ARCHIVE = "libprebake_bf16_dot.a"
+LEVEL = "amx"  # the platform ISA level (engine.common.cpu) whose CPUs all have the flags below
+FLAGS = frozenset({"avx512f", "avx512bw", "avx512_bf16"})  # what the kernel executes
+ISA = "AVX512_BF16"  # added to the package's recorded ISAs (runtime.aoti.ISA_FLAGS checks it at load)
+
+
+def applies(dtype: str, isa_levels: Iterable[str]) -> bool:
+    """Whether graphs of `dtype` for a CPU platform with `isa_levels` take the kernel."""
+    return dtype == "bf16" and LEVEL in set(isa_levels)
+
+
+@functools.cache
+def digest() -> str:
+    """The kernel source's sha256 (16 hex digits): in the graphs key and Inductor's cache key, so an
+    edited kernel is a new key, never a cached package built from the old one."""
+    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+
+
+@functools.cache
+def op():
+    """The custom op the pass writes into a graph, registered once a process: its Python body is the
+    product in float32 (what tracing and an eager call run); a package runs the C++ kernel instead."""
+    import torch
+
+    @torch.library.custom_op(OP_NAME, mutates_args=(), schema="(Tensor x, Tensor w) -> Tensor")
+    def prebake_bf16_dot(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.mm(x.float(), w.float().t())
+
+    @prebake_bf16_dot.register_fake
+    def _(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x.new_empty((x.shape[0], w.shape[0]), dtype=torch.float32)
+
+    return torch.ops.prebake.prebake_bf16_dot.default
+
+
+def archive(folder: Path) -> Path:
+    """The kernel compiled into `folder`/<digest>-<torch>/libprebake_bf16_dot.a (built once, written
+    atomically: two compile workers may build it at once), with the compiler Inductor links with."""
+    import torch
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    target = folder / f"{digest()}-torch{torch.__version__}" / ARCHIVE
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    include = Path(torch.__file__).parent / "include"
+    with tempfile.TemporaryDirectory(dir=target.parent) as work:
+        obj, staged = Path(work) / "bf16_dot.o", Path(work) / ARCHIVE
+        compile_ = [get_cpp_compiler(), "-O3", "-fPIC", "-fopenmp", "-std=c++17", "-I", str(include)]
+        _run([*compile_, "-c", str(SOURCE), "-o", str(obj)])
+        _run(["ar", "rcs", str(staged), str(obj)])
+        os.replace(staged, target)
+    return target
+
+
+def _run(command: list[str]) -> None:
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"building prebake's bf16 kernel failed: {' '.join(command)} exited {done.returncode}: "
+            f"{(done.stderr or done.stdout).strip()[-2000:]}"
+        )
+
+
+@contextlib.contextmanager
+def linked(options: dict, folder: Path) -> Iterator[dict]:
+    """AOT-compile options that call the kernel through its C shim and link its archive into the
+    package's shared object, while the compile runs. The archive's folder is handed to the linker as
+    LIBRARY_PATH (GCC's and clang's search path for `-l`), set for the compile only: Inductor names
+    `custom_op_libs` as `-l` arguments and takes no folder of its own."""
+    library = archive(folder)
+    linking = {
+        **options,
+        "aot_inductor.custom_ops_to_c_shims": {op(): [SHIM]},
+        "aot_inductor.custom_op_libs": [f":{ARCHIVE}"],
+    }
+    before = os.environ.get("LIBRARY_PATH")
+    os.environ["LIBRARY_PATH"] = os.pathsep.join(p for p in (str(library.parent), before) if p)
+    try:
+        yield linking
+    finally:
+        if before is None:
+            os.environ.pop("LIBRARY_PATH", None)
+        else:
+            os.environ["LIBRARY_PATH"] = before

@@ -1,0 +1,125 @@
+"""Decode's bf16 products by AVX512-BF16's vdpbf16ps (runtime.bf16_dot): where the kernel applies and
+how the graphs key says so, that the pass writes its op for bf16 products only, that an AOTInductor
+package links it and answers as the product in float32 (on a CPU with AVX512-BF16; elsewhere that
+test is skipped, and the rest still runs), and that a host without the flag refuses such a package."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from prebake.artifacts.recipe.kinds import target_keys
+from prebake.artifacts.recipe.schema import Recipe, Target, load_recipe
+from prebake.engine.adapters import kinds_for
+from prebake.engine.bundled.runtime import aoti, bf16_dot, gemv
+from prebake.engine.common.cpu import cpu_flags
+from prebake.engine.common.probe import Host, Platform
+from tests.support.hosts import cpu_host
+
+AMX = "amx,avx2,avx512"
+
+
+def _decode_matmuls(recipe: Recipe, dtype: str, isa: str) -> str:
+    # this host's software, the CPU platform given: the key is computed as a probe there would
+    host = Host(Platform("cpu", "x86_64", "", 1, tuple(isa.split(","))), cpu_host().software)
+    target = Target(recipe.model.name, "cpu", 1, dtype)
+    plan = target_keys(recipe, target, host, kinds_for(recipe, target))
+    return dict(dict(plan.keys["graphs"].groups)["options"])["decode_matmuls"]
+
+
+def test_the_kernel_applies_to_bf16_graphs_of_a_cpu_with_amx_only():
+    assert bf16_dot.applies("bf16", AMX.split(","))
+    assert not bf16_dot.applies("fp32", AMX.split(","))
+    assert not bf16_dot.applies("bf16", ["avx2", "avx512"])  # AVX-512 with or without BF16: one key
+
+
+def test_the_graphs_key_names_the_kernel_for_a_bf16_package_of_a_cpu_with_amx():
+    recipe = load_recipe("tiny-llama")
+    with_kernel = _decode_matmuls(recipe, "bf16", AMX)
+    assert with_kernel.startswith(gemv.KEY) and f"runtime.bf16_dot {bf16_dot.digest()}" in with_kernel
+    assert _decode_matmuls(recipe, "fp32", AMX) == gemv.KEY
+    assert _decode_matmuls(recipe, "bf16", "avx2,avx512") == gemv.KEY
+    in_process = recipe.model_copy(update={"compile": recipe.compile.model_copy(update={"variant": "inductor-cache"})})
+    assert _decode_matmuls(in_process, "bf16", AMX) == gemv.KEY  # torch.compile's graphs keep the reductions
+
+
+def test_an_edited_kernel_is_a_new_key(tmp_path, monkeypatch):
+    edited = tmp_path / "bf16_dot.cpp"
+    edited.write_bytes(bf16_dot.SOURCE.read_bytes() + b"// edited\n")
+    before = gemv.key("bf16", AMX.split(","))
+    monkeypatch.setattr(bf16_dot, "SOURCE", edited)
+    bf16_dot.digest.cache_clear()
+    try:
+        assert gemv.key("bf16", AMX.split(",")) != before
+    finally:
+        monkeypatch.undo()
+        bf16_dot.digest.cache_clear()
+
+
+@pytest.mark.parametrize(("dtype", "kernel"), [(torch.bfloat16, True), (torch.float32, False)])
+def test_the_pass_writes_the_kernels_op_for_bf16_products_only(dtype, kernel):
+    from torch._guards import detect_fake_mode
+    from torch._inductor.virtualized import V
+
+    x, w = torch.randn(1, 40).to(dtype), torch.randn(13, 40).to(dtype)
+    module = make_fx(lambda a, b: torch.mm(a, b.t()), tracing_mode="fake")(x, w)
+    with V.set_fake_mode(detect_fake_mode([n.meta["val"] for n in module.graph.nodes if "val" in n.meta])):
+        gemv.decode_matmuls(bf16_products=True)(module.graph)
+    module.recompile()
+    calls = {str(n.target) for n in module.graph.nodes if n.op == "call_function"}
+    assert (str(bf16_dot.op()) in calls) is kernel
+    assert "aten.mm.default" not in calls
+    # bf16: the op's Python body (tracing, an eager call), the product in float32 rounded once; fp32: the
+    # reduction, the same sum in another order
+    exact = {"atol": 0, "rtol": 0} if kernel else {"atol": 1e-5, "rtol": 1e-5}
+    torch.testing.assert_close(module(x, w), torch.mm(x.float(), w.float().t()).to(dtype), **exact)
+
+
+def test_the_pass_with_and_without_the_kernel_are_two_instances_that_pickle_as_themselves():
+    import pickle
+
+    on, off = gemv.decode_matmuls(bf16_products=True), gemv.decode_matmuls()
+    assert on is not off and on.uuid() != off.uuid()
+    assert pickle.loads(pickle.dumps(on)) is on and pickle.loads(pickle.dumps(off)) is off
+    assert aoti.package_options(bf16_products=True)["post_grad_custom_post_pass"] is on
+
+
+def test_a_package_with_the_kernel_is_refused_where_the_cpu_lacks_avx512_bf16():
+    recorded = aoti.PackageRecord(torch=torch.__version__, cpu_isa=f"AVX512 {bf16_dot.ISA}")
+    flags = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"})
+    reason = aoti.platform_problem(recorded, device="cpu", flags=flags)
+    assert reason == f"its kernels were built for vector ISA {bf16_dot.ISA} and this CPU lacks avx512_bf16"
+    assert aoti.platform_problem(recorded, device="cpu", flags=flags | {"avx512_bf16"}) is None
+
+
+class _Linear(torch.nn.Module):
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(weight, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, self.weight) * 2  # an epilogue Inductor fuses after the kernel
+
+
+@pytest.mark.skipif(
+    not bf16_dot.FLAGS.issubset(cpu_flags()), reason="this CPU lacks AVX512-BF16: the kernel cannot run"
+)
+def test_a_package_links_the_kernel_and_answers_as_the_product_in_float32(tmp_path: Path):
+    # k = 72: two full 32-lane steps and a masked tail; n = 13: one block of eight rows and a short one
+    gen = torch.Generator().manual_seed(0)
+    weight, x = torch.randn(13, 72, generator=gen).bfloat16(), torch.randn(1, 72, generator=gen).bfloat16()
+    exported = torch.export.export(_Linear(weight), (x,))
+    options = {**aoti.package_options(bf16_products=True), "aot_inductor.package": False}
+    with aoti._kernels_linked(options) as linking:
+        library = torch._inductor.aot_compile(exported.module(), (x,), options=linking)
+    runner = torch._C._aoti.AOTIModelContainerRunnerCpu(library, 1)
+    runner.update_constant_buffer({"weight": weight}, False, False, True)
+    got = runner.run([x])[0]
+    symbols = Path(library).read_bytes()
+    assert b"aoti_torch_cpu_prebake_bf16_dot" in symbols  # linked in: nothing else is loaded to serve it
+    expected = (torch.mm(x.float(), weight.float().t()) * 2).bfloat16()
+    # the same float32 sum in another order, rounded once to bf16: at most one bf16 step apart
+    torch.testing.assert_close(got, expected, atol=0, rtol=2**-7)
