@@ -1,21 +1,17 @@
 """Time per decoded token of SmolLM2-135M's widths in an AOTInductor package, the decode products and
-one-query attention as Inductor reductions (runtime.gemv, the bake's default) against torch's mm and
-SDPA (before the pass), against the pass's first version (the products alone) and against its second
-(bf16 rows stored in bf16), fp32 and bf16.
+one-query attention as Inductor reductions (runtime.gemv, the bake's default; on a CPU with AMX, bf16
+products by runtime.bf16_dot's vdpbf16ps kernel) against earlier forms of the same step, fp32 and bf16.
 
-For each dtype up to four packages of one decode shape (one sequence over --ctx positions) are baked
+For each dtype a package of one decode shape (one sequence over --ctx positions) is baked per version
 from recipes/smollm2-135m.toml cut to --layers layers (seeded weights of the real widths: the speed of
-a step does not depend on the values): without the pass ("mm"), with its products alone ("products",
-runtime.gemv v1: torch's SDPA, the products' left side inlined), with the pass's second version ("v2":
-the products' left side and the query stored in their dtype, a bf16 one widened again beside every
-weight), with its third ("v3": bf16 products widened, what a CPU without AMX compiles) and with the
-pass ("reductions": on a CPU with AMX, bf16 products by runtime.bf16_dot's vdpbf16ps kernel), each in
-a child process (--versions picks which);
-then each is served in a fresh child, interleaved over --repeat rounds (a burst of load falls on
-every configuration), --steps timed steps each, the engine's OpenMP waits chosen as its start
-chooses them. With --llama-bench and the peers' GGUFs (benchmarks/peers_setup: F32 and BF16
-conversions of the same model), llama.cpp's `llama-bench -p 0 -n STEPS -t THREADS` joins each round:
-the same bytes per weight. Prints medians, ratios, the load average and one JSON line.
+a step does not depend on the values), each in a child process (--versions picks which): "mm" (no
+pass: torch's mm and SDPA), "products" (v1: the products alone, their left side inlined), "v2" (the
+left side stored in its dtype, a bf16 one widened beside every weight), "v3" (bf16 products widened:
+what a CPU without AMX compiles), beside the pass as it is ("reductions"). Each is served in a fresh
+child, interleaved over --repeat rounds, --steps timed steps each, the engine's OpenMP waits chosen as
+its start chooses them. With --llama-bench and the peers' GGUFs (benchmarks/peers_setup), llama.cpp's
+`llama-bench -p 0 -n STEPS -t THREADS` joins each round at the same bytes per weight. Prints medians,
+ratios, the load average and one JSON line.
 
     python benchmarks/decode.py [--layers 30] [--dtypes fp32,bf16] [--versions mm,v2] [--ctx 256] [--steps 64]
                                 [--repeat 3] [--llama-bench ~/.cache/prebake/peers/build-*/bin/llama-bench]

@@ -291,7 +291,7 @@ def _llama(
         command += ["-c", str(setup.SERVING["max_model_len"] * setup.SERVING["max_num_seqs"])]
         ready = _start(peer, command, dict(os.environ), work / name)
         if isinstance(ready, setup.NotMeasured) and peer.proc is not None and peer.proc.returncode < 0:
-            # killed by a signal as it started: on an AMX Xeon (2026-12-06) ggml's AMX kernel for the
+            # killed by a signal as it started: on an AMX Xeon ggml's AMX kernel for the
             # Q4_1 GGUF (amx/mmq.cpp, tinygemm_kernel_amx, reached through its extra buffer type) dies
             # by SIGILL in its worker threads; --no-repack keeps the weights in the plain CPU buffer
             # and its AVX-512 dot products. Said in the row, never silently

@@ -119,18 +119,18 @@ def _graphs_groups(context: KeyContext) -> Groups:
     graphs = variant_of(context.recipe)  # checked when the adapter was picked (EngineSpec.graphs_variant)
     factors = {**options, **graphs.key_factors(context.recipe.compile), "kernel_threads": "run-time"}
     if context.target.dtype != "fp8":
-        factors["decode_matmuls"] = _decode_matmuls(context, graphs.name)
+        factors["decode_matmuls"] = _decode_matmuls(context, graphs.links_kernels)
     groups = {**target_groups(context), "options": factors}
     if context.target.dtype == "fp8":  # absent at every other precision: their keys never moved
         groups["quantization"] = scheme_of(context.recipe.model).factors()
     return groups
 
 
-def _decode_matmuls(context: KeyContext, variant: str) -> str:
-    # the kernel only in the AOTInductor package (runtime.aoti links it), of a CPU target
+def _decode_matmuls(context: KeyContext, links_kernels: bool) -> str:
+    # the kernel only where the variant's compile links it (the AOTInductor package), for a CPU target
     isa = str(context.host.platform.factors().get("isa", "")).split(",")
-    cpu_package = variant == "aoti-package" and parse_platform(context.target.platform)[0] == "cpu"
-    return gemv.key(context.target.dtype, isa if cpu_package else ())
+    linked = links_kernels and parse_platform(context.target.platform)[0] == "cpu"
+    return gemv.key(context.target.dtype, isa if linked else ())
 
 
 def autotune_labels(tree: Path) -> dict[str, str]:

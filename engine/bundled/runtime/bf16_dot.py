@@ -1,22 +1,13 @@
 """Decode's bf16 products by AVX512-BF16's `vdpbf16ps`, linked into the AOTInductor package.
 
-runtime.gemv compiles a one-row product as an Inductor reduction, and Inductor's CPU code widens each
-bf16 weight to float32 (a 16-bit shift) before its multiply-add: on a 2-vCPU Xeon with AMX that
-widening is what decode waits on (docs/performance.md, "bf16 products by vdpbf16ps"). `vdpbf16ps`
-multiplies 32 bf16 pairs and sums them into 16 float32 lanes in one instruction, the weight as
-stored, as llama.cpp's `ggml_vec_dot_bf16` does. Inductor has no such code generation and no hook
-for one, so the kernel is written here, in C++ (bf16_dot.cpp, about 90 lines against the C shim
-ABI): the pass puts the custom op `prebake::prebake_bf16_dot` where a bf16 product was, and the
-package's wrapper calls the kernel's C function directly (AOTInductor's `custom_ops_to_c_shims`),
-linked from a static archive into the package's own shared object (`custom_op_libs`). Nothing beside
-the package is loaded at serving time, and no Python runs between a step's kernels.
-
-Where: bf16 graphs of a CPU platform whose ISA levels include amx (runtime.gemv's key says so, and
-the package records AVX512_BF16 among its ISAs, so a host without it refuses it as any package built
-for another ISA). Every CPU with AMX has AVX512-BF16; CPUs with AVX512-BF16 and no AMX (AMD Zen 4
-and 5) keep the reductions, since their platform key does not tell them from AVX-512 CPUs without
-BF16. Imports torch only where a bake builds, links or traces it: the adapter reads `applies` and
-`digest` when it keys.
+Inductor widens each bf16 weight to float32 before its multiply-add and has no hook for a bf16 dot
+product, so the kernel is C++ of our own (bf16_dot.cpp, against AOTInductor's C shim ABI only): the
+pass (runtime.gemv) writes the custom op `prebake::prebake_bf16_dot` where a one-row bf16 product was,
+the package's wrapper calls the kernel's C function (`custom_ops_to_c_shims`), and its static archive
+is linked into the package's shared object (`custom_op_libs`): nothing beside the package loads.
+Applies to bf16 graphs of a CPU platform whose ISA levels include amx (every AMX CPU has AVX512-BF16;
+the package records AVX512_BF16, so a host without it refuses the package). torch only where a bake
+builds, links or traces it. Why and measured: docs/performance.md, "bf16 products by vdpbf16ps".
 """
 
 from __future__ import annotations

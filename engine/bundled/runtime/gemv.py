@@ -7,11 +7,9 @@ Inductor fuses them with the kernels around them, where torch's mm and flash ker
 and batched decode's products and prefill's attention keep torch's kernels. Why and measured:
 docs/performance.md, "Decode: where a token's time goes".
 
-Its version joins Inductor's cache key (the pass's uuid) and the graphs key (`key`, read by the adapter
-without torch: this module imports torch only where a bake asks for the pass). An FP8 model's graphs
-never take it (runtime/fp8_linear owns their products). In an AOTInductor package of bf16 graphs for
-a CPU with AMX, the bf16 products are runtime.bf16_dot's kernel (AVX512-BF16's vdpbf16ps) in place
-of the reduction; attention stays a reduction.
+Its version joins Inductor's cache key (the pass's uuid) and the graphs key (`key`, read without
+torch). FP8 graphs never take it (runtime/fp8_linear); bf16 packages for a CPU with AMX take
+runtime.bf16_dot's kernel for their products in place of the reduction.
 """
 
 from __future__ import annotations
