@@ -59,19 +59,28 @@ def test_an_edited_kernel_is_a_new_key(tmp_path, monkeypatch):
         bf16_dot.digest.cache_clear()
 
 
-@pytest.mark.parametrize(("dtype", "kernel"), [(torch.bfloat16, True), (torch.float32, False)])
-def test_the_pass_writes_the_kernels_op_for_bf16_products_only(dtype, kernel):
+@pytest.mark.parametrize(
+    ("rows", "dtype", "kernel", "mm"),
+    [
+        (1, torch.bfloat16, True, False),
+        (bf16_dot.ROWS, torch.bfloat16, True, False),  # two sequences' decode: each weight read once
+        (bf16_dot.ROWS + 1, torch.bfloat16, False, True),  # more rows keep torch's mm
+        (1, torch.float32, False, False),  # a reduction
+        (2, torch.float32, False, True),
+    ],
+)
+def test_the_pass_writes_the_kernels_op_for_bf16_products_of_at_most_its_rows(rows, dtype, kernel, mm):
     from torch._guards import detect_fake_mode
     from torch._inductor.virtualized import V
 
-    x, w = torch.randn(1, 40).to(dtype), torch.randn(13, 40).to(dtype)
+    x, w = torch.randn(rows, 40).to(dtype), torch.randn(13, 40).to(dtype)
     module = make_fx(lambda a, b: torch.mm(a, b.t()), tracing_mode="fake")(x, w)
     with V.set_fake_mode(detect_fake_mode([n.meta["val"] for n in module.graph.nodes if "val" in n.meta])):
         gemv.decode_matmuls(bf16_products=True)(module.graph)
     module.recompile()
     calls = {str(n.target) for n in module.graph.nodes if n.op == "call_function"}
     assert (str(bf16_dot.op()) in calls) is kernel
-    assert "aten.mm.default" not in calls
+    assert ("aten.mm.default" in calls) is mm
     # bf16: the op's Python body (tracing, an eager call), the product in float32 rounded once; fp32: the
     # reduction, the same sum in another order
     exact = {"atol": 0, "rtol": 0} if kernel else {"atol": 1e-5, "rtol": 1e-5}
@@ -107,10 +116,12 @@ class _Linear(torch.nn.Module):
 @pytest.mark.skipif(
     not bf16_dot.FLAGS.issubset(cpu_flags()), reason="this CPU lacks AVX512-BF16: the kernel cannot run"
 )
-def test_a_package_links_the_kernel_and_answers_as_the_product_in_float32(tmp_path: Path):
-    # k = 72: two full 32-lane steps and a masked tail; n = 13: one block of eight rows and a short one
+@pytest.mark.parametrize("rows", [1, 2])
+def test_a_package_links_the_kernel_and_answers_as_the_product_in_float32(rows: int, tmp_path: Path):
+    # k = 72: two full 32-lane steps and a masked tail; n = 13: one block of eight rows and a short one;
+    # one row of x, and two (each weight load shared by both)
     gen = torch.Generator().manual_seed(0)
-    weight, x = torch.randn(13, 72, generator=gen).bfloat16(), torch.randn(1, 72, generator=gen).bfloat16()
+    weight, x = torch.randn(13, 72, generator=gen).bfloat16(), torch.randn(rows, 72, generator=gen).bfloat16()
     exported = torch.export.export(_Linear(weight), (x,))
     options = {**aoti.package_options(bf16_products=True), "aot_inductor.package": False}
     with aoti._kernels_linked(options) as linking:

@@ -1,5 +1,5 @@
 // prebake's bf16 decode product, linked into an AOTInductor package (runtime/bf16_dot.py says why):
-//   out[m, n] = sum over k of x[m, k] * w[n, k], x and w bf16, out float32,
+//   out[m, n] = sum over k of x[m, k] * w[n, k], x and w bf16, out float32 (m: one or two sequences),
 // the products by AVX512-BF16's vdpbf16ps (bf16 pairs multiplied and summed into float32 lanes), the
 // weight read once, row by row, as stored (a linear's [out, in] weight, in contiguous). Called by the
 // package's wrapper through AOTInductor's C shim ABI (custom_ops_to_c_shims): it sees only
@@ -16,25 +16,45 @@ constexpr int64_t kRows = 8;  // weight rows a thread walks at once, sharing eac
 
 #define PREBAKE_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 
-// `Rows` outputs from rows of w that lie `ldw` apart: the count a constant, so the accumulators stay in
-// registers; k's last partial 32 lanes loaded under a mask (zeros beyond k)
-template <int64_t Rows>
-PREBAKE_BF16 void block(const uint16_t* x, const uint16_t* w, int64_t ldw, int64_t k, float* out) {
-  __m512 acc[Rows];
-  for (int64_t r = 0; r < Rows; ++r) acc[r] = _mm512_setzero_ps();
+// `Rows` x `M` outputs: rows of w that lie `ldw` apart against rows of x that lie `ldx` apart, each
+// weight load shared by the M rows of x (two sequences' decode reads the weights once); the counts
+// constants, so the accumulators stay in registers; k's last partial 32 lanes loaded under a mask
+template <int64_t Rows, int64_t M>
+PREBAKE_BF16 void block(const uint16_t* x, int64_t ldx, const uint16_t* w, int64_t ldw, int64_t k, float* out,
+                        int64_t ldo) {
+  __m512 acc[M][Rows];
+  for (int64_t j = 0; j < M; ++j)
+    for (int64_t r = 0; r < Rows; ++r) acc[j][r] = _mm512_setzero_ps();
   const int64_t whole = k / 32 * 32;
   for (int64_t i = 0; i < whole; i += 32) {
-    const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + i);
-    for (int64_t r = 0; r < Rows; ++r)
-      acc[r] = _mm512_dpbf16_ps(acc[r], xv, (__m512bh)_mm512_loadu_si512(w + r * ldw + i));
+    __m512bh xv[M];
+    for (int64_t j = 0; j < M; ++j) xv[j] = (__m512bh)_mm512_loadu_si512(x + j * ldx + i);
+    for (int64_t r = 0; r < Rows; ++r) {
+      const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + r * ldw + i);
+      for (int64_t j = 0; j < M; ++j) acc[j][r] = _mm512_dpbf16_ps(acc[j][r], xv[j], wv);
+    }
   }
   if (whole < k) {
     const __mmask32 tail = (__mmask32)((1ull << (k - whole)) - 1);
-    const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(tail, x + whole);
-    for (int64_t r = 0; r < Rows; ++r)
-      acc[r] = _mm512_dpbf16_ps(acc[r], xv, (__m512bh)_mm512_maskz_loadu_epi16(tail, w + r * ldw + whole));
+    __m512bh xv[M];
+    for (int64_t j = 0; j < M; ++j) xv[j] = (__m512bh)_mm512_maskz_loadu_epi16(tail, x + j * ldx + whole);
+    for (int64_t r = 0; r < Rows; ++r) {
+      const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(tail, w + r * ldw + whole);
+      for (int64_t j = 0; j < M; ++j) acc[j][r] = _mm512_dpbf16_ps(acc[j][r], xv[j], wv);
+    }
   }
-  for (int64_t r = 0; r < Rows; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
+  for (int64_t j = 0; j < M; ++j)
+    for (int64_t r = 0; r < Rows; ++r) out[j * ldo + r] = _mm512_reduce_add_ps(acc[j][r]);
+}
+
+// rows [first, first + Rows) of w (Rows a constant, or 1 for n's last rows) against every row of x,
+// two at a time
+template <int64_t Rows>
+PREBAKE_BF16 void against_x(const uint16_t* x, int64_t ldx, int64_t m, const uint16_t* w, int64_t ldw, int64_t k,
+                            float* out, int64_t n) {
+  int64_t j = 0;
+  for (; j + 2 <= m; j += 2) block<Rows, 2>(x + j * ldx, ldx, w, ldw, k, out + j * n, n);
+  if (j < m) block<Rows, 1>(x + j * ldx, ldx, w, ldw, k, out + j * n, n);
 }
 
 float widened(uint16_t bits) {
@@ -77,18 +97,16 @@ extern "C" AOTITorchError aoti_torch_cpu_prebake_bf16_dot(AtenTensorHandle x, At
     return AOTI_TORCH_SUCCESS;
   }
   const int64_t blocks = (n + kRows - 1) / kRows;
-  for (int64_t r = 0; r < m; ++r) {
-    // as Inductor's own kernels under cpp.dynamic_threads: the serving process's OpenMP thread count
+  // as Inductor's own kernels under cpp.dynamic_threads: the serving process's OpenMP thread count
 #pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t first = b * kRows;
-      const uint16_t* row = ws + first * w_strides[0];
-      if (n - first >= kRows) {
-        block<kRows>(xs + r * x_strides[0], row, w_strides[0], k, out + r * n + first);
-      } else {
-        for (int64_t one = 0; first + one < n; ++one)  // n's last rows, one at a time
-          block<1>(xs + r * x_strides[0], row + one * w_strides[0], w_strides[0], k, out + r * n + first + one);
-      }
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t first = b * kRows;
+    const uint16_t* rows = ws + first * w_strides[0];
+    if (n - first >= kRows) {
+      against_x<kRows>(xs, x_strides[0], m, rows, w_strides[0], k, out + first, n);
+    } else {
+      for (int64_t one = 0; first + one < n; ++one)  // n's last rows, one at a time
+        against_x<1>(xs, x_strides[0], m, rows + one * w_strides[0], w_strides[0], k, out + first + one, n);
     }
   }
   return AOTI_TORCH_SUCCESS;

@@ -2,8 +2,8 @@
 
 Inductor widens each bf16 weight to float32 before its multiply-add and has no hook for a bf16 dot
 product, so the kernel is C++ of our own (bf16_dot.cpp, against AOTInductor's C shim ABI only): the
-pass (runtime.gemv) writes the custom op `prebake::prebake_bf16_dot` where a one-row bf16 product was,
-the package's wrapper calls the kernel's C function (`custom_ops_to_c_shims`), and its static archive
+pass (runtime.gemv) writes the custom op `prebake::prebake_bf16_dot` for a bf16 product of up to ROWS
+rows, the package's wrapper calls the kernel's C function (`custom_ops_to_c_shims`), and its archive
 is linked into the package's shared object (`custom_op_libs`): nothing beside the package loads.
 Applies to bf16 graphs of a CPU platform whose ISA levels include amx (every AMX CPU has AVX512-BF16;
 the package records AVX512_BF16, so a host without it refuses the package). torch only where a bake
@@ -28,6 +28,7 @@ ARCHIVE = "libprebake_bf16_dot.a"
 LEVEL = "amx"  # the platform ISA level (engine.common.cpu) whose CPUs all have the flags below
 FLAGS = frozenset({"avx512f", "avx512bw", "avx512_bf16"})  # what the kernel executes
 ISA = "AVX512_BF16"  # added to the package's recorded ISAs (runtime.aoti.ISA_FLAGS checks it at load)
+ROWS = 2  # the most rows of x the pass hands the kernel: one or two sequences' decode, each weight read once
 
 
 def applies(dtype: str, isa_levels: Iterable[str]) -> bool:

@@ -32,8 +32,11 @@ def key(dtype: str, isa_levels: Iterable[str]) -> str:
     """What the pass does to graphs of `dtype` for a CPU platform with `isa_levels`, as the graphs key
     says it: KEY, and the bf16 kernel where runtime.bf16_dot applies (its source's digest)."""
     if bf16_dot.applies(dtype, isa_levels):
-        return f"{KEY}; bf16 products by vdpbf16ps (runtime.bf16_dot {bf16_dot.digest()})"
+        return f"{KEY}; {_KERNEL} (runtime.bf16_dot {bf16_dot.digest()})"
     return KEY
+
+
+_KERNEL = f"bf16 products of at most {bf16_dot.ROWS} rows by vdpbf16ps"
 
 
 def decode_matmuls(bf16_products: bool = False):
@@ -55,7 +58,7 @@ def _decode_matmuls(bf16_products: bool):
             _patterns(bf16_products).apply(graph)
 
         def uuid(self) -> str:
-            kernel = f"; bf16 products by vdpbf16ps ({bf16_dot.digest()})" if bf16_products else ""
+            kernel = f"; {_KERNEL} ({bf16_dot.digest()})" if bf16_products else ""
             return f"prebake decode matmuls: {KEY}{kernel}"
 
         def __reduce__(self):
@@ -64,8 +67,8 @@ def _decode_matmuls(bf16_products: bool):
     return DecodeMatmuls()
 
 
-def rewrites(mat1: torch.fx.Node, mat2: torch.fx.Node) -> bool:
-    """Whether `mat1 @ mat2` is a CPU product of at most MAX_ROWS rows in a float dtype this pass takes."""
+def rewrites(mat1: torch.fx.Node, mat2: torch.fx.Node, max_rows: int = MAX_ROWS) -> bool:
+    """Whether `mat1 @ mat2` is a CPU product of at most `max_rows` rows in a float dtype this pass takes."""
     import torch
 
     a, b = mat1.meta.get("val"), mat2.meta.get("val")
@@ -76,7 +79,7 @@ def rewrites(mat1: torch.fx.Node, mat2: torch.fx.Node) -> bool:
     if a.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return False
     rows = a.shape[0]
-    return isinstance(rows, int) and rows <= MAX_ROWS
+    return isinstance(rows, int) and rows <= max_rows
 
 
 def attends(query: torch.fx.Node, key: torch.fx.Node, value: torch.fx.Node, dropout: float, causal: bool) -> bool:
@@ -167,19 +170,20 @@ def _patterns(bf16_products: bool):
     aten = torch.ops.aten
     patterns = PatternMatcherPass(pass_name="prebake_decode_matmuls")
 
-    def product(mat1: torch.fx.Node) -> Callable:
-        bf16 = bf16_products and mat1.meta["val"].dtype == torch.bfloat16
-        return _dot_product if bf16 else _product
+    def product(mat1: torch.fx.Node, mat2: torch.fx.Node) -> Callable | None:
+        # the kernel reads each weight once for up to bf16_dot.ROWS rows; a reduction once a row
+        if bf16_products and mat1.meta["val"].dtype == torch.bfloat16 and rewrites(mat1, mat2, bf16_dot.ROWS):
+            return _dot_product
+        return _product if rewrites(mat1, mat2) else None
 
     @register_graph_pattern(CallFunction(aten.mm, Arg(), Arg()), pass_dict=patterns)
     def mm(match: Match, mat1: torch.fx.Node, mat2: torch.fx.Node) -> None:
-        if rewrites(mat1, mat2):
-            match.replace_by_example(product(mat1), [mat1, mat2])
+        if (multiply := product(mat1, mat2)) is not None:
+            match.replace_by_example(multiply, [mat1, mat2])
 
     @register_graph_pattern(CallFunction(aten.addmm, Arg(), Arg(), Arg()), pass_dict=patterns)
     def addmm(match: Match, bias: torch.fx.Node, mat1: torch.fx.Node, mat2: torch.fx.Node) -> None:
-        if rewrites(mat1, mat2):
-            multiply = product(mat1)
+        if (multiply := product(mat1, mat2)) is not None:
             match.replace_by_example(lambda c, a, b: multiply(a, b) + c, [bias, mat1, mat2])
 
     flash = aten._scaled_dot_product_flash_attention_for_cpu.default
