@@ -148,7 +148,7 @@ def compile_shape(model: Llama, cache: KVCache, shape: StepShape, tactic: Tactic
 def _kernels_linked(options: dict) -> Iterator[dict]:
     # the pass's bf16 products call runtime.bf16_dot's kernel: its archive built (once) in Inductor's
     # cache folder and linked into each model's shared object
-    if not getattr(options.get("post_grad_custom_post_pass"), "bf16_dot", False):
+    if not getattr(options.get("post_grad_custom_post_pass"), "links_bf16_dot", False):
         yield dict(options)
         return
     from torch._inductor.runtime.cache_dir_utils import cache_dir

@@ -6,7 +6,6 @@
 // AtenTensorHandles and the shim's C functions, so it builds against torch's headers alone.
 #include <immintrin.h>
 #include <stdint.h>
-#include <string.h>
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 
@@ -57,13 +56,6 @@ PREBAKE_BF16 void against_x(const uint16_t* x, int64_t ldx, int64_t m, const uin
   if (j < m) block<Rows, 1>(x + j * ldx, ldx, w, ldw, k, out + j * n, n);
 }
 
-float widened(uint16_t bits) {
-  const uint32_t wide = uint32_t(bits) << 16;
-  float value;
-  memcpy(&value, &wide, sizeof value);
-  return value;
-}
-
 }  // namespace
 
 extern "C" AOTITorchError aoti_torch_cpu_prebake_bf16_dot(AtenTensorHandle x, AtenTensorHandle w,
@@ -76,8 +68,9 @@ extern "C" AOTITorchError aoti_torch_cpu_prebake_bf16_dot(AtenTensorHandle x, At
       aoti_torch_get_sizes(w, &w_sizes) || aoti_torch_get_strides(w, &w_strides) ||
       aoti_torch_get_dtype(x, &x_dtype) || aoti_torch_get_dtype(w, &w_dtype) ||
       x_dtype != aoti_torch_dtype_bfloat16() || w_dtype != aoti_torch_dtype_bfloat16() || x_sizes[1] != w_sizes[1] ||
-      aoti_torch_get_data_ptr(x, &x_data) || aoti_torch_get_data_ptr(w, &w_data))
-    return AOTI_TORCH_FAILURE;  // the graph passes 2-D bf16 x [m, k] and w [n, k]: anything else is a bug
+      x_strides[1] != 1 || w_strides[1] != 1 || aoti_torch_get_data_ptr(x, &x_data) ||
+      aoti_torch_get_data_ptr(w, &w_data))
+    return AOTI_TORCH_FAILURE;  // runtime.gemv hands over 2-D bf16 x [m, k] and w [n, k], k contiguous: else a bug
   const int64_t m = x_sizes[0], n = w_sizes[0], k = x_sizes[1];
   const int64_t sizes[2] = {m, n}, strides[2] = {n, 1};
   if (aoti_torch_empty_strided(2, sizes, strides, aoti_torch_dtype_float32(), aoti_torch_device_type_cpu(), 0, ret0) ||
@@ -86,16 +79,6 @@ extern "C" AOTITorchError aoti_torch_cpu_prebake_bf16_dot(AtenTensorHandle x, At
   const uint16_t* xs = static_cast<const uint16_t*>(x_data);
   const uint16_t* ws = static_cast<const uint16_t*>(w_data);
   float* out = static_cast<float*>(out_data);
-  if (x_strides[1] != 1 || w_strides[1] != 1) {  // k not contiguous (no graph of prebake's passes one): plainly
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t c = 0; c < n; ++c) {
-        float sum = 0.0f;
-        for (int64_t i = 0; i < k; ++i)
-          sum += widened(xs[r * x_strides[0] + i * x_strides[1]]) * widened(ws[c * w_strides[0] + i * w_strides[1]]);
-        out[r * n + c] = sum;
-      }
-    return AOTI_TORCH_SUCCESS;
-  }
   const int64_t blocks = (n + kRows - 1) / kRows;
   // as Inductor's own kernels under cpp.dynamic_threads: the serving process's OpenMP thread count
 #pragma omp parallel for schedule(static)

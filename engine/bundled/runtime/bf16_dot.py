@@ -49,7 +49,10 @@ def op():
     product in float32 (what tracing and an eager call run); a package runs the C++ kernel instead."""
     import torch
 
-    @torch.library.custom_op(OP_NAME, mutates_args=(), schema="(Tensor x, Tensor w) -> Tensor")
+    # exact strides: Inductor hands the kernel its inputs as the pass saw them (k contiguous in both)
+    tags = (torch.Tag.needs_exact_strides,)
+
+    @torch.library.custom_op(OP_NAME, mutates_args=(), schema="(Tensor x, Tensor w) -> Tensor", tags=tags)
     def prebake_bf16_dot(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return torch.mm(x.float(), w.float().t())
 

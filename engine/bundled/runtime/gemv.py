@@ -52,7 +52,7 @@ def _decode_matmuls(bf16_products: bool):
     from torch._inductor.custom_graph_pass import CustomGraphPass
 
     class DecodeMatmuls(CustomGraphPass):
-        bf16_dot = bf16_products  # read by runtime.aoti's compile: the kernel's archive is linked
+        links_bf16_dot = bf16_products  # read by runtime.aoti's compile: the kernel's archive is linked
 
         def __call__(self, graph: torch.fx.Graph) -> None:
             _patterns(bf16_products).apply(graph)
@@ -171,9 +171,12 @@ def _patterns(bf16_products: bool):
     patterns = PatternMatcherPass(pass_name="prebake_decode_matmuls")
 
     def product(mat1: torch.fx.Node, mat2: torch.fx.Node) -> Callable | None:
-        # the kernel reads each weight once for up to bf16_dot.ROWS rows; a reduction once a row
-        if bf16_products and mat1.meta["val"].dtype == torch.bfloat16 and rewrites(mat1, mat2, bf16_dot.ROWS):
-            return _dot_product
+        # the kernel reads each weight once for up to bf16_dot.ROWS rows, a reduction once a row; it
+        # takes rows whose k is contiguous: x's, and a linear's weight as stored (mat2, its transpose)
+        if bf16_products and rewrites(mat1, mat2, bf16_dot.ROWS):
+            a, b = mat1.meta["val"], mat2.meta["val"]
+            if a.dtype == torch.bfloat16 and a.stride(1) == 1 and b.stride(0) == 1:
+                return _dot_product
         return _product if rewrites(mat1, mat2) else None
 
     @register_graph_pattern(CallFunction(aten.mm, Arg(), Arg()), pass_dict=patterns)
