@@ -1,13 +1,13 @@
 """Time per decoded token of SmolLM2-135M's widths in an AOTInductor package, the decode products and
 one-query attention as Inductor reductions (runtime.gemv, the bake's default; on a CPU with AMX, bf16
-products by runtime.bf16_dot's vdpbf16ps kernel) against earlier forms of the same step, fp32 and bf16.
+and fp32 products by runtime.dot's kernel) against earlier forms of the same step, fp32 and bf16.
 
 For each dtype a package of one decode shape (one sequence over --ctx positions) is baked per version
 from recipes/smollm2-135m.toml cut to --layers layers (seeded weights of the real widths: the speed of
 a step does not depend on the values), each in a child process (--versions picks which): "mm" (no
 pass: torch's mm and SDPA), "products" (v1: the products alone, their left side inlined), "v2" (the
-left side stored in its dtype, a bf16 one widened beside every weight), "v3" (bf16 products widened:
-what a CPU without AMX compiles), beside the pass as it is ("reductions"). Each is served in a fresh
+left side stored in its dtype, a bf16 one widened beside every weight), "v3" (every product a
+reduction, bf16's widened: what a CPU without AMX compiles), beside the pass as it is ("reductions"). Each is served in a fresh
 child, interleaved over --repeat rounds, --steps timed steps each, the engine's OpenMP waits chosen as
 its start chooses them. With --llama-bench and the peers' GGUFs (benchmarks/peers_setup), llama.cpp's
 `llama-bench -p 0 -n STEPS -t THREADS` joins each round at the same bytes per weight. Prints medians,
@@ -62,8 +62,8 @@ def child_build(version: str, out: str, layers: int, dtype: str, ctx: int) -> di
         gemv.attends = lambda *a, **k: False  # type: ignore[assignment]
         gemv._stored = lambda x: x  # type: ignore[assignment]
         gemv.KEY = f"{gemv.KEY}, products only"  # Inductor's cache key (the pass's uuid) apart from the pass's
-    if version == "v3":  # the pass's third version: bf16 products widened, as on a CPU without AMX (bf16_dot)
-        aoti.bf16_products = lambda model: False  # type: ignore[assignment]
+    if version in ("products", "v2", "v3"):  # the pass's earlier versions: no kernel, as on a CPU without AMX
+        aoti.dot_products = lambda model: False  # type: ignore[assignment]
     if version == "mm":  # the package as it was baked before runtime.gemv
         with_pass = aoti.package_options
         aoti.package_options = lambda *a, **k: {  # type: ignore[assignment]

@@ -113,7 +113,7 @@ def _graphs_groups(context: KeyContext) -> Groups:
     kernel_threads: kernels read their thread count at run time (runtime.steps.threads_at_run_time);
     decode_matmuls: one-row products and one-query attention compiled as Inductor reductions
     (runtime.gemv), at every precision but fp8, whose steps stay as they were (so its keys did not
-    move), and an AOTInductor package's bf16 products on a CPU with AMX by runtime.bf16_dot's kernel;
+    move), and an AOTInductor package's bf16 and fp32 products on a CPU with AMX by runtime.dot's kernel;
     at fp8 the weights' FP8 scheme (format, granularity, activation scheme, excluded modules)."""
     options = compile_factors(context.recipe, DEFAULT_VARIANT)
     graphs = variant_of(context.recipe)  # checked when the adapter was picked (EngineSpec.graphs_variant)

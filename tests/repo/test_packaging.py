@@ -36,10 +36,10 @@ def test_the_shipped_recipes_are_package_data():
     assert setuptools["package-data"]["prebake.recipes"] == ["*.toml"]
 
 
-def test_the_bf16_kernels_source_is_package_data():
-    # runtime.bf16_dot compiles its C++ source at bake: a wheel without it could not bake bf16 on AMX
+def test_the_kernels_source_is_package_data():
+    # runtime.dot compiles its C++ source at bake: a wheel without it could not bake on AMX
     setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     patterns = setuptools["package-data"].get("prebake.engine.bundled.runtime", [])
     sources = sorted((REPO / "engine" / "bundled" / "runtime").glob("*.cpp"))
-    assert sources, "the bf16 kernel's source is where runtime.bf16_dot reads it"
+    assert sources, "the kernel's source is where runtime.dot reads it"
     assert all(any(s.match(p) for p in patterns) for s in sources)

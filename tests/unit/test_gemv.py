@@ -129,4 +129,4 @@ def test_the_graphs_key_names_the_pass_at_every_precision_but_fp8():
     for target in targets(recipe):
         plan = target_keys(recipe, target, probe(), kinds_for(recipe, target))
         options = dict(dict(plan.keys["graphs"].groups)["options"])
-        assert options["decode_matmuls"].startswith(gemv.KEY)  # and the bf16 kernel: tests/unit/test_bf16_dot.py
+        assert options["decode_matmuls"].startswith(gemv.KEY)  # and the kernel: tests/unit/test_dot.py

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from prebake.artifacts.frozen import Frozen
-from prebake.engine.bundled.runtime import bf16_dot
+from prebake.engine.bundled.runtime import dot
 from prebake.engine.bundled.runtime.fp8_linear import is_fp8
 from prebake.engine.bundled.runtime.model import KVCache, Llama
 from prebake.engine.bundled.runtime.shapes import StepShape
@@ -107,13 +107,13 @@ def example_inputs(shape: StepShape, cache: KVCache) -> tuple:
     return ids, per_row, slots, *cache.keys, *cache.values
 
 
-def package_options(mode: str = "default", world: int = 1, fp8: bool = False, bf16_products: bool = False) -> dict:
+def package_options(mode: str = "default", world: int = 1, fp8: bool = False, dot_products: bool = False) -> dict:
     """What every shape is AOT-compiled with (the same in the serial loop and in the workers). An FP8
     model's casts are kept as written (emulate_precision_casts): its activations are quantized from
     bf16 values, and skipping the bf16 rounding before them moves FP8 roundings, so logits 3% apart
     from eager's (measured on the tests' 2-layer recipe); kept, the package's equal eager's. Every
-    other model's decode products and attention are Inductor reductions (runtime.gemv), its bf16
-    products runtime.bf16_dot's kernel with `bf16_products` (compile_shape links it)."""
+    other model's decode products and attention are Inductor reductions (runtime.gemv), its products
+    runtime.dot's kernel with `dot_products` (compile_shape links it)."""
     import torch._inductor
 
     from prebake.engine.bundled.runtime.gemv import decode_matmuls
@@ -126,7 +126,7 @@ def package_options(mode: str = "default", world: int = 1, fp8: bool = False, bf
         # at tp > 1 every rank binds its own shard: no tensor (Inductor inlines 1-D ones of up to 8
         # values, graph.py's can_inline_constant) may be baked in as rank 0's literal values
         **({"always_keep_tensor_constants": True} if world > 1 else {}),
-        **({"emulate_precision_casts": True} if fp8 else {"post_grad_custom_post_pass": decode_matmuls(bf16_products)}),
+        **({"emulate_precision_casts": True} if fp8 else {"post_grad_custom_post_pass": decode_matmuls(dot_products)}),
     }
 
 
@@ -146,27 +146,30 @@ def compile_shape(model: Llama, cache: KVCache, shape: StepShape, tactic: Tactic
 
 @contextlib.contextmanager
 def _kernels_linked(options: dict) -> Iterator[dict]:
-    # the pass's bf16 products call runtime.bf16_dot's kernel: its archive built (once) in Inductor's
-    # cache folder and linked into each model's shared object
-    if not getattr(options.get("post_grad_custom_post_pass"), "links_bf16_dot", False):
+    # the pass's products call runtime.dot's kernel: its archive built (once) in Inductor's cache folder
+    # and linked into each model's shared object
+    if not getattr(options.get("post_grad_custom_post_pass"), "links_dot", False):
         yield dict(options)
         return
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
-    with bf16_dot.linked(dict(options), Path(cache_dir()) / "prebake-bf16-dot") as linking:
+    with dot.linked(dict(options), Path(cache_dir()) / "prebake-dot") as linking:
         yield linking
 
 
-def bf16_products(model: Llama) -> bool:
-    """Whether `model`'s package takes runtime.bf16_dot's kernel: bf16 weights on this host, a CPU
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32"}  # the kernel's (runtime.dot.DTYPES)
+
+
+def dot_products(model: Llama) -> bool:
+    """Whether `model`'s package takes runtime.dot's kernel: bf16 or fp32 weights on this host, a CPU
     whose ISA levels include amx (as the graphs key says: runtime.gemv.key) and whose flags the
     kernel needs (every AMX CPU's; a hypervisor may hide one)."""
     weight = model.embed_tokens.weight
-    if is_fp8(model) or weight.device.type != "cpu" or weight.dtype != torch.bfloat16:
+    if is_fp8(model) or weight.device.type != "cpu" or weight.dtype not in _DTYPE_NAMES:
         return False
-    if not bf16_dot.applies("bf16", isa_levels(Path("/proc"), [])[0]):
+    if not dot.applies(_DTYPE_NAMES[weight.dtype], isa_levels(Path("/proc"), [])[0]):
         return False
-    return bf16_dot.FLAGS.issubset(cpu_flags())
+    return dot.FLAGS.issubset(cpu_flags())
 
 
 def compile_package(
@@ -188,9 +191,9 @@ def compile_package(
     folder = out / AOTI_DIR
     folder.mkdir(parents=True, exist_ok=True)
     (folder / PACKAGE).unlink(missing_ok=True)  # a compile in place over a package that did not load
-    if dot := bf16_products(model):
-        log(f"  aoti: decode's bf16 products by vdpbf16ps (runtime.bf16_dot {bf16_dot.digest()})")
-    options = package_options(mode, _world(model), fp8=is_fp8(model), bf16_products=dot)
+    if linked := dot_products(model):
+        log(f"  aoti: decode's products by prebake's kernel, {dot.HOW} (runtime.dot {dot.digest()})")
+    options = package_options(mode, _world(model), fp8=is_fp8(model), dot_products=linked)
     if workers is not None and workers.count > 1 and len(tactics) > 1:
         built, seconds = aoti_workers.compile_in_workers(workers, tactics, options, log, compile_shape)
     else:
@@ -207,7 +210,7 @@ def compile_package(
     record = PackageRecord(
         torch=torch.__version__,
         device=metadata.get("AOTI_DEVICE_KEY", cache.keys[0].device.type),
-        cpu_isa=" ".join(filter(None, (metadata.get("AOTI_CPU_ISA", ""), bf16_dot.ISA if dot else ""))),
+        cpu_isa=" ".join(filter(None, (metadata.get("AOTI_CPU_ISA", ""), dot.ISA if linked else ""))),
         machine=metadata.get("AOTI_MACHINE", ""),
         compute_capability=metadata.get("AOTI_COMPUTE_CAPABILITY", ""),
         models=tuple(sorted(files)),

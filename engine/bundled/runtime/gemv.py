@@ -8,8 +8,8 @@ and batched decode's products and prefill's attention keep torch's kernels. Why 
 docs/performance.md, "Decode: where a token's time goes".
 
 Its version joins Inductor's cache key (the pass's uuid) and the graphs key (`key`, read without
-torch). FP8 graphs never take it (runtime/fp8_linear); bf16 packages for a CPU with AMX take
-runtime.bf16_dot's kernel for their products in place of the reduction.
+torch). FP8 graphs never take it (runtime/fp8_linear); the products of bf16 and fp32 packages for a
+CPU with AMX take runtime.dot's kernel in place of the reduction.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import functools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from prebake.engine.bundled.runtime import bf16_dot
+from prebake.engine.bundled.runtime import dot
 
 if TYPE_CHECKING:
     import torch
@@ -30,39 +30,39 @@ KEY = f"reductions of at most {MAX_ROWS} row(s) and one-query attention, v{VERSI
 
 def key(dtype: str, isa_levels: Iterable[str]) -> str:
     """What the pass does to graphs of `dtype` for a CPU platform with `isa_levels`, as the graphs key
-    says it: KEY, and the bf16 kernel where runtime.bf16_dot applies (its source's digest)."""
-    if bf16_dot.applies(dtype, isa_levels):
-        return f"{KEY}; {_KERNEL} (runtime.bf16_dot {bf16_dot.digest()})"
+    says it: KEY, and the kernel where runtime.dot applies (its source's digest)."""
+    if dot.applies(dtype, isa_levels):
+        return f"{KEY}; {_KERNEL} (runtime.dot {dot.digest()})"
     return KEY
 
 
-_KERNEL = f"bf16 products of at most {bf16_dot.ROWS} rows by vdpbf16ps"
+_KERNEL = f"products of at most {dot.ROWS} rows by prebake's kernel ({dot.HOW})"
 
 
-def decode_matmuls(bf16_products: bool = False):
+def decode_matmuls(dot_products: bool = False):
     """The pass, for Inductor's `post_grad_custom_post_pass`: small-row CPU mm/addmm and one-query CPU
-    SDPA rewritten as reductions; with `bf16_products`, a bf16 product as runtime.bf16_dot's op (an
+    SDPA rewritten as reductions; with `dot_products`, a bf16 or fp32 product as runtime.dot's op (an
     AOTInductor compile links its kernel: runtime.aoti). One instance a process per flag; it pickles
     as this function (the compile workers')."""
-    return _decode_matmuls(bool(bf16_products))
+    return _decode_matmuls(bool(dot_products))
 
 
 @functools.cache
-def _decode_matmuls(bf16_products: bool):
+def _decode_matmuls(dot_products: bool):
     from torch._inductor.custom_graph_pass import CustomGraphPass
 
     class DecodeMatmuls(CustomGraphPass):
-        links_bf16_dot = bf16_products  # read by runtime.aoti's compile: the kernel's archive is linked
+        links_dot = dot_products  # read by runtime.aoti's compile: the kernel's archive is linked
 
         def __call__(self, graph: torch.fx.Graph) -> None:
-            _patterns(bf16_products).apply(graph)
+            _patterns(dot_products).apply(graph)
 
         def uuid(self) -> str:
-            kernel = f"; {_KERNEL} ({bf16_dot.digest()})" if bf16_products else ""
+            kernel = f"; {_KERNEL} ({dot.digest()})" if dot_products else ""
             return f"prebake decode matmuls: {KEY}{kernel}"
 
         def __reduce__(self):
-            return (decode_matmuls, (bf16_products,))
+            return (decode_matmuls, (dot_products,))
 
     return DecodeMatmuls()
 
@@ -123,10 +123,8 @@ def _product(mat1: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
 
 def _dot_product(mat1: torch.Tensor, mat2: torch.Tensor) -> torch.Tensor:
     # mat2 is the linear's weight transposed ([k, n] over an [n, k] tensor): the kernel reads it as
-    # stored, and sums in float32, rounded once to bf16 here as mm rounds
-    import torch
-
-    return bf16_dot.op()(mat1, mat2.t()).to(torch.bfloat16)
+    # stored, and sums in float32, rounded once to bf16 here as mm rounds (fp32: as it is)
+    return dot.op()(mat1, mat2.t()).to(mat1.dtype)
 
 
 def _widened(x: torch.Tensor) -> torch.Tensor:
@@ -153,7 +151,7 @@ def _stored(x: torch.Tensor) -> torch.Tensor:
 
 
 @functools.cache
-def _patterns(bf16_products: bool):
+def _patterns(dot_products: bool):
     import operator
     from collections.abc import Callable
 
@@ -171,11 +169,12 @@ def _patterns(bf16_products: bool):
     patterns = PatternMatcherPass(pass_name="prebake_decode_matmuls")
 
     def product(mat1: torch.fx.Node, mat2: torch.fx.Node) -> Callable | None:
-        # the kernel reads each weight once for up to bf16_dot.ROWS rows, a reduction once a row; it
-        # takes rows whose k is contiguous: x's, and a linear's weight as stored (mat2, its transpose)
-        if bf16_products and rewrites(mat1, mat2, bf16_dot.ROWS):
+        # the kernel reads each weight once for up to dot.ROWS rows, a reduction once a row; it takes
+        # bf16 and fp32 rows whose k is contiguous: x's, and a linear's weight as stored (mat2, its
+        # transpose)
+        if dot_products and rewrites(mat1, mat2, dot.ROWS):
             a, b = mat1.meta["val"], mat2.meta["val"]
-            if a.dtype == torch.bfloat16 and a.stride(1) == 1 and b.stride(0) == 1:
+            if a.dtype in (torch.bfloat16, torch.float32) and a.stride(1) == 1 and b.stride(0) == 1:
                 return _dot_product
         return _product if rewrites(mat1, mat2) else None
 

@@ -31,7 +31,7 @@ class AotiPackage(GraphsVariant):
     name = "aoti-package"
     needs_inductor = False  # the package loads through torch's C++ loader
     reads_in_place = True  # torch's loader unpacks each model to a folder of its own: the tree is only read
-    links_kernels = True  # runtime.aoti links runtime.bf16_dot's kernel into the package where it applies
+    links_kernels = True  # runtime.aoti links runtime.dot's kernel into the package where it applies
     fallbacks = (_PRECOMPILED,)
     taking = "taking aoti-package from the same graphs tree"
 

@@ -128,7 +128,7 @@ class GraphsVariant(ABC):
     reads_in_place: ClassVar[bool]  # `load` only reads the tree: served from the store's; else a private copy
     fallbacks: ClassVar[tuple[str, ...]] = ()  # the [compile] fallback variants its tree may carry
     taking: ClassVar[str]  # how the start says it takes this variant after another's failed
-    links_kernels: ClassVar[bool] = False  # its compile links prebake's own CPU kernels (runtime.bf16_dot)
+    links_kernels: ClassVar[bool] = False  # its compile links prebake's own CPU kernels (runtime.dot)
 
     def key_factors(self, options: CompileOptions) -> dict[str, object]:
         """What this variant adds to the graphs key, beside the [compile] options every variant keys on."""

@@ -1,7 +1,8 @@
-"""Decode's bf16 products by AVX512-BF16's vdpbf16ps (runtime.bf16_dot): where the kernel applies and
-how the graphs key says so, that the pass writes its op for bf16 products only, that an AOTInductor
-package links it and answers as the product in float32 (on a CPU with AVX512-BF16; elsewhere that
-test is skipped, and the rest still runs), and that a host without the flag refuses such a package."""
+"""Decode's bf16 and fp32 products by prebake's kernel (runtime.dot): where the kernel applies and how
+the graphs key says so, that the pass writes its op for bf16 and fp32 products of at most its rows
+only, that an AOTInductor package links it and answers as the product in float32 (on a CPU with
+AVX512-BF16; elsewhere that test is skipped, and the rest still runs), and that a host without the
+flag refuses such a package."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from prebake.artifacts.recipe.kinds import target_keys
 from prebake.artifacts.recipe.schema import Recipe, Target, load_recipe
 from prebake.engine.adapters import kinds_for
-from prebake.engine.bundled.runtime import aoti, bf16_dot, gemv
+from prebake.engine.bundled.runtime import aoti, dot, gemv
 from prebake.engine.common.cpu import cpu_flags
 from prebake.engine.common.probe import Host, Platform
 from tests.support.hosts import cpu_host
@@ -30,47 +31,50 @@ def _decode_matmuls(recipe: Recipe, dtype: str, isa: str) -> str:
     return dict(dict(plan.keys["graphs"].groups)["options"])["decode_matmuls"]
 
 
-def test_the_kernel_applies_to_bf16_graphs_of_a_cpu_with_amx_only():
-    assert bf16_dot.applies("bf16", AMX.split(","))
-    assert not bf16_dot.applies("fp32", AMX.split(","))
-    assert not bf16_dot.applies("bf16", ["avx2", "avx512"])  # AVX-512 with or without BF16: one key
+def test_the_kernel_applies_to_bf16_and_fp32_graphs_of_a_cpu_with_amx_only():
+    assert dot.applies("bf16", AMX.split(",")) and dot.applies("fp32", AMX.split(","))
+    assert not dot.applies("fp16", AMX.split(",")) and not dot.applies("fp8", AMX.split(","))
+    assert not dot.applies("bf16", ["avx2", "avx512"])  # AVX-512 with or without BF16: one key
+    assert not dot.applies("fp32", ["avx2", "avx512"])  # measured on AMX CPUs only
 
 
-def test_the_graphs_key_names_the_kernel_for_a_bf16_package_of_a_cpu_with_amx():
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_the_graphs_key_names_the_kernel_for_a_package_of_a_cpu_with_amx(dtype: str):
     recipe = load_recipe("tiny-llama")
-    with_kernel = _decode_matmuls(recipe, "bf16", AMX)
-    assert with_kernel.startswith(gemv.KEY) and f"runtime.bf16_dot {bf16_dot.digest()}" in with_kernel
-    assert _decode_matmuls(recipe, "fp32", AMX) == gemv.KEY
-    assert _decode_matmuls(recipe, "bf16", "avx2,avx512") == gemv.KEY
+    with_kernel = _decode_matmuls(recipe, dtype, AMX)
+    assert with_kernel.startswith(gemv.KEY) and f"runtime.dot {dot.digest()}" in with_kernel
+    assert _decode_matmuls(recipe, dtype, "avx2,avx512") == gemv.KEY
     in_process = recipe.model_copy(update={"compile": recipe.compile.model_copy(update={"variant": "inductor-cache"})})
-    assert _decode_matmuls(in_process, "bf16", AMX) == gemv.KEY  # torch.compile's graphs keep the reductions
+    assert _decode_matmuls(in_process, dtype, AMX) == gemv.KEY  # torch.compile's graphs keep the reductions
 
 
 def test_an_edited_kernel_is_a_new_key(tmp_path, monkeypatch):
-    edited = tmp_path / "bf16_dot.cpp"
-    edited.write_bytes(bf16_dot.SOURCE.read_bytes() + b"// edited\n")
+    edited = tmp_path / "dot.cpp"
+    edited.write_bytes(dot.SOURCE.read_bytes() + b"// edited\n")
     before = gemv.key("bf16", AMX.split(","))
-    monkeypatch.setattr(bf16_dot, "SOURCE", edited)
-    bf16_dot.digest.cache_clear()
+    monkeypatch.setattr(dot, "SOURCE", edited)
+    dot.digest.cache_clear()
     try:
         assert gemv.key("bf16", AMX.split(",")) != before
     finally:
         monkeypatch.undo()
-        bf16_dot.digest.cache_clear()
+        dot.digest.cache_clear()
 
 
 @pytest.mark.parametrize(
     ("rows", "dtype", "kernel", "mm"),
     [
         (1, torch.bfloat16, True, False),
-        (bf16_dot.ROWS, torch.bfloat16, True, False),  # two sequences' decode: each weight read once
-        (bf16_dot.ROWS + 1, torch.bfloat16, False, True),  # more rows keep torch's mm
-        (1, torch.float32, False, False),  # a reduction
-        (2, torch.float32, False, True),
+        (dot.ROWS, torch.bfloat16, True, False),  # two sequences' decode: each weight read once
+        (dot.ROWS + 1, torch.bfloat16, False, True),  # more rows keep torch's mm
+        (1, torch.float32, True, False),
+        (dot.ROWS, torch.float32, True, False),
+        (dot.ROWS + 1, torch.float32, False, True),
+        (1, torch.float16, False, False),  # not the kernel's: a reduction
     ],
 )
 @pytest.mark.parametrize("stored", ["[n, k]", "[k, n]"])  # a linear's weight, and a product with k strided
-def test_the_pass_writes_the_kernels_op_for_bf16_products_of_at_most_its_rows(rows, dtype, kernel, mm, stored):
+def test_the_pass_writes_the_kernels_op_for_products_of_at_most_its_rows(rows, dtype, kernel, mm, stored):
     from torch._guards import detect_fake_mode
     from torch._inductor.virtualized import V
 
@@ -79,10 +83,10 @@ def test_the_pass_writes_the_kernels_op_for_bf16_products_of_at_most_its_rows(ro
         w, kernel, mm = w.t().contiguous().t(), False, rows > gemv.MAX_ROWS
     module = make_fx(lambda a, b: torch.mm(a, b.t()), tracing_mode="fake")(x, w)
     with V.set_fake_mode(detect_fake_mode([n.meta["val"] for n in module.graph.nodes if "val" in n.meta])):
-        gemv.decode_matmuls(bf16_products=True)(module.graph)
+        gemv.decode_matmuls(dot_products=True)(module.graph)
     module.recompile()
     calls = {str(n.target) for n in module.graph.nodes if n.op == "call_function"}
-    assert (str(bf16_dot.op()) in calls) is kernel
+    assert (str(dot.op()) in calls) is kernel
     assert ("aten.mm.default" in calls) is mm
     # bf16: the op's Python body (tracing, an eager call), the product in float32 rounded once; fp32: the
     # reduction, the same sum in another order
@@ -93,17 +97,17 @@ def test_the_pass_writes_the_kernels_op_for_bf16_products_of_at_most_its_rows(ro
 def test_the_pass_with_and_without_the_kernel_are_two_instances_that_pickle_as_themselves():
     import pickle
 
-    on, off = gemv.decode_matmuls(bf16_products=True), gemv.decode_matmuls()
+    on, off = gemv.decode_matmuls(dot_products=True), gemv.decode_matmuls()
     assert on is not off and on.uuid() != off.uuid()
     assert pickle.loads(pickle.dumps(on)) is on and pickle.loads(pickle.dumps(off)) is off
-    assert aoti.package_options(bf16_products=True)["post_grad_custom_post_pass"] is on
+    assert aoti.package_options(dot_products=True)["post_grad_custom_post_pass"] is on
 
 
 def test_a_package_with_the_kernel_is_refused_where_the_cpu_lacks_avx512_bf16():
-    recorded = aoti.PackageRecord(torch=torch.__version__, cpu_isa=f"AVX512 {bf16_dot.ISA}")
+    recorded = aoti.PackageRecord(torch=torch.__version__, cpu_isa=f"AVX512 {dot.ISA}")
     flags = frozenset({"avx512f", "avx512bw", "avx512vl", "avx512dq"})
     reason = aoti.platform_problem(recorded, device="cpu", flags=flags)
-    assert reason == f"its kernels were built for vector ISA {bf16_dot.ISA} and this CPU lacks avx512_bf16"
+    assert reason == f"its kernels were built for vector ISA {dot.ISA} and this CPU lacks avx512_bf16"
     assert aoti.platform_problem(recorded, device="cpu", flags=flags | {"avx512_bf16"}) is None
 
 
@@ -116,24 +120,25 @@ class _Linear(torch.nn.Module):
         return torch.nn.functional.linear(x, self.weight) * 2  # an epilogue Inductor fuses after the kernel
 
 
-@pytest.mark.skipif(
-    not bf16_dot.FLAGS.issubset(cpu_flags()), reason="this CPU lacks AVX512-BF16: the kernel cannot run"
-)
+@pytest.mark.skipif(not dot.FLAGS.issubset(cpu_flags()), reason="this CPU lacks AVX512-BF16: the kernel cannot run")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("rows", [1, 2])
-def test_a_package_links_the_kernel_and_answers_as_the_product_in_float32(rows: int, tmp_path: Path):
-    # k = 72: two full 32-lane steps and a masked tail; n = 13: one block of eight rows and a short one;
-    # one row of x, and two (each weight load shared by both)
+def test_a_package_links_the_kernel_and_answers_as_the_product_in_float32(rows: int, dtype, tmp_path: Path):
+    # k = 72: whole lines (two of bf16's 32 lanes, four of fp32's 16) and a masked tail; n = 13: one block
+    # of eight rows and a short one; one row of x, and two (each weight load shared by both)
     gen = torch.Generator().manual_seed(0)
-    weight, x = torch.randn(13, 72, generator=gen).bfloat16(), torch.randn(rows, 72, generator=gen).bfloat16()
+    weight, x = torch.randn(13, 72, generator=gen).to(dtype), torch.randn(rows, 72, generator=gen).to(dtype)
     exported = torch.export.export(_Linear(weight), (x,))
-    options = {**aoti.package_options(bf16_products=True), "aot_inductor.package": False}
+    options = {**aoti.package_options(dot_products=True), "aot_inductor.package": False}
     with aoti._kernels_linked(options) as linking:
         library = torch._inductor.aot_compile(exported.module(), (x,), options=linking)
     runner = torch._C._aoti.AOTIModelContainerRunnerCpu(library, 1)
     runner.update_constant_buffer({"weight": weight}, False, False, True)
     got = runner.run([x])[0]
     symbols = Path(library).read_bytes()
-    assert b"aoti_torch_cpu_prebake_bf16_dot" in symbols  # linked in: nothing else is loaded to serve it
-    expected = (torch.mm(x.float(), weight.float().t()) * 2).bfloat16()
-    # the same float32 sum in another order, rounded once to bf16: at most one bf16 step apart
-    torch.testing.assert_close(got, expected, atol=0, rtol=2**-7)
+    assert b"aoti_torch_cpu_prebake_dot" in symbols  # linked in: nothing else is loaded to serve it
+    expected = (torch.mm(x.float(), weight.float().t()) * 2).to(dtype)
+    # the same float32 sum in another order, rounded once to bf16: at most one bf16 step apart (fp32:
+    # a few float32 steps)
+    exact = {"atol": 0, "rtol": 2**-7} if dtype == torch.bfloat16 else {"atol": 1e-5, "rtol": 1e-5}
+    torch.testing.assert_close(got, expected, **exact)

@@ -1,12 +1,16 @@
-"""Decode's bf16 products by AVX512-BF16's `vdpbf16ps`, linked into the AOTInductor package.
+"""Decode's bf16 and float32 products by prebake's own kernel, linked into the AOTInductor package.
 
-Inductor widens each bf16 weight to float32 before its multiply-add and has no hook for a bf16 dot
-product, so the kernel is C++ of our own (bf16_dot.cpp, against AOTInductor's C shim ABI only): the
-pass (runtime.gemv) writes the custom op `prebake::prebake_bf16_dot` for a bf16 product of up to ROWS
-rows, the package's wrapper calls the kernel's C function (`custom_ops_to_c_shims`), and its archive
-is linked into the package's shared object (`custom_op_libs`): nothing beside the package loads.
-Applies to bf16 graphs of a CPU platform whose ISA levels include amx (every AMX CPU has AVX512-BF16;
-the package records AVX512_BF16, so a host without it refuses the package). torch only where a bake
+Inductor compiles a decode product as a reduction: it widens each bf16 weight to float32 before its
+multiply-add, has no hook for a bf16 dot product, and leaves the weights' loads to the hardware
+prefetcher, which follows decode's short rows late. So the kernel is C++ of our own (dot.cpp, against
+AOTInductor's C shim ABI only): bf16 by AVX512-BF16's `vdpbf16ps`, float32 by AVX-512's fused
+multiply-add, each weight line prefetched ahead of its load. The pass (runtime.gemv) writes the custom
+op `prebake::prebake_dot` for a bf16 or float32 product of up to ROWS rows, the package's wrapper calls
+the kernel's C function (`custom_ops_to_c_shims`), and its archive is linked into the package's shared
+object (`custom_op_libs`): nothing beside the package loads.
+Applies to bf16 and fp32 graphs of a CPU platform whose ISA levels include amx (every AMX CPU has
+AVX-512 and AVX512-BF16; the package records AVX512_BF16, so a host without it refuses the package):
+measured there; CPUs with AVX-512 and no AMX keep the reductions until measured. torch only where a bake
 builds, links or traces it. Why and measured: docs/performance.md, "bf16 products by vdpbf16ps".
 """
 
@@ -21,10 +25,12 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("bf16_dot.cpp")
-OP_NAME = "prebake::prebake_bf16_dot"
-SHIM = "AOTITorchError aoti_torch_cpu_prebake_bf16_dot(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle* ret0)"
-ARCHIVE = "libprebake_bf16_dot.a"
+SOURCE = Path(__file__).with_name("dot.cpp")
+OP_NAME = "prebake::prebake_dot"
+SHIM = "AOTITorchError aoti_torch_cpu_prebake_dot(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle* ret0)"
+ARCHIVE = "libprebake_dot.a"
+DTYPES = ("bf16", "fp32")  # the recipe dtypes whose products it takes
+HOW = "bf16 by vdpbf16ps, fp32 by AVX-512 FMA, weights prefetched"  # as the graphs key says it
 LEVEL = "amx"  # the platform ISA level (engine.common.cpu) whose CPUs all have the flags below
 FLAGS = frozenset({"avx512f", "avx512bw", "avx512_bf16"})  # what the kernel executes
 ISA = "AVX512_BF16"  # added to the package's recorded ISAs (runtime.aoti.ISA_FLAGS checks it at load)
@@ -33,7 +39,7 @@ ROWS = 2  # the most rows of x the pass hands the kernel: one or two sequences' 
 
 def applies(dtype: str, isa_levels: Iterable[str]) -> bool:
     """Whether graphs of `dtype` for a CPU platform with `isa_levels` take the kernel."""
-    return dtype == "bf16" and LEVEL in set(isa_levels)
+    return dtype in DTYPES and LEVEL in set(isa_levels)
 
 
 @functools.cache
@@ -46,25 +52,26 @@ def digest() -> str:
 @functools.cache
 def op():
     """The custom op the pass writes into a graph, registered once a process: its Python body is the
-    product in float32 (what tracing and an eager call run); a package runs the C++ kernel instead."""
+    product in float32 of x and w of one dtype (what tracing and an eager call run); a package runs the
+    C++ kernel instead."""
     import torch
 
     # exact strides: Inductor hands the kernel its inputs as the pass saw them (k contiguous in both)
     tags = (torch.Tag.needs_exact_strides,)
 
     @torch.library.custom_op(OP_NAME, mutates_args=(), schema="(Tensor x, Tensor w) -> Tensor", tags=tags)
-    def prebake_bf16_dot(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def prebake_dot(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return torch.mm(x.float(), w.float().t())
 
-    @prebake_bf16_dot.register_fake
+    @prebake_dot.register_fake
     def _(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return x.new_empty((x.shape[0], w.shape[0]), dtype=torch.float32)
 
-    return torch.ops.prebake.prebake_bf16_dot.default
+    return torch.ops.prebake.prebake_dot.default
 
 
 def archive(folder: Path) -> Path:
-    """The kernel compiled into `folder`/<digest>-<torch>/libprebake_bf16_dot.a (built once, written
+    """The kernel compiled into `folder`/<digest>-<torch>/libprebake_dot.a (built once, written
     atomically: two compile workers may build it at once), with the compiler Inductor links with."""
     import torch
     from torch._inductor.cpp_builder import get_cpp_compiler
@@ -75,7 +82,7 @@ def archive(folder: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     include = Path(torch.__file__).parent / "include"
     with tempfile.TemporaryDirectory(dir=target.parent) as work:
-        obj, staged = Path(work) / "bf16_dot.o", Path(work) / ARCHIVE
+        obj, staged = Path(work) / "dot.o", Path(work) / ARCHIVE
         compile_ = [get_cpp_compiler(), "-O3", "-fPIC", "-fopenmp", "-std=c++17", "-I", str(include)]
         _run([*compile_, "-c", str(SOURCE), "-o", str(obj)])
         _run(["ar", "rcs", str(staged), str(obj)])
@@ -87,7 +94,7 @@ def _run(command: list[str]) -> None:
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(
-            f"building prebake's bf16 kernel failed: {' '.join(command)} exited {done.returncode}: "
+            f"building prebake's decode kernel failed: {' '.join(command)} exited {done.returncode}: "
             f"{(done.stderr or done.stdout).strip()[-2000:]}"
         )
 
