@@ -157,17 +157,13 @@ def _kernels_linked(options: dict) -> Iterator[dict]:
         yield linking
 
 
-_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32"}  # the kernel's (runtime.dot.DTYPES)
-
-
 def dot_products(model: Llama) -> bool:
     """Whether `model`'s package takes runtime.dot's kernel: bf16 or fp32 weights on this host, a CPU
     whose ISA levels include amx (as the graphs key says: runtime.gemv.key) and whose flags the
     kernel needs (every AMX CPU's; a hypervisor may hide one)."""
     weight = model.embed_tokens.weight
-    if is_fp8(model) or weight.device.type != "cpu" or weight.dtype not in _DTYPE_NAMES:
-        return False
-    if not dot.applies(_DTYPE_NAMES[weight.dtype], isa_levels(Path("/proc"), [])[0]):
+    dtype = {torch.bfloat16: "bf16", torch.float32: "fp32"}.get(weight.dtype, str(weight.dtype))
+    if is_fp8(model) or weight.device.type != "cpu" or not dot.applies(dtype, isa_levels(Path("/proc"), [])[0]):
         return False
     return dot.FLAGS.issubset(cpu_flags())
 

@@ -1,17 +1,14 @@
 """Decode's bf16 and float32 products by prebake's own kernel, linked into the AOTInductor package.
 
-Inductor compiles a decode product as a reduction: it widens each bf16 weight to float32 before its
-multiply-add, has no hook for a bf16 dot product, and leaves the weights' loads to the hardware
-prefetcher, which follows decode's short rows late. So the kernel is C++ of our own (dot.cpp, against
-AOTInductor's C shim ABI only): bf16 by AVX512-BF16's `vdpbf16ps`, float32 by AVX-512's fused
-multiply-add, each weight line prefetched ahead of its load. The pass (runtime.gemv) writes the custom
-op `prebake::prebake_dot` for a bf16 or float32 product of up to ROWS rows, the package's wrapper calls
-the kernel's C function (`custom_ops_to_c_shims`), and its archive is linked into the package's shared
-object (`custom_op_libs`): nothing beside the package loads.
-Applies to bf16 and fp32 graphs of a CPU platform whose ISA levels include amx (every AMX CPU has
-AVX-512 and AVX512-BF16; the package records AVX512_BF16, so a host without it refuses the package):
-measured there; CPUs with AVX-512 and no AMX keep the reductions until measured. torch only where a bake
-builds, links or traces it. Why and measured: docs/performance.md, "bf16 products by vdpbf16ps".
+Inductor's reduction widens each bf16 weight before its multiply-add and leaves the weights' loads to
+the hardware prefetcher, which follows decode's short rows late; so the kernel is C++ of our own
+(dot.cpp, AOTInductor's C shim ABI only): bf16 by `vdpbf16ps`, float32 by AVX-512 FMA, each weight
+line prefetched. The pass (runtime.gemv) writes the op `prebake::prebake_dot` for a product of up to
+ROWS rows; the package's wrapper calls the kernel's C function (`custom_ops_to_c_shims`), its archive
+linked into the package's shared object (`custom_op_libs`). Applies to bf16 and fp32 graphs of a CPU
+platform whose ISA levels include amx, where it was measured (the package records AVX512_BF16: a host
+without it refuses it). torch only where a bake builds, links or traces it. Why and measured:
+docs/performance.md, "bf16 products by vdpbf16ps".
 """
 
 from __future__ import annotations
