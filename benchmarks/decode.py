@@ -7,9 +7,9 @@ from recipes/smollm2-135m.toml cut to --layers layers (seeded weights of the rea
 a step does not depend on the values), each in a child process (--versions picks which): "mm" (no
 pass: torch's mm and SDPA), "products" (v1: the products alone, their left side inlined), "v2" (the
 left side stored in its dtype, a bf16 one widened beside every weight), "v3" (every product a
-reduction, bf16's widened: what a CPU without AMX compiles), beside the pass as it is ("reductions"). Each is served in a fresh
-child, interleaved over --repeat rounds, --steps timed steps each, the engine's OpenMP waits chosen as
-its start chooses them. With --llama-bench and the peers' GGUFs (benchmarks/peers_setup), llama.cpp's
+reduction, bf16's widened: what a CPU without AMX compiles), beside the pass as it is
+("reductions"). Each is served in a fresh child, interleaved over --repeat rounds, --steps timed
+steps each, the engine's OpenMP waits chosen as its start chooses them. With --llama-bench and the peers' GGUFs (benchmarks/peers_setup), llama.cpp's
 `llama-bench -p 0 -n STEPS -t THREADS` joins each round at the same bytes per weight. Prints medians,
 ratios, the load average and one JSON line.
 

@@ -22,11 +22,11 @@ constexpr int64_t kAhead = 16384;
 // (runtime/dot.py), whose CPUs all have these
 #define PREBAKE_DOT __attribute__((target("avx512f,avx512bw,avx512bf16")))
 
-// what differs between the element types: a 64-byte line's values, a (masked) load, a multiply-add
+// what differs between the element types: a 64-byte line's values, a masked load of a line's first
+// `count` values, a multiply-add (a whole line is loaded alike: _mm512_loadu_si512)
 struct Bf16 {
   using Elem = uint16_t;
   static constexpr int64_t kLanes = 32;
-  PREBAKE_DOT static __m512i load(const Elem* p) { return _mm512_loadu_si512(p); }
   PREBAKE_DOT static __m512i load(const Elem* p, int64_t count) {
     return _mm512_maskz_loadu_epi16((__mmask32)((1ull << count) - 1), p);
   }
@@ -38,7 +38,6 @@ struct Bf16 {
 struct F32 {
   using Elem = float;
   static constexpr int64_t kLanes = 16;
-  PREBAKE_DOT static __m512i load(const Elem* p) { return _mm512_loadu_si512(p); }
   PREBAKE_DOT static __m512i load(const Elem* p, int64_t count) {
     return _mm512_maskz_loadu_epi32((__mmask16)((1u << count) - 1), p);
   }
@@ -59,12 +58,12 @@ PREBAKE_DOT void block(const typename E::Elem* x, int64_t ldx, const typename E:
   const int64_t whole = k / E::kLanes * E::kLanes;
   for (int64_t i = 0; i < whole; i += E::kLanes) {
     __m512i xv[M];
-    for (int64_t j = 0; j < M; ++j) xv[j] = E::load(x + j * ldx + i);
+    for (int64_t j = 0; j < M; ++j) xv[j] = _mm512_loadu_si512(x + j * ldx + i);
     for (int64_t r = 0; r < Rows; ++r) {
       // a prefetch never faults: past the weight's end (its last rows) it asks for nothing harmful; the
       // address computed as an integer, since a pointer past its allocation is undefined in C++
       _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(w + r * ldw + i) + kAhead), _MM_HINT_T1);
-      const __m512i wv = E::load(w + r * ldw + i);
+      const __m512i wv = _mm512_loadu_si512(w + r * ldw + i);
       for (int64_t j = 0; j < M; ++j) acc[j][r] = E::madd(acc[j][r], xv[j], wv);
     }
   }
