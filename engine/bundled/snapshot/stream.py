@@ -59,6 +59,7 @@ class Streamer:
         self._error: BaseException | None = None
         self._pipes: dict[str, int] = {}  # a streamed member's CRIU pipe (write end), once asked for
         self._held: list[tuple[int, bytes]] = []  # last chunks, written once everything matched
+        self.lanes: list[wire.Lane] = []  # kept with the streamer: CRIU may read their buffers till it ends
         self._feed = Feed()
         self._threads: list[threading.Thread] = []
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # bound by start, closed by close
@@ -289,6 +290,7 @@ class _Members(CheckedMembers):
         LANE_BUFFERS chunks are ready by then."""
         self.streamer._mark_in_hand()
         lane = wire.Lane(lambda: self.streamer._pipe(name))
+        self.streamer.lanes.append(lane)  # its buffers may be in CRIU's pipe until CRIU is done
         remaining = entry.size
         try:
             while remaining:

@@ -2,7 +2,7 @@
 and the pipes it hands out: one connection on SOCKET in the images folder; per image file CRIU
 sends a length-prefixed img_streamer_request_entry naming it, the reply says whether it exists,
 and if it does CRIU sends a pipe's write end (SCM_RIGHTS) that gets the file's bytes. `Lane`
-writes a large file into its pipe from a second thread, its last chunk held back.
+puts a large file into its pipe from a second thread (by reference: vmsplice.py), its last chunk held back.
 stream.py serves the protocol from a bundle's verified members. Written here because nothing else
 speaks it: CRIU ships only its own side, and criu-image-streamer (checkpoint-restore) is a Rust program
 that reads its own stream format from stdin, packaged neither on PyPI nor in Debian.
@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from prebake.artifacts.bundle.download_pipe import Aborted
 from prebake.artifacts.errors import BundleError
+from prebake.engine.bundled.snapshot import vmsplice
 
 SOCKET = "streamer-serve.sock"  # criu/img-streamer.c: the restore's socket in the images folder
 CHUNK = 1 << 20  # what goes into CRIU's pipe at a time
@@ -30,16 +31,19 @@ _FIELD_1_STRING, _FIELD_1_VARINT = 0x0A, 0x08  # protobuf tags of img_streamer_{
 
 
 class Lane:
-    """A streamed member's second thread: each chunk written into CRIU's pipe (`pipe()` waits until
-    CRIU asked for it), but the last, kept for the caller to write once everything matched; buffers
-    handed back to be filled."""
+    """A streamed member's second thread: each chunk into CRIU's pipe (`pipe()` waits until CRIU
+    asked for it), but the last, kept for the caller to write once everything matched; buffers
+    handed back to be filled once the pipe no longer holds their pages. The pipe may hold them after
+    `finish` (CRIU reads on): keep the lane until CRIU is done, or gone."""
 
     def __init__(self, pipe: Callable[[], int]):
         self.pipe, self.last = pipe, b""
         self.fd: int | None = None  # CRIU's, once it asked; None after finish: it never did
+        self.buffers = [memoryview(bytearray(CHUNK)) for _ in range(LANE_BUFFERS)]  # alive while the lane is
+        self.by_reference = 0  # bytes that went into the pipe by vmsplice, not copied
         self._free: queue.Queue[memoryview] = queue.Queue()
-        for _ in range(LANE_BUFFERS):
-            self._free.put(memoryview(bytearray(CHUNK)))
+        for buffer in self.buffers:
+            self._free.put(buffer)
         self._filled: queue.Queue[tuple[memoryview, int, bool] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="prebake-stream-lane", daemon=True)
         self._thread.start()
@@ -58,22 +62,40 @@ class Lane:
 
     def _run(self) -> None:
         broken = False  # no CRIU to write to (it failed): only drained from here, the caller ends it
+        pinned: vmsplice.Pinned | None = None  # while the chunks go by reference
         while (item := self._filled.get()) is not None:
             buffer, n, last = item
             if not broken and self.fd is None:
                 try:
                     self.fd = self.pipe()
-                    widen(self.fd)
+                    pinned = _pinned(self.fd)
                 except Aborted:
                     broken = True
             if last:
                 self.last = bytes(buffer[:n])
             elif not broken and self.fd is not None:
                 try:
+                    if pinned is not None and vmsplice.into(self.fd, buffer[:n]):
+                        self.by_reference += n
+                        for free in pinned.add(buffer, n):
+                            self._free.put(free)
+                        continue  # in the pipe's hands until later chunks pushed it through
+                    pinned = None  # refused here: written (copied) from now on
                     write(self.fd, buffer[:n])
                 except OSError:
-                    broken = True
+                    broken = True  # what the pipe holds stays pinned: never written to again
             self._free.put(buffer)
+
+
+def _pinned(fd: int) -> vmsplice.Pinned | None:
+    """CRIU's pipe widened to a chunk; how its spliced buffers are freed, None where it is wider than
+    the lane can leave pinned (two buffers keep turning: the filler never waits on the pipe alone)."""
+    widen(fd)
+    try:
+        size = vmsplice.capacity(fd)
+    except OSError:
+        return None
+    return vmsplice.Pinned(size) if size <= (LANE_BUFFERS - 2) * CHUNK else None
 
 
 # -- the protocol -----------------------------------------------------------------------------
