@@ -1,7 +1,7 @@
 """Pages handed into a pipe by reference (vmsplice(2)), not copied: the streamed restore's pages go
 into CRIU's pipe this way (stream_wire.Lane). A write(2) into a pipe copies each page into a page
 the kernel allocates for the pipe, 50,000 of them for tiny-llama's 200 MB image, which on a VM that
-hands freed memory back to its host (free page reporting) costs up to ten times the copy itself
+hands freed memory back to its host (free page reporting) at times costs many times the copy
 (docs/snapshots.md, "The pages into CRIU's pipe by reference"). The pipe then holds the caller's own
 pages: a buffer may be written to again only once the reader took them (`Pinned`). Python has no
 binding for vmsplice (os.splice is splice(2), file to pipe), hence ctypes; a libc without it, or a
