@@ -66,8 +66,9 @@ def capacity(fd: int) -> int:
 
 class Pinned:
     """Buffers whose pages a pipe may still hold: each is free again once `capacity` bytes went into
-    the pipe after it. A pipe holds at most capacity / 4096 pages and a page at most 4096 bytes, so
-    by then the reader has taken every page of it (a pipe is read in order)."""
+    the pipe after it. A pipe holds at most capacity / page size buffers (its slots), a spliced page
+    at most a page of bytes, so by then the reader has taken every page of it (a pipe is read in
+    order; a writer waits while every slot is taken)."""
 
     def __init__(self, capacity: int):
         self.capacity, self.sent = capacity, 0
