@@ -179,13 +179,11 @@ def compile_graphs(
 def _workers(model: Llama, cache: KVCache, recipe: Recipe, shapes: int, asked: int | None):
     """The worker processes an aoti-package compile may use here; None on a GPU (one at a time)."""
     from prebake.engine.bundled.runtime.aoti_workers import ModelSource, plan_workers
-    from prebake.engine.bundled.runtime.loader import TORCH_DTYPES
+    from prebake.engine.bundled.runtime.loader import dtype_name
 
     if cache.keys[0].device.type != "cpu" or asked == 1:
         return None
-    dtype = (
-        "fp8" if is_fp8(model) else next(name for name, value in TORCH_DTYPES.items() if value == cache.keys[0].dtype)
-    )
+    dtype = "fp8" if is_fp8(model) else dtype_name(cache.keys[0].dtype)
     # the workers' model is their own: on placeholders whenever the variant allows, even where this
     # process compiles in place on the loaded weights (a start's compile-in-place)
     source = ModelSource(

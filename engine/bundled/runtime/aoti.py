@@ -161,8 +161,10 @@ def dot_products(model: Llama) -> bool:
     """Whether `model`'s package takes runtime.dot's kernel: bf16 or fp32 weights on this host, a CPU
     whose ISA levels include amx (as the graphs key says: runtime.gemv.key) and whose flags the
     kernel needs (every AMX CPU's; a hypervisor may hide one)."""
+    from prebake.engine.bundled.runtime.loader import dtype_name  # the loader's imports: a bake's only
+
     weight = model.embed_tokens.weight
-    dtype = {torch.bfloat16: "bf16", torch.float32: "fp32"}.get(weight.dtype, str(weight.dtype))
+    dtype = dtype_name(weight.dtype)
     if is_fp8(model) or weight.device.type != "cpu" or not dot.applies(dtype, isa_levels(Path("/proc"), [])[0]):
         return False
     return dot.FLAGS.issubset(cpu_flags())

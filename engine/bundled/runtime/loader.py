@@ -47,6 +47,12 @@ def torch_dtype(name: str) -> torch.dtype:
     return TORCH_DTYPES[name]
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """The recipe's name of a model dtype (an FP8 model's is bf16's: ask is_fp8 first); torch's own
+    name for one the bundled engine does not run."""
+    return next((name for name, value in TORCH_DTYPES.items() if value == dtype), str(dtype))
+
+
 def load_model(
     spec: ModelSpec,
     dtype: str,
