@@ -11,12 +11,18 @@ In a checkout, prebake/ holds symbolic links to those folders, so that the check
 what the wheel installs.
 """
 
-from importlib import metadata as _metadata
 
-# The one version every part reports (`prebake --version`, a manifest's builder): the installed
-# distribution's, read from its metadata.
+def __getattr__(name: str) -> str:
+    """`prebake.__version__`: the one version every part reports (`prebake --version`, a manifest's
+    builder), the installed distribution's, read from its metadata when first asked (importlib's
+    metadata costs a start about 20 ms before it can do anything else: common/cores.py)."""
+    if name != "__version__":
+        raise AttributeError(f"module 'prebake' has no attribute {name!r}")
+    from importlib import metadata
 
-try:
-    __version__ = _metadata.version("prebake")
-except _metadata.PackageNotFoundError:  # a checkout that was never installed
-    __version__ = "unknown (not installed)"
+    try:
+        version = metadata.version("prebake")
+    except metadata.PackageNotFoundError:  # a checkout that was never installed
+        version = "unknown (not installed)"
+    globals()["__version__"] = version
+    return version

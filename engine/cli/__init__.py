@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from prebake.artifacts.errors import ExitCode
-from prebake.engine.common import logs
+from prebake.engine.common import cores, logs
 
 if TYPE_CHECKING:  # the command modules (and the adapters they import) are imported when the parser is built
     from prebake.engine.cli.common import ListedCommand
@@ -58,6 +58,8 @@ def entry() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
+    if argv is None and _command(words) == "serve":  # the start's probe of its cores, beside the imports below
+        cores.begin(os.environ)
     parser = build_parser(json_errors="--json" in words or "json" in words, only=_fast_module(words))
     args = parser.parse_args(words)
     from prebake.engine.cli.common import warn_deprecated
@@ -121,9 +123,13 @@ def build_parser(*, json_errors: bool = False, only: str | None = None) -> Parse
 
 
 def _fast_module(words: Sequence[str]) -> str | None:
-    """The one command module a start's parser needs (the command is the first word that is no option)."""
-    command = next((w for w in words if not w.startswith("-")), None)
+    """The one command module a start's parser needs."""
+    command = _command(words)
     return FAST_COMMANDS.get(command) if command is not None else None
+
+
+def _command(words: Sequence[str]) -> str | None:
+    return next((w for w in words if not w.startswith("-")), None)  # the first word that is no option
 
 
 def _grouped(listed: Sequence[ListedCommand]) -> str:

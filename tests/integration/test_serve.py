@@ -155,6 +155,7 @@ def test_the_engine_chooses_how_openmp_waits_before_torch_loads_libgomp(warm):
         return  # a one-core host: no peer to wait for, nothing to measure
     got = re.search(r": (\d+) threads got ([0-9.]+) cores", line) or pytest.fail(f"not measured: {line}")
     assert line.startswith(openmp.decide(int(got.group(1)), float(got.group(2))).line()), line
+    assert "; measured as the start imported" in line, line  # not a probe of its own after the imports
 
 
 def test_completions_take_token_ids_and_text(warm):

@@ -41,6 +41,50 @@ def test_the_probe_measures_cpu_time_over_wall_time():
     assert 0.0 < openmp.cores_got(1, seconds=0.05) <= 1.2  # one thread cannot get more than a core
 
 
+def test_the_cores_are_measured_while_the_start_imports_one_thread_counted_by_its_schedstat():
+    """A forked child runs one busy thread, the parent's busy loop (a start's imports) is the other."""
+    code = (
+        "import time\n"
+        "from prebake.engine.common import cores\n"
+        "began = cores.begin({'OMP_NUM_THREADS': '2'}, seconds=0.1)\n"
+        "end = time.perf_counter() + 0.15\n"
+        "while time.perf_counter() < end:\n"
+        "    pass\n"
+        "print(began, cores.collect(2), cores.collect(3))\n"
+    )
+    began, got, other = _in_a_fresh_process(code).split()
+    assert began == "True" and other == "None"  # measured for two threads, not three
+    assert 0.0 < float(got) <= 2.2  # two threads, each at most a core
+
+
+def test_no_share_is_told_of_an_importing_thread_that_slept_and_none_is_begun_where_nothing_would_be_chosen():
+    code = (
+        "import time\n"
+        "from prebake.engine.common import cores\n"
+        "print(cores.begin({'OMP_NUM_THREADS': '1'}), cores.begin({'OMP_NUM_THREADS': '2', 'GOMP_SPINCOUNT': '0'}))\n"
+        "began = cores.begin({'OMP_NUM_THREADS': '2'}, seconds=0.1)\n"
+        "time.sleep(0.15)\n"
+        "print(began, cores.collect(2))\n"
+    )
+    assert _in_a_fresh_process(code).splitlines() == ["False False", "True None"]
+
+
+def test_the_start_takes_what_was_measured_as_it_imported_instead_of_probing_again():
+    code = (
+        "import os\n"
+        "from prebake.engine.common import cores\n"
+        "from prebake.engine.bundled.runtime import openmp\n"
+        "cores.collect = lambda threads: 0.9 if threads == 2 else None\n"
+        "openmp.cores_got = lambda *a: 1 / 0\n"
+        "said = openmp.choose_waits()\n"
+        "print(os.environ.get(openmp.SPIN_ENV), said.line())\n"
+    )
+    assert _in_a_fresh_process(code, OMP_NUM_THREADS="2") == (
+        "1000 OpenMP waits GOMP_SPINCOUNT=1000: 2 threads got 0.90 cores, sharing them (a short spin, then sleep); "
+        "measured as the start imported"
+    )
+
+
 def test_one_thread_has_no_peer_to_wait_for_and_is_not_probed():
     environ = {"OMP_NUM_THREADS": "1"}
     waits = openmp.choose_waits(environ, probe=lambda threads: pytest.fail("probed one thread"))
@@ -109,6 +153,21 @@ def test_a_restored_process_chooses_on_the_serving_host_and_shortens_the_long_sp
         "2 threads got 0.90 cores, sharing them (a short spin, then sleep)"
     )
     assert openmp.waits() == shared.line()
+
+
+def test_a_restored_process_takes_what_the_restoring_process_measured_for_as_many_threads(monkeypatch):
+    monkeypatch.setattr(openmp, "_chosen", None)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    shortened: list[bool] = []
+    fail = lambda threads, seconds: pytest.fail("probed what was handed over")  # noqa: E731
+    shared = openmp.restored_waits({}, fail, partial(shortened.append, True), handed={"threads": 2, "got": 0.9})
+    assert shortened == [True] and shared.chosen == {openmp.SPIN_ENV: openmp.THROTTLED}
+    assert shared.reason.endswith(
+        "sharing them (a short spin, then sleep); measured by the restoring process as it imported"
+    )
+    probed: list[float] = []
+    other = openmp.restored_waits({}, lambda t, s: probed.append(s) or 1.9, handed={"threads": 4, "got": 0.9})
+    assert probed == [openmp.RESTORE_PROBE_SECONDS] and other.chosen == {}  # measured for other threads: probed
 
 
 def test_a_restored_process_follows_the_serving_hosts_operator_as_near_as_it_can(monkeypatch):

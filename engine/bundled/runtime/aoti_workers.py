@@ -24,9 +24,10 @@ from pathlib import Path
 
 from prebake.artifacts.recipe.schema import ModelSpec
 from prebake.engine.bundled.runtime.model import KVCache, Llama
-from prebake.engine.bundled.runtime.openmp import FREE_SHARE, cores_got
+from prebake.engine.bundled.runtime.openmp import FREE_SHARE
 from prebake.engine.bundled.runtime.shapes import StepShape
 from prebake.engine.bundled.runtime.steps import Tactic
+from prebake.engine.common.cores import cores_got
 from prebake.engine.common.cpu import usable_cores
 from prebake.engine.common.logs import Countdown, quiet_dependency_deprecations
 

@@ -5,7 +5,7 @@ libgomp (torch's CPU wheels) makes a waiting thread spin GOMP_SPINCOUNT times (d
 peer costs a wake-up per parallel region); threads that share cores lose their slice spinning for a
 descheduled peer and want a short one (docs/graphs-variants.md has both measured). So the start
 measures, before torch is imported, the cores its threads get when they all want one (that many
-threads hash a buffer, the GIL released, for PROBE_SECONDS: CPU time over wall time): at least
+busy threads for PROBE_SECONDS, while the start imports: common/cores.py): at least
 FREE_SHARE of a core each keeps libgomp's default, less sets GOMP_SPINCOUNT=SHORT_SPIN_COUNT.
 libgomp reads the variables once, as `import torch` loads it; an operator's own OMP_WAIT_POLICY or
 GOMP_SPINCOUNT is kept. A snapshot's process loads libgomp with the long spin at the bake
@@ -14,22 +14,18 @@ GOMP_SPINCOUNT is kept. A snapshot's process loads libgomp with the long spin at
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 
-from prebake.engine.common.cpu import usable_cores
+from prebake.engine.common import cores
+from prebake.engine.common.cores import POLICY_ENV, SPIN_ENV, cores_got, threads_wanted
+from prebake.engine.common.cores import THREADS_ENV as THREADS_ENV  # where the tests and callers name it
 
-SPIN_ENV = "GOMP_SPINCOUNT"
-POLICY_ENV = "OMP_WAIT_POLICY"
-THREADS_ENV = "OMP_NUM_THREADS"
 SHORT_SPIN_COUNT = "1000"  # tens of microseconds of `pause` on x86: back-to-back kernels, not a time slice
 FREE_SHARE = 0.75  # of a core per thread, measured, for the threads to count as having cores of their own
-PROBE_SECONDS = 0.15  # tens of scheduler slices: enough to see a share, little beside a start
 RESTORE_PROBE_SECONDS = 0.05  # a restore's: a dozen slices, inside a time to ready of about 0.5 s
 LONG_SPIN_COUNT = "300000"  # libgomp's own default: what a snapshot's process loads it with
 SNAPSHOT_ENV = "PREBAKE_OPENMP_FOR_SNAPSHOT"  # set beside LONG_SPIN_COUNT by for_snapshot, not by an operator
@@ -51,32 +47,6 @@ class Waits:
 _chosen: Waits | None = None  # this process's decision: libgomp reads the variables once a process
 
 
-def threads_wanted(environ: Mapping[str, str]) -> int:
-    """The threads OpenMP will run: OMP_NUM_THREADS's first level, else the cores this process may use."""
-    given = environ.get(THREADS_ENV, "").split(",")[0].strip()
-    if given.isdigit() and int(given) > 0:
-        return int(given)
-    return usable_cores()
-
-
-def cores_got(threads: int, seconds: float = PROBE_SECONDS) -> float:
-    """The cores `threads` busy threads of this process got over `seconds`: its CPU time over wall time."""
-    block = bytes(256 * 1024)  # hashing it takes a fraction of a millisecond, the GIL released throughout
-    deadline = time.perf_counter() + seconds
-
-    def busy() -> None:
-        while time.perf_counter() < deadline:
-            hashlib.sha256(block).digest()
-
-    workers = [threading.Thread(target=busy, daemon=True) for _ in range(threads)]
-    wall, cpu = time.perf_counter(), time.process_time()
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-    return (time.process_time() - cpu) / max(time.perf_counter() - wall, 1e-9)
-
-
 def decide(threads: int, got: float) -> Waits:
     """The waits for `threads` threads that measured `got` cores between them."""
     figure = f"{threads} threads got {got:.2f} cores"
@@ -85,9 +55,11 @@ def decide(threads: int, got: float) -> Waits:
     return Waits({SPIN_ENV: SHORT_SPIN_COUNT}, f"{figure}, sharing them (a short spin, then sleep)")
 
 
-def choose_waits(environ: MutableMapping[str, str] | None = None, probe: Callable[[int], float] = cores_got) -> Waits:
+def choose_waits(environ: MutableMapping[str, str] | None = None, probe: Callable[[int], float] | None = None) -> Waits:
     """Decide how this process's OpenMP threads wait and set it in `environ` (this process's), unless
-    the operator chose, or torch (and with it libgomp, which reads the variables once) is imported."""
+    the operator chose, or torch (and with it libgomp, which reads the variables once) is imported.
+    `probe`: how the cores are measured; by default what was measured as the start imported
+    (cores.begin), else cores_got now."""
     global _chosen
     environ = os.environ if environ is None else environ
     _chosen = _choose(environ, probe)
@@ -109,16 +81,30 @@ def restored_waits(
     given: Mapping[str, str],
     probe: Callable[[int, float], float] = cores_got,
     shorten: Callable[[], None] | None = None,
+    handed: Mapping[str, object] | None = None,
 ) -> Waits:
     """How a process restored from a snapshot waits from now on, chosen on the serving host as a start
     chooses: `given`, the serving host operator's variables (handed over by the restoring process),
-    else what its threads get now; where they share cores, `shorten` (an idle second pool)."""
+    else the cores its threads get: `handed` ({"threads", "got"}: measured by the restoring process
+    as it imported, when for as many threads), else probed now; where they share cores, `shorten`
+    (an idle second pool)."""
     global _chosen
-    _chosen = _restored(given, probe, shorten or hold_second_pool)
+    _chosen = _restored(given, probe, shorten or hold_second_pool, handed or {})
     return _chosen
 
 
-def _restored(given: Mapping[str, str], probe: Callable[[int, float], float], shorten: Callable[[], None]) -> Waits:
+def handed_over(threads: int) -> dict[str, object] | None:
+    """What the restoring process measured as it imported, for the restored one (restored_waits)."""
+    got = cores.collect(threads)
+    return None if got is None else {"threads": threads, "got": round(got, 3)}
+
+
+def _restored(
+    given: Mapping[str, str],
+    probe: Callable[[int, float], float],
+    shorten: Callable[[], None],
+    handed: Mapping[str, object],
+) -> Waits:
     if given:
         spins = given.get(SPIN_ENV, LONG_SPIN_COUNT)
         short = spins.isdigit() and int(spins) < int(LONG_SPIN_COUNT)
@@ -129,7 +115,11 @@ def _restored(given: Mapping[str, str], probe: Callable[[int, float], float], sh
     threads = threads_wanted(os.environ)
     if threads == 1:
         return Waits({}, "one thread, nothing waits for a peer")
-    waits = decide(threads, probe(threads, RESTORE_PROBE_SECONDS))
+    got = handed.get("got") if handed.get("threads") == threads else None
+    if isinstance(got, (int, float)):
+        waits = _early(decide(threads, float(got)), "by the restoring process as it imported")
+    else:
+        waits = decide(threads, probe(threads, RESTORE_PROBE_SECONDS))
     if not waits.chosen:
         return waits
     shorten()
@@ -153,7 +143,7 @@ def hold_second_pool() -> None:
     opened.wait(10)
 
 
-def _choose(environ: MutableMapping[str, str], probe: Callable[[int], float]) -> Waits:
+def _choose(environ: MutableMapping[str, str], probe: Callable[[int], float] | None) -> Waits:
     if operators_set := operators(environ):
         snapshot = environ.get(SNAPSHOT_ENV)  # set by for_snapshot beside its spin, never by an operator
         return Waits(
@@ -165,9 +155,17 @@ def _choose(environ: MutableMapping[str, str], probe: Callable[[int], float]) ->
         return Waits({}, "one thread, nothing waits for a peer")
     if "torch" in sys.modules:
         return Waits({}, "torch was imported before the start could choose")
-    waits = decide(threads, probe(threads))
+    early = cores.collect(threads) if probe is None else None
+    if early is not None:
+        waits = _early(decide(threads, early), "as the start imported")
+    else:
+        waits = decide(threads, (probe or cores_got)(threads))
     environ.update(waits.chosen)
     return waits
+
+
+def _early(waits: Waits, when: str) -> Waits:
+    return Waits(waits.chosen, f"{waits.reason}; measured {when}")
 
 
 def waits() -> str:

@@ -86,6 +86,9 @@ def serve_restored(
     able = can_snapshot()
     if not isinstance(able, Able):
         return NotRestored(able.reason)
+    # What this process measured of its cores as it imported, for the restored process (whose own
+    # probe would follow the restore): collected here, before any thread of the restore runs.
+    settings = {**handed_over, "cores": openmp.handed_over(openmp.threads_wanted(os.environ))}
     services = open_services()
     with services.holds:
         plan = plan_to_start(request, services)
@@ -95,7 +98,7 @@ def serve_restored(
         if isinstance(installed, NotRestored):
             return installed
         if isinstance(installed, tuple):
-            return _serve_streamed(*installed, plan, able, handed_over, services, request.fetch_timeout, emit)
+            return _serve_streamed(*installed, plan, able, settings, services, request.fetch_timeout, emit)
         try:
             info = SnapshotInfo.read(installed.tree)
         except PrebakeError as exc:
@@ -106,7 +109,7 @@ def serve_restored(
             return differs
         work = services.store.scratch(f"restore-{os.getpid()}")  # CRIU's log: kept when the restore fails
         emit(f"{PREFIX} restoring {NAME} {installed.manifest.blob.hex[:12]} (CRIU {able.version})")
-        outcome = restore(installed.tree / IMAGES_DIR, info, able, handed_over, work, _relayed)
+        outcome = restore(installed.tree / IMAGES_DIR, info, able, settings, work, _relayed)
         if isinstance(outcome, Failed):
             return NotRestored(outcome.reason)
         code = _supervise(outcome)
