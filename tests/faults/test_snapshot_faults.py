@@ -85,6 +85,22 @@ def test_a_restore_killed_half_way_leaves_nothing_running_and_the_next_one_resto
         again.stop()
 
 
+def test_a_sigterm_as_it_restores_stops_the_start_serving_nothing_and_leaving_nothing_running(home):
+    """The operator's stop, come while CRIU restores: the restore is killed, no usual start follows,
+    and the command exits as a stopped server does (before, the default action killed `prebake
+    serve` and left the restore to finish and stop on its own)."""
+    server = serve(home)
+    deadline = time.monotonic() + 120
+    while "snapshot: restoring" not in server.log:  # polled closely: CRIU is still at work when it comes
+        assert time.monotonic() < deadline and server.proc.poll() is None, server.log
+        time.sleep(0.001)
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.wait_exit(60) == 128 + 15, server.log
+    assert "SIGTERM came as it restored; nothing served" in server.log, server.log
+    assert "ready:" not in server.log and "starting from the bundles" not in server.log, server.log
+    _wait_until_no_restore_runs(home, bound=5)
+
+
 def test_weights_changed_since_the_bake_fall_back_naming_the_file(home, tmp_path):
     """Last in the module: it changes the bake's checkpoint, and puts its bytes back at the end (the
     bake is shared with tests/integration/test_snapshot.py, and a restore maps the file at its path)."""

@@ -14,7 +14,6 @@ engine the usual way in the same call.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -70,6 +69,48 @@ class Restored:
             pass
 
 
+class Stopping:
+    """SIGTERM and SIGINT from a restore's start to its server's end (`with Stopping() as stopping`):
+    a restore under way is killed, a restored server stopped (its control pipe closed), and `signal`
+    says the operator asked this start to stop (no usual start after it). Before, a signal between
+    the ready line and the supervision killed `prebake serve` by default and left the restored server
+    to stop unsupervised, its streamed entry never installed (docs/snapshots.md, "Stopped as it restores")."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._proc: subprocess.Popen | None = None
+        self._restored: Restored | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> Stopping:
+        if threading.current_thread() is threading.main_thread():  # where Python runs signal handlers
+            self._previous = {sig: signal.signal(sig, self._stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]  # what signal.signal returned
+
+    def started(self, proc: subprocess.Popen) -> None:
+        self._proc = proc
+        if self.signal is not None:
+            _kill(proc)
+
+    def serve(self, restored: Restored) -> int:
+        """The restored server's exit code once it ended; stopped at once where a signal came first."""
+        self._restored = restored
+        if self.signal is not None:
+            restored.stop()
+        return restored.wait()
+
+    def _stop(self, signum: int, frame: object) -> None:
+        self.signal = signum
+        if self._restored is not None:
+            self._restored.stop()
+        elif self._proc is not None:
+            _kill(self._proc)
+
+
 def restore(
     images: Path,
     info: SnapshotInfo,
@@ -79,10 +120,12 @@ def restore(
     emit: Callable[[str], None],
     *,
     streamed: bool = False,
+    started: Callable[[subprocess.Popen], None] = lambda proc: None,
 ) -> Restored | Failed:
     """Restore the snapshot whose CRIU images are in `images` (`streamed`: served on its socket by
-    stream.py) into a new PID namespace and hand it `settings`; `work` keeps CRIU's log. Restored
-    once its ready line came, else Failed with why."""
+    stream.py) into a new PID namespace and hand it `settings`; `work` keeps CRIU's log; `started`
+    is told of the restore's process as it starts. Restored once its ready line came, else Failed
+    with why."""
     out_r, out_w = os.pipe()
     control_r, control_w = os.pipe()
     command = [
@@ -100,6 +143,7 @@ def restore(
         pass_fds=(out_w, control_r),
         start_new_session=True,
     )
+    started(proc)
     os.close(out_w)
     os.close(control_r)
     os.write(control_w, (json.dumps(dict(settings)) + "\n").encode())
@@ -114,13 +158,6 @@ def restore(
     relay = threading.Thread(target=_relay, args=(reader, emit, exits), name="prebake-snapshot-relay", daemon=True)
     relay.start()
     return Restored(proc, control_w, relay, ready, exits, emit)
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-_PR_SET_PDEATHSIG = 1
 
 
 def _until_ready(reader, proc: subprocess.Popen, emit: Callable[[str], None]) -> str | Failed:
@@ -157,11 +194,15 @@ def _end(proc: subprocess.Popen) -> None:
     """Kill the restore: unshare's --kill-child takes CRIU, the PID namespace's init, and with it
     every process restored in it."""
     if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _kill(proc)
     proc.wait()
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # its own session: start_new_session
+    except ProcessLookupError:
+        pass
 
 
 def _criu_errors(log: Path) -> str:

@@ -45,7 +45,7 @@ from prebake.engine.bundled.snapshot.image import (
     put_back_from,
 )
 from prebake.engine.bundled.snapshot.kind import NAME, digest_cache
-from prebake.engine.bundled.snapshot.restore import Failed, Restored, restore
+from prebake.engine.bundled.snapshot.restore import Failed, Stopping, restore
 from prebake.engine.common import starter
 from prebake.engine.common.adapter import OpenServices, Services, StartRequest, plan_to_start
 
@@ -53,6 +53,7 @@ MODES = ("never", "auto", "require")
 API_KEY_VARIABLE = "PREBAKE_API_KEY"  # prebake.engine.bundled.serve's: the HTTP server is not imported here
 REJECT_UNKNOWN_FIELDS_VARIABLE = "PREBAKE_REJECT_UNKNOWN_FIELDS"  # the same
 PREFIX = "prebake serve: snapshot:"
+STOPPED = "a signal asked this start to stop"
 STREAM_VARIABLE = "PREBAKE_SNAPSHOT_STREAM"  # 0: a snapshot the store lacks is installed first, then restored
 
 
@@ -76,7 +77,11 @@ def snapshot_mode(text: str) -> str:
 
 
 def serve_restored(
-    request: StartRequest, handed_over: Mapping[str, object], open_services: OpenServices, emit: Callable[[str], None]
+    request: StartRequest,
+    handed_over: Mapping[str, object],
+    open_services: OpenServices,
+    emit: Callable[[str], None],
+    stopping: Stopping,
 ) -> Served | NotRestored:
     """Serve from the snapshot until a signal, or why it could not be restored (nothing served).
     `handed_over`: what differs per start (host, port, API key, body limits, `began`: the epoch
@@ -98,7 +103,7 @@ def serve_restored(
         if isinstance(installed, NotRestored):
             return installed
         if isinstance(installed, tuple):
-            return _serve_streamed(*installed, plan, able, settings, services, request.fetch_timeout, emit)
+            return _serve_streamed(*installed, plan, able, settings, services, request.fetch_timeout, emit, stopping)
         try:
             info = SnapshotInfo.read(installed.tree)
         except PrebakeError as exc:
@@ -107,12 +112,14 @@ def serve_restored(
         put = lambda carried: put_back(installed.tree, carried, cache)  # noqa: E731
         if (differs := _ready_files(info, services, cache, put)) is not None:
             return differs
+        if stopping.signal is not None:
+            return NotRestored(STOPPED)
         work = services.store.scratch(f"restore-{os.getpid()}")  # CRIU's log: kept when the restore fails
         emit(f"{PREFIX} restoring {NAME} {installed.manifest.blob.hex[:12]} (CRIU {able.version})")
-        outcome = restore(installed.tree / IMAGES_DIR, info, able, settings, work, _relayed)
+        outcome = restore(installed.tree / IMAGES_DIR, info, able, settings, work, _relayed, started=stopping.started)
         if isinstance(outcome, Failed):
             return NotRestored(outcome.reason)
-        code = _supervise(outcome)
+        code = stopping.serve(outcome)
         shutil.rmtree(work, ignore_errors=True)
         return Served(code)
 
@@ -148,6 +155,7 @@ def _serve_streamed(
     services: Services,
     fetch_timeout: float,
     emit: Callable[[str], None],
+    stopping: Stopping,
 ) -> Served | NotRestored:
     """Restore straight from the registry's blob (stream.py), then install it while the server runs."""
     store = services.store
@@ -174,8 +182,13 @@ def _serve_streamed(
     if (differs := _ready_files(info, services, cache, put)) is not None:
         streamer.close()
         return differs
+    if stopping.signal is not None:
+        streamer.close()
+        return NotRestored(STOPPED)
     emit(f"{PREFIX} restoring {NAME} {manifest.blob.hex[:12]} streamed from {registry.url} (CRIU {able.version})")
-    outcome = restore(streamer.images, info, able, handed_over, scratch, _relayed, streamed=True)
+    outcome = restore(
+        streamer.images, info, able, handed_over, scratch, _relayed, streamed=True, started=stopping.started
+    )
     if isinstance(outcome, Failed):
         error = streamer.settle()  # a refused bundle is the cause: CRIU only saw its pipe close short
         streamer.close()
@@ -193,7 +206,7 @@ def _serve_streamed(
         name="prebake-snapshot-commit",
     )
     committing.start()
-    code = _supervise(outcome)
+    code = stopping.serve(outcome)
     stopped.set()
     committing.join()  # the store's entry whole before the command exits (a kill leaves only a partial)
     streamer.close()
@@ -237,12 +250,6 @@ def _ready_files(
     return None
 
 
-def _supervise(outcome: Restored) -> int:
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: outcome.stop())
-    return outcome.wait()
-
-
 def _misses(misses: Sequence[object]) -> str:
     explained = [m.explain() for m in misses if isinstance(m, Miss)]
     return " ".join(explained).replace("\n", ";") or "no snapshot bundle for this target"
@@ -275,9 +282,13 @@ def serve_or_say(
     usual start; under `require` a snapshot that cannot be restored is exit 3 (a miss) instead."""
     if mode == "never" or not _recipe_bakes_one(request):
         return None  # the usual start, as before snapshots: nothing to say
-    outcome = serve_restored(request, handed_over, open_services, emit)
+    with Stopping() as stopping:
+        outcome = serve_restored(request, handed_over, open_services, emit, stopping)
     if isinstance(outcome, Served):
         return outcome.code
+    if stopping.signal is not None:  # the operator's stop came as it restored: no usual start after it
+        emit(f"{PREFIX} not restored: {signal.Signals(stopping.signal).name} came as it restored; nothing served")
+        return 128 + stopping.signal
     if mode == "require":
         emit(f"{PREFIX} not restored: {outcome.reason}; --snapshot require: not starting otherwise")
         return int(ExitCode.MISS)
