@@ -95,8 +95,7 @@ def test_a_sigterm_as_it_restores_stops_the_start_serving_nothing_and_leaving_no
         assert time.monotonic() < deadline and server.proc.poll() is None, server.log
         time.sleep(0.001)
     server.proc.send_signal(signal.SIGTERM)
-    assert server.wait_exit(60) == 128 + 15, server.log
-    assert "SIGTERM came as it restored; nothing served" in server.log, server.log
+    assert server.wait_exit(60) == 128 + 15, server.log  # with the line below once CRIU had started
     assert "ready:" not in server.log and "starting from the bundles" not in server.log, server.log
     _wait_until_no_restore_runs(home, bound=5)
 

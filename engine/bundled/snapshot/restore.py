@@ -71,10 +71,11 @@ class Restored:
 
 class Stopping:
     """SIGTERM and SIGINT from a restore's start to its server's end (`with Stopping() as stopping`):
-    a restore under way is killed, a restored server stopped (its control pipe closed), and `signal`
-    says the operator asked this start to stop (no usual start after it). Before, a signal between
-    the ready line and the supervision killed `prebake serve` by default and left the restored server
-    to stop unsupervised, its streamed entry never installed (docs/snapshots.md, "Stopped as it restores")."""
+    before CRIU runs, SystemExit(128 + the signal); a restore under way is killed; a restored server
+    is stopped (its control pipe closed); `signal` says the operator asked this start to stop (no
+    usual start after it). Before, a signal between the ready line and the supervision killed
+    `prebake serve` by default and left the restored server to stop unsupervised, its streamed entry
+    never installed (docs/snapshots.md, "Stopped as it restores")."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
@@ -109,6 +110,8 @@ class Stopping:
             self._restored.stop()
         elif self._proc is not None:
             _kill(self._proc)
+        else:  # nothing of the restore runs yet (a lookup, a download): stop now, the with-blocks undone
+            raise SystemExit(128 + signum)
 
 
 def restore(
@@ -135,15 +138,20 @@ def restore(
         "--inherit-fd", f"fd[{out_w}]:{info.output_pipe}",
         "--inherit-fd", f"fd[{control_r}]:{info.control_pipe}",
     ]  # fmt: skip
-    proc = subprocess.Popen(
-        command,
-        stdin=subprocess.DEVNULL,
-        stdout=out_w,
-        stderr=out_w,
-        pass_fds=(out_w, control_r),
-        start_new_session=True,
-    )
-    started(proc)
+    stops = {signal.SIGTERM, signal.SIGINT}
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, stops)  # held until `started` knows the process:
+    try:  # a stop in between would leave it running; unshare and CRIU inherit the mask (SIGKILL ends them)
+        proc = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=out_w,
+            stderr=out_w,
+            pass_fds=(out_w, control_r),
+            start_new_session=True,
+        )
+        started(proc)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
     os.close(out_w)
     os.close(control_r)
     os.write(control_w, (json.dumps(dict(settings)) + "\n").encode())
