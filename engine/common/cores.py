@@ -5,7 +5,8 @@ thread is the last, counted from its schedstat (the time it ran against the time
 A start's imports keep one core busy and leave the others idle (docs/snapshots.md, "Where the cores
 go"): the window a probe wants, so a start no longer waits for one before torch loads libgomp, nor a
 restored process after its restore (runtime/openmp.py chooses the waits; docs/graphs-variants.md).
-Forked before any thread exists; the child reports one JSON line on a pipe and leaves with _exit.
+Forked twice before any thread exists (the measuring grandchild is nobody's zombie); it reports one
+JSON line on a pipe and leaves with _exit.
 """
 
 from __future__ import annotations
@@ -56,8 +57,7 @@ def cores_got(threads: int, seconds: float = PROBE_SECONDS) -> float:
 @dataclass(frozen=True)
 class _Begun:
     threads: int
-    pid: int
-    pipe: int
+    pipe: int  # the measuring process's one line, then its end
 
 
 _begun: _Begun | None = None
@@ -77,14 +77,16 @@ def begin(environ: Mapping[str, str], seconds: float = PROBE_SECONDS) -> bool:
     read, write = os.pipe()
     parent = os.getpid()
     pid = os.fork()
-    if pid == 0:  # the child: never returns
+    if pid == 0:  # the child forks the one that measures and leaves: no zombie if nobody collects
         try:
             os.close(read)
-            os.write(write, json.dumps(_measure(parent, threads, seconds)).encode())
+            if os.fork() == 0:
+                os.write(write, json.dumps(_measure(parent, threads, seconds)).encode())
         finally:
             os._exit(0)
     os.close(write)
-    _begun = _Begun(threads, pid, read)
+    os.waitpid(pid, 0)
+    _begun = _Begun(threads, read)
     return True
 
 
@@ -103,7 +105,6 @@ def _read(begun: _Begun) -> float | None:
     try:
         with os.fdopen(begun.pipe, "rb") as pipe:
             said = json.loads(pipe.read() or b"null")
-        os.waitpid(begun.pid, 0)
     except (OSError, ValueError):
         return None
     return float(said) if isinstance(said, (int, float)) else None

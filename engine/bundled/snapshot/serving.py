@@ -53,7 +53,6 @@ MODES = ("never", "auto", "require")
 API_KEY_VARIABLE = "PREBAKE_API_KEY"  # prebake.engine.bundled.serve's: the HTTP server is not imported here
 REJECT_UNKNOWN_FIELDS_VARIABLE = "PREBAKE_REJECT_UNKNOWN_FIELDS"  # the same
 PREFIX = "prebake serve: snapshot:"
-STOPPED = "a signal asked this start to stop"
 STREAM_VARIABLE = "PREBAKE_SNAPSHOT_STREAM"  # 0: a snapshot the store lacks is installed first, then restored
 
 
@@ -112,8 +111,6 @@ def serve_restored(
         put = lambda carried: put_back(installed.tree, carried, cache)  # noqa: E731
         if (differs := _ready_files(info, services, cache, put)) is not None:
             return differs
-        if stopping.signal is not None:
-            return NotRestored(STOPPED)
         work = services.store.scratch(f"restore-{os.getpid()}")  # CRIU's log: kept when the restore fails
         emit(f"{PREFIX} restoring {NAME} {installed.manifest.blob.hex[:12]} (CRIU {able.version})")
         outcome = restore(installed.tree / IMAGES_DIR, info, able, settings, work, _relayed, started=stopping.started)
@@ -182,9 +179,6 @@ def _serve_streamed(
     if (differs := _ready_files(info, services, cache, put)) is not None:
         streamer.close()
         return differs
-    if stopping.signal is not None:
-        streamer.close()
-        return NotRestored(STOPPED)
     emit(f"{PREFIX} restoring {NAME} {manifest.blob.hex[:12]} streamed from {registry.url} (CRIU {able.version})")
     outcome = restore(
         streamer.images, info, able, handed_over, scratch, _relayed, streamed=True, started=stopping.started
