@@ -36,6 +36,11 @@ def threads_wanted(environ: Mapping[str, str]) -> int:
     return usable_cores()
 
 
+def operators(environ: Mapping[str, str]) -> dict[str, str]:
+    """The OpenMP waits the operator set, if any: kept wherever prebake would choose (none measured)."""
+    return {name: environ[name] for name in (POLICY_ENV, SPIN_ENV) if name in environ}
+
+
 def cores_got(threads: int, seconds: float = PROBE_SECONDS) -> float:
     """The cores `threads` busy threads of this process got over `seconds`: its CPU time over wall time."""
     block = bytes(256 * 1024)  # hashing it takes a fraction of a millisecond, the GIL released throughout
@@ -70,7 +75,7 @@ def begin(environ: Mapping[str, str], seconds: float = PROBE_SECONDS) -> bool:
     then). Whether it began."""
     global _begun
     threads = threads_wanted(environ)
-    if _begun is not None or threads < 2 or SPIN_ENV in environ or POLICY_ENV in environ:
+    if _begun is not None or threads < 2 or operators(environ):
         return False
     if threading.active_count() > 1 or not hasattr(os, "fork"):
         return False

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from prebake.engine.common import cores
 from prebake.engine.common.cores import POLICY_ENV, SPIN_ENV, cores_got, threads_wanted
 from prebake.engine.common.cores import THREADS_ENV as THREADS_ENV  # where the tests and callers name it
+from prebake.engine.common.cores import operators as operators  # the snapshot's hand-over reads it here
 
 SHORT_SPIN_COUNT = "1000"  # tens of microseconds of `pause` on x86: back-to-back kernels, not a time slice
 FREE_SHARE = 0.75  # of a core per thread, measured, for the threads to count as having cores of their own
@@ -64,11 +65,6 @@ def choose_waits(environ: MutableMapping[str, str] | None = None, probe: Callabl
     environ = os.environ if environ is None else environ
     _chosen = _choose(environ, probe)
     return _chosen
-
-
-def operators(environ: Mapping[str, str]) -> dict[str, str]:
-    """The waits the operator set, if any: kept wherever prebake would choose."""
-    return {name: environ[name] for name in (POLICY_ENV, SPIN_ENV) if name in environ}
 
 
 def for_snapshot(environ: Mapping[str, str]) -> dict[str, str]:
@@ -172,4 +168,4 @@ def waits() -> str:
     """How this process's OpenMP threads wait and why, as the start's load step says it."""
     if _chosen is not None:
         return _chosen.line()
-    return Waits({k: os.environ[k] for k in (POLICY_ENV, SPIN_ENV) if k in os.environ}, "not chosen by prebake").line()
+    return Waits(operators(os.environ), "not chosen by prebake").line()
