@@ -67,6 +67,11 @@ class StoreError(PrebakeError, OSError):
     """The local store could not be read or written."""
 
 
+class InstallElsewhereError(StoreError):
+    """Another process held the blob's install lock when the caller stopped waiting for it: that
+    process makes the store's entry."""
+
+
 class StoreFullError(StoreError):
     """The store's disk has no room for an install: nothing of it was left behind (exit 6)."""
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import shutil
+import threading
 import time
 from collections.abc import Callable
 
@@ -19,13 +20,15 @@ from prebake.artifacts import fsutil
 from prebake.artifacts.bundle.manifest import Manifest
 from prebake.artifacts.bundle.payload import UnpackLimits, unpack
 from prebake.artifacts.bundle.unpack import tree_problems, unpack_streamed
-from prebake.artifacts.errors import BundleError, StoreError, StoreFullError
+from prebake.artifacts.errors import BundleError, InstallElsewhereError, StoreError, StoreFullError
 from prebake.artifacts.fsutil import mib
 from prebake.artifacts.ports.registry import Registry
 from prebake.artifacts.store import eviction, leases, mark, recovery, sealing
 from prebake.artifacts.store.health import tree_damage
 from prebake.artifacts.store.paths import StorePaths
 from prebake.artifacts.store.settings import HOME_ENV
+
+LOCK_POLL_S = 0.1  # how often an install told `until` tries the lock another process holds
 
 
 def install_bundle(
@@ -35,11 +38,13 @@ def install_bundle(
     limits: UnpackLimits,
     deadline: float | None,
     while_locked: Callable[[], object] | None = None,
+    until: threading.Event | None = None,
 ) -> None:
     """Install `manifest`'s bundle from `source` (the caller has claimed the home); `while_locked`
-    runs last inside the install lock (a hold taken there cannot lose its tree to a gc)."""
+    runs last inside the install lock (a hold taken there cannot lose its tree to a gc). With
+    `until`, another process's install of the blob is waited for only until it is set."""
     hexd, tree = manifest.blob.hex, paths.tree(manifest.blob.hex)
-    with fsutil.Flock.hold(paths.install_lock(hexd)):
+    with _install_lock(paths, hexd, until):
         had_tree = tree.is_dir()
         try:
             _install_locked(paths, manifest, source, limits, deadline, while_locked)
@@ -48,6 +53,17 @@ def install_bundle(
                 raise
             _undo_locked(paths, hexd, had_tree)
             raise StoreFullError(_full(paths, manifest, blob_needed=True)) from exc
+
+
+def _install_lock(paths: StorePaths, hexd: str, until: threading.Event | None) -> fsutil.Flock:
+    if until is None:
+        return fsutil.Flock.hold(paths.install_lock(hexd))
+    while (lock := fsutil.Flock.acquire(paths.install_lock(hexd), wait=False)) is None:
+        if until.wait(LOCK_POLL_S):
+            raise InstallElsewhereError(
+                f"another process is installing blob {hexd[:12]} into {paths.home} and finishes its entry"
+            )
+    return lock
 
 
 def _install_locked(

@@ -22,6 +22,7 @@ scratch, sealing); the hit path and healing are here. Locks: flock(2), docs/oper
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Collection, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
@@ -150,18 +151,21 @@ class Store:
         limits: UnpackLimits | None = None,
         hold: ExitStack | None = None,
         deadline: float | None = None,
+        until: threading.Event | None = None,
     ) -> Installed:
         """Fetch, verify and unpack `manifest`'s blob from `source`, once per blob across processes,
         then evict least recently used bundles if the store is above its bound. With `hold`, the
         tree is held (`use`) on that stack from inside the install, so no gc evicts it before the
         caller lets go. With `deadline` (a time.monotonic() value), a download still running then stops at
-        its next chunk: a fetch's time box ends the download itself, not only the wait for it."""
+        its next chunk: a fetch's time box ends the download itself, not only the wait for it. With
+        `until`, another process installing the same blob is waited for until the event is set, then
+        InstallElsewhereError (that process makes the entry)."""
         limits = limits or self.limits.unpack
         limits.check(manifest.files, f"{manifest.kind} {manifest.key_digest[:16]}")
         installed = Installed(manifest, self.tree_path(manifest))
         self.claim()
         take_hold = None if hold is None else (lambda: hold.enter_context(self.use(installed)))
-        install_bundle(self.paths, manifest, source, limits, deadline, while_locked=take_hold)
+        install_bundle(self.paths, manifest, source, limits, deadline, while_locked=take_hold, until=until)
         if self.limits.max_bytes is not None:
             self.gc(self.limits.max_bytes, keep=(manifest.blob.hex,), wait=False)  # a gc already running does it
         return installed

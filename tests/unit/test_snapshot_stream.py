@@ -21,7 +21,7 @@ import pytest
 from prebake.artifacts.bundle.manifest import FileEntry, Manifest
 from prebake.artifacts.bundle.payload import pack
 from prebake.artifacts.bundle.unpack import UnpackLimits, tree_problems
-from prebake.artifacts.errors import BundleError
+from prebake.artifacts.errors import BundleError, InstallElsewhereError
 from prebake.artifacts.keys import Key
 from prebake.artifacts.store.local import Store
 from prebake.engine.bundled.snapshot import quiet, stream
@@ -143,12 +143,17 @@ def test_pages_are_held_to_the_blob_and_a_file_list_unlike_its_blob_is_never_ins
     streamer.close()
 
 
-def test_a_blob_unlike_its_digest_is_refused_as_the_fetch_refuses_it(tmp_path):
+def _corrupt(tmp_path: Path) -> tuple[FileRegistry, Manifest]:
     registry, manifest = _published(tmp_path)
     (blob,) = (tmp_path / "registry").rglob("*.tar.zst")
     data = bytearray(blob.read_bytes())
     data[-40] ^= 0xFF  # near the end: in the pages, after the small images
     blob.write_bytes(bytes(data))
+    return registry, manifest
+
+
+def test_a_blob_unlike_its_digest_is_refused_as_the_fetch_refuses_it(tmp_path):
+    registry, manifest = _corrupt(tmp_path)
     streamer = _streamer(tmp_path, registry, manifest)
     small = streamer.in_hand()
     if isinstance(small, dict):  # the small images came through whole: the pages are cut short
@@ -157,6 +162,25 @@ def test_a_blob_unlike_its_digest_is_refused_as_the_fetch_refuses_it(tmp_path):
         criu.close()
     why = stream.refusal(streamer, streamer.settle() or AssertionError("not refused"))
     assert "it is corrupt" in why and "fetching blob" in why
+    streamer.close()
+
+
+def test_criu_asking_for_the_pages_after_the_bundle_was_refused_reads_their_end_at_once(tmp_path):
+    """The pipe CRIU hands over after the refusal closed every pipe is closed too: once it was kept
+    open, and CRIU waited for pages that never came until the restore's time box (120 s) ran out."""
+    for attempt in range(20):  # the refusal may come before the small images are in hand: CRIU never starts
+        registry, manifest = _corrupt(tmp_path / str(attempt))
+        streamer = _streamer(tmp_path / str(attempt), registry, manifest)
+        if isinstance(streamer.in_hand(), dict):
+            break
+        streamer.close()
+    criu = _Criu(streamer.images)
+    assert streamer.settle() is not None  # refused, every pipe closed, before CRIU asks for the pages
+    reader = threading.Thread(target=lambda: criu.read("pages-1.img"), daemon=True)
+    reader.start()
+    reader.join(30)
+    assert not reader.is_alive(), "CRIU's pipe for the pages was left open after the refusal"
+    criu.close()
     streamer.close()
 
 
@@ -305,3 +329,67 @@ def test_the_commit_waits_for_no_tree_that_stopped_or_is_gone(tmp_path):
     finally:
         _stop(server)
     assert quiet.wait_for_quiet(server.pid, threading.Event()) == 0.0  # gone
+
+
+def _verified(tmp_path: Path) -> tuple[FileRegistry, Manifest, stream.Streamer]:
+    registry, manifest = _published(tmp_path)
+    streamer = _streamer(tmp_path, registry, manifest)
+    assert isinstance(streamer.in_hand(), dict)
+    criu = _Criu(streamer.images)
+    assert criu.read("pages-1.img") == PAGES
+    criu.close()
+    assert streamer.wait_verified() is None
+    return registry, manifest, streamer
+
+
+def test_a_stopped_start_leaves_the_entry_to_another_process_installing_it_and_takes_a_free_lock(tmp_path):
+    """Two starts streamed into one store: the one stopped while the other holds the blob's install
+    lock (at idle priority beside busy cores it may hold it for minutes) does not wait for it."""
+    registry, manifest, streamer = _verified(tmp_path)
+    store = Store(tmp_path / "home")
+    lock = store.paths.install_lock(manifest.blob.hex)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import fcntl, sys, time\nf = open({str(lock)!r}, 'a')\n"
+         "fcntl.flock(f, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(120)\n"],
+        stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        stopped = threading.Event()
+        threading.Timer(0.3, stopped.set).start()  # the server stops while the other process installs
+        began = time.monotonic()
+        with pytest.raises(InstallElsewhereError, match="another process is installing blob"):
+            stream.commit(store, manifest, registry, streamer, None, stopped)
+        assert 0.3 <= time.monotonic() - began < 10  # waited while it served, not after
+        assert store.lookup("snapshot", manifest.key_digest) is None
+    finally:
+        _stop(holder)
+    stream.commit(store, manifest, registry, streamer, None, stopped)  # stopped, the lock free: installed
+    installed = store.lookup("snapshot", manifest.key_digest)
+    assert installed is not None and tree_problems(installed.tree, manifest.files) == []
+    streamer.close()
+
+
+def test_once_the_server_ended_the_commits_threads_leave_idle_priority():
+    """hurry(): the commit's thread and one it started (which inherited SCHED_IDLE) back to the usual
+    policy, so the command's exit does not wait on threads a busy host starves."""
+    ready, release, tids = threading.Barrier(3), threading.Event(), []
+
+    def idle(start_child: bool) -> None:
+        if start_child:
+            quiet.idle_priority()
+            threading.Thread(target=idle, args=(False,)).start()
+        tids.append(threading.get_native_id())
+        ready.wait()
+        release.wait(60)
+
+    threading.Thread(target=idle, args=(True,)).start()
+    try:
+        ready.wait(30)
+        if any(os.sched_getscheduler(tid) != os.SCHED_IDLE for tid in tids):
+            pytest.skip("this host refused SCHED_IDLE: the commit falls back to nice 19 here")
+        quiet.hurry()
+        assert [os.sched_getscheduler(tid) for tid in tids] == [os.SCHED_OTHER] * 2
+    finally:
+        release.set()

@@ -1,7 +1,8 @@
-"""When a streamed restore's store entry may be made: once the restored server is quiet. The install
-runs at idle priority, and that alone was not enough on two cores (docs/snapshots.md, "Into an empty store"):
-its page-cache writes beside the first request's threads made that request 2-4x, once 50x, a
-prebaked start's. Reads /proc only (CRIU is Linux's); where /proc cannot tell, it does not wait.
+"""When and how a streamed restore's store entry is made: once the restored server is quiet, at idle
+priority; that alone was not enough on two cores (docs/snapshots.md, "Into an empty store"): its
+page-cache writes beside the first request's threads made that request 2-4x, once 50x, a prebaked
+start's. Once the server ended, at the usual priority (`hurry`). Reads /proc only (CRIU is
+Linux's); where /proc cannot tell, it does not wait.
 """
 
 from __future__ import annotations
@@ -73,3 +74,44 @@ def _children(task: Path) -> list[str]:
         return (task / "children").read_text().split()
     except OSError:  # the thread ended meanwhile
         return []
+
+
+def hurry() -> None:
+    """Every thread of this process at idle priority (the commit's, and those its install started)
+    back to the usual policy, the main thread's nice: the server they yielded to has ended and the
+    command now waits for them. At idle priority beside busy cores an install got a fraction of a
+    percent of a core, and a stop waited minutes for it (docs/snapshots.md, "Stops that waited,
+    or said nothing"). A nice raised by the fallback comes back only as far as RLIMIT_NICE lets it."""
+    nice = os.getpriority(os.PRIO_PROCESS, threading.main_thread().native_id or 0)
+    for _ in range(3):  # a thread started meanwhile by one still idle: the next pass takes it
+        changed = False
+        for tid in _tasks():
+            try:
+                if os.sched_getscheduler(tid) == os.SCHED_IDLE:
+                    os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+                    changed = True
+                if os.getpriority(os.PRIO_PROCESS, tid) > nice:
+                    os.setpriority(os.PRIO_PROCESS, tid, nice)
+                    changed = True
+            except OSError:  # the thread ended, or the nice may not be lowered here
+                continue
+        if not changed:
+            return
+
+
+def _tasks() -> list[int]:
+    try:
+        return [int(task.name) for task in Path("/proc/self/task").iterdir()]
+    except OSError:
+        return []
+
+
+def idle_priority() -> None:
+    """This thread (and the threads it starts) runs only when a core is idle: SCHED_IDLE, else nice 19."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except OSError:
+            pass

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prebake.artifacts.bundle.manifest import Manifest
-from prebake.artifacts.errors import ExitCode, PrebakeError
+from prebake.artifacts.errors import ExitCode, InstallElsewhereError, PrebakeError
 from prebake.artifacts.fetch.outcome import Miss, resolution
 from prebake.artifacts.fetch.pipeline import record_resolution, verified_entries
 from prebake.artifacts.fsutil import Flock
@@ -33,7 +33,7 @@ from prebake.artifacts.ports.registry import Registry
 from prebake.artifacts.recipe.kinds import TargetKeys
 from prebake.artifacts.store.local import Installed, Store
 from prebake.engine.bundled.runtime import openmp
-from prebake.engine.bundled.snapshot import stream
+from prebake.engine.bundled.snapshot import quiet, stream
 from prebake.engine.bundled.snapshot.files import DigestCache, FileRecord, first_difference
 from prebake.engine.bundled.snapshot.host import Able, can_snapshot
 from prebake.engine.bundled.snapshot.image import (
@@ -202,6 +202,7 @@ def _serve_streamed(
     committing.start()
     code = stopping.serve(outcome)
     stopped.set()
+    quiet.hurry()  # the server it yielded to has ended: the install no longer runs at idle priority
     committing.join()  # the store's entry whole before the command exits (a kill leaves only a partial)
     streamer.close()
     stream.remove(streamer)
@@ -220,6 +221,9 @@ def _commit(
 ) -> None:
     try:
         stream.commit(store, manifest, registry, streamer, server, stopped)
+    except InstallElsewhereError as exc:
+        emit(f"{PREFIX} the streamed {NAME} was left to another start to install: {exc}")
+        return
     except PrebakeError as exc:
         emit(f"{PREFIX} the streamed {NAME} was not installed into the store ({exc}); the next start fetches it")
         return

@@ -178,8 +178,12 @@ class Streamer:
                 fd = wire.receive_pipe(conn)
                 if streamed:
                     with self._cond:
-                        self._pipes[member] = fd
+                        refused = self._error is not None  # its pipes were closed already: CRIU gets EOF now
+                        if not refused:
+                            self._pipes[member] = fd
                         self._cond.notify_all()
+                    if refused:
+                        wire.close(fd)
                 else:
                     threading.Thread(target=wire.write_all, args=(fd, self.small[member]), daemon=True).start()
 
@@ -316,12 +320,14 @@ def commit(
 ) -> None:
     """The store's entry for the streamed bundle: the usual install, its blob copied (and verified
     again) from the scratch file, on an idle-priority thread, once the restored server (the process
-    tree under `server`) is quiet or has `stopped`: the restored server comes first."""
-    _idle_priority()
+    tree under `server`) is quiet or has `stopped`: the restored server comes first. Another start
+    installing the same blob is waited for until `stopped`, then InstallElsewhereError (it finishes
+    the entry; the stopped start's exit does not wait on its idle-priority install)."""
+    quiet.idle_priority()
     if server is not None:
         quiet.wait_for_quiet(server, stopped or threading.Event())
     kept = cast(Registry, _Kept(registry, streamer.blob))
-    store.install(manifest, kept)
+    store.install(manifest, kept, until=stopped)
 
 
 class _Kept:
@@ -357,14 +363,3 @@ def _short(images: Path) -> Path:
 def refusal(streamer: Streamer, exc: BaseException) -> str:
     """Why a streamed bundle was refused, as the fetch pipeline says it of an install."""
     return f"fetching {streamer.what} failed: {type(exc).__name__}: {exc}"
-
-
-def _idle_priority() -> None:
-    """This thread (and the threads it starts) runs only when a core is idle: SCHED_IDLE, else nice 19."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        except OSError:
-            pass
