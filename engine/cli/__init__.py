@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import select
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -63,22 +64,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser(json_errors="--json" in words or "json" in words, only=_fast_module(words))
     args = parser.parse_args(words)
     from prebake.engine.cli.common import warn_deprecated
-    from prebake.engine.cli.outcome import failure
 
     try:
         logs.configure(_log_environment(args.verbosity))
         warn_deprecated(args)
         _check_store(args)
         return args.run(args)
-    except BrokenPipeError:  # `prebake ls | head`: the reader has all it wanted
+    except BrokenPipeError as exc:
+        if not _reader_gone(sys.stdout):  # another pipe or socket broke: a failure, not `| head`
+            exc.add_note(
+                "not prebake's output: a pipe to a process it started or a peer broke (a bug: please report it)"
+            )
+            return _failed(exc, args)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
-        return ExitCode.OK
+        return ExitCode.OK  # `prebake ls | head`: the reader has all it wanted
     except Exception as exc:  # the exit-code table holds even for a fault nobody foresaw
-        failed = failure(exc)
-        print(f"prebake: error: {failed.message}", file=sys.stderr)
-        if _wants_json(args):
-            print(failed.to_json())
-        return failed.code
+        return _failed(exc, args)
+
+
+def _failed(exc: Exception, args: argparse.Namespace) -> int:
+    from prebake.engine.cli.outcome import failure
+
+    failed = failure(exc)
+    print(f"prebake: error: {failed.message}", file=sys.stderr)
+    if _wants_json(args):
+        print(failed.to_json())
+    return failed.code
+
+
+def _reader_gone(stream: object) -> bool:
+    """Whether `stream` is a pipe whose reader closed it (poll(2) reports POLLERR on its write end).
+    A BrokenPipeError from any other pipe (a restore's control pipe, a child's stdin) once ended a
+    start with exit 0 and no word (docs/snapshots.md, "Stops that waited, or said nothing")."""
+    try:
+        poller = select.poll()
+        poller.register(stream.fileno(), select.POLLOUT)  # type: ignore[attr-defined]
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):
+        return False
 
 
 class Parser(argparse.ArgumentParser):

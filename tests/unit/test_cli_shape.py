@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
 from prebake.engine.cli import build_parser, main
 from prebake.engine.cli.common import GROUPS
+from tests.support.baking import REPO
 
 
 def _leaves(parser: argparse.ArgumentParser, prefix: str = "") -> dict[str, argparse.ArgumentParser]:
@@ -185,3 +189,38 @@ def test_a_port_in_use_still_says_pick_another_port():
             _bind("127.0.0.1", taken.getsockname()[1])
     finally:
         taken.close()
+
+
+_BREAKS_A_PIPE = """
+import os, sys
+import prebake.engine.cli.serving as serving
+from prebake.engine.cli import main
+
+def broken(args):
+    r, w = os.pipe()
+    os.close(r)
+    os.write(w, b"settings")  # a pipe whose reader is gone, not the output: a restore's control pipe
+
+serving.cmd_fetch = broken
+sys.exit(main(["fetch", "--model", "tiny-llama", "--precision", "fp32"]))
+"""
+
+
+@pytest.mark.parametrize("reader_gone", [False, True])
+def test_a_broken_pipe_is_quiet_only_where_the_outputs_reader_left(reader_gone, tmp_path):
+    """`prebake ... | head` ends 0 without a word; any other pipe that broke is an error. Before, a
+    restore killed before it read its settings ended `prebake serve` with 0 and nothing said."""
+    read, write = os.pipe()
+    if reader_gone:
+        os.close(read)
+    env = {**os.environ, "PREBAKE_HOME": str(tmp_path / "home")}
+    done = subprocess.run(
+        [sys.executable, "-c", _BREAKS_A_PIPE], cwd=REPO, stdout=write, stderr=subprocess.PIPE, env=env, timeout=120
+    )
+    os.close(write)
+    if not reader_gone:
+        os.close(read)
+    if reader_gone:
+        assert done.returncode == 0 and done.stderr == b"", done.stderr.decode()
+    else:
+        assert done.returncode == 2 and b"Broken pipe" in done.stderr and b"please report it" in done.stderr

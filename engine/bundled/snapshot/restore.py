@@ -154,7 +154,10 @@ def restore(
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
     os.close(out_w)
     os.close(control_r)
-    os.write(control_w, (json.dumps(dict(settings)) + "\n").encode())
+    try:
+        os.write(control_w, (json.dumps(dict(settings)) + "\n").encode())
+    except BrokenPipeError:  # the restore ended (failed, or was killed by a stop) before it read them
+        pass  # its end of output and its exit status say why, below
     reader = os.fdopen(out_r, "rb", buffering=0)
     ready = _until_ready(reader, proc, emit)
     if isinstance(ready, Failed):
