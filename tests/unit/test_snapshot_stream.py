@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,16 @@ def _streamer(tmp_path: Path, registry: FileRegistry, manifest: Manifest, scratc
     return streamer
 
 
+def _commit(store: Store, manifest: Manifest, registry: FileRegistry, streamer: stream.Streamer, stopped=None) -> None:
+    """stream.commit on a thread of its own, as serving runs it (it sets its thread's priority);
+    by default once the server ended: at the usual priority (at idle, a busy host starves it)."""
+    if stopped is None:
+        stopped = threading.Event()
+        stopped.set()
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(stream.commit, store, manifest, registry, streamer, None, stopped).result()
+
+
 class _Criu:
     """CRIU's side: a request (its length, then img_streamer_request_entry), the reply, then a pipe's
     write end sent over the socket for a file that exists; the file read from the pipe's other end."""
@@ -116,7 +127,7 @@ def test_criu_gets_each_image_verified_and_the_store_its_whole_entry_after(tmp_p
     criu.close()
     assert streamer.wait_verified() is None
     store = Store(tmp_path / "home")
-    stream.commit(store, manifest, registry, streamer)
+    _commit(store, manifest, registry, streamer)
     installed = store.lookup("snapshot", manifest.key_digest)
     assert installed is not None and tree_problems(installed.tree, manifest.files) == []
     streamer.close()
@@ -138,7 +149,7 @@ def test_pages_are_held_to_the_blob_and_a_file_list_unlike_its_blob_is_never_ins
     assert streamer.wait_verified() is None
     store = Store(tmp_path / "home")
     with pytest.raises(BundleError, match="pages-1.img"):
-        stream.commit(store, manifest, registry, streamer)
+        _commit(store, manifest, registry, streamer)
     assert store.lookup("snapshot", manifest.key_digest) is None
     streamer.close()
 
@@ -185,7 +196,7 @@ def test_criu_asking_for_the_pages_after_the_bundle_was_refused_reads_their_end_
 
 
 _COMMIT_KILLED = """
-import sys, time
+import sys, threading, time
 from pathlib import Path
 from prebake.artifacts.bundle.unpack import UnpackLimits
 from prebake.artifacts.store.local import Store
@@ -200,7 +211,9 @@ criu = _Criu(streamer.images)
 criu.read("core-1.img"), criu.read("pages-1.img")
 criu.close()
 assert streamer.wait_verified() is None
-stream.commit(Store(tmp / "home"), manifest, registry, streamer)  # killed before its tree is renamed in
+stopped = threading.Event()
+stopped.set()  # the server ended: the usual priority (at idle, a busy host starves it)
+stream.commit(Store(tmp / "home"), manifest, registry, streamer, None, stopped)  # killed before its tree is renamed in
 """
 
 
@@ -360,12 +373,16 @@ def test_a_stopped_start_leaves_the_entry_to_another_process_installing_it_and_t
         threading.Timer(0.3, stopped.set).start()  # the server stops while the other process installs
         began = time.monotonic()
         with pytest.raises(InstallElsewhereError, match="another process is installing blob"):
-            stream.commit(store, manifest, registry, streamer, None, stopped)
+            _commit(store, manifest, registry, streamer, stopped)
         assert 0.3 <= time.monotonic() - began < 10  # waited while it served, not after
         assert store.lookup("snapshot", manifest.key_digest) is None
     finally:
         _stop(holder)
-    stream.commit(store, manifest, registry, streamer, None, stopped)  # stopped, the lock free: installed
+    with ThreadPoolExecutor(1) as pool:  # stopped, the lock free: installed, at the usual priority
+        policy = pool.submit(
+            lambda: (stream.commit(store, manifest, registry, streamer, None, stopped), os.sched_getscheduler(0))[1]
+        )
+        assert policy.result() == os.SCHED_OTHER
     installed = store.lookup("snapshot", manifest.key_digest)
     assert installed is not None and tree_problems(installed.tree, manifest.files) == []
     streamer.close()

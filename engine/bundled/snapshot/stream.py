@@ -324,6 +324,8 @@ def commit(
     installing the same blob is waited for until `stopped`, then InstallElsewhereError (it finishes
     the entry; the stopped start's exit does not wait on its idle-priority install)."""
     quiet.idle_priority()
+    if stopped is not None and stopped.is_set():  # the server ended before this thread ran: hurry() came first
+        quiet.hurry()
     if server is not None:
         quiet.wait_for_quiet(server, stopped or threading.Event())
     kept = cast(Registry, _Kept(registry, streamer.blob))
