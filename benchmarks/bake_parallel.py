@@ -71,6 +71,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--out", type=Path, help="keep the graphs trees here (default: a temporary folder)")
     args = parser.parse_args()
+    if args.repeat < 1:  # nothing timed: a median of no rounds
+        parser.error(f"--repeat {args.repeat}: give 1 or more")
     load_start = os.getloadavg()
     runs: dict[int, list[dict]] = {1: [], args.workers: []}
     with tempfile.TemporaryDirectory(prefix="prebake-bake-parallel-") as tmp:

@@ -316,6 +316,8 @@ def main() -> None:
     parser.add_argument("--inductor-tree", type=Path, help="an existing Inductor cache folder to use")
     parser.add_argument("--plot", type=Path, help="also draw the throughput as a PNG here (needs matplotlib)")
     args = parser.parse_args()
+    if args.repeat < 1:  # nothing timed: a median of no rounds
+        parser.error(f"--repeat {args.repeat}: give 1 or more")
     print(VERIFICATION)
     load_start = os.getloadavg()[0]
     results = []

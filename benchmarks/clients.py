@@ -53,6 +53,8 @@ def main() -> None:
     parser.add_argument("--vllm-python", help="the Python of a venv holding vLLM, for `vllm bench serve`")
     parser.add_argument("--work", type=Path, help="where the server's home and the reports go (default: a temp dir)")
     args = parser.parse_args()
+    if args.requests < 1:  # nothing measured
+        parser.error(f"--requests {args.requests}: give 1 or more")
     work = args.work or Path(tempfile.mkdtemp(prefix="prebake-clients-"))
     work.mkdir(parents=True, exist_ok=True)
     tokenizer = args.tokenizer or make_tokenizer(work / "tokenizer")

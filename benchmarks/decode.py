@@ -140,6 +140,8 @@ def main() -> None:
     parser.add_argument("--gguf-dir", type=Path, default=Path.home() / ".cache/prebake/peers/gguf")
     parser.add_argument("--work", type=Path, help="keep the packages here (default: a temporary folder)")
     args = parser.parse_args()
+    if args.repeat < 1:  # nothing timed: a median of no rounds
+        parser.error(f"--repeat {args.repeat}: give 1 or more")
     dtypes = [d for d in args.dtypes.split(",") if d]
     if unknown := set(args.versions.split(",")) - set(VERSIONS) - {""}:
         sys.exit(f"--versions {args.versions}: no version {', '.join(sorted(unknown))} (known: {', '.join(VERSIONS)})")

@@ -43,6 +43,8 @@ def main() -> None:
     parser.add_argument("--model", default="tiny-llama")
     parser.add_argument("--precision", default="fp32")
     args = parser.parse_args()
+    if args.repeat < 1:  # nothing timed: a median of no rounds
+        parser.error(f"--repeat {args.repeat}: give 1 or more")
     home = args.home or Path(tempfile.mkdtemp(prefix="prebake-noop-"))
     home.mkdir(parents=True, exist_ok=True)
     variables = [f"model={args.model}", f"precision={args.precision}"]

@@ -107,6 +107,8 @@ def main() -> None:
     parser.add_argument("--work", type=Path, help="logs and homes (default: a temp dir)")
     parser.add_argument("--chart", type=Path, help="draw time to ready and TPOT into this PNG")
     args = parser.parse_args()
+    if args.rounds < 1:  # nothing timed: a median of no rounds
+        parser.error(f"--rounds {args.rounds}: give 1 or more")
     print(f"prebake's bytecode brought up to date in {compile_prebake():.1f} s (benchmarks/bytecode.py)", flush=True)
     work = (args.work or Path(tempfile.mkdtemp(prefix="prebake-peers-"))).resolve()
     concurrencies = [int(c) for c in args.concurrency.split(",")]

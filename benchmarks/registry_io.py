@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3, help="timed rounds per measurement; the median is reported")
     parser.add_argument("--only", choices=("s3", "oci"), help="measure one backend (default: both)")
     args = parser.parse_args(argv)
+    if args.repeat < 1:  # nothing timed: a median of no rounds
+        parser.error(f"--repeat {args.repeat}: give 1 or more")
     from benchmarks import oci_io
 
     if args.only != "oci" and shutil.which("aws") is None:

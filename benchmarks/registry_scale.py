@@ -84,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lookups", type=int, default=20, help="hit lookups per size; the median is reported")
     parser.add_argument("--backends", default=",".join(BACKENDS), help="which registries, comma-separated")
     args = parser.parse_args(argv)
+    if args.lookups < 1:  # nothing measured
+        parser.error(f"--lookups {args.lookups}: give 1 or more")
     BACKENDS[:] = [b for b in args.backends.split(",") if b != "oci" or shutil.which("docker-registry")]
     sizes = [int(s) for s in args.sizes.split(",")]
     manifests = synthetic_manifests(sizes[-1], files=args.files)

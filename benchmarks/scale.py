@@ -59,6 +59,8 @@ def main() -> None:
     parser.add_argument("--chart", type=Path, help="draw the scale curve into this PNG")
     parser.add_argument("--precision", default=PRECISION, help="bf16, or fp8 (the FP8 twin of the checkpoint)")
     args = parser.parse_args()
+    if args.iterations < 1:  # nothing timed: a median of no rounds
+        parser.error(f"--iterations {args.iterations}: give 1 or more")
     work = args.work or Path(tempfile.mkdtemp(prefix="prebake-scale-"))
     rows = {}
     for model in [m.strip() for m in args.models.split(",") if m.strip()]:

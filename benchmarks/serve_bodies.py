@@ -109,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--uploads", type=int, default=100)
     parser.add_argument("--work", type=Path)
     args = parser.parse_args(argv)
+    if args.uploads < 1:  # nothing measured
+        parser.error(f"--uploads {args.uploads}: give 1 or more")
     with tempfile.TemporaryDirectory(prefix="serve-bodies-") as tmp:
         work = args.work or Path(tmp)
         proc, port = _start(work)

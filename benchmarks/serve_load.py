@@ -60,6 +60,8 @@ def main() -> None:
     parser.add_argument("--registry", type=Path, help="a registry holding the recipe's bundles (else baked first)")
     parser.add_argument("--work", type=Path, help="working folder (default: a new temporary one)")
     args = parser.parse_args()
+    if args.clients < 1:  # nothing measured
+        parser.error(f"--clients {args.clients}: give 1 or more")
     work = args.work or Path(tempfile.mkdtemp(prefix="prebake-serve-load-"))
     registry = args.registry or work / "registry"
     registry.mkdir(parents=True, exist_ok=True)

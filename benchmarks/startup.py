@@ -112,6 +112,11 @@ def main() -> None:
         "time its restore (`serve --snapshot require`) beside the other modes (snapshot_mode.py)",
     )
     args = parser.parse_args()
+    if min(args.iterations, args.warm_iterations) < 0 or args.iterations + args.warm_iterations < 1:
+        parser.error(  # before any bake: a run that times nothing is found out now, not after minutes
+            f"--iterations {args.iterations} --warm-iterations {args.warm_iterations} times no start: "
+            "give --iterations 1 or more (cold, prebaked and eager), or --warm-iterations 1 or more (no cold one)"
+        )
     print(f"prebake's bytecode brought up to date in {compile_prebake():.1f} s (benchmarks/bytecode.py)", flush=True)
     work = args.work or Path(tempfile.mkdtemp(prefix="prebake-startup-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -141,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--chart", type=Path, help="draw seconds to ready of every mode into this PNG")
     args = parser.parse_args(argv)
+    if args.runs < 1:  # nothing timed: a median of no rounds
+        parser.error(f"--runs {args.runs}: give 1 or more")
     work = (args.work or Path(tempfile.mkdtemp(prefix="startup-vllm-"))).resolve()
     base = {k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")} | {"PREBAKE_TRUSTED_KEYS": ""}
     base.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # vLLM on CPU otherwise reserves most of the RAM

@@ -120,6 +120,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="bakes of each tp (default 2)")
     parser.add_argument("--work", type=Path, help="working folder (default: a new temporary one)")
     args = parser.parse_args()
+    if args.rounds < 1:  # nothing timed: a median of no rounds
+        parser.error(f"--rounds {args.rounds}: give 1 or more")
     work = args.work or Path(tempfile.mkdtemp(prefix="tp-bakes-"))
     recipes = work / "recipes"
     recipes.mkdir(parents=True, exist_ok=True)
