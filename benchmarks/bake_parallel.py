@@ -64,15 +64,15 @@ def build(root: Path, recipe: str, precision: str, workers: int, run: int) -> di
 
 
 def main() -> None:
+    from prebake.engine.cli.common import positive_int  # 1 or more, or a clear usage error
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-llama")
     parser.add_argument("--precision", default="bf16")
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
-    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--repeat", type=positive_int, default=1)
     parser.add_argument("--out", type=Path, help="keep the graphs trees here (default: a temporary folder)")
     args = parser.parse_args()
-    if args.repeat < 1:  # nothing timed: a median of no rounds
-        parser.error(f"--repeat {args.repeat}: give 1 or more")
     load_start = os.getloadavg()
     runs: dict[int, list[dict]] = {1: [], args.workers: []}
     with tempfile.TemporaryDirectory(prefix="prebake-bake-parallel-") as tmp:

@@ -310,14 +310,14 @@ def plot(results: list[Result], dest: Path) -> None:
 
 
 def main() -> None:
+    from prebake.engine.cli.common import positive_int  # 1 or more, or a clear usage error
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=3, help="rounds per measurement; the median is reported")
+    parser.add_argument("--repeat", type=positive_int, default=3, help="rounds per measurement; the median is reported")
     parser.add_argument("--scale", type=float, default=1.0, help="shrink the synthetic trees (0.1: a quick run)")
     parser.add_argument("--inductor-tree", type=Path, help="an existing Inductor cache folder to use")
     parser.add_argument("--plot", type=Path, help="also draw the throughput as a PNG here (needs matplotlib)")
     args = parser.parse_args()
-    if args.repeat < 1:  # nothing timed: a median of no rounds
-        parser.error(f"--repeat {args.repeat}: give 1 or more")
     print(VERIFICATION)
     load_start = os.getloadavg()[0]
     results = []

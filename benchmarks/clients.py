@@ -43,18 +43,18 @@ VENDOR_BODY = {"repetition_penalty": 1.0, "vendor_priority": 3}
 
 
 def main() -> None:
+    from prebake.engine.cli.common import positive_int  # 1 or more, or a clear usage error
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-llama")
     parser.add_argument("--serve-args", default="--eager", help='passed to prebake serve (default "--eager")')
-    parser.add_argument("--requests", type=int, default=16, help="requests per client and concurrency")
+    parser.add_argument("--requests", type=positive_int, default=16, help="requests per client and concurrency")
     parser.add_argument("--concurrency", default="1,2")
     parser.add_argument("--tokenizer", type=Path, help="a folder transformers loads (default: one made here)")
     parser.add_argument("--aiperf", default=shutil.which("aiperf"), help="aiperf's executable (its own venv)")
     parser.add_argument("--vllm-python", help="the Python of a venv holding vLLM, for `vllm bench serve`")
     parser.add_argument("--work", type=Path, help="where the server's home and the reports go (default: a temp dir)")
     args = parser.parse_args()
-    if args.requests < 1:  # nothing measured
-        parser.error(f"--requests {args.requests}: give 1 or more")
     work = args.work or Path(tempfile.mkdtemp(prefix="prebake-clients-"))
     work.mkdir(parents=True, exist_ok=True)
     tokenizer = args.tokenizer or make_tokenizer(work / "tokenizer")

@@ -129,19 +129,19 @@ def llama_bench(binary: Path, gguf: Path, steps: int, threads: int) -> float:
 
 
 def main() -> None:
+    from prebake.engine.cli.common import positive_int  # 1 or more, or a clear usage error
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=30)
     parser.add_argument("--dtypes", default="fp32,bf16")
     parser.add_argument("--versions", default="mm,v2", help="what the pass is compared with (mm,products,v2,v3)")
     parser.add_argument("--ctx", type=int, default=256)
     parser.add_argument("--steps", type=int, default=64)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=positive_int, default=3)
     parser.add_argument("--llama-bench", type=Path, help="llama.cpp's llama-bench, for the same bytes per weight")
     parser.add_argument("--gguf-dir", type=Path, default=Path.home() / ".cache/prebake/peers/gguf")
     parser.add_argument("--work", type=Path, help="keep the packages here (default: a temporary folder)")
     args = parser.parse_args()
-    if args.repeat < 1:  # nothing timed: a median of no rounds
-        parser.error(f"--repeat {args.repeat}: give 1 or more")
     dtypes = [d for d in args.dtypes.split(",") if d]
     if unknown := set(args.versions.split(",")) - set(VERSIONS) - {""}:
         sys.exit(f"--versions {args.versions}: no version {', '.join(sorted(unknown))} (known: {', '.join(VERSIONS)})")

@@ -48,12 +48,14 @@ _MiB = 1 << 20
 
 
 def main(argv: list[str] | None = None) -> int:
+    from prebake.engine.cli.common import positive_int  # 1 or more, or a clear usage error
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-mib", type=int, default=1024, help="bundle size in MiB (1024 for the issue's figure)")
-    parser.add_argument("--repeat", type=int, default=2, help="timed rounds per measurement; the median is reported")
+    parser.add_argument(
+        "--repeat", type=positive_int, default=2, help="timed rounds per measurement; the median is reported"
+    )
     args = parser.parse_args(argv)
-    if args.repeat < 1:  # nothing timed: a median of no rounds
-        parser.error(f"--repeat {args.repeat}: give 1 or more")
     for tool in ("zstd", "tar"):
         if shutil.which(tool) is None:
             print(f"`{tool}` is not on PATH; install it to measure the unpack floor", file=sys.stderr)

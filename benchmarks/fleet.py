@@ -132,12 +132,14 @@ def ray_figures(tmp: Path, repeat: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from prebake.engine.cli.common import positive_int  # 1 or more, or a clear usage error
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeat", type=int, default=5, help="timed rounds per figure; the median is reported")
+    parser.add_argument(
+        "--repeat", type=positive_int, default=5, help="timed rounds per figure; the median is reported"
+    )
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray cluster figures")
     args = parser.parse_args(argv)
-    if args.repeat < 1:  # nothing timed: a median of no rounds
-        parser.error(f"--repeat {args.repeat}: give 1 or more")
     figures: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="prebake-fleet-") as tmp:
         for size in SIZES:

@@ -37,14 +37,14 @@ def run(home: Path, *args: str) -> float:
 
 
 def main() -> None:
+    from prebake.engine.cli.common import positive_int  # 1 or more, or a clear usage error
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--home", type=Path, help="a folder already baked by this script (reused)")
-    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--repeat", type=positive_int, default=10)
     parser.add_argument("--model", default="tiny-llama")
     parser.add_argument("--precision", default="fp32")
     args = parser.parse_args()
-    if args.repeat < 1:  # nothing timed: a median of no rounds
-        parser.error(f"--repeat {args.repeat}: give 1 or more")
     home = args.home or Path(tempfile.mkdtemp(prefix="prebake-noop-"))
     home.mkdir(parents=True, exist_ok=True)
     variables = [f"model={args.model}", f"precision={args.precision}"]

@@ -77,8 +77,10 @@ class Peer:
 
 
 def main() -> None:
+    from prebake.engine.cli.common import positive_int  # 1 or more, or a clear usage error
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=positive_int, default=3)
     parser.add_argument("--requests", type=int, default=2, help="requests per stream, per round and concurrency")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--concurrency", default="1,2")
@@ -107,8 +109,6 @@ def main() -> None:
     parser.add_argument("--work", type=Path, help="logs and homes (default: a temp dir)")
     parser.add_argument("--chart", type=Path, help="draw time to ready and TPOT into this PNG")
     args = parser.parse_args()
-    if args.rounds < 1:  # nothing timed: a median of no rounds
-        parser.error(f"--rounds {args.rounds}: give 1 or more")
     print(f"prebake's bytecode brought up to date in {compile_prebake():.1f} s (benchmarks/bytecode.py)", flush=True)
     work = (args.work or Path(tempfile.mkdtemp(prefix="prebake-peers-"))).resolve()
     concurrencies = [int(c) for c in args.concurrency.split(",")]

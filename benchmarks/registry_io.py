@@ -45,15 +45,17 @@ _MiB = 1 << 20
 
 
 def main(argv: list[str] | None = None) -> int:
+    from prebake.engine.cli.common import positive_int  # 1 or more, or a clear usage error
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--size-mb", type=int, default=256, help="blob size in MiB (at least 256 for the issue's figure)"
     )
-    parser.add_argument("--repeat", type=int, default=3, help="timed rounds per measurement; the median is reported")
+    parser.add_argument(
+        "--repeat", type=positive_int, default=3, help="timed rounds per measurement; the median is reported"
+    )
     parser.add_argument("--only", choices=("s3", "oci"), help="measure one backend (default: both)")
     args = parser.parse_args(argv)
-    if args.repeat < 1:  # nothing timed: a median of no rounds
-        parser.error(f"--repeat {args.repeat}: give 1 or more")
     from benchmarks import oci_io
 
     if args.only != "oci" and shutil.which("aws") is None:

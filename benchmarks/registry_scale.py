@@ -78,14 +78,14 @@ class _Counting:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from prebake.engine.cli.common import positive_int  # 1 or more, or a clear usage error
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="10,1000,10000", help="registry sizes, comma-separated, ascending")
     parser.add_argument("--files", type=int, default=50, help="files listed by each index entry")
-    parser.add_argument("--lookups", type=int, default=20, help="hit lookups per size; the median is reported")
+    parser.add_argument("--lookups", type=positive_int, default=20, help="hit lookups per size; the median is reported")
     parser.add_argument("--backends", default=",".join(BACKENDS), help="which registries, comma-separated")
     args = parser.parse_args(argv)
-    if args.lookups < 1:  # nothing measured
-        parser.error(f"--lookups {args.lookups}: give 1 or more")
     BACKENDS[:] = [b for b in args.backends.split(",") if b != "oci" or shutil.which("docker-registry")]
     sizes = [int(s) for s in args.sizes.split(",")]
     manifests = synthetic_manifests(sizes[-1], files=args.files)

@@ -49,18 +49,18 @@ PRECISION = "bf16"
 
 
 def main() -> None:
+    from prebake.engine.cli.common import positive_int  # 1 or more, or a clear usage error
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS), help="recipes, joined by commas")
     parser.add_argument("--work", type=Path, help="working folder (default: a new temporary one)")
-    parser.add_argument("--iterations", type=int, default=1, help="eager and prebaked starts per model")
+    parser.add_argument("--iterations", type=positive_int, default=1, help="eager and prebaked starts per model")
     parser.add_argument("--cold", type=int, default=1, help="cold starts per model (0: none)")
     parser.add_argument("--tokens", type=int, default=16, help="tokens decoded to time decode tokens/s")
     parser.add_argument("--json", type=Path, help="also write every figure here")
     parser.add_argument("--chart", type=Path, help="draw the scale curve into this PNG")
     parser.add_argument("--precision", default=PRECISION, help="bf16, or fp8 (the FP8 twin of the checkpoint)")
     args = parser.parse_args()
-    if args.iterations < 1:  # nothing timed: a median of no rounds
-        parser.error(f"--iterations {args.iterations}: give 1 or more")
     work = args.work or Path(tempfile.mkdtemp(prefix="prebake-scale-"))
     rows = {}
     for model in [m.strip() for m in args.models.split(",") if m.strip()]:

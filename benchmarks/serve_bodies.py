@@ -105,12 +105,12 @@ def _refused(socks: list[socket.socket]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from prebake.engine.cli.common import positive_int  # 1 or more, or a clear usage error
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--uploads", type=int, default=100)
+    parser.add_argument("--uploads", type=positive_int, default=100)
     parser.add_argument("--work", type=Path)
     args = parser.parse_args(argv)
-    if args.uploads < 1:  # nothing measured
-        parser.error(f"--uploads {args.uploads}: give 1 or more")
     with tempfile.TemporaryDirectory(prefix="serve-bodies-") as tmp:
         work = args.work or Path(tmp)
         proc, port = _start(work)

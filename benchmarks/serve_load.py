@@ -52,16 +52,16 @@ class Result:
 
 
 def main() -> None:
+    from prebake.engine.cli.common import positive_int  # 1 or more, or a clear usage error
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-llama")
     parser.add_argument("--precision", default="fp32")
-    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--clients", type=positive_int, default=32)
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of load (default 20)")
     parser.add_argument("--registry", type=Path, help="a registry holding the recipe's bundles (else baked first)")
     parser.add_argument("--work", type=Path, help="working folder (default: a new temporary one)")
     args = parser.parse_args()
-    if args.clients < 1:  # nothing measured
-        parser.error(f"--clients {args.clients}: give 1 or more")
     work = args.work or Path(tempfile.mkdtemp(prefix="prebake-serve-load-"))
     registry = args.registry or work / "registry"
     registry.mkdir(parents=True, exist_ok=True)

@@ -130,8 +130,10 @@ def _timed(launch: Spawn, port: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from prebake.engine.cli.common import positive_int  # 1 or more, or a clear usage error
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=1, help="starts per mode (default 1)")
+    parser.add_argument("--runs", type=positive_int, default=1, help="starts per mode (default 1)")
     parser.add_argument("--work", type=Path, help="folder for the homes and logs (default: a temporary one)")
     parser.add_argument("--no-relocated", action="store_true", help="skip the start from another venv and HOME")
     parser.add_argument(
@@ -141,8 +143,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--chart", type=Path, help="draw seconds to ready of every mode into this PNG")
     args = parser.parse_args(argv)
-    if args.runs < 1:  # nothing timed: a median of no rounds
-        parser.error(f"--runs {args.runs}: give 1 or more")
     work = (args.work or Path(tempfile.mkdtemp(prefix="startup-vllm-"))).resolve()
     base = {k: v for k, v in os.environ.items() if not k.startswith("PREBAKE_")} | {"PREBAKE_TRUSTED_KEYS": ""}
     base.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # vLLM on CPU otherwise reserves most of the RAM

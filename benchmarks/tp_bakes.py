@@ -112,16 +112,16 @@ def interleaved(bakes: list[tuple[int, dict]], tp: int) -> dict:
 
 
 def main() -> None:
+    from prebake.engine.cli.common import positive_int  # 1 or more, or a clear usage error
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipes", type=Path, required=True, help="the folder holding the model's recipe")
     parser.add_argument("--model", required=True)
     parser.add_argument("--precision", default="fp32")
     parser.add_argument("--tp", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=2, help="bakes of each tp (default 2)")
+    parser.add_argument("--rounds", type=positive_int, default=2, help="bakes of each tp (default 2)")
     parser.add_argument("--work", type=Path, help="working folder (default: a new temporary one)")
     args = parser.parse_args()
-    if args.rounds < 1:  # nothing timed: a median of no rounds
-        parser.error(f"--rounds {args.rounds}: give 1 or more")
     work = args.work or Path(tempfile.mkdtemp(prefix="tp-bakes-"))
     recipes = work / "recipes"
     recipes.mkdir(parents=True, exist_ok=True)

@@ -63,10 +63,8 @@ def serve_parked(request: StartRequest, open_services: OpenServices) -> int:
         print(f"prebake serve: snapshot: {refused}", flush=True)
         raise SystemExit(1)  # before ready: the supervisor starts the usual way
     print(resident.populate(pages).line(), flush=True)  # as ready as the start it was taken of
-    print(
-        f"prebake serve: snapshot: {openmp.restored_waits(settings.get('openmp', {}), handed=settings.get('cores')).line()}",
-        flush=True,
-    )
+    waits = openmp.restored_waits(settings.get("openmp", {}), handed=settings.get("cores"))
+    print(f"prebake serve: snapshot: {waits.line()}", flush=True)
     return _serve(engine, scheduler, state, settings)
 
 

@@ -10,31 +10,34 @@ import pytest
 
 from tests.support.baking import REPO
 
-CASES = [
-    ("startup", ["--iterations", "0"], "times no start"),
-    ("bake_parallel", ["--repeat", "0"], "--repeat 0: give 1 or more"),
-    ("bundle", ["--repeat", "0"], "--repeat 0: give 1 or more"),
-    ("decode", ["--repeat", "0"], "--repeat 0: give 1 or more"),
-    ("fetch_stream", ["--repeat", "0"], "--repeat 0: give 1 or more"),
-    ("fleet", ["--repeat", "-2"], "--repeat -2: give 1 or more"),
-    ("noop_bake", ["--repeat", "0"], "--repeat 0: give 1 or more"),
-    ("oci_io", ["--repeat", "0"], "--repeat 0: give 1 or more"),
-    ("peers", ["--rounds", "0"], "--rounds 0: give 1 or more"),
-    ("registry_io", ["--repeat", "0"], "--repeat 0: give 1 or more"),
-    ("scale", ["--iterations", "0"], "--iterations 0: give 1 or more"),
-    ("startup_vllm", ["--runs", "0"], "--runs 0: give 1 or more"),
-    ("tp_bakes", ["--recipes", "r", "--model", "m", "--rounds", "0"], "--rounds 0: give 1 or more"),
-    ("registry_scale", ["--lookups", "0"], "--lookups 0: give 1 or more"),
-    ("clients", ["--requests", "0"], "--requests 0: give 1 or more"),
-    ("serve_bodies", ["--uploads", "0"], "--uploads 0: give 1 or more"),
-    ("serve_load", ["--clients", "0"], "--clients 0: give 1 or more"),
-]
+COUNTS = {  # benchmark -> its count of rounds (engine/cli/common.positive_int)
+    **dict.fromkeys(["bake_parallel", "bundle", "decode", "fetch_stream", "fleet", "noop_bake"], "--repeat"),
+    **dict.fromkeys(["oci_io", "registry_io"], "--repeat"),
+    **dict.fromkeys(["peers", "tp_bakes"], "--rounds"),
+    "scale": "--iterations",
+    "startup_vllm": "--runs",
+    "registry_scale": "--lookups",
+    "clients": "--requests",
+    "serve_bodies": "--uploads",
+    "serve_load": "--clients",
+}
+REQUIRED = {"tp_bakes": ["--recipes", "r", "--model", "m"]}
 
 
-@pytest.mark.parametrize(("name", "args", "said"), CASES, ids=[c[0] for c in CASES])
-def test_a_count_that_times_nothing_is_refused_before_any_work(name, args, said, tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-m", f"benchmarks.{name}", *args],
+def _run(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{name}", *REQUIRED.get(name, []), *args],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert done.returncode == 2 and said in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("name", sorted(COUNTS))
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_a_count_that_times_nothing_is_refused_before_any_work(name, value):
+    done = _run(name, COUNTS[name], value)
+    assert done.returncode == 2 and f"argument {COUNTS[name]}: {value} must be 1 or more" in done.stderr, done.stderr
+
+
+def test_startup_refuses_a_run_that_times_no_start_before_anything_is_baked():
+    done = _run("startup", "--iterations", "0")
+    assert done.returncode == 2 and "times no start" in done.stderr, done.stderr

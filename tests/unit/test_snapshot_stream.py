@@ -135,18 +135,24 @@ def test_criu_gets_each_image_verified_and_the_store_its_whole_entry_after(tmp_p
     assert not streamer.scratch.exists()
 
 
-def test_pages_are_held_to_the_blob_and_a_file_list_unlike_its_blob_is_never_installed(tmp_path):
-    """The pages' bytes are fixed by the blob's digest (checked before their last chunk goes), not
-    hashed again on the restore's path: a signed manifest whose pages' sha256 disagrees with its own
-    blob serves the blob's bytes, and the commit's install, which checks every member, refuses it:
-    no entry in the store, the refusal naming the member."""
-    registry, manifest = _published(tmp_path, tamper_pages_digest=True)
+def _verified(tmp_path: Path, tamper_pages_digest: bool = False) -> tuple[FileRegistry, Manifest, stream.Streamer]:
+    """A bundle streamed whole: CRIU read its pages, and the stream matched the blob."""
+    registry, manifest = _published(tmp_path, tamper_pages_digest)
     streamer = _streamer(tmp_path, registry, manifest)
     assert isinstance(streamer.in_hand(), dict)
     criu = _Criu(streamer.images)
     assert criu.read("pages-1.img") == PAGES
     criu.close()
     assert streamer.wait_verified() is None
+    return registry, manifest, streamer
+
+
+def test_pages_are_held_to_the_blob_and_a_file_list_unlike_its_blob_is_never_installed(tmp_path):
+    """The pages' bytes are fixed by the blob's digest (checked before their last chunk goes), not
+    hashed again on the restore's path: a signed manifest whose pages' sha256 disagrees with its own
+    blob serves the blob's bytes, and the commit's install, which checks every member, refuses it:
+    no entry in the store, the refusal naming the member."""
+    registry, manifest, streamer = _verified(tmp_path, tamper_pages_digest=True)
     store = Store(tmp_path / "home")
     with pytest.raises(BundleError, match="pages-1.img"):
         _commit(store, manifest, registry, streamer)
@@ -342,17 +348,6 @@ def test_the_commit_waits_for_no_tree_that_stopped_or_is_gone(tmp_path):
     finally:
         _stop(server)
     assert quiet.wait_for_quiet(server.pid, threading.Event()) == 0.0  # gone
-
-
-def _verified(tmp_path: Path) -> tuple[FileRegistry, Manifest, stream.Streamer]:
-    registry, manifest = _published(tmp_path)
-    streamer = _streamer(tmp_path, registry, manifest)
-    assert isinstance(streamer.in_hand(), dict)
-    criu = _Criu(streamer.images)
-    assert criu.read("pages-1.img") == PAGES
-    criu.close()
-    assert streamer.wait_verified() is None
-    return registry, manifest, streamer
 
 
 def test_a_stopped_start_leaves_the_entry_to_another_process_installing_it_and_takes_a_free_lock(tmp_path):
