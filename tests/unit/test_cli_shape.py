@@ -224,3 +224,46 @@ def test_a_broken_pipe_is_quiet_only_where_the_outputs_reader_left(reader_gone, 
         assert done.returncode == 0 and done.stderr == b"", done.stderr.decode()
     else:
         assert done.returncode == 2 and b"Broken pipe" in done.stderr and b"please report it" in done.stderr
+
+
+@pytest.fixture
+def collector():
+    """gc as it was after the test: enabled, nothing frozen (a frozen test process would keep its garbage)."""
+    import gc
+
+    yield gc
+    gc.unfreeze()
+    gc.enable()
+
+
+@pytest.mark.parametrize("words", [["serve", "--help"], ["--version"], ["serve", "--port", "x"], ["recipes"]])
+def test_a_process_builds_its_parser_without_the_collector_then_freezes_what_it_imported(words, collector, monkeypatch):
+    """`prebake` (main reading sys.argv) builds its parser without Python's cyclic collector and freezes
+    the objects of its imports (a restore's floor is its imports); the command, which may serve for
+    days, runs with the collector again; so does what follows --help or a usage error."""
+    import prebake.engine.cli as cli
+
+    seen = []
+    real_build, real_check = cli.build_parser, cli._check_store
+    monkeypatch.setattr(cli, "build_parser", lambda **kw: seen.append(collector.isenabled()) or real_build(**kw))
+    monkeypatch.setattr(cli, "_check_store", lambda args: seen.append(collector.isenabled()) or real_check(args))
+    monkeypatch.setattr(sys, "argv", ["prebake", *words])
+    collector.unfreeze()
+    try:
+        main()
+    except SystemExit:
+        pass
+    assert seen == ([False, True] if words == ["recipes"] else [False])  # only `recipes` runs a command
+    assert collector.isenabled() and collector.get_freeze_count() > 0
+
+
+def test_a_caller_of_main_and_a_process_without_the_collector_keep_theirs_as_they_were(collector, monkeypatch):
+    collector.unfreeze()
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])  # a caller's main([...]): a test, an embedding program
+    assert collector.isenabled() and collector.get_freeze_count() == 0
+    collector.disable()  # a process that turned it off itself keeps it off, and freezes nothing
+    monkeypatch.setattr(sys, "argv", ["prebake", "serve", "--help"])
+    with pytest.raises(SystemExit):
+        main()
+    assert not collector.isenabled() and collector.get_freeze_count() == 0
