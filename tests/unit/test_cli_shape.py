@@ -236,7 +236,7 @@ def collector():
     gc.enable()
 
 
-@pytest.mark.parametrize("words", [["serve", "--help"], ["--version"], ["serve", "--port", "x"], ["recipes"]])
+@pytest.mark.parametrize("words", [["fetch", "--help"], ["--version"], ["fetch", "--fetch-timeout", "x"], ["recipes"]])
 def test_a_process_builds_its_parser_without_the_collector_then_freezes_what_it_imported(words, collector, monkeypatch):
     """`prebake` (main reading sys.argv) builds its parser without Python's cyclic collector and freezes
     the objects of its imports (a restore's floor is its imports); the command, which may serve for
@@ -258,12 +258,13 @@ def test_a_process_builds_its_parser_without_the_collector_then_freezes_what_it_
 
 
 def test_a_caller_of_main_and_a_process_without_the_collector_keep_theirs_as_they_were(collector, monkeypatch):
+    """(`fetch`, not `serve`: a process's `serve` forks its cores' probe, not for a test's worker.)"""
     collector.unfreeze()
     with pytest.raises(SystemExit):
-        main(["serve", "--help"])  # a caller's main([...]): a test, an embedding program
+        main(["fetch", "--help"])  # a caller's main([...]): a test, an embedding program
     assert collector.isenabled() and collector.get_freeze_count() == 0
     collector.disable()  # a process that turned it off itself keeps it off, and freezes nothing
-    monkeypatch.setattr(sys, "argv", ["prebake", "serve", "--help"])
+    monkeypatch.setattr(sys, "argv", ["prebake", "fetch", "--help"])
     with pytest.raises(SystemExit):
         main()
     assert not collector.isenabled() and collector.get_freeze_count() == 0
