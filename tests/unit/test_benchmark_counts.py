@@ -11,8 +11,9 @@ import pytest
 from tests.support.baking import REPO
 
 COUNTS = {  # benchmark -> its count of rounds (engine/cli/common.positive_int)
-    **dict.fromkeys(["bake_parallel", "bundle", "decode", "fetch_stream", "fleet", "noop_bake"], "--repeat"),
-    **dict.fromkeys(["oci_io", "registry_io"], "--repeat"),
+    **dict.fromkeys(
+        ["bake_parallel", "bundle", "decode", "fetch_stream", "fleet", "noop_bake", "oci_io", "registry_io"], "--repeat"
+    ),
     **dict.fromkeys(["peers", "tp_bakes"], "--rounds"),
     "scale": "--iterations",
     "startup_vllm": "--runs",
