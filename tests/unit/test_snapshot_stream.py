@@ -400,7 +400,7 @@ def test_once_the_server_ended_the_commits_threads_leave_idle_priority():
     try:
         ready.wait(30)
         if any(os.sched_getscheduler(tid) != os.SCHED_IDLE for tid in tids):
-            pytest.skip("this host refused SCHED_IDLE: the commit falls back to nice 19 here")
+            pytest.skip("this host refuses SCHED_IDLE: the commit falls back to nice 19 here")
         quiet.hurry()
         assert [os.sched_getscheduler(tid) for tid in tids] == [os.SCHED_OTHER] * 2
     finally:

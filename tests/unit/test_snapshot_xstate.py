@@ -45,7 +45,7 @@ CHILD = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(not _has_amx(), reason="a CPU with AMX (amx_tile)")
+@pytest.mark.skipif(not _has_amx(), reason="this CPU lacks AMX (amx_tile)")
 @pytest.mark.parametrize("ask", [False, True])
 def test_a_restored_process_that_used_amx_dies_unless_it_asks_again(tmp_path, ask):
     able = can_snapshot()
@@ -63,7 +63,7 @@ def test_a_restored_process_that_used_amx_dies_unless_it_asks_again(tmp_path, as
         while "parked" not in out.read_text() and child.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         if "parked False" in out.read_text():
-            pytest.skip("torch's bf16 matmul did not ask for AMX here")
+            pytest.skip("this CPU lacks AMX as oneDNN sees it: torch's bf16 matmul did not ask for the tiles")
         dump = [str(able.criu), "dump", "-t", str(child.pid), "-D", str(images), "-o", "dump.log"]
         assert subprocess.run(dump, capture_output=True).returncode == 0, (images / "dump.log").read_text()[-2000:]
         child.wait(30)
