@@ -19,7 +19,10 @@ LEGITIMATE: tuple[tuple[str, str], ...] = (
     (r"needs a GPU|no GPU|CUDA is not available", "CI hosts have no accelerator; the GPU check runs on one"),
     (r"without conditional writes both racers may win", "the documented fallback race of an S3 without If-None-Match"),
     (r"unshare|mount namespace|read-only mount", "user and mount namespaces are a host setting CI runners may refuse"),
-    (r"this CPU lacks|this host refuse", "a CPU's instruction sets and a kernel's policy are the runner's; the cases run where they hold"),
+    (
+        r"this CPU lacks|this host refuse",
+        "a CPU's instruction sets and a kernel's policy are the runner's; the cases run where they hold",
+    ),
 )
 
 
