@@ -11,11 +11,14 @@ In a checkout, prebake/ holds symbolic links to those folders, so that the check
 what the wheel installs.
 """
 
+NOT_INSTALLED = "unknown (not installed)"  # __version__ in a checkout that was never installed
+
 
 def __getattr__(name: str) -> str:
     """`prebake.__version__`: the one version every part reports (`prebake --version`, a manifest's
-    builder), the installed distribution's, read from its metadata when first asked (importlib's
-    metadata costs a start about 20 ms before it can do anything else: common/cores.py)."""
+    builder, the store's mark, the HTTP API's /version), the installed distribution's, read from its
+    metadata when first asked (importlib's metadata costs a start about 20 ms before it can do anything
+    else: common/cores.py)."""
     if name != "__version__":
         raise AttributeError(f"module 'prebake' has no attribute {name!r}")
     from importlib import metadata
@@ -23,6 +26,6 @@ def __getattr__(name: str) -> str:
     try:
         version = metadata.version("prebake")
     except metadata.PackageNotFoundError:  # a checkout that was never installed
-        version = "unknown (not installed)"
+        version = NOT_INSTALLED
     globals()["__version__"] = version
     return version

@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
+import prebake
 from prebake.artifacts import fsutil
 from prebake.artifacts.errors import StoreError
 
@@ -153,10 +153,7 @@ def claim(home: Path) -> None:
 
 def release() -> str:
     """This release, as the mark records it and a refusal names it: "prebake <version>"."""
-    try:
-        return f"prebake {metadata.version('prebake')}"
-    except metadata.PackageNotFoundError:  # a checkout run without installing it
-        return "prebake (not installed)"
+    return f"prebake {prebake.__version__}"
 
 
 def check_readable(home: Path) -> None:

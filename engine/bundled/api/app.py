@@ -14,12 +14,11 @@ the body before any route runs. Until the engine is ready, every route but the p
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
-
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+import prebake
 from prebake.engine.bundled.api import completions, errors
 from prebake.engine.bundled.api.guard import Guard, GuardSettings
 from prebake.engine.bundled.api.schema import (
@@ -136,7 +135,6 @@ class _LoadTracker:
 
 
 def _version() -> str:
-    try:
-        return version("prebake")
-    except PackageNotFoundError:
-        return "0+unknown"
+    """prebake's one version (read once), "0+unknown" in a checkout never installed (a version string
+    a client can parse)."""
+    return "0+unknown" if prebake.__version__ == prebake.NOT_INSTALLED else prebake.__version__
