@@ -16,6 +16,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -25,7 +26,7 @@ from prebake.artifacts.bundle.unpack import UnpackLimits, tree_problems
 from prebake.artifacts.errors import BundleError, InstallElsewhereError
 from prebake.artifacts.keys import Key
 from prebake.artifacts.store.local import Store
-from prebake.engine.bundled.snapshot import quiet, stream
+from prebake.engine.bundled.snapshot import quiet, serving, stream
 from prebake.engine.bundled.snapshot.image import IMAGES_DIR, STREAMED_DIR, move_streamed
 from prebake.engine.bundled.snapshot.stream_wire import SOCKET
 from prebake.registry.backends.file import FileRegistry
@@ -206,7 +207,7 @@ import sys, threading, time
 from pathlib import Path
 from prebake.artifacts.bundle.unpack import UnpackLimits
 from prebake.artifacts.store.local import Store
-from prebake.engine.bundled.snapshot import quiet, stream
+from prebake.engine.bundled.snapshot import quiet, serving, stream
 from tests.unit.test_snapshot_stream import _Criu, _published
 tmp = Path(sys.argv[1])
 registry, manifest = _published(tmp)
@@ -239,17 +240,43 @@ def test_a_commit_killed_half_way_leaves_no_entry_and_the_next_start_installs_it
 
 def test_a_scratch_folder_too_deep_for_a_socket_address_serves_from_a_short_one(tmp_path):
     """A UNIX socket's path fits 108 bytes (a store under a long $PREBAKE_HOME does not): CRIU gets a
-    private folder of the system's, removed with the streamer."""
+    private folder of the system's, removed once CRIU connected (a supervisor killed after that
+    leaves nothing there) and with the streamer."""
     registry, manifest = _published(tmp_path)
     streamer = _streamer(tmp_path, registry, manifest, scratch="s" * 120)
     assert not streamer.images.is_relative_to(streamer.scratch)
     assert isinstance(streamer.in_hand(), dict)
     criu = _Criu(streamer.images)
     assert criu.read("pages-1.img") == PAGES
+    assert not streamer.images.exists()  # gone as CRIU connected: its requests were answered after
     criu.close()
     assert streamer.wait_verified() is None
     streamer.close()
     assert not streamer.images.exists()
+
+
+def test_a_stop_before_criu_ran_closes_the_stream_and_its_private_socket_folder(tmp_path, monkeypatch):
+    """An operator's SIGTERM while the stream starts is a SystemExit out of the restore (Stopping):
+    the streamer is closed on the way out, so no private socket folder is left under the system's
+    temporary folder and no thread of it runs on."""
+    registry, manifest = _published(tmp_path)
+    made: list[stream.Streamer] = []
+
+    def stopped_as_it_starts(streamer, *args):
+        made.append(streamer)
+        streamer.start()
+        raise SystemExit(128 + signal.SIGTERM)
+
+    monkeypatch.setattr(serving, "_restore_streamed", stopped_as_it_starts)
+    store = Store(tmp_path / ("h" * 120))
+    services = SimpleNamespace(store=store)
+    with pytest.raises(SystemExit):
+        serving._serve_streamed(manifest, registry, None, None, {}, services, 60.0, print, None)  # type: ignore[arg-type]
+    (streamer,) = made
+    assert not streamer.images.is_relative_to(streamer.scratch)  # a private folder was made, and is gone
+    assert not streamer.images.exists()
+    assert not [t for t in streamer._threads if t.is_alive()]
+    assert streamer.scratch.exists()  # the scratch folder stays, as after any start that did not serve
 
 
 @pytest.mark.parametrize("name", ["../snapshot.json", "/etc/passwd", "pages-1.img/../../carried"])

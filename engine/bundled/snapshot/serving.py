@@ -154,49 +154,64 @@ def _serve_streamed(
     emit: Callable[[str], None],
     stopping: Stopping,
 ) -> Served | NotRestored:
-    """Restore straight from the registry's blob (stream.py), then install it while the server runs."""
+    """Restore straight from the registry's blob (stream.py), then install it while the server runs.
+    The streamer is closed however this ends, an operator's stop before CRIU ran included (its
+    SystemExit): its threads stopped, CRIU's socket folder gone; the scratch folder (CRIU's log) is
+    kept unless it served."""
     store = services.store
     scratch = store.scratch(f"stream-{os.getpid()}")  # CRIU's log too: kept when the restore fails
-    deadline = time.monotonic() + fetch_timeout
-    streamer = stream.Streamer(manifest, registry, scratch, store.limits.unpack, deadline)
+    streamer = stream.Streamer(manifest, registry, scratch, store.limits.unpack, time.monotonic() + fetch_timeout)
+    try:
+        served = _restore_streamed(streamer, plan, able, handed_over, services, emit, stopping)
+    finally:
+        streamer.close()
+    if isinstance(served, Served):
+        stream.remove(streamer)
+    return served
+
+
+def _restore_streamed(
+    streamer: stream.Streamer,
+    plan: TargetKeys,
+    able: Able,
+    handed_over: Mapping[str, object],
+    services: Services,
+    emit: Callable[[str], None],
+    stopping: Stopping,
+) -> Served | NotRestored:
+    manifest, registry = streamer.manifest, streamer.registry
     try:
         streamer.start()
     except OSError as exc:  # its socket could not be made
-        streamer.close()
         return NotRestored(f"the streamed restore could not start: {exc}")
     small = streamer.in_hand()
     if isinstance(small, str):
-        streamer.close()
         return NotRestored(small)
     try:
         info = SnapshotInfo.parse(small[INFO_FILE].decode(), f"{streamer.what}: {INFO_FILE}")
     except (PrebakeError, KeyError, UnicodeDecodeError) as exc:
-        streamer.close()
         return NotRestored(f"{streamer.what} holds no snapshot description this prebake reads ({exc})")
     cache = DigestCache(digest_cache())
     write = lambda r, temp: Path(temp).write_bytes(small[f"{CARRIED_DIR}/{r.sha256}"])  # noqa: E731
     put = lambda carried: put_back_from(write, carried, cache)  # noqa: E731
     if (differs := _ready_files(info, services, cache, put)) is not None:
-        streamer.close()
         return differs
     emit(f"{PREFIX} restoring {NAME} {manifest.blob.hex[:12]} streamed from {registry.url} (CRIU {able.version})")
     outcome = restore(
-        streamer.images, info, able, handed_over, scratch, _relayed, streamed=True, started=stopping.started
+        streamer.images, info, able, handed_over, streamer.scratch, _relayed, streamed=True, started=stopping.started
     )
     if isinstance(outcome, Failed):
         error = streamer.settle()  # a refused bundle is the cause: CRIU only saw its pipe close short
-        streamer.close()
         return NotRestored(stream.refusal(streamer, error) if error is not None else outcome.reason)
     if (error := streamer.wait_verified()) is not None:  # cannot be: CRIU finished only on verified bytes
         outcome.stop()
         outcome.wait()
-        streamer.close()
         return NotRestored(stream.refusal(streamer, error))
     emit(f"{PREFIX} {streamer.timings()}")
     stopped = threading.Event()
     committing = threading.Thread(
         target=_commit,
-        args=(store, manifest, registry, streamer, plan, emit, outcome.proc.pid, stopped),
+        args=(services.store, manifest, registry, streamer, plan, emit, outcome.proc.pid, stopped),
         name="prebake-snapshot-commit",
     )
     committing.start()
@@ -204,8 +219,6 @@ def _serve_streamed(
     stopped.set()
     quiet.hurry()  # the server it yielded to has ended: the install no longer runs at idle priority
     committing.join()  # the store's entry whole before the command exits (a kill leaves only a partial)
-    streamer.close()
-    stream.remove(streamer)
     return Served(code)
 
 

@@ -112,7 +112,12 @@ class Streamer:
         self._listener.close()
         for thread in self._threads:
             thread.join(5)
-        if not self.images.is_relative_to(self.scratch):  # a private folder of its own (_short)
+        self._drop_socket_folder()
+
+    def _drop_socket_folder(self) -> None:
+        """A private folder for CRIU's socket (_short) goes once CRIU connected (it connects once),
+        so a supervisor killed after that leaves nothing under the system's temporary folder."""
+        if not self.images.is_relative_to(self.scratch):
             shutil.rmtree(self.images, ignore_errors=True)
 
     # -- the threads --------------------------------------------------------------------------
@@ -167,6 +172,7 @@ class Streamer:
             conn, _ = self._listener.accept()
         except OSError:
             return  # closed before CRIU came
+        self._drop_socket_folder()
         with conn:
             while (name := wire.request(conn)) is not None:
                 member = self._resolve(f"{IMAGES_DIR}/{name}")
