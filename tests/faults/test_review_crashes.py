@@ -11,6 +11,7 @@ import datetime as dt
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -23,7 +24,11 @@ CRASH = "PREBAKE_TEST_CRASH_AT"
 
 
 def _prebake(home, *args: str, crash: str = "") -> subprocess.CompletedProcess:
-    env = child_env(PREBAKE_HOME=str(home), **({CRASH: crash} if crash else {}))
+    """One command, killed at `crash` if given; its temporary folder beside its home (a promote killed
+    by -9 leaves its scratch store there, not in the host's /tmp)."""
+    systemp = Path(home).parent / "systemp"
+    systemp.mkdir(exist_ok=True)
+    env = child_env(PREBAKE_HOME=str(home), TMPDIR=str(systemp), **({CRASH: crash} if crash else {}))
     return subprocess.run(
         [sys.executable, "-m", "prebake.engine.cli", *args],
         env=env,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prebake.engine.bundled.cache_layout import temp_dir
 from tests.support.ports import free_port, free_ports
 
 RAY = Path(sys.executable).parent / "ray"
@@ -102,8 +104,10 @@ def ray_cluster(env: Mapping[str, str]) -> Iterator[Cluster]:
     """A head node (no CPUs: bakes run only on the worker nodes the test adds)."""
     root = Path(tempfile.mkdtemp(prefix="rf-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
     port = free_port()
-    # Token auth off: the cluster listens on loopback only and lives for one test module.
-    env = {**env, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    # Token auth off: the cluster listens on loopback only and lives for one test module. Every node's
+    # temporary folder is under root, removed with it: what a killed worker leaves (Ray's session
+    # folders, a bake's scratch) does not stay in the host's /tmp; torch's machine folder is linked in.
+    env = {**env, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled", "TMPDIR": str(temp_dir(root))}
     args = [
         "--head",
         f"--port={port}",
@@ -119,3 +123,4 @@ def ray_cluster(env: Mapping[str, str]) -> Iterator[Cluster]:
         yield cluster
     finally:
         cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -77,7 +78,8 @@ def test_a_carried_file_is_put_back_at_its_path(tmp_path):
     digest = hashlib.sha256(content).hexdigest()
     (tmp_path / CARRIED_DIR).mkdir()
     (tmp_path / CARRIED_DIR / digest).write_bytes(content)
-    target = Path(tempfile.mkdtemp(prefix="prebake-test-carried-")) / "x" / "model.so"
+    base = Path(tempfile.mkdtemp(prefix="prebake-test-carried-"))  # the system's: a carried file's place
+    target = base / "x" / "model.so"
     try:
         record = FileRecord(str(target), len(content), digest, 0o644)
         put_back(tmp_path, (record,), DigestCache(tmp_path / "d.json"))
@@ -90,7 +92,7 @@ def test_a_carried_file_is_put_back_at_its_path(tmp_path):
         put_back(tmp_path, (record,), DigestCache(tmp_path / "d.json"))
         assert stat.S_IMODE(target.stat().st_mode) == 0o644
     finally:
-        target.unlink()
+        shutil.rmtree(base)
 
 
 def test_no_criu_is_said_with_the_fix(tmp_path, monkeypatch):
