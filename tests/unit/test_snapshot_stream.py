@@ -207,7 +207,7 @@ import sys, threading, time
 from pathlib import Path
 from prebake.artifacts.bundle.unpack import UnpackLimits
 from prebake.artifacts.store.local import Store
-from prebake.engine.bundled.snapshot import quiet, serving, stream
+from prebake.engine.bundled.snapshot import quiet, stream
 from tests.unit.test_snapshot_stream import _Criu, _published
 tmp = Path(sys.argv[1])
 registry, manifest = _published(tmp)
