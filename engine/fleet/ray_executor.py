@@ -144,13 +144,17 @@ def bake_target(job: BakeJob) -> tuple[KindOutcome, ...]:
 
 
 def _node_id() -> str:
-    """The Ray node this task runs on (its id's first 12 digits), else host:pid outside Ray."""
+    """The Ray node this task runs on (its id's first 12 digits), else host:pid outside Ray. Ray's
+    runtime context is asked only inside a Ray worker: asked elsewhere, Ray starts a whole local
+    instance to answer (a head, an object store sized to the machine's memory, a dashboard)."""
     try:
         import ray  # the optional extra: bake_target also runs, and is tested, without a cluster
 
-        return ray.get_runtime_context().get_node_id()[:12]
+        if ray.is_initialized():
+            return ray.get_runtime_context().get_node_id()[:12]
     except Exception:
-        return f"{os.uname().nodename}:{os.getpid()}"
+        pass
+    return f"{os.uname().nodename}:{os.getpid()}"
 
 
 def _present(recipe: Recipe, target, host, registry_address: str | None) -> set[str]:

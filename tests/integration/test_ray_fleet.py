@@ -159,6 +159,7 @@ def test_two_cpu_nodes_bake_two_targets_once_into_s3_and_a_rerun_submits_nothing
     assert buckets == ["already present", "built"], first.stdout
     nodes = {rows[(f"fleet-tiny/cpu/tp1/{d}", "graphs")][1] for d in ("bf16", "fp32")}
     assert len(nodes) == 2, first.stdout  # one target per CPU node, in parallel
+    assert all(re.fullmatch(r"[0-9a-f]{12}", n) for n in nodes), first.stdout  # Ray's node ids, not host:pid
     again = _bake(cluster, env, "fleet-tiny", registry)
     assert again.returncode == 0 and "0 Ray tasks submitted" in again.stdout, again.stdout
     verify = subprocess.run([str(PREBAKE), "verify", "--registry", registry], env=env, capture_output=True, text=True)
